@@ -1,0 +1,422 @@
+/*
+ * taskpool.h -- libtaskpool, a bounded worker pool for C services.
+ *
+ * The whole public contract is in this file, top to bottom:
+ *   1. version and export macros        6. admission: submit, submit_wait, cancel
+ *   2. error codes                      7. the running task's context
+ *   3. limits and special values        8. statistics
+ *   4. configuration                    9. log ids and the log hook
+ *   5. lifecycle                       10. the default pool
+ *
+ * What the pool promises
+ *   - A fixed set of worker threads (elastic between `workers` and
+ *     `max_workers` when asked) takes tasks from a bounded FIFO queue.
+ *     Admission never waits in tp_submit(), never creates a thread per task and
+ *     allocates no memory per task in steady state.
+ *   - Every accepted task ends exactly once, and its on_done(arg, status) runs
+ *     exactly once, on every path: success, failure, run timeout, deadline,
+ *     cancel while queued, waiting for a retry or running, forced shutdown,
+ *     retries exhausted. A refused task never gets an on_done and its arg stays
+ *     the caller's.
+ *   - Capacity is explicit: at most `max_workers` tasks run; admission refuses
+ *     with TP_EFULL while queued + delayed >= queue_capacity, so at every moment
+ *     active + queued + delayed <= max_workers + queue_capacity.
+ *
+ * What it does not promise
+ *   - No persistence: tasks live in memory only; a crash loses them.
+ *   - Cancellation is cooperative. A task sees it through tp_ctx_err(),
+ *     tp_ctx_sleep() and tp_ctx_fd(); nothing is ever killed. A task function
+ *     that never returns and ignores cancellation keeps its worker forever:
+ *     tp_shutdown() still returns at its deadline and tp_wait() with a timeout
+ *     still returns, but tp_destroy() waits for it. The process is the final
+ *     boundary.
+ *
+ * Threads a pool owns: its workers and one service thread (retry timers,
+ * deadlines of tasks waiting for a retry, on_done of tasks that ended without
+ * running). Nothing else is created.
+ *
+ * Thread-safety: every function taking a tp_pool may be called from any thread
+ * concurrently, except tp_destroy() (no other call on that pool may run
+ * concurrently with it or after it). tp_ctx functions are called only by the
+ * task that received the context, during its call.
+ */
+#ifndef TASKPOOL_H
+#define TASKPOOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <limits.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- 1. version */
+
+#define TP_VERSION_MAJOR 1
+#define TP_VERSION_MINOR 0
+#define TP_VERSION_PATCH 0
+
+/* TP_API marks the exported symbols; everything else is hidden. Define
+ * TP_STATIC when linking the static library on platforms that care. */
+#if defined(_WIN32) && !defined(TP_STATIC)
+#  ifdef TP_BUILDING
+#    define TP_API __declspec(dllexport)
+#  else
+#    define TP_API __declspec(dllimport)
+#  endif
+#elif defined(__GNUC__) || defined(__clang__)
+#  define TP_API __attribute__((visibility("default")))
+#else
+#  define TP_API
+#endif
+
+/* "MAJOR.MINOR.PATCH" of the library actually linked. Static string. */
+TP_API const char *tp_version(void);
+
+/* ------------------------------------------------------------ 2. error codes */
+
+/* XX(name, value, message). One table generates the enum, tp_strerror() and
+ * tp_err_name(), so they cannot drift apart. */
+#define TP_ERRNO_MAP(XX)                                                       \
+    XX(EINVAL, -1, "invalid argument")                                         \
+    XX(ENOMEM, -2, "out of memory or threads")                                 \
+    XX(EFULL, -3, "queue is full")                                             \
+    XX(EUSERLIMIT, -4, "user has reached its limit of tasks")                  \
+    XX(ECLOSED, -5, "pool is closed")                                          \
+    XX(ETIMEDOUT, -6, "timed out")                                             \
+    XX(ECANCELED, -7, "canceled")                                              \
+    XX(ENOTFOUND, -8, "no such task")                                          \
+    XX(EDEADLK, -9, "would wait for the calling thread itself")                \
+    XX(ENODEFAULT, -10, "no default pool registered")
+
+enum {
+    TP_OK = 0,
+#define TP__ERR_ENUM(name, value, msg) TP_##name = (value),
+    TP_ERRNO_MAP(TP__ERR_ENUM)
+#undef TP__ERR_ENUM
+};
+
+/* A static English message for any int: each TP_ code, "success" for TP_OK,
+ * "unknown error" for anything else. Never NULL. Thread-safe. */
+TP_API const char *tp_strerror(int err);
+/* The code's name ("TP_EFULL", "TP_OK"), or "TP_UNKNOWN". Never NULL. */
+TP_API const char *tp_err_name(int err);
+
+/* ------------------------------------------------- 3. limits, special values */
+
+#define TP_FOREVER   UINT64_MAX /* a duration or deadline with no limit */
+#define TP_UNLIMITED UINT_MAX   /* max_per_user: no per-user limit */
+
+#define TP_MAX_WORKERS        4096u       /* workers, max_workers */
+#define TP_MAX_QUEUE_CAPACITY (1u << 20)  /* queue_capacity */
+#define TP_MAX_RETRIES        100u        /* max_retries */
+#define TP_USER_MAX           127         /* bytes of a user name, NUL excluded */
+#define TP_LOG_ID_MAX         127         /* bytes of a log id, NUL excluded */
+#define TP_NAME_MAX           31          /* bytes of a pool name, NUL excluded */
+
+/* Log levels of tp_log_fn. */
+enum { TP_LOG_ERROR = 0, TP_LOG_WARN = 1, TP_LOG_INFO = 2, TP_LOG_DEBUG = 3 };
+
+/* Formats of tp_stats_format(). */
+enum { TP_FORMAT_JSON = 0, TP_FORMAT_PROMETHEUS = 1 };
+
+/* ---------------------------------------------------------- 4. configuration */
+
+typedef struct tp_pool tp_pool; /* opaque */
+typedef struct tp_ctx tp_ctx;   /* opaque, valid during one task call */
+
+/* The log hook. Called on a pool thread without any pool lock held; it may call
+ * any libtaskpool function except tp_shutdown/tp_wait/tp_destroy of the same
+ * pool (those return TP_EDEADLK there). `log_id` and `msg` are valid during the
+ * call only; `log_id` is never NULL. */
+typedef void (*tp_log_fn)(void *log_arg, int level, const char *log_id, const char *msg);
+
+/*
+ * Pool configuration. Zero in any field means "the default", so
+ * `tp_config c = {0}` and designated initialisers work. Values outside the
+ * stated ranges make tp_create() return TP_EINVAL: nothing is clamped.
+ * The struct is read during tp_create() only; `name` is copied.
+ */
+typedef struct tp_config {
+    unsigned    workers;            /* 0 -> 4 x online CPUs; 1..TP_MAX_WORKERS */
+    unsigned    max_workers;        /* 0 -> = workers (fixed); workers..TP_MAX_WORKERS: elastic */
+    unsigned    queue_capacity;     /* 0 -> 100; 1..TP_MAX_QUEUE_CAPACITY; waiting tasks only */
+    unsigned    max_per_user;       /* 0 -> 2; TP_UNLIMITED -> no limit (slots still counted) */
+    uint64_t    run_timeout_ns;     /* 0 -> 10 min; TP_FOREVER -> none; per attempt, from its start */
+    uint64_t    submit_timeout_ns;  /* 0 -> 1 s; TP_FOREVER -> none; default budget of tp_submit_wait */
+    uint64_t    drain_timeout_ns;   /* 0 -> 20 s; TP_FOREVER -> none; default budget of tp_shutdown */
+    uint64_t    idle_timeout_ns;    /* 0 -> 5 min; TP_FOREVER -> never; elastic workers above `workers` exit when idle this long */
+    unsigned    max_retries;        /* 0 -> no retry; 0..TP_MAX_RETRIES */
+    uint64_t    retry_delay_ns;     /* 0 -> 1 s; fixed delay before each retry */
+    const char *name;               /* thread-name prefix, copied; NULL -> "tp"; at most TP_NAME_MAX bytes */
+    tp_log_fn   log;                /* NULL -> failed attempts are written to stderr */
+    void       *log_arg;
+    void      (*on_worker_start)(void *hook_arg); /* optional; runs first on each worker thread */
+    void      (*on_worker_stop)(void *hook_arg);  /* optional; runs last on each worker thread */
+    void       *hook_arg;
+} tp_config;
+
+/* ------------------------------------------------------------- 5. lifecycle */
+
+/*
+ * tp_create -- make a pool and start its `workers` threads and service thread.
+ *   out: receives the pool; written only on TP_OK. cfg: NULL -> all defaults.
+ *   Blocks only while threads start. Thread-safe.
+ *   TP_OK; TP_EINVAL (out NULL, a value out of range, max_workers < workers
+ *   after defaults are resolved, name too long); TP_ENOMEM (memory, a thread or
+ *   a thread attribute could not be obtained: nothing is leaked and no thread
+ *   is left running).
+ */
+TP_API int tp_create(tp_pool **out, const tp_config *cfg);
+
+/*
+ * tp_close -- stop admission; the workers drain everything already accepted
+ * (including retries still to come), then exit.
+ *   Never blocks beyond the pool lock. Idempotent. May be called from a task.
+ *   TP_OK; TP_EINVAL (p NULL).
+ */
+TP_API int tp_close(tp_pool *p);
+
+/*
+ * tp_shutdown -- tp_close(), then wait up to `budget_ns` for every accepted
+ * task to end and its on_done to return. budget_ns: 0 -> the configured
+ * drain_timeout_ns; TP_FOREVER -> no limit.
+ *   The countdown starts at the first tp_shutdown() call (or tp_destroy()):
+ *   later and concurrent calls neither reset nor shorten it; they wait for the
+ *   same outcome and return the same result.
+ *   When the budget runs out the shutdown is *forced*: running tasks see
+ *   cancellation (tp_ctx_err() -> TP_ECANCELED, the cancel fd turns readable,
+ *   tp_ctx_sleep() returns), queued and retry-waiting tasks end with
+ *   TP_ECANCELED without running (their on_done runs on the service thread),
+ *   no retry happens any more, and TP_ETIMEDOUT is returned at once, without
+ *   waiting for the running tasks to return.
+ *   TP_OK (every accepted task ended within the budget; every on_done has
+ *   returned); TP_ETIMEDOUT (forced); TP_EINVAL (p NULL); TP_EDEADLK (called on
+ *   one of this pool's own threads: a task, an on_done, a hook; nothing done).
+ */
+TP_API int tp_shutdown(tp_pool *p, uint64_t budget_ns);
+
+/*
+ * tp_wait -- wait until every worker thread of the pool has exited and every
+ * on_done has returned. Does not start a shutdown: called alone it waits for
+ * someone else's tp_close()/tp_shutdown(). timeout_ns: 0 or TP_FOREVER -> no
+ * limit. Repeatable and concurrent.
+ *   TP_OK (drained; a tp_close() alone also drains to TP_OK); TP_ETIMEDOUT (the
+ *   shutdown had to be forced, or this call's own timeout ran out first);
+ *   TP_EINVAL (p NULL); TP_EDEADLK (called on one of this pool's own threads).
+ */
+TP_API int tp_wait(tp_pool *p, uint64_t timeout_ns);
+
+/*
+ * tp_destroy -- if no shutdown was started, tp_shutdown(p, 0); then
+ * tp_wait(p, TP_FOREVER); then join every thread and free everything.
+ *   Blocks until all tasks have returned (a task that never returns blocks it
+ *   forever). No other call on `p` may run concurrently with it or after it.
+ *   TP_OK (the pool is freed, whether its drain finished or was forced; ask
+ *   tp_shutdown()/tp_wait() for that result); TP_EINVAL (p NULL); TP_EDEADLK
+ *   (called on one of this pool's own threads; nothing done, pool untouched).
+ */
+TP_API int tp_destroy(tp_pool *p);
+
+/* ------------------------------------------------------------- 6. admission */
+
+/* A task. Returns 0 for success, anything else for a failed attempt (which is
+ * retried when the pool has max_retries). The context is valid during the call. */
+typedef int (*tp_fn)(tp_ctx *ctx, void *arg);
+
+/* Called exactly once per accepted task, after its final outcome, on a pool
+ * thread (a worker or the service thread), never on the thread that called
+ * tp_cancel()/tp_shutdown(). `status`: what the function returned on its last
+ * attempt (0 is success even if the task was cancelled meanwhile), or
+ * TP_ETIMEDOUT / TP_ECANCELED for a task ended without running (expired,
+ * cancelled while queued or waiting for a retry, dropped by a forced shutdown;
+ * TP_ETIMEDOUT also when its deadline passed while it waited for a retry).
+ * Before it runs the task's counters are updated and its user slot released.
+ * It is the place to free `arg`. */
+typedef void (*tp_done_fn)(void *arg, int status);
+
+/* Per-task options; a NULL opts means all zero. Read during the submit only. */
+typedef struct tp_task_opts {
+    const char *user;            /* NULL or "" -> no per-user accounting; copied; at most TP_USER_MAX bytes */
+    uint64_t    run_timeout_ns;  /* 0 -> pool default; TP_FOREVER -> none */
+    uint64_t    deadline_ns;     /* absolute tp_now_ns() time, queueing included; 0 -> none */
+    tp_done_fn  on_done;         /* optional */
+    const char *log_id;          /* NULL -> inherited from the submitting thread, or generated; copied; at most TP_LOG_ID_MAX bytes */
+    int         priority;        /* reserved: must be 0 */
+} tp_task_opts;
+
+/*
+ * tp_submit -- admit `fn(ctx, arg)` without ever waiting for space.
+ *   Checks in this order: arguments (TP_EINVAL: p or fn NULL, priority != 0,
+ *   user or log_id too long), closed (TP_ECLOSED), the user's limit
+ *   (TP_EUSERLIMIT), space (TP_EFULL: queued + delayed >= queue_capacity; running
+ *   tasks do not count). A rejection leaves no trace but its counter: no slot
+ *   stays reserved, no id is consumed, on_done is not called, and the caller
+ *   still owns `arg`. TP_EINVAL changes no counter at all.
+ *   On TP_OK `arg` belongs to the pool until on_done(arg, status) and
+ *   *id_out (if not NULL) holds the task id: unique in this pool, never 0.
+ *   A deadline already passed is accepted; the task then expires unrun.
+ *   Nothing of the caller is borrowed after the call (user, log id copied).
+ *   Blocks only on the pool lock. Thread-safe; may be called from a task.
+ */
+TP_API int tp_submit(tp_pool *p, tp_fn fn, void *arg, const tp_task_opts *opts, uint64_t *id_out);
+
+/*
+ * tp_submit_wait -- like tp_submit(), but waits for space *and* for a user
+ * slot, sharing one budget. budget_ns: 0 -> the pool's submit_timeout_ns;
+ * TP_FOREVER -> no limit. The budget starts after the argument checks and
+ * covers acquiring the pool lock: a call that finds its budget spent is
+ * rejected with TP_ETIMEDOUT even if space exists at that moment.
+ *   TP_OK; TP_EINVAL; TP_ECLOSED (closed before or during the wait: a close
+ *   wakes every waiter at once); TP_ETIMEDOUT (budget spent). Never returns
+ *   TP_EFULL or TP_EUSERLIMIT. Ownership as for tp_submit().
+ *   Thread-safe. From inside a task of the same pool it may wait its whole
+ *   budget if that task's own worker is needed to make room.
+ */
+TP_API int tp_submit_wait(tp_pool *p, tp_fn fn, void *arg, const tp_task_opts *opts,
+                          uint64_t budget_ns, uint64_t *id_out);
+
+/*
+ * tp_cancel -- cancel an accepted task that has not reached its final outcome.
+ *   Queued or waiting for a retry: it ends with TP_ECANCELED without running
+ *   (its on_done runs on the service thread). Running: its context is
+ *   cancelled and it must cooperate; it ends with whatever it returns and is
+ *   not retried. Cancel and completion race: exactly one outcome wins and
+ *   on_done still runs once.
+ *   TP_OK; TP_ENOTFOUND (unknown id, already ended, or already cancelled while
+ *   queued); TP_EINVAL (p NULL or id 0). Never blocks beyond the pool lock.
+ *   Thread-safe; may be called from a task.
+ */
+TP_API int tp_cancel(tp_pool *p, uint64_t id);
+
+/* ------------------------------------------------ 7. the running task's context */
+
+/* These take the context given to the running task function and may be called
+ * only by that task, during its call. */
+
+/* 0, TP_ECANCELED (tp_cancel or forced shutdown; takes precedence), or
+ * TP_ETIMEDOUT (the run timeout or the deadline, whichever is earlier, has
+ * passed). Never blocks. */
+TP_API int tp_ctx_err(const tp_ctx *c);
+
+/* Sleep `ns`, returning early on cancellation or when the task's effective
+ * deadline passes. 0 after the full time, else the tp_ctx_err() value; returns
+ * at once when that is already non-zero. */
+TP_API int tp_ctx_sleep(tp_ctx *c, uint64_t ns);
+
+/* A descriptor that becomes readable (POLLIN) when the task is cancelled
+ * (tp_cancel, forced shutdown) -- not when a timeout passes: bound your poll()
+ * timeout by tp_ctx_deadline(). The pool owns it: never read, write or close
+ * it. It is clean again for the next task. Created on first use per worker;
+ * returns TP_ENOMEM (negative) if no descriptor could be made. */
+TP_API int tp_ctx_fd(tp_ctx *c);
+
+/* Effective absolute deadline (the earlier of start + run timeout and the task
+ * deadline), TP_FOREVER if none. */
+TP_API uint64_t tp_ctx_deadline(const tp_ctx *c);
+TP_API uint64_t tp_ctx_id(const tp_ctx *c);
+/* The task's user, NULL if none. Valid during the call. */
+TP_API const char *tp_ctx_user(const tp_ctx *c);
+/* The task's log id, never NULL. Valid during the call. */
+TP_API const char *tp_ctx_log_id(const tp_ctx *c);
+/* 0 on the first run, n on the n-th retry. */
+TP_API unsigned tp_ctx_attempt(const tp_ctx *c);
+
+/* CLOCK_MONOTONIC in nanoseconds: the clock of deadlines. */
+TP_API uint64_t tp_now_ns(void);
+
+/* ------------------------------------------------------------- 8. statistics */
+
+typedef struct tp_stats {
+    uint64_t submitted;         /* calls that passed argument checks */
+    uint64_t accepted;
+    uint64_t rejected;          /* sum of the four below */
+    uint64_t rejected_full, rejected_user, rejected_closed, rejected_timeout;
+    uint64_t started;           /* tasks whose function was called at least once */
+    uint64_t retried;           /* extra attempts started */
+    uint64_t completed;         /* accepted tasks that reached their final outcome */
+    uint64_t succeeded;
+    uint64_t failed;            /* completed with a non-zero status, cancelled included */
+    uint64_t cancelled;         /* failed with TP_ECANCELED or TP_ETIMEDOUT, expired included */
+    uint64_t expired;           /* deadline passed before the first start: never ran */
+    uint32_t active;            /* running now */
+    uint32_t queued;            /* waiting in the queue now */
+    uint32_t delayed;           /* waiting for a retry now */
+    uint32_t workers;           /* live worker threads */
+    uint32_t idle;              /* workers waiting for work */
+    uint32_t users;             /* users holding at least one slot */
+} tp_stats;
+
+/*
+ * tp_stats_get -- a snapshot of the counters, read without blocking admission.
+ * While the pool runs the fields are not one instant. At rest (after tp_wait()
+ * returned TP_OK or TP_ETIMEDOUT with every task ended) these hold exactly:
+ *   submitted == accepted + rejected, accepted == completed,
+ *   completed == succeeded + failed, cancelled <= failed, expired <= cancelled,
+ *   active == queued == delayed == users == 0.
+ * Does nothing if p or out is NULL.
+ */
+TP_API void tp_stats_get(tp_pool *p, tp_stats *out);
+
+/* Slots `user` holds now (accepted, unfinished tasks). 0 for NULL/""/unknown
+ * users and for a NULL pool. Takes the pool lock briefly. */
+TP_API unsigned tp_user_active(tp_pool *p, const char *user);
+
+/*
+ * tp_stats_format -- write `s` as TP_FORMAT_JSON (one object whose keys are the
+ * field names) or TP_FORMAT_PROMETHEUS (text exposition format with # HELP and
+ * # TYPE lines; counters taskpool_<field>_total, gauges taskpool_<field>).
+ * Behaves like snprintf: returns the length needed, NUL excluded, writes at
+ * most `len` bytes and always NUL-terminates a non-empty buffer. buf may be
+ * NULL when len is 0. TP_EINVAL: s NULL, buf NULL with len > 0, unknown format.
+ */
+TP_API int tp_stats_format(const tp_stats *s, int format, char *buf, size_t len);
+
+/* ------------------------------------------------------ 9. log ids, logging */
+
+/*
+ * Every accepted task carries a log id: opts->log_id, else the submitting
+ * thread's current one (tp_log_id_get()), else a freshly generated unique one
+ * ("tp-" followed by hex digits). Retries keep it. While a task (or its
+ * on_done) runs, the worker thread's current log id is the task's, so work it
+ * submits inherits it.
+ *
+ * Every failed attempt is reported to the pool's log hook (default: stderr)
+ * with the task id, log id, attempt and status: TP_LOG_WARN when a retry
+ * follows, TP_LOG_ERROR when it was the last.
+ */
+
+/* Set this thread's current log id (copied, truncated to TP_LOG_ID_MAX bytes);
+ * NULL or "" clears it. Inside a task it replaces the task's id for the rest of
+ * the call only. */
+TP_API void tp_log_id_set(const char *log_id);
+/* This thread's current log id, or NULL if none. Inside a task: the task's.
+ * Valid until the next tp_log_id_set() on this thread or the task's end. */
+TP_API const char *tp_log_id_get(void);
+
+/* ------------------------------------------------------ 10. the default pool */
+
+/* One process-wide pool registered for convenience. All are thread-safe; the
+ * registration itself is atomic, but the caller keeps a pool alive while others
+ * may still use it through tp_default(). */
+
+/* Create a pool with `cfg` and register it. TP_EINVAL when one is already
+ * registered (use tp_default_swap() to replace it) or cfg is invalid;
+ * TP_ENOMEM as tp_create(). */
+TP_API int tp_default_create(const tp_config *cfg);
+/* The registered pool, or NULL. */
+TP_API tp_pool *tp_default(void);
+/* Register `p` (NULL clears); returns the previous one, which is not closed:
+ * its owner still shuts it down and destroys it. */
+TP_API tp_pool *tp_default_swap(tp_pool *p);
+/* tp_submit / tp_shutdown / tp_wait on the registered pool; TP_ENODEFAULT
+ * when none is registered. */
+TP_API int tp_default_submit(tp_fn fn, void *arg, const tp_task_opts *opts, uint64_t *id_out);
+TP_API int tp_default_shutdown(uint64_t budget_ns);
+TP_API int tp_default_wait(uint64_t timeout_ns);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TASKPOOL_H */

@@ -1,0 +1,74 @@
+/*
+ * ring.h -- the bounded FIFO of queued tasks.
+ *
+ * A power-of-two array of task pointers with free-running 32-bit head and tail
+ * counters: the length is `tail - head` in unsigned arithmetic, which stays
+ * right across wrap-around because the length never exceeds the size (at most
+ * 2^21 here), far below 2^32. Slots are addressed with `& mask`.
+ *
+ * No locking and no allocation after init: the pool lock guards every call.
+ * The pool sizes it for queue_capacity + max_workers, the most tasks that can
+ * ever be queued at once (a failed attempt may enter the retry wait, and later
+ * the queue, while the queue is full; see pool.c).
+ */
+#ifndef TP_RING_H
+#define TP_RING_H
+
+#include <stdint.h>
+#include <stdlib.h>
+
+struct tp__task;
+
+typedef struct tp__ring {
+    struct tp__task **slots;
+    uint32_t mask;
+    uint32_t head; /* next to pop */
+    uint32_t tail; /* next free */
+} tp__ring;
+
+/* Size for at least `n` entries (n >= 1). 0 or -1 when out of memory. */
+static inline int tp__ring_init(tp__ring *r, uint32_t n) {
+    uint32_t size = 1;
+    while (size < n) size <<= 1;
+    r->slots = (struct tp__task **)calloc(size, sizeof *r->slots);
+    r->mask = size - 1;
+    r->head = r->tail = 0;
+    return r->slots ? 0 : -1;
+}
+
+static inline void tp__ring_fini(tp__ring *r) {
+    free(r->slots);
+    r->slots = NULL;
+}
+
+static inline uint32_t tp__ring_len(const tp__ring *r) { return r->tail - r->head; }
+
+/* The caller guarantees room (the pool's admission bound). */
+static inline void tp__ring_push(tp__ring *r, struct tp__task *t) {
+    r->slots[r->tail++ & r->mask] = t;
+}
+
+/* The caller guarantees the ring is not empty. */
+static inline struct tp__task *tp__ring_pop(tp__ring *r) {
+    return r->slots[r->head++ & r->mask];
+}
+
+/* The i-th queued task from the head, i < len. */
+static inline struct tp__task *tp__ring_at(const tp__ring *r, uint32_t i) {
+    return r->slots[(r->head + i) & r->mask];
+}
+
+/* Remove `t` wherever it is, keeping the order of the others: O(len), used
+ * only by cancel. Returns 1 if found. */
+static inline int tp__ring_remove(tp__ring *r, const struct tp__task *t) {
+    for (uint32_t i = r->head; i != r->tail; i++) {
+        if (r->slots[i & r->mask] != t) continue;
+        for (uint32_t j = i; j + 1 != r->tail; j++)
+            r->slots[j & r->mask] = r->slots[(j + 1) & r->mask];
+        r->tail--;
+        return 1;
+    }
+    return 0;
+}
+
+#endif /* TP_RING_H */

@@ -1,0 +1,108 @@
+/*
+ * service.c -- the pool's one service thread.
+ *
+ * It does the work that must not need a free worker:
+ *   - on_done of tasks that ended without running (cancelled while queued or
+ *     waiting for a retry, dropped by a forced shutdown, deadline passed while
+ *     waiting for a retry): they are put on the endings list, already
+ *     finalised, and run here promptly even when every worker is busy;
+ *   - retry timers: a failed attempt waits on the delayed list without holding
+ *     a worker; when its fixed delay has passed it goes to the back of the
+ *     ring. The delay is the same for every task, so the list is in due order;
+ *     deadlines are arbitrary, so each pass looks at every delayed task.
+ *
+ * Loop invariant: mu is held at the top of each turn. It exits when the pool
+ * is closed and nothing is in flight (no accepted task can need it again).
+ */
+#include "internal.h" /* first: it defines _GNU_SOURCE */
+#include <errno.h>
+#include <stdio.h>
+
+
+void tp__svc_wake(tp_pool *p) {
+    if (p->svc_waiting) pthread_cond_signal(&p->svc_cv);
+}
+
+void tp__delayed_remove(tp_pool *p, tp__task *t) {
+    if (t->prev)
+        t->prev->next = t->next;
+    else
+        p->delayed_head = t->next;
+    if (t->next)
+        t->next->prev = t->prev;
+    else
+        p->delayed_tail = t->prev;
+    t->next = t->prev = NULL;
+    p->delayed--;
+    TP__SET(p->st.delayed, p->delayed);
+}
+
+/* Move due retries to the ring and end those whose deadline passed. Returns the
+ * next time something on the list needs attention. mu held. */
+static uint64_t run_timers(tp_pool *p, uint64_t now) {
+    uint64_t next = TP_FOREVER;
+    bool queued = false;
+    tp__task *t = p->delayed_head;
+    while (t) {
+        tp__task *nx = t->next;
+        if (now >= t->deadline) {
+            tp__delayed_remove(p, t);
+            tp__task_end_unrun(p, t, TP_ETIMEDOUT);
+            tp__signal_room(p);
+        } else if (now >= t->due) {
+            tp__delayed_remove(p, t);
+            t->state = TP__QUEUED;
+            tp__ring_push(&p->ring, t);
+            queued = true;
+        } else {
+            if (t->due < next) next = t->due;
+            if (t->deadline < next) next = t->deadline;
+        }
+        t = nx;
+    }
+    if (queued) {
+        TP__SET(p->st.queued, tp__ring_len(&p->ring));
+        pthread_cond_broadcast(&p->work_cv);
+    }
+    tp__wake_exiters(p);
+    return next;
+}
+
+void *tp__service_main(void *arg) {
+    tp_pool *p = (tp_pool *)arg;
+    tp__tls_pool = p;
+#if defined(__linux__)
+    char name[16];
+    snprintf(name, sizeof name, "%.11s-svc", p->name);
+    pthread_setname_np(pthread_self(), name);
+#endif
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        if (p->endings_head) {
+            tp__task *list = p->endings_head;
+            p->endings_head = p->endings_tail = NULL;
+            pthread_mutex_unlock(&p->mu);
+            for (tp__task *t = list; t; t = t->next) {
+                if (!t->on_done) continue;
+                tp__tls_enter_task(t);
+                t->on_done(t->arg, t->status);
+                tp__tls_leave_task();
+            }
+            pthread_mutex_lock(&p->mu);
+            while (list) {
+                tp__task *nx = list->next;
+                tp__task_retire(p, list);
+                list = nx;
+            }
+            continue;
+        }
+        uint64_t next = run_timers(p, tp_now_ns());
+        if (p->endings_head) continue;
+        if (p->closed && p->inflight == 0) break;
+        p->svc_waiting = true;
+        tp__cond_wait_until(&p->svc_cv, &p->mu, next);
+        p->svc_waiting = false;
+    }
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}

@@ -1,0 +1,115 @@
+/*
+ * tasks.c -- task records and the id index.
+ *
+ * Records come from a free list. The list is filled at create time with enough
+ * records for a full pool (queue_capacity + max_workers, capped) and grows in
+ * chunks only when more tasks are in flight than ever before (for instance
+ * many cancelled tasks whose on_done is still pending). Chunks are freed only
+ * with the pool, so in steady state a task costs no allocation.
+ *
+ * The id index maps a task id to its record for tp_cancel(). Ids are
+ * consecutive, so `id & mask` spreads them evenly over power-of-two buckets;
+ * the bucket array doubles with the record count (at growth only).
+ *
+ * No locking: every call is made with the pool lock held.
+ */
+#include "internal.h" /* first: it defines _GNU_SOURCE */
+#include <stdlib.h>
+#include <string.h>
+
+
+#define TP__CHUNK_MIN 64u
+
+static int tasks_grow(tp__tasks *ts, unsigned n) {
+    if (n < TP__CHUNK_MIN) n = TP__CHUNK_MIN;
+    tp__chunk *c = (tp__chunk *)malloc(sizeof(tp__chunk) + (size_t)n * sizeof(tp__task));
+    if (!c) return -1;
+    c->next = ts->chunks;
+    ts->chunks = c;
+    tp__task *recs = (tp__task *)(void *)c->align_;
+    for (unsigned i = n; i-- > 0;) {
+        recs[i].state = TP__FREE;
+        recs[i].next = ts->free;
+        ts->free = &recs[i];
+    }
+    ts->total += n;
+
+    /* Keep about one bucket per record. A failed resize keeps the old buckets:
+     * chains get longer, lookups stay correct. */
+    uint32_t want = ts->index_mask + 1;
+    while (want < ts->total && want < (1u << 30)) want <<= 1;
+    if (want != ts->index_mask + 1 || !ts->index) {
+        tp__task **nb = (tp__task **)calloc(want, sizeof *nb);
+        if (nb) {
+            uint32_t nmask = want - 1;
+            if (ts->index) {
+                for (uint32_t b = 0; b <= ts->index_mask; b++) {
+                    tp__task *t = ts->index[b];
+                    while (t) {
+                        tp__task *nx = t->id_next;
+                        t->id_next = nb[t->id & nmask];
+                        nb[t->id & nmask] = t;
+                        t = nx;
+                    }
+                }
+                free(ts->index);
+            }
+            ts->index = nb;
+            ts->index_mask = nmask;
+        } else if (!ts->index) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int tp__tasks_init(tp__tasks *ts, unsigned prealloc) {
+    memset(ts, 0, sizeof *ts);
+    return tasks_grow(ts, prealloc);
+}
+
+void tp__tasks_fini(tp__tasks *ts) {
+    while (ts->chunks) {
+        tp__chunk *c = ts->chunks;
+        ts->chunks = c->next;
+        free(c);
+    }
+    free(ts->index);
+    memset(ts, 0, sizeof *ts);
+}
+
+tp__task *tp__tasks_get(tp__tasks *ts) {
+    if (!ts->free && tasks_grow(ts, ts->total / 2) != 0) return NULL;
+    tp__task *t = ts->free;
+    ts->free = t->next;
+    t->next = t->prev = t->id_next = NULL;
+    return t;
+}
+
+void tp__tasks_put(tp__tasks *ts, tp__task *t) {
+    t->state = TP__FREE;
+    t->next = ts->free;
+    ts->free = t;
+}
+
+void tp__tasks_index(tp__tasks *ts, tp__task *t) {
+    tp__task **b = &ts->index[t->id & ts->index_mask];
+    t->id_next = *b;
+    *b = t;
+}
+
+void tp__tasks_unindex(tp__tasks *ts, tp__task *t) {
+    for (tp__task **pp = &ts->index[t->id & ts->index_mask]; *pp; pp = &(*pp)->id_next) {
+        if (*pp == t) {
+            *pp = t->id_next;
+            t->id_next = NULL;
+            return;
+        }
+    }
+}
+
+tp__task *tp__tasks_find(const tp__tasks *ts, uint64_t id) {
+    for (tp__task *t = ts->index[id & ts->index_mask]; t; t = t->id_next)
+        if (t->id == id) return t;
+    return NULL;
+}

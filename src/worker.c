@@ -1,0 +1,316 @@
+/*
+ * worker.c -- the worker loop, task completion, elastic workers.
+ *
+ * The loop (invariant: it starts each turn with mu held and no current task):
+ *   1. wait on work_cv until the ring has a task, or until it may exit:
+ *      closed with nothing queued or delayed (a task still running elsewhere
+ *      keeps its own worker for its retries), or, above min_workers, idle for
+ *      idle_timeout;
+ *   2. pop the head (FIFO). A task whose deadline has passed ends here with
+ *      TP_ETIMEDOUT without running;
+ *   3. mark it running, release mu, call it, take mu again;
+ *   4. decide: retry (failed, not cancelled, not forced, deadline not passed,
+ *      attempts left) -> the delayed list, or final -> finalise;
+ *   5. release mu for the log hook and on_done, take it again, retire.
+ *
+ * Exactly once: tp__task_finalise() is the only place that ends a task, and
+ * every caller reaches it from a state (QUEUED, RUNNING, DELAYED) that it
+ * leaves under the same lock; then exactly one thread -- the one that
+ * finalised it, or the service thread for ENDING tasks -- calls on_done and
+ * retires the record.
+ *
+ * Elastic workers: a submit that leaves more queued tasks than idle workers
+ * reserves a worker slot under mu (tp__spawn_start) and creates the thread
+ * after unlocking (tp__spawn_finish). A slot whose thread exited is joined
+ * before reuse. If pthread_create fails the reservation is undone; the queued
+ * tasks are still served by the workers that exist (at least min_workers).
+ */
+#include "internal.h" /* first: it defines _GNU_SOURCE */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+
+static void *worker_main(void *arg);
+
+/* ------------------------------------------------------------ spawning */
+
+int tp__spawn_start(tp_pool *p, tp__worker **slot, pthread_t *old, bool *join_old) {
+    *slot = NULL;
+    for (unsigned i = 0; i < p->max_workers; i++) {
+        tp__worker *w = &p->workers[i];
+        if (w->state == TP__W_LIVE) continue;
+        *join_old = w->state == TP__W_DEAD;
+        *old = w->thread;
+        w->state = TP__W_LIVE;
+        p->live_workers++;
+        p->threads++;
+        TP__SET(p->st.workers, p->live_workers);
+        *slot = w;
+        return TP_OK;
+    }
+    return TP_ENOMEM; /* not reached: callers check live_workers < max_workers */
+}
+
+int tp__spawn_finish(tp_pool *p, tp__worker *w, pthread_t old, bool join_old) {
+    if (!w) return TP_ENOMEM;
+    if (join_old) pthread_join(old, NULL); /* it marked itself DEAD as its last locked act */
+    int rc = pthread_create(&w->thread, NULL, worker_main, w);
+    if (rc == 0) return TP_OK;
+    pthread_mutex_lock(&p->mu);
+    w->state = TP__W_FREE;
+    p->live_workers--;
+    p->threads--;
+    TP__SET(p->st.workers, p->live_workers);
+    pthread_cond_broadcast(&p->done_cv);
+    pthread_mutex_unlock(&p->mu);
+    return TP_ENOMEM;
+}
+
+/* "<name>-w<index>", the name cut so the whole fits Linux's 15 characters. */
+static void set_thread_name(const tp_pool *p, const char *what, unsigned index) {
+#if defined(__linux__)
+    char suffix[16], buf[16];
+    int n = snprintf(suffix, sizeof suffix, "-%s%u", what, index);
+    if (n < 0 || n >= 15) return;
+    size_t keep = strlen(p->name);
+    if (keep > (size_t)(15 - n)) keep = (size_t)(15 - n);
+    memcpy(buf, p->name, keep);
+    memcpy(buf + keep, suffix, (size_t)n + 1);
+    pthread_setname_np(pthread_self(), buf);
+#else
+    (void)p, (void)what, (void)index;
+#endif
+}
+
+/* ------------------------------------------------------------ endings */
+
+static bool is_cancel_status(int status) { return status == TP_ECANCELED || status == TP_ETIMEDOUT; }
+
+void tp__task_finalise(tp_pool *p, tp__task *t, int status, bool expired) {
+    tp__tasks_unindex(&p->tasks, t);
+    if (t->user) {
+        tp__users_release(&p->users, t->user);
+        TP__SET(p->st.users, p->users.live);
+        tp__signal_room(p);
+    }
+    t->status = status;
+    t->state = TP__DONE;
+    TP__INC(p->st.completed);
+    if (status == 0) {
+        TP__INC(p->st.succeeded);
+    } else {
+        TP__INC(p->st.failed);
+        if (is_cancel_status(status)) TP__INC(p->st.cancelled);
+        if (expired) TP__INC(p->st.expired);
+    }
+}
+
+/* A task leaves the ring or the delayed list without (another) run: finalise it
+ * now and hand its on_done to the service thread, which runs it promptly even
+ * when every worker is busy. The caller has already taken it off its list. */
+void tp__task_end_unrun(tp_pool *p, tp__task *t, int status) {
+    tp__task_finalise(p, t, status, false);
+    t->state = TP__ENDING;
+    t->next = NULL;
+    if (p->endings_tail)
+        p->endings_tail->next = t;
+    else
+        p->endings_head = t;
+    p->endings_tail = t;
+    tp__svc_wake(p);
+}
+
+/* on_done has returned: the record can be reused. */
+void tp__task_retire(tp_pool *p, tp__task *t) {
+    t->user = NULL;
+    tp__tasks_put(&p->tasks, t);
+    p->inflight--;
+    tp__drained_check(p);
+}
+
+/* Idle workers re-check whether they may exit. */
+void tp__wake_exiters(tp_pool *p) {
+    if (p->closed && p->idle_waiters && tp__ring_len(&p->ring) == 0 && p->delayed == 0)
+        pthread_cond_broadcast(&p->work_cv);
+}
+
+void tp__ctx_cancel_locked(tp__worker *w) {
+    if (atomic_load_explicit(&w->ctx.cancelled, memory_order_relaxed)) return;
+    atomic_store_explicit(&w->ctx.cancelled, 1, memory_order_relaxed);
+    pthread_cond_signal(&w->sleep_cv);
+    if (w->fds[1] >= 0 && !w->fd_dirty) {
+        char b = 1;
+        ssize_t n = write(w->fds[1], &b, 1);
+        (void)n; /* a non-blocking pipe with room for one byte: cannot fail */
+        w->fd_dirty = true;
+    }
+}
+
+/* Empty the cancel pipe so the next task starts clean. mu held. */
+static void clean_fd(tp__worker *w) {
+    if (!w->fd_dirty) return;
+    char buf[16];
+    while (read(w->fds[0], buf, sizeof buf) > 0) {
+    }
+    w->fd_dirty = false;
+}
+
+/* Report a failed attempt. Called without mu, with copies of the task's id and
+ * log id: once a retry is scheduled the record may be cancelled, ended and
+ * reused by other threads. */
+static void log_failure(tp_pool *p, uint64_t id, const char *log_id, unsigned attempt, int status,
+                        bool retry) {
+    char st[48];
+    if (status < 0 && status >= TP_ENODEFAULT)
+        snprintf(st, sizeof st, "%s", tp_err_name(status));
+    else
+        snprintf(st, sizeof st, "status %d", status);
+    if (retry)
+        tp__log(p, TP_LOG_WARN, log_id, "task %llu attempt %u failed (%s); retry %u of %u in %llu ms",
+                (unsigned long long)id, attempt, st, attempt + 1, p->max_retries,
+                (unsigned long long)(p->retry_delay / 1000000ull));
+    else
+        tp__log(p, TP_LOG_ERROR, log_id, "task %llu attempt %u failed (%s); giving up",
+                (unsigned long long)id, attempt, st);
+}
+
+/* Run on_done (mu released), then retire. Entered and left with mu held. */
+static void finish_locked(tp_pool *p, tp__task *t) {
+    if (t->on_done) {
+        pthread_mutex_unlock(&p->mu);
+        tp__tls_enter_task(t);
+        t->on_done(t->arg, t->status);
+        tp__tls_leave_task();
+        pthread_mutex_lock(&p->mu);
+    }
+    tp__task_retire(p, t);
+}
+
+/* ------------------------------------------------------------ the loop */
+
+/* Start `t` on `w`: mu held. */
+static void start_locked(tp_pool *p, tp__worker *w, tp__task *t, uint64_t now) {
+    t->state = TP__RUNNING;
+    t->worker = w;
+    w->cur = t;
+    p->active++;
+    TP__SET(p->st.active, p->active);
+    if (t->attempt == 0)
+        TP__INC(p->st.started);
+    else
+        TP__INC(p->st.retried);
+    uint64_t d = tp__deadline_after(now, t->run_timeout);
+    w->ctx.t = t;
+    w->ctx.deadline = d < t->deadline ? d : t->deadline;
+    atomic_store_explicit(&w->ctx.cancelled, 0, memory_order_relaxed);
+}
+
+/* The attempt returned `rc`: retry or finalise. mu held. Returns true when a
+ * retry was scheduled. */
+static bool after_run_locked(tp_pool *p, tp__worker *w, tp__task *t, int rc) {
+    bool cancelled = atomic_load_explicit(&w->ctx.cancelled, memory_order_relaxed) != 0;
+    w->cur = NULL;
+    w->ctx.t = NULL;
+    clean_fd(w);
+    p->active--;
+    TP__SET(p->st.active, p->active);
+    t->worker = NULL;
+    uint64_t now = tp_now_ns();
+    if (rc != 0 && !cancelled && !p->forced && t->attempt < p->max_retries && now < t->deadline) {
+        t->attempt++;
+        t->state = TP__DELAYED;
+        t->due = tp__deadline_after(now, p->retry_delay);
+        t->next = NULL;
+        t->prev = p->delayed_tail;
+        if (p->delayed_tail)
+            p->delayed_tail->next = t;
+        else
+            p->delayed_head = t;
+        p->delayed_tail = t;
+        p->delayed++;
+        TP__SET(p->st.delayed, p->delayed);
+        tp__svc_wake(p);
+        return true;
+    }
+    tp__task_finalise(p, t, rc, false);
+    return false;
+}
+
+/* mu held, ring empty: may this worker exit now? */
+static bool may_exit(const tp_pool *p) {
+    return p->closed && p->delayed == 0;
+}
+
+static void *worker_main(void *arg) {
+    tp__worker *w = (tp__worker *)arg;
+    tp_pool *p = w->pool;
+    tp__tls_pool = p;
+    set_thread_name(p, "w", w->index);
+    if (p->on_worker_start) p->on_worker_start(p->hook_arg);
+
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        /* mu held, no current task. */
+        if (tp__ring_len(&p->ring) == 0) {
+            if (may_exit(p)) break;
+            bool elastic = p->live_workers > p->min_workers && p->idle_timeout != TP_FOREVER;
+            uint64_t until = elastic ? tp__deadline_after(tp_now_ns(), p->idle_timeout) : TP_FOREVER;
+            p->idle_waiters++;
+            TP__SET(p->st.idle, p->idle_waiters);
+            int e = tp__cond_wait_until(&p->work_cv, &p->mu, until);
+            p->idle_waiters--;
+            TP__SET(p->st.idle, p->idle_waiters);
+            if (e == ETIMEDOUT && elastic && tp__ring_len(&p->ring) == 0 &&
+                p->live_workers > p->min_workers && tp_now_ns() >= until)
+                break;
+            continue;
+        }
+        tp__task *t = tp__ring_pop(&p->ring);
+        TP__SET(p->st.queued, tp__ring_len(&p->ring));
+        tp__signal_room(p);
+        tp__wake_exiters(p);
+        uint64_t now = tp_now_ns();
+        if (now >= t->deadline) {
+            /* Expired in the queue. A retry that comes back after its
+             * deadline ran before: cancelled, not expired. */
+            tp__task_finalise(p, t, TP_ETIMEDOUT, t->attempt == 0);
+            finish_locked(p, t);
+            continue;
+        }
+        start_locked(p, w, t, now);
+        pthread_mutex_unlock(&p->mu);
+
+        tp__tls_enter_task(t);
+        int rc = t->fn(&w->ctx, t->arg);
+        tp__tls_leave_task();
+
+        pthread_mutex_lock(&p->mu);
+        unsigned attempt = t->attempt;
+        uint64_t id = t->id;
+        char log_id[TP_LOG_ID_MAX + 1];
+        if (rc != 0) snprintf(log_id, sizeof log_id, "%s", tp__task_log_id(t));
+        bool retry = after_run_locked(p, w, t, rc);
+        if (rc != 0) {
+            pthread_mutex_unlock(&p->mu);
+            log_failure(p, id, log_id, attempt, rc, retry);
+            pthread_mutex_lock(&p->mu);
+        }
+        if (!retry) finish_locked(p, t);
+    }
+
+    /* Exit: mu held. Leave the counted set first (stats, scaling), run the
+     * stop hook without the lock, then report the thread as gone. */
+    p->live_workers--;
+    TP__SET(p->st.workers, p->live_workers);
+    pthread_mutex_unlock(&p->mu);
+    if (p->on_worker_stop) p->on_worker_stop(p->hook_arg);
+    pthread_mutex_lock(&p->mu);
+    w->state = TP__W_DEAD;
+    p->threads--;
+    if (p->threads == 0) pthread_cond_broadcast(&p->done_cv);
+    tp__wake_exiters(p);
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
