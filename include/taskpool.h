@@ -226,8 +226,8 @@ TP_API int tp_destroy(tp_pool *p);
 typedef int (*tp_fn)(tp_ctx *ctx, void *arg);
 
 /* Called exactly once per accepted task, after its final outcome, on a pool
- * thread (a worker or the service thread), never on the thread that called
- * tp_cancel()/tp_shutdown(). `status`: what the function returned on its last
+ * thread (a worker or the service thread), never inside tp_cancel() or
+ * tp_shutdown() (so never on an application thread). `status`: what the function returned on its last
  * attempt (0 is success even if the task was cancelled meanwhile), or
  * TP_ETIMEDOUT / TP_ECANCELED for a task ended without running (expired,
  * cancelled while queued or waiting for a retry, dropped by a forced shutdown;
@@ -253,12 +253,16 @@ typedef struct tp_task_opts {
  *   (TP_EUSERLIMIT), space (TP_EFULL: queued + delayed >= queue_capacity; running
  *   tasks do not count). A rejection leaves no trace but its counter: no slot
  *   stays reserved, no id is consumed, on_done is not called, and the caller
- *   still owns `arg`. TP_EINVAL changes no counter at all.
+ *   still owns `arg`. TP_EINVAL changes no counter at all. TP_ENOMEM (counted
+ *   in rejected_full) only when more tasks are in flight than ever before --
+ *   ended ones whose on_done is still pending included -- and their record
+ *   cannot be allocated.
  *   On TP_OK `arg` belongs to the pool until on_done(arg, status) and
  *   *id_out (if not NULL) holds the task id: unique in this pool, never 0.
  *   A deadline already passed is accepted; the task then expires unrun.
  *   Nothing of the caller is borrowed after the call (user, log id copied).
- *   Blocks only on the pool lock. Thread-safe; may be called from a task.
+ *   Blocks only on the pool lock, except that in an elastic pool it may start
+ *   a worker thread. Thread-safe; may be called from a task or an on_done.
  */
 TP_API int tp_submit(tp_pool *p, tp_fn fn, void *arg, const tp_task_opts *opts, uint64_t *id_out);
 
@@ -269,10 +273,13 @@ TP_API int tp_submit(tp_pool *p, tp_fn fn, void *arg, const tp_task_opts *opts, 
  * covers acquiring the pool lock: a call that finds its budget spent is
  * rejected with TP_ETIMEDOUT even if space exists at that moment.
  *   TP_OK; TP_EINVAL; TP_ECLOSED (closed before or during the wait: a close
- *   wakes every waiter at once); TP_ETIMEDOUT (budget spent). Never returns
- *   TP_EFULL or TP_EUSERLIMIT. Ownership as for tp_submit().
- *   Thread-safe. From inside a task of the same pool it may wait its whole
- *   budget if that task's own worker is needed to make room.
+ *   wakes every waiter at once); TP_ETIMEDOUT (budget spent); TP_ENOMEM as for
+ *   tp_submit(). Never returns TP_EFULL or TP_EUSERLIMIT. Ownership as for
+ *   tp_submit(). Thread-safe. From inside a task of the same pool it may wait
+ *   its whole budget if that task's own worker is needed to make room. From an
+ *   on_done running on the pool's service thread it never waits (it would
+ *   stall the retries and endings that free room): without room at once it
+ *   returns TP_ETIMEDOUT.
  */
 TP_API int tp_submit_wait(tp_pool *p, tp_fn fn, void *arg, const tp_task_opts *opts,
                           uint64_t budget_ns, uint64_t *id_out);
@@ -377,8 +384,9 @@ TP_API int tp_stats_format(const tp_stats *s, int format, char *buf, size_t len)
 
 /*
  * Every accepted task carries a log id: opts->log_id, else the submitting
- * thread's current one (tp_log_id_get()), else a freshly generated unique one
- * ("tp-" followed by hex digits). Retries keep it. While a task (or its
+ * thread's current one (tp_log_id_get()), else a freshly generated one, unique
+ * in the process: "tp-" then three hex fields joined by '-' (a per-process
+ * tag, the pool's serial, the task id), e.g. "tp-5f3a9c01-1-2a". Retries keep it. While a task (or its
  * on_done) runs, the worker thread's current log id is the task's, so work it
  * submits inherits it.
  *

@@ -29,6 +29,7 @@
 
 _Thread_local tp_pool *tp__tls_pool;
 _Thread_local tp__task *tp__tls_task;
+_Thread_local bool tp__tls_service;
 static _Thread_local char tls_log_id[TP_LOG_ID_MAX + 1];
 static _Thread_local bool tls_override; /* set inside a task by tp_log_id_set */
 

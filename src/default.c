@@ -19,8 +19,17 @@ int tp_default_create(const tp_config *cfg) {
     if (!atomic_load_explicit(&g_default, memory_order_acquire)) {
         tp_pool *p = NULL;
         rc = tp_create(&p, cfg);
-        /* release: a thread that loads the pointer sees a fully built pool */
-        if (rc == TP_OK) atomic_store_explicit(&g_default, p, memory_order_release);
+        if (rc == TP_OK) {
+            /* A tp_default_swap() may have registered a pool meanwhile: never
+             * overwrite it. release: a thread that loads the pointer sees a
+             * fully built pool. */
+            tp_pool *none = NULL;
+            if (!atomic_compare_exchange_strong_explicit(&g_default, &none, p, memory_order_acq_rel,
+                                                         memory_order_acquire)) {
+                tp_destroy(p);
+                rc = TP_EINVAL;
+            }
+        }
     }
     pthread_mutex_unlock(&g_create_mu);
     return rc;

@@ -203,6 +203,7 @@ struct tp_pool {
     unsigned active;         /* tasks running */
     unsigned inflight;       /* accepted tasks whose on_done has not returned */
     unsigned live_workers;   /* workers counted in stats.workers */
+    unsigned starting;       /* spawned threads that have not yet taken mu */
     unsigned threads;        /* worker threads not yet finished (incl. stop hook) */
     unsigned idle_waiters;   /* workers in work_cv */
     unsigned room_waiters;   /* callers in room_cv */
@@ -219,6 +220,8 @@ struct tp_pool {
 
 /* The pool whose thread this is (worker or service), NULL elsewhere. */
 extern _Thread_local tp_pool *tp__tls_pool;
+/* True on a pool's service thread. */
+extern _Thread_local bool tp__tls_service;
 /* The task running (or whose on_done runs) on this thread, NULL elsewhere. */
 extern _Thread_local tp__task *tp__tls_task;
 
@@ -233,6 +236,7 @@ int tp__cond_init(pthread_cond_t *cv);
 void tp__close_locked(tp_pool *p);
 void tp__signal_room(tp_pool *p);
 void tp__drained_check(tp_pool *p);
+bool tp__want_spawn(const tp_pool *p);
 
 /* worker.c */
 int tp__spawn_start(tp_pool *p, tp__worker **slot, pthread_t *old, bool *join_old); /* under mu */

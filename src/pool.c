@@ -142,7 +142,9 @@ int tp_create(tp_pool **out, const tp_config *cfg) {
         free(p);
         return rc;
     }
-    p->serial = atomic_fetch_add_explicit(&tp__pool_serial, 1, memory_order_relaxed);
+    do /* never 0: 0 marks a log id already written */
+        p->serial = atomic_fetch_add_explicit(&tp__pool_serial, 1, memory_order_relaxed);
+    while (p->serial == 0);
     p->shut_deadline = TP_FOREVER;
 
     unsigned full = p->capacity + p->max_workers;
@@ -184,6 +186,7 @@ int tp_create(tp_pool **out, const tp_config *cfg) {
     if (rc != TP_OK) {
         pthread_mutex_lock(&p->mu);
         tp__close_locked(p);
+        while (p->threads > 0) pthread_cond_wait(&p->done_cv, &p->mu); /* then no thread writes w->state */
         pthread_mutex_unlock(&p->mu);
         join_all(p);
         pool_free(p, 1);
@@ -328,11 +331,12 @@ static int admit_locked(tp_pool *p, const admit_args *a, void *arg, uint64_t *id
     return TP_OK;
 }
 
-/* After a successful admission, with mu held: should a worker be added?
- * Only while the backlog exceeds the idle workers and the pool is below its
+/* After work entered the ring, with mu held: should a worker be added?
+ * Only while the backlog exceeds the idle workers plus those still starting
+ * (not yet waiting, but about to take work), and the pool is below its
  * maximum; a fixed pool never spawns here. */
-static bool want_spawn(const tp_pool *p) {
-    return p->live_workers < p->max_workers && tp__ring_len(&p->ring) > p->idle_waiters;
+bool tp__want_spawn(const tp_pool *p) {
+    return p->live_workers < p->max_workers && tp__ring_len(&p->ring) > p->idle_waiters + p->starting;
 }
 
 static void count_reject(tp_pool *p, int rc) {
@@ -364,13 +368,19 @@ static int submit_common(tp_pool *p, const admit_args *a, void *arg, uint64_t *i
         }
         rc = admit_locked(p, a, arg, id_out);
         if (!wait || (rc != TP_EFULL && rc != TP_EUSERLIMIT)) break;
+        if (tp__tls_service && tp__tls_pool == p) {
+            /* An on_done on this pool's service thread: waiting would stall
+             * the retry timers and endings that may be what frees room. */
+            rc = TP_ETIMEDOUT;
+            break;
+        }
         p->room_waiters++;
         int e = tp__cond_wait_until(&p->room_cv, &p->mu, deadline);
         p->room_waiters--;
         TP__UNUSED(e); /* the loop re-checks closed and the budget */
     }
     if (rc == TP_OK) {
-        if (want_spawn(p)) tp__spawn_start(p, &w, &old, &join_old);
+        if (tp__want_spawn(p)) tp__spawn_start(p, &w, &old, &join_old);
     } else {
         count_reject(p, rc);
     }

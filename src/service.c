@@ -41,7 +41,7 @@ void tp__delayed_remove(tp_pool *p, tp__task *t) {
  * next time something on the list needs attention. mu held. */
 static uint64_t run_timers(tp_pool *p, uint64_t now) {
     uint64_t next = TP_FOREVER;
-    bool queued = false;
+    unsigned queued = 0;
     tp__task *t = p->delayed_head;
     while (t) {
         tp__task *nx = t->next;
@@ -53,7 +53,7 @@ static uint64_t run_timers(tp_pool *p, uint64_t now) {
             tp__delayed_remove(p, t);
             t->state = TP__QUEUED;
             tp__ring_push(&p->ring, t);
-            queued = true;
+            queued++;
         } else {
             if (t->due < next) next = t->due;
             if (t->deadline < next) next = t->deadline;
@@ -62,7 +62,9 @@ static uint64_t run_timers(tp_pool *p, uint64_t now) {
     }
     if (queued) {
         TP__SET(p->st.queued, tp__ring_len(&p->ring));
-        pthread_cond_broadcast(&p->work_cv);
+        /* one wake per task: idle workers that find nothing would only go
+         * back to sleep */
+        for (unsigned i = 0; i < queued && i < p->idle_waiters; i++) pthread_cond_signal(&p->work_cv);
     }
     tp__wake_exiters(p);
     return next;
@@ -71,11 +73,13 @@ static uint64_t run_timers(tp_pool *p, uint64_t now) {
 void *tp__service_main(void *arg) {
     tp_pool *p = (tp_pool *)arg;
     tp__tls_pool = p;
+    tp__tls_service = true;
 #if defined(__linux__)
     char name[16];
     snprintf(name, sizeof name, "%.11s-svc", p->name);
     pthread_setname_np(pthread_self(), name);
 #endif
+    bool tried_spawn = false; /* at most one spawn attempt between two waits */
     pthread_mutex_lock(&p->mu);
     for (;;) {
         if (p->endings_head) {
@@ -98,10 +102,26 @@ void *tp__service_main(void *arg) {
         }
         uint64_t next = run_timers(p, tp_now_ns());
         if (p->endings_head) continue;
+        if (!tried_spawn && !p->closed && tp__want_spawn(p)) {
+            /* Retries came back to a backlog: grow an elastic pool as a
+             * submit would. One attempt per pass: a failed pthread_create
+             * leaves the tasks to the existing workers instead of spinning. */
+            tp__worker *w;
+            pthread_t old;
+            bool join_old = false;
+            tried_spawn = true;
+            if (tp__spawn_start(p, &w, &old, &join_old) == TP_OK) {
+                pthread_mutex_unlock(&p->mu);
+                (void)tp__spawn_finish(p, w, old, join_old);
+                pthread_mutex_lock(&p->mu);
+            }
+            continue; /* mu was released: look at everything again */
+        }
         if (p->closed && p->inflight == 0) break;
         p->svc_waiting = true;
         tp__cond_wait_until(&p->svc_cv, &p->mu, next);
         p->svc_waiting = false;
+        tried_spawn = false;
     }
     pthread_mutex_unlock(&p->mu);
     return NULL;

@@ -46,11 +46,14 @@ int tp__spawn_start(tp_pool *p, tp__worker **slot, pthread_t *old, bool *join_ol
         w->state = TP__W_LIVE;
         p->live_workers++;
         p->threads++;
+        p->starting++;
         TP__SET(p->st.workers, p->live_workers);
         *slot = w;
         return TP_OK;
     }
-    return TP_ENOMEM; /* not reached: callers check live_workers < max_workers */
+    /* Every slot is taken: some exiting worker has left the counted set but
+     * still runs its stop hook. Skip this spawn; the next one will find it. */
+    return TP_ENOMEM;
 }
 
 int tp__spawn_finish(tp_pool *p, tp__worker *w, pthread_t old, bool join_old) {
@@ -62,6 +65,7 @@ int tp__spawn_finish(tp_pool *p, tp__worker *w, pthread_t old, bool join_old) {
     w->state = TP__W_FREE;
     p->live_workers--;
     p->threads--;
+    p->starting--;
     TP__SET(p->st.workers, p->live_workers);
     pthread_cond_broadcast(&p->done_cv);
     pthread_mutex_unlock(&p->mu);
@@ -251,12 +255,16 @@ static void *worker_main(void *arg) {
     if (p->on_worker_start) p->on_worker_start(p->hook_arg);
 
     pthread_mutex_lock(&p->mu);
+    p->starting--;
+    /* Idle since the last task ended (or the thread started): wake-ups that
+     * bring no work do not restart the idle clock. */
+    uint64_t idle_since = tp_now_ns();
     for (;;) {
         /* mu held, no current task. */
         if (tp__ring_len(&p->ring) == 0) {
             if (may_exit(p)) break;
             bool elastic = p->live_workers > p->min_workers && p->idle_timeout != TP_FOREVER;
-            uint64_t until = elastic ? tp__deadline_after(tp_now_ns(), p->idle_timeout) : TP_FOREVER;
+            uint64_t until = elastic ? tp__deadline_after(idle_since, p->idle_timeout) : TP_FOREVER;
             p->idle_waiters++;
             TP__SET(p->st.idle, p->idle_waiters);
             int e = tp__cond_wait_until(&p->work_cv, &p->mu, until);
@@ -277,6 +285,7 @@ static void *worker_main(void *arg) {
              * deadline ran before: cancelled, not expired. */
             tp__task_finalise(p, t, TP_ETIMEDOUT, t->attempt == 0);
             finish_locked(p, t);
+            idle_since = tp_now_ns();
             continue;
         }
         start_locked(p, w, t, now);
@@ -298,6 +307,7 @@ static void *worker_main(void *arg) {
             pthread_mutex_lock(&p->mu);
         }
         if (!retry) finish_locked(p, t);
+        idle_since = tp_now_ns();
     }
 
     /* Exit: mu held. Leave the counted set first (stats, scaling), run the

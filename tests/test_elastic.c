@@ -1,0 +1,121 @@
+/*
+ * test_elastic.c -- elastic workers and the service thread under pressure.
+ *
+ * Covers: a retry that returns to the queue while every worker is busy adds
+ * exactly one worker, even when new threads are slow to start (the service
+ * thread must count threads still starting, not spawn until max_workers);
+ * tp_submit_wait() called from an on_done on the service thread does not wait
+ * (waiting would stall the timers and endings that free room).
+ */
+#include "tp_test.h"
+
+static atomic_int starts;
+static atomic_int slow_starts; /* starts beyond this many take 50 ms */
+
+static void counting_start(void *arg) {
+    (void)arg;
+    int n = atomic_fetch_add(&starts, 1) + 1;
+    if (n > atomic_load(&slow_starts)) {
+        /* A slow thread start is the load condition under test, not a way to
+         * wait for a state. */
+        struct timespec ts = {0, 50 * 1000000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static int fail_once(tp_ctx *c, void *arg) {
+    (void)arg;
+    return tp_ctx_attempt(c) == 0 ? 1 : 0;
+}
+
+static void quiet(void *a, int l, const char *id, const char *m) {
+    (void)a, (void)l, (void)id, (void)m;
+}
+
+static void test_retry_spawns_one_worker(void **state) {
+    (void)state;
+    atomic_store(&starts, 0);
+    atomic_store(&slow_starts, 3);
+    tp_config cfg = {0};
+    cfg.workers = 3;
+    cfg.max_workers = 16;
+    cfg.max_retries = 1;
+    cfg.retry_delay_ns = TPT_MS(30);
+    cfg.idle_timeout_ns = TP_FOREVER;
+    cfg.on_worker_start = counting_start;
+    cfg.log = quiet;
+    tp_pool *p = NULL;
+    assert_int_equal(tp_create(&p, &cfg), TP_OK);
+    TPT_EVENTUALLY(tpt_stats(p).idle == 3);
+
+    tpt_latch gate;
+    tpt_latch_init(&gate);
+    for (int i = 0; i < 2; i++) assert_int_equal(tp_submit(p, tpt_block_task, &gate, NULL, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&gate.waiting) == 2);
+    tpt_done d = {0};
+    tp_task_opts o = {.on_done = tpt_done_fn};
+    assert_int_equal(tp_submit(p, fail_once, &d, &o, NULL), TP_OK);
+    TPT_EVENTUALLY(tpt_stats(p).delayed == 1);
+    /* the third worker is busy too when the retry comes back */
+    assert_int_equal(tp_submit(p, tpt_block_task, &gate, NULL, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&gate.waiting) == 3);
+    TPT_EVENTUALLY(atomic_load(&d.calls) == 1);
+    assert_int_equal(atomic_load(&d.status), 0);
+    assert_int_equal(atomic_load(&starts), 4); /* exactly one more worker */
+    assert_true(tpt_stats(p).workers <= 4);
+    tpt_latch_open(&gate);
+    tp_stats s = tpt_finish(p);
+    assert_int_equal(s.retried, 1);
+    assert_int_equal(atomic_load(&starts), 4);
+    tpt_latch_destroy(&gate);
+}
+
+typedef struct svc_probe {
+    tp_pool *pool;
+    atomic_int rc;
+    atomic_int returned;
+} svc_probe;
+
+static void probe_done(void *arg, int status) {
+    svc_probe *pr = (svc_probe *)arg;
+    (void)status;
+    tp_task_opts o = {.user = "u"};
+    /* "u" is at its limit: a waiting submit would need the blocked task to
+     * end; here it must give up at once instead of stalling the service
+     * thread for its whole (unlimited) budget. */
+    atomic_store(&pr->rc, tp_submit_wait(pr->pool, tpt_nop_task, NULL, &o, TP_FOREVER, NULL));
+    atomic_store(&pr->returned, 1);
+}
+
+static void test_submit_wait_on_service_thread_does_not_wait(void **state) {
+    (void)state;
+    tp_config cfg = {.workers = 1, .max_per_user = 1};
+    tp_pool *p = NULL;
+    assert_int_equal(tp_create(&p, &cfg), TP_OK);
+    tpt_latch gate;
+    tpt_latch_init(&gate);
+    tp_task_opts bo = {.user = "u"};
+    assert_int_equal(tp_submit(p, tpt_block_task, &gate, &bo, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&gate.waiting) == 1);
+
+    svc_probe pr = {.pool = p};
+    atomic_init(&pr.rc, 1);
+    tp_task_opts xo = {.user = "v", .on_done = probe_done};
+    uint64_t id = 0;
+    assert_int_equal(tp_submit(p, tpt_nop_task, &pr, &xo, &id), TP_OK);
+    assert_int_equal(tp_cancel(p, id), TP_OK); /* its on_done runs on the service thread */
+    TPT_EVENTUALLY(atomic_load(&pr.returned) == 1);
+    assert_int_equal(atomic_load(&pr.rc), TP_ETIMEDOUT);
+    assert_int_equal(tpt_stats(p).rejected_timeout, 1);
+    tpt_latch_open(&gate);
+    tpt_finish(p);
+    tpt_latch_destroy(&gate);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_retry_spawns_one_worker),
+        cmocka_unit_test(test_submit_wait_on_service_thread_does_not_wait),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,85 @@
+/*
+ * test_ring.c -- the bounded FIFO ring, the task records and their id index:
+ * data structures that need no threads, tested without them.
+ */
+#include "internal.h" /* first: it defines _GNU_SOURCE */
+#include "tp_test.h"
+
+static void test_ring_fifo_and_wrap(void **state) {
+    (void)state;
+    tp__ring r;
+    assert_int_equal(tp__ring_init(&r, 5), 0);
+    assert_int_equal(r.mask + 1, 8); /* rounded up to a power of two */
+    tp__task t[8];
+    /* Free-running counters close to wrap-around: len and order stay right. */
+    r.head = r.tail = UINT32_MAX - 3;
+    for (uint32_t round = 0; round < 5; round++) {
+        for (int i = 0; i < 8; i++) tp__ring_push(&r, &t[i]);
+        assert_int_equal(tp__ring_len(&r), 8);
+        for (int i = 0; i < 8; i++) assert_ptr_equal(tp__ring_pop(&r), &t[i]);
+        assert_int_equal(tp__ring_len(&r), 0);
+    }
+    tp__ring_fini(&r);
+}
+
+static void test_ring_remove_keeps_order(void **state) {
+    (void)state;
+    tp__ring r;
+    assert_int_equal(tp__ring_init(&r, 8), 0);
+    r.head = r.tail = UINT32_MAX - 1; /* removal across the wrap */
+    tp__task t[6];
+    for (int i = 0; i < 6; i++) tp__ring_push(&r, &t[i]);
+    assert_int_equal(tp__ring_remove(&r, &t[2]), 1);
+    assert_int_equal(tp__ring_remove(&r, &t[5]), 1); /* the tail */
+    assert_int_equal(tp__ring_remove(&r, &t[0]), 1); /* the head */
+    assert_int_equal(tp__ring_remove(&r, &t[2]), 0); /* gone */
+    assert_int_equal(tp__ring_len(&r), 3);
+    assert_ptr_equal(tp__ring_at(&r, 0), &t[1]);
+    assert_ptr_equal(tp__ring_pop(&r), &t[1]);
+    assert_ptr_equal(tp__ring_pop(&r), &t[3]);
+    assert_ptr_equal(tp__ring_pop(&r), &t[4]);
+    assert_int_equal(tp__ring_len(&r), 0);
+    tp__ring_fini(&r);
+}
+
+static void test_tasks_index_and_growth(void **state) {
+    (void)state;
+    tp__tasks ts;
+    assert_int_equal(tp__tasks_init(&ts, 4), 0);
+    unsigned first_total = ts.total;
+    enum { N = 1000 };
+    tp__task *got[N];
+    for (int i = 0; i < N; i++) {
+        got[i] = tp__tasks_get(&ts);
+        assert_non_null(got[i]);
+        got[i]->id = (uint64_t)i + 1;
+        tp__tasks_index(&ts, got[i]);
+    }
+    assert_true(ts.total >= N && ts.total > first_total); /* grew in chunks */
+    for (int i = 0; i < N; i++) assert_ptr_equal(tp__tasks_find(&ts, (uint64_t)i + 1), got[i]);
+    assert_null(tp__tasks_find(&ts, N + 1));
+    for (int i = 0; i < N; i += 2) tp__tasks_unindex(&ts, got[i]);
+    for (int i = 0; i < N; i++) {
+        if (i % 2 == 0)
+            assert_null(tp__tasks_find(&ts, (uint64_t)i + 1));
+        else
+            assert_ptr_equal(tp__tasks_find(&ts, (uint64_t)i + 1), got[i]);
+    }
+    /* Records come back from the free list: no growth in steady state. */
+    unsigned total = ts.total;
+    for (int round = 0; round < 10; round++) {
+        for (int i = 0; i < N; i++) tp__tasks_put(&ts, got[i]);
+        for (int i = 0; i < N; i++) got[i] = tp__tasks_get(&ts);
+    }
+    assert_int_equal(ts.total, total);
+    tp__tasks_fini(&ts);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ring_fifo_and_wrap),
+        cmocka_unit_test(test_ring_remove_keeps_order),
+        cmocka_unit_test(test_tasks_index_and_growth),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
