@@ -1,0 +1,846 @@
+/*
+ * test_ctx.c -- the running task's context (SPEC section 6, header part 7).
+ *
+ * Covers tp_ctx_id, tp_ctx_user (copied at submit), tp_ctx_attempt,
+ * tp_ctx_deadline (the earlier of start + run timeout and the task deadline),
+ * tp_ctx_sleep and tp_ctx_err (cancel, run timeout, deadline, precedence of
+ * cancellation), tp_ctx_fd (readable on tp_cancel and on a forced shutdown,
+ * not on a timeout, clean again for the next task), the run timeout not
+ * counting queue time, the deadline counting it (expired without running),
+ * and tp_now_ns.
+ *
+ * Tasks record what they saw in a `rec` (atomics; the plain `user` buffer is
+ * published by the seq_cst store to `finished`), and only the main thread
+ * asserts.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include "tp_test.h"
+
+/* What one task saw. Zero-initialise with `rec r = {0}`. */
+typedef struct rec {
+    /* inputs */
+    uint64_t sleep_ns;             /* task_sleep: how long to sleep */
+    tpt_latch *gate;               /* optional latch the task waits on first */
+    /* outputs */
+    atomic_int ran;                /* calls of the task function */
+    atomic_int started;            /* set on entry (after the gate) */
+    atomic_int phase;              /* task-specific progress marker */
+    atomic_int finished;           /* set last: publishes everything above */
+    _Atomic uint64_t id;
+    atomic_uint attempt;
+    _Atomic uint64_t deadline;
+    _Atomic uint64_t t_start;
+    _Atomic uint64_t t_end;
+    _Atomic uint64_t t_end2;
+    atomic_int err_start;
+    atomic_int err_end;
+    atomic_int rc;
+    atomic_int rc2;
+    atomic_int fd;
+    atomic_int fd_ready_before;    /* poll(fd, 0) result before anything */
+    atomic_int fd_poll_rc;
+    atomic_int fd_revents;
+    atomic_int user_null;
+    char user[TP_USER_MAX + 16];
+    /* on_done */
+    atomic_int done_calls;
+    atomic_int done_status;
+} rec;
+
+static void rec_done(void *arg, int status) {
+    rec *r = arg;
+    atomic_store(&r->done_status, status);
+    atomic_fetch_add(&r->done_calls, 1);
+}
+
+static void quiet_log(void *a, int level, const char *log_id, const char *msg) {
+    (void)a;
+    (void)level;
+    (void)log_id;
+    (void)msg;
+}
+
+static tp_pool *mkpool(unsigned workers, uint64_t run_timeout_ns) {
+    tp_config cfg = {0};
+    cfg.workers = workers;
+    cfg.run_timeout_ns = run_timeout_ns;
+    cfg.log = quiet_log;
+    tp_pool *p = NULL;
+    assert_int_equal(tp_create(&p, &cfg), TP_OK);
+    assert_non_null(p);
+    return p;
+}
+
+/* Shut down a pool whose drain we forced (tp_shutdown returned TP_ETIMEDOUT):
+ * wait for the workers, check the at-rest invariants, destroy. */
+static tp_stats finish_forced(tp_pool *p) {
+    assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_ETIMEDOUT);
+    tp_stats s = tpt_stats(p);
+    tpt_assert_at_rest(&s);
+    assert_int_equal(s.workers, 0);
+    assert_int_equal(tp_destroy(p), TP_OK);
+    return s;
+}
+
+static void sleep_until(uint64_t t) {
+    while (tp_now_ns() < t) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static int poll_in(int fd, int timeout_ms, int *revents) {
+    struct pollfd pfd = {.fd = fd, .events = POLLIN, .revents = 0};
+    int rc;
+    do {
+        rc = poll(&pfd, 1, timeout_ms);
+    } while (rc < 0 && errno == EINTR);
+    if (revents)
+        *revents = pfd.revents;
+    return rc;
+}
+
+static void rec_common(tp_ctx *c, rec *r) {
+    atomic_store(&r->t_start, tp_now_ns());
+    atomic_store(&r->err_start, tp_ctx_err(c));
+    atomic_store(&r->id, tp_ctx_id(c));
+    atomic_store(&r->attempt, tp_ctx_attempt(c));
+    atomic_store(&r->deadline, tp_ctx_deadline(c));
+    const char *u = tp_ctx_user(c);
+    atomic_store(&r->user_null, u == NULL);
+    if (u) {
+        strncpy(r->user, u, sizeof r->user - 1);
+        r->user[sizeof r->user - 1] = '\0';
+    }
+    atomic_fetch_add(&r->ran, 1);
+    atomic_store(&r->started, 1);
+}
+
+/* Records the context, then returns 0. */
+static int task_record(tp_ctx *c, void *arg) {
+    rec *r = arg;
+    if (r->gate)
+        tpt_latch_wait(r->gate);
+    rec_common(c, r);
+    atomic_store(&r->finished, 1);
+    return 0;
+}
+
+/* Records, sleeps r->sleep_ns with tp_ctx_sleep, records the result, then
+ * sleeps again 20 s (must return at once when the first was cut short). */
+static int task_sleep(tp_ctx *c, void *arg) {
+    rec *r = arg;
+    rec_common(c, r);
+    int rc = tp_ctx_sleep(c, r->sleep_ns);
+    atomic_store(&r->t_end, tp_now_ns());
+    atomic_store(&r->rc, rc);
+    atomic_store(&r->err_end, tp_ctx_err(c));
+    if (rc != 0) {
+        int rc2 = tp_ctx_sleep(c, TPT_S(20));
+        atomic_store(&r->t_end2, tp_now_ns());
+        atomic_store(&r->rc2, rc2);
+    }
+    atomic_store(&r->finished, 1);
+    return rc;
+}
+
+/* Polls tp_ctx_err (without tp_ctx_sleep) until it is non-zero, bounded. */
+static int task_poll_err(tp_ctx *c, void *arg) {
+    rec *r = arg;
+    rec_common(c, r);
+    uint64_t end = tp_now_ns() + TPT_WAIT_NS;
+    int err;
+    while ((err = tp_ctx_err(c)) == 0 && tp_now_ns() < end) {
+        struct timespec ts = {0, 500000};
+        nanosleep(&ts, NULL);
+    }
+    atomic_store(&r->t_end, tp_now_ns());
+    atomic_store(&r->err_end, err);
+    atomic_store(&r->finished, 1);
+    return err;
+}
+
+/* Times out (run timeout in opts), then waits for a tp_cancel: the error must
+ * turn from TP_ETIMEDOUT to TP_ECANCELED (cancellation takes precedence). */
+static int task_timeout_then_cancel(tp_ctx *c, void *arg) {
+    rec *r = arg;
+    rec_common(c, r);
+    int rc = tp_ctx_sleep(c, TPT_S(20));
+    atomic_store(&r->rc, rc);
+    atomic_store(&r->phase, 1); /* main may cancel now */
+    uint64_t end = tp_now_ns() + TPT_WAIT_NS;
+    int err;
+    while ((err = tp_ctx_err(c)) != TP_ECANCELED && tp_now_ns() < end) {
+        struct timespec ts = {0, 500000};
+        nanosleep(&ts, NULL);
+    }
+    atomic_store(&r->err_end, err);
+    atomic_store(&r->finished, 1);
+    return err;
+}
+
+/* Gets the cancel fd, checks it is not readable, shows that a bounded poll
+ * times out, then polls it for up to 20 s. */
+static int task_fd_wait(tp_ctx *c, void *arg) {
+    rec *r = arg;
+    rec_common(c, r);
+    int fd = tp_ctx_fd(c);
+    atomic_store(&r->fd, fd);
+    if (fd < 0) {
+        atomic_store(&r->finished, 1);
+        return fd;
+    }
+    atomic_store(&r->fd_ready_before, poll_in(fd, 0, NULL));
+    /* A real (short) wait: not cancelled, so it must time out. */
+    atomic_store(&r->rc2, poll_in(fd, 20, NULL));
+    atomic_store(&r->phase, 1); /* main may cancel now */
+    int rev = 0;
+    int prc = poll_in(fd, 20000, &rev);
+    atomic_store(&r->t_end, tp_now_ns());
+    atomic_store(&r->fd_poll_rc, prc);
+    atomic_store(&r->fd_revents, rev);
+    atomic_store(&r->err_end, tp_ctx_err(c));
+    atomic_store(&r->finished, 1);
+    return tp_ctx_err(c);
+}
+
+/* Checks the cancel fd is not readable right now. */
+static int task_fd_check(tp_ctx *c, void *arg) {
+    rec *r = arg;
+    rec_common(c, r);
+    int fd = tp_ctx_fd(c);
+    atomic_store(&r->fd, fd);
+    if (fd >= 0)
+        atomic_store(&r->fd_ready_before, poll_in(fd, 0, NULL));
+    atomic_store(&r->finished, 1);
+    return 0;
+}
+
+/* Waits (via tp_ctx_err only) for its cancellation, and only then asks for the
+ * cancel fd for the first time: it must already be readable. */
+static int task_cancel_then_fd(tp_ctx *c, void *arg) {
+    rec *r = arg;
+    rec_common(c, r);
+    uint64_t end = tp_now_ns() + TPT_WAIT_NS;
+    while (tp_ctx_err(c) == 0 && tp_now_ns() < end) {
+        struct timespec ts = {0, 500000};
+        nanosleep(&ts, NULL);
+    }
+    atomic_store(&r->err_end, tp_ctx_err(c));
+    int fd = tp_ctx_fd(c);
+    atomic_store(&r->fd, fd);
+    if (fd >= 0) {
+        int rev = 0;
+        atomic_store(&r->fd_poll_rc, poll_in(fd, 0, &rev));
+        atomic_store(&r->fd_revents, rev);
+    }
+    atomic_store(&r->finished, 1);
+    return 0;
+}
+
+/* Lets its timeout (run timeout or deadline, from opts) pass, then checks the
+ * cancel fd stays unreadable for a while. */
+static int task_fd_timeout(tp_ctx *c, void *arg) {
+    rec *r = arg;
+    rec_common(c, r);
+    int fd = tp_ctx_fd(c);
+    atomic_store(&r->fd, fd);
+    int rc = tp_ctx_sleep(c, TPT_S(20));
+    atomic_store(&r->rc, rc);
+    atomic_store(&r->err_end, tp_ctx_err(c));
+    if (fd >= 0) {
+        int rev = 0;
+        atomic_store(&r->fd_poll_rc, poll_in(fd, 100, &rev));
+        atomic_store(&r->fd_revents, rev);
+    }
+    atomic_store(&r->finished, 1);
+    return 0;
+}
+
+/* ------------------------------------------------------------ id, user, attempt */
+
+static void test_ctx_id_matches_submitted(void **state) {
+    (void)state;
+    tp_pool *p = mkpool(2, 0);
+    enum { N = 32 };
+    static rec r[N];
+    uint64_t ids[N];
+    memset(r, 0, sizeof r);
+    for (int i = 0; i < N; i++) {
+        ids[i] = 0;
+        assert_int_equal(tp_submit(p, task_record, &r[i], NULL, &ids[i]), TP_OK);
+        assert_true(ids[i] != 0);
+        for (int j = 0; j < i; j++)
+            assert_true(ids[i] != ids[j]);
+    }
+    for (int i = 0; i < N; i++) {
+        TPT_EVENTUALLY(atomic_load(&r[i].finished));
+        assert_int_equal(atomic_load(&r[i].id), ids[i]);
+        assert_int_equal(atomic_load(&r[i].ran), 1);
+    }
+    tpt_finish(p);
+}
+
+static void test_ctx_user_none(void **state) {
+    (void)state;
+    tp_pool *p = mkpool(1, 0);
+    rec a = {0}, b = {0};
+    tp_task_opts o = {0};
+    assert_int_equal(tp_submit(p, task_record, &a, NULL, NULL), TP_OK);
+    assert_int_equal(tp_submit(p, task_record, &b, &o, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&a.finished) && atomic_load(&b.finished));
+    assert_true(atomic_load(&a.user_null));
+    assert_true(atomic_load(&b.user_null));
+
+    /* "" means no user: either NULL or "" is an honest answer. */
+    rec e = {0};
+    o.user = "";
+    assert_int_equal(tp_submit(p, task_record, &e, &o, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&e.finished));
+    assert_true(atomic_load(&e.user_null) || e.user[0] == '\0');
+    tpt_finish(p);
+}
+
+static void test_ctx_user_is_copied(void **state) {
+    (void)state;
+    tp_pool *p = mkpool(1, 0);
+    tpt_latch gate;
+    tpt_latch_init(&gate);
+    /* Hold the only worker so the user task runs after we clobber the buffer. */
+    assert_int_equal(tp_submit(p, tpt_block_task, &gate, NULL, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&gate.waiting) == 1);
+
+    char ubuf[TP_USER_MAX + 1];
+    strcpy(ubuf, "alice");
+    tp_task_opts o = {0};
+    o.user = ubuf;
+    rec r = {0};
+    assert_int_equal(tp_submit(p, task_record, &r, &o, NULL), TP_OK);
+    memset(ubuf, 'Z', sizeof ubuf - 1);
+    ubuf[sizeof ubuf - 1] = '\0';
+    strcpy(ubuf, "mallory");
+
+    tpt_latch_open(&gate);
+    TPT_EVENTUALLY(atomic_load(&r.finished));
+    assert_false(atomic_load(&r.user_null));
+    assert_string_equal(r.user, "alice");
+    assert_int_equal(atomic_load(&r.attempt), 0);
+    tpt_finish(p);
+    assert_int_equal(atomic_load(&gate.timeouts), 0);
+    tpt_latch_destroy(&gate);
+}
+
+static void test_ctx_attempt_zero_first_run(void **state) {
+    (void)state;
+    tp_config cfg = {0};
+    cfg.workers = 1;
+    cfg.max_retries = 3; /* retries configured, but the task succeeds */
+    cfg.retry_delay_ns = TPT_MS(1);
+    cfg.log = quiet_log;
+    tp_pool *p = NULL;
+    assert_int_equal(tp_create(&p, &cfg), TP_OK);
+    rec r = {0};
+    assert_int_equal(tp_submit(p, task_record, &r, NULL, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&r.finished));
+    assert_int_equal(atomic_load(&r.attempt), 0);
+    assert_int_equal(atomic_load(&r.ran), 1);
+    tp_stats s = tpt_finish(p);
+    assert_int_equal(s.retried, 0);
+}
+
+/* ------------------------------------------------------------ deadline */
+
+static uint64_t run_deadline(tp_pool *p, const tp_task_opts *o, uint64_t *t_sub,
+                             uint64_t *t_start) {
+    rec r = {0};
+    *t_sub = tp_now_ns();
+    assert_int_equal(tp_submit(p, task_record, &r, o, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&r.finished));
+    *t_start = atomic_load(&r.t_start);
+    return atomic_load(&r.deadline);
+}
+
+static void test_ctx_deadline_forever(void **state) {
+    (void)state;
+    uint64_t ts, tst;
+    /* Pool without run timeout, task without deadline. */
+    tp_pool *p = mkpool(1, TP_FOREVER);
+    assert_true(run_deadline(p, NULL, &ts, &tst) == TP_FOREVER);
+    tp_task_opts o = {0};
+    assert_true(run_deadline(p, &o, &ts, &tst) == TP_FOREVER);
+    /* Only a task deadline: that is the effective one. */
+    o.deadline_ns = tp_now_ns() + TPT_S(60);
+    assert_true(run_deadline(p, &o, &ts, &tst) == o.deadline_ns);
+    tpt_finish(p);
+
+    /* Pool default run timeout, task says TP_FOREVER, no deadline. */
+    p = mkpool(1, 0);
+    memset(&o, 0, sizeof o);
+    o.run_timeout_ns = TP_FOREVER;
+    assert_true(run_deadline(p, &o, &ts, &tst) == TP_FOREVER);
+    tpt_finish(p);
+}
+
+static void test_ctx_deadline_earlier_of_two(void **state) {
+    (void)state;
+    uint64_t ts, tst, d;
+    tp_pool *p = mkpool(1, 0); /* default run timeout: 10 min */
+    const uint64_t ten_min = TPT_S(600);
+
+    /* Pool default run timeout only: start + 10 min. */
+    d = run_deadline(p, NULL, &ts, &tst);
+    assert_true(d >= ts + ten_min);
+    assert_true(d <= tst + ten_min);
+
+    /* Task run timeout 5 s beats a deadline 60 s away. */
+    tp_task_opts o = {0};
+    o.run_timeout_ns = TPT_S(5);
+    o.deadline_ns = tp_now_ns() + TPT_S(60);
+    d = run_deadline(p, &o, &ts, &tst);
+    assert_true(d >= ts + TPT_S(5));
+    assert_true(d <= tst + TPT_S(5));
+
+    /* A deadline 5 s away beats a 60 s run timeout: exactly the deadline. */
+    o.run_timeout_ns = TPT_S(60);
+    o.deadline_ns = tp_now_ns() + TPT_S(5);
+    d = run_deadline(p, &o, &ts, &tst);
+    assert_true(d == o.deadline_ns);
+
+    /* Task deadline with the pool's 10 min run timeout. */
+    o.run_timeout_ns = 0;
+    o.deadline_ns = tp_now_ns() + TPT_S(7);
+    d = run_deadline(p, &o, &ts, &tst);
+    assert_true(d == o.deadline_ns);
+    tpt_finish(p);
+
+    /* Pool run timeout (not the default) applies when the task says 0. */
+    p = mkpool(1, TPT_S(3));
+    d = run_deadline(p, NULL, &ts, &tst);
+    assert_true(d >= ts + TPT_S(3));
+    assert_true(d <= tst + TPT_S(3));
+    tpt_finish(p);
+}
+
+/* ------------------------------------------------------------ sleep, err */
+
+static void test_ctx_sleep_full_time(void **state) {
+    (void)state;
+    tp_pool *p = mkpool(1, 0);
+    rec r = {0};
+    r.sleep_ns = TPT_MS(30);
+    assert_int_equal(tp_submit(p, task_sleep, &r, NULL, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&r.finished));
+    assert_int_equal(atomic_load(&r.rc), 0);
+    assert_int_equal(atomic_load(&r.err_start), 0);
+    assert_int_equal(atomic_load(&r.err_end), 0);
+    assert_true(atomic_load(&r.t_end) - atomic_load(&r.t_start) >= TPT_MS(30));
+
+    rec z = {0};
+    z.sleep_ns = 0;
+    assert_int_equal(tp_submit(p, task_sleep, &z, NULL, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&z.finished));
+    assert_int_equal(atomic_load(&z.rc), 0);
+    tp_stats s = tpt_finish(p);
+    assert_int_equal(s.succeeded, 2);
+}
+
+static void test_ctx_sleep_cancelled(void **state) {
+    (void)state;
+    tp_pool *p = mkpool(1, 0);
+    rec r = {0};
+    r.sleep_ns = TPT_S(20);
+    tp_task_opts o = {0};
+    o.on_done = rec_done;
+    uint64_t id = 0;
+    assert_int_equal(tp_submit(p, task_sleep, &r, &o, &id), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&r.started));
+    assert_int_equal(tp_cancel(p, id), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&r.finished));
+    assert_int_equal(atomic_load(&r.rc), TP_ECANCELED);
+    assert_int_equal(atomic_load(&r.err_end), TP_ECANCELED);
+    assert_true(atomic_load(&r.t_end) - atomic_load(&r.t_start) < TPT_S(10));
+    /* Already cancelled: a new sleep returns at once. */
+    assert_int_equal(atomic_load(&r.rc2), TP_ECANCELED);
+    assert_true(atomic_load(&r.t_end2) - atomic_load(&r.t_end) < TPT_S(10));
+    TPT_EVENTUALLY(atomic_load(&r.done_calls) == 1);
+    assert_int_equal(atomic_load(&r.done_status), TP_ECANCELED);
+    tp_stats s = tpt_finish(p);
+    assert_int_equal(atomic_load(&r.done_calls), 1);
+    assert_int_equal(s.started, 1);
+    assert_int_equal(s.failed, 1);
+    assert_int_equal(s.cancelled, 1);
+    assert_int_equal(s.expired, 0);
+}
+
+static void sleep_until_timeout(tp_pool *p, const tp_task_opts *o) {
+    rec r = {0};
+    r.sleep_ns = TPT_S(20);
+    assert_int_equal(tp_submit(p, task_sleep, &r, o, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&r.finished));
+    assert_int_equal(atomic_load(&r.err_start), 0);
+    assert_int_equal(atomic_load(&r.rc), TP_ETIMEDOUT);
+    assert_int_equal(atomic_load(&r.err_end), TP_ETIMEDOUT);
+    /* It returned because the effective deadline passed, not before. */
+    assert_true(atomic_load(&r.t_end) >= atomic_load(&r.deadline));
+    assert_true(atomic_load(&r.t_end) - atomic_load(&r.t_start) < TPT_S(10));
+    assert_int_equal(atomic_load(&r.rc2), TP_ETIMEDOUT);
+    assert_true(atomic_load(&r.t_end2) - atomic_load(&r.t_end) < TPT_S(10));
+}
+
+static void test_ctx_sleep_run_timeout(void **state) {
+    (void)state;
+    tp_pool *p = mkpool(1, 0);
+    tp_task_opts o = {0};
+    o.run_timeout_ns = TPT_MS(50);
+    sleep_until_timeout(p, &o);
+    tp_stats s = tpt_finish(p);
+    assert_int_equal(s.cancelled, 1); /* returned TP_ETIMEDOUT */
+    assert_int_equal(s.expired, 0);
+
+    /* The pool's run timeout works the same. */
+    p = mkpool(1, TPT_MS(50));
+    sleep_until_timeout(p, NULL);
+    tpt_finish(p);
+}
+
+static void test_ctx_sleep_deadline(void **state) {
+    (void)state;
+    tp_pool *p = mkpool(1, TP_FOREVER);
+    tp_task_opts o = {0};
+    o.deadline_ns = tp_now_ns() + TPT_MS(300);
+    sleep_until_timeout(p, &o);
+    tpt_finish(p);
+}
+
+static void test_ctx_err_states(void **state) {
+    (void)state;
+    tp_pool *p = mkpool(2, 0);
+
+    /* Cancelled while running. */
+    rec c = {0};
+    uint64_t id = 0;
+    assert_int_equal(tp_submit(p, task_poll_err, &c, NULL, &id), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&c.started));
+    assert_int_equal(atomic_load(&c.err_start), 0);
+    assert_int_equal(tp_cancel(p, id), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&c.finished));
+    assert_int_equal(atomic_load(&c.err_end), TP_ECANCELED);
+
+    /* Run timeout passed. */
+    rec t = {0};
+    tp_task_opts o = {0};
+    o.run_timeout_ns = TPT_MS(30);
+    assert_int_equal(tp_submit(p, task_poll_err, &t, &o, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&t.finished));
+    assert_int_equal(atomic_load(&t.err_start), 0);
+    assert_int_equal(atomic_load(&t.err_end), TP_ETIMEDOUT);
+    assert_true(atomic_load(&t.t_end) >= atomic_load(&t.deadline));
+
+    /* Deadline passed while running. */
+    rec d = {0};
+    memset(&o, 0, sizeof o);
+    o.deadline_ns = tp_now_ns() + TPT_MS(300);
+    assert_int_equal(tp_submit(p, task_poll_err, &d, &o, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&d.finished));
+    assert_int_equal(atomic_load(&d.err_end), TP_ETIMEDOUT);
+    assert_true(atomic_load(&d.t_end) >= o.deadline_ns);
+
+    tpt_finish(p);
+}
+
+static void test_ctx_err_cancel_takes_precedence(void **state) {
+    (void)state;
+    tp_pool *p = mkpool(1, 0);
+    rec r = {0};
+    tp_task_opts o = {0};
+    o.run_timeout_ns = TPT_MS(30);
+    uint64_t id = 0;
+    assert_int_equal(tp_submit(p, task_timeout_then_cancel, &r, &o, &id), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&r.phase) == 1);
+    assert_int_equal(atomic_load(&r.rc), TP_ETIMEDOUT);
+    assert_int_equal(tp_cancel(p, id), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&r.finished));
+    assert_int_equal(atomic_load(&r.err_end), TP_ECANCELED);
+    tpt_finish(p);
+}
+
+/* ------------------------------------------------------------ cancel fd */
+
+static void test_ctx_fd_cancel_then_clean(void **state) {
+    (void)state;
+    tp_pool *p = mkpool(1, 0); /* one worker: the next task reuses it */
+    rec r = {0};
+    uint64_t id = 0;
+    assert_int_equal(tp_submit(p, task_fd_wait, &r, NULL, &id), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&r.phase) == 1 || atomic_load(&r.finished));
+    assert_true(atomic_load(&r.fd) >= 0);
+    assert_int_equal(atomic_load(&r.fd_ready_before), 0);
+    assert_int_equal(atomic_load(&r.rc2), 0); /* the 20 ms poll timed out */
+    assert_int_equal(tp_cancel(p, id), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&r.finished));
+    assert_int_equal(atomic_load(&r.fd_poll_rc), 1);
+    assert_true(atomic_load(&r.fd_revents) & POLLIN);
+    assert_int_equal(atomic_load(&r.err_end), TP_ECANCELED);
+    assert_true(atomic_load(&r.t_end) - atomic_load(&r.t_start) < TPT_S(10));
+
+    /* Same worker, next task: the descriptor is clean again. */
+    for (int i = 0; i < 3; i++) {
+        rec n = {0};
+        assert_int_equal(tp_submit(p, task_fd_check, &n, NULL, NULL), TP_OK);
+        TPT_EVENTUALLY(atomic_load(&n.finished));
+        assert_true(atomic_load(&n.fd) >= 0);
+        assert_int_equal(atomic_load(&n.fd_ready_before), 0);
+    }
+
+    /* And it works again for a second cancellation on that worker. */
+    rec r2 = {0};
+    assert_int_equal(tp_submit(p, task_fd_wait, &r2, NULL, &id), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&r2.phase) == 1 || atomic_load(&r2.finished));
+    assert_int_equal(atomic_load(&r2.fd_ready_before), 0);
+    assert_int_equal(tp_cancel(p, id), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&r2.finished));
+    assert_int_equal(atomic_load(&r2.fd_poll_rc), 1);
+    assert_true(atomic_load(&r2.fd_revents) & POLLIN);
+    tpt_finish(p);
+}
+
+static void test_ctx_fd_forced_shutdown(void **state) {
+    (void)state;
+    tp_pool *p = mkpool(1, 0);
+    rec r = {0};
+    tp_task_opts o = {0};
+    o.on_done = rec_done;
+    assert_int_equal(tp_submit(p, task_fd_wait, &r, &o, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&r.phase) == 1 || atomic_load(&r.finished));
+    assert_true(atomic_load(&r.fd) >= 0);
+    assert_int_equal(atomic_load(&r.fd_ready_before), 0);
+    assert_int_equal(tp_shutdown(p, TPT_MS(50)), TP_ETIMEDOUT);
+    TPT_EVENTUALLY(atomic_load(&r.finished));
+    assert_int_equal(atomic_load(&r.fd_poll_rc), 1);
+    assert_true(atomic_load(&r.fd_revents) & POLLIN);
+    assert_int_equal(atomic_load(&r.err_end), TP_ECANCELED);
+    TPT_EVENTUALLY(atomic_load(&r.done_calls) == 1);
+    assert_int_equal(atomic_load(&r.done_status), TP_ECANCELED);
+    finish_forced(p);
+}
+
+static void fd_not_readable_on_timeout(tp_pool *p, const tp_task_opts *o) {
+    rec r = {0};
+    assert_int_equal(tp_submit(p, task_fd_timeout, &r, o, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&r.finished));
+    assert_true(atomic_load(&r.fd) >= 0);
+    assert_int_equal(atomic_load(&r.rc), TP_ETIMEDOUT);
+    assert_int_equal(atomic_load(&r.err_end), TP_ETIMEDOUT);
+    assert_int_equal(atomic_load(&r.fd_poll_rc), 0); /* 100 ms, nothing */
+    assert_int_equal(atomic_load(&r.fd_revents) & POLLIN, 0);
+
+    rec n = {0};
+    assert_int_equal(tp_submit(p, task_fd_check, &n, NULL, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&n.finished));
+    assert_int_equal(atomic_load(&n.fd_ready_before), 0);
+}
+
+static void test_ctx_fd_not_readable_on_timeout(void **state) {
+    (void)state;
+    tp_pool *p = mkpool(1, 0);
+    tp_task_opts o = {0};
+    o.run_timeout_ns = TPT_MS(30);
+    fd_not_readable_on_timeout(p, &o);
+    memset(&o, 0, sizeof o);
+    o.deadline_ns = tp_now_ns() + TPT_MS(300);
+    fd_not_readable_on_timeout(p, &o);
+    tpt_finish(p);
+}
+
+static void test_ctx_fd_cancelled_before_first_use(void **state) {
+    (void)state;
+    tp_pool *p = mkpool(1, 0); /* fresh worker: no descriptor made yet */
+    rec r = {0};
+    uint64_t id = 0;
+    assert_int_equal(tp_submit(p, task_cancel_then_fd, &r, NULL, &id), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&r.started));
+    assert_int_equal(tp_cancel(p, id), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&r.finished));
+    assert_int_equal(atomic_load(&r.err_end), TP_ECANCELED);
+    assert_true(atomic_load(&r.fd) >= 0);
+    assert_int_equal(atomic_load(&r.fd_poll_rc), 1);
+    assert_true(atomic_load(&r.fd_revents) & POLLIN);
+
+    /* And the next task on that worker starts clean. */
+    rec n = {0};
+    assert_int_equal(tp_submit(p, task_fd_check, &n, NULL, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&n.finished));
+    assert_int_equal(atomic_load(&n.fd_ready_before), 0);
+    tpt_finish(p);
+}
+
+static void test_ctx_fd_clean_after_unobserved_cancel(void **state) {
+    (void)state;
+    tp_pool *p = mkpool(1, 0);
+    /* The worker's descriptor exists... */
+    rec a = {0};
+    assert_int_equal(tp_submit(p, task_fd_check, &a, NULL, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&a.finished));
+    assert_int_equal(atomic_load(&a.fd_ready_before), 0);
+    /* ...a task that never looks at it is cancelled... */
+    rec b = {0};
+    uint64_t id = 0;
+    assert_int_equal(tp_submit(p, task_poll_err, &b, NULL, &id), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&b.started));
+    assert_int_equal(tp_cancel(p, id), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&b.finished));
+    assert_int_equal(atomic_load(&b.err_end), TP_ECANCELED);
+    /* ...and the next task still finds it clean. */
+    rec c = {0};
+    assert_int_equal(tp_submit(p, task_fd_check, &c, NULL, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&c.finished));
+    assert_int_equal(atomic_load(&c.fd_ready_before), 0);
+    tpt_finish(p);
+}
+
+/* ------------------------------------------------------------ queue time */
+
+static void test_ctx_run_timeout_excludes_queue_time(void **state) {
+    (void)state;
+    tp_pool *p = mkpool(1, 0);
+    tpt_latch gate;
+    tpt_latch_init(&gate);
+    assert_int_equal(tp_submit(p, tpt_block_task, &gate, NULL, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&gate.waiting) == 1);
+
+    const uint64_t T = TPT_MS(250);
+    rec r = {0};
+    tp_task_opts o = {0};
+    o.run_timeout_ns = T;
+    o.on_done = rec_done;
+    uint64_t t_sub = tp_now_ns();
+    assert_int_equal(tp_submit(p, task_record, &r, &o, NULL), TP_OK);
+    /* Precondition, not synchronisation: queued for longer than T. */
+    sleep_until(t_sub + 2 * T);
+    assert_int_equal(atomic_load(&r.ran), 0);
+    assert_int_equal(tpt_stats(p).queued, 1);
+    uint64_t t_open = tp_now_ns();
+    tpt_latch_open(&gate);
+
+    TPT_EVENTUALLY(atomic_load(&r.done_calls) == 1);
+    assert_int_equal(atomic_load(&r.ran), 1);
+    assert_int_equal(atomic_load(&r.done_status), 0);
+    /* The attempt started after the release: its deadline is start + T. */
+    assert_true(atomic_load(&r.deadline) >= t_open + T);
+    assert_true(atomic_load(&r.deadline) <= atomic_load(&r.t_start) + T);
+    assert_int_equal(atomic_load(&r.err_start), 0);
+    tp_stats s = tpt_finish(p);
+    assert_int_equal(s.expired, 0);
+    assert_int_equal(s.succeeded, 2);
+    assert_int_equal(atomic_load(&gate.timeouts), 0);
+    tpt_latch_destroy(&gate);
+}
+
+static void test_ctx_deadline_includes_queue_time(void **state) {
+    (void)state;
+    tp_pool *p = mkpool(1, 0);
+    tpt_latch gate;
+    tpt_latch_init(&gate);
+    assert_int_equal(tp_submit(p, tpt_block_task, &gate, NULL, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&gate.waiting) == 1);
+    TPT_EVENTUALLY(tpt_stats(p).started == 1);
+
+    rec r = {0};
+    tp_task_opts o = {0};
+    o.deadline_ns = tp_now_ns() + TPT_MS(50);
+    o.on_done = rec_done;
+    assert_int_equal(tp_submit(p, task_record, &r, &o, NULL), TP_OK);
+    sleep_until(o.deadline_ns + TPT_MS(1));
+    tpt_latch_open(&gate);
+
+    TPT_EVENTUALLY(atomic_load(&r.done_calls) == 1);
+    assert_int_equal(atomic_load(&r.done_status), TP_ETIMEDOUT);
+    assert_int_equal(atomic_load(&r.ran), 0);
+    tp_stats s = tpt_finish(p);
+    assert_int_equal(atomic_load(&r.done_calls), 1);
+    assert_int_equal(s.accepted, 2);
+    assert_int_equal(s.started, 1); /* only the blocker */
+    assert_int_equal(s.succeeded, 1);
+    assert_int_equal(s.failed, 1);
+    assert_int_equal(s.cancelled, 1);
+    assert_int_equal(s.expired, 1);
+    assert_int_equal(s.retried, 0);
+    assert_int_equal(atomic_load(&gate.timeouts), 0);
+    tpt_latch_destroy(&gate);
+}
+
+static void test_ctx_deadline_already_passed_accepted(void **state) {
+    (void)state;
+    tp_pool *p = mkpool(1, 0);
+    rec r = {0};
+    tp_task_opts o = {0};
+    o.deadline_ns = 1; /* long gone */
+    o.on_done = rec_done;
+    assert_int_equal(tp_submit(p, task_record, &r, &o, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&r.done_calls) == 1);
+    assert_int_equal(atomic_load(&r.done_status), TP_ETIMEDOUT);
+    assert_int_equal(atomic_load(&r.ran), 0);
+    tp_stats s = tpt_finish(p);
+    assert_int_equal(s.started, 0);
+    assert_int_equal(s.expired, 1);
+    assert_int_equal(s.cancelled, 1);
+    assert_int_equal(s.failed, 1);
+}
+
+/* ------------------------------------------------------------ clock */
+
+static void test_now_ns_monotonic(void **state) {
+    (void)state;
+    uint64_t prev = tp_now_ns();
+    assert_true(prev > 0);
+    for (int i = 0; i < 10000; i++) {
+        uint64_t t = tp_now_ns();
+        assert_true(t >= prev);
+        prev = t;
+    }
+    /* It is CLOCK_MONOTONIC, in nanoseconds. */
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    uint64_t n = tp_now_ns();
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    uint64_t na = (uint64_t)a.tv_sec * 1000000000ull + (uint64_t)a.tv_nsec;
+    uint64_t nb = (uint64_t)b.tv_sec * 1000000000ull + (uint64_t)b.tv_nsec;
+    assert_true(na <= n);
+    assert_true(n <= nb);
+    /* It advances across a sleep by at least the sleep. */
+    uint64_t t0 = tp_now_ns();
+    struct timespec ts = {0, 2000000};
+    nanosleep(&ts, NULL);
+    assert_true(tp_now_ns() - t0 >= TPT_MS(2));
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ctx_id_matches_submitted),
+        cmocka_unit_test(test_ctx_user_none),
+        cmocka_unit_test(test_ctx_user_is_copied),
+        cmocka_unit_test(test_ctx_attempt_zero_first_run),
+        cmocka_unit_test(test_ctx_deadline_forever),
+        cmocka_unit_test(test_ctx_deadline_earlier_of_two),
+        cmocka_unit_test(test_ctx_sleep_full_time),
+        cmocka_unit_test(test_ctx_sleep_cancelled),
+        cmocka_unit_test(test_ctx_sleep_run_timeout),
+        cmocka_unit_test(test_ctx_sleep_deadline),
+        cmocka_unit_test(test_ctx_err_states),
+        cmocka_unit_test(test_ctx_err_cancel_takes_precedence),
+        cmocka_unit_test(test_ctx_fd_cancel_then_clean),
+        cmocka_unit_test(test_ctx_fd_forced_shutdown),
+        cmocka_unit_test(test_ctx_fd_not_readable_on_timeout),
+        cmocka_unit_test(test_ctx_fd_cancelled_before_first_use),
+        cmocka_unit_test(test_ctx_fd_clean_after_unobserved_cancel),
+        cmocka_unit_test(test_ctx_run_timeout_excludes_queue_time),
+        cmocka_unit_test(test_ctx_deadline_includes_queue_time),
+        cmocka_unit_test(test_ctx_deadline_already_passed_accepted),
+        cmocka_unit_test(test_now_ns_monotonic),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
