@@ -1,0 +1,242 @@
+#!/usr/bin/env bash
+# run.sh -- build libtaskpool and run every test, three ways.
+#
+#   bash tests/run.sh [plain|tsan|asan ...]      (default: all three)
+#
+#   plain  gcc, RelWithDebInfo with assertions kept, -Werror
+#   tsan   clang, ThreadSanitizer, -Werror
+#   asan   gcc, AddressSanitizer + LeakSanitizer + UBSan, -Werror
+#
+# Works on a fresh Debian/Ubuntu machine: missing tools and cmocka are
+# installed with apt-get (through sudo when not root). Build trees go to
+# $TP_CI_DIR/<mode> (default build-ci/ in the repository, reused between runs;
+# TP_CI_CLEAN=1 starts them afresh). Exits non-zero when any step of any mode
+# fails; the last lines are one summary line per mode.
+set -uo pipefail
+
+cd "$(dirname "$0")/.." || exit 1
+root=$(pwd)
+ci_dir=${TP_CI_DIR:-build-ci}
+case $ci_dir in /*) ;; *) ci_dir=$root/$ci_dir ;; esac
+jobs=$(nproc 2>/dev/null || echo 2)
+
+log() { printf '\n=== run.sh: %s\n' "$*"; }
+die() { printf 'run.sh: %s\n' "$*" >&2; exit 1; }
+
+# ------------------------------------------------------------------ modes
+modes=()
+for m in "$@"; do
+    case $m in
+    plain | tsan | asan) modes+=("$m") ;;
+    -h | --help) sed -n '2,14p' "$0"; exit 0 ;;
+    *) die "unknown mode '$m' (expected plain, tsan or asan)" ;;
+    esac
+done
+[ ${#modes[@]} -gt 0 ] || modes=(plain tsan asan)
+wants() { [[ " ${modes[*]} " == *" $1 "* ]]; }
+
+# ------------------------------------------------------------------ dependencies
+have_cmocka() {
+    { command -v pkg-config >/dev/null 2>&1 && pkg-config --exists cmocka; } ||
+        [ -f /usr/include/cmocka.h ]
+}
+have_tsan_runtime() {
+    local dir
+    dir=$(clang -print-runtime-dir 2>/dev/null) || return 1
+    [ -e "$dir/libclang_rt.tsan-$(uname -m).a" ] || [ -e "$dir/libclang_rt.tsan.a" ]
+}
+missing_deps() {
+    local c
+    for c in cmake make gcc pkg-config; do command -v "$c" >/dev/null 2>&1 || return 0; done
+    have_cmocka || return 0
+    if wants tsan; then
+        command -v clang >/dev/null 2>&1 || return 0
+        have_tsan_runtime || return 0
+    fi
+    return 1
+}
+
+if missing_deps; then
+    log "installing build dependencies with apt-get"
+    command -v apt-get >/dev/null 2>&1 ||
+        die "missing tools and no apt-get: install cmake, make, gcc, clang, pkg-config and cmocka"
+    sudo=()
+    if [ "$(id -u)" -ne 0 ]; then
+        command -v sudo >/dev/null 2>&1 || die "not root and no sudo: cannot install dependencies"
+        sudo=(sudo)
+    fi
+    pkgs=(libcmocka-dev cmake make gcc libc6-dev pkg-config)
+    # clang's sanitizer runtimes are only "recommended" by clang on Debian 12.
+    wants tsan && pkgs+=(clang libclang-rt-dev)
+    export DEBIAN_FRONTEND=noninteractive
+    "${sudo[@]}" apt-get update -q || die "apt-get update failed"
+    "${sudo[@]}" apt-get install -y -q "${pkgs[@]}" || die "apt-get install failed"
+    missing_deps && die "dependencies still missing after apt-get install"
+fi
+
+# ------------------------------------------------------------------ sanitizer runtime options
+export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+export CTEST_OUTPUT_ON_FAILURE=1
+
+probe_dir=$ci_dir/probe
+mkdir -p "$probe_dir" || die "cannot create $probe_dir"
+
+# Commands that run the tests of a mode are prefixed with this (see probe_tsan).
+tsan_wrap=()
+
+# clang 14's ThreadSanitizer aborts with "unexpected memory mapping" when the
+# kernel randomises mmap with more than 28 bits. Make sure it works here, and
+# that it reports a real race, before trusting a clean run.
+probe_tsan() {
+    cat >"$probe_dir/race.c" <<'EOF'
+#include <pthread.h>
+static int shared;
+static void *bump(void *a) { (void)a; shared++; return 0; }
+int main(void) {
+    pthread_t t;
+    pthread_create(&t, 0, bump, 0);
+    shared++;
+    pthread_join(t, 0);
+    return 0;
+}
+EOF
+    clang -fsanitize=thread -g -O1 -o "$probe_dir/race" "$probe_dir/race.c" -pthread ||
+        { echo "run.sh: clang cannot build with -fsanitize=thread" >&2; return 1; }
+    local out
+    out=$("$probe_dir/race" 2>&1)
+    if grep -q "unexpected memory mapping" <<<"$out"; then
+        local bits
+        bits=$(cat /proc/sys/vm/mmap_rnd_bits 2>/dev/null || echo "?")
+        echo "run.sh: TSan cannot map its shadow here (vm.mmap_rnd_bits=$bits)"
+        if [ "$(id -u)" -eq 0 ] && sysctl -w vm.mmap_rnd_bits=28 >/dev/null 2>&1; then
+            echo "run.sh: set vm.mmap_rnd_bits=28"
+        else
+            echo "run.sh: running the TSan tests under 'setarch $(uname -m) -R' (no ASLR)"
+            tsan_wrap=(setarch "$(uname -m)" -R)
+        fi
+        out=$("${tsan_wrap[@]}" "$probe_dir/race" 2>&1)
+    fi
+    if ! grep -q "WARNING: ThreadSanitizer: data race" <<<"$out"; then
+        printf 'run.sh: TSan did not report the probe race; its output:\n%s\n' "$out" >&2
+        return 1
+    fi
+    echo "run.sh: TSan works (probe race reported)"
+}
+
+# Same idea for ASan: it must catch an overflow, and LeakSanitizer a leak
+# (LSan needs ptrace-like access some sandboxes deny: then leaks go unchecked).
+probe_asan() {
+    cat >"$probe_dir/overflow.c" <<'EOF'
+#include <stdlib.h>
+int main(int argc, char **argv) {
+    (void)argv;
+    char *p = malloc(4);
+    p[argc + 3] = 1;
+    free(p);
+    return 0;
+}
+EOF
+    cat >"$probe_dir/leak.c" <<'EOF'
+#include <stdlib.h>
+void *volatile sink;
+int main(void) {
+    sink = malloc(64);
+    sink = 0;
+    return 0;
+}
+EOF
+    local out
+    if ! gcc -fsanitize=address,undefined -g -O0 -o "$probe_dir/overflow" "$probe_dir/overflow.c" ||
+        ! gcc -fsanitize=address,undefined -g -O0 -o "$probe_dir/leak" "$probe_dir/leak.c"; then
+        echo "run.sh: gcc cannot build with -fsanitize=address,undefined" >&2
+        return 1
+    fi
+    out=$(ASAN_OPTIONS=detect_leaks=0 "$probe_dir/overflow" 2>&1)
+    if ! grep -q "heap-buffer-overflow" <<<"$out"; then
+        printf 'run.sh: ASan did not report the probe overflow; its output:\n%s\n' "$out" >&2
+        return 1
+    fi
+    out=$(ASAN_OPTIONS=detect_leaks=1 "$probe_dir/leak" 2>&1)
+    if ! grep -q "detected memory leaks" <<<"$out"; then
+        printf 'run.sh: WARNING: LeakSanitizer does not work here; leak checks are off:\n%s\n' "$out" >&2
+        export ASAN_OPTIONS=${ASAN_OPTIONS//detect_leaks=1/detect_leaks=0}
+        return 0
+    fi
+    echo "run.sh: ASan and LeakSanitizer work (probe overflow and leak reported)"
+}
+
+# ------------------------------------------------------------------ one mode
+declare -A result
+run_mode() {
+    local mode=$1 cc san=() wrap=() flags dir=$ci_dir/$1 t0
+    case $mode in
+    plain) cc=gcc flags="-O2 -g" ;;
+    tsan) cc=clang flags="-O1 -g" san=(-DTP_SANITIZE=thread) ;;
+    asan) cc=gcc flags="-O1 -g" san=(-DTP_SANITIZE=address) ;;
+    esac
+    t0=$SECONDS
+    if [ "$mode" = tsan ]; then
+        log "$mode: checking that ThreadSanitizer works here"
+        probe_tsan || { result[$mode]="FAIL (ThreadSanitizer does not work here)"; return 1; }
+        wrap=("${tsan_wrap[@]}")
+    elif [ "$mode" = asan ]; then
+        log "$mode: checking that AddressSanitizer works here"
+        probe_asan || { result[$mode]="FAIL (AddressSanitizer does not work here)"; return 1; }
+    fi
+
+    log "$mode: configure ($cc) in ${dir#"$root"/}"
+    [ "${TP_CI_CLEAN:-0}" = 1 ] && rm -rf "$dir"
+
+    # RelWithDebInfo, but assert() stays on: the flags replace CMake's -DNDEBUG.
+    cmake -S "$root" -B "$dir" \
+        -DCMAKE_C_COMPILER="$cc" \
+        -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+        -DCMAKE_C_FLAGS_RELWITHDEBINFO="$flags" \
+        -DTP_WERROR=ON -DBUILD_TESTING=ON -DTP_BUILD_TESTS=ON \
+        -DTP_BUILD_EXAMPLES=ON -DTP_BUILD_BENCH=ON \
+        "${san[@]}" || { result[$mode]="FAIL at configure"; return 1; }
+
+    log "$mode: build"
+    if ! cmake --build "$dir" --parallel "$jobs"; then
+        result[$mode]="FAIL at build"
+        return 1
+    fi
+
+    # A missing cmocka only warns at configure time; here it must not pass
+    # silently with the unit tests left out.
+    local want have
+    want=$(find "$root/tests" -maxdepth 1 -name 'test_*.c' | wc -l)
+    have=$(cd "$dir" && ctest -N | grep -cE 'Test +#[0-9]+: test_')
+    if [ "$have" -ne "$want" ]; then
+        result[$mode]="FAIL: $have of the $want tests/test_*.c registered with CTest (cmocka missing?)"
+        return 1
+    fi
+
+    log "$mode: test${wrap[*]:+ (under ${wrap[*]})}"
+    local rc summary failed
+    (cd "$dir" && "${wrap[@]}" ctest --output-on-failure --no-tests=error --parallel "$jobs") 2>&1 |
+        tee "$dir/ctest.log"
+    rc=${PIPESTATUS[0]}
+    summary=$(grep -E "tests passed|tests failed" "$dir/ctest.log" | tail -n 1)
+    if [ "$rc" -ne 0 ]; then
+        # The names listed after "The following tests FAILED:", joined with ", ".
+        failed=$(sed -n '/The following tests FAILED:/,$p' "$dir/ctest.log" |
+            sed -nE 's/^[[:space:]]+[0-9]+ - ([^ ]+).*/\1/p' | paste -sd, - | sed 's/,/, /g')
+        result[$mode]="FAIL at test: ${summary:-ctest failed}${failed:+ -- $failed}"
+        return 1
+    fi
+    result[$mode]="PASS: $summary ($((SECONDS - t0)) s)"
+}
+
+status=0
+for m in "${modes[@]}"; do
+    run_mode "$m" || status=1
+done
+
+log "summary"
+for m in "${modes[@]}"; do
+    printf 'run.sh: %-5s %s\n' "$m" "${result[$m]}"
+done
+exit $status
