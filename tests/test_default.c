@@ -247,31 +247,53 @@ static void test_default_concurrent_create(void **state) {
     }
 }
 
-/* A pool registered by tp_default_swap() while tp_default_create() builds its
- * own is never overwritten: create gives up with TP_EINVAL and destroys its
- * pool. The swap happens deterministically inside the new pool's worker-start
- * hook, i.e. during tp_create(). Regression: create used to store blindly. */
-static tp_pool *swap_in;
-static atomic_int swap_done;
+/* tp_default_create() racing tp_default_swap(q): whichever comes first, q
+ * ends up registered -- a swap after the create replaces the new pool (and
+ * returns it), a swap before the create's registration makes the create fail
+ * with TP_EINVAL. Never may the create overwrite q. Checked over many races;
+ * the window (thread creation inside tp_create) is wide. Regression: create
+ * used to check, build, then store blindly. */
+static tp_pool *race_q;
+static pthread_barrier_t race_barrier;
+static tp_pool *race_old;
+static uint64_t race_delay_ns;
 
-static void swap_hook(void *arg) {
+static void *race_swap(void *arg) {
     (void)arg;
-    int expect = 0;
-    if (atomic_compare_exchange_strong(&swap_done, &expect, 1)) tp_default_swap(swap_in);
+    pthread_barrier_wait(&race_barrier);
+    /* spread the swap over the create's duration, iteration by iteration */
+    uint64_t until = tp_now_ns() + race_delay_ns;
+    while (tp_now_ns() < until) {
+    }
+    race_old = tp_default_swap(race_q);
+    return NULL;
 }
 
 static void test_default_create_does_not_overwrite_swap(void **state) {
     (void)state;
-    swap_in = mkpool(1);
-    atomic_store(&swap_done, 0);
     tp_config cfg = {0};
     cfg.workers = 2;
-    cfg.on_worker_start = swap_hook;
-    assert_int_equal(tp_default_create(&cfg), TP_EINVAL);
-    assert_int_equal(atomic_load(&swap_done), 1);
-    assert_ptr_equal(tp_default(), swap_in);
-    assert_ptr_equal(tp_default_swap(NULL), swap_in);
-    tpt_finish(swap_in);
+    for (int i = 0; i < 100; i++) {
+        race_q = mkpool(1);
+        race_old = NULL;
+        race_delay_ns = (uint64_t)(i % 50) * 4000; /* 0..200 us */
+        pthread_barrier_init(&race_barrier, NULL, 2);
+        pthread_t th;
+        assert_int_equal(pthread_create(&th, NULL, race_swap, NULL), 0);
+        pthread_barrier_wait(&race_barrier);
+        int rc = tp_default_create(&cfg);
+        pthread_join(th, NULL);
+        pthread_barrier_destroy(&race_barrier);
+        assert_ptr_equal(tp_default(), race_q);
+        if (race_old) {
+            assert_int_equal(rc, TP_OK); /* the swap replaced the created pool */
+            tpt_finish(race_old);
+        } else {
+            assert_int_equal(rc, TP_EINVAL); /* the swap came first */
+        }
+        assert_ptr_equal(tp_default_swap(NULL), race_q);
+        tpt_finish(race_q);
+    }
 }
 
 int main(void) {
