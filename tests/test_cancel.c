@@ -1,0 +1,590 @@
+/*
+ * test_cancel.c -- tp_cancel: a queued task, a task waiting for its retry, a
+ * running task; bad, unknown and finished ids; cancel racing completion; and
+ * the promptness of on_done for tasks ended without running while every
+ * worker is busy.
+ *
+ * Pool threads record into atomics (including whether on_done ran on the
+ * thread that called tp_cancel); only the main thread asserts.
+ */
+#include "tp_test.h"
+
+#include <unistd.h>
+
+#include <poll.h>
+#include <sched.h>
+
+/* Scale the race loop down under sanitizers (several times slower, 2 cores). */
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#define TPC_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
+#define TPC_SANITIZED 1
+#endif
+#endif
+#ifdef TPC_SANITIZED
+#define RACE_ITERS 150
+#else
+#define RACE_ITERS 600
+#endif
+
+/* ------------------------------------------------------------ helpers */
+
+static void quiet_log(void *arg, int level, const char *log_id, const char *msg) {
+    (void)arg;
+    (void)level;
+    (void)log_id;
+    (void)msg;
+}
+
+/* Pools created by this file and not yet destroyed. A failed assert longjmps
+ * out of a test and leaves its pool running, its threads still pointing into
+ * the dead stack frame (latches, records); the next test would reuse that
+ * memory and could hang or corrupt. So the teardown notes it and the next
+ * test's setup stops the executable, after cmocka printed the failure. */
+static atomic_int live_pools;
+static atomic_int poisoned;
+
+static tp_stats finish(tp_pool *p) {
+    tp_stats s = tpt_finish(p);
+    atomic_fetch_sub(&live_pools, 1);
+    return s;
+}
+
+static int guard_teardown(void **state) {
+    (void)state;
+    if (atomic_load(&live_pools) != 0)
+        atomic_store(&poisoned, 1);
+    return 0;
+}
+
+static int guard_setup(void **state) {
+    (void)state;
+    if (atomic_load(&poisoned)) {
+        /* cmocka has printed the previous test's failure by now */
+        printf("[  ABORT   ] a failed test left its pool running; stopping here "
+               "(later tests would share its threads and dead stack memory)\n");
+        fflush(stdout);
+        fflush(stderr);
+        _exit(1);
+    }
+    return 0;
+}
+
+static tp_pool *mkpool_cfg(tp_config *c) {
+    tp_pool *p = NULL;
+    assert_int_equal(tp_create(&p, c), TP_OK);
+    assert_non_null(p);
+    atomic_fetch_add(&live_pools, 1);
+    return p;
+}
+
+static tp_pool *mkpool(unsigned workers, unsigned cap) {
+    tp_config c = {0};
+    c.log = quiet_log; /* cancelled and failed attempts are expected here */
+    c.workers = workers;
+    c.queue_capacity = cap;
+    c.max_per_user = TP_UNLIMITED;
+    return mkpool_cfg(&c);
+}
+
+static void fill_workers(tp_pool *p, tpt_latch *l, unsigned n) {
+    int before = atomic_load(&l->waiting);
+    for (unsigned i = 0; i < n; i++) {
+        assert_int_equal(tp_submit(p, tpt_block_task, l, NULL, NULL), TP_OK);
+        /* one at a time: the queue may be smaller than n */
+        TPT_EVENTUALLY(atomic_load(&l->waiting) == before + (int)i + 1);
+    }
+    TPT_EVENTUALLY(tpt_stats(p).active == n && tpt_stats(p).queued == 0);
+}
+
+enum { M_NOP, M_SLEEP, M_UNTIL_ERR_RET0, M_UNTIL_ERR_RET5, M_POLL_FD, M_FAIL, M_RET_ERR };
+
+typedef struct rec {
+    int mode;
+    pthread_t caller; /* the thread that will call tp_cancel */
+    atomic_int ran;
+    atomic_int calls;
+    atomic_int status;
+    atomic_int on_caller;  /* on_done ran on the cancelling thread */
+    atomic_int sleep_rc;   /* what tp_ctx_sleep returned */
+    atomic_int err_after;  /* tp_ctx_err() at the end of the task */
+    atomic_int revents;    /* poll() result on the cancel fd */
+    atomic_uint_least64_t sleep_ns; /* how long tp_ctx_sleep actually took */
+} rec;
+
+static void rec_init(rec *r, int mode) {
+    memset(r, 0, sizeof *r);
+    r->mode = mode;
+    r->caller = pthread_self();
+    atomic_init(&r->sleep_rc, 12345);
+    atomic_init(&r->err_after, 12345);
+}
+
+/* Spin (with short pauses) until the context is cancelled; bounded. */
+static void until_err(tp_ctx *c) {
+    uint64_t end = tp_now_ns() + TPT_WAIT_NS;
+    while (tp_ctx_err(c) == 0 && tp_now_ns() < end)
+        tpt_pause();
+}
+
+static int rec_task(tp_ctx *c, void *arg) {
+    rec *r = arg;
+    atomic_fetch_add(&r->ran, 1);
+    switch (r->mode) {
+    case M_SLEEP: {
+        uint64_t t0 = tp_now_ns();
+        int rc = tp_ctx_sleep(c, TPT_WAIT_NS);
+        atomic_store(&r->sleep_ns, tp_now_ns() - t0);
+        atomic_store(&r->sleep_rc, rc);
+        atomic_store(&r->err_after, tp_ctx_err(c));
+        return rc;
+    }
+    case M_UNTIL_ERR_RET0:
+        until_err(c);
+        atomic_store(&r->err_after, tp_ctx_err(c));
+        return 0;
+    case M_UNTIL_ERR_RET5:
+        until_err(c);
+        atomic_store(&r->err_after, tp_ctx_err(c));
+        return 5;
+    case M_POLL_FD: {
+        int fd = tp_ctx_fd(c);
+        if (fd < 0)
+            return fd;
+        struct pollfd pf = {fd, POLLIN, 0};
+        int n = poll(&pf, 1, (int)(TPT_WAIT_NS / 1000000ull));
+        atomic_store(&r->revents, n > 0 ? pf.revents : -1);
+        atomic_store(&r->err_after, tp_ctx_err(c));
+        return tp_ctx_err(c);
+    }
+    case M_FAIL:
+        return 3;
+    case M_RET_ERR:
+        return tp_ctx_err(c);
+    default:
+        return 0;
+    }
+}
+
+static void rec_done(void *arg, int status) {
+    rec *r = arg;
+    if (pthread_equal(pthread_self(), r->caller))
+        atomic_fetch_add(&r->on_caller, 1);
+    atomic_store(&r->status, status);
+    atomic_fetch_add(&r->calls, 1);
+}
+
+static int sum_calls(rec *r, int n) {
+    int sum = 0;
+    for (int i = 0; i < n; i++)
+        sum += atomic_load(&r[i].calls);
+    return sum;
+}
+
+static uint64_t submit_rec(tp_pool *p, rec *r) {
+    tp_task_opts o = {0};
+    o.on_done = rec_done;
+    uint64_t id = 0;
+    assert_int_equal(tp_submit(p, rec_task, r, &o, &id), TP_OK);
+    assert_true(id != 0);
+    return id;
+}
+
+/* ------------------------------------------------------------ queued */
+
+static void test_cancel_queued(void **state) {
+    (void)state;
+    tpt_latch l;
+    tpt_latch_init(&l);
+    tp_pool *p = mkpool(1, 1);
+    fill_workers(p, &l, 1);
+    rec r;
+    rec_init(&r, M_NOP);
+    uint64_t id = submit_rec(p, &r);
+    assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_EFULL);
+
+    assert_int_equal(tp_cancel(p, id), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&r.calls) == 1);
+    assert_int_equal(atomic_load(&r.status), TP_ECANCELED);
+    assert_int_equal(atomic_load(&r.on_caller), 0); /* a pool thread, not ours */
+    assert_int_equal(atomic_load(&r.ran), 0);
+    /* a second cancel of the same task finds nothing */
+    assert_int_equal(tp_cancel(p, id), TP_ENOTFOUND);
+    /* its queue place is free again */
+    TPT_EVENTUALLY(tpt_stats(p).queued == 0);
+    rec r2;
+    rec_init(&r2, M_NOP);
+    submit_rec(p, &r2);
+
+    tp_stats s = tpt_stats(p);
+    assert_int_equal(s.cancelled, 1);
+    assert_int_equal(s.failed, 1);
+    assert_int_equal(s.completed, 1);
+    assert_int_equal(s.started, 1); /* the blocker only */
+
+    tpt_latch_open(&l);
+    s = finish(p);
+    assert_int_equal(atomic_load(&r.ran), 0);
+    assert_int_equal(atomic_load(&r.calls), 1);
+    assert_int_equal(atomic_load(&r2.calls), 1);
+    assert_int_equal(atomic_load(&r2.status), 0);
+    assert_int_equal(s.started, 2);
+    assert_int_equal(s.cancelled, 1);
+    assert_int_equal(s.expired, 0);
+    assert_int_equal(atomic_load(&l.timeouts), 0);
+    tpt_latch_destroy(&l);
+}
+
+/* Every worker is blocked; cancelled queued tasks still get their on_done
+ * promptly (on the service thread), while the workers are still blocked. */
+static void test_cancel_queued_on_done_prompt_when_busy(void **state) {
+    (void)state;
+    enum { W = 2, Q = 6 };
+    tpt_latch l;
+    tpt_latch_init(&l);
+    tp_pool *p = mkpool(W, Q);
+    fill_workers(p, &l, W);
+    rec r[Q];
+    uint64_t ids[Q];
+    for (int i = 0; i < Q; i++) {
+        rec_init(&r[i], M_NOP);
+        ids[i] = submit_rec(p, &r[i]);
+    }
+    for (int i = 0; i < Q; i++)
+        assert_int_equal(tp_cancel(p, ids[i]), TP_OK);
+    /* Well inside the latch's own 20 s bound, so a pool that needs a free
+     * worker for these on_done calls fails here. */
+    int all = TPT_POLL(sum_calls(r, Q) == Q, TPT_WAIT_NS / 4);
+    assert_true(all);
+    assert_int_equal(atomic_load(&l.waiting), W); /* workers still blocked */
+    assert_int_equal(atomic_load(&l.timeouts), 0);
+    for (int i = 0; i < Q; i++) {
+        assert_int_equal(atomic_load(&r[i].calls), 1);
+        assert_int_equal(atomic_load(&r[i].status), TP_ECANCELED);
+        assert_int_equal(atomic_load(&r[i].on_caller), 0);
+    }
+    tpt_latch_open(&l);
+    tp_stats s = finish(p);
+    for (int i = 0; i < Q; i++)
+        assert_int_equal(atomic_load(&r[i].ran), 0);
+    assert_int_equal(s.cancelled, Q);
+    assert_int_equal(s.succeeded, W);
+    tpt_latch_destroy(&l);
+}
+
+/* ------------------------------------------------------------ retry wait */
+
+static void test_cancel_waiting_for_retry(void **state) {
+    (void)state;
+    tp_config c = {0};
+    c.workers = 1;
+    c.queue_capacity = 4;
+    c.max_per_user = 1;
+    c.max_retries = 3;
+    c.retry_delay_ns = TPT_S(60); /* never within the test */
+    c.log = quiet_log;
+    tp_pool *p = mkpool_cfg(&c);
+    rec r;
+    rec_init(&r, M_FAIL);
+    tp_task_opts o = {0};
+    o.on_done = rec_done;
+    o.user = "u";
+    uint64_t id = 0;
+    assert_int_equal(tp_submit(p, rec_task, &r, &o, &id), TP_OK);
+    TPT_EVENTUALLY(tpt_stats(p).delayed == 1 && tpt_stats(p).active == 0);
+    assert_int_equal(atomic_load(&r.ran), 1);
+    assert_int_equal(atomic_load(&r.calls), 0);
+    assert_int_equal(tp_user_active(p, "u"), 1); /* kept while it waits */
+
+    assert_int_equal(tp_cancel(p, id), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&r.calls) == 1);
+    assert_int_equal(atomic_load(&r.status), TP_ECANCELED);
+    assert_int_equal(atomic_load(&r.on_caller), 0);
+    assert_int_equal(atomic_load(&r.ran), 1); /* the retry never ran */
+    assert_int_equal(tp_user_active(p, "u"), 0);
+    assert_int_equal(tp_cancel(p, id), TP_ENOTFOUND);
+    TPT_EVENTUALLY(tpt_stats(p).delayed == 0);
+
+    tp_stats s = finish(p);
+    assert_int_equal(atomic_load(&r.ran), 1);
+    assert_int_equal(s.retried, 0);
+    assert_int_equal(s.cancelled, 1);
+    assert_int_equal(s.failed, 1);
+    assert_int_equal(s.started, 1);
+}
+
+/* ------------------------------------------------------------ running */
+
+static void test_cancel_running_sleep(void **state) {
+    (void)state;
+    tp_pool *p = mkpool(1, 4);
+    rec r;
+    rec_init(&r, M_SLEEP);
+    uint64_t id = submit_rec(p, &r);
+    TPT_EVENTUALLY(atomic_load(&r.ran) == 1 && tpt_stats(p).active == 1);
+    assert_int_equal(tp_cancel(p, id), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&r.calls) == 1);
+    assert_int_equal(atomic_load(&r.sleep_rc), TP_ECANCELED);
+    assert_int_equal(atomic_load(&r.err_after), TP_ECANCELED);
+    assert_int_equal(atomic_load(&r.status), TP_ECANCELED); /* its return value */
+    assert_true(atomic_load(&r.sleep_ns) < TPT_WAIT_NS / 2);  /* returned early */
+    assert_int_equal(atomic_load(&r.on_caller), 0);
+    tp_stats s = finish(p);
+    assert_int_equal(s.failed, 1);
+    assert_int_equal(s.cancelled, 1);
+    assert_int_equal(s.expired, 0);
+    assert_int_equal(s.succeeded, 0);
+}
+
+static void test_cancel_running_fd_readable(void **state) {
+    (void)state;
+    tp_pool *p = mkpool(1, 4);
+    rec r;
+    rec_init(&r, M_POLL_FD);
+    uint64_t id = submit_rec(p, &r);
+    TPT_EVENTUALLY(atomic_load(&r.ran) == 1 && tpt_stats(p).active == 1);
+    assert_int_equal(tp_cancel(p, id), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&r.calls) == 1);
+    assert_true(atomic_load(&r.revents) > 0);
+    assert_true(atomic_load(&r.revents) & POLLIN);
+    assert_int_equal(atomic_load(&r.err_after), TP_ECANCELED);
+    assert_int_equal(atomic_load(&r.status), TP_ECANCELED);
+    finish(p);
+}
+
+/* A cancelled task that still returns 0 counts as succeeded. */
+static void test_cancel_running_return_zero(void **state) {
+    (void)state;
+    tp_pool *p = mkpool(1, 4);
+    rec r;
+    rec_init(&r, M_UNTIL_ERR_RET0);
+    uint64_t id = submit_rec(p, &r);
+    TPT_EVENTUALLY(atomic_load(&r.ran) == 1 && tpt_stats(p).active == 1);
+    assert_int_equal(tp_cancel(p, id), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&r.calls) == 1);
+    assert_int_equal(atomic_load(&r.err_after), TP_ECANCELED);
+    assert_int_equal(atomic_load(&r.status), 0);
+    tp_stats s = finish(p);
+    assert_int_equal(s.succeeded, 1);
+    assert_int_equal(s.failed, 0);
+    assert_int_equal(s.cancelled, 0);
+}
+
+/* A cancelled running task that fails is not retried; its status is its own
+ * return value, a plain failure. */
+static void test_cancel_running_not_retried(void **state) {
+    (void)state;
+    tp_config c = {0};
+    c.workers = 1;
+    c.queue_capacity = 4;
+    c.max_retries = 3;
+    c.retry_delay_ns = TPT_MS(1);
+    c.log = quiet_log;
+    tp_pool *p = mkpool_cfg(&c);
+    rec r;
+    rec_init(&r, M_UNTIL_ERR_RET5);
+    uint64_t id = submit_rec(p, &r);
+    TPT_EVENTUALLY(atomic_load(&r.ran) == 1 && tpt_stats(p).active == 1);
+    assert_int_equal(tp_cancel(p, id), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&r.calls) == 1);
+    assert_int_equal(atomic_load(&r.status), 5);
+    tp_stats s = finish(p);
+    assert_int_equal(atomic_load(&r.ran), 1);
+    assert_int_equal(s.retried, 0);
+    assert_int_equal(s.failed, 1);
+    assert_int_equal(s.cancelled, 0);
+}
+
+/* ------------------------------------------------------------ bad ids */
+
+static void test_cancel_bad_ids(void **state) {
+    (void)state;
+    tp_pool *p = mkpool(1, 4);
+    assert_int_equal(tp_cancel(p, 0), TP_EINVAL);
+    assert_int_equal(tp_cancel(NULL, 1), TP_EINVAL);
+    assert_int_equal(tp_cancel(NULL, 0), TP_EINVAL);
+    assert_int_equal(tp_cancel(p, 1), TP_ENOTFOUND); /* nothing submitted yet */
+    assert_int_equal(tp_cancel(p, UINT64_MAX), TP_ENOTFOUND);
+
+    rec r;
+    rec_init(&r, M_NOP);
+    uint64_t id = submit_rec(p, &r);
+    TPT_EVENTUALLY(atomic_load(&r.calls) == 1); /* ended: on_done ran */
+    assert_int_equal(tp_cancel(p, id), TP_ENOTFOUND);
+    assert_int_equal(tp_cancel(p, id + 1000000), TP_ENOTFOUND);
+    tp_stats s = finish(p);
+    assert_int_equal(s.cancelled, 0);
+    assert_int_equal(s.succeeded, 1);
+    assert_int_equal(atomic_load(&r.status), 0);
+}
+
+/* Cancelling after the pool drained, and on a closed pool, still answers. */
+static void test_cancel_after_close(void **state) {
+    (void)state;
+    tpt_latch l;
+    tpt_latch_init(&l);
+    tp_pool *p = mkpool(1, 4);
+    fill_workers(p, &l, 1);
+    rec r;
+    rec_init(&r, M_NOP);
+    uint64_t id = submit_rec(p, &r);
+    assert_int_equal(tp_close(p), TP_OK);
+    /* closed, but the task is accepted and unfinished: cancel still works */
+    assert_int_equal(tp_cancel(p, id), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&r.calls) == 1);
+    assert_int_equal(atomic_load(&r.status), TP_ECANCELED);
+    tpt_latch_open(&l);
+    assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK);
+    assert_int_equal(tp_cancel(p, id), TP_ENOTFOUND);
+    tp_stats s = finish(p);
+    assert_int_equal(atomic_load(&r.ran), 0);
+    assert_int_equal(s.cancelled, 1);
+    tpt_latch_destroy(&l);
+}
+
+/* ------------------------------------------------------------ race */
+
+/* Submit, then cancel at once, many times: the cancel meets the task queued,
+ * running or finished. Exactly one outcome, one on_done, consistent counters. */
+static void test_cancel_vs_completion_race(void **state) {
+    (void)state;
+    enum { N = RACE_ITERS };
+    rec *r = calloc(N, sizeof *r);
+    int *crc = calloc(N, sizeof *crc);
+    assert_non_null(r);
+    assert_non_null(crc);
+    tp_pool *p = mkpool(2, N);
+    for (int i = 0; i < N; i++) {
+        rec_init(&r[i], M_RET_ERR);
+        uint64_t id = submit_rec(p, &r[i]);
+        /* Give the workers a varying head start (0..100 us) so the cancel
+         * meets the task queued, running or already ended. */
+        uint64_t until = tp_now_ns() + (uint64_t)(i % 11) * 10000u;
+        while (tp_now_ns() < until)
+            ;
+        crc[i] = tp_cancel(p, id);
+        if (crc[i] != TP_OK && crc[i] != TP_ENOTFOUND)
+            break;
+    }
+    tp_stats s = finish(p);
+    uint64_t n_ok = 0, n_cancelled = 0, n_ran = 0, n_cancel_ok = 0;
+    for (int i = 0; i < N; i++) {
+        if (crc[i] != TP_OK && crc[i] != TP_ENOTFOUND)
+            fail_msg("task %d: tp_cancel returned %d (%s)", i, crc[i], tp_err_name(crc[i]));
+        int calls = atomic_load(&r[i].calls), st = atomic_load(&r[i].status);
+        int ran = atomic_load(&r[i].ran);
+        if (calls != 1)
+            fail_msg("task %d: on_done called %d times", i, calls);
+        if (ran > 1)
+            fail_msg("task %d: ran %d times", i, ran);
+        if (st != 0 && st != TP_ECANCELED)
+            fail_msg("task %d: status %d", i, st);
+        if (crc[i] == TP_ENOTFOUND && (st != 0 || ran != 1))
+            fail_msg("task %d: cancel said ended, but status %d ran %d", i, st, ran);
+        if (ran == 0 && st != TP_ECANCELED)
+            fail_msg("task %d: never ran but status %d", i, st);
+        if (atomic_load(&r[i].on_caller) != 0)
+            fail_msg("task %d: on_done ran on the cancelling thread", i);
+        n_ok += (st == 0);
+        n_cancelled += (st == TP_ECANCELED);
+        n_ran += (uint64_t)ran;
+        n_cancel_ok += (crc[i] == TP_OK);
+    }
+    assert_int_equal(s.accepted, N);
+    assert_int_equal(s.completed, N);
+    assert_int_equal(s.succeeded, n_ok);
+    assert_int_equal(s.cancelled, n_cancelled);
+    assert_int_equal(s.failed, n_cancelled);
+    assert_int_equal(s.started, n_ran);
+    assert_int_equal(s.retried, 0);
+    print_message("race: %d tasks, %llu cancels accepted, %llu ended cancelled, %llu ran\n", N,
+                  (unsigned long long)n_cancel_ok, (unsigned long long)n_cancelled,
+                  (unsigned long long)n_ran);
+    free(r);
+    free(crc);
+}
+
+/* The same race with the cancel coming from another thread while the main
+ * thread keeps submitting. */
+typedef struct canceller {
+    tp_pool *p;
+    atomic_uint_least64_t *ids;
+    int n;
+    atomic_int *published;
+    int bad;
+    int ok;
+} canceller;
+
+static void *canceller_main(void *a) {
+    canceller *c = a;
+    int next = 0;
+    uint64_t end = tp_now_ns() + TPT_WAIT_NS;
+    while (next < c->n && tp_now_ns() < end) {
+        if (next >= atomic_load(c->published)) {
+            sched_yield();
+            continue;
+        }
+        int rc = tp_cancel(c->p, atomic_load(&c->ids[next]));
+        if (rc == TP_OK)
+            c->ok++;
+        else if (rc != TP_ENOTFOUND)
+            c->bad++;
+        next++;
+    }
+    return NULL;
+}
+
+static void test_cancel_race_other_thread(void **state) {
+    (void)state;
+    enum { N = RACE_ITERS };
+    rec *r = calloc(N, sizeof *r);
+    atomic_uint_least64_t *ids = calloc(N, sizeof *ids);
+    assert_non_null(r);
+    assert_non_null(ids);
+    atomic_int published = 0;
+    tp_pool *p = mkpool(2, N);
+    canceller c = {p, ids, N, &published, 0, 0};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, canceller_main, &c), 0);
+    for (int i = 0; i < N; i++) {
+        rec_init(&r[i], M_RET_ERR);
+        r[i].caller = th; /* on_done must not run on the cancelling thread */
+        atomic_store(&ids[i], submit_rec(p, &r[i]));
+        atomic_store(&published, i + 1);
+    }
+    pthread_join(th, NULL);
+    tp_stats s = finish(p);
+    assert_int_equal(c.bad, 0);
+    uint64_t n_ok = 0, n_cancelled = 0;
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(atomic_load(&r[i].calls), 1);
+        assert_int_equal(atomic_load(&r[i].on_caller), 0);
+        int st = atomic_load(&r[i].status);
+        assert_true(st == 0 || st == TP_ECANCELED);
+        n_ok += (st == 0);
+        n_cancelled += (st == TP_ECANCELED);
+    }
+    assert_int_equal(s.succeeded, n_ok);
+    assert_int_equal(s.cancelled, n_cancelled);
+    assert_int_equal(s.completed, N);
+    free(r);
+    free(ids);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_cancel_queued, guard_setup, guard_teardown),
+        cmocka_unit_test_setup_teardown(test_cancel_queued_on_done_prompt_when_busy, guard_setup, guard_teardown),
+        cmocka_unit_test_setup_teardown(test_cancel_waiting_for_retry, guard_setup, guard_teardown),
+        cmocka_unit_test_setup_teardown(test_cancel_running_sleep, guard_setup, guard_teardown),
+        cmocka_unit_test_setup_teardown(test_cancel_running_fd_readable, guard_setup, guard_teardown),
+        cmocka_unit_test_setup_teardown(test_cancel_running_return_zero, guard_setup, guard_teardown),
+        cmocka_unit_test_setup_teardown(test_cancel_running_not_retried, guard_setup, guard_teardown),
+        cmocka_unit_test_setup_teardown(test_cancel_bad_ids, guard_setup, guard_teardown),
+        cmocka_unit_test_setup_teardown(test_cancel_after_close, guard_setup, guard_teardown),
+        cmocka_unit_test_setup_teardown(test_cancel_vs_completion_race, guard_setup, guard_teardown),
+        cmocka_unit_test_setup_teardown(test_cancel_race_other_thread, guard_setup, guard_teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

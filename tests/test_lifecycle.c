@@ -1,0 +1,1004 @@
+/*
+ * test_lifecycle.c -- tp_create / tp_close / tp_shutdown / tp_wait /
+ * tp_destroy: draining, forced shutdown, the one shared countdown, concurrent
+ * callers, tasks that ignore cancellation, and TP_EDEADLK from the pool's own
+ * threads.
+ *
+ * A "task that ignores cancellation" blocks on a latch; the test opens the
+ * latch itself once it has checked what it wanted, so nothing relies on the
+ * latch's own 20 s bound. Pool threads record into atomics; only the main
+ * thread asserts.
+ */
+#include "tp_test.h"
+
+#include <unistd.h>
+
+/* ------------------------------------------------------------ helpers */
+
+static void sleep_ns(uint64_t ns) {
+    struct timespec ts = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
+    while (nanosleep(&ts, &ts) != 0) {
+    }
+}
+
+static void quiet_log(void *arg, int level, const char *log_id, const char *msg) {
+    (void)arg;
+    (void)level;
+    (void)log_id;
+    (void)msg;
+}
+
+/* Pools created by this file and not yet destroyed. A failed assert longjmps
+ * out of a test and leaves its pool running, its threads still pointing into
+ * the dead stack frame (latches, records); the next test would reuse that
+ * memory and could hang or corrupt. So the teardown notes it and the next
+ * test's setup stops the executable, after cmocka printed the failure. */
+static atomic_int live_pools;
+static atomic_int poisoned;
+
+static tp_stats finish(tp_pool *p) {
+    tp_stats s = tpt_finish(p);
+    atomic_fetch_sub(&live_pools, 1);
+    return s;
+}
+
+static void destroy(tp_pool *p) {
+    assert_int_equal(tp_destroy(p), TP_OK);
+    atomic_fetch_sub(&live_pools, 1);
+}
+
+static int guard_teardown(void **state) {
+    (void)state;
+    if (atomic_load(&live_pools) != 0)
+        atomic_store(&poisoned, 1);
+    return 0;
+}
+
+static int guard_setup(void **state) {
+    (void)state;
+    if (atomic_load(&poisoned)) {
+        /* cmocka has printed the previous test's failure by now */
+        printf("[  ABORT   ] a failed test left its pool running; stopping here "
+               "(later tests would share its threads and dead stack memory)\n");
+        fflush(stdout);
+        fflush(stderr);
+        _exit(1);
+    }
+    return 0;
+}
+
+static tp_pool *mkpool_cfg(tp_config *c) {
+    tp_pool *p = NULL;
+    assert_int_equal(tp_create(&p, c), TP_OK);
+    assert_non_null(p);
+    atomic_fetch_add(&live_pools, 1);
+    return p;
+}
+
+static tp_pool *mkpool(unsigned workers, unsigned cap) {
+    tp_config c = {0};
+    c.log = quiet_log; /* cancelled and failed attempts are expected here */
+    c.workers = workers;
+    c.queue_capacity = cap;
+    c.max_per_user = TP_UNLIMITED;
+    return mkpool_cfg(&c);
+}
+
+static void fill_workers(tp_pool *p, tpt_latch *l, unsigned n) {
+    int before = atomic_load(&l->waiting);
+    for (unsigned i = 0; i < n; i++) {
+        assert_int_equal(tp_submit(p, tpt_block_task, l, NULL, NULL), TP_OK);
+        /* one at a time: the queue may be smaller than n */
+        TPT_EVENTUALLY(atomic_load(&l->waiting) == before + (int)i + 1);
+    }
+    TPT_EVENTUALLY(tpt_stats(p).active == n && tpt_stats(p).queued == 0);
+}
+
+/* A task record: what ran, what on_done saw. */
+enum { M_NOP, M_BLOCK, M_SLEEP, M_WORK };
+
+typedef struct rec {
+    int mode;
+    tpt_latch *latch;
+    atomic_int ran;
+    atomic_int calls;
+    atomic_int status;
+    atomic_int err_after; /* tp_ctx_err() after the latch opened / sleep returned */
+    atomic_int slow_done; /* on_done takes a while before counting */
+    atomic_int *done_counter;
+} rec;
+
+static void rec_init(rec *r, int mode, tpt_latch *l) {
+    memset(r, 0, sizeof *r);
+    r->mode = mode;
+    r->latch = l;
+    atomic_init(&r->err_after, 12345);
+}
+
+static int rec_task(tp_ctx *c, void *arg) {
+    rec *r = arg;
+    atomic_fetch_add(&r->ran, 1);
+    switch (r->mode) {
+    case M_BLOCK:
+        tpt_latch_wait(r->latch);
+        atomic_store(&r->err_after, tp_ctx_err(c));
+        return 0;
+    case M_SLEEP: {
+        int rc = tp_ctx_sleep(c, TPT_WAIT_NS);
+        atomic_store(&r->err_after, tp_ctx_err(c));
+        return rc;
+    }
+    case M_WORK:
+        return tp_ctx_sleep(c, TPT_MS(1));
+    default:
+        return 0;
+    }
+}
+
+static void rec_done(void *arg, int status) {
+    rec *r = arg;
+    if (atomic_load(&r->slow_done))
+        sleep_ns(TPT_MS(5)); /* a shutdown must wait for this too */
+    atomic_store(&r->status, status);
+    atomic_fetch_add(&r->calls, 1);
+    if (r->done_counter != NULL)
+        atomic_fetch_add(r->done_counter, 1);
+}
+
+static uint64_t submit_rec(tp_pool *p, rec *r) {
+    tp_task_opts o = {0};
+    o.on_done = rec_done;
+    uint64_t id = 0;
+    assert_int_equal(tp_submit(p, rec_task, r, &o, &id), TP_OK);
+    return id;
+}
+
+/* Has the pool stopped admission? (A refused probe leaves only a counter.) */
+static int pool_closed(tp_pool *p) {
+    return tp_submit(p, tpt_nop_task, NULL, NULL, NULL) == TP_ECLOSED;
+}
+
+typedef struct opener {
+    tpt_latch *l;
+    uint64_t delay_ns;
+} opener;
+
+static void *opener_main(void *a) {
+    opener *o = a;
+    sleep_ns(o->delay_ns);
+    tpt_latch_open(o->l);
+    return NULL;
+}
+
+/* ------------------------------------------------------------ close */
+
+static void test_close_stops_admission_and_drains(void **state) {
+    (void)state;
+    enum { W = 2, Q = 10 };
+    tpt_latch l;
+    tpt_latch_init(&l);
+    tp_pool *p = mkpool(W, 20);
+    fill_workers(p, &l, W);
+    rec r[Q];
+    for (int i = 0; i < Q; i++) {
+        rec_init(&r[i], M_NOP, NULL);
+        submit_rec(p, &r[i]);
+    }
+    assert_int_equal(tp_close(p), TP_OK);
+    assert_int_equal(tp_close(p), TP_OK); /* idempotent */
+    assert_int_equal(tp_close(NULL), TP_EINVAL);
+    assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_ECLOSED);
+    assert_int_equal(tp_submit_wait(p, tpt_nop_task, NULL, NULL, TPT_MS(10), NULL), TP_ECLOSED);
+    tp_stats s = tpt_stats(p);
+    assert_int_equal(s.queued, Q); /* nothing accepted is dropped */
+    assert_int_equal(s.workers, W); /* workers stay to drain */
+
+    tpt_latch_open(&l);
+    assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK);
+    s = tpt_stats(p);
+    assert_int_equal(s.workers, 0);
+    tpt_assert_at_rest(&s);
+    for (int i = 0; i < Q; i++) {
+        assert_int_equal(atomic_load(&r[i].ran), 1);
+        assert_int_equal(atomic_load(&r[i].calls), 1);
+        assert_int_equal(atomic_load(&r[i].status), 0);
+    }
+    assert_int_equal(s.succeeded, W + Q);
+    assert_int_equal(s.rejected_closed, 2);
+    assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK); /* repeatable */
+    assert_int_equal(tp_wait(p, 0), TP_OK);           /* 0: no limit, already done */
+    s = finish(p);
+    assert_int_equal(s.workers, 0);
+    tpt_latch_destroy(&l);
+}
+
+/* A pool closed with nothing in it: workers exit, wait gives TP_OK. */
+static void test_close_idle_pool(void **state) {
+    (void)state;
+    tp_pool *p = mkpool(3, 4);
+    TPT_EVENTUALLY(tpt_stats(p).workers == 3);
+    assert_int_equal(tp_close(p), TP_OK);
+    assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK);
+    assert_int_equal(tpt_stats(p).workers, 0);
+    finish(p);
+}
+
+/* ------------------------------------------------------------ shutdown in time */
+
+static void test_shutdown_drains_in_time(void **state) {
+    (void)state;
+    enum { W = 2, N = 8 };
+    tpt_latch l;
+    tpt_latch_init(&l);
+    tp_pool *p = mkpool(W, 16);
+    atomic_int done = 0;
+    rec r[N];
+    for (int i = 0; i < N; i++) {
+        rec_init(&r[i], i < W ? M_BLOCK : M_WORK, &l);
+        atomic_store(&r[i].slow_done, 1);
+        r[i].done_counter = &done;
+        submit_rec(p, &r[i]);
+    }
+    TPT_EVENTUALLY(atomic_load(&l.waiting) == W);
+    opener op = {&l, TPT_MS(50)};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, opener_main, &op), 0);
+    uint64_t t0 = tp_now_ns();
+    int rc = tp_shutdown(p, TPT_WAIT_NS);
+    int done_at_return = atomic_load(&done);
+    uint64_t el = tp_now_ns() - t0;
+    pthread_join(th, NULL);
+    assert_int_equal(rc, TP_OK);
+    assert_int_equal(done_at_return, N); /* every on_done had returned */
+    assert_true(el < TPT_WAIT_NS);
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(atomic_load(&r[i].calls), 1);
+        assert_int_equal(atomic_load(&r[i].status), 0);
+        assert_int_equal(atomic_load(&r[i].ran), 1);
+    }
+    assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK);
+    assert_int_equal(tp_shutdown(p, TPT_WAIT_NS), TP_OK); /* same result again */
+    tp_stats s = finish(p);
+    assert_int_equal(s.succeeded, N);
+    assert_int_equal(s.cancelled, 0);
+    tpt_latch_destroy(&l);
+}
+
+/* ------------------------------------------------------------ forced shutdown */
+
+static void test_forced_shutdown(void **state) {
+    (void)state;
+    enum { Q = 5 };
+    const uint64_t budget = TPT_MS(200);
+    tpt_latch l;
+    tpt_latch_init(&l);
+    tp_pool *p = mkpool(2, 10);
+    rec blk, slp, q[Q];
+    rec_init(&blk, M_BLOCK, &l); /* ignores cancellation until the latch opens */
+    rec_init(&slp, M_SLEEP, NULL);
+    submit_rec(p, &blk);
+    submit_rec(p, &slp);
+    TPT_EVENTUALLY(tpt_stats(p).active == 2 && atomic_load(&blk.ran) == 1 &&
+                   atomic_load(&slp.ran) == 1);
+    for (int i = 0; i < Q; i++) {
+        rec_init(&q[i], M_NOP, NULL);
+        submit_rec(p, &q[i]);
+    }
+
+    uint64_t t0 = tp_now_ns();
+    int rc = tp_shutdown(p, budget);
+    uint64_t el = tp_now_ns() - t0;
+    assert_int_equal(rc, TP_ETIMEDOUT);
+    assert_true(el >= budget - TPT_MS(1));   /* not before its deadline */
+    assert_true(el < budget + TPT_WAIT_NS / 4); /* and not waiting for the blocked task */
+    assert_int_equal(atomic_load(&blk.calls), 0); /* still running */
+
+    /* The sleeping task sees the cancellation and ends with it. */
+    TPT_EVENTUALLY(atomic_load(&slp.calls) == 1);
+    assert_int_equal(atomic_load(&slp.status), TP_ECANCELED);
+    assert_int_equal(atomic_load(&slp.err_after), TP_ECANCELED);
+    /* Queued tasks end without running, once, with TP_ECANCELED, even though
+     * one worker is still blocked. */
+    for (int i = 0; i < Q; i++) {
+        TPT_EVENTUALLY(atomic_load(&q[i].calls) == 1);
+        assert_int_equal(atomic_load(&q[i].status), TP_ECANCELED);
+        assert_int_equal(atomic_load(&q[i].ran), 0);
+    }
+    assert_int_equal(atomic_load(&l.waiting), 1);
+    assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_ECLOSED);
+
+    tpt_latch_open(&l);
+    assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_ETIMEDOUT); /* the shutdown's result */
+    assert_int_equal(atomic_load(&blk.calls), 1);
+    assert_int_equal(atomic_load(&blk.status), 0);               /* 0 is success */
+    assert_int_equal(atomic_load(&blk.err_after), TP_ECANCELED); /* it was told */
+    tp_stats s = tpt_stats(p);
+    tpt_assert_at_rest(&s);
+    assert_int_equal(s.workers, 0);
+    assert_int_equal(s.started, 2);
+    assert_int_equal(s.succeeded, 1);
+    assert_int_equal(s.cancelled, Q + 1);
+    assert_int_equal(s.failed, Q + 1);
+    for (int i = 0; i < Q; i++) {
+        assert_int_equal(atomic_load(&q[i].calls), 1);
+        assert_int_equal(atomic_load(&q[i].ran), 0);
+    }
+    assert_int_equal(atomic_load(&slp.calls), 1);
+    destroy(p);
+    assert_int_equal(atomic_load(&l.timeouts), 0);
+    tpt_latch_destroy(&l);
+}
+
+/* A task waiting for its retry is dropped by a forced shutdown, no retry runs. */
+static atomic_int retry_attempts;
+
+static int fail_once_task(tp_ctx *c, void *arg) {
+    (void)c;
+    (void)arg;
+    atomic_fetch_add(&retry_attempts, 1);
+    return 3;
+}
+
+static void test_forced_shutdown_drops_retry(void **state) {
+    (void)state;
+    atomic_store(&retry_attempts, 0);
+    tp_config c = {0};
+    c.workers = 1;
+    c.queue_capacity = 4;
+    c.max_retries = 5;
+    c.retry_delay_ns = TPT_S(60); /* never within the test */
+    c.log = quiet_log;
+    tp_pool *p = mkpool_cfg(&c);
+    tpt_done d = {0};
+    tp_task_opts o = {0};
+    o.on_done = tpt_done_fn;
+    assert_int_equal(tp_submit(p, fail_once_task, &d, &o, NULL), TP_OK);
+    TPT_EVENTUALLY(tpt_stats(p).delayed == 1 && tpt_stats(p).active == 0);
+    assert_int_equal(atomic_load(&d.calls), 0);
+
+    uint64_t t0 = tp_now_ns();
+    assert_int_equal(tp_shutdown(p, TPT_MS(100)), TP_ETIMEDOUT);
+    assert_true(tp_now_ns() - t0 < TPT_WAIT_NS / 4);
+    TPT_EVENTUALLY(atomic_load(&d.calls) == 1);
+    assert_int_equal(atomic_load(&d.status), TP_ECANCELED);
+    assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_ETIMEDOUT);
+    assert_int_equal(atomic_load(&retry_attempts), 1);
+    tp_stats s = tpt_stats(p);
+    tpt_assert_at_rest(&s);
+    assert_int_equal(s.retried, 0);
+    assert_int_equal(s.cancelled, 1);
+    assert_int_equal(s.workers, 0);
+    destroy(p);
+    assert_int_equal(atomic_load(&d.calls), 1);
+}
+
+/* ------------------------------------------------------------ one countdown */
+
+typedef struct shut_call {
+    tp_pool *p;
+    uint64_t budget;
+    atomic_int *start; /* optional gate */
+    atomic_int *ready; /* counts callers about to call */
+    uint64_t called_at, returned_at;
+    int rc;
+    int is_wait; /* call tp_wait instead */
+    atomic_int *done_counter;
+    int done_at_return;
+} shut_call;
+
+static void *shut_main(void *a) {
+    shut_call *s = a;
+    if (s->ready != NULL)
+        atomic_fetch_add(s->ready, 1);
+    if (s->start != NULL) {
+        uint64_t end = tp_now_ns() + TPT_WAIT_NS;
+        while (!atomic_load(s->start) && tp_now_ns() < end)
+            tpt_pause();
+    }
+    s->called_at = tp_now_ns();
+    s->rc = s->is_wait ? tp_wait(s->p, s->budget) : tp_shutdown(s->p, s->budget);
+    if (s->done_counter != NULL)
+        s->done_at_return = atomic_load(s->done_counter);
+    s->returned_at = tp_now_ns();
+    return NULL;
+}
+
+/* A second call with a huge budget started later still returns TP_ETIMEDOUT
+ * at the first call's deadline. */
+static void test_shutdown_countdown_not_reset(void **state) {
+    (void)state;
+    const uint64_t budget = TPT_MS(300);
+    tpt_latch l;
+    tpt_latch_init(&l);
+    tp_pool *p = mkpool(1, 4);
+    fill_workers(p, &l, 1);
+
+    shut_call first = {0};
+    first.p = p;
+    first.budget = budget;
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, shut_main, &first), 0);
+    TPT_EVENTUALLY(pool_closed(p)); /* the first call has begun */
+    uint64_t t1 = tp_now_ns();
+    int rc2 = tp_shutdown(p, TPT_S(60));
+    uint64_t t2 = tp_now_ns();
+    pthread_join(th, NULL);
+
+    assert_int_equal(first.rc, TP_ETIMEDOUT);
+    assert_int_equal(rc2, TP_ETIMEDOUT);
+    /* The second returned at the first deadline: not before it, and far
+     * earlier than its own 60 s (the blocked task holds on for up to 20 s). */
+    assert_true(t2 >= first.called_at + budget - TPT_MS(1));
+    assert_true(t2 - t1 < TPT_WAIT_NS / 4);
+    assert_true(first.returned_at - first.called_at >= budget - TPT_MS(1));
+
+    /* A later call returns the same outcome at once. */
+    uint64_t t3 = tp_now_ns();
+    assert_int_equal(tp_shutdown(p, TP_FOREVER), TP_ETIMEDOUT);
+    assert_true(tp_now_ns() - t3 < TPT_WAIT_NS / 4);
+    assert_int_equal(tp_shutdown(p, 0), TP_ETIMEDOUT);
+
+    tpt_latch_open(&l);
+    assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_ETIMEDOUT);
+    tp_stats s = tpt_stats(p);
+    tpt_assert_at_rest(&s);
+    destroy(p);
+    tpt_latch_destroy(&l);
+}
+
+/* A shorter budget in a later call does not shorten the countdown either. */
+static void test_shutdown_countdown_not_shortened(void **state) {
+    (void)state;
+    tpt_latch l;
+    tpt_latch_init(&l);
+    tp_pool *p = mkpool(1, 4);
+    fill_workers(p, &l, 1);
+    atomic_int done = 0;
+    rec r;
+    rec_init(&r, M_NOP, NULL);
+    r.done_counter = &done;
+    submit_rec(p, &r);
+
+    shut_call first = {0};
+    first.p = p;
+    first.budget = TPT_WAIT_NS;
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, shut_main, &first), 0);
+    TPT_EVENTUALLY(pool_closed(p));
+    /* The first call's budget is 20 s: a 1 ms call must wait for the same
+     * outcome, which comes when the test opens the latch. */
+    shut_call second = {0};
+    second.p = p;
+    second.budget = TPT_MS(1);
+    second.done_counter = &done;
+    pthread_t th2;
+    assert_int_equal(pthread_create(&th2, NULL, shut_main, &second), 0);
+    sleep_ns(TPT_MS(30)); /* let the second call start; not needed for correctness */
+    tpt_latch_open(&l);
+    pthread_join(th, NULL);
+    pthread_join(th2, NULL);
+    assert_int_equal(first.rc, TP_OK);
+    assert_int_equal(second.rc, TP_OK);
+    assert_int_equal(second.done_at_return, 1);
+    tp_stats s = finish(p);
+    assert_int_equal(s.cancelled, 0);
+    tpt_latch_destroy(&l);
+}
+
+/* ------------------------------------------------------------ concurrent callers */
+
+static void test_concurrent_shutdown_drained(void **state) {
+    (void)state;
+    enum { W = 2, N = 6, T = 6 };
+    tpt_latch l;
+    tpt_latch_init(&l);
+    tp_pool *p = mkpool(W, 16);
+    atomic_int done = 0;
+    rec r[N];
+    for (int i = 0; i < N; i++) {
+        rec_init(&r[i], M_BLOCK, &l);
+        atomic_store(&r[i].slow_done, 1);
+        r[i].done_counter = &done;
+        submit_rec(p, &r[i]);
+    }
+    TPT_EVENTUALLY(atomic_load(&l.waiting) == W && tpt_stats(p).active == W);
+
+    atomic_int start = 0, ready = 0;
+    shut_call c[T];
+    pthread_t th[T];
+    memset(c, 0, sizeof c);
+    for (int i = 0; i < T; i++) {
+        c[i].p = p;
+        c[i].budget = TPT_WAIT_NS;
+        c[i].start = &start;
+        c[i].ready = &ready;
+        c[i].is_wait = (i % 3 == 2); /* some plain waiters among them */
+        c[i].done_counter = &done;
+        assert_int_equal(pthread_create(&th[i], NULL, shut_main, &c[i]), 0);
+    }
+    TPT_EVENTUALLY(atomic_load(&ready) == T);
+    atomic_store(&start, 1);
+    TPT_EVENTUALLY(pool_closed(p));
+    sleep_ns(TPT_MS(20)); /* likely all inside their call */
+    tpt_latch_open(&l);
+    for (int i = 0; i < T; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < T; i++) {
+        assert_int_equal(c[i].rc, TP_OK);
+        assert_int_equal(c[i].done_at_return, N); /* on_done all returned */
+    }
+    for (int i = 0; i < N; i++)
+        assert_int_equal(atomic_load(&r[i].calls), 1);
+    finish(p);
+    tpt_latch_destroy(&l);
+}
+
+static void test_concurrent_shutdown_forced(void **state) {
+    (void)state;
+    enum { T = 6 };
+    const uint64_t budget = TPT_MS(150);
+    tpt_latch l;
+    tpt_latch_init(&l);
+    tp_pool *p = mkpool(1, 4);
+    fill_workers(p, &l, 1);
+    rec q;
+    rec_init(&q, M_NOP, NULL);
+    submit_rec(p, &q);
+
+    atomic_int start = 0, ready = 0;
+    shut_call c[T];
+    pthread_t th[T];
+    memset(c, 0, sizeof c);
+    for (int i = 0; i < T; i++) {
+        c[i].p = p;
+        c[i].budget = budget;
+        c[i].start = &start;
+        c[i].ready = &ready;
+        assert_int_equal(pthread_create(&th[i], NULL, shut_main, &c[i]), 0);
+    }
+    TPT_EVENTUALLY(atomic_load(&ready) == T);
+    uint64_t t0 = tp_now_ns();
+    atomic_store(&start, 1);
+    for (int i = 0; i < T; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < T; i++) {
+        assert_int_equal(c[i].rc, TP_ETIMEDOUT);
+        assert_true(c[i].returned_at - t0 >= budget - TPT_MS(1));
+        assert_true(c[i].returned_at - t0 < TPT_WAIT_NS / 4);
+    }
+    TPT_EVENTUALLY(atomic_load(&q.calls) == 1);
+    assert_int_equal(atomic_load(&q.status), TP_ECANCELED);
+    assert_int_equal(atomic_load(&q.ran), 0);
+
+    /* concurrent tp_wait callers while the blocked task still runs, then
+     * after it returned: all get the shutdown's result */
+    shut_call w[3];
+    pthread_t wt[3];
+    memset(w, 0, sizeof w);
+    for (int i = 0; i < 3; i++) {
+        w[i].p = p;
+        w[i].budget = TPT_WAIT_NS;
+        w[i].is_wait = 1;
+        assert_int_equal(pthread_create(&wt[i], NULL, shut_main, &w[i]), 0);
+    }
+    tpt_latch_open(&l);
+    for (int i = 0; i < 3; i++) {
+        pthread_join(wt[i], NULL);
+        assert_int_equal(w[i].rc, TP_ETIMEDOUT);
+    }
+    tp_stats s = tpt_stats(p);
+    tpt_assert_at_rest(&s);
+    assert_int_equal(s.workers, 0);
+    destroy(p);
+    tpt_latch_destroy(&l);
+}
+
+/* ------------------------------------------------------------ ignoring task */
+
+static void test_task_ignoring_cancellation(void **state) {
+    (void)state;
+    tpt_latch l;
+    tpt_latch_init(&l);
+    tp_pool *p = mkpool(1, 4);
+    rec blk;
+    rec_init(&blk, M_BLOCK, &l);
+    submit_rec(p, &blk);
+    TPT_EVENTUALLY(atomic_load(&l.waiting) == 1 && tpt_stats(p).active == 1);
+
+    uint64_t t0 = tp_now_ns();
+    assert_int_equal(tp_shutdown(p, TPT_MS(100)), TP_ETIMEDOUT);
+    uint64_t el = tp_now_ns() - t0;
+    assert_true(el >= TPT_MS(99));
+    assert_true(el < TPT_WAIT_NS / 4);
+
+    t0 = tp_now_ns();
+    assert_int_equal(tp_wait(p, TPT_MS(50)), TP_ETIMEDOUT); /* its own timeout */
+    el = tp_now_ns() - t0;
+    assert_true(el >= TPT_MS(49));
+    assert_true(el < TPT_WAIT_NS / 4);
+    assert_int_equal(tpt_stats(p).active, 1);
+    assert_int_equal(tpt_stats(p).workers, 1);
+    assert_int_equal(atomic_load(&blk.calls), 0);
+
+    tpt_latch_open(&l);
+    assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_ETIMEDOUT); /* the shutdown's result */
+    assert_int_equal(atomic_load(&blk.calls), 1);
+    assert_int_equal(atomic_load(&blk.status), 0);
+    tp_stats s = tpt_stats(p);
+    tpt_assert_at_rest(&s);
+    assert_int_equal(s.workers, 0);
+    destroy(p);
+    assert_int_equal(atomic_load(&l.timeouts), 0);
+    tpt_latch_destroy(&l);
+}
+
+/* ------------------------------------------------------------ tp_wait */
+
+typedef struct wait_call {
+    tp_pool *p;
+    atomic_int returned;
+    int rc;
+} wait_call;
+
+static void *wait_main(void *a) {
+    wait_call *w = a;
+    w->rc = tp_wait(w->p, TPT_WAIT_NS);
+    atomic_store(&w->returned, 1);
+    return NULL;
+}
+
+/* tp_wait does not start a shutdown: it waits for someone else's close. */
+static void test_wait_alone_waits_for_close(void **state) {
+    (void)state;
+    tpt_latch l;
+    tpt_latch_init(&l);
+    tp_pool *p = mkpool(2, 8);
+    fill_workers(p, &l, 1);
+
+    /* On its own it times out and leaves the pool open and working. */
+    uint64_t t0 = tp_now_ns();
+    assert_int_equal(tp_wait(p, TPT_MS(50)), TP_ETIMEDOUT);
+    assert_true(tp_now_ns() - t0 >= TPT_MS(49));
+    tpt_done d = {0};
+    tp_task_opts o = {0};
+    o.on_done = tpt_done_fn;
+    assert_int_equal(tp_submit(p, tpt_nop_task, &d, &o, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&d.calls) == 1);
+    assert_int_equal(tpt_stats(p).workers, 2);
+
+    wait_call w = {0};
+    w.p = p;
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, wait_main, &w), 0);
+    /* Idle workers and an open pool: the waiter must not return by itself. */
+    assert_false(TPT_POLL(atomic_load(&w.returned), TPT_MS(100)));
+    assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_OK);
+
+    assert_int_equal(tp_close(p), TP_OK);
+    assert_false(TPT_POLL(atomic_load(&w.returned), TPT_MS(20))); /* a task still runs */
+    tpt_latch_open(&l);
+    pthread_join(th, NULL);
+    assert_int_equal(w.rc, TP_OK);
+    tp_stats s = tpt_stats(p);
+    assert_int_equal(s.workers, 0);
+    tpt_assert_at_rest(&s);
+    finish(p);
+    tpt_latch_destroy(&l);
+}
+
+static void test_wait_returns_shutdown_result(void **state) {
+    (void)state;
+    /* drained */
+    tp_pool *p = mkpool(2, 8);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_OK);
+    assert_int_equal(tp_shutdown(p, TPT_WAIT_NS), TP_OK);
+    assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK);
+    assert_int_equal(tp_wait(p, TP_FOREVER), TP_OK);
+    finish(p);
+
+    /* forced, the running task cooperates */
+    p = mkpool(1, 8);
+    rec r;
+    rec_init(&r, M_SLEEP, NULL);
+    submit_rec(p, &r);
+    TPT_EVENTUALLY(atomic_load(&r.ran) == 1 && tpt_stats(p).active == 1);
+    assert_int_equal(tp_shutdown(p, TPT_MS(20)), TP_ETIMEDOUT);
+    assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_ETIMEDOUT);
+    assert_int_equal(tp_wait(p, 0), TP_ETIMEDOUT); /* repeatable */
+    assert_int_equal(atomic_load(&r.calls), 1);     /* on_done returned */
+    assert_int_equal(atomic_load(&r.status), TP_ECANCELED);
+    tp_stats s = tpt_stats(p);
+    tpt_assert_at_rest(&s);
+    assert_int_equal(s.workers, 0);
+    destroy(p);
+
+    assert_int_equal(tp_wait(NULL, 0), TP_EINVAL);
+    assert_int_equal(tp_shutdown(NULL, 0), TP_EINVAL);
+    assert_int_equal(tp_destroy(NULL), TP_EINVAL);
+}
+
+/* ------------------------------------------------------------ TP_EDEADLK */
+
+#define RC_UNSET 1000
+#define RC_SKIPPED 2000
+
+typedef struct dl_probe {
+    _Atomic(tp_pool *) pool;
+    atomic_int shut_rc, wait_rc, destroy_rc, close_rc;
+    atomic_int done;
+    int do_close;
+} dl_probe;
+
+static void dl_init(dl_probe *d, tp_pool *p, int do_close) {
+    atomic_init(&d->pool, p);
+    atomic_init(&d->shut_rc, RC_UNSET);
+    atomic_init(&d->wait_rc, RC_UNSET);
+    atomic_init(&d->destroy_rc, RC_UNSET);
+    atomic_init(&d->close_rc, RC_UNSET);
+    atomic_init(&d->done, 0);
+    d->do_close = do_close;
+}
+
+static void dl_run(dl_probe *d) {
+    tp_pool *p = atomic_load(&d->pool);
+    int s = tp_shutdown(p, TPT_MS(1));
+    int w = tp_wait(p, TPT_MS(1));
+    atomic_store(&d->shut_rc, s);
+    atomic_store(&d->wait_rc, w);
+    /* Only try destroy when the two others behaved: a wrong destroy here
+     * would free the pool under our feet. */
+    atomic_store(&d->destroy_rc,
+                 (s == TP_EDEADLK && w == TP_EDEADLK) ? tp_destroy(p) : RC_SKIPPED);
+    if (d->do_close)
+        atomic_store(&d->close_rc, tp_close(p));
+    atomic_store(&d->done, 1);
+}
+
+static int dl_task(tp_ctx *c, void *arg) {
+    (void)c;
+    dl_run(arg);
+    return 0;
+}
+
+static void dl_done(void *arg, int status) {
+    (void)status;
+    dl_run(arg);
+}
+
+static void assert_dl(dl_probe *d) {
+    TPT_EVENTUALLY(atomic_load(&d->done) == 1);
+    assert_int_equal(atomic_load(&d->shut_rc), TP_EDEADLK);
+    assert_int_equal(atomic_load(&d->wait_rc), TP_EDEADLK);
+    assert_int_equal(atomic_load(&d->destroy_rc), TP_EDEADLK);
+}
+
+static void test_edeadlk_from_task_and_on_done(void **state) {
+    (void)state;
+    tpt_latch l;
+    tpt_latch_init(&l);
+    tp_pool *p = mkpool(1, 8);
+
+    /* inside a task */
+    dl_probe in_task;
+    dl_init(&in_task, p, 0);
+    assert_int_equal(tp_submit(p, dl_task, &in_task, NULL, NULL), TP_OK);
+    assert_dl(&in_task);
+    /* nothing else was done: the pool still admits and runs work */
+    tpt_done d = {0};
+    tp_task_opts o = {0};
+    o.on_done = tpt_done_fn;
+    assert_int_equal(tp_submit(p, tpt_nop_task, &d, &o, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&d.calls) == 1);
+
+    /* inside on_done on a worker (after the task ran) */
+    dl_probe in_done;
+    dl_init(&in_done, p, 0);
+    o.on_done = dl_done;
+    assert_int_equal(tp_submit(p, tpt_nop_task, &in_done, &o, NULL), TP_OK);
+    assert_dl(&in_done);
+
+    /* inside on_done of a task cancelled while queued (service thread) */
+    fill_workers(p, &l, 1);
+    dl_probe in_svc;
+    dl_init(&in_svc, p, 0);
+    uint64_t id = 0;
+    assert_int_equal(tp_submit(p, tpt_nop_task, &in_svc, &o, &id), TP_OK);
+    assert_int_equal(tp_cancel(p, id), TP_OK);
+    assert_dl(&in_svc);
+    tpt_latch_open(&l);
+
+    /* still open after all that */
+    assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_OK);
+
+    /* tp_close from a task is fine and does close */
+    dl_probe closer;
+    dl_init(&closer, p, 1);
+    assert_int_equal(tp_submit(p, dl_task, &closer, NULL, NULL), TP_OK);
+    assert_dl(&closer);
+    assert_int_equal(atomic_load(&closer.close_rc), TP_OK);
+    assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_ECLOSED);
+    assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK);
+    finish(p);
+    tpt_latch_destroy(&l);
+}
+
+/* The worker hooks and the log hook are the pool's own threads too. */
+typedef struct hook_probe {
+    _Atomic(tp_pool *) pool;
+    pthread_t main_thread;
+    atomic_int armed; /* probe the log hook only around the failing task */
+    atomic_int calls, wrong;
+    atomic_int log_calls, log_wrong, log_on_caller;
+} hook_probe;
+
+static void hook_stop(void *arg) {
+    hook_probe *h = arg;
+    tp_pool *p = atomic_load(&h->pool);
+    if (p == NULL)
+        return;
+    atomic_fetch_add(&h->calls, 1);
+    if (tp_wait(p, TPT_MS(1)) != TP_EDEADLK)
+        atomic_fetch_add(&h->wrong, 1);
+    if (tp_shutdown(p, TPT_MS(1)) != TP_EDEADLK)
+        atomic_fetch_add(&h->wrong, 1);
+}
+
+static void hook_log(void *arg, int level, const char *log_id, const char *msg) {
+    (void)level;
+    (void)log_id;
+    (void)msg;
+    hook_probe *h = arg;
+    tp_pool *p = atomic_load(&h->pool);
+    if (p == NULL || !atomic_load(&h->armed))
+        return;
+    if (pthread_equal(pthread_self(), h->main_thread)) {
+        atomic_fetch_add(&h->log_on_caller, 1); /* "called on a pool thread" */
+        return;
+    }
+    atomic_fetch_add(&h->log_calls, 1);
+    if (tp_wait(p, TPT_MS(1)) != TP_EDEADLK)
+        atomic_fetch_add(&h->log_wrong, 1);
+    if (tp_shutdown(p, TPT_MS(1)) != TP_EDEADLK)
+        atomic_fetch_add(&h->log_wrong, 1);
+}
+
+static int failing_task(tp_ctx *c, void *arg) {
+    (void)c;
+    (void)arg;
+    return 7;
+}
+
+static void test_edeadlk_from_hooks(void **state) {
+    (void)state;
+    hook_probe h;
+    atomic_init(&h.pool, NULL);
+    atomic_init(&h.calls, 0);
+    atomic_init(&h.wrong, 0);
+    atomic_init(&h.log_calls, 0);
+    atomic_init(&h.log_wrong, 0);
+    atomic_init(&h.log_on_caller, 0);
+    atomic_init(&h.armed, 0);
+    h.main_thread = pthread_self();
+    tp_config c = {0};
+    c.workers = 2;
+    c.queue_capacity = 4;
+    c.on_worker_stop = hook_stop;
+    c.hook_arg = &h;
+    c.log = hook_log;
+    c.log_arg = &h;
+    tp_pool *p = mkpool_cfg(&c);
+    atomic_store(&h.pool, p);
+    tpt_done d = {0};
+    tp_task_opts o = {0};
+    o.on_done = tpt_done_fn;
+    atomic_store(&h.armed, 1);
+    assert_int_equal(tp_submit(p, failing_task, &d, &o, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&d.calls) == 1);
+    assert_int_equal(atomic_load(&d.status), 7);
+    TPT_EVENTUALLY(atomic_load(&h.log_calls) >= 1);
+    atomic_store(&h.armed, 0);
+    assert_int_equal(atomic_load(&h.log_wrong), 0);
+    assert_int_equal(atomic_load(&h.log_on_caller), 0);
+    assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_OK); /* still open */
+    finish(p);
+    assert_int_equal(atomic_load(&h.calls), 2);
+    assert_int_equal(atomic_load(&h.wrong), 0);
+}
+
+/* ------------------------------------------------------------ destroy, create */
+
+static void test_destroy_without_shutdown_drains(void **state) {
+    (void)state;
+    enum { N = 6 };
+    tpt_latch l;
+    tpt_latch_init(&l);
+    tp_pool *p = mkpool(1, 8);
+    rec r[N];
+    for (int i = 0; i < N; i++) {
+        rec_init(&r[i], i == 0 ? M_BLOCK : M_WORK, &l);
+        submit_rec(p, &r[i]);
+    }
+    TPT_EVENTUALLY(atomic_load(&l.waiting) == 1);
+    opener op = {&l, TPT_MS(50)};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, opener_main, &op), 0);
+    destroy(p);
+    pthread_join(th, NULL);
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(atomic_load(&r[i].ran), 1);
+        assert_int_equal(atomic_load(&r[i].calls), 1);
+        assert_int_equal(atomic_load(&r[i].status), 0);
+    }
+    assert_int_equal(atomic_load(&l.timeouts), 0);
+    tpt_latch_destroy(&l);
+}
+
+/* Destroying an idle, never-used pool is fine too. */
+static void test_destroy_idle_pool(void **state) {
+    (void)state;
+    tp_pool *p = mkpool(2, 2);
+    destroy(p);
+}
+
+static void test_create_null_config(void **state) {
+    (void)state;
+    tp_pool *p = NULL;
+    assert_int_equal(tp_create(NULL, NULL), TP_EINVAL);
+    assert_int_equal(tp_create(&p, NULL), TP_OK);
+    assert_non_null(p);
+    atomic_fetch_add(&live_pools, 1);
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    if (ncpu > 0) {
+        unsigned want = (unsigned)ncpu * 4u;
+        if (want > TP_MAX_WORKERS)
+            want = TP_MAX_WORKERS;
+        TPT_EVENTUALLY(tpt_stats(p).workers == want);
+    }
+    tpt_done d = {0};
+    tp_task_opts o = {0};
+    o.on_done = tpt_done_fn;
+    assert_int_equal(tp_submit(p, tpt_nop_task, &d, &o, NULL), TP_OK);
+    tp_stats s = finish(p);
+    assert_int_equal(atomic_load(&d.calls), 1);
+    assert_int_equal(s.succeeded, 1);
+}
+
+/* stats.workers falls to 0 once tp_wait returned, whichever way it ended. */
+static void test_workers_zero_after_wait(void **state) {
+    (void)state;
+    tp_pool *p = mkpool(4, 8);
+    TPT_EVENTUALLY(tpt_stats(p).workers == 4);
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_OK);
+    assert_int_equal(tp_close(p), TP_OK);
+    assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK);
+    tp_stats s = tpt_stats(p);
+    assert_int_equal(s.workers, 0);
+    assert_int_equal(s.idle, 0);
+    finish(p);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_close_stops_admission_and_drains, guard_setup, guard_teardown),
+        cmocka_unit_test_setup_teardown(test_close_idle_pool, guard_setup, guard_teardown),
+        cmocka_unit_test_setup_teardown(test_shutdown_drains_in_time, guard_setup, guard_teardown),
+        cmocka_unit_test_setup_teardown(test_forced_shutdown, guard_setup, guard_teardown),
+        cmocka_unit_test_setup_teardown(test_forced_shutdown_drops_retry, guard_setup, guard_teardown),
+        cmocka_unit_test_setup_teardown(test_shutdown_countdown_not_reset, guard_setup, guard_teardown),
+        cmocka_unit_test_setup_teardown(test_shutdown_countdown_not_shortened, guard_setup, guard_teardown),
+        cmocka_unit_test_setup_teardown(test_concurrent_shutdown_drained, guard_setup, guard_teardown),
+        cmocka_unit_test_setup_teardown(test_concurrent_shutdown_forced, guard_setup, guard_teardown),
+        cmocka_unit_test_setup_teardown(test_task_ignoring_cancellation, guard_setup, guard_teardown),
+        cmocka_unit_test_setup_teardown(test_wait_alone_waits_for_close, guard_setup, guard_teardown),
+        cmocka_unit_test_setup_teardown(test_wait_returns_shutdown_result, guard_setup, guard_teardown),
+        cmocka_unit_test_setup_teardown(test_edeadlk_from_task_and_on_done, guard_setup, guard_teardown),
+        cmocka_unit_test_setup_teardown(test_edeadlk_from_hooks, guard_setup, guard_teardown),
+        cmocka_unit_test_setup_teardown(test_destroy_without_shutdown_drains, guard_setup, guard_teardown),
+        cmocka_unit_test_setup_teardown(test_destroy_idle_pool, guard_setup, guard_teardown),
+        cmocka_unit_test_setup_teardown(test_create_null_config, guard_setup, guard_teardown),
+        cmocka_unit_test_setup_teardown(test_workers_zero_after_wait, guard_setup, guard_teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
