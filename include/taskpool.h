@@ -236,7 +236,15 @@ typedef int (*tp_fn)(tp_ctx *ctx, void *arg);
  * It is the place to free `arg`. */
 typedef void (*tp_done_fn)(void *arg, int status);
 
-/* Per-task options; a NULL opts means all zero. Read during the submit only. */
+/* Per-task options; a NULL opts means all zero. Read during the submit only.
+ *
+ * Deadline: a task still queued when its deadline passes ends then, without
+ * running, with TP_ETIMEDOUT (counted expired; on_done on the service thread,
+ * promptly even while every worker is busy; its queue place and user slot
+ * are freed), or when a worker picks it, whichever comes first. A running
+ * task sees it in tp_ctx_err() like a run timeout; a retry is not scheduled
+ * past it, and a task waiting for a retry when it passes ends with
+ * TP_ETIMEDOUT (cancelled, not expired: it ran). */
 typedef struct tp_task_opts {
     const char *user;            /* NULL or "" -> no per-user accounting; copied; at most TP_USER_MAX bytes */
     uint64_t    run_timeout_ns;  /* 0 -> pool default; TP_FOREVER -> none */
@@ -253,10 +261,14 @@ typedef struct tp_task_opts {
  *   (TP_EUSERLIMIT), space (TP_EFULL: queued + delayed >= queue_capacity; running
  *   tasks do not count). A rejection leaves no trace but its counter: no slot
  *   stays reserved, no id is consumed, on_done is not called, and the caller
- *   still owns `arg`. TP_EINVAL changes no counter at all. TP_ENOMEM (counted
- *   in rejected_full) only when more tasks are in flight than ever before --
- *   ended ones whose on_done is still pending included -- and their record
- *   cannot be allocated.
+ *   still owns `arg`. TP_EINVAL changes no counter at all.
+ *   Memory is bounded too: tasks that ended without running keep a record
+ *   until the service thread has run their on_done, and the records in use are
+ *   capped at 4 x (queue_capacity + max_workers) + 64. Should a starved service
+ *   thread let that many pile up, tp_submit refuses with TP_EFULL even below
+ *   queue_capacity (tp_submit_wait waits). Records are preallocated (up to
+ *   16384; beyond that they grow in chunks, and a failed allocation refuses
+ *   with TP_ENOMEM). Both are counted in rejected_full.
  *   On TP_OK `arg` belongs to the pool until on_done(arg, status) and
  *   *id_out (if not NULL) holds the task id: unique in this pool, never 0.
  *   A deadline already passed is accepted; the task then expires unrun.

@@ -125,7 +125,8 @@ typedef struct tp__tasks {
 
 int tp__tasks_init(tp__tasks *ts, unsigned prealloc);
 void tp__tasks_fini(tp__tasks *ts);
-tp__task *tp__tasks_get(tp__tasks *ts);       /* NULL: out of memory */
+/* A free record: TP_OK, TP_EFULL (`limit` records are in use), TP_ENOMEM. */
+int tp__tasks_get(tp__tasks *ts, unsigned limit, tp__task **out);
 void tp__tasks_put(tp__tasks *ts, tp__task *t);
 void tp__tasks_index(tp__tasks *ts, tp__task *t);
 void tp__tasks_unindex(tp__tasks *ts, tp__task *t);
@@ -183,6 +184,7 @@ struct tp_pool {
 
     /* resolved configuration (read-only after create) */
     unsigned min_workers, max_workers, capacity, max_per_user, max_retries;
+    unsigned max_records;    /* task records in use at most (see pool.c) */
     uint64_t run_timeout, submit_timeout, drain_timeout, idle_timeout, retry_delay;
     tp_log_fn log;
     void *log_arg;
@@ -202,6 +204,8 @@ struct tp_pool {
     unsigned delayed;        /* tasks in the delayed list */
     unsigned active;         /* tasks running */
     unsigned inflight;       /* accepted tasks whose on_done has not returned */
+    unsigned with_deadline;  /* unfinished tasks that carry a deadline */
+    uint64_t svc_next;       /* when the waiting service thread wakes by itself */
     unsigned live_workers;   /* workers counted in stats.workers */
     unsigned starting;       /* spawned threads that have not yet taken mu */
     unsigned threads;        /* worker threads not yet finished (incl. stop hook) */
@@ -242,7 +246,7 @@ bool tp__want_spawn(const tp_pool *p);
 int tp__spawn_start(tp_pool *p, tp__worker **slot, pthread_t *old, bool *join_old); /* under mu */
 int tp__spawn_finish(tp_pool *p, tp__worker *w, pthread_t old, bool join_old);      /* no lock */
 void tp__task_finalise(tp_pool *p, tp__task *t, int status, bool expired);          /* under mu */
-void tp__task_end_unrun(tp_pool *p, tp__task *t, int status);                       /* under mu */
+void tp__task_end_unrun(tp_pool *p, tp__task *t, int status, bool expired);         /* under mu */
 void tp__task_retire(tp_pool *p, tp__task *t);                                      /* under mu */
 void tp__ctx_cancel_locked(tp__worker *w);
 void tp__wake_exiters(tp_pool *p);

@@ -27,7 +27,7 @@
 #include <unistd.h>
 
 
-#define TP__PREALLOC_MAX 4096u
+#define TP__PREALLOC_MAX 16384u /* records made at create, at most (~4 MB) */
 
 static atomic_uint tp__pool_serial = 1;
 
@@ -147,8 +147,16 @@ int tp_create(tp_pool **out, const tp_config *cfg) {
     while (p->serial == 0);
     p->shut_deadline = TP_FOREVER;
 
+    /* Records: a full pool holds `full` tasks. Tasks that ended without
+     * running (cancelled, dropped, expired) keep theirs until the service
+     * thread has run their on_done; a starved service thread could let those
+     * pile up without end. So records are capped at four pools' worth, and
+     * admission refuses (TP_EFULL; tp_submit_wait waits) in that rare case
+     * rather than grow memory without bound. Up to a size the cap is
+     * preallocated, so no load pattern allocates in steady state. */
     unsigned full = p->capacity + p->max_workers;
-    unsigned prealloc = full < TP__PREALLOC_MAX ? full + 16 : TP__PREALLOC_MAX;
+    p->max_records = 4 * full + 64;
+    unsigned prealloc = p->max_records < TP__PREALLOC_MAX ? p->max_records : TP__PREALLOC_MAX;
     p->workers = (tp__worker *)calloc(p->max_workers, sizeof *p->workers);
     if (p->workers)
         for (unsigned i = 0; i < p->max_workers; i++) {
@@ -232,12 +240,12 @@ static void force_locked(tp_pool *p) {
     while (tp__ring_len(&p->ring) > 0) {
         tp__task *t = tp__ring_pop(&p->ring);
         TP__SET(p->st.queued, tp__ring_len(&p->ring));
-        tp__task_end_unrun(p, t, TP_ECANCELED);
+        tp__task_end_unrun(p, t, TP_ECANCELED, false);
     }
     while (p->delayed_head) {
         tp__task *t = p->delayed_head;
         tp__delayed_remove(p, t);
-        tp__task_end_unrun(p, t, TP_ECANCELED);
+        tp__task_end_unrun(p, t, TP_ECANCELED, false);
     }
     tp__wake_exiters(p);
     tp__signal_room(p);
@@ -289,10 +297,11 @@ static int admit_locked(tp_pool *p, const admit_args *a, void *arg, uint64_t *id
     }
     if (tp__ring_len(&p->ring) + p->delayed >= p->capacity) return TP_EFULL;
 
-    /* Reserve. Out of memory here (only when more tasks are in flight than
-     * ever before) refuses like a full queue, with nothing reserved. */
-    tp__task *t = tp__tasks_get(&p->tasks);
-    if (!t) return TP_ENOMEM;
+    /* Reserve. Refused with nothing reserved when the records are at their
+     * cap (TP_EFULL) or cannot grow (TP_ENOMEM); see tp_create(). */
+    tp__task *t = NULL;
+    int rc = tp__tasks_get(&p->tasks, p->max_records, &t);
+    if (rc != TP_OK) return rc;
     tp__user *u = NULL;
     if (a->user) {
         u = tp__users_acquire(&p->users, a->user, a->user_len, a->user_hash);
@@ -323,6 +332,12 @@ static int admit_locked(tp_pool *p, const admit_args *a, void *arg, uint64_t *id
     }
     tp__tasks_index(&p->tasks, t);
     tp__ring_push(&p->ring, t);
+    if (t->deadline != TP_FOREVER) {
+        /* The service thread ends it at its deadline if no worker picked it
+         * by then; wake it if this deadline comes before its own wake-up. */
+        p->with_deadline++;
+        if (t->deadline < p->svc_next) tp__svc_wake(p);
+    }
     p->inflight++;
     TP__INC(p->st.accepted);
     TP__SET(p->st.queued, tp__ring_len(&p->ring));
@@ -417,12 +432,12 @@ int tp_cancel(tp_pool *p, uint64_t id) {
     } else if (t->state == TP__QUEUED) {
         tp__ring_remove(&p->ring, t);
         TP__SET(p->st.queued, tp__ring_len(&p->ring));
-        tp__task_end_unrun(p, t, TP_ECANCELED);
+        tp__task_end_unrun(p, t, TP_ECANCELED, false);
         tp__wake_exiters(p);
         tp__signal_room(p);
     } else if (t->state == TP__DELAYED) {
         tp__delayed_remove(p, t);
-        tp__task_end_unrun(p, t, TP_ECANCELED);
+        tp__task_end_unrun(p, t, TP_ECANCELED, false);
         tp__wake_exiters(p);
         tp__signal_room(p);
     } else if (t->state == TP__RUNNING) {

@@ -71,4 +71,18 @@ static inline int tp__ring_remove(tp__ring *r, const struct tp__task *t) {
     return 0;
 }
 
+/* Keep, in order, the tasks for which keep(t, arg) is true; drop the others
+ * (keep() takes care of them). One pass, in place: the write position never
+ * passes the read position. Returns how many were dropped. */
+static inline uint32_t tp__ring_filter(tp__ring *r, int (*keep)(struct tp__task *, void *), void *arg) {
+    uint32_t w = r->head;
+    for (uint32_t i = r->head; i != r->tail; i++) {
+        struct tp__task *t = r->slots[i & r->mask];
+        if (keep(t, arg)) r->slots[w++ & r->mask] = t;
+    }
+    uint32_t dropped = r->tail - w;
+    r->tail = w;
+    return dropped;
+}
+
 #endif /* TP_RING_H */

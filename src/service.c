@@ -2,6 +2,8 @@
  * service.c -- the pool's one service thread.
  *
  * It does the work that must not need a free worker:
+ *   - deadlines of queued tasks: one that passes before a worker picks the
+ *     task ends it without running (expired), at once;
  *   - on_done of tasks that ended without running (cancelled while queued or
  *     waiting for a retry, dropped by a forced shutdown, deadline passed while
  *     waiting for a retry): they are put on the endings list, already
@@ -47,7 +49,7 @@ static uint64_t run_timers(tp_pool *p, uint64_t now) {
         tp__task *nx = t->next;
         if (now >= t->deadline) {
             tp__delayed_remove(p, t);
-            tp__task_end_unrun(p, t, TP_ETIMEDOUT);
+            tp__task_end_unrun(p, t, TP_ETIMEDOUT, false); /* it ran: not expired */
             tp__signal_room(p);
         } else if (now >= t->due) {
             tp__delayed_remove(p, t);
@@ -68,6 +70,38 @@ static uint64_t run_timers(tp_pool *p, uint64_t now) {
     }
     tp__wake_exiters(p);
     return next;
+}
+
+typedef struct expiry {
+    tp_pool *p;
+    uint64_t now, next;
+} expiry;
+
+static int keep_unexpired(tp__task *t, void *arg) {
+    expiry *e = (expiry *)arg;
+    if (e->now >= t->deadline) {
+        /* never ran: expired; a retry back in the queue ran: cancelled */
+        tp__task_end_unrun(e->p, t, TP_ETIMEDOUT, t->attempt == 0);
+        return 0;
+    }
+    if (t->deadline < e->next) e->next = t->deadline;
+    return 1;
+}
+
+/* Queued tasks whose deadline has passed end now, without running, so their
+ * on_done is prompt and their queue place and user slot free up even while
+ * every worker is busy. (A worker that picks one first expires it the same
+ * way.) Skipped while no task carries a deadline. Returns the earliest
+ * deadline still queued. mu held. */
+static uint64_t expire_queued(tp_pool *p, uint64_t now) {
+    expiry e = {p, now, TP_FOREVER};
+    if (p->with_deadline == 0) return TP_FOREVER;
+    if (tp__ring_filter(&p->ring, keep_unexpired, &e) > 0) {
+        TP__SET(p->st.queued, tp__ring_len(&p->ring));
+        tp__signal_room(p);
+        tp__wake_exiters(p);
+    }
+    return e.next;
 }
 
 void *tp__service_main(void *arg) {
@@ -100,7 +134,10 @@ void *tp__service_main(void *arg) {
             }
             continue;
         }
-        uint64_t next = run_timers(p, tp_now_ns());
+        uint64_t now = tp_now_ns();
+        uint64_t next = run_timers(p, now);
+        uint64_t next_expiry = expire_queued(p, now);
+        if (next_expiry < next) next = next_expiry;
         if (p->endings_head) continue;
         if (!tried_spawn && !p->closed && tp__want_spawn(p)) {
             /* Retries came back to a backlog: grow an elastic pool as a
@@ -119,6 +156,7 @@ void *tp__service_main(void *arg) {
         }
         if (p->closed && p->inflight == 0) break;
         p->svc_waiting = true;
+        p->svc_next = next; /* an earlier deadline admitted meanwhile wakes us */
         tp__cond_wait_until(&p->svc_cv, &p->mu, next);
         p->svc_waiting = false;
         tried_spawn = false;

@@ -1,11 +1,10 @@
 /*
  * tasks.c -- task records and the id index.
  *
- * Records come from a free list. The list is filled at create time with enough
- * records for a full pool (queue_capacity + max_workers, capped) and grows in
- * chunks only when more tasks are in flight than ever before (for instance
- * many cancelled tasks whose on_done is still pending). Chunks are freed only
- * with the pool, so in steady state a task costs no allocation.
+ * Records come from a free list, filled at create time and grown in chunks
+ * only when more tasks are in flight than ever before, up to a limit the pool
+ * sets (see pool.c). Chunks are freed only with the pool, so in steady state
+ * a task costs no allocation.
  *
  * The id index maps a task id to its record for tp_cancel(). Ids are
  * consecutive, so `id & mask` spreads them evenly over power-of-two buckets;
@@ -21,7 +20,6 @@
 #define TP__CHUNK_MIN 64u
 
 static int tasks_grow(tp__tasks *ts, unsigned n) {
-    if (n < TP__CHUNK_MIN) n = TP__CHUNK_MIN;
     tp__chunk *c = (tp__chunk *)malloc(sizeof(tp__chunk) + (size_t)n * sizeof(tp__task));
     if (!c) return -1;
     c->next = ts->chunks;
@@ -65,7 +63,7 @@ static int tasks_grow(tp__tasks *ts, unsigned n) {
 
 int tp__tasks_init(tp__tasks *ts, unsigned prealloc) {
     memset(ts, 0, sizeof *ts);
-    return tasks_grow(ts, prealloc);
+    return tasks_grow(ts, prealloc ? prealloc : 1);
 }
 
 void tp__tasks_fini(tp__tasks *ts) {
@@ -78,12 +76,18 @@ void tp__tasks_fini(tp__tasks *ts) {
     memset(ts, 0, sizeof *ts);
 }
 
-tp__task *tp__tasks_get(tp__tasks *ts) {
-    if (!ts->free && tasks_grow(ts, ts->total / 2) != 0) return NULL;
+int tp__tasks_get(tp__tasks *ts, unsigned limit, tp__task **out) {
+    if (!ts->free) {
+        if (ts->total >= limit) return TP_EFULL;
+        unsigned n = ts->total / 2 > TP__CHUNK_MIN ? ts->total / 2 : TP__CHUNK_MIN;
+        if (n > limit - ts->total) n = limit - ts->total;
+        if (tasks_grow(ts, n) != 0) return TP_ENOMEM;
+    }
     tp__task *t = ts->free;
     ts->free = t->next;
     t->next = t->prev = t->id_next = NULL;
-    return t;
+    *out = t;
+    return TP_OK;
 }
 
 void tp__tasks_put(tp__tasks *ts, tp__task *t) {

@@ -94,6 +94,7 @@ static bool is_cancel_status(int status) { return status == TP_ECANCELED || stat
 
 void tp__task_finalise(tp_pool *p, tp__task *t, int status, bool expired) {
     tp__tasks_unindex(&p->tasks, t);
+    if (t->deadline != TP_FOREVER) p->with_deadline--;
     if (t->user) {
         tp__users_release(&p->users, t->user);
         TP__SET(p->st.users, p->users.live);
@@ -114,8 +115,8 @@ void tp__task_finalise(tp_pool *p, tp__task *t, int status, bool expired) {
 /* A task leaves the ring or the delayed list without (another) run: finalise it
  * now and hand its on_done to the service thread, which runs it promptly even
  * when every worker is busy. The caller has already taken it off its list. */
-void tp__task_end_unrun(tp_pool *p, tp__task *t, int status) {
-    tp__task_finalise(p, t, status, false);
+void tp__task_end_unrun(tp_pool *p, tp__task *t, int status, bool expired) {
+    tp__task_finalise(p, t, status, expired);
     t->state = TP__ENDING;
     t->next = NULL;
     if (p->endings_tail)
@@ -129,6 +130,7 @@ void tp__task_end_unrun(tp_pool *p, tp__task *t, int status) {
 /* on_done has returned: the record can be reused. */
 void tp__task_retire(tp_pool *p, tp__task *t) {
     t->user = NULL;
+    if (!p->tasks.free) tp__signal_room(p); /* records were at their cap */
     tp__tasks_put(&p->tasks, t);
     p->inflight--;
     tp__drained_check(p);

@@ -791,6 +791,43 @@ static void test_ctx_deadline_already_passed_accepted(void **state) {
     assert_int_equal(s.failed, 1);
 }
 
+/* A queued task whose deadline passes ends at its deadline even while every
+ * worker is busy: on_done promptly with TP_ETIMEDOUT, counted expired, its
+ * queue place and user slot freed -- without waiting for a worker. */
+static void test_ctx_expiry_prompt_while_workers_busy(void **state) {
+    (void)state;
+    tp_pool *p = mkpool(1, 0);
+    tpt_latch gate;
+    tpt_latch_init(&gate);
+    assert_int_equal(tp_submit(p, tpt_block_task, &gate, NULL, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&gate.waiting) == 1);
+
+    rec r = {0};
+    tp_task_opts o = {0};
+    o.user = "u";
+    o.deadline_ns = tp_now_ns() + TPT_MS(30);
+    o.on_done = rec_done;
+    assert_int_equal(tp_submit(p, task_record, &r, &o, NULL), TP_OK);
+    assert_int_equal(tp_user_active(p, "u"), 1);
+    TPT_EVENTUALLY(atomic_load(&r.done_calls) == 1); /* the worker is still blocked */
+    assert_int_equal(atomic_load(&gate.waiting), 1);
+    assert_int_equal(atomic_load(&r.done_status), TP_ETIMEDOUT);
+    assert_int_equal(atomic_load(&r.ran), 0);
+    assert_int_equal(tp_user_active(p, "u"), 0);
+    tp_stats live = tpt_stats(p);
+    assert_int_equal(live.queued, 0);
+    assert_int_equal(live.expired, 1);
+    assert_int_equal(live.users, 0);
+
+    tpt_latch_open(&gate);
+    tp_stats s = tpt_finish(p);
+    assert_int_equal(atomic_load(&r.done_calls), 1);
+    assert_int_equal(s.started, 1); /* only the blocker */
+    assert_int_equal(s.expired, 1);
+    assert_int_equal(s.cancelled, 1);
+    tpt_latch_destroy(&gate);
+}
+
 /* ------------------------------------------------------------ clock */
 
 static void test_now_ns_monotonic(void **state) {
@@ -840,6 +877,7 @@ int main(void) {
         cmocka_unit_test(test_ctx_run_timeout_excludes_queue_time),
         cmocka_unit_test(test_ctx_deadline_includes_queue_time),
         cmocka_unit_test(test_ctx_deadline_already_passed_accepted),
+        cmocka_unit_test(test_ctx_expiry_prompt_while_workers_busy),
         cmocka_unit_test(test_now_ns_monotonic),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -50,7 +50,7 @@ static void test_tasks_index_and_growth(void **state) {
     enum { N = 1000 };
     tp__task *got[N];
     for (int i = 0; i < N; i++) {
-        got[i] = tp__tasks_get(&ts);
+        assert_int_equal(tp__tasks_get(&ts, 100000, &got[i]), TP_OK);
         assert_non_null(got[i]);
         got[i]->id = (uint64_t)i + 1;
         tp__tasks_index(&ts, got[i]);
@@ -69,9 +69,24 @@ static void test_tasks_index_and_growth(void **state) {
     unsigned total = ts.total;
     for (int round = 0; round < 10; round++) {
         for (int i = 0; i < N; i++) tp__tasks_put(&ts, got[i]);
-        for (int i = 0; i < N; i++) got[i] = tp__tasks_get(&ts);
+        for (int i = 0; i < N; i++) assert_int_equal(tp__tasks_get(&ts, 100000, &got[i]), TP_OK);
     }
     assert_int_equal(ts.total, total);
+    tp__tasks_fini(&ts);
+}
+
+/* Records stop at the limit the pool sets: TP_EFULL, not more memory. */
+static void test_tasks_limit(void **state) {
+    (void)state;
+    tp__tasks ts;
+    assert_int_equal(tp__tasks_init(&ts, 8), 0);
+    unsigned limit = ts.total + 100;
+    tp__task *t = NULL;
+    for (unsigned i = 0; i < limit; i++) assert_int_equal(tp__tasks_get(&ts, limit, &t), TP_OK);
+    assert_int_equal(ts.total, limit);
+    assert_int_equal(tp__tasks_get(&ts, limit, &t), TP_EFULL);
+    tp__tasks_put(&ts, t);
+    assert_int_equal(tp__tasks_get(&ts, limit, &t), TP_OK);
     tp__tasks_fini(&ts);
 }
 
@@ -80,6 +95,7 @@ int main(void) {
         cmocka_unit_test(test_ring_fifo_and_wrap),
         cmocka_unit_test(test_ring_remove_keeps_order),
         cmocka_unit_test(test_tasks_index_and_growth),
+        cmocka_unit_test(test_tasks_limit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
