@@ -10,94 +10,17 @@
  */
 #include "tp_test.h"
 
-#include <unistd.h>
-
 #include <stddef.h>
 
 /* ------------------------------------------------------------ helpers */
 
-static void sleep_ns(uint64_t ns) {
-    struct timespec ts = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
-    while (nanosleep(&ts, &ts) != 0) {
-    }
-}
-
-/* Failed attempts are expected in some tests: keep stderr quiet. */
-static void quiet_log(void *arg, int level, const char *log_id, const char *msg) {
-    (void)arg;
-    (void)level;
-    (void)log_id;
-    (void)msg;
-}
-
-/* Pools created by this file and not yet destroyed. A failed assert longjmps
- * out of a test and leaves its pool running, its threads still pointing into
- * the dead stack frame (latches, records); the next test would reuse that
- * memory and could hang or corrupt. So the teardown notes it and the next
- * test's setup stops the executable, after cmocka printed the failure. */
-static atomic_int live_pools;
-static atomic_int poisoned;
-
-static tp_stats finish(tp_pool *p) {
-    tp_stats s = tpt_finish(p);
-    atomic_fetch_sub(&live_pools, 1);
-    return s;
-}
-
-static void destroy(tp_pool *p) {
-    assert_int_equal(tp_destroy(p), TP_OK);
-    atomic_fetch_sub(&live_pools, 1);
-}
-
-static int guard_teardown(void **state) {
-    (void)state;
-    if (atomic_load(&live_pools) != 0)
-        atomic_store(&poisoned, 1);
-    return 0;
-}
-
-static int guard_setup(void **state) {
-    (void)state;
-    if (atomic_load(&poisoned)) {
-        /* cmocka has printed the previous test's failure by now */
-        printf("[  ABORT   ] a failed test left its pool running; stopping here "
-               "(later tests would share its threads and dead stack memory)\n");
-        fflush(stdout);
-        fflush(stderr);
-        _exit(1);
-    }
-    return 0;
-}
-
-static tp_pool *mkpool_cfg(tp_config *c) {
-    tp_pool *p = NULL;
-    assert_int_equal(tp_create(&p, c), TP_OK);
-    assert_non_null(p);
-    atomic_fetch_add(&live_pools, 1);
-    return p;
-}
-
 static tp_pool *mkpool(unsigned workers, unsigned cap, unsigned per_user) {
     tp_config c = {0};
-    c.log = quiet_log; /* cancelled and failed attempts are expected here */
+    c.log = tpt_quiet_log; /* cancelled and failed attempts are expected here */
     c.workers = workers;
     c.queue_capacity = cap;
     c.max_per_user = per_user;
-    return mkpool_cfg(&c);
-}
-
-/* Submit `n` tasks blocked on `l` (optionally as `user`) and wait until they
- * all run: stats.active == n and each is inside the latch. */
-static void fill_workers(tp_pool *p, tpt_latch *l, unsigned n, const char *user) {
-    int before = atomic_load(&l->waiting);
-    for (unsigned i = 0; i < n; i++) {
-        tp_task_opts o = {0};
-        o.user = user;
-        assert_int_equal(tp_submit(p, tpt_block_task, l, &o, NULL), TP_OK);
-        /* one at a time: the queue may be smaller than n */
-        TPT_EVENTUALLY(atomic_load(&l->waiting) == before + (int)i + 1);
-    }
-    TPT_EVENTUALLY(tpt_stats(p).active == n && tpt_stats(p).queued == 0);
+    return tpt_pool_new(&c);
 }
 
 static uint64_t stat_field(const tp_stats *s, size_t off) {
@@ -141,7 +64,7 @@ static void test_queue_bound_excludes_running(void **state) {
     tpt_latch l;
     tpt_latch_init(&l);
     tp_pool *p = mkpool(W, CAP, TP_UNLIMITED);
-    fill_workers(p, &l, W, NULL);
+    tpt_fill_workers(p, &l, W, NULL);
 
     for (unsigned i = 0; i < CAP; i++)
         assert_int_equal(tp_submit(p, tpt_block_task, &l, NULL, NULL), TP_OK);
@@ -161,7 +84,7 @@ static void test_queue_bound_excludes_running(void **state) {
     assert_int_equal(s.queued, CAP);
 
     tpt_latch_open(&l);
-    s = finish(p);
+    s = tpt_pool_finish(p);
     assert_int_equal(s.accepted, W + CAP);
     assert_int_equal(s.succeeded, W + CAP);
     assert_int_equal(s.rejected_full, 2);
@@ -176,14 +99,14 @@ static void test_queue_bound_one_slot(void **state) {
     tpt_latch l;
     tpt_latch_init(&l);
     tp_pool *p = mkpool(2, 1, TP_UNLIMITED);
-    fill_workers(p, &l, 2, NULL);
+    tpt_fill_workers(p, &l, 2, NULL);
     assert_int_equal(tp_submit(p, tpt_block_task, &l, NULL, NULL), TP_OK);
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_EFULL);
     tpt_latch_open(&l);
     /* Once everything ran there is room again. */
     TPT_EVENTUALLY(tpt_stats(p).completed == 3);
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_OK);
-    tp_stats s = finish(p);
+    tp_stats s = tpt_pool_finish(p);
     assert_int_equal(s.rejected_full, 1);
     assert_int_equal(s.accepted, 4);
     tpt_latch_destroy(&l);
@@ -204,8 +127,8 @@ static void test_queue_bound_counts_delayed(void **state) {
     c.queue_capacity = 1;
     c.max_retries = 1;
     c.retry_delay_ns = TPT_S(60); /* never within the test */
-    c.log = quiet_log;
-    tp_pool *p = mkpool_cfg(&c);
+    c.log = tpt_quiet_log;
+    tp_pool *p = tpt_pool_new(&c);
     tpt_done d = {0};
     tp_task_opts o = {0};
     o.on_done = tpt_done_fn;
@@ -219,7 +142,7 @@ static void test_queue_bound_counts_delayed(void **state) {
     TPT_EVENTUALLY(atomic_load(&d.calls) == 1);
     assert_int_equal(atomic_load(&d.status), TP_ECANCELED);
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_OK);
-    tp_stats s = finish(p);
+    tp_stats s = tpt_pool_finish(p);
     assert_int_equal(s.rejected_full, 1);
     assert_int_equal(s.rejected_timeout, 1);
     assert_int_equal(s.accepted, 2);
@@ -237,7 +160,7 @@ static void test_refusal_order(void **state) {
     tpt_latch_init(&l);
     tp_pool *p = mkpool(1, 1, 1);
 
-    fill_workers(p, &l, 1, "a"); /* "a" holds its only slot, running */
+    tpt_fill_workers(p, &l, 1, "a"); /* "a" holds its only slot, running */
     tp_task_opts ob = {0};
     ob.user = "b";
     assert_int_equal(tp_submit(p, tpt_block_task, &l, &ob, NULL), TP_OK); /* queue full */
@@ -298,7 +221,7 @@ static void test_refusal_order(void **state) {
 
     tpt_latch_open(&l);
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK); /* a close drains */
-    s = finish(p);
+    s = tpt_pool_finish(p);
     assert_int_equal(s.accepted, 2);
     assert_int_equal(s.rejected_user, 2);
     assert_int_equal(s.rejected_full, 2);
@@ -318,7 +241,7 @@ static void test_user_name_max_length(void **state) {
     tp_task_opts o = {0};
     o.user = name;
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, &o, NULL), TP_OK);
-    finish(p);
+    tpt_pool_finish(p);
 }
 
 /* ------------------------------------------------------------ no trace */
@@ -361,7 +284,7 @@ static void test_rejection_leaves_no_trace(void **state) {
     tpt_latch_init(&l);
     tp_pool *p = mkpool(1, 2, 2);
 
-    fill_workers(p, &l, 1, "u"); /* u: 1 of 2 */
+    tpt_fill_workers(p, &l, 1, "u"); /* u: 1 of 2 */
     tp_task_opts o = {0};
     o.user = "u";
     o.on_done = tpt_done_fn;
@@ -404,7 +327,7 @@ static void test_rejection_leaves_no_trace(void **state) {
     assert_int_equal(tp_user_active(p, "x"), 0);
 
     tpt_latch_open(&l);
-    tp_stats s = finish(p);
+    tp_stats s = tpt_pool_finish(p);
     assert_ids_unique(ids, nids);
     for (int i = 0; i < 8; i++)
         assert_int_equal(atomic_load(&refused[i].calls), 0);
@@ -443,7 +366,7 @@ static void test_fifo_start_order(void **state) {
     tpt_latch l;
     tpt_latch_init(&l);
     tp_pool *p = mkpool(1, FIFO_N, TP_UNLIMITED);
-    fill_workers(p, &l, 1, NULL);
+    tpt_fill_workers(p, &l, 1, NULL);
     for (int i = 0; i < FIFO_N; i++) {
         tp_task_opts o = {0};
         o.user = (i % 3 == 0) ? "a" : (i % 3 == 1) ? "b" : NULL; /* users don't reorder */
@@ -451,7 +374,7 @@ static void test_fifo_start_order(void **state) {
     }
     assert_int_equal(tpt_stats(p).queued, FIFO_N);
     tpt_latch_open(&l);
-    finish(p);
+    tpt_pool_finish(p);
     assert_int_equal(atomic_load(&fifo_next), FIFO_N);
     for (int i = 0; i < FIFO_N; i++)
         assert_int_equal(atomic_load(&fifo_order[i]), i);
@@ -468,7 +391,7 @@ static void test_fifo_across_wraparound(void **state) {
     for (int i = 0; i < FIFO_N; i++)
         assert_int_equal(tp_submit_wait(p, fifo_task, (void *)(intptr_t)i, NULL, TPT_WAIT_NS, NULL),
                          TP_OK);
-    finish(p);
+    tpt_pool_finish(p);
     for (int i = 0; i < FIFO_N; i++)
         assert_int_equal(atomic_load(&fifo_order[i]), i);
 }
@@ -569,7 +492,7 @@ static void test_slot_released_on_success(void **state) {
     assert_slot_free_after(p, &r, 0);
     assert_int_equal(atomic_load(&r.users_in_done), 0);
     resubmit_ok(p, "u");
-    tp_stats s = finish(p);
+    tp_stats s = tpt_pool_finish(p);
     assert_int_equal(s.succeeded, 2);
 }
 
@@ -579,14 +502,14 @@ static void test_slot_released_on_failure(void **state) {
     c.workers = 1;
     c.queue_capacity = 4;
     c.max_per_user = 1;
-    c.log = quiet_log;
-    tp_pool *p = mkpool_cfg(&c);
+    c.log = tpt_quiet_log;
+    tp_pool *p = tpt_pool_new(&c);
     slot_rec r;
     slot_rec_init(&r, p, "u", M_FAIL, NULL);
     submit_rec(p, &r, 0, 0);
     assert_slot_free_after(p, &r, 5);
     resubmit_ok(p, "u");
-    tp_stats s = finish(p);
+    tp_stats s = tpt_pool_finish(p);
     assert_int_equal(s.failed, 1);
     assert_int_equal(s.cancelled, 0);
 }
@@ -600,15 +523,15 @@ static void test_slot_released_after_retries(void **state) {
     c.max_per_user = 1;
     c.max_retries = 2;
     c.retry_delay_ns = TPT_MS(2);
-    c.log = quiet_log;
-    tp_pool *p = mkpool_cfg(&c);
+    c.log = tpt_quiet_log;
+    tp_pool *p = tpt_pool_new(&c);
     slot_rec r;
     slot_rec_init(&r, p, "u", M_FAIL, NULL);
     submit_rec(p, &r, 0, 0);
     assert_slot_free_after(p, &r, 5);
     assert_int_equal(atomic_load(&r.ran), 3);
     resubmit_ok(p, "u");
-    tp_stats s = finish(p);
+    tp_stats s = tpt_pool_finish(p);
     assert_int_equal(s.retried, 2);
     assert_int_equal(s.failed, 1);
 }
@@ -618,7 +541,7 @@ static void test_slot_released_on_cancel_queued(void **state) {
     tpt_latch l;
     tpt_latch_init(&l);
     tp_pool *p = mkpool(1, 4, 1);
-    fill_workers(p, &l, 1, NULL);
+    tpt_fill_workers(p, &l, 1, NULL);
     slot_rec r;
     slot_rec_init(&r, p, "u", M_OK, NULL);
     uint64_t id = submit_rec(p, &r, 0, 0);
@@ -628,7 +551,7 @@ static void test_slot_released_on_cancel_queued(void **state) {
     assert_int_equal(atomic_load(&r.ran), 0);
     resubmit_ok(p, "u");
     tpt_latch_open(&l);
-    tp_stats s = finish(p);
+    tp_stats s = tpt_pool_finish(p);
     assert_int_equal(atomic_load(&r.ran), 0);
     assert_int_equal(s.cancelled, 1);
     tpt_latch_destroy(&l);
@@ -645,7 +568,7 @@ static void test_slot_released_on_cancel_running(void **state) {
     assert_int_equal(tp_cancel(p, id), TP_OK);
     assert_slot_free_after(p, &r, TP_ECANCELED);
     resubmit_ok(p, "u");
-    tp_stats s = finish(p);
+    tp_stats s = tpt_pool_finish(p);
     assert_int_equal(s.cancelled, 1);
 }
 
@@ -657,7 +580,7 @@ static void test_slot_released_on_run_timeout(void **state) {
     submit_rec(p, &r, 0, TPT_MS(20));
     assert_slot_free_after(p, &r, TP_ETIMEDOUT);
     resubmit_ok(p, "u");
-    tp_stats s = finish(p);
+    tp_stats s = tpt_pool_finish(p);
     assert_int_equal(s.cancelled, 1);
     assert_int_equal(s.expired, 0);
 }
@@ -667,7 +590,7 @@ static void test_slot_released_on_expiry(void **state) {
     tpt_latch l;
     tpt_latch_init(&l);
     tp_pool *p = mkpool(1, 4, 1);
-    fill_workers(p, &l, 1, NULL);
+    tpt_fill_workers(p, &l, 1, NULL);
     slot_rec r;
     slot_rec_init(&r, p, "u", M_OK, NULL);
     submit_rec(p, &r, 1 /* long passed */, 0);
@@ -675,7 +598,7 @@ static void test_slot_released_on_expiry(void **state) {
     assert_slot_free_after(p, &r, TP_ETIMEDOUT);
     assert_int_equal(atomic_load(&r.ran), 0);
     resubmit_ok(p, "u");
-    tp_stats s = finish(p);
+    tp_stats s = tpt_pool_finish(p);
     assert_int_equal(s.expired, 1);
     assert_int_equal(s.cancelled, 1);
     tpt_latch_destroy(&l);
@@ -702,7 +625,7 @@ static void test_slot_released_on_forced_shutdown(void **state) {
     tpt_assert_at_rest(&s);
     assert_int_equal(s.users, 0);
     assert_int_equal(s.cancelled, 2);
-    destroy(p);
+    tpt_pool_destroy(p);
 }
 
 /* ------------------------------------------------------------ tp_submit_wait */
@@ -721,7 +644,7 @@ static void *opener_main(void *a) {
         while (!atomic_load(o->go) && tp_now_ns() < end)
             tpt_pause();
     }
-    sleep_ns(o->delay_ns); /* only makes it likely the caller is already waiting */
+    tpt_sleep_ns(o->delay_ns); /* only makes it likely the caller is already waiting */
     o->opened_at = tp_now_ns();
     tpt_latch_open(o->l);
     return NULL;
@@ -736,8 +659,8 @@ static void test_submit_wait_times_out(void **state) {
     c.queue_capacity = 1;
     c.max_per_user = 2;
     c.submit_timeout_ns = TPT_MS(50);
-    tp_pool *p = mkpool_cfg(&c);
-    fill_workers(p, &l, 1, NULL);
+    tp_pool *p = tpt_pool_new(&c);
+    tpt_fill_workers(p, &l, 1, NULL);
     assert_int_equal(tp_submit(p, tpt_block_task, &l, NULL, NULL), TP_OK);
 
     tpt_done d = {0};
@@ -765,7 +688,7 @@ static void test_submit_wait_times_out(void **state) {
     assert_int_equal(s.users, 0);
 
     tpt_latch_open(&l);
-    s = finish(p);
+    s = tpt_pool_finish(p);
     assert_int_equal(s.rejected_timeout, 2);
     assert_int_equal(atomic_load(&d.calls), 0);
     tpt_latch_destroy(&l);
@@ -778,7 +701,7 @@ static void test_submit_wait_gets_space(void **state) {
     tpt_latch l;
     tpt_latch_init(&l);
     tp_pool *p = mkpool(1, 1, TP_UNLIMITED);
-    fill_workers(p, &l, 1, NULL);
+    tpt_fill_workers(p, &l, 1, NULL);
     assert_int_equal(tp_submit(p, tpt_block_task, &l, NULL, NULL), TP_OK);
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_EFULL);
 
@@ -798,7 +721,7 @@ static void test_submit_wait_gets_space(void **state) {
     assert_true(id != 0);
     assert_true(ret >= op.opened_at); /* it could only get in after the release */
 
-    tp_stats s = finish(p);
+    tp_stats s = tpt_pool_finish(p);
     assert_int_equal(atomic_load(&d.calls), 1);
     assert_int_equal(atomic_load(&d.status), 0);
     assert_int_equal(s.accepted, 3);
@@ -820,7 +743,7 @@ static void *delayed_cancel_main(void *a) {
     uint64_t end = tp_now_ns() + TPT_WAIT_NS;
     while (!atomic_load(c->go) && tp_now_ns() < end)
         tpt_pause();
-    sleep_ns(c->delay_ns); /* only makes it likely the caller is already waiting */
+    tpt_sleep_ns(c->delay_ns); /* only makes it likely the caller is already waiting */
     c->cancelled_at = tp_now_ns();
     c->rc = tp_cancel(c->p, c->id);
     return NULL;
@@ -833,7 +756,7 @@ static void test_submit_wait_gets_space_from_cancel(void **state) {
     tpt_latch l;
     tpt_latch_init(&l);
     tp_pool *p = mkpool(1, 1, TP_UNLIMITED);
-    fill_workers(p, &l, 1, NULL);
+    tpt_fill_workers(p, &l, 1, NULL);
     tpt_done q = {0};
     tp_task_opts oq = {0};
     oq.on_done = tpt_done_fn;
@@ -858,7 +781,7 @@ static void test_submit_wait_gets_space_from_cancel(void **state) {
     assert_int_equal(atomic_load(&q.status), TP_ECANCELED);
 
     tpt_latch_open(&l);
-    tp_stats s = finish(p);
+    tp_stats s = tpt_pool_finish(p);
     assert_int_equal(s.accepted, 3);
     assert_int_equal(s.cancelled, 1);
     tpt_latch_destroy(&l);
@@ -871,7 +794,7 @@ static void test_submit_wait_gets_user_slot(void **state) {
     tpt_latch l;
     tpt_latch_init(&l);
     tp_pool *p = mkpool(2, 8, 1);
-    fill_workers(p, &l, 1, "u");
+    tpt_fill_workers(p, &l, 1, "u");
     tp_task_opts o = {0};
     o.user = "u";
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, &o, NULL), TP_EUSERLIMIT);
@@ -893,7 +816,7 @@ static void test_submit_wait_gets_user_slot(void **state) {
     assert_int_equal(rc, TP_OK);
     assert_true(ret >= op.opened_at);
 
-    tp_stats s = finish(p);
+    tp_stats s = tpt_pool_finish(p);
     assert_int_equal(atomic_load(&d.calls), 1);
     assert_int_equal(s.rejected_user, 1);
     assert_int_equal(s.rejected_timeout, 0);
@@ -928,7 +851,7 @@ static void test_submit_wait_woken_by_close(void **state) {
     tpt_latch l;
     tpt_latch_init(&l);
     tp_pool *p = mkpool(1, 1, 1);
-    fill_workers(p, &l, 1, "a");
+    tpt_fill_workers(p, &l, 1, "a");
     tp_task_opts ob = {0};
     ob.user = "b";
     assert_int_equal(tp_submit(p, tpt_block_task, &l, &ob, NULL), TP_OK); /* full */
@@ -943,7 +866,7 @@ static void test_submit_wait_woken_by_close(void **state) {
     for (int i = 0; i < 2; i++)
         assert_int_equal(pthread_create(&th[i], NULL, waiter_main, &w[i]), 0);
     TPT_EVENTUALLY(atomic_load(&w[0].entering) && atomic_load(&w[1].entering));
-    sleep_ns(TPT_MS(50)); /* likely inside the wait; correctness does not depend on it */
+    tpt_sleep_ns(TPT_MS(50)); /* likely inside the wait; correctness does not depend on it */
     uint64_t t_close = tp_now_ns();
     assert_int_equal(tp_close(p), TP_OK);
     for (int i = 0; i < 2; i++)
@@ -957,7 +880,7 @@ static void test_submit_wait_woken_by_close(void **state) {
     assert_int_equal(tp_user_active(p, "a"), 1);
 
     tpt_latch_open(&l);
-    tp_stats s = finish(p);
+    tp_stats s = tpt_pool_finish(p);
     assert_int_equal(s.rejected_closed, 2);
     assert_int_equal(s.accepted, 2);
     for (int i = 0; i < 2; i++)
@@ -982,7 +905,7 @@ static void test_submit_wait_budget_spent(void **state) {
     assert_int_equal(tp_user_active(p, "u"), 0);
     /* with a real budget the same call is accepted */
     assert_int_equal(tp_submit_wait(p, tpt_nop_task, &d, &o, TPT_WAIT_NS, NULL), TP_OK);
-    s = finish(p);
+    s = tpt_pool_finish(p);
     assert_int_equal(atomic_load(&d.calls), 1);
     assert_int_equal(s.rejected_timeout, N);
     assert_int_equal(s.accepted, 1);
@@ -1001,36 +924,36 @@ static void test_ids_unique_nonzero(void **state) {
         if (i % 100 == 0) /* a NULL id_out is fine too */
             assert_int_equal(tp_submit_wait(p, tpt_nop_task, NULL, NULL, TPT_WAIT_NS, NULL), TP_OK);
     }
-    finish(p);
+    tpt_pool_finish(p);
     assert_ids_unique(ids, N);
     free(ids);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_queue_bound_excludes_running, guard_setup, guard_teardown),
-        cmocka_unit_test_setup_teardown(test_queue_bound_one_slot, guard_setup, guard_teardown),
-        cmocka_unit_test_setup_teardown(test_queue_bound_counts_delayed, guard_setup, guard_teardown),
-        cmocka_unit_test_setup_teardown(test_refusal_order, guard_setup, guard_teardown),
-        cmocka_unit_test_setup_teardown(test_user_name_max_length, guard_setup, guard_teardown),
-        cmocka_unit_test_setup_teardown(test_rejection_leaves_no_trace, guard_setup, guard_teardown),
-        cmocka_unit_test_setup_teardown(test_fifo_start_order, guard_setup, guard_teardown),
-        cmocka_unit_test_setup_teardown(test_fifo_across_wraparound, guard_setup, guard_teardown),
-        cmocka_unit_test_setup_teardown(test_slot_released_on_success, guard_setup, guard_teardown),
-        cmocka_unit_test_setup_teardown(test_slot_released_on_failure, guard_setup, guard_teardown),
-        cmocka_unit_test_setup_teardown(test_slot_released_after_retries, guard_setup, guard_teardown),
-        cmocka_unit_test_setup_teardown(test_slot_released_on_cancel_queued, guard_setup, guard_teardown),
-        cmocka_unit_test_setup_teardown(test_slot_released_on_cancel_running, guard_setup, guard_teardown),
-        cmocka_unit_test_setup_teardown(test_slot_released_on_run_timeout, guard_setup, guard_teardown),
-        cmocka_unit_test_setup_teardown(test_slot_released_on_expiry, guard_setup, guard_teardown),
-        cmocka_unit_test_setup_teardown(test_slot_released_on_forced_shutdown, guard_setup, guard_teardown),
-        cmocka_unit_test_setup_teardown(test_submit_wait_times_out, guard_setup, guard_teardown),
-        cmocka_unit_test_setup_teardown(test_submit_wait_gets_space, guard_setup, guard_teardown),
-        cmocka_unit_test_setup_teardown(test_submit_wait_gets_space_from_cancel, guard_setup, guard_teardown),
-        cmocka_unit_test_setup_teardown(test_submit_wait_gets_user_slot, guard_setup, guard_teardown),
-        cmocka_unit_test_setup_teardown(test_submit_wait_woken_by_close, guard_setup, guard_teardown),
-        cmocka_unit_test_setup_teardown(test_submit_wait_budget_spent, guard_setup, guard_teardown),
-        cmocka_unit_test_setup_teardown(test_ids_unique_nonzero, guard_setup, guard_teardown),
+        cmocka_unit_test_setup_teardown(test_queue_bound_excludes_running, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_queue_bound_one_slot, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_queue_bound_counts_delayed, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_refusal_order, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_user_name_max_length, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_rejection_leaves_no_trace, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_fifo_start_order, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_fifo_across_wraparound, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_slot_released_on_success, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_slot_released_on_failure, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_slot_released_after_retries, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_slot_released_on_cancel_queued, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_slot_released_on_cancel_running, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_slot_released_on_run_timeout, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_slot_released_on_expiry, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_slot_released_on_forced_shutdown, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_submit_wait_times_out, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_submit_wait_gets_space, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_submit_wait_gets_space_from_cancel, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_submit_wait_gets_user_slot, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_submit_wait_woken_by_close, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_submit_wait_budget_spent, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_ids_unique_nonzero, tpt_guard_setup, tpt_guard_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

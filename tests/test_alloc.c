@@ -18,18 +18,6 @@
 
 #include "tp_test.h"
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define TPT_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) ||                 \
-    __has_feature(memory_sanitizer)
-#define TPT_SANITIZED 1
-#endif
-#endif
-#ifndef TPT_SANITIZED
-#define TPT_SANITIZED 0
-#endif
-
 static atomic_int armed;
 static atomic_long n_alloc;
 static _Atomic size_t first_size;
@@ -141,13 +129,6 @@ static int ctx_task(tp_ctx *c, void *arg) {
     return 0;
 }
 
-static void quiet_log(void *a, int level, const char *log_id, const char *msg) {
-    (void)a;
-    (void)level;
-    (void)log_id;
-    (void)msg;
-}
-
 static const char *const users[] = {"alice", "bob", "carol", "dave"};
 static const char *const log_ids[] = {"req-1", "req-2", "req-3"};
 
@@ -208,7 +189,7 @@ static void test_alloc_zero_per_task(void **state) {
     cfg.max_per_user = TP_UNLIMITED;
     cfg.max_retries = 1;
     cfg.retry_delay_ns = TPT_MS(1);
-    cfg.log = quiet_log;
+    cfg.log = tpt_quiet_log;
     tp_pool *p = NULL;
     assert_int_equal(tp_create(&p, &cfg), TP_OK);
     TPT_EVENTUALLY(tpt_stats(p).idle == 2);
@@ -318,7 +299,7 @@ static void test_alloc_zero_with_cancels(void **state) {
     tp_config cfg = {0};
     cfg.workers = 2;
     cfg.queue_capacity = 64;
-    cfg.log = quiet_log;
+    cfg.log = tpt_quiet_log;
     tp_pool *p = NULL;
     assert_int_equal(tp_create(&p, &cfg), TP_OK);
     assert_int_equal(churn(p, 4000), 0);

@@ -9,20 +9,11 @@
  */
 #include "tp_test.h"
 
-#include <unistd.h>
-
 #include <poll.h>
 #include <sched.h>
 
 /* Scale the race loop down under sanitizers (several times slower, 2 cores). */
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
-#define TPC_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
-#define TPC_SANITIZED 1
-#endif
-#endif
-#ifdef TPC_SANITIZED
+#if TPT_SANITIZED
 #define RACE_ITERS 150
 #else
 #define RACE_ITERS 600
@@ -30,72 +21,13 @@
 
 /* ------------------------------------------------------------ helpers */
 
-static void quiet_log(void *arg, int level, const char *log_id, const char *msg) {
-    (void)arg;
-    (void)level;
-    (void)log_id;
-    (void)msg;
-}
-
-/* Pools created by this file and not yet destroyed. A failed assert longjmps
- * out of a test and leaves its pool running, its threads still pointing into
- * the dead stack frame (latches, records); the next test would reuse that
- * memory and could hang or corrupt. So the teardown notes it and the next
- * test's setup stops the executable, after cmocka printed the failure. */
-static atomic_int live_pools;
-static atomic_int poisoned;
-
-static tp_stats finish(tp_pool *p) {
-    tp_stats s = tpt_finish(p);
-    atomic_fetch_sub(&live_pools, 1);
-    return s;
-}
-
-static int guard_teardown(void **state) {
-    (void)state;
-    if (atomic_load(&live_pools) != 0)
-        atomic_store(&poisoned, 1);
-    return 0;
-}
-
-static int guard_setup(void **state) {
-    (void)state;
-    if (atomic_load(&poisoned)) {
-        /* cmocka has printed the previous test's failure by now */
-        printf("[  ABORT   ] a failed test left its pool running; stopping here "
-               "(later tests would share its threads and dead stack memory)\n");
-        fflush(stdout);
-        fflush(stderr);
-        _exit(1);
-    }
-    return 0;
-}
-
-static tp_pool *mkpool_cfg(tp_config *c) {
-    tp_pool *p = NULL;
-    assert_int_equal(tp_create(&p, c), TP_OK);
-    assert_non_null(p);
-    atomic_fetch_add(&live_pools, 1);
-    return p;
-}
-
 static tp_pool *mkpool(unsigned workers, unsigned cap) {
     tp_config c = {0};
-    c.log = quiet_log; /* cancelled and failed attempts are expected here */
+    c.log = tpt_quiet_log; /* cancelled and failed attempts are expected here */
     c.workers = workers;
     c.queue_capacity = cap;
     c.max_per_user = TP_UNLIMITED;
-    return mkpool_cfg(&c);
-}
-
-static void fill_workers(tp_pool *p, tpt_latch *l, unsigned n) {
-    int before = atomic_load(&l->waiting);
-    for (unsigned i = 0; i < n; i++) {
-        assert_int_equal(tp_submit(p, tpt_block_task, l, NULL, NULL), TP_OK);
-        /* one at a time: the queue may be smaller than n */
-        TPT_EVENTUALLY(atomic_load(&l->waiting) == before + (int)i + 1);
-    }
-    TPT_EVENTUALLY(tpt_stats(p).active == n && tpt_stats(p).queued == 0);
+    return tpt_pool_new(&c);
 }
 
 enum { M_NOP, M_SLEEP, M_UNTIL_ERR_RET0, M_UNTIL_ERR_RET5, M_POLL_FD, M_FAIL, M_RET_ERR };
@@ -198,7 +130,7 @@ static void test_cancel_queued(void **state) {
     tpt_latch l;
     tpt_latch_init(&l);
     tp_pool *p = mkpool(1, 1);
-    fill_workers(p, &l, 1);
+    tpt_fill_workers(p, &l, 1, NULL);
     rec r;
     rec_init(&r, M_NOP);
     uint64_t id = submit_rec(p, &r);
@@ -224,7 +156,7 @@ static void test_cancel_queued(void **state) {
     assert_int_equal(s.started, 1); /* the blocker only */
 
     tpt_latch_open(&l);
-    s = finish(p);
+    s = tpt_pool_finish(p);
     assert_int_equal(atomic_load(&r.ran), 0);
     assert_int_equal(atomic_load(&r.calls), 1);
     assert_int_equal(atomic_load(&r2.calls), 1);
@@ -244,7 +176,7 @@ static void test_cancel_queued_on_done_prompt_when_busy(void **state) {
     tpt_latch l;
     tpt_latch_init(&l);
     tp_pool *p = mkpool(W, Q);
-    fill_workers(p, &l, W);
+    tpt_fill_workers(p, &l, W, NULL);
     rec r[Q];
     uint64_t ids[Q];
     for (int i = 0; i < Q; i++) {
@@ -265,7 +197,7 @@ static void test_cancel_queued_on_done_prompt_when_busy(void **state) {
         assert_int_equal(atomic_load(&r[i].on_caller), 0);
     }
     tpt_latch_open(&l);
-    tp_stats s = finish(p);
+    tp_stats s = tpt_pool_finish(p);
     for (int i = 0; i < Q; i++)
         assert_int_equal(atomic_load(&r[i].ran), 0);
     assert_int_equal(s.cancelled, Q);
@@ -283,8 +215,8 @@ static void test_cancel_waiting_for_retry(void **state) {
     c.max_per_user = 1;
     c.max_retries = 3;
     c.retry_delay_ns = TPT_S(60); /* never within the test */
-    c.log = quiet_log;
-    tp_pool *p = mkpool_cfg(&c);
+    c.log = tpt_quiet_log;
+    tp_pool *p = tpt_pool_new(&c);
     rec r;
     rec_init(&r, M_FAIL);
     tp_task_opts o = {0};
@@ -306,7 +238,7 @@ static void test_cancel_waiting_for_retry(void **state) {
     assert_int_equal(tp_cancel(p, id), TP_ENOTFOUND);
     TPT_EVENTUALLY(tpt_stats(p).delayed == 0);
 
-    tp_stats s = finish(p);
+    tp_stats s = tpt_pool_finish(p);
     assert_int_equal(atomic_load(&r.ran), 1);
     assert_int_equal(s.retried, 0);
     assert_int_equal(s.cancelled, 1);
@@ -330,7 +262,7 @@ static void test_cancel_running_sleep(void **state) {
     assert_int_equal(atomic_load(&r.status), TP_ECANCELED); /* its return value */
     assert_true(atomic_load(&r.sleep_ns) < TPT_WAIT_NS / 2);  /* returned early */
     assert_int_equal(atomic_load(&r.on_caller), 0);
-    tp_stats s = finish(p);
+    tp_stats s = tpt_pool_finish(p);
     assert_int_equal(s.failed, 1);
     assert_int_equal(s.cancelled, 1);
     assert_int_equal(s.expired, 0);
@@ -350,7 +282,7 @@ static void test_cancel_running_fd_readable(void **state) {
     assert_true(atomic_load(&r.revents) & POLLIN);
     assert_int_equal(atomic_load(&r.err_after), TP_ECANCELED);
     assert_int_equal(atomic_load(&r.status), TP_ECANCELED);
-    finish(p);
+    tpt_pool_finish(p);
 }
 
 /* A cancelled task that still returns 0 counts as succeeded. */
@@ -365,7 +297,7 @@ static void test_cancel_running_return_zero(void **state) {
     TPT_EVENTUALLY(atomic_load(&r.calls) == 1);
     assert_int_equal(atomic_load(&r.err_after), TP_ECANCELED);
     assert_int_equal(atomic_load(&r.status), 0);
-    tp_stats s = finish(p);
+    tp_stats s = tpt_pool_finish(p);
     assert_int_equal(s.succeeded, 1);
     assert_int_equal(s.failed, 0);
     assert_int_equal(s.cancelled, 0);
@@ -380,8 +312,8 @@ static void test_cancel_running_not_retried(void **state) {
     c.queue_capacity = 4;
     c.max_retries = 3;
     c.retry_delay_ns = TPT_MS(1);
-    c.log = quiet_log;
-    tp_pool *p = mkpool_cfg(&c);
+    c.log = tpt_quiet_log;
+    tp_pool *p = tpt_pool_new(&c);
     rec r;
     rec_init(&r, M_UNTIL_ERR_RET5);
     uint64_t id = submit_rec(p, &r);
@@ -389,7 +321,7 @@ static void test_cancel_running_not_retried(void **state) {
     assert_int_equal(tp_cancel(p, id), TP_OK);
     TPT_EVENTUALLY(atomic_load(&r.calls) == 1);
     assert_int_equal(atomic_load(&r.status), 5);
-    tp_stats s = finish(p);
+    tp_stats s = tpt_pool_finish(p);
     assert_int_equal(atomic_load(&r.ran), 1);
     assert_int_equal(s.retried, 0);
     assert_int_equal(s.failed, 1);
@@ -413,7 +345,7 @@ static void test_cancel_bad_ids(void **state) {
     TPT_EVENTUALLY(atomic_load(&r.calls) == 1); /* ended: on_done ran */
     assert_int_equal(tp_cancel(p, id), TP_ENOTFOUND);
     assert_int_equal(tp_cancel(p, id + 1000000), TP_ENOTFOUND);
-    tp_stats s = finish(p);
+    tp_stats s = tpt_pool_finish(p);
     assert_int_equal(s.cancelled, 0);
     assert_int_equal(s.succeeded, 1);
     assert_int_equal(atomic_load(&r.status), 0);
@@ -425,7 +357,7 @@ static void test_cancel_after_close(void **state) {
     tpt_latch l;
     tpt_latch_init(&l);
     tp_pool *p = mkpool(1, 4);
-    fill_workers(p, &l, 1);
+    tpt_fill_workers(p, &l, 1, NULL);
     rec r;
     rec_init(&r, M_NOP);
     uint64_t id = submit_rec(p, &r);
@@ -437,7 +369,7 @@ static void test_cancel_after_close(void **state) {
     tpt_latch_open(&l);
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK);
     assert_int_equal(tp_cancel(p, id), TP_ENOTFOUND);
-    tp_stats s = finish(p);
+    tp_stats s = tpt_pool_finish(p);
     assert_int_equal(atomic_load(&r.ran), 0);
     assert_int_equal(s.cancelled, 1);
     tpt_latch_destroy(&l);
@@ -467,7 +399,7 @@ static void test_cancel_vs_completion_race(void **state) {
         if (crc[i] != TP_OK && crc[i] != TP_ENOTFOUND)
             break;
     }
-    tp_stats s = finish(p);
+    tp_stats s = tpt_pool_finish(p);
     uint64_t n_ok = 0, n_cancelled = 0, n_ran = 0, n_cancel_ok = 0;
     for (int i = 0; i < N; i++) {
         if (crc[i] != TP_OK && crc[i] != TP_ENOTFOUND)
@@ -554,7 +486,7 @@ static void test_cancel_race_other_thread(void **state) {
         atomic_store(&published, i + 1);
     }
     pthread_join(th, NULL);
-    tp_stats s = finish(p);
+    tp_stats s = tpt_pool_finish(p);
     assert_int_equal(c.bad, 0);
     uint64_t n_ok = 0, n_cancelled = 0;
     for (int i = 0; i < N; i++) {
@@ -574,17 +506,17 @@ static void test_cancel_race_other_thread(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_cancel_queued, guard_setup, guard_teardown),
-        cmocka_unit_test_setup_teardown(test_cancel_queued_on_done_prompt_when_busy, guard_setup, guard_teardown),
-        cmocka_unit_test_setup_teardown(test_cancel_waiting_for_retry, guard_setup, guard_teardown),
-        cmocka_unit_test_setup_teardown(test_cancel_running_sleep, guard_setup, guard_teardown),
-        cmocka_unit_test_setup_teardown(test_cancel_running_fd_readable, guard_setup, guard_teardown),
-        cmocka_unit_test_setup_teardown(test_cancel_running_return_zero, guard_setup, guard_teardown),
-        cmocka_unit_test_setup_teardown(test_cancel_running_not_retried, guard_setup, guard_teardown),
-        cmocka_unit_test_setup_teardown(test_cancel_bad_ids, guard_setup, guard_teardown),
-        cmocka_unit_test_setup_teardown(test_cancel_after_close, guard_setup, guard_teardown),
-        cmocka_unit_test_setup_teardown(test_cancel_vs_completion_race, guard_setup, guard_teardown),
-        cmocka_unit_test_setup_teardown(test_cancel_race_other_thread, guard_setup, guard_teardown),
+        cmocka_unit_test_setup_teardown(test_cancel_queued, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_cancel_queued_on_done_prompt_when_busy, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_cancel_waiting_for_retry, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_cancel_running_sleep, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_cancel_running_fd_readable, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_cancel_running_return_zero, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_cancel_running_not_retried, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_cancel_bad_ids, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_cancel_after_close, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_cancel_vs_completion_race, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_cancel_race_other_thread, tpt_guard_setup, tpt_guard_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

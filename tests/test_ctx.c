@@ -57,40 +57,12 @@ static void rec_done(void *arg, int status) {
     atomic_fetch_add(&r->done_calls, 1);
 }
 
-static void quiet_log(void *a, int level, const char *log_id, const char *msg) {
-    (void)a;
-    (void)level;
-    (void)log_id;
-    (void)msg;
-}
-
 static tp_pool *mkpool(unsigned workers, uint64_t run_timeout_ns) {
     tp_config cfg = {0};
     cfg.workers = workers;
     cfg.run_timeout_ns = run_timeout_ns;
-    cfg.log = quiet_log;
-    tp_pool *p = NULL;
-    assert_int_equal(tp_create(&p, &cfg), TP_OK);
-    assert_non_null(p);
-    return p;
-}
-
-/* Shut down a pool whose drain we forced (tp_shutdown returned TP_ETIMEDOUT):
- * wait for the workers, check the at-rest invariants, destroy. */
-static tp_stats finish_forced(tp_pool *p) {
-    assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_ETIMEDOUT);
-    tp_stats s = tpt_stats(p);
-    tpt_assert_at_rest(&s);
-    assert_int_equal(s.workers, 0);
-    assert_int_equal(tp_destroy(p), TP_OK);
-    return s;
-}
-
-static void sleep_until(uint64_t t) {
-    while (tp_now_ns() < t) {
-        struct timespec ts = {0, 1000000};
-        nanosleep(&ts, NULL);
-    }
+    cfg.log = tpt_quiet_log;
+    return tpt_pool_new(&cfg);
 }
 
 static int poll_in(int fd, int timeout_ms, int *revents) {
@@ -340,7 +312,7 @@ static void test_ctx_attempt_zero_first_run(void **state) {
     cfg.workers = 1;
     cfg.max_retries = 3; /* retries configured, but the task succeeds */
     cfg.retry_delay_ns = TPT_MS(1);
-    cfg.log = quiet_log;
+    cfg.log = tpt_quiet_log;
     tp_pool *p = NULL;
     assert_int_equal(tp_create(&p, &cfg), TP_OK);
     rec r = {0};
@@ -625,7 +597,7 @@ static void test_ctx_fd_forced_shutdown(void **state) {
     assert_int_equal(atomic_load(&r.err_end), TP_ECANCELED);
     TPT_EVENTUALLY(atomic_load(&r.done_calls) == 1);
     assert_int_equal(atomic_load(&r.done_status), TP_ECANCELED);
-    finish_forced(p);
+    tpt_finish_forced(p);
 }
 
 static void fd_not_readable_on_timeout(tp_pool *p, const tp_task_opts *o) {
@@ -720,7 +692,7 @@ static void test_ctx_run_timeout_excludes_queue_time(void **state) {
     uint64_t t_sub = tp_now_ns();
     assert_int_equal(tp_submit(p, task_record, &r, &o, NULL), TP_OK);
     /* Precondition, not synchronisation: queued for longer than T. */
-    sleep_until(t_sub + 2 * T);
+    tpt_sleep_until(t_sub + 2 * T);
     assert_int_equal(atomic_load(&r.ran), 0);
     assert_int_equal(tpt_stats(p).queued, 1);
     uint64_t t_open = tp_now_ns();
@@ -754,7 +726,7 @@ static void test_ctx_deadline_includes_queue_time(void **state) {
     o.deadline_ns = tp_now_ns() + TPT_MS(50);
     o.on_done = rec_done;
     assert_int_equal(tp_submit(p, task_record, &r, &o, NULL), TP_OK);
-    sleep_until(o.deadline_ns + TPT_MS(1));
+    tpt_sleep_until(o.deadline_ns + TPT_MS(1));
     tpt_latch_open(&gate);
 
     TPT_EVENTUALLY(atomic_load(&r.done_calls) == 1);

@@ -28,10 +28,6 @@ static int fail_once(tp_ctx *c, void *arg) {
     return tp_ctx_attempt(c) == 0 ? 1 : 0;
 }
 
-static void quiet(void *a, int l, const char *id, const char *m) {
-    (void)a, (void)l, (void)id, (void)m;
-}
-
 static void test_retry_spawns_one_worker(void **state) {
     (void)state;
     atomic_store(&starts, 0);
@@ -43,7 +39,7 @@ static void test_retry_spawns_one_worker(void **state) {
     cfg.retry_delay_ns = TPT_MS(30);
     cfg.idle_timeout_ns = TP_FOREVER;
     cfg.on_worker_start = counting_start;
-    cfg.log = quiet;
+    cfg.log = tpt_quiet_log;
     tp_pool *p = NULL;
     assert_int_equal(tp_create(&p, &cfg), TP_OK);
     TPT_EVENTUALLY(tpt_stats(p).idle == 3);

@@ -15,83 +15,13 @@
 
 /* ------------------------------------------------------------ helpers */
 
-static void sleep_ns(uint64_t ns) {
-    struct timespec ts = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
-    while (nanosleep(&ts, &ts) != 0) {
-    }
-}
-
-static void quiet_log(void *arg, int level, const char *log_id, const char *msg) {
-    (void)arg;
-    (void)level;
-    (void)log_id;
-    (void)msg;
-}
-
-/* Pools created by this file and not yet destroyed. A failed assert longjmps
- * out of a test and leaves its pool running, its threads still pointing into
- * the dead stack frame (latches, records); the next test would reuse that
- * memory and could hang or corrupt. So the teardown notes it and the next
- * test's setup stops the executable, after cmocka printed the failure. */
-static atomic_int live_pools;
-static atomic_int poisoned;
-
-static tp_stats finish(tp_pool *p) {
-    tp_stats s = tpt_finish(p);
-    atomic_fetch_sub(&live_pools, 1);
-    return s;
-}
-
-static void destroy(tp_pool *p) {
-    assert_int_equal(tp_destroy(p), TP_OK);
-    atomic_fetch_sub(&live_pools, 1);
-}
-
-static int guard_teardown(void **state) {
-    (void)state;
-    if (atomic_load(&live_pools) != 0)
-        atomic_store(&poisoned, 1);
-    return 0;
-}
-
-static int guard_setup(void **state) {
-    (void)state;
-    if (atomic_load(&poisoned)) {
-        /* cmocka has printed the previous test's failure by now */
-        printf("[  ABORT   ] a failed test left its pool running; stopping here "
-               "(later tests would share its threads and dead stack memory)\n");
-        fflush(stdout);
-        fflush(stderr);
-        _exit(1);
-    }
-    return 0;
-}
-
-static tp_pool *mkpool_cfg(tp_config *c) {
-    tp_pool *p = NULL;
-    assert_int_equal(tp_create(&p, c), TP_OK);
-    assert_non_null(p);
-    atomic_fetch_add(&live_pools, 1);
-    return p;
-}
-
 static tp_pool *mkpool(unsigned workers, unsigned cap) {
     tp_config c = {0};
-    c.log = quiet_log; /* cancelled and failed attempts are expected here */
+    c.log = tpt_quiet_log; /* cancelled and failed attempts are expected here */
     c.workers = workers;
     c.queue_capacity = cap;
     c.max_per_user = TP_UNLIMITED;
-    return mkpool_cfg(&c);
-}
-
-static void fill_workers(tp_pool *p, tpt_latch *l, unsigned n) {
-    int before = atomic_load(&l->waiting);
-    for (unsigned i = 0; i < n; i++) {
-        assert_int_equal(tp_submit(p, tpt_block_task, l, NULL, NULL), TP_OK);
-        /* one at a time: the queue may be smaller than n */
-        TPT_EVENTUALLY(atomic_load(&l->waiting) == before + (int)i + 1);
-    }
-    TPT_EVENTUALLY(tpt_stats(p).active == n && tpt_stats(p).queued == 0);
+    return tpt_pool_new(&c);
 }
 
 /* A task record: what ran, what on_done saw. */
@@ -138,7 +68,7 @@ static int rec_task(tp_ctx *c, void *arg) {
 static void rec_done(void *arg, int status) {
     rec *r = arg;
     if (atomic_load(&r->slow_done))
-        sleep_ns(TPT_MS(5)); /* a shutdown must wait for this too */
+        tpt_sleep_ns(TPT_MS(5)); /* a shutdown must wait for this too */
     atomic_store(&r->status, status);
     atomic_fetch_add(&r->calls, 1);
     if (r->done_counter != NULL)
@@ -165,7 +95,7 @@ typedef struct opener {
 
 static void *opener_main(void *a) {
     opener *o = a;
-    sleep_ns(o->delay_ns);
+    tpt_sleep_ns(o->delay_ns);
     tpt_latch_open(o->l);
     return NULL;
 }
@@ -178,7 +108,7 @@ static void test_close_stops_admission_and_drains(void **state) {
     tpt_latch l;
     tpt_latch_init(&l);
     tp_pool *p = mkpool(W, 20);
-    fill_workers(p, &l, W);
+    tpt_fill_workers(p, &l, W, NULL);
     rec r[Q];
     for (int i = 0; i < Q; i++) {
         rec_init(&r[i], M_NOP, NULL);
@@ -207,7 +137,7 @@ static void test_close_stops_admission_and_drains(void **state) {
     assert_int_equal(s.rejected_closed, 2);
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK); /* repeatable */
     assert_int_equal(tp_wait(p, 0), TP_OK);           /* 0: no limit, already done */
-    s = finish(p);
+    s = tpt_pool_finish(p);
     assert_int_equal(s.workers, 0);
     tpt_latch_destroy(&l);
 }
@@ -220,7 +150,7 @@ static void test_close_idle_pool(void **state) {
     assert_int_equal(tp_close(p), TP_OK);
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK);
     assert_int_equal(tpt_stats(p).workers, 0);
-    finish(p);
+    tpt_pool_finish(p);
 }
 
 /* ------------------------------------------------------------ shutdown in time */
@@ -258,7 +188,7 @@ static void test_shutdown_drains_in_time(void **state) {
     }
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK);
     assert_int_equal(tp_shutdown(p, TPT_WAIT_NS), TP_OK); /* same result again */
-    tp_stats s = finish(p);
+    tp_stats s = tpt_pool_finish(p);
     assert_int_equal(s.succeeded, N);
     assert_int_equal(s.cancelled, 0);
     tpt_latch_destroy(&l);
@@ -324,7 +254,7 @@ static void test_forced_shutdown(void **state) {
         assert_int_equal(atomic_load(&q[i].ran), 0);
     }
     assert_int_equal(atomic_load(&slp.calls), 1);
-    destroy(p);
+    tpt_pool_destroy(p);
     assert_int_equal(atomic_load(&l.timeouts), 0);
     tpt_latch_destroy(&l);
 }
@@ -347,8 +277,8 @@ static void test_forced_shutdown_drops_retry(void **state) {
     c.queue_capacity = 4;
     c.max_retries = 5;
     c.retry_delay_ns = TPT_S(60); /* never within the test */
-    c.log = quiet_log;
-    tp_pool *p = mkpool_cfg(&c);
+    c.log = tpt_quiet_log;
+    tp_pool *p = tpt_pool_new(&c);
     tpt_done d = {0};
     tp_task_opts o = {0};
     o.on_done = tpt_done_fn;
@@ -368,7 +298,7 @@ static void test_forced_shutdown_drops_retry(void **state) {
     assert_int_equal(s.retried, 0);
     assert_int_equal(s.cancelled, 1);
     assert_int_equal(s.workers, 0);
-    destroy(p);
+    tpt_pool_destroy(p);
     assert_int_equal(atomic_load(&d.calls), 1);
 }
 
@@ -411,7 +341,7 @@ static void test_shutdown_countdown_not_reset(void **state) {
     tpt_latch l;
     tpt_latch_init(&l);
     tp_pool *p = mkpool(1, 4);
-    fill_workers(p, &l, 1);
+    tpt_fill_workers(p, &l, 1, NULL);
 
     shut_call first = {0};
     first.p = p;
@@ -442,7 +372,7 @@ static void test_shutdown_countdown_not_reset(void **state) {
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_ETIMEDOUT);
     tp_stats s = tpt_stats(p);
     tpt_assert_at_rest(&s);
-    destroy(p);
+    tpt_pool_destroy(p);
     tpt_latch_destroy(&l);
 }
 
@@ -452,7 +382,7 @@ static void test_shutdown_countdown_not_shortened(void **state) {
     tpt_latch l;
     tpt_latch_init(&l);
     tp_pool *p = mkpool(1, 4);
-    fill_workers(p, &l, 1);
+    tpt_fill_workers(p, &l, 1, NULL);
     atomic_int done = 0;
     rec r;
     rec_init(&r, M_NOP, NULL);
@@ -473,14 +403,14 @@ static void test_shutdown_countdown_not_shortened(void **state) {
     second.done_counter = &done;
     pthread_t th2;
     assert_int_equal(pthread_create(&th2, NULL, shut_main, &second), 0);
-    sleep_ns(TPT_MS(30)); /* let the second call start; not needed for correctness */
+    tpt_sleep_ns(TPT_MS(30)); /* let the second call start; not needed for correctness */
     tpt_latch_open(&l);
     pthread_join(th, NULL);
     pthread_join(th2, NULL);
     assert_int_equal(first.rc, TP_OK);
     assert_int_equal(second.rc, TP_OK);
     assert_int_equal(second.done_at_return, 1);
-    tp_stats s = finish(p);
+    tp_stats s = tpt_pool_finish(p);
     assert_int_equal(s.cancelled, 0);
     tpt_latch_destroy(&l);
 }
@@ -519,7 +449,7 @@ static void test_concurrent_shutdown_drained(void **state) {
     TPT_EVENTUALLY(atomic_load(&ready) == T);
     atomic_store(&start, 1);
     TPT_EVENTUALLY(pool_closed(p));
-    sleep_ns(TPT_MS(20)); /* likely all inside their call */
+    tpt_sleep_ns(TPT_MS(20)); /* likely all inside their call */
     tpt_latch_open(&l);
     for (int i = 0; i < T; i++)
         pthread_join(th[i], NULL);
@@ -529,7 +459,7 @@ static void test_concurrent_shutdown_drained(void **state) {
     }
     for (int i = 0; i < N; i++)
         assert_int_equal(atomic_load(&r[i].calls), 1);
-    finish(p);
+    tpt_pool_finish(p);
     tpt_latch_destroy(&l);
 }
 
@@ -540,7 +470,7 @@ static void test_concurrent_shutdown_forced(void **state) {
     tpt_latch l;
     tpt_latch_init(&l);
     tp_pool *p = mkpool(1, 4);
-    fill_workers(p, &l, 1);
+    tpt_fill_workers(p, &l, 1, NULL);
     rec q;
     rec_init(&q, M_NOP, NULL);
     submit_rec(p, &q);
@@ -589,7 +519,7 @@ static void test_concurrent_shutdown_forced(void **state) {
     tp_stats s = tpt_stats(p);
     tpt_assert_at_rest(&s);
     assert_int_equal(s.workers, 0);
-    destroy(p);
+    tpt_pool_destroy(p);
     tpt_latch_destroy(&l);
 }
 
@@ -627,7 +557,7 @@ static void test_task_ignoring_cancellation(void **state) {
     tp_stats s = tpt_stats(p);
     tpt_assert_at_rest(&s);
     assert_int_equal(s.workers, 0);
-    destroy(p);
+    tpt_pool_destroy(p);
     assert_int_equal(atomic_load(&l.timeouts), 0);
     tpt_latch_destroy(&l);
 }
@@ -653,7 +583,7 @@ static void test_wait_alone_waits_for_close(void **state) {
     tpt_latch l;
     tpt_latch_init(&l);
     tp_pool *p = mkpool(2, 8);
-    fill_workers(p, &l, 1);
+    tpt_fill_workers(p, &l, 1, NULL);
 
     /* On its own it times out and leaves the pool open and working. */
     uint64_t t0 = tp_now_ns();
@@ -682,7 +612,7 @@ static void test_wait_alone_waits_for_close(void **state) {
     tp_stats s = tpt_stats(p);
     assert_int_equal(s.workers, 0);
     tpt_assert_at_rest(&s);
-    finish(p);
+    tpt_pool_finish(p);
     tpt_latch_destroy(&l);
 }
 
@@ -695,7 +625,7 @@ static void test_wait_returns_shutdown_result(void **state) {
     assert_int_equal(tp_shutdown(p, TPT_WAIT_NS), TP_OK);
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK);
     assert_int_equal(tp_wait(p, TP_FOREVER), TP_OK);
-    finish(p);
+    tpt_pool_finish(p);
 
     /* forced, the running task cooperates */
     p = mkpool(1, 8);
@@ -711,7 +641,7 @@ static void test_wait_returns_shutdown_result(void **state) {
     tp_stats s = tpt_stats(p);
     tpt_assert_at_rest(&s);
     assert_int_equal(s.workers, 0);
-    destroy(p);
+    tpt_pool_destroy(p);
 
     assert_int_equal(tp_wait(NULL, 0), TP_EINVAL);
     assert_int_equal(tp_shutdown(NULL, 0), TP_EINVAL);
@@ -799,7 +729,7 @@ static void test_edeadlk_from_task_and_on_done(void **state) {
     assert_dl(&in_done);
 
     /* inside on_done of a task cancelled while queued (service thread) */
-    fill_workers(p, &l, 1);
+    tpt_fill_workers(p, &l, 1, NULL);
     dl_probe in_svc;
     dl_init(&in_svc, p, 0);
     uint64_t id = 0;
@@ -819,7 +749,7 @@ static void test_edeadlk_from_task_and_on_done(void **state) {
     assert_int_equal(atomic_load(&closer.close_rc), TP_OK);
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_ECLOSED);
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK);
-    finish(p);
+    tpt_pool_finish(p);
     tpt_latch_destroy(&l);
 }
 
@@ -887,7 +817,7 @@ static void test_edeadlk_from_hooks(void **state) {
     c.hook_arg = &h;
     c.log = hook_log;
     c.log_arg = &h;
-    tp_pool *p = mkpool_cfg(&c);
+    tp_pool *p = tpt_pool_new(&c);
     atomic_store(&h.pool, p);
     tpt_done d = {0};
     tp_task_opts o = {0};
@@ -901,7 +831,7 @@ static void test_edeadlk_from_hooks(void **state) {
     assert_int_equal(atomic_load(&h.log_wrong), 0);
     assert_int_equal(atomic_load(&h.log_on_caller), 0);
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_OK); /* still open */
-    finish(p);
+    tpt_pool_finish(p);
     assert_int_equal(atomic_load(&h.calls), 2);
     assert_int_equal(atomic_load(&h.wrong), 0);
 }
@@ -923,7 +853,7 @@ static void test_destroy_without_shutdown_drains(void **state) {
     opener op = {&l, TPT_MS(50)};
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, opener_main, &op), 0);
-    destroy(p);
+    tpt_pool_destroy(p);
     pthread_join(th, NULL);
     for (int i = 0; i < N; i++) {
         assert_int_equal(atomic_load(&r[i].ran), 1);
@@ -938,16 +868,13 @@ static void test_destroy_without_shutdown_drains(void **state) {
 static void test_destroy_idle_pool(void **state) {
     (void)state;
     tp_pool *p = mkpool(2, 2);
-    destroy(p);
+    tpt_pool_destroy(p);
 }
 
 static void test_create_null_config(void **state) {
     (void)state;
-    tp_pool *p = NULL;
     assert_int_equal(tp_create(NULL, NULL), TP_EINVAL);
-    assert_int_equal(tp_create(&p, NULL), TP_OK);
-    assert_non_null(p);
-    atomic_fetch_add(&live_pools, 1);
+    tp_pool *p = tpt_pool_new(NULL); /* asserts tp_create(&p, NULL) == TP_OK, p != NULL */
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     if (ncpu > 0) {
         unsigned want = (unsigned)ncpu * 4u;
@@ -959,7 +886,7 @@ static void test_create_null_config(void **state) {
     tp_task_opts o = {0};
     o.on_done = tpt_done_fn;
     assert_int_equal(tp_submit(p, tpt_nop_task, &d, &o, NULL), TP_OK);
-    tp_stats s = finish(p);
+    tp_stats s = tpt_pool_finish(p);
     assert_int_equal(atomic_load(&d.calls), 1);
     assert_int_equal(s.succeeded, 1);
 }
@@ -976,29 +903,29 @@ static void test_workers_zero_after_wait(void **state) {
     tp_stats s = tpt_stats(p);
     assert_int_equal(s.workers, 0);
     assert_int_equal(s.idle, 0);
-    finish(p);
+    tpt_pool_finish(p);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_close_stops_admission_and_drains, guard_setup, guard_teardown),
-        cmocka_unit_test_setup_teardown(test_close_idle_pool, guard_setup, guard_teardown),
-        cmocka_unit_test_setup_teardown(test_shutdown_drains_in_time, guard_setup, guard_teardown),
-        cmocka_unit_test_setup_teardown(test_forced_shutdown, guard_setup, guard_teardown),
-        cmocka_unit_test_setup_teardown(test_forced_shutdown_drops_retry, guard_setup, guard_teardown),
-        cmocka_unit_test_setup_teardown(test_shutdown_countdown_not_reset, guard_setup, guard_teardown),
-        cmocka_unit_test_setup_teardown(test_shutdown_countdown_not_shortened, guard_setup, guard_teardown),
-        cmocka_unit_test_setup_teardown(test_concurrent_shutdown_drained, guard_setup, guard_teardown),
-        cmocka_unit_test_setup_teardown(test_concurrent_shutdown_forced, guard_setup, guard_teardown),
-        cmocka_unit_test_setup_teardown(test_task_ignoring_cancellation, guard_setup, guard_teardown),
-        cmocka_unit_test_setup_teardown(test_wait_alone_waits_for_close, guard_setup, guard_teardown),
-        cmocka_unit_test_setup_teardown(test_wait_returns_shutdown_result, guard_setup, guard_teardown),
-        cmocka_unit_test_setup_teardown(test_edeadlk_from_task_and_on_done, guard_setup, guard_teardown),
-        cmocka_unit_test_setup_teardown(test_edeadlk_from_hooks, guard_setup, guard_teardown),
-        cmocka_unit_test_setup_teardown(test_destroy_without_shutdown_drains, guard_setup, guard_teardown),
-        cmocka_unit_test_setup_teardown(test_destroy_idle_pool, guard_setup, guard_teardown),
-        cmocka_unit_test_setup_teardown(test_create_null_config, guard_setup, guard_teardown),
-        cmocka_unit_test_setup_teardown(test_workers_zero_after_wait, guard_setup, guard_teardown),
+        cmocka_unit_test_setup_teardown(test_close_stops_admission_and_drains, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_close_idle_pool, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_shutdown_drains_in_time, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_forced_shutdown, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_forced_shutdown_drops_retry, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_shutdown_countdown_not_reset, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_shutdown_countdown_not_shortened, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_concurrent_shutdown_drained, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_concurrent_shutdown_forced, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_task_ignoring_cancellation, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_wait_alone_waits_for_close, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_wait_returns_shutdown_result, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_edeadlk_from_task_and_on_done, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_edeadlk_from_hooks, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_destroy_without_shutdown_drains, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_destroy_idle_pool, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_create_null_config, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_workers_zero_after_wait, tpt_guard_setup, tpt_guard_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

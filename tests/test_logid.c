@@ -91,22 +91,12 @@ static int lrec_task(tp_ctx *c, void *arg) {
     return rc;
 }
 
-static void quiet_log(void *a, int level, const char *log_id, const char *msg) {
-    (void)a;
-    (void)level;
-    (void)log_id;
-    (void)msg;
-}
-
 static tp_pool *mkpool(unsigned workers, unsigned capacity) {
     tp_config cfg = {0};
     cfg.workers = workers;
     cfg.queue_capacity = capacity;
-    cfg.log = quiet_log;
-    tp_pool *p = NULL;
-    assert_int_equal(tp_create(&p, &cfg), TP_OK);
-    assert_non_null(p);
-    return p;
+    cfg.log = tpt_quiet_log;
+    return tpt_pool_new(&cfg);
 }
 
 static void submit_l(tp_pool *p, lrec *r, const char *log_id) {
@@ -349,7 +339,7 @@ static void test_logid_kept_across_retries(void **state) {
     cfg.workers = 2;
     cfg.max_retries = 2;
     cfg.retry_delay_ns = TPT_MS(1);
-    cfg.log = quiet_log;
+    cfg.log = tpt_quiet_log;
     tp_pool *p = NULL;
     assert_int_equal(tp_create(&p, &cfg), TP_OK);
 

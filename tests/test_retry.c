@@ -115,13 +115,6 @@ static int rt_task(tp_ctx *c, void *arg) {
     return rc;
 }
 
-static void quiet_log(void *a, int level, const char *log_id, const char *msg) {
-    (void)a;
-    (void)level;
-    (void)log_id;
-    (void)msg;
-}
-
 static tp_pool *mkpool(unsigned workers, unsigned max_retries, uint64_t delay_ns,
                        unsigned capacity) {
     tp_config cfg = {0};
@@ -129,20 +122,8 @@ static tp_pool *mkpool(unsigned workers, unsigned max_retries, uint64_t delay_ns
     cfg.max_retries = max_retries;
     cfg.retry_delay_ns = delay_ns;
     cfg.queue_capacity = capacity;
-    cfg.log = quiet_log;
-    tp_pool *p = NULL;
-    assert_int_equal(tp_create(&p, &cfg), TP_OK);
-    assert_non_null(p);
-    return p;
-}
-
-static tp_stats finish_forced(tp_pool *p) {
-    assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_ETIMEDOUT);
-    tp_stats s = tpt_stats(p);
-    tpt_assert_at_rest(&s);
-    assert_int_equal(s.workers, 0);
-    assert_int_equal(tp_destroy(p), TP_OK);
-    return s;
+    cfg.log = tpt_quiet_log;
+    return tpt_pool_new(&cfg);
 }
 
 static void submit_rt(tp_pool *p, rt *r, const tp_task_opts *base, uint64_t *id) {
@@ -151,13 +132,6 @@ static void submit_rt(tp_pool *p, rt *r, const tp_task_opts *base, uint64_t *id)
         o = *base;
     o.on_done = rt_done;
     assert_int_equal(tp_submit(p, rt_task, r, &o, id), TP_OK);
-}
-
-static void sleep_until(uint64_t t) {
-    while (tp_now_ns() < t) {
-        struct timespec ts = {0, 1000000};
-        nanosleep(&ts, NULL);
-    }
 }
 
 /* ------------------------------------------------------------ outcomes */
@@ -396,7 +370,7 @@ static void test_retry_cut_by_forced_shutdown(void **state) {
     assert_int_equal(atomic_load(&r.done_status), 5);
     assert_int_equal(atomic_load(&f.done_user_slots), 0);
     assert_true(atomic_load(&f.done_completed) >= 1);
-    tp_stats s = finish_forced(p);
+    tp_stats s = tpt_finish_forced(p);
     /* Neither got another attempt. */
     assert_int_equal(atomic_load(&f.attempts), 1);
     assert_int_equal(atomic_load(&r.attempts), 1);
@@ -489,7 +463,7 @@ static void test_retry_deadline_passes_while_running(void **state) {
     o.deadline_ns = tp_now_ns() + TPT_MS(300);
     submit_rt(p, &g, &o, NULL);
     TPT_EVENTUALLY(atomic_load(&gate.waiting) == 1);
-    sleep_until(o.deadline_ns + TPT_MS(1));
+    tpt_sleep_until(o.deadline_ns + TPT_MS(1));
     tpt_latch_open(&gate);
     TPT_EVENTUALLY(atomic_load(&g.done_calls) == 1);
     assert_int_equal(atomic_load(&g.done_status), 11);
@@ -528,7 +502,7 @@ static void test_retry_deadline_passes_while_requeued(void **state) {
     TPT_EVENTUALLY(atomic_load(&lb.waiting) == 1 && (s = tpt_stats(p)).queued == 1 &&
                    s.delayed == 0);
     assert_true(atomic_load(&f.t_return0) < o.deadline_ns);
-    sleep_until(o.deadline_ns + TPT_MS(1));
+    tpt_sleep_until(o.deadline_ns + TPT_MS(1));
     tpt_latch_open(&lb);
     TPT_EVENTUALLY(atomic_load(&f.done_calls) == 1);
     assert_int_equal(atomic_load(&f.done_status), TP_ETIMEDOUT);
@@ -791,7 +765,7 @@ static void test_retry_grows_elastic_pool(void **state) {
     cfg.idle_timeout_ns = TPT_MS(20);
     cfg.max_retries = 1;
     cfg.retry_delay_ns = TPT_MS(100);
-    cfg.log = quiet_log;
+    cfg.log = tpt_quiet_log;
     tp_pool *p = NULL;
     assert_int_equal(tp_create(&p, &cfg), TP_OK);
 

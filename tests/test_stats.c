@@ -322,20 +322,13 @@ static int fail3_task(tp_ctx *c, void *arg) {
     return 3;
 }
 
-static void quiet_log(void *a, int level, const char *log_id, const char *msg) {
-    (void)a;
-    (void)level;
-    (void)log_id;
-    (void)msg;
-}
-
 static void test_mixed_workload_at_rest(void **state) {
     (void)state;
     tp_config cfg = {0};
     cfg.workers = 2;
     cfg.queue_capacity = 4;
     cfg.max_per_user = 1;
-    cfg.log = quiet_log;
+    cfg.log = tpt_quiet_log;
     tp_pool *p = NULL;
     assert_int_equal(tp_create(&p, &cfg), TP_OK);
 
@@ -470,7 +463,7 @@ static void test_concurrent_mix_at_rest(void **state) {
     cfg.workers = 2;
     cfg.queue_capacity = 8;
     cfg.max_per_user = 2;
-    cfg.log = quiet_log;
+    cfg.log = tpt_quiet_log;
     tp_pool *p = NULL;
     assert_int_equal(tp_create(&p, &cfg), TP_OK);
     enum { T = 4 };

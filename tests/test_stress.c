@@ -11,8 +11,6 @@
  */
 #include "tp_test.h"
 
-#include <unistd.h>
-
 #include <sched.h>
 
 #if defined(__has_include)
@@ -21,18 +19,10 @@
 #endif
 #endif
 
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
-#define TPS_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
-#define TPS_SANITIZED 1
-#endif
-#endif
-
 /* n scaled down for slow builds, at least 1. */
 static unsigned scaled(unsigned n) {
     unsigned div = 1;
-#ifdef TPS_SANITIZED
+#if TPT_SANITIZED
     div = 4;
 #endif
 #ifdef RUNNING_ON_VALGRIND
@@ -41,13 +31,6 @@ static unsigned scaled(unsigned n) {
 #endif
     n /= div;
     return n ? n : 1;
-}
-
-static void quiet_log(void *arg, int level, const char *log_id, const char *msg) {
-    (void)arg;
-    (void)level;
-    (void)log_id;
-    (void)msg;
 }
 
 static uint32_t xorshift(uint32_t *s) {
@@ -62,48 +45,6 @@ static void wait_go(atomic_int *go) {
     uint64_t end = tp_now_ns() + TPT_WAIT_NS;
     while (!atomic_load(go) && tp_now_ns() < end)
         sched_yield();
-}
-
-/* Pools created by this file and not yet destroyed. A failed assert longjmps
- * out of a test and leaves its pool running, its threads still pointing into
- * the dead stack frame (latches, records); the next test would reuse that
- * memory and could hang or corrupt. So the teardown notes it and the next
- * test's setup stops the executable, after cmocka printed the failure. */
-static atomic_int live_pools;
-static atomic_int poisoned;
-
-static tp_stats finish(tp_pool *p) {
-    tp_stats s = tpt_finish(p);
-    atomic_fetch_sub(&live_pools, 1);
-    return s;
-}
-
-static int guard_teardown(void **state) {
-    (void)state;
-    if (atomic_load(&live_pools) != 0)
-        atomic_store(&poisoned, 1);
-    return 0;
-}
-
-static int guard_setup(void **state) {
-    (void)state;
-    if (atomic_load(&poisoned)) {
-        /* cmocka has printed the previous test's failure by now */
-        printf("[  ABORT   ] a failed test left its pool running; stopping here "
-               "(later tests would share its threads and dead stack memory)\n");
-        fflush(stdout);
-        fflush(stderr);
-        _exit(1);
-    }
-    return 0;
-}
-
-static tp_pool *mkpool_cfg(tp_config *c) {
-    tp_pool *p = NULL;
-    assert_int_equal(tp_create(&p, c), TP_OK);
-    assert_non_null(p);
-    atomic_fetch_add(&live_pools, 1);
-    return p;
 }
 
 /* ------------------------------------------------------------ the task record */
@@ -291,7 +232,7 @@ static void test_concurrent_submit_close(void **state) {
         c.workers = 2;
         c.queue_capacity = 8;
         c.max_per_user = TP_UNLIMITED;
-        tp_pool *p = mkpool_cfg(&c);
+        tp_pool *p = tpt_pool_new(&c);
         srec *recs = calloc(SC_THREADS * SC_PER, sizeof *recs);
         assert_non_null(recs);
         atomic_int go = 0;
@@ -324,7 +265,7 @@ static void test_concurrent_submit_close(void **state) {
         assert_records(&s, recs, SC_THREADS * SC_PER, 1);
         assert_true(t.closed > 0);
         tally_merge(&all, &t);
-        finish(p);
+        tpt_pool_finish(p);
         free(recs);
     }
     print_message("submit+close: %u rounds, %llu ok, %llu full, %llu closed\n", rounds,
@@ -446,12 +387,12 @@ static void test_submit_cancel_stats_shutdown(void **state) {
         c.max_per_user = TP_UNLIMITED;
         c.max_retries = 1;
         c.retry_delay_ns = TPT_MS(1);
-        c.log = quiet_log;
+        c.log = tpt_quiet_log;
         mx_shared *sh = calloc(1, sizeof *sh);
         srec *recs = calloc(MX_SUBMITTERS * MX_PER, sizeof *recs);
         assert_non_null(sh);
         assert_non_null(recs);
-        sh->p = mkpool_cfg(&c);
+        sh->p = tpt_pool_new(&c);
         mx_sub subs[MX_SUBMITTERS];
         memset(subs, 0, sizeof subs);
         pthread_t st[MX_SUBMITTERS], ct[MX_CANCELLERS], rt;
@@ -497,7 +438,7 @@ static void test_submit_cancel_stats_shutdown(void **state) {
         tally_merge(&all, &t);
         cancels += (uint64_t)atomic_load(&sh->cancel_ok);
         reads += (uint64_t)atomic_load(&sh->stat_reads);
-        finish(sh->p);
+        tpt_pool_finish(sh->p);
         free(recs);
         free(sh);
     }
@@ -581,7 +522,7 @@ static void test_user_slot_churn(void **state) {
         srec *recs = calloc(UC_THREADS * UC_PER, sizeof *recs);
         assert_non_null(u);
         assert_non_null(recs);
-        u->p = mkpool_cfg(&c);
+        u->p = tpt_pool_new(&c);
         uc_arg args[UC_THREADS];
         memset(args, 0, sizeof args);
         pthread_t th[UC_THREADS], ck;
@@ -620,7 +561,7 @@ static void test_user_slot_churn(void **state) {
         }
         assert_int_equal(s.users, 0);
         tally_merge(&all, &t);
-        finish(u->p);
+        tpt_pool_finish(u->p);
         free(recs);
         free(u);
     }
@@ -676,7 +617,7 @@ static void test_submit_wait_producers_close(void **state) {
         c.workers = SW_W;
         c.queue_capacity = SW_CAP;
         c.max_per_user = 1;
-        tp_pool *p = mkpool_cfg(&c);
+        tp_pool *p = tpt_pool_new(&c);
         srec *recs = calloc((size_t)SW_PRODUCERS * SW_MAXIT, sizeof *recs);
         assert_non_null(recs);
         atomic_int go = 0, closed = 0;
@@ -729,7 +670,7 @@ static void test_submit_wait_producers_close(void **state) {
         }
         assert_int_equal(s.users, 0);
         tally_merge(&all, &t);
-        finish(p);
+        tpt_pool_finish(p);
         free(recs);
     }
     print_message("submit_wait producers: %u rounds, %llu ok, %llu timed out, %llu closed\n",
@@ -739,10 +680,10 @@ static void test_submit_wait_producers_close(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_concurrent_submit_close, guard_setup, guard_teardown),
-        cmocka_unit_test_setup_teardown(test_submit_cancel_stats_shutdown, guard_setup, guard_teardown),
-        cmocka_unit_test_setup_teardown(test_user_slot_churn, guard_setup, guard_teardown),
-        cmocka_unit_test_setup_teardown(test_submit_wait_producers_close, guard_setup, guard_teardown),
+        cmocka_unit_test_setup_teardown(test_concurrent_submit_close, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_submit_cancel_stats_shutdown, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_user_slot_churn, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_submit_wait_producers_close, tpt_guard_setup, tpt_guard_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

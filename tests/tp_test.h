@@ -22,6 +22,7 @@
 #include <string.h>
 #include <pthread.h>
 #include <time.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include "taskpool.h"
@@ -31,6 +32,20 @@
 #define TPT_WAIT_NS (20ull * 1000000000ull)
 #define TPT_MS(x) ((uint64_t)(x) * 1000000ull)
 #define TPT_S(x)  ((uint64_t)(x) * 1000000000ull)
+
+/* 1 in a sanitized build (gcc and clang announce it differently): such builds
+ * are several times slower, so loop counts shrink, and they own malloc. */
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#define TPT_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer) ||                 \
+    __has_feature(memory_sanitizer)
+#define TPT_SANITIZED 1
+#endif
+#endif
+#ifndef TPT_SANITIZED
+#define TPT_SANITIZED 0
+#endif
 
 /* ------------------------------------------------------------ yielding */
 
@@ -52,6 +67,22 @@ static inline void tpt_pause(void) {
         }                                                                      \
         tpt_ok_;                                                               \
     })
+
+/* Sleep `ns` in full, resuming after signals. Only to make an interleaving
+ * likely or to let time pass; never to wait for a state. */
+static inline void tpt_sleep_ns(uint64_t ns) {
+    struct timespec ts = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
+    while (nanosleep(&ts, &ts) != 0) {
+    }
+}
+
+/* Sleep until tp_now_ns() >= t, for tests about deadlines on that clock. */
+static inline void tpt_sleep_until(uint64_t t) {
+    while (tp_now_ns() < t) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+}
 
 /* Assert that `expr` becomes true within TPT_WAIT_NS. Main thread only. */
 #define TPT_EVENTUALLY(expr)                                                   \
@@ -172,6 +203,107 @@ static inline tp_stats tpt_finish(tp_pool *p) {
     assert_int_equal(s.workers, 0);
     assert_int_equal(tp_destroy(p), TP_OK);
     return s;
+}
+
+/* Shut down a pool whose drain the test forced (tp_shutdown returned
+ * TP_ETIMEDOUT): tp_wait reports the same, then the at-rest invariants hold
+ * and the pool is destroyed. Returns the final stats. */
+static inline tp_stats tpt_finish_forced(tp_pool *p) {
+    assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_ETIMEDOUT);
+    tp_stats s = tpt_stats(p);
+    tpt_assert_at_rest(&s);
+    assert_int_equal(s.workers, 0);
+    assert_int_equal(tp_destroy(p), TP_OK);
+    return s;
+}
+
+/* ------------------------------------------------------------ pools */
+
+/* A log hook that drops everything: failed and cancelled attempts are expected
+ * in many tests and would only clutter stderr. */
+static inline void tpt_quiet_log(void *arg, int level, const char *log_id, const char *msg) {
+    (void)arg;
+    (void)level;
+    (void)log_id;
+    (void)msg;
+}
+
+/* Pools made by tpt_pool_new and not yet ended by tpt_pool_finish or
+ * tpt_pool_destroy, and whether a test left one running. One per executable
+ * (a function-local static, so a file that does not use it pays nothing). */
+typedef struct tpt_guard_state {
+    atomic_int live_pools;
+    atomic_int poisoned;
+} tpt_guard_state;
+
+static inline tpt_guard_state *tpt_guard_state_get(void) {
+    static tpt_guard_state g;
+    return &g;
+}
+
+/* tp_create(cfg) that must succeed; the pool counts as live until
+ * tpt_pool_finish / tpt_pool_destroy (only the guard below reads the count). */
+static inline tp_pool *tpt_pool_new(const tp_config *cfg) {
+    tp_pool *p = NULL;
+    assert_int_equal(tp_create(&p, cfg), TP_OK);
+    assert_non_null(p);
+    atomic_fetch_add(&tpt_guard_state_get()->live_pools, 1);
+    return p;
+}
+
+/* tpt_finish() for a pool from tpt_pool_new: it is no longer live. */
+static inline tp_stats tpt_pool_finish(tp_pool *p) {
+    tp_stats s = tpt_finish(p);
+    atomic_fetch_sub(&tpt_guard_state_get()->live_pools, 1);
+    return s;
+}
+
+/* tp_destroy() that must succeed, for a pool from tpt_pool_new. */
+static inline void tpt_pool_destroy(tp_pool *p) {
+    assert_int_equal(tp_destroy(p), TP_OK);
+    atomic_fetch_sub(&tpt_guard_state_get()->live_pools, 1);
+}
+
+/* Setup/teardown pair for cmocka_unit_test_setup_teardown. A failed assert
+ * longjmps out of a test and leaves its pool running, its threads still
+ * pointing into the dead stack frame (latches, records); the next test would
+ * reuse that memory and could hang or corrupt. So the teardown notes a pool
+ * still live and the next test's setup stops the executable, after cmocka
+ * printed the failure. */
+static inline int tpt_guard_teardown(void **state) {
+    (void)state;
+    tpt_guard_state *g = tpt_guard_state_get();
+    if (atomic_load(&g->live_pools) != 0)
+        atomic_store(&g->poisoned, 1);
+    return 0;
+}
+
+static inline int tpt_guard_setup(void **state) {
+    (void)state;
+    if (atomic_load(&tpt_guard_state_get()->poisoned)) {
+        /* cmocka has printed the previous test's failure by now */
+        printf("[  ABORT   ] a failed test left its pool running; stopping here "
+               "(later tests would share its threads and dead stack memory)\n");
+        fflush(stdout);
+        fflush(stderr);
+        _exit(1);
+    }
+    return 0;
+}
+
+/* Submit `n` tasks blocked on `l` (as `user`, or none if NULL) and wait until
+ * they all run: stats.active == n and each is inside the latch, so "workers
+ * busy" is a state the test built, not an interleaving it hoped for. */
+static inline void tpt_fill_workers(tp_pool *p, tpt_latch *l, unsigned n, const char *user) {
+    int before = atomic_load(&l->waiting);
+    for (unsigned i = 0; i < n; i++) {
+        tp_task_opts o = {0};
+        o.user = user;
+        assert_int_equal(tp_submit(p, tpt_block_task, l, &o, NULL), TP_OK);
+        /* one at a time: the queue may be smaller than n */
+        TPT_EVENTUALLY(atomic_load(&l->waiting) == before + (int)i + 1);
+    }
+    TPT_EVENTUALLY(tpt_stats(p).active == n && tpt_stats(p).queued == 0);
 }
 
 #endif /* TP_TEST_H */
