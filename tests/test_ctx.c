@@ -127,8 +127,7 @@ static int task_poll_err(tp_ctx *c, void *arg) {
     uint64_t end = tp_now_ns() + TPT_WAIT_NS;
     int err;
     while ((err = tp_ctx_err(c)) == 0 && tp_now_ns() < end) {
-        struct timespec ts = {0, 500000};
-        nanosleep(&ts, NULL);
+        tpt_pause(); /* between polls of a bounded loop */
     }
     atomic_store(&r->t_end, tp_now_ns());
     atomic_store(&r->err_end, err);
@@ -147,8 +146,7 @@ static int task_timeout_then_cancel(tp_ctx *c, void *arg) {
     uint64_t end = tp_now_ns() + TPT_WAIT_NS;
     int err;
     while ((err = tp_ctx_err(c)) != TP_ECANCELED && tp_now_ns() < end) {
-        struct timespec ts = {0, 500000};
-        nanosleep(&ts, NULL);
+        tpt_pause(); /* between polls of a bounded loop */
     }
     atomic_store(&r->err_end, err);
     atomic_store(&r->finished, 1);
@@ -199,8 +197,7 @@ static int task_cancel_then_fd(tp_ctx *c, void *arg) {
     rec_common(c, r);
     uint64_t end = tp_now_ns() + TPT_WAIT_NS;
     while (tp_ctx_err(c) == 0 && tp_now_ns() < end) {
-        struct timespec ts = {0, 500000};
-        nanosleep(&ts, NULL);
+        tpt_pause(); /* between polls of a bounded loop */
     }
     atomic_store(&r->err_end, tp_ctx_err(c));
     int fd = tp_ctx_fd(c);

@@ -98,10 +98,8 @@ static int rt_task(tp_ctx *c, void *arg) {
     int rc = 0;
     if (r->mode == RT_WAIT_CANCEL) {
         uint64_t end = tp_now_ns() + TPT_WAIT_NS;
-        while (tp_ctx_err(c) == 0 && tp_now_ns() < end) {
-            struct timespec ts = {0, 500000};
-            nanosleep(&ts, NULL);
-        }
+        while (tp_ctx_err(c) == 0 && tp_now_ns() < end)
+            tpt_pause(); /* between polls of a bounded loop */
         rc = r->after_cancel;
     } else if (a < r->fail_until) {
         if (r->mode == RT_TIMEOUT)
