@@ -32,8 +32,8 @@
  *     boundary.
  *
  * Threads a pool owns: its workers and one service thread (retry timers,
- * deadlines of tasks waiting for a retry, on_done of tasks that ended without
- * running). Nothing else is created.
+ * deadlines of queued and retry-waiting tasks, on_done of tasks that ended
+ * without running). Nothing else is created.
  *
  * Thread-safety: every function taking a tp_pool may be called from any thread
  * concurrently, except tp_destroy() (no other call on that pool may run
