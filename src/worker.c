@@ -261,6 +261,7 @@ static void *worker_main(void *arg) {
     /* Idle since the last task ended (or the thread started): wake-ups that
      * bring no work do not restart the idle clock. */
     uint64_t idle_since = tp_now_ns();
+    const bool elastic_pool = p->max_workers > p->min_workers; /* else no clock read per task */
     for (;;) {
         /* mu held, no current task. */
         if (tp__ring_len(&p->ring) == 0) {
@@ -287,7 +288,7 @@ static void *worker_main(void *arg) {
              * deadline ran before: cancelled, not expired. */
             tp__task_finalise(p, t, TP_ETIMEDOUT, t->attempt == 0);
             finish_locked(p, t);
-            idle_since = tp_now_ns();
+            if (elastic_pool) idle_since = tp_now_ns();
             continue;
         }
         start_locked(p, w, t, now);
@@ -309,7 +310,7 @@ static void *worker_main(void *arg) {
             pthread_mutex_lock(&p->mu);
         }
         if (!retry) finish_locked(p, t);
-        idle_since = tp_now_ns();
+        if (elastic_pool) idle_since = tp_now_ns();
     }
 
     /* Exit: mu held. Leave the counted set first (stats, scaling), run the
