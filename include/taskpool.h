@@ -262,13 +262,15 @@ typedef struct tp_task_opts {
  *   tasks do not count). A rejection leaves no trace but its counter: no slot
  *   stays reserved, no id is consumed, on_done is not called, and the caller
  *   still owns `arg`. TP_EINVAL changes no counter at all.
- *   Memory is bounded too: tasks that ended without running keep a record
- *   until the service thread has run their on_done, and the records in use are
- *   capped at 4 x (queue_capacity + max_workers) + 64. Should a starved service
- *   thread let that many pile up, tp_submit refuses with TP_EFULL even below
- *   queue_capacity (tp_submit_wait waits). Records are preallocated (up to
- *   16384; beyond that they grow in chunks, and a failed allocation refuses
- *   with TP_ENOMEM). Both are counted in rejected_full.
+ *   Memory: a task that ended without running and has an on_done keeps its
+ *   record until the service thread has run that on_done. Records for
+ *   4 x (queue_capacity + max_workers) + 64 tasks are preallocated (at most
+ *   16384); a cancel storm that outruns the service thread grows them in
+ *   chunks, kept for reuse (a failed allocation refuses with TP_ENOMEM). A
+ *   hard cap of queue_capacity + max_workers + max(3 x that, 65536) records
+ *   bounds memory if the service thread is stuck in a blocking on_done: past
+ *   it, tp_submit refuses with TP_EFULL even below queue_capacity
+ *   (tp_submit_wait waits). Both refusals are counted in rejected_full.
  *   On TP_OK `arg` belongs to the pool until on_done(arg, status) and
  *   *id_out (if not NULL) holds the task id: unique in this pool, never 0.
  *   A deadline already passed is accepted; the task then expires unrun.

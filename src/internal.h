@@ -205,6 +205,8 @@ struct tp_pool {
     unsigned active;         /* tasks running */
     unsigned inflight;       /* accepted tasks whose on_done has not returned */
     unsigned with_deadline;  /* unfinished tasks that carry a deadline */
+    uint64_t queued_deadline_min; /* lower bound of the deadlines in the ring */
+    uint64_t expiry_scan_at; /* the service thread scans the ring no earlier */
     uint64_t svc_next;       /* when the waiting service thread wakes by itself */
     unsigned live_workers;   /* workers counted in stats.workers */
     unsigned starting;       /* spawned threads that have not yet taken mu */

@@ -28,6 +28,7 @@
 
 
 #define TP__PREALLOC_MAX 16384u /* records made at create, at most (~4 MB) */
+#define TP__RECORD_SLACK 65536u /* records for ended tasks awaiting on_done, at least */
 
 static atomic_uint tp__pool_serial = 1;
 
@@ -146,17 +147,21 @@ int tp_create(tp_pool **out, const tp_config *cfg) {
         p->serial = atomic_fetch_add_explicit(&tp__pool_serial, 1, memory_order_relaxed);
     while (p->serial == 0);
     p->shut_deadline = TP_FOREVER;
+    p->queued_deadline_min = TP_FOREVER;
 
     /* Records: a full pool holds `full` tasks. Tasks that ended without
-     * running (cancelled, dropped, expired) keep theirs until the service
-     * thread has run their on_done; a starved service thread could let those
-     * pile up without end. So records are capped at four pools' worth, and
-     * admission refuses (TP_EFULL; tp_submit_wait waits) in that rare case
-     * rather than grow memory without bound. Up to a size the cap is
-     * preallocated, so no load pattern allocates in steady state. */
+     * running (cancelled, dropped, expired) and have an on_done keep theirs
+     * until the service thread has run it. Four pools' worth is preallocated
+     * (up to a size), which covers a service thread lagging behind ordinary
+     * cancellations, so steady state allocates nothing; a cancel storm that
+     * outruns the service thread grows records in chunks (kept for reuse). A
+     * hard cap far above that keeps memory bounded if the service thread is
+     * stuck (an on_done that blocks): admission then refuses (TP_EFULL;
+     * tp_submit_wait waits) rather than grow without end. */
     unsigned full = p->capacity + p->max_workers;
-    p->max_records = 4 * full + 64;
-    unsigned prealloc = p->max_records < TP__PREALLOC_MAX ? p->max_records : TP__PREALLOC_MAX;
+    unsigned slack = 3 * full > TP__RECORD_SLACK ? 3 * full : TP__RECORD_SLACK;
+    p->max_records = full + slack;
+    unsigned prealloc = 4 * full + 64 < TP__PREALLOC_MAX ? 4 * full + 64 : TP__PREALLOC_MAX;
     p->workers = (tp__worker *)calloc(p->max_workers, sizeof *p->workers);
     if (p->workers)
         for (unsigned i = 0; i < p->max_workers; i++) {
@@ -336,6 +341,7 @@ static int admit_locked(tp_pool *p, const admit_args *a, void *arg, uint64_t *id
         /* The service thread ends it at its deadline if no worker picked it
          * by then; wake it if this deadline comes before its own wake-up. */
         p->with_deadline++;
+        if (t->deadline < p->queued_deadline_min) p->queued_deadline_min = t->deadline;
         if (t->deadline < p->svc_next) tp__svc_wake(p);
     }
     p->inflight++;

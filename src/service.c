@@ -55,6 +55,7 @@ static uint64_t run_timers(tp_pool *p, uint64_t now) {
             tp__delayed_remove(p, t);
             t->state = TP__QUEUED;
             tp__ring_push(&p->ring, t);
+            if (t->deadline < p->queued_deadline_min) p->queued_deadline_min = t->deadline;
             queued++;
         } else {
             if (t->due < next) next = t->due;
@@ -91,17 +92,30 @@ static int keep_unexpired(tp__task *t, void *arg) {
 /* Queued tasks whose deadline has passed end now, without running, so their
  * on_done is prompt and their queue place and user slot free up even while
  * every worker is busy. (A worker that picks one first expires it the same
- * way.) Skipped while no task carries a deadline. Returns the earliest
- * deadline still queued. mu held. */
+ * way.) Returns when to look again. mu held.
+ *
+ * The scan walks the ring with the lock held, so it runs only when it can
+ * find something: `queued_deadline_min` is a lower bound of the queued
+ * deadlines (lowered at every push, made exact by each scan; pops leave it
+ * low, which only costs a scan), and scans are spaced by at least 1 ms, more
+ * for long queues, so a queue full of staggered deadlines is handled in
+ * batches instead of one O(queue) pass per expiry. */
 static uint64_t expire_queued(tp_pool *p, uint64_t now) {
+    if (p->with_deadline == 0 || tp__ring_len(&p->ring) == 0) {
+        p->queued_deadline_min = TP_FOREVER;
+        return TP_FOREVER;
+    }
+    uint64_t due = p->queued_deadline_min > p->expiry_scan_at ? p->queued_deadline_min : p->expiry_scan_at;
+    if (now < due) return due;
     expiry e = {p, now, TP_FOREVER};
-    if (p->with_deadline == 0) return TP_FOREVER;
     if (tp__ring_filter(&p->ring, keep_unexpired, &e) > 0) {
         TP__SET(p->st.queued, tp__ring_len(&p->ring));
         tp__signal_room(p);
         tp__wake_exiters(p);
     }
-    return e.next;
+    p->queued_deadline_min = e.next;
+    p->expiry_scan_at = now + 1000000ull + 16ull * tp__ring_len(&p->ring);
+    return e.next > p->expiry_scan_at ? e.next : p->expiry_scan_at;
 }
 
 void *tp__service_main(void *arg) {
@@ -119,18 +133,17 @@ void *tp__service_main(void *arg) {
         if (p->endings_head) {
             tp__task *list = p->endings_head;
             p->endings_head = p->endings_tail = NULL;
-            pthread_mutex_unlock(&p->mu);
-            for (tp__task *t = list; t; t = t->next) {
-                if (!t->on_done) continue;
+            /* Each record goes back right after its on_done, so a long batch
+             * does not hold records that admission may be waiting for. */
+            while (list) {
+                tp__task *t = list;
+                list = t->next;
+                pthread_mutex_unlock(&p->mu);
                 tp__tls_enter_task(t);
                 t->on_done(t->arg, t->status);
                 tp__tls_leave_task();
-            }
-            pthread_mutex_lock(&p->mu);
-            while (list) {
-                tp__task *nx = list->next;
-                tp__task_retire(p, list);
-                list = nx;
+                pthread_mutex_lock(&p->mu);
+                tp__task_retire(p, t);
             }
             continue;
         }

@@ -117,6 +117,10 @@ void tp__task_finalise(tp_pool *p, tp__task *t, int status, bool expired) {
  * when every worker is busy. The caller has already taken it off its list. */
 void tp__task_end_unrun(tp_pool *p, tp__task *t, int status, bool expired) {
     tp__task_finalise(p, t, status, expired);
+    if (!t->on_done) {
+        tp__task_retire(p, t); /* nothing to run: no need to wait for the service thread */
+        return;
+    }
     t->state = TP__ENDING;
     t->next = NULL;
     if (p->endings_tail)

@@ -123,6 +123,41 @@ static uint64_t submit_rec(tp_pool *p, rec *r) {
     return id;
 }
 
+/* A cancel storm: one thread submits and at once cancels, far faster than
+ * the service thread runs the on_done calls. The queue is empty before each
+ * submit, so every one must be accepted -- the records held by ended tasks
+ * awaiting their on_done must not turn into spurious TP_EFULL (20000 pending
+ * endings stay below the pool's record cap). Every on_done still runs once. */
+static void test_cancel_storm_no_spurious_full(void **state) {
+    (void)state;
+    tpt_latch l;
+    tpt_latch_init(&l);
+    tp_pool *p = mkpool(1, 1);
+    tpt_fill_workers(p, &l, 1, NULL);
+    enum { N = 20000 };
+    tpt_done d = {0};
+    tp_task_opts o = {.on_done = tpt_done_fn};
+    int not_ok = 0, cancel_bad = 0;
+    for (int i = 0; i < N; i++) {
+        uint64_t id = 0;
+        if (tp_submit(p, tpt_nop_task, &d, &o, &id) != TP_OK) {
+            not_ok++;
+            continue;
+        }
+        if (tp_cancel(p, id) != TP_OK) cancel_bad++;
+    }
+    assert_int_equal(not_ok, 0);
+    assert_int_equal(cancel_bad, 0);
+    TPT_EVENTUALLY(atomic_load(&d.calls) == N);
+    assert_int_equal(atomic_load(&d.status), TP_ECANCELED);
+    tpt_latch_open(&l);
+    tp_stats s = tpt_pool_finish(p);
+    assert_int_equal(s.cancelled, N);
+    assert_int_equal(s.rejected, 0);
+    assert_int_equal(atomic_load(&d.calls), N);
+    tpt_latch_destroy(&l);
+}
+
 /* ------------------------------------------------------------ queued */
 
 static void test_cancel_queued(void **state) {
@@ -517,6 +552,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_cancel_after_close, tpt_guard_setup, tpt_guard_teardown),
         cmocka_unit_test_setup_teardown(test_cancel_vs_completion_race, tpt_guard_setup, tpt_guard_teardown),
         cmocka_unit_test_setup_teardown(test_cancel_race_other_thread, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_cancel_storm_no_spurious_full, tpt_guard_setup, tpt_guard_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
