@@ -21,6 +21,8 @@
 #include <stdio.h>
 
 
+#define TP__ENDINGS_CHUNK 64u
+
 void tp__svc_wake(tp_pool *p) {
     if (p->svc_waiting) pthread_cond_signal(&p->svc_cv);
 }
@@ -133,17 +135,25 @@ void *tp__service_main(void *arg) {
         if (p->endings_head) {
             tp__task *list = p->endings_head;
             p->endings_head = p->endings_tail = NULL;
-            /* Each record goes back right after its on_done, so a long batch
-             * does not hold records that admission may be waiting for. */
+            /* Run the on_done calls in chunks and give each chunk's records
+             * back under one lock: one lock round-trip per chunk keeps this
+             * thread ahead of a cancel storm, and a chunk is short enough not
+             * to sit on records that admission may be waiting for. */
             while (list) {
-                tp__task *t = list;
-                list = t->next;
+                tp__task *chunk = list;
+                unsigned n = 0;
                 pthread_mutex_unlock(&p->mu);
-                tp__tls_enter_task(t);
-                t->on_done(t->arg, t->status);
-                tp__tls_leave_task();
+                for (; list && n < TP__ENDINGS_CHUNK; list = list->next, n++) {
+                    tp__tls_enter_task(list);
+                    list->on_done(list->arg, list->status);
+                    tp__tls_leave_task();
+                }
                 pthread_mutex_lock(&p->mu);
-                tp__task_retire(p, t);
+                while (chunk != list) {
+                    tp__task *nx = chunk->next;
+                    tp__task_retire(p, chunk);
+                    chunk = nx;
+                }
             }
             continue;
         }
