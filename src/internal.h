@@ -70,6 +70,15 @@ typedef struct tp__stats {
     _Atomic uint32_t active, queued, delayed, workers, idle, users;
 } tp__stats;
 
+/* A pause in a spin loop. */
+#if defined(__x86_64__) || defined(__i386__)
+#define tp__cpu_relax() __builtin_ia32_pause()
+#elif defined(__aarch64__)
+#define tp__cpu_relax() __asm__ __volatile__("yield" ::: "memory")
+#else
+#define tp__cpu_relax() ((void)0)
+#endif
+
 #define TP__LOAD(x) atomic_load_explicit(&(x), memory_order_relaxed)
 #define TP__SET(x, v) atomic_store_explicit(&(x), (v), memory_order_relaxed)
 #define TP__INC(x) TP__SET(x, TP__LOAD(x) + 1)
@@ -212,6 +221,7 @@ struct tp_pool {
     unsigned starting;       /* spawned threads that have not yet taken mu */
     unsigned threads;        /* worker threads not yet finished (incl. stop hook) */
     unsigned idle_waiters;   /* workers in work_cv */
+    unsigned spinners;       /* idle workers polling for work before they wait (0 or 1) */
     unsigned room_waiters;   /* callers in room_cv */
     bool svc_waiting;        /* the service thread is in svc_cv */
     bool closed, forced;
@@ -235,6 +245,7 @@ extern _Thread_local tp__task *tp__tls_task;
 uint64_t tp__deadline_after(uint64_t now, uint64_t ns); /* saturating, TP_FOREVER stays */
 /* Wait on cv until the absolute monotonic deadline; TP_FOREVER waits unbounded.
  * Returns 0 or ETIMEDOUT (errno value). */
+int tp__mutex_init(pthread_mutex_t *mu);
 int tp__cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, uint64_t deadline);
 int tp__cond_init(pthread_cond_t *cv);
 

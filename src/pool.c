@@ -116,7 +116,7 @@ static void join_all(tp_pool *p) {
 }
 
 static int make_sync(tp_pool *p) {
-    if (pthread_mutex_init(&p->mu, NULL) != 0) return -1;
+    if (tp__mutex_init(&p->mu) != 0) return -1;
     int n = 0;
     n += tp__cond_init(&p->work_cv) == 0;
     if (n == 1) n += tp__cond_init(&p->room_cv) == 0;
@@ -347,7 +347,9 @@ static int admit_locked(tp_pool *p, const admit_args *a, void *arg, uint64_t *id
     p->inflight++;
     TP__INC(p->st.accepted);
     TP__SET(p->st.queued, tp__ring_len(&p->ring));
-    if (p->idle_waiters) pthread_cond_signal(&p->work_cv);
+    /* A spinning worker takes this task without a wake-up; it wakes a
+     * sleeper itself if more work is left (worker.c). */
+    if (p->idle_waiters && !p->spinners) pthread_cond_signal(&p->work_cv);
     if (id_out) *id_out = t->id;
     return TP_OK;
 }
@@ -357,7 +359,7 @@ static int admit_locked(tp_pool *p, const admit_args *a, void *arg, uint64_t *id
  * (not yet waiting, but about to take work), and the pool is below its
  * maximum; a fixed pool never spawns here. */
 bool tp__want_spawn(const tp_pool *p) {
-    return p->live_workers < p->max_workers && tp__ring_len(&p->ring) > p->idle_waiters + p->starting;
+    return p->live_workers < p->max_workers && tp__ring_len(&p->ring) > p->idle_waiters + p->spinners + p->starting;
 }
 
 static void count_reject(tp_pool *p, int rc) {
@@ -532,6 +534,22 @@ int tp_destroy(tp_pool *p) {
 uint64_t tp__deadline_after(uint64_t now, uint64_t ns) {
     if (ns == TP_FOREVER || ns >= TP_FOREVER - now) return TP_FOREVER;
     return now + ns;
+}
+
+/* The pool mutex spins briefly before it sleeps (glibc's adaptive mutex):
+ * its critical sections are a few dozen instructions, and a futex sleep and
+ * wake costs far more than waiting them out. */
+int tp__mutex_init(pthread_mutex_t *mu) {
+#if defined(PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP)
+    pthread_mutexattr_t a;
+    if (pthread_mutexattr_init(&a) != 0) return -1;
+    int rc = pthread_mutexattr_settype(&a, PTHREAD_MUTEX_ADAPTIVE_NP);
+    if (rc == 0) rc = pthread_mutex_init(mu, &a);
+    pthread_mutexattr_destroy(&a);
+    return rc == 0 ? 0 : -1;
+#else
+    return pthread_mutex_init(mu, NULL) == 0 ? 0 : -1;
+#endif
 }
 
 int tp__cond_init(pthread_cond_t *cv) {

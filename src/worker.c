@@ -27,6 +27,7 @@
  */
 #include "internal.h" /* first: it defines _GNU_SOURCE */
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -211,7 +212,9 @@ static void start_locked(tp_pool *p, tp__worker *w, tp__task *t, uint64_t now) {
         TP__INC(p->st.started);
     else
         TP__INC(p->st.retried);
-    uint64_t d = tp__deadline_after(now, t->run_timeout);
+    /* The run timeout counts from `now`; without a clock reading yet (now ==
+     * 0) worker_main sets it right after unlocking. */
+    uint64_t d = now == 0 ? TP_FOREVER : tp__deadline_after(now, t->run_timeout);
     w->ctx.t = t;
     w->ctx.deadline = d < t->deadline ? d : t->deadline;
     atomic_store_explicit(&w->ctx.cancelled, 0, memory_order_relaxed);
@@ -227,8 +230,9 @@ static bool after_run_locked(tp_pool *p, tp__worker *w, tp__task *t, int rc) {
     p->active--;
     TP__SET(p->st.active, p->active);
     t->worker = NULL;
-    uint64_t now = tp_now_ns();
-    if (rc != 0 && !cancelled && !p->forced && t->attempt < p->max_retries && now < t->deadline) {
+    if (rc != 0 && !cancelled && !p->forced && t->attempt < p->max_retries &&
+        (t->deadline == TP_FOREVER || tp_now_ns() < t->deadline)) {
+        uint64_t now = tp_now_ns();
         t->attempt++;
         t->state = TP__DELAYED;
         t->due = tp__deadline_after(now, p->retry_delay);
@@ -246,6 +250,35 @@ static bool after_run_locked(tp_pool *p, tp__worker *w, tp__task *t, int rc) {
     }
     tp__task_finalise(p, t, rc, false);
     return false;
+}
+
+/* How long an idle worker polls for work before it sleeps on work_cv. A
+ * sleep costs the submitter a futex wake (a system call) and the worker a
+ * context switch, together several microseconds; a pool under a steady stream
+ * of tasks finds its next task within this window without either. Only one
+ * worker spins at a time, so idle workers do not eat the CPUs that the
+ * submitters need, and each idle period spins at most once. */
+#define TP__SPIN_NS 20000u
+
+/* Entered and left with mu held: poll the queue length without the lock for up
+ * to TP__SPIN_NS. The caller re-checks the ring under the lock, so a task
+ * pushed at any moment is found either here or there: no wake-up is lost. */
+static void spin_for_work(tp_pool *p) {
+    p->spinners++;
+    TP__SET(p->st.idle, p->idle_waiters + p->spinners);
+    pthread_mutex_unlock(&p->mu);
+    uint64_t until = tp_now_ns() + TP__SPIN_NS;
+    for (unsigned i = 1;; i++) {
+        if (TP__LOAD(p->st.queued) != 0) break;
+        if ((i & 63) == 0) {
+            if (tp_now_ns() >= until) break;
+            sched_yield(); /* let a submitter that shares this CPU run */
+        }
+        tp__cpu_relax();
+    }
+    pthread_mutex_lock(&p->mu);
+    p->spinners--;
+    TP__SET(p->st.idle, p->idle_waiters + p->spinners);
 }
 
 /* mu held, ring empty: may this worker exit now? */
@@ -266,28 +299,40 @@ static void *worker_main(void *arg) {
      * bring no work do not restart the idle clock. */
     uint64_t idle_since = tp_now_ns();
     const bool elastic_pool = p->max_workers > p->min_workers; /* else no clock read per task */
+    bool spun = false; /* spun once already in this idle period */
     for (;;) {
         /* mu held, no current task. */
         if (tp__ring_len(&p->ring) == 0) {
             if (may_exit(p)) break;
+            if (!spun && p->spinners == 0) {
+                spun = true;
+                spin_for_work(p);
+                continue;
+            }
             bool elastic = p->live_workers > p->min_workers && p->idle_timeout != TP_FOREVER;
             uint64_t until = elastic ? tp__deadline_after(idle_since, p->idle_timeout) : TP_FOREVER;
             p->idle_waiters++;
-            TP__SET(p->st.idle, p->idle_waiters);
+            TP__SET(p->st.idle, p->idle_waiters + p->spinners);
             int e = tp__cond_wait_until(&p->work_cv, &p->mu, until);
             p->idle_waiters--;
-            TP__SET(p->st.idle, p->idle_waiters);
+            TP__SET(p->st.idle, p->idle_waiters + p->spinners);
             if (e == ETIMEDOUT && elastic && tp__ring_len(&p->ring) == 0 &&
                 p->live_workers > p->min_workers && tp_now_ns() >= until)
                 break;
             continue;
         }
         tp__task *t = tp__ring_pop(&p->ring);
+        spun = false;
         TP__SET(p->st.queued, tp__ring_len(&p->ring));
         tp__signal_room(p);
         tp__wake_exiters(p);
-        uint64_t now = tp_now_ns();
-        if (now >= t->deadline) {
+        /* Submitters do not wake anyone while a worker spins: pass work on. */
+        if (tp__ring_len(&p->ring) > 0 && p->idle_waiters && !p->spinners)
+            pthread_cond_signal(&p->work_cv);
+        /* The clock is read under the lock only for a task with a deadline;
+         * the start of a run timeout is read after unlocking. */
+        uint64_t now = t->deadline == TP_FOREVER ? 0 : tp_now_ns();
+        if (now != 0 && now >= t->deadline) {
             /* Expired in the queue. A retry that comes back after its
              * deadline ran before: cancelled, not expired. */
             tp__task_finalise(p, t, TP_ETIMEDOUT, t->attempt == 0);
@@ -297,6 +342,11 @@ static void *worker_main(void *arg) {
         }
         start_locked(p, w, t, now);
         pthread_mutex_unlock(&p->mu);
+        if (now == 0 && t->run_timeout != TP_FOREVER) {
+            /* Only this thread reads its ctx.deadline. */
+            uint64_t d = tp__deadline_after(tp_now_ns(), t->run_timeout);
+            if (d < w->ctx.deadline) w->ctx.deadline = d;
+        }
 
         tp__tls_enter_task(t);
         int rc = t->fn(&w->ctx, t->arg);
