@@ -1,0 +1,127 @@
+/*
+ * test_spin.c -- the idle worker that polls for work before it sleeps.
+ *
+ * One idle worker at a time spins for a few microseconds before it waits on
+ * the work condition variable, and a submitter does not signal while it
+ * spins (worker.c). The risk of that shortcut is a lost wake-up: a task
+ * pushed just as the spinner gives up, or a second task pushed while the
+ * spinner takes the first, with the other workers asleep. These tests submit
+ * with gaps spread across the spin window (0 to ~60 us) so submits land
+ * before, during and after it, and require every task to start within a
+ * bound; they also check that `idle` counts the spinning worker.
+ */
+#include "tp_test.h"
+
+#include <sched.h>
+
+static atomic_long ran;
+
+static int count_task(tp_ctx *c, void *arg) {
+    (void)c;
+    (void)arg;
+    atomic_fetch_add(&ran, 1);
+    return 0;
+}
+
+/* Busy-wait for about `ns` (a gap between submits, not a synchronisation). */
+static void gap(uint64_t ns) {
+    uint64_t until = tp_now_ns() + ns;
+    while (tp_now_ns() < until) sched_yield();
+}
+
+/* One task at a time into an idle pool: each must be picked up whether it
+ * arrives while a worker spins, as the spin ends, or after every worker sleeps. */
+static void test_single_tasks_across_the_spin_window(void **state) {
+    (void)state;
+    tp_config cfg = {0};
+    cfg.workers = 2;
+    cfg.queue_capacity = 8;
+    tp_pool *p = tpt_pool_new(&cfg);
+    atomic_store(&ran, 0);
+    const long n = TPT_SANITIZED ? 600 : 3000;
+    for (long i = 0; i < n; i++) {
+        gap((uint64_t)(i % 61) * 1000u);
+        assert_int_equal(tp_submit(p, count_task, NULL, NULL, NULL), TP_OK);
+        assert_true(TPT_POLL(atomic_load(&ran) == i + 1, TPT_WAIT_NS));
+    }
+    tp_stats s = tpt_pool_finish(p);
+    assert_int_equal(s.succeeded, (uint64_t)n);
+}
+
+/* Bursts of two: while the spinner takes the first task, the second must
+ * reach a sleeping worker (or the spinner after it), never wait for a
+ * wake-up that nobody sends. The first task of each burst blocks until the
+ * second has run, so one worker cannot serve both. */
+typedef struct pair {
+    tpt_latch second_ran;
+} pair;
+
+static int first_task(tp_ctx *c, void *arg) {
+    (void)c;
+    tpt_latch_wait(&((pair *)arg)->second_ran);
+    atomic_fetch_add(&ran, 1);
+    return 0;
+}
+
+static int second_task(tp_ctx *c, void *arg) {
+    (void)c;
+    atomic_fetch_add(&ran, 1);
+    tpt_latch_open(&((pair *)arg)->second_ran);
+    return 0;
+}
+
+static void test_bursts_reach_a_second_worker(void **state) {
+    (void)state;
+    tp_config cfg = {0};
+    cfg.workers = 2;
+    cfg.queue_capacity = 8;
+    tp_pool *p = tpt_pool_new(&cfg);
+    atomic_store(&ran, 0);
+    const long n = TPT_SANITIZED ? 300 : 1500;
+    for (long i = 0; i < n; i++) {
+        pair pr;
+        tpt_latch_init(&pr.second_ran);
+        gap((uint64_t)(i % 61) * 1000u);
+        assert_int_equal(tp_submit(p, first_task, &pr, NULL, NULL), TP_OK);
+        gap((uint64_t)(i % 7) * 1000u);
+        assert_int_equal(tp_submit(p, second_task, &pr, NULL, NULL), TP_OK);
+        assert_true(TPT_POLL(atomic_load(&ran) == 2 * (i + 1), TPT_WAIT_NS));
+        /* the first task's latch wait returned: it waited for the second */
+        assert_int_equal(atomic_load(&pr.second_ran.timeouts), 0);
+        assert_true(TPT_POLL(atomic_load(&pr.second_ran.waiting) == 0, TPT_WAIT_NS));
+        tpt_latch_destroy(&pr.second_ran);
+    }
+    tp_stats s = tpt_pool_finish(p);
+    assert_int_equal(s.succeeded, (uint64_t)(2 * n));
+}
+
+/* An idle pool reports every worker idle, the spinning one included. */
+static void test_idle_counts_the_spinner(void **state) {
+    (void)state;
+    tp_config cfg = {0};
+    cfg.workers = 3;
+    tp_pool *p = tpt_pool_new(&cfg);
+    for (int round = 0; round < 50; round++) {
+        atomic_store(&ran, 0);
+        assert_int_equal(tp_submit(p, count_task, NULL, NULL, NULL), TP_OK);
+        assert_true(TPT_POLL(atomic_load(&ran) == 1, TPT_WAIT_NS));
+        /* Whether the worker spins or sleeps, it is idle once its task ended. */
+        assert_true(TPT_POLL(tpt_stats(p).idle == 3 && tpt_stats(p).active == 0, TPT_WAIT_NS));
+        tp_stats s = tpt_stats(p);
+        assert_int_equal(s.workers, 3);
+        assert_true(s.idle <= s.workers);
+    }
+    tpt_pool_finish(p);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_single_tasks_across_the_spin_window, tpt_guard_setup,
+                                        tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_bursts_reach_a_second_worker, tpt_guard_setup,
+                                        tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_idle_counts_the_spinner, tpt_guard_setup,
+                                        tpt_guard_teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
