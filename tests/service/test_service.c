@@ -494,6 +494,9 @@ static void test_overload(void **state) {
             fail_msg("POST %s: expected 400", bad_delays[i]);
     }
     assert_int_equal(status_of(p, "GET", "/work?delay=-5ms"), 400);
+    assert_int_equal(status_of(p, "GET", "/work?delay=1.5ms"), 200);   /* fractions, */
+    assert_int_equal(status_of(p, "GET", "/work?delay=1ms500us"), 200); /* sums of units */
+    assert_int_equal(status_of(p, "GET", "/work?delay=30s1ns"), 400);   /* just over 30 s */
     assert_int_equal(status_of(p, "POST", "/tasks?delay=1s&user=bad%20name"), 400);
     assert_int_equal(status_of(p, "GET", "/nope"), 404);
     request(p, "GET", "/tasks", &r);
