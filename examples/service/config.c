@@ -1,0 +1,170 @@
+/*
+ * config.c -- environment settings and the strict parsers behind them.
+ *
+ * The duration parser is also used for the `delay` query parameter, so it is
+ * written for hostile input: it reads at most what it can represent, checks
+ * every multiplication and addition for overflow, and accepts nothing it does
+ * not fully understand.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "taskpool.h"
+
+static const struct {
+    const char *name;
+    uint64_t ns;
+} units[] = {
+    /* First match wins: "ms" must come before "m", or "5ms" would read as 5m + garbage. */
+    {"ns", 1ull}, {"us", 1000ull}, {"ms", SVC_NS_PER_MS},
+    {"s", SVC_NS_PER_S}, {"m", 60ull * SVC_NS_PER_S}, {"h", 3600ull * SVC_NS_PER_S},
+};
+
+int svc_parse_duration(const char *s, uint64_t *out_ns) {
+    if (s == NULL || *s == '\0')
+        return -1;
+    if (strcmp(s, "0") == 0) {
+        *out_ns = 0;
+        return 0;
+    }
+    uint64_t total = 0;
+    while (*s != '\0') {
+        /* <digits>[.<digits>] -- at least one digit on one side of the dot. */
+        uint64_t whole = 0, frac = 0, frac_scale = 1;
+        int digits = 0;
+        for (; *s >= '0' && *s <= '9'; s++, digits++) {
+            unsigned d = (unsigned)(*s - '0');
+            if (whole > (UINT64_MAX - d) / 10)
+                return -1;
+            whole = whole * 10 + d;
+        }
+        if (*s == '.') {
+            s++;
+            for (; *s >= '0' && *s <= '9'; s++, digits++) {
+                if (frac_scale < 1000000000000000000ull) { /* 18 digits are plenty; ignore the rest */
+                    frac = frac * 10 + (unsigned)(*s - '0');
+                    frac_scale *= 10;
+                }
+            }
+        }
+        if (digits == 0)
+            return -1;
+        uint64_t unit = 0;
+        for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+            size_t n = strlen(units[i].name);
+            if (strncmp(s, units[i].name, n) == 0) {
+                unit = units[i].ns;
+                s += n;
+                break;
+            }
+        }
+        if (unit == 0)
+            return -1;
+        if (whole > UINT64_MAX / unit)
+            return -1;
+        uint64_t part = whole * unit;
+        /* frac / frac_scale of a unit, in long double: exact enough, cannot overflow. */
+        long double f = (long double)frac * (long double)unit / (long double)frac_scale;
+        if (f >= (long double)(UINT64_MAX - part))
+            return -1;
+        part += (uint64_t)f;
+        if (part > UINT64_MAX - total)
+            return -1;
+        total += part;
+    }
+    *out_ns = total;
+    return 0;
+}
+
+int svc_parse_uint(const char *s, unsigned min, unsigned max, unsigned *out) {
+    if (s == NULL || *s == '\0')
+        return -1;
+    unsigned long long v = 0;
+    for (; *s != '\0'; s++) {
+        if (*s < '0' || *s > '9')
+            return -1;
+        v = v * 10 + (unsigned)(*s - '0');
+        if (v > max)
+            return -1;
+    }
+    if (v < min)
+        return -1;
+    *out = (unsigned)v;
+    return 0;
+}
+
+/* The variable's value, or NULL when unset or empty (= use the default). */
+static const char *env(const char *name) {
+    const char *v = getenv(name);
+    return v != NULL && *v != '\0' ? v : NULL;
+}
+
+static int load_uint(const char *name, unsigned min, unsigned max, unsigned *out, char *err,
+                     size_t errlen) {
+    const char *v = env(name);
+    if (v == NULL)
+        return 0;
+    if (svc_parse_uint(v, min, max, out) != 0) {
+        snprintf(err, errlen, "%s=\"%s\": expected a whole number from %u to %u", name, v, min, max);
+        return -1;
+    }
+    return 0;
+}
+
+static int load_duration(const char *name, uint64_t min, uint64_t max, uint64_t *out, char *err,
+                         size_t errlen) {
+    const char *v = env(name);
+    if (v == NULL)
+        return 0;
+    uint64_t ns;
+    if (svc_parse_duration(v, &ns) != 0 || ns < min || ns > max) {
+        snprintf(err, errlen,
+                 "%s=\"%s\": expected a duration like 250ms or 5s, from %llu ms to %llu s", name, v,
+                 (unsigned long long)(min / SVC_NS_PER_MS), (unsigned long long)(max / SVC_NS_PER_S));
+        return -1;
+    }
+    *out = ns;
+    return 0;
+}
+
+int svc_config_load(svc_config *cfg, char *err, size_t errlen) {
+    memset(cfg, 0, sizeof *cfg);
+    strcpy(cfg->listen_addr, "127.0.0.1:8080");
+    cfg->workers = 4;
+    cfg->queue_capacity = 64;
+    cfg->max_per_user = 2;
+    cfg->max_conns = 64;
+    cfg->task_timeout_ns = 60 * SVC_NS_PER_S;
+    cfg->shutdown_timeout_ns = 5 * SVC_NS_PER_S;
+    cfg->header_timeout_ns = 5 * SVC_NS_PER_S;
+    cfg->idle_timeout_ns = 30 * SVC_NS_PER_S;
+
+    const char *addr = env("LISTEN_ADDR");
+    if (addr != NULL) {
+        if (strlen(addr) >= sizeof cfg->listen_addr) {
+            snprintf(err, errlen, "LISTEN_ADDR is too long");
+            return -1;
+        }
+        strcpy(cfg->listen_addr, addr);
+    }
+    const char *mpu = env("MAX_PER_USER");
+    if (mpu != NULL && strcmp(mpu, "unlimited") == 0)
+        cfg->max_per_user = TP_UNLIMITED;
+    else if (load_uint("MAX_PER_USER", 1, 1000000, &cfg->max_per_user, err, errlen) != 0)
+        return -1;
+    if (load_uint("WORKERS", 1, 1024, &cfg->workers, err, errlen) != 0 ||
+        load_uint("QUEUE_CAPACITY", 1, TP_MAX_QUEUE_CAPACITY, &cfg->queue_capacity, err, errlen) != 0 ||
+        load_uint("MAX_CONNS", 1, 1024, &cfg->max_conns, err, errlen) != 0)
+        return -1;
+    const uint64_t ms = SVC_NS_PER_MS, day = 86400ull * SVC_NS_PER_S;
+    if (load_duration("TASK_TIMEOUT", 1 * ms, day, &cfg->task_timeout_ns, err, errlen) != 0 ||
+        load_duration("SHUTDOWN_TIMEOUT", 1 * ms, day, &cfg->shutdown_timeout_ns, err, errlen) != 0 ||
+        load_duration("HEADER_TIMEOUT", 1 * ms, 3600 * SVC_NS_PER_S, &cfg->header_timeout_ns, err, errlen) != 0 ||
+        load_duration("IDLE_TIMEOUT", 1 * ms, 3600 * SVC_NS_PER_S, &cfg->idle_timeout_ns, err, errlen) != 0)
+        return -1;
+    return 0;
+}

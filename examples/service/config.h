@@ -1,0 +1,43 @@
+/*
+ * config.h -- the service's configuration, read from the environment.
+ *
+ * Every setting has a default, so the service starts with no environment at
+ * all. Values are parsed strictly: a number is plain decimal digits within its
+ * range, a duration is one or more <number><unit> pairs ("250ms", "1.5s",
+ * "1m30s"; units ns, us, ms, s, m, h; a bare "0" is zero). Signs, spaces,
+ * trailing garbage and overflow are errors, never clamped or ignored: a
+ * misspelt setting must stop the service at start (exit status 2), not
+ * surface as odd behaviour under load.
+ */
+#ifndef SVC_CONFIG_H
+#define SVC_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define SVC_NS_PER_MS 1000000ull
+#define SVC_NS_PER_S  1000000000ull
+
+typedef struct svc_config {
+    char     listen_addr[256];   /* LISTEN_ADDR, host:port; port 0 picks a free one */
+    unsigned workers;            /* WORKERS: task pool workers */
+    unsigned queue_capacity;     /* QUEUE_CAPACITY: waiting tasks */
+    unsigned max_per_user;       /* MAX_PER_USER: unfinished tasks per user ("unlimited" allowed) */
+    unsigned max_conns;          /* MAX_CONNS: open connections, one connection-pool worker each */
+    uint64_t task_timeout_ns;    /* TASK_TIMEOUT: run timeout of each task */
+    uint64_t shutdown_timeout_ns;/* SHUTDOWN_TIMEOUT: budget for draining requests and tasks */
+    uint64_t header_timeout_ns;  /* HEADER_TIMEOUT: time to send a whole request head */
+    uint64_t idle_timeout_ns;    /* IDLE_TIMEOUT: keep-alive wait for the next request */
+} svc_config;
+
+/* Parse a duration into nanoseconds. 0 on success, -1 on any error. */
+int svc_parse_duration(const char *s, uint64_t *out_ns);
+
+/* Parse a plain decimal unsigned in [min, max]. 0 on success, -1 on error. */
+int svc_parse_uint(const char *s, unsigned min, unsigned max, unsigned *out);
+
+/* Fill `cfg` from the environment (defaults for unset or empty variables).
+ * 0 on success; -1 with a one-line explanation in `err` otherwise. */
+int svc_config_load(svc_config *cfg, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,64 @@
+/*
+ * http.h -- the small piece of HTTP/1.1 the service needs.
+ *
+ * Parsing works in place on a complete request head (request line, header
+ * lines, empty line) that the connection code has already read into its
+ * buffer: delimiters are overwritten with NULs and the request keeps pointers
+ * into the buffer. Only what the service uses is interpreted (method, target,
+ * version, Connection, Content-Length, Transfer-Encoding, X-Request-Id); the
+ * rest is checked for shape and skipped. Anything malformed is refused with a
+ * status code rather than guessed at.
+ *
+ * Sockets are non-blocking; every write waits with poll() against an absolute
+ * deadline and an optional cancellation descriptor, retries on EINTR and
+ * partial writes, and uses MSG_NOSIGNAL so a vanished peer never raises
+ * SIGPIPE.
+ */
+#ifndef SVC_HTTP_H
+#define SVC_HTTP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define HTTP_HEAD_MAX  (16 * 1024) /* larger request heads get 431 */
+#define HTTP_BODY_MAX  (64 * 1024) /* larger bodies get 413 (the service reads none) */
+#define HTTP_REQID_MAX 64          /* longest X-Request-Id taken from a client */
+
+typedef struct http_request {
+    const char *method;
+    const char *path;        /* target up to '?' */
+    const char *query;       /* after '?', "" if none */
+    int         minor;       /* HTTP/1.<minor> */
+    int         keep_alive;  /* after the version default and the Connection header */
+    uint64_t    content_length;
+    int         chunked;     /* a Transfer-Encoding header was present */
+    const char *request_id;  /* a valid X-Request-Id, or NULL */
+} http_request;
+
+/* Length of the head in buf (through the blank line), or 0 if incomplete. */
+size_t http_head_length(const char *buf, size_t len);
+
+/* Parse the head buf[0..len) in place. 0, or the status to refuse with
+ * (400 malformed, 505 unsupported version). */
+int http_parse_head(char *buf, size_t len, http_request *req);
+
+/* Find `name` in a query string and percent-decode its value into out.
+ * 1 found, 0 absent, -1 malformed escape, NUL byte or value too long. */
+int http_query_get(const char *query, const char *name, char *out, size_t outlen);
+
+/* "OK", "Not Found", ... for the statuses the service uses. */
+const char *http_reason(int status);
+
+/* Write all of buf. poll()s for room until deadline_ns (tp_now_ns clock);
+ * gives up early when cancel_fd (if >= 0) turns readable. 0 or -1. */
+int http_send_all(int fd, const char *buf, size_t len, uint64_t deadline_ns, int cancel_fd);
+
+/* Build a complete response into out: status line, Content-Type,
+ * Content-Length, `extra` header lines (each ending in \r\n, may be NULL),
+ * Connection: close when !keep_alive (or keep-alive for an HTTP/1.0 client
+ * that asked), then the body. Returns the length, or 0 if it does not fit. */
+size_t http_format_response(char *out, size_t cap, int status, const char *content_type,
+                            const char *body, size_t body_len, const char *extra, int keep_alive,
+                            int minor);
+
+#endif

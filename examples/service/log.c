@@ -1,0 +1,160 @@
+/*
+ * log.c -- JSON lines on stdout (see log.h).
+ *
+ * Each field is appended only if it fits whole, leaving room for the closing
+ * "}\n" and a "truncated" marker, so every emitted line parses.
+ */
+#include "log.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "taskpool.h"
+
+static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* Room kept free for ,"truncated":true}\n */
+#define TAIL_RESERVE 24
+
+/* Append `s` of length n if it fits; otherwise mark the line truncated. */
+static int put(svc_log *ev, const char *s, size_t n) {
+    if (ev->truncated || ev->len + n + TAIL_RESERVE > sizeof ev->buf) {
+        ev->truncated = 1;
+        return -1;
+    }
+    memcpy(ev->buf + ev->len, s, n);
+    ev->len += n;
+    return 0;
+}
+
+/* Escape `s` into out (of size cap); returns its length, or (size_t)-1 if it
+ * does not fit. */
+static size_t escape(const char *s, char *out, size_t cap) {
+    size_t n = 0;
+    for (const unsigned char *p = (const unsigned char *)s; *p != '\0'; p++) {
+        char tmp[8];
+        const char *rep = NULL;
+        size_t rn = 1;
+        switch (*p) {
+        case '"': rep = "\\\""; rn = 2; break;
+        case '\\': rep = "\\\\"; rn = 2; break;
+        case '\n': rep = "\\n"; rn = 2; break;
+        case '\r': rep = "\\r"; rn = 2; break;
+        case '\t': rep = "\\t"; rn = 2; break;
+        default:
+            if (*p < 0x20 || *p == 0x7f) {
+                snprintf(tmp, sizeof tmp, "\\u%04x", *p);
+                rep = tmp;
+                rn = 6;
+            }
+        }
+        if (n + rn > cap)
+            return (size_t)-1;
+        if (rep != NULL)
+            memcpy(out + n, rep, rn);
+        else
+            out[n] = (char)*p;
+        n += rn;
+    }
+    return n;
+}
+
+/* Appends ,"key": as one unit with the value that follows, so that a cut
+ * never leaves a key without its value. */
+static void field(svc_log *ev, const char *key, const char *value, size_t vlen, int quote) {
+    char tmp[SVC_LOG_LINE_MAX];
+    size_t n = 0, cap = sizeof tmp;
+    tmp[n++] = ',';
+    tmp[n++] = '"';
+    size_t k = escape(key, tmp + n, cap - n);
+    if (k == (size_t)-1) { ev->truncated = 1; return; }
+    n += k;
+    if (n + 3 > cap) { ev->truncated = 1; return; }
+    tmp[n++] = '"';
+    tmp[n++] = ':';
+    if (quote) {
+        tmp[n++] = '"';
+        size_t v = escape(value, tmp + n, cap - n);
+        if (v == (size_t)-1 || n + v + 1 > cap) { ev->truncated = 1; return; }
+        n += v;
+        tmp[n++] = '"';
+    } else {
+        if (n + vlen > cap) { ev->truncated = 1; return; }
+        memcpy(tmp + n, value, vlen);
+        n += vlen;
+    }
+    put(ev, tmp, n);
+}
+
+void svc_log_begin(svc_log *ev, const char *level, const char *msg) {
+    struct timespec ts;
+    struct tm tm;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    gmtime_r(&ts.tv_sec, &tm);
+    char stamp[40];
+    strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%S", &tm);
+    ev->len = 0;
+    ev->truncated = 0;
+    int n = snprintf(ev->buf, sizeof ev->buf, "{\"ts\":\"%s.%03ldZ\"", stamp, ts.tv_nsec / 1000000);
+    ev->len = n > 0 ? (size_t)n : 0;
+    svc_log_str(ev, "level", level);
+    svc_log_str(ev, "msg", msg);
+}
+
+void svc_log_str(svc_log *ev, const char *key, const char *value) {
+    if (value == NULL)
+        field(ev, key, "null", 4, 0);
+    else
+        field(ev, key, value, 0, 1);
+}
+
+void svc_log_int(svc_log *ev, const char *key, long long value) {
+    char num[32];
+    int n = snprintf(num, sizeof num, "%lld", value);
+    field(ev, key, num, (size_t)n, 0);
+}
+
+void svc_log_uint(svc_log *ev, const char *key, unsigned long long value) {
+    char num[32];
+    int n = snprintf(num, sizeof num, "%llu", value);
+    field(ev, key, num, (size_t)n, 0);
+}
+
+void svc_log_raw(svc_log *ev, const char *key, const char *json) {
+    field(ev, key, json, strlen(json), 0);
+}
+
+void svc_log_end(svc_log *ev) {
+    if (ev->truncated) {
+        static const char mark[] = ",\"truncated\":true";
+        memcpy(ev->buf + ev->len, mark, sizeof mark - 1); /* TAIL_RESERVE keeps room */
+        ev->len += sizeof mark - 1;
+    }
+    ev->buf[ev->len++] = '}';
+    ev->buf[ev->len++] = '\n';
+    pthread_mutex_lock(&log_mu);
+    size_t off = 0;
+    while (off < ev->len) {
+        ssize_t w = write(STDOUT_FILENO, ev->buf + off, ev->len - off);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            break; /* stdout gone: logging must not stop the service */
+        off += (size_t)w;
+    }
+    pthread_mutex_unlock(&log_mu);
+}
+
+void svc_log_hook(void *arg, int level, const char *log_id, const char *msg) {
+    (void)arg;
+    static const char *const names[] = {"error", "warn", "info", "debug"};
+    svc_log ev;
+    svc_log_begin(&ev, level >= 0 && level <= 3 ? names[level] : "info", "taskpool");
+    svc_log_str(&ev, "log_id", log_id);
+    svc_log_str(&ev, "detail", msg);
+    svc_log_end(&ev);
+}

@@ -1,0 +1,40 @@
+/*
+ * log.h -- one JSON object per line on stdout, one line per event.
+ *
+ *   svc_log ev;
+ *   svc_log_begin(&ev, "info", "request");
+ *   svc_log_str(&ev, "path", path);
+ *   svc_log_int(&ev, "status", 200);
+ *   svc_log_end(&ev);            -> {"ts":"...","level":"info","msg":"request","path":"/x","status":200}
+ *
+ * The line is built in a fixed buffer on the caller's stack (no allocation)
+ * and written with one write() under a mutex, so lines from different threads
+ * never interleave. Strings are JSON-escaped; a line that would not fit is cut
+ * at a field boundary and marked "truncated":true, never emitted as invalid
+ * JSON. Logging never fails the caller: a write error is ignored.
+ */
+#ifndef SVC_LOG_H
+#define SVC_LOG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define SVC_LOG_LINE_MAX 2048
+
+typedef struct svc_log {
+    char   buf[SVC_LOG_LINE_MAX];
+    size_t len;
+    int    truncated;
+} svc_log;
+
+void svc_log_begin(svc_log *ev, const char *level, const char *msg);
+void svc_log_str(svc_log *ev, const char *key, const char *value);  /* NULL value -> null */
+void svc_log_int(svc_log *ev, const char *key, long long value);
+void svc_log_uint(svc_log *ev, const char *key, unsigned long long value);
+void svc_log_raw(svc_log *ev, const char *key, const char *json);    /* already valid JSON */
+void svc_log_end(svc_log *ev);
+
+/* The log hook given to the task pool: failed attempts become JSON lines. */
+void svc_log_hook(void *arg, int level, const char *log_id, const char *msg);
+
+#endif
