@@ -5,7 +5,7 @@
  * header only. Files:
  *   main.c       options, the round loop, machine information
  *   limits.c     the machine's own limits: a mutex pair, a one-way condvar
- *                wake, a bare mutex/condvar ring (as /work's perf limits.c)
+ *                wake, a bare mutex/condvar ring (as the perf harness's limits.c)
  *   scenarios.c  the pool scenarios: throughput (plain, per-user, blocking
  *                submit), wake latency, steady load, cancellation
  *   allocs.c     the malloc interposer and the allocations-per-task scenario
@@ -103,7 +103,7 @@ static inline uint64_t bench_now(void) {
 }
 
 void bench_sleep_ns(uint64_t ns);
-/* Spins (no syscall) until `ns` have passed since `from`. */
+/* Spins (no syscall) until the clock reaches `deadline`. */
 void bench_spin_until(uint64_t deadline);
 
 /* ------------------------------------------------------------ countdown */

@@ -345,6 +345,9 @@ static void describe_machine(void) {
 #else
     g_machine.build = "optimized, assertions on";
 #endif
+    size_t n = strlen(g_machine.compiler); /* clang's version ends in a space */
+    while (n > 0 && g_machine.compiler[n - 1] == ' ')
+        g_machine.compiler[--n] = '\0';
     g_machine.lib_version = tp_version();
 }
 

@@ -257,10 +257,9 @@ static void json_summary(const summary *s) {
 }
 
 void report_json(const bench_opts *o, int ok) {
-    char body[48], lbody[48], sc[160];
+    char body[48], lbody[48];
     describe_body(&o->body, body, sizeof body);
     describe_body(&o->load_body, lbody, sizeof lbody);
-    scenario_list(o->scenarios, sc, sizeof sc);
 
     printf("{\n  \"tool\": \"tp_bench\",\n  \"ok\": %s,\n  \"libtaskpool\": ", ok ? "true" : "false");
     json_str(g_machine.lib_version);
@@ -283,9 +282,14 @@ void report_json(const bench_opts *o, int ok) {
            "\"load_body\": ",
            o->samples, o->gap_ns, o->load_pct, o->load_tasks);
     json_str(lbody);
-    printf(", \"alloc_tasks\": %lu, \"scenarios\": ", o->alloc_tasks);
-    json_str(sc);
-    printf("},\n  \"results\": [");
+    printf(", \"alloc_tasks\": %lu, \"scenarios\": [", o->alloc_tasks);
+    for (unsigned i = 0, k = 0; i < BENCH_N_SCENARIOS; i++) {
+        if (o->scenarios & (1u << i)) {
+            printf("%s", k++ ? ", " : "");
+            json_str(bench_scenario_names[i]);
+        }
+    }
+    printf("]},\n  \"results\": [");
 
     int first = 1;
     for (unsigned i = 0; i < g_n_metrics; i++) {
