@@ -436,7 +436,7 @@ int main(int argc, char **argv) {
     else
         report_table(&o);
     if (failed)
-        fprintf(stderr, "tp_bench: FAILED (see the messages above); the figures are partial\n");
+        fprintf(stderr, "tp_bench: FAILED (see the messages above)\n");
     limits_teardown();
     scenarios_teardown();
     return failed;

@@ -219,9 +219,9 @@ void report_table(const bench_opts *o) {
                num(a, sizeof a, s.median), num(b, sizeof b, s.min), num(c, sizeof c, s.max),
                r.n ? num(d, sizeof d, r.median) : "", r.n ? m->ref.label : "");
     }
-    printf("\nmedian and min-max over %u rounds; ratio: median of per-round ratios to the figure\n"
-           "named, measured in the same round (lower is better for times).\n",
-           o->rounds);
+    printf("\nmedian and min-max over %u round%s; ratio: median of per-round ratios to the\n"
+           "figure named, measured in the same round (lower is better for times).\n",
+           o->rounds, o->rounds == 1 ? "" : "s");
 }
 
 /* ------------------------------------------------------------ JSON */
