@@ -202,7 +202,8 @@ static int ring_handoff(const bench_opts *o, unsigned round) {
     pthread_cond_destroy(&r.not_empty);
     pthread_cond_destroy(&r.not_full);
     /* The sum proves every item arrived once: 1 + 2 + ... + items. */
-    uintptr_t want = (uintptr_t)(r.items / 2 * (r.items + 1) + (r.items % 2 ? (r.items + 1) / 2 : 0));
+    unsigned long n = r.items;
+    uintptr_t want = (uintptr_t)(n / 2 * (n + 1) + (n % 2 ? (n + 1) / 2 : 0));
     if ((uintptr_t)sum != want) {
         fprintf(stderr, "tp_bench: the bare ring lost items\n");
         return -1;

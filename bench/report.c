@@ -261,7 +261,8 @@ void report_json(const bench_opts *o, int ok) {
     describe_body(&o->body, body, sizeof body);
     describe_body(&o->load_body, lbody, sizeof lbody);
 
-    printf("{\n  \"tool\": \"tp_bench\",\n  \"ok\": %s,\n  \"libtaskpool\": ", ok ? "true" : "false");
+    printf("{\n  \"tool\": \"tp_bench\",\n  \"ok\": %s,\n  \"libtaskpool\": ",
+           ok ? "true" : "false");
     json_str(g_machine.lib_version);
     printf(",\n  \"header_version\": \"%d.%d.%d\",\n", TP_VERSION_MAJOR, TP_VERSION_MINOR,
            TP_VERSION_PATCH);
