@@ -120,6 +120,7 @@ typedef struct tp__task {
     int state;
     int status;             /* final status once finalised */
     uint32_t log_gen;       /* non-zero: log_id not yet written; the pool serial to generate it from */
+    uint32_t ring_pos;      /* while QUEUED: its ring index (see ring.h) */
     char log_id[TP_LOG_ID_MAX + 1];
 } tp__task;
 

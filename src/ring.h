@@ -6,6 +6,12 @@
  * right across wrap-around because the length never exceeds the size (at most
  * 2^21 here), far below 2^32. Slots are addressed with `& mask`.
  *
+ * Each task remembers where it sits (`ring_pos`, the free-running index of
+ * its slot), kept right by every function that moves it, so that a cancel
+ * finds it at once and closes the gap from the nearer end: removing the head
+ * (or the tail) costs O(1), any other O(min(distance to either end)).
+ * This header is included by internal.h after struct tp__task.
+ *
  * No locking and no allocation after init: the pool lock guards every call.
  * The pool sizes it for queue_capacity + max_workers, the most tasks that can
  * ever be queued at once (a failed attempt may enter the retry wait, and later
@@ -45,6 +51,7 @@ static inline uint32_t tp__ring_len(const tp__ring *r) { return r->tail - r->hea
 
 /* The caller guarantees room (the pool's admission bound). */
 static inline void tp__ring_push(tp__ring *r, struct tp__task *t) {
+    t->ring_pos = r->tail;
     r->slots[r->tail++ & r->mask] = t;
 }
 
@@ -58,17 +65,27 @@ static inline struct tp__task *tp__ring_at(const tp__ring *r, uint32_t i) {
     return r->slots[(r->head + i) & r->mask];
 }
 
-/* Remove `t` wherever it is, keeping the order of the others: O(len), used
- * only by cancel. Returns 1 if found. */
-static inline int tp__ring_remove(tp__ring *r, const struct tp__task *t) {
-    for (uint32_t i = r->head; i != r->tail; i++) {
-        if (r->slots[i & r->mask] != t) continue;
-        for (uint32_t j = i; j + 1 != r->tail; j++)
-            r->slots[j & r->mask] = r->slots[(j + 1) & r->mask];
+/* Remove `t` wherever it is, keeping the order of the others: the entries on
+ * the shorter side of it move one step to close the gap. Returns 1 if found. */
+static inline int tp__ring_remove(tp__ring *r, struct tp__task *t) {
+    uint32_t pos = t->ring_pos;
+    if ((uint32_t)(pos - r->head) >= tp__ring_len(r) || r->slots[pos & r->mask] != t) return 0;
+    if (pos - r->head < r->tail - 1 - pos) {
+        for (uint32_t j = pos; j != r->head; j--) {
+            struct tp__task *s = r->slots[(j - 1) & r->mask];
+            r->slots[j & r->mask] = s;
+            s->ring_pos = j;
+        }
+        r->head++;
+    } else {
+        for (uint32_t j = pos; j + 1 != r->tail; j++) {
+            struct tp__task *s = r->slots[(j + 1) & r->mask];
+            r->slots[j & r->mask] = s;
+            s->ring_pos = j;
+        }
         r->tail--;
-        return 1;
     }
-    return 0;
+    return 1;
 }
 
 /* Keep, in order, the tasks for which keep(t, arg) is true; drop the others
@@ -78,7 +95,10 @@ static inline uint32_t tp__ring_filter(tp__ring *r, int (*keep)(struct tp__task 
     uint32_t w = r->head;
     for (uint32_t i = r->head; i != r->tail; i++) {
         struct tp__task *t = r->slots[i & r->mask];
-        if (keep(t, arg)) r->slots[w++ & r->mask] = t;
+        if (keep(t, arg)) {
+            t->ring_pos = w;
+            r->slots[w++ & r->mask] = t;
+        }
     }
     uint32_t dropped = r->tail - w;
     r->tail = w;

@@ -42,6 +42,41 @@ static void test_ring_remove_keeps_order(void **state) {
     tp__ring_fini(&r);
 }
 
+/* Removal from every position of rings of every length up to 9, across the
+ * wrap, against a plain array model: order kept, positions right (a second
+ * removal of each remaining task still finds it). */
+static void test_ring_remove_every_position(void **state) {
+    (void)state;
+    tp__task t[9];
+    for (uint32_t len = 1; len <= 9; len++) {
+        for (uint32_t victim = 0; victim < len; victim++) {
+            for (uint32_t s = 0; s < 8; s++) {
+                uint32_t start = UINT32_MAX - 10 + 3 * s; /* wraps past 0 */
+                tp__ring r;
+                assert_int_equal(tp__ring_init(&r, 9), 0);
+                r.head = r.tail = start;
+                for (uint32_t i = 0; i < len; i++) tp__ring_push(&r, &t[i]);
+                assert_int_equal(tp__ring_remove(&r, &t[victim]), 1);
+                assert_int_equal(tp__ring_remove(&r, &t[victim]), 0);
+                assert_int_equal(tp__ring_len(&r), len - 1);
+                uint32_t k = 0;
+                for (uint32_t i = 0; i < len; i++) {
+                    if (i == victim) continue;
+                    assert_ptr_equal(tp__ring_at(&r, k), &t[i]);
+                    assert_int_equal(t[i].ring_pos, r.head + k);
+                    k++;
+                }
+                /* Remove the rest from the middle outwards: each is found. */
+                while (tp__ring_len(&r) > 0) {
+                    tp__task *m = tp__ring_at(&r, tp__ring_len(&r) / 2);
+                    assert_int_equal(tp__ring_remove(&r, m), 1);
+                }
+                tp__ring_fini(&r);
+            }
+        }
+    }
+}
+
 static void test_tasks_index_and_growth(void **state) {
     (void)state;
     tp__tasks ts;
@@ -94,6 +129,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ring_fifo_and_wrap),
         cmocka_unit_test(test_ring_remove_keeps_order),
+        cmocka_unit_test(test_ring_remove_every_position),
         cmocka_unit_test(test_tasks_index_and_growth),
         cmocka_unit_test(test_tasks_limit),
     };
