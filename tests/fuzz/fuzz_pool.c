@@ -1,0 +1,1482 @@
+/*
+ * fuzz_pool.c -- model-based fuzzing of libtaskpool.
+ *
+ * Each input is a short program (at most FZ_MAX_OPS operations) on two pool
+ * slots: create with a varied config, submit / submit_wait (users, deadlines,
+ * run timeouts, retries, the default pool), cancel, open a gate, settle, close,
+ * shutdown, wait, read statistics, destroy, invalid calls, the caller's log id.
+ * Tasks succeed, fail, fail a few times then succeed, sleep, block on a
+ * harness gate (ignoring cancellation, or cooperating through tp_ctx_sleep or
+ * tp_ctx_fd), or call the pool on themselves (EDEADLK, self-cancel).
+ *
+ * Every return code is checked against a model of SPEC.md that is exact where
+ * the contract is deterministic and tolerant where timing decides:
+ *   - A task inside its gate whose gate is closed (and that cannot leave by
+ *     cancellation or timeout) is *stuck*: certainly running, holding its
+ *     worker and its user slot. When every worker of a pool is stuck, every
+ *     other unfinished task without a near deadline is *parked*: certainly
+ *     queued or waiting for a retry. Those two states give lower bounds of the
+ *     queue occupancy and of each user's slots; tasks not known to have ended
+ *     give the upper bounds. tp_submit must then answer exactly EUSERLIMIT or
+ *     EFULL at the lower bound, and exactly TP_OK below the upper one.
+ *   - Cancel of a stuck or parked task is TP_OK; of an ended one TP_ENOTFOUND;
+ *     a parked one's on_done must then run promptly (every worker is busy) with
+ *     TP_ECANCELED, and it never runs again.
+ *   - Shutdown, wait and submit_wait are exact when something is stuck
+ *     (TP_ETIMEDOUT, not before the budget) or when nothing can block
+ *     (TP_OK with a long budget), tolerant otherwise.
+ *   - Admission counters (submitted, accepted, each rejected_*) are exact at
+ *     every read: only the harness thread submits.
+ * At the end of every input all gates open, every pool is shut down, waited
+ * for and checked at rest: the SPEC invariants, each counter against what the
+ * tasks observed (started, retried, succeeded, failed, cancelled, expired),
+ * on_done exactly once per accepted task with a status the task's history
+ * allows, never for a refused one, worker hooks paired, one log line per failed
+ * attempt. Every wait in the harness is bounded; a violation prints the
+ * operations of the input and aborts (libFuzzer keeps the input as a crash).
+ *
+ * Built two ways:
+ *   - with -fsanitize=fuzzer: libFuzzer calls LLVMFuzzerTestOneInput;
+ *   - with -DTP_FUZZ_REPLAY: main() runs the inputs of the files and
+ *     directories named on the command line (CTest replays the corpus so in the
+ *     plain, TSan and ASan builds).
+ * Either way the process prints, at exit, how many operations and inputs ran
+ * without a violation.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE 1
+#endif
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "taskpool.h"
+
+#define FZ_SLOTS 2
+#define FZ_GATES 4
+#define FZ_MAX_OPS 64
+#define FZ_MAX_TASKS (2 * FZ_MAX_OPS)
+#define FZ_USERS 5
+
+#define MS 1000000ull
+#define SEC 1000000000ull
+#define FZ_LONG_NS (5 * SEC)   /* a budget that must suffice when nothing blocks */
+#define FZ_BOUND_NS (20 * SEC) /* any wait for something that must happen */
+#define FZ_FAR_NS (120 * SEC)  /* a deadline/run timeout no input ever reaches */
+
+/* ------------------------------------------------------------ bookkeeping */
+
+static atomic_ullong fz_ops_total;    /* operations executed */
+static atomic_ullong fz_inputs_total; /* inputs completed */
+static pthread_t fz_main_thread;
+
+static pthread_mutex_t fz_trace_mu = PTHREAD_MUTEX_INITIALIZER;
+static char fz_trace[FZ_MAX_OPS + 16][120];
+static int fz_ntrace;
+
+static void trace(const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 1, 2)))
+#endif
+    ;
+static void trace(const char *fmt, ...) {
+    pthread_mutex_lock(&fz_trace_mu);
+    if (fz_ntrace < (int)(sizeof fz_trace / sizeof fz_trace[0])) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(fz_trace[fz_ntrace++], sizeof fz_trace[0], fmt, ap);
+        va_end(ap);
+    }
+    pthread_mutex_unlock(&fz_trace_mu);
+}
+
+/* A broken promise: say which, list the input's operations, abort. */
+static void violation(const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 1, 2), noreturn))
+#endif
+    ;
+static void violation(const char *fmt, ...) {
+    static pthread_mutex_t once = PTHREAD_MUTEX_INITIALIZER;
+    pthread_mutex_lock(&once); /* one report, even if several threads see one */
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "\nfuzz_pool: VIOLATION: ");
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "\nfuzz_pool: operations of this input so far:\n");
+    pthread_mutex_lock(&fz_trace_mu);
+    for (int i = 0; i < fz_ntrace; i++) fprintf(stderr, "  %2d %s\n", i, fz_trace[i]);
+    pthread_mutex_unlock(&fz_trace_mu);
+    fflush(stderr);
+    abort();
+}
+
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) violation(__VA_ARGS__);                                                       \
+    } while (0)
+
+static void sleep_ns(uint64_t ns) {
+    struct timespec ts = {(time_t)(ns / SEC), (long)(ns % SEC)};
+    while (nanosleep(&ts, &ts) != 0) {
+    }
+}
+
+static uint64_t sat_add(uint64_t a, uint64_t b) { return b >= TP_FOREVER - a ? TP_FOREVER : a + b; }
+static uint64_t min64(uint64_t a, uint64_t b) { return a < b ? a : b; }
+
+/* Return codes as bits: TP_OK is bit 0, TP_EINVAL bit 1, ... */
+static unsigned bit(int rc) { return rc <= 0 && rc >= TP_ENODEFAULT ? 1u << (unsigned)-rc : 1u << 31; }
+#define B_OK bit(TP_OK)
+
+static const char *rcname(int rc) { return tp_err_name(rc); }
+
+static void expect_rc(int rc, unsigned allowed, const char *what) {
+    if (!(bit(rc) & allowed)) {
+        char buf[200] = "";
+        size_t n = 0;
+        for (int c = 0; c >= TP_ENODEFAULT; c--)
+            if (allowed & bit(c)) n += (size_t)snprintf(buf + n, sizeof buf - n, " %s", rcname(c));
+        violation("%s returned %s (%d); the model allows:%s", what, rcname(rc), rc, buf);
+    }
+}
+
+/* ------------------------------------------------------------ gates */
+
+/* One-shot gates shared by all pools of an input; reset between inputs. A
+ * gate is a flag + condvar (for tasks that ignore cancellation) and a pipe
+ * that turns readable when it opens (for tasks that poll()). */
+typedef struct fz_gate {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    atomic_int open;
+    int fds[2];
+} fz_gate;
+
+static fz_gate fz_gates[FZ_GATES];
+
+static void gates_init(void) {
+    for (int g = 0; g < FZ_GATES; g++) {
+        fz_gate *G = &fz_gates[g];
+        pthread_condattr_t a;
+        pthread_condattr_init(&a);
+        pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+        pthread_mutex_init(&G->mu, NULL);
+        pthread_cond_init(&G->cv, &a);
+        pthread_condattr_destroy(&a);
+        atomic_init(&G->open, 0);
+        if (pipe2(G->fds, O_NONBLOCK | O_CLOEXEC) != 0) {
+            perror("fuzz_pool: pipe2");
+            exit(2);
+        }
+    }
+}
+
+static bool gate_is_open(int g) { return atomic_load(&fz_gates[g].open) != 0; }
+
+static void gate_open(int g) {
+    fz_gate *G = &fz_gates[g];
+    pthread_mutex_lock(&G->mu);
+    if (!atomic_load(&G->open)) {
+        atomic_store(&G->open, 1);
+        char b = 1;
+        if (write(G->fds[1], &b, 1) != 1) violation("gate pipe write failed");
+    }
+    pthread_cond_broadcast(&G->cv);
+    pthread_mutex_unlock(&G->mu);
+}
+
+/* Between inputs only: no thread of any pool exists then. */
+static void gates_reset(void) {
+    for (int g = 0; g < FZ_GATES; g++) {
+        char buf[16];
+        while (read(fz_gates[g].fds[0], buf, sizeof buf) > 0) {
+        }
+        atomic_store(&fz_gates[g].open, 0);
+    }
+}
+
+/* Wait for the gate, ignoring cancellation. Bounded: a gate the harness never
+ * opens is a harness bug, reported as such. */
+static void gate_wait(int g) {
+    fz_gate *G = &fz_gates[g];
+    uint64_t end = tp_now_ns() + FZ_BOUND_NS;
+    struct timespec ts = {(time_t)(end / SEC), (long)(end % SEC)};
+    pthread_mutex_lock(&G->mu);
+    while (!atomic_load(&G->open)) {
+        if (pthread_cond_timedwait(&G->cv, &G->mu, &ts) == ETIMEDOUT) {
+            pthread_mutex_unlock(&G->mu);
+            violation("harness: gate %d never opened", g);
+        }
+    }
+    pthread_mutex_unlock(&G->mu);
+}
+
+/* ------------------------------------------------------------ model state */
+
+enum {
+    K_SUCCEED,     /* returns 0 */
+    K_FAIL,        /* returns `result` (non-zero) on every attempt */
+    K_FLAKY,       /* fails `fail_k` attempts, then returns 0 */
+    K_GATE_IGNORE, /* waits for its gate, deaf to cancellation, returns `result` */
+    K_GATE_SLEEP,  /* waits for its gate in tp_ctx_sleep slices: leaves on ctx error */
+    K_GATE_FD,     /* poll()s its gate and tp_ctx_fd: leaves on ctx error */
+    K_SLEEP,       /* tp_ctx_sleep(sleep_ns), returns its result */
+    K_SELF,        /* EDEADLK calls on its own pool, cancels itself, returns `result` */
+    K_COUNT
+};
+static const char *const kind_name[K_COUNT] = {"succeed", "fail",     "flaky", "gate-ignore",
+                                               "gate-sleep", "gate-fd", "sleep", "self"};
+
+enum { DL_NONE, DL_PAST, DL_NEAR, DL_FAR };
+static const char *const fz_users[FZ_USERS] = {NULL, "", "u0", "u1", "u2"};
+
+struct fz_pool;
+
+typedef struct fz_task {
+    /* Written by the harness before the submit; read-only afterwards (the
+     * submit's lock orders these writes before any pool thread reads them). */
+    struct fz_pool *fp;
+    tp_pool *pool;
+    int index, kind, gate, result, fail_k, user, dl_class;
+    uint64_t sleep_ns, deadline, run_timeout; /* run_timeout: resolved */
+    uint64_t submit_ns;
+    unsigned max_retries;
+    bool has_done;
+    char expect_log[TP_LOG_ID_MAX + 1]; /* "" -> a generated one ("tp-...") */
+    char opt_log[24];
+    /* Written by pool threads. */
+    _Atomic uint64_t ctx_id;
+    atomic_int runs;    /* attempts entered */
+    atomic_int returns; /* attempts returned */
+    atomic_int inside;  /* an attempt is running the task function */
+    atomic_int last_rv;
+    atomic_int nonzero; /* attempts that returned non-zero */
+    atomic_int done_enter, done_calls, done_status;
+    /* Written by the harness, read by the task. */
+    atomic_int cancel_ok; /* a tp_cancel of it returned TP_OK */
+    /* Harness only. */
+    uint64_t id;
+    bool accepted, cancel_requested, finalised_known;
+} fz_task;
+
+typedef struct fz_pool {
+    int slot;
+    tp_pool *p;
+    bool live;
+    unsigned workers, max_workers, cap, max_per_user, max_retries;
+    uint64_t retry_delay, run_timeout, drain_timeout, submit_timeout;
+    bool closed, shut_called, maybe_forced;
+    int shut_rc;
+    atomic_int forced; /* a forced shutdown returned: no new attempt may start */
+    uint64_t submitted, accepted, rej_full, rej_user, rej_closed, rej_timeout;
+    int ntasks;
+    fz_task *tasks[FZ_MAX_TASKS];
+    atomic_int hook_start, hook_stop, log_warn, log_error, log_other, done_total;
+    tp_stats last;
+} fz_pool;
+
+static fz_pool fz_pools[FZ_SLOTS];
+static fz_task fz_tasks[FZ_MAX_TASKS];
+static int fz_ntasks;
+static char fz_main_log[16]; /* the harness thread's log id, "" for none */
+
+/* ------------------------------------------------------------ hooks */
+
+static void hook_start(void *arg) { atomic_fetch_add(&((fz_pool *)arg)->hook_start, 1); }
+static void hook_stop(void *arg) { atomic_fetch_add(&((fz_pool *)arg)->hook_stop, 1); }
+
+static void log_hook(void *arg, int level, const char *log_id, const char *msg) {
+    fz_pool *fp = (fz_pool *)arg;
+    CHECK(log_id && msg, "log hook called with a NULL log id or message");
+    if (level == TP_LOG_WARN)
+        atomic_fetch_add(&fp->log_warn, 1);
+    else if (level == TP_LOG_ERROR)
+        atomic_fetch_add(&fp->log_error, 1);
+    else
+        atomic_fetch_add(&fp->log_other, 1);
+}
+
+/* ------------------------------------------------------------ tasks */
+
+static bool near_deadline(const fz_task *t) { return t->dl_class == DL_PAST || t->dl_class == DL_NEAR; }
+static bool short_timeout(const fz_task *t) { return t->run_timeout < SEC; }
+
+/* Checks at the start of every attempt. */
+static void attempt_checks(tp_ctx *c, fz_task *t, int attempt) {
+    fz_pool *fp = t->fp;
+    CHECK(attempt <= (int)t->max_retries, "task %d: attempt %d > max_retries %u", t->index, attempt,
+          t->max_retries);
+    CHECK(tp_ctx_attempt(c) == (unsigned)attempt, "task %d: tp_ctx_attempt %u, but this is attempt %d",
+          t->index, tp_ctx_attempt(c), attempt);
+    CHECK(t->dl_class != DL_PAST, "task %d: its deadline had passed at admission, yet it ran", t->index);
+    /* A cancel that returned TP_OK, or a forced shutdown that returned, lets
+     * at most the attempt already running go on, and that one sees it. */
+    if (atomic_load(&t->cancel_ok) || atomic_load(&fp->forced))
+        CHECK(tp_ctx_err(c) == TP_ECANCELED,
+              "task %d: attempt %d started after a successful cancel / forced shutdown", t->index, attempt);
+    uint64_t id = tp_ctx_id(c);
+    uint64_t seen = 0;
+    if (!atomic_compare_exchange_strong(&t->ctx_id, &seen, id))
+        CHECK(seen == id, "task %d: tp_ctx_id changed between attempts", t->index);
+    const char *u = tp_ctx_user(c), *want = fz_users[t->user];
+    if (!want || !want[0])
+        CHECK(u == NULL, "task %d: tp_ctx_user is \"%s\", expected NULL", t->index, u);
+    else
+        CHECK(u && strcmp(u, want) == 0, "task %d: tp_ctx_user is \"%s\", expected \"%s\"", t->index,
+              u ? u : "(null)", want);
+    const char *l = tp_ctx_log_id(c), *g = tp_log_id_get();
+    CHECK(l != NULL, "task %d: tp_ctx_log_id is NULL", t->index);
+    if (t->expect_log[0])
+        CHECK(strcmp(l, t->expect_log) == 0, "task %d: log id \"%s\", expected \"%s\"", t->index, l,
+              t->expect_log);
+    else
+        CHECK(strncmp(l, "tp-", 3) == 0, "task %d: generated log id \"%s\"", t->index, l);
+    CHECK(g && strcmp(g, l) == 0, "task %d: tp_log_id_get \"%s\" != tp_ctx_log_id \"%s\"", t->index,
+          g ? g : "(null)", l);
+    /* Effective deadline: min(task deadline, start + run timeout), where
+     * submit_ns <= start <= now. */
+    uint64_t now = tp_now_ns(), d = tp_ctx_deadline(c);
+    uint64_t dl = t->deadline ? t->deadline : TP_FOREVER;
+    uint64_t rt = t->run_timeout;
+    uint64_t hi = min64(dl, rt == TP_FOREVER ? TP_FOREVER : sat_add(now, rt));
+    uint64_t lo = min64(dl, rt == TP_FOREVER ? TP_FOREVER : sat_add(t->submit_ns, rt));
+    CHECK(d >= lo && d <= hi, "task %d: tp_ctx_deadline %llu outside [%llu, %llu]", t->index,
+          (unsigned long long)d, (unsigned long long)lo, (unsigned long long)hi);
+}
+
+static int wait_gate_sleep(tp_ctx *c, fz_task *t) {
+    uint64_t end = tp_now_ns() + FZ_BOUND_NS;
+    while (!gate_is_open(t->gate)) {
+        int e = tp_ctx_sleep(c, MS);
+        if (e != 0) {
+            CHECK(e == tp_ctx_err(c) || (e == TP_ETIMEDOUT && tp_ctx_err(c) == TP_ECANCELED),
+                  "task %d: tp_ctx_sleep returned %s, tp_ctx_err %s", t->index, rcname(e),
+                  rcname(tp_ctx_err(c)));
+            return e;
+        }
+        if (tp_now_ns() > end) violation("harness: gate %d never opened (task %d)", t->gate, t->index);
+    }
+    return t->result;
+}
+
+static int wait_gate_fd(tp_ctx *c, fz_task *t) {
+    int cfd = tp_ctx_fd(c);
+    if (cfd < 0) return wait_gate_sleep(c, t); /* no descriptor to be had (TP_ENOMEM) */
+    /* The descriptor is clean for every new attempt unless it is cancelled. */
+    struct pollfd pf0 = {cfd, POLLIN, 0};
+    if (poll(&pf0, 1, 0) == 1 && (pf0.revents & POLLIN))
+        CHECK(tp_ctx_err(c) == TP_ECANCELED, "task %d: cancel fd readable at the start of an uncancelled attempt",
+              t->index);
+    uint64_t end = tp_now_ns() + FZ_BOUND_NS;
+    for (;;) {
+        if (gate_is_open(t->gate)) return t->result;
+        int e = tp_ctx_err(c);
+        if (e) return e;
+        uint64_t now = tp_now_ns(), d = tp_ctx_deadline(c);
+        if (now > end) violation("harness: gate %d never opened (task %d)", t->gate, t->index);
+        uint64_t ms = d == TP_FOREVER ? 1000 : (d > now ? (d - now) / MS + 1 : 0);
+        if (ms > 1000) ms = 1000;
+        struct pollfd pf[2] = {{fz_gates[t->gate].fds[0], POLLIN, 0}, {cfd, POLLIN, 0}};
+        int n = poll(pf, 2, (int)ms);
+        if (n > 0 && (pf[1].revents & POLLIN))
+            CHECK(tp_ctx_err(c) == TP_ECANCELED, "task %d: cancel fd readable but tp_ctx_err is %s", t->index,
+                  rcname(tp_ctx_err(c)));
+    }
+}
+
+static int self_task(tp_ctx *c, fz_task *t) {
+    tp_pool *p = t->pool;
+    CHECK(tp_shutdown(p, 1) == TP_EDEADLK, "task %d: tp_shutdown on its own pool is not EDEADLK", t->index);
+    CHECK(tp_wait(p, 1) == TP_EDEADLK, "task %d: tp_wait on its own pool is not EDEADLK", t->index);
+    CHECK(tp_destroy(p) == TP_EDEADLK, "task %d: tp_destroy on its own pool is not EDEADLK", t->index);
+    int rc = tp_cancel(p, tp_ctx_id(c));
+    CHECK(rc == TP_OK, "task %d: cancelling itself returned %s", t->index, rcname(rc));
+    CHECK(tp_ctx_err(c) == TP_ECANCELED, "task %d: after cancelling itself tp_ctx_err is %s", t->index,
+          rcname(tp_ctx_err(c)));
+    CHECK(tp_ctx_sleep(c, 50 * MS) == TP_ECANCELED, "task %d: tp_ctx_sleep after self-cancel", t->index);
+    return t->result;
+}
+
+static int task_main(tp_ctx *c, void *arg) {
+    fz_task *t = (fz_task *)arg;
+    int attempt = atomic_fetch_add(&t->runs, 1);
+    attempt_checks(c, t, attempt);
+    atomic_store(&t->inside, 1);
+    int rv = 0;
+    switch (t->kind) {
+    case K_SUCCEED: rv = 0; break;
+    case K_FAIL: rv = t->result; break;
+    case K_FLAKY: rv = attempt < t->fail_k ? t->result : 0; break;
+    case K_GATE_IGNORE: gate_wait(t->gate); rv = t->result; break;
+    case K_GATE_SLEEP: rv = wait_gate_sleep(c, t); break;
+    case K_GATE_FD: rv = wait_gate_fd(c, t); break;
+    case K_SLEEP: {
+        uint64_t t0 = tp_now_ns();
+        rv = tp_ctx_sleep(c, t->sleep_ns);
+        uint64_t t1 = tp_now_ns();
+        if (rv == 0)
+            CHECK(t1 - t0 >= t->sleep_ns && tp_ctx_deadline(c) >= t0 + t->sleep_ns,
+                  "task %d: tp_ctx_sleep returned 0 early or past its deadline", t->index);
+        else
+            CHECK(rv == TP_ECANCELED || rv == TP_ETIMEDOUT, "task %d: tp_ctx_sleep returned %d", t->index, rv);
+        break;
+    }
+    case K_SELF: rv = self_task(c, t); break;
+    default: violation("harness: bad kind");
+    }
+    if (rv != 0) atomic_fetch_add(&t->nonzero, 1);
+    atomic_store(&t->last_rv, rv);
+    atomic_store(&t->inside, 0);
+    atomic_fetch_add(&t->returns, 1);
+    return rv;
+}
+
+static void task_done(void *arg, int status) {
+    fz_task *t = (fz_task *)arg;
+    fz_pool *fp = t->fp;
+    CHECK(atomic_fetch_add(&t->done_enter, 1) == 0, "task %d (id %llu): on_done called twice", t->index,
+          (unsigned long long)t->id);
+    CHECK(!pthread_equal(pthread_self(), fz_main_thread), "task %d: on_done ran on the harness thread", t->index);
+    CHECK(atomic_load(&t->inside) == 0, "task %d: on_done while its function runs", t->index);
+    atomic_store(&t->done_status, status);
+    /* The task's counters are updated before on_done, and so are those of
+     * every task whose on_done ran before. */
+    int n = atomic_fetch_add(&fp->done_total, 1) + 1;
+    tp_stats s;
+    tp_stats_get(t->pool, &s);
+    CHECK(s.completed >= (uint64_t)n, "task %d: on_done #%d but stats.completed is %llu", t->index, n,
+          (unsigned long long)s.completed);
+    CHECK(tp_wait(t->pool, 1) == TP_EDEADLK, "task %d: tp_wait in on_done is not EDEADLK", t->index);
+    CHECK(tp_shutdown(t->pool, 1) == TP_EDEADLK, "task %d: tp_shutdown in on_done is not EDEADLK", t->index);
+    const char *g = tp_log_id_get();
+    CHECK(g != NULL, "task %d: no log id in on_done", t->index);
+    if (t->expect_log[0])
+        CHECK(strcmp(g, t->expect_log) == 0, "task %d: log id in on_done \"%s\", expected \"%s\"", t->index, g,
+              t->expect_log);
+    atomic_fetch_add(&t->done_calls, 1);
+}
+
+/* ------------------------------------------------------------ model scan */
+
+static bool task_ended(const fz_task *t) { return atomic_load(&t->done_calls) > 0 || t->finalised_known; }
+
+/* No attempt will start any more: one returned 0, or the last one allowed has
+ * returned, or it was cancelled (by itself or by a forced shutdown) and has
+ * returned. Read `returns` before `last_rv`: any 0 seen is a final one. */
+static bool no_more_runs(const fz_task *t) {
+    int ret = atomic_load(&t->returns);
+    if (ret == 0) return false;
+    if (ret >= (int)t->max_retries + 1 || t->kind == K_SELF) return true;
+    return atomic_load(&t->last_rv) == 0;
+}
+
+/* Certainly inside its function, and certain to stay there until the harness
+ * opens its gate (or, cooperating, cancels it or forces a shutdown). */
+static bool task_stuck(const fz_pool *fp, const fz_task *t) {
+    if (task_ended(t) || !atomic_load(&t->inside) || gate_is_open(t->gate)) return false;
+    if (t->kind == K_GATE_IGNORE) return true;
+    if (t->kind == K_GATE_SLEEP || t->kind == K_GATE_FD)
+        return !t->cancel_requested && !fp->maybe_forced && !short_timeout(t) && !near_deadline(t);
+    return false;
+}
+
+/* An unfinished gate task whose gate is closed: it may get stuck. */
+static bool task_blocker(const fz_task *t) {
+    return !task_ended(t) && (t->kind == K_GATE_IGNORE || t->kind == K_GATE_SLEEP || t->kind == K_GATE_FD) &&
+           !gate_is_open(t->gate);
+}
+
+typedef struct fz_scan {
+    int nstuck, nblockers, nparked, unfinished;
+    bool q1; /* every worker is stuck */
+    int occ_lo, occ_hi;
+    int ulo[FZ_USERS], uhi[FZ_USERS];
+    bool stuck[FZ_MAX_TASKS], parked[FZ_MAX_TASKS];
+} fz_scan;
+
+static void model_scan(const fz_pool *fp, fz_scan *s) {
+    memset(s, 0, sizeof *s);
+    for (int i = 0; i < fp->ntasks; i++) {
+        const fz_task *t = fp->tasks[i];
+        if (!t->accepted) continue;
+        s->stuck[i] = task_stuck(fp, t);
+        s->nstuck += s->stuck[i];
+        s->nblockers += task_blocker(t);
+    }
+    s->q1 = s->nstuck >= (int)fp->max_workers;
+    for (int i = 0; i < fp->ntasks; i++) {
+        const fz_task *t = fp->tasks[i];
+        if (!t->accepted || task_ended(t)) continue;
+        s->unfinished++;
+        bool gone = no_more_runs(t);
+        /* Parked: with every worker stuck, an unfinished task that no timer
+         * or earlier cancel can end is waiting in the queue or for a retry. */
+        s->parked[i] = s->q1 && !s->stuck[i] && !gone && !near_deadline(t) && !atomic_load(&t->cancel_ok) &&
+                       !fp->maybe_forced;
+        s->nparked += s->parked[i];
+        if (s->stuck[i] || s->parked[i]) s->ulo[t->user]++;
+        if (s->parked[i]) s->occ_lo++;
+        if (!s->stuck[i] && !gone) s->occ_hi++;
+        s->uhi[t->user]++;
+    }
+}
+
+/* ------------------------------------------------------------ stats checks */
+
+static tp_stats get_stats(const fz_pool *fp) {
+    tp_stats s;
+    memset(&s, 0xab, sizeof s);
+    tp_stats_get(fp->p, &s);
+    return s;
+}
+
+static void check_format(const tp_stats *s) {
+    char big[4096], small[16];
+    for (int f = TP_FORMAT_JSON; f <= TP_FORMAT_PROMETHEUS; f++) {
+        int need = tp_stats_format(s, f, NULL, 0);
+        CHECK(need > 0 && need < (int)sizeof big, "tp_stats_format(%d) needs %d", f, need);
+        int n = tp_stats_format(s, f, big, sizeof big);
+        CHECK(n == need && strlen(big) == (size_t)n, "tp_stats_format(%d) wrote %d/%zu, needed %d", f, n,
+              strlen(big), need);
+        memset(small, 'x', sizeof small);
+        n = tp_stats_format(s, f, small, sizeof small);
+        CHECK(n == need && small[sizeof small - 1] == '\0' && strlen(small) == sizeof small - 1 &&
+                  memcmp(small, big, sizeof small - 1) == 0,
+              "tp_stats_format(%d) into 16 bytes is not a NUL-terminated prefix", f);
+        CHECK(f != TP_FORMAT_JSON || (strstr(big, "\"accepted\"") && big[0] == '{'), "JSON stats lack \"accepted\"");
+        CHECK(f != TP_FORMAT_PROMETHEUS || strstr(big, "taskpool_accepted_total"),
+              "Prometheus stats lack taskpool_accepted_total");
+    }
+    CHECK(tp_stats_format(s, 7, big, sizeof big) == TP_EINVAL, "tp_stats_format of an unknown format");
+}
+
+/* While the pool runs: admission counters exact, the others bounded by what
+ * the tasks have shown, every counter monotonic. */
+static void check_running(fz_pool *fp, bool with_users) {
+    int runs_seen = 0, retries_seen = 0, done_seen = 0;
+    for (int i = 0; i < fp->ntasks; i++) {
+        fz_task *t = fp->tasks[i];
+        int r = atomic_load(&t->runs);
+        runs_seen += r > 0;
+        retries_seen += r > 1 ? r - 1 : 0;
+        done_seen += atomic_load(&t->done_calls) > 0;
+    }
+    fz_scan sc;
+    model_scan(fp, &sc);
+    tp_stats s = get_stats(fp);
+#define EQ(field, want)                                                                            \
+    CHECK(s.field == (want), "pool %d: stats." #field " is %llu, the model says %llu", fp->slot,            \
+          (unsigned long long)s.field, (unsigned long long)(want))
+    EQ(submitted, fp->submitted);
+    EQ(accepted, fp->accepted);
+    EQ(rejected_full, fp->rej_full);
+    EQ(rejected_user, fp->rej_user);
+    EQ(rejected_closed, fp->rej_closed);
+    EQ(rejected_timeout, fp->rej_timeout);
+    EQ(rejected, fp->rej_full + fp->rej_user + fp->rej_closed + fp->rej_timeout);
+#undef EQ
+#define GE(field, lo)                                                                              \
+    CHECK(s.field >= (uint64_t)(lo), "pool %d: stats." #field " is %llu < %llu", fp->slot,                  \
+          (unsigned long long)s.field, (unsigned long long)(lo))
+#define LE(field, hi)                                                                              \
+    CHECK(s.field <= (uint64_t)(hi), "pool %d: stats." #field " is %llu > %llu", fp->slot,                  \
+          (unsigned long long)s.field, (unsigned long long)(hi))
+    GE(started, runs_seen);
+    GE(retried, retries_seen);
+    GE(completed, done_seen);
+    LE(completed, fp->accepted);
+    LE(started, fp->accepted);
+    LE(active, fp->max_workers);
+    GE(active, sc.nstuck);
+    LE(workers, fp->max_workers);
+    LE(idle, fp->max_workers);
+    LE(queued, fp->cap + fp->max_workers);
+    LE(delayed, fp->cap + fp->max_workers);
+    LE(users, 3);
+    /* monotonic counters */
+    GE(started, fp->last.started);
+    GE(retried, fp->last.retried);
+    GE(completed, fp->last.completed);
+    GE(succeeded, fp->last.succeeded);
+    GE(failed, fp->last.failed);
+    GE(cancelled, fp->last.cancelled);
+    GE(expired, fp->last.expired);
+#undef GE
+#undef LE
+    fp->last = s;
+    if (with_users) {
+        /* Bounds taken before the call hold at its instant: stuck and parked
+         * tasks stay so while the harness does nothing, and a task seen ended
+         * stays ended. */
+        model_scan(fp, &sc);
+        for (int u = 0; u < FZ_USERS; u++) {
+            unsigned n = tp_user_active(fp->p, fz_users[u]);
+            int lo = u >= 2 ? sc.ulo[u] : 0, hi = u >= 2 ? sc.uhi[u] : 0;
+            CHECK((int)n >= lo && (int)n <= hi, "pool %d: tp_user_active(%s) = %u, model [%d, %d]", fp->slot,
+                  fz_users[u] ? fz_users[u] : "NULL", n, lo, hi);
+        }
+    }
+}
+
+/* Statuses a task's history allows for its on_done. */
+typedef struct fz_allowed {
+    int n;
+    int v[4];
+} fz_allowed;
+
+static void allow(fz_allowed *a, int st) {
+    for (int i = 0; i < a->n; i++)
+        if (a->v[i] == st) return;
+    a->v[a->n++] = st;
+}
+
+static bool allowed_has(const fz_allowed *a, int st) {
+    for (int i = 0; i < a->n; i++)
+        if (a->v[i] == st) return true;
+    return false;
+}
+
+static fz_allowed final_allowed(const fz_pool *fp, const fz_task *t) {
+    fz_allowed a = {0, {0}};
+    bool canc = atomic_load(&t->cancel_ok) || fp->maybe_forced;
+    bool dl = near_deadline(t);
+    int runs = atomic_load(&t->runs);
+    if (t->dl_class == DL_PAST) {
+        allow(&a, TP_ETIMEDOUT);
+        if (canc) allow(&a, TP_ECANCELED);
+        return a;
+    }
+    if (runs == 0) {
+        if (canc) allow(&a, TP_ECANCELED);
+        if (dl) allow(&a, TP_ETIMEDOUT);
+        return a;
+    }
+    int rv = atomic_load(&t->last_rv);
+    if (rv == 0) {
+        allow(&a, 0);
+        return a;
+    }
+    bool retry_left = runs - 1 < (int)t->max_retries && t->kind != K_SELF;
+    if (!retry_left) {
+        allow(&a, rv);
+        return a;
+    }
+    /* A failed attempt with retries left ends the task only if a cancel, a
+     * forced shutdown or the deadline stopped the retry. */
+    if (canc) {
+        allow(&a, rv);
+        allow(&a, TP_ECANCELED);
+    }
+    if (dl) {
+        allow(&a, rv);
+        allow(&a, TP_ETIMEDOUT);
+    }
+    return a;
+}
+
+static void print_allowed(char *buf, size_t len, const fz_allowed *a) {
+    size_t n = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < a->n && n < len; i++) n += (size_t)snprintf(buf + n, len - n, " %d", a->v[i]);
+    if (a->n == 0) snprintf(buf, len, " (none: it should not have ended)");
+}
+
+/* Every task of the pool has ended and every on_done has returned. */
+static void check_tasks_ended(const fz_pool *fp) {
+    for (int i = 0; i < fp->ntasks; i++) {
+        const fz_task *t = fp->tasks[i];
+        CHECK(atomic_load(&t->inside) == 0, "pool %d task %d still inside its function at rest", fp->slot, t->index);
+        if (!t->accepted) {
+            CHECK(atomic_load(&t->runs) == 0 && atomic_load(&t->done_enter) == 0,
+                  "pool %d task %d was refused, yet ran %d times / got %d on_done", fp->slot, t->index,
+                  atomic_load(&t->runs), atomic_load(&t->done_enter));
+            continue;
+        }
+        CHECK(atomic_load(&t->runs) == atomic_load(&t->returns), "pool %d task %d: runs != returns", fp->slot,
+              t->index);
+        uint64_t cid = atomic_load(&t->ctx_id);
+        CHECK(cid == 0 || cid == t->id, "pool %d task %d: ran with tp_ctx_id %llu, submit gave %llu", fp->slot,
+              t->index, (unsigned long long)cid, (unsigned long long)t->id);
+        if (!t->has_done) continue;
+        int calls = atomic_load(&t->done_calls), enter = atomic_load(&t->done_enter);
+        CHECK(calls == 1 && enter == 1, "pool %d task %d (id %llu, %s): on_done ran %d times at rest", fp->slot,
+              t->index, (unsigned long long)t->id, kind_name[t->kind], calls);
+        int st = atomic_load(&t->done_status);
+        fz_allowed a = final_allowed(fp, t);
+        if (!allowed_has(&a, st)) {
+            char buf[80];
+            print_allowed(buf, sizeof buf, &a);
+            violation("pool %d task %d (id %llu, %s, runs %d, last rv %d, max_retries %u, cancel_ok %d, "
+                      "deadline class %d): on_done status %d, allowed:%s",
+                      fp->slot, t->index, (unsigned long long)t->id, kind_name[t->kind], atomic_load(&t->runs),
+                      atomic_load(&t->last_rv), t->max_retries, atomic_load(&t->cancel_ok), t->dl_class, st, buf);
+        }
+    }
+}
+
+/* After tp_wait returned with the pool drained: SPEC section 7 exactly, and
+ * every counter against the tasks' own records. */
+static void check_at_rest(fz_pool *fp) {
+    check_running(fp, false);
+    check_tasks_ended(fp);
+    tp_stats s = get_stats(fp);
+    CHECK(s.submitted == s.accepted + s.rejected, "at rest: submitted != accepted + rejected");
+    CHECK(s.accepted == s.completed, "at rest: accepted %llu != completed %llu", (unsigned long long)s.accepted,
+          (unsigned long long)s.completed);
+    CHECK(s.completed == s.succeeded + s.failed, "at rest: completed != succeeded + failed");
+    CHECK(s.cancelled <= s.failed && s.expired <= s.cancelled, "at rest: cancelled/expired out of order");
+    CHECK(s.active == 0 && s.queued == 0 && s.delayed == 0 && s.users == 0,
+          "at rest: active %u queued %u delayed %u users %u", s.active, s.queued, s.delayed, s.users);
+    CHECK(s.workers == 0 && s.idle == 0, "at rest: workers %u idle %u", s.workers, s.idle);
+    uint64_t started = 0, retried = 0, nonzero = 0;
+    uint64_t lo[4] = {0}, hi[4] = {0}; /* succeeded, failed, cancelled, expired */
+    for (int i = 0; i < fp->ntasks; i++) {
+        const fz_task *t = fp->tasks[i];
+        if (!t->accepted) continue;
+        int r = atomic_load(&t->runs);
+        started += r > 0;
+        retried += r > 1 ? (uint64_t)(r - 1) : 0;
+        nonzero += (uint64_t)atomic_load(&t->nonzero);
+        fz_allowed a;
+        if (t->has_done) {
+            a.n = 1;
+            a.v[0] = atomic_load(&t->done_status);
+        } else {
+            a = final_allowed(fp, t);
+        }
+        bool can[4] = {false}, must[4] = {true, true, true, true};
+        for (int k = 0; k < a.n; k++) {
+            int st = a.v[k];
+            bool c[4] = {st == 0, st != 0, st == TP_ECANCELED || st == TP_ETIMEDOUT, st == TP_ETIMEDOUT && r == 0};
+            for (int j = 0; j < 4; j++) {
+                can[j] = can[j] || c[j];
+                must[j] = must[j] && c[j];
+            }
+        }
+        for (int j = 0; j < 4; j++) {
+            lo[j] += a.n > 0 && must[j];
+            hi[j] += can[j];
+        }
+    }
+    CHECK(s.started == started, "at rest: stats.started %llu, tasks started %llu", (unsigned long long)s.started,
+          (unsigned long long)started);
+    CHECK(s.retried == retried, "at rest: stats.retried %llu, extra attempts %llu", (unsigned long long)s.retried,
+          (unsigned long long)retried);
+    const char *names[4] = {"succeeded", "failed", "cancelled", "expired"};
+    uint64_t got[4] = {s.succeeded, s.failed, s.cancelled, s.expired};
+    for (int j = 0; j < 4; j++)
+        CHECK(got[j] >= lo[j] && got[j] <= hi[j], "at rest: stats.%s %llu, the tasks say [%llu, %llu]", names[j],
+              (unsigned long long)got[j], (unsigned long long)lo[j], (unsigned long long)hi[j]);
+    int hs = atomic_load(&fp->hook_start), he = atomic_load(&fp->hook_stop);
+    CHECK(hs == he && hs >= (int)fp->workers, "at rest: worker hooks started %d, stopped %d (workers %u)", hs, he,
+          fp->workers);
+    uint64_t warn = (uint64_t)atomic_load(&fp->log_warn), err = (uint64_t)atomic_load(&fp->log_error);
+    CHECK(warn + err == nonzero, "at rest: %llu failed attempts, %llu WARN + %llu ERROR log lines",
+          (unsigned long long)nonzero, (unsigned long long)warn, (unsigned long long)err);
+    CHECK(warn >= s.retried, "at rest: %llu retries but only %llu WARN lines", (unsigned long long)s.retried,
+          (unsigned long long)warn);
+}
+
+/* ------------------------------------------------------------ input decoding */
+
+typedef struct fz_in {
+    const uint8_t *p;
+    size_t n, i;
+} fz_in;
+
+static uint8_t take(fz_in *in) { return in->i < in->n ? in->p[in->i++] : 0; }
+
+/* ------------------------------------------------------------ operations */
+
+static void pool_reset(fz_pool *fp) {
+    int slot = fp->slot;
+    memset(fp, 0, sizeof *fp);
+    fp->slot = slot;
+}
+
+static const uint64_t retry_ns[4] = {1 * MS, 2 * MS, 4 * MS, 8 * MS};
+static const uint64_t drain_ns[4] = {1 * MS, 5 * MS, 20 * MS, 50 * MS};
+static const uint64_t submit_ns[4] = {1 * MS, 3 * MS, 10 * MS, 0};
+static const unsigned mpu_of[5] = {0, 1, 2, 3, TP_UNLIMITED};
+
+/* Config from 4 bytes. Returns true for a valid one (*c filled, fp's resolved
+ * fields set); false for a deliberately invalid one. */
+static bool decode_config(fz_pool *fp, const uint8_t b[4], tp_config *c) {
+    memset(c, 0, sizeof *c);
+    c->workers = 1 + (b[0] >> 1) % 3u;
+    unsigned extra = (b[0] >> 3) % 3u;
+    c->max_workers = extra ? c->workers + extra : ((b[0] & 0x20) ? c->workers : 0);
+    c->queue_capacity = 1 + b[1] % 4u;
+    c->max_per_user = mpu_of[(b[1] >> 2) % 5u];
+    c->max_retries = (b[1] >> 5) % 4u;
+    c->retry_delay_ns = retry_ns[b[2] % 4u];
+    static const uint64_t rt[4] = {0, TP_FOREVER, FZ_FAR_NS, 3 * MS};
+    c->run_timeout_ns = rt[(b[2] >> 2) % 4u];
+    c->drain_timeout_ns = drain_ns[(b[2] >> 4) % 4u];
+    static const uint64_t idle[4] = {0, 1 * MS, 5 * MS, TP_FOREVER};
+    c->idle_timeout_ns = idle[(b[2] >> 6) % 4u];
+    c->submit_timeout_ns = submit_ns[b[3] % 4u];
+    c->name = (b[3] & 4) ? "fz" : NULL;
+    c->log = log_hook;
+    c->log_arg = fp;
+    c->on_worker_start = hook_start;
+    c->on_worker_stop = hook_stop;
+    c->hook_arg = fp;
+    if ((b[3] & 0xe0) == 0xe0) {
+        switch ((b[0] >> 1) % 5u) {
+        case 0: c->workers = 2, c->max_workers = 1; break;
+        case 1: c->max_retries = TP_MAX_RETRIES + 1; break;
+        case 2: c->queue_capacity = TP_MAX_QUEUE_CAPACITY + 1; break;
+        case 3: c->workers = TP_MAX_WORKERS + 1; break;
+        default: c->name = "a-pool-name-longer-than-31-bytes"; break;
+        }
+        return false;
+    }
+    fp->workers = c->workers;
+    fp->max_workers = c->max_workers ? c->max_workers : c->workers;
+    fp->cap = c->queue_capacity;
+    fp->max_per_user = c->max_per_user ? c->max_per_user : 2;
+    fp->max_retries = c->max_retries;
+    fp->retry_delay = c->retry_delay_ns;
+    fp->run_timeout = c->run_timeout_ns ? c->run_timeout_ns : 600 * SEC;
+    fp->drain_timeout = c->drain_timeout_ns;
+    fp->submit_timeout = c->submit_timeout_ns ? c->submit_timeout_ns : SEC;
+    return true;
+}
+
+static void finish_pool(fz_pool *fp, bool full);
+
+static void op_create(fz_pool *fp, const uint8_t b[4]) {
+    if (fp->live) finish_pool(fp, true);
+    pool_reset(fp);
+    tp_config c;
+    bool valid = decode_config(fp, b, &c);
+    tp_pool *p = (tp_pool *)(uintptr_t)0x1;
+    int rc = tp_create(&p, &c);
+    trace("create slot %d: workers %u max %u cap %u mpu %u retries %u retry %llums rt %llu drain %llums -> %s",
+          fp->slot, c.workers, c.max_workers, c.queue_capacity, c.max_per_user, c.max_retries,
+          (unsigned long long)(c.retry_delay_ns / MS), (unsigned long long)c.run_timeout_ns,
+          (unsigned long long)(c.drain_timeout_ns / MS), rcname(rc));
+    if (!valid) {
+        CHECK(rc == TP_EINVAL && p == (tp_pool *)(uintptr_t)0x1, "tp_create of an invalid config returned %s",
+              rcname(rc));
+        return;
+    }
+    CHECK(rc == TP_OK && p != NULL && p != (tp_pool *)(uintptr_t)0x1, "tp_create returned %s", rcname(rc));
+    fp->p = p;
+    fp->live = true;
+}
+
+static void ensure_pool(fz_pool *fp) {
+    if (fp->live) return;
+    static const uint8_t zero[4];
+    op_create(fp, zero);
+}
+
+enum { VIA_SUBMIT, VIA_WAIT, VIA_DEFAULT };
+
+static void op_submit(fz_pool *fp, const uint8_t b[5], int via) {
+    ensure_pool(fp);
+    CHECK(fz_ntasks < FZ_MAX_TASKS, "harness: too many tasks");
+    fz_task *t = &fz_tasks[fz_ntasks];
+    memset(t, 0, sizeof *t);
+    t->index = fz_ntasks++;
+    t->fp = fp;
+    t->pool = fp->p;
+    t->kind = (b[0] >> 1) % K_COUNT;
+    t->user = b[1] % FZ_USERS;
+    t->gate = (b[1] >> 3) % FZ_GATES;
+    t->dl_class = b[2] % 4;
+    static const uint64_t rts[4] = {0, 2 * MS, TP_FOREVER, FZ_FAR_NS};
+    uint64_t rt = rts[(b[2] >> 2) % 4];
+    static const int results[4] = {0, 1, -77, TP_ETIMEDOUT};
+    t->result = results[(b[2] >> 4) % 4];
+    t->fail_k = b[2] >> 6;
+    if (t->kind == K_FAIL || t->kind == K_FLAKY) t->result = t->result ? t->result : 1;
+    t->sleep_ns = (1 + b[4] % 3) * MS;
+    t->has_done = (b[3] & 7) != 7;
+    t->max_retries = fp->max_retries;
+    t->run_timeout = rt ? rt : fp->run_timeout;
+    atomic_store(&t->last_rv, INT_MIN);
+    tp_task_opts o;
+    memset(&o, 0, sizeof o);
+    o.user = fz_users[t->user];
+    o.run_timeout_ns = rt;
+    if (t->has_done) o.on_done = task_done;
+    if (b[3] & 8) {
+        snprintf(t->opt_log, sizeof t->opt_log, "L%d", t->index);
+        o.log_id = t->opt_log;
+        memcpy(t->expect_log, t->opt_log, sizeof t->opt_log);
+    } else if (fz_main_log[0]) {
+        snprintf(t->expect_log, sizeof t->expect_log, "%s", fz_main_log);
+    }
+    t->submit_ns = tp_now_ns();
+    switch (t->dl_class) {
+    case DL_PAST: t->deadline = 1; break;
+    case DL_NEAR: t->deadline = t->submit_ns + (1 + b[4] % 4) * MS; break;
+    case DL_FAR: t->deadline = t->submit_ns + FZ_FAR_NS; break;
+    default: t->deadline = 0;
+    }
+    o.deadline_ns = t->deadline;
+    fp->tasks[fp->ntasks++] = t;
+
+    /* prediction */
+    fz_scan sc;
+    model_scan(fp, &sc);
+    bool ul_certain = false, ul_possible = false;
+    if (t->user >= 2 && fp->max_per_user != TP_UNLIMITED) {
+        ul_certain = sc.ulo[t->user] >= (int)fp->max_per_user;
+        ul_possible = sc.uhi[t->user] >= (int)fp->max_per_user;
+    }
+    bool full_certain = sc.occ_lo >= (int)fp->cap, full_possible = sc.occ_hi >= (int)fp->cap;
+    bool blocked_certain = ul_certain || full_certain, blocked_possible = ul_possible || full_possible;
+    unsigned allowed;
+    uint64_t budget = 0, resolved = 0;
+    if (via == VIA_WAIT) {
+        static const uint64_t budgets[4] = {0, 1 * MS, 3 * MS, SEC};
+        budget = budgets[(b[3] >> 5) % 4];
+        resolved = budget ? budget : fp->submit_timeout;
+        if (blocked_possible && resolved >= 100 * MS) budget = resolved = 2 * MS;
+        if (fp->closed)
+            allowed = bit(TP_ECLOSED);
+        else if (blocked_certain)
+            allowed = bit(TP_ETIMEDOUT);
+        else if (blocked_possible || resolved < SEC)
+            allowed = B_OK | bit(TP_ETIMEDOUT);
+        else
+            allowed = B_OK;
+    } else if (fp->closed) {
+        allowed = bit(TP_ECLOSED);
+    } else if (ul_certain) {
+        allowed = bit(TP_EUSERLIMIT);
+    } else {
+        allowed = ul_possible ? bit(TP_EUSERLIMIT) : 0;
+        if (full_certain)
+            allowed |= bit(TP_EFULL);
+        else
+            allowed |= B_OK | (full_possible ? bit(TP_EFULL) : 0);
+    }
+
+    uint64_t id = 0, t0 = tp_now_ns();
+    int rc;
+    if (via == VIA_WAIT) {
+        rc = tp_submit_wait(fp->p, task_main, t, &o, budget, &id);
+    } else if (via == VIA_DEFAULT) {
+        CHECK(tp_default_swap(fp->p) == NULL, "tp_default_swap: a default pool was registered");
+        CHECK(tp_default() == fp->p, "tp_default() is not the pool just registered");
+        rc = tp_default_submit(task_main, t, &o, &id);
+        CHECK(tp_default_swap(NULL) == fp->p, "tp_default_swap(NULL) did not return the registered pool");
+    } else {
+        rc = tp_submit(fp->p, task_main, t, &o, &id);
+    }
+    uint64_t elapsed = tp_now_ns() - t0;
+    trace("%s slot %d task %d %s user %s gate %d dl %d rt %llu res %d done %d log %s budget %llu "
+          "[occ %d..%d user %d..%d stuck %d] -> %s id %llu",
+          via == VIA_WAIT ? "submit_wait" : via == VIA_DEFAULT ? "default_submit" : "submit", fp->slot, t->index,
+          kind_name[t->kind], fz_users[t->user] ? fz_users[t->user] : "NULL", t->gate, t->dl_class,
+          (unsigned long long)rt, t->result, t->has_done, o.log_id ? o.log_id : "-", (unsigned long long)budget,
+          sc.occ_lo, sc.occ_hi, sc.ulo[t->user], sc.uhi[t->user], sc.nstuck, rcname(rc), (unsigned long long)id);
+    expect_rc(rc, allowed, "submit");
+    fp->submitted++;
+    switch (rc) {
+    case TP_OK:
+        CHECK(id != 0, "submit: TP_OK with id 0");
+        for (int i = 0; i < fp->ntasks - 1; i++)
+            CHECK(!fp->tasks[i]->accepted || fp->tasks[i]->id != id, "submit: id %llu given twice",
+                  (unsigned long long)id);
+        t->id = id;
+        t->accepted = true;
+        fp->accepted++;
+        break;
+    case TP_EFULL: fp->rej_full++; break;
+    case TP_EUSERLIMIT: fp->rej_user++; break;
+    case TP_ECLOSED: fp->rej_closed++; break;
+    case TP_ETIMEDOUT:
+        fp->rej_timeout++;
+        CHECK(elapsed >= resolved, "submit_wait: TP_ETIMEDOUT after %llu ns, budget %llu ns",
+              (unsigned long long)elapsed, (unsigned long long)resolved);
+        break;
+    default: break;
+    }
+}
+
+/* Wait, bounded, for the task's on_done to have returned. */
+static void await_done(const fz_task *t, const char *why) {
+    uint64_t end = tp_now_ns() + FZ_BOUND_NS;
+    while (atomic_load(&t->done_calls) == 0) {
+        if (tp_now_ns() > end) violation("task %d: no on_done %llu s after %s", t->index,
+                                         (unsigned long long)(FZ_BOUND_NS / SEC), why);
+        sleep_ns(100000);
+    }
+}
+
+static void op_cancel(fz_pool *fp, uint8_t sel, uint8_t extra) {
+    ensure_pool(fp);
+    fz_task *acc[FZ_MAX_TASKS];
+    int n = 0;
+    uint64_t max_id = 0;
+    for (int i = 0; i < fp->ntasks; i++)
+        if (fp->tasks[i]->accepted) {
+            acc[n++] = fp->tasks[i];
+            if (fp->tasks[i]->id > max_id) max_id = fp->tasks[i]->id;
+        }
+    int k = sel % (n + 2);
+    if (k == n) {
+        int rc = tp_cancel(fp->p, 0);
+        trace("cancel slot %d id 0 -> %s", fp->slot, rcname(rc));
+        expect_rc(rc, bit(TP_EINVAL), "tp_cancel(id 0)");
+        return;
+    }
+    if (k == n + 1) {
+        uint64_t id = max_id + 1 + extra;
+        int rc = tp_cancel(fp->p, id);
+        trace("cancel slot %d unknown id %llu -> %s", fp->slot, (unsigned long long)id, rcname(rc));
+        expect_rc(rc, bit(TP_ENOTFOUND), "tp_cancel(unknown id)");
+        return;
+    }
+    fz_task *t = acc[n - 1 - k]; /* the newest first */
+    int ti = -1;
+    for (int i = 0; i < fp->ntasks; i++)
+        if (fp->tasks[i] == t) ti = i;
+    fz_scan sc;
+    model_scan(fp, &sc);
+    bool parked = sc.parked[ti];
+    unsigned allowed;
+    if (task_ended(t))
+        allowed = bit(TP_ENOTFOUND);
+    else if (sc.stuck[ti] || parked)
+        allowed = B_OK;
+    else
+        allowed = B_OK | bit(TP_ENOTFOUND);
+    t->cancel_requested = true;
+    int runs_before = atomic_load(&t->runs);
+    int rc = tp_cancel(fp->p, t->id);
+    trace("cancel slot %d task %d id %llu (%s, stuck %d parked %d ended %d) -> %s", fp->slot, t->index,
+          (unsigned long long)t->id, kind_name[t->kind], sc.stuck[ti], parked, task_ended(t), rcname(rc));
+    expect_rc(rc, allowed, "tp_cancel");
+    if (rc != TP_OK) return;
+    atomic_store(&t->cancel_ok, 1);
+    if (parked) {
+        /* Queued or waiting for a retry while every worker is busy: it ends
+         * now, unrun, and its on_done runs promptly on the service thread. */
+        t->finalised_known = true;
+        if (t->has_done) {
+            await_done(t, "cancelling it while every worker was busy");
+            CHECK(atomic_load(&t->done_status) == TP_ECANCELED, "task %d: cancelled while queued, status %d",
+                  t->index, atomic_load(&t->done_status));
+        }
+        CHECK(atomic_load(&t->runs) == runs_before, "task %d ran after being cancelled in the queue", t->index);
+    }
+}
+
+/* Poll until the pool is quiescent: every accepted task has ended, or is
+ * stuck, or is parked behind stuck workers. Tasks without on_done are not
+ * observable and do not count. A pool that does not get there is a lost
+ * wake-up or a lost task. */
+static bool quiescent(const fz_pool *fp) {
+    fz_scan sc;
+    model_scan(fp, &sc);
+    for (int i = 0; i < fp->ntasks; i++) {
+        const fz_task *t = fp->tasks[i];
+        if (!t->accepted || !t->has_done || task_ended(t) || sc.stuck[i] || sc.parked[i]) continue;
+        /* Closed: an elastic pool starts no worker any more, so a task may
+         * wait behind its stuck minimum workers. */
+        if (fp->closed && sc.nstuck >= (int)fp->workers) continue;
+        return false;
+    }
+    return true;
+}
+
+static void settle(fz_pool *fp) {
+    if (!fp->live) return;
+    uint64_t end = tp_now_ns() + FZ_BOUND_NS;
+    while (!quiescent(fp)) {
+        if (tp_now_ns() > end) {
+            tp_stats s = get_stats(fp);
+            fprintf(stderr, "fuzz_pool: pool %d stats: active %u queued %u delayed %u workers %u idle %u\n", fp->slot,
+                    s.active, s.queued, s.delayed, s.workers, s.idle);
+            for (int i = 0; i < fp->ntasks; i++) {
+                const fz_task *t = fp->tasks[i];
+                fprintf(stderr, "  task %d %s acc %d runs %d inside %d done %d gate %d open %d\n", t->index,
+                        kind_name[t->kind], t->accepted, atomic_load(&t->runs), atomic_load(&t->inside),
+                        atomic_load(&t->done_calls), t->gate, gate_is_open(t->gate));
+            }
+            violation("pool %d not quiescent after %llu s", fp->slot, (unsigned long long)(FZ_BOUND_NS / SEC));
+        }
+        sleep_ns(100000);
+    }
+}
+
+static void mark_forced(fz_pool *fp, const fz_scan *before) {
+    /* Forced: queued and retry-waiting tasks were ended unrun (parked ones for
+     * certain); running ones see cancellation. */
+    for (int i = 0; i < fp->ntasks; i++)
+        if (before->parked[i]) fp->tasks[i]->finalised_known = true;
+    fp->maybe_forced = true;
+    atomic_store(&fp->forced, 1);
+}
+
+static void check_all_done_now(const fz_pool *fp, const char *after) {
+    for (int i = 0; i < fp->ntasks; i++) {
+        const fz_task *t = fp->tasks[i];
+        if (t->accepted && t->has_done)
+            CHECK(atomic_load(&t->done_calls) == 1, "pool %d task %d: on_done has not returned when %s returned",
+                  fp->slot, t->index, after);
+    }
+}
+
+static void op_shutdown(fz_pool *fp, uint8_t cls) {
+    ensure_pool(fp);
+    fz_scan sc;
+    model_scan(fp, &sc);
+    static const uint64_t budgets[4] = {0, 1 * MS, 5 * MS, FZ_LONG_NS};
+    uint64_t budget = budgets[cls % 4];
+    if (budget == FZ_LONG_NS && sc.nblockers > 0) budget = 2 * MS;
+    uint64_t resolved = budget ? budget : fp->drain_timeout;
+    unsigned allowed;
+    if (fp->shut_called)
+        allowed = bit(fp->shut_rc);
+    else if (sc.nstuck > 0)
+        allowed = bit(TP_ETIMEDOUT);
+    else if (resolved >= FZ_LONG_NS)
+        allowed = B_OK;
+    else
+        allowed = B_OK | bit(TP_ETIMEDOUT);
+    uint64_t t0 = tp_now_ns();
+    int rc = tp_shutdown(fp->p, budget);
+    uint64_t elapsed = tp_now_ns() - t0;
+    trace("shutdown slot %d budget %llu [stuck %d blockers %d] -> %s", fp->slot, (unsigned long long)budget,
+          sc.nstuck, sc.nblockers, rcname(rc));
+    expect_rc(rc, allowed, "tp_shutdown");
+    if (!fp->shut_called && rc == TP_ETIMEDOUT)
+        CHECK(elapsed >= resolved, "tp_shutdown: TP_ETIMEDOUT after %llu ns, budget %llu ns",
+              (unsigned long long)elapsed, (unsigned long long)resolved);
+    if (!fp->shut_called && rc == TP_ETIMEDOUT) mark_forced(fp, &sc);
+    fp->closed = true;
+    fp->shut_called = true;
+    fp->shut_rc = rc;
+    if (rc == TP_OK) check_all_done_now(fp, "tp_shutdown");
+}
+
+static void op_wait(fz_pool *fp, uint8_t cls) {
+    ensure_pool(fp);
+    fz_scan sc;
+    model_scan(fp, &sc);
+    bool can_finish = fp->closed && sc.nblockers == 0;
+    static const uint64_t tos[4] = {0, 1 * MS, 3 * MS, FZ_LONG_NS};
+    uint64_t to = tos[cls % 4];
+    if (!can_finish && (to == 0 || to == FZ_LONG_NS)) to = 2 * MS;
+    bool forced = atomic_load(&fp->forced) != 0;
+    unsigned allowed;
+    if (!fp->closed || forced || sc.nstuck > 0)
+        allowed = bit(TP_ETIMEDOUT);
+    else if (to == 0 || to == FZ_LONG_NS)
+        allowed = B_OK;
+    else
+        allowed = B_OK | bit(TP_ETIMEDOUT);
+    uint64_t t0 = tp_now_ns();
+    int rc = tp_wait(fp->p, to);
+    uint64_t elapsed = tp_now_ns() - t0;
+    trace("wait slot %d timeout %llu [closed %d stuck %d blockers %d] -> %s", fp->slot, (unsigned long long)to,
+          fp->closed, sc.nstuck, sc.nblockers, rcname(rc));
+    expect_rc(rc, allowed, "tp_wait");
+    if (rc == TP_ETIMEDOUT && !forced)
+        CHECK(elapsed >= to, "tp_wait: TP_ETIMEDOUT after %llu ns, timeout %llu ns", (unsigned long long)elapsed,
+              (unsigned long long)to);
+    if (rc == TP_OK) {
+        check_all_done_now(fp, "tp_wait");
+        check_at_rest(fp);
+    }
+}
+
+static void op_stats(fz_pool *fp) {
+    ensure_pool(fp);
+    trace("stats slot %d", fp->slot);
+    check_running(fp, true);
+    tp_stats s = get_stats(fp);
+    check_format(&s);
+}
+
+/* Shut down, wait, check at rest (full) and destroy; or just destroy. Gates
+ * that would keep tp_destroy waiting forever are opened first. */
+static void finish_pool(fz_pool *fp, bool full) {
+    if (!fp->live) return;
+    for (int i = 0; i < fp->ntasks; i++) {
+        fz_task *t = fp->tasks[i];
+        if (!t->accepted || task_ended(t)) continue;
+        if (full || t->kind == K_GATE_IGNORE) gate_open(t->gate);
+    }
+    if (full) {
+        uint64_t t0 = tp_now_ns();
+        int rc = tp_shutdown(fp->p, FZ_BOUND_NS);
+        trace("finish slot %d: shutdown -> %s", fp->slot, rcname(rc));
+        expect_rc(rc, fp->shut_called ? bit(fp->shut_rc) : B_OK, "tp_shutdown at the end");
+        if (!fp->shut_called) fp->shut_rc = rc;
+        fp->shut_called = fp->closed = true;
+        rc = tp_wait(fp->p, FZ_BOUND_NS);
+        trace("finish slot %d: wait -> %s", fp->slot, rcname(rc));
+        CHECK(tp_now_ns() - t0 < FZ_BOUND_NS, "pool %d did not drain in %llu s", fp->slot,
+              (unsigned long long)(FZ_BOUND_NS / SEC));
+        expect_rc(rc, bit(fp->shut_rc), "tp_wait at the end");
+        check_at_rest(fp);
+        CHECK(tp_destroy(fp->p) == TP_OK, "tp_destroy failed");
+    } else {
+        if (!fp->shut_called) fp->maybe_forced = true; /* its drain may be forced */
+        int rc = tp_destroy(fp->p);
+        trace("destroy slot %d -> %s", fp->slot, rcname(rc));
+        CHECK(rc == TP_OK, "tp_destroy returned %s", rcname(rc));
+        check_tasks_ended(fp);
+    }
+    fp->live = false;
+    fp->p = NULL;
+}
+
+static int nop_task(tp_ctx *c, void *arg) {
+    (void)c;
+    (void)arg;
+    violation("a task submitted with invalid arguments ran");
+}
+
+static void op_invalid(fz_pool *fp, uint8_t what) {
+    ensure_pool(fp);
+    tp_task_opts o;
+    memset(&o, 0, sizeof o);
+    char longs[TP_USER_MAX + 2];
+    memset(longs, 'x', sizeof longs - 1);
+    longs[sizeof longs - 1] = '\0';
+    uint64_t id = 42;
+    int rc = 0, w = what % 12;
+    switch (w) {
+    case 0: rc = tp_submit(NULL, task_main, NULL, NULL, &id); break;
+    case 1: rc = tp_submit(fp->p, NULL, NULL, NULL, &id); break;
+    case 2: o.priority = 1; rc = tp_submit(fp->p, nop_task, NULL, &o, &id); break;
+    case 3: o.user = longs; rc = tp_submit(fp->p, nop_task, NULL, &o, &id); break;
+    case 4: o.log_id = longs; rc = tp_submit_wait(fp->p, nop_task, NULL, &o, MS, &id); break;
+    case 5: rc = tp_submit_wait(fp->p, NULL, NULL, NULL, MS, &id); break;
+    case 6: rc = tp_cancel(NULL, 1); break;
+    case 7: rc = tp_close(NULL); break;
+    case 8: rc = tp_shutdown(NULL, 1); break;
+    case 9: rc = tp_wait(NULL, 1); break;
+    case 10: rc = tp_destroy(NULL); break;
+    default:
+        rc = TP_EINVAL;
+        tp_stats_get(NULL, NULL);
+        tp_stats_get(fp->p, NULL);
+        CHECK(tp_user_active(NULL, "u0") == 0 && tp_user_active(fp->p, NULL) == 0 && tp_user_active(fp->p, "") == 0,
+              "tp_user_active of no user is not 0");
+        for (int c = 1; c >= TP_ENODEFAULT - 2; c--)
+            CHECK(tp_strerror(c) && tp_err_name(c), "tp_strerror/tp_err_name(%d) is NULL", c);
+        CHECK(tp_default() == NULL, "a default pool is registered");
+        CHECK(tp_default_submit(task_main, NULL, NULL, NULL) == TP_ENODEFAULT, "tp_default_submit without a default");
+        CHECK(tp_default_shutdown(1) == TP_ENODEFAULT && tp_default_wait(1) == TP_ENODEFAULT,
+              "tp_default_shutdown/wait without a default");
+        break;
+    }
+    trace("invalid slot %d case %d -> %s", fp->slot, w, rcname(rc));
+    expect_rc(rc, bit(TP_EINVAL), "an invalid call");
+}
+
+static void op_logid(uint8_t b) {
+    static const char *const ids[3] = {NULL, "m1", "m2"};
+    const char *l = ids[b % 3];
+    tp_log_id_set(l);
+    snprintf(fz_main_log, sizeof fz_main_log, "%s", l ? l : "");
+    const char *g = tp_log_id_get();
+    trace("log id %s", l ? l : "NULL");
+    CHECK(l ? (g && strcmp(g, l) == 0) : g == NULL, "tp_log_id_get after tp_log_id_set(%s)", l ? l : "NULL");
+}
+
+enum {
+    OP_CREATE, OP_SUBMIT, OP_SUBMIT2, OP_CANCEL, OP_GATE, OP_SETTLE, OP_CLOSE, OP_SHUTDOWN,
+    OP_WAIT, OP_STATS, OP_DESTROY, OP_INVALID, OP_LOGID, OP_DEFAULT, OP_COUNT
+};
+
+static void run_input(const uint8_t *data, size_t size) {
+    fz_in in = {data, size, 0};
+    for (int s = 0; s < FZ_SLOTS; s++) {
+        fz_pools[s].slot = s;
+        pool_reset(&fz_pools[s]);
+    }
+    memset(fz_tasks, 0, sizeof fz_tasks);
+    fz_ntasks = 0;
+    fz_ntrace = 0;
+    gates_reset();
+    fz_main_log[0] = '\0';
+    tp_log_id_set(NULL);
+
+    for (int ops = 0; ops < FZ_MAX_OPS && in.i < in.n; ops++) {
+        uint8_t op = take(&in) % OP_COUNT, a0 = take(&in);
+        fz_pool *fp = &fz_pools[a0 & 1];
+        switch (op) {
+        case OP_CREATE: {
+            uint8_t b[4] = {a0, take(&in), take(&in), take(&in)};
+            op_create(fp, b);
+            break;
+        }
+        case OP_SUBMIT:
+        case OP_SUBMIT2:
+        case OP_DEFAULT: {
+            uint8_t b[5] = {a0, take(&in), take(&in), take(&in), take(&in)};
+            op_submit(fp, b, op == OP_DEFAULT ? VIA_DEFAULT : (b[3] & 16) ? VIA_WAIT : VIA_SUBMIT);
+            break;
+        }
+        case OP_CANCEL: {
+            uint8_t sel = take(&in);
+            op_cancel(fp, sel, take(&in));
+            break;
+        }
+        case OP_GATE:
+            trace("open gate %d", (a0 >> 1) % FZ_GATES);
+            gate_open((a0 >> 1) % FZ_GATES);
+            break;
+        case OP_SETTLE:
+            switch ((a0 >> 1) % 4) {
+            case 0: trace("settle slot %d", fp->slot); settle(fp); break;
+            case 1: trace("sleep 1 ms"); sleep_ns(MS); break;
+            case 2: trace("sleep 3 ms"); sleep_ns(3 * MS); break;
+            default:
+                trace("settle all");
+                for (int s = 0; s < FZ_SLOTS; s++) settle(&fz_pools[s]);
+            }
+            break;
+        case OP_CLOSE:
+            ensure_pool(fp);
+            trace("close slot %d", fp->slot);
+            expect_rc(tp_close(fp->p), B_OK, "tp_close");
+            fp->closed = true;
+            break;
+        case OP_SHUTDOWN: op_shutdown(fp, a0 >> 1); break;
+        case OP_WAIT: op_wait(fp, a0 >> 1); break;
+        case OP_STATS: op_stats(fp); break;
+        case OP_DESTROY: finish_pool(fp, (a0 >> 1) & 1); break;
+        case OP_INVALID: op_invalid(fp, a0 >> 1); break;
+        case OP_LOGID: op_logid(a0 >> 1); break;
+        default: break;
+        }
+        if (fp->live && op != OP_STATS) check_running(fp, false);
+        atomic_fetch_add(&fz_ops_total, 1);
+    }
+    /* The end: everything opens, every pool drains and is checked at rest. */
+    for (int g = 0; g < FZ_GATES; g++) gate_open(g);
+    for (int s = 0; s < FZ_SLOTS; s++) finish_pool(&fz_pools[s], true);
+    CHECK(tp_default() == NULL, "a default pool is still registered");
+    tp_log_id_set(NULL);
+    atomic_fetch_add(&fz_inputs_total, 1);
+    if (getenv("TP_FUZZ_TRACE")) { /* to see what an input does */
+        for (int i = 0; i < fz_ntrace; i++) fprintf(stderr, "  %2d %s\n", i, fz_trace[i]);
+        fprintf(stderr, "fuzz_pool: input passed\n");
+    }
+}
+
+/* ------------------------------------------------------------ entry points */
+
+static void report_at_exit(void) {
+    fprintf(stderr, "fuzz_pool: %llu operations in %llu inputs, 0 violations\n",
+            (unsigned long long)atomic_load(&fz_ops_total), (unsigned long long)atomic_load(&fz_inputs_total));
+}
+
+static void fz_init(void) {
+    fz_main_thread = pthread_self();
+    gates_init();
+    atexit(report_at_exit);
+}
+
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+    (void)argc;
+    (void)argv;
+    fz_init();
+    return 0;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    run_input(data, size);
+    uint64_t inputs = atomic_load(&fz_inputs_total);
+    if ((inputs & (inputs - 1)) == 0 || inputs % 5000 == 0) /* progress, for a run killed early */
+        fprintf(stderr, "fuzz_pool: progress: %llu operations in %llu inputs\n",
+                (unsigned long long)atomic_load(&fz_ops_total), (unsigned long long)inputs);
+    return 0;
+}
+
+#ifdef TP_FUZZ_REPLAY
+static int replay_file(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "fuzz_pool: cannot open %s: %s\n", path, strerror(errno));
+        return 1;
+    }
+    uint8_t buf[4096];
+    size_t n = fread(buf, 1, sizeof buf, f);
+    fclose(f);
+    run_input(buf, n);
+    return 0;
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+static int replay_path(const char *path) {
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        fprintf(stderr, "fuzz_pool: %s: %s\n", path, strerror(errno));
+        return 1;
+    }
+    if (!S_ISDIR(st.st_mode)) return replay_file(path);
+    DIR *d = opendir(path);
+    if (!d) return 1;
+    char *names[4096];
+    int n = 0, bad = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < 4096) {
+        if (e->d_name[0] == '.') continue;
+        size_t len = strlen(path) + strlen(e->d_name) + 2;
+        names[n] = malloc(len);
+        if (!names[n]) break;
+        snprintf(names[n], len, "%s/%s", path, e->d_name);
+        n++;
+    }
+    closedir(d);
+    qsort(names, (size_t)n, sizeof names[0], cmp_str);
+    for (int i = 0; i < n; i++) {
+        bad |= replay_file(names[i]);
+        free(names[i]);
+    }
+    if (n == 0) {
+        fprintf(stderr, "fuzz_pool: no inputs in %s\n", path);
+        bad = 1;
+    }
+    return bad;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s FILE|DIR...  (replays fuzz inputs)\n", argv[0]);
+        return 2;
+    }
+    fz_init();
+    int bad = 0;
+    int rounds = 1;
+    const char *r = getenv("TP_FUZZ_ROUNDS");
+    if (r && atoi(r) > 0) rounds = atoi(r);
+    for (int k = 0; k < rounds; k++)
+        for (int i = 1; i < argc; i++) bad |= replay_path(argv[i]);
+    return bad;
+}
+#endif

@@ -1,0 +1,196 @@
+#!/usr/bin/env python3
+"""make_corpus.py -- write the seed corpus of fuzz_pool.c into corpus/.
+
+Each seed is a small program of operations in the byte encoding that
+fuzz_pool.c decodes (see run_input and the op_* functions there). The helpers
+below mirror that decoding: each field is found by searching the byte value
+that decodes to it, so the seeds stay valid as long as the decoding does.
+
+    python3 tests/fuzz/make_corpus.py      (rewrites tests/fuzz/corpus/)
+"""
+import os
+import shutil
+
+OP = dict(create=0, submit=1, submit2=2, cancel=3, gate=4, settle=5, close=6, shutdown=7,
+          wait=8, stats=9, destroy=10, invalid=11, logid=12, default=13)
+KIND = dict(succeed=0, fail=1, flaky=2, ignore=3, gsleep=4, gfd=5, sleep=6, self=7)
+USER = {None: 0, "": 1, "u0": 2, "u1": 3, "u2": 4}
+DL = dict(none=0, past=1, near=2, far=3)
+RT = {0: 0, "2ms": 1, "forever": 2, "far": 3}            # task run timeout classes
+RES = {0: 0, 1: 1, -77: 2, "etimedout": 3}                # task result classes
+MPU = {0: 0, 1: 1, 2: 2, 3: 3, "unlimited": 4}
+BUDGET = {0: 0, "1ms": 1, "3ms": 2, "1s": 3}              # submit_wait budget classes
+
+
+def find(pred):
+    for b in range(256):
+        if pred(b):
+            return b
+    raise ValueError("no byte decodes to the wanted fields")
+
+
+def create(slot=0, workers=1, extra=0, cap=1, mpu=0, retries=0, retry=0, rt=0, drain=0, idle=0,
+           submit=0, name=False, invalid=None):
+    """retry/rt/drain/idle/submit are class indexes (see decode_config)."""
+    b0 = find(lambda b: b & 1 == slot and 1 + (b >> 1) % 3 == workers and (b >> 3) % 3 == extra
+              and (invalid is None or (b >> 1) % 5 == invalid))
+    b1 = find(lambda b: 1 + b % 4 == cap and (b >> 2) % 5 == MPU[mpu] and (b >> 5) % 4 == retries)
+    b2 = find(lambda b: b % 4 == retry and (b >> 2) % 4 == rt and (b >> 4) % 4 == drain and (b >> 6) % 4 == idle)
+    b3 = find(lambda b: b % 4 == submit and bool(b & 4) == name and ((b & 0xE0) == 0xE0) == (invalid is not None))
+    return bytes([OP["create"], b0, b1, b2, b3])
+
+
+def submit(slot=0, kind="succeed", user=None, gate=0, dl="none", rt=0, res=0, fail_k=0, done=True,
+           log=False, wait=False, budget=0, b4=0, via="submit"):
+    b0 = find(lambda b: b & 1 == slot and (b >> 1) % 8 == KIND[kind])
+    b1 = find(lambda b: b % 5 == USER[user] and (b >> 3) % 4 == gate)
+    b2 = find(lambda b: b % 4 == DL[dl] and (b >> 2) % 4 == RT[rt] and (b >> 4) % 4 == RES[res] and b >> 6 == fail_k)
+    b3 = find(lambda b: ((b & 7) == 7) == (not done) and bool(b & 8) == log and bool(b & 16) == wait
+              and (b >> 5) % 4 == BUDGET[budget])
+    return bytes([OP["default" if via == "default" else "submit"], b0, b1, b2, b3, b4])
+
+
+def cancel(slot=0, sel=0, extra=0):
+    """sel: 0 = the newest accepted task, 1 = the one before, ...; n = id 0; n+1 = unknown id."""
+    return bytes([OP["cancel"], slot, sel, extra])
+
+
+def gate(g):
+    return bytes([OP["gate"], g << 1])
+
+
+def settle(slot=0, mode=0):
+    """mode 0: settle the slot; 1: sleep 1 ms; 2: sleep 3 ms; 3: settle every slot."""
+    return bytes([OP["settle"], slot | mode << 1])
+
+
+def close(slot=0):
+    return bytes([OP["close"], slot])
+
+
+def shutdown(slot=0, cls=0):
+    """cls 0: the pool's drain timeout; 1: 1 ms; 2: 5 ms; 3: 5 s (only when nothing can block)."""
+    return bytes([OP["shutdown"], slot | cls << 1])
+
+
+def wait(slot=0, cls=0):
+    """cls 0: no limit; 1: 1 ms; 2: 3 ms; 3: 5 s (long ones only when nothing can block)."""
+    return bytes([OP["wait"], slot | cls << 1])
+
+
+def stats(slot=0):
+    return bytes([OP["stats"], slot])
+
+
+def destroy(slot=0, full=False):
+    return bytes([OP["destroy"], slot | (2 if full else 0)])
+
+
+def invalid(slot=0, what=0):
+    return bytes([OP["invalid"], slot | what << 1])
+
+
+def logid(which):
+    """0: clear, 1: "m1", 2: "m2"."""
+    return bytes([OP["logid"], which << 1])
+
+
+SEEDS = {
+    "basic": [submit(), settle(), stats(), submit(kind="fail", res=1), settle(), stats()],
+    "queue_full": [create(workers=1, cap=2), submit(kind="ignore", gate=0), settle(),
+                   submit(), submit(), submit(), submit(wait=True, budget="1ms"), stats(),
+                   gate(0), settle(), stats(), submit(), settle()],
+    "user_limit": [create(workers=2, cap=4, mpu=1), submit(kind="ignore", user="u0", gate=1), settle(),
+                   submit(user="u0"), submit(user="u1"), submit(user="u0", wait=True, budget="3ms"),
+                   stats(), gate(1), settle(), submit(user="u0"), settle(), stats()],
+    "user_parked": [create(workers=1, cap=4, mpu=2), submit(kind="gsleep", user="u1", gate=0), settle(),
+                    submit(kind="succeed", user="u1"), submit(user="u1"), stats(), cancel(sel=0),
+                    submit(user="u1"), stats(), gate(0), settle()],
+    "cancel_stuck_coop": [create(workers=2, cap=2), submit(kind="gsleep", gate=2), submit(kind="gfd", gate=3),
+                          settle(), cancel(sel=0), cancel(sel=1), settle(), cancel(sel=0), stats()],
+    "cancel_parked": [create(workers=1, cap=3), submit(kind="ignore", gate=0), settle(), submit(),
+                      submit(kind="fail", res=-77), cancel(sel=0), cancel(sel=1), cancel(sel=2),
+                      stats(), gate(0), settle(), cancel(sel=2)],
+    "cancel_ids": [submit(), cancel(sel=1), cancel(sel=2, extra=9), settle(), cancel(sel=0)],
+    "retries": [create(workers=2, cap=4, retries=3, retry=0), submit(kind="fail", res=1),
+                submit(kind="flaky", res=-77, fail_k=2), submit(kind="flaky", res=1, fail_k=3),
+                settle(), stats(), wait(cls=1), close(), wait(cls=3)],
+    "retry_cancel_delayed": [create(workers=1, cap=2, retries=3, retry=3), submit(kind="fail", res=1),
+                             settle(mode=1), cancel(sel=0), settle(), stats()],
+    "retry_parked": [create(workers=1, cap=3, retries=2, retry=1), submit(kind="fail", res=1), settle(mode=2),
+                     submit(kind="ignore", gate=1), settle(), submit(), stats(), cancel(sel=2), gate(1),
+                     settle(), stats()],
+    "deadlines": [create(workers=1, cap=4), submit(dl="past"), submit(kind="ignore", gate=0, dl="far"),
+                  settle(), submit(dl="near", b4=1), submit(dl="far"), submit(kind="sleep", dl="near"),
+                  settle(mode=2), settle(), stats(), gate(0), settle(), stats()],
+    "deadline_retry": [create(workers=2, cap=4, retries=3, retry=3), submit(kind="fail", dl="near", res=1),
+                       submit(kind="gfd", gate=0, dl="near", res=1), settle(), stats()],
+    "run_timeout": [create(workers=2, cap=2, retries=2), submit(kind="gfd", rt="2ms", gate=1),
+                    submit(kind="gsleep", rt="2ms", gate=1), submit(kind="sleep", rt="2ms", b4=2),
+                    settle(), stats(), gate(1), settle()],
+    "pool_run_timeout": [create(workers=1, cap=2, retries=1, rt=3), submit(kind="gsleep", gate=2),
+                         submit(kind="gfd", gate=2, rt="forever"), settle(mode=2), stats(), settle(),
+                         gate(2), settle()],
+    "shutdown_forced": [create(workers=2, cap=3, drain=1), submit(kind="gfd", gate=0),
+                        submit(kind="ignore", gate=1), settle(), submit(), submit(kind="fail", res=1),
+                        shutdown(cls=1), shutdown(cls=3), wait(cls=1), submit(), gate(1), wait(cls=3),
+                        stats()],
+    "shutdown_drain_timeout": [create(workers=1, cap=2, drain=2), submit(kind="gsleep", gate=3), settle(),
+                               submit(), shutdown(cls=0), wait(cls=2), gate(3), wait(cls=0)],
+    "shutdown_ok": [create(workers=2, cap=4, retries=1), submit(), submit(kind="sleep"),
+                    submit(kind="fail", res=1), shutdown(cls=3), shutdown(cls=1), wait(cls=0),
+                    submit(), stats()],
+    "close_drain": [create(workers=1, cap=4), submit(kind="ignore", gate=2), settle(), submit(), close(),
+                    submit(), wait(cls=1), gate(2), wait(cls=3), stats(), shutdown(cls=1)],
+    "submit_wait": [create(workers=1, cap=1, submit=1), submit(kind="ignore", gate=0), settle(),
+                    submit(wait=True, budget="1s"), submit(wait=True, budget=0), submit(wait=True, budget="3ms"),
+                    gate(0), settle(), submit(wait=True, budget="1s"), settle(), stats()],
+    "elastic": [create(workers=1, extra=2, cap=2, idle=1), submit(kind="ignore", gate=0),
+                submit(kind="gsleep", gate=1), submit(kind="gfd", gate=2), settle(), submit(), submit(),
+                submit(), stats(), gate(0), settle(), settle(mode=2), submit(kind="fail", res=1), settle(),
+                gate(1), gate(2), settle(), stats()],
+    "elastic_retry": [create(workers=1, extra=1, cap=3, retries=3, idle=1), submit(kind="ignore", gate=3),
+                      submit(kind="flaky", res=1, fail_k=2), settle(mode=2), settle(), stats(), gate(3)],
+    "self": [create(workers=2, cap=2, retries=2), submit(kind="self", res=0), submit(kind="self", res=1),
+             submit(kind="self", res="etimedout"), settle(), stats()],
+    "sleep_cancel": [create(workers=1, cap=2), submit(kind="sleep", b4=2), cancel(sel=0), settle(),
+                     submit(kind="sleep", rt="2ms", b4=2), settle(), stats()],
+    "invalid_calls": [invalid(what=w) for w in range(12)] + [stats()],
+    "invalid_config": [create(invalid=k) for k in range(5)] + [submit(), settle()],
+    "log_ids": [logid(1), submit(), submit(log=True), submit(kind="fail", res=1), logid(2),
+                submit(kind="ignore", gate=0), settle(), logid(0), submit(), gate(0), settle()],
+    "default_pool": [submit(via="default"), submit(kind="fail", res=1, via="default"), invalid(what=11),
+                     settle(), stats()],
+    "two_pools": [create(slot=0, workers=1, cap=2), create(slot=1, workers=2, cap=1, mpu=1),
+                  submit(slot=0, kind="ignore", gate=0), submit(slot=1, kind="gsleep", gate=0, user="u2"),
+                  settle(mode=3), submit(slot=1, user="u2"), submit(slot=0, user="u2"), submit(slot=1),
+                  submit(slot=1), gate(0), settle(mode=3), stats(slot=0), stats(slot=1)],
+    "destroy_recreate": [create(workers=1, cap=2, drain=0), submit(kind="gfd", gate=1), settle(),
+                         submit(), destroy(full=False), submit(), create(workers=2, cap=3, retries=1),
+                         submit(kind="ignore", gate=2), submit(kind="fail", res=1), settle(),
+                         destroy(full=True), submit(), settle(), stats()],
+    "no_on_done": [create(workers=1, cap=2), submit(done=False), submit(kind="fail", res=1, done=False),
+                   submit(dl="past", done=False), settle(mode=2), submit(kind="ignore", gate=0, done=False),
+                   settle(mode=1), stats(), gate(0), close(), wait(cls=3)],
+    "forced_parked_delayed": [create(workers=1, cap=3, retries=3, retry=2, drain=0),
+                              submit(kind="fail", res=1), settle(mode=1), submit(kind="ignore", gate=1),
+                              settle(), submit(), shutdown(cls=2), stats(), gate(1), wait(cls=3)],
+    "unlimited_users": [create(workers=1, cap=4, mpu="unlimited"), submit(kind="ignore", user="u0", gate=0),
+                        settle(), submit(user="u0"), submit(user="u0"), submit(user="u0"), stats(), gate(0),
+                        settle()],
+}
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = os.path.join(here, "corpus")
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    for name, ops in SEEDS.items():
+        with open(os.path.join(out, name), "wb") as f:
+            f.write(b"".join(ops))
+    print("wrote %d seeds to %s" % (len(SEEDS), out))
+
+
+if __name__ == "__main__":
+    main()
