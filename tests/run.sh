@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# run.sh -- build libtaskpool and run every test, three ways.
+# run.sh -- build libtaskpool and run every test, three ways; then fuzz it.
 #
-#   bash tests/run.sh [plain|tsan|asan ...]      (default: all three)
+#   bash tests/run.sh [plain|tsan|asan|fuzz ...]  (default: all four)
 #
 # After the full pass, the racy tests run again TP_REPEAT times (default 10).
 #
 #   plain  gcc, RelWithDebInfo with assertions kept, -Werror
 #   tsan   clang, ThreadSanitizer, -Werror
 #   asan   gcc, AddressSanitizer + LeakSanitizer + UBSan, -Werror
+#   fuzz   clang, libFuzzer + ASan + UBSan: the model-based fuzzer of
+#          tests/fuzz/ for TP_FUZZ_SECONDS (default 90), after the others
 #
 # Works on a fresh Debian/Ubuntu machine: missing tools and cmocka are
 # installed with apt-get (through sudo when not root). Build trees go to
@@ -29,12 +31,12 @@ die() { printf 'run.sh: %s\n' "$*" >&2; exit 1; }
 modes=()
 for m in "$@"; do
     case $m in
-    plain | tsan | asan) modes+=("$m") ;;
-    -h | --help) sed -n '2,14p' "$0"; exit 0 ;;
-    *) die "unknown mode '$m' (expected plain, tsan or asan)" ;;
+    plain | tsan | asan | fuzz) modes+=("$m") ;;
+    -h | --help) sed -n '2,17p' "$0"; exit 0 ;;
+    *) die "unknown mode '$m' (expected plain, tsan, asan or fuzz)" ;;
     esac
 done
-[ ${#modes[@]} -gt 0 ] || modes=(plain tsan asan)
+[ ${#modes[@]} -gt 0 ] || modes=(plain tsan asan fuzz)
 wants() { [[ " ${modes[*]} " == *" $1 "* ]]; }
 
 # ------------------------------------------------------------------ dependencies
@@ -47,6 +49,11 @@ have_tsan_runtime() {
     dir=$(clang -print-runtime-dir 2>/dev/null) || return 1
     [ -e "$dir/libclang_rt.tsan-$(uname -m).a" ] || [ -e "$dir/libclang_rt.tsan.a" ]
 }
+have_fuzzer_runtime() {
+    local dir
+    dir=$(clang -print-runtime-dir 2>/dev/null) || return 1
+    [ -e "$dir/libclang_rt.fuzzer-$(uname -m).a" ] || [ -e "$dir/libclang_rt.fuzzer.a" ]
+}
 missing_deps() {
     local c
     for c in cmake make gcc pkg-config; do command -v "$c" >/dev/null 2>&1 || return 0; done
@@ -54,6 +61,10 @@ missing_deps() {
     if wants tsan; then
         command -v clang >/dev/null 2>&1 || return 0
         have_tsan_runtime || return 0
+    fi
+    if wants fuzz; then
+        command -v clang >/dev/null 2>&1 || return 0
+        have_fuzzer_runtime || return 0
     fi
     return 1
 }
@@ -69,7 +80,7 @@ if missing_deps; then
     fi
     pkgs=(libcmocka-dev cmake make gcc libc6-dev pkg-config)
     # clang's sanitizer runtimes are only "recommended" by clang on Debian 12.
-    wants tsan && pkgs+=(clang libclang-rt-dev)
+    { wants tsan || wants fuzz; } && pkgs+=(clang libclang-rt-dev)
     export DEBIAN_FRONTEND=noninteractive
     "${sudo[@]}" apt-get update -q || die "apt-get update failed"
     "${sudo[@]}" apt-get install -y -q "${pkgs[@]}" || die "apt-get install failed"
@@ -171,8 +182,20 @@ EOF
 
 # ------------------------------------------------------------------ one mode
 declare -A result
+# The fuzzer has its own script; its last line is "fuzz: PASS: N operations ...".
+run_fuzz() {
+    log "fuzz: model-based fuzzing, ${TP_FUZZ_SECONDS:-90} s (tests/fuzz/run.sh)"
+    bash "$root/tests/fuzz/run.sh" "$ci_dir/fuzz" 2>&1 | tee "$ci_dir/fuzz.log"
+    local rc=${PIPESTATUS[0]} line
+    line=$(grep -E '^fuzz: (PASS|FAIL)' "$ci_dir/fuzz.log" | tail -n 1)
+    result[fuzz]=${line#fuzz: }
+    [ -n "$line" ] || result[fuzz]="FAIL (tests/fuzz/run.sh exited with $rc)"
+    return "$rc"
+}
+
 run_mode() {
     local mode=$1 cc san=() wrap=() flags dir=$ci_dir/$1 t0
+    [ "$mode" = fuzz ] && { run_fuzz; return; }
     case $mode in
     plain) cc=gcc flags="-O2 -g" ;;
     tsan) cc=clang flags="-O1 -g" san=(-DTP_SANITIZE=thread) ;;
@@ -248,7 +271,7 @@ run_mode() {
 }
 
 # Tests whose subject is a race; repeated after the full pass (TP_REPEAT, default 10).
-racy='^test_(stress|cancel|lifecycle|admission|elastic|default|retry)$'
+racy='^(test_(stress|cancel|lifecycle|admission|elastic|default|retry)|fuzz_corpus)$'
 
 status=0
 for m in "${modes[@]}"; do
