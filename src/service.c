@@ -155,6 +155,7 @@ void *tp__service_main(void *arg) {
                     chunk = nx;
                 }
             }
+            tried_spawn = false; /* mu was released: a wake for a spawn may have been missed */
             continue;
         }
         uint64_t now = tp_now_ns();

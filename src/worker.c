@@ -378,6 +378,9 @@ static void *worker_main(void *arg) {
     p->threads--;
     if (p->threads == 0) pthread_cond_broadcast(&p->done_cv);
     tp__wake_exiters(p);
+    /* A spawn skipped while this slot was still taken (tp__spawn_start finds
+     * no free slot) is retried now, by the service thread. */
+    if (!p->closed && tp__want_spawn(p)) tp__svc_wake(p);
     pthread_mutex_unlock(&p->mu);
     return NULL;
 }
