@@ -76,6 +76,7 @@
 #define SEC 1000000000ull
 #define FZ_LONG_NS (5 * SEC)   /* a budget that must suffice when nothing blocks */
 #define FZ_BOUND_NS (20 * SEC) /* any wait for something that must happen */
+#define FZ_GATE_NS (40 * SEC)  /* a gate task's wait: longer, so the harness's own check reports first */
 #define FZ_FAR_NS (120 * SEC)  /* a deadline/run timeout no input ever reaches */
 
 /* ------------------------------------------------------------ bookkeeping */
@@ -223,7 +224,7 @@ static void gates_reset(void) {
  * opens is a harness bug, reported as such. */
 static void gate_wait(int g) {
     fz_gate *G = &fz_gates[g];
-    uint64_t end = tp_now_ns() + FZ_BOUND_NS;
+    uint64_t end = tp_now_ns() + FZ_GATE_NS;
     struct timespec ts = {(time_t)(end / SEC), (long)(end % SEC)};
     pthread_mutex_lock(&G->mu);
     while (!atomic_load(&G->open)) {
@@ -290,6 +291,7 @@ typedef struct fz_pool {
     unsigned workers, max_workers, cap, max_per_user, max_retries;
     uint64_t retry_delay, run_timeout, drain_timeout, submit_timeout;
     bool closed, shut_called, maybe_forced;
+    bool slow_hooks; /* set before tp_create, read-only while it lives */
     int shut_rc;
     atomic_int forced; /* a forced shutdown returned: no new attempt may start */
     uint64_t submitted, accepted, rej_full, rej_user, rej_closed, rej_timeout;
@@ -306,8 +308,19 @@ static char fz_main_log[16]; /* the harness thread's log id, "" for none */
 
 /* ------------------------------------------------------------ hooks */
 
-static void hook_start(void *arg) { atomic_fetch_add(&((fz_pool *)arg)->hook_start, 1); }
-static void hook_stop(void *arg) { atomic_fetch_add(&((fz_pool *)arg)->hook_stop, 1); }
+/* Worker hooks are user code and may take a while: with `slow_hooks` they do,
+ * which widens the windows where a worker is starting or exiting. */
+static void hook_start(void *arg) {
+    fz_pool *fp = (fz_pool *)arg;
+    atomic_fetch_add(&fp->hook_start, 1);
+    if (fp->slow_hooks) sleep_ns(2 * MS);
+}
+
+static void hook_stop(void *arg) {
+    fz_pool *fp = (fz_pool *)arg;
+    if (fp->slow_hooks) sleep_ns(2 * MS);
+    atomic_fetch_add(&fp->hook_stop, 1);
+}
 
 static void log_hook(void *arg, int level, const char *log_id, const char *msg) {
     fz_pool *fp = (fz_pool *)arg;
@@ -369,7 +382,7 @@ static void attempt_checks(tp_ctx *c, fz_task *t, int attempt) {
 }
 
 static int wait_gate_sleep(tp_ctx *c, fz_task *t) {
-    uint64_t end = tp_now_ns() + FZ_BOUND_NS;
+    uint64_t end = tp_now_ns() + FZ_GATE_NS;
     while (!gate_is_open(t->gate)) {
         int e = tp_ctx_sleep(c, MS);
         if (e != 0) {
@@ -391,7 +404,7 @@ static int wait_gate_fd(tp_ctx *c, fz_task *t) {
     if (poll(&pf0, 1, 0) == 1 && (pf0.revents & POLLIN))
         CHECK(tp_ctx_err(c) == TP_ECANCELED, "task %d: cancel fd readable at the start of an uncancelled attempt",
               t->index);
-    uint64_t end = tp_now_ns() + FZ_BOUND_NS;
+    uint64_t end = tp_now_ns() + FZ_GATE_NS;
     for (;;) {
         if (gate_is_open(t->gate)) return t->result;
         int e = tp_ctx_err(c);
@@ -841,6 +854,7 @@ static bool decode_config(fz_pool *fp, const uint8_t b[4], tp_config *c) {
     c->idle_timeout_ns = idle[(b[2] >> 6) % 4u];
     c->submit_timeout_ns = submit_ns[b[3] % 4u];
     c->name = (b[3] & 4) ? "fz" : NULL;
+    fp->slow_hooks = (b[3] & 8) != 0;
     c->log = log_hook;
     c->log_arg = fp;
     c->on_worker_start = hook_start;
@@ -877,10 +891,12 @@ static void op_create(fz_pool *fp, const uint8_t b[4]) {
     bool valid = decode_config(fp, b, &c);
     tp_pool *p = (tp_pool *)(uintptr_t)0x1;
     int rc = tp_create(&p, &c);
-    trace("create slot %d: workers %u max %u cap %u mpu %u retries %u retry %llums rt %llu drain %llums -> %s",
+    trace("create slot %d: workers %u max %u cap %u mpu %u retries %u retry %llums rt %llu drain %llums "
+          "idle %llu%s -> %s",
           fp->slot, c.workers, c.max_workers, c.queue_capacity, c.max_per_user, c.max_retries,
           (unsigned long long)(c.retry_delay_ns / MS), (unsigned long long)c.run_timeout_ns,
-          (unsigned long long)(c.drain_timeout_ns / MS), rcname(rc));
+          (unsigned long long)(c.drain_timeout_ns / MS), (unsigned long long)c.idle_timeout_ns,
+          fp->slow_hooks ? " slow-hooks" : "", rcname(rc));
     if (!valid) {
         CHECK(rc == TP_EINVAL && p == (tp_pool *)(uintptr_t)0x1, "tp_create of an invalid config returned %s",
               rcname(rc));

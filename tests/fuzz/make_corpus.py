@@ -30,13 +30,14 @@ def find(pred):
 
 
 def create(slot=0, workers=1, extra=0, cap=1, mpu=0, retries=0, retry=0, rt=0, drain=0, idle=0,
-           submit=0, name=False, invalid=None):
+           submit=0, name=False, slow_hooks=False, invalid=None):
     """retry/rt/drain/idle/submit are class indexes (see decode_config)."""
     b0 = find(lambda b: b & 1 == slot and 1 + (b >> 1) % 3 == workers and (b >> 3) % 3 == extra
               and (invalid is None or (b >> 1) % 5 == invalid))
     b1 = find(lambda b: 1 + b % 4 == cap and (b >> 2) % 5 == MPU[mpu] and (b >> 5) % 4 == retries)
     b2 = find(lambda b: b % 4 == retry and (b >> 2) % 4 == rt and (b >> 4) % 4 == drain and (b >> 6) % 4 == idle)
-    b3 = find(lambda b: b % 4 == submit and bool(b & 4) == name and ((b & 0xE0) == 0xE0) == (invalid is not None))
+    b3 = find(lambda b: b % 4 == submit and bool(b & 4) == name and bool(b & 8) == slow_hooks
+              and ((b & 0xE0) == 0xE0) == (invalid is not None))
     return bytes([OP["create"], b0, b1, b2, b3])
 
 
@@ -149,6 +150,12 @@ SEEDS = {
                 submit(kind="gsleep", gate=1), submit(kind="gfd", gate=2), settle(), submit(), submit(),
                 submit(), stats(), gate(0), settle(), settle(mode=2), submit(kind="fail", res=1), settle(),
                 gate(1), gate(2), settle(), stats()],
+    # An elastic worker idles out (1 ms) and spends 2 ms in its stop hook; a
+    # submit meanwhile finds no free worker slot. Once the slot is free the
+    # task must still get a worker (settle fails otherwise).
+    "elastic_exit_window": [create(workers=1, extra=1, cap=2, idle=1, slow_hooks=True),
+                            submit(kind="ignore", gate=0), settle(), submit(), settle(), settle(mode=1),
+                            submit(), settle(), settle(mode=1), submit(), settle(), stats(), gate(0), settle()],
     "elastic_retry": [create(workers=1, extra=1, cap=3, retries=3, idle=1), submit(kind="ignore", gate=3),
                       submit(kind="flaky", res=1, fail_k=2), settle(mode=2), settle(), stats(), gate(3)],
     "self": [create(workers=2, cap=2, retries=2), submit(kind="self", res=0), submit(kind="self", res=1),

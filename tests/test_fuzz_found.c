@@ -1,0 +1,79 @@
+/*
+ * test_fuzz_found.c -- regression tests for bugs found by the model-based
+ * fuzzer (tests/fuzz/). Each test builds the failing state deterministically
+ * with latches and says which fuzz check caught it.
+ */
+#include "tp_test.h"
+
+/* ------------------------------------------------------------ elastic spawn */
+
+static tpt_latch stop_gate;
+static atomic_int hold_stop; /* while set, the stop hook waits for stop_gate */
+static atomic_int in_stop;   /* stop hooks waiting now */
+
+static void holding_stop(void *arg) {
+    (void)arg;
+    if (!atomic_load(&hold_stop)) return;
+    atomic_fetch_add(&in_stop, 1);
+    tpt_latch_wait(&stop_gate);
+    atomic_fetch_sub(&in_stop, 1);
+}
+
+/*
+ * An elastic worker that idled out leaves the counted workers before its stop
+ * hook runs, but its slot is taken until the hook returns. A submit in that
+ * window finds the pool below max_workers with no idle worker, tries to add
+ * one, finds no free slot and skips. Once the slot is free nothing tried
+ * again: the task waited in the queue, with the pool below its maximum, until
+ * a busy worker happened to finish (here: never, while the latch is shut).
+ * The fuzzer saw it as a pool that never became quiescent.
+ */
+static void test_elastic_spawn_skipped_while_a_worker_exits(void **state) {
+    (void)state;
+    tpt_latch_init(&stop_gate);
+    atomic_store(&hold_stop, 0);
+    atomic_store(&in_stop, 0);
+    tp_config cfg = {0};
+    cfg.workers = 1;
+    cfg.max_workers = 2;
+    cfg.idle_timeout_ns = TPT_MS(1);
+    cfg.on_worker_stop = holding_stop;
+    cfg.log = tpt_quiet_log;
+    tp_pool *p = tpt_pool_new(&cfg);
+
+    tpt_latch gate;
+    tpt_latch_init(&gate);
+    tpt_fill_workers(p, &gate, 1, NULL); /* the minimum worker is busy */
+
+    /* A second worker starts for this task, runs it, idles out and stops in
+     * its stop hook. */
+    atomic_store(&hold_stop, 1);
+    tpt_done first = {0};
+    tp_task_opts o = {.on_done = tpt_done_fn};
+    assert_int_equal(tp_submit(p, tpt_nop_task, &first, &o, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&first.calls) == 1);
+    TPT_EVENTUALLY(atomic_load(&in_stop) == 1 && tpt_stats(p).workers == 1);
+
+    /* Below max_workers, no idle worker: this task needs a new one. */
+    atomic_store(&hold_stop, 0);
+    tpt_done second = {0};
+    assert_int_equal(tp_submit(p, tpt_nop_task, &second, &o, NULL), TP_OK);
+    tpt_latch_open(&stop_gate); /* the exiting worker frees its slot */
+
+    TPT_EVENTUALLY(atomic_load(&second.calls) == 1);
+    assert_int_equal(atomic_load(&second.status), 0);
+    assert_int_equal(atomic_load(&gate.waiting), 1); /* the busy worker did not run it */
+
+    tpt_latch_open(&gate);
+    tpt_pool_finish(p);
+    tpt_latch_destroy(&gate);
+    tpt_latch_destroy(&stop_gate);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_elastic_spawn_skipped_while_a_worker_exits, tpt_guard_setup,
+                                        tpt_guard_teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
