@@ -292,6 +292,7 @@ typedef struct fz_pool {
     uint64_t retry_delay, run_timeout, drain_timeout, submit_timeout;
     bool closed, shut_called, maybe_forced;
     bool slow_hooks; /* set before tp_create, read-only while it lives */
+    bool slow_done;  /* on_done takes 1 ms (set before tp_create) */
     int shut_rc;
     atomic_int forced; /* a forced shutdown returned: no new attempt may start */
     uint64_t submitted, accepted, rej_full, rej_user, rej_closed, rej_timeout;
@@ -485,6 +486,7 @@ static void task_done(void *arg, int status) {
           (unsigned long long)s.completed);
     CHECK(tp_wait(t->pool, 1) == TP_EDEADLK, "task %d: tp_wait in on_done is not EDEADLK", t->index);
     CHECK(tp_shutdown(t->pool, 1) == TP_EDEADLK, "task %d: tp_shutdown in on_done is not EDEADLK", t->index);
+    if (fp->slow_done) sleep_ns(MS);
     const char *g = tp_log_id_get();
     CHECK(g != NULL, "task %d: no log id in on_done", t->index);
     if (t->expect_log[0])
@@ -855,6 +857,7 @@ static bool decode_config(fz_pool *fp, const uint8_t b[4], tp_config *c) {
     c->submit_timeout_ns = submit_ns[b[3] % 4u];
     c->name = (b[3] & 4) ? "fz" : NULL;
     fp->slow_hooks = (b[3] & 8) != 0;
+    fp->slow_done = (b[3] & 16) != 0;
     c->log = log_hook;
     c->log_arg = fp;
     c->on_worker_start = hook_start;
@@ -897,6 +900,7 @@ static void op_create(fz_pool *fp, const uint8_t b[4]) {
           (unsigned long long)(c.retry_delay_ns / MS), (unsigned long long)c.run_timeout_ns,
           (unsigned long long)(c.drain_timeout_ns / MS), (unsigned long long)c.idle_timeout_ns,
           fp->slow_hooks ? " slow-hooks" : "", rcname(rc));
+    if (fp->slow_done) trace("  (slow on_done)");
     if (!valid) {
         CHECK(rc == TP_EINVAL && p == (tp_pool *)(uintptr_t)0x1, "tp_create of an invalid config returned %s",
               rcname(rc));
@@ -1271,6 +1275,117 @@ static void finish_pool(fz_pool *fp, bool full) {
     fp->p = NULL;
 }
 
+/* A second application thread: after 2 ms it closes or shuts down the pool
+ * while the harness thread is blocked in a call on it. */
+typedef struct fz_helper {
+    tp_pool *p;
+    int what; /* 0: tp_close, 1: tp_shutdown(budget) */
+    uint64_t budget;
+    int rc;
+} fz_helper;
+
+static void *helper_main(void *arg) {
+    fz_helper *h = (fz_helper *)arg;
+    sleep_ns(2 * MS);
+    h->rc = h->what == 0 ? tp_close(h->p) : tp_shutdown(h->p, h->budget);
+    return NULL;
+}
+
+static void op_concurrent(fz_pool *fp, const uint8_t b[5]) {
+    ensure_pool(fp);
+    int mode = (b[0] >> 1) % 3;
+    fz_scan sc;
+    model_scan(fp, &sc);
+    fz_helper h = {fp->p, mode == 2, 3 * MS, 99};
+    pthread_t th;
+    if (mode == 0) {
+        /* submit_wait blocked for room when the close comes: TP_ECLOSED at
+         * once; with room it may be accepted first. */
+        fz_task *t = &fz_tasks[fz_ntasks];
+        CHECK(fz_ntasks < FZ_MAX_TASKS, "harness: too many tasks");
+        memset(t, 0, sizeof *t);
+        t->index = fz_ntasks++;
+        t->fp = fp;
+        t->pool = fp->p;
+        t->kind = K_SUCCEED;
+        t->user = b[1] % FZ_USERS;
+        t->has_done = true;
+        t->max_retries = fp->max_retries;
+        t->run_timeout = fp->run_timeout;
+        atomic_store(&t->last_rv, INT_MIN);
+        if (fz_main_log[0]) snprintf(t->expect_log, sizeof t->expect_log, "%s", fz_main_log);
+        fp->tasks[fp->ntasks++] = t;
+        bool ul_certain = t->user >= 2 && fp->max_per_user != TP_UNLIMITED &&
+                          sc.ulo[t->user] >= (int)fp->max_per_user;
+        bool blocked = ul_certain || sc.occ_lo >= (int)fp->cap;
+        tp_task_opts o;
+        memset(&o, 0, sizeof o);
+        o.user = fz_users[t->user];
+        o.on_done = task_done;
+        t->submit_ns = tp_now_ns();
+        CHECK(pthread_create(&th, NULL, helper_main, &h) == 0, "harness: pthread_create");
+        uint64_t id = 0, t0 = tp_now_ns();
+        int rc = tp_submit_wait(fp->p, task_main, t, &o, FZ_LONG_NS, &id);
+        uint64_t el = tp_now_ns() - t0;
+        pthread_join(th, NULL);
+        trace("concurrent slot %d: submit_wait task %d user %s [blocked %d closed %d] while closing -> %s (%llu us)",
+              fp->slot, t->index, o.user ? o.user : "NULL", blocked, fp->closed, rcname(rc),
+              (unsigned long long)(el / 1000));
+        expect_rc(rc, fp->closed || blocked ? bit(TP_ECLOSED) : B_OK | bit(TP_ECLOSED), "submit_wait during a close");
+        CHECK(el < FZ_LONG_NS, "submit_wait was not woken by the close");
+        fp->submitted++;
+        if (rc == TP_OK) {
+            t->id = id;
+            t->accepted = true;
+            fp->accepted++;
+        } else {
+            fp->rej_closed++;
+        }
+        fp->closed = true;
+        return;
+    }
+    if (mode == 1) {
+        /* tp_wait alone waits for someone else's close. */
+        bool drains = sc.nblockers == 0 && !atomic_load(&fp->forced);
+        uint64_t to = drains ? FZ_LONG_NS : 10 * MS;
+        CHECK(pthread_create(&th, NULL, helper_main, &h) == 0, "harness: pthread_create");
+        uint64_t t0 = tp_now_ns();
+        int rc = tp_wait(fp->p, to);
+        uint64_t el = tp_now_ns() - t0;
+        pthread_join(th, NULL);
+        trace("concurrent slot %d: wait %llu while closing [stuck %d blockers %d] -> %s", fp->slot,
+              (unsigned long long)to, sc.nstuck, sc.nblockers, rcname(rc));
+        unsigned allowed = atomic_load(&fp->forced) || sc.nstuck > 0 ? bit(TP_ETIMEDOUT)
+                           : drains                                  ? B_OK
+                                                                     : B_OK | bit(TP_ETIMEDOUT);
+        expect_rc(rc, allowed, "tp_wait during a close");
+        if (rc == TP_ETIMEDOUT && !atomic_load(&fp->forced)) CHECK(el >= to, "tp_wait timed out early");
+        fp->closed = true;
+        if (rc == TP_OK) {
+            check_all_done_now(fp, "tp_wait");
+            check_at_rest(fp);
+        }
+        return;
+    }
+    /* Two shutdowns at once: one countdown, one outcome, the same result. */
+    CHECK(pthread_create(&th, NULL, helper_main, &h) == 0, "harness: pthread_create");
+    sleep_ns(2 * MS);
+    uint64_t t0 = tp_now_ns();
+    int rc = tp_shutdown(fp->p, 3 * MS);
+    uint64_t el = tp_now_ns() - t0;
+    pthread_join(th, NULL);
+    trace("concurrent slot %d: two shutdowns [stuck %d shut before %d] -> %s and %s", fp->slot, sc.nstuck,
+          fp->shut_called, rcname(rc), rcname(h.rc));
+    unsigned allowed = fp->shut_called ? bit(fp->shut_rc) : sc.nstuck > 0 ? bit(TP_ETIMEDOUT) : B_OK | bit(TP_ETIMEDOUT);
+    expect_rc(rc, allowed, "tp_shutdown concurrent with another");
+    CHECK(rc == h.rc, "two concurrent tp_shutdown calls returned %s and %s", rcname(rc), rcname(h.rc));
+    CHECK(el < FZ_LONG_NS, "tp_shutdown took %llu ns", (unsigned long long)el);
+    if (!fp->shut_called && rc == TP_ETIMEDOUT) mark_forced(fp, &sc);
+    fp->closed = fp->shut_called = true;
+    fp->shut_rc = rc;
+    if (rc == TP_OK) check_all_done_now(fp, "tp_shutdown");
+}
+
 static int nop_task(tp_ctx *c, void *arg) {
     (void)c;
     (void)arg;
@@ -1328,7 +1443,7 @@ static void op_logid(uint8_t b) {
 
 enum {
     OP_CREATE, OP_SUBMIT, OP_SUBMIT2, OP_CANCEL, OP_GATE, OP_SETTLE, OP_CLOSE, OP_SHUTDOWN,
-    OP_WAIT, OP_STATS, OP_DESTROY, OP_INVALID, OP_LOGID, OP_DEFAULT, OP_COUNT
+    OP_WAIT, OP_STATS, OP_DESTROY, OP_INVALID, OP_LOGID, OP_DEFAULT, OP_CONCURRENT, OP_COUNT
 };
 
 static void run_input(const uint8_t *data, size_t size) {
@@ -1358,6 +1473,11 @@ static void run_input(const uint8_t *data, size_t size) {
         case OP_DEFAULT: {
             uint8_t b[5] = {a0, take(&in), take(&in), take(&in), take(&in)};
             op_submit(fp, b, op == OP_DEFAULT ? VIA_DEFAULT : (b[3] & 16) ? VIA_WAIT : VIA_SUBMIT);
+            break;
+        }
+        case OP_CONCURRENT: {
+            uint8_t b[5] = {a0, take(&in), 0, 0, 0};
+            op_concurrent(fp, b);
             break;
         }
         case OP_CANCEL: {

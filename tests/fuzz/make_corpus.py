@@ -12,7 +12,7 @@ import os
 import shutil
 
 OP = dict(create=0, submit=1, submit2=2, cancel=3, gate=4, settle=5, close=6, shutdown=7,
-          wait=8, stats=9, destroy=10, invalid=11, logid=12, default=13)
+          wait=8, stats=9, destroy=10, invalid=11, logid=12, default=13, concurrent=14)
 KIND = dict(succeed=0, fail=1, flaky=2, ignore=3, gsleep=4, gfd=5, sleep=6, self=7)
 USER = {None: 0, "": 1, "u0": 2, "u1": 3, "u2": 4}
 DL = dict(none=0, past=1, near=2, far=3)
@@ -30,14 +30,14 @@ def find(pred):
 
 
 def create(slot=0, workers=1, extra=0, cap=1, mpu=0, retries=0, retry=0, rt=0, drain=0, idle=0,
-           submit=0, name=False, slow_hooks=False, invalid=None):
+           submit=0, name=False, slow_hooks=False, slow_done=False, invalid=None):
     """retry/rt/drain/idle/submit are class indexes (see decode_config)."""
     b0 = find(lambda b: b & 1 == slot and 1 + (b >> 1) % 3 == workers and (b >> 3) % 3 == extra
               and (invalid is None or (b >> 1) % 5 == invalid))
     b1 = find(lambda b: 1 + b % 4 == cap and (b >> 2) % 5 == MPU[mpu] and (b >> 5) % 4 == retries)
     b2 = find(lambda b: b % 4 == retry and (b >> 2) % 4 == rt and (b >> 4) % 4 == drain and (b >> 6) % 4 == idle)
     b3 = find(lambda b: b % 4 == submit and bool(b & 4) == name and bool(b & 8) == slow_hooks
-              and ((b & 0xE0) == 0xE0) == (invalid is not None))
+              and bool(b & 16) == slow_done and ((b & 0xE0) == 0xE0) == (invalid is not None))
     return bytes([OP["create"], b0, b1, b2, b3])
 
 
@@ -89,6 +89,12 @@ def destroy(slot=0, full=False):
 
 def invalid(slot=0, what=0):
     return bytes([OP["invalid"], slot | what << 1])
+
+
+def concurrent(slot=0, mode=0, user=None):
+    """A helper thread, 2 ms later: 0 closes during a submit_wait (of a task
+    with `user`); 1 closes during a tp_wait; 2 shuts down during a tp_shutdown."""
+    return bytes([OP["concurrent"], slot | mode << 1, USER[user]])
 
 
 def logid(which):
@@ -156,6 +162,21 @@ SEEDS = {
     "elastic_exit_window": [create(workers=1, extra=1, cap=2, idle=1, slow_hooks=True),
                             submit(kind="ignore", gate=0), settle(), submit(), settle(), settle(mode=1),
                             submit(), settle(), settle(mode=1), submit(), settle(), stats(), gate(0), settle()],
+    "close_wakes_submit_wait": [create(workers=1, cap=1, mpu=1), submit(kind="ignore", gate=0, user="u0"),
+                                settle(), submit(), concurrent(mode=0, user="u0"), stats(), gate(0), settle()],
+    "close_wakes_submit_wait_user": [create(workers=2, cap=2, mpu=1), submit(kind="gfd", gate=1, user="u1"),
+                                     settle(), concurrent(mode=0, user="u1"), concurrent(mode=0), stats()],
+    "close_wakes_wait": [create(workers=2, cap=2), submit(), submit(kind="sleep"), concurrent(mode=1),
+                         stats()],
+    "close_wait_stuck": [create(workers=1, cap=2), submit(kind="ignore", gate=2), settle(), submit(),
+                         concurrent(mode=1), gate(2), wait(cls=3)],
+    "two_shutdowns": [create(workers=1, cap=2, drain=1), submit(kind="gsleep", gate=3), settle(), submit(),
+                      concurrent(mode=2), concurrent(mode=2), shutdown(cls=1), wait(cls=1), gate(3)],
+    "two_shutdowns_ok": [create(workers=2, cap=3, retries=1), submit(), submit(kind="fail", res=1),
+                         concurrent(mode=2), wait(cls=0)],
+    "slow_on_done": [create(workers=2, cap=4, retries=1, slow_done=True), submit(kind="ignore", gate=0),
+                     settle(), submit(), submit(kind="fail", res=1), submit(dl="near"), cancel(sel=2),
+                     submit(), cancel(sel=0), settle(), gate(0), shutdown(cls=1), settle(), stats()],
     "elastic_retry": [create(workers=1, extra=1, cap=3, retries=3, idle=1), submit(kind="ignore", gate=3),
                       submit(kind="flaky", res=1, fail_k=2), settle(mode=2), settle(), stats(), gate(3)],
     "self": [create(workers=2, cap=2, retries=2), submit(kind="self", res=0), submit(kind="self", res=1),
