@@ -1,7 +1,7 @@
 /*
  * test_fuzz_found.c -- regression tests for bugs found by the model-based
- * fuzzer (tests/fuzz/). Each test builds the failing state deterministically
- * with latches and says which fuzz check caught it.
+ * fuzz harness (tests/fuzz/). Each test builds the failing state deterministically
+ * with latches and says which fuzz check catches it.
  */
 #include "tp_test.h"
 
@@ -26,7 +26,11 @@ static void holding_stop(void *arg) {
  * one, finds no free slot and skips. Once the slot is free nothing tried
  * again: the task waited in the queue, with the pool below its maximum, until
  * a busy worker happened to finish (here: never, while the latch is shut).
- * The fuzzer saw it as a pool that never became quiescent.
+ * Found while writing the fuzz model's quiescence check ("a queued task with
+ * a free worker slot gets a worker"); on the unfixed library the harness
+ * reports it with the seed tests/fuzz/corpus/elastic_exit_window (slow worker
+ * hooks widen the window) as "pool 0 not quiescent: active 1 queued 1
+ * workers 1 idle 0".
  */
 static void test_elastic_spawn_skipped_while_a_worker_exits(void **state) {
     (void)state;
