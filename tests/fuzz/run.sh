@@ -6,6 +6,7 @@
 #
 #   TP_FUZZ_SECONDS  total fuzzing time (default 90)
 #   TP_FUZZ_TIMEOUT  seconds before one input counts as hung (default 60)
+#   TP_FUZZ_FLAGS    more libFuzzer flags, e.g. "-len_control=0" (long inputs at once)
 #
 # New inputs found are kept in BUILD_DIR/corpus and reused by the next run; a
 # crash or violation is saved as BUILD_DIR/crash-* and replays with
@@ -59,7 +60,8 @@ fi
 echo "fuzz: fuzzing for $secs s"
 t0=$SECONDS
 # New inputs go to the first directory; the committed seeds are read only.
-(cd "$dir" && ./fuzz_pool "${leaks[@]}" -max_total_time="$secs" -timeout="$per_input" -max_len=512 \
+read -r -a extra <<<"${TP_FUZZ_FLAGS:-}"
+(cd "$dir" && ./fuzz_pool "${leaks[@]}" "${extra[@]}" -max_total_time="$secs" -timeout="$per_input" -max_len=512 \
     -rss_limit_mb=4096 -print_final_stats=1 -artifact_prefix="$dir/" \
     "$dir/corpus" "$here/corpus") >"$dir/fuzz.log" 2>&1
 rc=$?
