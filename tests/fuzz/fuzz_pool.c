@@ -277,6 +277,7 @@ typedef struct fz_task {
     atomic_int last_rv;
     atomic_int nonzero; /* attempts that returned non-zero */
     atomic_int done_enter, done_calls, done_status;
+    atomic_int first_start; /* the pool's start ticket of attempt 0, 0 if never */
     /* Written by the harness, read by the task. */
     atomic_int cancel_ok; /* a tp_cancel of it returned TP_OK */
     /* Harness only. */
@@ -299,6 +300,7 @@ typedef struct fz_pool {
     int ntasks;
     fz_task *tasks[FZ_MAX_TASKS];
     atomic_int hook_start, hook_stop, log_warn, log_error, log_other, done_total;
+    atomic_int start_seq; /* tickets for first attempts, in the order they start */
     tp_stats last;
 } fz_pool;
 
@@ -438,6 +440,7 @@ static int self_task(tp_ctx *c, fz_task *t) {
 static int task_main(tp_ctx *c, void *arg) {
     fz_task *t = (fz_task *)arg;
     int attempt = atomic_fetch_add(&t->runs, 1);
+    if (attempt == 0) atomic_store(&t->first_start, atomic_fetch_add(&t->fp->start_seq, 1) + 1);
     attempt_checks(c, t, attempt);
     atomic_store(&t->inside, 1);
     int rv = 0;
@@ -720,8 +723,26 @@ static void print_allowed(char *buf, size_t len, const fz_allowed *a) {
     if (a->n == 0) snprintf(buf, len, " (none: it should not have ended)");
 }
 
+/* FIFO: with one worker, tasks start in admission order (a retry goes to the
+ * back, but never ahead of a first attempt admitted before it). With more
+ * workers two starts race, so only one worker is checked. */
+static void check_fifo(const fz_pool *fp) {
+    if (fp->max_workers != 1) return;
+    int last = 0, last_index = -1;
+    for (int i = 0; i < fp->ntasks; i++) {
+        const fz_task *t = fp->tasks[i];
+        int seq = atomic_load(&t->first_start);
+        if (!t->accepted || seq == 0) continue;
+        CHECK(seq > last, "pool %d: task %d was admitted after task %d but started before it (FIFO)", fp->slot,
+              t->index, last_index);
+        last = seq;
+        last_index = t->index;
+    }
+}
+
 /* Every task of the pool has ended and every on_done has returned. */
 static void check_tasks_ended(const fz_pool *fp) {
+    check_fifo(fp);
     for (int i = 0; i < fp->ntasks; i++) {
         const fz_task *t = fp->tasks[i];
         CHECK(atomic_load(&t->inside) == 0, "pool %d task %d still inside its function at rest", fp->slot, t->index);
@@ -855,7 +876,10 @@ static bool decode_config(fz_pool *fp, const uint8_t b[4], tp_config *c) {
     static const uint64_t idle[4] = {0, 1 * MS, 5 * MS, TP_FOREVER};
     c->idle_timeout_ns = idle[(b[2] >> 6) % 4u];
     c->submit_timeout_ns = submit_ns[b[3] % 4u];
+    /* The name is cosmetic; its bit also doubles the queue (up to 8), so
+     * cancels deep inside a longer queue are reachable. */
     c->name = (b[3] & 4) ? "fz" : NULL;
+    if (b[3] & 4) c->queue_capacity *= 2;
     fp->slow_hooks = (b[3] & 8) != 0;
     fp->slow_done = (b[3] & 16) != 0;
     c->log = log_hook;

@@ -31,7 +31,11 @@ def find(pred):
 
 def create(slot=0, workers=1, extra=0, cap=1, mpu=0, retries=0, retry=0, rt=0, drain=0, idle=0,
            submit=0, name=False, slow_hooks=False, slow_done=False, invalid=None):
-    """retry/rt/drain/idle/submit are class indexes (see decode_config)."""
+    """retry/rt/drain/idle/submit are class indexes (see decode_config).
+    cap 1..4, or 2..8 even with name=True (the name bit doubles it)."""
+    if cap > 4:
+        assert cap % 2 == 0 and name
+        cap //= 2
     b0 = find(lambda b: b & 1 == slot and 1 + (b >> 1) % 3 == workers and (b >> 3) % 3 == extra
               and (invalid is None or (b >> 1) % 5 == invalid))
     b1 = find(lambda b: 1 + b % 4 == cap and (b >> 2) % 5 == MPU[mpu] and (b >> 5) % 4 == retries)
@@ -118,6 +122,11 @@ SEEDS = {
     "cancel_parked": [create(workers=1, cap=3), submit(kind="ignore", gate=0), settle(), submit(),
                       submit(kind="fail", res=-77), cancel(sel=0), cancel(sel=1), cancel(sel=2),
                       stats(), gate(0), settle(), cancel(sel=2)],
+    # One worker, a queue of 6: cancels in the middle (nearer the head, then
+    # nearer the tail) must keep the others in admission order (FIFO check).
+    "cancel_middle": [create(workers=1, cap=8, name=True), submit(kind="ignore", gate=0), settle(),
+                      submit(), submit(), submit(), submit(), submit(), submit(kind="fail", res=1),
+                      cancel(sel=3), cancel(sel=1), submit(), stats(), gate(0), settle(), stats()],
     "cancel_ids": [submit(), cancel(sel=1), cancel(sel=2, extra=9), settle(), cancel(sel=0)],
     "retries": [create(workers=2, cap=4, retries=3, retry=0), submit(kind="fail", res=1),
                 submit(kind="flaky", res=-77, fail_k=2), submit(kind="flaky", res=1, fail_k=3),
