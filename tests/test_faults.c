@@ -31,7 +31,9 @@
  *   elastic scale-up: pthread_create failing on every spawn (from submit and
  *     from the service thread's retry path): every task still runs on the
  *     existing workers and ends exactly once, the counted workers stay right,
- *     the pool grows again once threads can be made, and shuts down cleanly.
+ *     the pool grows again once threads can be made, and shuts down cleanly;
+ *     a failed spawn into the slot of an exited elastic worker (joined first)
+ *     leaves the slot free for the next spawn, never joined twice.
  *   tp_ctx_fd: pipe2 failing gives TP_ENOMEM; the next call makes the pipe.
  *
  * Sanitizers: the wraps bind to the sanitizer's interceptors through
@@ -763,6 +765,60 @@ static void test_elastic_spawn_faults(void **state) {
                   "worker\n", failed_spawns, atomic_load(&svc_hits), n);
 }
 
+/* A worker slot whose elastic thread exited is joined before reuse; when the
+ * new thread then cannot be made the slot must become free, not joined again
+ * later (a double join), and the next spawn reuses it. */
+static void test_elastic_respawn_fault(void **state) {
+    (void)state;
+    snapshot before = snap();
+    inj_reset();
+    track_begin();
+    atomic_store(&hook_starts, 0);
+    atomic_store(&hook_stops, 0);
+    tp_config cfg = {0};
+    cfg.workers = 1;
+    cfg.max_workers = 2;
+    cfg.idle_timeout_ns = TPT_MS(1);
+    cfg.on_worker_start = on_start;
+    cfg.on_worker_stop = on_stop;
+    tp_pool *p = tpt_pool_new(&cfg);
+    tpt_latch g1, g2;
+    tpt_latch_init(&g1);
+    tpt_latch_init(&g2);
+    tpt_fill_workers(p, &g1, 2, NULL); /* grows to 2 */
+    tpt_latch_open(&g1);
+    TPT_EVENTUALLY(atomic_load(&hook_stops) == 1); /* the elastic one idled out */
+    TPT_EVENTUALLY(tpt_stats(p).workers == 1 && tpt_stats(p).idle == 1);
+
+    tpt_fill_workers(p, &g2, 1, NULL);
+    inj_reset();
+    atomic_store(&fail_at[F_THREAD], 1);
+    atomic_store(&fail_after[F_THREAD], 1);
+    atomic_store(&armed, 1);
+    tpt_done d[2];
+    memset(d, 0, sizeof d);
+    tp_task_opts o = {0};
+    o.on_done = tpt_done_fn;
+    assert_int_equal(tp_submit(p, tpt_nop_task, &d[0], &o, NULL), TP_OK); /* join old, fail */
+    atomic_store(&armed, 0);
+    assert_int_equal(atomic_load(&hits[F_THREAD]), 1);
+    tp_stats s = tpt_stats(p);
+    assert_int_equal(s.workers, 1);
+    assert_int_equal(s.queued, 1);
+    assert_int_equal(tp_submit(p, tpt_nop_task, &d[1], &o, NULL), TP_OK); /* reuses the slot */
+    TPT_EVENTUALLY(atomic_load(&d[0].calls) == 1 && atomic_load(&d[1].calls) == 1);
+    assert_int_equal(atomic_load(&hook_starts), 3);
+    tpt_latch_open(&g2);
+    s = tpt_pool_finish(p);
+    assert_int_equal(s.succeeded, 5);
+    assert_int_equal(atomic_load(&hook_starts), 3);
+    assert_int_equal(atomic_load(&hook_stops), 3);
+    tpt_latch_destroy(&g1);
+    tpt_latch_destroy(&g2);
+    assert_back_to(&before, "respawn fault");
+    atomic_store(&tracking, 0);
+}
+
 /* A failed spawn while the pool closes: the reservation is undone and the
  * shutdown does not wait for a thread that never existed. */
 static void test_elastic_spawn_fault_then_shutdown(void **state) {
@@ -902,6 +958,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_submit_record_growth_faults, tpt_guard_setup, tpt_guard_teardown),
         cmocka_unit_test_setup_teardown(test_submit_user_growth_faults, tpt_guard_setup, tpt_guard_teardown),
         cmocka_unit_test_setup_teardown(test_elastic_spawn_faults, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_elastic_respawn_fault, tpt_guard_setup, tpt_guard_teardown),
         cmocka_unit_test_setup_teardown(test_elastic_spawn_fault_then_shutdown, tpt_guard_setup, tpt_guard_teardown),
         cmocka_unit_test_setup_teardown(test_ctx_fd_faults, tpt_guard_setup, tpt_guard_teardown),
     };
