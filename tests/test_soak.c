@@ -48,10 +48,7 @@ static unsigned slowdown(void) {
     if (RUNNING_ON_VALGRIND)
         div = 10;
 #endif
-    const char *e = getenv("TP_TEST_SLOWDOWN");
-    if (e && atoi(e) > 0)
-        div *= (unsigned)atoi(e);
-    return div;
+    return div * tpt_slowdown();
 }
 
 /* A scenario's loop: `ci_rounds` rounds (scaled down for slow builds), or,
