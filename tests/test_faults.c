@@ -196,8 +196,19 @@ void __wrap_free(void *p) {
     __real_free(p);
 }
 
+/* While set, pthread_create first waits on stall_gate (after the library has
+ * reserved the worker, with the pool lock released): the window in which a
+ * spawn is under way becomes as long as a test needs. */
+static atomic_int stall_enabled, stalled;
+static tpt_latch stall_gate;
+
 int __wrap_pthread_create(pthread_t *t, const pthread_attr_t *a, void *(*fn)(void *), void *arg) {
-    if (inject(F_THREAD)) {
+    int fail = inject(F_THREAD);
+    if (atomic_load(&stall_enabled)) {
+        atomic_fetch_add(&stalled, 1);
+        tpt_latch_wait(&stall_gate);
+    }
+    if (fail) {
         if (tp__tls_service)
             atomic_fetch_add(&svc_hits, 1);
         return EAGAIN;
@@ -819,6 +830,68 @@ static void test_elastic_respawn_fault(void **state) {
     atomic_store(&tracking, 0);
 }
 
+/* stats.workers counts live worker threads: not a spawn still under way (the
+ * thread may never exist), nor one that failed. Regression: the reservation
+ * was counted at once, so a reader saw 2 workers in a pool that never had
+ * more than 1 thread. */
+typedef struct spawn_sub {
+    tp_pool *p;
+    atomic_int rc, done;
+} spawn_sub;
+
+static void *spawn_submitter(void *arg) {
+    spawn_sub *x = arg;
+    atomic_store(&x->rc, tp_submit(x->p, tpt_nop_task, NULL, NULL, NULL)); /* wants a worker */
+    atomic_store(&x->done, 1);
+    return NULL;
+}
+
+static void stalled_spawn(tp_pool *p, int fail) {
+    inj_reset();
+    if (fail) {
+        atomic_store(&fail_at[F_THREAD], 1);
+        atomic_store(&armed, 1);
+    }
+    tpt_latch_init(&stall_gate);
+    atomic_store(&stalled, 0);
+    atomic_store(&stall_enabled, 1);
+    spawn_sub x = {p, 0, 0};
+    pthread_t th;
+    assert_int_equal(__real_pthread_create(&th, NULL, spawn_submitter, &x), 0);
+    TPT_EVENTUALLY(atomic_load(&stalled) == 1); /* the spawn is under way */
+    tp_stats s = tpt_stats(p);
+    atomic_store(&stall_enabled, 0);
+    tpt_latch_open(&stall_gate);
+    pthread_join(th, NULL);
+    atomic_store(&armed, 0);
+    assert_int_equal(atomic_load(&x.rc), TP_OK);
+    assert_int_equal(atomic_load(&hits[F_THREAD]), fail ? 1u : 0u);
+    if (s.workers != 1)
+        fail_msg("%s spawn under way: stats.workers %u, but 1 worker thread exists",
+                 fail ? "a failing" : "a", s.workers);
+    tpt_latch_destroy(&stall_gate);
+}
+
+static void test_stats_workers_during_spawn(void **state) {
+    (void)state;
+    tp_config cfg = {0};
+    cfg.workers = 1;
+    cfg.max_workers = 2;
+    cfg.idle_timeout_ns = TP_FOREVER;
+    tp_pool *p = tpt_pool_new(&cfg);
+    tpt_latch gate;
+    tpt_latch_init(&gate);
+    tpt_fill_workers(p, &gate, 1, NULL);
+    stalled_spawn(p, 1); /* fails: never a second thread */
+    assert_int_equal(tpt_stats(p).workers, 1);
+    stalled_spawn(p, 0); /* succeeds: counted once it runs */
+    TPT_EVENTUALLY(tpt_stats(p).workers == 2 && tpt_stats(p).completed == 2);
+    tpt_latch_open(&gate);
+    tp_stats s = tpt_pool_finish(p);
+    assert_int_equal(s.succeeded, 3);
+    tpt_latch_destroy(&gate);
+}
+
 /* A failed spawn while the pool closes: the reservation is undone and the
  * shutdown does not wait for a thread that never existed. */
 static void test_elastic_spawn_fault_then_shutdown(void **state) {
@@ -960,6 +1033,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_elastic_spawn_faults, tpt_guard_setup, tpt_guard_teardown),
         cmocka_unit_test_setup_teardown(test_elastic_respawn_fault, tpt_guard_setup, tpt_guard_teardown),
         cmocka_unit_test_setup_teardown(test_elastic_spawn_fault_then_shutdown, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_stats_workers_during_spawn, tpt_guard_setup, tpt_guard_teardown),
         cmocka_unit_test_setup_teardown(test_ctx_fd_faults, tpt_guard_setup, tpt_guard_teardown),
     };
     return cmocka_run_group_tests(tests, warm_up, NULL);
