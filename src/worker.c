@@ -47,8 +47,7 @@ int tp__spawn_start(tp_pool *p, tp__worker **slot, pthread_t *old, bool *join_ol
         w->state = TP__W_LIVE;
         p->live_workers++;
         p->threads++;
-        p->starting++;
-        TP__SET(p->st.workers, p->live_workers);
+        p->starting++; /* counted in stats.workers once it runs (worker_main) */
         *slot = w;
         return TP_OK;
     }
@@ -67,7 +66,6 @@ int tp__spawn_finish(tp_pool *p, tp__worker *w, pthread_t old, bool join_old) {
     p->live_workers--;
     p->threads--;
     p->starting--;
-    TP__SET(p->st.workers, p->live_workers);
     pthread_cond_broadcast(&p->done_cv);
     pthread_mutex_unlock(&p->mu);
     return TP_ENOMEM;
@@ -295,6 +293,8 @@ static void *worker_main(void *arg) {
 
     pthread_mutex_lock(&p->mu);
     p->starting--;
+    /* stats.workers: threads that run, not spawns under way (which may fail) */
+    TP__SET(p->st.workers, p->live_workers - p->starting);
     /* Idle since the last task ended (or the thread started): wake-ups that
      * bring no work do not restart the idle clock. */
     uint64_t idle_since = tp_now_ns();
@@ -370,7 +370,7 @@ static void *worker_main(void *arg) {
     /* Exit: mu held. Leave the counted set first (stats, scaling), run the
      * stop hook without the lock, then report the thread as gone. */
     p->live_workers--;
-    TP__SET(p->st.workers, p->live_workers);
+    TP__SET(p->st.workers, p->live_workers - p->starting);
     pthread_mutex_unlock(&p->mu);
     if (p->on_worker_stop) p->on_worker_stop(p->hook_arg);
     pthread_mutex_lock(&p->mu);

@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# run.sh -- build libtaskpool and run every test, three ways; then fuzz it.
+# run.sh -- build libtaskpool and run every test, four ways; then fuzz it.
 #
-#   bash tests/run.sh [plain|tsan|asan|fuzz ...]  (default: all four)
+#   bash tests/run.sh [plain|tsan|asan|valgrind|fuzz ...]  (default: all five)
 #
-# After the full pass, the racy tests run again TP_REPEAT times (default 10).
+# After the full pass, the racy tests run again TP_REPEAT times (default 10;
+# under tsan TP_REPEAT_TSAN, default 30).
 #
-#   plain  gcc, RelWithDebInfo with assertions kept, -Werror
-#   tsan   clang, ThreadSanitizer, -Werror
-#   asan   gcc, AddressSanitizer + LeakSanitizer + UBSan, -Werror
-#   fuzz   clang, libFuzzer + ASan + UBSan: the model-based fuzzer of
-#          tests/fuzz/ for TP_FUZZ_SECONDS (default 90), after the others
+#   plain     gcc, RelWithDebInfo with assertions kept, -Werror
+#   tsan      clang, ThreadSanitizer, -Werror
+#   asan      gcc, AddressSanitizer + LeakSanitizer + UBSan, -Werror
+#   valgrind  gcc as plain; every unit test under valgrind memcheck, which must
+#             report no error and no leak (TP_TEST_SLOWDOWN=4 for the tests)
+#   fuzz      clang, libFuzzer + ASan + UBSan: the model-based fuzzer of
+#             tests/fuzz/ for TP_FUZZ_SECONDS (default 90), after the others
 #
 # Works on a fresh Debian/Ubuntu machine: missing tools and cmocka are
 # installed with apt-get (through sudo when not root). Build trees go to
@@ -31,12 +34,12 @@ die() { printf 'run.sh: %s\n' "$*" >&2; exit 1; }
 modes=()
 for m in "$@"; do
     case $m in
-    plain | tsan | asan | fuzz) modes+=("$m") ;;
-    -h | --help) sed -n '2,17p' "$0"; exit 0 ;;
-    *) die "unknown mode '$m' (expected plain, tsan, asan or fuzz)" ;;
+    plain | tsan | asan | valgrind | fuzz) modes+=("$m") ;;
+    -h | --help) sed -n '2,21p' "$0"; exit 0 ;;
+    *) die "unknown mode '$m' (expected plain, tsan, asan, valgrind or fuzz)" ;;
     esac
 done
-[ ${#modes[@]} -gt 0 ] || modes=(plain tsan asan fuzz)
+[ ${#modes[@]} -gt 0 ] || modes=(plain tsan asan valgrind fuzz)
 wants() { [[ " ${modes[*]} " == *" $1 "* ]]; }
 
 # ------------------------------------------------------------------ dependencies
@@ -66,6 +69,9 @@ missing_deps() {
         command -v clang >/dev/null 2>&1 || return 0
         have_fuzzer_runtime || return 0
     fi
+    if wants valgrind; then
+        command -v valgrind >/dev/null 2>&1 || return 0
+    fi
     return 1
 }
 
@@ -81,6 +87,7 @@ if missing_deps; then
     pkgs=(libcmocka-dev cmake make gcc libc6-dev pkg-config)
     # clang's sanitizer runtimes are only "recommended" by clang on Debian 12.
     { wants tsan || wants fuzz; } && pkgs+=(clang libclang-rt-dev)
+    wants valgrind && pkgs+=(valgrind)
     export DEBIAN_FRONTEND=noninteractive
     "${sudo[@]}" apt-get update -q || die "apt-get update failed"
     "${sudo[@]}" apt-get install -y -q "${pkgs[@]}" || die "apt-get install failed"
@@ -194,10 +201,17 @@ run_fuzz() {
 }
 
 run_mode() {
-    local mode=$1 cc san=() wrap=() flags dir=$ci_dir/$1 t0
+    local mode=$1 cc san=() wrap=() flags dir=$ci_dir/$1 t0 select=()
     [ "$mode" = fuzz ] && { run_fuzz; return; }
     case $mode in
     plain) cc=gcc flags="-O2 -g" ;;
+    valgrind)
+        # Every test executable runs under memcheck (CTest prefixes the
+        # emulator); the non-unit tests (install, exports, bench) are left to
+        # the other modes.
+        cc=gcc flags="-O2 -g" select=(-R '^test_')
+        san=("-DCMAKE_CROSSCOMPILING_EMULATOR=valgrind;--error-exitcode=99;--leak-check=full;--show-leak-kinds=definite,indirect,possible;--errors-for-leak-kinds=definite,indirect,possible;--track-fds=no;-q"
+            -DTP_TEST_TIMEOUT=900) ;;
     tsan) cc=clang flags="-O1 -g" san=(-DTP_SANITIZE=thread) ;;
     asan) cc=gcc flags="-O1 -g" san=(-DTP_SANITIZE=address) ;;
     esac
@@ -209,6 +223,8 @@ run_mode() {
     elif [ "$mode" = asan ]; then
         log "$mode: checking that AddressSanitizer works here"
         probe_asan || { result[$mode]="FAIL (AddressSanitizer does not work here)"; return 1; }
+    elif [ "$mode" = valgrind ]; then
+        wrap=(env "TP_TEST_SLOWDOWN=${TP_TEST_SLOWDOWN:-4}")
     fi
 
     log "$mode: configure ($cc) in ${dir#"$root"/}"
@@ -241,8 +257,8 @@ run_mode() {
 
     log "$mode: test${wrap[*]:+ (under ${wrap[*]})}"
     local rc summary failed
-    (cd "$dir" && "${wrap[@]}" ctest --output-on-failure --no-tests=error --parallel "$jobs") 2>&1 |
-        tee "$dir/ctest.log"
+    (cd "$dir" && "${wrap[@]}" ctest --output-on-failure --no-tests=error --parallel "$jobs" \
+        "${select[@]}") 2>&1 | tee "$dir/ctest.log"
     rc=${PIPESTATUS[0]}
     summary=$(grep -E "tests passed|tests failed" "$dir/ctest.log" | tail -n 1)
     if [ "$rc" -ne 0 ]; then
@@ -256,6 +272,8 @@ run_mode() {
     # The racy tests once more, many times: an interleaving that breaks a
     # promise once in a hundred runs must not hide behind one green pass.
     local repeat=${TP_REPEAT:-10}
+    [ "$mode" = tsan ] && repeat=${TP_REPEAT_TSAN:-30}
+    [ "$mode" = valgrind ] && repeat=1 # memcheck serialises threads: one pass
     if [ "$repeat" -gt 1 ]; then
         log "$mode: racy tests repeated $repeat times"
         (cd "$dir" && "${wrap[@]}" ctest --output-on-failure --no-tests=error --parallel "$jobs" \
@@ -271,7 +289,7 @@ run_mode() {
 }
 
 # Tests whose subject is a race; repeated after the full pass (TP_REPEAT, default 10).
-racy='^(test_(stress|cancel|lifecycle|admission|elastic|default|retry)|fuzz_corpus)$'
+racy='^(test_(stress|soak|cancel|lifecycle|admission|elastic|default|retry|spin)|fuzz_corpus)$'
 
 status=0
 for m in "${modes[@]}"; do
@@ -280,6 +298,6 @@ done
 
 log "summary"
 for m in "${modes[@]}"; do
-    printf 'run.sh: %-5s %s\n' "$m" "${result[$m]}"
+    printf 'run.sh: %-8s %s\n' "$m" "${result[$m]}"
 done
 exit $status

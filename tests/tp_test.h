@@ -47,6 +47,17 @@
 #define TPT_SANITIZED 0
 #endif
 
+/* How many times slower than a plain build this run is: TP_TEST_SLOWDOWN from
+ * the environment (run.sh sets it under valgrind, which runs one thread at a
+ * time), else 1. Tests multiply the time constants that stand for "a while"
+ * in their scenario (a retry delay, a slow thread start) by it; waits for a
+ * state are bounded by TPT_WAIT_NS and need no scaling. */
+static inline unsigned tpt_slowdown(void) {
+    const char *e = getenv("TP_TEST_SLOWDOWN");
+    int n = e ? atoi(e) : 1;
+    return n > 0 ? (unsigned)n : 1u;
+}
+
 /* ------------------------------------------------------------ yielding */
 
 static inline void tpt_pause(void) {

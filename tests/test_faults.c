@@ -1,0 +1,1040 @@
+/*
+ * test_faults.c -- fault injection: every allocation, thread creation,
+ * descriptor creation and mutex/condition-variable initialisation the library
+ * makes is made to fail, one at a time, and the library must report it with
+ * the documented code, leak nothing and leave no thread running.
+ *
+ * How: this executable is linked with `-Wl,--wrap=<fn>` for malloc, calloc,
+ * realloc, free, pthread_create, pipe, pipe2, pthread_mutex_init,
+ * pthread_cond_init, pthread_condattr_init and pthread_condattr_setclock (see
+ * tests/CMakeLists.txt). The static library's calls then go to __wrap_<fn>
+ * below, which can fail the Nth call of a kind (or every call from the Nth on)
+ * and otherwise forward to __real_<fn>. Calls made inside libc or cmocka are
+ * not wrapped (they are resolved at run time), so only our own code and the
+ * library's is counted. The wrappers also track every live allocation by
+ * pointer in a fixed table (no malloc), so "nothing leaked" is checked
+ * exactly, whatever the allocator (glibc, ASan, TSan, valgrind).
+ *
+ * The fault points, found by looping N = 1, 2, ... until an operation succeeds
+ * without a fault being hit (the counts are printed):
+ *   tp_create / tp_default_create: the pool, the worker array, the ring, the
+ *     first record chunk and the id index, the user buckets and the first user
+ *     chunk (allocations); the pool mutex, condattr init + setclock + cond
+ *     init of 4 pool and max_workers per-worker condition variables (sync);
+ *     the service thread and each of the `workers` threads (threads).
+ *     Each failure: TP_ENOMEM, *out untouched, no thread, descriptor or byte
+ *     left, worker start/stop hooks balanced.
+ *   tp_submit: record growth past the preallocated set (TP_ENOMEM, counted in
+ *     rejected_full, nothing reserved) and a failed id-index resize (accepted:
+ *     longer chains, lookups still right); a new user entry chunk (TP_ENOMEM)
+ *     and a failed user-bucket rehash (accepted).
+ *   elastic scale-up: pthread_create failing on every spawn (from submit and
+ *     from the service thread's retry path): every task still runs on the
+ *     existing workers and ends exactly once, the counted workers stay right,
+ *     the pool grows again once threads can be made, and shuts down cleanly;
+ *     a failed spawn into the slot of an exited elastic worker (joined first)
+ *     leaves the slot free for the next spawn, never joined twice.
+ *   tp_ctx_fd: pipe2 failing gives TP_ENOMEM; the next call makes the pipe.
+ *
+ * Sanitizers: the wraps bind to the sanitizer's interceptors through
+ * __real_<fn>, so the whole file runs under ASan and TSan as well.
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+
+#include "tp_test.h"
+#include "internal.h" /* tp__tls_service: which thread a spawn comes from */
+
+/* ------------------------------------------------------------ the injector */
+
+enum { F_ALLOC, F_THREAD, F_FD, F_SYNC, F_KINDS };
+static const char *const kind_name[F_KINDS] = {"allocation", "thread", "descriptor", "sync init"};
+
+static atomic_int armed;                 /* inject only while set */
+static atomic_uint calls[F_KINDS];       /* calls of each kind while armed */
+static atomic_uint fail_at[F_KINDS];     /* 0: never; n: the nth call fails */
+static atomic_int fail_after[F_KINDS];   /* and, if set, every later one too */
+static atomic_uint hits[F_KINDS];        /* failures injected */
+static atomic_uint svc_hits;             /* thread failures on a pool's service thread */
+
+static void inj_reset(void) {
+    atomic_store(&armed, 0);
+    for (int k = 0; k < F_KINDS; k++) {
+        atomic_store(&calls[k], 0);
+        atomic_store(&fail_at[k], 0);
+        atomic_store(&fail_after[k], 0);
+        atomic_store(&hits[k], 0);
+    }
+    atomic_store(&svc_hits, 0);
+}
+
+static unsigned hits_total(void) {
+    unsigned n = 0;
+    for (int k = 0; k < F_KINDS; k++)
+        n += atomic_load(&hits[k]);
+    return n;
+}
+
+static int inject(int k) {
+    if (!atomic_load(&armed))
+        return 0;
+    unsigned n = atomic_fetch_add(&calls[k], 1) + 1;
+    unsigned at = atomic_load(&fail_at[k]);
+    if (at == 0 || n < at || (n > at && !atomic_load(&fail_after[k])))
+        return 0;
+    atomic_fetch_add(&hits[k], 1);
+    return 1;
+}
+
+/* Live allocations, by pointer: a fixed table, since the tracker must not
+ * allocate. Slots are claimed and released with compare-and-swap. */
+#define TRACK_SLOTS 8192
+static void *_Atomic track_tab[TRACK_SLOTS];
+static atomic_int tracking;
+static atomic_int track_overflow;
+
+static void track_add(void *p) {
+    if (!p || !atomic_load(&tracking))
+        return;
+    for (int i = 0; i < TRACK_SLOTS; i++) {
+        void *none = NULL;
+        if (atomic_load_explicit(&track_tab[i], memory_order_relaxed) == NULL &&
+            atomic_compare_exchange_strong(&track_tab[i], &none, p))
+            return;
+    }
+    atomic_store(&track_overflow, 1);
+}
+
+static void track_del(void *p) {
+    if (!p)
+        return;
+    for (int i = 0; i < TRACK_SLOTS; i++) {
+        void *want = p;
+        if (atomic_load_explicit(&track_tab[i], memory_order_relaxed) == p &&
+            atomic_compare_exchange_strong(&track_tab[i], &want, NULL))
+            return;
+    }
+}
+
+static int track_live(void) {
+    int n = 0;
+    for (int i = 0; i < TRACK_SLOTS; i++)
+        n += atomic_load(&track_tab[i]) != NULL;
+    return n;
+}
+
+/* Start counting allocations afresh (the table must be empty). */
+static void track_begin(void) {
+    for (int i = 0; i < TRACK_SLOTS; i++)
+        atomic_store(&track_tab[i], NULL);
+    atomic_store(&track_overflow, 0);
+    atomic_store(&tracking, 1);
+}
+
+void *__real_malloc(size_t n);
+void *__real_calloc(size_t a, size_t b);
+void *__real_realloc(void *p, size_t n);
+void __real_free(void *p);
+int __real_pthread_create(pthread_t *t, const pthread_attr_t *a, void *(*fn)(void *), void *arg);
+int __real_pipe(int fds[2]);
+int __real_pipe2(int fds[2], int flags);
+int __real_pthread_mutex_init(pthread_mutex_t *m, const pthread_mutexattr_t *a);
+int __real_pthread_cond_init(pthread_cond_t *c, const pthread_condattr_t *a);
+int __real_pthread_condattr_init(pthread_condattr_t *a);
+int __real_pthread_condattr_setclock(pthread_condattr_t *a, clockid_t id);
+
+void *__wrap_malloc(size_t n);
+void *__wrap_calloc(size_t a, size_t b);
+void *__wrap_realloc(void *p, size_t n);
+void __wrap_free(void *p);
+int __wrap_pthread_create(pthread_t *t, const pthread_attr_t *a, void *(*fn)(void *), void *arg);
+int __wrap_pipe(int fds[2]);
+int __wrap_pipe2(int fds[2], int flags);
+int __wrap_pthread_mutex_init(pthread_mutex_t *m, const pthread_mutexattr_t *a);
+int __wrap_pthread_cond_init(pthread_cond_t *c, const pthread_condattr_t *a);
+int __wrap_pthread_condattr_init(pthread_condattr_t *a);
+int __wrap_pthread_condattr_setclock(pthread_condattr_t *a, clockid_t id);
+
+void *__wrap_malloc(size_t n) {
+    if (inject(F_ALLOC)) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    void *p = __real_malloc(n);
+    track_add(p);
+    return p;
+}
+
+void *__wrap_calloc(size_t a, size_t b) {
+    if (inject(F_ALLOC)) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    void *p = __real_calloc(a, b);
+    track_add(p);
+    return p;
+}
+
+void *__wrap_realloc(void *p, size_t n) {
+    if (inject(F_ALLOC)) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    void *q = __real_realloc(p, n);
+    if (q) {
+        track_del(p);
+        track_add(q);
+    }
+    return q;
+}
+
+void __wrap_free(void *p) {
+    track_del(p);
+    __real_free(p);
+}
+
+/* While set, pthread_create first waits on stall_gate (after the library has
+ * reserved the worker, with the pool lock released): the window in which a
+ * spawn is under way becomes as long as a test needs. */
+static atomic_int stall_enabled, stalled;
+static tpt_latch stall_gate;
+
+int __wrap_pthread_create(pthread_t *t, const pthread_attr_t *a, void *(*fn)(void *), void *arg) {
+    int fail = inject(F_THREAD);
+    if (atomic_load(&stall_enabled)) {
+        atomic_fetch_add(&stalled, 1);
+        tpt_latch_wait(&stall_gate);
+    }
+    if (fail) {
+        if (tp__tls_service)
+            atomic_fetch_add(&svc_hits, 1);
+        return EAGAIN;
+    }
+    return __real_pthread_create(t, a, fn, arg);
+}
+
+int __wrap_pipe(int fds[2]) {
+    if (inject(F_FD)) {
+        errno = EMFILE;
+        return -1;
+    }
+    return __real_pipe(fds);
+}
+
+int __wrap_pipe2(int fds[2], int flags) {
+    if (inject(F_FD)) {
+        errno = EMFILE;
+        return -1;
+    }
+    return __real_pipe2(fds, flags);
+}
+
+int __wrap_pthread_mutex_init(pthread_mutex_t *m, const pthread_mutexattr_t *a) {
+    if (inject(F_SYNC))
+        return ENOMEM;
+    return __real_pthread_mutex_init(m, a);
+}
+
+int __wrap_pthread_cond_init(pthread_cond_t *c, const pthread_condattr_t *a) {
+    if (inject(F_SYNC))
+        return ENOMEM;
+    return __real_pthread_cond_init(c, a);
+}
+
+int __wrap_pthread_condattr_init(pthread_condattr_t *a) {
+    if (inject(F_SYNC))
+        return ENOMEM;
+    return __real_pthread_condattr_init(a);
+}
+
+int __wrap_pthread_condattr_setclock(pthread_condattr_t *a, clockid_t id) {
+    if (inject(F_SYNC))
+        return EINVAL;
+    return __real_pthread_condattr_setclock(a, id);
+}
+
+/* ------------------------------------------------------------ process state */
+
+/* Entries of a /proc/self directory ("." and ".." excluded); -1 if unreadable. */
+static int count_dir(const char *path) {
+    DIR *d = opendir(path);
+    if (!d)
+        return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        if (e->d_name[0] != '.')
+            n++;
+    closedir(d);
+    return n;
+}
+
+static int n_threads(void) { return count_dir("/proc/self/task"); }
+static int n_fds(void) { return count_dir("/proc/self/fd"); } /* opendir's own fd counts each time */
+
+typedef struct snapshot {
+    int threads, fds;
+} snapshot;
+
+static snapshot snap(void) {
+    snapshot s = {n_threads(), n_fds()};
+    assert_true(s.threads > 0);
+    assert_true(s.fds > 0);
+    return s;
+}
+
+/* Threads and descriptors back at `s` (threads leave /proc a moment after
+ * their join), and no tracked allocation alive. */
+static void assert_back_to(const snapshot *s, const char *what) {
+    if (!TPT_POLL(n_threads() == s->threads, TPT_WAIT_NS))
+        fail_msg("%s: %d threads, %d before", what, n_threads(), s->threads);
+    if (n_fds() != s->fds)
+        fail_msg("%s: %d descriptors, %d before", what, n_fds(), s->fds);
+    assert_int_equal(atomic_load(&track_overflow), 0);
+    int live = track_live();
+    if (live != 0)
+        fail_msg("%s: %d allocation(s) leaked", what, live);
+}
+
+/* ------------------------------------------------------------ hooks */
+
+static atomic_int hook_starts, hook_stops;
+
+static void on_start(void *arg) {
+    (void)arg;
+    atomic_fetch_add(&hook_starts, 1);
+}
+
+static void on_stop(void *arg) {
+    (void)arg;
+    atomic_fetch_add(&hook_stops, 1);
+}
+
+/* ------------------------------------------------------------ tp_create */
+
+typedef int (*create_fn)(tp_pool **out, const tp_config *cfg);
+
+static int create_default(tp_pool **out, const tp_config *cfg) {
+    int rc = tp_default_create(cfg);
+    *out = tp_default();
+    return rc;
+}
+
+/* A created pool works: one task runs and ends, then it is destroyed. */
+static void use_and_destroy(tp_pool *p, int is_default) {
+    tpt_done d = {0};
+    tp_task_opts o = {0};
+    o.on_done = tpt_done_fn;
+    o.user = "u";
+    assert_int_equal(tp_submit(p, tpt_nop_task, &d, &o, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&d.calls) == 1);
+    if (is_default)
+        assert_ptr_equal(tp_default_swap(NULL), p);
+    tp_stats s = tpt_finish(p);
+    assert_int_equal(s.succeeded, 1);
+}
+
+/* Fail the nth call of `kind` for n = 1, 2, ... until the create succeeds
+ * without a fault; every failed one must be clean. Returns the fault points. */
+static unsigned create_faults(create_fn create, int is_default, const tp_config *cfg, int kind,
+                              const char *label) {
+    unsigned points = 0;
+    for (unsigned n = 1;; n++) {
+        assert_true(n < 10000);
+        snapshot before = snap();
+        atomic_store(&hook_starts, 0);
+        atomic_store(&hook_stops, 0);
+        inj_reset();
+        track_begin();
+        atomic_store(&fail_at[kind], n);
+        tp_pool *sentinel = (tp_pool *)(uintptr_t)0x5a5a, *p = sentinel;
+        atomic_store(&armed, 1);
+        int rc = create(&p, cfg);
+        atomic_store(&armed, 0);
+        if (atomic_load(&hits[kind]) == 0) {
+            /* every fault point passed: the create is whole */
+            if (rc != TP_OK)
+                fail_msg("%s: %s call %u: no fault injected, yet %s", label, kind_name[kind], n,
+                         tp_err_name(rc));
+            use_and_destroy(p, is_default);
+            assert_back_to(&before, label);
+            assert_int_equal(atomic_load(&hook_starts), atomic_load(&hook_stops));
+            atomic_store(&tracking, 0);
+            break;
+        }
+        points++;
+        if (rc != TP_ENOMEM)
+            fail_msg("%s: %s call %u failed: got %s, want TP_ENOMEM", label, kind_name[kind], n,
+                     tp_err_name(rc));
+        if (is_default)
+            assert_null(tp_default());
+        else
+            assert_ptr_equal(p, sentinel); /* written only on TP_OK */
+        char what[128];
+        snprintf(what, sizeof what, "%s, %s call %u failed", label, kind_name[kind], n);
+        assert_back_to(&before, what);
+        /* every worker that started also stopped */
+        assert_int_equal(atomic_load(&hook_starts), atomic_load(&hook_stops));
+        atomic_store(&tracking, 0);
+    }
+    return points;
+}
+
+static void create_all_kinds(create_fn create, int is_default, const tp_config *cfg,
+                             const char *label, unsigned want_threads) {
+    unsigned pts[F_KINDS];
+    for (int k = 0; k < F_KINDS; k++)
+        pts[k] = create_faults(create, is_default, cfg, k, label);
+    print_message("%s: fault points: %u allocation, %u thread, %u descriptor, %u sync init\n",
+                  label, pts[F_ALLOC], pts[F_THREAD], pts[F_FD], pts[F_SYNC]);
+    assert_true(pts[F_ALLOC] >= 5); /* pool, workers, ring, records, users at least */
+    assert_int_equal(pts[F_THREAD], want_threads);
+    assert_int_equal(pts[F_FD], 0); /* descriptors are made on first use only */
+    assert_true(pts[F_SYNC] >= 5);  /* the mutex and four condition variables at least */
+}
+
+static void test_create_faults_fixed(void **state) {
+    (void)state;
+    tp_config cfg = {0};
+    cfg.workers = 2;
+    cfg.on_worker_start = on_start;
+    cfg.on_worker_stop = on_stop;
+    create_all_kinds(tp_create, 0, &cfg, "tp_create fixed 2", 3);
+}
+
+static void test_create_faults_elastic(void **state) {
+    (void)state;
+    tp_config cfg = {0};
+    cfg.workers = 3;
+    cfg.max_workers = 6;
+    cfg.queue_capacity = 7;
+    cfg.on_worker_start = on_start;
+    cfg.on_worker_stop = on_stop;
+    create_all_kinds(tp_create, 0, &cfg, "tp_create elastic 3..6", 4);
+}
+
+static void test_create_faults_defaults(void **state) {
+    (void)state;
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    unsigned workers = n > 0 ? 4u * (unsigned)n : 4u;
+    if (workers > 64) {
+        print_message("%u default workers: the NULL-config case is covered by the others\n",
+                      workers);
+        skip();
+        return;
+    }
+    create_all_kinds(tp_create, 0, NULL, "tp_create NULL config", workers + 1);
+}
+
+static void test_default_create_faults(void **state) {
+    (void)state;
+    assert_null(tp_default());
+    tp_config cfg = {0};
+    cfg.workers = 2;
+    cfg.on_worker_start = on_start;
+    cfg.on_worker_stop = on_stop;
+    create_all_kinds(create_default, 1, &cfg, "tp_default_create", 3);
+    assert_null(tp_default());
+    assert_int_equal(tp_default_submit(tpt_nop_task, NULL, NULL, NULL), TP_ENODEFAULT);
+}
+
+/* ------------------------------------------------------------ records */
+
+#define NREC 4096
+static tpt_done recs[NREC]; /* static: no allocation by the test while armed */
+static tpt_latch svc_gate;
+static atomic_int gate_done_calls;
+
+/* on_done of the first cancelled task: holds the service thread, so every
+ * later ending keeps its record until the gate opens. */
+static void gate_done(void *arg, int status) {
+    (void)arg;
+    (void)status;
+    tpt_latch_wait(&svc_gate);
+    atomic_fetch_add(&gate_done_calls, 1);
+}
+
+static int count_calls(int from, int to, int want_calls, int want_status) {
+    int bad = 0;
+    for (int i = from; i < to; i++)
+        if (atomic_load(&recs[i].calls) != want_calls ||
+            (want_calls && atomic_load(&recs[i].status) != want_status))
+            bad++;
+    return bad;
+}
+
+static void test_submit_record_growth_faults(void **state) {
+    (void)state;
+    memset(recs, 0, sizeof recs);
+    atomic_store(&gate_done_calls, 0);
+    snapshot before = snap();
+    inj_reset();
+    track_begin();
+    tp_config cfg = {0};
+    cfg.workers = 1;
+    cfg.queue_capacity = 4;
+    tp_pool *p = tpt_pool_new(&cfg);
+    tpt_latch work_gate;
+    tpt_latch_init(&work_gate);
+    tpt_latch_init(&svc_gate);
+    tpt_fill_workers(p, &work_gate, 1, NULL);
+
+    /* Hold the service thread in the first ending's on_done. */
+    tp_task_opts go = {0};
+    go.on_done = gate_done;
+    uint64_t id = 0;
+    assert_int_equal(tp_submit(p, tpt_nop_task, NULL, &go, &id), TP_OK);
+    assert_int_equal(tp_cancel(p, id), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&svc_gate.waiting) == 1);
+
+    /* Cancelled tasks with an on_done now keep their records. Submit and
+     * cancel until the preallocated records run out and the first growth
+     * fails: TP_ENOMEM, counted as rejected_full, nothing reserved. */
+    tp_task_opts o = {0};
+    o.on_done = tpt_done_fn;
+    atomic_store(&fail_at[F_ALLOC], 1);
+    atomic_store(&armed, 1);
+    int n = 0, rc = TP_OK;
+    tp_stats s0 = tpt_stats(p);
+    for (; n < NREC - 8; n++) {
+        rc = tp_submit(p, tpt_nop_task, &recs[n], &o, &id);
+        if (rc != TP_OK)
+            break;
+        assert_int_equal(tp_cancel(p, id), TP_OK);
+    }
+    atomic_store(&armed, 0);
+    assert_int_equal(rc, TP_ENOMEM);
+    assert_int_equal(atomic_load(&hits[F_ALLOC]), 1);
+    assert_true(n >= 60); /* the preallocated records (4 x 5 + 64, less those in use) */
+    tp_stats s1 = tpt_stats(p);
+    assert_int_equal(s1.submitted, s0.submitted + (uint64_t)n + 1);
+    assert_int_equal(s1.accepted, s0.accepted + (uint64_t)n);
+    assert_int_equal(s1.rejected_full, s0.rejected_full + 1);
+    assert_int_equal(s1.queued, 0);
+    assert_int_equal(atomic_load(&recs[n].calls), 0); /* refused: no on_done, ever */
+    /* The same refusal from tp_submit_wait: TP_ENOMEM at once, not a wait. */
+    inj_reset();
+    atomic_store(&fail_at[F_ALLOC], 1);
+    atomic_store(&armed, 1);
+    assert_int_equal(tp_submit_wait(p, tpt_nop_task, &recs[n], &o, TPT_WAIT_NS, NULL), TP_ENOMEM);
+    atomic_store(&armed, 0);
+    assert_int_equal(atomic_load(&hits[F_ALLOC]), 1);
+
+    /* Growth whose id-index resize fails: accepted, with longer chains. */
+    inj_reset();
+    atomic_store(&fail_at[F_ALLOC], 2);
+    atomic_store(&armed, 1);
+    rc = tp_submit(p, tpt_nop_task, &recs[n], &o, &id);
+    atomic_store(&armed, 0);
+    assert_int_equal(rc, TP_OK);
+    assert_int_equal(atomic_load(&calls[F_ALLOC]), 2); /* chunk, then index */
+    assert_int_equal(atomic_load(&hits[F_ALLOC]), 1);
+    /* Lookups still find every task: cancel this one and queue more by id. */
+    assert_int_equal(tp_cancel(p, id), TP_OK);
+    assert_int_equal(tp_cancel(p, id), TP_ENOTFOUND);
+    n++;
+    int queued_from = n;
+    uint64_t ids[4];
+    for (int k = 0; k < 4; k++, n++)
+        assert_int_equal(tp_submit(p, tpt_nop_task, &recs[n], &o, &ids[k]), TP_OK);
+    assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_EFULL);
+    assert_int_equal(tp_cancel(p, ids[1]), TP_OK);
+    assert_int_equal(tp_cancel(p, ids[3]), TP_OK);
+
+    /* Release everything: every accepted task ends exactly once. */
+    tpt_latch_open(&svc_gate);
+    tpt_latch_open(&work_gate);
+    tp_stats s = tpt_pool_finish(p);
+    assert_int_equal(atomic_load(&gate_done_calls), 1);
+    assert_int_equal(count_calls(0, queued_from, 1, TP_ECANCELED), 0);
+    assert_int_equal(count_calls(queued_from, queued_from + 1, 1, 0), 0);
+    assert_int_equal(count_calls(queued_from + 1, queued_from + 2, 1, TP_ECANCELED), 0);
+    assert_int_equal(count_calls(queued_from + 2, queued_from + 3, 1, 0), 0);
+    assert_int_equal(count_calls(queued_from + 3, queued_from + 4, 1, TP_ECANCELED), 0);
+    assert_int_equal(s.rejected_full, 3); /* two ENOMEM, one EFULL */
+    assert_int_equal(s.succeeded, 3);     /* the blocker and two queued */
+    assert_int_equal(s.cancelled, (uint64_t)queued_from + 1 + 2);
+    assert_int_equal(atomic_load(&work_gate.timeouts) + atomic_load(&svc_gate.timeouts), 0);
+    tpt_latch_destroy(&work_gate);
+    tpt_latch_destroy(&svc_gate);
+    assert_back_to(&before, "record growth");
+    atomic_store(&tracking, 0);
+}
+
+/* ------------------------------------------------------------ users */
+
+static int user_task(tp_ctx *c, void *arg) {
+    (void)c;
+    (void)arg;
+    return 0;
+}
+
+static void test_submit_user_growth_faults(void **state) {
+    (void)state;
+    memset(recs, 0, sizeof recs);
+    snapshot before = snap();
+    inj_reset();
+    track_begin();
+    tp_config cfg = {0};
+    cfg.workers = 1;
+    cfg.queue_capacity = 64;
+    tp_pool *p = tpt_pool_new(&cfg);
+    tpt_latch gate;
+    tpt_latch_init(&gate);
+    tpt_fill_workers(p, &gate, 1, NULL);
+
+    /* 32 user entries are preallocated; hold them all with queued tasks. */
+    char names[40][16];
+    tp_task_opts o = {0};
+    o.on_done = tpt_done_fn;
+    for (int i = 0; i < 40; i++)
+        snprintf(names[i], sizeof names[i], "user%02d", i);
+    for (int i = 0; i < 32; i++) {
+        o.user = names[i];
+        assert_int_equal(tp_submit(p, user_task, &recs[i], &o, NULL), TP_OK);
+    }
+    assert_int_equal(tpt_stats(p).users, 32);
+
+    /* The 33rd user needs a new chunk of entries: that failure refuses. */
+    tp_stats s0 = tpt_stats(p);
+    o.user = names[32];
+    inj_reset();
+    atomic_store(&fail_at[F_ALLOC], 1);
+    atomic_store(&armed, 1);
+    int rc = tp_submit(p, user_task, &recs[32], &o, NULL);
+    atomic_store(&armed, 0);
+    assert_int_equal(rc, TP_ENOMEM);
+    assert_int_equal(atomic_load(&hits[F_ALLOC]), 1);
+    tp_stats s1 = tpt_stats(p);
+    assert_int_equal(s1.submitted, s0.submitted + 1);
+    assert_int_equal(s1.accepted, s0.accepted);
+    assert_int_equal(s1.rejected_full, s0.rejected_full + 1);
+    assert_int_equal(s1.queued, s0.queued);
+    assert_int_equal(s1.users, 32);
+    assert_int_equal(tp_user_active(p, names[32]), 0);
+    /* An existing user needs no allocation: accepted while faults are armed. */
+    o.user = names[0];
+    inj_reset();
+    atomic_store(&fail_at[F_ALLOC], 1);
+    atomic_store(&fail_after[F_ALLOC], 1);
+    atomic_store(&armed, 1);
+    rc = tp_submit(p, user_task, &recs[33], &o, NULL);
+    atomic_store(&armed, 0);
+    assert_int_equal(rc, TP_OK);
+    assert_int_equal(atomic_load(&calls[F_ALLOC]), 0);
+    assert_int_equal(tp_user_active(p, names[0]), 2);
+
+    /* The chunk is made but the bucket rehash fails: accepted, and every
+     * user is still found (longer chains). */
+    o.user = names[32];
+    inj_reset();
+    atomic_store(&fail_at[F_ALLOC], 2);
+    atomic_store(&armed, 1);
+    rc = tp_submit(p, user_task, &recs[34], &o, NULL);
+    atomic_store(&armed, 0);
+    assert_int_equal(rc, TP_OK);
+    assert_int_equal(atomic_load(&calls[F_ALLOC]), 2);
+    assert_int_equal(atomic_load(&hits[F_ALLOC]), 1);
+    for (int i = 33; i < 40; i++) {
+        o.user = names[i];
+        assert_int_equal(tp_submit(p, user_task, &recs[i + 2], &o, NULL), TP_OK);
+    }
+    assert_int_equal(tpt_stats(p).users, 40);
+    for (int i = 0; i < 40; i++)
+        assert_int_equal(tp_user_active(p, names[i]), i == 0 ? 2u : 1u);
+    o.user = names[0];
+    assert_int_equal(tp_submit(p, user_task, NULL, &o, NULL), TP_EUSERLIMIT);
+
+    tpt_latch_open(&gate);
+    tp_stats s = tpt_pool_finish(p);
+    assert_int_equal(count_calls(0, 32, 1, 0), 0);
+    assert_int_equal(atomic_load(&recs[32].calls), 0); /* the refused one */
+    assert_int_equal(count_calls(33, 42, 1, 0), 0);
+    assert_int_equal(s.succeeded, 1 + 32 + 1 + 1 + 7);
+    assert_int_equal(s.rejected_full, 1);
+    assert_int_equal(s.rejected_user, 1);
+    tpt_latch_destroy(&gate);
+    assert_back_to(&before, "user growth");
+    atomic_store(&tracking, 0);
+}
+
+/* ------------------------------------------------------------ elastic scale-up */
+
+typedef struct erec {
+    atomic_int calls, ran, status;
+} erec;
+
+static erec erecs[512];
+static tpt_latch egate;
+
+static tp_pool *epool;
+static atomic_int blocker_rc;
+
+static void elastic_done(void *arg, int status) {
+    erec *r = arg;
+    atomic_store(&r->status, status);
+    atomic_fetch_add(&r->calls, 1);
+}
+
+/* erecs[1] fails its first attempt, after queueing erecs[0], which then keeps
+ * the only worker busy: when the retry comes back to the queue, the service
+ * thread finds a backlog and no idle worker, and tries to add one. */
+static int elastic_task(tp_ctx *c, void *arg) {
+    erec *r = arg;
+    atomic_fetch_add(&r->ran, 1);
+    if (r == &erecs[0]) {
+        tpt_latch_wait(&egate);
+    } else if (r == &erecs[1] && tp_ctx_attempt(c) == 0) {
+        tp_task_opts o = {0};
+        o.on_done = elastic_done;
+        atomic_store(&blocker_rc, tp_submit(epool, elastic_task, &erecs[0], &o, NULL));
+        return 1;
+    }
+    return 0;
+}
+
+static void test_elastic_spawn_faults(void **state) {
+    (void)state;
+    memset(erecs, 0, sizeof erecs);
+    snapshot before = snap();
+    inj_reset();
+    track_begin();
+    atomic_store(&hook_starts, 0);
+    atomic_store(&hook_stops, 0);
+    tp_config cfg = {0};
+    cfg.workers = 1;
+    cfg.max_workers = 4;
+    cfg.queue_capacity = 512;
+    cfg.idle_timeout_ns = TP_FOREVER;
+    cfg.max_retries = 1;
+    cfg.retry_delay_ns = TPT_MS(5);
+    cfg.on_worker_start = on_start;
+    cfg.on_worker_stop = on_stop;
+    cfg.log = tpt_quiet_log;
+    tp_pool *p = tpt_pool_new(&cfg);
+    epool = p;
+    atomic_store(&blocker_rc, 1);
+    TPT_EVENTUALLY(tpt_stats(p).idle == 1);
+    tpt_latch_init(&egate);
+
+    /* From here every pthread_create fails: the service thread (a retry back
+     * to a backlog) and submits try to add workers and cannot. */
+    inj_reset();
+    atomic_store(&fail_at[F_THREAD], 1);
+    atomic_store(&fail_after[F_THREAD], 1);
+    atomic_store(&armed, 1);
+    tp_task_opts o = {0};
+    o.on_done = elastic_done;
+    assert_int_equal(tp_submit(p, elastic_task, &erecs[1], &o, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&egate.waiting) == 1);
+    assert_int_equal(atomic_load(&blocker_rc), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&svc_hits) >= 1); /* the retry is back, no worker added */
+    TPT_EVENTUALLY(tpt_stats(p).queued == 1);
+    int n = 200;
+    unsigned before_submits = atomic_load(&hits[F_THREAD]);
+    for (int i = 2; i < n; i++)
+        assert_int_equal(tp_submit(p, elastic_task, &erecs[i], &o, NULL), TP_OK);
+    assert_true(atomic_load(&hits[F_THREAD]) >= before_submits + (unsigned)n - 2);
+    tp_stats s = tpt_stats(p);
+    assert_int_equal(s.workers, 1);
+    assert_int_equal(s.active, 1);
+    assert_int_equal(s.queued, (uint32_t)n - 1);
+    /* The single worker drains everything, retries included. */
+    tpt_latch_open(&egate);
+    TPT_EVENTUALLY(tpt_stats(p).completed == (uint64_t)n);
+    unsigned failed_spawns = atomic_load(&hits[F_THREAD]);
+    atomic_store(&armed, 0);
+    s = tpt_stats(p);
+    assert_int_equal(s.workers, 1);
+    assert_int_equal(s.retried, 1);
+    assert_int_equal(atomic_load(&hook_starts), 1);
+    for (int i = 0; i < n; i++) {
+        if (atomic_load(&erecs[i].calls) != 1 || atomic_load(&erecs[i].status) != 0)
+            fail_msg("task %d: on_done %d times, status %d", i, atomic_load(&erecs[i].calls),
+                     atomic_load(&erecs[i].status));
+    }
+
+    /* Threads can be made again: the pool grows to its maximum. */
+    tpt_latch gate;
+    tpt_latch_init(&gate);
+    tpt_fill_workers(p, &gate, 4, NULL);
+    assert_int_equal(tpt_stats(p).workers, 4);
+    tpt_latch_open(&gate);
+    s = tpt_pool_finish(p);
+    assert_int_equal(s.completed, (uint64_t)n + 4);
+    assert_int_equal(s.failed, 0);
+    assert_int_equal(atomic_load(&hook_starts), 4);
+    assert_int_equal(atomic_load(&hook_stops), 4);
+    tpt_latch_destroy(&gate);
+    tpt_latch_destroy(&egate);
+    assert_back_to(&before, "elastic spawn faults");
+    atomic_store(&tracking, 0);
+    print_message("elastic: %u failed spawns (%u on the service thread), %d tasks on the one "
+                  "worker\n", failed_spawns, atomic_load(&svc_hits), n);
+}
+
+/* A worker slot whose elastic thread exited is joined before reuse; when the
+ * new thread then cannot be made the slot must become free, not joined again
+ * later (a double join), and the next spawn reuses it. */
+static void test_elastic_respawn_fault(void **state) {
+    (void)state;
+    snapshot before = snap();
+    inj_reset();
+    track_begin();
+    atomic_store(&hook_starts, 0);
+    atomic_store(&hook_stops, 0);
+    tp_config cfg = {0};
+    cfg.workers = 1;
+    cfg.max_workers = 2;
+    cfg.idle_timeout_ns = TPT_MS(1);
+    cfg.on_worker_start = on_start;
+    cfg.on_worker_stop = on_stop;
+    tp_pool *p = tpt_pool_new(&cfg);
+    tpt_latch g1, g2;
+    tpt_latch_init(&g1);
+    tpt_latch_init(&g2);
+    tpt_fill_workers(p, &g1, 2, NULL); /* grows to 2 */
+    tpt_latch_open(&g1);
+    TPT_EVENTUALLY(atomic_load(&hook_stops) == 1); /* the elastic one idled out */
+    TPT_EVENTUALLY(tpt_stats(p).workers == 1 && tpt_stats(p).idle == 1);
+
+    tpt_fill_workers(p, &g2, 1, NULL);
+    inj_reset();
+    atomic_store(&fail_at[F_THREAD], 1);
+    atomic_store(&fail_after[F_THREAD], 1);
+    atomic_store(&armed, 1);
+    tpt_done d[2];
+    memset(d, 0, sizeof d);
+    tp_task_opts o = {0};
+    o.on_done = tpt_done_fn;
+    assert_int_equal(tp_submit(p, tpt_nop_task, &d[0], &o, NULL), TP_OK); /* join old, fail */
+    atomic_store(&armed, 0);
+    assert_int_equal(atomic_load(&hits[F_THREAD]), 1);
+    tp_stats s = tpt_stats(p);
+    assert_int_equal(s.workers, 1);
+    assert_int_equal(s.queued, 1);
+    assert_int_equal(tp_submit(p, tpt_nop_task, &d[1], &o, NULL), TP_OK); /* reuses the slot */
+    TPT_EVENTUALLY(atomic_load(&d[0].calls) == 1 && atomic_load(&d[1].calls) == 1);
+    assert_int_equal(atomic_load(&hook_starts), 3);
+    tpt_latch_open(&g2);
+    s = tpt_pool_finish(p);
+    assert_int_equal(s.succeeded, 5);
+    assert_int_equal(atomic_load(&hook_starts), 3);
+    assert_int_equal(atomic_load(&hook_stops), 3);
+    tpt_latch_destroy(&g1);
+    tpt_latch_destroy(&g2);
+    assert_back_to(&before, "respawn fault");
+    atomic_store(&tracking, 0);
+}
+
+/* stats.workers counts live worker threads: not a spawn still under way (the
+ * thread may never exist), nor one that failed. Regression: the reservation
+ * was counted at once, so a reader saw 2 workers in a pool that never had
+ * more than 1 thread. */
+typedef struct spawn_sub {
+    tp_pool *p;
+    atomic_int rc, done;
+} spawn_sub;
+
+static void *spawn_submitter(void *arg) {
+    spawn_sub *x = arg;
+    atomic_store(&x->rc, tp_submit(x->p, tpt_nop_task, NULL, NULL, NULL)); /* wants a worker */
+    atomic_store(&x->done, 1);
+    return NULL;
+}
+
+static void stalled_spawn(tp_pool *p, int fail) {
+    inj_reset();
+    if (fail) {
+        atomic_store(&fail_at[F_THREAD], 1);
+        atomic_store(&armed, 1);
+    }
+    tpt_latch_init(&stall_gate);
+    atomic_store(&stalled, 0);
+    atomic_store(&stall_enabled, 1);
+    spawn_sub x = {p, 0, 0};
+    pthread_t th;
+    assert_int_equal(__real_pthread_create(&th, NULL, spawn_submitter, &x), 0);
+    TPT_EVENTUALLY(atomic_load(&stalled) == 1); /* the spawn is under way */
+    tp_stats s = tpt_stats(p);
+    atomic_store(&stall_enabled, 0);
+    tpt_latch_open(&stall_gate);
+    pthread_join(th, NULL);
+    atomic_store(&armed, 0);
+    assert_int_equal(atomic_load(&x.rc), TP_OK);
+    assert_int_equal(atomic_load(&hits[F_THREAD]), fail ? 1u : 0u);
+    if (s.workers != 1)
+        fail_msg("%s spawn under way: stats.workers %u, but 1 worker thread exists",
+                 fail ? "a failing" : "a", s.workers);
+    tpt_latch_destroy(&stall_gate);
+}
+
+static void test_stats_workers_during_spawn(void **state) {
+    (void)state;
+    tp_config cfg = {0};
+    cfg.workers = 1;
+    cfg.max_workers = 2;
+    cfg.idle_timeout_ns = TP_FOREVER;
+    tp_pool *p = tpt_pool_new(&cfg);
+    tpt_latch gate;
+    tpt_latch_init(&gate);
+    tpt_fill_workers(p, &gate, 1, NULL);
+    stalled_spawn(p, 1); /* fails: never a second thread */
+    assert_int_equal(tpt_stats(p).workers, 1);
+    stalled_spawn(p, 0); /* succeeds: counted once it runs */
+    TPT_EVENTUALLY(tpt_stats(p).workers == 2 && tpt_stats(p).completed == 2);
+    tpt_latch_open(&gate);
+    tp_stats s = tpt_pool_finish(p);
+    assert_int_equal(s.succeeded, 3);
+    tpt_latch_destroy(&gate);
+}
+
+/* A failed spawn while the pool closes: the reservation is undone and the
+ * shutdown does not wait for a thread that never existed. */
+static void test_elastic_spawn_fault_then_shutdown(void **state) {
+    (void)state;
+    snapshot before = snap();
+    inj_reset();
+    track_begin();
+    tp_config cfg = {0};
+    cfg.workers = 1;
+    cfg.max_workers = 3;
+    tp_pool *p = tpt_pool_new(&cfg);
+    tpt_latch gate;
+    tpt_latch_init(&gate);
+    tpt_fill_workers(p, &gate, 1, NULL);
+    inj_reset();
+    atomic_store(&fail_at[F_THREAD], 1);
+    atomic_store(&fail_after[F_THREAD], 1);
+    atomic_store(&armed, 1);
+    tpt_done d[8];
+    memset(d, 0, sizeof d);
+    tp_task_opts o = {0};
+    o.on_done = tpt_done_fn;
+    for (int i = 0; i < 7; i++) {
+        o.user = i == 1 || i == 3 ? "odd" : NULL;
+        assert_int_equal(tp_submit(p, tpt_nop_task, &d[i], &o, NULL), TP_OK);
+    }
+    o.user = "odd";
+    assert_int_equal(tp_submit(p, tpt_nop_task, &d[7], &o, NULL), TP_EUSERLIMIT);
+    atomic_store(&armed, 0);
+    assert_true(atomic_load(&hits[F_THREAD]) >= 2);
+    assert_int_equal(tp_close(p), TP_OK);
+    tpt_latch_open(&gate);
+    assert_int_equal(tp_shutdown(p, TPT_WAIT_NS), TP_OK);
+    tp_stats s = tpt_pool_finish(p);
+    assert_int_equal(s.succeeded, 8);
+    for (int i = 0; i < 7; i++)
+        assert_int_equal(atomic_load(&d[i].calls), 1);
+    assert_int_equal(atomic_load(&d[7].calls), 0);
+    tpt_latch_destroy(&gate);
+    assert_back_to(&before, "spawn fault then shutdown");
+    atomic_store(&tracking, 0);
+}
+
+/* ------------------------------------------------------------ tp_ctx_fd */
+
+typedef struct fdrec {
+    atomic_int first, second, third;
+    atomic_int readable;
+    tpt_latch *gate;
+} fdrec;
+
+static int fd_task(tp_ctx *c, void *arg) {
+    fdrec *r = arg;
+    atomic_store(&r->first, tp_ctx_fd(c)); /* the injected failure */
+    atomic_store(&r->second, tp_ctx_fd(c));
+    atomic_store(&r->third, tp_ctx_fd(c));
+    if (r->gate) {
+        tpt_latch_wait(r->gate);
+        /* cancelled meanwhile: the descriptor made on retry reports it */
+        struct pollfd pfd = {tp_ctx_fd(c), POLLIN, 0};
+        atomic_store(&r->readable, pfd.fd >= 0 && poll(&pfd, 1, 0) == 1 &&
+                                       (pfd.revents & POLLIN) && tp_ctx_err(c) == TP_ECANCELED);
+    }
+    return 0;
+}
+
+static void test_ctx_fd_faults(void **state) {
+    (void)state;
+    snapshot before = snap();
+    inj_reset();
+    track_begin();
+    tp_config cfg = {0};
+    cfg.workers = 1;
+    tp_pool *p = tpt_pool_new(&cfg);
+    fdrec r = {0};
+    tpt_latch gate;
+    tpt_latch_init(&gate);
+    r.gate = &gate;
+    inj_reset();
+    atomic_store(&fail_at[F_FD], 1);
+    atomic_store(&armed, 1);
+    uint64_t id = 0;
+    assert_int_equal(tp_submit(p, fd_task, &r, NULL, &id), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&gate.waiting) == 1);
+    atomic_store(&armed, 0);
+    assert_int_equal(atomic_load(&hits[F_FD]), 1);
+    assert_int_equal(atomic_load(&r.first), TP_ENOMEM);
+    assert_true(atomic_load(&r.second) >= 0);
+    assert_int_equal(atomic_load(&r.third), atomic_load(&r.second));
+    assert_int_equal(tp_cancel(p, id), TP_OK);
+    tpt_latch_open(&gate);
+    TPT_EVENTUALLY(tpt_stats(p).completed == 1);
+    assert_int_equal(atomic_load(&r.readable), 1);
+    tpt_pool_finish(p);
+    tpt_latch_destroy(&gate);
+    assert_back_to(&before, "tp_ctx_fd faults"); /* the pipe is closed with the pool */
+    atomic_store(&tracking, 0);
+}
+
+/* The wrappers really are in the path: a guard against a build that lost the
+ * --wrap options (everything above would then pass vacuously). */
+static void test_wrappers_active(void **state) {
+    (void)state;
+    inj_reset();
+    atomic_store(&fail_at[F_ALLOC], 1);
+    atomic_store(&fail_at[F_THREAD], 1);
+    atomic_store(&fail_at[F_FD], 1);
+    atomic_store(&fail_at[F_SYNC], 1);
+    atomic_store(&armed, 1);
+    tp_pool *p = NULL;
+    int rc = tp_create(&p, NULL);
+    atomic_store(&armed, 0);
+    assert_int_equal(rc, TP_ENOMEM);
+    assert_int_equal(atomic_load(&hits[F_ALLOC]), 1);
+    assert_int_equal(hits_total(), 1); /* the first failure ends the create */
+    inj_reset();
+}
+
+/* Runtimes may start helper threads lazily (ThreadSanitizer's background
+ * thread comes with the first pthread_create): make one pool first, so that
+ * the thread counts compared later are the test's alone. */
+static int warm_up(void **state) {
+    (void)state;
+    tp_pool *p = NULL;
+    if (tp_create(&p, NULL) != TP_OK)
+        return -1;
+    return tp_destroy(p) == TP_OK ? 0 : -1;
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_wrappers_active),
+        cmocka_unit_test_setup_teardown(test_create_faults_fixed, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_create_faults_elastic, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_create_faults_defaults, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_default_create_faults, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_submit_record_growth_faults, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_submit_user_growth_faults, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_elastic_spawn_faults, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_elastic_respawn_fault, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_elastic_spawn_fault_then_shutdown, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_stats_workers_during_spawn, tpt_guard_setup, tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_ctx_fd_faults, tpt_guard_setup, tpt_guard_teardown),
+    };
+    return cmocka_run_group_tests(tests, warm_up, NULL);
+}
