@@ -146,7 +146,10 @@ typedef struct tp_config {
     uint64_t    run_timeout_ns;     /* 0 -> 10 min; TP_FOREVER -> none; per attempt, from its start */
     uint64_t    submit_timeout_ns;  /* 0 -> 1 s; TP_FOREVER -> none; default budget of tp_submit_wait */
     uint64_t    drain_timeout_ns;   /* 0 -> 20 s; TP_FOREVER -> none; default budget of tp_shutdown */
-    uint64_t    idle_timeout_ns;    /* 0 -> 5 min; TP_FOREVER -> never; elastic workers above `workers` exit when idle this long */
+    uint64_t    idle_timeout_ns;    /* 0 -> 5 min; TP_FOREVER -> never; elastic workers above `workers` exit when idle this long.
+                                     * Elastic workers are added while the backlog exceeds the idle workers,
+                                     * by tp_submit / tp_submit_wait and by a retry returning to the queue,
+                                     * until tp_close(); after it the workers present drain what is left. */
     unsigned    max_retries;        /* 0 -> no retry; 0..TP_MAX_RETRIES */
     uint64_t    retry_delay_ns;     /* 0 -> 1 s; fixed delay before each retry */
     const char *name;               /* thread-name prefix, copied; NULL -> "tp"; at most TP_NAME_MAX bytes */
@@ -314,7 +317,10 @@ TP_API int tp_cancel(tp_pool *p, uint64_t id);
 /* ------------------------------------------------ 7. the running task's context */
 
 /* These take the context given to the running task function and may be called
- * only by that task, during its call. */
+ * only by that task, during its call. With a NULL context they do nothing and
+ * return: TP_EINVAL (tp_ctx_err, tp_ctx_sleep, tp_ctx_fd), TP_FOREVER
+ * (tp_ctx_deadline), 0 (tp_ctx_id, tp_ctx_attempt), NULL (tp_ctx_user) or ""
+ * (tp_ctx_log_id). */
 
 /* 0, TP_ECANCELED (tp_cancel or forced shutdown; takes precedence), or
  * TP_ETIMEDOUT (the run timeout or the deadline, whichever is earlier, has

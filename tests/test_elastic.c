@@ -40,7 +40,7 @@ static void test_retry_spawns_one_worker(void **state) {
     cfg.on_worker_start = counting_start;
     cfg.log = tpt_quiet_log;
     tp_pool *p = NULL;
-    assert_int_equal(tp_create(&p, &cfg), TP_OK);
+    p = tpt_pool_new(&cfg);
     TPT_EVENTUALLY(tpt_stats(p).idle == 3);
 
     tpt_latch gate;
@@ -62,7 +62,7 @@ static void test_retry_spawns_one_worker(void **state) {
     assert_int_equal(atomic_load(&starts), 4); /* exactly one more worker */
     assert_true(tpt_stats(p).workers <= 4);
     tpt_latch_open(&gate);
-    tp_stats s = tpt_finish(p);
+    tp_stats s = tpt_pool_finish(p);
     assert_int_equal(s.retried, 1);
     assert_int_equal(atomic_load(&starts), 4);
     tpt_latch_destroy(&gate);
@@ -89,7 +89,7 @@ static void test_submit_wait_on_service_thread_does_not_wait(void **state) {
     (void)state;
     tp_config cfg = {.workers = 1, .max_per_user = 1};
     tp_pool *p = NULL;
-    assert_int_equal(tp_create(&p, &cfg), TP_OK);
+    p = tpt_pool_new(&cfg);
     tpt_latch gate;
     tpt_latch_init(&gate);
     tp_task_opts bo = {.user = "u"};
@@ -106,14 +106,16 @@ static void test_submit_wait_on_service_thread_does_not_wait(void **state) {
     assert_int_equal(atomic_load(&pr.rc), TP_ETIMEDOUT);
     assert_int_equal(tpt_stats(p).rejected_timeout, 1);
     tpt_latch_open(&gate);
-    tpt_finish(p);
+    tpt_pool_finish(p);
     tpt_latch_destroy(&gate);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_retry_spawns_one_worker),
-        cmocka_unit_test(test_submit_wait_on_service_thread_does_not_wait),
+        cmocka_unit_test_setup_teardown(test_retry_spawns_one_worker, tpt_guard_setup,
+                                        tpt_guard_teardown),
+        cmocka_unit_test_setup_teardown(test_submit_wait_on_service_thread_does_not_wait,
+                                        tpt_guard_setup, tpt_guard_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
