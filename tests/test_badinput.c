@@ -22,7 +22,6 @@
  * (TP_EINVAL, or the "none" value of the getter) so that it never crashes.
  */
 #define _GNU_SOURCE
-#include <dirent.h>
 
 #include "tp_test.h"
 
@@ -264,19 +263,6 @@ static const row rows[] = {
 
 /* ------------------------------------------------------------ helpers */
 
-static int count_dir(const char *path) {
-    DIR *d = opendir(path);
-    if (!d)
-        return -1;
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL)
-        if (e->d_name[0] != '.')
-            n++;
-    closedir(d);
-    return n;
-}
-
 static void stats_diff_fail(const char *what, const tp_stats *a, const tp_stats *b) {
     char ja[1024], jb[1024];
     tp_stats_format(a, TP_FORMAT_JSON, ja, sizeof ja);
@@ -311,7 +297,7 @@ static unsigned run_rows(int dflt) {
         const row *r = &rows[i];
         if (r->dflt != -1 && r->dflt != dflt)
             continue;
-        int threads = count_dir("/proc/self/task");
+        int threads = tpt_count_dir("/proc/self/task");
         tp_stats before = tpt_stats(P);
         int got = r->call();
         tp_stats after = tpt_stats(P);
@@ -320,7 +306,7 @@ static unsigned run_rows(int dflt) {
                      tp_err_name(got), r->want, tp_err_name(r->want));
         if (memcmp(&before, &after, sizeof before) != 0)
             stats_diff_fail(r->name, &before, &after);
-        if (count_dir("/proc/self/task") != threads)
+        if (tpt_count_dir("/proc/self/task") != threads)
             fail_msg("%s: %s left a thread behind", r->name, r->expr);
         ran++;
     }
@@ -396,7 +382,7 @@ static void test_bad_configs_table(void **state) {
         {"name 4096 bytes", {.workers = 1, .name = HUGE}},
     };
     assert_null(tp_default());
-    int threads = count_dir("/proc/self/task"), fds = count_dir("/proc/self/fd");
+    int threads = tpt_count_dir("/proc/self/task"), fds = tpt_count_dir("/proc/self/fd");
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
         tp_pool *sentinel = (tp_pool *)(uintptr_t)0x1234, *p = sentinel;
         int rc = tp_create(&p, &cfgs[i].cfg);
@@ -408,8 +394,8 @@ static void test_bad_configs_table(void **state) {
             fail_msg("tp_default_create, %s: %s, expected TP_EINVAL", cfgs[i].what,
                      tp_err_name(rc));
         assert_null(tp_default());
-        assert_int_equal(count_dir("/proc/self/task"), threads);
-        assert_int_equal(count_dir("/proc/self/fd"), fds);
+        assert_int_equal(tpt_count_dir("/proc/self/task"), threads);
+        assert_int_equal(tpt_count_dir("/proc/self/fd"), fds);
     }
 }
 

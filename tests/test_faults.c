@@ -40,7 +40,6 @@
  * __real_<fn>, so the whole file runs under ASan and TSan as well.
  */
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -258,22 +257,8 @@ int __wrap_pthread_condattr_setclock(pthread_condattr_t *a, clockid_t id) {
 
 /* ------------------------------------------------------------ process state */
 
-/* Entries of a /proc/self directory ("." and ".." excluded); -1 if unreadable. */
-static int count_dir(const char *path) {
-    DIR *d = opendir(path);
-    if (!d)
-        return -1;
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL)
-        if (e->d_name[0] != '.')
-            n++;
-    closedir(d);
-    return n;
-}
-
-static int n_threads(void) { return count_dir("/proc/self/task"); }
-static int n_fds(void) { return count_dir("/proc/self/fd"); } /* opendir's own fd counts each time */
+static int n_threads(void) { return tpt_count_dir("/proc/self/task"); }
+static int n_fds(void) { return tpt_count_dir("/proc/self/fd"); } /* opendir's own fd counts each time */
 
 typedef struct snapshot {
     int threads, fds;

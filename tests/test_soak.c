@@ -79,20 +79,6 @@ static int rounds_next(rounds *r) {
     return 1;
 }
 
-static uint32_t xorshift(uint32_t *s) {
-    uint32_t x = *s;
-    x ^= x << 13;
-    x ^= x >> 17;
-    x ^= x << 5;
-    return *s = x ? x : 0x9e3779b9u;
-}
-
-static void wait_go(atomic_int *go) {
-    uint64_t end = tp_now_ns() + TPT_WAIT_NS;
-    while (!atomic_load(go) && tp_now_ns() < end)
-        sched_yield();
-}
-
 /* ------------------------------------------------------------ records */
 
 enum { K_NOP, K_SLEEP, K_FAIL_FIRST, K_SPIN, K_KINDS };
@@ -154,40 +140,10 @@ static void rec_done(void *arg, int status) {
 
 static int is_cancel_status(int st) { return st == TP_ECANCELED || st == TP_ETIMEDOUT; }
 
-/* What the callers saw. */
-typedef struct tally {
-    uint64_t ok, full, user, closed, timedout, bad, total;
-    int last_bad;
-} tally;
-
-static void tally_add(tally *t, int rc) {
-    t->total++;
-    switch (rc) {
-    case TP_OK: t->ok++; break;
-    case TP_EFULL: t->full++; break;
-    case TP_EUSERLIMIT: t->user++; break;
-    case TP_ECLOSED: t->closed++; break;
-    case TP_ETIMEDOUT: t->timedout++; break;
-    default: t->bad++; t->last_bad = rc; break;
-    }
-}
-
-static void tally_merge(tally *into, const tally *t) {
-    into->ok += t->ok;
-    into->full += t->full;
-    into->user += t->user;
-    into->closed += t->closed;
-    into->timedout += t->timedout;
-    into->bad += t->bad;
-    into->total += t->total;
-    if (t->bad)
-        into->last_bad = t->last_bad;
-}
-
 /* At rest: the counters equal what the callers saw and what the records say.
  * `forced`: the shutdown was forced, so tasks may have ended unrun with
  * TP_ECANCELED without a cancel. Returns the number of records checked. */
-static void check_round(const tp_stats *s, const tally *t, rec *recs, size_t n, unsigned max_runs,
+static void check_round(const tp_stats *s, const tpt_tally *t, rec *recs, size_t n, unsigned max_runs,
                         int forced) {
     if (t->bad)
         fail_msg("%llu unexpected submit results, e.g. %d (%s)", (unsigned long long)t->bad,
@@ -295,17 +251,17 @@ typedef struct ls_sub {
     ls_shared *sh;
     rec *recs;
     uint32_t seed;
-    tally t;
+    tpt_tally t;
     int ok_after_closed;
 } ls_sub;
 
 static void *ls_submitter(void *a) {
     ls_sub *x = a;
     int seen_closed = 0;
-    wait_go(&x->sh->go);
+    tpt_wait_go(&x->sh->go);
     for (int k = 0; k < LS_PER; k++) {
         rec *r = &x->recs[k];
-        uint32_t v = xorshift(&x->seed);
+        uint32_t v = tpt_xorshift(&x->seed);
         r->kind = (int)(v % K_KINDS);
         r->dur = 10000 + (v >> 8) % 60000; /* 10..70 us */
         tp_task_opts o = {0};
@@ -323,7 +279,7 @@ static void *ls_submitter(void *a) {
             r->rc = tp_submit_wait(x->sh->p, rec_task, r, &o, TPT_MS(1), &id);
         else
             r->rc = tp_submit(x->sh->p, rec_task, r, &o, &id);
-        tally_add(&x->t, r->rc);
+        tpt_tally_add(&x->t, r->rc);
         if (r->rc == TP_OK) {
             atomic_store(&r->id, id);
             if (seen_closed)
@@ -342,7 +298,7 @@ static void *ls_submitter(void *a) {
 static void *ls_canceller(void *a) {
     ls_shared *sh = a;
     uint32_t seed = 0xc0ffee;
-    wait_go(&sh->go);
+    tpt_wait_go(&sh->go);
     uint64_t end = tp_now_ns() + TPT_WAIT_NS;
     while (!atomic_load(&sh->stop) && tp_now_ns() < end) {
         int n = atomic_load(&sh->nids);
@@ -350,7 +306,7 @@ static void *ls_canceller(void *a) {
             sched_yield();
             continue;
         }
-        uint64_t ix = atomic_load(&sh->ids[xorshift(&seed) % (uint32_t)n]);
+        uint64_t ix = atomic_load(&sh->ids[tpt_xorshift(&seed) % (uint32_t)n]);
         if (ix == 0)
             continue; /* slot taken, not yet written */
         rec *r = &sh->recs[ix - 1];
@@ -359,7 +315,7 @@ static void *ls_canceller(void *a) {
             atomic_fetch_add(&r->cancel_ok, 1);
         else if (rc != TP_ENOTFOUND)
             atomic_fetch_add(&sh->cancel_bad, 1);
-        if ((xorshift(&seed) & 3) == 0)
+        if ((tpt_xorshift(&seed) & 3) == 0)
             sched_yield();
     }
     return NULL;
@@ -368,7 +324,7 @@ static void *ls_canceller(void *a) {
 static void *ls_reader(void *a) {
     ls_shared *sh = a;
     char buf[4096];
-    wait_go(&sh->go);
+    tpt_wait_go(&sh->go);
     uint64_t end = tp_now_ns() + TPT_WAIT_NS;
     while (!atomic_load(&sh->stop) && tp_now_ns() < end) {
         tp_stats s;
@@ -404,7 +360,7 @@ typedef struct ls_end {
 static void *ls_ender(void *a) {
     ls_end *e = a;
     ls_shared *sh = e->sh;
-    wait_go(&sh->end_go);
+    tpt_wait_go(&sh->end_go);
     if (e->role < LS_SHUTTERS)
         atomic_store(&sh->shut_rc[e->role], tp_shutdown(sh->p, sh->budget));
     else if (e->role == LS_SHUTTERS)
@@ -419,7 +375,7 @@ static void *ls_ender(void *a) {
 static void test_lifecycle_storm(void **state) {
     (void)state;
     rounds rd = rounds_start(40);
-    tally all = {0};
+    tpt_tally all = {0};
     unsigned forced_rounds = 0;
     uint64_t cancels = 0, reads = 0;
     while (rounds_next(&rd)) {
@@ -492,14 +448,14 @@ static void test_lifecycle_storm(void **state) {
         assert_int_equal(atomic_load(&sh->cancel_bad), 0);
 
         tp_stats s = tpt_stats(sh->p);
-        tally t = {0};
+        tpt_tally t = {0};
         for (int i = 0; i < LS_SUBMITTERS; i++) {
-            tally_merge(&t, &subs[i].t);
+            tpt_tally_merge(&t, &subs[i].t);
             assert_int_equal(subs[i].ok_after_closed, 0);
         }
         check_round(&s, &t, recs, LS_SUBMITTERS * LS_PER, 2, rc0 == TP_ETIMEDOUT);
         forced_rounds += rc0 == TP_ETIMEDOUT;
-        tally_merge(&all, &t);
+        tpt_tally_merge(&all, &t);
         for (int i = 0; i < LS_SUBMITTERS * LS_PER; i++)
             cancels += atomic_load(&recs[i].cancel_ok) > 0;
         reads += (uint64_t)atomic_load(&sh->reads);
@@ -524,15 +480,15 @@ typedef struct to_sub {
     rec *recs;
     uint32_t seed;
     atomic_int *go;
-    tally t;
+    tpt_tally t;
 } to_sub;
 
 static void *to_submitter(void *a) {
     to_sub *x = a;
-    wait_go(x->go);
+    tpt_wait_go(x->go);
     for (int k = 0; k < TO_PER; k++) {
         rec *r = &x->recs[k];
-        uint32_t v = xorshift(&x->seed);
+        uint32_t v = tpt_xorshift(&x->seed);
         /* a task of about D, a run timeout of about D, a deadline of about
          * queueing + D: every ending is a close race */
         const uint64_t D = 40000 + (v % 40000); /* 40..80 us */
@@ -547,7 +503,7 @@ static void *to_submitter(void *a) {
             o.deadline_ns = r->deadline;
         }
         r->rc = tp_submit_wait(x->p, rec_task, r, &o, TPT_WAIT_NS, NULL);
-        tally_add(&x->t, r->rc);
+        tpt_tally_add(&x->t, r->rc);
     }
     return NULL;
 }
@@ -584,9 +540,9 @@ static void test_timeout_vs_completion(void **state) {
         assert_int_equal(tp_shutdown(p, TPT_WAIT_NS), TP_OK);
         assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK);
         tp_stats s = tpt_stats(p);
-        tally t = {0};
+        tpt_tally t = {0};
         for (int i = 0; i < TO_SUBMITTERS; i++)
-            tally_merge(&t, &subs[i].t);
+            tpt_tally_merge(&t, &subs[i].t);
         assert_int_equal(t.ok, t.total); /* 20 s budgets: every submit gets in */
         check_round(&s, &t, recs, TO_SUBMITTERS * TO_PER, 2, 0);
         tot += s.completed;
@@ -620,7 +576,7 @@ typedef struct cc_sub {
     cc_shared *sh;
     rec *recs;
     uint32_t seed;
-    tally t;
+    tpt_tally t;
 } cc_sub;
 
 static void cancel_rec(tp_pool *p, rec *r, atomic_int *bad) {
@@ -633,17 +589,17 @@ static void cancel_rec(tp_pool *p, rec *r, atomic_int *bad) {
 
 static void *cc_submitter(void *a) {
     cc_sub *x = a;
-    wait_go(&x->sh->go);
+    tpt_wait_go(&x->sh->go);
     for (int k = 0; k < CC_PER; k++) {
         rec *r = &x->recs[k];
-        uint32_t v = xorshift(&x->seed);
+        uint32_t v = tpt_xorshift(&x->seed);
         r->kind = (int)(v % K_KINDS);
         r->dur = 5000 + (v >> 8) % 30000; /* 5..35 us */
         tp_task_opts o = {0};
         o.on_done = rec_done;
         uint64_t id = 0;
         r->rc = tp_submit_wait(x->sh->p, rec_task, r, &o, TPT_WAIT_NS, &id);
-        tally_add(&x->t, r->rc);
+        tpt_tally_add(&x->t, r->rc);
         if (r->rc != TP_OK)
             continue;
         atomic_store(&r->id, id);
@@ -663,16 +619,16 @@ static void *cc_submitter(void *a) {
 static void *cc_canceller(void *a) {
     cc_shared *sh = a;
     uint32_t seed = 0xfeed;
-    wait_go(&sh->go);
+    tpt_wait_go(&sh->go);
     uint64_t end = tp_now_ns() + TPT_WAIT_NS;
     while (!atomic_load(&sh->stop) && tp_now_ns() < end) {
-        int ix = atomic_load(&sh->recent[xorshift(&seed) % CC_RECENT]);
+        int ix = atomic_load(&sh->recent[tpt_xorshift(&seed) % CC_RECENT]);
         if (ix == 0) {
             sched_yield();
             continue;
         }
         cancel_rec(sh->p, &sh->recs[ix - 1], &sh->cancel_bad);
-        if ((xorshift(&seed) & 7) == 0)
+        if ((tpt_xorshift(&seed) & 7) == 0)
             sched_yield();
     }
     return NULL;
@@ -715,9 +671,9 @@ static void test_cancel_vs_completion(void **state) {
         assert_int_equal(tp_wait(sh->p, TPT_WAIT_NS), TP_OK);
         assert_int_equal(atomic_load(&sh->cancel_bad), 0);
         tp_stats s = tpt_stats(sh->p);
-        tally t = {0};
+        tpt_tally t = {0};
         for (int i = 0; i < CC_SUBMITTERS; i++)
-            tally_merge(&t, &subs[i].t);
+            tpt_tally_merge(&t, &subs[i].t);
         assert_int_equal(t.ok, t.total);
         check_round(&s, &t, recs, CC_SUBMITTERS * CC_PER, 2, 0);
         /* after an accepted cancel no new attempt starts: at most one ran

@@ -33,20 +33,6 @@ static unsigned scaled(unsigned n) {
     return n ? n : 1;
 }
 
-static uint32_t xorshift(uint32_t *s) {
-    uint32_t x = *s;
-    x ^= x << 13;
-    x ^= x >> 17;
-    x ^= x << 5;
-    return *s = x ? x : 0x9e3779b9u;
-}
-
-static void wait_go(atomic_int *go) {
-    uint64_t end = tp_now_ns() + TPT_WAIT_NS;
-    while (!atomic_load(go) && tp_now_ns() < end)
-        sched_yield();
-}
-
 /* ------------------------------------------------------------ the task record */
 
 #define NUSERS 16
@@ -107,38 +93,8 @@ static void stress_done(void *arg, int status) {
     atomic_fetch_add(&r->calls, 1);
 }
 
-/* Tallies of what the callers saw. */
-typedef struct tally {
-    uint64_t ok, full, user, closed, timedout, bad, total;
-    int last_bad;
-} tally;
-
-static void tally_add(tally *t, int rc) {
-    t->total++;
-    switch (rc) {
-    case TP_OK: t->ok++; break;
-    case TP_EFULL: t->full++; break;
-    case TP_EUSERLIMIT: t->user++; break;
-    case TP_ECLOSED: t->closed++; break;
-    case TP_ETIMEDOUT: t->timedout++; break;
-    default: t->bad++; t->last_bad = rc; break;
-    }
-}
-
-static void tally_merge(tally *into, const tally *t) {
-    into->ok += t->ok;
-    into->full += t->full;
-    into->user += t->user;
-    into->closed += t->closed;
-    into->timedout += t->timedout;
-    into->bad += t->bad;
-    into->total += t->total;
-    if (t->bad)
-        into->last_bad = t->last_bad;
-}
-
 /* The counters equal what the callers saw; at rest. */
-static void assert_counters_match(const tp_stats *s, const tally *t) {
+static void assert_counters_match(const tp_stats *s, const tpt_tally *t) {
     if (t->bad)
         fail_msg("%llu unexpected return codes, e.g. %d (%s)", (unsigned long long)t->bad,
                  t->last_bad, tp_err_name(t->last_bad));
@@ -194,14 +150,14 @@ typedef struct sc_arg {
     srec *recs;
     int close_at; /* -1: never */
     atomic_int *go;
-    tally t;
+    tpt_tally t;
     int ok_after_closed; /* TP_OK after this thread saw TP_ECLOSED */
 } sc_arg;
 
 static void *sc_main(void *a) {
     sc_arg *x = a;
     int seen_closed = 0;
-    wait_go(x->go);
+    tpt_wait_go(x->go);
     for (int k = 0; k < SC_PER; k++) {
         if (k == x->close_at) {
             tp_close(x->p);
@@ -212,7 +168,7 @@ static void *sc_main(void *a) {
         tp_task_opts o = {0};
         o.on_done = stress_done;
         r->rc = tp_submit(x->p, stress_task, r, &o, NULL);
-        tally_add(&x->t, r->rc);
+        tpt_tally_add(&x->t, r->rc);
         if (r->rc == TP_ECLOSED)
             seen_closed = 1;
         else if (r->rc == TP_OK && seen_closed)
@@ -226,7 +182,7 @@ static void *sc_main(void *a) {
 static void test_concurrent_submit_close(void **state) {
     (void)state;
     unsigned rounds = scaled(100);
-    tally all = {0};
+    tpt_tally all = {0};
     for (unsigned round = 0; round < rounds; round++) {
         tp_config c = {0};
         c.workers = 2;
@@ -255,16 +211,16 @@ static void test_concurrent_submit_close(void **state) {
         assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK); /* closed by the threads */
         tp_stats s = tpt_stats(p);
         assert_int_equal(s.workers, 0);
-        tally t = {0};
+        tpt_tally t = {0};
         for (int i = 0; i < SC_THREADS; i++) {
-            tally_merge(&t, &args[i].t);
+            tpt_tally_merge(&t, &args[i].t);
             assert_int_equal(args[i].ok_after_closed, 0);
         }
         assert_int_equal(t.user + t.timedout, 0);
         assert_counters_match(&s, &t);
         assert_records(&s, recs, SC_THREADS * SC_PER, 1);
         assert_true(t.closed > 0);
-        tally_merge(&all, &t);
+        tpt_tally_merge(&all, &t);
         tpt_pool_finish(p);
         free(recs);
     }
@@ -292,14 +248,14 @@ typedef struct mx_shared {
 typedef struct mx_sub {
     mx_shared *sh;
     srec *recs;
-    tally t;
+    tpt_tally t;
     int ok_after_closed;
 } mx_sub;
 
 static void *mx_submitter(void *a) {
     mx_sub *x = a;
     int seen_closed = 0;
-    wait_go(&x->sh->go);
+    tpt_wait_go(&x->sh->go);
     for (int k = 0; k < MX_PER; k++) {
         srec *r = &x->recs[k];
         r->kind = (k % 5 == 0) ? K_FAIL_FIRST : (k % 2) ? K_SLEEP : K_NOP;
@@ -307,7 +263,7 @@ static void *mx_submitter(void *a) {
         o.on_done = stress_done;
         uint64_t id = 0;
         r->rc = tp_submit(x->sh->p, stress_task, r, &o, &id);
-        tally_add(&x->t, r->rc);
+        tpt_tally_add(&x->t, r->rc);
         if (r->rc == TP_OK) {
             if (seen_closed)
                 x->ok_after_closed++;
@@ -325,7 +281,7 @@ static void *mx_submitter(void *a) {
 static void *mx_canceller(void *a) {
     mx_shared *sh = a;
     uint32_t seed = (uint32_t)(uintptr_t)&seed | 1u;
-    wait_go(&sh->go);
+    tpt_wait_go(&sh->go);
     uint64_t end = tp_now_ns() + TPT_WAIT_NS;
     while (!atomic_load(&sh->stop) && tp_now_ns() < end) {
         int n = atomic_load(&sh->nids);
@@ -333,7 +289,7 @@ static void *mx_canceller(void *a) {
             sched_yield();
             continue;
         }
-        uint64_t id = atomic_load(&sh->ids[xorshift(&seed) % (uint32_t)n]);
+        uint64_t id = atomic_load(&sh->ids[tpt_xorshift(&seed) % (uint32_t)n]);
         if (id == 0)
             continue; /* slot reserved, id not stored yet */
         int rc = tp_cancel(sh->p, id);
@@ -343,7 +299,7 @@ static void *mx_canceller(void *a) {
             atomic_fetch_add(&sh->cancel_notfound, 1);
         else
             atomic_fetch_add(&sh->cancel_bad, 1);
-        if ((xorshift(&seed) & 7) == 0)
+        if ((tpt_xorshift(&seed) & 7) == 0)
             sched_yield();
     }
     return NULL;
@@ -352,7 +308,7 @@ static void *mx_canceller(void *a) {
 static void *mx_reader(void *a) {
     mx_shared *sh = a;
     char buf[4096];
-    wait_go(&sh->go);
+    tpt_wait_go(&sh->go);
     uint64_t end = tp_now_ns() + TPT_WAIT_NS;
     while (!atomic_load(&sh->stop) && tp_now_ns() < end) {
         tp_stats s;
@@ -378,7 +334,7 @@ static void *mx_reader(void *a) {
 static void test_submit_cancel_stats_shutdown(void **state) {
     (void)state;
     unsigned rounds = scaled(12);
-    tally all = {0};
+    tpt_tally all = {0};
     uint64_t cancels = 0, reads = 0;
     for (unsigned round = 0; round < rounds; round++) {
         tp_config c = {0};
@@ -423,9 +379,9 @@ static void test_submit_cancel_stats_shutdown(void **state) {
 
         tp_stats s = tpt_stats(sh->p);
         assert_int_equal(s.workers, 0);
-        tally t = {0};
+        tpt_tally t = {0};
         for (int i = 0; i < MX_SUBMITTERS; i++) {
-            tally_merge(&t, &subs[i].t);
+            tpt_tally_merge(&t, &subs[i].t);
             assert_int_equal(subs[i].ok_after_closed, 0);
         }
         assert_int_equal(t.user + t.timedout, 0);
@@ -435,7 +391,7 @@ static void test_submit_cancel_stats_shutdown(void **state) {
         assert_int_equal(atomic_load(&sh->bound_violations), 0);
         assert_int_equal(atomic_load(&sh->format_errors), 0);
         assert_true(atomic_load(&sh->stat_reads) > 0);
-        tally_merge(&all, &t);
+        tpt_tally_merge(&all, &t);
         cancels += (uint64_t)atomic_load(&sh->cancel_ok);
         reads += (uint64_t)atomic_load(&sh->stat_reads);
         tpt_pool_finish(sh->p);
@@ -464,16 +420,16 @@ typedef struct uc_arg {
     uc_shared *u;
     srec *recs;
     uint32_t seed;
-    tally t;
+    tpt_tally t;
 } uc_arg;
 
 static void *uc_main(void *a) {
     uc_arg *x = a;
-    wait_go(&x->u->go);
+    tpt_wait_go(&x->u->go);
     for (int k = 0; k < UC_PER; k++) {
         srec *r = &x->recs[k];
         r->kind = K_USER;
-        r->user = (int)(xorshift(&x->seed) % NUSERS);
+        r->user = (int)(tpt_xorshift(&x->seed) % NUSERS);
         r->sh = &x->u->sh;
         char name[32]; /* overwritten right after the call: the pool must copy */
         snprintf(name, sizeof name, "user%02d", r->user);
@@ -483,7 +439,7 @@ static void *uc_main(void *a) {
         r->rc = tp_submit(x->u->p, stress_task, r, &o, NULL);
         memset(name, 'X', sizeof name - 1);
         name[sizeof name - 1] = '\0';
-        tally_add(&x->t, r->rc);
+        tpt_tally_add(&x->t, r->rc);
         if (r->rc != TP_OK)
             sched_yield();
     }
@@ -493,11 +449,11 @@ static void *uc_main(void *a) {
 static void *uc_checker(void *a) {
     uc_shared *u = a;
     uint32_t seed = 12345;
-    wait_go(&u->go);
+    tpt_wait_go(&u->go);
     uint64_t end = tp_now_ns() + TPT_WAIT_NS;
     while (!atomic_load(&u->stop) && tp_now_ns() < end) {
         char name[16];
-        snprintf(name, sizeof name, "user%02u", (unsigned)(xorshift(&seed) % NUSERS));
+        snprintf(name, sizeof name, "user%02u", (unsigned)(tpt_xorshift(&seed) % NUSERS));
         if (tp_user_active(u->p, name) > PER_USER)
             atomic_fetch_add(&u->slot_violations, 1);
         tp_stats s;
@@ -512,7 +468,7 @@ static void *uc_checker(void *a) {
 static void test_user_slot_churn(void **state) {
     (void)state;
     unsigned rounds = scaled(10);
-    tally all = {0};
+    tpt_tally all = {0};
     for (unsigned round = 0; round < rounds; round++) {
         tp_config c = {0};
         c.workers = UC_W;
@@ -544,9 +500,9 @@ static void test_user_slot_churn(void **state) {
         pthread_join(ck, NULL);
 
         tp_stats s = tpt_stats(u->p);
-        tally t = {0};
+        tpt_tally t = {0};
         for (int i = 0; i < UC_THREADS; i++)
-            tally_merge(&t, &args[i].t);
+            tpt_tally_merge(&t, &args[i].t);
         assert_int_equal(t.timedout, 0);
         assert_counters_match(&s, &t);
         assert_records(&s, recs, UC_THREADS * UC_PER, 1);
@@ -560,7 +516,7 @@ static void test_user_slot_churn(void **state) {
             assert_int_equal(atomic_load(&u->sh.running[i]), 0);
         }
         assert_int_equal(s.users, 0);
-        tally_merge(&all, &t);
+        tpt_tally_merge(&all, &t);
         tpt_pool_finish(u->p);
         free(recs);
         free(u);
@@ -581,18 +537,18 @@ typedef struct sw_arg {
     int long_budget;
     const char *user; /* the user this producer submits as */
     atomic_int *go;
-    tally t;
+    tpt_tally t;
     atomic_int *closed;   /* set by the main thread once it closed the pool */
     uint64_t returned_at; /* when the last call returned */
 } sw_arg;
 
 static void *sw_main(void *a) {
     sw_arg *x = a;
-    wait_go(x->go);
+    tpt_wait_go(x->go);
     for (int k = 0; k < SW_MAXIT; k++) {
         srec *r = &x->recs[k];
         if (k == SW_MAXIT - 1)
-            wait_go(x->closed); /* out of records: the last call comes after the close */
+            tpt_wait_go(x->closed); /* out of records: the last call comes after the close */
         r->kind = K_SLEEP;
         tp_task_opts o = {0};
         o.user = x->user;
@@ -601,7 +557,7 @@ static void *sw_main(void *a) {
         r->rc = tp_submit_wait(x->p, stress_task, r, &o, budget, NULL);
         x->returned_at = tp_now_ns();
         x->n = k + 1;
-        tally_add(&x->t, r->rc);
+        tpt_tally_add(&x->t, r->rc);
         if (r->rc == TP_ECLOSED)
             break;
     }
@@ -611,7 +567,7 @@ static void *sw_main(void *a) {
 static void test_submit_wait_producers_close(void **state) {
     (void)state;
     unsigned rounds = scaled(8);
-    tally all = {0};
+    tpt_tally all = {0};
     for (unsigned round = 0; round < rounds; round++) {
         tp_config c = {0};
         c.workers = SW_W;
@@ -643,10 +599,10 @@ static void test_submit_wait_producers_close(void **state) {
         assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK);
 
         tp_stats s = tpt_stats(p);
-        tally t = {0};
+        tpt_tally t = {0};
         for (int i = 0; i < SW_PRODUCERS; i++) {
             sw_arg *x = &args[i];
-            tally_merge(&t, &x->t);
+            tpt_tally_merge(&t, &x->t);
             if (x->long_budget) /* with a 20 s budget only the close ends a wait */
                 assert_int_equal(x->t.timedout, 0);
             /* every producer ends on the close, promptly */
@@ -669,7 +625,7 @@ static void test_submit_wait_producers_close(void **state) {
             }
         }
         assert_int_equal(s.users, 0);
-        tally_merge(&all, &t);
+        tpt_tally_merge(&all, &t);
         tpt_pool_finish(p);
         free(recs);
     }

@@ -12,6 +12,7 @@
 #ifndef TP_TEST_H
 #define TP_TEST_H
 
+#include <dirent.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -21,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <pthread.h>
+#include <sched.h>
 #include <time.h>
 #include <unistd.h>
 #include <cmocka.h>
@@ -315,6 +317,73 @@ static inline void tpt_fill_workers(tp_pool *p, tpt_latch *l, unsigned n, const 
         TPT_EVENTUALLY(atomic_load(&l->waiting) == before + (int)i + 1);
     }
     TPT_EVENTUALLY(tpt_stats(p).active == n && tpt_stats(p).queued == 0);
+}
+
+/* ------------------------------------------------------------ racing threads */
+
+/* A small deterministic PRNG for per-thread choices (never returns 0). */
+static inline uint32_t tpt_xorshift(uint32_t *s) {
+    uint32_t x = *s;
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    return *s = x ? x : 0x9e3779b9u;
+}
+
+/* Spin until `go` is set (a start line for racing threads), at most
+ * TPT_WAIT_NS; the caller's checks fail if the race never started. */
+static inline void tpt_wait_go(atomic_int *go) {
+    uint64_t end = tp_now_ns() + TPT_WAIT_NS;
+    while (!atomic_load(go) && tp_now_ns() < end)
+        sched_yield();
+}
+
+/* What submitting threads saw, by return code, to compare with the stats. */
+typedef struct tpt_tally {
+    uint64_t ok, full, user, closed, timedout, bad, total;
+    int last_bad;
+} tpt_tally;
+
+static inline void tpt_tally_add(tpt_tally *t, int rc) {
+    t->total++;
+    switch (rc) {
+    case TP_OK: t->ok++; break;
+    case TP_EFULL: t->full++; break;
+    case TP_EUSERLIMIT: t->user++; break;
+    case TP_ECLOSED: t->closed++; break;
+    case TP_ETIMEDOUT: t->timedout++; break;
+    default: t->bad++; t->last_bad = rc; break;
+    }
+}
+
+static inline void tpt_tally_merge(tpt_tally *into, const tpt_tally *t) {
+    into->ok += t->ok;
+    into->full += t->full;
+    into->user += t->user;
+    into->closed += t->closed;
+    into->timedout += t->timedout;
+    into->bad += t->bad;
+    into->total += t->total;
+    if (t->bad)
+        into->last_bad = t->last_bad;
+}
+
+/* ------------------------------------------------------------ process state */
+
+/* Entries of a directory such as /proc/self/task or /proc/self/fd ("." and
+ * ".." excluded; opendir's own descriptor counts in /proc/self/fd); -1 if
+ * unreadable. */
+static inline int tpt_count_dir(const char *path) {
+    DIR *d = opendir(path);
+    if (!d)
+        return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        if (e->d_name[0] != '.')
+            n++;
+    closedir(d);
+    return n;
 }
 
 #endif /* TP_TEST_H */
