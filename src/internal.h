@@ -244,9 +244,9 @@ extern _Thread_local tp__task *tp__tls_task;
 
 /* time */
 uint64_t tp__deadline_after(uint64_t now, uint64_t ns); /* saturating, TP_FOREVER stays */
+int tp__mutex_init(pthread_mutex_t *mu); /* the pool mutex (adaptive where glibc has it) */
 /* Wait on cv until the absolute monotonic deadline; TP_FOREVER waits unbounded.
  * Returns 0 or ETIMEDOUT (errno value). */
-int tp__mutex_init(pthread_mutex_t *mu);
 int tp__cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, uint64_t deadline);
 int tp__cond_init(pthread_cond_t *cv);
 

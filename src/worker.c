@@ -199,8 +199,10 @@ static void finish_locked(tp_pool *p, tp__task *t) {
 
 /* ------------------------------------------------------------ the loop */
 
-/* Start `t` on `w`: mu held. */
-static void start_locked(tp_pool *p, tp__worker *w, tp__task *t, uint64_t now) {
+/* Start `t` on `w`: mu held. The run timeout is added to ctx.deadline by
+ * the worker right after it unlocks (arm_run_timeout), so the clock is not
+ * read under the lock. */
+static void start_locked(tp_pool *p, tp__worker *w, tp__task *t) {
     t->state = TP__RUNNING;
     t->worker = w;
     w->cur = t;
@@ -210,12 +212,17 @@ static void start_locked(tp_pool *p, tp__worker *w, tp__task *t, uint64_t now) {
         TP__INC(p->st.started);
     else
         TP__INC(p->st.retried);
-    /* The run timeout counts from `now`; without a clock reading yet (now ==
-     * 0) worker_main sets it right after unlocking. */
-    uint64_t d = now == 0 ? TP_FOREVER : tp__deadline_after(now, t->run_timeout);
     w->ctx.t = t;
-    w->ctx.deadline = d < t->deadline ? d : t->deadline;
+    w->ctx.deadline = t->deadline;
     atomic_store_explicit(&w->ctx.cancelled, 0, memory_order_relaxed);
+}
+
+/* The attempt starts now: its effective deadline is the earlier of the task
+ * deadline and now + run timeout. Without mu: only this worker reads its ctx. */
+static void arm_run_timeout(tp__worker *w, const tp__task *t) {
+    if (t->run_timeout == TP_FOREVER) return;
+    uint64_t d = tp__deadline_after(tp_now_ns(), t->run_timeout);
+    if (d < w->ctx.deadline) w->ctx.deadline = d;
 }
 
 /* The attempt returned `rc`: retry or finalise. mu held. Returns true when a
@@ -228,9 +235,9 @@ static bool after_run_locked(tp_pool *p, tp__worker *w, tp__task *t, int rc) {
     p->active--;
     TP__SET(p->st.active, p->active);
     t->worker = NULL;
-    if (rc != 0 && !cancelled && !p->forced && t->attempt < p->max_retries &&
-        (t->deadline == TP_FOREVER || tp_now_ns() < t->deadline)) {
-        uint64_t now = tp_now_ns();
+    bool may_retry = rc != 0 && !cancelled && !p->forced && t->attempt < p->max_retries;
+    uint64_t now = may_retry ? tp_now_ns() : 0; /* no clock read on success */
+    if (may_retry && now < t->deadline) {
         t->attempt++;
         t->state = TP__DELAYED;
         t->due = tp__deadline_after(now, p->retry_delay);
@@ -258,12 +265,15 @@ static bool after_run_locked(tp_pool *p, tp__worker *w, tp__task *t, int rc) {
  * submitters need, and each idle period spins at most once. */
 #define TP__SPIN_NS 20000u
 
-/* Entered and left with mu held: poll the queue length without the lock for up
- * to TP__SPIN_NS. The caller re-checks the ring under the lock, so a task
+/* stats.idle: workers waiting on work_cv plus the one spinning. mu held. */
+static void set_idle_stat(tp_pool *p) { TP__SET(p->st.idle, p->idle_waiters + p->spinners); }
+
+/* Entered and left with mu held: poll the queue length (st.queued, stored
+ * with every change of the ring) without the lock for up to TP__SPIN_NS. The caller re-checks the ring under the lock, so a task
  * pushed at any moment is found either here or there: no wake-up is lost. */
 static void spin_for_work(tp_pool *p) {
     p->spinners++;
-    TP__SET(p->st.idle, p->idle_waiters + p->spinners);
+    set_idle_stat(p);
     pthread_mutex_unlock(&p->mu);
     uint64_t until = tp_now_ns() + TP__SPIN_NS;
     for (unsigned i = 1;; i++) {
@@ -276,7 +286,7 @@ static void spin_for_work(tp_pool *p) {
     }
     pthread_mutex_lock(&p->mu);
     p->spinners--;
-    TP__SET(p->st.idle, p->idle_waiters + p->spinners);
+    set_idle_stat(p);
 }
 
 /* mu held, ring empty: may this worker exit now? */
@@ -312,10 +322,10 @@ static void *worker_main(void *arg) {
             bool elastic = p->live_workers > p->min_workers && p->idle_timeout != TP_FOREVER;
             uint64_t until = elastic ? tp__deadline_after(idle_since, p->idle_timeout) : TP_FOREVER;
             p->idle_waiters++;
-            TP__SET(p->st.idle, p->idle_waiters + p->spinners);
+            set_idle_stat(p);
             int e = tp__cond_wait_until(&p->work_cv, &p->mu, until);
             p->idle_waiters--;
-            TP__SET(p->st.idle, p->idle_waiters + p->spinners);
+            set_idle_stat(p);
             if (e == ETIMEDOUT && elastic && tp__ring_len(&p->ring) == 0 &&
                 p->live_workers > p->min_workers && tp_now_ns() >= until)
                 break;
@@ -329,10 +339,8 @@ static void *worker_main(void *arg) {
         /* Submitters do not wake anyone while a worker spins: pass work on. */
         if (tp__ring_len(&p->ring) > 0 && p->idle_waiters && !p->spinners)
             pthread_cond_signal(&p->work_cv);
-        /* The clock is read under the lock only for a task with a deadline;
-         * the start of a run timeout is read after unlocking. */
-        uint64_t now = t->deadline == TP_FOREVER ? 0 : tp_now_ns();
-        if (now != 0 && now >= t->deadline) {
+        /* The clock is read under the lock only for a task with a deadline. */
+        if (t->deadline != TP_FOREVER && tp_now_ns() >= t->deadline) {
             /* Expired in the queue. A retry that comes back after its
              * deadline ran before: cancelled, not expired. */
             tp__task_finalise(p, t, TP_ETIMEDOUT, t->attempt == 0);
@@ -340,13 +348,9 @@ static void *worker_main(void *arg) {
             if (elastic_pool) idle_since = tp_now_ns();
             continue;
         }
-        start_locked(p, w, t, now);
+        start_locked(p, w, t);
         pthread_mutex_unlock(&p->mu);
-        if (now == 0 && t->run_timeout != TP_FOREVER) {
-            /* Only this thread reads its ctx.deadline. */
-            uint64_t d = tp__deadline_after(tp_now_ns(), t->run_timeout);
-            if (d < w->ctx.deadline) w->ctx.deadline = d;
-        }
+        arm_run_timeout(w, t);
 
         tp__tls_enter_task(t);
         int rc = t->fn(&w->ctx, t->arg);
