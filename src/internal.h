@@ -59,9 +59,15 @@
 
 /*
  * Every counter is only ever modified with the pool lock held, so an update is
- * a relaxed load plus a relaxed store (no locked read-modify-write): one writer
- * at a time, readers outside the lock see whole values. Readers after tp_wait()
- * are ordered by the lock they took, so at-rest snapshots are exact.
+ * a relaxed load plus a release store (no locked read-modify-write): one writer
+ * at a time, readers outside the lock see whole values.
+ *
+ * Reading synchronizes (SPEC section 7): every store is a release and
+ * tp_stats_get() loads with acquire, so a reader that sees a counted value
+ * also sees every memory effect that happened before it was counted -- in
+ * particular what a completed task's function wrote. On x86 both are plain
+ * moves. TP__LOAD stays relaxed for the library's own polling (the worker's
+ * spin), which re-checks under the lock.
  */
 typedef struct tp__stats {
     _Atomic uint64_t submitted, accepted;
@@ -80,7 +86,8 @@ typedef struct tp__stats {
 #endif
 
 #define TP__LOAD(x) atomic_load_explicit(&(x), memory_order_relaxed)
-#define TP__SET(x, v) atomic_store_explicit(&(x), (v), memory_order_relaxed)
+#define TP__SET(x, v) atomic_store_explicit(&(x), (v), memory_order_release)
+#define TP__ACQUIRE(x) atomic_load_explicit(&(x), memory_order_acquire)
 #define TP__INC(x) TP__SET(x, TP__LOAD(x) + 1)
 #define TP__DEC(x) TP__SET(x, TP__LOAD(x) - 1)
 

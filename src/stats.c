@@ -1,8 +1,9 @@
 /*
  * stats.c -- the statistics snapshot and its text formats.
  *
- * tp_stats_get() reads each atomic with a relaxed load and never takes the
- * pool lock, so it cannot slow admission. The fields are one table below,
+ * tp_stats_get() reads each atomic with an acquire load (the writers store
+ * with release, see internal.h) and never takes the pool lock, so it cannot
+ * slow admission. The fields are one table below,
  * used by both formats, so JSON keys and Prometheus names cannot drift.
  */
 #include "internal.h" /* first: it defines _GNU_SOURCE */
@@ -15,26 +16,26 @@ void tp_stats_get(tp_pool *p, tp_stats *out) {
     if (!p || !out) return;
     const tp__stats *s = &p->st;
     memset(out, 0, sizeof *out);
-    out->submitted = TP__LOAD(s->submitted);
-    out->accepted = TP__LOAD(s->accepted);
-    out->rejected_full = TP__LOAD(s->rejected_full);
-    out->rejected_user = TP__LOAD(s->rejected_user);
-    out->rejected_closed = TP__LOAD(s->rejected_closed);
-    out->rejected_timeout = TP__LOAD(s->rejected_timeout);
+    out->submitted = TP__ACQUIRE(s->submitted);
+    out->accepted = TP__ACQUIRE(s->accepted);
+    out->rejected_full = TP__ACQUIRE(s->rejected_full);
+    out->rejected_user = TP__ACQUIRE(s->rejected_user);
+    out->rejected_closed = TP__ACQUIRE(s->rejected_closed);
+    out->rejected_timeout = TP__ACQUIRE(s->rejected_timeout);
     out->rejected = out->rejected_full + out->rejected_user + out->rejected_closed + out->rejected_timeout;
-    out->started = TP__LOAD(s->started);
-    out->retried = TP__LOAD(s->retried);
-    out->completed = TP__LOAD(s->completed);
-    out->succeeded = TP__LOAD(s->succeeded);
-    out->failed = TP__LOAD(s->failed);
-    out->cancelled = TP__LOAD(s->cancelled);
-    out->expired = TP__LOAD(s->expired);
-    out->active = TP__LOAD(s->active);
-    out->queued = TP__LOAD(s->queued);
-    out->delayed = TP__LOAD(s->delayed);
-    out->workers = TP__LOAD(s->workers);
-    out->idle = TP__LOAD(s->idle);
-    out->users = TP__LOAD(s->users);
+    out->started = TP__ACQUIRE(s->started);
+    out->retried = TP__ACQUIRE(s->retried);
+    out->completed = TP__ACQUIRE(s->completed);
+    out->succeeded = TP__ACQUIRE(s->succeeded);
+    out->failed = TP__ACQUIRE(s->failed);
+    out->cancelled = TP__ACQUIRE(s->cancelled);
+    out->expired = TP__ACQUIRE(s->expired);
+    out->active = TP__ACQUIRE(s->active);
+    out->queued = TP__ACQUIRE(s->queued);
+    out->delayed = TP__ACQUIRE(s->delayed);
+    out->workers = TP__ACQUIRE(s->workers);
+    out->idle = TP__ACQUIRE(s->idle);
+    out->users = TP__ACQUIRE(s->users);
 }
 
 unsigned tp_user_active(tp_pool *p, const char *user) {

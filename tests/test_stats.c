@@ -316,6 +316,50 @@ static void test_live_stats(void **state) {
     tpt_latch_destroy(&gate);
 }
 
+/* ------------------------------------------------------------ synchronization */
+
+/* Plain (non-atomic) memory written by tasks and read by the main thread after
+ * it saw the task counted: SPEC section 7 promises that reading a counter
+ * synchronizes with the counting, so ThreadSanitizer must see no race here. */
+typedef struct sync_cell {
+    uint64_t value; /* written by the task, read after tp_stats_get */
+    int status;     /* what the task returns */
+} sync_cell;
+
+static int write_cell_task(tp_ctx *c, void *arg) {
+    (void)c;
+    sync_cell *cell = (sync_cell *)arg;
+    cell->value = 0x5eed0000u + (uint64_t)cell->status;
+    return cell->status;
+}
+
+static void test_stats_synchronize(void **state) {
+    (void)state;
+    enum { ROUNDS = 200 };
+    tp_config cfg = {0};
+    cfg.workers = 2;
+    cfg.queue_capacity = 8;
+    cfg.max_per_user = TP_UNLIMITED;
+    tp_pool *p = NULL;
+    assert_int_equal(tp_create(&p, &cfg), TP_OK);
+    static sync_cell cells[ROUNDS];
+    for (unsigned i = 0; i < ROUNDS; i++) {
+        cells[i].value = 0;
+        cells[i].status = (i % 3 == 0) ? 7 : 0; /* every third fails: read after `failed` */
+        assert_int_equal(tp_submit(p, write_cell_task, &cells[i], NULL, NULL), TP_OK);
+        /* Poll the counter that covers this task, then read what it wrote. */
+        tp_stats s;
+        if (cells[i].status != 0)
+            TPT_EVENTUALLY((s = tpt_stats(p)).failed == i / 3 + 1);
+        else
+            TPT_EVENTUALLY((s = tpt_stats(p)).completed == i + 1);
+        assert_true(cells[i].value == 0x5eed0000u + (uint64_t)cells[i].status);
+    }
+    tp_stats s = tpt_finish(p);
+    assert_int_equal(s.completed, ROUNDS);
+    assert_int_equal(s.failed, (ROUNDS + 2) / 3);
+}
+
 static int fail3_task(tp_ctx *c, void *arg) {
     (void)c;
     (void)arg;
@@ -548,6 +592,7 @@ int main(void) {
         cmocka_unit_test(test_format_snprintf_semantics),
         cmocka_unit_test(test_format_einval),
         cmocka_unit_test(test_live_stats),
+        cmocka_unit_test(test_stats_synchronize),
         cmocka_unit_test(test_mixed_workload_at_rest),
         cmocka_unit_test(test_concurrent_mix_at_rest),
         cmocka_unit_test(test_strerror_and_names),
