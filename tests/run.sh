@@ -57,10 +57,16 @@ have_fuzzer_runtime() {
     dir=$(clang -print-runtime-dir 2>/dev/null) || return 1
     [ -e "$dir/libclang_rt.fuzzer-$(uname -m).a" ] || [ -e "$dir/libclang_rt.fuzzer.a" ]
 }
+# The Redis Streams example (examples/stream/) and its process-level tests.
+have_stream_deps() {
+    [ -f /usr/include/hiredis/hiredis.h ] && command -v redis-server >/dev/null 2>&1 &&
+        command -v python3 >/dev/null 2>&1
+}
 missing_deps() {
     local c
     for c in cmake make gcc pkg-config; do command -v "$c" >/dev/null 2>&1 || return 0; done
     have_cmocka || return 0
+    have_stream_deps || return 0
     if wants tsan; then
         command -v clang >/dev/null 2>&1 || return 0
         have_tsan_runtime || return 0
@@ -85,6 +91,8 @@ if missing_deps; then
         sudo=(sudo)
     fi
     pkgs=(libcmocka-dev cmake make gcc libc6-dev pkg-config)
+    # examples/stream/ and its stream_* tests: hiredis, a real redis-server, python3
+    pkgs+=(libhiredis-dev redis-server python3)
     # clang's sanitizer runtimes are only "recommended" by clang on Debian 12.
     { wants tsan || wants fuzz; } && pkgs+=(clang libclang-rt-dev)
     wants valgrind && pkgs+=(valgrind)
@@ -252,6 +260,13 @@ run_mode() {
     have=$(cd "$dir" && ctest -N | grep -cE 'Test +#[0-9]+: test_')
     if [ "$have" -ne "$want" ]; then
         result[$mode]="FAIL: $have of the $want tests/test_*.c registered with CTest (cmocka missing?)"
+        return 1
+    fi
+
+    # Nor may the Redis Streams process tests (hiredis, redis-server, python3).
+    have=$(cd "$dir" && ctest -N | grep -cE 'Test +#[0-9]+: stream_')
+    if [ "$mode" != valgrind ] && [ "$have" -ne 6 ]; then
+        result[$mode]="FAIL: $have of the 6 stream_* tests registered with CTest (hiredis or redis-server missing?)"
         return 1
     fi
 
