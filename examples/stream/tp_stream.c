@@ -1064,7 +1064,9 @@ static void *io_main(void *arg) {
             const char *fail = NULL;
             if (c->n_done > 0 && write_outcomes(c) != 0)
                 fail = "writing outcomes";
-            else if (now >= c->next_heartbeat_ns) {
+            /* Never starved by a steady stream of outcomes: a held entry whose
+             * idle time passed CLAIM_IDLE would be claimed by another worker. */
+            if (fail == NULL && now >= c->next_heartbeat_ns) {
                 if (heartbeat(c) != 0)
                     fail = "heartbeat";
                 c->next_heartbeat_ns = now + c->claim_idle_ns / 3;
