@@ -454,7 +454,7 @@ def scenario_drain(env):
     r = env.start_redis()
     # 1. SIGTERM while a task runs: it finishes, is written, exit 0.
     w = env.worker("a", SHUTDOWN_TIMEOUT="10s")
-    e1 = r("XADD", "tasks", "*", "delay", "700ms")
+    e1 = r("XADD", "tasks", "*", "delay", "1s")
     wait_until(lambda: metrics(w)["taskpool_active"] == 1, 10, "the task to start")
     check(env.stop(w) == 0, "drain: exit code not 0")
     check(accounted(r, {e1}), "drain: the running task's outcome was not written")
