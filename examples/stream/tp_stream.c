@@ -82,7 +82,7 @@ struct tps_consumer {
     int       port;         /* 0: unix socket at host */
     char      url[300];
     tp_pool  *pool;
-    unsigned  pool_capacity, nslots, max_deliveries, block_ms;
+    unsigned  pool_capacity, queue_capacity, nslots, max_deliveries, block_ms;
     uint64_t  claim_idle_ns;
     tps_handler handler;
     void     *handler_arg;
@@ -825,6 +825,16 @@ static int heartbeat(tps_consumer *c) {
 static uint32_t read_room(tps_consumer *c) {
     uint32_t in = c->n_pool + c->n_overflow;
     uint32_t room = c->pool_capacity > in ? c->pool_capacity - in : 0;
+    if (c->queue_capacity != 0 && room > 0) {
+        /* Submitted in a burst, the entries may all sit in the queue before
+         * a worker wakes: ask for no more than it has places for. */
+        tp_stats st;
+        tp_stats_get(c->pool, &st);
+        uint32_t waiting = st.queued + st.delayed + c->n_overflow;
+        uint32_t places = c->queue_capacity > waiting ? c->queue_capacity - waiting : 0;
+        if (places < room)
+            room = places;
+    }
     uint32_t free = c->n_free > c->read_outstanding ? c->n_free - c->read_outstanding : 0;
     return room < free ? room : free;
 }
@@ -1219,6 +1229,7 @@ int tps_create(tps_consumer **out, const tps_config *cfg, char *err, size_t errl
     }
     c->pool = cfg->pool;
     c->pool_capacity = cfg->pool_capacity;
+    c->queue_capacity = cfg->queue_capacity < cfg->pool_capacity ? cfg->queue_capacity : 0;
     c->nslots = cfg->pool_capacity + (cfg->backlog != 0 ? cfg->backlog : cfg->pool_capacity);
     c->claim_idle_ns = cfg->claim_idle_ns != 0 ? cfg->claim_idle_ns : 30ull * 1000000000ull;
     c->max_deliveries = cfg->max_deliveries != 0 ? cfg->max_deliveries : 5;

@@ -28,7 +28,8 @@
  * writing an entry allocates nothing here (hiredis allocates its replies).
  *
  * Back-pressure. XREADGROUP's COUNT is the pool's free room
- * (pool_capacity - entries in the pool), capped by the free slots; with no
+ * (pool_capacity - entries in the pool, and at most the free places in its
+ * queue when queue_capacity is given), capped by the free slots; with no
  * room, nothing is read, and the thread sleeps in poll(). An entry whose
  * user is at the pool's max_per_user (tp_submit -> TP_EUSERLIMIT) waits in
  * that user's FIFO in the local backlog and is submitted when one of the
@@ -108,6 +109,9 @@ typedef struct tps_config {
     const char *dead_stream;    /* NULL -> "tasks:dead" */
     tp_pool    *pool;           /* required; the caller creates and shuts it down */
     unsigned    pool_capacity;  /* required: the pool's workers + queue_capacity */
+    unsigned    queue_capacity; /* the pool's queue_capacity; 0 -> unknown. When given, a read never
+                                 * asks for more than the queue can take at once, so tp_submit does
+                                 * not meet TP_EFULL in the instant before the workers pick up */
     unsigned    backlog;        /* entries held locally beyond the pool; 0 -> pool_capacity */
     uint64_t    claim_idle_ns;  /* 0 -> 30 s; at least 10 ms */
     unsigned    max_deliveries; /* 0 -> 5 */

@@ -207,6 +207,7 @@ int main(void) {
         .dead_stream = cfg.dead,
         .pool = w.pool,
         .pool_capacity = cfg.workers + cfg.queue_capacity,
+        .queue_capacity = cfg.queue_capacity,
         .backlog = cfg.backlog,
         .claim_idle_ns = cfg.claim_idle_ns,
         .max_deliveries = cfg.max_deliveries,
