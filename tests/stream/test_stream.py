@@ -316,6 +316,8 @@ def scenario_clean(env):
     n_fail = check_fail_always(r, dead)
     log("clean: %d results, %d dead (%d fail always), duplicates %d" % (len(done), len(dead), n_fail, dups))
     check(dups == 0, "%d duplicates although no worker was killed" % dups)
+    redelivered = [f for _, f in done + dead if f["deliveries"] != "1"]
+    check(not redelivered, "entries delivered twice although no worker was killed: %r" % redelivered[:3])
     check(len(dead) == n_fail, "dead entries besides the fail-always ones")
     once = [f for _, f in done if f["attempts"] == "2"]
     check(len(once) == 50, "expected 50 results with attempts 2 (fail 1), got %d" % len(once))
@@ -346,6 +348,7 @@ def scenario_crash(env):
     log("crash: %d results, %d dead (%d fail always), duplicates %d, results delivered more than once %d"
         % (len(done), len(dead), n_fail, dups, redelivered))
     check(any(f["consumer"] == "w1b" for _, f in done), "the restarted worker did nothing")
+    check(redelivered > 0, "nothing of the killed worker was claimed and run elsewhere")
 
 
 def scenario_redis_restart(env):
