@@ -69,12 +69,45 @@
  * moves. TP__LOAD stays relaxed for the library's own polling (the worker's
  * spin), which re-checks under the lock.
  */
+/*
+ * The one list of statistics fields, in the order of both text formats.
+ *   C(name, help)  a counter: _Atomic uint64_t, only ever grows
+ *   G(name, help)  a gauge: _Atomic uint32_t, the current value
+ *   D(name, help)  a counter derived by tp_stats_get from the others (not stored)
+ * Used by struct tp__stats below, tp_stats_get() and tp_stats_format()
+ * (stats.c). A new field is one line here plus its member in tp_stats.
+ */
+#define TP__STATS_FIELDS(C, G, D)                                                    \
+    C(submitted, "Submit calls that passed argument checks.")                        \
+    C(accepted, "Tasks accepted.")                                                   \
+    D(rejected, "Submits refused, for any reason.")                                  \
+    C(rejected_full, "Submits refused because the queue was full.")                  \
+    C(rejected_user, "Submits refused because the user was at its limit.")           \
+    C(rejected_closed, "Submits refused because the pool was closed.")               \
+    C(rejected_timeout, "Blocking submits whose budget ran out.")                    \
+    C(started, "Tasks whose function was called at least once.")                     \
+    C(retried, "Extra attempts started.")                                            \
+    C(completed, "Accepted tasks that reached their final outcome.")                 \
+    C(succeeded, "Tasks completed with status 0.")                                   \
+    C(failed, "Tasks completed with a non-zero status, cancelled included.")         \
+    C(cancelled, "Tasks failed with TP_ECANCELED or TP_ETIMEDOUT.")                  \
+    C(expired, "Tasks whose deadline passed before their first start.")              \
+    G(active, "Tasks running now.")                                                  \
+    G(queued, "Tasks waiting in the queue now.")                                     \
+    G(delayed, "Tasks waiting for a retry now.")                                     \
+    G(workers, "Live worker threads.")                                               \
+    G(idle, "Workers waiting for work.")                                             \
+    G(users, "Users holding at least one slot.")
+
+#define TP__ST_COUNTER(f, help) _Atomic uint64_t f;
+#define TP__ST_GAUGE(f, help) _Atomic uint32_t f;
+#define TP__ST_NONE(f, help)
 typedef struct tp__stats {
-    _Atomic uint64_t submitted, accepted;
-    _Atomic uint64_t rejected_full, rejected_user, rejected_closed, rejected_timeout;
-    _Atomic uint64_t started, retried, completed, succeeded, failed, cancelled, expired;
-    _Atomic uint32_t active, queued, delayed, workers, idle, users;
+    TP__STATS_FIELDS(TP__ST_COUNTER, TP__ST_GAUGE, TP__ST_NONE)
 } tp__stats;
+#undef TP__ST_COUNTER
+#undef TP__ST_GAUGE
+#undef TP__ST_NONE
 
 /* A pause in a spin loop. */
 #if defined(__x86_64__) || defined(__i386__)
