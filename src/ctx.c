@@ -57,13 +57,13 @@ int tp_ctx_sleep(tp_ctx *c, uint64_t ns) {
     tp_pool *p = c->w->pool;
     uint64_t until = tp__deadline_after(tp_now_ns(), ns);
     uint64_t wake = until < c->deadline ? until : c->deadline;
-    pthread_mutex_lock(&p->mu);
+    tp__lock(p);
     for (;;) {
         err = tp_ctx_err(c);
         if (err || tp_now_ns() >= until) break;
-        tp__cond_wait_until(&c->w->sleep_cv, &p->mu, wake);
+        tp__wait_locked(p, &c->w->sleep_cv, wake);
     }
-    pthread_mutex_unlock(&p->mu);
+    tp__unlock(p);
     return err;
 }
 
@@ -72,7 +72,7 @@ int tp_ctx_fd(tp_ctx *c) {
     tp__worker *w = c->w;
     tp_pool *p = w->pool;
     int fd;
-    pthread_mutex_lock(&p->mu);
+    tp__lock(p);
     if (w->fds[0] < 0) {
         int fds[2];
         if (pipe2(fds, O_NONBLOCK | O_CLOEXEC) == 0) {
@@ -88,7 +88,7 @@ int tp_ctx_fd(tp_ctx *c) {
         (void)n;
         w->fd_dirty = true;
     }
-    pthread_mutex_unlock(&p->mu);
+    tp__unlock(p);
     return fd >= 0 ? fd : TP_ENOMEM;
 }
 

@@ -32,3 +32,13 @@ const char *tp_err_name(int err) {
     default: return "TP_UNKNOWN";
     }
 }
+
+#if defined(TP__DEBUG)
+#include <stdio.h>
+#include <stdlib.h>
+
+void tp__assert_fail(const char *cond, const char *file, int line) {
+    fprintf(stderr, "taskpool: assertion failed: %s (%s:%d)\n", cond, file, line);
+    abort();
+}
+#endif

@@ -50,10 +50,36 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "taskpool.h"
 
 #define TP__UNUSED(x) ((void)(x))
+
+/* ------------------------------------------------------------ asserts */
+
+/*
+ * TP__ASSERT(cond): checked unless NDEBUG is defined. CMake's Release and
+ * RelWithDebInfo define NDEBUG, so an installed library pays nothing; Debug
+ * builds, tests/run.sh (plain, tsan, asan, valgrind: it replaces the
+ * RelWithDebInfo flags, dropping -DNDEBUG) and the fuzzer check them. A failed
+ * one prints where and aborts: an invariant of the pool is broken and going on
+ * could run a task twice or lose one.
+ */
+#if !defined(NDEBUG)
+#define TP__DEBUG 1
+#endif
+
+#if defined(TP__DEBUG)
+void tp__assert_fail(const char *cond, const char *file, int line)
+#if defined(__GNUC__)
+    __attribute__((noreturn, cold))
+#endif
+    ;
+#define TP__ASSERT(cond) ((cond) ? (void)0 : tp__assert_fail(#cond, __FILE__, __LINE__))
+#else
+#define TP__ASSERT(cond) ((void)0)
+#endif
 
 /* ------------------------------------------------------------ statistics */
 
@@ -273,7 +299,76 @@ struct tp_pool {
     bool svc_started;
 
     tp__stats st;
+#if defined(TP__DEBUG)
+    pthread_t mu_owner;      /* valid while mu_held; see tp__lock */
+    bool mu_held;
+#endif
 };
+
+/* time */
+/* now + ns, saturating; TP_FOREVER stays. */
+static inline uint64_t tp__deadline_after(uint64_t now, uint64_t ns) {
+    if (ns == TP_FOREVER || ns >= TP_FOREVER - now) return TP_FOREVER;
+    return now + ns;
+}
+int tp__mutex_init(pthread_mutex_t *mu); /* the pool mutex (adaptive where glibc has it) */
+/* Wait on cv until the absolute monotonic deadline; TP_FOREVER waits unbounded.
+ * Returns 0 or ETIMEDOUT (errno value). */
+static inline int tp__cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, uint64_t deadline) {
+    if (deadline == TP_FOREVER) return pthread_cond_wait(cv, mu);
+    struct timespec ts;
+    ts.tv_sec = (time_t)(deadline / 1000000000ull);
+    ts.tv_nsec = (long)(deadline % 1000000000ull);
+    return pthread_cond_timedwait(cv, mu, &ts);
+}
+int tp__cond_init(pthread_cond_t *cv);
+
+/*
+ * The pool lock. Every lock, unlock and condition wait on `mu` goes through
+ * these, so that debug builds know which thread holds it and a `_locked`
+ * function can assert that its caller does (TP__ASSERT_LOCKED). In release
+ * builds they are the bare pthread calls.
+ */
+static inline void tp__lock(tp_pool *p) {
+    pthread_mutex_lock(&p->mu);
+#if defined(TP__DEBUG)
+    TP__ASSERT(!p->mu_held);
+    p->mu_owner = pthread_self();
+    p->mu_held = true;
+#endif
+}
+
+static inline void tp__unlock(tp_pool *p) {
+#if defined(TP__DEBUG)
+    TP__ASSERT(p->mu_held && pthread_equal(p->mu_owner, pthread_self()));
+    p->mu_held = false;
+#endif
+    pthread_mutex_unlock(&p->mu);
+}
+
+/* Only the holder reads mu_owner here, so the check is race-free whenever it
+ * passes. */
+#if defined(TP__DEBUG)
+#define TP__ASSERT_LOCKED(p) TP__ASSERT((p)->mu_held && pthread_equal((p)->mu_owner, pthread_self()))
+#else
+#define TP__ASSERT_LOCKED(p) ((void)0)
+#endif
+
+/* Wait on cv (a condition of this pool's mu) until the absolute monotonic
+ * deadline; TP_FOREVER waits unbounded. Returns 0 or ETIMEDOUT. */
+static inline int tp__wait_locked(tp_pool *p, pthread_cond_t *cv, uint64_t deadline) {
+    TP__ASSERT_LOCKED(p);
+#if defined(TP__DEBUG)
+    p->mu_held = false;
+#endif
+    int rc = tp__cond_wait_until(cv, &p->mu, deadline);
+#if defined(TP__DEBUG)
+    TP__ASSERT(!p->mu_held);
+    p->mu_owner = pthread_self();
+    p->mu_held = true;
+#endif
+    return rc;
+}
 
 /* The pool whose thread this is (worker or service), NULL elsewhere. */
 extern _Thread_local tp_pool *tp__tls_pool;
@@ -282,13 +377,6 @@ extern _Thread_local bool tp__tls_service;
 /* The task running (or whose on_done runs) on this thread, NULL elsewhere. */
 extern _Thread_local tp__task *tp__tls_task;
 
-/* time */
-uint64_t tp__deadline_after(uint64_t now, uint64_t ns); /* saturating, TP_FOREVER stays */
-int tp__mutex_init(pthread_mutex_t *mu); /* the pool mutex (adaptive where glibc has it) */
-/* Wait on cv until the absolute monotonic deadline; TP_FOREVER waits unbounded.
- * Returns 0 or ETIMEDOUT (errno value). */
-int tp__cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, uint64_t deadline);
-int tp__cond_init(pthread_cond_t *cv);
 
 /* pool.c: under mu */
 void tp__close_locked(tp_pool *p);

@@ -183,24 +183,24 @@ int tp_create(tp_pool **out, const tp_config *cfg) {
     /* Threads. Each spawn is reserved under the lock like an elastic one; a
      * failure unwinds through the normal close path so started threads exit. */
     rc = TP_OK;
-    pthread_mutex_lock(&p->mu);
+    tp__lock(p);
     p->svc_started = pthread_create(&p->svc_thread, NULL, tp__service_main, p) == 0;
     if (!p->svc_started) rc = TP_ENOMEM;
-    pthread_mutex_unlock(&p->mu);
+    tp__unlock(p);
     for (unsigned i = 0; rc == TP_OK && i < p->min_workers; i++) {
         tp__worker *w;
         pthread_t old;
         bool join_old;
-        pthread_mutex_lock(&p->mu);
+        tp__lock(p);
         tp__spawn_start(p, &w, &old, &join_old);
-        pthread_mutex_unlock(&p->mu);
+        tp__unlock(p);
         rc = tp__spawn_finish(p, w, old, join_old);
     }
     if (rc != TP_OK) {
-        pthread_mutex_lock(&p->mu);
+        tp__lock(p);
         tp__close_locked(p);
-        while (p->threads > 0) pthread_cond_wait(&p->done_cv, &p->mu); /* then no thread writes w->state */
-        pthread_mutex_unlock(&p->mu);
+        while (p->threads > 0) tp__wait_locked(p, &p->done_cv, TP_FOREVER); /* then no thread writes w->state */
+        tp__unlock(p);
         join_all(p);
         pool_free(p, 1);
         return TP_ENOMEM;
@@ -377,7 +377,7 @@ static int submit_common(tp_pool *p, const admit_args *a, void *arg, uint64_t *i
     pthread_t old;
     bool join_old = false;
 
-    pthread_mutex_lock(&p->mu);
+    tp__lock(p);
     TP__INC(p->st.submitted);
     int rc;
     for (;;) {
@@ -398,7 +398,7 @@ static int submit_common(tp_pool *p, const admit_args *a, void *arg, uint64_t *i
             break;
         }
         p->room_waiters++;
-        int e = tp__cond_wait_until(&p->room_cv, &p->mu, deadline);
+        int e = tp__wait_locked(p, &p->room_cv, deadline);
         p->room_waiters--;
         TP__UNUSED(e); /* the loop re-checks closed and the budget */
     }
@@ -407,7 +407,7 @@ static int submit_common(tp_pool *p, const admit_args *a, void *arg, uint64_t *i
     } else {
         count_reject(p, rc);
     }
-    pthread_mutex_unlock(&p->mu);
+    tp__unlock(p);
     if (w) (void)tp__spawn_finish(p, w, old, join_old); /* a failure leaves the task queued for the others */
     return rc;
 }
@@ -433,7 +433,7 @@ int tp_submit_wait(tp_pool *p, tp_fn fn, void *arg, const tp_task_opts *opts, ui
 int tp_cancel(tp_pool *p, uint64_t id) {
     if (!p || id == 0) return TP_EINVAL;
     int rc = TP_OK;
-    pthread_mutex_lock(&p->mu);
+    tp__lock(p);
     tp__task *t = tp__tasks_find(&p->tasks, id);
     if (!t) {
         rc = TP_ENOTFOUND;
@@ -453,7 +453,7 @@ int tp_cancel(tp_pool *p, uint64_t id) {
     } else {
         rc = TP_ENOTFOUND; /* not reachable: finalised tasks leave the index */
     }
-    pthread_mutex_unlock(&p->mu);
+    tp__unlock(p);
     return rc;
 }
 
@@ -461,16 +461,16 @@ int tp_cancel(tp_pool *p, uint64_t id) {
 
 int tp_close(tp_pool *p) {
     if (!p) return TP_EINVAL;
-    pthread_mutex_lock(&p->mu);
+    tp__lock(p);
     tp__close_locked(p);
-    pthread_mutex_unlock(&p->mu);
+    tp__unlock(p);
     return TP_OK;
 }
 
 int tp_shutdown(tp_pool *p, uint64_t budget_ns) {
     if (!p) return TP_EINVAL;
     if (tp__tls_pool == p) return TP_EDEADLK;
-    pthread_mutex_lock(&p->mu);
+    tp__lock(p);
     tp__close_locked(p);
     if (p->shut_state == TP__SHUT_NONE) {
         p->shut_state = TP__SHUT_RUNNING;
@@ -483,13 +483,13 @@ int tp_shutdown(tp_pool *p, uint64_t budget_ns) {
             p->shut_state = TP__SHUT_FORCED;
             force_locked(p);
         } else {
-            tp__cond_wait_until(&p->done_cv, &p->mu, p->shut_deadline);
+            tp__wait_locked(p, &p->done_cv, p->shut_deadline);
             continue;
         }
         pthread_cond_broadcast(&p->done_cv); /* the other shutdown callers */
     }
     int rc = p->shut_state == TP__SHUT_OK ? TP_OK : TP_ETIMEDOUT;
-    pthread_mutex_unlock(&p->mu);
+    tp__unlock(p);
     return rc;
 }
 
@@ -503,25 +503,25 @@ int tp_wait(tp_pool *p, uint64_t timeout_ns) {
     if (tp__tls_pool == p) return TP_EDEADLK;
     uint64_t deadline = timeout_ns == 0 ? TP_FOREVER : tp__deadline_after(tp_now_ns(), timeout_ns);
     int rc = TP_OK;
-    pthread_mutex_lock(&p->mu);
+    tp__lock(p);
     while (!finished(p)) {
         if (deadline != TP_FOREVER && tp_now_ns() >= deadline) {
             rc = TP_ETIMEDOUT;
             break;
         }
-        tp__cond_wait_until(&p->done_cv, &p->mu, deadline);
+        tp__wait_locked(p, &p->done_cv, deadline);
     }
     if (rc == TP_OK && p->shut_state == TP__SHUT_FORCED) rc = TP_ETIMEDOUT;
-    pthread_mutex_unlock(&p->mu);
+    tp__unlock(p);
     return rc;
 }
 
 int tp_destroy(tp_pool *p) {
     if (!p) return TP_EINVAL;
     if (tp__tls_pool == p) return TP_EDEADLK;
-    pthread_mutex_lock(&p->mu);
+    tp__lock(p);
     bool started = p->shut_state != TP__SHUT_NONE;
-    pthread_mutex_unlock(&p->mu);
+    tp__unlock(p);
     if (!started) (void)tp_shutdown(p, 0);
     (void)tp_wait(p, TP_FOREVER);
     join_all(p);
@@ -530,11 +530,6 @@ int tp_destroy(tp_pool *p) {
 }
 
 /* ------------------------------------------------------------ time */
-
-uint64_t tp__deadline_after(uint64_t now, uint64_t ns) {
-    if (ns == TP_FOREVER || ns >= TP_FOREVER - now) return TP_FOREVER;
-    return now + ns;
-}
 
 /* The pool mutex spins briefly before it sleeps (glibc's adaptive mutex):
  * its critical sections are a few dozen instructions, and a futex sleep and
@@ -559,12 +554,4 @@ int tp__cond_init(pthread_cond_t *cv) {
     if (rc == 0) rc = pthread_cond_init(cv, &a);
     pthread_condattr_destroy(&a);
     return rc == 0 ? 0 : -1;
-}
-
-int tp__cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, uint64_t deadline) {
-    if (deadline == TP_FOREVER) return pthread_cond_wait(cv, mu);
-    struct timespec ts;
-    ts.tv_sec = (time_t)(deadline / 1000000000ull);
-    ts.tv_nsec = (long)(deadline % 1000000000ull);
-    return pthread_cond_timedwait(cv, mu, &ts);
 }

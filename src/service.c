@@ -130,7 +130,7 @@ void *tp__service_main(void *arg) {
     pthread_setname_np(pthread_self(), name);
 #endif
     bool tried_spawn = false; /* at most one spawn attempt between two waits */
-    pthread_mutex_lock(&p->mu);
+    tp__lock(p);
     for (;;) {
         if (p->endings_head) {
             tp__task *list = p->endings_head;
@@ -142,13 +142,13 @@ void *tp__service_main(void *arg) {
             while (list) {
                 tp__task *chunk = list;
                 unsigned n = 0;
-                pthread_mutex_unlock(&p->mu);
+                tp__unlock(p);
                 for (; list && n < TP__ENDINGS_CHUNK; list = list->next, n++) {
                     tp__tls_enter_task(list);
                     list->on_done(list->arg, list->status);
                     tp__tls_leave_task();
                 }
-                pthread_mutex_lock(&p->mu);
+                tp__lock(p);
                 while (chunk != list) {
                     tp__task *nx = chunk->next;
                     tp__task_retire(p, chunk);
@@ -172,19 +172,19 @@ void *tp__service_main(void *arg) {
             bool join_old = false;
             tried_spawn = true;
             if (tp__spawn_start(p, &w, &old, &join_old) == TP_OK) {
-                pthread_mutex_unlock(&p->mu);
+                tp__unlock(p);
                 (void)tp__spawn_finish(p, w, old, join_old);
-                pthread_mutex_lock(&p->mu);
+                tp__lock(p);
             }
             continue; /* mu was released: look at everything again */
         }
         if (p->closed && p->inflight == 0) break;
         p->svc_waiting = true;
         p->svc_next = next; /* an earlier deadline admitted meanwhile wakes us */
-        tp__cond_wait_until(&p->svc_cv, &p->mu, next);
+        tp__wait_locked(p, &p->svc_cv, next);
         p->svc_waiting = false;
         tried_spawn = false;
     }
-    pthread_mutex_unlock(&p->mu);
+    tp__unlock(p);
     return NULL;
 }

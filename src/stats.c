@@ -29,10 +29,10 @@ unsigned tp_user_active(tp_pool *p, const char *user) {
     size_t len = strnlen(user, TP_USER_MAX + 1);
     if (len > TP_USER_MAX) return 0;
     uint32_t h = tp__users_hash(user, len);
-    pthread_mutex_lock(&p->mu);
+    tp__lock(p);
     tp__user *u = tp__users_find(&p->users, user, len, h);
     unsigned n = u ? u->count : 0;
-    pthread_mutex_unlock(&p->mu);
+    tp__unlock(p);
     return n;
 }
 

@@ -110,6 +110,7 @@ void tp__tasks_unindex(tp__tasks *ts, tp__task *t) {
             return;
         }
     }
+    TP__ASSERT(!"tp__tasks_unindex: task not in the index");
 }
 
 tp__task *tp__tasks_find(const tp__tasks *ts, uint64_t id) {

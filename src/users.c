@@ -113,6 +113,7 @@ tp__user *tp__users_acquire(tp__users *us, const char *name, size_t len, uint32_
 }
 
 void tp__users_release(tp__users *us, tp__user *u) {
+    TP__ASSERT(u->count > 0);
     if (--u->count > 0) return;
     for (tp__user **pp = &us->buckets[u->hash & us->mask]; *pp; pp = &(*pp)->next) {
         if (*pp == u) {
@@ -120,6 +121,7 @@ void tp__users_release(tp__users *us, tp__user *u) {
             break;
         }
     }
+    TP__ASSERT(us->live > 0);
     u->next = us->free;
     us->free = u;
     us->live--;

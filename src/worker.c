@@ -61,13 +61,13 @@ int tp__spawn_finish(tp_pool *p, tp__worker *w, pthread_t old, bool join_old) {
     if (join_old) pthread_join(old, NULL); /* it marked itself DEAD as its last locked act */
     int rc = pthread_create(&w->thread, NULL, worker_main, w);
     if (rc == 0) return TP_OK;
-    pthread_mutex_lock(&p->mu);
+    tp__lock(p);
     w->state = TP__W_FREE;
     p->live_workers--;
     p->threads--;
     p->starting--;
     pthread_cond_broadcast(&p->done_cv);
-    pthread_mutex_unlock(&p->mu);
+    tp__unlock(p);
     return TP_ENOMEM;
 }
 
@@ -188,11 +188,11 @@ static void log_failure(tp_pool *p, uint64_t id, const char *log_id, unsigned at
 /* Run on_done (mu released), then retire. Entered and left with mu held. */
 static void finish_locked(tp_pool *p, tp__task *t) {
     if (t->on_done) {
-        pthread_mutex_unlock(&p->mu);
+        tp__unlock(p);
         tp__tls_enter_task(t);
         t->on_done(t->arg, t->status);
         tp__tls_leave_task();
-        pthread_mutex_lock(&p->mu);
+        tp__lock(p);
     }
     tp__task_retire(p, t);
 }
@@ -274,7 +274,7 @@ static void set_idle_stat(tp_pool *p) { TP__SET(p->st.idle, p->idle_waiters + p-
 static void spin_for_work(tp_pool *p) {
     p->spinners++;
     set_idle_stat(p);
-    pthread_mutex_unlock(&p->mu);
+    tp__unlock(p);
     uint64_t until = tp_now_ns() + TP__SPIN_NS;
     for (unsigned i = 1;; i++) {
         if (TP__LOAD(p->st.queued) != 0) break;
@@ -284,7 +284,7 @@ static void spin_for_work(tp_pool *p) {
         }
         tp__cpu_relax();
     }
-    pthread_mutex_lock(&p->mu);
+    tp__lock(p);
     p->spinners--;
     set_idle_stat(p);
 }
@@ -301,7 +301,7 @@ static void *worker_main(void *arg) {
     set_thread_name(p, "w", w->index);
     if (p->on_worker_start) p->on_worker_start(p->hook_arg);
 
-    pthread_mutex_lock(&p->mu);
+    tp__lock(p);
     p->starting--;
     /* stats.workers: threads that run, not spawns under way (which may fail) */
     TP__SET(p->st.workers, p->live_workers - p->starting);
@@ -323,7 +323,7 @@ static void *worker_main(void *arg) {
             uint64_t until = elastic ? tp__deadline_after(idle_since, p->idle_timeout) : TP_FOREVER;
             p->idle_waiters++;
             set_idle_stat(p);
-            int e = tp__cond_wait_until(&p->work_cv, &p->mu, until);
+            int e = tp__wait_locked(p, &p->work_cv, until);
             p->idle_waiters--;
             set_idle_stat(p);
             if (e == ETIMEDOUT && elastic && tp__ring_len(&p->ring) == 0 &&
@@ -349,23 +349,23 @@ static void *worker_main(void *arg) {
             continue;
         }
         start_locked(p, w, t);
-        pthread_mutex_unlock(&p->mu);
+        tp__unlock(p);
         arm_run_timeout(w, t);
 
         tp__tls_enter_task(t);
         int rc = t->fn(&w->ctx, t->arg);
         tp__tls_leave_task();
 
-        pthread_mutex_lock(&p->mu);
+        tp__lock(p);
         unsigned attempt = t->attempt;
         uint64_t id = t->id;
         char log_id[TP_LOG_ID_MAX + 1];
         if (rc != 0) snprintf(log_id, sizeof log_id, "%s", tp__task_log_id(t));
         bool retry = after_run_locked(p, w, t, rc);
         if (rc != 0) {
-            pthread_mutex_unlock(&p->mu);
+            tp__unlock(p);
             log_failure(p, id, log_id, attempt, rc, retry);
-            pthread_mutex_lock(&p->mu);
+            tp__lock(p);
         }
         if (!retry) finish_locked(p, t);
         if (elastic_pool) idle_since = tp_now_ns();
@@ -375,9 +375,9 @@ static void *worker_main(void *arg) {
      * stop hook without the lock, then report the thread as gone. */
     p->live_workers--;
     TP__SET(p->st.workers, p->live_workers - p->starting);
-    pthread_mutex_unlock(&p->mu);
+    tp__unlock(p);
     if (p->on_worker_stop) p->on_worker_stop(p->hook_arg);
-    pthread_mutex_lock(&p->mu);
+    tp__lock(p);
     w->state = TP__W_DEAD;
     p->threads--;
     if (p->threads == 0) pthread_cond_broadcast(&p->done_cv);
@@ -385,6 +385,6 @@ static void *worker_main(void *arg) {
     /* A spawn skipped while this slot was still taken (tp__spawn_start finds
      * no free slot) is retried now, by the service thread. */
     if (!p->closed && tp__want_spawn(p)) tp__svc_wake(p);
-    pthread_mutex_unlock(&p->mu);
+    tp__unlock(p);
     return NULL;
 }
