@@ -92,6 +92,29 @@ int tp_ctx_fd(tp_ctx *c) {
     return fd >= 0 ? fd : TP_ENOMEM;
 }
 
+/* Called by life.c for a running task (tp_cancel, forced shutdown). */
+void tp__ctx_cancel_locked(tp__worker *w) {
+    TP__ASSERT_LOCKED(w->pool);
+    if (atomic_load_explicit(&w->ctx.cancelled, memory_order_relaxed)) return;
+    atomic_store_explicit(&w->ctx.cancelled, 1, memory_order_relaxed);
+    pthread_cond_signal(&w->sleep_cv);
+    if (w->fds[1] >= 0 && !w->fd_dirty) {
+        char b = 1;
+        ssize_t n = write(w->fds[1], &b, 1);
+        (void)n; /* a non-blocking pipe with room for one byte: cannot fail */
+        w->fd_dirty = true;
+    }
+}
+
+/* Empty the cancel pipe so the next task starts clean. */
+void tp__ctx_drain_fd_locked(tp__worker *w) {
+    TP__ASSERT_LOCKED(w->pool);
+    char buf[16];
+    while (read(w->fds[0], buf, sizeof buf) > 0) {
+    }
+    w->fd_dirty = false;
+}
+
 uint64_t tp_ctx_deadline(const tp_ctx *c) { return c ? c->deadline : TP_FOREVER; }
 uint64_t tp_ctx_id(const tp_ctx *c) { return c && c->t ? c->t->id : 0; }
 const char *tp_ctx_user(const tp_ctx *c) { return c && c->t && c->t->user ? c->t->user->name : NULL; }

@@ -1,25 +1,48 @@
 /*
  * internal.h -- the private shapes of libtaskpool, shared by src/ only.
  *
- * Files and responsibilities
- *   error.c    error table, tp_strerror, version
- *   ring.h     bounded FIFO of task pointers (no locking: the pool lock guards it)
- *   tasks.c    task records: a free list grown in chunks, and the id index
- *   users.c    per-user slot table (no locking: the pool lock guards it)
- *   pool.c     create/destroy, admission, cancel, close/shutdown/wait
- *   worker.c   the worker loop, task completion, elastic workers
- *   service.c  the service thread: retry timers and endings of unrun tasks
- *   ctx.c      the task context, log ids, tp_now_ns
- *   stats.c    statistics snapshot and formatting
- *   default.c  the process-wide default pool
+ * Layers (top to bottom). A file calls only tp__ functions of files in lower
+ * layers, never of its own layer or above; tests/check_layers.sh checks it on
+ * the built library. Data flows one way: the public API and the pool's
+ * threads drive the task life, which uses the leaf structures.
+ *
+ *   1  pool.c     the public API: create/destroy, submit, cancel,
+ *                 close/shutdown/wait; the resolved configuration
+ *      stats.c    tp_stats_get, tp_user_active, tp_stats_format
+ *      default.c  the process-wide default pool (public calls only)
+ *   2  service.c  the service thread: drives endings, retry timers, queue
+ *                 deadlines (life.c) and spawns a worker when one was skipped
+ *   3  worker.c   worker slots, spawning, the worker loop: wait for work,
+ *                 then pop, start, run, after-run, finish (life.c steps)
+ *   4  life.c     the task's life and the queue, the one owner of the task
+ *                 state graph: admission into the ring, start, after-run
+ *                 (retry or final), finalise, end unrun, retire, cancel,
+ *                 forced shutdown, the delayed and endings lists, queue expiry,
+ *                 and the wake-ups that follow (room, work, done, service)
+ *   5  ctx.c      the task context and its cancel pipe, log ids, logging,
+ *                 the clock, the thread-locals
+ *      tasks.c    task records: a free list grown in chunks, the id index
+ *      users.c    per-user slot table
+ *      ring.h     bounded FIFO of task pointers (inline functions)
+ *   6  error.c    error table, tp_strerror, version, tp__assert_fail
+ *
+ * Why the threads sit above life.c: a worker or the service thread is a
+ * driver of task life (it pops, starts, finalises and retires through
+ * life.c), just as the API is; life.c never calls back into them, it only
+ * signals their condition variables.
  *
  * Locking
  *   One mutex per pool, `tp_pool.mu`, guards everything in the pool except the
  *   statistics (atomics) and the worker's context `cancelled` flag (atomic,
- *   written under mu, read lock-free by the task). Lock order: the default-pool
- *   registry lock (default.c) is never held while a pool lock is taken; no
- *   pool lock is ever held while calling user code (task functions, on_done,
- *   log hook, worker hooks) or while taking another pool's lock.
+ *   written under mu, read lock-free by the task). Every lock, unlock and wait
+ *   goes through tp__lock/tp__unlock/tp__wait_locked; a function whose name
+ *   ends in `_locked` needs mu held (asserted in debug builds) and, where it
+ *   says so, releases it around user code.
+ *   Lock order: the default-pool registry lock (default.c) is taken before a
+ *   pool lock (tp_default_create -> tp_create) and never inside one; no pool
+ *   lock is ever held while calling user code (task functions, on_done, log
+ *   hook, worker hooks) or while taking another pool's lock. No other lock
+ *   exists, so there is no order between pool-internal locks to keep.
  *
  *   Condition variables, one per condition, all on `mu`, all CLOCK_MONOTONIC:
  *     work_cv   a worker may have work, or may exit          (idle workers)
@@ -27,16 +50,18 @@
  *     done_cv   inflight reached 0 or a thread exited        (shutdown, wait)
  *     svc_cv    an ending or a retry timer for the service thread
  *     worker.sleep_cv  a running task's tp_ctx_sleep: cancelled
+ *   All but sleep_cv are signalled by life.c (and done_cv by worker.c when a
+ *   spawn fails, by pool.c between shutdown callers).
  *
- * Task life (state in tp__task.state, all transitions under mu)
- *   QUEUED -> RUNNING -> (DELAYED -> QUEUED ...) -> DONE
- *   QUEUED/DELAYED -> ENDING (cancel, forced shutdown, deadline while delayed)
- *   QUEUED -> DONE (expired when a worker picks it)
- *   A task is *finalised* exactly once (tp__task_finalise): removed from the id
- *   index, user slot released, counters updated. Then exactly one thread calls
- *   its on_done: the worker that finalised it (DONE) or the service thread
- *   (ENDING). After on_done returns, that thread retires the record and
- *   decrements `inflight`. Every path funnels through these two functions.
+ * Task life (state in tp__task.state, all transitions under mu, in life.c)
+ *   QUEUED -> RUNNING -> (DELAYED -> QUEUED ...) -> DONE -> FREE
+ *   QUEUED/DELAYED -> ENDING -> FREE (cancel, forced shutdown, deadline)
+ *   QUEUED -> DONE (expired when a worker pops it)
+ *   A task is *finalised* exactly once: removed from the id index, user slot
+ *   released, counters updated. Then exactly one thread calls its on_done:
+ *   the worker that finalised it (DONE) or the service thread (ENDING). After
+ *   on_done returns, that thread retires the record (FREE) and decrements
+ *   `inflight`. Each step asserts the state it comes from.
  */
 #ifndef TP_INTERNAL_H
 #define TP_INTERNAL_H
@@ -378,27 +403,85 @@ extern _Thread_local bool tp__tls_service;
 extern _Thread_local tp__task *tp__tls_task;
 
 
-/* pool.c: under mu */
-void tp__close_locked(tp_pool *p);
-void tp__signal_room(tp_pool *p);
-void tp__drained_check(tp_pool *p);
-bool tp__want_spawn(const tp_pool *p);
+/*
+ * Functions by file, top layer first. A file calls only files below it
+ * (tests/check_layers.sh). `_locked`: the caller holds p->mu (asserted in
+ * debug builds); functions that release it around user code say so.
+ */
 
-/* worker.c */
-int tp__spawn_start(tp_pool *p, tp__worker **slot, pthread_t *old, bool *join_old); /* under mu */
-int tp__spawn_finish(tp_pool *p, tp__worker *w, pthread_t old, bool join_old);      /* no lock */
-void tp__task_finalise(tp_pool *p, tp__task *t, int status, bool expired);          /* under mu */
-void tp__task_end_unrun(tp_pool *p, tp__task *t, int status, bool expired);         /* under mu */
-void tp__task_retire(tp_pool *p, tp__task *t);                                      /* under mu */
-void tp__ctx_cancel_locked(tp__worker *w);
-void tp__wake_exiters(tp_pool *p);
-
-/* service.c */
+/* ---- service.c: the service thread */
 void *tp__service_main(void *arg);
-void tp__delayed_remove(tp_pool *p, tp__task *t);
-void tp__svc_wake(tp_pool *p);
 
-/* ctx.c: log ids */
+/* ---- worker.c: worker slots and threads */
+/* Reserve a worker slot (mu held); then create the thread without mu. */
+int tp__spawn_start_locked(tp_pool *p, tp__worker **slot, pthread_t *old, bool *join_old);
+int tp__spawn_finish(tp_pool *p, tp__worker *w, pthread_t old, bool join_old); /* no lock */
+
+/* ---- life.c: the task's life and the queue (see the top of life.c) */
+
+/* A submit's checked arguments (pool.c fills it in before taking mu). */
+typedef struct tp__admit_args {
+    tp_fn fn;
+    tp_done_fn on_done;
+    uint64_t run_timeout, deadline;
+    const char *user;
+    size_t user_len;
+    uint32_t user_hash;
+    const char *log_src; /* NULL: generate */
+    size_t log_len;
+} tp__admit_args;
+
+/* The admission checks after "closed"; on TP_OK the task is queued. */
+int tp__admit_locked(tp_pool *p, const tp__admit_args *a, void *arg, uint64_t *id_out);
+bool tp__want_spawn_locked(const tp_pool *p);
+int tp__cancel_locked(tp_pool *p, uint64_t id); /* TP_OK or TP_ENOTFOUND */
+void tp__close_locked(tp_pool *p);
+void tp__force_locked(tp_pool *p);
+/* Worker steps: pop the head; end it if its deadline passed (true); start
+ * it; after its attempt, retry (true) or finalise; run on_done and retire. */
+tp__task *tp__queue_pop_locked(tp_pool *p);
+bool tp__task_expired_locked(tp_pool *p, tp__task *t);
+void tp__task_start_locked(tp_pool *p, tp__worker *w, tp__task *t);
+bool tp__task_after_run_locked(tp_pool *p, tp__worker *w, tp__task *t, int rc);
+void tp__task_finish_locked(tp_pool *p, tp__task *t); /* releases mu around on_done */
+void tp__task_retire_locked(tp_pool *p, tp__task *t);
+/* A worker thread is gone (threads already decremented). */
+void tp__signal_worker_gone_locked(tp_pool *p);
+/* Service steps: endings (releases mu around on_done), retry timers and
+ * queue deadlines (both return when to look again). */
+bool tp__endings_pending_locked(const tp_pool *p);
+void tp__endings_run_locked(tp_pool *p);
+uint64_t tp__delayed_run_locked(tp_pool *p, uint64_t now);
+uint64_t tp__queue_expire_locked(tp_pool *p, uint64_t now);
+
+/* ---- ctx.c: the task context, the cancel pipe, log ids, logging */
+void tp__ctx_cancel_locked(tp__worker *w);
+void tp__ctx_drain_fd_locked(tp__worker *w);
+
+/* A task starts on this context (mu held). */
+static inline void tp__ctx_begin(struct tp_ctx *c, tp__task *t) {
+    c->t = t;
+    c->deadline = t->deadline;
+    atomic_store_explicit(&c->cancelled, 0, memory_order_relaxed);
+}
+
+/* The attempt starts now: its effective deadline is the earlier of the task
+ * deadline and now + run timeout. Without mu: only this worker reads its ctx. */
+static inline void tp__ctx_arm_run_timeout(struct tp_ctx *c, const tp__task *t) {
+    if (t->run_timeout == TP_FOREVER) return;
+    uint64_t d = tp__deadline_after(tp_now_ns(), t->run_timeout);
+    if (d < c->deadline) c->deadline = d;
+}
+
+/* The attempt returned (mu held): was it cancelled? The cancel pipe is
+ * emptied so the next task starts clean. */
+static inline bool tp__ctx_end_locked(struct tp_ctx *c) {
+    bool cancelled = atomic_load_explicit(&c->cancelled, memory_order_relaxed) != 0;
+    c->t = NULL;
+    if (c->w->fd_dirty) tp__ctx_drain_fd_locked(c->w);
+    return cancelled;
+}
+
 const char *tp__task_log_id(tp__task *t);     /* generates on demand */
 void tp__log(tp_pool *p, int level, const char *log_id, const char *fmt, ...)
 #if defined(__GNUC__)

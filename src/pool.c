@@ -1,9 +1,15 @@
 /*
- * pool.c -- create/destroy, admission, cancel, close/shutdown/wait.
+ * pool.c -- the public API of a pool: create/destroy, submit, cancel,
+ * close/shutdown/wait.
+ *
+ * Layer: the top. It calls service.c (the service thread's entry), worker.c
+ * (spawning), life.c (admission, cancel, close, forced shutdown) and the
+ * leaves; nothing calls into it but the application (and default.c through
+ * the public API).
  *
  * Admission (tp_submit, tp_submit_wait) takes the pool lock once. Under it the
  * checks run in the contract's order -- closed, user limit, space -- and only
- * after all passed is anything reserved (a record, a user slot, an id), so a
+ * after all passed is anything reserved (tp__admit_locked in life.c), so a
  * refusal leaves nothing behind but its counter. Space means
  * queued + delayed < queue_capacity; running tasks do not count.
  *
@@ -134,6 +140,65 @@ static int make_sync(tp_pool *p) {
     return -1;
 }
 
+/* Records: a full pool holds `full` tasks. Tasks that ended without running
+ * (cancelled, dropped, expired) and have an on_done keep theirs until the
+ * service thread has run it. Four pools' worth is preallocated (up to a
+ * size), which covers a service thread lagging behind ordinary cancellations,
+ * so steady state allocates nothing; a cancel storm that outruns the service
+ * thread grows records in chunks (kept for reuse). A hard cap far above that
+ * keeps memory bounded if the service thread is stuck (an on_done that
+ * blocks): admission then refuses (TP_EFULL; tp_submit_wait waits) rather
+ * than grow without end. */
+static int make_structures(tp_pool *p) {
+    unsigned full = p->capacity + p->max_workers;
+    unsigned slack = 3 * full > TP__RECORD_SLACK ? 3 * full : TP__RECORD_SLACK;
+    p->max_records = full + slack;
+    unsigned prealloc = 4 * full + 64 < TP__PREALLOC_MAX ? 4 * full + 64 : TP__PREALLOC_MAX;
+    p->workers = (tp__worker *)calloc(p->max_workers, sizeof *p->workers);
+    if (p->workers)
+        for (unsigned i = 0; i < p->max_workers; i++) {
+            p->workers[i].pool = p;
+            p->workers[i].index = i;
+            p->workers[i].fds[0] = p->workers[i].fds[1] = -1;
+            p->workers[i].ctx.w = &p->workers[i];
+        }
+    if (!p->workers || tp__ring_init(&p->ring, full) != 0 || tp__tasks_init(&p->tasks, prealloc) != 0 ||
+        tp__users_init(&p->users, 32) != 0)
+        return TP_ENOMEM;
+    return TP_OK;
+}
+
+/* The service thread, then min_workers workers. Each spawn is reserved under
+ * the lock like an elastic one. */
+static int start_threads(tp_pool *p) {
+    int rc = TP_OK;
+    tp__lock(p);
+    p->svc_started = pthread_create(&p->svc_thread, NULL, tp__service_main, p) == 0;
+    if (!p->svc_started) rc = TP_ENOMEM;
+    tp__unlock(p);
+    for (unsigned i = 0; rc == TP_OK && i < p->min_workers; i++) {
+        tp__worker *w;
+        pthread_t old;
+        bool join_old;
+        tp__lock(p);
+        tp__spawn_start_locked(p, &w, &old, &join_old);
+        tp__unlock(p);
+        rc = tp__spawn_finish(p, w, old, join_old);
+    }
+    return rc;
+}
+
+/* A failed start unwinds through the normal close path so that the threads
+ * already started exit; then the pool is freed. */
+static void unwind_start(tp_pool *p) {
+    tp__lock(p);
+    tp__close_locked(p);
+    while (p->threads > 0) tp__wait_locked(p, &p->done_cv, TP_FOREVER); /* then no thread writes w->state */
+    tp__unlock(p);
+    join_all(p);
+    pool_free(p, 1);
+}
+
 int tp_create(tp_pool **out, const tp_config *cfg) {
     if (!out) return TP_EINVAL;
     tp_pool *p = (tp_pool *)calloc(1, sizeof *p);
@@ -148,129 +213,21 @@ int tp_create(tp_pool **out, const tp_config *cfg) {
     while (p->serial == 0);
     p->shut_deadline = TP_FOREVER;
     p->queued_deadline_min = TP_FOREVER;
-
-    /* Records: a full pool holds `full` tasks. Tasks that ended without
-     * running (cancelled, dropped, expired) and have an on_done keep theirs
-     * until the service thread has run it. Four pools' worth is preallocated
-     * (up to a size), which covers a service thread lagging behind ordinary
-     * cancellations, so steady state allocates nothing; a cancel storm that
-     * outruns the service thread grows records in chunks (kept for reuse). A
-     * hard cap far above that keeps memory bounded if the service thread is
-     * stuck (an on_done that blocks): admission then refuses (TP_EFULL;
-     * tp_submit_wait waits) rather than grow without end. */
-    unsigned full = p->capacity + p->max_workers;
-    unsigned slack = 3 * full > TP__RECORD_SLACK ? 3 * full : TP__RECORD_SLACK;
-    p->max_records = full + slack;
-    unsigned prealloc = 4 * full + 64 < TP__PREALLOC_MAX ? 4 * full + 64 : TP__PREALLOC_MAX;
-    p->workers = (tp__worker *)calloc(p->max_workers, sizeof *p->workers);
-    if (p->workers)
-        for (unsigned i = 0; i < p->max_workers; i++) {
-            p->workers[i].pool = p;
-            p->workers[i].index = i;
-            p->workers[i].fds[0] = p->workers[i].fds[1] = -1;
-            p->workers[i].ctx.w = &p->workers[i];
-        }
-    if (!p->workers || tp__ring_init(&p->ring, full) != 0 || tp__tasks_init(&p->tasks, prealloc) != 0 ||
-        tp__users_init(&p->users, 32) != 0) {
+    if (make_structures(p) != TP_OK || make_sync(p) != 0) {
         pool_free(p, 0);
         return TP_ENOMEM;
     }
-    if (make_sync(p) != 0) {
-        pool_free(p, 0);
-        return TP_ENOMEM;
-    }
-
-    /* Threads. Each spawn is reserved under the lock like an elastic one; a
-     * failure unwinds through the normal close path so started threads exit. */
-    rc = TP_OK;
-    tp__lock(p);
-    p->svc_started = pthread_create(&p->svc_thread, NULL, tp__service_main, p) == 0;
-    if (!p->svc_started) rc = TP_ENOMEM;
-    tp__unlock(p);
-    for (unsigned i = 0; rc == TP_OK && i < p->min_workers; i++) {
-        tp__worker *w;
-        pthread_t old;
-        bool join_old;
-        tp__lock(p);
-        tp__spawn_start(p, &w, &old, &join_old);
-        tp__unlock(p);
-        rc = tp__spawn_finish(p, w, old, join_old);
-    }
-    if (rc != TP_OK) {
-        tp__lock(p);
-        tp__close_locked(p);
-        while (p->threads > 0) tp__wait_locked(p, &p->done_cv, TP_FOREVER); /* then no thread writes w->state */
-        tp__unlock(p);
-        join_all(p);
-        pool_free(p, 1);
+    if (start_threads(p) != TP_OK) {
+        unwind_start(p);
         return TP_ENOMEM;
     }
     *out = p;
     return TP_OK;
 }
 
-/* ------------------------------------------------------------ helpers under mu */
-
-/* Room for a tp_submit_wait caller may have appeared. Broadcast, not signal:
- * waiters wait for different things (space, their user's slot), so one wake
- * could go to a caller that still cannot proceed while another could. */
-void tp__signal_room(tp_pool *p) {
-    if (p->room_waiters) pthread_cond_broadcast(&p->room_cv);
-}
-
-void tp__close_locked(tp_pool *p) {
-    if (p->closed) return;
-    p->closed = true;
-    pthread_cond_broadcast(&p->room_cv);
-    pthread_cond_broadcast(&p->work_cv);
-    tp__svc_wake(p);
-    tp__drained_check(p);
-}
-
-/* Wake whoever waits for the end: shutdown/wait callers and the service
- * thread, once the pool is closed and nothing is in flight. */
-void tp__drained_check(tp_pool *p) {
-    if (p->closed && p->inflight == 0) {
-        pthread_cond_broadcast(&p->done_cv);
-        tp__svc_wake(p);
-        tp__wake_exiters(p);
-    }
-}
-
-/* Forced shutdown: cancel running tasks, end queued and delayed ones unrun. */
-static void force_locked(tp_pool *p) {
-    p->forced = true;
-    for (unsigned i = 0; i < p->max_workers; i++)
-        if (p->workers[i].cur) tp__ctx_cancel_locked(&p->workers[i]);
-    while (tp__ring_len(&p->ring) > 0) {
-        tp__task *t = tp__ring_pop(&p->ring);
-        TP__SET(p->st.queued, tp__ring_len(&p->ring));
-        tp__task_end_unrun(p, t, TP_ECANCELED, false);
-    }
-    while (p->delayed_head) {
-        tp__task *t = p->delayed_head;
-        tp__delayed_remove(p, t);
-        tp__task_end_unrun(p, t, TP_ECANCELED, false);
-    }
-    tp__wake_exiters(p);
-    tp__signal_room(p);
-}
-
 /* ------------------------------------------------------------ admission */
 
-typedef struct admit_args {
-    tp_fn fn;
-    void *arg;
-    tp_done_fn on_done;
-    uint64_t run_timeout, deadline;
-    const char *user;
-    size_t user_len;
-    uint32_t user_hash;
-    const char *log_src; /* NULL: generate */
-    size_t log_len;
-} admit_args;
-
-static int check_args(tp_pool *p, tp_fn fn, const tp_task_opts *opts, admit_args *a) {
+static int check_args(tp_pool *p, tp_fn fn, const tp_task_opts *opts, tp__admit_args *a) {
     if (!p || !fn) return TP_EINVAL;
     memset(a, 0, sizeof *a);
     a->fn = fn;
@@ -294,74 +251,6 @@ static int check_args(tp_pool *p, tp_fn fn, const tp_task_opts *opts, admit_args
     return TP_OK;
 }
 
-/* The admission checks after "closed"; on TP_OK the task is queued. mu held. */
-static int admit_locked(tp_pool *p, const admit_args *a, void *arg, uint64_t *id_out) {
-    if (a->user && p->max_per_user != TP_UNLIMITED) {
-        tp__user *u = tp__users_find(&p->users, a->user, a->user_len, a->user_hash);
-        if (u && u->count >= p->max_per_user) return TP_EUSERLIMIT;
-    }
-    if (tp__ring_len(&p->ring) + p->delayed >= p->capacity) return TP_EFULL;
-
-    /* Reserve. Refused with nothing reserved when the records are at their
-     * cap (TP_EFULL) or cannot grow (TP_ENOMEM); see tp_create(). */
-    tp__task *t = NULL;
-    int rc = tp__tasks_get(&p->tasks, p->max_records, &t);
-    if (rc != TP_OK) return rc;
-    tp__user *u = NULL;
-    if (a->user) {
-        u = tp__users_acquire(&p->users, a->user, a->user_len, a->user_hash);
-        if (!u) {
-            tp__tasks_put(&p->tasks, t);
-            return TP_ENOMEM;
-        }
-        TP__SET(p->st.users, p->users.live);
-    }
-    t->id = ++p->next_id;
-    t->fn = a->fn;
-    t->arg = arg;
-    t->on_done = a->on_done;
-    t->run_timeout = a->run_timeout;
-    t->deadline = a->deadline;
-    t->user = u;
-    t->worker = NULL;
-    t->attempt = 0;
-    t->status = 0;
-    t->state = TP__QUEUED;
-    if (a->log_src) {
-        memcpy(t->log_id, a->log_src, a->log_len);
-        t->log_id[a->log_len] = '\0';
-        t->log_gen = 0;
-    } else {
-        t->log_id[0] = '\0';
-        t->log_gen = p->serial; /* non-zero: generate from pool serial + id */
-    }
-    tp__tasks_index(&p->tasks, t);
-    tp__ring_push(&p->ring, t);
-    if (t->deadline != TP_FOREVER) {
-        /* The service thread ends it at its deadline if no worker picked it
-         * by then; wake it if this deadline comes before its own wake-up. */
-        p->with_deadline++;
-        if (t->deadline < p->queued_deadline_min) p->queued_deadline_min = t->deadline;
-        if (t->deadline < p->svc_next) tp__svc_wake(p);
-    }
-    p->inflight++;
-    TP__INC(p->st.accepted);
-    TP__SET(p->st.queued, tp__ring_len(&p->ring));
-    /* A spinning worker takes this task without a wake-up; it wakes a
-     * sleeper itself if more work is left (worker.c). */
-    if (p->idle_waiters && !p->spinners) pthread_cond_signal(&p->work_cv);
-    if (id_out) *id_out = t->id;
-    return TP_OK;
-}
-
-/* After work entered the ring, with mu held: should a worker be added?
- * Only while the backlog exceeds the idle workers plus those still starting
- * (not yet waiting, but about to take work), and the pool is below its
- * maximum; a fixed pool never spawns here. */
-bool tp__want_spawn(const tp_pool *p) {
-    return p->live_workers < p->max_workers && tp__ring_len(&p->ring) > p->idle_waiters + p->spinners + p->starting;
-}
-
 static void count_reject(tp_pool *p, int rc) {
     switch (rc) {
     case TP_ECLOSED: TP__INC(p->st.rejected_closed); break;
@@ -371,7 +260,7 @@ static void count_reject(tp_pool *p, int rc) {
     }
 }
 
-static int submit_common(tp_pool *p, const admit_args *a, void *arg, uint64_t *id_out, bool wait,
+static int submit_common(tp_pool *p, const tp__admit_args *a, void *arg, uint64_t *id_out, bool wait,
                          uint64_t deadline) {
     tp__worker *w = NULL;
     pthread_t old;
@@ -389,7 +278,7 @@ static int submit_common(tp_pool *p, const admit_args *a, void *arg, uint64_t *i
             rc = TP_ETIMEDOUT;
             break;
         }
-        rc = admit_locked(p, a, arg, id_out);
+        rc = tp__admit_locked(p, a, arg, id_out);
         if (!wait || (rc != TP_EFULL && rc != TP_EUSERLIMIT)) break;
         if (tp__tls_service && tp__tls_pool == p) {
             /* An on_done on this pool's service thread: waiting would stall
@@ -403,7 +292,7 @@ static int submit_common(tp_pool *p, const admit_args *a, void *arg, uint64_t *i
         TP__UNUSED(e); /* the loop re-checks closed and the budget */
     }
     if (rc == TP_OK) {
-        if (tp__want_spawn(p)) tp__spawn_start(p, &w, &old, &join_old);
+        if (tp__want_spawn_locked(p)) tp__spawn_start_locked(p, &w, &old, &join_old);
     } else {
         count_reject(p, rc);
     }
@@ -413,7 +302,7 @@ static int submit_common(tp_pool *p, const admit_args *a, void *arg, uint64_t *i
 }
 
 int tp_submit(tp_pool *p, tp_fn fn, void *arg, const tp_task_opts *opts, uint64_t *id_out) {
-    admit_args a;
+    tp__admit_args a;
     int rc = check_args(p, fn, opts, &a);
     if (rc != TP_OK) return rc;
     return submit_common(p, &a, arg, id_out, false, TP_FOREVER);
@@ -421,7 +310,7 @@ int tp_submit(tp_pool *p, tp_fn fn, void *arg, const tp_task_opts *opts, uint64_
 
 int tp_submit_wait(tp_pool *p, tp_fn fn, void *arg, const tp_task_opts *opts, uint64_t budget_ns,
                    uint64_t *id_out) {
-    admit_args a;
+    tp__admit_args a;
     int rc = check_args(p, fn, opts, &a);
     if (rc != TP_OK) return rc;
     uint64_t deadline = tp__deadline_after(tp_now_ns(), budget_ns ? budget_ns : p->submit_timeout);
@@ -434,25 +323,7 @@ int tp_cancel(tp_pool *p, uint64_t id) {
     if (!p || id == 0) return TP_EINVAL;
     int rc = TP_OK;
     tp__lock(p);
-    tp__task *t = tp__tasks_find(&p->tasks, id);
-    if (!t) {
-        rc = TP_ENOTFOUND;
-    } else if (t->state == TP__QUEUED) {
-        tp__ring_remove(&p->ring, t);
-        TP__SET(p->st.queued, tp__ring_len(&p->ring));
-        tp__task_end_unrun(p, t, TP_ECANCELED, false);
-        tp__wake_exiters(p);
-        tp__signal_room(p);
-    } else if (t->state == TP__DELAYED) {
-        tp__delayed_remove(p, t);
-        tp__task_end_unrun(p, t, TP_ECANCELED, false);
-        tp__wake_exiters(p);
-        tp__signal_room(p);
-    } else if (t->state == TP__RUNNING) {
-        tp__ctx_cancel_locked(t->worker);
-    } else {
-        rc = TP_ENOTFOUND; /* not reachable: finalised tasks leave the index */
-    }
+    rc = tp__cancel_locked(p, id);
     tp__unlock(p);
     return rc;
 }
@@ -481,7 +352,7 @@ int tp_shutdown(tp_pool *p, uint64_t budget_ns) {
             p->shut_state = TP__SHUT_OK;
         } else if (p->shut_deadline != TP_FOREVER && tp_now_ns() >= p->shut_deadline) {
             p->shut_state = TP__SHUT_FORCED;
-            force_locked(p);
+            tp__force_locked(p);
         } else {
             tp__wait_locked(p, &p->done_cv, p->shut_deadline);
             continue;
