@@ -229,9 +229,31 @@ void tp__tasks_fini(tp__tasks *ts);
 /* A free record: TP_OK, TP_EFULL (`limit` records are in use), TP_ENOMEM. */
 int tp__tasks_get(tp__tasks *ts, unsigned limit, tp__task **out);
 void tp__tasks_put(tp__tasks *ts, tp__task *t);
-void tp__tasks_index(tp__tasks *ts, tp__task *t);
-void tp__tasks_unindex(tp__tasks *ts, tp__task *t);
-tp__task *tp__tasks_find(const tp__tasks *ts, uint64_t id);
+
+/* The id index (grown by tasks.c): inline, like ring.h, so that the lookups
+ * of admission, finalise and cancel stay in the caller's file. */
+static inline void tp__tasks_index(tp__tasks *ts, tp__task *t) {
+    tp__task **b = &ts->index[t->id & ts->index_mask];
+    t->id_next = *b;
+    *b = t;
+}
+
+static inline void tp__tasks_unindex(tp__tasks *ts, tp__task *t) {
+    for (tp__task **pp = &ts->index[t->id & ts->index_mask]; *pp; pp = &(*pp)->id_next) {
+        if (*pp == t) {
+            *pp = t->id_next;
+            t->id_next = NULL;
+            return;
+        }
+    }
+    TP__ASSERT(!"tp__tasks_unindex: task not in the index");
+}
+
+static inline tp__task *tp__tasks_find(const tp__tasks *ts, uint64_t id) {
+    for (tp__task *t = ts->index[id & ts->index_mask]; t; t = t->id_next)
+        if (t->id == id) return t;
+    return NULL;
+}
 
 /* Per-user slots. No locking: the pool lock guards it. */
 typedef struct tp__users {
