@@ -96,6 +96,34 @@ static void set_thread_name(const tp_pool *p, const char *what, unsigned index) 
 
 /* ------------------------------------------------------------ failures */
 
+/* A duration in the largest unit it reaches (ns, us, ms, s), with up to three
+ * decimals and no trailing zeros: 750 ns, 200 us, 1.5 ms, 2.5 s. */
+static void format_duration(char *buf, size_t len, uint64_t ns) {
+    static const struct {
+        uint64_t div;
+        const char *unit;
+    } units[] = {{1000000000ull, "s"}, {1000000ull, "ms"}, {1000ull, "us"}, {1, "ns"}};
+    size_t i = 0;
+    while (units[i].div > 1 && ns < units[i].div) i++;
+    uint64_t div = units[i].div, whole = ns / div;
+    uint64_t milli = div >= 1000 ? (ns % div + div / 2000) / (div / 1000) : 0; /* thousandths, rounded */
+    if (milli == 1000) {
+        whole++;
+        milli = 0;
+    }
+    if (milli == 0) {
+        snprintf(buf, len, "%llu %s", (unsigned long long)whole, units[i].unit);
+        return;
+    }
+    int digits = 3;
+    while (milli % 10 == 0) {
+        milli /= 10;
+        digits--;
+    }
+    snprintf(buf, len, "%llu.%0*llu %s", (unsigned long long)whole, digits, (unsigned long long)milli,
+             units[i].unit);
+}
+
 /* Report a failed attempt. Called without mu, with copies of the task's id and
  * log id: once a retry is scheduled the record may be cancelled, ended and
  * reused by other threads. */
@@ -106,11 +134,12 @@ static void log_failure(tp_pool *p, uint64_t id, const char *log_id, unsigned at
         snprintf(st, sizeof st, "%s", tp_err_name(status));
     else
         snprintf(st, sizeof st, "status %d", status);
-    if (retry)
-        tp__log(p, TP_LOG_WARN, log_id, "task %llu attempt %u failed (%s); retry %u of %u in %llu ms",
-                (unsigned long long)id, attempt, st, attempt + 1, p->max_retries,
-                (unsigned long long)(p->retry_delay / 1000000ull));
-    else
+    if (retry) {
+        char delay[32];
+        format_duration(delay, sizeof delay, p->retry_delay);
+        tp__log(p, TP_LOG_WARN, log_id, "task %llu attempt %u failed (%s); retry %u of %u in %s",
+                (unsigned long long)id, attempt, st, attempt + 1, p->max_retries, delay);
+    } else
         tp__log(p, TP_LOG_ERROR, log_id, "task %llu attempt %u failed (%s); giving up",
                 (unsigned long long)id, attempt, st);
 }
