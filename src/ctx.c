@@ -211,10 +211,10 @@ void tp__log(tp_pool *p, int level, const char *log_id, const char *fmt, ...) {
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     if (!log_id) log_id = "";
-    if (p->log) {
-        p->log(p->log_arg, level, log_id, msg);
+    if (p->cfg.log) {
+        p->cfg.log(p->cfg.log_arg, level, log_id, msg);
     } else if (level <= TP_LOG_WARN) {
         /* One fprintf per line: stdio locks the stream, lines do not mix. */
-        fprintf(stderr, "taskpool %s: %s [%s] %s\n", p->name, level_name(level), log_id, msg);
+        fprintf(stderr, "taskpool %s: %s [%s] %s\n", p->cfg.name, level_name(level), log_id, msg);
     }
 }

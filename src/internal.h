@@ -301,50 +301,70 @@ typedef struct tp__worker {
 
 enum { TP__SHUT_NONE = 0, TP__SHUT_RUNNING, TP__SHUT_OK, TP__SHUT_FORCED };
 
+/* Each part of the pool says who writes it. Everything but `st` (atomics)
+ * and the read-only `cfg` is guarded by `mu`. */
 struct tp_pool {
     pthread_mutex_t mu;
-    pthread_cond_t work_cv, room_cv, done_cv, svc_cv;
+    pthread_cond_t work_cv, room_cv, done_cv, svc_cv; /* see Locking at the top */
 
-    /* resolved configuration (read-only after create) */
-    unsigned min_workers, max_workers, capacity, max_per_user, max_retries;
-    unsigned max_records;    /* task records in use at most (see pool.c) */
-    uint64_t run_timeout, submit_timeout, drain_timeout, idle_timeout, retry_delay;
-    tp_log_fn log;
-    void *log_arg;
-    void (*on_worker_start)(void *);
-    void (*on_worker_stop)(void *);
-    void *hook_arg;
-    char name[TP_NAME_MAX + 1];
-    uint32_t serial;         /* process-unique pool number, for generated log ids */
+    /* pool.c: the resolved configuration, read-only after tp_create */
+    struct tp__config {
+        unsigned min_workers, max_workers, capacity, max_per_user, max_retries;
+        unsigned max_records;    /* task records in use at most (see pool.c) */
+        uint64_t run_timeout, submit_timeout, drain_timeout, idle_timeout, retry_delay;
+        tp_log_fn log;
+        void *log_arg;
+        void (*on_worker_start)(void *);
+        void (*on_worker_stop)(void *);
+        void *hook_arg;
+        char name[TP_NAME_MAX + 1];
+        uint32_t serial;         /* process-unique pool number, for generated log ids */
+    } cfg;
 
-    /* guarded by mu */
-    tp__ring ring;
-    tp__tasks tasks;
-    tp__users users;
-    tp__task *delayed_head, *delayed_tail; /* due order (fixed delay) */
-    tp__task *endings_head, *endings_tail; /* ended unrun, on_done pending */
-    uint64_t next_id;
-    unsigned delayed;        /* tasks in the delayed list */
-    unsigned active;         /* tasks running */
-    unsigned inflight;       /* accepted tasks whose on_done has not returned */
-    unsigned with_deadline;  /* unfinished tasks that carry a deadline */
-    uint64_t queued_deadline_min; /* lower bound of the deadlines in the ring */
-    uint64_t expiry_scan_at; /* the service thread scans the ring no earlier */
-    uint64_t svc_next;       /* when the waiting service thread wakes by itself */
-    unsigned live_workers;   /* workers counted in stats.workers */
-    unsigned starting;       /* spawned threads that have not yet taken mu */
-    unsigned threads;        /* worker threads not yet finished (incl. stop hook) */
-    unsigned idle_waiters;   /* workers in work_cv */
-    unsigned spinners;       /* idle workers polling for work before they wait (0 or 1) */
-    unsigned room_waiters;   /* callers in room_cv */
-    bool svc_waiting;        /* the service thread is in svc_cv */
-    bool closed, forced;
-    int shut_state;          /* TP__SHUT_* */
-    uint64_t shut_deadline;
-    tp__worker *workers;     /* max_workers slots */
-    pthread_t svc_thread;
-    bool svc_started;
+    /* life.c: the tasks, the queue and their state */
+    struct tp__life {
+        tp__ring ring;
+        tp__tasks tasks;
+        tp__users users;
+        tp__task *delayed_head, *delayed_tail; /* due order (fixed delay) */
+        tp__task *endings_head, *endings_tail; /* ended unrun, on_done pending */
+        uint64_t next_id;
+        unsigned delayed;        /* tasks in the delayed list */
+        unsigned active;         /* tasks running */
+        unsigned inflight;       /* accepted tasks whose on_done has not returned */
+        unsigned with_deadline;  /* unfinished tasks that carry a deadline */
+        uint64_t queued_deadline_min; /* lower bound of the deadlines in the ring */
+        uint64_t expiry_scan_at; /* the service thread scans the ring no earlier */
+        unsigned room_waiters;   /* callers in room_cv (counted by pool.c's submit) */
+        bool closed;             /* tp__close_locked: no more admissions */
+        bool forced;             /* tp__force_locked: no more retries */
+    } life;
 
+    /* worker.c: worker slots and thread counts */
+    struct tp__workers {
+        tp__worker *workers;     /* max_workers slots */
+        unsigned live_workers;   /* workers counted in stats.workers */
+        unsigned starting;       /* spawned threads that have not yet taken mu */
+        unsigned threads;        /* worker threads not yet finished (incl. stop hook) */
+        unsigned idle_waiters;   /* workers in work_cv */
+        unsigned spinners;       /* idle workers polling for work before they wait (0 or 1) */
+    } wk;
+
+    /* service.c: the service thread (started by pool.c) */
+    struct tp__service {
+        uint64_t next;           /* when the waiting service thread wakes by itself */
+        bool waiting;            /* the service thread is in svc_cv */
+        bool started;            /* `thread` is joinable */
+        pthread_t thread;
+    } svc;
+
+    /* pool.c: shutdown */
+    struct tp__shutdown {
+        int state;               /* TP__SHUT_* */
+        uint64_t deadline;       /* fixed by the first tp_shutdown */
+    } shut;
+
+    /* statistics: atomics, written under mu by the owner of each counter */
     tp__stats st;
 #if defined(TP__DEBUG)
     pthread_t mu_owner;      /* valid while mu_held; see tp__lock */

@@ -51,26 +51,26 @@
 
 /* The service thread: an ending, a retry timer or an earlier deadline. */
 static void svc_wake_locked(tp_pool *p) {
-    if (p->svc_waiting) pthread_cond_signal(&p->svc_cv);
+    if (p->svc.waiting) pthread_cond_signal(&p->svc_cv);
 }
 
 /* Room for a tp_submit_wait caller may have appeared. Broadcast, not signal:
  * waiters wait for different things (space, their user's slot), so one wake
  * could go to a caller that still cannot proceed while another could. */
 static void signal_room_locked(tp_pool *p) {
-    if (p->room_waiters) pthread_cond_broadcast(&p->room_cv);
+    if (p->life.room_waiters) pthread_cond_broadcast(&p->room_cv);
 }
 
 /* Idle workers re-check whether they may exit. */
 static void wake_exiters_locked(tp_pool *p) {
-    if (p->closed && p->idle_waiters && tp__ring_len(&p->ring) == 0 && p->delayed == 0)
+    if (p->life.closed && p->wk.idle_waiters && tp__ring_len(&p->life.ring) == 0 && p->life.delayed == 0)
         pthread_cond_broadcast(&p->work_cv);
 }
 
 /* Wake whoever waits for the end: shutdown/wait callers and the service
  * thread, once the pool is closed and nothing is in flight. */
 static void drained_check_locked(tp_pool *p) {
-    if (p->closed && p->inflight == 0) {
+    if (p->life.closed && p->life.inflight == 0) {
         pthread_cond_broadcast(&p->done_cv);
         svc_wake_locked(p);
         wake_exiters_locked(p);
@@ -85,8 +85,8 @@ static void signal_left_queue_locked(tp_pool *p) {
 
 void tp__close_locked(tp_pool *p) {
     TP__ASSERT_LOCKED(p);
-    if (p->closed) return;
-    p->closed = true;
+    if (p->life.closed) return;
+    p->life.closed = true;
     pthread_cond_broadcast(&p->room_cv);
     pthread_cond_broadcast(&p->work_cv);
     svc_wake_locked(p);
@@ -95,11 +95,11 @@ void tp__close_locked(tp_pool *p) {
 
 void tp__signal_worker_gone_locked(tp_pool *p) {
     TP__ASSERT_LOCKED(p);
-    if (p->threads == 0) pthread_cond_broadcast(&p->done_cv);
+    if (p->wk.threads == 0) pthread_cond_broadcast(&p->done_cv);
     wake_exiters_locked(p);
     /* A spawn skipped while this slot was still taken (tp__spawn_start finds
      * no free slot) is retried now, by the service thread. */
-    if (!p->closed && tp__want_spawn_locked(p)) svc_wake_locked(p);
+    if (!p->life.closed && tp__want_spawn_locked(p)) svc_wake_locked(p);
 }
 
 /* After work entered the ring: should a worker be added? Only while the
@@ -107,17 +107,18 @@ void tp__signal_worker_gone_locked(tp_pool *p) {
  * waiting, but about to take work), and the pool is below its maximum; a
  * fixed pool never spawns here. */
 bool tp__want_spawn_locked(const tp_pool *p) {
-    return p->live_workers < p->max_workers && tp__ring_len(&p->ring) > p->idle_waiters + p->spinners + p->starting;
+    return p->wk.live_workers < p->cfg.max_workers &&
+           tp__ring_len(&p->life.ring) > p->wk.idle_waiters + p->wk.spinners + p->wk.starting;
 }
 
 /* ------------------------------------------------------------ the queue */
 
 /* The one place that publishes the queue length (read lock-free by spinning
  * workers and tp_stats_get). Called after every change of the ring. */
-static void queue_changed_locked(tp_pool *p) { TP__SET(p->st.queued, tp__ring_len(&p->ring)); }
+static void queue_changed_locked(tp_pool *p) { TP__SET(p->st.queued, tp__ring_len(&p->life.ring)); }
 
 static void queue_remove_locked(tp_pool *p, tp__task *t) {
-    int found = tp__ring_remove(&p->ring, t);
+    int found = tp__ring_remove(&p->life.ring, t);
     TP__ASSERT(found);
     TP__UNUSED(found);
     queue_changed_locked(p);
@@ -131,14 +132,14 @@ static bool is_cancel_status(int status) { return status == TP_ECANCELED || stat
  * exactly one thread runs its on_done and retires it. */
 static void task_finalise_locked(tp_pool *p, tp__task *t, int status, bool expired) {
     TP__ASSERT(t->state == TP__QUEUED || t->state == TP__RUNNING || t->state == TP__DELAYED);
-    tp__tasks_unindex(&p->tasks, t);
+    tp__tasks_unindex(&p->life.tasks, t);
     if (t->deadline != TP_FOREVER) {
-        TP__ASSERT(p->with_deadline > 0);
-        p->with_deadline--;
+        TP__ASSERT(p->life.with_deadline > 0);
+        p->life.with_deadline--;
     }
     if (t->user) {
-        tp__users_release(&p->users, t->user);
-        TP__SET(p->st.users, p->users.live);
+        tp__users_release(&p->life.users, t->user);
+        TP__SET(p->st.users, p->life.users.live);
         signal_room_locked(p);
     }
     t->status = status;
@@ -158,11 +159,11 @@ static void task_finalise_locked(tp_pool *p, tp__task *t, int status, bool expir
 void tp__task_retire_locked(tp_pool *p, tp__task *t) {
     TP__ASSERT_LOCKED(p);
     TP__ASSERT(t->state == TP__DONE || t->state == TP__ENDING);
-    TP__ASSERT(p->inflight > 0);
+    TP__ASSERT(p->life.inflight > 0);
     t->user = NULL;
-    if (!p->tasks.free) signal_room_locked(p); /* records were at their cap */
-    tp__tasks_put(&p->tasks, t);
-    p->inflight--;
+    if (!p->life.tasks.free) signal_room_locked(p); /* records were at their cap */
+    tp__tasks_put(&p->life.tasks, t);
+    p->life.inflight--;
     drained_check_locked(p);
 }
 
@@ -178,20 +179,20 @@ static void end_unrun_locked(tp_pool *p, tp__task *t, int status, bool expired) 
     }
     t->state = TP__ENDING;
     t->next = NULL;
-    if (p->endings_tail)
-        p->endings_tail->next = t;
+    if (p->life.endings_tail)
+        p->life.endings_tail->next = t;
     else
-        p->endings_head = t;
-    p->endings_tail = t;
+        p->life.endings_head = t;
+    p->life.endings_tail = t;
     svc_wake_locked(p);
 }
 
-bool tp__endings_pending_locked(const tp_pool *p) { return p->endings_head != NULL; }
+bool tp__endings_pending_locked(const tp_pool *p) { return p->life.endings_head != NULL; }
 
 void tp__endings_run_locked(tp_pool *p) {
     TP__ASSERT_LOCKED(p);
-    tp__task *list = p->endings_head;
-    p->endings_head = p->endings_tail = NULL;
+    tp__task *list = p->life.endings_head;
+    p->life.endings_head = p->life.endings_tail = NULL;
     /* Run the on_done calls in chunks and give each chunk's records back
      * under one lock: one lock round-trip per chunk keeps the service thread
      * ahead of a cancel storm, and a chunk is short enough not to sit on
@@ -232,30 +233,30 @@ void tp__task_finish_locked(tp_pool *p, tp__task *t) {
 
 static void delayed_push_locked(tp_pool *p, tp__task *t) {
     t->next = NULL;
-    t->prev = p->delayed_tail;
-    if (p->delayed_tail)
-        p->delayed_tail->next = t;
+    t->prev = p->life.delayed_tail;
+    if (p->life.delayed_tail)
+        p->life.delayed_tail->next = t;
     else
-        p->delayed_head = t;
-    p->delayed_tail = t;
-    p->delayed++;
-    TP__SET(p->st.delayed, p->delayed);
+        p->life.delayed_head = t;
+    p->life.delayed_tail = t;
+    p->life.delayed++;
+    TP__SET(p->st.delayed, p->life.delayed);
 }
 
 static void delayed_remove_locked(tp_pool *p, tp__task *t) {
     TP__ASSERT(t->state == TP__DELAYED);
-    TP__ASSERT(p->delayed > 0);
+    TP__ASSERT(p->life.delayed > 0);
     if (t->prev)
         t->prev->next = t->next;
     else
-        p->delayed_head = t->next;
+        p->life.delayed_head = t->next;
     if (t->next)
         t->next->prev = t->prev;
     else
-        p->delayed_tail = t->prev;
+        p->life.delayed_tail = t->prev;
     t->next = t->prev = NULL;
-    p->delayed--;
-    TP__SET(p->st.delayed, p->delayed);
+    p->life.delayed--;
+    TP__SET(p->st.delayed, p->life.delayed);
 }
 
 /* Move due retries to the ring and end those whose deadline passed. The
@@ -266,7 +267,7 @@ uint64_t tp__delayed_run_locked(tp_pool *p, uint64_t now) {
     TP__ASSERT_LOCKED(p);
     uint64_t next = TP_FOREVER;
     unsigned queued = 0;
-    tp__task *t = p->delayed_head;
+    tp__task *t = p->life.delayed_head;
     while (t) {
         tp__task *nx = t->next;
         if (now >= t->deadline) {
@@ -276,8 +277,8 @@ uint64_t tp__delayed_run_locked(tp_pool *p, uint64_t now) {
         } else if (now >= t->due) {
             delayed_remove_locked(p, t);
             t->state = TP__QUEUED;
-            tp__ring_push(&p->ring, t);
-            if (t->deadline < p->queued_deadline_min) p->queued_deadline_min = t->deadline;
+            tp__ring_push(&p->life.ring, t);
+            if (t->deadline < p->life.queued_deadline_min) p->life.queued_deadline_min = t->deadline;
             queued++;
         } else {
             if (t->due < next) next = t->due;
@@ -289,7 +290,7 @@ uint64_t tp__delayed_run_locked(tp_pool *p, uint64_t now) {
         queue_changed_locked(p);
         /* one wake per task: idle workers that find nothing would only go
          * back to sleep */
-        for (unsigned i = 0; i < queued && i < p->idle_waiters; i++) pthread_cond_signal(&p->work_cv);
+        for (unsigned i = 0; i < queued && i < p->wk.idle_waiters; i++) pthread_cond_signal(&p->work_cv);
     }
     wake_exiters_locked(p);
     return next;
@@ -326,20 +327,21 @@ static int keep_unexpired(tp__task *t, void *arg) {
  * batches instead of one O(queue) pass per expiry. */
 uint64_t tp__queue_expire_locked(tp_pool *p, uint64_t now) {
     TP__ASSERT_LOCKED(p);
-    if (p->with_deadline == 0 || tp__ring_len(&p->ring) == 0) {
-        p->queued_deadline_min = TP_FOREVER;
+    if (p->life.with_deadline == 0 || tp__ring_len(&p->life.ring) == 0) {
+        p->life.queued_deadline_min = TP_FOREVER;
         return TP_FOREVER;
     }
-    uint64_t due = p->queued_deadline_min > p->expiry_scan_at ? p->queued_deadline_min : p->expiry_scan_at;
+    uint64_t due = p->life.queued_deadline_min > p->life.expiry_scan_at ? p->life.queued_deadline_min
+                                                                        : p->life.expiry_scan_at;
     if (now < due) return due;
     expiry e = {p, now, TP_FOREVER};
-    if (tp__ring_filter(&p->ring, keep_unexpired, &e) > 0) {
+    if (tp__ring_filter(&p->life.ring, keep_unexpired, &e) > 0) {
         queue_changed_locked(p);
         signal_left_queue_locked(p);
     }
-    p->queued_deadline_min = e.next;
-    p->expiry_scan_at = now + 1000000ull + 16ull * tp__ring_len(&p->ring);
-    return e.next > p->expiry_scan_at ? e.next : p->expiry_scan_at;
+    p->life.queued_deadline_min = e.next;
+    p->life.expiry_scan_at = now + 1000000ull + 16ull * tp__ring_len(&p->life.ring);
+    return e.next > p->life.expiry_scan_at ? e.next : p->life.expiry_scan_at;
 }
 
 /* ------------------------------------------------------------ admission */
@@ -347,45 +349,45 @@ uint64_t tp__queue_expire_locked(tp_pool *p, uint64_t now) {
 /* Hook point "admitted": `t` is filled in and gets its id, its index entry
  * and its place at the back of the ring. */
 static void task_admitted_locked(tp_pool *p, tp__task *t) {
-    t->id = ++p->next_id;
-    tp__tasks_index(&p->tasks, t);
-    tp__ring_push(&p->ring, t);
+    t->id = ++p->life.next_id;
+    tp__tasks_index(&p->life.tasks, t);
+    tp__ring_push(&p->life.ring, t);
     if (t->deadline != TP_FOREVER) {
         /* The service thread ends it at its deadline if no worker picked it
          * by then; wake it if this deadline comes before its own wake-up. */
-        p->with_deadline++;
-        if (t->deadline < p->queued_deadline_min) p->queued_deadline_min = t->deadline;
-        if (t->deadline < p->svc_next) svc_wake_locked(p);
+        p->life.with_deadline++;
+        if (t->deadline < p->life.queued_deadline_min) p->life.queued_deadline_min = t->deadline;
+        if (t->deadline < p->svc.next) svc_wake_locked(p);
     }
-    p->inflight++;
+    p->life.inflight++;
     TP__INC(p->st.accepted);
     queue_changed_locked(p);
     /* A spinning worker takes this task without a wake-up; it wakes a
      * sleeper itself if more work is left (tp__queue_pop_locked). */
-    if (p->idle_waiters && !p->spinners) pthread_cond_signal(&p->work_cv);
+    if (p->wk.idle_waiters && !p->wk.spinners) pthread_cond_signal(&p->work_cv);
 }
 
 int tp__admit_locked(tp_pool *p, const tp__admit_args *a, void *arg, uint64_t *id_out) {
     TP__ASSERT_LOCKED(p);
-    if (a->user && p->max_per_user != TP_UNLIMITED) {
-        tp__user *u = tp__users_find(&p->users, a->user, a->user_len, a->user_hash);
-        if (u && u->count >= p->max_per_user) return TP_EUSERLIMIT;
+    if (a->user && p->cfg.max_per_user != TP_UNLIMITED) {
+        tp__user *u = tp__users_find(&p->life.users, a->user, a->user_len, a->user_hash);
+        if (u && u->count >= p->cfg.max_per_user) return TP_EUSERLIMIT;
     }
-    if (tp__ring_len(&p->ring) + p->delayed >= p->capacity) return TP_EFULL;
+    if (tp__ring_len(&p->life.ring) + p->life.delayed >= p->cfg.capacity) return TP_EFULL;
 
     /* Reserve. Refused with nothing reserved when the records are at their
      * cap (TP_EFULL) or cannot grow (TP_ENOMEM); see tp_create(). */
     tp__task *t = NULL;
-    int rc = tp__tasks_get(&p->tasks, p->max_records, &t);
+    int rc = tp__tasks_get(&p->life.tasks, p->cfg.max_records, &t);
     if (rc != TP_OK) return rc;
     tp__user *u = NULL;
     if (a->user) {
-        u = tp__users_acquire(&p->users, a->user, a->user_len, a->user_hash);
+        u = tp__users_acquire(&p->life.users, a->user, a->user_len, a->user_hash);
         if (!u) {
-            tp__tasks_put(&p->tasks, t);
+            tp__tasks_put(&p->life.tasks, t);
             return TP_ENOMEM;
         }
-        TP__SET(p->st.users, p->users.live);
+        TP__SET(p->st.users, p->life.users.live);
     }
     t->fn = a->fn;
     t->arg = arg;
@@ -403,7 +405,7 @@ int tp__admit_locked(tp_pool *p, const tp__admit_args *a, void *arg, uint64_t *i
         t->log_gen = 0;
     } else {
         t->log_id[0] = '\0';
-        t->log_gen = p->serial; /* non-zero: generate from pool serial + id */
+        t->log_gen = p->cfg.serial; /* non-zero: generate from pool serial + id */
     }
     task_admitted_locked(p, t);
     if (id_out) *id_out = t->id;
@@ -414,13 +416,14 @@ int tp__admit_locked(tp_pool *p, const tp__admit_args *a, void *arg, uint64_t *i
 
 tp__task *tp__queue_pop_locked(tp_pool *p) {
     TP__ASSERT_LOCKED(p);
-    tp__task *t = tp__ring_pop(&p->ring);
+    tp__task *t = tp__ring_pop(&p->life.ring);
     TP__ASSERT(t->state == TP__QUEUED);
     queue_changed_locked(p);
     signal_room_locked(p);
     wake_exiters_locked(p);
     /* Submitters do not wake anyone while a worker spins: pass work on. */
-    if (tp__ring_len(&p->ring) > 0 && p->idle_waiters && !p->spinners) pthread_cond_signal(&p->work_cv);
+    if (tp__ring_len(&p->life.ring) > 0 && p->wk.idle_waiters && !p->wk.spinners)
+        pthread_cond_signal(&p->work_cv);
     return t;
 }
 
@@ -443,8 +446,8 @@ void tp__task_start_locked(tp_pool *p, tp__worker *w, tp__task *t) {
     t->state = TP__RUNNING;
     t->worker = w;
     w->cur = t;
-    p->active++;
-    TP__SET(p->st.active, p->active);
+    p->life.active++;
+    TP__SET(p->st.active, p->life.active);
     if (t->attempt == 0)
         TP__INC(p->st.started);
     else
@@ -458,18 +461,18 @@ void tp__task_start_locked(tp_pool *p, tp__worker *w, tp__task *t) {
 bool tp__task_after_run_locked(tp_pool *p, tp__worker *w, tp__task *t, int rc) {
     TP__ASSERT_LOCKED(p);
     TP__ASSERT(t->state == TP__RUNNING && w->cur == t);
-    TP__ASSERT(p->active > 0);
+    TP__ASSERT(p->life.active > 0);
     bool cancelled = tp__ctx_end_locked(&w->ctx);
     w->cur = NULL;
-    p->active--;
-    TP__SET(p->st.active, p->active);
+    p->life.active--;
+    TP__SET(p->st.active, p->life.active);
     t->worker = NULL;
-    bool may_retry = rc != 0 && !cancelled && !p->forced && t->attempt < p->max_retries;
+    bool may_retry = rc != 0 && !cancelled && !p->life.forced && t->attempt < p->cfg.max_retries;
     uint64_t now = may_retry ? tp_now_ns() : 0; /* no clock read on success */
     if (may_retry && now < t->deadline) {
         t->attempt++;
         t->state = TP__DELAYED;
-        t->due = tp__deadline_after(now, p->retry_delay);
+        t->due = tp__deadline_after(now, p->cfg.retry_delay);
         delayed_push_locked(p, t);
         svc_wake_locked(p);
         return true;
@@ -482,7 +485,7 @@ bool tp__task_after_run_locked(tp_pool *p, tp__worker *w, tp__task *t, int rc) {
 
 int tp__cancel_locked(tp_pool *p, uint64_t id) {
     TP__ASSERT_LOCKED(p);
-    tp__task *t = tp__tasks_find(&p->tasks, id);
+    tp__task *t = tp__tasks_find(&p->life.tasks, id);
     if (!t) return TP_ENOTFOUND;
     switch (t->state) {
     case TP__QUEUED:
@@ -507,16 +510,16 @@ int tp__cancel_locked(tp_pool *p, uint64_t id) {
 /* Forced shutdown: cancel running tasks, end queued and delayed ones unrun. */
 void tp__force_locked(tp_pool *p) {
     TP__ASSERT_LOCKED(p);
-    p->forced = true;
-    for (unsigned i = 0; i < p->max_workers; i++)
-        if (p->workers[i].cur) tp__ctx_cancel_locked(&p->workers[i]);
-    while (tp__ring_len(&p->ring) > 0) {
-        tp__task *t = tp__ring_pop(&p->ring);
+    p->life.forced = true;
+    for (unsigned i = 0; i < p->cfg.max_workers; i++)
+        if (p->wk.workers[i].cur) tp__ctx_cancel_locked(&p->wk.workers[i]);
+    while (tp__ring_len(&p->life.ring) > 0) {
+        tp__task *t = tp__ring_pop(&p->life.ring);
         queue_changed_locked(p);
         end_unrun_locked(p, t, TP_ECANCELED, false);
     }
-    while (p->delayed_head) {
-        tp__task *t = p->delayed_head;
+    while (p->life.delayed_head) {
+        tp__task *t = p->life.delayed_head;
         delayed_remove_locked(p, t);
         end_unrun_locked(p, t, TP_ECANCELED, false);
     }

@@ -18,9 +18,9 @@
  * task only moves between running, delayed and queued, so
  * active + queued + delayed <= max_workers + capacity at every moment.
  *
- * Shutdown: the first tp_shutdown() fixes `shut_deadline`; every caller waits
+ * Shutdown: the first tp_shutdown() fixes `shut.deadline`; every caller waits
  * on done_cv for the same state change, and the first to wake past the
- * deadline forces (tp__force_locked). The outcome is recorded in `shut_state`
+ * deadline forces (tp__force_locked). The outcome is recorded in `shut.state`
  * and every later call reports it.
  *
  * Lock order: see internal.h. This file never calls user code with mu held.
@@ -59,22 +59,22 @@ static int resolve_config(tp_pool *p, const tp_config *cfg) {
     size_t nlen = strlen(name);
     if (nlen > TP_NAME_MAX) return TP_EINVAL;
 
-    p->min_workers = workers;
-    p->max_workers = max_workers;
-    p->capacity = cfg->queue_capacity ? cfg->queue_capacity : 100;
-    p->max_per_user = cfg->max_per_user ? cfg->max_per_user : 2;
-    p->max_retries = cfg->max_retries;
-    p->run_timeout = cfg->run_timeout_ns ? cfg->run_timeout_ns : 600ull * 1000000000ull;
-    p->submit_timeout = cfg->submit_timeout_ns ? cfg->submit_timeout_ns : 1000000000ull;
-    p->drain_timeout = cfg->drain_timeout_ns ? cfg->drain_timeout_ns : 20ull * 1000000000ull;
-    p->idle_timeout = cfg->idle_timeout_ns ? cfg->idle_timeout_ns : 300ull * 1000000000ull;
-    p->retry_delay = cfg->retry_delay_ns ? cfg->retry_delay_ns : 1000000000ull;
-    p->log = cfg->log;
-    p->log_arg = cfg->log_arg;
-    p->on_worker_start = cfg->on_worker_start;
-    p->on_worker_stop = cfg->on_worker_stop;
-    p->hook_arg = cfg->hook_arg;
-    memcpy(p->name, name, nlen + 1);
+    p->cfg.min_workers = workers;
+    p->cfg.max_workers = max_workers;
+    p->cfg.capacity = cfg->queue_capacity ? cfg->queue_capacity : 100;
+    p->cfg.max_per_user = cfg->max_per_user ? cfg->max_per_user : 2;
+    p->cfg.max_retries = cfg->max_retries;
+    p->cfg.run_timeout = cfg->run_timeout_ns ? cfg->run_timeout_ns : 600ull * 1000000000ull;
+    p->cfg.submit_timeout = cfg->submit_timeout_ns ? cfg->submit_timeout_ns : 1000000000ull;
+    p->cfg.drain_timeout = cfg->drain_timeout_ns ? cfg->drain_timeout_ns : 20ull * 1000000000ull;
+    p->cfg.idle_timeout = cfg->idle_timeout_ns ? cfg->idle_timeout_ns : 300ull * 1000000000ull;
+    p->cfg.retry_delay = cfg->retry_delay_ns ? cfg->retry_delay_ns : 1000000000ull;
+    p->cfg.log = cfg->log;
+    p->cfg.log_arg = cfg->log_arg;
+    p->cfg.on_worker_start = cfg->on_worker_start;
+    p->cfg.on_worker_stop = cfg->on_worker_stop;
+    p->cfg.hook_arg = cfg->hook_arg;
+    memcpy(p->cfg.name, name, nlen + 1);
     return TP_OK;
 }
 
@@ -83,18 +83,18 @@ static int resolve_config(tp_pool *p, const tp_config *cfg) {
 /* Frees a pool in any state of construction: everything not yet made is zero.
  * Threads must already be gone. */
 static void pool_free(tp_pool *p, int made_sync) {
-    if (p->workers) {
-        for (unsigned i = 0; i < p->max_workers; i++) {
-            tp__worker *w = &p->workers[i];
+    if (p->wk.workers) {
+        for (unsigned i = 0; i < p->cfg.max_workers; i++) {
+            tp__worker *w = &p->wk.workers[i];
             if (w->fds[0] >= 0) close(w->fds[0]);
             if (w->fds[1] >= 0) close(w->fds[1]);
             if (made_sync) pthread_cond_destroy(&w->sleep_cv);
         }
-        free(p->workers);
+        free(p->wk.workers);
     }
-    tp__users_fini(&p->users);
-    tp__tasks_fini(&p->tasks);
-    tp__ring_fini(&p->ring);
+    tp__users_fini(&p->life.users);
+    tp__tasks_fini(&p->life.tasks);
+    tp__ring_fini(&p->life.ring);
     if (made_sync) {
         pthread_cond_destroy(&p->svc_cv);
         pthread_cond_destroy(&p->done_cv);
@@ -108,16 +108,16 @@ static void pool_free(tp_pool *p, int made_sync) {
 /* Join every worker thread that was started, and the service thread. Used by
  * tp_destroy() and by a tp_create() that failed half-way. */
 static void join_all(tp_pool *p) {
-    for (unsigned i = 0; i < p->max_workers; i++) {
-        tp__worker *w = &p->workers[i];
+    for (unsigned i = 0; i < p->cfg.max_workers; i++) {
+        tp__worker *w = &p->wk.workers[i];
         if (w->state == TP__W_LIVE || w->state == TP__W_DEAD) {
             pthread_join(w->thread, NULL);
             w->state = TP__W_FREE;
         }
     }
-    if (p->svc_started) {
-        pthread_join(p->svc_thread, NULL);
-        p->svc_started = false;
+    if (p->svc.started) {
+        pthread_join(p->svc.thread, NULL);
+        p->svc.started = false;
     }
 }
 
@@ -130,10 +130,10 @@ static int make_sync(tp_pool *p) {
     if (n == 3) n += tp__cond_init(&p->svc_cv) == 0;
     unsigned i = 0;
     if (n == 4)
-        for (; i < p->max_workers; i++)
-            if (tp__cond_init(&p->workers[i].sleep_cv) != 0) break;
-    if (n == 4 && i == p->max_workers) return 0;
-    while (i-- > 0) pthread_cond_destroy(&p->workers[i].sleep_cv);
+        for (; i < p->cfg.max_workers; i++)
+            if (tp__cond_init(&p->wk.workers[i].sleep_cv) != 0) break;
+    if (n == 4 && i == p->cfg.max_workers) return 0;
+    while (i-- > 0) pthread_cond_destroy(&p->wk.workers[i].sleep_cv);
     pthread_cond_t *cvs[4] = {&p->work_cv, &p->room_cv, &p->done_cv, &p->svc_cv};
     while (n-- > 0) pthread_cond_destroy(cvs[n]);
     pthread_mutex_destroy(&p->mu);
@@ -150,20 +150,21 @@ static int make_sync(tp_pool *p) {
  * blocks): admission then refuses (TP_EFULL; tp_submit_wait waits) rather
  * than grow without end. */
 static int make_structures(tp_pool *p) {
-    unsigned full = p->capacity + p->max_workers;
+    unsigned full = p->cfg.capacity + p->cfg.max_workers;
     unsigned slack = 3 * full > TP__RECORD_SLACK ? 3 * full : TP__RECORD_SLACK;
-    p->max_records = full + slack;
+    p->cfg.max_records = full + slack;
     unsigned prealloc = 4 * full + 64 < TP__PREALLOC_MAX ? 4 * full + 64 : TP__PREALLOC_MAX;
-    p->workers = (tp__worker *)calloc(p->max_workers, sizeof *p->workers);
-    if (p->workers)
-        for (unsigned i = 0; i < p->max_workers; i++) {
-            p->workers[i].pool = p;
-            p->workers[i].index = i;
-            p->workers[i].fds[0] = p->workers[i].fds[1] = -1;
-            p->workers[i].ctx.w = &p->workers[i];
+    p->wk.workers = (tp__worker *)calloc(p->cfg.max_workers, sizeof *p->wk.workers);
+    if (p->wk.workers)
+        for (unsigned i = 0; i < p->cfg.max_workers; i++) {
+            p->wk.workers[i].pool = p;
+            p->wk.workers[i].index = i;
+            p->wk.workers[i].fds[0] = p->wk.workers[i].fds[1] = -1;
+            p->wk.workers[i].ctx.w = &p->wk.workers[i];
         }
-    if (!p->workers || tp__ring_init(&p->ring, full) != 0 || tp__tasks_init(&p->tasks, prealloc) != 0 ||
-        tp__users_init(&p->users, 32) != 0)
+    if (!p->wk.workers || tp__ring_init(&p->life.ring, full) != 0 ||
+        tp__tasks_init(&p->life.tasks, prealloc) != 0 ||
+        tp__users_init(&p->life.users, 32) != 0)
         return TP_ENOMEM;
     return TP_OK;
 }
@@ -173,10 +174,10 @@ static int make_structures(tp_pool *p) {
 static int start_threads(tp_pool *p) {
     int rc = TP_OK;
     tp__lock(p);
-    p->svc_started = pthread_create(&p->svc_thread, NULL, tp__service_main, p) == 0;
-    if (!p->svc_started) rc = TP_ENOMEM;
+    p->svc.started = pthread_create(&p->svc.thread, NULL, tp__service_main, p) == 0;
+    if (!p->svc.started) rc = TP_ENOMEM;
     tp__unlock(p);
-    for (unsigned i = 0; rc == TP_OK && i < p->min_workers; i++) {
+    for (unsigned i = 0; rc == TP_OK && i < p->cfg.min_workers; i++) {
         tp__worker *w;
         pthread_t old;
         bool join_old;
@@ -193,7 +194,8 @@ static int start_threads(tp_pool *p) {
 static void unwind_start(tp_pool *p) {
     tp__lock(p);
     tp__close_locked(p);
-    while (p->threads > 0) tp__wait_locked(p, &p->done_cv, TP_FOREVER); /* then no thread writes w->state */
+    /* then no thread writes w->state */
+    while (p->wk.threads > 0) tp__wait_locked(p, &p->done_cv, TP_FOREVER);
     tp__unlock(p);
     join_all(p);
     pool_free(p, 1);
@@ -209,10 +211,10 @@ int tp_create(tp_pool **out, const tp_config *cfg) {
         return rc;
     }
     do /* never 0: 0 marks a log id already written */
-        p->serial = atomic_fetch_add_explicit(&tp__pool_serial, 1, memory_order_relaxed);
-    while (p->serial == 0);
-    p->shut_deadline = TP_FOREVER;
-    p->queued_deadline_min = TP_FOREVER;
+        p->cfg.serial = atomic_fetch_add_explicit(&tp__pool_serial, 1, memory_order_relaxed);
+    while (p->cfg.serial == 0);
+    p->shut.deadline = TP_FOREVER;
+    p->life.queued_deadline_min = TP_FOREVER;
     if (make_structures(p) != TP_OK || make_sync(p) != 0) {
         pool_free(p, 0);
         return TP_ENOMEM;
@@ -231,7 +233,7 @@ static int check_args(tp_pool *p, tp_fn fn, const tp_task_opts *opts, tp__admit_
     if (!p || !fn) return TP_EINVAL;
     memset(a, 0, sizeof *a);
     a->fn = fn;
-    a->run_timeout = p->run_timeout;
+    a->run_timeout = p->cfg.run_timeout;
     a->deadline = TP_FOREVER;
     const char *explicit_log = NULL;
     if (opts) {
@@ -270,7 +272,7 @@ static int submit_common(tp_pool *p, const tp__admit_args *a, void *arg, uint64_
     TP__INC(p->st.submitted);
     int rc;
     for (;;) {
-        if (p->closed) {
+        if (p->life.closed) {
             rc = TP_ECLOSED;
             break;
         }
@@ -286,9 +288,9 @@ static int submit_common(tp_pool *p, const tp__admit_args *a, void *arg, uint64_
             rc = TP_ETIMEDOUT;
             break;
         }
-        p->room_waiters++;
+        p->life.room_waiters++;
         int e = tp__wait_locked(p, &p->room_cv, deadline);
-        p->room_waiters--;
+        p->life.room_waiters--;
         TP__UNUSED(e); /* the loop re-checks closed and the budget */
     }
     if (rc == TP_OK) {
@@ -313,7 +315,7 @@ int tp_submit_wait(tp_pool *p, tp_fn fn, void *arg, const tp_task_opts *opts, ui
     tp__admit_args a;
     int rc = check_args(p, fn, opts, &a);
     if (rc != TP_OK) return rc;
-    uint64_t deadline = tp__deadline_after(tp_now_ns(), budget_ns ? budget_ns : p->submit_timeout);
+    uint64_t deadline = tp__deadline_after(tp_now_ns(), budget_ns ? budget_ns : p->cfg.submit_timeout);
     return submit_common(p, &a, arg, id_out, true, deadline);
 }
 
@@ -343,30 +345,30 @@ int tp_shutdown(tp_pool *p, uint64_t budget_ns) {
     if (tp__tls_pool == p) return TP_EDEADLK;
     tp__lock(p);
     tp__close_locked(p);
-    if (p->shut_state == TP__SHUT_NONE) {
-        p->shut_state = TP__SHUT_RUNNING;
-        p->shut_deadline = tp__deadline_after(tp_now_ns(), budget_ns ? budget_ns : p->drain_timeout);
+    if (p->shut.state == TP__SHUT_NONE) {
+        p->shut.state = TP__SHUT_RUNNING;
+        p->shut.deadline = tp__deadline_after(tp_now_ns(), budget_ns ? budget_ns : p->cfg.drain_timeout);
     }
-    while (p->shut_state == TP__SHUT_RUNNING) {
-        if (p->inflight == 0) {
-            p->shut_state = TP__SHUT_OK;
-        } else if (p->shut_deadline != TP_FOREVER && tp_now_ns() >= p->shut_deadline) {
-            p->shut_state = TP__SHUT_FORCED;
+    while (p->shut.state == TP__SHUT_RUNNING) {
+        if (p->life.inflight == 0) {
+            p->shut.state = TP__SHUT_OK;
+        } else if (p->shut.deadline != TP_FOREVER && tp_now_ns() >= p->shut.deadline) {
+            p->shut.state = TP__SHUT_FORCED;
             tp__force_locked(p);
         } else {
-            tp__wait_locked(p, &p->done_cv, p->shut_deadline);
+            tp__wait_locked(p, &p->done_cv, p->shut.deadline);
             continue;
         }
         pthread_cond_broadcast(&p->done_cv); /* the other shutdown callers */
     }
-    int rc = p->shut_state == TP__SHUT_OK ? TP_OK : TP_ETIMEDOUT;
+    int rc = p->shut.state == TP__SHUT_OK ? TP_OK : TP_ETIMEDOUT;
     tp__unlock(p);
     return rc;
 }
 
 /* mu held. Everything accepted has ended and every worker thread is gone. */
 static bool finished(const tp_pool *p) {
-    return p->closed && p->inflight == 0 && p->threads == 0;
+    return p->life.closed && p->life.inflight == 0 && p->wk.threads == 0;
 }
 
 int tp_wait(tp_pool *p, uint64_t timeout_ns) {
@@ -382,7 +384,7 @@ int tp_wait(tp_pool *p, uint64_t timeout_ns) {
         }
         tp__wait_locked(p, &p->done_cv, deadline);
     }
-    if (rc == TP_OK && p->shut_state == TP__SHUT_FORCED) rc = TP_ETIMEDOUT;
+    if (rc == TP_OK && p->shut.state == TP__SHUT_FORCED) rc = TP_ETIMEDOUT;
     tp__unlock(p);
     return rc;
 }
@@ -391,7 +393,7 @@ int tp_destroy(tp_pool *p) {
     if (!p) return TP_EINVAL;
     if (tp__tls_pool == p) return TP_EDEADLK;
     tp__lock(p);
-    bool started = p->shut_state != TP__SHUT_NONE;
+    bool started = p->shut.state != TP__SHUT_NONE;
     tp__unlock(p);
     if (!started) (void)tp_shutdown(p, 0);
     (void)tp_wait(p, TP_FOREVER);

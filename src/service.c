@@ -3,7 +3,7 @@
  *
  * Layer: below pool.c (which starts it), above worker.c (it may spawn a
  * worker), life.c (every change to a task is a life.c call) and the leaves.
- * Owns svc_waiting and svc_next, which life.c reads to decide whether to
+ * Owns p->svc (waiting, next), which life.c reads to decide whether to
  * wake it.
  *
  * It does the work that must not need a free worker, each step a life.c
@@ -29,7 +29,7 @@
 static void set_thread_name(const tp_pool *p) {
 #if defined(__linux__)
     char name[16];
-    snprintf(name, sizeof name, "%.11s-svc", p->name);
+    snprintf(name, sizeof name, "%.11s-svc", p->cfg.name);
     pthread_setname_np(pthread_self(), name);
 #else
     (void)p;
@@ -61,10 +61,10 @@ static uint64_t run_timers_locked(tp_pool *p) {
 
 /* Sleep until `next` or a wake-up from life.c. */
 static void wait_locked(tp_pool *p, uint64_t next) {
-    p->svc_waiting = true;
-    p->svc_next = next; /* an earlier deadline admitted meanwhile wakes us */
+    p->svc.waiting = true;
+    p->svc.next = next; /* an earlier deadline admitted meanwhile wakes us */
     tp__wait_locked(p, &p->svc_cv, next);
-    p->svc_waiting = false;
+    p->svc.waiting = false;
 }
 
 void *tp__service_main(void *arg) {
@@ -82,12 +82,12 @@ void *tp__service_main(void *arg) {
         }
         uint64_t next = run_timers_locked(p);
         if (tp__endings_pending_locked(p)) continue;
-        if (!tried_spawn && !p->closed && tp__want_spawn_locked(p)) {
+        if (!tried_spawn && !p->life.closed && tp__want_spawn_locked(p)) {
             tried_spawn = true;
             spawn_locked(p);
             continue; /* mu may have been released: look at everything again */
         }
-        if (p->closed && p->inflight == 0) break;
+        if (p->life.closed && p->life.inflight == 0) break;
         wait_locked(p, next);
         tried_spawn = false;
     }

@@ -30,7 +30,7 @@ unsigned tp_user_active(tp_pool *p, const char *user) {
     if (len > TP_USER_MAX) return 0;
     uint32_t h = tp__users_hash(user, len);
     tp__lock(p);
-    tp__user *u = tp__users_find(&p->users, user, len, h);
+    tp__user *u = tp__users_find(&p->life.users, user, len, h);
     unsigned n = u ? u->count : 0;
     tp__unlock(p);
     return n;

@@ -2,10 +2,11 @@
  * worker.c -- the worker threads: their slots, spawning, and the loop.
  *
  * Layer: below pool.c and service.c (which spawn workers), above life.c
- * (every step of a task's life is a life.c call) and the leaves. Owns the
- * worker slots (tp_pool.workers[].state/thread), the thread counters
+ * (every step of a task's life is a life.c call) and the leaves. Owns p->wk:
+ * the worker slots (workers[].state, .thread), the thread counters
  * (live_workers, starting, threads) and the idle bookkeeping (idle_waiters,
- * spinners, stats.workers, stats.idle).
+ * spinners), with stats.workers and stats.idle. life.c owns workers[].cur
+ * (which task runs where).
  *
  * The loop (invariant: it starts each turn with mu held and no current task):
  *   1. wait_for_work_locked: wait on work_cv until the ring has a task, or
@@ -45,15 +46,15 @@ static void *worker_main(void *arg);
 int tp__spawn_start_locked(tp_pool *p, tp__worker **slot, pthread_t *old, bool *join_old) {
     TP__ASSERT_LOCKED(p);
     *slot = NULL;
-    for (unsigned i = 0; i < p->max_workers; i++) {
-        tp__worker *w = &p->workers[i];
+    for (unsigned i = 0; i < p->cfg.max_workers; i++) {
+        tp__worker *w = &p->wk.workers[i];
         if (w->state == TP__W_LIVE) continue;
         *join_old = w->state == TP__W_DEAD;
         *old = w->thread;
         w->state = TP__W_LIVE;
-        p->live_workers++;
-        p->threads++;
-        p->starting++; /* counted in stats.workers once it runs (worker_main) */
+        p->wk.live_workers++;
+        p->wk.threads++;
+        p->wk.starting++; /* counted in stats.workers once it runs (worker_main) */
         *slot = w;
         return TP_OK;
     }
@@ -68,11 +69,11 @@ int tp__spawn_finish(tp_pool *p, tp__worker *w, pthread_t old, bool join_old) {
     int rc = pthread_create(&w->thread, NULL, worker_main, w);
     if (rc == 0) return TP_OK;
     tp__lock(p);
-    TP__ASSERT(p->live_workers > 0 && p->threads > 0 && p->starting > 0);
+    TP__ASSERT(p->wk.live_workers > 0 && p->wk.threads > 0 && p->wk.starting > 0);
     w->state = TP__W_FREE;
-    p->live_workers--;
-    p->threads--;
-    p->starting--;
+    p->wk.live_workers--;
+    p->wk.threads--;
+    p->wk.starting--;
     pthread_cond_broadcast(&p->done_cv);
     tp__unlock(p);
     return TP_ENOMEM;
@@ -84,9 +85,9 @@ static void set_thread_name(const tp_pool *p, const char *what, unsigned index) 
     char suffix[16], buf[16];
     int n = snprintf(suffix, sizeof suffix, "-%s%u", what, index);
     if (n < 0 || n >= 15) return;
-    size_t keep = strlen(p->name);
+    size_t keep = strlen(p->cfg.name);
     if (keep > (size_t)(15 - n)) keep = (size_t)(15 - n);
-    memcpy(buf, p->name, keep);
+    memcpy(buf, p->cfg.name, keep);
     memcpy(buf + keep, suffix, (size_t)n + 1);
     pthread_setname_np(pthread_self(), buf);
 #else
@@ -136,9 +137,9 @@ static void log_failure(tp_pool *p, uint64_t id, const char *log_id, unsigned at
         snprintf(st, sizeof st, "status %d", status);
     if (retry) {
         char delay[32];
-        format_duration(delay, sizeof delay, p->retry_delay);
+        format_duration(delay, sizeof delay, p->cfg.retry_delay);
         tp__log(p, TP_LOG_WARN, log_id, "task %llu attempt %u failed (%s); retry %u of %u in %s",
-                (unsigned long long)id, attempt, st, attempt + 1, p->max_retries, delay);
+                (unsigned long long)id, attempt, st, attempt + 1, p->cfg.max_retries, delay);
     } else
         tp__log(p, TP_LOG_ERROR, log_id, "task %llu attempt %u failed (%s); giving up",
                 (unsigned long long)id, attempt, st);
@@ -155,17 +156,19 @@ static void log_failure(tp_pool *p, uint64_t id, const char *log_id, unsigned at
 #define TP__SPIN_NS 20000u
 
 /* stats.idle: workers waiting on work_cv plus the one spinning. */
-static void set_idle_stat_locked(tp_pool *p) { TP__SET(p->st.idle, p->idle_waiters + p->spinners); }
+static void set_idle_stat_locked(tp_pool *p) { TP__SET(p->st.idle, p->wk.idle_waiters + p->wk.spinners); }
 
 /* stats.workers: threads that run, not spawns under way (which may fail). */
-static void set_workers_stat_locked(tp_pool *p) { TP__SET(p->st.workers, p->live_workers - p->starting); }
+static void set_workers_stat_locked(tp_pool *p) {
+    TP__SET(p->st.workers, p->wk.live_workers - p->wk.starting);
+}
 
 /* Entered and left with mu held: poll the queue length (st.queued, stored
  * with every change of the ring) without the lock for up to TP__SPIN_NS. The
  * caller re-checks the ring under the lock, so a task pushed at any moment is
  * found either here or there: no wake-up is lost. */
 static void spin_for_work_locked(tp_pool *p) {
-    p->spinners++;
+    p->wk.spinners++;
     set_idle_stat_locked(p);
     tp__unlock(p);
     uint64_t until = tp_now_ns() + TP__SPIN_NS;
@@ -178,8 +181,8 @@ static void spin_for_work_locked(tp_pool *p) {
         tp__cpu_relax();
     }
     tp__lock(p);
-    TP__ASSERT(p->spinners > 0);
-    p->spinners--;
+    TP__ASSERT(p->wk.spinners > 0);
+    p->wk.spinners--;
     set_idle_stat_locked(p);
 }
 
@@ -194,23 +197,23 @@ typedef struct worker_turn {
  * or this worker should exit (false). Wake-ups that bring no work do not
  * restart the idle clock. */
 static bool wait_for_work_locked(tp_pool *p, worker_turn *wt) {
-    while (tp__ring_len(&p->ring) == 0) {
-        if (p->closed && p->delayed == 0) return false;
-        if (!wt->spun && p->spinners == 0) {
+    while (tp__ring_len(&p->life.ring) == 0) {
+        if (p->life.closed && p->life.delayed == 0) return false;
+        if (!wt->spun && p->wk.spinners == 0) {
             wt->spun = true;
             spin_for_work_locked(p);
             continue;
         }
-        bool elastic = p->live_workers > p->min_workers && p->idle_timeout != TP_FOREVER;
-        uint64_t until = elastic ? tp__deadline_after(wt->idle_since, p->idle_timeout) : TP_FOREVER;
-        p->idle_waiters++;
+        bool elastic = p->wk.live_workers > p->cfg.min_workers && p->cfg.idle_timeout != TP_FOREVER;
+        uint64_t until = elastic ? tp__deadline_after(wt->idle_since, p->cfg.idle_timeout) : TP_FOREVER;
+        p->wk.idle_waiters++;
         set_idle_stat_locked(p);
         int e = tp__wait_locked(p, &p->work_cv, until);
-        TP__ASSERT(p->idle_waiters > 0);
-        p->idle_waiters--;
+        TP__ASSERT(p->wk.idle_waiters > 0);
+        p->wk.idle_waiters--;
         set_idle_stat_locked(p);
-        if (e == ETIMEDOUT && elastic && tp__ring_len(&p->ring) == 0 && p->live_workers > p->min_workers &&
-            tp_now_ns() >= until)
+        if (e == ETIMEDOUT && elastic && tp__ring_len(&p->life.ring) == 0 &&
+            p->wk.live_workers > p->cfg.min_workers && tp_now_ns() >= until)
             return false;
     }
     wt->spun = false;
@@ -245,25 +248,25 @@ static void run_task_locked(tp_pool *p, tp__worker *w, tp__task *t) {
 static void worker_enter(tp_pool *p, tp__worker *w) {
     tp__tls_pool = p;
     set_thread_name(p, "w", w->index);
-    if (p->on_worker_start) p->on_worker_start(p->hook_arg);
+    if (p->cfg.on_worker_start) p->cfg.on_worker_start(p->cfg.hook_arg);
     tp__lock(p);
-    TP__ASSERT(p->starting > 0);
-    p->starting--;
+    TP__ASSERT(p->wk.starting > 0);
+    p->wk.starting--;
     set_workers_stat_locked(p);
 }
 
 /* Exit, entered with mu held: leave the counted set first (stats, scaling),
  * run the stop hook without the lock, then report the thread as gone. */
 static void worker_leave(tp_pool *p, tp__worker *w) {
-    TP__ASSERT(p->live_workers > 0);
-    p->live_workers--;
+    TP__ASSERT(p->wk.live_workers > 0);
+    p->wk.live_workers--;
     set_workers_stat_locked(p);
     tp__unlock(p);
-    if (p->on_worker_stop) p->on_worker_stop(p->hook_arg);
+    if (p->cfg.on_worker_stop) p->cfg.on_worker_stop(p->cfg.hook_arg);
     tp__lock(p);
-    TP__ASSERT(p->threads > 0);
+    TP__ASSERT(p->wk.threads > 0);
     w->state = TP__W_DEAD;
-    p->threads--;
+    p->wk.threads--;
     tp__signal_worker_gone_locked(p);
     tp__unlock(p);
 }
@@ -272,7 +275,7 @@ static void *worker_main(void *arg) {
     tp__worker *w = (tp__worker *)arg;
     tp_pool *p = w->pool;
     worker_enter(p, w);
-    worker_turn wt = {tp_now_ns(), p->max_workers > p->min_workers, false};
+    worker_turn wt = {tp_now_ns(), p->cfg.max_workers > p->cfg.min_workers, false};
     while (wait_for_work_locked(p, &wt)) {
         tp__task *t = tp__queue_pop_locked(p);
         if (tp__task_expired_locked(p, t))
