@@ -303,7 +303,7 @@ typedef struct expiry {
     uint64_t now, next;
 } expiry;
 
-static int keep_unexpired(tp__task *t, void *arg) {
+static int keep_unexpired_locked(tp__task *t, void *arg) {
     expiry *e = (expiry *)arg;
     if (e->now >= t->deadline) {
         /* never ran: expired; a retry back in the queue ran: cancelled */
@@ -335,7 +335,7 @@ uint64_t tp__queue_expire_locked(tp_pool *p, uint64_t now) {
                                                                         : p->life.expiry_scan_at;
     if (now < due) return due;
     expiry e = {p, now, TP_FOREVER};
-    if (tp__ring_filter(&p->life.ring, keep_unexpired, &e) > 0) {
+    if (tp__ring_filter(&p->life.ring, keep_unexpired_locked, &e) > 0) {
         queue_changed_locked(p);
         signal_left_queue_locked(p);
     }

@@ -253,7 +253,7 @@ static int check_args(tp_pool *p, tp_fn fn, const tp_task_opts *opts, tp__admit_
     return TP_OK;
 }
 
-static void count_reject(tp_pool *p, int rc) {
+static void count_reject_locked(tp_pool *p, int rc) {
     switch (rc) {
     case TP_ECLOSED: TP__INC(p->st.rejected_closed); break;
     case TP_EUSERLIMIT: TP__INC(p->st.rejected_user); break;
@@ -296,7 +296,7 @@ static int submit_common(tp_pool *p, const tp__admit_args *a, void *arg, uint64_
     if (rc == TP_OK) {
         if (tp__want_spawn_locked(p)) tp__spawn_start_locked(p, &w, &old, &join_old);
     } else {
-        count_reject(p, rc);
+        count_reject_locked(p, rc);
     }
     tp__unlock(p);
     if (w) (void)tp__spawn_finish(p, w, old, join_old); /* a failure leaves the task queued for the others */
@@ -367,7 +367,7 @@ int tp_shutdown(tp_pool *p, uint64_t budget_ns) {
 }
 
 /* mu held. Everything accepted has ended and every worker thread is gone. */
-static bool finished(const tp_pool *p) {
+static bool finished_locked(const tp_pool *p) {
     return p->life.closed && p->life.inflight == 0 && p->wk.threads == 0;
 }
 
@@ -377,7 +377,7 @@ int tp_wait(tp_pool *p, uint64_t timeout_ns) {
     uint64_t deadline = timeout_ns == 0 ? TP_FOREVER : tp__deadline_after(tp_now_ns(), timeout_ns);
     int rc = TP_OK;
     tp__lock(p);
-    while (!finished(p)) {
+    while (!finished_locked(p)) {
         if (deadline != TP_FOREVER && tp_now_ns() >= deadline) {
             rc = TP_ETIMEDOUT;
             break;

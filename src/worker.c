@@ -257,7 +257,7 @@ static void worker_enter(tp_pool *p, tp__worker *w) {
 
 /* Exit, entered with mu held: leave the counted set first (stats, scaling),
  * run the stop hook without the lock, then report the thread as gone. */
-static void worker_leave(tp_pool *p, tp__worker *w) {
+static void worker_leave_locked(tp_pool *p, tp__worker *w) {
     TP__ASSERT(p->wk.live_workers > 0);
     p->wk.live_workers--;
     set_workers_stat_locked(p);
@@ -286,6 +286,6 @@ static void *worker_main(void *arg) {
         }
         if (wt.elastic_pool) wt.idle_since = tp_now_ns();
     }
-    worker_leave(p, w);
+    worker_leave_locked(p, w);
     return NULL;
 }
