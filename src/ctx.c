@@ -16,6 +16,11 @@
  * the task the thread is running, whose id wins unless the task set its own.
  * Generated ids are written only when first asked for, so a task whose id is
  * never read costs no formatting.
+ *
+ * Layer: a leaf (5 of 6 in internal.h), called by life.c (the cancel pipe),
+ * worker.c and pool.c; calls no other src/ file but error.c. Lock: takes the
+ * pool lock itself only in tp_ctx_sleep and tp_ctx_fd (called by a task,
+ * which never holds it); the _locked functions run under the caller's.
  */
 #include "internal.h" /* first: it defines _GNU_SOURCE */
 #include <errno.h>

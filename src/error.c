@@ -3,6 +3,9 @@
  *
  * Both tables are generated from TP_ERRNO_MAP in taskpool.h, so a code cannot
  * exist without its message and name.
+ *
+ * Layer: the bottom (6 of 6 in internal.h): every file may call
+ * tp__assert_fail; it calls nothing. No locks.
  */
 #include "internal.h"
 

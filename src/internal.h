@@ -301,8 +301,9 @@ typedef struct tp__worker {
 
 enum { TP__SHUT_NONE = 0, TP__SHUT_RUNNING, TP__SHUT_OK, TP__SHUT_FORCED };
 
-/* Each part of the pool says who writes it. Everything but `st` (atomics)
- * and the read-only `cfg` is guarded by `mu`. */
+/* Each part of the pool says which file writes it (after tp_create, which
+ * builds them all); others may read it under `mu`. Everything but `st`
+ * (atomics) and the read-only `cfg` is guarded by `mu`. */
 struct tp_pool {
     pthread_mutex_t mu;
     pthread_cond_t work_cv, room_cv, done_cv, svc_cv; /* see Locking at the top */
@@ -335,7 +336,7 @@ struct tp_pool {
         unsigned with_deadline;  /* unfinished tasks that carry a deadline */
         uint64_t queued_deadline_min; /* lower bound of the deadlines in the ring */
         uint64_t expiry_scan_at; /* the service thread scans the ring no earlier */
-        unsigned room_waiters;   /* callers in room_cv (counted by pool.c's submit) */
+        unsigned room_waiters;   /* tp_submit_wait callers in room_cv */
         bool closed;             /* tp__close_locked: no more admissions */
         bool forced;             /* tp__force_locked: no more retries */
     } life;
@@ -473,9 +474,15 @@ typedef struct tp__admit_args {
     size_t log_len;
 } tp__admit_args;
 
+/* The queue, the records and the user table for `full` tasks, `prealloc`
+ * records made now (-1: out of memory); fini also after a failed init. */
+int tp__life_init(tp_pool *p, unsigned full, unsigned prealloc);
+void tp__life_fini(tp_pool *p);
 /* The admission checks after "closed"; on TP_OK the task is queued. */
 int tp__admit_locked(tp_pool *p, const tp__admit_args *a, void *arg, uint64_t *id_out);
 bool tp__want_spawn_locked(const tp_pool *p);
+/* tp_submit_wait: wait on room_cv until woken or `deadline` (0, ETIMEDOUT). */
+int tp__wait_room_locked(tp_pool *p, uint64_t deadline);
 int tp__cancel_locked(tp_pool *p, uint64_t id); /* TP_OK or TP_ENOTFOUND */
 void tp__close_locked(tp_pool *p);
 void tp__force_locked(tp_pool *p);

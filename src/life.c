@@ -47,6 +47,23 @@
 
 #define TP__ENDINGS_CHUNK 64u
 
+/* ------------------------------------------------------------ setup */
+
+int tp__life_init(tp_pool *p, unsigned full, unsigned prealloc) {
+    p->life.queued_deadline_min = TP_FOREVER;
+    if (tp__ring_init(&p->life.ring, full) != 0 || tp__tasks_init(&p->life.tasks, prealloc) != 0 ||
+        tp__users_init(&p->life.users, 32) != 0)
+        return -1;
+    return 0;
+}
+
+/* Also for a pool whose tp__life_init failed half-way (zeroed parts). */
+void tp__life_fini(tp_pool *p) {
+    tp__users_fini(&p->life.users);
+    tp__tasks_fini(&p->life.tasks);
+    tp__ring_fini(&p->life.ring);
+}
+
 /* ------------------------------------------------------------ wake-ups */
 
 /* The service thread: an ending, a retry timer or an earlier deadline. */
@@ -59,6 +76,14 @@ static void svc_wake_locked(tp_pool *p) {
  * could go to a caller that still cannot proceed while another could. */
 static void signal_room_locked(tp_pool *p) {
     if (p->life.room_waiters) pthread_cond_broadcast(&p->room_cv);
+}
+
+int tp__wait_room_locked(tp_pool *p, uint64_t deadline) {
+    p->life.room_waiters++;
+    int e = tp__wait_locked(p, &p->room_cv, deadline);
+    TP__ASSERT(p->life.room_waiters > 0);
+    p->life.room_waiters--;
+    return e;
 }
 
 /* Idle workers re-check whether they may exit. */
@@ -275,7 +300,7 @@ uint64_t tp__delayed_run_locked(tp_pool *p, uint64_t now) {
             end_unrun_locked(p, t, TP_ETIMEDOUT, false); /* it ran: not expired */
             signal_room_locked(p);
         } else if (now >= t->due) {
-            delayed_remove_locked(p, t);
+            delayed_remove_locked(p, t); /* asserts DELAYED */
             t->state = TP__QUEUED;
             tp__ring_push(&p->life.ring, t);
             if (t->deadline < p->life.queued_deadline_min) p->life.queued_deadline_min = t->deadline;

@@ -92,9 +92,7 @@ static void pool_free(tp_pool *p, int made_sync) {
         }
         free(p->wk.workers);
     }
-    tp__users_fini(&p->life.users);
-    tp__tasks_fini(&p->life.tasks);
-    tp__ring_fini(&p->life.ring);
+    tp__life_fini(p);
     if (made_sync) {
         pthread_cond_destroy(&p->svc_cv);
         pthread_cond_destroy(&p->done_cv);
@@ -162,10 +160,7 @@ static int make_structures(tp_pool *p) {
             p->wk.workers[i].fds[0] = p->wk.workers[i].fds[1] = -1;
             p->wk.workers[i].ctx.w = &p->wk.workers[i];
         }
-    if (!p->wk.workers || tp__ring_init(&p->life.ring, full) != 0 ||
-        tp__tasks_init(&p->life.tasks, prealloc) != 0 ||
-        tp__users_init(&p->life.users, 32) != 0)
-        return TP_ENOMEM;
+    if (!p->wk.workers || tp__life_init(p, full, prealloc) != 0) return TP_ENOMEM;
     return TP_OK;
 }
 
@@ -214,7 +209,6 @@ int tp_create(tp_pool **out, const tp_config *cfg) {
         p->cfg.serial = atomic_fetch_add_explicit(&tp__pool_serial, 1, memory_order_relaxed);
     while (p->cfg.serial == 0);
     p->shut.deadline = TP_FOREVER;
-    p->life.queued_deadline_min = TP_FOREVER;
     if (make_structures(p) != TP_OK || make_sync(p) != 0) {
         pool_free(p, 0);
         return TP_ENOMEM;
@@ -288,10 +282,7 @@ static int submit_common(tp_pool *p, const tp__admit_args *a, void *arg, uint64_
             rc = TP_ETIMEDOUT;
             break;
         }
-        p->life.room_waiters++;
-        int e = tp__wait_locked(p, &p->room_cv, deadline);
-        p->life.room_waiters--;
-        TP__UNUSED(e); /* the loop re-checks closed and the budget */
+        tp__wait_room_locked(p, deadline); /* the loop re-checks closed and the budget */
     }
     if (rc == TP_OK) {
         if (tp__want_spawn_locked(p)) tp__spawn_start_locked(p, &w, &old, &join_old);

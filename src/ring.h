@@ -16,6 +16,10 @@
  * The pool sizes it for queue_capacity + max_workers, the most tasks that can
  * ever be queued at once (a failed attempt may enter the retry wait, and later
  * the queue, while the queue is full; see pool.c).
+ *
+ * Layer: a leaf of inline functions, compiled into its callers (life.c, which
+ * owns the ring; worker.c reads its length), so it adds no call between
+ * files.
  */
 #ifndef TP_RING_H
 #define TP_RING_H

@@ -5,6 +5,9 @@
  * with release, see internal.h) and never takes the pool lock, so it cannot
  * slow admission. The fields are one table, TP__STATS_FIELDS in internal.h,
  * used by the counters, the snapshot and both formats, so they cannot drift.
+ *
+ * Layer: the public API (1 of 6 in internal.h), next to pool.c; calls only
+ * users.c. Lock: tp_user_active takes the pool lock; nothing else here does.
  */
 #include "internal.h" /* first: it defines _GNU_SOURCE */
 #include <stdarg.h>

@@ -13,6 +13,9 @@
  * pool.c, life.c and one leaf.
  *
  * No locking: every call is made with the pool lock held.
+ *
+ * Layer: a leaf (5 of 6 in internal.h); life.c calls it, pool.c makes and
+ * frees it. The id index's lookups are inline in internal.h.
  */
 #include "internal.h" /* first: it defines _GNU_SOURCE */
 #include <stdlib.h>

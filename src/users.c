@@ -12,6 +12,9 @@
  * more distinct users are active at once than ever before.
  *
  * No locking: every call is made with the pool lock held.
+ *
+ * Layer: a leaf (5 of 6 in internal.h); called by life.c (slots), pool.c
+ * (hashing the name at submit) and stats.c (tp_user_active).
  */
 #include "internal.h" /* first: it defines _GNU_SOURCE */
 #include <stdlib.h>
