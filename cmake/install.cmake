@@ -7,7 +7,7 @@
 #   runtime  libtaskpool1     libtaskpool.so.MAJOR and its real file,
 #                             share/doc/libtaskpool1/copyright (LICENSE)
 #   dev      libtaskpool-dev  taskpool.h, the libtaskpool.so link, libtaskpool.a,
-#                             taskpool.pc, the CMake package,
+#                             taskpool.pc, the CMake package, the man pages,
 #                             share/doc/libtaskpool-dev/copyright
 #
 # `cmake --install build` installs both; `--component runtime` one of them.
@@ -92,3 +92,10 @@ foreach(tp_pkg_comp IN ITEMS "${TP_DEB_RUNTIME};runtime" "${TP_DEB_DEV};dev")
     RENAME copyright
     COMPONENT ${tp_comp})
 endforeach()
+
+# ------------------------------------------------------------ man pages
+# docs/man/*.scd -> share/man/man3 and man7 (component dev); skipped with a
+# one-line notice when scdoc is not installed. Compressed when gzip is there.
+find_program(TP_GZIP gzip)
+mark_as_advanced(TP_GZIP)
+add_subdirectory("${PROJECT_SOURCE_DIR}/docs/man" "${PROJECT_BINARY_DIR}/docs/man")
