@@ -8,7 +8,7 @@
 #
 # Registered with CTest as deb_packages (not under sanitizers); needs dpkg-deb.
 # When lintian is installed, the packages must have no error-level finding
-# beyond the few that only an upload to the Debian archive would need.
+# but the missing Debian changelog, which only an upload to the archive needs.
 set -euo pipefail
 
 build=$1 config=$2 cmake=$3 cpack=$4 cc=$5 version=$6
@@ -93,9 +93,9 @@ bash "$here/consume.sh" "$root/usr" "$tmp/work" "$cmake" "$cc" "$version" "$conf
 
 if command -v lintian >/dev/null 2>&1; then
     step "lintian"
-    # Findings that only matter for an upload to the Debian archive: a
-    # changelog in Debian's own format and the maintainer's address.
-    allowed='(no-changelog|debian-changelog-file-missing|changelog-file-missing-in-native-package|maintainer-address-malformed|bogus-mail-host)'
+    # The one finding that only matters for an upload to the Debian archive:
+    # no changelog in Debian's own format (the project's is CHANGELOG.md).
+    allowed='(no-changelog|debian-changelog-file-missing)'
     lintian --tag-display-limit 0 "$rdeb" "$ddeb" >"$tmp/lintian.out" 2>&1 || true
     cat "$tmp/lintian.out"
     errors=$(grep -E '^E: ' "$tmp/lintian.out" | grep -Ev "$allowed" || true)
