@@ -55,6 +55,15 @@
 
 #define TP__UNUSED(x) ((void)(x))
 
+/* True when the n words of a public struct's reserved tail are all zero
+ * (taskpool.h, "How the structs grow"). */
+static inline bool tp__reserved_zero(const uint64_t *w, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (w[i] != 0) return false;
+    return true;
+}
+#define TP__RESERVED_ZERO(s) tp__reserved_zero((s)->reserved, sizeof (s)->reserved / sizeof (s)->reserved[0])
+
 /* ------------------------------------------------------------ statistics */
 
 /*

@@ -49,6 +49,7 @@ static int resolve_config(tp_pool *p, const tp_config *cfg) {
         return TP_EINVAL;
     if (cfg->queue_capacity > TP_MAX_QUEUE_CAPACITY) return TP_EINVAL;
     if (cfg->max_retries > TP_MAX_RETRIES) return TP_EINVAL;
+    if (!TP__RESERVED_ZERO(cfg)) return TP_EINVAL;
     const char *name = cfg->name ? cfg->name : "tp";
     size_t nlen = strlen(name);
     if (nlen > TP_NAME_MAX) return TP_EINVAL;
@@ -278,7 +279,7 @@ static int check_args(tp_pool *p, tp_fn fn, const tp_task_opts *opts, admit_args
     a->deadline = TP_FOREVER;
     const char *explicit_log = NULL;
     if (opts) {
-        if (opts->priority != 0) return TP_EINVAL;
+        if (opts->priority != 0 || !TP__RESERVED_ZERO(opts)) return TP_EINVAL;
         if (opts->user && opts->user[0]) {
             a->user_len = strnlen(opts->user, TP_USER_MAX + 1);
             if (a->user_len > TP_USER_MAX) return TP_EINVAL;

@@ -63,6 +63,10 @@ missing_deps() {
     local c
     for c in cmake make gcc pkg-config; do command -v "$c" >/dev/null 2>&1 || return 0; done
     have_cmocka || return 0
+    if wants plain; then
+        command -v abidw >/dev/null 2>&1 || return 0 # the ABI baseline check
+        command -v git >/dev/null 2>&1 || return 0   # the previous release, for the old-binary check
+    fi
     if wants tsan; then
         command -v clang >/dev/null 2>&1 || return 0
         have_tsan_runtime || return 0
@@ -97,6 +101,7 @@ if missing_deps; then
     # clang's sanitizer runtimes are only "recommended" by clang on Debian 12.
     { wants tsan || wants fuzz; } && pkgs+=(clang libclang-rt-dev)
     wants valgrind && pkgs+=(valgrind)
+    wants plain && pkgs+=(abigail-tools git)
     export DEBIAN_FRONTEND=noninteractive
     "${sudo[@]}" apt-get update -q || die "apt-get update failed"
     "${sudo[@]}" apt-get install -y -q "${pkgs[@]}" || die "apt-get install failed"

@@ -583,6 +583,30 @@ static void test_version(void **state) {
     assert_non_null(tp_version());
     assert_string_equal(tp_version(), want);
     assert_ptr_equal(tp_version(), tp_version()); /* static string */
+    /* TP_VERSION_HEX and TP_VERSION_AT_LEAST agree with the parts. */
+    assert_int_equal(TP_VERSION_HEX, (TP_VERSION_MAJOR << 16) | (TP_VERSION_MINOR << 8) | TP_VERSION_PATCH);
+    assert_true(TP_VERSION_AT_LEAST(TP_VERSION_MAJOR, TP_VERSION_MINOR, TP_VERSION_PATCH));
+    assert_true(TP_VERSION_AT_LEAST(1, 0, 0));
+    assert_false(TP_VERSION_AT_LEAST(TP_VERSION_MAJOR, TP_VERSION_MINOR, TP_VERSION_PATCH + 1));
+    assert_false(TP_VERSION_AT_LEAST(TP_VERSION_MAJOR + 1, 0, 0));
+#if !TP_VERSION_AT_LEAST(1, 1, 0)
+    fail_msg("the preprocessor sees TP_VERSION_AT_LEAST(1, 1, 0) false in a 1.1 header");
+#endif
+}
+
+/* The reserved tail of tp_stats is written as zero (taskpool.h, "How the
+ * structs grow"), whatever the caller's buffer held. */
+static void test_stats_reserved_zeroed(void **state) {
+    (void)state;
+    tp_config cfg = {0};
+    cfg.workers = 1;
+    tp_pool *p = NULL;
+    assert_int_equal(tp_create(&p, &cfg), TP_OK);
+    tp_stats s;
+    memset(&s, 0xA5, sizeof s);
+    tp_stats_get(p, &s);
+    for (size_t i = 0; i < sizeof s.reserved / sizeof s.reserved[0]; i++) assert_true(s.reserved[i] == 0);
+    (void)tpt_finish(p);
 }
 
 int main(void) {
@@ -597,6 +621,7 @@ int main(void) {
         cmocka_unit_test(test_concurrent_mix_at_rest),
         cmocka_unit_test(test_strerror_and_names),
         cmocka_unit_test(test_version),
+        cmocka_unit_test(test_stats_reserved_zeroed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
