@@ -129,18 +129,17 @@ static uint64_t submit_rec(tp_pool *p, rec *r) {
  * awaiting their on_done must not turn into spurious TP_EFULL (20000 pending
  * endings stay below the pool's record cap). Every on_done still runs once. */
 static void test_cancel_storm_no_spurious_full(void **state) {
-    (void)state;
-    tpt_latch l;
-    tpt_latch_init(&l);
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = mkpool(1, 1);
-    tpt_fill_workers(p, &l, 1, NULL);
+    tpt_fill_workers(p, l, 1, NULL);
     enum { N = 20000 };
-    tpt_done d = {0};
+    tpt_done *d = tpt_fx_new(f, tpt_done);
     tp_task_opts o = {.on_done = tpt_done_fn};
     int not_ok = 0, cancel_bad = 0;
     for (int i = 0; i < N; i++) {
         uint64_t id = 0;
-        if (tp_submit(p, tpt_nop_task, &d, &o, &id) != TP_OK) {
+        if (tp_submit(p, tpt_nop_task, d, &o, &id) != TP_OK) {
             not_ok++;
             continue;
         }
@@ -148,24 +147,22 @@ static void test_cancel_storm_no_spurious_full(void **state) {
     }
     assert_int_equal(not_ok, 0);
     assert_int_equal(cancel_bad, 0);
-    TPT_EVENTUALLY(atomic_load(&d.calls) == N);
-    assert_int_equal(atomic_load(&d.status), TP_ECANCELED);
-    tpt_latch_open(&l);
+    TPT_EVENTUALLY(atomic_load(&d->calls) == N);
+    assert_int_equal(atomic_load(&d->status), TP_ECANCELED);
+    tpt_latch_open(l);
     tp_stats s = tpt_pool_finish(p);
     assert_int_equal(s.cancelled, N);
     assert_int_equal(s.rejected, 0);
-    assert_int_equal(atomic_load(&d.calls), N);
-    tpt_latch_destroy(&l);
+    assert_int_equal(atomic_load(&d->calls), N);
 }
 
 /* ------------------------------------------------------------ queued */
 
 static void test_cancel_queued(void **state) {
-    (void)state;
-    tpt_latch l;
-    tpt_latch_init(&l);
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = mkpool(1, 1);
-    tpt_fill_workers(p, &l, 1, NULL);
+    tpt_fill_workers(p, l, 1, NULL);
     rec r;
     rec_init(&r, M_NOP);
     uint64_t id = submit_rec(p, &r);
@@ -190,7 +187,7 @@ static void test_cancel_queued(void **state) {
     assert_int_equal(s.completed, 1);
     assert_int_equal(s.started, 1); /* the blocker only */
 
-    tpt_latch_open(&l);
+    tpt_latch_open(l);
     s = tpt_pool_finish(p);
     assert_int_equal(atomic_load(&r.ran), 0);
     assert_int_equal(atomic_load(&r.calls), 1);
@@ -199,19 +196,17 @@ static void test_cancel_queued(void **state) {
     assert_int_equal(s.started, 2);
     assert_int_equal(s.cancelled, 1);
     assert_int_equal(s.expired, 0);
-    assert_int_equal(atomic_load(&l.timeouts), 0);
-    tpt_latch_destroy(&l);
+    assert_int_equal(atomic_load(&l->timeouts), 0);
 }
 
 /* Every worker is blocked; cancelled queued tasks still get their on_done
  * promptly (on the service thread), while the workers are still blocked. */
 static void test_cancel_queued_on_done_prompt_when_busy(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     enum { W = 2, Q = 6 };
-    tpt_latch l;
-    tpt_latch_init(&l);
+    tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = mkpool(W, Q);
-    tpt_fill_workers(p, &l, W, NULL);
+    tpt_fill_workers(p, l, W, NULL);
     rec r[Q];
     uint64_t ids[Q];
     for (int i = 0; i < Q; i++) {
@@ -224,20 +219,19 @@ static void test_cancel_queued_on_done_prompt_when_busy(void **state) {
      * worker for these on_done calls fails here. */
     int all = TPT_POLL(sum_calls(r, Q) == Q, TPT_WAIT_NS / 4);
     assert_true(all);
-    assert_int_equal(atomic_load(&l.waiting), W); /* workers still blocked */
-    assert_int_equal(atomic_load(&l.timeouts), 0);
+    assert_int_equal(atomic_load(&l->waiting), W); /* workers still blocked */
+    assert_int_equal(atomic_load(&l->timeouts), 0);
     for (int i = 0; i < Q; i++) {
         assert_int_equal(atomic_load(&r[i].calls), 1);
         assert_int_equal(atomic_load(&r[i].status), TP_ECANCELED);
         assert_int_equal(atomic_load(&r[i].on_caller), 0);
     }
-    tpt_latch_open(&l);
+    tpt_latch_open(l);
     tp_stats s = tpt_pool_finish(p);
     for (int i = 0; i < Q; i++)
         assert_int_equal(atomic_load(&r[i].ran), 0);
     assert_int_equal(s.cancelled, Q);
     assert_int_equal(s.succeeded, W);
-    tpt_latch_destroy(&l);
 }
 
 /* ------------------------------------------------------------ retry wait */
@@ -388,11 +382,10 @@ static void test_cancel_bad_ids(void **state) {
 
 /* Cancelling after the pool drained, and on a closed pool, still answers. */
 static void test_cancel_after_close(void **state) {
-    (void)state;
-    tpt_latch l;
-    tpt_latch_init(&l);
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = mkpool(1, 4);
-    tpt_fill_workers(p, &l, 1, NULL);
+    tpt_fill_workers(p, l, 1, NULL);
     rec r;
     rec_init(&r, M_NOP);
     uint64_t id = submit_rec(p, &r);
@@ -401,13 +394,12 @@ static void test_cancel_after_close(void **state) {
     assert_int_equal(tp_cancel(p, id), TP_OK);
     TPT_EVENTUALLY(atomic_load(&r.calls) == 1);
     assert_int_equal(atomic_load(&r.status), TP_ECANCELED);
-    tpt_latch_open(&l);
+    tpt_latch_open(l);
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK);
     assert_int_equal(tp_cancel(p, id), TP_ENOTFOUND);
     tp_stats s = tpt_pool_finish(p);
     assert_int_equal(atomic_load(&r.ran), 0);
     assert_int_equal(s.cancelled, 1);
-    tpt_latch_destroy(&l);
 }
 
 /* ------------------------------------------------------------ race */
@@ -541,18 +533,18 @@ static void test_cancel_race_other_thread(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_cancel_queued, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_cancel_queued_on_done_prompt_when_busy, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_cancel_waiting_for_retry, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_cancel_running_sleep, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_cancel_running_fd_readable, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_cancel_running_return_zero, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_cancel_running_not_retried, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_cancel_bad_ids, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_cancel_after_close, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_cancel_vs_completion_race, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_cancel_race_other_thread, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_cancel_storm_no_spurious_full, tpt_guard_setup, tpt_guard_teardown),
+        TPT_TEST(test_cancel_queued),
+        TPT_TEST(test_cancel_queued_on_done_prompt_when_busy),
+        TPT_TEST(test_cancel_waiting_for_retry),
+        TPT_TEST(test_cancel_running_sleep),
+        TPT_TEST(test_cancel_running_fd_readable),
+        TPT_TEST(test_cancel_running_return_zero),
+        TPT_TEST(test_cancel_running_not_retried),
+        TPT_TEST(test_cancel_bad_ids),
+        TPT_TEST(test_cancel_after_close),
+        TPT_TEST(test_cancel_vs_completion_race),
+        TPT_TEST(test_cancel_race_other_thread),
+        TPT_TEST(test_cancel_storm_no_spurious_full),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -275,13 +275,12 @@ static void test_ctx_user_none(void **state) {
 }
 
 static void test_ctx_user_is_copied(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_pool *p = mkpool(1, 0);
-    tpt_latch gate;
-    tpt_latch_init(&gate);
+    tpt_latch *gate = tpt_fx_latch(f);
     /* Hold the only worker so the user task runs after we clobber the buffer. */
-    assert_int_equal(tp_submit(p, tpt_block_task, &gate, NULL, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&gate.waiting) == 1);
+    assert_int_equal(tp_submit(p, tpt_block_task, gate, NULL, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&gate->waiting) == 1);
 
     char ubuf[TP_USER_MAX + 1];
     strcpy(ubuf, "alice");
@@ -293,14 +292,13 @@ static void test_ctx_user_is_copied(void **state) {
     ubuf[sizeof ubuf - 1] = '\0';
     strcpy(ubuf, "mallory");
 
-    tpt_latch_open(&gate);
+    tpt_latch_open(gate);
     TPT_EVENTUALLY(atomic_load(&r.finished));
     assert_false(atomic_load(&r.user_null));
     assert_string_equal(r.user, "alice");
     assert_int_equal(atomic_load(&r.attempt), 0);
     tpt_finish(p);
-    assert_int_equal(atomic_load(&gate.timeouts), 0);
-    tpt_latch_destroy(&gate);
+    assert_int_equal(atomic_load(&gate->timeouts), 0);
 }
 
 static void test_ctx_attempt_zero_first_run(void **state) {
@@ -311,7 +309,7 @@ static void test_ctx_attempt_zero_first_run(void **state) {
     cfg.retry_delay_ns = TPT_MS(1);
     cfg.log = tpt_quiet_log;
     tp_pool *p = NULL;
-    assert_int_equal(tp_create(&p, &cfg), TP_OK);
+    p = tpt_pool_new(&cfg);
     rec r = {0};
     assert_int_equal(tp_submit(p, task_record, &r, NULL, NULL), TP_OK);
     TPT_EVENTUALLY(atomic_load(&r.finished));
@@ -674,12 +672,11 @@ static void test_ctx_fd_clean_after_unobserved_cancel(void **state) {
 /* ------------------------------------------------------------ queue time */
 
 static void test_ctx_run_timeout_excludes_queue_time(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_pool *p = mkpool(1, 0);
-    tpt_latch gate;
-    tpt_latch_init(&gate);
-    assert_int_equal(tp_submit(p, tpt_block_task, &gate, NULL, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&gate.waiting) == 1);
+    tpt_latch *gate = tpt_fx_latch(f);
+    assert_int_equal(tp_submit(p, tpt_block_task, gate, NULL, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&gate->waiting) == 1);
 
     const uint64_t T = TPT_MS(250);
     rec r = {0};
@@ -693,7 +690,7 @@ static void test_ctx_run_timeout_excludes_queue_time(void **state) {
     assert_int_equal(atomic_load(&r.ran), 0);
     assert_int_equal(tpt_stats(p).queued, 1);
     uint64_t t_open = tp_now_ns();
-    tpt_latch_open(&gate);
+    tpt_latch_open(gate);
 
     TPT_EVENTUALLY(atomic_load(&r.done_calls) == 1);
     assert_int_equal(atomic_load(&r.ran), 1);
@@ -705,17 +702,15 @@ static void test_ctx_run_timeout_excludes_queue_time(void **state) {
     tp_stats s = tpt_finish(p);
     assert_int_equal(s.expired, 0);
     assert_int_equal(s.succeeded, 2);
-    assert_int_equal(atomic_load(&gate.timeouts), 0);
-    tpt_latch_destroy(&gate);
+    assert_int_equal(atomic_load(&gate->timeouts), 0);
 }
 
 static void test_ctx_deadline_includes_queue_time(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_pool *p = mkpool(1, 0);
-    tpt_latch gate;
-    tpt_latch_init(&gate);
-    assert_int_equal(tp_submit(p, tpt_block_task, &gate, NULL, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&gate.waiting) == 1);
+    tpt_latch *gate = tpt_fx_latch(f);
+    assert_int_equal(tp_submit(p, tpt_block_task, gate, NULL, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&gate->waiting) == 1);
     TPT_EVENTUALLY(tpt_stats(p).started == 1);
 
     rec r = {0};
@@ -724,7 +719,7 @@ static void test_ctx_deadline_includes_queue_time(void **state) {
     o.on_done = rec_done;
     assert_int_equal(tp_submit(p, task_record, &r, &o, NULL), TP_OK);
     tpt_sleep_until(o.deadline_ns + TPT_MS(1));
-    tpt_latch_open(&gate);
+    tpt_latch_open(gate);
 
     TPT_EVENTUALLY(atomic_load(&r.done_calls) == 1);
     assert_int_equal(atomic_load(&r.done_status), TP_ETIMEDOUT);
@@ -738,8 +733,7 @@ static void test_ctx_deadline_includes_queue_time(void **state) {
     assert_int_equal(s.cancelled, 1);
     assert_int_equal(s.expired, 1);
     assert_int_equal(s.retried, 0);
-    assert_int_equal(atomic_load(&gate.timeouts), 0);
-    tpt_latch_destroy(&gate);
+    assert_int_equal(atomic_load(&gate->timeouts), 0);
 }
 
 static void test_ctx_deadline_already_passed_accepted(void **state) {
@@ -764,12 +758,11 @@ static void test_ctx_deadline_already_passed_accepted(void **state) {
  * worker is busy: on_done promptly with TP_ETIMEDOUT, counted expired, its
  * queue place and user slot freed -- without waiting for a worker. */
 static void test_ctx_expiry_prompt_while_workers_busy(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_pool *p = mkpool(1, 0);
-    tpt_latch gate;
-    tpt_latch_init(&gate);
-    assert_int_equal(tp_submit(p, tpt_block_task, &gate, NULL, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&gate.waiting) == 1);
+    tpt_latch *gate = tpt_fx_latch(f);
+    assert_int_equal(tp_submit(p, tpt_block_task, gate, NULL, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&gate->waiting) == 1);
 
     rec r = {0};
     tp_task_opts o = {0};
@@ -779,7 +772,7 @@ static void test_ctx_expiry_prompt_while_workers_busy(void **state) {
     assert_int_equal(tp_submit(p, task_record, &r, &o, NULL), TP_OK);
     assert_int_equal(tp_user_active(p, "u"), 1);
     TPT_EVENTUALLY(atomic_load(&r.done_calls) == 1); /* the worker is still blocked */
-    assert_int_equal(atomic_load(&gate.waiting), 1);
+    assert_int_equal(atomic_load(&gate->waiting), 1);
     assert_int_equal(atomic_load(&r.done_status), TP_ETIMEDOUT);
     assert_int_equal(atomic_load(&r.ran), 0);
     assert_int_equal(tp_user_active(p, "u"), 0);
@@ -788,13 +781,12 @@ static void test_ctx_expiry_prompt_while_workers_busy(void **state) {
     assert_int_equal(live.expired, 1);
     assert_int_equal(live.users, 0);
 
-    tpt_latch_open(&gate);
+    tpt_latch_open(gate);
     tp_stats s = tpt_finish(p);
     assert_int_equal(atomic_load(&r.done_calls), 1);
     assert_int_equal(s.started, 1); /* only the blocker */
     assert_int_equal(s.expired, 1);
     assert_int_equal(s.cancelled, 1);
-    tpt_latch_destroy(&gate);
 }
 
 /* ------------------------------------------------------------ clock */
@@ -826,28 +818,28 @@ static void test_now_ns_monotonic(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_ctx_id_matches_submitted),
-        cmocka_unit_test(test_ctx_user_none),
-        cmocka_unit_test(test_ctx_user_is_copied),
-        cmocka_unit_test(test_ctx_attempt_zero_first_run),
-        cmocka_unit_test(test_ctx_deadline_forever),
-        cmocka_unit_test(test_ctx_deadline_earlier_of_two),
-        cmocka_unit_test(test_ctx_sleep_full_time),
-        cmocka_unit_test(test_ctx_sleep_cancelled),
-        cmocka_unit_test(test_ctx_sleep_run_timeout),
-        cmocka_unit_test(test_ctx_sleep_deadline),
-        cmocka_unit_test(test_ctx_err_states),
-        cmocka_unit_test(test_ctx_err_cancel_takes_precedence),
-        cmocka_unit_test(test_ctx_fd_cancel_then_clean),
-        cmocka_unit_test(test_ctx_fd_forced_shutdown),
-        cmocka_unit_test(test_ctx_fd_not_readable_on_timeout),
-        cmocka_unit_test(test_ctx_fd_cancelled_before_first_use),
-        cmocka_unit_test(test_ctx_fd_clean_after_unobserved_cancel),
-        cmocka_unit_test(test_ctx_run_timeout_excludes_queue_time),
-        cmocka_unit_test(test_ctx_deadline_includes_queue_time),
-        cmocka_unit_test(test_ctx_deadline_already_passed_accepted),
-        cmocka_unit_test(test_ctx_expiry_prompt_while_workers_busy),
-        cmocka_unit_test(test_now_ns_monotonic),
+        TPT_TEST(test_ctx_id_matches_submitted),
+        TPT_TEST(test_ctx_user_none),
+        TPT_TEST(test_ctx_user_is_copied),
+        TPT_TEST(test_ctx_attempt_zero_first_run),
+        TPT_TEST(test_ctx_deadline_forever),
+        TPT_TEST(test_ctx_deadline_earlier_of_two),
+        TPT_TEST(test_ctx_sleep_full_time),
+        TPT_TEST(test_ctx_sleep_cancelled),
+        TPT_TEST(test_ctx_sleep_run_timeout),
+        TPT_TEST(test_ctx_sleep_deadline),
+        TPT_TEST(test_ctx_err_states),
+        TPT_TEST(test_ctx_err_cancel_takes_precedence),
+        TPT_TEST(test_ctx_fd_cancel_then_clean),
+        TPT_TEST(test_ctx_fd_forced_shutdown),
+        TPT_TEST(test_ctx_fd_not_readable_on_timeout),
+        TPT_TEST(test_ctx_fd_cancelled_before_first_use),
+        TPT_TEST(test_ctx_fd_clean_after_unobserved_cancel),
+        TPT_TEST(test_ctx_run_timeout_excludes_queue_time),
+        TPT_TEST(test_ctx_deadline_includes_queue_time),
+        TPT_TEST(test_ctx_deadline_already_passed_accepted),
+        TPT_TEST(test_ctx_expiry_prompt_while_workers_busy),
+        TPT_TEST(test_now_ns_monotonic),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

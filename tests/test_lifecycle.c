@@ -103,12 +103,11 @@ static void *opener_main(void *a) {
 /* ------------------------------------------------------------ close */
 
 static void test_close_stops_admission_and_drains(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     enum { W = 2, Q = 10 };
-    tpt_latch l;
-    tpt_latch_init(&l);
+    tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = mkpool(W, 20);
-    tpt_fill_workers(p, &l, W, NULL);
+    tpt_fill_workers(p, l, W, NULL);
     rec r[Q];
     for (int i = 0; i < Q; i++) {
         rec_init(&r[i], M_NOP, NULL);
@@ -123,7 +122,7 @@ static void test_close_stops_admission_and_drains(void **state) {
     assert_int_equal(s.queued, Q); /* nothing accepted is dropped */
     assert_int_equal(s.workers, W); /* workers stay to drain */
 
-    tpt_latch_open(&l);
+    tpt_latch_open(l);
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK);
     s = tpt_stats(p);
     assert_int_equal(s.workers, 0);
@@ -139,7 +138,6 @@ static void test_close_stops_admission_and_drains(void **state) {
     assert_int_equal(tp_wait(p, 0), TP_OK);           /* 0: no limit, already done */
     s = tpt_pool_finish(p);
     assert_int_equal(s.workers, 0);
-    tpt_latch_destroy(&l);
 }
 
 /* A pool closed with nothing in it: workers exit, wait gives TP_OK. */
@@ -156,21 +154,20 @@ static void test_close_idle_pool(void **state) {
 /* ------------------------------------------------------------ shutdown in time */
 
 static void test_shutdown_drains_in_time(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     enum { W = 2, N = 8 };
-    tpt_latch l;
-    tpt_latch_init(&l);
+    tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = mkpool(W, 16);
     atomic_int done = 0;
     rec r[N];
     for (int i = 0; i < N; i++) {
-        rec_init(&r[i], i < W ? M_BLOCK : M_WORK, &l);
+        rec_init(&r[i], i < W ? M_BLOCK : M_WORK, l);
         atomic_store(&r[i].slow_done, 1);
         r[i].done_counter = &done;
         submit_rec(p, &r[i]);
     }
-    TPT_EVENTUALLY(atomic_load(&l.waiting) == W);
-    opener op = {&l, TPT_MS(50)};
+    TPT_EVENTUALLY(atomic_load(&l->waiting) == W);
+    opener op = {l, TPT_MS(50)};
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, opener_main, &op), 0);
     uint64_t t0 = tp_now_ns();
@@ -191,20 +188,18 @@ static void test_shutdown_drains_in_time(void **state) {
     tp_stats s = tpt_pool_finish(p);
     assert_int_equal(s.succeeded, N);
     assert_int_equal(s.cancelled, 0);
-    tpt_latch_destroy(&l);
 }
 
 /* ------------------------------------------------------------ forced shutdown */
 
 static void test_forced_shutdown(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     enum { Q = 5 };
     const uint64_t budget = TPT_MS(200);
-    tpt_latch l;
-    tpt_latch_init(&l);
+    tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = mkpool(2, 10);
     rec blk, slp, q[Q];
-    rec_init(&blk, M_BLOCK, &l); /* ignores cancellation until the latch opens */
+    rec_init(&blk, M_BLOCK, l); /* ignores cancellation until the latch opens */
     rec_init(&slp, M_SLEEP, NULL);
     submit_rec(p, &blk);
     submit_rec(p, &slp);
@@ -234,10 +229,10 @@ static void test_forced_shutdown(void **state) {
         assert_int_equal(atomic_load(&q[i].status), TP_ECANCELED);
         assert_int_equal(atomic_load(&q[i].ran), 0);
     }
-    assert_int_equal(atomic_load(&l.waiting), 1);
+    assert_int_equal(atomic_load(&l->waiting), 1);
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_ECLOSED);
 
-    tpt_latch_open(&l);
+    tpt_latch_open(l);
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_ETIMEDOUT); /* the shutdown's result */
     assert_int_equal(atomic_load(&blk.calls), 1);
     assert_int_equal(atomic_load(&blk.status), 0);               /* 0 is success */
@@ -255,8 +250,7 @@ static void test_forced_shutdown(void **state) {
     }
     assert_int_equal(atomic_load(&slp.calls), 1);
     tpt_pool_destroy(p);
-    assert_int_equal(atomic_load(&l.timeouts), 0);
-    tpt_latch_destroy(&l);
+    assert_int_equal(atomic_load(&l->timeouts), 0);
 }
 
 /* A task waiting for its retry is dropped by a forced shutdown, no retry runs. */
@@ -270,7 +264,7 @@ static int fail_once_task(tp_ctx *c, void *arg) {
 }
 
 static void test_forced_shutdown_drops_retry(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     atomic_store(&retry_attempts, 0);
     tp_config c = {0};
     c.workers = 1;
@@ -279,18 +273,18 @@ static void test_forced_shutdown_drops_retry(void **state) {
     c.retry_delay_ns = TPT_S(60); /* never within the test */
     c.log = tpt_quiet_log;
     tp_pool *p = tpt_pool_new(&c);
-    tpt_done d = {0};
+    tpt_done *d = tpt_fx_new(f, tpt_done);
     tp_task_opts o = {0};
     o.on_done = tpt_done_fn;
-    assert_int_equal(tp_submit(p, fail_once_task, &d, &o, NULL), TP_OK);
+    assert_int_equal(tp_submit(p, fail_once_task, d, &o, NULL), TP_OK);
     TPT_EVENTUALLY(tpt_stats(p).delayed == 1 && tpt_stats(p).active == 0);
-    assert_int_equal(atomic_load(&d.calls), 0);
+    assert_int_equal(atomic_load(&d->calls), 0);
 
     uint64_t t0 = tp_now_ns();
     assert_int_equal(tp_shutdown(p, TPT_MS(100)), TP_ETIMEDOUT);
     assert_true(tp_now_ns() - t0 < TPT_WAIT_NS / 4);
-    TPT_EVENTUALLY(atomic_load(&d.calls) == 1);
-    assert_int_equal(atomic_load(&d.status), TP_ECANCELED);
+    TPT_EVENTUALLY(atomic_load(&d->calls) == 1);
+    assert_int_equal(atomic_load(&d->status), TP_ECANCELED);
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_ETIMEDOUT);
     assert_int_equal(atomic_load(&retry_attempts), 1);
     tp_stats s = tpt_stats(p);
@@ -299,7 +293,7 @@ static void test_forced_shutdown_drops_retry(void **state) {
     assert_int_equal(s.cancelled, 1);
     assert_int_equal(s.workers, 0);
     tpt_pool_destroy(p);
-    assert_int_equal(atomic_load(&d.calls), 1);
+    assert_int_equal(atomic_load(&d->calls), 1);
 }
 
 /* ------------------------------------------------------------ one countdown */
@@ -336,12 +330,11 @@ static void *shut_main(void *a) {
 /* A second call with a huge budget started later still returns TP_ETIMEDOUT
  * at the first call's deadline. */
 static void test_shutdown_countdown_not_reset(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     const uint64_t budget = TPT_MS(300);
-    tpt_latch l;
-    tpt_latch_init(&l);
+    tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = mkpool(1, 4);
-    tpt_fill_workers(p, &l, 1, NULL);
+    tpt_fill_workers(p, l, 1, NULL);
 
     shut_call first = {0};
     first.p = p;
@@ -368,21 +361,19 @@ static void test_shutdown_countdown_not_reset(void **state) {
     assert_true(tp_now_ns() - t3 < TPT_WAIT_NS / 4);
     assert_int_equal(tp_shutdown(p, 0), TP_ETIMEDOUT);
 
-    tpt_latch_open(&l);
+    tpt_latch_open(l);
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_ETIMEDOUT);
     tp_stats s = tpt_stats(p);
     tpt_assert_at_rest(&s);
     tpt_pool_destroy(p);
-    tpt_latch_destroy(&l);
 }
 
 /* A shorter budget in a later call does not shorten the countdown either. */
 static void test_shutdown_countdown_not_shortened(void **state) {
-    (void)state;
-    tpt_latch l;
-    tpt_latch_init(&l);
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = mkpool(1, 4);
-    tpt_fill_workers(p, &l, 1, NULL);
+    tpt_fill_workers(p, l, 1, NULL);
     atomic_int done = 0;
     rec r;
     rec_init(&r, M_NOP, NULL);
@@ -404,7 +395,7 @@ static void test_shutdown_countdown_not_shortened(void **state) {
     pthread_t th2;
     assert_int_equal(pthread_create(&th2, NULL, shut_main, &second), 0);
     tpt_sleep_ns(TPT_MS(30)); /* let the second call start; not needed for correctness */
-    tpt_latch_open(&l);
+    tpt_latch_open(l);
     pthread_join(th, NULL);
     pthread_join(th2, NULL);
     assert_int_equal(first.rc, TP_OK);
@@ -412,26 +403,24 @@ static void test_shutdown_countdown_not_shortened(void **state) {
     assert_int_equal(second.done_at_return, 1);
     tp_stats s = tpt_pool_finish(p);
     assert_int_equal(s.cancelled, 0);
-    tpt_latch_destroy(&l);
 }
 
 /* ------------------------------------------------------------ concurrent callers */
 
 static void test_concurrent_shutdown_drained(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     enum { W = 2, N = 6, T = 6 };
-    tpt_latch l;
-    tpt_latch_init(&l);
+    tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = mkpool(W, 16);
     atomic_int done = 0;
     rec r[N];
     for (int i = 0; i < N; i++) {
-        rec_init(&r[i], M_BLOCK, &l);
+        rec_init(&r[i], M_BLOCK, l);
         atomic_store(&r[i].slow_done, 1);
         r[i].done_counter = &done;
         submit_rec(p, &r[i]);
     }
-    TPT_EVENTUALLY(atomic_load(&l.waiting) == W && tpt_stats(p).active == W);
+    TPT_EVENTUALLY(atomic_load(&l->waiting) == W && tpt_stats(p).active == W);
 
     atomic_int start = 0, ready = 0;
     shut_call c[T];
@@ -450,7 +439,7 @@ static void test_concurrent_shutdown_drained(void **state) {
     atomic_store(&start, 1);
     TPT_EVENTUALLY(pool_closed(p));
     tpt_sleep_ns(TPT_MS(20)); /* likely all inside their call */
-    tpt_latch_open(&l);
+    tpt_latch_open(l);
     for (int i = 0; i < T; i++)
         pthread_join(th[i], NULL);
     for (int i = 0; i < T; i++) {
@@ -460,17 +449,15 @@ static void test_concurrent_shutdown_drained(void **state) {
     for (int i = 0; i < N; i++)
         assert_int_equal(atomic_load(&r[i].calls), 1);
     tpt_pool_finish(p);
-    tpt_latch_destroy(&l);
 }
 
 static void test_concurrent_shutdown_forced(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     enum { T = 6 };
     const uint64_t budget = TPT_MS(150);
-    tpt_latch l;
-    tpt_latch_init(&l);
+    tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = mkpool(1, 4);
-    tpt_fill_workers(p, &l, 1, NULL);
+    tpt_fill_workers(p, l, 1, NULL);
     rec q;
     rec_init(&q, M_NOP, NULL);
     submit_rec(p, &q);
@@ -511,7 +498,7 @@ static void test_concurrent_shutdown_forced(void **state) {
         w[i].is_wait = 1;
         assert_int_equal(pthread_create(&wt[i], NULL, shut_main, &w[i]), 0);
     }
-    tpt_latch_open(&l);
+    tpt_latch_open(l);
     for (int i = 0; i < 3; i++) {
         pthread_join(wt[i], NULL);
         assert_int_equal(w[i].rc, TP_ETIMEDOUT);
@@ -520,20 +507,18 @@ static void test_concurrent_shutdown_forced(void **state) {
     tpt_assert_at_rest(&s);
     assert_int_equal(s.workers, 0);
     tpt_pool_destroy(p);
-    tpt_latch_destroy(&l);
 }
 
 /* ------------------------------------------------------------ ignoring task */
 
 static void test_task_ignoring_cancellation(void **state) {
-    (void)state;
-    tpt_latch l;
-    tpt_latch_init(&l);
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = mkpool(1, 4);
     rec blk;
-    rec_init(&blk, M_BLOCK, &l);
+    rec_init(&blk, M_BLOCK, l);
     submit_rec(p, &blk);
-    TPT_EVENTUALLY(atomic_load(&l.waiting) == 1 && tpt_stats(p).active == 1);
+    TPT_EVENTUALLY(atomic_load(&l->waiting) == 1 && tpt_stats(p).active == 1);
 
     uint64_t t0 = tp_now_ns();
     assert_int_equal(tp_shutdown(p, TPT_MS(100)), TP_ETIMEDOUT);
@@ -550,7 +535,7 @@ static void test_task_ignoring_cancellation(void **state) {
     assert_int_equal(tpt_stats(p).workers, 1);
     assert_int_equal(atomic_load(&blk.calls), 0);
 
-    tpt_latch_open(&l);
+    tpt_latch_open(l);
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_ETIMEDOUT); /* the shutdown's result */
     assert_int_equal(atomic_load(&blk.calls), 1);
     assert_int_equal(atomic_load(&blk.status), 0);
@@ -558,8 +543,7 @@ static void test_task_ignoring_cancellation(void **state) {
     tpt_assert_at_rest(&s);
     assert_int_equal(s.workers, 0);
     tpt_pool_destroy(p);
-    assert_int_equal(atomic_load(&l.timeouts), 0);
-    tpt_latch_destroy(&l);
+    assert_int_equal(atomic_load(&l->timeouts), 0);
 }
 
 /* ------------------------------------------------------------ tp_wait */
@@ -579,21 +563,20 @@ static void *wait_main(void *a) {
 
 /* tp_wait does not start a shutdown: it waits for someone else's close. */
 static void test_wait_alone_waits_for_close(void **state) {
-    (void)state;
-    tpt_latch l;
-    tpt_latch_init(&l);
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = mkpool(2, 8);
-    tpt_fill_workers(p, &l, 1, NULL);
+    tpt_fill_workers(p, l, 1, NULL);
 
     /* On its own it times out and leaves the pool open and working. */
     uint64_t t0 = tp_now_ns();
     assert_int_equal(tp_wait(p, TPT_MS(50)), TP_ETIMEDOUT);
     assert_true(tp_now_ns() - t0 >= TPT_MS(49));
-    tpt_done d = {0};
+    tpt_done *d = tpt_fx_new(f, tpt_done);
     tp_task_opts o = {0};
     o.on_done = tpt_done_fn;
-    assert_int_equal(tp_submit(p, tpt_nop_task, &d, &o, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&d.calls) == 1);
+    assert_int_equal(tp_submit(p, tpt_nop_task, d, &o, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&d->calls) == 1);
     assert_int_equal(tpt_stats(p).workers, 2);
 
     wait_call w = {0};
@@ -606,14 +589,13 @@ static void test_wait_alone_waits_for_close(void **state) {
 
     assert_int_equal(tp_close(p), TP_OK);
     assert_false(TPT_POLL(atomic_load(&w.returned), TPT_MS(20))); /* a task still runs */
-    tpt_latch_open(&l);
+    tpt_latch_open(l);
     pthread_join(th, NULL);
     assert_int_equal(w.rc, TP_OK);
     tp_stats s = tpt_stats(p);
     assert_int_equal(s.workers, 0);
     tpt_assert_at_rest(&s);
     tpt_pool_finish(p);
-    tpt_latch_destroy(&l);
 }
 
 static void test_wait_returns_shutdown_result(void **state) {
@@ -704,9 +686,8 @@ static void assert_dl(dl_probe *d) {
 }
 
 static void test_edeadlk_from_task_and_on_done(void **state) {
-    (void)state;
-    tpt_latch l;
-    tpt_latch_init(&l);
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = mkpool(1, 8);
 
     /* inside a task */
@@ -715,11 +696,11 @@ static void test_edeadlk_from_task_and_on_done(void **state) {
     assert_int_equal(tp_submit(p, dl_task, &in_task, NULL, NULL), TP_OK);
     assert_dl(&in_task);
     /* nothing else was done: the pool still admits and runs work */
-    tpt_done d = {0};
+    tpt_done *d = tpt_fx_new(f, tpt_done);
     tp_task_opts o = {0};
     o.on_done = tpt_done_fn;
-    assert_int_equal(tp_submit(p, tpt_nop_task, &d, &o, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&d.calls) == 1);
+    assert_int_equal(tp_submit(p, tpt_nop_task, d, &o, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&d->calls) == 1);
 
     /* inside on_done on a worker (after the task ran) */
     dl_probe in_done;
@@ -729,14 +710,14 @@ static void test_edeadlk_from_task_and_on_done(void **state) {
     assert_dl(&in_done);
 
     /* inside on_done of a task cancelled while queued (service thread) */
-    tpt_fill_workers(p, &l, 1, NULL);
+    tpt_fill_workers(p, l, 1, NULL);
     dl_probe in_svc;
     dl_init(&in_svc, p, 0);
     uint64_t id = 0;
     assert_int_equal(tp_submit(p, tpt_nop_task, &in_svc, &o, &id), TP_OK);
     assert_int_equal(tp_cancel(p, id), TP_OK);
     assert_dl(&in_svc);
-    tpt_latch_open(&l);
+    tpt_latch_open(l);
 
     /* still open after all that */
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_OK);
@@ -750,7 +731,6 @@ static void test_edeadlk_from_task_and_on_done(void **state) {
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_ECLOSED);
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK);
     tpt_pool_finish(p);
-    tpt_latch_destroy(&l);
 }
 
 /* The worker hooks and the log hook are the pool's own threads too. */
@@ -800,7 +780,7 @@ static int failing_task(tp_ctx *c, void *arg) {
 }
 
 static void test_edeadlk_from_hooks(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     hook_probe h;
     atomic_init(&h.pool, NULL);
     atomic_init(&h.calls, 0);
@@ -819,13 +799,13 @@ static void test_edeadlk_from_hooks(void **state) {
     c.log_arg = &h;
     tp_pool *p = tpt_pool_new(&c);
     atomic_store(&h.pool, p);
-    tpt_done d = {0};
+    tpt_done *d = tpt_fx_new(f, tpt_done);
     tp_task_opts o = {0};
     o.on_done = tpt_done_fn;
     atomic_store(&h.armed, 1);
-    assert_int_equal(tp_submit(p, failing_task, &d, &o, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&d.calls) == 1);
-    assert_int_equal(atomic_load(&d.status), 7);
+    assert_int_equal(tp_submit(p, failing_task, d, &o, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&d->calls) == 1);
+    assert_int_equal(atomic_load(&d->status), 7);
     TPT_EVENTUALLY(atomic_load(&h.log_calls) >= 1);
     atomic_store(&h.armed, 0);
     assert_int_equal(atomic_load(&h.log_wrong), 0);
@@ -839,18 +819,17 @@ static void test_edeadlk_from_hooks(void **state) {
 /* ------------------------------------------------------------ destroy, create */
 
 static void test_destroy_without_shutdown_drains(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     enum { N = 6 };
-    tpt_latch l;
-    tpt_latch_init(&l);
+    tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = mkpool(1, 8);
     rec r[N];
     for (int i = 0; i < N; i++) {
-        rec_init(&r[i], i == 0 ? M_BLOCK : M_WORK, &l);
+        rec_init(&r[i], i == 0 ? M_BLOCK : M_WORK, l);
         submit_rec(p, &r[i]);
     }
-    TPT_EVENTUALLY(atomic_load(&l.waiting) == 1);
-    opener op = {&l, TPT_MS(50)};
+    TPT_EVENTUALLY(atomic_load(&l->waiting) == 1);
+    opener op = {l, TPT_MS(50)};
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, opener_main, &op), 0);
     tpt_pool_destroy(p);
@@ -860,8 +839,7 @@ static void test_destroy_without_shutdown_drains(void **state) {
         assert_int_equal(atomic_load(&r[i].calls), 1);
         assert_int_equal(atomic_load(&r[i].status), 0);
     }
-    assert_int_equal(atomic_load(&l.timeouts), 0);
-    tpt_latch_destroy(&l);
+    assert_int_equal(atomic_load(&l->timeouts), 0);
 }
 
 /* Destroying an idle, never-used pool is fine too. */
@@ -872,7 +850,7 @@ static void test_destroy_idle_pool(void **state) {
 }
 
 static void test_create_null_config(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     assert_int_equal(tp_create(NULL, NULL), TP_EINVAL);
     tp_pool *p = tpt_pool_new(NULL); /* asserts tp_create(&p, NULL) == TP_OK, p != NULL */
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
@@ -882,12 +860,12 @@ static void test_create_null_config(void **state) {
             want = TP_MAX_WORKERS;
         TPT_EVENTUALLY(tpt_stats(p).workers == want);
     }
-    tpt_done d = {0};
+    tpt_done *d = tpt_fx_new(f, tpt_done);
     tp_task_opts o = {0};
     o.on_done = tpt_done_fn;
-    assert_int_equal(tp_submit(p, tpt_nop_task, &d, &o, NULL), TP_OK);
+    assert_int_equal(tp_submit(p, tpt_nop_task, d, &o, NULL), TP_OK);
     tp_stats s = tpt_pool_finish(p);
-    assert_int_equal(atomic_load(&d.calls), 1);
+    assert_int_equal(atomic_load(&d->calls), 1);
     assert_int_equal(s.succeeded, 1);
 }
 
@@ -908,24 +886,24 @@ static void test_workers_zero_after_wait(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_close_stops_admission_and_drains, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_close_idle_pool, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_shutdown_drains_in_time, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_forced_shutdown, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_forced_shutdown_drops_retry, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_shutdown_countdown_not_reset, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_shutdown_countdown_not_shortened, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_concurrent_shutdown_drained, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_concurrent_shutdown_forced, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_task_ignoring_cancellation, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_wait_alone_waits_for_close, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_wait_returns_shutdown_result, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_edeadlk_from_task_and_on_done, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_edeadlk_from_hooks, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_destroy_without_shutdown_drains, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_destroy_idle_pool, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_create_null_config, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_workers_zero_after_wait, tpt_guard_setup, tpt_guard_teardown),
+        TPT_TEST(test_close_stops_admission_and_drains),
+        TPT_TEST(test_close_idle_pool),
+        TPT_TEST(test_shutdown_drains_in_time),
+        TPT_TEST(test_forced_shutdown),
+        TPT_TEST(test_forced_shutdown_drops_retry),
+        TPT_TEST(test_shutdown_countdown_not_reset),
+        TPT_TEST(test_shutdown_countdown_not_shortened),
+        TPT_TEST(test_concurrent_shutdown_drained),
+        TPT_TEST(test_concurrent_shutdown_forced),
+        TPT_TEST(test_task_ignoring_cancellation),
+        TPT_TEST(test_wait_alone_waits_for_close),
+        TPT_TEST(test_wait_returns_shutdown_result),
+        TPT_TEST(test_edeadlk_from_task_and_on_done),
+        TPT_TEST(test_edeadlk_from_hooks),
+        TPT_TEST(test_destroy_without_shutdown_drains),
+        TPT_TEST(test_destroy_idle_pool),
+        TPT_TEST(test_create_null_config),
+        TPT_TEST(test_workers_zero_after_wait),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

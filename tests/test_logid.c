@@ -144,13 +144,12 @@ static int is_generated_format(const char *s) {
 /* ------------------------------------------------------------ explicit */
 
 static void test_logid_explicit_copied(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_log_id_set(NULL);
     tp_pool *p = mkpool(1, 0);
-    tpt_latch gate;
-    tpt_latch_init(&gate);
-    assert_int_equal(tp_submit(p, tpt_block_task, &gate, NULL, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&gate.waiting) == 1);
+    tpt_latch *gate = tpt_fx_latch(f);
+    assert_int_equal(tp_submit(p, tpt_block_task, gate, NULL, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&gate->waiting) == 1);
 
     char buf[64];
     strcpy(buf, "req-123");
@@ -158,7 +157,7 @@ static void test_logid_explicit_copied(void **state) {
     submit_l(p, &r, buf);
     memset(buf, 'Q', sizeof buf - 1);
     buf[sizeof buf - 1] = '\0';
-    tpt_latch_open(&gate);
+    tpt_latch_open(gate);
     wait_l(&r);
     assert_string_equal(r.ctx_id, "req-123");
     assert_false(atomic_load(&r.get_null));
@@ -175,7 +174,6 @@ static void test_logid_explicit_copied(void **state) {
     wait_l(&l);
     assert_string_equal(l.ctx_id, longid);
     tpt_finish(p);
-    tpt_latch_destroy(&gate);
 }
 
 static void test_logid_too_long_einval(void **state) {
@@ -229,13 +227,12 @@ static void test_logid_set_get_on_plain_thread(void **state) {
 }
 
 static void test_logid_inherited_from_submitter(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_log_id_set(NULL);
     tp_pool *p = mkpool(1, 0);
-    tpt_latch gate;
-    tpt_latch_init(&gate);
-    assert_int_equal(tp_submit(p, tpt_block_task, &gate, NULL, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&gate.waiting) == 1);
+    tpt_latch *gate = tpt_fx_latch(f);
+    assert_int_equal(tp_submit(p, tpt_block_task, gate, NULL, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&gate->waiting) == 1);
 
     char buf[32];
     strcpy(buf, "parent-1");
@@ -248,7 +245,7 @@ static void test_logid_inherited_from_submitter(void **state) {
     tp_log_id_set("parent-2"); /* changing it later does not reach a */
     tp_log_id_set(NULL);
     submit_l(p, &g, NULL); /* none: generated */
-    tpt_latch_open(&gate);
+    tpt_latch_open(gate);
 
     wait_l(&a);
     TPT_EVENTUALLY(atomic_load(&b.finished) == 1);
@@ -262,7 +259,6 @@ static void test_logid_inherited_from_submitter(void **state) {
     assert_string_equal(g.get_id, g.ctx_id);
     tpt_finish(p);
     assert_null(tp_log_id_get());
-    tpt_latch_destroy(&gate);
 }
 
 /* ------------------------------------------------------------ generated */
@@ -341,7 +337,7 @@ static void test_logid_kept_across_retries(void **state) {
     cfg.retry_delay_ns = TPT_MS(1);
     cfg.log = tpt_quiet_log;
     tp_pool *p = NULL;
-    assert_int_equal(tp_create(&p, &cfg), TP_OK);
+    p = tpt_pool_new(&cfg);
 
     lrec gen = {0}, exp = {0}, inh = {0};
     gen.fail_until = 2;
@@ -414,15 +410,14 @@ static void test_logid_child_inherits(void **state) {
 }
 
 static void test_logid_on_done_of_unrun_task(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_log_id_set(NULL);
     /* A task cancelled while queued ends on the service thread: its on_done
      * still runs with the task's log id current. */
     tp_pool *p = mkpool(1, 0);
-    tpt_latch gate;
-    tpt_latch_init(&gate);
-    assert_int_equal(tp_submit(p, tpt_block_task, &gate, NULL, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&gate.waiting) == 1);
+    tpt_latch *gate = tpt_fx_latch(f);
+    assert_int_equal(tp_submit(p, tpt_block_task, gate, NULL, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&gate->waiting) == 1);
     lrec r = {0}, g = {0};
     tp_task_opts o = {0};
     o.on_done = lrec_done;
@@ -438,10 +433,9 @@ static void test_logid_on_done_of_unrun_task(void **state) {
     assert_string_equal(r.done_id, "unrun-7");
     assert_false(atomic_load(&g.done_null));
     assert_true(is_generated(g.done_id));
-    tpt_latch_open(&gate);
+    tpt_latch_open(gate);
     tpt_finish(p);
     assert_int_equal(atomic_load(&r.finished), 0); /* never ran */
-    tpt_latch_destroy(&gate);
 }
 
 /* ------------------------------------------------------------ log hook */
@@ -492,7 +486,7 @@ static void test_logid_log_hook_receives_it(void **state) {
     cfg.workers = 1;
     cfg.log = hook_log;
     tp_pool *p = NULL;
-    assert_int_equal(tp_create(&p, &cfg), TP_OK);
+    p = tpt_pool_new(&cfg);
     lrec e = {0}, i = {0}, g = {0};
     e.fail_until = 1;
     i.fail_until = 1;
@@ -580,16 +574,16 @@ static void test_logid_default_stderr(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_logid_explicit_copied),
-        cmocka_unit_test(test_logid_too_long_einval),
-        cmocka_unit_test(test_logid_set_get_on_plain_thread),
-        cmocka_unit_test(test_logid_inherited_from_submitter),
-        cmocka_unit_test(test_logid_generated_unique),
-        cmocka_unit_test(test_logid_kept_across_retries),
-        cmocka_unit_test(test_logid_child_inherits),
-        cmocka_unit_test(test_logid_on_done_of_unrun_task),
-        cmocka_unit_test(test_logid_log_hook_receives_it),
-        cmocka_unit_test(test_logid_default_stderr),
+        TPT_TEST(test_logid_explicit_copied),
+        TPT_TEST(test_logid_too_long_einval),
+        TPT_TEST(test_logid_set_get_on_plain_thread),
+        TPT_TEST(test_logid_inherited_from_submitter),
+        TPT_TEST(test_logid_generated_unique),
+        TPT_TEST(test_logid_kept_across_retries),
+        TPT_TEST(test_logid_child_inherits),
+        TPT_TEST(test_logid_on_done_of_unrun_task),
+        TPT_TEST(test_logid_log_hook_receives_it),
+        TPT_TEST(test_logid_default_stderr),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -268,7 +268,7 @@ static void test_retry_holds_no_worker(void **state) {
 }
 
 static void test_retry_cancel_while_waiting_all_workers_busy(void **state) {
-    (void)state;
+    tpt_fixture *fx = tpt_fx(state);
     tp_pool *p = mkpool(1, 2, TPT_S(60), 0);
     rt f = {0};
     f.fail_until = ALWAYS;
@@ -277,57 +277,53 @@ static void test_retry_cancel_while_waiting_all_workers_busy(void **state) {
     submit_rt(p, &f, NULL, &fid);
     TPT_EVENTUALLY(tpt_stats(p).delayed == 1);
 
-    tpt_latch gate;
-    tpt_latch_init(&gate);
-    assert_int_equal(tp_submit(p, tpt_block_task, &gate, NULL, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&gate.waiting) == 1);
+    tpt_latch *gate = tpt_fx_latch(fx);
+    assert_int_equal(tp_submit(p, tpt_block_task, gate, NULL, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&gate->waiting) == 1);
 
     /* Its on_done must not need a worker. */
     assert_int_equal(tp_cancel(p, fid), TP_OK);
     TPT_EVENTUALLY(atomic_load(&f.done_calls) == 1);
     assert_int_equal(atomic_load(&f.done_status), TP_ECANCELED);
-    assert_int_equal(atomic_load(&gate.waiting), 1);
+    assert_int_equal(atomic_load(&gate->waiting), 1);
 
-    tpt_latch_open(&gate);
+    tpt_latch_open(gate);
     tp_stats s = tpt_finish(p);
     assert_int_equal(atomic_load(&f.attempts), 1);
     assert_int_equal(s.retried, 0);
     assert_int_equal(s.cancelled, 1);
-    assert_int_equal(atomic_load(&gate.timeouts), 0);
-    tpt_latch_destroy(&gate);
+    assert_int_equal(atomic_load(&gate->timeouts), 0);
 }
 
 static void test_retry_goes_to_back_of_queue(void **state) {
-    (void)state;
+    tpt_fixture *fx = tpt_fx(state);
     order_reset();
     tp_pool *p = mkpool(1, 1, TPT_MS(1), 0);
-    tpt_latch l0, l1;
-    tpt_latch_init(&l0);
-    tpt_latch_init(&l1);
-
+    tpt_latch *l0 = tpt_fx_latch(fx);
+    tpt_latch *l1 = tpt_fx_latch(fx);
     rt f = {0}, a1 = {0}, a2 = {0}, a3 = {0}, a4 = {0};
     f.tag = 9;
     f.fail_until = 1;
     f.fail_status = 1;
-    f.gate0 = &l0;
+    f.gate0 = l0;
     a1.tag = 1;
-    a1.gate0 = &l1;
+    a1.gate0 = l1;
     a2.tag = 2;
     a3.tag = 3;
     a4.tag = 4;
 
     submit_rt(p, &f, NULL, NULL);
-    TPT_EVENTUALLY(atomic_load(&l0.waiting) == 1);
+    TPT_EVENTUALLY(atomic_load(&l0->waiting) == 1);
     submit_rt(p, &a1, NULL, NULL);
     submit_rt(p, &a2, NULL, NULL);
     submit_rt(p, &a3, NULL, NULL);
     /* f fails; a1 takes the worker and blocks; f's retry queues behind a3. */
-    tpt_latch_open(&l0);
+    tpt_latch_open(l0);
     tp_stats s;
-    TPT_EVENTUALLY(atomic_load(&l1.waiting) == 1 &&
+    TPT_EVENTUALLY(atomic_load(&l1->waiting) == 1 &&
                    (s = tpt_stats(p)).queued == 3 && s.delayed == 0);
     submit_rt(p, &a4, NULL, NULL); /* after the retry was queued */
-    tpt_latch_open(&l1);
+    tpt_latch_open(l1);
 
     TPT_EVENTUALLY(atomic_load(&f.done_calls) == 1 && atomic_load(&a4.done_calls) == 1);
     s = tpt_finish(p);
@@ -338,8 +334,6 @@ static void test_retry_goes_to_back_of_queue(void **state) {
     assert_int_equal(atomic_load(&f.done_status), 0);
     assert_int_equal(s.retried, 1);
     assert_int_equal(s.succeeded, 5);
-    tpt_latch_destroy(&l0);
-    tpt_latch_destroy(&l1);
 }
 
 /* ------------------------------------------------------------ what ends a retry */
@@ -436,7 +430,7 @@ static void test_retry_deadline_passes_while_waiting(void **state) {
 }
 
 static void test_retry_deadline_passes_while_running(void **state) {
-    (void)state;
+    tpt_fixture *fx = tpt_fx(state);
     tp_pool *p = mkpool(1, 3, TPT_MS(1), 0);
     /* Sleeps until the deadline, returns TP_ETIMEDOUT: not retried. */
     rt f = {0};
@@ -455,14 +449,13 @@ static void test_retry_deadline_passes_while_running(void **state) {
     g.mode = RT_RETURN;
     g.fail_until = ALWAYS;
     g.fail_status = 11;
-    tpt_latch gate;
-    tpt_latch_init(&gate);
-    g.gate0 = &gate;
+    tpt_latch *gate = tpt_fx_latch(fx);
+    g.gate0 = gate;
     o.deadline_ns = tp_now_ns() + TPT_MS(300);
     submit_rt(p, &g, &o, NULL);
-    TPT_EVENTUALLY(atomic_load(&gate.waiting) == 1);
+    TPT_EVENTUALLY(atomic_load(&gate->waiting) == 1);
     tpt_sleep_until(o.deadline_ns + TPT_MS(1));
-    tpt_latch_open(&gate);
+    tpt_latch_open(gate);
     TPT_EVENTUALLY(atomic_load(&g.done_calls) == 1);
     assert_int_equal(atomic_load(&g.done_status), 11);
 
@@ -473,35 +466,33 @@ static void test_retry_deadline_passes_while_running(void **state) {
     assert_int_equal(s.failed, 2);
     assert_int_equal(s.cancelled, 1);
     assert_int_equal(s.expired, 0);
-    tpt_latch_destroy(&gate);
 }
 
 static void test_retry_deadline_passes_while_requeued(void **state) {
-    (void)state;
+    tpt_fixture *fx = tpt_fx(state);
     /* The retry is back in the queue (behind a blocker) when its deadline
      * passes: it ends TP_ETIMEDOUT without another attempt, cancelled but not
      * expired, since it ran before. */
     tp_pool *p = mkpool(1, 3, TPT_MS(1), 0);
-    tpt_latch l0, lb;
-    tpt_latch_init(&l0);
-    tpt_latch_init(&lb);
+    tpt_latch *l0 = tpt_fx_latch(fx);
+    tpt_latch *lb = tpt_fx_latch(fx);
     rt f = {0};
     f.fail_until = ALWAYS;
     f.fail_status = 1;
-    f.gate0 = &l0;
+    f.gate0 = l0;
     tp_task_opts o = {0};
     o.deadline_ns = tp_now_ns() + TPT_MS(600);
     submit_rt(p, &f, &o, NULL);
-    TPT_EVENTUALLY(atomic_load(&l0.waiting) == 1);
-    assert_int_equal(tp_submit(p, tpt_block_task, &lb, NULL, NULL), TP_OK);
-    tpt_latch_open(&l0);
+    TPT_EVENTUALLY(atomic_load(&l0->waiting) == 1);
+    assert_int_equal(tp_submit(p, tpt_block_task, lb, NULL, NULL), TP_OK);
+    tpt_latch_open(l0);
     /* f failed; the blocker holds the worker; f's retry waits in the queue. */
     tp_stats s;
-    TPT_EVENTUALLY(atomic_load(&lb.waiting) == 1 && (s = tpt_stats(p)).queued == 1 &&
+    TPT_EVENTUALLY(atomic_load(&lb->waiting) == 1 && (s = tpt_stats(p)).queued == 1 &&
                    s.delayed == 0);
     assert_true(atomic_load(&f.t_return0) < o.deadline_ns);
     tpt_sleep_until(o.deadline_ns + TPT_MS(1));
-    tpt_latch_open(&lb);
+    tpt_latch_open(lb);
     TPT_EVENTUALLY(atomic_load(&f.done_calls) == 1);
     assert_int_equal(atomic_load(&f.done_status), TP_ETIMEDOUT);
     s = tpt_finish(p);
@@ -510,8 +501,6 @@ static void test_retry_deadline_passes_while_requeued(void **state) {
     assert_int_equal(s.retried, 0);
     assert_int_equal(s.cancelled, 1);
     assert_int_equal(s.expired, 0);
-    tpt_latch_destroy(&l0);
-    tpt_latch_destroy(&lb);
 }
 
 static void test_retry_run_timeout_is_retried(void **state) {
@@ -551,7 +540,7 @@ static void test_retry_run_timeout_is_retried(void **state) {
 /* ------------------------------------------------------------ capacity */
 
 static void test_retry_delayed_counts_toward_capacity(void **state) {
-    (void)state;
+    tpt_fixture *fx = tpt_fx(state);
     /* Capacity 1, one task waiting for a retry: the queue is empty and the
      * worker idle, yet there is no space. */
     tp_pool *p = mkpool(1, 1, TPT_S(60), 1);
@@ -583,10 +572,9 @@ static void test_retry_delayed_counts_toward_capacity(void **state) {
     g.fail_status = 1;
     submit_rt(p, &g, NULL, &fid);
     TPT_EVENTUALLY(tpt_stats(p).delayed == 1);
-    tpt_latch gate;
-    tpt_latch_init(&gate);
-    assert_int_equal(tp_submit(p, tpt_block_task, &gate, NULL, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&gate.waiting) == 1);
+    tpt_latch *gate = tpt_fx_latch(fx);
+    assert_int_equal(tp_submit(p, tpt_block_task, gate, NULL, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&gate->waiting) == 1);
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_OK);
     TPT_EVENTUALLY((s = tpt_stats(p)).queued == 1 && s.delayed == 1 && s.active == 1);
     assert_true(s.active + s.queued + s.delayed <= 1 + 2);
@@ -597,12 +585,11 @@ static void test_retry_delayed_counts_toward_capacity(void **state) {
     TPT_EVENTUALLY(tpt_stats(p).delayed == 0);
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_OK);
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_EFULL);
-    tpt_latch_open(&gate);
+    tpt_latch_open(gate);
     s = tpt_finish(p);
     assert_int_equal(s.rejected_full, 2);
     assert_int_equal(s.accepted, 4);
-    assert_int_equal(atomic_load(&gate.timeouts), 0);
-    tpt_latch_destroy(&gate);
+    assert_int_equal(atomic_load(&gate->timeouts), 0);
 }
 
 /* ------------------------------------------------------------ logging */
@@ -666,7 +653,7 @@ static void test_retry_logging(void **state) {
     cfg.retry_delay_ns = TPT_MS(1);
     cfg.log = rec_log;
     tp_pool *p = NULL;
-    assert_int_equal(tp_create(&p, &cfg), TP_OK);
+    p = tpt_pool_new(&cfg);
 
     rt a = {0}, b = {0}, c = {0};
     a.fail_until = ALWAYS;
@@ -687,7 +674,7 @@ static void test_retry_logging(void **state) {
 
     /* A pool without retries: the only failed attempt is the last. */
     cfg.max_retries = 0;
-    assert_int_equal(tp_create(&p, &cfg), TP_OK);
+    p = tpt_pool_new(&cfg);
     rt d = {0};
     d.fail_until = ALWAYS;
     d.fail_status = 8;
@@ -748,7 +735,7 @@ static void test_retry_close_lets_retries_finish(void **state) {
     assert_int_equal(s.retried, 2);
     assert_int_equal(s.succeeded, 1);
     assert_int_equal(s.rejected_closed, 1);
-    assert_int_equal(tp_destroy(p), TP_OK);
+    tpt_pool_destroy(p);
 }
 
 /* An elastic pool grows for a retry that comes back to the queue, as it does
@@ -756,7 +743,7 @@ static void test_retry_close_lets_retries_finish(void **state) {
  * remaining worker. Regression: the service thread used to requeue retries
  * without ever adding a worker. */
 static void test_retry_grows_elastic_pool(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_config cfg = {0};
     cfg.workers = 1;
     cfg.max_workers = 2;
@@ -765,45 +752,43 @@ static void test_retry_grows_elastic_pool(void **state) {
     cfg.retry_delay_ns = TPT_MS(100);
     cfg.log = tpt_quiet_log;
     tp_pool *p = NULL;
-    assert_int_equal(tp_create(&p, &cfg), TP_OK);
+    p = tpt_pool_new(&cfg);
 
-    tpt_latch gate;
-    tpt_latch_init(&gate);
+    tpt_latch *gate = tpt_fx_latch(f);
     /* The blocker holds the first worker; the failing task gets a second,
      * which idles out while the retry waits. */
-    assert_int_equal(tp_submit(p, tpt_block_task, &gate, NULL, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&gate.waiting) == 1);
+    assert_int_equal(tp_submit(p, tpt_block_task, gate, NULL, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&gate->waiting) == 1);
     rt r = {.mode = RT_RETURN, .fail_until = 1, .fail_status = 5};
     submit_rt(p, &r, NULL, NULL);
     TPT_EVENTUALLY(atomic_load(&r.attempts) == 2 && atomic_load(&r.done_calls) == 1);
     assert_int_equal(atomic_load(&r.done_status), 0);
-    assert_int_equal(atomic_load(&gate.waiting), 1); /* the blocker still holds its worker */
-    tpt_latch_open(&gate);
+    assert_int_equal(atomic_load(&gate->waiting), 1); /* the blocker still holds its worker */
+    tpt_latch_open(gate);
     tp_stats s = tpt_finish(p);
     assert_int_equal(s.retried, 1);
     assert_int_equal(s.succeeded, 2);
-    tpt_latch_destroy(&gate);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_retry_exhausted),
-        cmocka_unit_test(test_retry_none_by_default),
-        cmocka_unit_test(test_retry_max_100),
-        cmocka_unit_test(test_retry_succeeds_on_attempt_k),
-        cmocka_unit_test(test_retry_holds_no_worker),
-        cmocka_unit_test(test_retry_cancel_while_waiting_all_workers_busy),
-        cmocka_unit_test(test_retry_goes_to_back_of_queue),
-        cmocka_unit_test(test_retry_cut_by_forced_shutdown),
-        cmocka_unit_test(test_retry_not_after_cancel),
-        cmocka_unit_test(test_retry_deadline_passes_while_waiting),
-        cmocka_unit_test(test_retry_deadline_passes_while_running),
-        cmocka_unit_test(test_retry_deadline_passes_while_requeued),
-        cmocka_unit_test(test_retry_run_timeout_is_retried),
-        cmocka_unit_test(test_retry_delayed_counts_toward_capacity),
-        cmocka_unit_test(test_retry_logging),
-        cmocka_unit_test(test_retry_close_lets_retries_finish),
-        cmocka_unit_test(test_retry_grows_elastic_pool),
+        TPT_TEST(test_retry_exhausted),
+        TPT_TEST(test_retry_none_by_default),
+        TPT_TEST(test_retry_max_100),
+        TPT_TEST(test_retry_succeeds_on_attempt_k),
+        TPT_TEST(test_retry_holds_no_worker),
+        TPT_TEST(test_retry_cancel_while_waiting_all_workers_busy),
+        TPT_TEST(test_retry_goes_to_back_of_queue),
+        TPT_TEST(test_retry_cut_by_forced_shutdown),
+        TPT_TEST(test_retry_not_after_cancel),
+        TPT_TEST(test_retry_deadline_passes_while_waiting),
+        TPT_TEST(test_retry_deadline_passes_while_running),
+        TPT_TEST(test_retry_deadline_passes_while_requeued),
+        TPT_TEST(test_retry_run_timeout_is_retried),
+        TPT_TEST(test_retry_delayed_counts_toward_capacity),
+        TPT_TEST(test_retry_logging),
+        TPT_TEST(test_retry_close_lets_retries_finish),
+        TPT_TEST(test_retry_grows_elastic_pool),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
