@@ -365,6 +365,10 @@ static inline void tpt_fx_forget(tp_pool *p) {
 }
 
 static inline int tpt_fixture_setup(void **state) {
+    if (tp_default() != NULL) { /* the previous teardown clears it */
+        printf("[  ERROR   ] setup: a default pool is registered before the test\n");
+        return -1;
+    }
     tpt_fixture *f = (tpt_fixture *)calloc(1, sizeof *f);
     if (f == NULL)
         return -1;
@@ -394,12 +398,33 @@ static inline int tpt_fx_end_pool(tpt_fixture *f, tp_pool *p) {
     return tp_destroy(p) == TP_OK ? 0 : -1;
 }
 
+static inline int tpt_fx_pools_left(const tpt_fixture *f) {
+    for (int i = 0; i < TPT_FX_POOLS; i++)
+        if (f->pools[i] != NULL)
+            return 1;
+    return 0;
+}
+
 static inline int tpt_fixture_teardown(void **state) {
     tpt_fixture *f = (tpt_fixture *)*state;
     if (f == NULL)
         return 0;
     for (int i = 0; i < TPT_FX_LATCHES; i++)
         tpt_latch_open(&f->latches[i]);
+    /* A default pool still registered is this test's too (tests start without
+     * one): unregister it, end it with the others, and report it. */
+    tp_pool *dflt = tp_default_swap(NULL);
+    int owned = dflt == NULL;
+    for (int i = 0; i < TPT_FX_POOLS && !owned; i++)
+        owned = f->pools[i] == dflt;
+    for (int i = 0; i < TPT_FX_POOLS && !owned; i++) {
+        if (f->pools[i] == NULL) {
+            f->pools[i] = dflt;
+            owned = 1;
+        }
+    }
+    if (!owned) /* no free slot: leak it rather than lose track of threads */
+        printf("[  LEAK    ] teardown: no slot for the default pool %p\n", (void *)dflt);
     /* Start every forced shutdown before waiting for any: the budgets overlap. */
     for (int i = 0; i < TPT_FX_POOLS; i++)
         if (f->pools[i] != NULL)
@@ -413,7 +438,11 @@ static inline int tpt_fixture_teardown(void **state) {
         else
             rc = -1;
     }
-    if (rc != 0)
+    if (dflt != NULL) {
+        printf("[  ERROR   ] teardown: the test left a default pool registered\n");
+        rc = -1;
+    }
+    if (rc != 0 && (!owned || tpt_fx_pools_left(f)))
         return -1; /* threads may still use the fixture: keep all of it */
     for (int i = 0; i < TPT_FX_LATCHES; i++)
         tpt_latch_destroy(&f->latches[i]);
@@ -426,7 +455,7 @@ static inline int tpt_fixture_teardown(void **state) {
         *tpt_fx_current_slot() = NULL;
     free(f);
     *state = NULL;
-    return 0;
+    return rc;
 }
 
 /* Register a test with the fixture. */
