@@ -163,23 +163,23 @@ static void test_cancel_queued(void **state) {
     tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = mkpool(1, 1);
     tpt_fill_workers(p, l, 1, NULL);
-    rec r;
-    rec_init(&r, M_NOP);
-    uint64_t id = submit_rec(p, &r);
+    rec *r = tpt_fx_new(f, rec);
+    rec_init(r, M_NOP);
+    uint64_t id = submit_rec(p, r);
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_EFULL);
 
     assert_int_equal(tp_cancel(p, id), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&r.calls) == 1);
-    assert_int_equal(atomic_load(&r.status), TP_ECANCELED);
-    assert_int_equal(atomic_load(&r.on_caller), 0); /* a pool thread, not ours */
-    assert_int_equal(atomic_load(&r.ran), 0);
+    TPT_EVENTUALLY(atomic_load(&r->calls) == 1);
+    assert_int_equal(atomic_load(&r->status), TP_ECANCELED);
+    assert_int_equal(atomic_load(&r->on_caller), 0); /* a pool thread, not ours */
+    assert_int_equal(atomic_load(&r->ran), 0);
     /* a second cancel of the same task finds nothing */
     assert_int_equal(tp_cancel(p, id), TP_ENOTFOUND);
     /* its queue place is free again */
     TPT_EVENTUALLY(tpt_stats(p).queued == 0);
-    rec r2;
-    rec_init(&r2, M_NOP);
-    submit_rec(p, &r2);
+    rec *r2 = tpt_fx_new(f, rec);
+    rec_init(r2, M_NOP);
+    submit_rec(p, r2);
 
     tp_stats s = tpt_stats(p);
     assert_int_equal(s.cancelled, 1);
@@ -189,10 +189,10 @@ static void test_cancel_queued(void **state) {
 
     tpt_latch_open(l);
     s = tpt_pool_finish(p);
-    assert_int_equal(atomic_load(&r.ran), 0);
-    assert_int_equal(atomic_load(&r.calls), 1);
-    assert_int_equal(atomic_load(&r2.calls), 1);
-    assert_int_equal(atomic_load(&r2.status), 0);
+    assert_int_equal(atomic_load(&r->ran), 0);
+    assert_int_equal(atomic_load(&r->calls), 1);
+    assert_int_equal(atomic_load(&r2->calls), 1);
+    assert_int_equal(atomic_load(&r2->status), 0);
     assert_int_equal(s.started, 2);
     assert_int_equal(s.cancelled, 1);
     assert_int_equal(s.expired, 0);
@@ -207,7 +207,7 @@ static void test_cancel_queued_on_done_prompt_when_busy(void **state) {
     tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = mkpool(W, Q);
     tpt_fill_workers(p, l, W, NULL);
-    rec r[Q];
+    rec *r = tpt_fx_array(f, rec, Q);
     uint64_t ids[Q];
     for (int i = 0; i < Q; i++) {
         rec_init(&r[i], M_NOP);
@@ -237,7 +237,7 @@ static void test_cancel_queued_on_done_prompt_when_busy(void **state) {
 /* ------------------------------------------------------------ retry wait */
 
 static void test_cancel_waiting_for_retry(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_config c = {0};
     c.workers = 1;
     c.queue_capacity = 4;
@@ -246,29 +246,29 @@ static void test_cancel_waiting_for_retry(void **state) {
     c.retry_delay_ns = TPT_S(60); /* never within the test */
     c.log = tpt_quiet_log;
     tp_pool *p = tpt_pool_new(&c);
-    rec r;
-    rec_init(&r, M_FAIL);
+    rec *r = tpt_fx_new(f, rec);
+    rec_init(r, M_FAIL);
     tp_task_opts o = {0};
     o.on_done = rec_done;
     o.user = "u";
     uint64_t id = 0;
-    assert_int_equal(tp_submit(p, rec_task, &r, &o, &id), TP_OK);
+    assert_int_equal(tp_submit(p, rec_task, r, &o, &id), TP_OK);
     TPT_EVENTUALLY(tpt_stats(p).delayed == 1 && tpt_stats(p).active == 0);
-    assert_int_equal(atomic_load(&r.ran), 1);
-    assert_int_equal(atomic_load(&r.calls), 0);
+    assert_int_equal(atomic_load(&r->ran), 1);
+    assert_int_equal(atomic_load(&r->calls), 0);
     assert_int_equal(tp_user_active(p, "u"), 1); /* kept while it waits */
 
     assert_int_equal(tp_cancel(p, id), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&r.calls) == 1);
-    assert_int_equal(atomic_load(&r.status), TP_ECANCELED);
-    assert_int_equal(atomic_load(&r.on_caller), 0);
-    assert_int_equal(atomic_load(&r.ran), 1); /* the retry never ran */
+    TPT_EVENTUALLY(atomic_load(&r->calls) == 1);
+    assert_int_equal(atomic_load(&r->status), TP_ECANCELED);
+    assert_int_equal(atomic_load(&r->on_caller), 0);
+    assert_int_equal(atomic_load(&r->ran), 1); /* the retry never ran */
     assert_int_equal(tp_user_active(p, "u"), 0);
     assert_int_equal(tp_cancel(p, id), TP_ENOTFOUND);
     TPT_EVENTUALLY(tpt_stats(p).delayed == 0);
 
     tp_stats s = tpt_pool_finish(p);
-    assert_int_equal(atomic_load(&r.ran), 1);
+    assert_int_equal(atomic_load(&r->ran), 1);
     assert_int_equal(s.retried, 0);
     assert_int_equal(s.cancelled, 1);
     assert_int_equal(s.failed, 1);
@@ -278,19 +278,19 @@ static void test_cancel_waiting_for_retry(void **state) {
 /* ------------------------------------------------------------ running */
 
 static void test_cancel_running_sleep(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_pool *p = mkpool(1, 4);
-    rec r;
-    rec_init(&r, M_SLEEP);
-    uint64_t id = submit_rec(p, &r);
-    TPT_EVENTUALLY(atomic_load(&r.ran) == 1 && tpt_stats(p).active == 1);
+    rec *r = tpt_fx_new(f, rec);
+    rec_init(r, M_SLEEP);
+    uint64_t id = submit_rec(p, r);
+    TPT_EVENTUALLY(atomic_load(&r->ran) == 1 && tpt_stats(p).active == 1);
     assert_int_equal(tp_cancel(p, id), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&r.calls) == 1);
-    assert_int_equal(atomic_load(&r.sleep_rc), TP_ECANCELED);
-    assert_int_equal(atomic_load(&r.err_after), TP_ECANCELED);
-    assert_int_equal(atomic_load(&r.status), TP_ECANCELED); /* its return value */
-    assert_true(atomic_load(&r.sleep_ns) < TPT_WAIT_NS / 2);  /* returned early */
-    assert_int_equal(atomic_load(&r.on_caller), 0);
+    TPT_EVENTUALLY(atomic_load(&r->calls) == 1);
+    assert_int_equal(atomic_load(&r->sleep_rc), TP_ECANCELED);
+    assert_int_equal(atomic_load(&r->err_after), TP_ECANCELED);
+    assert_int_equal(atomic_load(&r->status), TP_ECANCELED); /* its return value */
+    assert_true(atomic_load(&r->sleep_ns) < TPT_WAIT_NS / 2);  /* returned early */
+    assert_int_equal(atomic_load(&r->on_caller), 0);
     tp_stats s = tpt_pool_finish(p);
     assert_int_equal(s.failed, 1);
     assert_int_equal(s.cancelled, 1);
@@ -299,33 +299,33 @@ static void test_cancel_running_sleep(void **state) {
 }
 
 static void test_cancel_running_fd_readable(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_pool *p = mkpool(1, 4);
-    rec r;
-    rec_init(&r, M_POLL_FD);
-    uint64_t id = submit_rec(p, &r);
-    TPT_EVENTUALLY(atomic_load(&r.ran) == 1 && tpt_stats(p).active == 1);
+    rec *r = tpt_fx_new(f, rec);
+    rec_init(r, M_POLL_FD);
+    uint64_t id = submit_rec(p, r);
+    TPT_EVENTUALLY(atomic_load(&r->ran) == 1 && tpt_stats(p).active == 1);
     assert_int_equal(tp_cancel(p, id), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&r.calls) == 1);
-    assert_true(atomic_load(&r.revents) > 0);
-    assert_true(atomic_load(&r.revents) & POLLIN);
-    assert_int_equal(atomic_load(&r.err_after), TP_ECANCELED);
-    assert_int_equal(atomic_load(&r.status), TP_ECANCELED);
+    TPT_EVENTUALLY(atomic_load(&r->calls) == 1);
+    assert_true(atomic_load(&r->revents) > 0);
+    assert_true(atomic_load(&r->revents) & POLLIN);
+    assert_int_equal(atomic_load(&r->err_after), TP_ECANCELED);
+    assert_int_equal(atomic_load(&r->status), TP_ECANCELED);
     tpt_pool_finish(p);
 }
 
 /* A cancelled task that still returns 0 counts as succeeded. */
 static void test_cancel_running_return_zero(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_pool *p = mkpool(1, 4);
-    rec r;
-    rec_init(&r, M_UNTIL_ERR_RET0);
-    uint64_t id = submit_rec(p, &r);
-    TPT_EVENTUALLY(atomic_load(&r.ran) == 1 && tpt_stats(p).active == 1);
+    rec *r = tpt_fx_new(f, rec);
+    rec_init(r, M_UNTIL_ERR_RET0);
+    uint64_t id = submit_rec(p, r);
+    TPT_EVENTUALLY(atomic_load(&r->ran) == 1 && tpt_stats(p).active == 1);
     assert_int_equal(tp_cancel(p, id), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&r.calls) == 1);
-    assert_int_equal(atomic_load(&r.err_after), TP_ECANCELED);
-    assert_int_equal(atomic_load(&r.status), 0);
+    TPT_EVENTUALLY(atomic_load(&r->calls) == 1);
+    assert_int_equal(atomic_load(&r->err_after), TP_ECANCELED);
+    assert_int_equal(atomic_load(&r->status), 0);
     tp_stats s = tpt_pool_finish(p);
     assert_int_equal(s.succeeded, 1);
     assert_int_equal(s.failed, 0);
@@ -335,7 +335,7 @@ static void test_cancel_running_return_zero(void **state) {
 /* A cancelled running task that fails is not retried; its status is its own
  * return value, a plain failure. */
 static void test_cancel_running_not_retried(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_config c = {0};
     c.workers = 1;
     c.queue_capacity = 4;
@@ -343,15 +343,15 @@ static void test_cancel_running_not_retried(void **state) {
     c.retry_delay_ns = TPT_MS(1);
     c.log = tpt_quiet_log;
     tp_pool *p = tpt_pool_new(&c);
-    rec r;
-    rec_init(&r, M_UNTIL_ERR_RET5);
-    uint64_t id = submit_rec(p, &r);
-    TPT_EVENTUALLY(atomic_load(&r.ran) == 1 && tpt_stats(p).active == 1);
+    rec *r = tpt_fx_new(f, rec);
+    rec_init(r, M_UNTIL_ERR_RET5);
+    uint64_t id = submit_rec(p, r);
+    TPT_EVENTUALLY(atomic_load(&r->ran) == 1 && tpt_stats(p).active == 1);
     assert_int_equal(tp_cancel(p, id), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&r.calls) == 1);
-    assert_int_equal(atomic_load(&r.status), 5);
+    TPT_EVENTUALLY(atomic_load(&r->calls) == 1);
+    assert_int_equal(atomic_load(&r->status), 5);
     tp_stats s = tpt_pool_finish(p);
-    assert_int_equal(atomic_load(&r.ran), 1);
+    assert_int_equal(atomic_load(&r->ran), 1);
     assert_int_equal(s.retried, 0);
     assert_int_equal(s.failed, 1);
     assert_int_equal(s.cancelled, 0);
@@ -360,7 +360,7 @@ static void test_cancel_running_not_retried(void **state) {
 /* ------------------------------------------------------------ bad ids */
 
 static void test_cancel_bad_ids(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_pool *p = mkpool(1, 4);
     assert_int_equal(tp_cancel(p, 0), TP_EINVAL);
     assert_int_equal(tp_cancel(NULL, 1), TP_EINVAL);
@@ -368,16 +368,16 @@ static void test_cancel_bad_ids(void **state) {
     assert_int_equal(tp_cancel(p, 1), TP_ENOTFOUND); /* nothing submitted yet */
     assert_int_equal(tp_cancel(p, UINT64_MAX), TP_ENOTFOUND);
 
-    rec r;
-    rec_init(&r, M_NOP);
-    uint64_t id = submit_rec(p, &r);
-    TPT_EVENTUALLY(atomic_load(&r.calls) == 1); /* ended: on_done ran */
+    rec *r = tpt_fx_new(f, rec);
+    rec_init(r, M_NOP);
+    uint64_t id = submit_rec(p, r);
+    TPT_EVENTUALLY(atomic_load(&r->calls) == 1); /* ended: on_done ran */
     assert_int_equal(tp_cancel(p, id), TP_ENOTFOUND);
     assert_int_equal(tp_cancel(p, id + 1000000), TP_ENOTFOUND);
     tp_stats s = tpt_pool_finish(p);
     assert_int_equal(s.cancelled, 0);
     assert_int_equal(s.succeeded, 1);
-    assert_int_equal(atomic_load(&r.status), 0);
+    assert_int_equal(atomic_load(&r->status), 0);
 }
 
 /* Cancelling after the pool drained, and on a closed pool, still answers. */
@@ -386,19 +386,19 @@ static void test_cancel_after_close(void **state) {
     tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = mkpool(1, 4);
     tpt_fill_workers(p, l, 1, NULL);
-    rec r;
-    rec_init(&r, M_NOP);
-    uint64_t id = submit_rec(p, &r);
+    rec *r = tpt_fx_new(f, rec);
+    rec_init(r, M_NOP);
+    uint64_t id = submit_rec(p, r);
     assert_int_equal(tp_close(p), TP_OK);
     /* closed, but the task is accepted and unfinished: cancel still works */
     assert_int_equal(tp_cancel(p, id), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&r.calls) == 1);
-    assert_int_equal(atomic_load(&r.status), TP_ECANCELED);
+    TPT_EVENTUALLY(atomic_load(&r->calls) == 1);
+    assert_int_equal(atomic_load(&r->status), TP_ECANCELED);
     tpt_latch_open(l);
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK);
     assert_int_equal(tp_cancel(p, id), TP_ENOTFOUND);
     tp_stats s = tpt_pool_finish(p);
-    assert_int_equal(atomic_load(&r.ran), 0);
+    assert_int_equal(atomic_load(&r->ran), 0);
     assert_int_equal(s.cancelled, 1);
 }
 

@@ -93,8 +93,7 @@ static void test_create_boundaries_ok(void **state) {
     c.idle_timeout_ns = TP_FOREVER;
     c.retry_delay_ns = TP_FOREVER;
     c.queue_capacity = 1;
-    tp_pool *p = NULL;
-    p = tpt_pool_new(&c);
+    tp_pool *p = tpt_pool_new(&c);
     assert_non_null(p);
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_OK);
     tpt_finish(p);
@@ -126,8 +125,7 @@ static void test_submit_bad_args(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tp_config cfg = {0};
     cfg.workers = 1;
-    tp_pool *p = NULL;
-    p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_pool_new(&cfg);
     TPT_EVENTUALLY(tpt_stats(p).idle == 1);
     tp_stats before = tpt_stats(p);
 
@@ -179,20 +177,19 @@ static void test_submit_bad_args(void **state) {
 }
 
 static void test_submit_user_max_len_ok(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_config cfg = {0};
     cfg.workers = 1;
-    tp_pool *p = NULL;
-    p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_pool_new(&cfg);
     char user[TP_USER_MAX + 1];
     memset(user, 'm', TP_USER_MAX);
     user[TP_USER_MAX] = '\0';
     tp_task_opts o = {0};
     o.user = user;
-    urec u = {0};
-    assert_int_equal(tp_submit(p, user_task, &u, &o, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&u.done) == 1);
-    assert_string_equal(u.user, user);
+    urec *u = tpt_fx_new(f, urec);
+    assert_int_equal(tp_submit(p, user_task, u, &o, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&u->done) == 1);
+    assert_string_equal(u->user, user);
     tpt_finish(p);
 }
 
@@ -222,8 +219,7 @@ static void test_null_pool_everywhere(void **state) {
 
     tp_config cfg = {0};
     cfg.workers = 1;
-    tp_pool *p = NULL;
-    p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_pool_new(&cfg);
     TPT_EVENTUALLY(tpt_stats(p).idle == 1);
     tp_stats before = tpt_stats(p);
     tp_stats_get(p, NULL);
@@ -376,13 +372,11 @@ static void test_worker_hooks_once_per_thread(void **state) {
     cfg.on_worker_start = on_start;
     cfg.on_worker_stop = on_stop;
     cfg.hook_arg = &H;
-    tp_pool *p = NULL;
-    p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_pool_new(&cfg);
 
     /* Occupy all three workers at once: each task is on a distinct worker. */
     tpt_latch *gate = tpt_fx_latch(f);
-    hook_task t[3];
-    memset(t, 0, sizeof t);
+    hook_task *t = tpt_fx_array(f, hook_task, 3);
     for (int i = 0; i < 3; i++) {
         t[i].gate = gate;
         assert_int_equal(tp_submit(p, hook_check_task, &t[i], NULL, NULL), TP_OK);
@@ -440,8 +434,7 @@ static void test_elastic_grow_and_shrink(void **state) {
     cfg.on_worker_start = on_start;
     cfg.on_worker_stop = on_stop;
     cfg.hook_arg = &H;
-    tp_pool *p = NULL;
-    p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_pool_new(&cfg);
     tp_stats s;
     TPT_EVENTUALLY((s = observe(p)).workers == 1 && s.idle == 1);
 
@@ -492,8 +485,7 @@ static void test_elastic_idle_forever_keeps_workers(void **state) {
     cfg.workers = 1;
     cfg.max_workers = 2;
     cfg.idle_timeout_ns = TP_FOREVER;
-    tp_pool *p = NULL;
-    p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_pool_new(&cfg);
     tpt_latch *gate = tpt_fx_latch(f);
     for (int i = 0; i < 3; i++)
         assert_int_equal(tp_submit(p, tpt_block_task, gate, NULL, NULL), TP_OK);
@@ -513,6 +505,7 @@ static void test_elastic_idle_forever_keeps_workers(void **state) {
 /* ------------------------------------------------------------ thread names */
 
 static void check_thread_name(const char *name, const char *expect_prefix) {
+    tpt_fixture *f = tpt_fx_current();
     char buf[TP_NAME_MAX + 1];
     tp_config cfg = {0};
     cfg.workers = 2;
@@ -520,16 +513,15 @@ static void check_thread_name(const char *name, const char *expect_prefix) {
         snprintf(buf, sizeof buf, "%s", name);
         cfg.name = buf;
     }
-    tp_pool *p = NULL;
-    p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_pool_new(&cfg);
     memset(buf, 'X', sizeof buf - 1); /* the name was copied */
     buf[sizeof buf - 1] = '\0';
-    hook_task t = {0};
-    assert_int_equal(tp_submit(p, hook_check_task, &t, NULL, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&t.done) == 1);
+    hook_task *t = tpt_fx_new(f, hook_task);
+    assert_int_equal(tp_submit(p, hook_check_task, t, NULL, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&t->done) == 1);
     tpt_finish(p);
-    if (strncmp(t.name, expect_prefix, strlen(expect_prefix)) != 0)
-        fail_msg("worker thread name \"%s\" does not start with \"%s\"", t.name,
+    if (strncmp(t->name, expect_prefix, strlen(expect_prefix)) != 0)
+        fail_msg("worker thread name \"%s\" does not start with \"%s\"", t->name,
                  expect_prefix);
 }
 

@@ -17,8 +17,7 @@
 static tp_pool *mkpool(unsigned workers) {
     tp_config cfg = {0};
     cfg.workers = workers;
-    tp_pool *p = NULL;
-    p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_pool_new(&cfg);
     assert_non_null(p);
     return p;
 }

@@ -39,8 +39,7 @@ static void test_retry_spawns_one_worker(void **state) {
     cfg.idle_timeout_ns = TP_FOREVER;
     cfg.on_worker_start = counting_start;
     cfg.log = tpt_quiet_log;
-    tp_pool *p = NULL;
-    p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_pool_new(&cfg);
     TPT_EVENTUALLY(tpt_stats(p).idle == 3);
 
     tpt_latch *gate = tpt_fx_latch(f);
@@ -86,21 +85,21 @@ static void probe_done(void *arg, int status) {
 static void test_submit_wait_on_service_thread_does_not_wait(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tp_config cfg = {.workers = 1, .max_per_user = 1};
-    tp_pool *p = NULL;
-    p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_pool_new(&cfg);
     tpt_latch *gate = tpt_fx_latch(f);
     tp_task_opts bo = {.user = "u"};
     assert_int_equal(tp_submit(p, tpt_block_task, gate, &bo, NULL), TP_OK);
     TPT_EVENTUALLY(atomic_load(&gate->waiting) == 1);
 
-    svc_probe pr = {.pool = p};
-    atomic_init(&pr.rc, 1);
+    svc_probe *pr = tpt_fx_new(f, svc_probe);
+    pr->pool = p;
+    atomic_init(&pr->rc, 1);
     tp_task_opts xo = {.user = "v", .on_done = probe_done};
     uint64_t id = 0;
-    assert_int_equal(tp_submit(p, tpt_nop_task, &pr, &xo, &id), TP_OK);
+    assert_int_equal(tp_submit(p, tpt_nop_task, pr, &xo, &id), TP_OK);
     assert_int_equal(tp_cancel(p, id), TP_OK); /* its on_done runs on the service thread */
-    TPT_EVENTUALLY(atomic_load(&pr.returned) == 1);
-    assert_int_equal(atomic_load(&pr.rc), TP_ETIMEDOUT);
+    TPT_EVENTUALLY(atomic_load(&pr->returned) == 1);
+    assert_int_equal(atomic_load(&pr->rc), TP_ETIMEDOUT);
     assert_int_equal(tpt_stats(p).rejected_timeout, 1);
     tpt_latch_open(gate);
     tpt_pool_finish(p);

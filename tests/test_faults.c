@@ -932,30 +932,30 @@ static int fd_task(tp_ctx *c, void *arg) {
 
 static void test_ctx_fd_faults(void **state) {
     tpt_fixture *f = tpt_fx(state);
+    fdrec *r = tpt_fx_new(f, fdrec); /* before tracking: not the pool's */
     snapshot before = snap();
     inj_reset();
     track_begin();
     tp_config cfg = {0};
     cfg.workers = 1;
     tp_pool *p = tpt_pool_new(&cfg);
-    fdrec r = {0};
     tpt_latch *gate = tpt_fx_latch(f);
-    r.gate = gate;
+    r->gate = gate;
     inj_reset();
     atomic_store(&fail_at[F_FD], 1);
     atomic_store(&armed, 1);
     uint64_t id = 0;
-    assert_int_equal(tp_submit(p, fd_task, &r, NULL, &id), TP_OK);
+    assert_int_equal(tp_submit(p, fd_task, r, NULL, &id), TP_OK);
     TPT_EVENTUALLY(atomic_load(&gate->waiting) == 1);
     atomic_store(&armed, 0);
     assert_int_equal(atomic_load(&hits[F_FD]), 1);
-    assert_int_equal(atomic_load(&r.first), TP_ENOMEM);
-    assert_true(atomic_load(&r.second) >= 0);
-    assert_int_equal(atomic_load(&r.third), atomic_load(&r.second));
+    assert_int_equal(atomic_load(&r->first), TP_ENOMEM);
+    assert_true(atomic_load(&r->second) >= 0);
+    assert_int_equal(atomic_load(&r->third), atomic_load(&r->second));
     assert_int_equal(tp_cancel(p, id), TP_OK);
     tpt_latch_open(gate);
     TPT_EVENTUALLY(tpt_stats(p).completed == 1);
-    assert_int_equal(atomic_load(&r.readable), 1);
+    assert_int_equal(atomic_load(&r->readable), 1);
     tpt_pool_finish(p);
     assert_back_to(&before, "tp_ctx_fd faults"); /* the pipe is closed with the pool */
     atomic_store(&tracking, 0);

@@ -108,7 +108,7 @@ static void test_close_stops_admission_and_drains(void **state) {
     tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = mkpool(W, 20);
     tpt_fill_workers(p, l, W, NULL);
-    rec r[Q];
+    rec *r = tpt_fx_array(f, rec, Q);
     for (int i = 0; i < Q; i++) {
         rec_init(&r[i], M_NOP, NULL);
         submit_rec(p, &r[i]);
@@ -159,7 +159,7 @@ static void test_shutdown_drains_in_time(void **state) {
     tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = mkpool(W, 16);
     atomic_int done = 0;
-    rec r[N];
+    rec *r = tpt_fx_array(f, rec, N);
     for (int i = 0; i < N; i++) {
         rec_init(&r[i], i < W ? M_BLOCK : M_WORK, l);
         atomic_store(&r[i].slow_done, 1);
@@ -198,13 +198,15 @@ static void test_forced_shutdown(void **state) {
     const uint64_t budget = TPT_MS(200);
     tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = mkpool(2, 10);
-    rec blk, slp, q[Q];
-    rec_init(&blk, M_BLOCK, l); /* ignores cancellation until the latch opens */
-    rec_init(&slp, M_SLEEP, NULL);
-    submit_rec(p, &blk);
-    submit_rec(p, &slp);
-    TPT_EVENTUALLY(tpt_stats(p).active == 2 && atomic_load(&blk.ran) == 1 &&
-                   atomic_load(&slp.ran) == 1);
+    rec *blk = tpt_fx_new(f, rec);
+    rec *slp = tpt_fx_new(f, rec);
+    rec *q = tpt_fx_array(f, rec, Q);
+    rec_init(blk, M_BLOCK, l); /* ignores cancellation until the latch opens */
+    rec_init(slp, M_SLEEP, NULL);
+    submit_rec(p, blk);
+    submit_rec(p, slp);
+    TPT_EVENTUALLY(tpt_stats(p).active == 2 && atomic_load(&blk->ran) == 1 &&
+                   atomic_load(&slp->ran) == 1);
     for (int i = 0; i < Q; i++) {
         rec_init(&q[i], M_NOP, NULL);
         submit_rec(p, &q[i]);
@@ -216,12 +218,12 @@ static void test_forced_shutdown(void **state) {
     assert_int_equal(rc, TP_ETIMEDOUT);
     assert_true(el >= budget - TPT_MS(1));   /* not before its deadline */
     assert_true(el < budget + TPT_WAIT_NS / 4); /* and not waiting for the blocked task */
-    assert_int_equal(atomic_load(&blk.calls), 0); /* still running */
+    assert_int_equal(atomic_load(&blk->calls), 0); /* still running */
 
     /* The sleeping task sees the cancellation and ends with it. */
-    TPT_EVENTUALLY(atomic_load(&slp.calls) == 1);
-    assert_int_equal(atomic_load(&slp.status), TP_ECANCELED);
-    assert_int_equal(atomic_load(&slp.err_after), TP_ECANCELED);
+    TPT_EVENTUALLY(atomic_load(&slp->calls) == 1);
+    assert_int_equal(atomic_load(&slp->status), TP_ECANCELED);
+    assert_int_equal(atomic_load(&slp->err_after), TP_ECANCELED);
     /* Queued tasks end without running, once, with TP_ECANCELED, even though
      * one worker is still blocked. */
     for (int i = 0; i < Q; i++) {
@@ -234,9 +236,9 @@ static void test_forced_shutdown(void **state) {
 
     tpt_latch_open(l);
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_ETIMEDOUT); /* the shutdown's result */
-    assert_int_equal(atomic_load(&blk.calls), 1);
-    assert_int_equal(atomic_load(&blk.status), 0);               /* 0 is success */
-    assert_int_equal(atomic_load(&blk.err_after), TP_ECANCELED); /* it was told */
+    assert_int_equal(atomic_load(&blk->calls), 1);
+    assert_int_equal(atomic_load(&blk->status), 0);               /* 0 is success */
+    assert_int_equal(atomic_load(&blk->err_after), TP_ECANCELED); /* it was told */
     tp_stats s = tpt_stats(p);
     tpt_assert_at_rest(&s);
     assert_int_equal(s.workers, 0);
@@ -248,7 +250,7 @@ static void test_forced_shutdown(void **state) {
         assert_int_equal(atomic_load(&q[i].calls), 1);
         assert_int_equal(atomic_load(&q[i].ran), 0);
     }
-    assert_int_equal(atomic_load(&slp.calls), 1);
+    assert_int_equal(atomic_load(&slp->calls), 1);
     tpt_pool_destroy(p);
     assert_int_equal(atomic_load(&l->timeouts), 0);
 }
@@ -375,10 +377,10 @@ static void test_shutdown_countdown_not_shortened(void **state) {
     tp_pool *p = mkpool(1, 4);
     tpt_fill_workers(p, l, 1, NULL);
     atomic_int done = 0;
-    rec r;
-    rec_init(&r, M_NOP, NULL);
-    r.done_counter = &done;
-    submit_rec(p, &r);
+    rec *r = tpt_fx_new(f, rec);
+    rec_init(r, M_NOP, NULL);
+    r->done_counter = &done;
+    submit_rec(p, r);
 
     shut_call first = {0};
     first.p = p;
@@ -413,7 +415,7 @@ static void test_concurrent_shutdown_drained(void **state) {
     tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = mkpool(W, 16);
     atomic_int done = 0;
-    rec r[N];
+    rec *r = tpt_fx_array(f, rec, N);
     for (int i = 0; i < N; i++) {
         rec_init(&r[i], M_BLOCK, l);
         atomic_store(&r[i].slow_done, 1);
@@ -458,9 +460,9 @@ static void test_concurrent_shutdown_forced(void **state) {
     tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = mkpool(1, 4);
     tpt_fill_workers(p, l, 1, NULL);
-    rec q;
-    rec_init(&q, M_NOP, NULL);
-    submit_rec(p, &q);
+    rec *q = tpt_fx_new(f, rec);
+    rec_init(q, M_NOP, NULL);
+    submit_rec(p, q);
 
     atomic_int start = 0, ready = 0;
     shut_call c[T];
@@ -483,9 +485,9 @@ static void test_concurrent_shutdown_forced(void **state) {
         assert_true(c[i].returned_at - t0 >= budget - TPT_MS(1));
         assert_true(c[i].returned_at - t0 < TPT_WAIT_NS / 4);
     }
-    TPT_EVENTUALLY(atomic_load(&q.calls) == 1);
-    assert_int_equal(atomic_load(&q.status), TP_ECANCELED);
-    assert_int_equal(atomic_load(&q.ran), 0);
+    TPT_EVENTUALLY(atomic_load(&q->calls) == 1);
+    assert_int_equal(atomic_load(&q->status), TP_ECANCELED);
+    assert_int_equal(atomic_load(&q->ran), 0);
 
     /* concurrent tp_wait callers while the blocked task still runs, then
      * after it returned: all get the shutdown's result */
@@ -515,9 +517,9 @@ static void test_task_ignoring_cancellation(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = mkpool(1, 4);
-    rec blk;
-    rec_init(&blk, M_BLOCK, l);
-    submit_rec(p, &blk);
+    rec *blk = tpt_fx_new(f, rec);
+    rec_init(blk, M_BLOCK, l);
+    submit_rec(p, blk);
     TPT_EVENTUALLY(atomic_load(&l->waiting) == 1 && tpt_stats(p).active == 1);
 
     uint64_t t0 = tp_now_ns();
@@ -533,12 +535,12 @@ static void test_task_ignoring_cancellation(void **state) {
     assert_true(el < TPT_WAIT_NS / 4);
     assert_int_equal(tpt_stats(p).active, 1);
     assert_int_equal(tpt_stats(p).workers, 1);
-    assert_int_equal(atomic_load(&blk.calls), 0);
+    assert_int_equal(atomic_load(&blk->calls), 0);
 
     tpt_latch_open(l);
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_ETIMEDOUT); /* the shutdown's result */
-    assert_int_equal(atomic_load(&blk.calls), 1);
-    assert_int_equal(atomic_load(&blk.status), 0);
+    assert_int_equal(atomic_load(&blk->calls), 1);
+    assert_int_equal(atomic_load(&blk->status), 0);
     tp_stats s = tpt_stats(p);
     tpt_assert_at_rest(&s);
     assert_int_equal(s.workers, 0);
@@ -599,7 +601,7 @@ static void test_wait_alone_waits_for_close(void **state) {
 }
 
 static void test_wait_returns_shutdown_result(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     /* drained */
     tp_pool *p = mkpool(2, 8);
     for (int i = 0; i < 4; i++)
@@ -611,15 +613,15 @@ static void test_wait_returns_shutdown_result(void **state) {
 
     /* forced, the running task cooperates */
     p = mkpool(1, 8);
-    rec r;
-    rec_init(&r, M_SLEEP, NULL);
-    submit_rec(p, &r);
-    TPT_EVENTUALLY(atomic_load(&r.ran) == 1 && tpt_stats(p).active == 1);
+    rec *r = tpt_fx_new(f, rec);
+    rec_init(r, M_SLEEP, NULL);
+    submit_rec(p, r);
+    TPT_EVENTUALLY(atomic_load(&r->ran) == 1 && tpt_stats(p).active == 1);
     assert_int_equal(tp_shutdown(p, TPT_MS(20)), TP_ETIMEDOUT);
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_ETIMEDOUT);
     assert_int_equal(tp_wait(p, 0), TP_ETIMEDOUT); /* repeatable */
-    assert_int_equal(atomic_load(&r.calls), 1);     /* on_done returned */
-    assert_int_equal(atomic_load(&r.status), TP_ECANCELED);
+    assert_int_equal(atomic_load(&r->calls), 1);     /* on_done returned */
+    assert_int_equal(atomic_load(&r->status), TP_ECANCELED);
     tp_stats s = tpt_stats(p);
     tpt_assert_at_rest(&s);
     assert_int_equal(s.workers, 0);
@@ -691,10 +693,10 @@ static void test_edeadlk_from_task_and_on_done(void **state) {
     tp_pool *p = mkpool(1, 8);
 
     /* inside a task */
-    dl_probe in_task;
-    dl_init(&in_task, p, 0);
-    assert_int_equal(tp_submit(p, dl_task, &in_task, NULL, NULL), TP_OK);
-    assert_dl(&in_task);
+    dl_probe *in_task = tpt_fx_new(f, dl_probe);
+    dl_init(in_task, p, 0);
+    assert_int_equal(tp_submit(p, dl_task, in_task, NULL, NULL), TP_OK);
+    assert_dl(in_task);
     /* nothing else was done: the pool still admits and runs work */
     tpt_done *d = tpt_fx_new(f, tpt_done);
     tp_task_opts o = {0};
@@ -703,31 +705,31 @@ static void test_edeadlk_from_task_and_on_done(void **state) {
     TPT_EVENTUALLY(atomic_load(&d->calls) == 1);
 
     /* inside on_done on a worker (after the task ran) */
-    dl_probe in_done;
-    dl_init(&in_done, p, 0);
+    dl_probe *in_done = tpt_fx_new(f, dl_probe);
+    dl_init(in_done, p, 0);
     o.on_done = dl_done;
-    assert_int_equal(tp_submit(p, tpt_nop_task, &in_done, &o, NULL), TP_OK);
-    assert_dl(&in_done);
+    assert_int_equal(tp_submit(p, tpt_nop_task, in_done, &o, NULL), TP_OK);
+    assert_dl(in_done);
 
     /* inside on_done of a task cancelled while queued (service thread) */
     tpt_fill_workers(p, l, 1, NULL);
-    dl_probe in_svc;
-    dl_init(&in_svc, p, 0);
+    dl_probe *in_svc = tpt_fx_new(f, dl_probe);
+    dl_init(in_svc, p, 0);
     uint64_t id = 0;
-    assert_int_equal(tp_submit(p, tpt_nop_task, &in_svc, &o, &id), TP_OK);
+    assert_int_equal(tp_submit(p, tpt_nop_task, in_svc, &o, &id), TP_OK);
     assert_int_equal(tp_cancel(p, id), TP_OK);
-    assert_dl(&in_svc);
+    assert_dl(in_svc);
     tpt_latch_open(l);
 
     /* still open after all that */
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_OK);
 
     /* tp_close from a task is fine and does close */
-    dl_probe closer;
-    dl_init(&closer, p, 1);
-    assert_int_equal(tp_submit(p, dl_task, &closer, NULL, NULL), TP_OK);
-    assert_dl(&closer);
-    assert_int_equal(atomic_load(&closer.close_rc), TP_OK);
+    dl_probe *closer = tpt_fx_new(f, dl_probe);
+    dl_init(closer, p, 1);
+    assert_int_equal(tp_submit(p, dl_task, closer, NULL, NULL), TP_OK);
+    assert_dl(closer);
+    assert_int_equal(atomic_load(&closer->close_rc), TP_OK);
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_ECLOSED);
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK);
     tpt_pool_finish(p);
@@ -781,39 +783,39 @@ static int failing_task(tp_ctx *c, void *arg) {
 
 static void test_edeadlk_from_hooks(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    hook_probe h;
-    atomic_init(&h.pool, NULL);
-    atomic_init(&h.calls, 0);
-    atomic_init(&h.wrong, 0);
-    atomic_init(&h.log_calls, 0);
-    atomic_init(&h.log_wrong, 0);
-    atomic_init(&h.log_on_caller, 0);
-    atomic_init(&h.armed, 0);
-    h.main_thread = pthread_self();
+    hook_probe *h = tpt_fx_new(f, hook_probe);
+    atomic_init(&h->pool, NULL);
+    atomic_init(&h->calls, 0);
+    atomic_init(&h->wrong, 0);
+    atomic_init(&h->log_calls, 0);
+    atomic_init(&h->log_wrong, 0);
+    atomic_init(&h->log_on_caller, 0);
+    atomic_init(&h->armed, 0);
+    h->main_thread = pthread_self();
     tp_config c = {0};
     c.workers = 2;
     c.queue_capacity = 4;
     c.on_worker_stop = hook_stop;
-    c.hook_arg = &h;
+    c.hook_arg = h;
     c.log = hook_log;
-    c.log_arg = &h;
+    c.log_arg = h;
     tp_pool *p = tpt_pool_new(&c);
-    atomic_store(&h.pool, p);
+    atomic_store(&h->pool, p);
     tpt_done *d = tpt_fx_new(f, tpt_done);
     tp_task_opts o = {0};
     o.on_done = tpt_done_fn;
-    atomic_store(&h.armed, 1);
+    atomic_store(&h->armed, 1);
     assert_int_equal(tp_submit(p, failing_task, d, &o, NULL), TP_OK);
     TPT_EVENTUALLY(atomic_load(&d->calls) == 1);
     assert_int_equal(atomic_load(&d->status), 7);
-    TPT_EVENTUALLY(atomic_load(&h.log_calls) >= 1);
-    atomic_store(&h.armed, 0);
-    assert_int_equal(atomic_load(&h.log_wrong), 0);
-    assert_int_equal(atomic_load(&h.log_on_caller), 0);
+    TPT_EVENTUALLY(atomic_load(&h->log_calls) >= 1);
+    atomic_store(&h->armed, 0);
+    assert_int_equal(atomic_load(&h->log_wrong), 0);
+    assert_int_equal(atomic_load(&h->log_on_caller), 0);
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_OK); /* still open */
     tpt_pool_finish(p);
-    assert_int_equal(atomic_load(&h.calls), 2);
-    assert_int_equal(atomic_load(&h.wrong), 0);
+    assert_int_equal(atomic_load(&h->calls), 2);
+    assert_int_equal(atomic_load(&h->wrong), 0);
 }
 
 /* ------------------------------------------------------------ destroy, create */
@@ -823,7 +825,7 @@ static void test_destroy_without_shutdown_drains(void **state) {
     enum { N = 6 };
     tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = mkpool(1, 8);
-    rec r[N];
+    rec *r = tpt_fx_array(f, rec, N);
     for (int i = 0; i < N; i++) {
         rec_init(&r[i], i == 0 ? M_BLOCK : M_WORK, l);
         submit_rec(p, &r[i]);

@@ -266,8 +266,7 @@ static void test_live_stats(void **state) {
     cfg.workers = 3;
     cfg.queue_capacity = 10;
     cfg.max_per_user = TP_UNLIMITED;
-    tp_pool *p = NULL;
-    p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_pool_new(&cfg);
     tp_stats s;
     TPT_EVENTUALLY((s = tpt_stats(p)).workers == 3 && s.idle == 3);
     assert_int_equal(s.active, 0);
@@ -338,8 +337,7 @@ static void test_stats_synchronize(void **state) {
     cfg.workers = 2;
     cfg.queue_capacity = 8;
     cfg.max_per_user = TP_UNLIMITED;
-    tp_pool *p = NULL;
-    p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_pool_new(&cfg);
     static sync_cell cells[ROUNDS];
     for (unsigned i = 0; i < ROUNDS; i++) {
         cells[i].value = 0;
@@ -371,8 +369,7 @@ static void test_mixed_workload_at_rest(void **state) {
     cfg.queue_capacity = 4;
     cfg.max_per_user = 1;
     cfg.log = tpt_quiet_log;
-    tp_pool *p = NULL;
-    p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_pool_new(&cfg);
 
     tpt_latch *gate = tpt_fx_latch(f);
     tpt_done d[7]; /* d[4], d[5]: args of rejected submits, never called; d[6] expires */
@@ -502,8 +499,7 @@ static void test_concurrent_mix_at_rest(void **state) {
     cfg.queue_capacity = 8;
     cfg.max_per_user = 2;
     cfg.log = tpt_quiet_log;
-    tp_pool *p = NULL;
-    p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_pool_new(&cfg);
     enum { T = 4 };
     pthread_t th[T];
     static hammer h[T];
@@ -596,8 +592,7 @@ static void test_stats_reserved_zeroed(void **state) {
     (void)state;
     tp_config cfg = {0};
     cfg.workers = 1;
-    tp_pool *p = NULL;
-    p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_pool_new(&cfg);
     tp_stats s;
     memset(&s, 0xA5, sizeof s);
     tp_stats_get(p, &s);

@@ -314,6 +314,14 @@ static inline tpt_fixture *tpt_fx(void **state) {
     return f;
 }
 
+/* The fixture of the running test, for helpers that are not given one. */
+static inline tpt_fixture *tpt_fx_current(void) {
+    tpt_fixture *f = *tpt_fx_current_slot();
+    if (f == NULL)
+        fail_msg("no fixture: register the test with TPT_TEST()");
+    return f;
+}
+
 /* Zeroed memory that lives until the teardown has ended every pool. */
 static inline void *tpt_fx_alloc(tpt_fixture *f, size_t size) {
     tpt_fx_block *b = (tpt_fx_block *)calloc(1, sizeof *b + size);
