@@ -686,21 +686,21 @@ static void test_submit_wait_gets_space(void **state) {
     assert_int_equal(tp_submit(p, tpt_block_task, l, NULL, NULL), TP_OK);
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_EFULL);
 
-    atomic_int go = 0;
-    opener op = {l, TPT_MS(50), &go, 0};
-    pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, opener_main, &op), 0);
+    atomic_int *go = tpt_fx_new(f, atomic_int);
+    opener *op = tpt_fx_new(f, opener);
+    *op = (opener){l, TPT_MS(50), go, 0};
+    tpt_fx_thr *th = tpt_fx_thread(f, opener_main, op);
     tpt_done *d = tpt_fx_new(f, tpt_done);
     tp_task_opts o = {0};
     o.on_done = tpt_done_fn;
     uint64_t id = 0;
-    atomic_store(&go, 1);
+    atomic_store(go, 1);
     int rc = tp_submit_wait(p, tpt_nop_task, d, &o, TPT_WAIT_NS, &id);
     uint64_t ret = tp_now_ns();
-    pthread_join(th, NULL);
+    tpt_fx_join(th);
     assert_int_equal(rc, TP_OK);
     assert_true(id != 0);
-    assert_true(ret >= op.opened_at); /* it could only get in after the release */
+    assert_true(ret >= op->opened_at); /* it could only get in after the release */
 
     tp_stats s = tpt_pool_finish(p);
     assert_int_equal(atomic_load(&d->calls), 1);
@@ -742,18 +742,18 @@ static void test_submit_wait_gets_space_from_cancel(void **state) {
     uint64_t qid = 0;
     assert_int_equal(tp_submit(p, tpt_nop_task, q, &oq, &qid), TP_OK); /* full */
 
-    atomic_int go = 0;
-    delayed_cancel dc = {p, qid, TPT_MS(50), &go, 12345, 0};
-    pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, delayed_cancel_main, &dc), 0);
-    atomic_store(&go, 1);
+    atomic_int *go = tpt_fx_new(f, atomic_int);
+    delayed_cancel *dc = tpt_fx_new(f, delayed_cancel);
+    *dc = (delayed_cancel){p, qid, TPT_MS(50), go, 12345, 0};
+    tpt_fx_thr *th = tpt_fx_thread(f, delayed_cancel_main, dc);
+    atomic_store(go, 1);
     uint64_t t0 = tp_now_ns();
     int rc = tp_submit_wait(p, tpt_nop_task, NULL, NULL, TPT_WAIT_NS, NULL);
     uint64_t ret = tp_now_ns();
-    pthread_join(th, NULL);
-    assert_int_equal(dc.rc, TP_OK);
+    tpt_fx_join(th);
+    assert_int_equal(dc->rc, TP_OK);
     assert_int_equal(rc, TP_OK);
-    assert_true(ret >= dc.cancelled_at);
+    assert_true(ret >= dc->cancelled_at);
     assert_true(ret - t0 < TPT_WAIT_NS / 4); /* woken, not timed out */
     assert_int_equal(atomic_load(&l->waiting), 1); /* the worker never moved */
     TPT_EVENTUALLY(atomic_load(&q->calls) == 1);
@@ -780,18 +780,18 @@ static void test_submit_wait_gets_user_slot(void **state) {
     ov.user = "v";
     assert_int_equal(tp_submit_wait(p, tpt_nop_task, NULL, &ov, TPT_WAIT_NS, NULL), TP_OK);
 
-    atomic_int go = 0;
-    opener op = {l, TPT_MS(50), &go, 0};
-    pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, opener_main, &op), 0);
+    atomic_int *go = tpt_fx_new(f, atomic_int);
+    opener *op = tpt_fx_new(f, opener);
+    *op = (opener){l, TPT_MS(50), go, 0};
+    tpt_fx_thr *th = tpt_fx_thread(f, opener_main, op);
     tpt_done *d = tpt_fx_new(f, tpt_done);
     o.on_done = tpt_done_fn;
-    atomic_store(&go, 1);
+    atomic_store(go, 1);
     int rc = tp_submit_wait(p, tpt_nop_task, d, &o, TPT_WAIT_NS, NULL);
     uint64_t ret = tp_now_ns();
-    pthread_join(th, NULL);
+    tpt_fx_join(th);
     assert_int_equal(rc, TP_OK);
-    assert_true(ret >= op.opened_at);
+    assert_true(ret >= op->opened_at);
 
     tp_stats s = tpt_pool_finish(p);
     assert_int_equal(atomic_load(&d->calls), 1);
@@ -836,15 +836,15 @@ static void test_submit_wait_woken_by_close(void **state) {
     w[0].user = "c"; /* waits for space */
     w[1].p = p;
     w[1].user = "a"; /* waits for a's slot (and space) */
-    pthread_t th[2];
+    tpt_fx_thr *th[2];
     for (int i = 0; i < 2; i++)
-        assert_int_equal(pthread_create(&th[i], NULL, waiter_main, &w[i]), 0);
+        th[i] = tpt_fx_thread(f, waiter_main, &w[i]);
     TPT_EVENTUALLY(atomic_load(&w[0].entering) && atomic_load(&w[1].entering));
     tpt_sleep_ns(TPT_MS(50)); /* likely inside the wait; correctness does not depend on it */
     uint64_t t_close = tp_now_ns();
     assert_int_equal(tp_close(p), TP_OK);
     for (int i = 0; i < 2; i++)
-        pthread_join(th[i], NULL);
+        tpt_fx_join(th[i]);
     for (int i = 0; i < 2; i++) {
         assert_int_equal(w[i].rc, TP_ECLOSED);
         /* "at once": far below the 20 s budget even on a slow sanitizer run */

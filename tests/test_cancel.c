@@ -495,26 +495,26 @@ static void *canceller_main(void *a) {
 }
 
 static void test_cancel_race_other_thread(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     enum { N = RACE_ITERS };
     rec *r = calloc(N, sizeof *r);
     atomic_uint_least64_t *ids = calloc(N, sizeof *ids);
     assert_non_null(r);
     assert_non_null(ids);
-    atomic_int published = 0;
+    atomic_int *published = tpt_fx_new(f, atomic_int);
     tp_pool *p = mkpool(2, N);
-    canceller c = {p, ids, N, &published, 0, 0};
-    pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, canceller_main, &c), 0);
+    canceller *c = tpt_fx_new(f, canceller);
+    *c = (canceller){p, ids, N, published, 0, 0};
+    tpt_fx_thr *th = tpt_fx_thread(f, canceller_main, c);
     for (int i = 0; i < N; i++) {
         rec_init(&r[i], M_RET_ERR);
-        r[i].caller = th; /* on_done must not run on the cancelling thread */
+        r[i].caller = th->id; /* on_done must not run on the cancelling thread */
         atomic_store(&ids[i], submit_rec(p, &r[i]));
-        atomic_store(&published, i + 1);
+        atomic_store(published, i + 1);
     }
-    pthread_join(th, NULL);
+    tpt_fx_join(th);
     tp_stats s = tpt_pool_finish(p);
-    assert_int_equal(c.bad, 0);
+    assert_int_equal(c->bad, 0);
     uint64_t n_ok = 0, n_cancelled = 0;
     for (int i = 0; i < N; i++) {
         assert_int_equal(atomic_load(&r[i].calls), 1);

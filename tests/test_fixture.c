@@ -6,7 +6,8 @@
  * state a failed assert would leave them, teardown) and checks the outcome:
  * latched tasks released and ended exactly once, the pools' threads gone, a
  * task that ignores cancellation reported (-1) within the bound instead of a
- * hang, a leftover default pool ended and reported. Records the inner
+ * hang, a leftover default pool ended and reported, a thread of the test
+ * blocked in tp_submit_wait woken and joined before its pool is destroyed. Records the inner
  * teardown must not free live in the outer fixture.
  */
 #include "tp_test.h"
@@ -188,6 +189,46 @@ static void test_teardown_ends_a_leftover_default(void **state) {
     TPT_EVENTUALLY(pool_threads() == 0);
 }
 
+/* A thread of the test blocked in tp_submit_wait on a full pool, as a
+ * failed assert would leave it: the teardown's close wakes it, the teardown
+ * joins it, and only then ends the pool. */
+typedef struct waiter {
+    tp_pool *p;
+    atomic_int entered;
+    atomic_int rc;
+} waiter;
+
+static void *waiter_main(void *a) {
+    waiter *w = a;
+    atomic_store(&w->entered, 1);
+    atomic_store(&w->rc, tp_submit_wait(w->p, tpt_nop_task, NULL, NULL, TPT_WAIT_NS, NULL));
+    return NULL;
+}
+
+static void test_teardown_joins_the_tests_threads(void **state) {
+    assert_int_equal(pool_threads(), 0);
+    inner in;
+    tpt_fixture *fx = inner_setup(&in, state);
+    waiter *w = tpt_fx_new(in.outer, waiter); /* outlives fx */
+    atomic_store(&w->rc, 1);
+    tp_pool *p = inner_pool(fx, 1, 1);
+    tpt_latch *l = tpt_fx_latch(fx);
+    tpt_fill_workers(p, l, 1, NULL);
+    assert_int_equal(tp_submit(p, tpt_block_task, l, NULL, NULL), TP_OK); /* full */
+    w->p = p;
+    (void)tpt_fx_thread(fx, waiter_main, w); /* not joined: the teardown's job */
+    TPT_EVENTUALLY(atomic_load(&w->entered) == 1);
+
+    uint64_t t0 = tp_now_ns();
+    assert_int_equal(inner_teardown(&in), 0);
+    assert_true(tp_now_ns() - t0 < TPT_WAIT_NS / 2); /* woken, not timed out */
+    assert_null(in.state);
+    /* closed while waiting, or admitted when the latch opened just before */
+    int rc = atomic_load(&w->rc);
+    assert_true(rc == TP_ECLOSED || rc == TP_OK);
+    TPT_EVENTUALLY(pool_threads() == 0);
+}
+
 /* The older helpers work on the fixture of the running test: tpt_pool_new
  * hands it the pool, tpt_finish and tpt_pool_destroy take it back. */
 static void test_old_helpers_use_the_fixture(void **state) {
@@ -216,6 +257,7 @@ int main(void) {
         TPT_TEST(test_teardown_ends_full_pools),
         TPT_TEST(test_teardown_reports_a_stuck_task),
         TPT_TEST(test_teardown_ends_a_leftover_default),
+        TPT_TEST(test_teardown_joins_the_tests_threads),
         TPT_TEST(test_old_helpers_use_the_fixture),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

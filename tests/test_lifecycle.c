@@ -167,14 +167,14 @@ static void test_shutdown_drains_in_time(void **state) {
         submit_rec(p, &r[i]);
     }
     TPT_EVENTUALLY(atomic_load(&l->waiting) == W);
-    opener op = {l, TPT_MS(50)};
-    pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, opener_main, &op), 0);
+    opener *op = tpt_fx_new(f, opener);
+    *op = (opener){l, TPT_MS(50)};
+    tpt_fx_thr *th = tpt_fx_thread(f, opener_main, op);
     uint64_t t0 = tp_now_ns();
     int rc = tp_shutdown(p, TPT_WAIT_NS);
     int done_at_return = atomic_load(&done);
     uint64_t el = tp_now_ns() - t0;
-    pthread_join(th, NULL);
+    tpt_fx_join(th);
     assert_int_equal(rc, TP_OK);
     assert_int_equal(done_at_return, N); /* every on_done had returned */
     assert_true(el < TPT_WAIT_NS);
@@ -338,24 +338,23 @@ static void test_shutdown_countdown_not_reset(void **state) {
     tp_pool *p = mkpool(1, 4);
     tpt_fill_workers(p, l, 1, NULL);
 
-    shut_call first = {0};
-    first.p = p;
-    first.budget = budget;
-    pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, shut_main, &first), 0);
+    shut_call *first = tpt_fx_new(f, shut_call);
+    first->p = p;
+    first->budget = budget;
+    tpt_fx_thr *th = tpt_fx_thread(f, shut_main, first);
     TPT_EVENTUALLY(pool_closed(p)); /* the first call has begun */
     uint64_t t1 = tp_now_ns();
     int rc2 = tp_shutdown(p, TPT_S(60));
     uint64_t t2 = tp_now_ns();
-    pthread_join(th, NULL);
+    tpt_fx_join(th);
 
-    assert_int_equal(first.rc, TP_ETIMEDOUT);
+    assert_int_equal(first->rc, TP_ETIMEDOUT);
     assert_int_equal(rc2, TP_ETIMEDOUT);
     /* The second returned at the first deadline: not before it, and far
      * earlier than its own 60 s (the blocked task holds on for up to 20 s). */
-    assert_true(t2 >= first.called_at + budget - TPT_MS(1));
+    assert_true(t2 >= first->called_at + budget - TPT_MS(1));
     assert_true(t2 - t1 < TPT_WAIT_NS / 4);
-    assert_true(first.returned_at - first.called_at >= budget - TPT_MS(1));
+    assert_true(first->returned_at - first->called_at >= budget - TPT_MS(1));
 
     /* A later call returns the same outcome at once. */
     uint64_t t3 = tp_now_ns();
@@ -382,27 +381,25 @@ static void test_shutdown_countdown_not_shortened(void **state) {
     r->done_counter = &done;
     submit_rec(p, r);
 
-    shut_call first = {0};
-    first.p = p;
-    first.budget = TPT_WAIT_NS;
-    pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, shut_main, &first), 0);
+    shut_call *first = tpt_fx_new(f, shut_call);
+    first->p = p;
+    first->budget = TPT_WAIT_NS;
+    tpt_fx_thr *th = tpt_fx_thread(f, shut_main, first);
     TPT_EVENTUALLY(pool_closed(p));
     /* The first call's budget is 20 s: a 1 ms call must wait for the same
      * outcome, which comes when the test opens the latch. */
-    shut_call second = {0};
-    second.p = p;
-    second.budget = TPT_MS(1);
-    second.done_counter = &done;
-    pthread_t th2;
-    assert_int_equal(pthread_create(&th2, NULL, shut_main, &second), 0);
+    shut_call *second = tpt_fx_new(f, shut_call);
+    second->p = p;
+    second->budget = TPT_MS(1);
+    second->done_counter = &done;
+    tpt_fx_thr *th2 = tpt_fx_thread(f, shut_main, second);
     tpt_sleep_ns(TPT_MS(30)); /* let the second call start; not needed for correctness */
     tpt_latch_open(l);
-    pthread_join(th, NULL);
-    pthread_join(th2, NULL);
-    assert_int_equal(first.rc, TP_OK);
-    assert_int_equal(second.rc, TP_OK);
-    assert_int_equal(second.done_at_return, 1);
+    tpt_fx_join(th);
+    tpt_fx_join(th2);
+    assert_int_equal(first->rc, TP_OK);
+    assert_int_equal(second->rc, TP_OK);
+    assert_int_equal(second->done_at_return, 1);
     tp_stats s = tpt_pool_finish(p);
     assert_int_equal(s.cancelled, 0);
 }
@@ -425,9 +422,8 @@ static void test_concurrent_shutdown_drained(void **state) {
     TPT_EVENTUALLY(atomic_load(&l->waiting) == W && tpt_stats(p).active == W);
 
     atomic_int start = 0, ready = 0;
-    shut_call c[T];
-    pthread_t th[T];
-    memset(c, 0, sizeof c);
+    shut_call *c = tpt_fx_array(f, shut_call, T);
+    tpt_fx_thr *th[T];
     for (int i = 0; i < T; i++) {
         c[i].p = p;
         c[i].budget = TPT_WAIT_NS;
@@ -435,7 +431,7 @@ static void test_concurrent_shutdown_drained(void **state) {
         c[i].ready = &ready;
         c[i].is_wait = (i % 3 == 2); /* some plain waiters among them */
         c[i].done_counter = &done;
-        assert_int_equal(pthread_create(&th[i], NULL, shut_main, &c[i]), 0);
+        th[i] = tpt_fx_thread(f, shut_main, &c[i]);
     }
     TPT_EVENTUALLY(atomic_load(&ready) == T);
     atomic_store(&start, 1);
@@ -443,7 +439,7 @@ static void test_concurrent_shutdown_drained(void **state) {
     tpt_sleep_ns(TPT_MS(20)); /* likely all inside their call */
     tpt_latch_open(l);
     for (int i = 0; i < T; i++)
-        pthread_join(th[i], NULL);
+        tpt_fx_join(th[i]);
     for (int i = 0; i < T; i++) {
         assert_int_equal(c[i].rc, TP_OK);
         assert_int_equal(c[i].done_at_return, N); /* on_done all returned */
@@ -465,21 +461,20 @@ static void test_concurrent_shutdown_forced(void **state) {
     submit_rec(p, q);
 
     atomic_int start = 0, ready = 0;
-    shut_call c[T];
-    pthread_t th[T];
-    memset(c, 0, sizeof c);
+    shut_call *c = tpt_fx_array(f, shut_call, T);
+    tpt_fx_thr *th[T];
     for (int i = 0; i < T; i++) {
         c[i].p = p;
         c[i].budget = budget;
         c[i].start = &start;
         c[i].ready = &ready;
-        assert_int_equal(pthread_create(&th[i], NULL, shut_main, &c[i]), 0);
+        th[i] = tpt_fx_thread(f, shut_main, &c[i]);
     }
     TPT_EVENTUALLY(atomic_load(&ready) == T);
     uint64_t t0 = tp_now_ns();
     atomic_store(&start, 1);
     for (int i = 0; i < T; i++)
-        pthread_join(th[i], NULL);
+        tpt_fx_join(th[i]);
     for (int i = 0; i < T; i++) {
         assert_int_equal(c[i].rc, TP_ETIMEDOUT);
         assert_true(c[i].returned_at - t0 >= budget - TPT_MS(1));
@@ -491,18 +486,17 @@ static void test_concurrent_shutdown_forced(void **state) {
 
     /* concurrent tp_wait callers while the blocked task still runs, then
      * after it returned: all get the shutdown's result */
-    shut_call w[3];
-    pthread_t wt[3];
-    memset(w, 0, sizeof w);
+    shut_call *w = tpt_fx_array(f, shut_call, 3);
+    tpt_fx_thr *wt[3];
     for (int i = 0; i < 3; i++) {
         w[i].p = p;
         w[i].budget = TPT_WAIT_NS;
         w[i].is_wait = 1;
-        assert_int_equal(pthread_create(&wt[i], NULL, shut_main, &w[i]), 0);
+        wt[i] = tpt_fx_thread(f, shut_main, &w[i]);
     }
     tpt_latch_open(l);
     for (int i = 0; i < 3; i++) {
-        pthread_join(wt[i], NULL);
+        tpt_fx_join(wt[i]);
         assert_int_equal(w[i].rc, TP_ETIMEDOUT);
     }
     tp_stats s = tpt_stats(p);
@@ -581,19 +575,18 @@ static void test_wait_alone_waits_for_close(void **state) {
     TPT_EVENTUALLY(atomic_load(&d->calls) == 1);
     assert_int_equal(tpt_stats(p).workers, 2);
 
-    wait_call w = {0};
-    w.p = p;
-    pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, wait_main, &w), 0);
+    wait_call *w = tpt_fx_new(f, wait_call);
+    w->p = p;
+    tpt_fx_thr *th = tpt_fx_thread(f, wait_main, w);
     /* Idle workers and an open pool: the waiter must not return by itself. */
-    assert_false(TPT_POLL(atomic_load(&w.returned), TPT_MS(100)));
+    assert_false(TPT_POLL(atomic_load(&w->returned), TPT_MS(100)));
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_OK);
 
     assert_int_equal(tp_close(p), TP_OK);
-    assert_false(TPT_POLL(atomic_load(&w.returned), TPT_MS(20))); /* a task still runs */
+    assert_false(TPT_POLL(atomic_load(&w->returned), TPT_MS(20))); /* a task still runs */
     tpt_latch_open(l);
-    pthread_join(th, NULL);
-    assert_int_equal(w.rc, TP_OK);
+    tpt_fx_join(th);
+    assert_int_equal(w->rc, TP_OK);
     tp_stats s = tpt_stats(p);
     assert_int_equal(s.workers, 0);
     tpt_assert_at_rest(&s);
@@ -831,11 +824,11 @@ static void test_destroy_without_shutdown_drains(void **state) {
         submit_rec(p, &r[i]);
     }
     TPT_EVENTUALLY(atomic_load(&l->waiting) == 1);
-    opener op = {l, TPT_MS(50)};
-    pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, opener_main, &op), 0);
+    opener *op = tpt_fx_new(f, opener);
+    *op = (opener){l, TPT_MS(50)};
+    tpt_fx_thr *th = tpt_fx_thread(f, opener_main, op);
     tpt_pool_destroy(p);
-    pthread_join(th, NULL);
+    tpt_fx_join(th);
     for (int i = 0; i < N; i++) {
         assert_int_equal(atomic_load(&r[i].ran), 1);
         assert_int_equal(atomic_load(&r[i].calls), 1);

@@ -266,16 +266,19 @@ static inline void tpt_quiet_log(void *arg, int level, const char *log_id, const
  *   ... TPT_TEST(test_x), ...
  *
  * tpt_fixture_teardown always runs (cmocka calls it after a failed test too):
- * it opens every latch, forces a shutdown of every pool still owned (budget
- * TPT_FX_SHUTDOWN_NS), waits for its threads (f->wait_ns), destroys the pools
- * and frees the latches, the blocks and the fixture. If a pool's threads do
+ * it opens every latch, closes every pool still owned, joins the threads the
+ * test started with tpt_fx_thread and did not join (bounded), forces a
+ * shutdown of the pools (budget TPT_FX_SHUTDOWN_NS), waits for their threads
+ * (f->wait_ns), destroys them and frees the latches, the blocks and the
+ * fixture. If a pool's threads do
  * not exit in time (a task that ignores cancellation), nothing is freed (the
  * threads may still use it), the teardown prints which pool and returns -1:
  * cmocka reports the test as failed instead of hanging, and later tests run.
  * The teardown may be called again once the task returned.
  *
  * New tests use this style: TPT_TEST() to register, tpt_fx() for the fixture,
- * tpt_fx_latch / tpt_fx_new / tpt_fx_pool for anything the pool touches.
+ * tpt_fx_latch / tpt_fx_new / tpt_fx_pool for anything the pool touches,
+ * tpt_fx_thread / tpt_fx_join for a thread that races the pool.
  * The older names still work on top of it: tpt_pool_new() puts the pool in
  * the fixture of the running test (if it runs under one), tpt_finish(),
  * tpt_pool_finish(), tpt_finish_forced() and tpt_pool_destroy() take it out
@@ -283,6 +286,7 @@ static inline void tpt_quiet_log(void *arg, int level, const char *log_id, const
  */
 #define TPT_FX_POOLS 8
 #define TPT_FX_LATCHES 8
+#define TPT_FX_THREADS 16
 /* A failed test's pools are forced after this: cleanup, not a drain. */
 #define TPT_FX_SHUTDOWN_NS TPT_MS(100)
 
@@ -291,8 +295,20 @@ typedef struct tpt_fx_block {
     max_align_t data[]; /* the caller's zeroed memory */
 } tpt_fx_block;
 
+/* A thread the test started with tpt_fx_thread (a racing submitter, a
+ * thread blocked in tp_shutdown ...): `done` tells the teardown it may join. */
+typedef struct tpt_fx_thr {
+    void *(*fn)(void *);
+    void *arg;
+    atomic_int done;
+    int joined;
+    pthread_t id;
+} tpt_fx_thr;
+
 typedef struct tpt_fixture {
     tp_pool *pools[TPT_FX_POOLS];       /* owned until finished; NULL: free slot */
+    tpt_fx_thr *threads[TPT_FX_THREADS]; /* started by the test, in order */
+    unsigned threads_used;
     tpt_latch latches[TPT_FX_LATCHES];  /* all initialised, closed */
     unsigned latches_used;              /* handed out by tpt_fx_latch */
     tpt_fx_block *blocks;               /* from tpt_fx_alloc */
@@ -338,6 +354,34 @@ static inline tpt_latch *tpt_fx_latch(tpt_fixture *f) {
     if (f->latches_used >= TPT_FX_LATCHES)
         fail_msg("more than %d latches in one test", TPT_FX_LATCHES);
     return &f->latches[f->latches_used++];
+}
+
+static inline void *tpt_fx_thr_main(void *a) {
+    tpt_fx_thr *t = (tpt_fx_thr *)a;
+    void *r = t->fn(t->arg);
+    atomic_store(&t->done, 1);
+    return r;
+}
+
+/* pthread_create(fn, arg) that must succeed; the teardown joins the thread
+ * (bounded) if the test did not, before it ends the pools the thread may
+ * still be calling. `arg` must outlive the test: fixture memory. */
+static inline tpt_fx_thr *tpt_fx_thread(tpt_fixture *f, void *(*fn)(void *), void *arg) {
+    if (f->threads_used >= TPT_FX_THREADS)
+        fail_msg("more than %d threads in one test", TPT_FX_THREADS);
+    tpt_fx_thr *t = tpt_fx_new(f, tpt_fx_thr);
+    t->fn = fn;
+    t->arg = arg;
+    assert_int_equal(pthread_create(&t->id, NULL, tpt_fx_thr_main, t), 0);
+    f->threads[f->threads_used++] = t;
+    return t;
+}
+
+/* pthread_join for a thread from tpt_fx_thread. */
+static inline void tpt_fx_join(tpt_fx_thr *t) {
+    assert_false(t->joined);
+    t->joined = 1;
+    assert_int_equal(pthread_join(t->id, NULL), 0);
 }
 
 /* The fixture owns `p` from now on (its teardown ends it if the test does not). */
@@ -433,11 +477,28 @@ static inline int tpt_fixture_teardown(void **state) {
     }
     if (!owned) /* no free slot: leak it rather than lose track of threads */
         printf("[  LEAK    ] teardown: no slot for the default pool %p\n", (void *)dflt);
-    /* Start every forced shutdown before waiting for any: the budgets overlap. */
+    /* Closing wakes the test's threads blocked in tp_submit_wait and refuses
+     * their submits: join them (bounded) before any pool is destroyed. */
     for (int i = 0; i < TPT_FX_POOLS; i++)
         if (f->pools[i] != NULL)
             (void)tp_close(f->pools[i]);
     int rc = 0;
+    for (unsigned i = 0; i < f->threads_used; i++) {
+        tpt_fx_thr *t = f->threads[i];
+        if (t->joined)
+            continue;
+        if (TPT_POLL(atomic_load(&t->done), f->wait_ns)) {
+            t->joined = 1;
+            (void)pthread_join(t->id, NULL);
+        } else {
+            printf("[  LEAK    ] teardown: a thread of the test still runs after %llu ms; "
+                   "its pools are left alone\n",
+                   (unsigned long long)(f->wait_ns / 1000000u));
+            rc = -1;
+        }
+    }
+    if (rc != 0)
+        return -1; /* it may still call a pool: keep everything */
     for (int i = 0; i < TPT_FX_POOLS; i++) {
         if (f->pools[i] == NULL)
             continue;
