@@ -23,8 +23,8 @@
  * file empty. tests/abi/ checks both the versions (a program built against
  * the 1.0 release, run on this library) and the layout (abidiff).
  *
- * Layering: this file sits above pool.c, stats.c and default.c (it only calls
- * their public functions). No lock, no state.
+ * Layer 0 (internal.h): above pool.c, stats.c and default.c, whose public
+ * functions are all it calls. No lock, no state.
  */
 #include "internal.h" /* first: it defines _GNU_SOURCE */
 #include <stddef.h>

@@ -8,7 +8,8 @@
  * no retry after tp_cancel, cancel while waiting for a retry, a deadline that
  * passes while a retry waits (or while the attempt runs), a run timeout is a
  * retried failure, delayed tasks count toward the queue capacity, the log hook
- * sees TP_LOG_WARN / TP_LOG_ERROR per failed attempt with the task's log id,
+ * sees TP_LOG_WARN / TP_LOG_ERROR per failed attempt with the task's log id
+ * and the retry delay in the unit that fits (ns, us, ms, s),
  * and tp_close lets pending retries finish.
  *
  * Pool threads record into atomics (and a mutex-protected log array); only
@@ -717,6 +718,69 @@ static void test_retry_logging(void **state) {
     assert_int_equal(nulls, 0);
 }
 
+/* The WARN message of the first failed attempt logged for `log_id`, copied
+ * into out; 0 when there is none yet. */
+static int warn_msg_for(const char *log_id, char *out, size_t len) {
+    int found = 0;
+    pthread_mutex_lock(&log_mu);
+    for (int i = 0; i < log_n && !found; i++) {
+        if (log_rec[i].level == TP_LOG_WARN && strcmp(log_rec[i].log_id, log_id) == 0) {
+            snprintf(out, len, "%s", log_rec[i].msg);
+            found = 1;
+        }
+    }
+    pthread_mutex_unlock(&log_mu);
+    return found;
+}
+
+/* The retry delay is printed in the unit that fits: a 200 us delay used to
+ * read "retry 1 of 1 in 0 ms". Each task fails once; once its WARN line is
+ * in, a long delay is cut short by a cancel. */
+static void test_retry_log_delay_unit(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    static const struct {
+        uint64_t delay_ns;
+        const char *expect;
+    } cases[] = {
+        {750, "; retry 1 of 1 in 750 ns"},
+        {TPT_MS(1) / 5, "; retry 1 of 1 in 200 us"},
+        {TPT_MS(1), "; retry 1 of 1 in 1 ms"},
+        {TPT_MS(1) + TPT_MS(1) / 2, "; retry 1 of 1 in 1.5 ms"},
+        {TPT_MS(250), "; retry 1 of 1 in 250 ms"},
+        {TPT_S(2) + TPT_MS(500), "; retry 1 of 1 in 2.5 s"},
+        {TPT_S(90), "; retry 1 of 1 in 90 s"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        pthread_mutex_lock(&log_mu);
+        log_n = 0;
+        log_null_id = 0;
+        pthread_mutex_unlock(&log_mu);
+
+        tp_config cfg = {0};
+        cfg.workers = 1;
+        cfg.max_retries = 1;
+        cfg.retry_delay_ns = cases[i].delay_ns;
+        cfg.log = rec_log;
+        tp_pool *p = tpt_pool_new(&cfg);
+        rt *r = tpt_fx_new(f, rt);
+        r->fail_until = 1;
+        r->fail_status = 5;
+        tp_task_opts o = {0};
+        o.log_id = "unit";
+        uint64_t id = 0;
+        submit_rt(p, r, &o, &id);
+        char msg[512];
+        TPT_EVENTUALLY(warn_msg_for("unit", msg, sizeof msg));
+        int crc = tp_cancel(p, id); /* a short delay may have run its retry already */
+        assert_true(crc == TP_OK || crc == TP_ENOTFOUND);
+        TPT_EVENTUALLY(atomic_load(&r->done_calls) == 1);
+        tpt_finish(p);
+        if (!strstr(msg, cases[i].expect))
+            fail_msg("delay %" PRIu64 " ns: got \"%s\", want \"...%s\"", cases[i].delay_ns, msg,
+                     cases[i].expect);
+    }
+}
+
 /* ------------------------------------------------------------ close */
 
 static void test_retry_close_lets_retries_finish(void **state) {
@@ -795,6 +859,7 @@ int main(void) {
         TPT_TEST(test_retry_run_timeout_is_retried),
         TPT_TEST(test_retry_delayed_counts_toward_capacity),
         TPT_TEST(test_retry_logging),
+        TPT_TEST(test_retry_log_delay_unit),
         TPT_TEST(test_retry_close_lets_retries_finish),
         TPT_TEST(test_retry_grows_elastic_pool),
     };
