@@ -327,7 +327,7 @@ static unsigned run_rows(int dflt) {
 /* ------------------------------------------------------------ tests */
 
 static void test_bad_calls_table(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     fill_strings();
     assert_null(tp_default());
     P = settled_pool();
@@ -346,11 +346,11 @@ static void test_bad_calls_table(void **state) {
     print_message("%u bad calls checked (%zu rows)\n", n, sizeof rows / sizeof rows[0]);
 
     /* The pool is untouched: it still works, and nothing was counted. */
-    tpt_done d = {0};
+    tpt_done *d = tpt_fx_new(f, tpt_done);
     tp_task_opts o = {0};
     o.on_done = tpt_done_fn;
-    assert_int_equal(tp_submit(P, tpt_nop_task, &d, &o, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&d.calls) == 1);
+    assert_int_equal(tp_submit(P, tpt_nop_task, d, &o, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&d->calls) == 1);
     tp_stats s = tpt_pool_finish(P);
     assert_int_equal(s.submitted, 1);
     assert_int_equal(s.succeeded, 1);
@@ -458,7 +458,7 @@ static void own_hook(void *arg) {
 }
 
 static void test_own_thread_calls_deadlk(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     memset(&O, 0, sizeof O);
     atomic_store(&hook_pool, NULL);
     tp_config cfg = {0};
@@ -495,30 +495,28 @@ static void test_own_thread_calls_deadlk(void **state) {
     assert_int_equal(after.rejected, 0);
 
     /* From a worker start hook: make the pool grow by one worker. */
-    tpt_latch gate;
-    tpt_latch_init(&gate);
-    tpt_fill_workers(p, &gate, 2, NULL);
+    tpt_latch *gate = tpt_fx_latch(f);
+    tpt_fill_workers(p, gate, 2, NULL);
     TPT_EVENTUALLY(atomic_load(&O.hook_calls) >= 1);
     for (int i = 0; i < 3; i++)
         assert_int_equal(atomic_load(&O.hook_rc[i]), TP_EDEADLK);
     /* still open and working */
-    tpt_done d = {0};
+    tpt_done *d = tpt_fx_new(f, tpt_done);
     tp_task_opts od = {0};
     od.on_done = tpt_done_fn;
-    assert_int_equal(tp_submit(p, tpt_nop_task, &d, &od, NULL), TP_OK);
-    tpt_latch_open(&gate);
-    TPT_EVENTUALLY(atomic_load(&d.calls) == 1);
+    assert_int_equal(tp_submit(p, tpt_nop_task, d, &od, NULL), TP_OK);
+    tpt_latch_open(gate);
+    TPT_EVENTUALLY(atomic_load(&d->calls) == 1);
     tp_stats s = tpt_pool_finish(p);
     assert_int_equal(s.succeeded, 4);
     assert_int_equal(s.failed, 0);
-    tpt_latch_destroy(&gate);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_bad_calls_table, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_bad_configs_table, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_own_thread_calls_deadlk, tpt_guard_setup, tpt_guard_teardown),
+        TPT_TEST(test_bad_calls_table),
+        TPT_TEST(test_bad_configs_table),
+        TPT_TEST(test_own_thread_calls_deadlk),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
