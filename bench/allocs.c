@@ -13,7 +13,12 @@
  * Where it cannot work the figure is "n/a", never a crash or a false 0:
  * sanitizers own malloc (the interposer is not compiled under them), other
  * C libraries lack __libc_malloc, and valgrind replaces malloc even in the
- * executable -- a runtime probe checks that an armed malloc is really seen.
+ * executable. A runtime probe checks that an armed malloc, called through
+ * its symbol as the library calls it, is really seen, and that tp_create's
+ * allocations are. If not, and none of those reasons applies (valgrind is
+ * recognised by its preload library in /proc/self/maps), the interposer is
+ * broken: the figure is n/a and the run fails, rather than pass by counting
+ * nothing.
  *
  * The scenario: a pool warmed up with every kind of task first (plain, named
  * user, on_done, explicit log id, tp_submit_wait, cancelled while queued, the
@@ -27,6 +32,7 @@
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "bench.h"
 
@@ -110,18 +116,57 @@ static long disarm(void) {
     return atomic_load(&g_count);
 }
 
+/* The allocation functions as the library reaches them: through the symbol.
+ * A direct call from this file may be inlined into the definition above and
+ * never reach the symbol (which valgrind, for one, replaces). */
+static void *(*volatile sym_malloc)(size_t) = malloc;
+static void *(*volatile sym_calloc)(size_t, size_t) = calloc;
+static void (*volatile sym_free)(void *) = free;
+
 /* Whether our malloc really is the one called. The volatile pointers keep the
  * compiler from pairing malloc with free and dropping both. */
 static int interposer_active(void) {
     if (!BENCH_INTERPOSE)
         return 0;
     arm();
-    void *volatile x = malloc(40);
-    char *volatile y = calloc(2, 8);
+    void *volatile x = sym_malloc(40);
+    char *volatile y = sym_calloc(2, 8);
     long n = disarm();
-    free(x);
-    free(y);
+    sym_free(x);
+    sym_free(y);
     return n >= 2;
+}
+
+/* Whether valgrind runs this process: its preload library is mapped. */
+static int under_valgrind(void) {
+    FILE *m = fopen("/proc/self/maps", "r");
+    if (m == NULL)
+        return 0;
+    char line[512];
+    int found = 0;
+    while (!found && fgets(line, sizeof line, m) != NULL)
+        found = strstr(line, "vgpreload") != NULL;
+    fclose(m);
+    return found;
+}
+
+/* Why allocations cannot be counted here, or NULL if they must be. */
+static const char *counting_unavailable(void) {
+    if (BENCH_SANITIZED)
+        return "a sanitizer owns malloc";
+    if (!BENCH_INTERPOSE)
+        return "malloc cannot be interposed here";
+    if (under_valgrind())
+        return "valgrind replaces malloc";
+    return NULL;
+}
+
+/* The interposer should count and does not: a broken measurement. */
+static int counting_broken(const char *what) {
+    fprintf(stderr, "tp_bench: allocs: the malloc interposer counts nothing (%s): a 0 would "
+                    "mean nothing\n", what);
+    bench_record_na("allocs", "", "allocs/task", "the malloc interposer is broken");
+    return 1; /* reported, the run goes on, exit status 1 */
 }
 
 /* ------------------------------------------------------------ the mix */
@@ -217,9 +262,10 @@ static int wait_completed(tp_pool *p, uint64_t want) {
 
 int scenario_allocs(const bench_opts *o, unsigned round) {
     if (!interposer_active()) {
-        bench_record_na("allocs", "", "allocs/task",
-                        BENCH_SANITIZED ? "a sanitizer owns malloc"
-                                        : "malloc cannot be interposed here");
+        const char *why = counting_unavailable();
+        if (why == NULL)
+            return counting_broken("probe");
+        bench_record_na("allocs", "", "allocs/task", why);
         return 0;
     }
     tp_config cfg = {
@@ -230,10 +276,16 @@ int scenario_allocs(const bench_opts *o, unsigned round) {
         .log = bench_quiet_log,
     };
     tp_pool *p;
+    arm();
     int rc = tp_create(&p, &cfg);
+    long by_create = disarm();
     if (rc != TP_OK) {
         fprintf(stderr, "tp_bench: tp_create: %s\n", tp_strerror(rc));
         return -1;
+    }
+    if (by_create == 0) { /* the library's own calls must be seen */
+        tp_destroy(p);
+        return counting_broken("tp_create");
     }
     atomic_store(&g_mix_done_bad, 0);
 

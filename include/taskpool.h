@@ -39,6 +39,19 @@
  * concurrently, except tp_destroy() (no other call on that pool may run
  * concurrently with it or after it). tp_ctx functions are called only by the
  * task that received the context, during its call.
+ *
+ * fork(): a pool does not survive into a child process. The child has none of
+ * the pool's threads, and a pool lock may have been held by one of them at the
+ * moment of the fork, so any call on an inherited pool may block forever or
+ * corrupt it. After fork() the child may only exec or _exit (and call
+ * async-signal-safe functions in between); it must not call any tp_ function
+ * on a pool it inherited, nor tp_destroy() it (never free a pool whose threads
+ * are gone). A child that needs a pool creates a new one. The parent's pools
+ * are unaffected.
+ *
+ * Task ids mean something only to the pool that issued them: ids of different
+ * pools overlap, so tp_cancel(q, id) with an id that pool p returned cancels
+ * whatever task of q has that id, if any. Keep the pool with the id.
  */
 #ifndef TASKPOOL_H
 #define TASKPOOL_H
@@ -54,8 +67,43 @@ extern "C" {
 /* ---------------------------------------------------------------- 1. version */
 
 #define TP_VERSION_MAJOR 1
-#define TP_VERSION_MINOR 0
+#define TP_VERSION_MINOR 1
 #define TP_VERSION_PATCH 0
+
+/* The header's version as one number, 0xMMmmpp (1.1.0 -> 0x010100), and a
+ * compile-time check: `#if TP_VERSION_AT_LEAST(1, 1, 0)` guards code that
+ * uses a call added in 1.1. Compare with tp_version() for the library that is
+ * actually linked at run time. */
+#define TP_VERSION_HEX \
+    ((TP_VERSION_MAJOR << 16) | (TP_VERSION_MINOR << 8) | TP_VERSION_PATCH)
+#define TP_VERSION_AT_LEAST(major, minor, patch) \
+    (TP_VERSION_HEX >= (((major) << 16) | ((minor) << 8) | (patch)))
+
+/*
+ * What "the same major version" promises (since 1.1)
+ *   A program compiled against the header of version X.a and linked against
+ *   libtaskpool.so.X keeps working, unchanged and without recompiling, when the
+ *   shared library is replaced by any X.b with b >= a: every function keeps
+ *   its name, arguments and meaning, and every public struct keeps its size
+ *   and the offsets of its fields. Source written for X.a compiles against
+ *   X.b and means the same. A new major version (SONAME X+1) is the only
+ *   place where this may break.
+ *
+ * How the structs grow
+ *   tp_config, tp_task_opts and tp_stats end in a reserved tail. A later minor
+ *   version adds a field by taking the place of reserved words, so the size
+ *   and every earlier offset stay. Reserved words of the structs you pass in
+ *   must be zero: `= {0}`, designated initialisers and memset do that, and
+ *   zero keeps meaning "the default". tp_create() and the submit calls refuse
+ *   a non-zero reserved word with TP_EINVAL, so a program written for a newer
+ *   minor version that sets a new field is told clearly when it runs against
+ *   an older library that cannot honour it. tp_stats_get() zeroes the
+ *   reserved words it does not fill.
+ *   The structs of 1.0 had no tail. Programs built against 1.0 are served by
+ *   versioned 1.0 entry points (symbol version TASKPOOL_1.0) that read and
+ *   write exactly the 1.0 layout; programs built against this header bind to
+ *   the TASKPOOL_1.1 ones. Every exported symbol carries a version.
+ */
 
 /* TP_API marks the exported symbols; everything else is hidden. Define
  * TP_STATIC when linking the static library on platforms that care. */
@@ -158,6 +206,7 @@ typedef struct tp_config {
     void      (*on_worker_start)(void *hook_arg); /* optional; runs first on each worker thread */
     void      (*on_worker_stop)(void *hook_arg);  /* optional; runs last on each worker thread */
     void       *hook_arg;
+    uint64_t    reserved[8];        /* growth room (since 1.1): must be zero */
 } tp_config;
 
 /* ------------------------------------------------------------- 5. lifecycle */
@@ -167,7 +216,8 @@ typedef struct tp_config {
  *   out: receives the pool; written only on TP_OK. cfg: NULL -> all defaults.
  *   Blocks only while threads start. Thread-safe.
  *   TP_OK; TP_EINVAL (out NULL, a value out of range, max_workers < workers
- *   after defaults are resolved, name too long); TP_ENOMEM (memory, a thread or
+ *   after defaults are resolved, name too long, a reserved word not zero);
+ *   TP_ENOMEM (memory, a thread or
  *   a thread attribute could not be obtained: nothing is leaked and no thread
  *   is left running).
  */
@@ -255,12 +305,13 @@ typedef struct tp_task_opts {
     tp_done_fn  on_done;         /* optional */
     const char *log_id;          /* NULL -> inherited from the submitting thread, or generated; copied; at most TP_LOG_ID_MAX bytes */
     int         priority;        /* reserved: must be 0 */
+    uint64_t    reserved[4];     /* growth room (since 1.1): must be zero */
 } tp_task_opts;
 
 /*
  * tp_submit -- admit `fn(ctx, arg)` without ever waiting for space.
  *   Checks in this order: arguments (TP_EINVAL: p or fn NULL, priority != 0,
- *   user or log_id too long), closed (TP_ECLOSED), the user's limit
+ *   a reserved word not zero, user or log_id too long), closed (TP_ECLOSED), the user's limit
  *   (TP_EUSERLIMIT), space (TP_EFULL: queued + delayed >= queue_capacity; running
  *   tasks do not count). A rejection leaves no trace but its counter: no slot
  *   stays reserved, no id is consumed, on_done is not called, and the caller
@@ -373,11 +424,25 @@ typedef struct tp_stats {
     uint32_t workers;           /* live worker threads */
     uint32_t idle;              /* workers waiting for work */
     uint32_t users;             /* users holding at least one slot */
+    uint64_t reserved[16];      /* growth room (since 1.1): written as zero */
 } tp_stats;
 
 /*
  * tp_stats_get -- a snapshot of the counters, read without blocking admission.
- * While the pool runs the fields are not one instant. At rest (after tp_wait()
+ * While the pool runs the fields are not one instant: each is exact when read,
+ * but they are read one after another while tasks move, so cross-field sums
+ * can be off by the tasks that moved meanwhile -- e.g. active + queued +
+ * delayed may show more than max_workers + queue_capacity when a task is
+ * counted in `active` and, after its attempt failed, again in `delayed` or
+ * `queued` read a moment later. (Separately, queued + delayed
+ * itself may exceed queue_capacity for a moment: a failed attempt that waits
+ * for its retry enters `delayed` whatever the queue holds; the bound of the
+ * pool is on active + queued + delayed, which that move does not change.)
+ * Reading synchronizes (since 1.1): counters are stored with release and read
+ * with acquire, so after reading completed >= n (or succeeded, failed,
+ * cancelled, expired) the caller sees everything the counted tasks' functions
+ * wrote. Not what their on_done wrote: on_done runs after the task is
+ * counted; wait for it with tp_wait() or a task group. At rest (after tp_wait()
  * returned TP_OK or TP_ETIMEDOUT with every task ended) these hold exactly:
  *   submitted == accepted + rejected, accepted == completed,
  *   completed == succeeded + failed, cancelled <= failed, expired <= cancelled,

@@ -16,6 +16,11 @@
  * the task the thread is running, whose id wins unless the task set its own.
  * Generated ids are written only when first asked for, so a task whose id is
  * never read costs no formatting.
+ *
+ * Layer: a leaf (5 of 6 in internal.h), called by life.c (the cancel pipe),
+ * worker.c and pool.c; calls no other src/ file but error.c. Lock: takes the
+ * pool lock itself only in tp_ctx_sleep and tp_ctx_fd (called by a task,
+ * which never holds it); the _locked functions run under the caller's.
  */
 #include "internal.h" /* first: it defines _GNU_SOURCE */
 #include <errno.h>
@@ -57,13 +62,13 @@ int tp_ctx_sleep(tp_ctx *c, uint64_t ns) {
     tp_pool *p = c->w->pool;
     uint64_t until = tp__deadline_after(tp_now_ns(), ns);
     uint64_t wake = until < c->deadline ? until : c->deadline;
-    pthread_mutex_lock(&p->mu);
+    tp__lock(p);
     for (;;) {
         err = tp_ctx_err(c);
         if (err || tp_now_ns() >= until) break;
-        tp__cond_wait_until(&c->w->sleep_cv, &p->mu, wake);
+        tp__wait_locked(p, &c->w->sleep_cv, wake);
     }
-    pthread_mutex_unlock(&p->mu);
+    tp__unlock(p);
     return err;
 }
 
@@ -72,7 +77,7 @@ int tp_ctx_fd(tp_ctx *c) {
     tp__worker *w = c->w;
     tp_pool *p = w->pool;
     int fd;
-    pthread_mutex_lock(&p->mu);
+    tp__lock(p);
     if (w->fds[0] < 0) {
         int fds[2];
         if (pipe2(fds, O_NONBLOCK | O_CLOEXEC) == 0) {
@@ -88,8 +93,31 @@ int tp_ctx_fd(tp_ctx *c) {
         (void)n;
         w->fd_dirty = true;
     }
-    pthread_mutex_unlock(&p->mu);
+    tp__unlock(p);
     return fd >= 0 ? fd : TP_ENOMEM;
+}
+
+/* Called by life.c for a running task (tp_cancel, forced shutdown). */
+void tp__ctx_cancel_locked(tp__worker *w) {
+    TP__ASSERT_LOCKED(w->pool);
+    if (atomic_load_explicit(&w->ctx.cancelled, memory_order_relaxed)) return;
+    atomic_store_explicit(&w->ctx.cancelled, 1, memory_order_relaxed);
+    pthread_cond_signal(&w->sleep_cv);
+    if (w->fds[1] >= 0 && !w->fd_dirty) {
+        char b = 1;
+        ssize_t n = write(w->fds[1], &b, 1);
+        (void)n; /* a non-blocking pipe with room for one byte: cannot fail */
+        w->fd_dirty = true;
+    }
+}
+
+/* Empty the cancel pipe so the next task starts clean. */
+void tp__ctx_drain_fd_locked(tp__worker *w) {
+    TP__ASSERT_LOCKED(w->pool);
+    char buf[16];
+    while (read(w->fds[0], buf, sizeof buf) > 0) {
+    }
+    w->fd_dirty = false;
 }
 
 uint64_t tp_ctx_deadline(const tp_ctx *c) { return c ? c->deadline : TP_FOREVER; }
@@ -188,10 +216,10 @@ void tp__log(tp_pool *p, int level, const char *log_id, const char *fmt, ...) {
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     if (!log_id) log_id = "";
-    if (p->log) {
-        p->log(p->log_arg, level, log_id, msg);
+    if (p->cfg.log) {
+        p->cfg.log(p->cfg.log_arg, level, log_id, msg);
     } else if (level <= TP_LOG_WARN) {
         /* One fprintf per line: stdio locks the stream, lines do not mix. */
-        fprintf(stderr, "taskpool %s: %s [%s] %s\n", p->name, level_name(level), log_id, msg);
+        fprintf(stderr, "taskpool %s: %s [%s] %s\n", p->cfg.name, level_name(level), log_id, msg);
     }
 }

@@ -3,6 +3,9 @@
  *
  * Both tables are generated from TP_ERRNO_MAP in taskpool.h, so a code cannot
  * exist without its message and name.
+ *
+ * Layer: the bottom (6 of 6 in internal.h): every file may call
+ * tp__assert_fail; it calls nothing. No locks.
  */
 #include "internal.h"
 
@@ -32,3 +35,13 @@ const char *tp_err_name(int err) {
     default: return "TP_UNKNOWN";
     }
 }
+
+#if defined(TP__DEBUG)
+#include <stdio.h>
+#include <stdlib.h>
+
+void tp__assert_fail(const char *cond, const char *file, int line) {
+    fprintf(stderr, "taskpool: assertion failed: %s (%s:%d)\n", cond, file, line);
+    abort();
+}
+#endif

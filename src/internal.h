@@ -1,25 +1,50 @@
 /*
  * internal.h -- the private shapes of libtaskpool, shared by src/ only.
  *
- * Files and responsibilities
- *   error.c    error table, tp_strerror, version
- *   ring.h     bounded FIFO of task pointers (no locking: the pool lock guards it)
- *   tasks.c    task records: a free list grown in chunks, and the id index
- *   users.c    per-user slot table (no locking: the pool lock guards it)
- *   pool.c     create/destroy, admission, cancel, close/shutdown/wait
- *   worker.c   the worker loop, task completion, elastic workers
- *   service.c  the service thread: retry timers and endings of unrun tasks
- *   ctx.c      the task context, log ids, tp_now_ns
- *   stats.c    statistics snapshot and formatting
- *   default.c  the process-wide default pool
+ * Layers (top to bottom). A file calls only tp__ functions of files in lower
+ * layers, never of its own layer or above; tests/check_layers.sh checks it on
+ * the built library. Data flows one way: the public API and the pool's
+ * threads drive the task life, which uses the leaf structures.
+ *
+ *   0  compat.c   the 1.0 entry points of the calls whose structs grew
+ *                 (shared library only; calls public functions only)
+ *   1  pool.c     the public API: create/destroy, submit, cancel,
+ *                 close/shutdown/wait; the resolved configuration
+ *      stats.c    tp_stats_get, tp_user_active, tp_stats_format
+ *      default.c  the process-wide default pool (public calls only)
+ *   2  service.c  the service thread: drives endings, retry timers, queue
+ *                 deadlines (life.c) and spawns a worker when one was skipped
+ *   3  worker.c   worker slots, spawning, the worker loop: wait for work,
+ *                 then pop, start, run, after-run, finish (life.c steps)
+ *   4  life.c     the task's life and the queue, the one owner of the task
+ *                 state graph: admission into the ring, start, after-run
+ *                 (retry or final), finalise, end unrun, retire, cancel,
+ *                 forced shutdown, the delayed and endings lists, queue expiry,
+ *                 and the wake-ups that follow (room, work, done, service)
+ *   5  ctx.c      the task context and its cancel pipe, log ids, logging,
+ *                 the clock, the thread-locals
+ *      tasks.c    task records: a free list grown in chunks, the id index
+ *      users.c    per-user slot table
+ *      ring.h     bounded FIFO of task pointers (inline functions)
+ *   6  error.c    error table, tp_strerror, version, tp__assert_fail
+ *
+ * Why the threads sit above life.c: a worker or the service thread is a
+ * driver of task life (it pops, starts, finalises and retires through
+ * life.c), just as the API is; life.c never calls back into them, it only
+ * signals their condition variables.
  *
  * Locking
  *   One mutex per pool, `tp_pool.mu`, guards everything in the pool except the
  *   statistics (atomics) and the worker's context `cancelled` flag (atomic,
- *   written under mu, read lock-free by the task). Lock order: the default-pool
- *   registry lock (default.c) is never held while a pool lock is taken; no
- *   pool lock is ever held while calling user code (task functions, on_done,
- *   log hook, worker hooks) or while taking another pool's lock.
+ *   written under mu, read lock-free by the task). Every lock, unlock and wait
+ *   goes through tp__lock/tp__unlock/tp__wait_locked; a function whose name
+ *   ends in `_locked` needs mu held (asserted in debug builds) and, where it
+ *   says so, releases it around user code.
+ *   Lock order: the default-pool registry lock (default.c) is taken before a
+ *   pool lock (tp_default_create -> tp_create) and never inside one; no pool
+ *   lock is ever held while calling user code (task functions, on_done, log
+ *   hook, worker hooks) or while taking another pool's lock. No other lock
+ *   exists, so there is no order between pool-internal locks to keep.
  *
  *   Condition variables, one per condition, all on `mu`, all CLOCK_MONOTONIC:
  *     work_cv   a worker may have work, or may exit          (idle workers)
@@ -27,16 +52,18 @@
  *     done_cv   inflight reached 0 or a thread exited        (shutdown, wait)
  *     svc_cv    an ending or a retry timer for the service thread
  *     worker.sleep_cv  a running task's tp_ctx_sleep: cancelled
+ *   All but sleep_cv are signalled by life.c (and done_cv by worker.c when a
+ *   spawn fails, by pool.c between shutdown callers).
  *
- * Task life (state in tp__task.state, all transitions under mu)
- *   QUEUED -> RUNNING -> (DELAYED -> QUEUED ...) -> DONE
- *   QUEUED/DELAYED -> ENDING (cancel, forced shutdown, deadline while delayed)
- *   QUEUED -> DONE (expired when a worker picks it)
- *   A task is *finalised* exactly once (tp__task_finalise): removed from the id
- *   index, user slot released, counters updated. Then exactly one thread calls
- *   its on_done: the worker that finalised it (DONE) or the service thread
- *   (ENDING). After on_done returns, that thread retires the record and
- *   decrements `inflight`. Every path funnels through these two functions.
+ * Task life (state in tp__task.state, all transitions under mu, in life.c)
+ *   QUEUED -> RUNNING -> (DELAYED -> QUEUED ...) -> DONE -> FREE
+ *   QUEUED/DELAYED -> ENDING -> FREE (cancel, forced shutdown, deadline)
+ *   QUEUED -> DONE (expired when a worker pops it)
+ *   A task is *finalised* exactly once: removed from the id index, user slot
+ *   released, counters updated. Then exactly one thread calls its on_done:
+ *   the worker that finalised it (DONE) or the service thread (ENDING). After
+ *   on_done returns, that thread retires the record (FREE) and decrements
+ *   `inflight`. Each step asserts the state it comes from.
  */
 #ifndef TP_INTERNAL_H
 #define TP_INTERNAL_H
@@ -50,10 +77,45 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "taskpool.h"
 
 #define TP__UNUSED(x) ((void)(x))
+
+/* True when the n words of a public struct's reserved tail are all zero
+ * (taskpool.h, "How the structs grow"). */
+static inline bool tp__reserved_zero(const uint64_t *w, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (w[i] != 0) return false;
+    return true;
+}
+#define TP__RESERVED_ZERO(s) tp__reserved_zero((s)->reserved, sizeof (s)->reserved / sizeof (s)->reserved[0])
+
+/* ------------------------------------------------------------ asserts */
+
+/*
+ * TP__ASSERT(cond): checked unless NDEBUG is defined. CMake's Release and
+ * RelWithDebInfo define NDEBUG, so an installed library pays nothing; Debug
+ * builds, tests/run.sh (plain, tsan, asan, valgrind: it replaces the
+ * RelWithDebInfo flags, dropping -DNDEBUG) and the fuzzer check them. A failed
+ * one prints where and aborts: an invariant of the pool is broken and going on
+ * could run a task twice or lose one.
+ */
+#if !defined(NDEBUG)
+#define TP__DEBUG 1
+#endif
+
+#if defined(TP__DEBUG)
+void tp__assert_fail(const char *cond, const char *file, int line)
+#if defined(__GNUC__)
+    __attribute__((noreturn, cold))
+#endif
+    ;
+#define TP__ASSERT(cond) ((cond) ? (void)0 : tp__assert_fail(#cond, __FILE__, __LINE__))
+#else
+#define TP__ASSERT(cond) ((void)0)
+#endif
 
 /* ------------------------------------------------------------ statistics */
 
@@ -69,12 +131,45 @@
  * moves. TP__LOAD stays relaxed for the library's own polling (the worker's
  * spin), which re-checks under the lock.
  */
+/*
+ * The one list of statistics fields, in the order of both text formats.
+ *   C(name, help)  a counter: _Atomic uint64_t, only ever grows
+ *   G(name, help)  a gauge: _Atomic uint32_t, the current value
+ *   D(name, help)  a counter derived by tp_stats_get from the others (not stored)
+ * Used by struct tp__stats below, tp_stats_get() and tp_stats_format()
+ * (stats.c). A new field is one line here plus its member in tp_stats.
+ */
+#define TP__STATS_FIELDS(C, G, D)                                                    \
+    C(submitted, "Submit calls that passed argument checks.")                        \
+    C(accepted, "Tasks accepted.")                                                   \
+    D(rejected, "Submits refused, for any reason.")                                  \
+    C(rejected_full, "Submits refused because the queue was full.")                  \
+    C(rejected_user, "Submits refused because the user was at its limit.")           \
+    C(rejected_closed, "Submits refused because the pool was closed.")               \
+    C(rejected_timeout, "Blocking submits whose budget ran out.")                    \
+    C(started, "Tasks whose function was called at least once.")                     \
+    C(retried, "Extra attempts started.")                                            \
+    C(completed, "Accepted tasks that reached their final outcome.")                 \
+    C(succeeded, "Tasks completed with status 0.")                                   \
+    C(failed, "Tasks completed with a non-zero status, cancelled included.")         \
+    C(cancelled, "Tasks failed with TP_ECANCELED or TP_ETIMEDOUT.")                  \
+    C(expired, "Tasks whose deadline passed before their first start.")              \
+    G(active, "Tasks running now.")                                                  \
+    G(queued, "Tasks waiting in the queue now.")                                     \
+    G(delayed, "Tasks waiting for a retry now.")                                     \
+    G(workers, "Live worker threads.")                                               \
+    G(idle, "Workers waiting for work.")                                             \
+    G(users, "Users holding at least one slot.")
+
+#define TP__ST_COUNTER(f, help) _Atomic uint64_t f;
+#define TP__ST_GAUGE(f, help) _Atomic uint32_t f;
+#define TP__ST_NONE(f, help)
 typedef struct tp__stats {
-    _Atomic uint64_t submitted, accepted;
-    _Atomic uint64_t rejected_full, rejected_user, rejected_closed, rejected_timeout;
-    _Atomic uint64_t started, retried, completed, succeeded, failed, cancelled, expired;
-    _Atomic uint32_t active, queued, delayed, workers, idle, users;
+    TP__STATS_FIELDS(TP__ST_COUNTER, TP__ST_GAUGE, TP__ST_NONE)
 } tp__stats;
+#undef TP__ST_COUNTER
+#undef TP__ST_GAUGE
+#undef TP__ST_NONE
 
 /* A pause in a spin loop. */
 #if defined(__x86_64__) || defined(__i386__)
@@ -145,9 +240,31 @@ void tp__tasks_fini(tp__tasks *ts);
 /* A free record: TP_OK, TP_EFULL (`limit` records are in use), TP_ENOMEM. */
 int tp__tasks_get(tp__tasks *ts, unsigned limit, tp__task **out);
 void tp__tasks_put(tp__tasks *ts, tp__task *t);
-void tp__tasks_index(tp__tasks *ts, tp__task *t);
-void tp__tasks_unindex(tp__tasks *ts, tp__task *t);
-tp__task *tp__tasks_find(const tp__tasks *ts, uint64_t id);
+
+/* The id index (grown by tasks.c): inline, like ring.h, so that the lookups
+ * of admission, finalise and cancel stay in the caller's file. */
+static inline void tp__tasks_index(tp__tasks *ts, tp__task *t) {
+    tp__task **b = &ts->index[t->id & ts->index_mask];
+    t->id_next = *b;
+    *b = t;
+}
+
+static inline void tp__tasks_unindex(tp__tasks *ts, tp__task *t) {
+    for (tp__task **pp = &ts->index[t->id & ts->index_mask]; *pp; pp = &(*pp)->id_next) {
+        if (*pp == t) {
+            *pp = t->id_next;
+            t->id_next = NULL;
+            return;
+        }
+    }
+    TP__ASSERT(!"tp__tasks_unindex: task not in the index");
+}
+
+static inline tp__task *tp__tasks_find(const tp__tasks *ts, uint64_t id) {
+    for (tp__task *t = ts->index[id & ts->index_mask]; t; t = t->id_next)
+        if (t->id == id) return t;
+    return NULL;
+}
 
 /* Per-user slots. No locking: the pool lock guards it. */
 typedef struct tp__users {
@@ -195,52 +312,142 @@ typedef struct tp__worker {
 
 enum { TP__SHUT_NONE = 0, TP__SHUT_RUNNING, TP__SHUT_OK, TP__SHUT_FORCED };
 
+/* Each part of the pool says which file writes it (after tp_create, which
+ * builds them all); others may read it under `mu`. Everything but `st`
+ * (atomics) and the read-only `cfg` is guarded by `mu`. */
 struct tp_pool {
     pthread_mutex_t mu;
-    pthread_cond_t work_cv, room_cv, done_cv, svc_cv;
+    pthread_cond_t work_cv, room_cv, done_cv, svc_cv; /* see Locking at the top */
 
-    /* resolved configuration (read-only after create) */
-    unsigned min_workers, max_workers, capacity, max_per_user, max_retries;
-    unsigned max_records;    /* task records in use at most (see pool.c) */
-    uint64_t run_timeout, submit_timeout, drain_timeout, idle_timeout, retry_delay;
-    tp_log_fn log;
-    void *log_arg;
-    void (*on_worker_start)(void *);
-    void (*on_worker_stop)(void *);
-    void *hook_arg;
-    char name[TP_NAME_MAX + 1];
-    uint32_t serial;         /* process-unique pool number, for generated log ids */
+    /* pool.c: the resolved configuration, read-only after tp_create */
+    struct tp__config {
+        unsigned min_workers, max_workers, capacity, max_per_user, max_retries;
+        unsigned max_records;    /* task records in use at most (see pool.c) */
+        uint64_t run_timeout, submit_timeout, drain_timeout, idle_timeout, retry_delay;
+        tp_log_fn log;
+        void *log_arg;
+        void (*on_worker_start)(void *);
+        void (*on_worker_stop)(void *);
+        void *hook_arg;
+        char name[TP_NAME_MAX + 1];
+        uint32_t serial;         /* process-unique pool number, for generated log ids */
+    } cfg;
 
-    /* guarded by mu */
-    tp__ring ring;
-    tp__tasks tasks;
-    tp__users users;
-    tp__task *delayed_head, *delayed_tail; /* due order (fixed delay) */
-    tp__task *endings_head, *endings_tail; /* ended unrun, on_done pending */
-    uint64_t next_id;
-    unsigned delayed;        /* tasks in the delayed list */
-    unsigned active;         /* tasks running */
-    unsigned inflight;       /* accepted tasks whose on_done has not returned */
-    unsigned with_deadline;  /* unfinished tasks that carry a deadline */
-    uint64_t queued_deadline_min; /* lower bound of the deadlines in the ring */
-    uint64_t expiry_scan_at; /* the service thread scans the ring no earlier */
-    uint64_t svc_next;       /* when the waiting service thread wakes by itself */
-    unsigned live_workers;   /* workers counted in stats.workers */
-    unsigned starting;       /* spawned threads that have not yet taken mu */
-    unsigned threads;        /* worker threads not yet finished (incl. stop hook) */
-    unsigned idle_waiters;   /* workers in work_cv */
-    unsigned spinners;       /* idle workers polling for work before they wait (0 or 1) */
-    unsigned room_waiters;   /* callers in room_cv */
-    bool svc_waiting;        /* the service thread is in svc_cv */
-    bool closed, forced;
-    int shut_state;          /* TP__SHUT_* */
-    uint64_t shut_deadline;
-    tp__worker *workers;     /* max_workers slots */
-    pthread_t svc_thread;
-    bool svc_started;
+    /* life.c: the tasks, the queue and their state */
+    struct tp__life {
+        tp__ring ring;
+        tp__tasks tasks;
+        tp__users users;
+        tp__task *delayed_head, *delayed_tail; /* due order (fixed delay) */
+        tp__task *endings_head, *endings_tail; /* ended unrun, on_done pending */
+        uint64_t next_id;
+        unsigned delayed;        /* tasks in the delayed list */
+        unsigned active;         /* tasks running */
+        unsigned inflight;       /* accepted tasks whose on_done has not returned */
+        unsigned with_deadline;  /* unfinished tasks that carry a deadline */
+        uint64_t queued_deadline_min; /* lower bound of the deadlines in the ring */
+        uint64_t expiry_scan_at; /* the service thread scans the ring no earlier */
+        unsigned room_waiters;   /* tp_submit_wait callers in room_cv */
+        bool closed;             /* tp__close_locked: no more admissions */
+        bool forced;             /* tp__force_locked: no more retries */
+    } life;
 
+    /* worker.c: worker slots and thread counts */
+    struct tp__workers {
+        tp__worker *workers;     /* max_workers slots */
+        unsigned live_workers;   /* workers counted in stats.workers */
+        unsigned starting;       /* spawned threads that have not yet taken mu */
+        unsigned threads;        /* worker threads not yet finished (incl. stop hook) */
+        unsigned idle_waiters;   /* workers in work_cv */
+        unsigned spinners;       /* idle workers polling for work before they wait (0 or 1) */
+    } wk;
+
+    /* service.c: the service thread (started by pool.c) */
+    struct tp__service {
+        uint64_t next;           /* when the waiting service thread wakes by itself */
+        bool waiting;            /* the service thread is in svc_cv */
+        bool started;            /* `thread` is joinable */
+        pthread_t thread;
+    } svc;
+
+    /* pool.c: shutdown */
+    struct tp__shutdown {
+        int state;               /* TP__SHUT_* */
+        uint64_t deadline;       /* fixed by the first tp_shutdown */
+    } shut;
+
+    /* statistics: atomics, written under mu by the owner of each counter */
     tp__stats st;
+#if defined(TP__DEBUG)
+    pthread_t mu_owner;      /* valid while mu_held; see tp__lock */
+    bool mu_held;
+#endif
 };
+
+/* time */
+/* now + ns, saturating; TP_FOREVER stays. */
+static inline uint64_t tp__deadline_after(uint64_t now, uint64_t ns) {
+    if (ns == TP_FOREVER || ns >= TP_FOREVER - now) return TP_FOREVER;
+    return now + ns;
+}
+int tp__mutex_init(pthread_mutex_t *mu); /* the pool mutex (adaptive where glibc has it) */
+/* Wait on cv until the absolute monotonic deadline; TP_FOREVER waits unbounded.
+ * Returns 0 or ETIMEDOUT (errno value). */
+static inline int tp__cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, uint64_t deadline) {
+    if (deadline == TP_FOREVER) return pthread_cond_wait(cv, mu);
+    struct timespec ts;
+    ts.tv_sec = (time_t)(deadline / 1000000000ull);
+    ts.tv_nsec = (long)(deadline % 1000000000ull);
+    return pthread_cond_timedwait(cv, mu, &ts);
+}
+int tp__cond_init(pthread_cond_t *cv);
+
+/*
+ * The pool lock. Every lock, unlock and condition wait on `mu` goes through
+ * these, so that debug builds know which thread holds it and a `_locked`
+ * function can assert that its caller does (TP__ASSERT_LOCKED). In release
+ * builds they are the bare pthread calls.
+ */
+static inline void tp__lock(tp_pool *p) {
+    pthread_mutex_lock(&p->mu);
+#if defined(TP__DEBUG)
+    TP__ASSERT(!p->mu_held);
+    p->mu_owner = pthread_self();
+    p->mu_held = true;
+#endif
+}
+
+static inline void tp__unlock(tp_pool *p) {
+#if defined(TP__DEBUG)
+    TP__ASSERT(p->mu_held && pthread_equal(p->mu_owner, pthread_self()));
+    p->mu_held = false;
+#endif
+    pthread_mutex_unlock(&p->mu);
+}
+
+/* Only the holder reads mu_owner here, so the check is race-free whenever it
+ * passes. */
+#if defined(TP__DEBUG)
+#define TP__ASSERT_LOCKED(p) TP__ASSERT((p)->mu_held && pthread_equal((p)->mu_owner, pthread_self()))
+#else
+#define TP__ASSERT_LOCKED(p) ((void)0)
+#endif
+
+/* Wait on cv (a condition of this pool's mu) until the absolute monotonic
+ * deadline; TP_FOREVER waits unbounded. Returns 0 or ETIMEDOUT. */
+static inline int tp__wait_locked(tp_pool *p, pthread_cond_t *cv, uint64_t deadline) {
+    TP__ASSERT_LOCKED(p);
+#if defined(TP__DEBUG)
+    p->mu_held = false;
+#endif
+    int rc = tp__cond_wait_until(cv, &p->mu, deadline);
+#if defined(TP__DEBUG)
+    TP__ASSERT(!p->mu_held);
+    p->mu_owner = pthread_self();
+    p->mu_held = true;
+#endif
+    return rc;
+}
 
 /* The pool whose thread this is (worker or service), NULL elsewhere. */
 extern _Thread_local tp_pool *tp__tls_pool;
@@ -249,35 +456,92 @@ extern _Thread_local bool tp__tls_service;
 /* The task running (or whose on_done runs) on this thread, NULL elsewhere. */
 extern _Thread_local tp__task *tp__tls_task;
 
-/* time */
-uint64_t tp__deadline_after(uint64_t now, uint64_t ns); /* saturating, TP_FOREVER stays */
-int tp__mutex_init(pthread_mutex_t *mu); /* the pool mutex (adaptive where glibc has it) */
-/* Wait on cv until the absolute monotonic deadline; TP_FOREVER waits unbounded.
- * Returns 0 or ETIMEDOUT (errno value). */
-int tp__cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, uint64_t deadline);
-int tp__cond_init(pthread_cond_t *cv);
 
-/* pool.c: under mu */
-void tp__close_locked(tp_pool *p);
-void tp__signal_room(tp_pool *p);
-void tp__drained_check(tp_pool *p);
-bool tp__want_spawn(const tp_pool *p);
+/*
+ * Functions by file, top layer first. A file calls only files below it
+ * (tests/check_layers.sh). `_locked`: the caller holds p->mu (asserted in
+ * debug builds); functions that release it around user code say so.
+ */
 
-/* worker.c */
-int tp__spawn_start(tp_pool *p, tp__worker **slot, pthread_t *old, bool *join_old); /* under mu */
-int tp__spawn_finish(tp_pool *p, tp__worker *w, pthread_t old, bool join_old);      /* no lock */
-void tp__task_finalise(tp_pool *p, tp__task *t, int status, bool expired);          /* under mu */
-void tp__task_end_unrun(tp_pool *p, tp__task *t, int status, bool expired);         /* under mu */
-void tp__task_retire(tp_pool *p, tp__task *t);                                      /* under mu */
-void tp__ctx_cancel_locked(tp__worker *w);
-void tp__wake_exiters(tp_pool *p);
-
-/* service.c */
+/* ---- service.c: the service thread */
 void *tp__service_main(void *arg);
-void tp__delayed_remove(tp_pool *p, tp__task *t);
-void tp__svc_wake(tp_pool *p);
 
-/* ctx.c: log ids */
+/* ---- worker.c: worker slots and threads */
+/* Reserve a worker slot (mu held); then create the thread without mu. */
+int tp__spawn_start_locked(tp_pool *p, tp__worker **slot, pthread_t *old, bool *join_old);
+int tp__spawn_finish(tp_pool *p, tp__worker *w, pthread_t old, bool join_old); /* no lock */
+
+/* ---- life.c: the task's life and the queue (see the top of life.c) */
+
+/* A submit's checked arguments (pool.c fills it in before taking mu). */
+typedef struct tp__admit_args {
+    tp_fn fn;
+    tp_done_fn on_done;
+    uint64_t run_timeout, deadline;
+    const char *user;
+    size_t user_len;
+    uint32_t user_hash;
+    const char *log_src; /* NULL: generate */
+    size_t log_len;
+} tp__admit_args;
+
+/* The queue, the records and the user table for `full` tasks, `prealloc`
+ * records made now (-1: out of memory); fini also after a failed init. */
+int tp__life_init(tp_pool *p, unsigned full, unsigned prealloc);
+void tp__life_fini(tp_pool *p);
+/* The admission checks after "closed"; on TP_OK the task is queued. */
+int tp__admit_locked(tp_pool *p, const tp__admit_args *a, void *arg, uint64_t *id_out);
+bool tp__want_spawn_locked(const tp_pool *p);
+/* tp_submit_wait: wait on room_cv until woken or `deadline` (0, ETIMEDOUT). */
+int tp__wait_room_locked(tp_pool *p, uint64_t deadline);
+int tp__cancel_locked(tp_pool *p, uint64_t id); /* TP_OK or TP_ENOTFOUND */
+void tp__close_locked(tp_pool *p);
+void tp__force_locked(tp_pool *p);
+/* Worker steps: pop the head; end it if its deadline passed (true); start
+ * it; after its attempt, retry (true) or finalise; run on_done and retire. */
+tp__task *tp__queue_pop_locked(tp_pool *p);
+bool tp__task_expired_locked(tp_pool *p, tp__task *t);
+void tp__task_start_locked(tp_pool *p, tp__worker *w, tp__task *t);
+bool tp__task_after_run_locked(tp_pool *p, tp__worker *w, tp__task *t, int rc);
+void tp__task_finish_locked(tp_pool *p, tp__task *t); /* releases mu around on_done */
+void tp__task_retire_locked(tp_pool *p, tp__task *t);
+/* A worker thread is gone (threads already decremented). */
+void tp__signal_worker_gone_locked(tp_pool *p);
+/* Service steps: endings (releases mu around on_done), retry timers and
+ * queue deadlines (both return when to look again). */
+bool tp__endings_pending_locked(const tp_pool *p);
+void tp__endings_run_locked(tp_pool *p);
+uint64_t tp__delayed_run_locked(tp_pool *p, uint64_t now);
+uint64_t tp__queue_expire_locked(tp_pool *p, uint64_t now);
+
+/* ---- ctx.c: the task context, the cancel pipe, log ids, logging */
+void tp__ctx_cancel_locked(tp__worker *w);
+void tp__ctx_drain_fd_locked(tp__worker *w);
+
+/* A task starts on this context (mu held). */
+static inline void tp__ctx_begin(struct tp_ctx *c, tp__task *t) {
+    c->t = t;
+    c->deadline = t->deadline;
+    atomic_store_explicit(&c->cancelled, 0, memory_order_relaxed);
+}
+
+/* The attempt starts now: its effective deadline is the earlier of the task
+ * deadline and now + run timeout. Without mu: only this worker reads its ctx. */
+static inline void tp__ctx_arm_run_timeout(struct tp_ctx *c, const tp__task *t) {
+    if (t->run_timeout == TP_FOREVER) return;
+    uint64_t d = tp__deadline_after(tp_now_ns(), t->run_timeout);
+    if (d < c->deadline) c->deadline = d;
+}
+
+/* The attempt returned (mu held): was it cancelled? The cancel pipe is
+ * emptied so the next task starts clean. */
+static inline bool tp__ctx_end_locked(struct tp_ctx *c) {
+    bool cancelled = atomic_load_explicit(&c->cancelled, memory_order_relaxed) != 0;
+    c->t = NULL;
+    if (c->w->fd_dirty) tp__ctx_drain_fd_locked(c->w);
+    return cancelled;
+}
+
 const char *tp__task_log_id(tp__task *t);     /* generates on demand */
 void tp__log(tp_pool *p, int level, const char *log_id, const char *fmt, ...)
 #if defined(__GNUC__)

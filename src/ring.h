@@ -10,12 +10,16 @@
  * its slot), kept right by every function that moves it, so that a cancel
  * finds it at once and closes the gap from the nearer end: removing the head
  * (or the tail) costs O(1), any other O(min(distance to either end)).
- * This header is included by internal.h after struct tp__task.
+ * This header is included by internal.h after struct tp__task and TP__ASSERT.
  *
  * No locking and no allocation after init: the pool lock guards every call.
  * The pool sizes it for queue_capacity + max_workers, the most tasks that can
  * ever be queued at once (a failed attempt may enter the retry wait, and later
  * the queue, while the queue is full; see pool.c).
+ *
+ * Layer: a leaf of inline functions, compiled into its callers (life.c, which
+ * owns the ring; worker.c reads its length), so it adds no call between
+ * files.
  */
 #ifndef TP_RING_H
 #define TP_RING_H
@@ -51,12 +55,14 @@ static inline uint32_t tp__ring_len(const tp__ring *r) { return r->tail - r->hea
 
 /* The caller guarantees room (the pool's admission bound). */
 static inline void tp__ring_push(tp__ring *r, struct tp__task *t) {
+    TP__ASSERT(tp__ring_len(r) <= r->mask); /* room for one more */
     t->ring_pos = r->tail;
     r->slots[r->tail++ & r->mask] = t;
 }
 
 /* The caller guarantees the ring is not empty. */
 static inline struct tp__task *tp__ring_pop(tp__ring *r) {
+    TP__ASSERT(tp__ring_len(r) > 0);
     return r->slots[r->head++ & r->mask];
 }
 

@@ -8,9 +8,14 @@
  *
  * The id index maps a task id to its record for tp_cancel(). Ids are
  * consecutive, so `id & mask` spreads them evenly over power-of-two buckets;
- * the bucket array doubles with the record count (at growth only).
+ * the bucket array doubles with the record count (at growth only, here).
+ * Its lookups are inline functions in internal.h, so that a cancel runs in
+ * pool.c, life.c and one leaf.
  *
  * No locking: every call is made with the pool lock held.
+ *
+ * Layer: a leaf (5 of 6 in internal.h); life.c calls it, pool.c makes and
+ * frees it. The id index's lookups are inline in internal.h.
  */
 #include "internal.h" /* first: it defines _GNU_SOURCE */
 #include <stdlib.h>
@@ -94,26 +99,4 @@ void tp__tasks_put(tp__tasks *ts, tp__task *t) {
     t->state = TP__FREE;
     t->next = ts->free;
     ts->free = t;
-}
-
-void tp__tasks_index(tp__tasks *ts, tp__task *t) {
-    tp__task **b = &ts->index[t->id & ts->index_mask];
-    t->id_next = *b;
-    *b = t;
-}
-
-void tp__tasks_unindex(tp__tasks *ts, tp__task *t) {
-    for (tp__task **pp = &ts->index[t->id & ts->index_mask]; *pp; pp = &(*pp)->id_next) {
-        if (*pp == t) {
-            *pp = t->id_next;
-            t->id_next = NULL;
-            return;
-        }
-    }
-}
-
-tp__task *tp__tasks_find(const tp__tasks *ts, uint64_t id) {
-    for (tp__task *t = ts->index[id & ts->index_mask]; t; t = t->id_next)
-        if (t->id == id) return t;
-    return NULL;
 }

@@ -12,6 +12,9 @@
  * more distinct users are active at once than ever before.
  *
  * No locking: every call is made with the pool lock held.
+ *
+ * Layer: a leaf (5 of 6 in internal.h); called by life.c (slots), pool.c
+ * (hashing the name at submit) and stats.c (tp_user_active).
  */
 #include "internal.h" /* first: it defines _GNU_SOURCE */
 #include <stdlib.h>
@@ -113,6 +116,7 @@ tp__user *tp__users_acquire(tp__users *us, const char *name, size_t len, uint32_
 }
 
 void tp__users_release(tp__users *us, tp__user *u) {
+    TP__ASSERT(u->count > 0);
     if (--u->count > 0) return;
     for (tp__user **pp = &us->buckets[u->hash & us->mask]; *pp; pp = &(*pp)->next) {
         if (*pp == u) {
@@ -120,6 +124,7 @@ void tp__users_release(tp__users *us, tp__user *u) {
             break;
         }
     }
+    TP__ASSERT(us->live > 0);
     u->next = us->free;
     us->free = u;
     us->live--;

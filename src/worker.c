@@ -1,29 +1,35 @@
 /*
- * worker.c -- the worker loop, task completion, elastic workers.
+ * worker.c -- the worker threads: their slots, spawning, and the loop.
+ *
+ * Layer: below pool.c and service.c (which spawn workers), above life.c
+ * (every step of a task's life is a life.c call) and the leaves. Owns p->wk:
+ * the worker slots (workers[].state, .thread), the thread counters
+ * (live_workers, starting, threads) and the idle bookkeeping (idle_waiters,
+ * spinners), with stats.workers and stats.idle. life.c owns workers[].cur
+ * (which task runs where).
  *
  * The loop (invariant: it starts each turn with mu held and no current task):
- *   1. wait on work_cv until the ring has a task, or until it may exit:
- *      closed with nothing queued or delayed (a task still running elsewhere
- *      keeps its own worker for its retries), or, above min_workers, idle for
- *      idle_timeout;
- *   2. pop the head (FIFO). A task whose deadline has passed ends here with
- *      TP_ETIMEDOUT without running;
- *   3. mark it running, release mu, call it, take mu again;
- *   4. decide: retry (failed, not cancelled, not forced, deadline not passed,
- *      attempts left) -> the delayed list, or final -> finalise;
- *   5. release mu for the log hook and on_done, take it again, retire.
- *
- * Exactly once: tp__task_finalise() is the only place that ends a task, and
- * every caller reaches it from a state (QUEUED, RUNNING, DELAYED) that it
- * leaves under the same lock; then exactly one thread -- the one that
- * finalised it, or the service thread for ENDING tasks -- calls on_done and
- * retires the record.
+ *   1. wait_for_work_locked: wait on work_cv until the ring has a task, or
+ *      until the worker may exit: closed with nothing queued or delayed (a
+ *      task still running elsewhere keeps its own worker for its retries),
+ *      or, above min_workers, idle for idle_timeout;
+ *   2. tp__queue_pop_locked takes the head (FIFO); a task whose deadline has
+ *      passed ends there with TP_ETIMEDOUT without running
+ *      (tp__task_expired_locked);
+ *   3. tp__task_start_locked marks it running; run_task releases mu, calls
+ *      it, takes mu again;
+ *   4. tp__task_after_run_locked decides: retry (the delayed list) or final;
+ *   5. tp__task_finish_locked releases mu for on_done, then retires.
  *
  * Elastic workers: a submit that leaves more queued tasks than idle workers
- * reserves a worker slot under mu (tp__spawn_start) and creates the thread
- * after unlocking (tp__spawn_finish). A slot whose thread exited is joined
- * before reuse. If pthread_create fails the reservation is undone; the queued
- * tasks are still served by the workers that exist (at least min_workers).
+ * reserves a worker slot under mu (tp__spawn_start_locked) and creates the
+ * thread after unlocking (tp__spawn_finish). A slot whose thread exited is
+ * joined before reuse. If pthread_create fails the reservation is undone;
+ * the queued tasks are still served by the workers that exist (at least
+ * min_workers).
+ *
+ * Lock order: only the pool lock, never held across user code (the task,
+ * the worker hooks, the log hook).
  */
 #include "internal.h" /* first: it defines _GNU_SOURCE */
 #include <errno.h>
@@ -37,17 +43,18 @@ static void *worker_main(void *arg);
 
 /* ------------------------------------------------------------ spawning */
 
-int tp__spawn_start(tp_pool *p, tp__worker **slot, pthread_t *old, bool *join_old) {
+int tp__spawn_start_locked(tp_pool *p, tp__worker **slot, pthread_t *old, bool *join_old) {
+    TP__ASSERT_LOCKED(p);
     *slot = NULL;
-    for (unsigned i = 0; i < p->max_workers; i++) {
-        tp__worker *w = &p->workers[i];
+    for (unsigned i = 0; i < p->cfg.max_workers; i++) {
+        tp__worker *w = &p->wk.workers[i];
         if (w->state == TP__W_LIVE) continue;
         *join_old = w->state == TP__W_DEAD;
         *old = w->thread;
         w->state = TP__W_LIVE;
-        p->live_workers++;
-        p->threads++;
-        p->starting++; /* counted in stats.workers once it runs (worker_main) */
+        p->wk.live_workers++;
+        p->wk.threads++;
+        p->wk.starting++; /* counted in stats.workers once it runs (worker_main) */
         *slot = w;
         return TP_OK;
     }
@@ -61,13 +68,14 @@ int tp__spawn_finish(tp_pool *p, tp__worker *w, pthread_t old, bool join_old) {
     if (join_old) pthread_join(old, NULL); /* it marked itself DEAD as its last locked act */
     int rc = pthread_create(&w->thread, NULL, worker_main, w);
     if (rc == 0) return TP_OK;
-    pthread_mutex_lock(&p->mu);
+    tp__lock(p);
+    TP__ASSERT(p->wk.live_workers > 0 && p->wk.threads > 0 && p->wk.starting > 0);
     w->state = TP__W_FREE;
-    p->live_workers--;
-    p->threads--;
-    p->starting--;
+    p->wk.live_workers--;
+    p->wk.threads--;
+    p->wk.starting--;
     pthread_cond_broadcast(&p->done_cv);
-    pthread_mutex_unlock(&p->mu);
+    tp__unlock(p);
     return TP_ENOMEM;
 }
 
@@ -77,9 +85,9 @@ static void set_thread_name(const tp_pool *p, const char *what, unsigned index) 
     char suffix[16], buf[16];
     int n = snprintf(suffix, sizeof suffix, "-%s%u", what, index);
     if (n < 0 || n >= 15) return;
-    size_t keep = strlen(p->name);
+    size_t keep = strlen(p->cfg.name);
     if (keep > (size_t)(15 - n)) keep = (size_t)(15 - n);
-    memcpy(buf, p->name, keep);
+    memcpy(buf, p->cfg.name, keep);
     memcpy(buf + keep, suffix, (size_t)n + 1);
     pthread_setname_np(pthread_self(), buf);
 #else
@@ -87,83 +95,34 @@ static void set_thread_name(const tp_pool *p, const char *what, unsigned index) 
 #endif
 }
 
-/* ------------------------------------------------------------ endings */
+/* ------------------------------------------------------------ failures */
 
-static bool is_cancel_status(int status) { return status == TP_ECANCELED || status == TP_ETIMEDOUT; }
-
-void tp__task_finalise(tp_pool *p, tp__task *t, int status, bool expired) {
-    tp__tasks_unindex(&p->tasks, t);
-    if (t->deadline != TP_FOREVER) p->with_deadline--;
-    if (t->user) {
-        tp__users_release(&p->users, t->user);
-        TP__SET(p->st.users, p->users.live);
-        tp__signal_room(p);
+/* A duration in the largest unit it reaches (ns, us, ms, s), with up to three
+ * decimals and no trailing zeros: 750 ns, 200 us, 1.5 ms, 2.5 s. */
+static void format_duration(char *buf, size_t len, uint64_t ns) {
+    static const struct {
+        uint64_t div;
+        const char *unit;
+    } units[] = {{1000000000ull, "s"}, {1000000ull, "ms"}, {1000ull, "us"}, {1, "ns"}};
+    size_t i = 0;
+    while (units[i].div > 1 && ns < units[i].div) i++;
+    uint64_t div = units[i].div, whole = ns / div;
+    uint64_t milli = div >= 1000 ? (ns % div + div / 2000) / (div / 1000) : 0; /* thousandths, rounded */
+    if (milli == 1000) {
+        whole++;
+        milli = 0;
     }
-    t->status = status;
-    t->state = TP__DONE;
-    TP__INC(p->st.completed);
-    if (status == 0) {
-        TP__INC(p->st.succeeded);
-    } else {
-        TP__INC(p->st.failed);
-        if (is_cancel_status(status)) TP__INC(p->st.cancelled);
-        if (expired) TP__INC(p->st.expired);
-    }
-}
-
-/* A task leaves the ring or the delayed list without (another) run: finalise it
- * now and hand its on_done to the service thread, which runs it promptly even
- * when every worker is busy. The caller has already taken it off its list. */
-void tp__task_end_unrun(tp_pool *p, tp__task *t, int status, bool expired) {
-    tp__task_finalise(p, t, status, expired);
-    if (!t->on_done) {
-        tp__task_retire(p, t); /* nothing to run: no need to wait for the service thread */
+    if (milli == 0) {
+        snprintf(buf, len, "%llu %s", (unsigned long long)whole, units[i].unit);
         return;
     }
-    t->state = TP__ENDING;
-    t->next = NULL;
-    if (p->endings_tail)
-        p->endings_tail->next = t;
-    else
-        p->endings_head = t;
-    p->endings_tail = t;
-    tp__svc_wake(p);
-}
-
-/* on_done has returned: the record can be reused. */
-void tp__task_retire(tp_pool *p, tp__task *t) {
-    t->user = NULL;
-    if (!p->tasks.free) tp__signal_room(p); /* records were at their cap */
-    tp__tasks_put(&p->tasks, t);
-    p->inflight--;
-    tp__drained_check(p);
-}
-
-/* Idle workers re-check whether they may exit. */
-void tp__wake_exiters(tp_pool *p) {
-    if (p->closed && p->idle_waiters && tp__ring_len(&p->ring) == 0 && p->delayed == 0)
-        pthread_cond_broadcast(&p->work_cv);
-}
-
-void tp__ctx_cancel_locked(tp__worker *w) {
-    if (atomic_load_explicit(&w->ctx.cancelled, memory_order_relaxed)) return;
-    atomic_store_explicit(&w->ctx.cancelled, 1, memory_order_relaxed);
-    pthread_cond_signal(&w->sleep_cv);
-    if (w->fds[1] >= 0 && !w->fd_dirty) {
-        char b = 1;
-        ssize_t n = write(w->fds[1], &b, 1);
-        (void)n; /* a non-blocking pipe with room for one byte: cannot fail */
-        w->fd_dirty = true;
+    int digits = 3;
+    while (milli % 10 == 0) {
+        milli /= 10;
+        digits--;
     }
-}
-
-/* Empty the cancel pipe so the next task starts clean. mu held. */
-static void clean_fd(tp__worker *w) {
-    if (!w->fd_dirty) return;
-    char buf[16];
-    while (read(w->fds[0], buf, sizeof buf) > 0) {
-    }
-    w->fd_dirty = false;
+    snprintf(buf, len, "%llu.%0*llu %s", (unsigned long long)whole, digits, (unsigned long long)milli,
+             units[i].unit);
 }
 
 /* Report a failed attempt. Called without mu, with copies of the task's id and
@@ -176,86 +135,17 @@ static void log_failure(tp_pool *p, uint64_t id, const char *log_id, unsigned at
         snprintf(st, sizeof st, "%s", tp_err_name(status));
     else
         snprintf(st, sizeof st, "status %d", status);
-    if (retry)
-        tp__log(p, TP_LOG_WARN, log_id, "task %llu attempt %u failed (%s); retry %u of %u in %llu ms",
-                (unsigned long long)id, attempt, st, attempt + 1, p->max_retries,
-                (unsigned long long)(p->retry_delay / 1000000ull));
-    else
+    if (retry) {
+        char delay[32];
+        format_duration(delay, sizeof delay, p->cfg.retry_delay);
+        tp__log(p, TP_LOG_WARN, log_id, "task %llu attempt %u failed (%s); retry %u of %u in %s",
+                (unsigned long long)id, attempt, st, attempt + 1, p->cfg.max_retries, delay);
+    } else
         tp__log(p, TP_LOG_ERROR, log_id, "task %llu attempt %u failed (%s); giving up",
                 (unsigned long long)id, attempt, st);
 }
 
-/* Run on_done (mu released), then retire. Entered and left with mu held. */
-static void finish_locked(tp_pool *p, tp__task *t) {
-    if (t->on_done) {
-        pthread_mutex_unlock(&p->mu);
-        tp__tls_enter_task(t);
-        t->on_done(t->arg, t->status);
-        tp__tls_leave_task();
-        pthread_mutex_lock(&p->mu);
-    }
-    tp__task_retire(p, t);
-}
-
-/* ------------------------------------------------------------ the loop */
-
-/* Start `t` on `w`: mu held. The run timeout is added to ctx.deadline by
- * the worker right after it unlocks (arm_run_timeout), so the clock is not
- * read under the lock. */
-static void start_locked(tp_pool *p, tp__worker *w, tp__task *t) {
-    t->state = TP__RUNNING;
-    t->worker = w;
-    w->cur = t;
-    p->active++;
-    TP__SET(p->st.active, p->active);
-    if (t->attempt == 0)
-        TP__INC(p->st.started);
-    else
-        TP__INC(p->st.retried);
-    w->ctx.t = t;
-    w->ctx.deadline = t->deadline;
-    atomic_store_explicit(&w->ctx.cancelled, 0, memory_order_relaxed);
-}
-
-/* The attempt starts now: its effective deadline is the earlier of the task
- * deadline and now + run timeout. Without mu: only this worker reads its ctx. */
-static void arm_run_timeout(tp__worker *w, const tp__task *t) {
-    if (t->run_timeout == TP_FOREVER) return;
-    uint64_t d = tp__deadline_after(tp_now_ns(), t->run_timeout);
-    if (d < w->ctx.deadline) w->ctx.deadline = d;
-}
-
-/* The attempt returned `rc`: retry or finalise. mu held. Returns true when a
- * retry was scheduled. */
-static bool after_run_locked(tp_pool *p, tp__worker *w, tp__task *t, int rc) {
-    bool cancelled = atomic_load_explicit(&w->ctx.cancelled, memory_order_relaxed) != 0;
-    w->cur = NULL;
-    w->ctx.t = NULL;
-    clean_fd(w);
-    p->active--;
-    TP__SET(p->st.active, p->active);
-    t->worker = NULL;
-    bool may_retry = rc != 0 && !cancelled && !p->forced && t->attempt < p->max_retries;
-    uint64_t now = may_retry ? tp_now_ns() : 0; /* no clock read on success */
-    if (may_retry && now < t->deadline) {
-        t->attempt++;
-        t->state = TP__DELAYED;
-        t->due = tp__deadline_after(now, p->retry_delay);
-        t->next = NULL;
-        t->prev = p->delayed_tail;
-        if (p->delayed_tail)
-            p->delayed_tail->next = t;
-        else
-            p->delayed_head = t;
-        p->delayed_tail = t;
-        p->delayed++;
-        TP__SET(p->st.delayed, p->delayed);
-        tp__svc_wake(p);
-        return true;
-    }
-    tp__task_finalise(p, t, rc, false);
-    return false;
-}
+/* ------------------------------------------------------------ idle */
 
 /* How long an idle worker polls for work before it sleeps on work_cv. A
  * sleep costs the submitter a futex wake (a system call) and the worker a
@@ -265,16 +155,22 @@ static bool after_run_locked(tp_pool *p, tp__worker *w, tp__task *t, int rc) {
  * submitters need, and each idle period spins at most once. */
 #define TP__SPIN_NS 20000u
 
-/* stats.idle: workers waiting on work_cv plus the one spinning. mu held. */
-static void set_idle_stat(tp_pool *p) { TP__SET(p->st.idle, p->idle_waiters + p->spinners); }
+/* stats.idle: workers waiting on work_cv plus the one spinning. */
+static void set_idle_stat_locked(tp_pool *p) { TP__SET(p->st.idle, p->wk.idle_waiters + p->wk.spinners); }
+
+/* stats.workers: threads that run, not spawns under way (which may fail). */
+static void set_workers_stat_locked(tp_pool *p) {
+    TP__SET(p->st.workers, p->wk.live_workers - p->wk.starting);
+}
 
 /* Entered and left with mu held: poll the queue length (st.queued, stored
- * with every change of the ring) without the lock for up to TP__SPIN_NS. The caller re-checks the ring under the lock, so a task
- * pushed at any moment is found either here or there: no wake-up is lost. */
-static void spin_for_work(tp_pool *p) {
-    p->spinners++;
-    set_idle_stat(p);
-    pthread_mutex_unlock(&p->mu);
+ * with every change of the ring) without the lock for up to TP__SPIN_NS. The
+ * caller re-checks the ring under the lock, so a task pushed at any moment is
+ * found either here or there: no wake-up is lost. */
+static void spin_for_work_locked(tp_pool *p) {
+    p->wk.spinners++;
+    set_idle_stat_locked(p);
+    tp__unlock(p);
     uint64_t until = tp_now_ns() + TP__SPIN_NS;
     for (unsigned i = 1;; i++) {
         if (TP__LOAD(p->st.queued) != 0) break;
@@ -284,107 +180,112 @@ static void spin_for_work(tp_pool *p) {
         }
         tp__cpu_relax();
     }
-    pthread_mutex_lock(&p->mu);
-    p->spinners--;
-    set_idle_stat(p);
+    tp__lock(p);
+    TP__ASSERT(p->wk.spinners > 0);
+    p->wk.spinners--;
+    set_idle_stat_locked(p);
 }
 
-/* mu held, ring empty: may this worker exit now? */
-static bool may_exit(const tp_pool *p) {
-    return p->closed && p->delayed == 0;
+/* The state a worker carries between turns of its loop. */
+typedef struct worker_turn {
+    uint64_t idle_since; /* the last task ended (or the thread started) */
+    bool elastic_pool;   /* may shrink: else no clock read per task */
+    bool spun;           /* spun once already in this idle period */
+} worker_turn;
+
+/* Step 1, mu held, no current task: return when the ring has a task (true)
+ * or this worker should exit (false). Wake-ups that bring no work do not
+ * restart the idle clock. */
+static bool wait_for_work_locked(tp_pool *p, worker_turn *wt) {
+    while (tp__ring_len(&p->life.ring) == 0) {
+        if (p->life.closed && p->life.delayed == 0) return false;
+        if (!wt->spun && p->wk.spinners == 0) {
+            wt->spun = true;
+            spin_for_work_locked(p);
+            continue;
+        }
+        bool elastic = p->wk.live_workers > p->cfg.min_workers && p->cfg.idle_timeout != TP_FOREVER;
+        uint64_t until = elastic ? tp__deadline_after(wt->idle_since, p->cfg.idle_timeout) : TP_FOREVER;
+        p->wk.idle_waiters++;
+        set_idle_stat_locked(p);
+        int e = tp__wait_locked(p, &p->work_cv, until);
+        TP__ASSERT(p->wk.idle_waiters > 0);
+        p->wk.idle_waiters--;
+        set_idle_stat_locked(p);
+        if (e == ETIMEDOUT && elastic && tp__ring_len(&p->life.ring) == 0 &&
+            p->wk.live_workers > p->cfg.min_workers && tp_now_ns() >= until)
+            return false;
+    }
+    wt->spun = false;
+    return true;
+}
+
+/* Steps 3 to 5 for a started task: run it without mu, then retry or finish.
+ * Entered and left with mu held. */
+static void run_task_locked(tp_pool *p, tp__worker *w, tp__task *t) {
+    tp__unlock(p);
+    tp__ctx_arm_run_timeout(&w->ctx, t);
+
+    tp__tls_enter_task(t);
+    int rc = t->fn(&w->ctx, t->arg);
+    tp__tls_leave_task();
+
+    tp__lock(p);
+    unsigned attempt = t->attempt;
+    uint64_t id = t->id;
+    char log_id[TP_LOG_ID_MAX + 1];
+    if (rc != 0) snprintf(log_id, sizeof log_id, "%s", tp__task_log_id(t));
+    bool retry = tp__task_after_run_locked(p, w, t, rc);
+    if (rc != 0) {
+        tp__unlock(p);
+        log_failure(p, id, log_id, attempt, rc, retry);
+        tp__lock(p);
+    }
+    if (!retry) tp__task_finish_locked(p, t);
+}
+
+/* The thread runs: count it, mu held on return. */
+static void worker_enter(tp_pool *p, tp__worker *w) {
+    tp__tls_pool = p;
+    set_thread_name(p, "w", w->index);
+    if (p->cfg.on_worker_start) p->cfg.on_worker_start(p->cfg.hook_arg);
+    tp__lock(p);
+    TP__ASSERT(p->wk.starting > 0);
+    p->wk.starting--;
+    set_workers_stat_locked(p);
+}
+
+/* Exit, entered with mu held: leave the counted set first (stats, scaling),
+ * run the stop hook without the lock, then report the thread as gone. */
+static void worker_leave_locked(tp_pool *p, tp__worker *w) {
+    TP__ASSERT(p->wk.live_workers > 0);
+    p->wk.live_workers--;
+    set_workers_stat_locked(p);
+    tp__unlock(p);
+    if (p->cfg.on_worker_stop) p->cfg.on_worker_stop(p->cfg.hook_arg);
+    tp__lock(p);
+    TP__ASSERT(p->wk.threads > 0);
+    w->state = TP__W_DEAD;
+    p->wk.threads--;
+    tp__signal_worker_gone_locked(p);
+    tp__unlock(p);
 }
 
 static void *worker_main(void *arg) {
     tp__worker *w = (tp__worker *)arg;
     tp_pool *p = w->pool;
-    tp__tls_pool = p;
-    set_thread_name(p, "w", w->index);
-    if (p->on_worker_start) p->on_worker_start(p->hook_arg);
-
-    pthread_mutex_lock(&p->mu);
-    p->starting--;
-    /* stats.workers: threads that run, not spawns under way (which may fail) */
-    TP__SET(p->st.workers, p->live_workers - p->starting);
-    /* Idle since the last task ended (or the thread started): wake-ups that
-     * bring no work do not restart the idle clock. */
-    uint64_t idle_since = tp_now_ns();
-    const bool elastic_pool = p->max_workers > p->min_workers; /* else no clock read per task */
-    bool spun = false; /* spun once already in this idle period */
-    for (;;) {
-        /* mu held, no current task. */
-        if (tp__ring_len(&p->ring) == 0) {
-            if (may_exit(p)) break;
-            if (!spun && p->spinners == 0) {
-                spun = true;
-                spin_for_work(p);
-                continue;
-            }
-            bool elastic = p->live_workers > p->min_workers && p->idle_timeout != TP_FOREVER;
-            uint64_t until = elastic ? tp__deadline_after(idle_since, p->idle_timeout) : TP_FOREVER;
-            p->idle_waiters++;
-            set_idle_stat(p);
-            int e = tp__cond_wait_until(&p->work_cv, &p->mu, until);
-            p->idle_waiters--;
-            set_idle_stat(p);
-            if (e == ETIMEDOUT && elastic && tp__ring_len(&p->ring) == 0 &&
-                p->live_workers > p->min_workers && tp_now_ns() >= until)
-                break;
-            continue;
+    worker_enter(p, w);
+    worker_turn wt = {tp_now_ns(), p->cfg.max_workers > p->cfg.min_workers, false};
+    while (wait_for_work_locked(p, &wt)) {
+        tp__task *t = tp__queue_pop_locked(p);
+        if (tp__task_expired_locked(p, t))
+            tp__task_finish_locked(p, t);
+        else {
+            tp__task_start_locked(p, w, t);
+            run_task_locked(p, w, t);
         }
-        tp__task *t = tp__ring_pop(&p->ring);
-        spun = false;
-        TP__SET(p->st.queued, tp__ring_len(&p->ring));
-        tp__signal_room(p);
-        tp__wake_exiters(p);
-        /* Submitters do not wake anyone while a worker spins: pass work on. */
-        if (tp__ring_len(&p->ring) > 0 && p->idle_waiters && !p->spinners)
-            pthread_cond_signal(&p->work_cv);
-        /* The clock is read under the lock only for a task with a deadline. */
-        if (t->deadline != TP_FOREVER && tp_now_ns() >= t->deadline) {
-            /* Expired in the queue. A retry that comes back after its
-             * deadline ran before: cancelled, not expired. */
-            tp__task_finalise(p, t, TP_ETIMEDOUT, t->attempt == 0);
-            finish_locked(p, t);
-            if (elastic_pool) idle_since = tp_now_ns();
-            continue;
-        }
-        start_locked(p, w, t);
-        pthread_mutex_unlock(&p->mu);
-        arm_run_timeout(w, t);
-
-        tp__tls_enter_task(t);
-        int rc = t->fn(&w->ctx, t->arg);
-        tp__tls_leave_task();
-
-        pthread_mutex_lock(&p->mu);
-        unsigned attempt = t->attempt;
-        uint64_t id = t->id;
-        char log_id[TP_LOG_ID_MAX + 1];
-        if (rc != 0) snprintf(log_id, sizeof log_id, "%s", tp__task_log_id(t));
-        bool retry = after_run_locked(p, w, t, rc);
-        if (rc != 0) {
-            pthread_mutex_unlock(&p->mu);
-            log_failure(p, id, log_id, attempt, rc, retry);
-            pthread_mutex_lock(&p->mu);
-        }
-        if (!retry) finish_locked(p, t);
-        if (elastic_pool) idle_since = tp_now_ns();
+        if (wt.elastic_pool) wt.idle_since = tp_now_ns();
     }
-
-    /* Exit: mu held. Leave the counted set first (stats, scaling), run the
-     * stop hook without the lock, then report the thread as gone. */
-    p->live_workers--;
-    TP__SET(p->st.workers, p->live_workers - p->starting);
-    pthread_mutex_unlock(&p->mu);
-    if (p->on_worker_stop) p->on_worker_stop(p->hook_arg);
-    pthread_mutex_lock(&p->mu);
-    w->state = TP__W_DEAD;
-    p->threads--;
-    if (p->threads == 0) pthread_cond_broadcast(&p->done_cv);
-    tp__wake_exiters(p);
-    /* A spawn skipped while this slot was still taken (tp__spawn_start finds
-     * no free slot) is retried now, by the service thread. */
-    if (!p->closed && tp__want_spawn(p)) tp__svc_wake(p);
-    pthread_mutex_unlock(&p->mu);
+    worker_leave_locked(p, w);
     return NULL;
 }

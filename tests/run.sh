@@ -6,7 +6,9 @@
 # After the full pass, the racy tests run again TP_REPEAT times (default 10;
 # under tsan TP_REPEAT_TSAN, default 30).
 #
-#   plain     gcc, RelWithDebInfo with assertions kept, -Werror
+#   plain     gcc, RelWithDebInfo with assertions kept, -Werror; also installs,
+#             checks the man pages, packs and checks the .deb files, and builds
+#             a parent project that vendors the library
 #   tsan      clang, ThreadSanitizer, -Werror
 #   asan      gcc, AddressSanitizer + LeakSanitizer + UBSan, -Werror
 #   valgrind  gcc as plain; every unit test under valgrind memcheck, which must
@@ -35,7 +37,7 @@ modes=()
 for m in "$@"; do
     case $m in
     plain | tsan | asan | valgrind | fuzz) modes+=("$m") ;;
-    -h | --help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,23p' "$0"; exit 0 ;;
     *) die "unknown mode '$m' (expected plain, tsan, asan, valgrind or fuzz)" ;;
     esac
 done
@@ -67,6 +69,10 @@ missing_deps() {
     for c in cmake make gcc pkg-config; do command -v "$c" >/dev/null 2>&1 || return 0; done
     have_cmocka || return 0
     have_stream_deps || return 0
+    if wants plain; then
+        command -v abidw >/dev/null 2>&1 || return 0 # the ABI baseline check
+        command -v git >/dev/null 2>&1 || return 0   # the previous release, for the old-binary check
+    fi
     if wants tsan; then
         command -v clang >/dev/null 2>&1 || return 0
         have_tsan_runtime || return 0
@@ -77,6 +83,12 @@ missing_deps() {
     fi
     if wants valgrind; then
         command -v valgrind >/dev/null 2>&1 || return 0
+    fi
+    # The man pages are built in every mode; plain also installs them, packs
+    # the .deb files and checks both (man_pages, deb_packages).
+    command -v scdoc >/dev/null 2>&1 || return 0
+    if wants plain; then
+        for c in man dpkg-deb dpkg-shlibdeps lintian; do command -v "$c" >/dev/null 2>&1 || return 0; done
     fi
     return 1
 }
@@ -90,12 +102,14 @@ if missing_deps; then
         command -v sudo >/dev/null 2>&1 || die "not root and no sudo: cannot install dependencies"
         sudo=(sudo)
     fi
-    pkgs=(libcmocka-dev cmake make gcc libc6-dev pkg-config)
+    pkgs=(libcmocka-dev cmake make gcc libc6-dev pkg-config scdoc)
+    wants plain && pkgs+=(man-db dpkg-dev lintian)
     # examples/stream/ and its stream_* tests: hiredis, a real redis-server, python3
     pkgs+=(libhiredis-dev redis-server python3)
     # clang's sanitizer runtimes are only "recommended" by clang on Debian 12.
     { wants tsan || wants fuzz; } && pkgs+=(clang libclang-rt-dev)
     wants valgrind && pkgs+=(valgrind)
+    wants plain && pkgs+=(abigail-tools git)
     export DEBIAN_FRONTEND=noninteractive
     "${sudo[@]}" apt-get update -q || die "apt-get update failed"
     "${sudo[@]}" apt-get install -y -q "${pkgs[@]}" || die "apt-get install failed"
@@ -261,6 +275,18 @@ run_mode() {
     if [ "$have" -ne "$want" ]; then
         result[$mode]="FAIL: $have of the $want tests/test_*.c registered with CTest (cmocka missing?)"
         return 1
+    fi
+    # Likewise the install and package checks, which CMake skips when a tool
+    # (scdoc, man, dpkg-deb) is missing.
+    if [ "$mode" = plain ]; then
+        local t listed
+        listed=$(cd "$dir" && ctest -N) # not piped into grep -q: pipefail and SIGPIPE
+        for t in install_consumer man_pages deb_packages subproject subproject_fetchcontent; do
+            if ! grep -Eq "Test +#[0-9]+: $t\$" <<<"$listed"; then
+                result[$mode]="FAIL: test $t is not registered with CTest (scdoc, man or dpkg-deb missing?)"
+                return 1
+            fi
+        done
     fi
 
     # Nor may the Redis Streams process tests (hiredis, redis-server, python3).

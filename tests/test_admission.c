@@ -59,57 +59,53 @@ static void assert_ids_unique(const uint64_t *ids, size_t n) {
 /* W workers blocked: exactly queue_capacity more are accepted, the next one is
  * TP_EFULL. Running tasks do not count against the queue. */
 static void test_queue_bound_excludes_running(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     enum { W = 3, CAP = 4 };
-    tpt_latch l;
-    tpt_latch_init(&l);
+    tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = mkpool(W, CAP, TP_UNLIMITED);
-    tpt_fill_workers(p, &l, W, NULL);
+    tpt_fill_workers(p, l, W, NULL);
 
     for (unsigned i = 0; i < CAP; i++)
-        assert_int_equal(tp_submit(p, tpt_block_task, &l, NULL, NULL), TP_OK);
+        assert_int_equal(tp_submit(p, tpt_block_task, l, NULL, NULL), TP_OK);
     tp_stats s = tpt_stats(p);
     assert_int_equal(s.queued, CAP);
     assert_int_equal(s.active, W);
     assert_true(s.active + s.queued + s.delayed <= W + CAP);
 
-    tpt_done d = {0};
+    tpt_done *d = tpt_fx_new(f, tpt_done);
     tp_task_opts o = {0};
     o.on_done = tpt_done_fn;
-    assert_int_equal(tp_submit(p, tpt_nop_task, &d, &o, NULL), TP_EFULL);
-    assert_int_equal(tp_submit(p, tpt_nop_task, &d, &o, NULL), TP_EFULL);
+    assert_int_equal(tp_submit(p, tpt_nop_task, d, &o, NULL), TP_EFULL);
+    assert_int_equal(tp_submit(p, tpt_nop_task, d, &o, NULL), TP_EFULL);
     s = tpt_stats(p);
     assert_int_equal(s.rejected_full, 2);
     assert_int_equal(s.accepted, W + CAP);
     assert_int_equal(s.queued, CAP);
 
-    tpt_latch_open(&l);
+    tpt_latch_open(l);
     s = tpt_pool_finish(p);
     assert_int_equal(s.accepted, W + CAP);
     assert_int_equal(s.succeeded, W + CAP);
     assert_int_equal(s.rejected_full, 2);
-    assert_int_equal(atomic_load(&d.calls), 0);
-    assert_int_equal(atomic_load(&l.timeouts), 0);
-    tpt_latch_destroy(&l);
+    assert_int_equal(atomic_load(&d->calls), 0);
+    assert_int_equal(atomic_load(&l->timeouts), 0);
 }
 
 /* With a bigger pool the same holds: the running set never shrinks the queue. */
 static void test_queue_bound_one_slot(void **state) {
-    (void)state;
-    tpt_latch l;
-    tpt_latch_init(&l);
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = mkpool(2, 1, TP_UNLIMITED);
-    tpt_fill_workers(p, &l, 2, NULL);
-    assert_int_equal(tp_submit(p, tpt_block_task, &l, NULL, NULL), TP_OK);
+    tpt_fill_workers(p, l, 2, NULL);
+    assert_int_equal(tp_submit(p, tpt_block_task, l, NULL, NULL), TP_OK);
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_EFULL);
-    tpt_latch_open(&l);
+    tpt_latch_open(l);
     /* Once everything ran there is room again. */
     TPT_EVENTUALLY(tpt_stats(p).completed == 3);
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_OK);
     tp_stats s = tpt_pool_finish(p);
     assert_int_equal(s.rejected_full, 1);
     assert_int_equal(s.accepted, 4);
-    tpt_latch_destroy(&l);
 }
 
 static int fail_task(tp_ctx *c, void *arg) {
@@ -121,7 +117,7 @@ static int fail_task(tp_ctx *c, void *arg) {
 /* A task waiting for its retry occupies the waiting area (queued + delayed)
  * though no worker: with capacity 1 and an idle worker, the next is TP_EFULL. */
 static void test_queue_bound_counts_delayed(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_config c = {0};
     c.workers = 1;
     c.queue_capacity = 1;
@@ -129,18 +125,18 @@ static void test_queue_bound_counts_delayed(void **state) {
     c.retry_delay_ns = TPT_S(60); /* never within the test */
     c.log = tpt_quiet_log;
     tp_pool *p = tpt_pool_new(&c);
-    tpt_done d = {0};
+    tpt_done *d = tpt_fx_new(f, tpt_done);
     tp_task_opts o = {0};
     o.on_done = tpt_done_fn;
     uint64_t id = 0;
-    assert_int_equal(tp_submit(p, fail_task, &d, &o, &id), TP_OK);
+    assert_int_equal(tp_submit(p, fail_task, d, &o, &id), TP_OK);
     TPT_EVENTUALLY(tpt_stats(p).delayed == 1 && tpt_stats(p).active == 0);
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_EFULL);
     assert_int_equal(tp_submit_wait(p, tpt_nop_task, NULL, NULL, TPT_MS(10), NULL), TP_ETIMEDOUT);
     /* the delayed task ended: room again */
     assert_int_equal(tp_cancel(p, id), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&d.calls) == 1);
-    assert_int_equal(atomic_load(&d.status), TP_ECANCELED);
+    TPT_EVENTUALLY(atomic_load(&d->calls) == 1);
+    assert_int_equal(atomic_load(&d->status), TP_ECANCELED);
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_OK);
     tp_stats s = tpt_pool_finish(p);
     assert_int_equal(s.rejected_full, 1);
@@ -155,15 +151,14 @@ static char long_name[TP_USER_MAX + 2];
 /* arguments -> closed -> user limit -> full, checked in states where several
  * conditions hold at once. */
 static void test_refusal_order(void **state) {
-    (void)state;
-    tpt_latch l;
-    tpt_latch_init(&l);
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = mkpool(1, 1, 1);
 
-    tpt_fill_workers(p, &l, 1, "a"); /* "a" holds its only slot, running */
+    tpt_fill_workers(p, l, 1, "a"); /* "a" holds its only slot, running */
     tp_task_opts ob = {0};
     ob.user = "b";
-    assert_int_equal(tp_submit(p, tpt_block_task, &l, &ob, NULL), TP_OK); /* queue full */
+    assert_int_equal(tp_submit(p, tpt_block_task, l, &ob, NULL), TP_OK); /* queue full */
     assert_int_equal(tp_user_active(p, "a"), 1);
     assert_int_equal(tp_user_active(p, "b"), 1);
 
@@ -219,7 +214,7 @@ static void test_refusal_order(void **state) {
     assert_int_equal(s.submitted, before.submitted);
     assert_int_equal(s.rejected, before.rejected);
 
-    tpt_latch_open(&l);
+    tpt_latch_open(l);
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK); /* a close drains */
     s = tpt_pool_finish(p);
     assert_int_equal(s.accepted, 2);
@@ -227,8 +222,7 @@ static void test_refusal_order(void **state) {
     assert_int_equal(s.rejected_full, 2);
     assert_int_equal(s.rejected_closed, 4);
     assert_int_equal(s.rejected_timeout, 0);
-    assert_int_equal(atomic_load(&l.timeouts), 0);
-    tpt_latch_destroy(&l);
+    assert_int_equal(atomic_load(&l->timeouts), 0);
 }
 
 /* A user name of exactly TP_USER_MAX bytes is fine. */
@@ -272,19 +266,16 @@ static void expect_refused(tp_pool *p, int want, size_t field, const char *user,
 }
 
 static void test_rejection_leaves_no_trace(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     enum { MAXIDS = 16 };
     uint64_t ids[MAXIDS];
     size_t nids = 0;
-    tpt_done refused[8];
-    memset(refused, 0, sizeof refused);
-    tpt_done ok[4];
-    memset(ok, 0, sizeof ok);
-    tpt_latch l;
-    tpt_latch_init(&l);
+    tpt_done *refused = tpt_fx_array(f, tpt_done, 8);
+    tpt_done *ok = tpt_fx_array(f, tpt_done, 4);
+    tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = mkpool(1, 2, 2);
 
-    tpt_fill_workers(p, &l, 1, "u"); /* u: 1 of 2 */
+    tpt_fill_workers(p, l, 1, "u"); /* u: 1 of 2 */
     tp_task_opts o = {0};
     o.user = "u";
     o.on_done = tpt_done_fn;
@@ -326,7 +317,7 @@ static void test_rejection_leaves_no_trace(void **state) {
     expect_refused(p, TP_ECLOSED, offsetof(tp_stats, rejected_closed), "x", &refused[7], 0);
     assert_int_equal(tp_user_active(p, "x"), 0);
 
-    tpt_latch_open(&l);
+    tpt_latch_open(l);
     tp_stats s = tpt_pool_finish(p);
     assert_ids_unique(ids, nids);
     for (int i = 0; i < 8; i++)
@@ -340,8 +331,7 @@ static void test_rejection_leaves_no_trace(void **state) {
     assert_int_equal(s.rejected_full, 3);
     assert_int_equal(s.rejected_timeout, 2);
     assert_int_equal(s.rejected_closed, 2);
-    assert_int_equal(atomic_load(&l.timeouts), 0);
-    tpt_latch_destroy(&l);
+    assert_int_equal(atomic_load(&l->timeouts), 0);
 }
 
 /* ------------------------------------------------------------ FIFO */
@@ -359,26 +349,24 @@ static int fifo_task(tp_ctx *c, void *arg) {
 }
 
 static void test_fifo_start_order(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     atomic_store(&fifo_next, 0);
     for (int i = 0; i < FIFO_N; i++)
         atomic_store(&fifo_order[i], -1);
-    tpt_latch l;
-    tpt_latch_init(&l);
+    tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = mkpool(1, FIFO_N, TP_UNLIMITED);
-    tpt_fill_workers(p, &l, 1, NULL);
+    tpt_fill_workers(p, l, 1, NULL);
     for (int i = 0; i < FIFO_N; i++) {
         tp_task_opts o = {0};
         o.user = (i % 3 == 0) ? "a" : (i % 3 == 1) ? "b" : NULL; /* users don't reorder */
         assert_int_equal(tp_submit(p, fifo_task, (void *)(intptr_t)i, &o, NULL), TP_OK);
     }
     assert_int_equal(tpt_stats(p).queued, FIFO_N);
-    tpt_latch_open(&l);
+    tpt_latch_open(l);
     tpt_pool_finish(p);
     assert_int_equal(atomic_load(&fifo_next), FIFO_N);
     for (int i = 0; i < FIFO_N; i++)
         assert_int_equal(atomic_load(&fifo_order[i]), i);
-    tpt_latch_destroy(&l);
 }
 
 /* FIFO also holds when the queue wraps around several times. */
@@ -537,11 +525,10 @@ static void test_slot_released_after_retries(void **state) {
 }
 
 static void test_slot_released_on_cancel_queued(void **state) {
-    (void)state;
-    tpt_latch l;
-    tpt_latch_init(&l);
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = mkpool(1, 4, 1);
-    tpt_fill_workers(p, &l, 1, NULL);
+    tpt_fill_workers(p, l, 1, NULL);
     slot_rec r;
     slot_rec_init(&r, p, "u", M_OK, NULL);
     uint64_t id = submit_rec(p, &r, 0, 0);
@@ -550,11 +537,10 @@ static void test_slot_released_on_cancel_queued(void **state) {
     assert_slot_free_after(p, &r, TP_ECANCELED);
     assert_int_equal(atomic_load(&r.ran), 0);
     resubmit_ok(p, "u");
-    tpt_latch_open(&l);
+    tpt_latch_open(l);
     tp_stats s = tpt_pool_finish(p);
     assert_int_equal(atomic_load(&r.ran), 0);
     assert_int_equal(s.cancelled, 1);
-    tpt_latch_destroy(&l);
 }
 
 static void test_slot_released_on_cancel_running(void **state) {
@@ -586,22 +572,20 @@ static void test_slot_released_on_run_timeout(void **state) {
 }
 
 static void test_slot_released_on_expiry(void **state) {
-    (void)state;
-    tpt_latch l;
-    tpt_latch_init(&l);
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = mkpool(1, 4, 1);
-    tpt_fill_workers(p, &l, 1, NULL);
+    tpt_fill_workers(p, l, 1, NULL);
     slot_rec r;
     slot_rec_init(&r, p, "u", M_OK, NULL);
     submit_rec(p, &r, 1 /* long passed */, 0);
-    tpt_latch_open(&l); /* a worker picks it and finds the deadline passed */
+    tpt_latch_open(l); /* a worker picks it and finds the deadline passed */
     assert_slot_free_after(p, &r, TP_ETIMEDOUT);
     assert_int_equal(atomic_load(&r.ran), 0);
     resubmit_ok(p, "u");
     tp_stats s = tpt_pool_finish(p);
     assert_int_equal(s.expired, 1);
     assert_int_equal(s.cancelled, 1);
-    tpt_latch_destroy(&l);
 }
 
 /* Forced shutdown: the running one (cooperative) and the queued one both give
@@ -651,24 +635,23 @@ static void *opener_main(void *a) {
 }
 
 static void test_submit_wait_times_out(void **state) {
-    (void)state;
-    tpt_latch l;
-    tpt_latch_init(&l);
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l = tpt_fx_latch(f);
     tp_config c = {0};
     c.workers = 1;
     c.queue_capacity = 1;
     c.max_per_user = 2;
     c.submit_timeout_ns = TPT_MS(50);
     tp_pool *p = tpt_pool_new(&c);
-    tpt_fill_workers(p, &l, 1, NULL);
-    assert_int_equal(tp_submit(p, tpt_block_task, &l, NULL, NULL), TP_OK);
+    tpt_fill_workers(p, l, 1, NULL);
+    assert_int_equal(tp_submit(p, tpt_block_task, l, NULL, NULL), TP_OK);
 
-    tpt_done d = {0};
+    tpt_done *d = tpt_fx_new(f, tpt_done);
     tp_task_opts o = {0};
     o.user = "u";
     o.on_done = tpt_done_fn;
     uint64_t t0 = tp_now_ns();
-    assert_int_equal(tp_submit_wait(p, tpt_nop_task, &d, &o, TPT_MS(30), NULL), TP_ETIMEDOUT);
+    assert_int_equal(tp_submit_wait(p, tpt_nop_task, d, &o, TPT_MS(30), NULL), TP_ETIMEDOUT);
     uint64_t el = tp_now_ns() - t0;
     assert_true(el >= TPT_MS(30) - TPT_MS(1)); /* the whole budget was waited */
     assert_true(el < TPT_WAIT_NS);
@@ -676,7 +659,7 @@ static void test_submit_wait_times_out(void **state) {
 
     /* budget 0 -> the configured submit_timeout_ns */
     t0 = tp_now_ns();
-    assert_int_equal(tp_submit_wait(p, tpt_nop_task, &d, &o, 0, NULL), TP_ETIMEDOUT);
+    assert_int_equal(tp_submit_wait(p, tpt_nop_task, d, &o, 0, NULL), TP_ETIMEDOUT);
     el = tp_now_ns() - t0;
     assert_true(el >= TPT_MS(50) - TPT_MS(1));
     assert_true(el < TPT_WAIT_NS);
@@ -687,46 +670,43 @@ static void test_submit_wait_times_out(void **state) {
     assert_int_equal(s.accepted, 2);
     assert_int_equal(s.users, 0);
 
-    tpt_latch_open(&l);
+    tpt_latch_open(l);
     s = tpt_pool_finish(p);
     assert_int_equal(s.rejected_timeout, 2);
-    assert_int_equal(atomic_load(&d.calls), 0);
-    tpt_latch_destroy(&l);
+    assert_int_equal(atomic_load(&d->calls), 0);
 }
 
 /* The queue is full; another thread releases the blocked worker while the
  * caller waits, and the caller gets in. */
 static void test_submit_wait_gets_space(void **state) {
-    (void)state;
-    tpt_latch l;
-    tpt_latch_init(&l);
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = mkpool(1, 1, TP_UNLIMITED);
-    tpt_fill_workers(p, &l, 1, NULL);
-    assert_int_equal(tp_submit(p, tpt_block_task, &l, NULL, NULL), TP_OK);
+    tpt_fill_workers(p, l, 1, NULL);
+    assert_int_equal(tp_submit(p, tpt_block_task, l, NULL, NULL), TP_OK);
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_EFULL);
 
-    atomic_int go = 0;
-    opener op = {&l, TPT_MS(50), &go, 0};
-    pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, opener_main, &op), 0);
-    tpt_done d = {0};
+    atomic_int *go = tpt_fx_new(f, atomic_int);
+    opener *op = tpt_fx_new(f, opener);
+    *op = (opener){l, TPT_MS(50), go, 0};
+    tpt_fx_thr *th = tpt_fx_thread(f, opener_main, op);
+    tpt_done *d = tpt_fx_new(f, tpt_done);
     tp_task_opts o = {0};
     o.on_done = tpt_done_fn;
     uint64_t id = 0;
-    atomic_store(&go, 1);
-    int rc = tp_submit_wait(p, tpt_nop_task, &d, &o, TPT_WAIT_NS, &id);
+    atomic_store(go, 1);
+    int rc = tp_submit_wait(p, tpt_nop_task, d, &o, TPT_WAIT_NS, &id);
     uint64_t ret = tp_now_ns();
-    pthread_join(th, NULL);
+    tpt_fx_join(th);
     assert_int_equal(rc, TP_OK);
     assert_true(id != 0);
-    assert_true(ret >= op.opened_at); /* it could only get in after the release */
+    assert_true(ret >= op->opened_at); /* it could only get in after the release */
 
     tp_stats s = tpt_pool_finish(p);
-    assert_int_equal(atomic_load(&d.calls), 1);
-    assert_int_equal(atomic_load(&d.status), 0);
+    assert_int_equal(atomic_load(&d->calls), 1);
+    assert_int_equal(atomic_load(&d->status), 0);
     assert_int_equal(s.accepted, 3);
     assert_int_equal(s.rejected_timeout, 0);
-    tpt_latch_destroy(&l);
 }
 
 typedef struct delayed_cancel {
@@ -752,49 +732,46 @@ static void *delayed_cancel_main(void *a) {
 /* Space freed by cancelling a queued task also wakes a waiting submitter,
  * while the worker stays blocked. */
 static void test_submit_wait_gets_space_from_cancel(void **state) {
-    (void)state;
-    tpt_latch l;
-    tpt_latch_init(&l);
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = mkpool(1, 1, TP_UNLIMITED);
-    tpt_fill_workers(p, &l, 1, NULL);
-    tpt_done q = {0};
+    tpt_fill_workers(p, l, 1, NULL);
+    tpt_done *q = tpt_fx_new(f, tpt_done);
     tp_task_opts oq = {0};
     oq.on_done = tpt_done_fn;
     uint64_t qid = 0;
-    assert_int_equal(tp_submit(p, tpt_nop_task, &q, &oq, &qid), TP_OK); /* full */
+    assert_int_equal(tp_submit(p, tpt_nop_task, q, &oq, &qid), TP_OK); /* full */
 
-    atomic_int go = 0;
-    delayed_cancel dc = {p, qid, TPT_MS(50), &go, 12345, 0};
-    pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, delayed_cancel_main, &dc), 0);
-    atomic_store(&go, 1);
+    atomic_int *go = tpt_fx_new(f, atomic_int);
+    delayed_cancel *dc = tpt_fx_new(f, delayed_cancel);
+    *dc = (delayed_cancel){p, qid, TPT_MS(50), go, 12345, 0};
+    tpt_fx_thr *th = tpt_fx_thread(f, delayed_cancel_main, dc);
+    atomic_store(go, 1);
     uint64_t t0 = tp_now_ns();
     int rc = tp_submit_wait(p, tpt_nop_task, NULL, NULL, TPT_WAIT_NS, NULL);
     uint64_t ret = tp_now_ns();
-    pthread_join(th, NULL);
-    assert_int_equal(dc.rc, TP_OK);
+    tpt_fx_join(th);
+    assert_int_equal(dc->rc, TP_OK);
     assert_int_equal(rc, TP_OK);
-    assert_true(ret >= dc.cancelled_at);
+    assert_true(ret >= dc->cancelled_at);
     assert_true(ret - t0 < TPT_WAIT_NS / 4); /* woken, not timed out */
-    assert_int_equal(atomic_load(&l.waiting), 1); /* the worker never moved */
-    TPT_EVENTUALLY(atomic_load(&q.calls) == 1);
-    assert_int_equal(atomic_load(&q.status), TP_ECANCELED);
+    assert_int_equal(atomic_load(&l->waiting), 1); /* the worker never moved */
+    TPT_EVENTUALLY(atomic_load(&q->calls) == 1);
+    assert_int_equal(atomic_load(&q->status), TP_ECANCELED);
 
-    tpt_latch_open(&l);
+    tpt_latch_open(l);
     tp_stats s = tpt_pool_finish(p);
     assert_int_equal(s.accepted, 3);
     assert_int_equal(s.cancelled, 1);
-    tpt_latch_destroy(&l);
 }
 
 /* The user is at its limit (one running task); space exists. The caller waits
  * for the user's slot and gets in when that task ends. */
 static void test_submit_wait_gets_user_slot(void **state) {
-    (void)state;
-    tpt_latch l;
-    tpt_latch_init(&l);
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = mkpool(2, 8, 1);
-    tpt_fill_workers(p, &l, 1, "u");
+    tpt_fill_workers(p, l, 1, "u");
     tp_task_opts o = {0};
     o.user = "u";
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, &o, NULL), TP_EUSERLIMIT);
@@ -803,25 +780,24 @@ static void test_submit_wait_gets_user_slot(void **state) {
     ov.user = "v";
     assert_int_equal(tp_submit_wait(p, tpt_nop_task, NULL, &ov, TPT_WAIT_NS, NULL), TP_OK);
 
-    atomic_int go = 0;
-    opener op = {&l, TPT_MS(50), &go, 0};
-    pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, opener_main, &op), 0);
-    tpt_done d = {0};
+    atomic_int *go = tpt_fx_new(f, atomic_int);
+    opener *op = tpt_fx_new(f, opener);
+    *op = (opener){l, TPT_MS(50), go, 0};
+    tpt_fx_thr *th = tpt_fx_thread(f, opener_main, op);
+    tpt_done *d = tpt_fx_new(f, tpt_done);
     o.on_done = tpt_done_fn;
-    atomic_store(&go, 1);
-    int rc = tp_submit_wait(p, tpt_nop_task, &d, &o, TPT_WAIT_NS, NULL);
+    atomic_store(go, 1);
+    int rc = tp_submit_wait(p, tpt_nop_task, d, &o, TPT_WAIT_NS, NULL);
     uint64_t ret = tp_now_ns();
-    pthread_join(th, NULL);
+    tpt_fx_join(th);
     assert_int_equal(rc, TP_OK);
-    assert_true(ret >= op.opened_at);
+    assert_true(ret >= op->opened_at);
 
     tp_stats s = tpt_pool_finish(p);
-    assert_int_equal(atomic_load(&d.calls), 1);
+    assert_int_equal(atomic_load(&d->calls), 1);
     assert_int_equal(s.rejected_user, 1);
     assert_int_equal(s.rejected_timeout, 0);
     assert_int_equal(s.accepted, 3);
-    tpt_latch_destroy(&l);
 }
 
 typedef struct waiter {
@@ -847,30 +823,28 @@ static void *waiter_main(void *a) {
 /* A close wakes every waiter at once with TP_ECLOSED, long before its 20 s
  * budget: one waiting for space, one waiting for a user slot. */
 static void test_submit_wait_woken_by_close(void **state) {
-    (void)state;
-    tpt_latch l;
-    tpt_latch_init(&l);
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = mkpool(1, 1, 1);
-    tpt_fill_workers(p, &l, 1, "a");
+    tpt_fill_workers(p, l, 1, "a");
     tp_task_opts ob = {0};
     ob.user = "b";
-    assert_int_equal(tp_submit(p, tpt_block_task, &l, &ob, NULL), TP_OK); /* full */
+    assert_int_equal(tp_submit(p, tpt_block_task, l, &ob, NULL), TP_OK); /* full */
 
-    waiter w[2];
-    memset(w, 0, sizeof w);
+    waiter *w = tpt_fx_array(f, waiter, 2); /* zeroed, outlives a failed assert */
     w[0].p = p;
     w[0].user = "c"; /* waits for space */
     w[1].p = p;
     w[1].user = "a"; /* waits for a's slot (and space) */
-    pthread_t th[2];
+    tpt_fx_thr *th[2];
     for (int i = 0; i < 2; i++)
-        assert_int_equal(pthread_create(&th[i], NULL, waiter_main, &w[i]), 0);
+        th[i] = tpt_fx_thread(f, waiter_main, &w[i]);
     TPT_EVENTUALLY(atomic_load(&w[0].entering) && atomic_load(&w[1].entering));
     tpt_sleep_ns(TPT_MS(50)); /* likely inside the wait; correctness does not depend on it */
     uint64_t t_close = tp_now_ns();
     assert_int_equal(tp_close(p), TP_OK);
     for (int i = 0; i < 2; i++)
-        pthread_join(th[i], NULL);
+        tpt_fx_join(th[i]);
     for (int i = 0; i < 2; i++) {
         assert_int_equal(w[i].rc, TP_ECLOSED);
         /* "at once": far below the 20 s budget even on a slow sanitizer run */
@@ -879,34 +853,33 @@ static void test_submit_wait_woken_by_close(void **state) {
     assert_int_equal(tp_user_active(p, "c"), 0);
     assert_int_equal(tp_user_active(p, "a"), 1);
 
-    tpt_latch_open(&l);
+    tpt_latch_open(l);
     tp_stats s = tpt_pool_finish(p);
     assert_int_equal(s.rejected_closed, 2);
     assert_int_equal(s.accepted, 2);
     for (int i = 0; i < 2; i++)
         assert_int_equal(atomic_load(&w[i].d.calls), 0);
-    tpt_latch_destroy(&l);
 }
 
 /* A budget already spent is TP_ETIMEDOUT even though there is space. */
 static void test_submit_wait_budget_spent(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     enum { N = 20 };
     tp_pool *p = mkpool(1, 100, TP_UNLIMITED);
-    tpt_done d = {0};
+    tpt_done *d = tpt_fx_new(f, tpt_done);
     tp_task_opts o = {0};
     o.on_done = tpt_done_fn;
     o.user = "u";
     for (int i = 0; i < N; i++)
-        assert_int_equal(tp_submit_wait(p, tpt_nop_task, &d, &o, 1, NULL), TP_ETIMEDOUT);
+        assert_int_equal(tp_submit_wait(p, tpt_nop_task, d, &o, 1, NULL), TP_ETIMEDOUT);
     tp_stats s = tpt_stats(p);
     assert_int_equal(s.rejected_timeout, N);
     assert_int_equal(s.accepted, 0);
     assert_int_equal(tp_user_active(p, "u"), 0);
     /* with a real budget the same call is accepted */
-    assert_int_equal(tp_submit_wait(p, tpt_nop_task, &d, &o, TPT_WAIT_NS, NULL), TP_OK);
+    assert_int_equal(tp_submit_wait(p, tpt_nop_task, d, &o, TPT_WAIT_NS, NULL), TP_OK);
     s = tpt_pool_finish(p);
-    assert_int_equal(atomic_load(&d.calls), 1);
+    assert_int_equal(atomic_load(&d->calls), 1);
     assert_int_equal(s.rejected_timeout, N);
     assert_int_equal(s.accepted, 1);
 }
@@ -931,29 +904,29 @@ static void test_ids_unique_nonzero(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_queue_bound_excludes_running, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_queue_bound_one_slot, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_queue_bound_counts_delayed, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_refusal_order, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_user_name_max_length, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_rejection_leaves_no_trace, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_fifo_start_order, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_fifo_across_wraparound, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_slot_released_on_success, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_slot_released_on_failure, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_slot_released_after_retries, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_slot_released_on_cancel_queued, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_slot_released_on_cancel_running, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_slot_released_on_run_timeout, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_slot_released_on_expiry, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_slot_released_on_forced_shutdown, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_submit_wait_times_out, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_submit_wait_gets_space, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_submit_wait_gets_space_from_cancel, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_submit_wait_gets_user_slot, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_submit_wait_woken_by_close, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_submit_wait_budget_spent, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_ids_unique_nonzero, tpt_guard_setup, tpt_guard_teardown),
+        TPT_TEST(test_queue_bound_excludes_running),
+        TPT_TEST(test_queue_bound_one_slot),
+        TPT_TEST(test_queue_bound_counts_delayed),
+        TPT_TEST(test_refusal_order),
+        TPT_TEST(test_user_name_max_length),
+        TPT_TEST(test_rejection_leaves_no_trace),
+        TPT_TEST(test_fifo_start_order),
+        TPT_TEST(test_fifo_across_wraparound),
+        TPT_TEST(test_slot_released_on_success),
+        TPT_TEST(test_slot_released_on_failure),
+        TPT_TEST(test_slot_released_after_retries),
+        TPT_TEST(test_slot_released_on_cancel_queued),
+        TPT_TEST(test_slot_released_on_cancel_running),
+        TPT_TEST(test_slot_released_on_run_timeout),
+        TPT_TEST(test_slot_released_on_expiry),
+        TPT_TEST(test_slot_released_on_forced_shutdown),
+        TPT_TEST(test_submit_wait_times_out),
+        TPT_TEST(test_submit_wait_gets_space),
+        TPT_TEST(test_submit_wait_gets_space_from_cancel),
+        TPT_TEST(test_submit_wait_gets_user_slot),
+        TPT_TEST(test_submit_wait_woken_by_close),
+        TPT_TEST(test_submit_wait_budget_spent),
+        TPT_TEST(test_ids_unique_nonzero),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

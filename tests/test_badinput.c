@@ -58,6 +58,13 @@ static tp_task_opts opts_with(int priority, const char *user, const char *log_id
     return o;
 }
 
+/* Options with one reserved word (taskpool.h, "How the structs grow") set. */
+static tp_task_opts opts_reserved(size_t word) {
+    tp_task_opts o = opts_with(0, NULL, NULL);
+    o.reserved[word] = 1;
+    return o;
+}
+
 /* tp_submit / tp_submit_wait / tp_default_submit that must leave *id_out
  * alone: returns the code, or 1000 if the id was written. */
 static int sub(tp_pool *p, tp_fn fn, tp_task_opts o, int use_opts) {
@@ -174,6 +181,9 @@ static const tp_task_opts NO_OPTS;
     X(submitw_null_fn, -1, TP_EINVAL, subw(P, NULL, NO_OPTS, 0))                                \
     X(submitw_null_fn_forever, -1, TP_EINVAL, subw(P, NULL, NO_OPTS, TP_FOREVER))               \
     X(submitw_priority, -1, TP_EINVAL, subw(P, fn_task, opts_with(7, NULL, NULL), TP_FOREVER))  \
+    X(submit_reserved_0, -1, TP_EINVAL, sub(P, fn_task, opts_reserved(0), 1))                   \
+    X(submit_reserved_last, -1, TP_EINVAL, sub(P, fn_task, opts_reserved(3), 1))                \
+    X(submitw_reserved, -1, TP_EINVAL, subw(P, fn_task, opts_reserved(1), TP_FOREVER))          \
     X(submitw_user_128, -1, TP_EINVAL, subw(P, fn_task, opts_with(0, LONG_USER, NULL), 1))      \
     X(submitw_log_id_128, -1, TP_EINVAL, subw(P, fn_task, opts_with(0, NULL, LONG_ID), 0))      \
     /* tp_cancel */                                                                             \
@@ -238,6 +248,7 @@ static const tp_task_opts NO_OPTS;
     X(default_is_p, 1, 1, tp_default() == P)                                                    \
     X(default_submit_null_fn, 1, TP_EINVAL, dsub(NULL, NO_OPTS))                                \
     X(default_submit_priority, 1, TP_EINVAL, dsub(fn_task, opts_with(1, NULL, NULL)))           \
+    X(default_submit_reserved, 1, TP_EINVAL, dsub(fn_task, opts_reserved(2)))                   \
     X(default_submit_user_128, 1, TP_EINVAL, dsub(fn_task, opts_with(0, LONG_USER, NULL)))      \
     X(default_submit_log_id_128, 1, TP_EINVAL, dsub(fn_task, opts_with(0, NULL, LONG_ID)))      \
     X(default_create_registered, 1, TP_EINVAL, tp_default_create(&(tp_config){.workers = 1}))   \
@@ -316,7 +327,7 @@ static unsigned run_rows(int dflt) {
 /* ------------------------------------------------------------ tests */
 
 static void test_bad_calls_table(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     fill_strings();
     assert_null(tp_default());
     P = settled_pool();
@@ -335,11 +346,11 @@ static void test_bad_calls_table(void **state) {
     print_message("%u bad calls checked (%zu rows)\n", n, sizeof rows / sizeof rows[0]);
 
     /* The pool is untouched: it still works, and nothing was counted. */
-    tpt_done d = {0};
+    tpt_done *d = tpt_fx_new(f, tpt_done);
     tp_task_opts o = {0};
     o.on_done = tpt_done_fn;
-    assert_int_equal(tp_submit(P, tpt_nop_task, &d, &o, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&d.calls) == 1);
+    assert_int_equal(tp_submit(P, tpt_nop_task, d, &o, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&d->calls) == 1);
     tp_stats s = tpt_pool_finish(P);
     assert_int_equal(s.submitted, 1);
     assert_int_equal(s.succeeded, 1);
@@ -380,6 +391,8 @@ static void test_bad_configs_table(void **state) {
         {"max_retries UINT_MAX", {.workers = 1, .max_retries = UINT_MAX}},
         {"name TP_NAME_MAX + 1 bytes", {.workers = 1, .name = name32}},
         {"name 4096 bytes", {.workers = 1, .name = HUGE}},
+        {"reserved[0] not zero", {.workers = 1, .reserved = {1}}},
+        {"reserved[7] not zero", {.workers = 1, .reserved[7] = UINT64_MAX}},
     };
     assert_null(tp_default());
     int threads = tpt_count_dir("/proc/self/task"), fds = tpt_count_dir("/proc/self/fd");
@@ -445,7 +458,7 @@ static void own_hook(void *arg) {
 }
 
 static void test_own_thread_calls_deadlk(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     memset(&O, 0, sizeof O);
     atomic_store(&hook_pool, NULL);
     tp_config cfg = {0};
@@ -482,30 +495,28 @@ static void test_own_thread_calls_deadlk(void **state) {
     assert_int_equal(after.rejected, 0);
 
     /* From a worker start hook: make the pool grow by one worker. */
-    tpt_latch gate;
-    tpt_latch_init(&gate);
-    tpt_fill_workers(p, &gate, 2, NULL);
+    tpt_latch *gate = tpt_fx_latch(f);
+    tpt_fill_workers(p, gate, 2, NULL);
     TPT_EVENTUALLY(atomic_load(&O.hook_calls) >= 1);
     for (int i = 0; i < 3; i++)
         assert_int_equal(atomic_load(&O.hook_rc[i]), TP_EDEADLK);
     /* still open and working */
-    tpt_done d = {0};
+    tpt_done *d = tpt_fx_new(f, tpt_done);
     tp_task_opts od = {0};
     od.on_done = tpt_done_fn;
-    assert_int_equal(tp_submit(p, tpt_nop_task, &d, &od, NULL), TP_OK);
-    tpt_latch_open(&gate);
-    TPT_EVENTUALLY(atomic_load(&d.calls) == 1);
+    assert_int_equal(tp_submit(p, tpt_nop_task, d, &od, NULL), TP_OK);
+    tpt_latch_open(gate);
+    TPT_EVENTUALLY(atomic_load(&d->calls) == 1);
     tp_stats s = tpt_pool_finish(p);
     assert_int_equal(s.succeeded, 4);
     assert_int_equal(s.failed, 0);
-    tpt_latch_destroy(&gate);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_bad_calls_table, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_bad_configs_table, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_own_thread_calls_deadlk, tpt_guard_setup, tpt_guard_teardown),
+        TPT_TEST(test_bad_calls_table),
+        TPT_TEST(test_bad_configs_table),
+        TPT_TEST(test_own_thread_calls_deadlk),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -129,18 +129,17 @@ static uint64_t submit_rec(tp_pool *p, rec *r) {
  * awaiting their on_done must not turn into spurious TP_EFULL (20000 pending
  * endings stay below the pool's record cap). Every on_done still runs once. */
 static void test_cancel_storm_no_spurious_full(void **state) {
-    (void)state;
-    tpt_latch l;
-    tpt_latch_init(&l);
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = mkpool(1, 1);
-    tpt_fill_workers(p, &l, 1, NULL);
+    tpt_fill_workers(p, l, 1, NULL);
     enum { N = 20000 };
-    tpt_done d = {0};
+    tpt_done *d = tpt_fx_new(f, tpt_done);
     tp_task_opts o = {.on_done = tpt_done_fn};
     int not_ok = 0, cancel_bad = 0;
     for (int i = 0; i < N; i++) {
         uint64_t id = 0;
-        if (tp_submit(p, tpt_nop_task, &d, &o, &id) != TP_OK) {
+        if (tp_submit(p, tpt_nop_task, d, &o, &id) != TP_OK) {
             not_ok++;
             continue;
         }
@@ -148,41 +147,39 @@ static void test_cancel_storm_no_spurious_full(void **state) {
     }
     assert_int_equal(not_ok, 0);
     assert_int_equal(cancel_bad, 0);
-    TPT_EVENTUALLY(atomic_load(&d.calls) == N);
-    assert_int_equal(atomic_load(&d.status), TP_ECANCELED);
-    tpt_latch_open(&l);
+    TPT_EVENTUALLY(atomic_load(&d->calls) == N);
+    assert_int_equal(atomic_load(&d->status), TP_ECANCELED);
+    tpt_latch_open(l);
     tp_stats s = tpt_pool_finish(p);
     assert_int_equal(s.cancelled, N);
     assert_int_equal(s.rejected, 0);
-    assert_int_equal(atomic_load(&d.calls), N);
-    tpt_latch_destroy(&l);
+    assert_int_equal(atomic_load(&d->calls), N);
 }
 
 /* ------------------------------------------------------------ queued */
 
 static void test_cancel_queued(void **state) {
-    (void)state;
-    tpt_latch l;
-    tpt_latch_init(&l);
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = mkpool(1, 1);
-    tpt_fill_workers(p, &l, 1, NULL);
-    rec r;
-    rec_init(&r, M_NOP);
-    uint64_t id = submit_rec(p, &r);
+    tpt_fill_workers(p, l, 1, NULL);
+    rec *r = tpt_fx_new(f, rec);
+    rec_init(r, M_NOP);
+    uint64_t id = submit_rec(p, r);
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_EFULL);
 
     assert_int_equal(tp_cancel(p, id), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&r.calls) == 1);
-    assert_int_equal(atomic_load(&r.status), TP_ECANCELED);
-    assert_int_equal(atomic_load(&r.on_caller), 0); /* a pool thread, not ours */
-    assert_int_equal(atomic_load(&r.ran), 0);
+    TPT_EVENTUALLY(atomic_load(&r->calls) == 1);
+    assert_int_equal(atomic_load(&r->status), TP_ECANCELED);
+    assert_int_equal(atomic_load(&r->on_caller), 0); /* a pool thread, not ours */
+    assert_int_equal(atomic_load(&r->ran), 0);
     /* a second cancel of the same task finds nothing */
     assert_int_equal(tp_cancel(p, id), TP_ENOTFOUND);
     /* its queue place is free again */
     TPT_EVENTUALLY(tpt_stats(p).queued == 0);
-    rec r2;
-    rec_init(&r2, M_NOP);
-    submit_rec(p, &r2);
+    rec *r2 = tpt_fx_new(f, rec);
+    rec_init(r2, M_NOP);
+    submit_rec(p, r2);
 
     tp_stats s = tpt_stats(p);
     assert_int_equal(s.cancelled, 1);
@@ -190,29 +187,27 @@ static void test_cancel_queued(void **state) {
     assert_int_equal(s.completed, 1);
     assert_int_equal(s.started, 1); /* the blocker only */
 
-    tpt_latch_open(&l);
+    tpt_latch_open(l);
     s = tpt_pool_finish(p);
-    assert_int_equal(atomic_load(&r.ran), 0);
-    assert_int_equal(atomic_load(&r.calls), 1);
-    assert_int_equal(atomic_load(&r2.calls), 1);
-    assert_int_equal(atomic_load(&r2.status), 0);
+    assert_int_equal(atomic_load(&r->ran), 0);
+    assert_int_equal(atomic_load(&r->calls), 1);
+    assert_int_equal(atomic_load(&r2->calls), 1);
+    assert_int_equal(atomic_load(&r2->status), 0);
     assert_int_equal(s.started, 2);
     assert_int_equal(s.cancelled, 1);
     assert_int_equal(s.expired, 0);
-    assert_int_equal(atomic_load(&l.timeouts), 0);
-    tpt_latch_destroy(&l);
+    assert_int_equal(atomic_load(&l->timeouts), 0);
 }
 
 /* Every worker is blocked; cancelled queued tasks still get their on_done
  * promptly (on the service thread), while the workers are still blocked. */
 static void test_cancel_queued_on_done_prompt_when_busy(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     enum { W = 2, Q = 6 };
-    tpt_latch l;
-    tpt_latch_init(&l);
+    tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = mkpool(W, Q);
-    tpt_fill_workers(p, &l, W, NULL);
-    rec r[Q];
+    tpt_fill_workers(p, l, W, NULL);
+    rec *r = tpt_fx_array(f, rec, Q);
     uint64_t ids[Q];
     for (int i = 0; i < Q; i++) {
         rec_init(&r[i], M_NOP);
@@ -224,26 +219,25 @@ static void test_cancel_queued_on_done_prompt_when_busy(void **state) {
      * worker for these on_done calls fails here. */
     int all = TPT_POLL(sum_calls(r, Q) == Q, TPT_WAIT_NS / 4);
     assert_true(all);
-    assert_int_equal(atomic_load(&l.waiting), W); /* workers still blocked */
-    assert_int_equal(atomic_load(&l.timeouts), 0);
+    assert_int_equal(atomic_load(&l->waiting), W); /* workers still blocked */
+    assert_int_equal(atomic_load(&l->timeouts), 0);
     for (int i = 0; i < Q; i++) {
         assert_int_equal(atomic_load(&r[i].calls), 1);
         assert_int_equal(atomic_load(&r[i].status), TP_ECANCELED);
         assert_int_equal(atomic_load(&r[i].on_caller), 0);
     }
-    tpt_latch_open(&l);
+    tpt_latch_open(l);
     tp_stats s = tpt_pool_finish(p);
     for (int i = 0; i < Q; i++)
         assert_int_equal(atomic_load(&r[i].ran), 0);
     assert_int_equal(s.cancelled, Q);
     assert_int_equal(s.succeeded, W);
-    tpt_latch_destroy(&l);
 }
 
 /* ------------------------------------------------------------ retry wait */
 
 static void test_cancel_waiting_for_retry(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_config c = {0};
     c.workers = 1;
     c.queue_capacity = 4;
@@ -252,29 +246,29 @@ static void test_cancel_waiting_for_retry(void **state) {
     c.retry_delay_ns = TPT_S(60); /* never within the test */
     c.log = tpt_quiet_log;
     tp_pool *p = tpt_pool_new(&c);
-    rec r;
-    rec_init(&r, M_FAIL);
+    rec *r = tpt_fx_new(f, rec);
+    rec_init(r, M_FAIL);
     tp_task_opts o = {0};
     o.on_done = rec_done;
     o.user = "u";
     uint64_t id = 0;
-    assert_int_equal(tp_submit(p, rec_task, &r, &o, &id), TP_OK);
+    assert_int_equal(tp_submit(p, rec_task, r, &o, &id), TP_OK);
     TPT_EVENTUALLY(tpt_stats(p).delayed == 1 && tpt_stats(p).active == 0);
-    assert_int_equal(atomic_load(&r.ran), 1);
-    assert_int_equal(atomic_load(&r.calls), 0);
+    assert_int_equal(atomic_load(&r->ran), 1);
+    assert_int_equal(atomic_load(&r->calls), 0);
     assert_int_equal(tp_user_active(p, "u"), 1); /* kept while it waits */
 
     assert_int_equal(tp_cancel(p, id), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&r.calls) == 1);
-    assert_int_equal(atomic_load(&r.status), TP_ECANCELED);
-    assert_int_equal(atomic_load(&r.on_caller), 0);
-    assert_int_equal(atomic_load(&r.ran), 1); /* the retry never ran */
+    TPT_EVENTUALLY(atomic_load(&r->calls) == 1);
+    assert_int_equal(atomic_load(&r->status), TP_ECANCELED);
+    assert_int_equal(atomic_load(&r->on_caller), 0);
+    assert_int_equal(atomic_load(&r->ran), 1); /* the retry never ran */
     assert_int_equal(tp_user_active(p, "u"), 0);
     assert_int_equal(tp_cancel(p, id), TP_ENOTFOUND);
     TPT_EVENTUALLY(tpt_stats(p).delayed == 0);
 
     tp_stats s = tpt_pool_finish(p);
-    assert_int_equal(atomic_load(&r.ran), 1);
+    assert_int_equal(atomic_load(&r->ran), 1);
     assert_int_equal(s.retried, 0);
     assert_int_equal(s.cancelled, 1);
     assert_int_equal(s.failed, 1);
@@ -284,19 +278,19 @@ static void test_cancel_waiting_for_retry(void **state) {
 /* ------------------------------------------------------------ running */
 
 static void test_cancel_running_sleep(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_pool *p = mkpool(1, 4);
-    rec r;
-    rec_init(&r, M_SLEEP);
-    uint64_t id = submit_rec(p, &r);
-    TPT_EVENTUALLY(atomic_load(&r.ran) == 1 && tpt_stats(p).active == 1);
+    rec *r = tpt_fx_new(f, rec);
+    rec_init(r, M_SLEEP);
+    uint64_t id = submit_rec(p, r);
+    TPT_EVENTUALLY(atomic_load(&r->ran) == 1 && tpt_stats(p).active == 1);
     assert_int_equal(tp_cancel(p, id), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&r.calls) == 1);
-    assert_int_equal(atomic_load(&r.sleep_rc), TP_ECANCELED);
-    assert_int_equal(atomic_load(&r.err_after), TP_ECANCELED);
-    assert_int_equal(atomic_load(&r.status), TP_ECANCELED); /* its return value */
-    assert_true(atomic_load(&r.sleep_ns) < TPT_WAIT_NS / 2);  /* returned early */
-    assert_int_equal(atomic_load(&r.on_caller), 0);
+    TPT_EVENTUALLY(atomic_load(&r->calls) == 1);
+    assert_int_equal(atomic_load(&r->sleep_rc), TP_ECANCELED);
+    assert_int_equal(atomic_load(&r->err_after), TP_ECANCELED);
+    assert_int_equal(atomic_load(&r->status), TP_ECANCELED); /* its return value */
+    assert_true(atomic_load(&r->sleep_ns) < TPT_WAIT_NS / 2);  /* returned early */
+    assert_int_equal(atomic_load(&r->on_caller), 0);
     tp_stats s = tpt_pool_finish(p);
     assert_int_equal(s.failed, 1);
     assert_int_equal(s.cancelled, 1);
@@ -305,33 +299,33 @@ static void test_cancel_running_sleep(void **state) {
 }
 
 static void test_cancel_running_fd_readable(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_pool *p = mkpool(1, 4);
-    rec r;
-    rec_init(&r, M_POLL_FD);
-    uint64_t id = submit_rec(p, &r);
-    TPT_EVENTUALLY(atomic_load(&r.ran) == 1 && tpt_stats(p).active == 1);
+    rec *r = tpt_fx_new(f, rec);
+    rec_init(r, M_POLL_FD);
+    uint64_t id = submit_rec(p, r);
+    TPT_EVENTUALLY(atomic_load(&r->ran) == 1 && tpt_stats(p).active == 1);
     assert_int_equal(tp_cancel(p, id), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&r.calls) == 1);
-    assert_true(atomic_load(&r.revents) > 0);
-    assert_true(atomic_load(&r.revents) & POLLIN);
-    assert_int_equal(atomic_load(&r.err_after), TP_ECANCELED);
-    assert_int_equal(atomic_load(&r.status), TP_ECANCELED);
+    TPT_EVENTUALLY(atomic_load(&r->calls) == 1);
+    assert_true(atomic_load(&r->revents) > 0);
+    assert_true(atomic_load(&r->revents) & POLLIN);
+    assert_int_equal(atomic_load(&r->err_after), TP_ECANCELED);
+    assert_int_equal(atomic_load(&r->status), TP_ECANCELED);
     tpt_pool_finish(p);
 }
 
 /* A cancelled task that still returns 0 counts as succeeded. */
 static void test_cancel_running_return_zero(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_pool *p = mkpool(1, 4);
-    rec r;
-    rec_init(&r, M_UNTIL_ERR_RET0);
-    uint64_t id = submit_rec(p, &r);
-    TPT_EVENTUALLY(atomic_load(&r.ran) == 1 && tpt_stats(p).active == 1);
+    rec *r = tpt_fx_new(f, rec);
+    rec_init(r, M_UNTIL_ERR_RET0);
+    uint64_t id = submit_rec(p, r);
+    TPT_EVENTUALLY(atomic_load(&r->ran) == 1 && tpt_stats(p).active == 1);
     assert_int_equal(tp_cancel(p, id), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&r.calls) == 1);
-    assert_int_equal(atomic_load(&r.err_after), TP_ECANCELED);
-    assert_int_equal(atomic_load(&r.status), 0);
+    TPT_EVENTUALLY(atomic_load(&r->calls) == 1);
+    assert_int_equal(atomic_load(&r->err_after), TP_ECANCELED);
+    assert_int_equal(atomic_load(&r->status), 0);
     tp_stats s = tpt_pool_finish(p);
     assert_int_equal(s.succeeded, 1);
     assert_int_equal(s.failed, 0);
@@ -341,7 +335,7 @@ static void test_cancel_running_return_zero(void **state) {
 /* A cancelled running task that fails is not retried; its status is its own
  * return value, a plain failure. */
 static void test_cancel_running_not_retried(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_config c = {0};
     c.workers = 1;
     c.queue_capacity = 4;
@@ -349,15 +343,15 @@ static void test_cancel_running_not_retried(void **state) {
     c.retry_delay_ns = TPT_MS(1);
     c.log = tpt_quiet_log;
     tp_pool *p = tpt_pool_new(&c);
-    rec r;
-    rec_init(&r, M_UNTIL_ERR_RET5);
-    uint64_t id = submit_rec(p, &r);
-    TPT_EVENTUALLY(atomic_load(&r.ran) == 1 && tpt_stats(p).active == 1);
+    rec *r = tpt_fx_new(f, rec);
+    rec_init(r, M_UNTIL_ERR_RET5);
+    uint64_t id = submit_rec(p, r);
+    TPT_EVENTUALLY(atomic_load(&r->ran) == 1 && tpt_stats(p).active == 1);
     assert_int_equal(tp_cancel(p, id), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&r.calls) == 1);
-    assert_int_equal(atomic_load(&r.status), 5);
+    TPT_EVENTUALLY(atomic_load(&r->calls) == 1);
+    assert_int_equal(atomic_load(&r->status), 5);
     tp_stats s = tpt_pool_finish(p);
-    assert_int_equal(atomic_load(&r.ran), 1);
+    assert_int_equal(atomic_load(&r->ran), 1);
     assert_int_equal(s.retried, 0);
     assert_int_equal(s.failed, 1);
     assert_int_equal(s.cancelled, 0);
@@ -366,7 +360,7 @@ static void test_cancel_running_not_retried(void **state) {
 /* ------------------------------------------------------------ bad ids */
 
 static void test_cancel_bad_ids(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_pool *p = mkpool(1, 4);
     assert_int_equal(tp_cancel(p, 0), TP_EINVAL);
     assert_int_equal(tp_cancel(NULL, 1), TP_EINVAL);
@@ -374,40 +368,38 @@ static void test_cancel_bad_ids(void **state) {
     assert_int_equal(tp_cancel(p, 1), TP_ENOTFOUND); /* nothing submitted yet */
     assert_int_equal(tp_cancel(p, UINT64_MAX), TP_ENOTFOUND);
 
-    rec r;
-    rec_init(&r, M_NOP);
-    uint64_t id = submit_rec(p, &r);
-    TPT_EVENTUALLY(atomic_load(&r.calls) == 1); /* ended: on_done ran */
+    rec *r = tpt_fx_new(f, rec);
+    rec_init(r, M_NOP);
+    uint64_t id = submit_rec(p, r);
+    TPT_EVENTUALLY(atomic_load(&r->calls) == 1); /* ended: on_done ran */
     assert_int_equal(tp_cancel(p, id), TP_ENOTFOUND);
     assert_int_equal(tp_cancel(p, id + 1000000), TP_ENOTFOUND);
     tp_stats s = tpt_pool_finish(p);
     assert_int_equal(s.cancelled, 0);
     assert_int_equal(s.succeeded, 1);
-    assert_int_equal(atomic_load(&r.status), 0);
+    assert_int_equal(atomic_load(&r->status), 0);
 }
 
 /* Cancelling after the pool drained, and on a closed pool, still answers. */
 static void test_cancel_after_close(void **state) {
-    (void)state;
-    tpt_latch l;
-    tpt_latch_init(&l);
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = mkpool(1, 4);
-    tpt_fill_workers(p, &l, 1, NULL);
-    rec r;
-    rec_init(&r, M_NOP);
-    uint64_t id = submit_rec(p, &r);
+    tpt_fill_workers(p, l, 1, NULL);
+    rec *r = tpt_fx_new(f, rec);
+    rec_init(r, M_NOP);
+    uint64_t id = submit_rec(p, r);
     assert_int_equal(tp_close(p), TP_OK);
     /* closed, but the task is accepted and unfinished: cancel still works */
     assert_int_equal(tp_cancel(p, id), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&r.calls) == 1);
-    assert_int_equal(atomic_load(&r.status), TP_ECANCELED);
-    tpt_latch_open(&l);
+    TPT_EVENTUALLY(atomic_load(&r->calls) == 1);
+    assert_int_equal(atomic_load(&r->status), TP_ECANCELED);
+    tpt_latch_open(l);
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK);
     assert_int_equal(tp_cancel(p, id), TP_ENOTFOUND);
     tp_stats s = tpt_pool_finish(p);
-    assert_int_equal(atomic_load(&r.ran), 0);
+    assert_int_equal(atomic_load(&r->ran), 0);
     assert_int_equal(s.cancelled, 1);
-    tpt_latch_destroy(&l);
 }
 
 /* ------------------------------------------------------------ race */
@@ -503,26 +495,26 @@ static void *canceller_main(void *a) {
 }
 
 static void test_cancel_race_other_thread(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     enum { N = RACE_ITERS };
     rec *r = calloc(N, sizeof *r);
     atomic_uint_least64_t *ids = calloc(N, sizeof *ids);
     assert_non_null(r);
     assert_non_null(ids);
-    atomic_int published = 0;
+    atomic_int *published = tpt_fx_new(f, atomic_int);
     tp_pool *p = mkpool(2, N);
-    canceller c = {p, ids, N, &published, 0, 0};
-    pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, canceller_main, &c), 0);
+    canceller *c = tpt_fx_new(f, canceller);
+    *c = (canceller){p, ids, N, published, 0, 0};
+    tpt_fx_thr *th = tpt_fx_thread(f, canceller_main, c);
     for (int i = 0; i < N; i++) {
         rec_init(&r[i], M_RET_ERR);
-        r[i].caller = th; /* on_done must not run on the cancelling thread */
+        r[i].caller = th->id; /* on_done must not run on the cancelling thread */
         atomic_store(&ids[i], submit_rec(p, &r[i]));
-        atomic_store(&published, i + 1);
+        atomic_store(published, i + 1);
     }
-    pthread_join(th, NULL);
+    tpt_fx_join(th);
     tp_stats s = tpt_pool_finish(p);
-    assert_int_equal(c.bad, 0);
+    assert_int_equal(c->bad, 0);
     uint64_t n_ok = 0, n_cancelled = 0;
     for (int i = 0; i < N; i++) {
         assert_int_equal(atomic_load(&r[i].calls), 1);
@@ -541,18 +533,18 @@ static void test_cancel_race_other_thread(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_cancel_queued, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_cancel_queued_on_done_prompt_when_busy, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_cancel_waiting_for_retry, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_cancel_running_sleep, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_cancel_running_fd_readable, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_cancel_running_return_zero, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_cancel_running_not_retried, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_cancel_bad_ids, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_cancel_after_close, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_cancel_vs_completion_race, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_cancel_race_other_thread, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_cancel_storm_no_spurious_full, tpt_guard_setup, tpt_guard_teardown),
+        TPT_TEST(test_cancel_queued),
+        TPT_TEST(test_cancel_queued_on_done_prompt_when_busy),
+        TPT_TEST(test_cancel_waiting_for_retry),
+        TPT_TEST(test_cancel_running_sleep),
+        TPT_TEST(test_cancel_running_fd_readable),
+        TPT_TEST(test_cancel_running_return_zero),
+        TPT_TEST(test_cancel_running_not_retried),
+        TPT_TEST(test_cancel_bad_ids),
+        TPT_TEST(test_cancel_after_close),
+        TPT_TEST(test_cancel_vs_completion_race),
+        TPT_TEST(test_cancel_race_other_thread),
+        TPT_TEST(test_cancel_storm_no_spurious_full),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -93,8 +93,7 @@ static void test_create_boundaries_ok(void **state) {
     c.idle_timeout_ns = TP_FOREVER;
     c.retry_delay_ns = TP_FOREVER;
     c.queue_capacity = 1;
-    tp_pool *p = NULL;
-    assert_int_equal(tp_create(&p, &c), TP_OK);
+    tp_pool *p = tpt_pool_new(&c);
     assert_non_null(p);
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_OK);
     tpt_finish(p);
@@ -102,7 +101,7 @@ static void test_create_boundaries_ok(void **state) {
     /* Default workers with max_workers exactly 4 x CPUs: a fixed pool. */
     memset(&c, 0, sizeof c);
     c.max_workers = 4 * ncpu();
-    assert_int_equal(tp_create(&p, &c), TP_OK);
+    p = tpt_pool_new(&c);
     TPT_EVENTUALLY(tpt_stats(p).workers == 4 * ncpu());
     tpt_finish(p);
 }
@@ -123,15 +122,14 @@ static int user_task(tp_ctx *c, void *arg) {
 }
 
 static void test_submit_bad_args(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_config cfg = {0};
     cfg.workers = 1;
-    tp_pool *p = NULL;
-    assert_int_equal(tp_create(&p, &cfg), TP_OK);
+    tp_pool *p = tpt_pool_new(&cfg);
     TPT_EVENTUALLY(tpt_stats(p).idle == 1);
     tp_stats before = tpt_stats(p);
 
-    tpt_done d = {0};
+    tpt_done *d = tpt_fx_new(f, tpt_done);
     char long_user[TP_USER_MAX + 2];
     memset(long_user, 'u', TP_USER_MAX + 1);
     long_user[TP_USER_MAX + 1] = '\0';
@@ -151,14 +149,14 @@ static void test_submit_bad_args(void **state) {
 
     for (int round = 0; round < 2; round++) {
         uint64_t id = 0;
-        assert_int_equal(tp_submit(NULL, tpt_nop_task, &d, &ok, &id), TP_EINVAL);
-        assert_int_equal(tp_submit(p, NULL, &d, &ok, &id), TP_EINVAL);
+        assert_int_equal(tp_submit(NULL, tpt_nop_task, d, &ok, &id), TP_EINVAL);
+        assert_int_equal(tp_submit(p, NULL, d, &ok, &id), TP_EINVAL);
         assert_int_equal(tp_submit(p, NULL, NULL, NULL, NULL), TP_EINVAL);
-        assert_int_equal(tp_submit_wait(NULL, tpt_nop_task, &d, &ok, TPT_MS(5), &id), TP_EINVAL);
-        assert_int_equal(tp_submit_wait(p, NULL, &d, &ok, TPT_MS(5), &id), TP_EINVAL);
+        assert_int_equal(tp_submit_wait(NULL, tpt_nop_task, d, &ok, TPT_MS(5), &id), TP_EINVAL);
+        assert_int_equal(tp_submit_wait(p, NULL, d, &ok, TPT_MS(5), &id), TP_EINVAL);
         for (int i = 0; i < 4; i++) {
-            assert_int_equal(tp_submit(p, tpt_nop_task, &d, &bad[i], &id), TP_EINVAL);
-            assert_int_equal(tp_submit_wait(p, tpt_nop_task, &d, &bad[i], TPT_MS(5), &id),
+            assert_int_equal(tp_submit(p, tpt_nop_task, d, &bad[i], &id), TP_EINVAL);
+            assert_int_equal(tp_submit_wait(p, tpt_nop_task, d, &bad[i], TPT_MS(5), &id),
                              TP_EINVAL);
         }
         tp_stats after = tpt_stats(p);
@@ -172,27 +170,26 @@ static void test_submit_bad_args(void **state) {
             before = tpt_stats(p);
         }
     }
-    assert_int_equal(atomic_load(&d.calls), 0);
+    assert_int_equal(atomic_load(&d->calls), 0);
     tp_stats s = tpt_finish(p);
     assert_int_equal(s.submitted, 0);
     assert_int_equal(s.rejected_closed, 0);
 }
 
 static void test_submit_user_max_len_ok(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_config cfg = {0};
     cfg.workers = 1;
-    tp_pool *p = NULL;
-    assert_int_equal(tp_create(&p, &cfg), TP_OK);
+    tp_pool *p = tpt_pool_new(&cfg);
     char user[TP_USER_MAX + 1];
     memset(user, 'm', TP_USER_MAX);
     user[TP_USER_MAX] = '\0';
     tp_task_opts o = {0};
     o.user = user;
-    urec u = {0};
-    assert_int_equal(tp_submit(p, user_task, &u, &o, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&u.done) == 1);
-    assert_string_equal(u.user, user);
+    urec *u = tpt_fx_new(f, urec);
+    assert_int_equal(tp_submit(p, user_task, u, &o, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&u->done) == 1);
+    assert_string_equal(u->user, user);
     tpt_finish(p);
 }
 
@@ -222,8 +219,7 @@ static void test_null_pool_everywhere(void **state) {
 
     tp_config cfg = {0};
     cfg.workers = 1;
-    tp_pool *p = NULL;
-    assert_int_equal(tp_create(&p, &cfg), TP_OK);
+    tp_pool *p = tpt_pool_new(&cfg);
     TPT_EVENTUALLY(tpt_stats(p).idle == 1);
     tp_stats before = tpt_stats(p);
     tp_stats_get(p, NULL);
@@ -241,12 +237,12 @@ static void test_null_pool_everywhere(void **state) {
 /* ------------------------------------------------------------ defaults */
 
 static void test_create_defaults(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     const unsigned W = 4 * ncpu();
     for (int variant = 0; variant < 2; variant++) {
         tp_pool *p = NULL;
         tp_config zero = {0};
-        assert_int_equal(tp_create(&p, variant ? &zero : NULL), TP_OK);
+        p = tpt_pool_new(variant ? &zero : NULL);
         assert_non_null(p);
         tp_stats s;
         TPT_EVENTUALLY((s = tpt_stats(p)).workers == W && s.idle == W);
@@ -255,17 +251,16 @@ static void test_create_defaults(void **state) {
             continue;
         }
         /* max_per_user 2: a third task of one user is refused. */
-        tpt_latch gate;
-        tpt_latch_init(&gate);
+        tpt_latch *gate = tpt_fx_latch(f);
         tp_task_opts o = {0};
         o.user = "u";
-        assert_int_equal(tp_submit(p, tpt_block_task, &gate, &o, NULL), TP_OK);
-        assert_int_equal(tp_submit(p, tpt_block_task, &gate, &o, NULL), TP_OK);
-        assert_int_equal(tp_submit(p, tpt_block_task, &gate, &o, NULL), TP_EUSERLIMIT);
+        assert_int_equal(tp_submit(p, tpt_block_task, gate, &o, NULL), TP_OK);
+        assert_int_equal(tp_submit(p, tpt_block_task, gate, &o, NULL), TP_OK);
+        assert_int_equal(tp_submit(p, tpt_block_task, gate, &o, NULL), TP_EUSERLIMIT);
         /* Fill every worker, then the queue of 100. */
         for (unsigned i = 2; i < W; i++)
-            assert_int_equal(tp_submit(p, tpt_block_task, &gate, NULL, NULL), TP_OK);
-        TPT_EVENTUALLY(atomic_load(&gate.waiting) == (int)W);
+            assert_int_equal(tp_submit(p, tpt_block_task, gate, NULL, NULL), TP_OK);
+        TPT_EVENTUALLY(atomic_load(&gate->waiting) == (int)W);
         for (int i = 0; i < 100; i++)
             assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_OK);
         assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_EFULL);
@@ -275,14 +270,13 @@ static void test_create_defaults(void **state) {
         uint64_t el = tp_now_ns() - t0;
         assert_true(el >= TPT_MS(990));
         assert_true(el < TPT_S(10));
-        tpt_latch_open(&gate);
+        tpt_latch_open(gate);
         s = tpt_finish(p);
         assert_int_equal(s.accepted, W + 100);
         assert_int_equal(s.rejected_user, 1);
         assert_int_equal(s.rejected_full, 1);
         assert_int_equal(s.rejected_timeout, 1);
-        assert_int_equal(atomic_load(&gate.timeouts), 0);
-        tpt_latch_destroy(&gate);
+        assert_int_equal(atomic_load(&gate->timeouts), 0);
     }
 }
 
@@ -371,27 +365,24 @@ static int hook_check_task(tp_ctx *c, void *arg) {
 }
 
 static void test_worker_hooks_once_per_thread(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     hooks_reset();
     tp_config cfg = {0};
     cfg.workers = 3;
     cfg.on_worker_start = on_start;
     cfg.on_worker_stop = on_stop;
     cfg.hook_arg = &H;
-    tp_pool *p = NULL;
-    assert_int_equal(tp_create(&p, &cfg), TP_OK);
+    tp_pool *p = tpt_pool_new(&cfg);
 
     /* Occupy all three workers at once: each task is on a distinct worker. */
-    tpt_latch gate;
-    tpt_latch_init(&gate);
-    hook_task t[3];
-    memset(t, 0, sizeof t);
+    tpt_latch *gate = tpt_fx_latch(f);
+    hook_task *t = tpt_fx_array(f, hook_task, 3);
     for (int i = 0; i < 3; i++) {
-        t[i].gate = &gate;
+        t[i].gate = gate;
         assert_int_equal(tp_submit(p, hook_check_task, &t[i], NULL, NULL), TP_OK);
     }
-    TPT_EVENTUALLY(atomic_load(&gate.waiting) == 3);
-    tpt_latch_open(&gate);
+    TPT_EVENTUALLY(atomic_load(&gate->waiting) == 3);
+    tpt_latch_open(gate);
     for (int i = 0; i < 3; i++) {
         TPT_EVENTUALLY(atomic_load(&t[i].done) == 1);
         assert_int_equal(atomic_load(&t[i].seen_started), 1);
@@ -419,7 +410,6 @@ static void test_worker_hooks_once_per_thread(void **state) {
     pthread_mutex_unlock(&H.mu);
     assert_true(distinct);
     assert_true(matched);
-    tpt_latch_destroy(&gate);
 }
 
 /* ------------------------------------------------------------ elastic */
@@ -434,7 +424,7 @@ static tp_stats observe(tp_pool *p) {
 }
 
 static void test_elastic_grow_and_shrink(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     hooks_reset();
     max_workers_seen = 0;
     tp_config cfg = {0};
@@ -444,17 +434,15 @@ static void test_elastic_grow_and_shrink(void **state) {
     cfg.on_worker_start = on_start;
     cfg.on_worker_stop = on_stop;
     cfg.hook_arg = &H;
-    tp_pool *p = NULL;
-    assert_int_equal(tp_create(&p, &cfg), TP_OK);
+    tp_pool *p = tpt_pool_new(&cfg);
     tp_stats s;
     TPT_EVENTUALLY((s = observe(p)).workers == 1 && s.idle == 1);
 
     for (int burst = 0; burst < 2; burst++) {
-        tpt_latch gate;
-        tpt_latch_init(&gate);
+        tpt_latch *gate = tpt_fx_latch(f);
         for (int i = 0; i < 6; i++)
-            assert_int_equal(tp_submit(p, tpt_block_task, &gate, NULL, NULL), TP_OK);
-        TPT_EVENTUALLY(atomic_load(&gate.waiting) == 4 && (s = observe(p)).workers == 4 &&
+            assert_int_equal(tp_submit(p, tpt_block_task, gate, NULL, NULL), TP_OK);
+        TPT_EVENTUALLY(atomic_load(&gate->waiting) == 4 && (s = observe(p)).workers == 4 &&
                        s.active == 4 && s.queued == 2);
         /* Never more than max_workers, however long the backlog stays. */
         for (int i = 0; i < 100; i++) {
@@ -462,14 +450,14 @@ static void test_elastic_grow_and_shrink(void **state) {
             tpt_pause();
         }
         assert_int_equal(s.workers, 4);
-        assert_int_equal(atomic_load(&gate.waiting), 4);
+        assert_int_equal(atomic_load(&gate->waiting), 4);
         assert_int_equal(max_workers_seen, 4);
         int starts, stops, max_live;
         assert_int_equal(hooks_get(&starts, &stops, &max_live), 0);
         assert_int_equal(starts - stops, 4);
         assert_true(max_live <= 4);
 
-        tpt_latch_open(&gate);
+        tpt_latch_open(gate);
         /* Idle extra workers leave; the minimum stays. */
         TPT_EVENTUALLY((s = observe(p)).workers == 1 && s.idle == 1 && s.completed == 6u * (burst + 1));
         assert_int_equal(hooks_get(&starts, &stops, &max_live), 0);
@@ -481,8 +469,7 @@ static void test_elastic_grow_and_shrink(void **state) {
             tpt_pause();
         }
         assert_int_equal(max_workers_seen, 4);
-        assert_int_equal(atomic_load(&gate.timeouts), 0);
-        tpt_latch_destroy(&gate);
+        assert_int_equal(atomic_load(&gate->timeouts), 0);
     }
     tpt_finish(p);
     int starts, stops, max_live;
@@ -493,20 +480,18 @@ static void test_elastic_grow_and_shrink(void **state) {
 }
 
 static void test_elastic_idle_forever_keeps_workers(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_config cfg = {0};
     cfg.workers = 1;
     cfg.max_workers = 2;
     cfg.idle_timeout_ns = TP_FOREVER;
-    tp_pool *p = NULL;
-    assert_int_equal(tp_create(&p, &cfg), TP_OK);
-    tpt_latch gate;
-    tpt_latch_init(&gate);
+    tp_pool *p = tpt_pool_new(&cfg);
+    tpt_latch *gate = tpt_fx_latch(f);
     for (int i = 0; i < 3; i++)
-        assert_int_equal(tp_submit(p, tpt_block_task, &gate, NULL, NULL), TP_OK);
+        assert_int_equal(tp_submit(p, tpt_block_task, gate, NULL, NULL), TP_OK);
     tp_stats s;
-    TPT_EVENTUALLY(atomic_load(&gate.waiting) == 2 && (s = tpt_stats(p)).workers == 2);
-    tpt_latch_open(&gate);
+    TPT_EVENTUALLY(atomic_load(&gate->waiting) == 2 && (s = tpt_stats(p)).workers == 2);
+    tpt_latch_open(gate);
     TPT_EVENTUALLY((s = tpt_stats(p)).completed == 3 && s.idle == 2);
     /* TP_FOREVER: idle extra workers never leave (sampled for a while). */
     for (int i = 0; i < 200; i++) {
@@ -514,13 +499,13 @@ static void test_elastic_idle_forever_keeps_workers(void **state) {
         tpt_pause();
     }
     tpt_finish(p);
-    assert_int_equal(atomic_load(&gate.timeouts), 0);
-    tpt_latch_destroy(&gate);
+    assert_int_equal(atomic_load(&gate->timeouts), 0);
 }
 
 /* ------------------------------------------------------------ thread names */
 
 static void check_thread_name(const char *name, const char *expect_prefix) {
+    tpt_fixture *f = tpt_fx_current();
     char buf[TP_NAME_MAX + 1];
     tp_config cfg = {0};
     cfg.workers = 2;
@@ -528,16 +513,15 @@ static void check_thread_name(const char *name, const char *expect_prefix) {
         snprintf(buf, sizeof buf, "%s", name);
         cfg.name = buf;
     }
-    tp_pool *p = NULL;
-    assert_int_equal(tp_create(&p, &cfg), TP_OK);
+    tp_pool *p = tpt_pool_new(&cfg);
     memset(buf, 'X', sizeof buf - 1); /* the name was copied */
     buf[sizeof buf - 1] = '\0';
-    hook_task t = {0};
-    assert_int_equal(tp_submit(p, hook_check_task, &t, NULL, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&t.done) == 1);
+    hook_task *t = tpt_fx_new(f, hook_task);
+    assert_int_equal(tp_submit(p, hook_check_task, t, NULL, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&t->done) == 1);
     tpt_finish(p);
-    if (strncmp(t.name, expect_prefix, strlen(expect_prefix)) != 0)
-        fail_msg("worker thread name \"%s\" does not start with \"%s\"", t.name,
+    if (strncmp(t->name, expect_prefix, strlen(expect_prefix)) != 0)
+        fail_msg("worker thread name \"%s\" does not start with \"%s\"", t->name,
                  expect_prefix);
 }
 
@@ -552,17 +536,17 @@ static void test_thread_names(void **state) {
 int main(void) {
     pthread_mutex_init(&H.mu, NULL);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_create_null_out),
-        cmocka_unit_test(test_create_bad_configs),
-        cmocka_unit_test(test_create_boundaries_ok),
-        cmocka_unit_test(test_submit_bad_args),
-        cmocka_unit_test(test_submit_user_max_len_ok),
-        cmocka_unit_test(test_null_pool_everywhere),
-        cmocka_unit_test(test_create_defaults),
-        cmocka_unit_test(test_worker_hooks_once_per_thread),
-        cmocka_unit_test(test_elastic_grow_and_shrink),
-        cmocka_unit_test(test_elastic_idle_forever_keeps_workers),
-        cmocka_unit_test(test_thread_names),
+        TPT_TEST(test_create_null_out),
+        TPT_TEST(test_create_bad_configs),
+        TPT_TEST(test_create_boundaries_ok),
+        TPT_TEST(test_submit_bad_args),
+        TPT_TEST(test_submit_user_max_len_ok),
+        TPT_TEST(test_null_pool_everywhere),
+        TPT_TEST(test_create_defaults),
+        TPT_TEST(test_worker_hooks_once_per_thread),
+        TPT_TEST(test_elastic_grow_and_shrink),
+        TPT_TEST(test_elastic_idle_forever_keeps_workers),
+        TPT_TEST(test_thread_names),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     pthread_mutex_destroy(&H.mu);

@@ -255,68 +255,66 @@ static void test_ctx_id_matches_submitted(void **state) {
 }
 
 static void test_ctx_user_none(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_pool *p = mkpool(1, 0);
-    rec a = {0}, b = {0};
+    rec *a = tpt_fx_new(f, rec);
+    rec *b = tpt_fx_new(f, rec);
     tp_task_opts o = {0};
-    assert_int_equal(tp_submit(p, task_record, &a, NULL, NULL), TP_OK);
-    assert_int_equal(tp_submit(p, task_record, &b, &o, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&a.finished) && atomic_load(&b.finished));
-    assert_true(atomic_load(&a.user_null));
-    assert_true(atomic_load(&b.user_null));
+    assert_int_equal(tp_submit(p, task_record, a, NULL, NULL), TP_OK);
+    assert_int_equal(tp_submit(p, task_record, b, &o, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&a->finished) && atomic_load(&b->finished));
+    assert_true(atomic_load(&a->user_null));
+    assert_true(atomic_load(&b->user_null));
 
     /* "" means no user: either NULL or "" is an honest answer. */
-    rec e = {0};
+    rec *e = tpt_fx_new(f, rec);
     o.user = "";
-    assert_int_equal(tp_submit(p, task_record, &e, &o, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&e.finished));
-    assert_true(atomic_load(&e.user_null) || e.user[0] == '\0');
+    assert_int_equal(tp_submit(p, task_record, e, &o, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&e->finished));
+    assert_true(atomic_load(&e->user_null) || e->user[0] == '\0');
     tpt_finish(p);
 }
 
 static void test_ctx_user_is_copied(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_pool *p = mkpool(1, 0);
-    tpt_latch gate;
-    tpt_latch_init(&gate);
+    tpt_latch *gate = tpt_fx_latch(f);
     /* Hold the only worker so the user task runs after we clobber the buffer. */
-    assert_int_equal(tp_submit(p, tpt_block_task, &gate, NULL, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&gate.waiting) == 1);
+    assert_int_equal(tp_submit(p, tpt_block_task, gate, NULL, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&gate->waiting) == 1);
 
     char ubuf[TP_USER_MAX + 1];
     strcpy(ubuf, "alice");
     tp_task_opts o = {0};
     o.user = ubuf;
-    rec r = {0};
-    assert_int_equal(tp_submit(p, task_record, &r, &o, NULL), TP_OK);
+    rec *r = tpt_fx_new(f, rec);
+    assert_int_equal(tp_submit(p, task_record, r, &o, NULL), TP_OK);
     memset(ubuf, 'Z', sizeof ubuf - 1);
     ubuf[sizeof ubuf - 1] = '\0';
     strcpy(ubuf, "mallory");
 
-    tpt_latch_open(&gate);
-    TPT_EVENTUALLY(atomic_load(&r.finished));
-    assert_false(atomic_load(&r.user_null));
-    assert_string_equal(r.user, "alice");
-    assert_int_equal(atomic_load(&r.attempt), 0);
+    tpt_latch_open(gate);
+    TPT_EVENTUALLY(atomic_load(&r->finished));
+    assert_false(atomic_load(&r->user_null));
+    assert_string_equal(r->user, "alice");
+    assert_int_equal(atomic_load(&r->attempt), 0);
     tpt_finish(p);
-    assert_int_equal(atomic_load(&gate.timeouts), 0);
-    tpt_latch_destroy(&gate);
+    assert_int_equal(atomic_load(&gate->timeouts), 0);
 }
 
 static void test_ctx_attempt_zero_first_run(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_config cfg = {0};
     cfg.workers = 1;
     cfg.max_retries = 3; /* retries configured, but the task succeeds */
     cfg.retry_delay_ns = TPT_MS(1);
     cfg.log = tpt_quiet_log;
-    tp_pool *p = NULL;
-    assert_int_equal(tp_create(&p, &cfg), TP_OK);
-    rec r = {0};
-    assert_int_equal(tp_submit(p, task_record, &r, NULL, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&r.finished));
-    assert_int_equal(atomic_load(&r.attempt), 0);
-    assert_int_equal(atomic_load(&r.ran), 1);
+    tp_pool *p = tpt_pool_new(&cfg);
+    rec *r = tpt_fx_new(f, rec);
+    assert_int_equal(tp_submit(p, task_record, r, NULL, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&r->finished));
+    assert_int_equal(atomic_load(&r->attempt), 0);
+    assert_int_equal(atomic_load(&r->ran), 1);
     tp_stats s = tpt_finish(p);
     assert_int_equal(s.retried, 0);
 }
@@ -325,12 +323,13 @@ static void test_ctx_attempt_zero_first_run(void **state) {
 
 static uint64_t run_deadline(tp_pool *p, const tp_task_opts *o, uint64_t *t_sub,
                              uint64_t *t_start) {
-    rec r = {0};
+    tpt_fixture *f = tpt_fx_current();
+    rec *r = tpt_fx_new(f, rec);
     *t_sub = tp_now_ns();
-    assert_int_equal(tp_submit(p, task_record, &r, o, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&r.finished));
-    *t_start = atomic_load(&r.t_start);
-    return atomic_load(&r.deadline);
+    assert_int_equal(tp_submit(p, task_record, r, o, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&r->finished));
+    *t_start = atomic_load(&r->t_start);
+    return atomic_load(&r->deadline);
 }
 
 static void test_ctx_deadline_forever(void **state) {
@@ -397,48 +396,48 @@ static void test_ctx_deadline_earlier_of_two(void **state) {
 /* ------------------------------------------------------------ sleep, err */
 
 static void test_ctx_sleep_full_time(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_pool *p = mkpool(1, 0);
-    rec r = {0};
-    r.sleep_ns = TPT_MS(30);
-    assert_int_equal(tp_submit(p, task_sleep, &r, NULL, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&r.finished));
-    assert_int_equal(atomic_load(&r.rc), 0);
-    assert_int_equal(atomic_load(&r.err_start), 0);
-    assert_int_equal(atomic_load(&r.err_end), 0);
-    assert_true(atomic_load(&r.t_end) - atomic_load(&r.t_start) >= TPT_MS(30));
+    rec *r = tpt_fx_new(f, rec);
+    r->sleep_ns = TPT_MS(30);
+    assert_int_equal(tp_submit(p, task_sleep, r, NULL, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&r->finished));
+    assert_int_equal(atomic_load(&r->rc), 0);
+    assert_int_equal(atomic_load(&r->err_start), 0);
+    assert_int_equal(atomic_load(&r->err_end), 0);
+    assert_true(atomic_load(&r->t_end) - atomic_load(&r->t_start) >= TPT_MS(30));
 
-    rec z = {0};
-    z.sleep_ns = 0;
-    assert_int_equal(tp_submit(p, task_sleep, &z, NULL, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&z.finished));
-    assert_int_equal(atomic_load(&z.rc), 0);
+    rec *z = tpt_fx_new(f, rec);
+    z->sleep_ns = 0;
+    assert_int_equal(tp_submit(p, task_sleep, z, NULL, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&z->finished));
+    assert_int_equal(atomic_load(&z->rc), 0);
     tp_stats s = tpt_finish(p);
     assert_int_equal(s.succeeded, 2);
 }
 
 static void test_ctx_sleep_cancelled(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_pool *p = mkpool(1, 0);
-    rec r = {0};
-    r.sleep_ns = TPT_S(20);
+    rec *r = tpt_fx_new(f, rec);
+    r->sleep_ns = TPT_S(20);
     tp_task_opts o = {0};
     o.on_done = rec_done;
     uint64_t id = 0;
-    assert_int_equal(tp_submit(p, task_sleep, &r, &o, &id), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&r.started));
+    assert_int_equal(tp_submit(p, task_sleep, r, &o, &id), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&r->started));
     assert_int_equal(tp_cancel(p, id), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&r.finished));
-    assert_int_equal(atomic_load(&r.rc), TP_ECANCELED);
-    assert_int_equal(atomic_load(&r.err_end), TP_ECANCELED);
-    assert_true(atomic_load(&r.t_end) - atomic_load(&r.t_start) < TPT_S(10));
+    TPT_EVENTUALLY(atomic_load(&r->finished));
+    assert_int_equal(atomic_load(&r->rc), TP_ECANCELED);
+    assert_int_equal(atomic_load(&r->err_end), TP_ECANCELED);
+    assert_true(atomic_load(&r->t_end) - atomic_load(&r->t_start) < TPT_S(10));
     /* Already cancelled: a new sleep returns at once. */
-    assert_int_equal(atomic_load(&r.rc2), TP_ECANCELED);
-    assert_true(atomic_load(&r.t_end2) - atomic_load(&r.t_end) < TPT_S(10));
-    TPT_EVENTUALLY(atomic_load(&r.done_calls) == 1);
-    assert_int_equal(atomic_load(&r.done_status), TP_ECANCELED);
+    assert_int_equal(atomic_load(&r->rc2), TP_ECANCELED);
+    assert_true(atomic_load(&r->t_end2) - atomic_load(&r->t_end) < TPT_S(10));
+    TPT_EVENTUALLY(atomic_load(&r->done_calls) == 1);
+    assert_int_equal(atomic_load(&r->done_status), TP_ECANCELED);
     tp_stats s = tpt_finish(p);
-    assert_int_equal(atomic_load(&r.done_calls), 1);
+    assert_int_equal(atomic_load(&r->done_calls), 1);
     assert_int_equal(s.started, 1);
     assert_int_equal(s.failed, 1);
     assert_int_equal(s.cancelled, 1);
@@ -446,18 +445,19 @@ static void test_ctx_sleep_cancelled(void **state) {
 }
 
 static void sleep_until_timeout(tp_pool *p, const tp_task_opts *o) {
-    rec r = {0};
-    r.sleep_ns = TPT_S(20);
-    assert_int_equal(tp_submit(p, task_sleep, &r, o, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&r.finished));
-    assert_int_equal(atomic_load(&r.err_start), 0);
-    assert_int_equal(atomic_load(&r.rc), TP_ETIMEDOUT);
-    assert_int_equal(atomic_load(&r.err_end), TP_ETIMEDOUT);
+    tpt_fixture *f = tpt_fx_current();
+    rec *r = tpt_fx_new(f, rec);
+    r->sleep_ns = TPT_S(20);
+    assert_int_equal(tp_submit(p, task_sleep, r, o, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&r->finished));
+    assert_int_equal(atomic_load(&r->err_start), 0);
+    assert_int_equal(atomic_load(&r->rc), TP_ETIMEDOUT);
+    assert_int_equal(atomic_load(&r->err_end), TP_ETIMEDOUT);
     /* It returned because the effective deadline passed, not before. */
-    assert_true(atomic_load(&r.t_end) >= atomic_load(&r.deadline));
-    assert_true(atomic_load(&r.t_end) - atomic_load(&r.t_start) < TPT_S(10));
-    assert_int_equal(atomic_load(&r.rc2), TP_ETIMEDOUT);
-    assert_true(atomic_load(&r.t_end2) - atomic_load(&r.t_end) < TPT_S(10));
+    assert_true(atomic_load(&r->t_end) >= atomic_load(&r->deadline));
+    assert_true(atomic_load(&r->t_end) - atomic_load(&r->t_start) < TPT_S(10));
+    assert_int_equal(atomic_load(&r->rc2), TP_ETIMEDOUT);
+    assert_true(atomic_load(&r->t_end2) - atomic_load(&r->t_end) < TPT_S(10));
 }
 
 static void test_ctx_sleep_run_timeout(void **state) {
@@ -486,131 +486,132 @@ static void test_ctx_sleep_deadline(void **state) {
 }
 
 static void test_ctx_err_states(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_pool *p = mkpool(2, 0);
 
     /* Cancelled while running. */
-    rec c = {0};
+    rec *c = tpt_fx_new(f, rec);
     uint64_t id = 0;
-    assert_int_equal(tp_submit(p, task_poll_err, &c, NULL, &id), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&c.started));
-    assert_int_equal(atomic_load(&c.err_start), 0);
+    assert_int_equal(tp_submit(p, task_poll_err, c, NULL, &id), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&c->started));
+    assert_int_equal(atomic_load(&c->err_start), 0);
     assert_int_equal(tp_cancel(p, id), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&c.finished));
-    assert_int_equal(atomic_load(&c.err_end), TP_ECANCELED);
+    TPT_EVENTUALLY(atomic_load(&c->finished));
+    assert_int_equal(atomic_load(&c->err_end), TP_ECANCELED);
 
     /* Run timeout passed. */
-    rec t = {0};
+    rec *t = tpt_fx_new(f, rec);
     tp_task_opts o = {0};
     o.run_timeout_ns = TPT_MS(30);
-    assert_int_equal(tp_submit(p, task_poll_err, &t, &o, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&t.finished));
-    assert_int_equal(atomic_load(&t.err_start), 0);
-    assert_int_equal(atomic_load(&t.err_end), TP_ETIMEDOUT);
-    assert_true(atomic_load(&t.t_end) >= atomic_load(&t.deadline));
+    assert_int_equal(tp_submit(p, task_poll_err, t, &o, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&t->finished));
+    assert_int_equal(atomic_load(&t->err_start), 0);
+    assert_int_equal(atomic_load(&t->err_end), TP_ETIMEDOUT);
+    assert_true(atomic_load(&t->t_end) >= atomic_load(&t->deadline));
 
     /* Deadline passed while running. */
-    rec d = {0};
+    rec *d = tpt_fx_new(f, rec);
     memset(&o, 0, sizeof o);
     o.deadline_ns = tp_now_ns() + TPT_MS(300);
-    assert_int_equal(tp_submit(p, task_poll_err, &d, &o, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&d.finished));
-    assert_int_equal(atomic_load(&d.err_end), TP_ETIMEDOUT);
-    assert_true(atomic_load(&d.t_end) >= o.deadline_ns);
+    assert_int_equal(tp_submit(p, task_poll_err, d, &o, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&d->finished));
+    assert_int_equal(atomic_load(&d->err_end), TP_ETIMEDOUT);
+    assert_true(atomic_load(&d->t_end) >= o.deadline_ns);
 
     tpt_finish(p);
 }
 
 static void test_ctx_err_cancel_takes_precedence(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_pool *p = mkpool(1, 0);
-    rec r = {0};
+    rec *r = tpt_fx_new(f, rec);
     tp_task_opts o = {0};
     o.run_timeout_ns = TPT_MS(30);
     uint64_t id = 0;
-    assert_int_equal(tp_submit(p, task_timeout_then_cancel, &r, &o, &id), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&r.phase) == 1);
-    assert_int_equal(atomic_load(&r.rc), TP_ETIMEDOUT);
+    assert_int_equal(tp_submit(p, task_timeout_then_cancel, r, &o, &id), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&r->phase) == 1);
+    assert_int_equal(atomic_load(&r->rc), TP_ETIMEDOUT);
     assert_int_equal(tp_cancel(p, id), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&r.finished));
-    assert_int_equal(atomic_load(&r.err_end), TP_ECANCELED);
+    TPT_EVENTUALLY(atomic_load(&r->finished));
+    assert_int_equal(atomic_load(&r->err_end), TP_ECANCELED);
     tpt_finish(p);
 }
 
 /* ------------------------------------------------------------ cancel fd */
 
 static void test_ctx_fd_cancel_then_clean(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_pool *p = mkpool(1, 0); /* one worker: the next task reuses it */
-    rec r = {0};
+    rec *r = tpt_fx_new(f, rec);
     uint64_t id = 0;
-    assert_int_equal(tp_submit(p, task_fd_wait, &r, NULL, &id), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&r.phase) == 1 || atomic_load(&r.finished));
-    assert_true(atomic_load(&r.fd) >= 0);
-    assert_int_equal(atomic_load(&r.fd_ready_before), 0);
-    assert_int_equal(atomic_load(&r.rc2), 0); /* the 20 ms poll timed out */
+    assert_int_equal(tp_submit(p, task_fd_wait, r, NULL, &id), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&r->phase) == 1 || atomic_load(&r->finished));
+    assert_true(atomic_load(&r->fd) >= 0);
+    assert_int_equal(atomic_load(&r->fd_ready_before), 0);
+    assert_int_equal(atomic_load(&r->rc2), 0); /* the 20 ms poll timed out */
     assert_int_equal(tp_cancel(p, id), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&r.finished));
-    assert_int_equal(atomic_load(&r.fd_poll_rc), 1);
-    assert_true(atomic_load(&r.fd_revents) & POLLIN);
-    assert_int_equal(atomic_load(&r.err_end), TP_ECANCELED);
-    assert_true(atomic_load(&r.t_end) - atomic_load(&r.t_start) < TPT_S(10));
+    TPT_EVENTUALLY(atomic_load(&r->finished));
+    assert_int_equal(atomic_load(&r->fd_poll_rc), 1);
+    assert_true(atomic_load(&r->fd_revents) & POLLIN);
+    assert_int_equal(atomic_load(&r->err_end), TP_ECANCELED);
+    assert_true(atomic_load(&r->t_end) - atomic_load(&r->t_start) < TPT_S(10));
 
     /* Same worker, next task: the descriptor is clean again. */
     for (int i = 0; i < 3; i++) {
-        rec n = {0};
-        assert_int_equal(tp_submit(p, task_fd_check, &n, NULL, NULL), TP_OK);
-        TPT_EVENTUALLY(atomic_load(&n.finished));
-        assert_true(atomic_load(&n.fd) >= 0);
-        assert_int_equal(atomic_load(&n.fd_ready_before), 0);
+        rec *n = tpt_fx_new(f, rec);
+        assert_int_equal(tp_submit(p, task_fd_check, n, NULL, NULL), TP_OK);
+        TPT_EVENTUALLY(atomic_load(&n->finished));
+        assert_true(atomic_load(&n->fd) >= 0);
+        assert_int_equal(atomic_load(&n->fd_ready_before), 0);
     }
 
     /* And it works again for a second cancellation on that worker. */
-    rec r2 = {0};
-    assert_int_equal(tp_submit(p, task_fd_wait, &r2, NULL, &id), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&r2.phase) == 1 || atomic_load(&r2.finished));
-    assert_int_equal(atomic_load(&r2.fd_ready_before), 0);
+    rec *r2 = tpt_fx_new(f, rec);
+    assert_int_equal(tp_submit(p, task_fd_wait, r2, NULL, &id), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&r2->phase) == 1 || atomic_load(&r2->finished));
+    assert_int_equal(atomic_load(&r2->fd_ready_before), 0);
     assert_int_equal(tp_cancel(p, id), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&r2.finished));
-    assert_int_equal(atomic_load(&r2.fd_poll_rc), 1);
-    assert_true(atomic_load(&r2.fd_revents) & POLLIN);
+    TPT_EVENTUALLY(atomic_load(&r2->finished));
+    assert_int_equal(atomic_load(&r2->fd_poll_rc), 1);
+    assert_true(atomic_load(&r2->fd_revents) & POLLIN);
     tpt_finish(p);
 }
 
 static void test_ctx_fd_forced_shutdown(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_pool *p = mkpool(1, 0);
-    rec r = {0};
+    rec *r = tpt_fx_new(f, rec);
     tp_task_opts o = {0};
     o.on_done = rec_done;
-    assert_int_equal(tp_submit(p, task_fd_wait, &r, &o, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&r.phase) == 1 || atomic_load(&r.finished));
-    assert_true(atomic_load(&r.fd) >= 0);
-    assert_int_equal(atomic_load(&r.fd_ready_before), 0);
+    assert_int_equal(tp_submit(p, task_fd_wait, r, &o, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&r->phase) == 1 || atomic_load(&r->finished));
+    assert_true(atomic_load(&r->fd) >= 0);
+    assert_int_equal(atomic_load(&r->fd_ready_before), 0);
     assert_int_equal(tp_shutdown(p, TPT_MS(50)), TP_ETIMEDOUT);
-    TPT_EVENTUALLY(atomic_load(&r.finished));
-    assert_int_equal(atomic_load(&r.fd_poll_rc), 1);
-    assert_true(atomic_load(&r.fd_revents) & POLLIN);
-    assert_int_equal(atomic_load(&r.err_end), TP_ECANCELED);
-    TPT_EVENTUALLY(atomic_load(&r.done_calls) == 1);
-    assert_int_equal(atomic_load(&r.done_status), TP_ECANCELED);
+    TPT_EVENTUALLY(atomic_load(&r->finished));
+    assert_int_equal(atomic_load(&r->fd_poll_rc), 1);
+    assert_true(atomic_load(&r->fd_revents) & POLLIN);
+    assert_int_equal(atomic_load(&r->err_end), TP_ECANCELED);
+    TPT_EVENTUALLY(atomic_load(&r->done_calls) == 1);
+    assert_int_equal(atomic_load(&r->done_status), TP_ECANCELED);
     tpt_finish_forced(p);
 }
 
 static void fd_not_readable_on_timeout(tp_pool *p, const tp_task_opts *o) {
-    rec r = {0};
-    assert_int_equal(tp_submit(p, task_fd_timeout, &r, o, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&r.finished));
-    assert_true(atomic_load(&r.fd) >= 0);
-    assert_int_equal(atomic_load(&r.rc), TP_ETIMEDOUT);
-    assert_int_equal(atomic_load(&r.err_end), TP_ETIMEDOUT);
-    assert_int_equal(atomic_load(&r.fd_poll_rc), 0); /* 100 ms, nothing */
-    assert_int_equal(atomic_load(&r.fd_revents) & POLLIN, 0);
+    tpt_fixture *f = tpt_fx_current();
+    rec *r = tpt_fx_new(f, rec);
+    assert_int_equal(tp_submit(p, task_fd_timeout, r, o, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&r->finished));
+    assert_true(atomic_load(&r->fd) >= 0);
+    assert_int_equal(atomic_load(&r->rc), TP_ETIMEDOUT);
+    assert_int_equal(atomic_load(&r->err_end), TP_ETIMEDOUT);
+    assert_int_equal(atomic_load(&r->fd_poll_rc), 0); /* 100 ms, nothing */
+    assert_int_equal(atomic_load(&r->fd_revents) & POLLIN, 0);
 
-    rec n = {0};
-    assert_int_equal(tp_submit(p, task_fd_check, &n, NULL, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&n.finished));
-    assert_int_equal(atomic_load(&n.fd_ready_before), 0);
+    rec *n = tpt_fx_new(f, rec);
+    assert_int_equal(tp_submit(p, task_fd_check, n, NULL, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&n->finished));
+    assert_int_equal(atomic_load(&n->fd_ready_before), 0);
 }
 
 static void test_ctx_fd_not_readable_on_timeout(void **state) {
@@ -626,111 +627,108 @@ static void test_ctx_fd_not_readable_on_timeout(void **state) {
 }
 
 static void test_ctx_fd_cancelled_before_first_use(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_pool *p = mkpool(1, 0); /* fresh worker: no descriptor made yet */
-    rec r = {0};
+    rec *r = tpt_fx_new(f, rec);
     uint64_t id = 0;
-    assert_int_equal(tp_submit(p, task_cancel_then_fd, &r, NULL, &id), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&r.started));
+    assert_int_equal(tp_submit(p, task_cancel_then_fd, r, NULL, &id), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&r->started));
     assert_int_equal(tp_cancel(p, id), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&r.finished));
-    assert_int_equal(atomic_load(&r.err_end), TP_ECANCELED);
-    assert_true(atomic_load(&r.fd) >= 0);
-    assert_int_equal(atomic_load(&r.fd_poll_rc), 1);
-    assert_true(atomic_load(&r.fd_revents) & POLLIN);
+    TPT_EVENTUALLY(atomic_load(&r->finished));
+    assert_int_equal(atomic_load(&r->err_end), TP_ECANCELED);
+    assert_true(atomic_load(&r->fd) >= 0);
+    assert_int_equal(atomic_load(&r->fd_poll_rc), 1);
+    assert_true(atomic_load(&r->fd_revents) & POLLIN);
 
     /* And the next task on that worker starts clean. */
-    rec n = {0};
-    assert_int_equal(tp_submit(p, task_fd_check, &n, NULL, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&n.finished));
-    assert_int_equal(atomic_load(&n.fd_ready_before), 0);
+    rec *n = tpt_fx_new(f, rec);
+    assert_int_equal(tp_submit(p, task_fd_check, n, NULL, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&n->finished));
+    assert_int_equal(atomic_load(&n->fd_ready_before), 0);
     tpt_finish(p);
 }
 
 static void test_ctx_fd_clean_after_unobserved_cancel(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_pool *p = mkpool(1, 0);
     /* The worker's descriptor exists... */
-    rec a = {0};
-    assert_int_equal(tp_submit(p, task_fd_check, &a, NULL, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&a.finished));
-    assert_int_equal(atomic_load(&a.fd_ready_before), 0);
+    rec *a = tpt_fx_new(f, rec);
+    assert_int_equal(tp_submit(p, task_fd_check, a, NULL, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&a->finished));
+    assert_int_equal(atomic_load(&a->fd_ready_before), 0);
     /* ...a task that never looks at it is cancelled... */
-    rec b = {0};
+    rec *b = tpt_fx_new(f, rec);
     uint64_t id = 0;
-    assert_int_equal(tp_submit(p, task_poll_err, &b, NULL, &id), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&b.started));
+    assert_int_equal(tp_submit(p, task_poll_err, b, NULL, &id), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&b->started));
     assert_int_equal(tp_cancel(p, id), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&b.finished));
-    assert_int_equal(atomic_load(&b.err_end), TP_ECANCELED);
+    TPT_EVENTUALLY(atomic_load(&b->finished));
+    assert_int_equal(atomic_load(&b->err_end), TP_ECANCELED);
     /* ...and the next task still finds it clean. */
-    rec c = {0};
-    assert_int_equal(tp_submit(p, task_fd_check, &c, NULL, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&c.finished));
-    assert_int_equal(atomic_load(&c.fd_ready_before), 0);
+    rec *c = tpt_fx_new(f, rec);
+    assert_int_equal(tp_submit(p, task_fd_check, c, NULL, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&c->finished));
+    assert_int_equal(atomic_load(&c->fd_ready_before), 0);
     tpt_finish(p);
 }
 
 /* ------------------------------------------------------------ queue time */
 
 static void test_ctx_run_timeout_excludes_queue_time(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_pool *p = mkpool(1, 0);
-    tpt_latch gate;
-    tpt_latch_init(&gate);
-    assert_int_equal(tp_submit(p, tpt_block_task, &gate, NULL, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&gate.waiting) == 1);
+    tpt_latch *gate = tpt_fx_latch(f);
+    assert_int_equal(tp_submit(p, tpt_block_task, gate, NULL, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&gate->waiting) == 1);
 
     const uint64_t T = TPT_MS(250);
-    rec r = {0};
+    rec *r = tpt_fx_new(f, rec);
     tp_task_opts o = {0};
     o.run_timeout_ns = T;
     o.on_done = rec_done;
     uint64_t t_sub = tp_now_ns();
-    assert_int_equal(tp_submit(p, task_record, &r, &o, NULL), TP_OK);
+    assert_int_equal(tp_submit(p, task_record, r, &o, NULL), TP_OK);
     /* Precondition, not synchronisation: queued for longer than T. */
     tpt_sleep_until(t_sub + 2 * T);
-    assert_int_equal(atomic_load(&r.ran), 0);
+    assert_int_equal(atomic_load(&r->ran), 0);
     assert_int_equal(tpt_stats(p).queued, 1);
     uint64_t t_open = tp_now_ns();
-    tpt_latch_open(&gate);
+    tpt_latch_open(gate);
 
-    TPT_EVENTUALLY(atomic_load(&r.done_calls) == 1);
-    assert_int_equal(atomic_load(&r.ran), 1);
-    assert_int_equal(atomic_load(&r.done_status), 0);
+    TPT_EVENTUALLY(atomic_load(&r->done_calls) == 1);
+    assert_int_equal(atomic_load(&r->ran), 1);
+    assert_int_equal(atomic_load(&r->done_status), 0);
     /* The attempt started after the release: its deadline is start + T. */
-    assert_true(atomic_load(&r.deadline) >= t_open + T);
-    assert_true(atomic_load(&r.deadline) <= atomic_load(&r.t_start) + T);
-    assert_int_equal(atomic_load(&r.err_start), 0);
+    assert_true(atomic_load(&r->deadline) >= t_open + T);
+    assert_true(atomic_load(&r->deadline) <= atomic_load(&r->t_start) + T);
+    assert_int_equal(atomic_load(&r->err_start), 0);
     tp_stats s = tpt_finish(p);
     assert_int_equal(s.expired, 0);
     assert_int_equal(s.succeeded, 2);
-    assert_int_equal(atomic_load(&gate.timeouts), 0);
-    tpt_latch_destroy(&gate);
+    assert_int_equal(atomic_load(&gate->timeouts), 0);
 }
 
 static void test_ctx_deadline_includes_queue_time(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_pool *p = mkpool(1, 0);
-    tpt_latch gate;
-    tpt_latch_init(&gate);
-    assert_int_equal(tp_submit(p, tpt_block_task, &gate, NULL, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&gate.waiting) == 1);
+    tpt_latch *gate = tpt_fx_latch(f);
+    assert_int_equal(tp_submit(p, tpt_block_task, gate, NULL, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&gate->waiting) == 1);
     TPT_EVENTUALLY(tpt_stats(p).started == 1);
 
-    rec r = {0};
+    rec *r = tpt_fx_new(f, rec);
     tp_task_opts o = {0};
     o.deadline_ns = tp_now_ns() + TPT_MS(50);
     o.on_done = rec_done;
-    assert_int_equal(tp_submit(p, task_record, &r, &o, NULL), TP_OK);
+    assert_int_equal(tp_submit(p, task_record, r, &o, NULL), TP_OK);
     tpt_sleep_until(o.deadline_ns + TPT_MS(1));
-    tpt_latch_open(&gate);
+    tpt_latch_open(gate);
 
-    TPT_EVENTUALLY(atomic_load(&r.done_calls) == 1);
-    assert_int_equal(atomic_load(&r.done_status), TP_ETIMEDOUT);
-    assert_int_equal(atomic_load(&r.ran), 0);
+    TPT_EVENTUALLY(atomic_load(&r->done_calls) == 1);
+    assert_int_equal(atomic_load(&r->done_status), TP_ETIMEDOUT);
+    assert_int_equal(atomic_load(&r->ran), 0);
     tp_stats s = tpt_finish(p);
-    assert_int_equal(atomic_load(&r.done_calls), 1);
+    assert_int_equal(atomic_load(&r->done_calls), 1);
     assert_int_equal(s.accepted, 2);
     assert_int_equal(s.started, 1); /* only the blocker */
     assert_int_equal(s.succeeded, 1);
@@ -738,21 +736,20 @@ static void test_ctx_deadline_includes_queue_time(void **state) {
     assert_int_equal(s.cancelled, 1);
     assert_int_equal(s.expired, 1);
     assert_int_equal(s.retried, 0);
-    assert_int_equal(atomic_load(&gate.timeouts), 0);
-    tpt_latch_destroy(&gate);
+    assert_int_equal(atomic_load(&gate->timeouts), 0);
 }
 
 static void test_ctx_deadline_already_passed_accepted(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_pool *p = mkpool(1, 0);
-    rec r = {0};
+    rec *r = tpt_fx_new(f, rec);
     tp_task_opts o = {0};
     o.deadline_ns = 1; /* long gone */
     o.on_done = rec_done;
-    assert_int_equal(tp_submit(p, task_record, &r, &o, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&r.done_calls) == 1);
-    assert_int_equal(atomic_load(&r.done_status), TP_ETIMEDOUT);
-    assert_int_equal(atomic_load(&r.ran), 0);
+    assert_int_equal(tp_submit(p, task_record, r, &o, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&r->done_calls) == 1);
+    assert_int_equal(atomic_load(&r->done_status), TP_ETIMEDOUT);
+    assert_int_equal(atomic_load(&r->ran), 0);
     tp_stats s = tpt_finish(p);
     assert_int_equal(s.started, 0);
     assert_int_equal(s.expired, 1);
@@ -764,37 +761,35 @@ static void test_ctx_deadline_already_passed_accepted(void **state) {
  * worker is busy: on_done promptly with TP_ETIMEDOUT, counted expired, its
  * queue place and user slot freed -- without waiting for a worker. */
 static void test_ctx_expiry_prompt_while_workers_busy(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_pool *p = mkpool(1, 0);
-    tpt_latch gate;
-    tpt_latch_init(&gate);
-    assert_int_equal(tp_submit(p, tpt_block_task, &gate, NULL, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&gate.waiting) == 1);
+    tpt_latch *gate = tpt_fx_latch(f);
+    assert_int_equal(tp_submit(p, tpt_block_task, gate, NULL, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&gate->waiting) == 1);
 
-    rec r = {0};
+    rec *r = tpt_fx_new(f, rec);
     tp_task_opts o = {0};
     o.user = "u";
     o.deadline_ns = tp_now_ns() + TPT_MS(30);
     o.on_done = rec_done;
-    assert_int_equal(tp_submit(p, task_record, &r, &o, NULL), TP_OK);
+    assert_int_equal(tp_submit(p, task_record, r, &o, NULL), TP_OK);
     assert_int_equal(tp_user_active(p, "u"), 1);
-    TPT_EVENTUALLY(atomic_load(&r.done_calls) == 1); /* the worker is still blocked */
-    assert_int_equal(atomic_load(&gate.waiting), 1);
-    assert_int_equal(atomic_load(&r.done_status), TP_ETIMEDOUT);
-    assert_int_equal(atomic_load(&r.ran), 0);
+    TPT_EVENTUALLY(atomic_load(&r->done_calls) == 1); /* the worker is still blocked */
+    assert_int_equal(atomic_load(&gate->waiting), 1);
+    assert_int_equal(atomic_load(&r->done_status), TP_ETIMEDOUT);
+    assert_int_equal(atomic_load(&r->ran), 0);
     assert_int_equal(tp_user_active(p, "u"), 0);
     tp_stats live = tpt_stats(p);
     assert_int_equal(live.queued, 0);
     assert_int_equal(live.expired, 1);
     assert_int_equal(live.users, 0);
 
-    tpt_latch_open(&gate);
+    tpt_latch_open(gate);
     tp_stats s = tpt_finish(p);
-    assert_int_equal(atomic_load(&r.done_calls), 1);
+    assert_int_equal(atomic_load(&r->done_calls), 1);
     assert_int_equal(s.started, 1); /* only the blocker */
     assert_int_equal(s.expired, 1);
     assert_int_equal(s.cancelled, 1);
-    tpt_latch_destroy(&gate);
 }
 
 /* ------------------------------------------------------------ clock */
@@ -826,28 +821,28 @@ static void test_now_ns_monotonic(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_ctx_id_matches_submitted),
-        cmocka_unit_test(test_ctx_user_none),
-        cmocka_unit_test(test_ctx_user_is_copied),
-        cmocka_unit_test(test_ctx_attempt_zero_first_run),
-        cmocka_unit_test(test_ctx_deadline_forever),
-        cmocka_unit_test(test_ctx_deadline_earlier_of_two),
-        cmocka_unit_test(test_ctx_sleep_full_time),
-        cmocka_unit_test(test_ctx_sleep_cancelled),
-        cmocka_unit_test(test_ctx_sleep_run_timeout),
-        cmocka_unit_test(test_ctx_sleep_deadline),
-        cmocka_unit_test(test_ctx_err_states),
-        cmocka_unit_test(test_ctx_err_cancel_takes_precedence),
-        cmocka_unit_test(test_ctx_fd_cancel_then_clean),
-        cmocka_unit_test(test_ctx_fd_forced_shutdown),
-        cmocka_unit_test(test_ctx_fd_not_readable_on_timeout),
-        cmocka_unit_test(test_ctx_fd_cancelled_before_first_use),
-        cmocka_unit_test(test_ctx_fd_clean_after_unobserved_cancel),
-        cmocka_unit_test(test_ctx_run_timeout_excludes_queue_time),
-        cmocka_unit_test(test_ctx_deadline_includes_queue_time),
-        cmocka_unit_test(test_ctx_deadline_already_passed_accepted),
-        cmocka_unit_test(test_ctx_expiry_prompt_while_workers_busy),
-        cmocka_unit_test(test_now_ns_monotonic),
+        TPT_TEST(test_ctx_id_matches_submitted),
+        TPT_TEST(test_ctx_user_none),
+        TPT_TEST(test_ctx_user_is_copied),
+        TPT_TEST(test_ctx_attempt_zero_first_run),
+        TPT_TEST(test_ctx_deadline_forever),
+        TPT_TEST(test_ctx_deadline_earlier_of_two),
+        TPT_TEST(test_ctx_sleep_full_time),
+        TPT_TEST(test_ctx_sleep_cancelled),
+        TPT_TEST(test_ctx_sleep_run_timeout),
+        TPT_TEST(test_ctx_sleep_deadline),
+        TPT_TEST(test_ctx_err_states),
+        TPT_TEST(test_ctx_err_cancel_takes_precedence),
+        TPT_TEST(test_ctx_fd_cancel_then_clean),
+        TPT_TEST(test_ctx_fd_forced_shutdown),
+        TPT_TEST(test_ctx_fd_not_readable_on_timeout),
+        TPT_TEST(test_ctx_fd_cancelled_before_first_use),
+        TPT_TEST(test_ctx_fd_clean_after_unobserved_cancel),
+        TPT_TEST(test_ctx_run_timeout_excludes_queue_time),
+        TPT_TEST(test_ctx_deadline_includes_queue_time),
+        TPT_TEST(test_ctx_deadline_already_passed_accepted),
+        TPT_TEST(test_ctx_expiry_prompt_while_workers_busy),
+        TPT_TEST(test_now_ns_monotonic),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -17,26 +17,20 @@
 static tp_pool *mkpool(unsigned workers) {
     tp_config cfg = {0};
     cfg.workers = workers;
-    tp_pool *p = NULL;
-    assert_int_equal(tp_create(&p, &cfg), TP_OK);
+    tp_pool *p = tpt_pool_new(&cfg);
     assert_non_null(p);
     return p;
 }
 
-/* Ensures the test starts (and ends) with nothing registered. */
-static int no_default(void **state) {
-    (void)state;
-    return tp_default() == NULL ? 0 : -1;
-}
 
 static void test_default_none(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     assert_null(tp_default());
-    tpt_done d = {0};
+    tpt_done *d = tpt_fx_new(f, tpt_done);
     tp_task_opts o = {0};
     o.on_done = tpt_done_fn;
     uint64_t id = 77;
-    assert_int_equal(tp_default_submit(tpt_nop_task, &d, &o, &id), TP_ENODEFAULT);
+    assert_int_equal(tp_default_submit(tpt_nop_task, d, &o, &id), TP_ENODEFAULT);
     assert_int_equal(tp_default_submit(tpt_nop_task, NULL, NULL, NULL), TP_ENODEFAULT);
     assert_int_equal(tp_default_shutdown(0), TP_ENODEFAULT);
     assert_int_equal(tp_default_shutdown(TPT_MS(10)), TP_ENODEFAULT);
@@ -44,11 +38,11 @@ static void test_default_none(void **state) {
     assert_int_equal(tp_default_wait(TPT_MS(10)), TP_ENODEFAULT);
     assert_null(tp_default_swap(NULL));
     assert_null(tp_default());
-    assert_int_equal(atomic_load(&d.calls), 0);
+    assert_int_equal(atomic_load(&d->calls), 0);
 }
 
 static void test_default_create_submit_shutdown(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     /* A bad config registers nothing. */
     tp_config bad = {0};
     bad.max_retries = TP_MAX_RETRIES + 1;
@@ -66,8 +60,7 @@ static void test_default_create_submit_shutdown(void **state) {
     assert_ptr_equal(tp_default(), p);
 
     enum { N = 10 };
-    tpt_done d[N];
-    memset(d, 0, sizeof d);
+    tpt_done *d = tpt_fx_array(f, tpt_done, N);
     uint64_t ids[N];
     tp_task_opts o = {0};
     o.on_done = tpt_done_fn;
@@ -121,34 +114,33 @@ static void test_default_wait_for_someone_elses_close(void **state) {
 }
 
 static void test_default_forced_shutdown(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_config cfg = {0};
     cfg.workers = 1;
     assert_int_equal(tp_default_create(&cfg), TP_OK);
     tp_pool *p = tp_default();
     assert_non_null(p);
 
-    tpt_latch gate;
-    tpt_latch_init(&gate);
-    tpt_done queued = {0};
+    tpt_latch *gate = tpt_fx_latch(f);
+    tpt_done *queued = tpt_fx_new(f, tpt_done);
     tp_task_opts o = {0};
     o.on_done = tpt_done_fn;
     /* The blocker ignores cancellation: only the latch ends it. */
-    assert_int_equal(tp_default_submit(tpt_block_task, &gate, NULL, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&gate.waiting) == 1);
-    assert_int_equal(tp_default_submit(tpt_nop_task, &queued, &o, NULL), TP_OK);
+    assert_int_equal(tp_default_submit(tpt_block_task, gate, NULL, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&gate->waiting) == 1);
+    assert_int_equal(tp_default_submit(tpt_nop_task, queued, &o, NULL), TP_OK);
 
     assert_int_equal(tp_default_shutdown(TPT_MS(30)), TP_ETIMEDOUT);
     /* The queued task was dropped without running. */
-    TPT_EVENTUALLY(atomic_load(&queued.calls) == 1);
-    assert_int_equal(atomic_load(&queued.status), TP_ECANCELED);
+    TPT_EVENTUALLY(atomic_load(&queued->calls) == 1);
+    assert_int_equal(atomic_load(&queued->status), TP_ECANCELED);
     /* Later calls get the same outcome. */
     assert_int_equal(tp_default_shutdown(TPT_WAIT_NS), TP_ETIMEDOUT);
     /* The blocker is still running: a bounded wait times out. */
     assert_int_equal(tp_default_wait(TPT_MS(20)), TP_ETIMEDOUT);
     assert_true(tpt_stats(p).workers >= 1);
 
-    tpt_latch_open(&gate);
+    tpt_latch_open(gate);
     assert_int_equal(tp_default_wait(TPT_WAIT_NS), TP_ETIMEDOUT); /* forced */
     tp_stats s = tpt_stats(p);
     tpt_assert_at_rest(&s);
@@ -158,32 +150,31 @@ static void test_default_forced_shutdown(void **state) {
 
     assert_ptr_equal(tp_default_swap(NULL), p);
     assert_int_equal(tp_destroy(p), TP_OK);
-    assert_int_equal(atomic_load(&gate.timeouts), 0);
-    tpt_latch_destroy(&gate);
+    assert_int_equal(atomic_load(&gate->timeouts), 0);
 }
 
 static void test_default_swap(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_pool *a = mkpool(1);
     tp_pool *b = mkpool(1);
 
     assert_null(tp_default_swap(a));
     assert_ptr_equal(tp_default(), a);
-    tpt_done d1 = {0};
+    tpt_done *d1 = tpt_fx_new(f, tpt_done);
     tp_task_opts o = {0};
     o.on_done = tpt_done_fn;
-    assert_int_equal(tp_default_submit(tpt_nop_task, &d1, &o, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&d1.calls) == 1);
+    assert_int_equal(tp_default_submit(tpt_nop_task, d1, &o, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&d1->calls) == 1);
     assert_int_equal(tpt_stats(a).accepted, 1);
 
     /* Swapping returns the old pool, still open. */
     assert_ptr_equal(tp_default_swap(b), a);
     assert_ptr_equal(tp_default(), b);
-    tpt_done d2 = {0}, d3 = {0};
-    assert_int_equal(tp_submit(a, tpt_nop_task, &d2, &o, NULL), TP_OK);
-    assert_int_equal(tp_default_submit(tpt_nop_task, &d3, &o, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&d2.calls) == 1 && atomic_load(&d3.calls) == 1);
-    assert_int_equal(atomic_load(&d2.status), 0);
+    tpt_done *d2 = tpt_fx_new(f, tpt_done), *d3 = tpt_fx_new(f, tpt_done);
+    assert_int_equal(tp_submit(a, tpt_nop_task, d2, &o, NULL), TP_OK);
+    assert_int_equal(tp_default_submit(tpt_nop_task, d3, &o, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&d2->calls) == 1 && atomic_load(&d3->calls) == 1);
+    assert_int_equal(atomic_load(&d2->status), 0);
     assert_int_equal(tpt_stats(a).accepted, 2);
     assert_int_equal(tpt_stats(b).accepted, 1);
 
@@ -298,17 +289,13 @@ static void test_default_create_does_not_overwrite_swap(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_default_none, no_default, no_default),
-        cmocka_unit_test_setup_teardown(test_default_create_submit_shutdown, no_default,
-                                        no_default),
-        cmocka_unit_test_setup_teardown(test_default_wait_for_someone_elses_close, no_default,
-                                        no_default),
-        cmocka_unit_test_setup_teardown(test_default_forced_shutdown, no_default, no_default),
-        cmocka_unit_test_setup_teardown(test_default_swap, no_default, no_default),
-        cmocka_unit_test_setup_teardown(test_default_concurrent_create, no_default,
-                                        no_default),
-        cmocka_unit_test_setup_teardown(test_default_create_does_not_overwrite_swap, no_default,
-                                        no_default),
+        TPT_TEST(test_default_none),
+        TPT_TEST(test_default_create_submit_shutdown),
+        TPT_TEST(test_default_wait_for_someone_elses_close),
+        TPT_TEST(test_default_forced_shutdown),
+        TPT_TEST(test_default_swap),
+        TPT_TEST(test_default_concurrent_create),
+        TPT_TEST(test_default_create_does_not_overwrite_swap),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

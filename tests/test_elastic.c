@@ -28,7 +28,7 @@ static int fail_once(tp_ctx *c, void *arg) {
 }
 
 static void test_retry_spawns_one_worker(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     atomic_store(&starts, 0);
     atomic_store(&slow_starts, 3);
     tp_config cfg = {0};
@@ -39,33 +39,30 @@ static void test_retry_spawns_one_worker(void **state) {
     cfg.idle_timeout_ns = TP_FOREVER;
     cfg.on_worker_start = counting_start;
     cfg.log = tpt_quiet_log;
-    tp_pool *p = NULL;
-    p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_pool_new(&cfg);
     TPT_EVENTUALLY(tpt_stats(p).idle == 3);
 
-    tpt_latch gate;
-    tpt_latch_init(&gate);
-    for (int i = 0; i < 2; i++) assert_int_equal(tp_submit(p, tpt_block_task, &gate, NULL, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&gate.waiting) == 2);
-    tpt_done d = {0};
+    tpt_latch *gate = tpt_fx_latch(f);
+    for (int i = 0; i < 2; i++) assert_int_equal(tp_submit(p, tpt_block_task, gate, NULL, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&gate->waiting) == 2);
+    tpt_done *d = tpt_fx_new(f, tpt_done);
     tp_task_opts o = {.on_done = tpt_done_fn};
-    assert_int_equal(tp_submit(p, fail_once, &d, &o, NULL), TP_OK);
+    assert_int_equal(tp_submit(p, fail_once, d, &o, NULL), TP_OK);
     /* Wait for the third worker to be idle again, not only for the retry to
      * be scheduled: a submit that finds it still finishing the failed attempt
      * sees a backlog and no idle worker, and rightly adds a worker itself. */
     TPT_EVENTUALLY(tpt_stats(p).delayed == 1 && tpt_stats(p).idle == 1);
     /* the third worker is busy too when the retry comes back */
-    assert_int_equal(tp_submit(p, tpt_block_task, &gate, NULL, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&gate.waiting) == 3);
-    TPT_EVENTUALLY(atomic_load(&d.calls) == 1);
-    assert_int_equal(atomic_load(&d.status), 0);
+    assert_int_equal(tp_submit(p, tpt_block_task, gate, NULL, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&gate->waiting) == 3);
+    TPT_EVENTUALLY(atomic_load(&d->calls) == 1);
+    assert_int_equal(atomic_load(&d->status), 0);
     assert_int_equal(atomic_load(&starts), 4); /* exactly one more worker */
     assert_true(tpt_stats(p).workers <= 4);
-    tpt_latch_open(&gate);
+    tpt_latch_open(gate);
     tp_stats s = tpt_pool_finish(p);
     assert_int_equal(s.retried, 1);
     assert_int_equal(atomic_load(&starts), 4);
-    tpt_latch_destroy(&gate);
 }
 
 typedef struct svc_probe {
@@ -86,36 +83,32 @@ static void probe_done(void *arg, int status) {
 }
 
 static void test_submit_wait_on_service_thread_does_not_wait(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_config cfg = {.workers = 1, .max_per_user = 1};
-    tp_pool *p = NULL;
-    p = tpt_pool_new(&cfg);
-    tpt_latch gate;
-    tpt_latch_init(&gate);
+    tp_pool *p = tpt_pool_new(&cfg);
+    tpt_latch *gate = tpt_fx_latch(f);
     tp_task_opts bo = {.user = "u"};
-    assert_int_equal(tp_submit(p, tpt_block_task, &gate, &bo, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&gate.waiting) == 1);
+    assert_int_equal(tp_submit(p, tpt_block_task, gate, &bo, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&gate->waiting) == 1);
 
-    svc_probe pr = {.pool = p};
-    atomic_init(&pr.rc, 1);
+    svc_probe *pr = tpt_fx_new(f, svc_probe);
+    pr->pool = p;
+    atomic_init(&pr->rc, 1);
     tp_task_opts xo = {.user = "v", .on_done = probe_done};
     uint64_t id = 0;
-    assert_int_equal(tp_submit(p, tpt_nop_task, &pr, &xo, &id), TP_OK);
+    assert_int_equal(tp_submit(p, tpt_nop_task, pr, &xo, &id), TP_OK);
     assert_int_equal(tp_cancel(p, id), TP_OK); /* its on_done runs on the service thread */
-    TPT_EVENTUALLY(atomic_load(&pr.returned) == 1);
-    assert_int_equal(atomic_load(&pr.rc), TP_ETIMEDOUT);
+    TPT_EVENTUALLY(atomic_load(&pr->returned) == 1);
+    assert_int_equal(atomic_load(&pr->rc), TP_ETIMEDOUT);
     assert_int_equal(tpt_stats(p).rejected_timeout, 1);
-    tpt_latch_open(&gate);
+    tpt_latch_open(gate);
     tpt_pool_finish(p);
-    tpt_latch_destroy(&gate);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_retry_spawns_one_worker, tpt_guard_setup,
-                                        tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_submit_wait_on_service_thread_does_not_wait,
-                                        tpt_guard_setup, tpt_guard_teardown),
+        TPT_TEST(test_retry_spawns_one_worker),
+        TPT_TEST(test_submit_wait_on_service_thread_does_not_wait),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -452,7 +452,7 @@ static int count_calls(int from, int to, int want_calls, int want_status) {
 }
 
 static void test_submit_record_growth_faults(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     memset(recs, 0, sizeof recs);
     atomic_store(&gate_done_calls, 0);
     snapshot before = snap();
@@ -462,10 +462,9 @@ static void test_submit_record_growth_faults(void **state) {
     cfg.workers = 1;
     cfg.queue_capacity = 4;
     tp_pool *p = tpt_pool_new(&cfg);
-    tpt_latch work_gate;
-    tpt_latch_init(&work_gate);
+    tpt_latch *work_gate = tpt_fx_latch(f);
     tpt_latch_init(&svc_gate);
-    tpt_fill_workers(p, &work_gate, 1, NULL);
+    tpt_fill_workers(p, work_gate, 1, NULL);
 
     /* Hold the service thread in the first ending's on_done. */
     tp_task_opts go = {0};
@@ -531,7 +530,7 @@ static void test_submit_record_growth_faults(void **state) {
 
     /* Release everything: every accepted task ends exactly once. */
     tpt_latch_open(&svc_gate);
-    tpt_latch_open(&work_gate);
+    tpt_latch_open(work_gate);
     tp_stats s = tpt_pool_finish(p);
     assert_int_equal(atomic_load(&gate_done_calls), 1);
     assert_int_equal(count_calls(0, queued_from, 1, TP_ECANCELED), 0);
@@ -542,8 +541,7 @@ static void test_submit_record_growth_faults(void **state) {
     assert_int_equal(s.rejected_full, 3); /* two ENOMEM, one EFULL */
     assert_int_equal(s.succeeded, 3);     /* the blocker and two queued */
     assert_int_equal(s.cancelled, (uint64_t)queued_from + 1 + 2);
-    assert_int_equal(atomic_load(&work_gate.timeouts) + atomic_load(&svc_gate.timeouts), 0);
-    tpt_latch_destroy(&work_gate);
+    assert_int_equal(atomic_load(&work_gate->timeouts) + atomic_load(&svc_gate.timeouts), 0);
     tpt_latch_destroy(&svc_gate);
     assert_back_to(&before, "record growth");
     atomic_store(&tracking, 0);
@@ -558,7 +556,7 @@ static int user_task(tp_ctx *c, void *arg) {
 }
 
 static void test_submit_user_growth_faults(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     memset(recs, 0, sizeof recs);
     snapshot before = snap();
     inj_reset();
@@ -567,9 +565,8 @@ static void test_submit_user_growth_faults(void **state) {
     cfg.workers = 1;
     cfg.queue_capacity = 64;
     tp_pool *p = tpt_pool_new(&cfg);
-    tpt_latch gate;
-    tpt_latch_init(&gate);
-    tpt_fill_workers(p, &gate, 1, NULL);
+    tpt_latch *gate = tpt_fx_latch(f);
+    tpt_fill_workers(p, gate, 1, NULL);
 
     /* 32 user entries are preallocated; hold them all with queued tasks. */
     char names[40][16];
@@ -633,7 +630,7 @@ static void test_submit_user_growth_faults(void **state) {
     o.user = names[0];
     assert_int_equal(tp_submit(p, user_task, NULL, &o, NULL), TP_EUSERLIMIT);
 
-    tpt_latch_open(&gate);
+    tpt_latch_open(gate);
     tp_stats s = tpt_pool_finish(p);
     assert_int_equal(count_calls(0, 32, 1, 0), 0);
     assert_int_equal(atomic_load(&recs[32].calls), 0); /* the refused one */
@@ -641,7 +638,6 @@ static void test_submit_user_growth_faults(void **state) {
     assert_int_equal(s.succeeded, 1 + 32 + 1 + 1 + 7);
     assert_int_equal(s.rejected_full, 1);
     assert_int_equal(s.rejected_user, 1);
-    tpt_latch_destroy(&gate);
     assert_back_to(&before, "user growth");
     atomic_store(&tracking, 0);
 }
@@ -682,7 +678,7 @@ static int elastic_task(tp_ctx *c, void *arg) {
 }
 
 static void test_elastic_spawn_faults(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     memset(erecs, 0, sizeof erecs);
     snapshot before = snap();
     inj_reset();
@@ -743,17 +739,15 @@ static void test_elastic_spawn_faults(void **state) {
     }
 
     /* Threads can be made again: the pool grows to its maximum. */
-    tpt_latch gate;
-    tpt_latch_init(&gate);
-    tpt_fill_workers(p, &gate, 4, NULL);
+    tpt_latch *gate = tpt_fx_latch(f);
+    tpt_fill_workers(p, gate, 4, NULL);
     assert_int_equal(tpt_stats(p).workers, 4);
-    tpt_latch_open(&gate);
+    tpt_latch_open(gate);
     s = tpt_pool_finish(p);
     assert_int_equal(s.completed, (uint64_t)n + 4);
     assert_int_equal(s.failed, 0);
     assert_int_equal(atomic_load(&hook_starts), 4);
     assert_int_equal(atomic_load(&hook_stops), 4);
-    tpt_latch_destroy(&gate);
     tpt_latch_destroy(&egate);
     assert_back_to(&before, "elastic spawn faults");
     atomic_store(&tracking, 0);
@@ -765,7 +759,9 @@ static void test_elastic_spawn_faults(void **state) {
  * new thread then cannot be made the slot must become free, not joined again
  * later (a double join), and the next spawn reuses it. */
 static void test_elastic_respawn_fault(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
+    /* before tracking and arming: the test's own allocation is not the pool's */
+    tpt_done *d = tpt_fx_array(f, tpt_done, 2);
     snapshot before = snap();
     inj_reset();
     track_begin();
@@ -778,21 +774,18 @@ static void test_elastic_respawn_fault(void **state) {
     cfg.on_worker_start = on_start;
     cfg.on_worker_stop = on_stop;
     tp_pool *p = tpt_pool_new(&cfg);
-    tpt_latch g1, g2;
-    tpt_latch_init(&g1);
-    tpt_latch_init(&g2);
-    tpt_fill_workers(p, &g1, 2, NULL); /* grows to 2 */
-    tpt_latch_open(&g1);
+    tpt_latch *g1 = tpt_fx_latch(f);
+    tpt_latch *g2 = tpt_fx_latch(f);
+    tpt_fill_workers(p, g1, 2, NULL); /* grows to 2 */
+    tpt_latch_open(g1);
     TPT_EVENTUALLY(atomic_load(&hook_stops) == 1); /* the elastic one idled out */
     TPT_EVENTUALLY(tpt_stats(p).workers == 1 && tpt_stats(p).idle == 1);
 
-    tpt_fill_workers(p, &g2, 1, NULL);
+    tpt_fill_workers(p, g2, 1, NULL);
     inj_reset();
     atomic_store(&fail_at[F_THREAD], 1);
     atomic_store(&fail_after[F_THREAD], 1);
     atomic_store(&armed, 1);
-    tpt_done d[2];
-    memset(d, 0, sizeof d);
     tp_task_opts o = {0};
     o.on_done = tpt_done_fn;
     assert_int_equal(tp_submit(p, tpt_nop_task, &d[0], &o, NULL), TP_OK); /* join old, fail */
@@ -804,13 +797,11 @@ static void test_elastic_respawn_fault(void **state) {
     assert_int_equal(tp_submit(p, tpt_nop_task, &d[1], &o, NULL), TP_OK); /* reuses the slot */
     TPT_EVENTUALLY(atomic_load(&d[0].calls) == 1 && atomic_load(&d[1].calls) == 1);
     assert_int_equal(atomic_load(&hook_starts), 3);
-    tpt_latch_open(&g2);
+    tpt_latch_open(g2);
     s = tpt_pool_finish(p);
     assert_int_equal(s.succeeded, 5);
     assert_int_equal(atomic_load(&hook_starts), 3);
     assert_int_equal(atomic_load(&hook_stops), 3);
-    tpt_latch_destroy(&g1);
-    tpt_latch_destroy(&g2);
     assert_back_to(&before, "respawn fault");
     atomic_store(&tracking, 0);
 }
@@ -858,29 +849,29 @@ static void stalled_spawn(tp_pool *p, int fail) {
 }
 
 static void test_stats_workers_during_spawn(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_config cfg = {0};
     cfg.workers = 1;
     cfg.max_workers = 2;
     cfg.idle_timeout_ns = TP_FOREVER;
     tp_pool *p = tpt_pool_new(&cfg);
-    tpt_latch gate;
-    tpt_latch_init(&gate);
-    tpt_fill_workers(p, &gate, 1, NULL);
+    tpt_latch *gate = tpt_fx_latch(f);
+    tpt_fill_workers(p, gate, 1, NULL);
     stalled_spawn(p, 1); /* fails: never a second thread */
     assert_int_equal(tpt_stats(p).workers, 1);
     stalled_spawn(p, 0); /* succeeds: counted once it runs */
     TPT_EVENTUALLY(tpt_stats(p).workers == 2 && tpt_stats(p).completed == 2);
-    tpt_latch_open(&gate);
+    tpt_latch_open(gate);
     tp_stats s = tpt_pool_finish(p);
     assert_int_equal(s.succeeded, 3);
-    tpt_latch_destroy(&gate);
 }
 
 /* A failed spawn while the pool closes: the reservation is undone and the
  * shutdown does not wait for a thread that never existed. */
 static void test_elastic_spawn_fault_then_shutdown(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
+    /* before tracking and arming: the test's own allocation is not the pool's */
+    tpt_done *d = tpt_fx_array(f, tpt_done, 8);
     snapshot before = snap();
     inj_reset();
     track_begin();
@@ -888,15 +879,12 @@ static void test_elastic_spawn_fault_then_shutdown(void **state) {
     cfg.workers = 1;
     cfg.max_workers = 3;
     tp_pool *p = tpt_pool_new(&cfg);
-    tpt_latch gate;
-    tpt_latch_init(&gate);
-    tpt_fill_workers(p, &gate, 1, NULL);
+    tpt_latch *gate = tpt_fx_latch(f);
+    tpt_fill_workers(p, gate, 1, NULL);
     inj_reset();
     atomic_store(&fail_at[F_THREAD], 1);
     atomic_store(&fail_after[F_THREAD], 1);
     atomic_store(&armed, 1);
-    tpt_done d[8];
-    memset(d, 0, sizeof d);
     tp_task_opts o = {0};
     o.on_done = tpt_done_fn;
     for (int i = 0; i < 7; i++) {
@@ -908,14 +896,13 @@ static void test_elastic_spawn_fault_then_shutdown(void **state) {
     atomic_store(&armed, 0);
     assert_true(atomic_load(&hits[F_THREAD]) >= 2);
     assert_int_equal(tp_close(p), TP_OK);
-    tpt_latch_open(&gate);
+    tpt_latch_open(gate);
     assert_int_equal(tp_shutdown(p, TPT_WAIT_NS), TP_OK);
     tp_stats s = tpt_pool_finish(p);
     assert_int_equal(s.succeeded, 8);
     for (int i = 0; i < 7; i++)
         assert_int_equal(atomic_load(&d[i].calls), 1);
     assert_int_equal(atomic_load(&d[7].calls), 0);
-    tpt_latch_destroy(&gate);
     assert_back_to(&before, "spawn fault then shutdown");
     atomic_store(&tracking, 0);
 }
@@ -944,34 +931,32 @@ static int fd_task(tp_ctx *c, void *arg) {
 }
 
 static void test_ctx_fd_faults(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
+    fdrec *r = tpt_fx_new(f, fdrec); /* before tracking: not the pool's */
     snapshot before = snap();
     inj_reset();
     track_begin();
     tp_config cfg = {0};
     cfg.workers = 1;
     tp_pool *p = tpt_pool_new(&cfg);
-    fdrec r = {0};
-    tpt_latch gate;
-    tpt_latch_init(&gate);
-    r.gate = &gate;
+    tpt_latch *gate = tpt_fx_latch(f);
+    r->gate = gate;
     inj_reset();
     atomic_store(&fail_at[F_FD], 1);
     atomic_store(&armed, 1);
     uint64_t id = 0;
-    assert_int_equal(tp_submit(p, fd_task, &r, NULL, &id), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&gate.waiting) == 1);
+    assert_int_equal(tp_submit(p, fd_task, r, NULL, &id), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&gate->waiting) == 1);
     atomic_store(&armed, 0);
     assert_int_equal(atomic_load(&hits[F_FD]), 1);
-    assert_int_equal(atomic_load(&r.first), TP_ENOMEM);
-    assert_true(atomic_load(&r.second) >= 0);
-    assert_int_equal(atomic_load(&r.third), atomic_load(&r.second));
+    assert_int_equal(atomic_load(&r->first), TP_ENOMEM);
+    assert_true(atomic_load(&r->second) >= 0);
+    assert_int_equal(atomic_load(&r->third), atomic_load(&r->second));
     assert_int_equal(tp_cancel(p, id), TP_OK);
-    tpt_latch_open(&gate);
+    tpt_latch_open(gate);
     TPT_EVENTUALLY(tpt_stats(p).completed == 1);
-    assert_int_equal(atomic_load(&r.readable), 1);
+    assert_int_equal(atomic_load(&r->readable), 1);
     tpt_pool_finish(p);
-    tpt_latch_destroy(&gate);
     assert_back_to(&before, "tp_ctx_fd faults"); /* the pipe is closed with the pool */
     atomic_store(&tracking, 0);
 }
@@ -1008,18 +993,18 @@ static int warm_up(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_wrappers_active),
-        cmocka_unit_test_setup_teardown(test_create_faults_fixed, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_create_faults_elastic, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_create_faults_defaults, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_default_create_faults, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_submit_record_growth_faults, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_submit_user_growth_faults, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_elastic_spawn_faults, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_elastic_respawn_fault, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_elastic_spawn_fault_then_shutdown, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_stats_workers_during_spawn, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_ctx_fd_faults, tpt_guard_setup, tpt_guard_teardown),
+        TPT_TEST(test_wrappers_active),
+        TPT_TEST(test_create_faults_fixed),
+        TPT_TEST(test_create_faults_elastic),
+        TPT_TEST(test_create_faults_defaults),
+        TPT_TEST(test_default_create_faults),
+        TPT_TEST(test_submit_record_growth_faults),
+        TPT_TEST(test_submit_user_growth_faults),
+        TPT_TEST(test_elastic_spawn_faults),
+        TPT_TEST(test_elastic_respawn_fault),
+        TPT_TEST(test_elastic_spawn_fault_then_shutdown),
+        TPT_TEST(test_stats_workers_during_spawn),
+        TPT_TEST(test_ctx_fd_faults),
     };
     return cmocka_run_group_tests(tests, warm_up, NULL);
 }

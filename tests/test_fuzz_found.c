@@ -33,7 +33,7 @@ static void holding_stop(void *arg) {
  * workers 1 idle 0".
  */
 static void test_elastic_spawn_skipped_while_a_worker_exits(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tpt_latch_init(&stop_gate);
     atomic_store(&hold_stop, 0);
     atomic_store(&in_stop, 0);
@@ -45,39 +45,36 @@ static void test_elastic_spawn_skipped_while_a_worker_exits(void **state) {
     cfg.log = tpt_quiet_log;
     tp_pool *p = tpt_pool_new(&cfg);
 
-    tpt_latch gate;
-    tpt_latch_init(&gate);
-    tpt_fill_workers(p, &gate, 1, NULL); /* the minimum worker is busy */
+    tpt_latch *gate = tpt_fx_latch(f);
+    tpt_fill_workers(p, gate, 1, NULL); /* the minimum worker is busy */
 
     /* A second worker starts for this task, runs it, idles out and stops in
      * its stop hook. */
     atomic_store(&hold_stop, 1);
-    tpt_done first = {0};
+    tpt_done *first = tpt_fx_new(f, tpt_done);
     tp_task_opts o = {.on_done = tpt_done_fn};
-    assert_int_equal(tp_submit(p, tpt_nop_task, &first, &o, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&first.calls) == 1);
+    assert_int_equal(tp_submit(p, tpt_nop_task, first, &o, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&first->calls) == 1);
     TPT_EVENTUALLY(atomic_load(&in_stop) == 1 && tpt_stats(p).workers == 1);
 
     /* Below max_workers, no idle worker: this task needs a new one. */
     atomic_store(&hold_stop, 0);
-    tpt_done second = {0};
-    assert_int_equal(tp_submit(p, tpt_nop_task, &second, &o, NULL), TP_OK);
+    tpt_done *second = tpt_fx_new(f, tpt_done);
+    assert_int_equal(tp_submit(p, tpt_nop_task, second, &o, NULL), TP_OK);
     tpt_latch_open(&stop_gate); /* the exiting worker frees its slot */
 
-    TPT_EVENTUALLY(atomic_load(&second.calls) == 1);
-    assert_int_equal(atomic_load(&second.status), 0);
-    assert_int_equal(atomic_load(&gate.waiting), 1); /* the busy worker did not run it */
+    TPT_EVENTUALLY(atomic_load(&second->calls) == 1);
+    assert_int_equal(atomic_load(&second->status), 0);
+    assert_int_equal(atomic_load(&gate->waiting), 1); /* the busy worker did not run it */
 
-    tpt_latch_open(&gate);
+    tpt_latch_open(gate);
     tpt_pool_finish(p);
-    tpt_latch_destroy(&gate);
     tpt_latch_destroy(&stop_gate);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_elastic_spawn_skipped_while_a_worker_exits, tpt_guard_setup,
-                                        tpt_guard_teardown),
+        TPT_TEST(test_elastic_spawn_skipped_while_a_worker_exits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -103,13 +103,12 @@ static void *opener_main(void *a) {
 /* ------------------------------------------------------------ close */
 
 static void test_close_stops_admission_and_drains(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     enum { W = 2, Q = 10 };
-    tpt_latch l;
-    tpt_latch_init(&l);
+    tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = mkpool(W, 20);
-    tpt_fill_workers(p, &l, W, NULL);
-    rec r[Q];
+    tpt_fill_workers(p, l, W, NULL);
+    rec *r = tpt_fx_array(f, rec, Q);
     for (int i = 0; i < Q; i++) {
         rec_init(&r[i], M_NOP, NULL);
         submit_rec(p, &r[i]);
@@ -123,7 +122,7 @@ static void test_close_stops_admission_and_drains(void **state) {
     assert_int_equal(s.queued, Q); /* nothing accepted is dropped */
     assert_int_equal(s.workers, W); /* workers stay to drain */
 
-    tpt_latch_open(&l);
+    tpt_latch_open(l);
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK);
     s = tpt_stats(p);
     assert_int_equal(s.workers, 0);
@@ -139,7 +138,6 @@ static void test_close_stops_admission_and_drains(void **state) {
     assert_int_equal(tp_wait(p, 0), TP_OK);           /* 0: no limit, already done */
     s = tpt_pool_finish(p);
     assert_int_equal(s.workers, 0);
-    tpt_latch_destroy(&l);
 }
 
 /* A pool closed with nothing in it: workers exit, wait gives TP_OK. */
@@ -156,28 +154,27 @@ static void test_close_idle_pool(void **state) {
 /* ------------------------------------------------------------ shutdown in time */
 
 static void test_shutdown_drains_in_time(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     enum { W = 2, N = 8 };
-    tpt_latch l;
-    tpt_latch_init(&l);
+    tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = mkpool(W, 16);
     atomic_int done = 0;
-    rec r[N];
+    rec *r = tpt_fx_array(f, rec, N);
     for (int i = 0; i < N; i++) {
-        rec_init(&r[i], i < W ? M_BLOCK : M_WORK, &l);
+        rec_init(&r[i], i < W ? M_BLOCK : M_WORK, l);
         atomic_store(&r[i].slow_done, 1);
         r[i].done_counter = &done;
         submit_rec(p, &r[i]);
     }
-    TPT_EVENTUALLY(atomic_load(&l.waiting) == W);
-    opener op = {&l, TPT_MS(50)};
-    pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, opener_main, &op), 0);
+    TPT_EVENTUALLY(atomic_load(&l->waiting) == W);
+    opener *op = tpt_fx_new(f, opener);
+    *op = (opener){l, TPT_MS(50)};
+    tpt_fx_thr *th = tpt_fx_thread(f, opener_main, op);
     uint64_t t0 = tp_now_ns();
     int rc = tp_shutdown(p, TPT_WAIT_NS);
     int done_at_return = atomic_load(&done);
     uint64_t el = tp_now_ns() - t0;
-    pthread_join(th, NULL);
+    tpt_fx_join(th);
     assert_int_equal(rc, TP_OK);
     assert_int_equal(done_at_return, N); /* every on_done had returned */
     assert_true(el < TPT_WAIT_NS);
@@ -191,25 +188,25 @@ static void test_shutdown_drains_in_time(void **state) {
     tp_stats s = tpt_pool_finish(p);
     assert_int_equal(s.succeeded, N);
     assert_int_equal(s.cancelled, 0);
-    tpt_latch_destroy(&l);
 }
 
 /* ------------------------------------------------------------ forced shutdown */
 
 static void test_forced_shutdown(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     enum { Q = 5 };
     const uint64_t budget = TPT_MS(200);
-    tpt_latch l;
-    tpt_latch_init(&l);
+    tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = mkpool(2, 10);
-    rec blk, slp, q[Q];
-    rec_init(&blk, M_BLOCK, &l); /* ignores cancellation until the latch opens */
-    rec_init(&slp, M_SLEEP, NULL);
-    submit_rec(p, &blk);
-    submit_rec(p, &slp);
-    TPT_EVENTUALLY(tpt_stats(p).active == 2 && atomic_load(&blk.ran) == 1 &&
-                   atomic_load(&slp.ran) == 1);
+    rec *blk = tpt_fx_new(f, rec);
+    rec *slp = tpt_fx_new(f, rec);
+    rec *q = tpt_fx_array(f, rec, Q);
+    rec_init(blk, M_BLOCK, l); /* ignores cancellation until the latch opens */
+    rec_init(slp, M_SLEEP, NULL);
+    submit_rec(p, blk);
+    submit_rec(p, slp);
+    TPT_EVENTUALLY(tpt_stats(p).active == 2 && atomic_load(&blk->ran) == 1 &&
+                   atomic_load(&slp->ran) == 1);
     for (int i = 0; i < Q; i++) {
         rec_init(&q[i], M_NOP, NULL);
         submit_rec(p, &q[i]);
@@ -221,12 +218,12 @@ static void test_forced_shutdown(void **state) {
     assert_int_equal(rc, TP_ETIMEDOUT);
     assert_true(el >= budget - TPT_MS(1));   /* not before its deadline */
     assert_true(el < budget + TPT_WAIT_NS / 4); /* and not waiting for the blocked task */
-    assert_int_equal(atomic_load(&blk.calls), 0); /* still running */
+    assert_int_equal(atomic_load(&blk->calls), 0); /* still running */
 
     /* The sleeping task sees the cancellation and ends with it. */
-    TPT_EVENTUALLY(atomic_load(&slp.calls) == 1);
-    assert_int_equal(atomic_load(&slp.status), TP_ECANCELED);
-    assert_int_equal(atomic_load(&slp.err_after), TP_ECANCELED);
+    TPT_EVENTUALLY(atomic_load(&slp->calls) == 1);
+    assert_int_equal(atomic_load(&slp->status), TP_ECANCELED);
+    assert_int_equal(atomic_load(&slp->err_after), TP_ECANCELED);
     /* Queued tasks end without running, once, with TP_ECANCELED, even though
      * one worker is still blocked. */
     for (int i = 0; i < Q; i++) {
@@ -234,14 +231,14 @@ static void test_forced_shutdown(void **state) {
         assert_int_equal(atomic_load(&q[i].status), TP_ECANCELED);
         assert_int_equal(atomic_load(&q[i].ran), 0);
     }
-    assert_int_equal(atomic_load(&l.waiting), 1);
+    assert_int_equal(atomic_load(&l->waiting), 1);
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_ECLOSED);
 
-    tpt_latch_open(&l);
+    tpt_latch_open(l);
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_ETIMEDOUT); /* the shutdown's result */
-    assert_int_equal(atomic_load(&blk.calls), 1);
-    assert_int_equal(atomic_load(&blk.status), 0);               /* 0 is success */
-    assert_int_equal(atomic_load(&blk.err_after), TP_ECANCELED); /* it was told */
+    assert_int_equal(atomic_load(&blk->calls), 1);
+    assert_int_equal(atomic_load(&blk->status), 0);               /* 0 is success */
+    assert_int_equal(atomic_load(&blk->err_after), TP_ECANCELED); /* it was told */
     tp_stats s = tpt_stats(p);
     tpt_assert_at_rest(&s);
     assert_int_equal(s.workers, 0);
@@ -253,10 +250,9 @@ static void test_forced_shutdown(void **state) {
         assert_int_equal(atomic_load(&q[i].calls), 1);
         assert_int_equal(atomic_load(&q[i].ran), 0);
     }
-    assert_int_equal(atomic_load(&slp.calls), 1);
+    assert_int_equal(atomic_load(&slp->calls), 1);
     tpt_pool_destroy(p);
-    assert_int_equal(atomic_load(&l.timeouts), 0);
-    tpt_latch_destroy(&l);
+    assert_int_equal(atomic_load(&l->timeouts), 0);
 }
 
 /* A task waiting for its retry is dropped by a forced shutdown, no retry runs. */
@@ -270,7 +266,7 @@ static int fail_once_task(tp_ctx *c, void *arg) {
 }
 
 static void test_forced_shutdown_drops_retry(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     atomic_store(&retry_attempts, 0);
     tp_config c = {0};
     c.workers = 1;
@@ -279,18 +275,18 @@ static void test_forced_shutdown_drops_retry(void **state) {
     c.retry_delay_ns = TPT_S(60); /* never within the test */
     c.log = tpt_quiet_log;
     tp_pool *p = tpt_pool_new(&c);
-    tpt_done d = {0};
+    tpt_done *d = tpt_fx_new(f, tpt_done);
     tp_task_opts o = {0};
     o.on_done = tpt_done_fn;
-    assert_int_equal(tp_submit(p, fail_once_task, &d, &o, NULL), TP_OK);
+    assert_int_equal(tp_submit(p, fail_once_task, d, &o, NULL), TP_OK);
     TPT_EVENTUALLY(tpt_stats(p).delayed == 1 && tpt_stats(p).active == 0);
-    assert_int_equal(atomic_load(&d.calls), 0);
+    assert_int_equal(atomic_load(&d->calls), 0);
 
     uint64_t t0 = tp_now_ns();
     assert_int_equal(tp_shutdown(p, TPT_MS(100)), TP_ETIMEDOUT);
     assert_true(tp_now_ns() - t0 < TPT_WAIT_NS / 4);
-    TPT_EVENTUALLY(atomic_load(&d.calls) == 1);
-    assert_int_equal(atomic_load(&d.status), TP_ECANCELED);
+    TPT_EVENTUALLY(atomic_load(&d->calls) == 1);
+    assert_int_equal(atomic_load(&d->status), TP_ECANCELED);
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_ETIMEDOUT);
     assert_int_equal(atomic_load(&retry_attempts), 1);
     tp_stats s = tpt_stats(p);
@@ -299,7 +295,7 @@ static void test_forced_shutdown_drops_retry(void **state) {
     assert_int_equal(s.cancelled, 1);
     assert_int_equal(s.workers, 0);
     tpt_pool_destroy(p);
-    assert_int_equal(atomic_load(&d.calls), 1);
+    assert_int_equal(atomic_load(&d->calls), 1);
 }
 
 /* ------------------------------------------------------------ one countdown */
@@ -336,31 +332,29 @@ static void *shut_main(void *a) {
 /* A second call with a huge budget started later still returns TP_ETIMEDOUT
  * at the first call's deadline. */
 static void test_shutdown_countdown_not_reset(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     const uint64_t budget = TPT_MS(300);
-    tpt_latch l;
-    tpt_latch_init(&l);
+    tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = mkpool(1, 4);
-    tpt_fill_workers(p, &l, 1, NULL);
+    tpt_fill_workers(p, l, 1, NULL);
 
-    shut_call first = {0};
-    first.p = p;
-    first.budget = budget;
-    pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, shut_main, &first), 0);
+    shut_call *first = tpt_fx_new(f, shut_call);
+    first->p = p;
+    first->budget = budget;
+    tpt_fx_thr *th = tpt_fx_thread(f, shut_main, first);
     TPT_EVENTUALLY(pool_closed(p)); /* the first call has begun */
     uint64_t t1 = tp_now_ns();
     int rc2 = tp_shutdown(p, TPT_S(60));
     uint64_t t2 = tp_now_ns();
-    pthread_join(th, NULL);
+    tpt_fx_join(th);
 
-    assert_int_equal(first.rc, TP_ETIMEDOUT);
+    assert_int_equal(first->rc, TP_ETIMEDOUT);
     assert_int_equal(rc2, TP_ETIMEDOUT);
     /* The second returned at the first deadline: not before it, and far
      * earlier than its own 60 s (the blocked task holds on for up to 20 s). */
-    assert_true(t2 >= first.called_at + budget - TPT_MS(1));
+    assert_true(t2 >= first->called_at + budget - TPT_MS(1));
     assert_true(t2 - t1 < TPT_WAIT_NS / 4);
-    assert_true(first.returned_at - first.called_at >= budget - TPT_MS(1));
+    assert_true(first->returned_at - first->called_at >= budget - TPT_MS(1));
 
     /* A later call returns the same outcome at once. */
     uint64_t t3 = tp_now_ns();
@@ -368,75 +362,68 @@ static void test_shutdown_countdown_not_reset(void **state) {
     assert_true(tp_now_ns() - t3 < TPT_WAIT_NS / 4);
     assert_int_equal(tp_shutdown(p, 0), TP_ETIMEDOUT);
 
-    tpt_latch_open(&l);
+    tpt_latch_open(l);
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_ETIMEDOUT);
     tp_stats s = tpt_stats(p);
     tpt_assert_at_rest(&s);
     tpt_pool_destroy(p);
-    tpt_latch_destroy(&l);
 }
 
 /* A shorter budget in a later call does not shorten the countdown either. */
 static void test_shutdown_countdown_not_shortened(void **state) {
-    (void)state;
-    tpt_latch l;
-    tpt_latch_init(&l);
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = mkpool(1, 4);
-    tpt_fill_workers(p, &l, 1, NULL);
+    tpt_fill_workers(p, l, 1, NULL);
     atomic_int done = 0;
-    rec r;
-    rec_init(&r, M_NOP, NULL);
-    r.done_counter = &done;
-    submit_rec(p, &r);
+    rec *r = tpt_fx_new(f, rec);
+    rec_init(r, M_NOP, NULL);
+    r->done_counter = &done;
+    submit_rec(p, r);
 
-    shut_call first = {0};
-    first.p = p;
-    first.budget = TPT_WAIT_NS;
-    pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, shut_main, &first), 0);
+    shut_call *first = tpt_fx_new(f, shut_call);
+    first->p = p;
+    first->budget = TPT_WAIT_NS;
+    tpt_fx_thr *th = tpt_fx_thread(f, shut_main, first);
     TPT_EVENTUALLY(pool_closed(p));
     /* The first call's budget is 20 s: a 1 ms call must wait for the same
      * outcome, which comes when the test opens the latch. */
-    shut_call second = {0};
-    second.p = p;
-    second.budget = TPT_MS(1);
-    second.done_counter = &done;
-    pthread_t th2;
-    assert_int_equal(pthread_create(&th2, NULL, shut_main, &second), 0);
+    shut_call *second = tpt_fx_new(f, shut_call);
+    second->p = p;
+    second->budget = TPT_MS(1);
+    second->done_counter = &done;
+    tpt_fx_thr *th2 = tpt_fx_thread(f, shut_main, second);
     tpt_sleep_ns(TPT_MS(30)); /* let the second call start; not needed for correctness */
-    tpt_latch_open(&l);
-    pthread_join(th, NULL);
-    pthread_join(th2, NULL);
-    assert_int_equal(first.rc, TP_OK);
-    assert_int_equal(second.rc, TP_OK);
-    assert_int_equal(second.done_at_return, 1);
+    tpt_latch_open(l);
+    tpt_fx_join(th);
+    tpt_fx_join(th2);
+    assert_int_equal(first->rc, TP_OK);
+    assert_int_equal(second->rc, TP_OK);
+    assert_int_equal(second->done_at_return, 1);
     tp_stats s = tpt_pool_finish(p);
     assert_int_equal(s.cancelled, 0);
-    tpt_latch_destroy(&l);
 }
 
 /* ------------------------------------------------------------ concurrent callers */
 
 static void test_concurrent_shutdown_drained(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     enum { W = 2, N = 6, T = 6 };
-    tpt_latch l;
-    tpt_latch_init(&l);
+    tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = mkpool(W, 16);
     atomic_int done = 0;
-    rec r[N];
+    rec *r = tpt_fx_array(f, rec, N);
     for (int i = 0; i < N; i++) {
-        rec_init(&r[i], M_BLOCK, &l);
+        rec_init(&r[i], M_BLOCK, l);
         atomic_store(&r[i].slow_done, 1);
         r[i].done_counter = &done;
         submit_rec(p, &r[i]);
     }
-    TPT_EVENTUALLY(atomic_load(&l.waiting) == W && tpt_stats(p).active == W);
+    TPT_EVENTUALLY(atomic_load(&l->waiting) == W && tpt_stats(p).active == W);
 
     atomic_int start = 0, ready = 0;
-    shut_call c[T];
-    pthread_t th[T];
-    memset(c, 0, sizeof c);
+    shut_call *c = tpt_fx_array(f, shut_call, T);
+    tpt_fx_thr *th[T];
     for (int i = 0; i < T; i++) {
         c[i].p = p;
         c[i].budget = TPT_WAIT_NS;
@@ -444,15 +431,15 @@ static void test_concurrent_shutdown_drained(void **state) {
         c[i].ready = &ready;
         c[i].is_wait = (i % 3 == 2); /* some plain waiters among them */
         c[i].done_counter = &done;
-        assert_int_equal(pthread_create(&th[i], NULL, shut_main, &c[i]), 0);
+        th[i] = tpt_fx_thread(f, shut_main, &c[i]);
     }
     TPT_EVENTUALLY(atomic_load(&ready) == T);
     atomic_store(&start, 1);
     TPT_EVENTUALLY(pool_closed(p));
     tpt_sleep_ns(TPT_MS(20)); /* likely all inside their call */
-    tpt_latch_open(&l);
+    tpt_latch_open(l);
     for (int i = 0; i < T; i++)
-        pthread_join(th[i], NULL);
+        tpt_fx_join(th[i]);
     for (int i = 0; i < T; i++) {
         assert_int_equal(c[i].rc, TP_OK);
         assert_int_equal(c[i].done_at_return, N); /* on_done all returned */
@@ -460,80 +447,74 @@ static void test_concurrent_shutdown_drained(void **state) {
     for (int i = 0; i < N; i++)
         assert_int_equal(atomic_load(&r[i].calls), 1);
     tpt_pool_finish(p);
-    tpt_latch_destroy(&l);
 }
 
 static void test_concurrent_shutdown_forced(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     enum { T = 6 };
     const uint64_t budget = TPT_MS(150);
-    tpt_latch l;
-    tpt_latch_init(&l);
+    tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = mkpool(1, 4);
-    tpt_fill_workers(p, &l, 1, NULL);
-    rec q;
-    rec_init(&q, M_NOP, NULL);
-    submit_rec(p, &q);
+    tpt_fill_workers(p, l, 1, NULL);
+    rec *q = tpt_fx_new(f, rec);
+    rec_init(q, M_NOP, NULL);
+    submit_rec(p, q);
 
     atomic_int start = 0, ready = 0;
-    shut_call c[T];
-    pthread_t th[T];
-    memset(c, 0, sizeof c);
+    shut_call *c = tpt_fx_array(f, shut_call, T);
+    tpt_fx_thr *th[T];
     for (int i = 0; i < T; i++) {
         c[i].p = p;
         c[i].budget = budget;
         c[i].start = &start;
         c[i].ready = &ready;
-        assert_int_equal(pthread_create(&th[i], NULL, shut_main, &c[i]), 0);
+        th[i] = tpt_fx_thread(f, shut_main, &c[i]);
     }
     TPT_EVENTUALLY(atomic_load(&ready) == T);
     uint64_t t0 = tp_now_ns();
     atomic_store(&start, 1);
     for (int i = 0; i < T; i++)
-        pthread_join(th[i], NULL);
+        tpt_fx_join(th[i]);
     for (int i = 0; i < T; i++) {
         assert_int_equal(c[i].rc, TP_ETIMEDOUT);
         assert_true(c[i].returned_at - t0 >= budget - TPT_MS(1));
         assert_true(c[i].returned_at - t0 < TPT_WAIT_NS / 4);
     }
-    TPT_EVENTUALLY(atomic_load(&q.calls) == 1);
-    assert_int_equal(atomic_load(&q.status), TP_ECANCELED);
-    assert_int_equal(atomic_load(&q.ran), 0);
+    TPT_EVENTUALLY(atomic_load(&q->calls) == 1);
+    assert_int_equal(atomic_load(&q->status), TP_ECANCELED);
+    assert_int_equal(atomic_load(&q->ran), 0);
 
     /* concurrent tp_wait callers while the blocked task still runs, then
      * after it returned: all get the shutdown's result */
-    shut_call w[3];
-    pthread_t wt[3];
-    memset(w, 0, sizeof w);
+    shut_call *w = tpt_fx_array(f, shut_call, 3);
+    tpt_fx_thr *wt[3];
     for (int i = 0; i < 3; i++) {
         w[i].p = p;
         w[i].budget = TPT_WAIT_NS;
         w[i].is_wait = 1;
-        assert_int_equal(pthread_create(&wt[i], NULL, shut_main, &w[i]), 0);
+        wt[i] = tpt_fx_thread(f, shut_main, &w[i]);
     }
-    tpt_latch_open(&l);
+    tpt_latch_open(l);
     for (int i = 0; i < 3; i++) {
-        pthread_join(wt[i], NULL);
+        tpt_fx_join(wt[i]);
         assert_int_equal(w[i].rc, TP_ETIMEDOUT);
     }
     tp_stats s = tpt_stats(p);
     tpt_assert_at_rest(&s);
     assert_int_equal(s.workers, 0);
     tpt_pool_destroy(p);
-    tpt_latch_destroy(&l);
 }
 
 /* ------------------------------------------------------------ ignoring task */
 
 static void test_task_ignoring_cancellation(void **state) {
-    (void)state;
-    tpt_latch l;
-    tpt_latch_init(&l);
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = mkpool(1, 4);
-    rec blk;
-    rec_init(&blk, M_BLOCK, &l);
-    submit_rec(p, &blk);
-    TPT_EVENTUALLY(atomic_load(&l.waiting) == 1 && tpt_stats(p).active == 1);
+    rec *blk = tpt_fx_new(f, rec);
+    rec_init(blk, M_BLOCK, l);
+    submit_rec(p, blk);
+    TPT_EVENTUALLY(atomic_load(&l->waiting) == 1 && tpt_stats(p).active == 1);
 
     uint64_t t0 = tp_now_ns();
     assert_int_equal(tp_shutdown(p, TPT_MS(100)), TP_ETIMEDOUT);
@@ -548,18 +529,17 @@ static void test_task_ignoring_cancellation(void **state) {
     assert_true(el < TPT_WAIT_NS / 4);
     assert_int_equal(tpt_stats(p).active, 1);
     assert_int_equal(tpt_stats(p).workers, 1);
-    assert_int_equal(atomic_load(&blk.calls), 0);
+    assert_int_equal(atomic_load(&blk->calls), 0);
 
-    tpt_latch_open(&l);
+    tpt_latch_open(l);
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_ETIMEDOUT); /* the shutdown's result */
-    assert_int_equal(atomic_load(&blk.calls), 1);
-    assert_int_equal(atomic_load(&blk.status), 0);
+    assert_int_equal(atomic_load(&blk->calls), 1);
+    assert_int_equal(atomic_load(&blk->status), 0);
     tp_stats s = tpt_stats(p);
     tpt_assert_at_rest(&s);
     assert_int_equal(s.workers, 0);
     tpt_pool_destroy(p);
-    assert_int_equal(atomic_load(&l.timeouts), 0);
-    tpt_latch_destroy(&l);
+    assert_int_equal(atomic_load(&l->timeouts), 0);
 }
 
 /* ------------------------------------------------------------ tp_wait */
@@ -579,45 +559,42 @@ static void *wait_main(void *a) {
 
 /* tp_wait does not start a shutdown: it waits for someone else's close. */
 static void test_wait_alone_waits_for_close(void **state) {
-    (void)state;
-    tpt_latch l;
-    tpt_latch_init(&l);
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = mkpool(2, 8);
-    tpt_fill_workers(p, &l, 1, NULL);
+    tpt_fill_workers(p, l, 1, NULL);
 
     /* On its own it times out and leaves the pool open and working. */
     uint64_t t0 = tp_now_ns();
     assert_int_equal(tp_wait(p, TPT_MS(50)), TP_ETIMEDOUT);
     assert_true(tp_now_ns() - t0 >= TPT_MS(49));
-    tpt_done d = {0};
+    tpt_done *d = tpt_fx_new(f, tpt_done);
     tp_task_opts o = {0};
     o.on_done = tpt_done_fn;
-    assert_int_equal(tp_submit(p, tpt_nop_task, &d, &o, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&d.calls) == 1);
+    assert_int_equal(tp_submit(p, tpt_nop_task, d, &o, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&d->calls) == 1);
     assert_int_equal(tpt_stats(p).workers, 2);
 
-    wait_call w = {0};
-    w.p = p;
-    pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, wait_main, &w), 0);
+    wait_call *w = tpt_fx_new(f, wait_call);
+    w->p = p;
+    tpt_fx_thr *th = tpt_fx_thread(f, wait_main, w);
     /* Idle workers and an open pool: the waiter must not return by itself. */
-    assert_false(TPT_POLL(atomic_load(&w.returned), TPT_MS(100)));
+    assert_false(TPT_POLL(atomic_load(&w->returned), TPT_MS(100)));
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_OK);
 
     assert_int_equal(tp_close(p), TP_OK);
-    assert_false(TPT_POLL(atomic_load(&w.returned), TPT_MS(20))); /* a task still runs */
-    tpt_latch_open(&l);
-    pthread_join(th, NULL);
-    assert_int_equal(w.rc, TP_OK);
+    assert_false(TPT_POLL(atomic_load(&w->returned), TPT_MS(20))); /* a task still runs */
+    tpt_latch_open(l);
+    tpt_fx_join(th);
+    assert_int_equal(w->rc, TP_OK);
     tp_stats s = tpt_stats(p);
     assert_int_equal(s.workers, 0);
     tpt_assert_at_rest(&s);
     tpt_pool_finish(p);
-    tpt_latch_destroy(&l);
 }
 
 static void test_wait_returns_shutdown_result(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     /* drained */
     tp_pool *p = mkpool(2, 8);
     for (int i = 0; i < 4; i++)
@@ -629,15 +606,15 @@ static void test_wait_returns_shutdown_result(void **state) {
 
     /* forced, the running task cooperates */
     p = mkpool(1, 8);
-    rec r;
-    rec_init(&r, M_SLEEP, NULL);
-    submit_rec(p, &r);
-    TPT_EVENTUALLY(atomic_load(&r.ran) == 1 && tpt_stats(p).active == 1);
+    rec *r = tpt_fx_new(f, rec);
+    rec_init(r, M_SLEEP, NULL);
+    submit_rec(p, r);
+    TPT_EVENTUALLY(atomic_load(&r->ran) == 1 && tpt_stats(p).active == 1);
     assert_int_equal(tp_shutdown(p, TPT_MS(20)), TP_ETIMEDOUT);
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_ETIMEDOUT);
     assert_int_equal(tp_wait(p, 0), TP_ETIMEDOUT); /* repeatable */
-    assert_int_equal(atomic_load(&r.calls), 1);     /* on_done returned */
-    assert_int_equal(atomic_load(&r.status), TP_ECANCELED);
+    assert_int_equal(atomic_load(&r->calls), 1);     /* on_done returned */
+    assert_int_equal(atomic_load(&r->status), TP_ECANCELED);
     tp_stats s = tpt_stats(p);
     tpt_assert_at_rest(&s);
     assert_int_equal(s.workers, 0);
@@ -704,53 +681,51 @@ static void assert_dl(dl_probe *d) {
 }
 
 static void test_edeadlk_from_task_and_on_done(void **state) {
-    (void)state;
-    tpt_latch l;
-    tpt_latch_init(&l);
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = mkpool(1, 8);
 
     /* inside a task */
-    dl_probe in_task;
-    dl_init(&in_task, p, 0);
-    assert_int_equal(tp_submit(p, dl_task, &in_task, NULL, NULL), TP_OK);
-    assert_dl(&in_task);
+    dl_probe *in_task = tpt_fx_new(f, dl_probe);
+    dl_init(in_task, p, 0);
+    assert_int_equal(tp_submit(p, dl_task, in_task, NULL, NULL), TP_OK);
+    assert_dl(in_task);
     /* nothing else was done: the pool still admits and runs work */
-    tpt_done d = {0};
+    tpt_done *d = tpt_fx_new(f, tpt_done);
     tp_task_opts o = {0};
     o.on_done = tpt_done_fn;
-    assert_int_equal(tp_submit(p, tpt_nop_task, &d, &o, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&d.calls) == 1);
+    assert_int_equal(tp_submit(p, tpt_nop_task, d, &o, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&d->calls) == 1);
 
     /* inside on_done on a worker (after the task ran) */
-    dl_probe in_done;
-    dl_init(&in_done, p, 0);
+    dl_probe *in_done = tpt_fx_new(f, dl_probe);
+    dl_init(in_done, p, 0);
     o.on_done = dl_done;
-    assert_int_equal(tp_submit(p, tpt_nop_task, &in_done, &o, NULL), TP_OK);
-    assert_dl(&in_done);
+    assert_int_equal(tp_submit(p, tpt_nop_task, in_done, &o, NULL), TP_OK);
+    assert_dl(in_done);
 
     /* inside on_done of a task cancelled while queued (service thread) */
-    tpt_fill_workers(p, &l, 1, NULL);
-    dl_probe in_svc;
-    dl_init(&in_svc, p, 0);
+    tpt_fill_workers(p, l, 1, NULL);
+    dl_probe *in_svc = tpt_fx_new(f, dl_probe);
+    dl_init(in_svc, p, 0);
     uint64_t id = 0;
-    assert_int_equal(tp_submit(p, tpt_nop_task, &in_svc, &o, &id), TP_OK);
+    assert_int_equal(tp_submit(p, tpt_nop_task, in_svc, &o, &id), TP_OK);
     assert_int_equal(tp_cancel(p, id), TP_OK);
-    assert_dl(&in_svc);
-    tpt_latch_open(&l);
+    assert_dl(in_svc);
+    tpt_latch_open(l);
 
     /* still open after all that */
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_OK);
 
     /* tp_close from a task is fine and does close */
-    dl_probe closer;
-    dl_init(&closer, p, 1);
-    assert_int_equal(tp_submit(p, dl_task, &closer, NULL, NULL), TP_OK);
-    assert_dl(&closer);
-    assert_int_equal(atomic_load(&closer.close_rc), TP_OK);
+    dl_probe *closer = tpt_fx_new(f, dl_probe);
+    dl_init(closer, p, 1);
+    assert_int_equal(tp_submit(p, dl_task, closer, NULL, NULL), TP_OK);
+    assert_dl(closer);
+    assert_int_equal(atomic_load(&closer->close_rc), TP_OK);
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_ECLOSED);
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK);
     tpt_pool_finish(p);
-    tpt_latch_destroy(&l);
 }
 
 /* The worker hooks and the log hook are the pool's own threads too. */
@@ -800,68 +775,66 @@ static int failing_task(tp_ctx *c, void *arg) {
 }
 
 static void test_edeadlk_from_hooks(void **state) {
-    (void)state;
-    hook_probe h;
-    atomic_init(&h.pool, NULL);
-    atomic_init(&h.calls, 0);
-    atomic_init(&h.wrong, 0);
-    atomic_init(&h.log_calls, 0);
-    atomic_init(&h.log_wrong, 0);
-    atomic_init(&h.log_on_caller, 0);
-    atomic_init(&h.armed, 0);
-    h.main_thread = pthread_self();
+    tpt_fixture *f = tpt_fx(state);
+    hook_probe *h = tpt_fx_new(f, hook_probe);
+    atomic_init(&h->pool, NULL);
+    atomic_init(&h->calls, 0);
+    atomic_init(&h->wrong, 0);
+    atomic_init(&h->log_calls, 0);
+    atomic_init(&h->log_wrong, 0);
+    atomic_init(&h->log_on_caller, 0);
+    atomic_init(&h->armed, 0);
+    h->main_thread = pthread_self();
     tp_config c = {0};
     c.workers = 2;
     c.queue_capacity = 4;
     c.on_worker_stop = hook_stop;
-    c.hook_arg = &h;
+    c.hook_arg = h;
     c.log = hook_log;
-    c.log_arg = &h;
+    c.log_arg = h;
     tp_pool *p = tpt_pool_new(&c);
-    atomic_store(&h.pool, p);
-    tpt_done d = {0};
+    atomic_store(&h->pool, p);
+    tpt_done *d = tpt_fx_new(f, tpt_done);
     tp_task_opts o = {0};
     o.on_done = tpt_done_fn;
-    atomic_store(&h.armed, 1);
-    assert_int_equal(tp_submit(p, failing_task, &d, &o, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&d.calls) == 1);
-    assert_int_equal(atomic_load(&d.status), 7);
-    TPT_EVENTUALLY(atomic_load(&h.log_calls) >= 1);
-    atomic_store(&h.armed, 0);
-    assert_int_equal(atomic_load(&h.log_wrong), 0);
-    assert_int_equal(atomic_load(&h.log_on_caller), 0);
+    atomic_store(&h->armed, 1);
+    assert_int_equal(tp_submit(p, failing_task, d, &o, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&d->calls) == 1);
+    assert_int_equal(atomic_load(&d->status), 7);
+    TPT_EVENTUALLY(atomic_load(&h->log_calls) >= 1);
+    atomic_store(&h->armed, 0);
+    assert_int_equal(atomic_load(&h->log_wrong), 0);
+    assert_int_equal(atomic_load(&h->log_on_caller), 0);
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_OK); /* still open */
     tpt_pool_finish(p);
-    assert_int_equal(atomic_load(&h.calls), 2);
-    assert_int_equal(atomic_load(&h.wrong), 0);
+    assert_int_equal(atomic_load(&h->calls), 2);
+    assert_int_equal(atomic_load(&h->wrong), 0);
 }
 
 /* ------------------------------------------------------------ destroy, create */
 
 static void test_destroy_without_shutdown_drains(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     enum { N = 6 };
-    tpt_latch l;
-    tpt_latch_init(&l);
+    tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = mkpool(1, 8);
-    rec r[N];
+    rec *r = tpt_fx_array(f, rec, N);
     for (int i = 0; i < N; i++) {
-        rec_init(&r[i], i == 0 ? M_BLOCK : M_WORK, &l);
+        rec_init(&r[i], i == 0 ? M_BLOCK : M_WORK, l);
         submit_rec(p, &r[i]);
     }
-    TPT_EVENTUALLY(atomic_load(&l.waiting) == 1);
-    opener op = {&l, TPT_MS(50)};
-    pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, opener_main, &op), 0);
+    TPT_EVENTUALLY(atomic_load(&l->waiting) == 1);
+    opener *op = tpt_fx_new(f, opener);
+    *op = (opener){l, TPT_MS(50)};
+    tpt_fx_thr *th = tpt_fx_thread(f, opener_main, op);
     tpt_pool_destroy(p);
-    pthread_join(th, NULL);
+    tpt_fx_join(th);
     for (int i = 0; i < N; i++) {
         assert_int_equal(atomic_load(&r[i].ran), 1);
         assert_int_equal(atomic_load(&r[i].calls), 1);
         assert_int_equal(atomic_load(&r[i].status), 0);
     }
-    assert_int_equal(atomic_load(&l.timeouts), 0);
-    tpt_latch_destroy(&l);
+    assert_int_equal(atomic_load(&l->timeouts), 0);
 }
 
 /* Destroying an idle, never-used pool is fine too. */
@@ -872,7 +845,7 @@ static void test_destroy_idle_pool(void **state) {
 }
 
 static void test_create_null_config(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     assert_int_equal(tp_create(NULL, NULL), TP_EINVAL);
     tp_pool *p = tpt_pool_new(NULL); /* asserts tp_create(&p, NULL) == TP_OK, p != NULL */
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
@@ -882,12 +855,12 @@ static void test_create_null_config(void **state) {
             want = TP_MAX_WORKERS;
         TPT_EVENTUALLY(tpt_stats(p).workers == want);
     }
-    tpt_done d = {0};
+    tpt_done *d = tpt_fx_new(f, tpt_done);
     tp_task_opts o = {0};
     o.on_done = tpt_done_fn;
-    assert_int_equal(tp_submit(p, tpt_nop_task, &d, &o, NULL), TP_OK);
+    assert_int_equal(tp_submit(p, tpt_nop_task, d, &o, NULL), TP_OK);
     tp_stats s = tpt_pool_finish(p);
-    assert_int_equal(atomic_load(&d.calls), 1);
+    assert_int_equal(atomic_load(&d->calls), 1);
     assert_int_equal(s.succeeded, 1);
 }
 
@@ -908,24 +881,24 @@ static void test_workers_zero_after_wait(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_close_stops_admission_and_drains, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_close_idle_pool, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_shutdown_drains_in_time, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_forced_shutdown, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_forced_shutdown_drops_retry, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_shutdown_countdown_not_reset, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_shutdown_countdown_not_shortened, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_concurrent_shutdown_drained, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_concurrent_shutdown_forced, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_task_ignoring_cancellation, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_wait_alone_waits_for_close, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_wait_returns_shutdown_result, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_edeadlk_from_task_and_on_done, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_edeadlk_from_hooks, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_destroy_without_shutdown_drains, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_destroy_idle_pool, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_create_null_config, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_workers_zero_after_wait, tpt_guard_setup, tpt_guard_teardown),
+        TPT_TEST(test_close_stops_admission_and_drains),
+        TPT_TEST(test_close_idle_pool),
+        TPT_TEST(test_shutdown_drains_in_time),
+        TPT_TEST(test_forced_shutdown),
+        TPT_TEST(test_forced_shutdown_drops_retry),
+        TPT_TEST(test_shutdown_countdown_not_reset),
+        TPT_TEST(test_shutdown_countdown_not_shortened),
+        TPT_TEST(test_concurrent_shutdown_drained),
+        TPT_TEST(test_concurrent_shutdown_forced),
+        TPT_TEST(test_task_ignoring_cancellation),
+        TPT_TEST(test_wait_alone_waits_for_close),
+        TPT_TEST(test_wait_returns_shutdown_result),
+        TPT_TEST(test_edeadlk_from_task_and_on_done),
+        TPT_TEST(test_edeadlk_from_hooks),
+        TPT_TEST(test_destroy_without_shutdown_drains),
+        TPT_TEST(test_destroy_idle_pool),
+        TPT_TEST(test_create_null_config),
+        TPT_TEST(test_workers_zero_after_wait),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

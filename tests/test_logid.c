@@ -144,38 +144,36 @@ static int is_generated_format(const char *s) {
 /* ------------------------------------------------------------ explicit */
 
 static void test_logid_explicit_copied(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_log_id_set(NULL);
     tp_pool *p = mkpool(1, 0);
-    tpt_latch gate;
-    tpt_latch_init(&gate);
-    assert_int_equal(tp_submit(p, tpt_block_task, &gate, NULL, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&gate.waiting) == 1);
+    tpt_latch *gate = tpt_fx_latch(f);
+    assert_int_equal(tp_submit(p, tpt_block_task, gate, NULL, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&gate->waiting) == 1);
 
     char buf[64];
     strcpy(buf, "req-123");
-    lrec r = {0};
-    submit_l(p, &r, buf);
+    lrec *r = tpt_fx_new(f, lrec);
+    submit_l(p, r, buf);
     memset(buf, 'Q', sizeof buf - 1);
     buf[sizeof buf - 1] = '\0';
-    tpt_latch_open(&gate);
-    wait_l(&r);
-    assert_string_equal(r.ctx_id, "req-123");
-    assert_false(atomic_load(&r.get_null));
-    assert_string_equal(r.get_id, "req-123");
-    assert_false(atomic_load(&r.done_null));
-    assert_string_equal(r.done_id, "req-123"); /* on_done runs with it too */
+    tpt_latch_open(gate);
+    wait_l(r);
+    assert_string_equal(r->ctx_id, "req-123");
+    assert_false(atomic_load(&r->get_null));
+    assert_string_equal(r->get_id, "req-123");
+    assert_false(atomic_load(&r->done_null));
+    assert_string_equal(r->done_id, "req-123"); /* on_done runs with it too */
 
     /* Exactly TP_LOG_ID_MAX bytes is fine and arrives whole. */
     char longid[TP_LOG_ID_MAX + 1];
     memset(longid, 'L', TP_LOG_ID_MAX);
     longid[TP_LOG_ID_MAX] = '\0';
-    lrec l = {0};
-    submit_l(p, &l, longid);
-    wait_l(&l);
-    assert_string_equal(l.ctx_id, longid);
+    lrec *l = tpt_fx_new(f, lrec);
+    submit_l(p, l, longid);
+    wait_l(l);
+    assert_string_equal(l->ctx_id, longid);
     tpt_finish(p);
-    tpt_latch_destroy(&gate);
 }
 
 static void test_logid_too_long_einval(void **state) {
@@ -229,40 +227,41 @@ static void test_logid_set_get_on_plain_thread(void **state) {
 }
 
 static void test_logid_inherited_from_submitter(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_log_id_set(NULL);
     tp_pool *p = mkpool(1, 0);
-    tpt_latch gate;
-    tpt_latch_init(&gate);
-    assert_int_equal(tp_submit(p, tpt_block_task, &gate, NULL, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&gate.waiting) == 1);
+    tpt_latch *gate = tpt_fx_latch(f);
+    assert_int_equal(tp_submit(p, tpt_block_task, gate, NULL, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&gate->waiting) == 1);
 
     char buf[32];
     strcpy(buf, "parent-1");
     tp_log_id_set(buf);
     strcpy(buf, "changed");
-    lrec a = {0}, b = {0}, e = {0}, g = {0};
-    submit_l(p, &a, NULL);
-    assert_int_equal(tp_submit(p, lrec_task, &b, NULL, NULL), TP_OK); /* opts NULL */
-    submit_l(p, &e, "explicit-wins");
+    lrec *a = tpt_fx_new(f, lrec);
+    lrec *b = tpt_fx_new(f, lrec);
+    lrec *e = tpt_fx_new(f, lrec);
+    lrec *g = tpt_fx_new(f, lrec);
+    submit_l(p, a, NULL);
+    assert_int_equal(tp_submit(p, lrec_task, b, NULL, NULL), TP_OK); /* opts NULL */
+    submit_l(p, e, "explicit-wins");
     tp_log_id_set("parent-2"); /* changing it later does not reach a */
     tp_log_id_set(NULL);
-    submit_l(p, &g, NULL); /* none: generated */
-    tpt_latch_open(&gate);
+    submit_l(p, g, NULL); /* none: generated */
+    tpt_latch_open(gate);
 
-    wait_l(&a);
-    TPT_EVENTUALLY(atomic_load(&b.finished) == 1);
-    wait_l(&e);
-    wait_l(&g);
-    assert_string_equal(a.ctx_id, "parent-1");
-    assert_string_equal(a.get_id, "parent-1");
-    assert_string_equal(b.ctx_id, "parent-1");
-    assert_string_equal(e.ctx_id, "explicit-wins");
-    assert_true(is_generated(g.ctx_id));
-    assert_string_equal(g.get_id, g.ctx_id);
+    wait_l(a);
+    TPT_EVENTUALLY(atomic_load(&b->finished) == 1);
+    wait_l(e);
+    wait_l(g);
+    assert_string_equal(a->ctx_id, "parent-1");
+    assert_string_equal(a->get_id, "parent-1");
+    assert_string_equal(b->ctx_id, "parent-1");
+    assert_string_equal(e->ctx_id, "explicit-wins");
+    assert_true(is_generated(g->ctx_id));
+    assert_string_equal(g->get_id, g->ctx_id);
     tpt_finish(p);
     assert_null(tp_log_id_get());
-    tpt_latch_destroy(&gate);
 }
 
 /* ------------------------------------------------------------ generated */
@@ -333,115 +332,118 @@ static void test_logid_generated_unique(void **state) {
 /* ------------------------------------------------------------ retries */
 
 static void test_logid_kept_across_retries(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_log_id_set(NULL);
     tp_config cfg = {0};
     cfg.workers = 2;
     cfg.max_retries = 2;
     cfg.retry_delay_ns = TPT_MS(1);
     cfg.log = tpt_quiet_log;
-    tp_pool *p = NULL;
-    assert_int_equal(tp_create(&p, &cfg), TP_OK);
+    tp_pool *p = tpt_pool_new(&cfg);
 
-    lrec gen = {0}, exp = {0}, inh = {0};
-    gen.fail_until = 2;
-    exp.fail_until = 2;
-    inh.fail_until = 2;
-    submit_l(p, &gen, NULL);
-    submit_l(p, &exp, "retry-me");
+    lrec *gen = tpt_fx_new(f, lrec);
+    lrec *exp = tpt_fx_new(f, lrec);
+    lrec *inh = tpt_fx_new(f, lrec);
+    gen->fail_until = 2;
+    exp->fail_until = 2;
+    inh->fail_until = 2;
+    submit_l(p, gen, NULL);
+    submit_l(p, exp, "retry-me");
     tp_log_id_set("inherit-me");
-    submit_l(p, &inh, NULL);
+    submit_l(p, inh, NULL);
     tp_log_id_set(NULL);
-    wait_l(&gen);
-    wait_l(&exp);
-    wait_l(&inh);
+    wait_l(gen);
+    wait_l(exp);
+    wait_l(inh);
     tpt_finish(p);
 
-    lrec *all[] = {&gen, &exp, &inh};
+    lrec *all[] = {gen, exp, inh};
     for (int k = 0; k < 3; k++) {
         assert_int_equal(atomic_load(&all[k]->attempts), 3);
         for (int a = 1; a < 3; a++)
             assert_string_equal(all[k]->attempt_id[a], all[k]->attempt_id[0]);
         assert_string_equal(all[k]->done_id, all[k]->attempt_id[0]);
     }
-    assert_true(is_generated(gen.attempt_id[0]));
-    assert_string_equal(exp.attempt_id[0], "retry-me");
-    assert_string_equal(inh.attempt_id[0], "inherit-me");
+    assert_true(is_generated(gen->attempt_id[0]));
+    assert_string_equal(exp->attempt_id[0], "retry-me");
+    assert_string_equal(inh->attempt_id[0], "inherit-me");
 }
 
 /* ------------------------------------------------------------ children */
 
 static void test_logid_child_inherits(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_log_id_set(NULL);
     tp_pool *p = mkpool(1, 0); /* one worker: children run after, on it */
 
-    lrec parent = {0}, child = {0}, child2 = {0};
-    parent.pool = p;
-    parent.child = &child;
-    parent.child2 = &child2;
-    parent.set_id = "override";
-    submit_l(p, &parent, "parent-xyz");
-    wait_l(&parent);
-    assert_int_equal(atomic_load(&parent.child_rc), TP_OK);
-    assert_int_equal(atomic_load(&parent.child2_rc), TP_OK);
-    wait_l(&child);
-    wait_l(&child2);
-    assert_string_equal(parent.ctx_id, "parent-xyz");
-    assert_string_equal(parent.set_get_id, "override");
-    assert_string_equal(child.ctx_id, "parent-xyz");
-    assert_string_equal(child.get_id, "parent-xyz");
-    assert_string_equal(child2.ctx_id, "override");
+    lrec *parent = tpt_fx_new(f, lrec);
+    lrec *child = tpt_fx_new(f, lrec);
+    lrec *child2 = tpt_fx_new(f, lrec);
+    parent->pool = p;
+    parent->child = child;
+    parent->child2 = child2;
+    parent->set_id = "override";
+    submit_l(p, parent, "parent-xyz");
+    wait_l(parent);
+    assert_int_equal(atomic_load(&parent->child_rc), TP_OK);
+    assert_int_equal(atomic_load(&parent->child2_rc), TP_OK);
+    wait_l(child);
+    wait_l(child2);
+    assert_string_equal(parent->ctx_id, "parent-xyz");
+    assert_string_equal(parent->set_get_id, "override");
+    assert_string_equal(child->ctx_id, "parent-xyz");
+    assert_string_equal(child->get_id, "parent-xyz");
+    assert_string_equal(child2->ctx_id, "override");
 
     /* The override ended with the parent's call: the next task on the same
      * worker, submitted without a log id, gets its own (generated) one. */
-    lrec next = {0};
-    submit_l(p, &next, NULL);
-    wait_l(&next);
-    assert_true(is_generated(next.ctx_id));
-    assert_string_equal(next.get_id, next.ctx_id);
+    lrec *next = tpt_fx_new(f, lrec);
+    submit_l(p, next, NULL);
+    wait_l(next);
+    assert_true(is_generated(next->ctx_id));
+    assert_string_equal(next->get_id, next->ctx_id);
 
     /* A parent with a generated id passes that one on. */
-    lrec gp = {0}, gc = {0};
-    gp.pool = p;
-    gp.child = &gc;
-    submit_l(p, &gp, NULL);
-    wait_l(&gp);
-    wait_l(&gc);
-    assert_true(is_generated(gp.ctx_id));
-    assert_string_equal(gc.ctx_id, gp.ctx_id);
+    lrec *gp = tpt_fx_new(f, lrec);
+    lrec *gc = tpt_fx_new(f, lrec);
+    gp->pool = p;
+    gp->child = gc;
+    submit_l(p, gp, NULL);
+    wait_l(gp);
+    wait_l(gc);
+    assert_true(is_generated(gp->ctx_id));
+    assert_string_equal(gc->ctx_id, gp->ctx_id);
     tpt_finish(p);
 }
 
 static void test_logid_on_done_of_unrun_task(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_log_id_set(NULL);
     /* A task cancelled while queued ends on the service thread: its on_done
      * still runs with the task's log id current. */
     tp_pool *p = mkpool(1, 0);
-    tpt_latch gate;
-    tpt_latch_init(&gate);
-    assert_int_equal(tp_submit(p, tpt_block_task, &gate, NULL, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&gate.waiting) == 1);
-    lrec r = {0}, g = {0};
+    tpt_latch *gate = tpt_fx_latch(f);
+    assert_int_equal(tp_submit(p, tpt_block_task, gate, NULL, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&gate->waiting) == 1);
+    lrec *r = tpt_fx_new(f, lrec);
+    lrec *g = tpt_fx_new(f, lrec);
     tp_task_opts o = {0};
     o.on_done = lrec_done;
     o.log_id = "unrun-7";
     uint64_t id = 0, gid = 0;
-    assert_int_equal(tp_submit(p, lrec_task, &r, &o, &id), TP_OK);
+    assert_int_equal(tp_submit(p, lrec_task, r, &o, &id), TP_OK);
     o.log_id = NULL;
-    assert_int_equal(tp_submit(p, lrec_task, &g, &o, &gid), TP_OK);
+    assert_int_equal(tp_submit(p, lrec_task, g, &o, &gid), TP_OK);
     assert_int_equal(tp_cancel(p, id), TP_OK);
     assert_int_equal(tp_cancel(p, gid), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&r.done_calls) == 1 && atomic_load(&g.done_calls) == 1);
-    assert_false(atomic_load(&r.done_null));
-    assert_string_equal(r.done_id, "unrun-7");
-    assert_false(atomic_load(&g.done_null));
-    assert_true(is_generated(g.done_id));
-    tpt_latch_open(&gate);
+    TPT_EVENTUALLY(atomic_load(&r->done_calls) == 1 && atomic_load(&g->done_calls) == 1);
+    assert_false(atomic_load(&r->done_null));
+    assert_string_equal(r->done_id, "unrun-7");
+    assert_false(atomic_load(&g->done_null));
+    assert_true(is_generated(g->done_id));
+    tpt_latch_open(gate);
     tpt_finish(p);
-    assert_int_equal(atomic_load(&r.finished), 0); /* never ran */
-    tpt_latch_destroy(&gate);
+    assert_int_equal(atomic_load(&r->finished), 0); /* never ran */
 }
 
 /* ------------------------------------------------------------ log hook */
@@ -481,7 +483,7 @@ static int hook_count(const char *log_id, int level) {
 }
 
 static void test_logid_log_hook_receives_it(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_log_id_set(NULL);
     pthread_mutex_lock(&hook_mu);
     hook_n = 0;
@@ -491,26 +493,27 @@ static void test_logid_log_hook_receives_it(void **state) {
     tp_config cfg = {0};
     cfg.workers = 1;
     cfg.log = hook_log;
-    tp_pool *p = NULL;
-    assert_int_equal(tp_create(&p, &cfg), TP_OK);
-    lrec e = {0}, i = {0}, g = {0};
-    e.fail_until = 1;
-    i.fail_until = 1;
-    g.fail_until = 1;
-    submit_l(p, &e, "fail-1");
+    tp_pool *p = tpt_pool_new(&cfg);
+    lrec *e = tpt_fx_new(f, lrec);
+    lrec *i = tpt_fx_new(f, lrec);
+    lrec *g = tpt_fx_new(f, lrec);
+    e->fail_until = 1;
+    i->fail_until = 1;
+    g->fail_until = 1;
+    submit_l(p, e, "fail-1");
     tp_log_id_set("inh-2");
-    submit_l(p, &i, NULL);
+    submit_l(p, i, NULL);
     tp_log_id_set(NULL);
-    submit_l(p, &g, NULL);
-    wait_l(&e);
-    wait_l(&i);
-    wait_l(&g);
+    submit_l(p, g, NULL);
+    wait_l(e);
+    wait_l(i);
+    wait_l(g);
     tpt_finish(p);
 
     assert_int_equal(hook_count("fail-1", TP_LOG_ERROR), 1);
     assert_int_equal(hook_count("inh-2", TP_LOG_ERROR), 1);
-    assert_true(is_generated(g.ctx_id));
-    assert_int_equal(hook_count(g.ctx_id, TP_LOG_ERROR), 1);
+    assert_true(is_generated(g->ctx_id));
+    assert_int_equal(hook_count(g->ctx_id, TP_LOG_ERROR), 1);
     pthread_mutex_lock(&hook_mu);
     int nulls = hook_null;
     pthread_mutex_unlock(&hook_mu);
@@ -518,7 +521,7 @@ static void test_logid_log_hook_receives_it(void **state) {
 }
 
 static void test_logid_default_stderr(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_log_id_set(NULL);
     int pfd[2];
     assert_int_equal(pipe(pfd), 0);
@@ -533,13 +536,13 @@ static void test_logid_default_stderr(void **state) {
     tp_pool *p = NULL;
     int rc_create = tp_create(&p, &cfg);
     int rc_submit = -100, rc_shut = -100, rc_wait = -100, rc_destroy = -100;
-    lrec r = {0};
-    r.fail_until = 1;
+    lrec *r = tpt_fx_new(f, lrec);
+    r->fail_until = 1;
     if (rc_create == TP_OK) {
         tp_task_opts o = {0};
         o.log_id = "stderr-probe-42";
         o.on_done = lrec_done;
-        rc_submit = tp_submit(p, lrec_task, &r, &o, NULL);
+        rc_submit = tp_submit(p, lrec_task, r, &o, NULL);
         rc_shut = tp_shutdown(p, TPT_WAIT_NS);
         rc_wait = tp_wait(p, TPT_WAIT_NS);
         rc_destroy = tp_destroy(p);
@@ -573,23 +576,23 @@ static void test_logid_default_stderr(void **state) {
     assert_int_equal(rc_shut, TP_OK);
     assert_int_equal(rc_wait, TP_OK);
     assert_int_equal(rc_destroy, TP_OK);
-    assert_int_equal(atomic_load(&r.done_calls), 1);
+    assert_int_equal(atomic_load(&r->done_calls), 1);
     if (!strstr(out, "stderr-probe-42"))
         fail_msg("stderr did not mention the failed task's log id; got: \"%s\"", out);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_logid_explicit_copied),
-        cmocka_unit_test(test_logid_too_long_einval),
-        cmocka_unit_test(test_logid_set_get_on_plain_thread),
-        cmocka_unit_test(test_logid_inherited_from_submitter),
-        cmocka_unit_test(test_logid_generated_unique),
-        cmocka_unit_test(test_logid_kept_across_retries),
-        cmocka_unit_test(test_logid_child_inherits),
-        cmocka_unit_test(test_logid_on_done_of_unrun_task),
-        cmocka_unit_test(test_logid_log_hook_receives_it),
-        cmocka_unit_test(test_logid_default_stderr),
+        TPT_TEST(test_logid_explicit_copied),
+        TPT_TEST(test_logid_too_long_einval),
+        TPT_TEST(test_logid_set_get_on_plain_thread),
+        TPT_TEST(test_logid_inherited_from_submitter),
+        TPT_TEST(test_logid_generated_unique),
+        TPT_TEST(test_logid_kept_across_retries),
+        TPT_TEST(test_logid_child_inherits),
+        TPT_TEST(test_logid_on_done_of_unrun_task),
+        TPT_TEST(test_logid_log_hook_receives_it),
+        TPT_TEST(test_logid_default_stderr),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -8,7 +8,8 @@
  * no retry after tp_cancel, cancel while waiting for a retry, a deadline that
  * passes while a retry waits (or while the attempt runs), a run timeout is a
  * retried failure, delayed tasks count toward the queue capacity, the log hook
- * sees TP_LOG_WARN / TP_LOG_ERROR per failed attempt with the task's log id,
+ * sees TP_LOG_WARN / TP_LOG_ERROR per failed attempt with the task's log id
+ * and the retry delay in the unit that fits (ns, us, ms, s),
  * and tp_close lets pending retries finish.
  *
  * Pool threads record into atomics (and a mutex-protected log array); only
@@ -135,26 +136,26 @@ static void submit_rt(tp_pool *p, rt *r, const tp_task_opts *base, uint64_t *id)
 /* ------------------------------------------------------------ outcomes */
 
 static void test_retry_exhausted(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_pool *p = mkpool(2, 3, TPT_MS(2), 0);
-    rt r = {0};
-    r.fail_until = ALWAYS;
-    r.fail_status = 42;
-    r.pool = p;
-    r.user = "exhausted-user";
+    rt *r = tpt_fx_new(f, rt);
+    r->fail_until = ALWAYS;
+    r->fail_status = 42;
+    r->pool = p;
+    r->user = "exhausted-user";
     tp_task_opts o = {0};
-    o.user = r.user;
-    submit_rt(p, &r, &o, NULL);
-    TPT_EVENTUALLY(atomic_load(&r.done_calls) == 1);
+    o.user = r->user;
+    submit_rt(p, r, &o, NULL);
+    TPT_EVENTUALLY(atomic_load(&r->done_calls) == 1);
     /* Before on_done ran, the slot was released and the task counted. */
-    assert_int_equal(atomic_load(&r.done_user_slots), 0);
-    assert_int_equal(atomic_load(&r.done_completed), 1);
+    assert_int_equal(atomic_load(&r->done_user_slots), 0);
+    assert_int_equal(atomic_load(&r->done_completed), 1);
     tp_stats s = tpt_finish(p);
-    assert_int_equal(atomic_load(&r.done_calls), 1);
-    assert_int_equal(atomic_load(&r.done_status), 42);
-    assert_int_equal(atomic_load(&r.attempts), 4);
-    assert_int_equal(atomic_load(&r.seen), 0xF);
-    assert_int_equal(atomic_load(&r.bad_id), 0);
+    assert_int_equal(atomic_load(&r->done_calls), 1);
+    assert_int_equal(atomic_load(&r->done_status), 42);
+    assert_int_equal(atomic_load(&r->attempts), 4);
+    assert_int_equal(atomic_load(&r->seen), 0xF);
+    assert_int_equal(atomic_load(&r->bad_id), 0);
     assert_int_equal(s.accepted, 1);
     assert_int_equal(s.started, 1);
     assert_int_equal(s.retried, 3);
@@ -166,51 +167,51 @@ static void test_retry_exhausted(void **state) {
 }
 
 static void test_retry_none_by_default(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_pool *p = mkpool(1, 0, 0, 0);
-    rt r = {0};
-    r.fail_until = ALWAYS;
-    r.fail_status = -1000;
-    submit_rt(p, &r, NULL, NULL);
-    TPT_EVENTUALLY(atomic_load(&r.done_calls) == 1);
+    rt *r = tpt_fx_new(f, rt);
+    r->fail_until = ALWAYS;
+    r->fail_status = -1000;
+    submit_rt(p, r, NULL, NULL);
+    TPT_EVENTUALLY(atomic_load(&r->done_calls) == 1);
     tp_stats s = tpt_finish(p);
-    assert_int_equal(atomic_load(&r.attempts), 1);
-    assert_int_equal(atomic_load(&r.done_status), -1000);
+    assert_int_equal(atomic_load(&r->attempts), 1);
+    assert_int_equal(atomic_load(&r->done_status), -1000);
     assert_int_equal(s.retried, 0);
     assert_int_equal(s.failed, 1);
 }
 
 static void test_retry_max_100(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_pool *p = mkpool(1, TP_MAX_RETRIES, TPT_MS(1), 0);
-    rt r = {0};
-    r.fail_until = ALWAYS;
-    r.fail_status = 3;
-    submit_rt(p, &r, NULL, NULL);
-    TPT_EVENTUALLY(atomic_load(&r.done_calls) == 1);
+    rt *r = tpt_fx_new(f, rt);
+    r->fail_until = ALWAYS;
+    r->fail_status = 3;
+    submit_rt(p, r, NULL, NULL);
+    TPT_EVENTUALLY(atomic_load(&r->done_calls) == 1);
     tp_stats s = tpt_finish(p);
-    assert_int_equal(atomic_load(&r.attempts), 101);
-    assert_int_equal(atomic_load(&r.attempt_sum), 100 * 101 / 2);
-    assert_int_equal(atomic_load(&r.max_attempt), 100);
-    assert_int_equal(atomic_load(&r.done_status), 3);
+    assert_int_equal(atomic_load(&r->attempts), 101);
+    assert_int_equal(atomic_load(&r->attempt_sum), 100 * 101 / 2);
+    assert_int_equal(atomic_load(&r->max_attempt), 100);
+    assert_int_equal(atomic_load(&r->done_status), 3);
     assert_int_equal(s.started, 1);
     assert_int_equal(s.retried, 100);
 }
 
 static void test_retry_succeeds_on_attempt_k(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_pool *p = mkpool(2, 5, TPT_MS(2), 0);
-    rt r = {0};
-    r.fail_until = 2; /* attempts 0 and 1 fail, 2 succeeds */
-    r.fail_status = 9;
-    submit_rt(p, &r, NULL, NULL);
-    TPT_EVENTUALLY(atomic_load(&r.done_calls) == 1);
+    rt *r = tpt_fx_new(f, rt);
+    r->fail_until = 2; /* attempts 0 and 1 fail, 2 succeeds */
+    r->fail_status = 9;
+    submit_rt(p, r, NULL, NULL);
+    TPT_EVENTUALLY(atomic_load(&r->done_calls) == 1);
     tp_stats s = tpt_finish(p);
-    assert_int_equal(atomic_load(&r.done_calls), 1);
-    assert_int_equal(atomic_load(&r.done_status), 0);
-    assert_int_equal(atomic_load(&r.attempts), 3);
-    assert_int_equal(atomic_load(&r.seen), 0x7);
-    assert_int_equal(atomic_load(&r.bad_id), 0);
+    assert_int_equal(atomic_load(&r->done_calls), 1);
+    assert_int_equal(atomic_load(&r->done_status), 0);
+    assert_int_equal(atomic_load(&r->attempts), 3);
+    assert_int_equal(atomic_load(&r->seen), 0x7);
+    assert_int_equal(atomic_load(&r->bad_id), 0);
     assert_int_equal(s.started, 1);
     assert_int_equal(s.retried, 2);
     assert_int_equal(s.succeeded, 1);
@@ -220,45 +221,45 @@ static void test_retry_succeeds_on_attempt_k(void **state) {
 /* ------------------------------------------------------------ waiting retries */
 
 static void test_retry_holds_no_worker(void **state) {
-    (void)state;
+    tpt_fixture *fx = tpt_fx(state);
     tp_pool *p = mkpool(1, 1, TPT_S(60), 0); /* the retry would come in 60 s */
-    rt f = {0};
-    f.fail_until = ALWAYS;
-    f.fail_status = 1;
+    rt *f = tpt_fx_new(fx, rt);
+    f->fail_until = ALWAYS;
+    f->fail_status = 1;
     tp_task_opts o = {0};
     o.user = "u";
     uint64_t fid = 0;
-    submit_rt(p, &f, &o, &fid);
+    submit_rt(p, f, &o, &fid);
 
     tp_stats s;
     TPT_EVENTUALLY((s = tpt_stats(p)).delayed == 1 && s.active == 0 && s.idle == 1);
     assert_int_equal(s.queued, 0);
-    assert_int_equal(atomic_load(&f.attempts), 1);
+    assert_int_equal(atomic_load(&f->attempts), 1);
     /* It keeps its user slot while it waits. */
     assert_int_equal(tp_user_active(p, "u"), 1);
     assert_int_equal(s.users, 1);
 
     /* The only worker is free: another task runs meanwhile. */
-    rt g = {0};
-    submit_rt(p, &g, NULL, NULL);
-    TPT_EVENTUALLY(atomic_load(&g.done_calls) == 1);
-    assert_int_equal(atomic_load(&g.done_status), 0);
+    rt *g = tpt_fx_new(fx, rt);
+    submit_rt(p, g, NULL, NULL);
+    TPT_EVENTUALLY(atomic_load(&g->done_calls) == 1);
+    assert_int_equal(atomic_load(&g->done_status), 0);
     s = tpt_stats(p);
     assert_int_equal(s.delayed, 1);
-    assert_int_equal(atomic_load(&f.attempts), 1);
-    assert_int_equal(atomic_load(&f.done_calls), 0);
+    assert_int_equal(atomic_load(&f->attempts), 1);
+    assert_int_equal(atomic_load(&f->done_calls), 0);
 
     /* Cancelled while waiting: TP_ECANCELED, no further attempt. */
     assert_int_equal(tp_cancel(p, fid), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&f.done_calls) == 1);
-    assert_int_equal(atomic_load(&f.done_status), TP_ECANCELED);
+    TPT_EVENTUALLY(atomic_load(&f->done_calls) == 1);
+    assert_int_equal(atomic_load(&f->done_status), TP_ECANCELED);
     assert_int_equal(tp_cancel(p, fid), TP_ENOTFOUND);
     assert_int_equal(tp_user_active(p, "u"), 0);
     TPT_EVENTUALLY(tpt_stats(p).delayed == 0);
 
     s = tpt_finish(p);
-    assert_int_equal(atomic_load(&f.attempts), 1);
-    assert_int_equal(atomic_load(&f.done_calls), 1);
+    assert_int_equal(atomic_load(&f->attempts), 1);
+    assert_int_equal(atomic_load(&f->done_calls), 1);
     assert_int_equal(s.started, 2);
     assert_int_equal(s.retried, 0);
     assert_int_equal(s.succeeded, 1);
@@ -268,112 +269,111 @@ static void test_retry_holds_no_worker(void **state) {
 }
 
 static void test_retry_cancel_while_waiting_all_workers_busy(void **state) {
-    (void)state;
+    tpt_fixture *fx = tpt_fx(state);
     tp_pool *p = mkpool(1, 2, TPT_S(60), 0);
-    rt f = {0};
-    f.fail_until = ALWAYS;
-    f.fail_status = 1;
+    rt *f = tpt_fx_new(fx, rt);
+    f->fail_until = ALWAYS;
+    f->fail_status = 1;
     uint64_t fid = 0;
-    submit_rt(p, &f, NULL, &fid);
+    submit_rt(p, f, NULL, &fid);
     TPT_EVENTUALLY(tpt_stats(p).delayed == 1);
 
-    tpt_latch gate;
-    tpt_latch_init(&gate);
-    assert_int_equal(tp_submit(p, tpt_block_task, &gate, NULL, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&gate.waiting) == 1);
+    tpt_latch *gate = tpt_fx_latch(fx);
+    assert_int_equal(tp_submit(p, tpt_block_task, gate, NULL, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&gate->waiting) == 1);
 
     /* Its on_done must not need a worker. */
     assert_int_equal(tp_cancel(p, fid), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&f.done_calls) == 1);
-    assert_int_equal(atomic_load(&f.done_status), TP_ECANCELED);
-    assert_int_equal(atomic_load(&gate.waiting), 1);
+    TPT_EVENTUALLY(atomic_load(&f->done_calls) == 1);
+    assert_int_equal(atomic_load(&f->done_status), TP_ECANCELED);
+    assert_int_equal(atomic_load(&gate->waiting), 1);
 
-    tpt_latch_open(&gate);
+    tpt_latch_open(gate);
     tp_stats s = tpt_finish(p);
-    assert_int_equal(atomic_load(&f.attempts), 1);
+    assert_int_equal(atomic_load(&f->attempts), 1);
     assert_int_equal(s.retried, 0);
     assert_int_equal(s.cancelled, 1);
-    assert_int_equal(atomic_load(&gate.timeouts), 0);
-    tpt_latch_destroy(&gate);
+    assert_int_equal(atomic_load(&gate->timeouts), 0);
 }
 
 static void test_retry_goes_to_back_of_queue(void **state) {
-    (void)state;
+    tpt_fixture *fx = tpt_fx(state);
     order_reset();
     tp_pool *p = mkpool(1, 1, TPT_MS(1), 0);
-    tpt_latch l0, l1;
-    tpt_latch_init(&l0);
-    tpt_latch_init(&l1);
+    tpt_latch *l0 = tpt_fx_latch(fx);
+    tpt_latch *l1 = tpt_fx_latch(fx);
+    rt *f = tpt_fx_new(fx, rt);
+    rt *a1 = tpt_fx_new(fx, rt);
+    rt *a2 = tpt_fx_new(fx, rt);
+    rt *a3 = tpt_fx_new(fx, rt);
+    rt *a4 = tpt_fx_new(fx, rt);
+    f->tag = 9;
+    f->fail_until = 1;
+    f->fail_status = 1;
+    f->gate0 = l0;
+    a1->tag = 1;
+    a1->gate0 = l1;
+    a2->tag = 2;
+    a3->tag = 3;
+    a4->tag = 4;
 
-    rt f = {0}, a1 = {0}, a2 = {0}, a3 = {0}, a4 = {0};
-    f.tag = 9;
-    f.fail_until = 1;
-    f.fail_status = 1;
-    f.gate0 = &l0;
-    a1.tag = 1;
-    a1.gate0 = &l1;
-    a2.tag = 2;
-    a3.tag = 3;
-    a4.tag = 4;
-
-    submit_rt(p, &f, NULL, NULL);
-    TPT_EVENTUALLY(atomic_load(&l0.waiting) == 1);
-    submit_rt(p, &a1, NULL, NULL);
-    submit_rt(p, &a2, NULL, NULL);
-    submit_rt(p, &a3, NULL, NULL);
-    /* f fails; a1 takes the worker and blocks; f's retry queues behind a3. */
-    tpt_latch_open(&l0);
+    submit_rt(p, f, NULL, NULL);
+    TPT_EVENTUALLY(atomic_load(&l0->waiting) == 1);
+    submit_rt(p, a1, NULL, NULL);
+    submit_rt(p, a2, NULL, NULL);
+    submit_rt(p, a3, NULL, NULL);
+    /* f fails; a1 takes the worker and blocks; f's retry queues behind a3-> */
+    tpt_latch_open(l0);
     tp_stats s;
-    TPT_EVENTUALLY(atomic_load(&l1.waiting) == 1 &&
+    TPT_EVENTUALLY(atomic_load(&l1->waiting) == 1 &&
                    (s = tpt_stats(p)).queued == 3 && s.delayed == 0);
-    submit_rt(p, &a4, NULL, NULL); /* after the retry was queued */
-    tpt_latch_open(&l1);
+    submit_rt(p, a4, NULL, NULL); /* after the retry was queued */
+    tpt_latch_open(l1);
 
-    TPT_EVENTUALLY(atomic_load(&f.done_calls) == 1 && atomic_load(&a4.done_calls) == 1);
+    TPT_EVENTUALLY(atomic_load(&f->done_calls) == 1 && atomic_load(&a4->done_calls) == 1);
     s = tpt_finish(p);
     const int expect[] = {900, 100, 200, 300, 901, 400};
     assert_int_equal(atomic_load(&order_n), 6);
     for (int i = 0; i < 6; i++)
         assert_int_equal(atomic_load(&order[i]), expect[i]);
-    assert_int_equal(atomic_load(&f.done_status), 0);
+    assert_int_equal(atomic_load(&f->done_status), 0);
     assert_int_equal(s.retried, 1);
     assert_int_equal(s.succeeded, 5);
-    tpt_latch_destroy(&l0);
-    tpt_latch_destroy(&l1);
 }
 
 /* ------------------------------------------------------------ what ends a retry */
 
 static void test_retry_cut_by_forced_shutdown(void **state) {
-    (void)state;
+    tpt_fixture *fx = tpt_fx(state);
     tp_pool *p = mkpool(2, 3, TPT_S(60), 0);
     /* f waits for a retry 60 s away; r runs until cancelled, then fails. */
-    rt f = {0}, r = {0};
-    f.fail_until = ALWAYS;
-    f.fail_status = 1;
-    f.pool = p;
-    f.user = "waiting-user";
-    r.mode = RT_WAIT_CANCEL;
-    r.after_cancel = 5;
+    rt *f = tpt_fx_new(fx, rt);
+    rt *r = tpt_fx_new(fx, rt);
+    f->fail_until = ALWAYS;
+    f->fail_status = 1;
+    f->pool = p;
+    f->user = "waiting-user";
+    r->mode = RT_WAIT_CANCEL;
+    r->after_cancel = 5;
     tp_task_opts fo = {0};
-    fo.user = f.user;
-    submit_rt(p, &f, &fo, NULL);
+    fo.user = f->user;
+    submit_rt(p, f, &fo, NULL);
     TPT_EVENTUALLY(tpt_stats(p).delayed == 1);
-    submit_rt(p, &r, NULL, NULL);
-    TPT_EVENTUALLY(atomic_load(&r.running) == 1);
+    submit_rt(p, r, NULL, NULL);
+    TPT_EVENTUALLY(atomic_load(&r->running) == 1);
 
     assert_int_equal(tp_shutdown(p, TPT_MS(50)), TP_ETIMEDOUT);
-    TPT_EVENTUALLY(atomic_load(&f.done_calls) == 1 && atomic_load(&r.done_calls) == 1);
-    assert_int_equal(atomic_load(&f.done_status), TP_ECANCELED);
-    assert_int_equal(atomic_load(&r.done_status), 5);
-    assert_int_equal(atomic_load(&f.done_user_slots), 0);
-    assert_true(atomic_load(&f.done_completed) >= 1);
+    TPT_EVENTUALLY(atomic_load(&f->done_calls) == 1 && atomic_load(&r->done_calls) == 1);
+    assert_int_equal(atomic_load(&f->done_status), TP_ECANCELED);
+    assert_int_equal(atomic_load(&r->done_status), 5);
+    assert_int_equal(atomic_load(&f->done_user_slots), 0);
+    assert_true(atomic_load(&f->done_completed) >= 1);
     tp_stats s = tpt_finish_forced(p);
     /* Neither got another attempt. */
-    assert_int_equal(atomic_load(&f.attempts), 1);
-    assert_int_equal(atomic_load(&r.attempts), 1);
-    assert_int_equal(atomic_load(&f.done_calls), 1);
-    assert_int_equal(atomic_load(&r.done_calls), 1);
+    assert_int_equal(atomic_load(&f->attempts), 1);
+    assert_int_equal(atomic_load(&r->attempts), 1);
+    assert_int_equal(atomic_load(&f->done_calls), 1);
+    assert_int_equal(atomic_load(&r->done_calls), 1);
     assert_int_equal(s.started, 2);
     assert_int_equal(s.retried, 0);
     assert_int_equal(s.failed, 2);
@@ -411,22 +411,22 @@ static void test_retry_not_after_cancel(void **state) {
 }
 
 static void test_retry_deadline_passes_while_waiting(void **state) {
-    (void)state;
+    tpt_fixture *fx = tpt_fx(state);
     tp_pool *p = mkpool(1, 3, TPT_S(60), 0);
-    rt f = {0};
-    f.fail_until = ALWAYS;
-    f.fail_status = 1;
+    rt *f = tpt_fx_new(fx, rt);
+    f->fail_until = ALWAYS;
+    f->fail_status = 1;
     tp_task_opts o = {0};
     o.deadline_ns = tp_now_ns() + TPT_S(1);
-    submit_rt(p, &f, &o, NULL);
+    submit_rt(p, f, &o, NULL);
     /* The retry is 60 s away; the deadline ends the task well before. */
-    TPT_EVENTUALLY(atomic_load(&f.done_calls) == 1);
-    assert_int_equal(atomic_load(&f.done_status), TP_ETIMEDOUT);
-    assert_int_equal(atomic_load(&f.attempts), 1);
+    TPT_EVENTUALLY(atomic_load(&f->done_calls) == 1);
+    assert_int_equal(atomic_load(&f->done_status), TP_ETIMEDOUT);
+    assert_int_equal(atomic_load(&f->attempts), 1);
     /* The scenario held: attempt 0 returned before the deadline... */
-    assert_true(atomic_load(&f.t_return0) < o.deadline_ns);
+    assert_true(atomic_load(&f->t_return0) < o.deadline_ns);
     /* ...and the task did not end before it. */
-    assert_true(atomic_load(&f.t_done) >= o.deadline_ns);
+    assert_true(atomic_load(&f->t_done) >= o.deadline_ns);
     tp_stats s = tpt_finish(p);
     assert_int_equal(s.started, 1);
     assert_int_equal(s.retried, 0);
@@ -436,113 +436,108 @@ static void test_retry_deadline_passes_while_waiting(void **state) {
 }
 
 static void test_retry_deadline_passes_while_running(void **state) {
-    (void)state;
+    tpt_fixture *fx = tpt_fx(state);
     tp_pool *p = mkpool(1, 3, TPT_MS(1), 0);
     /* Sleeps until the deadline, returns TP_ETIMEDOUT: not retried. */
-    rt f = {0};
-    f.mode = RT_TIMEOUT;
-    f.fail_until = ALWAYS;
+    rt *f = tpt_fx_new(fx, rt);
+    f->mode = RT_TIMEOUT;
+    f->fail_until = ALWAYS;
     tp_task_opts o = {0};
     o.deadline_ns = tp_now_ns() + TPT_MS(300);
     o.run_timeout_ns = TP_FOREVER;
-    submit_rt(p, &f, &o, NULL);
-    TPT_EVENTUALLY(atomic_load(&f.done_calls) == 1);
-    assert_int_equal(atomic_load(&f.done_status), TP_ETIMEDOUT);
+    submit_rt(p, f, &o, NULL);
+    TPT_EVENTUALLY(atomic_load(&f->done_calls) == 1);
+    assert_int_equal(atomic_load(&f->done_status), TP_ETIMEDOUT);
 
     /* Fails with a plain status after its deadline: not retried either, and
      * its status is what it returned. */
-    rt g = {0};
-    g.mode = RT_RETURN;
-    g.fail_until = ALWAYS;
-    g.fail_status = 11;
-    tpt_latch gate;
-    tpt_latch_init(&gate);
-    g.gate0 = &gate;
+    rt *g = tpt_fx_new(fx, rt);
+    g->mode = RT_RETURN;
+    g->fail_until = ALWAYS;
+    g->fail_status = 11;
+    tpt_latch *gate = tpt_fx_latch(fx);
+    g->gate0 = gate;
     o.deadline_ns = tp_now_ns() + TPT_MS(300);
-    submit_rt(p, &g, &o, NULL);
-    TPT_EVENTUALLY(atomic_load(&gate.waiting) == 1);
+    submit_rt(p, g, &o, NULL);
+    TPT_EVENTUALLY(atomic_load(&gate->waiting) == 1);
     tpt_sleep_until(o.deadline_ns + TPT_MS(1));
-    tpt_latch_open(&gate);
-    TPT_EVENTUALLY(atomic_load(&g.done_calls) == 1);
-    assert_int_equal(atomic_load(&g.done_status), 11);
+    tpt_latch_open(gate);
+    TPT_EVENTUALLY(atomic_load(&g->done_calls) == 1);
+    assert_int_equal(atomic_load(&g->done_status), 11);
 
     tp_stats s = tpt_finish(p);
-    assert_int_equal(atomic_load(&f.attempts), 1);
-    assert_int_equal(atomic_load(&g.attempts), 1);
+    assert_int_equal(atomic_load(&f->attempts), 1);
+    assert_int_equal(atomic_load(&g->attempts), 1);
     assert_int_equal(s.retried, 0);
     assert_int_equal(s.failed, 2);
     assert_int_equal(s.cancelled, 1);
     assert_int_equal(s.expired, 0);
-    tpt_latch_destroy(&gate);
 }
 
 static void test_retry_deadline_passes_while_requeued(void **state) {
-    (void)state;
+    tpt_fixture *fx = tpt_fx(state);
     /* The retry is back in the queue (behind a blocker) when its deadline
      * passes: it ends TP_ETIMEDOUT without another attempt, cancelled but not
      * expired, since it ran before. */
     tp_pool *p = mkpool(1, 3, TPT_MS(1), 0);
-    tpt_latch l0, lb;
-    tpt_latch_init(&l0);
-    tpt_latch_init(&lb);
-    rt f = {0};
-    f.fail_until = ALWAYS;
-    f.fail_status = 1;
-    f.gate0 = &l0;
+    tpt_latch *l0 = tpt_fx_latch(fx);
+    tpt_latch *lb = tpt_fx_latch(fx);
+    rt *f = tpt_fx_new(fx, rt);
+    f->fail_until = ALWAYS;
+    f->fail_status = 1;
+    f->gate0 = l0;
     tp_task_opts o = {0};
     o.deadline_ns = tp_now_ns() + TPT_MS(600);
-    submit_rt(p, &f, &o, NULL);
-    TPT_EVENTUALLY(atomic_load(&l0.waiting) == 1);
-    assert_int_equal(tp_submit(p, tpt_block_task, &lb, NULL, NULL), TP_OK);
-    tpt_latch_open(&l0);
+    submit_rt(p, f, &o, NULL);
+    TPT_EVENTUALLY(atomic_load(&l0->waiting) == 1);
+    assert_int_equal(tp_submit(p, tpt_block_task, lb, NULL, NULL), TP_OK);
+    tpt_latch_open(l0);
     /* f failed; the blocker holds the worker; f's retry waits in the queue. */
     tp_stats s;
-    TPT_EVENTUALLY(atomic_load(&lb.waiting) == 1 && (s = tpt_stats(p)).queued == 1 &&
+    TPT_EVENTUALLY(atomic_load(&lb->waiting) == 1 && (s = tpt_stats(p)).queued == 1 &&
                    s.delayed == 0);
-    assert_true(atomic_load(&f.t_return0) < o.deadline_ns);
+    assert_true(atomic_load(&f->t_return0) < o.deadline_ns);
     tpt_sleep_until(o.deadline_ns + TPT_MS(1));
-    tpt_latch_open(&lb);
-    TPT_EVENTUALLY(atomic_load(&f.done_calls) == 1);
-    assert_int_equal(atomic_load(&f.done_status), TP_ETIMEDOUT);
+    tpt_latch_open(lb);
+    TPT_EVENTUALLY(atomic_load(&f->done_calls) == 1);
+    assert_int_equal(atomic_load(&f->done_status), TP_ETIMEDOUT);
     s = tpt_finish(p);
-    assert_int_equal(atomic_load(&f.attempts), 1);
+    assert_int_equal(atomic_load(&f->attempts), 1);
     assert_int_equal(s.started, 2);
     assert_int_equal(s.retried, 0);
     assert_int_equal(s.cancelled, 1);
     assert_int_equal(s.expired, 0);
-    tpt_latch_destroy(&l0);
-    tpt_latch_destroy(&lb);
 }
 
 static void test_retry_run_timeout_is_retried(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_pool *p = mkpool(1, 2, TPT_MS(2), 0);
-    rt r = {0};
-    r.mode = RT_TIMEOUT;
-    r.fail_until = 2; /* attempts 0 and 1 run into their timeout */
+    rt *r = tpt_fx_new(f, rt);
+    r->mode = RT_TIMEOUT;
+    r->fail_until = 2; /* attempts 0 and 1 run into their timeout */
     tp_task_opts o = {0};
     o.run_timeout_ns = TPT_MS(30);
-    submit_rt(p, &r, &o, NULL);
-    TPT_EVENTUALLY(atomic_load(&r.done_calls) == 1);
+    submit_rt(p, r, &o, NULL);
+    TPT_EVENTUALLY(atomic_load(&r->done_calls) == 1);
     tp_stats s = tpt_finish(p);
-    assert_int_equal(atomic_load(&r.done_status), 0);
-    assert_int_equal(atomic_load(&r.attempts), 3);
+    assert_int_equal(atomic_load(&r->done_status), 0);
+    assert_int_equal(atomic_load(&r->attempts), 3);
     /* Each attempt gets its own run timeout, from its own start. */
-    assert_int_equal(atomic_load(&r.err_start_bad), 0);
+    assert_int_equal(atomic_load(&r->err_start_bad), 0);
     assert_int_equal(s.retried, 2);
     assert_int_equal(s.succeeded, 1);
     assert_int_equal(s.failed, 0);
 
     /* Exhausted by run timeouts: the status is the last attempt's. */
     p = mkpool(1, 1, TPT_MS(2), 0);
-    rt t = {0};
-    t.mode = RT_TIMEOUT;
-    t.fail_until = ALWAYS;
-    submit_rt(p, &t, &o, NULL);
-    TPT_EVENTUALLY(atomic_load(&t.done_calls) == 1);
+    rt *t = tpt_fx_new(f, rt);
+    t->mode = RT_TIMEOUT;
+    t->fail_until = ALWAYS;
+    submit_rt(p, t, &o, NULL);
+    TPT_EVENTUALLY(atomic_load(&t->done_calls) == 1);
     s = tpt_finish(p);
-    assert_int_equal(atomic_load(&t.done_status), TP_ETIMEDOUT);
-    assert_int_equal(atomic_load(&t.attempts), 2);
+    assert_int_equal(atomic_load(&t->done_status), TP_ETIMEDOUT);
+    assert_int_equal(atomic_load(&t->attempts), 2);
     assert_int_equal(s.retried, 1);
     assert_int_equal(s.cancelled, 1);
     assert_int_equal(s.expired, 0);
@@ -551,15 +546,15 @@ static void test_retry_run_timeout_is_retried(void **state) {
 /* ------------------------------------------------------------ capacity */
 
 static void test_retry_delayed_counts_toward_capacity(void **state) {
-    (void)state;
+    tpt_fixture *fx = tpt_fx(state);
     /* Capacity 1, one task waiting for a retry: the queue is empty and the
      * worker idle, yet there is no space. */
     tp_pool *p = mkpool(1, 1, TPT_S(60), 1);
-    rt f = {0};
-    f.fail_until = ALWAYS;
-    f.fail_status = 1;
+    rt *f = tpt_fx_new(fx, rt);
+    f->fail_until = ALWAYS;
+    f->fail_status = 1;
     uint64_t fid = 0;
-    submit_rt(p, &f, NULL, &fid);
+    submit_rt(p, f, NULL, &fid);
     tp_stats s;
     TPT_EVENTUALLY((s = tpt_stats(p)).delayed == 1 && s.active == 0);
     assert_int_equal(s.queued, 0);
@@ -571,38 +566,36 @@ static void test_retry_delayed_counts_toward_capacity(void **state) {
     assert_int_equal(s.rejected_timeout, 1);
     assert_int_equal(s.accepted, 1);
     assert_int_equal(tp_cancel(p, fid), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&f.done_calls) == 1);
+    TPT_EVENTUALLY(atomic_load(&f->done_calls) == 1);
     TPT_EVENTUALLY(tpt_stats(p).delayed == 0);
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_OK);
     tpt_finish(p);
 
     /* Capacity 2: one delayed + one queued (the worker blocked) is full. */
     p = mkpool(1, 1, TPT_S(60), 2);
-    rt g = {0};
-    g.fail_until = ALWAYS;
-    g.fail_status = 1;
-    submit_rt(p, &g, NULL, &fid);
+    rt *g = tpt_fx_new(fx, rt);
+    g->fail_until = ALWAYS;
+    g->fail_status = 1;
+    submit_rt(p, g, NULL, &fid);
     TPT_EVENTUALLY(tpt_stats(p).delayed == 1);
-    tpt_latch gate;
-    tpt_latch_init(&gate);
-    assert_int_equal(tp_submit(p, tpt_block_task, &gate, NULL, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&gate.waiting) == 1);
+    tpt_latch *gate = tpt_fx_latch(fx);
+    assert_int_equal(tp_submit(p, tpt_block_task, gate, NULL, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&gate->waiting) == 1);
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_OK);
     TPT_EVENTUALLY((s = tpt_stats(p)).queued == 1 && s.delayed == 1 && s.active == 1);
     assert_true(s.active + s.queued + s.delayed <= 1 + 2);
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_EFULL);
     /* The retry leaving the delayed set makes room. */
     assert_int_equal(tp_cancel(p, fid), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&g.done_calls) == 1);
+    TPT_EVENTUALLY(atomic_load(&g->done_calls) == 1);
     TPT_EVENTUALLY(tpt_stats(p).delayed == 0);
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_OK);
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_EFULL);
-    tpt_latch_open(&gate);
+    tpt_latch_open(gate);
     s = tpt_finish(p);
     assert_int_equal(s.rejected_full, 2);
     assert_int_equal(s.accepted, 4);
-    assert_int_equal(atomic_load(&gate.timeouts), 0);
-    tpt_latch_destroy(&gate);
+    assert_int_equal(atomic_load(&gate->timeouts), 0);
 }
 
 /* ------------------------------------------------------------ logging */
@@ -654,7 +647,7 @@ static int levels_for(const char *log_id, int *out, int max, uint64_t task_id,
 }
 
 static void test_retry_logging(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     pthread_mutex_lock(&log_mu);
     log_n = 0;
     log_null_id = 0;
@@ -665,36 +658,37 @@ static void test_retry_logging(void **state) {
     cfg.max_retries = 2;
     cfg.retry_delay_ns = TPT_MS(1);
     cfg.log = rec_log;
-    tp_pool *p = NULL;
-    assert_int_equal(tp_create(&p, &cfg), TP_OK);
+    tp_pool *p = tpt_pool_new(&cfg);
 
-    rt a = {0}, b = {0}, c = {0};
-    a.fail_until = ALWAYS;
-    a.fail_status = 5;
-    b.fail_until = 1;
-    b.fail_status = 6;
+    rt *a = tpt_fx_new(f, rt);
+    rt *b = tpt_fx_new(f, rt);
+    rt *c = tpt_fx_new(f, rt);
+    a->fail_until = ALWAYS;
+    a->fail_status = 5;
+    b->fail_until = 1;
+    b->fail_status = 6;
     tp_task_opts o = {0};
     uint64_t ida = 0, idb = 0, idc = 0;
     o.log_id = "job-A";
-    submit_rt(p, &a, &o, &ida);
+    submit_rt(p, a, &o, &ida);
     o.log_id = "job-B";
-    submit_rt(p, &b, &o, &idb);
+    submit_rt(p, b, &o, &idb);
     o.log_id = "job-C";
-    submit_rt(p, &c, &o, &idc);
-    TPT_EVENTUALLY(atomic_load(&a.done_calls) + atomic_load(&b.done_calls) +
-                       atomic_load(&c.done_calls) == 3);
+    submit_rt(p, c, &o, &idc);
+    TPT_EVENTUALLY(atomic_load(&a->done_calls) + atomic_load(&b->done_calls) +
+                       atomic_load(&c->done_calls) == 3);
     tpt_finish(p);
 
     /* A pool without retries: the only failed attempt is the last. */
     cfg.max_retries = 0;
-    assert_int_equal(tp_create(&p, &cfg), TP_OK);
-    rt d = {0};
-    d.fail_until = ALWAYS;
-    d.fail_status = 8;
+    p = tpt_pool_new(&cfg);
+    rt *d = tpt_fx_new(f, rt);
+    d->fail_until = ALWAYS;
+    d->fail_status = 8;
     uint64_t idd = 0;
     o.log_id = "job-D";
-    submit_rt(p, &d, &o, &idd);
-    TPT_EVENTUALLY(atomic_load(&d.done_calls) == 1);
+    submit_rt(p, d, &o, &idd);
+    TPT_EVENTUALLY(atomic_load(&d->done_calls) == 1);
     tpt_finish(p);
 
     int lv[8], id_ok;
@@ -724,23 +718,86 @@ static void test_retry_logging(void **state) {
     assert_int_equal(nulls, 0);
 }
 
+/* The WARN message of the first failed attempt logged for `log_id`, copied
+ * into out; 0 when there is none yet. */
+static int warn_msg_for(const char *log_id, char *out, size_t len) {
+    int found = 0;
+    pthread_mutex_lock(&log_mu);
+    for (int i = 0; i < log_n && !found; i++) {
+        if (log_rec[i].level == TP_LOG_WARN && strcmp(log_rec[i].log_id, log_id) == 0) {
+            snprintf(out, len, "%s", log_rec[i].msg);
+            found = 1;
+        }
+    }
+    pthread_mutex_unlock(&log_mu);
+    return found;
+}
+
+/* The retry delay is printed in the unit that fits: a 200 us delay used to
+ * read "retry 1 of 1 in 0 ms". Each task fails once; once its WARN line is
+ * in, a long delay is cut short by a cancel. */
+static void test_retry_log_delay_unit(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    static const struct {
+        uint64_t delay_ns;
+        const char *expect;
+    } cases[] = {
+        {750, "; retry 1 of 1 in 750 ns"},
+        {TPT_MS(1) / 5, "; retry 1 of 1 in 200 us"},
+        {TPT_MS(1), "; retry 1 of 1 in 1 ms"},
+        {TPT_MS(1) + TPT_MS(1) / 2, "; retry 1 of 1 in 1.5 ms"},
+        {TPT_MS(250), "; retry 1 of 1 in 250 ms"},
+        {TPT_S(2) + TPT_MS(500), "; retry 1 of 1 in 2.5 s"},
+        {TPT_S(90), "; retry 1 of 1 in 90 s"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        pthread_mutex_lock(&log_mu);
+        log_n = 0;
+        log_null_id = 0;
+        pthread_mutex_unlock(&log_mu);
+
+        tp_config cfg = {0};
+        cfg.workers = 1;
+        cfg.max_retries = 1;
+        cfg.retry_delay_ns = cases[i].delay_ns;
+        cfg.log = rec_log;
+        tp_pool *p = tpt_pool_new(&cfg);
+        rt *r = tpt_fx_new(f, rt);
+        r->fail_until = 1;
+        r->fail_status = 5;
+        tp_task_opts o = {0};
+        o.log_id = "unit";
+        uint64_t id = 0;
+        submit_rt(p, r, &o, &id);
+        char msg[512];
+        TPT_EVENTUALLY(warn_msg_for("unit", msg, sizeof msg));
+        int crc = tp_cancel(p, id); /* a short delay may have run its retry already */
+        assert_true(crc == TP_OK || crc == TP_ENOTFOUND);
+        TPT_EVENTUALLY(atomic_load(&r->done_calls) == 1);
+        tpt_finish(p);
+        if (!strstr(msg, cases[i].expect))
+            fail_msg("delay %" PRIu64 " ns: got \"%s\", want \"...%s\"", cases[i].delay_ns, msg,
+                     cases[i].expect);
+    }
+}
+
 /* ------------------------------------------------------------ close */
 
 static void test_retry_close_lets_retries_finish(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_pool *p = mkpool(1, 3, TPT_MS(100), 0);
     /* Attempt 0 closes the pool, then fails: the retries still come. */
-    rt r = {0};
-    r.fail_until = 2;
-    r.fail_status = 4;
-    r.close_pool = p;
-    submit_rt(p, &r, NULL, NULL);
-    TPT_EVENTUALLY(atomic_load(&r.t_return0) != 0); /* tp_close done */
+    rt *r = tpt_fx_new(f, rt);
+    r->fail_until = 2;
+    r->fail_status = 4;
+    r->close_pool = p;
+    submit_rt(p, r, NULL, NULL);
+    TPT_EVENTUALLY(atomic_load(&r->t_return0) != 0); /* tp_close done */
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_ECLOSED);
     assert_int_equal(tp_shutdown(p, TPT_WAIT_NS), TP_OK);
-    assert_int_equal(atomic_load(&r.done_calls), 1);
-    assert_int_equal(atomic_load(&r.done_status), 0);
-    assert_int_equal(atomic_load(&r.attempts), 3);
+    assert_int_equal(atomic_load(&r->done_calls), 1);
+    assert_int_equal(atomic_load(&r->done_status), 0);
+    assert_int_equal(atomic_load(&r->attempts), 3);
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK);
     tp_stats s = tpt_stats(p);
     tpt_assert_at_rest(&s);
@@ -748,7 +805,7 @@ static void test_retry_close_lets_retries_finish(void **state) {
     assert_int_equal(s.retried, 2);
     assert_int_equal(s.succeeded, 1);
     assert_int_equal(s.rejected_closed, 1);
-    assert_int_equal(tp_destroy(p), TP_OK);
+    tpt_pool_destroy(p);
 }
 
 /* An elastic pool grows for a retry that comes back to the queue, as it does
@@ -756,7 +813,7 @@ static void test_retry_close_lets_retries_finish(void **state) {
  * remaining worker. Regression: the service thread used to requeue retries
  * without ever adding a worker. */
 static void test_retry_grows_elastic_pool(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_config cfg = {0};
     cfg.workers = 1;
     cfg.max_workers = 2;
@@ -764,46 +821,47 @@ static void test_retry_grows_elastic_pool(void **state) {
     cfg.max_retries = 1;
     cfg.retry_delay_ns = TPT_MS(100);
     cfg.log = tpt_quiet_log;
-    tp_pool *p = NULL;
-    assert_int_equal(tp_create(&p, &cfg), TP_OK);
+    tp_pool *p = tpt_pool_new(&cfg);
 
-    tpt_latch gate;
-    tpt_latch_init(&gate);
+    tpt_latch *gate = tpt_fx_latch(f);
     /* The blocker holds the first worker; the failing task gets a second,
      * which idles out while the retry waits. */
-    assert_int_equal(tp_submit(p, tpt_block_task, &gate, NULL, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&gate.waiting) == 1);
-    rt r = {.mode = RT_RETURN, .fail_until = 1, .fail_status = 5};
-    submit_rt(p, &r, NULL, NULL);
-    TPT_EVENTUALLY(atomic_load(&r.attempts) == 2 && atomic_load(&r.done_calls) == 1);
-    assert_int_equal(atomic_load(&r.done_status), 0);
-    assert_int_equal(atomic_load(&gate.waiting), 1); /* the blocker still holds its worker */
-    tpt_latch_open(&gate);
+    assert_int_equal(tp_submit(p, tpt_block_task, gate, NULL, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&gate->waiting) == 1);
+    rt *r = tpt_fx_new(f, rt);
+    r->mode = RT_RETURN;
+    r->fail_until = 1;
+    r->fail_status = 5;
+    submit_rt(p, r, NULL, NULL);
+    TPT_EVENTUALLY(atomic_load(&r->attempts) == 2 && atomic_load(&r->done_calls) == 1);
+    assert_int_equal(atomic_load(&r->done_status), 0);
+    assert_int_equal(atomic_load(&gate->waiting), 1); /* the blocker still holds its worker */
+    tpt_latch_open(gate);
     tp_stats s = tpt_finish(p);
     assert_int_equal(s.retried, 1);
     assert_int_equal(s.succeeded, 2);
-    tpt_latch_destroy(&gate);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_retry_exhausted),
-        cmocka_unit_test(test_retry_none_by_default),
-        cmocka_unit_test(test_retry_max_100),
-        cmocka_unit_test(test_retry_succeeds_on_attempt_k),
-        cmocka_unit_test(test_retry_holds_no_worker),
-        cmocka_unit_test(test_retry_cancel_while_waiting_all_workers_busy),
-        cmocka_unit_test(test_retry_goes_to_back_of_queue),
-        cmocka_unit_test(test_retry_cut_by_forced_shutdown),
-        cmocka_unit_test(test_retry_not_after_cancel),
-        cmocka_unit_test(test_retry_deadline_passes_while_waiting),
-        cmocka_unit_test(test_retry_deadline_passes_while_running),
-        cmocka_unit_test(test_retry_deadline_passes_while_requeued),
-        cmocka_unit_test(test_retry_run_timeout_is_retried),
-        cmocka_unit_test(test_retry_delayed_counts_toward_capacity),
-        cmocka_unit_test(test_retry_logging),
-        cmocka_unit_test(test_retry_close_lets_retries_finish),
-        cmocka_unit_test(test_retry_grows_elastic_pool),
+        TPT_TEST(test_retry_exhausted),
+        TPT_TEST(test_retry_none_by_default),
+        TPT_TEST(test_retry_max_100),
+        TPT_TEST(test_retry_succeeds_on_attempt_k),
+        TPT_TEST(test_retry_holds_no_worker),
+        TPT_TEST(test_retry_cancel_while_waiting_all_workers_busy),
+        TPT_TEST(test_retry_goes_to_back_of_queue),
+        TPT_TEST(test_retry_cut_by_forced_shutdown),
+        TPT_TEST(test_retry_not_after_cancel),
+        TPT_TEST(test_retry_deadline_passes_while_waiting),
+        TPT_TEST(test_retry_deadline_passes_while_running),
+        TPT_TEST(test_retry_deadline_passes_while_requeued),
+        TPT_TEST(test_retry_run_timeout_is_retried),
+        TPT_TEST(test_retry_delayed_counts_toward_capacity),
+        TPT_TEST(test_retry_logging),
+        TPT_TEST(test_retry_log_delay_unit),
+        TPT_TEST(test_retry_close_lets_retries_finish),
+        TPT_TEST(test_retry_grows_elastic_pool),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -127,11 +127,11 @@ static void test_tasks_limit(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_ring_fifo_and_wrap),
-        cmocka_unit_test(test_ring_remove_keeps_order),
-        cmocka_unit_test(test_ring_remove_every_position),
-        cmocka_unit_test(test_tasks_index_and_growth),
-        cmocka_unit_test(test_tasks_limit),
+        TPT_TEST(test_ring_fifo_and_wrap),
+        TPT_TEST(test_ring_remove_keeps_order),
+        TPT_TEST(test_ring_remove_every_position),
+        TPT_TEST(test_tasks_index_and_growth),
+        TPT_TEST(test_tasks_limit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

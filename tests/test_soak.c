@@ -703,9 +703,9 @@ static void test_cancel_vs_completion(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_lifecycle_storm, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_timeout_vs_completion, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_cancel_vs_completion, tpt_guard_setup, tpt_guard_teardown),
+        TPT_TEST(test_lifecycle_storm),
+        TPT_TEST(test_timeout_vs_completion),
+        TPT_TEST(test_cancel_vs_completion),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

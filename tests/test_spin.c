@@ -71,25 +71,25 @@ static int second_task(tp_ctx *c, void *arg) {
 }
 
 static void test_bursts_reach_a_second_worker(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_config cfg = {0};
     cfg.workers = 2;
     cfg.queue_capacity = 8;
     tp_pool *p = tpt_pool_new(&cfg);
     atomic_store(&ran, 0);
     const long n = TPT_SANITIZED ? 300 : 1500;
+    pair *pr = tpt_fx_new(f, pair); /* the pool's tasks use it: not on this stack */
     for (long i = 0; i < n; i++) {
-        pair pr;
-        tpt_latch_init(&pr.second_ran);
+        tpt_latch_init(&pr->second_ran);
         gap((uint64_t)(i % 61) * 1000u);
-        assert_int_equal(tp_submit(p, first_task, &pr, NULL, NULL), TP_OK);
+        assert_int_equal(tp_submit(p, first_task, pr, NULL, NULL), TP_OK);
         gap((uint64_t)(i % 7) * 1000u);
-        assert_int_equal(tp_submit(p, second_task, &pr, NULL, NULL), TP_OK);
+        assert_int_equal(tp_submit(p, second_task, pr, NULL, NULL), TP_OK);
         assert_true(TPT_POLL(atomic_load(&ran) == 2 * (i + 1), TPT_WAIT_NS));
         /* the first task's latch wait returned: it waited for the second */
-        assert_int_equal(atomic_load(&pr.second_ran.timeouts), 0);
-        assert_true(TPT_POLL(atomic_load(&pr.second_ran.waiting) == 0, TPT_WAIT_NS));
-        tpt_latch_destroy(&pr.second_ran);
+        assert_int_equal(atomic_load(&pr->second_ran.timeouts), 0);
+        assert_true(TPT_POLL(atomic_load(&pr->second_ran.waiting) == 0, TPT_WAIT_NS));
+        tpt_latch_destroy(&pr->second_ran);
     }
     tp_stats s = tpt_pool_finish(p);
     assert_int_equal(s.succeeded, (uint64_t)(2 * n));
@@ -116,12 +116,9 @@ static void test_idle_counts_the_spinner(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_single_tasks_across_the_spin_window, tpt_guard_setup,
-                                        tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_bursts_reach_a_second_worker, tpt_guard_setup,
-                                        tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_idle_counts_the_spinner, tpt_guard_setup,
-                                        tpt_guard_teardown),
+        TPT_TEST(test_single_tasks_across_the_spin_window),
+        TPT_TEST(test_bursts_reach_a_second_worker),
+        TPT_TEST(test_idle_counts_the_spinner),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -261,13 +261,12 @@ static void test_format_einval(void **state) {
 /* ------------------------------------------------------------ live pool */
 
 static void test_live_stats(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_config cfg = {0};
     cfg.workers = 3;
     cfg.queue_capacity = 10;
     cfg.max_per_user = TP_UNLIMITED;
-    tp_pool *p = NULL;
-    assert_int_equal(tp_create(&p, &cfg), TP_OK);
+    tp_pool *p = tpt_pool_new(&cfg);
     tp_stats s;
     TPT_EVENTUALLY((s = tpt_stats(p)).workers == 3 && s.idle == 3);
     assert_int_equal(s.active, 0);
@@ -276,21 +275,20 @@ static void test_live_stats(void **state) {
     assert_int_equal(s.users, 0);
     assert_int_equal(s.submitted, 0);
 
-    tpt_latch gate;
-    tpt_latch_init(&gate);
+    tpt_latch *gate = tpt_fx_latch(f);
     tp_task_opts o = {0};
     o.user = "a";
-    assert_int_equal(tp_submit(p, tpt_block_task, &gate, &o, NULL), TP_OK);
-    assert_int_equal(tp_submit(p, tpt_block_task, &gate, &o, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&gate.waiting) == 2);
+    assert_int_equal(tp_submit(p, tpt_block_task, gate, &o, NULL), TP_OK);
+    assert_int_equal(tp_submit(p, tpt_block_task, gate, &o, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&gate->waiting) == 2);
     TPT_EVENTUALLY((s = tpt_stats(p)).active == 2 && s.idle == 1);
     assert_int_equal(s.workers, 3);
     assert_int_equal(s.users, 1);
     assert_int_equal(tp_user_active(p, "a"), 2);
 
     o.user = "b";
-    assert_int_equal(tp_submit(p, tpt_block_task, &gate, &o, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&gate.waiting) == 3);
+    assert_int_equal(tp_submit(p, tpt_block_task, gate, &o, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&gate->waiting) == 3);
     o.user = NULL;
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, &o, NULL), TP_OK);
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, &o, NULL), TP_OK);
@@ -303,7 +301,7 @@ static void test_live_stats(void **state) {
     assert_int_equal(tp_user_active(p, "b"), 1);
     assert_int_equal(tp_user_active(p, "c"), 0);
 
-    tpt_latch_open(&gate);
+    tpt_latch_open(gate);
     TPT_EVENTUALLY((s = tpt_stats(p)).completed == 5 && s.idle == 3);
     assert_int_equal(s.active, 0);
     assert_int_equal(s.queued, 0);
@@ -312,8 +310,7 @@ static void test_live_stats(void **state) {
     s = tpt_finish(p);
     assert_int_equal(s.succeeded, 5);
     assert_int_equal(s.idle, 0);
-    assert_int_equal(atomic_load(&gate.timeouts), 0);
-    tpt_latch_destroy(&gate);
+    assert_int_equal(atomic_load(&gate->timeouts), 0);
 }
 
 /* ------------------------------------------------------------ synchronization */
@@ -340,8 +337,7 @@ static void test_stats_synchronize(void **state) {
     cfg.workers = 2;
     cfg.queue_capacity = 8;
     cfg.max_per_user = TP_UNLIMITED;
-    tp_pool *p = NULL;
-    assert_int_equal(tp_create(&p, &cfg), TP_OK);
+    tp_pool *p = tpt_pool_new(&cfg);
     static sync_cell cells[ROUNDS];
     for (unsigned i = 0; i < ROUNDS; i++) {
         cells[i].value = 0;
@@ -367,17 +363,15 @@ static int fail3_task(tp_ctx *c, void *arg) {
 }
 
 static void test_mixed_workload_at_rest(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_config cfg = {0};
     cfg.workers = 2;
     cfg.queue_capacity = 4;
     cfg.max_per_user = 1;
     cfg.log = tpt_quiet_log;
-    tp_pool *p = NULL;
-    assert_int_equal(tp_create(&p, &cfg), TP_OK);
+    tp_pool *p = tpt_pool_new(&cfg);
 
-    tpt_latch gate;
-    tpt_latch_init(&gate);
+    tpt_latch *gate = tpt_fx_latch(f);
     tpt_done d[7]; /* d[4], d[5]: args of rejected submits, never called; d[6] expires */
     memset(d, 0, sizeof d);
     tp_task_opts o = {0};
@@ -390,9 +384,9 @@ static void test_mixed_workload_at_rest(void **state) {
      * blockers use no on_done. */
     tp_task_opts ob = {0};
     ob.user = "u1";
-    assert_int_equal(tp_submit(p, tpt_block_task, &gate, &ob, NULL), TP_OK);
-    assert_int_equal(tp_submit(p, tpt_block_task, &gate, NULL, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&gate.waiting) == 2);
+    assert_int_equal(tp_submit(p, tpt_block_task, gate, &ob, NULL), TP_OK);
+    assert_int_equal(tp_submit(p, tpt_block_task, gate, NULL, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&gate->waiting) == 2);
 
     /* Four queued: success, failure, to be cancelled, success. (The task
      * that expires comes later: a queued task ends at its deadline, so it
@@ -422,7 +416,7 @@ static void test_mixed_workload_at_rest(void **state) {
 
     /* It expires in the queue while both workers are still blocked. */
     TPT_EVENTUALLY(atomic_load(&d[6].calls) == 1);
-    tpt_latch_open(&gate);
+    tpt_latch_open(gate);
     TPT_EVENTUALLY(atomic_load(&d[0].calls) + atomic_load(&d[1].calls) +
                        atomic_load(&d[3].calls) + atomic_load(&d[6].calls) == 4);
     assert_int_equal(tp_close(p), TP_OK);
@@ -455,8 +449,7 @@ static void test_mixed_workload_at_rest(void **state) {
     assert_int_equal(s.expired, 1);
     assert_int_equal(s.workers, 0);
     assert_int_equal(s.idle, 0);
-    assert_int_equal(atomic_load(&gate.timeouts), 0);
-    tpt_latch_destroy(&gate);
+    assert_int_equal(atomic_load(&gate->timeouts), 0);
 }
 
 /* Many threads hammer one pool with a mix; at rest the invariants hold. */
@@ -506,8 +499,7 @@ static void test_concurrent_mix_at_rest(void **state) {
     cfg.queue_capacity = 8;
     cfg.max_per_user = 2;
     cfg.log = tpt_quiet_log;
-    tp_pool *p = NULL;
-    assert_int_equal(tp_create(&p, &cfg), TP_OK);
+    tp_pool *p = tpt_pool_new(&cfg);
     enum { T = 4 };
     pthread_t th[T];
     static hammer h[T];
@@ -583,20 +575,44 @@ static void test_version(void **state) {
     assert_non_null(tp_version());
     assert_string_equal(tp_version(), want);
     assert_ptr_equal(tp_version(), tp_version()); /* static string */
+    /* TP_VERSION_HEX and TP_VERSION_AT_LEAST agree with the parts. */
+    assert_int_equal(TP_VERSION_HEX, (TP_VERSION_MAJOR << 16) | (TP_VERSION_MINOR << 8) | TP_VERSION_PATCH);
+    assert_true(TP_VERSION_AT_LEAST(TP_VERSION_MAJOR, TP_VERSION_MINOR, TP_VERSION_PATCH));
+    assert_true(TP_VERSION_AT_LEAST(1, 0, 0));
+    assert_false(TP_VERSION_AT_LEAST(TP_VERSION_MAJOR, TP_VERSION_MINOR, TP_VERSION_PATCH + 1));
+    assert_false(TP_VERSION_AT_LEAST(TP_VERSION_MAJOR + 1, 0, 0));
+#if !TP_VERSION_AT_LEAST(1, 1, 0)
+    fail_msg("the preprocessor sees TP_VERSION_AT_LEAST(1, 1, 0) false in a 1.1 header");
+#endif
+}
+
+/* The reserved tail of tp_stats is written as zero (taskpool.h, "How the
+ * structs grow"), whatever the caller's buffer held. */
+static void test_stats_reserved_zeroed(void **state) {
+    (void)state;
+    tp_config cfg = {0};
+    cfg.workers = 1;
+    tp_pool *p = tpt_pool_new(&cfg);
+    tp_stats s;
+    memset(&s, 0xA5, sizeof s);
+    tp_stats_get(p, &s);
+    for (size_t i = 0; i < sizeof s.reserved / sizeof s.reserved[0]; i++) assert_true(s.reserved[i] == 0);
+    (void)tpt_finish(p);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_format_json),
-        cmocka_unit_test(test_format_prometheus),
-        cmocka_unit_test(test_format_snprintf_semantics),
-        cmocka_unit_test(test_format_einval),
-        cmocka_unit_test(test_live_stats),
-        cmocka_unit_test(test_stats_synchronize),
-        cmocka_unit_test(test_mixed_workload_at_rest),
-        cmocka_unit_test(test_concurrent_mix_at_rest),
-        cmocka_unit_test(test_strerror_and_names),
-        cmocka_unit_test(test_version),
+        TPT_TEST(test_format_json),
+        TPT_TEST(test_format_prometheus),
+        TPT_TEST(test_format_snprintf_semantics),
+        TPT_TEST(test_format_einval),
+        TPT_TEST(test_live_stats),
+        TPT_TEST(test_stats_synchronize),
+        TPT_TEST(test_mixed_workload_at_rest),
+        TPT_TEST(test_concurrent_mix_at_rest),
+        TPT_TEST(test_strerror_and_names),
+        TPT_TEST(test_version),
+        TPT_TEST(test_stats_reserved_zeroed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -636,10 +636,10 @@ static void test_submit_wait_producers_close(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_concurrent_submit_close, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_submit_cancel_stats_shutdown, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_user_slot_churn, tpt_guard_setup, tpt_guard_teardown),
-        cmocka_unit_test_setup_teardown(test_submit_wait_producers_close, tpt_guard_setup, tpt_guard_teardown),
+        TPT_TEST(test_concurrent_submit_close),
+        TPT_TEST(test_submit_cancel_stats_shutdown),
+        TPT_TEST(test_user_slot_churn),
+        TPT_TEST(test_submit_wait_producers_close),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

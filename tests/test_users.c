@@ -92,9 +92,9 @@ static void test_users_max_length_name(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_users_count_and_release),
-        cmocka_unit_test(test_users_churn_bounded),
-        cmocka_unit_test(test_users_max_length_name),
+        TPT_TEST(test_users_count_and_release),
+        TPT_TEST(test_users_churn_bounded),
+        TPT_TEST(test_users_max_length_name),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

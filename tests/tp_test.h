@@ -206,26 +206,32 @@ static inline void tpt_assert_at_rest(const tp_stats *s) {
     assert_int_equal(s->users, 0);
 }
 
-/* Shut `p` down (budget TP_FOREVER unless told), wait, check the at-rest
- * invariants and destroy it. Returns the final stats for further asserts. */
+static inline void tpt_fx_forget(tp_pool *p); /* fixtures, below */
+
+/* Shut `p` down, wait, check the at-rest invariants and destroy it (a
+ * fixture that owned it no longer does). Returns the final stats for further
+ * asserts. */
 static inline tp_stats tpt_finish(tp_pool *p) {
     assert_int_equal(tp_shutdown(p, TPT_WAIT_NS), TP_OK);
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK);
     tp_stats s = tpt_stats(p);
     tpt_assert_at_rest(&s);
     assert_int_equal(s.workers, 0);
+    tpt_fx_forget(p);
     assert_int_equal(tp_destroy(p), TP_OK);
     return s;
 }
 
 /* Shut down a pool whose drain the test forced (tp_shutdown returned
  * TP_ETIMEDOUT): tp_wait reports the same, then the at-rest invariants hold
- * and the pool is destroyed. Returns the final stats. */
+ * and the pool is destroyed (and no longer owned by a fixture). Returns the
+ * final stats. */
 static inline tp_stats tpt_finish_forced(tp_pool *p) {
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_ETIMEDOUT);
     tp_stats s = tpt_stats(p);
     tpt_assert_at_rest(&s);
     assert_int_equal(s.workers, 0);
+    tpt_fx_forget(p);
     assert_int_equal(tp_destroy(p), TP_OK);
     return s;
 }
@@ -241,67 +247,312 @@ static inline void tpt_quiet_log(void *arg, int level, const char *log_id, const
     (void)msg;
 }
 
-/* Pools made by tpt_pool_new and not yet ended by tpt_pool_finish or
- * tpt_pool_destroy, and whether a test left one running. One per executable
- * (a function-local static, so a file that does not use it pays nothing). */
-typedef struct tpt_guard_state {
-    atomic_int live_pools;
-    atomic_int poisoned;
-} tpt_guard_state;
+/* ------------------------------------------------------------ fixtures */
 
-static inline tpt_guard_state *tpt_guard_state_get(void) {
-    static tpt_guard_state g;
-    return &g;
+/*
+ * The fixture of a test: everything a pool thread may touch lives here, on
+ * the heap, never in the test function's stack frame. A failed assert_*
+ * longjmps out of the test and leaves its frame dead while the pool's threads
+ * still run; the teardown then ends them before the next test starts:
+ *
+ *   static void test_x(void **state) {
+ *       tpt_fixture *f = tpt_fx(state);
+ *       tpt_latch *l = tpt_fx_latch(f);         // closed; opened by the teardown
+ *       tpt_done *d = tpt_fx_new(f, tpt_done);  // zeroed, freed by the teardown
+ *       tp_pool *p = tpt_fx_pool(f, &cfg);      // tp_create that must succeed
+ *       ...
+ *       tp_stats s = tpt_finish(p);             // the normal end: asserts and frees
+ *   }
+ *   ... TPT_TEST(test_x), ...
+ *
+ * tpt_fixture_teardown always runs (cmocka calls it after a failed test too):
+ * it opens every latch, closes every pool still owned, joins the threads the
+ * test started with tpt_fx_thread and did not join (bounded), forces a
+ * shutdown of the pools (budget TPT_FX_SHUTDOWN_NS), waits for their threads
+ * (f->wait_ns), destroys them and frees the latches, the blocks and the
+ * fixture. If a pool's threads do
+ * not exit in time (a task that ignores cancellation), nothing is freed (the
+ * threads may still use it), the teardown prints which pool and returns -1:
+ * cmocka reports the test as failed instead of hanging, and later tests run.
+ * The teardown may be called again once the task returned.
+ *
+ * New tests use this style: TPT_TEST() to register, tpt_fx() for the fixture,
+ * tpt_fx_latch / tpt_fx_new / tpt_fx_pool for anything the pool touches,
+ * tpt_fx_thread / tpt_fx_join for a thread that races the pool.
+ * The older names still work on top of it: tpt_pool_new() puts the pool in
+ * the fixture of the running test (if it runs under one), tpt_finish(),
+ * tpt_pool_finish(), tpt_finish_forced() and tpt_pool_destroy() take it out
+ * again, and tpt_guard_setup/teardown are tpt_fixture_setup/teardown.
+ */
+#define TPT_FX_POOLS 8
+#define TPT_FX_LATCHES 8
+#define TPT_FX_THREADS 16
+/* A failed test's pools are forced after this: cleanup, not a drain. */
+#define TPT_FX_SHUTDOWN_NS TPT_MS(100)
+
+typedef struct tpt_fx_block {
+    struct tpt_fx_block *next;
+    max_align_t data[]; /* the caller's zeroed memory */
+} tpt_fx_block;
+
+/* A thread the test started with tpt_fx_thread (a racing submitter, a
+ * thread blocked in tp_shutdown ...): `done` tells the teardown it may join. */
+typedef struct tpt_fx_thr {
+    void *(*fn)(void *);
+    void *arg;
+    atomic_int done;
+    int joined;
+    pthread_t id;
+} tpt_fx_thr;
+
+typedef struct tpt_fixture {
+    tp_pool *pools[TPT_FX_POOLS];       /* owned until finished; NULL: free slot */
+    tpt_fx_thr *threads[TPT_FX_THREADS]; /* started by the test, in order */
+    unsigned threads_used;
+    tpt_latch latches[TPT_FX_LATCHES];  /* all initialised, closed */
+    unsigned latches_used;              /* handed out by tpt_fx_latch */
+    tpt_fx_block *blocks;               /* from tpt_fx_alloc */
+    uint64_t wait_ns;                   /* teardown's bound on a pool's threads */
+} tpt_fixture;
+
+/* The fixture of the test running now (NULL between tests), for the older
+ * helpers that take no fixture. One per executable. */
+static inline tpt_fixture **tpt_fx_current_slot(void) {
+    static tpt_fixture *current;
+    return &current;
 }
 
-/* tp_create(cfg) that must succeed; the pool counts as live until
- * tpt_pool_finish / tpt_pool_destroy (only the guard below reads the count). */
-static inline tp_pool *tpt_pool_new(const tp_config *cfg) {
+/* The fixture cmocka passes to a test registered with TPT_TEST. */
+static inline tpt_fixture *tpt_fx(void **state) {
+    tpt_fixture *f = (tpt_fixture *)*state;
+    if (f == NULL)
+        fail_msg("no fixture: register the test with TPT_TEST()");
+    return f;
+}
+
+/* The fixture of the running test, for helpers that are not given one. */
+static inline tpt_fixture *tpt_fx_current(void) {
+    tpt_fixture *f = *tpt_fx_current_slot();
+    if (f == NULL)
+        fail_msg("no fixture: register the test with TPT_TEST()");
+    return f;
+}
+
+/* Zeroed memory that lives until the teardown has ended every pool. */
+static inline void *tpt_fx_alloc(tpt_fixture *f, size_t size) {
+    tpt_fx_block *b = (tpt_fx_block *)calloc(1, sizeof *b + size);
+    assert_non_null(b);
+    b->next = f->blocks;
+    f->blocks = b;
+    return b->data;
+}
+#define tpt_fx_new(f, T) ((T *)tpt_fx_alloc((f), sizeof(T)))
+#define tpt_fx_array(f, T, n) ((T *)tpt_fx_alloc((f), sizeof(T) * (size_t)(n)))
+
+/* The next closed latch of the fixture. */
+static inline tpt_latch *tpt_fx_latch(tpt_fixture *f) {
+    if (f->latches_used >= TPT_FX_LATCHES)
+        fail_msg("more than %d latches in one test", TPT_FX_LATCHES);
+    return &f->latches[f->latches_used++];
+}
+
+static inline void *tpt_fx_thr_main(void *a) {
+    tpt_fx_thr *t = (tpt_fx_thr *)a;
+    void *r = t->fn(t->arg);
+    atomic_store(&t->done, 1);
+    return r;
+}
+
+/* pthread_create(fn, arg) that must succeed; the teardown joins the thread
+ * (bounded) if the test did not, before it ends the pools the thread may
+ * still be calling. `arg` must outlive the test: fixture memory. */
+static inline tpt_fx_thr *tpt_fx_thread(tpt_fixture *f, void *(*fn)(void *), void *arg) {
+    if (f->threads_used >= TPT_FX_THREADS)
+        fail_msg("more than %d threads in one test", TPT_FX_THREADS);
+    tpt_fx_thr *t = tpt_fx_new(f, tpt_fx_thr);
+    t->fn = fn;
+    t->arg = arg;
+    assert_int_equal(pthread_create(&t->id, NULL, tpt_fx_thr_main, t), 0);
+    f->threads[f->threads_used++] = t;
+    return t;
+}
+
+/* pthread_join for a thread from tpt_fx_thread. */
+static inline void tpt_fx_join(tpt_fx_thr *t) {
+    assert_false(t->joined);
+    t->joined = 1;
+    assert_int_equal(pthread_join(t->id, NULL), 0);
+}
+
+/* The fixture owns `p` from now on (its teardown ends it if the test does not). */
+static inline void tpt_fx_adopt(tpt_fixture *f, tp_pool *p) {
+    for (int i = 0; i < TPT_FX_POOLS; i++) {
+        if (f->pools[i] == NULL) {
+            f->pools[i] = p;
+            return;
+        }
+    }
+    (void)tp_destroy(p);
+    fail_msg("more than %d pools in one test", TPT_FX_POOLS);
+}
+
+/* tp_create(cfg) that must succeed, owned by the fixture. */
+static inline tp_pool *tpt_fx_pool(tpt_fixture *f, const tp_config *cfg) {
     tp_pool *p = NULL;
     assert_int_equal(tp_create(&p, cfg), TP_OK);
     assert_non_null(p);
-    atomic_fetch_add(&tpt_guard_state_get()->live_pools, 1);
+    tpt_fx_adopt(f, p);
     return p;
 }
 
-/* tpt_finish() for a pool from tpt_pool_new: it is no longer live. */
-static inline tp_stats tpt_pool_finish(tp_pool *p) {
-    tp_stats s = tpt_finish(p);
-    atomic_fetch_sub(&tpt_guard_state_get()->live_pools, 1);
-    return s;
+/* The test is about to end `p` itself: the fixture of the running test (if
+ * any) no longer owns it. */
+static inline void tpt_fx_forget(tp_pool *p) {
+    tpt_fixture *f = *tpt_fx_current_slot();
+    if (f == NULL)
+        return;
+    for (int i = 0; i < TPT_FX_POOLS; i++)
+        if (f->pools[i] == p)
+            f->pools[i] = NULL;
 }
 
-/* tp_destroy() that must succeed, for a pool from tpt_pool_new. */
-static inline void tpt_pool_destroy(tp_pool *p) {
-    assert_int_equal(tp_destroy(p), TP_OK);
-    atomic_fetch_sub(&tpt_guard_state_get()->live_pools, 1);
-}
-
-/* Setup/teardown pair for cmocka_unit_test_setup_teardown. A failed assert
- * longjmps out of a test and leaves its pool running, its threads still
- * pointing into the dead stack frame (latches, records); the next test would
- * reuse that memory and could hang or corrupt. So the teardown notes a pool
- * still live and the next test's setup stops the executable, after cmocka
- * printed the failure. */
-static inline int tpt_guard_teardown(void **state) {
-    (void)state;
-    tpt_guard_state *g = tpt_guard_state_get();
-    if (atomic_load(&g->live_pools) != 0)
-        atomic_store(&g->poisoned, 1);
-    return 0;
-}
-
-static inline int tpt_guard_setup(void **state) {
-    (void)state;
-    if (atomic_load(&tpt_guard_state_get()->poisoned)) {
-        /* cmocka has printed the previous test's failure by now */
-        printf("[  ABORT   ] a failed test left its pool running; stopping here "
-               "(later tests would share its threads and dead stack memory)\n");
-        fflush(stdout);
-        fflush(stderr);
-        _exit(1);
+static inline int tpt_fixture_setup(void **state) {
+    if (tp_default() != NULL) { /* the previous teardown clears it */
+        printf("[  ERROR   ] setup: a default pool is registered before the test\n");
+        return -1;
     }
+    tpt_fixture *f = (tpt_fixture *)calloc(1, sizeof *f);
+    if (f == NULL)
+        return -1;
+    for (int i = 0; i < TPT_FX_LATCHES; i++)
+        tpt_latch_init(&f->latches[i]);
+    /* longer than a latch's own bound: a task on a latch the fixture does
+     * not own still returns in time */
+    f->wait_ns = 2 * TPT_WAIT_NS;
+    *state = f;
+    *tpt_fx_current_slot() = f;
     return 0;
+}
+
+/* Ends one pool the test left behind; 0, or -1 if its threads still run. */
+static inline int tpt_fx_end_pool(tpt_fixture *f, tp_pool *p) {
+    (void)tp_shutdown(p, TPT_FX_SHUTDOWN_NS); /* OK, or TP_ETIMEDOUT: forced */
+    (void)tp_wait(p, f->wait_ns);             /* forced reads TP_ETIMEDOUT too */
+    tp_stats s = tpt_stats(p);
+    if (s.workers != 0 || s.active != 0) {
+        printf("[  LEAK    ] teardown: pool %p still has %llu worker(s), %llu task(s) "
+               "running after %llu ms (a task ignores cancellation?); not freed\n",
+               (void *)p, (unsigned long long)s.workers, (unsigned long long)s.active,
+               (unsigned long long)(f->wait_ns / 1000000u));
+        fflush(stdout);
+        return -1;
+    }
+    return tp_destroy(p) == TP_OK ? 0 : -1;
+}
+
+static inline int tpt_fx_pools_left(const tpt_fixture *f) {
+    for (int i = 0; i < TPT_FX_POOLS; i++)
+        if (f->pools[i] != NULL)
+            return 1;
+    return 0;
+}
+
+static inline int tpt_fixture_teardown(void **state) {
+    tpt_fixture *f = (tpt_fixture *)*state;
+    if (f == NULL)
+        return 0;
+    for (int i = 0; i < TPT_FX_LATCHES; i++)
+        tpt_latch_open(&f->latches[i]);
+    /* A default pool still registered is this test's too (tests start without
+     * one): unregister it, end it with the others, and report it. */
+    tp_pool *dflt = tp_default_swap(NULL);
+    int owned = dflt == NULL;
+    for (int i = 0; i < TPT_FX_POOLS && !owned; i++)
+        owned = f->pools[i] == dflt;
+    for (int i = 0; i < TPT_FX_POOLS && !owned; i++) {
+        if (f->pools[i] == NULL) {
+            f->pools[i] = dflt;
+            owned = 1;
+        }
+    }
+    if (!owned) /* no free slot: leak it rather than lose track of threads */
+        printf("[  LEAK    ] teardown: no slot for the default pool %p\n", (void *)dflt);
+    /* Closing wakes the test's threads blocked in tp_submit_wait and refuses
+     * their submits: join them (bounded) before any pool is destroyed. */
+    for (int i = 0; i < TPT_FX_POOLS; i++)
+        if (f->pools[i] != NULL)
+            (void)tp_close(f->pools[i]);
+    int rc = 0;
+    for (unsigned i = 0; i < f->threads_used; i++) {
+        tpt_fx_thr *t = f->threads[i];
+        if (t->joined)
+            continue;
+        if (TPT_POLL(atomic_load(&t->done), f->wait_ns)) {
+            t->joined = 1;
+            (void)pthread_join(t->id, NULL);
+        } else {
+            printf("[  LEAK    ] teardown: a thread of the test still runs after %llu ms; "
+                   "its pools are left alone\n",
+                   (unsigned long long)(f->wait_ns / 1000000u));
+            rc = -1;
+        }
+    }
+    if (rc != 0)
+        return -1; /* it may still call a pool: keep everything */
+    for (int i = 0; i < TPT_FX_POOLS; i++) {
+        if (f->pools[i] == NULL)
+            continue;
+        if (tpt_fx_end_pool(f, f->pools[i]) == 0)
+            f->pools[i] = NULL;
+        else
+            rc = -1;
+    }
+    if (dflt != NULL) {
+        printf("[  ERROR   ] teardown: the test left a default pool registered\n");
+        rc = -1;
+    }
+    if (rc != 0 && (!owned || tpt_fx_pools_left(f)))
+        return -1; /* threads may still use the fixture: keep all of it */
+    for (int i = 0; i < TPT_FX_LATCHES; i++)
+        tpt_latch_destroy(&f->latches[i]);
+    while (f->blocks != NULL) {
+        tpt_fx_block *b = f->blocks;
+        f->blocks = b->next;
+        free(b);
+    }
+    if (*tpt_fx_current_slot() == f)
+        *tpt_fx_current_slot() = NULL;
+    free(f);
+    *state = NULL;
+    return rc;
+}
+
+/* Register a test with the fixture. */
+#define TPT_TEST(fn) cmocka_unit_test_setup_teardown(fn, tpt_fixture_setup, tpt_fixture_teardown)
+
+/* Older names (other branches' tests use them): the same fixture. */
+static inline int tpt_guard_setup(void **state) { return tpt_fixture_setup(state); }
+static inline int tpt_guard_teardown(void **state) { return tpt_fixture_teardown(state); }
+
+/* tp_create(cfg) that must succeed; owned by the running test's fixture, if
+ * it runs under one, until tpt_finish / tpt_pool_destroy. */
+static inline tp_pool *tpt_pool_new(const tp_config *cfg) {
+    tpt_fixture *f = *tpt_fx_current_slot();
+    if (f != NULL)
+        return tpt_fx_pool(f, cfg);
+    tp_pool *p = NULL;
+    assert_int_equal(tp_create(&p, cfg), TP_OK);
+    assert_non_null(p);
+    return p;
+}
+
+/* tpt_finish() by its older name. */
+static inline tp_stats tpt_pool_finish(tp_pool *p) { return tpt_finish(p); }
+
+/* tp_destroy() that must succeed; the fixture no longer owns `p`. */
+static inline void tpt_pool_destroy(tp_pool *p) {
+    tpt_fx_forget(p);
+    assert_int_equal(tp_destroy(p), TP_OK);
 }
 
 /* Submit `n` tasks blocked on `l` (as `user`, or none if NULL) and wait until

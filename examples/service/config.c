@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "log.h"
 #include "taskpool.h"
 
 static const struct {
@@ -131,7 +132,15 @@ static int load_duration(const char *name, uint64_t min, uint64_t max, uint64_t 
     return 0;
 }
 
-int svc_config_load(svc_config *cfg, char *err, size_t errlen) {
+/* Each check below names its variable first, so a failure reports it. */
+#define CHECK(name, call)                                                                         \
+    do {                                                                                          \
+        *var = (name);                                                                            \
+        if ((call) != 0)                                                                          \
+            return -1;                                                                            \
+    } while (0)
+
+int svc_config_load(svc_config *cfg, char *err, size_t errlen, const char **var) {
     memset(cfg, 0, sizeof *cfg);
     strcpy(cfg->listen_addr, "127.0.0.1:8080");
     cfg->workers = 4;
@@ -142,8 +151,21 @@ int svc_config_load(svc_config *cfg, char *err, size_t errlen) {
     cfg->shutdown_timeout_ns = 5 * SVC_NS_PER_S;
     cfg->header_timeout_ns = 5 * SVC_NS_PER_S;
     cfg->idle_timeout_ns = 30 * SVC_NS_PER_S;
+    cfg->log_level = SVC_LOG_INFO;
+    cfg->task_history = 256;
+    cfg->task_retries = 0;
+    cfg->retry_delay_ns = 1 * SVC_NS_PER_S;
 
+    /* First, so that the errors below are already logged at the right level. */
+    const char *lvl = env("LOG_LEVEL");
+    *var = "LOG_LEVEL";
+    if (lvl != NULL && (cfg->log_level = svc_log_parse_level(lvl)) < 0) {
+        cfg->log_level = SVC_LOG_INFO;
+        snprintf(err, errlen, "LOG_LEVEL=\"%s\": expected error, warn, info or debug", lvl);
+        return -1;
+    }
     const char *addr = env("LISTEN_ADDR");
+    *var = "LISTEN_ADDR";
     if (addr != NULL) {
         if (strlen(addr) >= sizeof cfg->listen_addr) {
             snprintf(err, errlen, "LISTEN_ADDR is too long");
@@ -154,17 +176,23 @@ int svc_config_load(svc_config *cfg, char *err, size_t errlen) {
     const char *mpu = env("MAX_PER_USER");
     if (mpu != NULL && strcmp(mpu, "unlimited") == 0)
         cfg->max_per_user = TP_UNLIMITED;
-    else if (load_uint("MAX_PER_USER", 1, 1000000, &cfg->max_per_user, err, errlen) != 0)
-        return -1;
-    if (load_uint("WORKERS", 1, 1024, &cfg->workers, err, errlen) != 0 ||
-        load_uint("QUEUE_CAPACITY", 1, TP_MAX_QUEUE_CAPACITY, &cfg->queue_capacity, err, errlen) != 0 ||
-        load_uint("MAX_CONNS", 1, 1024, &cfg->max_conns, err, errlen) != 0)
-        return -1;
-    const uint64_t ms = SVC_NS_PER_MS, day = 86400ull * SVC_NS_PER_S;
-    if (load_duration("TASK_TIMEOUT", 1 * ms, day, &cfg->task_timeout_ns, err, errlen) != 0 ||
-        load_duration("SHUTDOWN_TIMEOUT", 1 * ms, day, &cfg->shutdown_timeout_ns, err, errlen) != 0 ||
-        load_duration("HEADER_TIMEOUT", 1 * ms, 3600 * SVC_NS_PER_S, &cfg->header_timeout_ns, err, errlen) != 0 ||
-        load_duration("IDLE_TIMEOUT", 1 * ms, 3600 * SVC_NS_PER_S, &cfg->idle_timeout_ns, err, errlen) != 0)
-        return -1;
+    else
+        CHECK("MAX_PER_USER", load_uint("MAX_PER_USER", 1, 1000000, &cfg->max_per_user, err, errlen));
+    /* QUEUE_CAPACITY and TASK_HISTORY are bounded so that the task table
+     * (WORKERS + QUEUE_CAPACITY + MAX_CONNS + TASK_HISTORY entries) stays small. */
+    CHECK("WORKERS", load_uint("WORKERS", 1, 1024, &cfg->workers, err, errlen));
+    CHECK("QUEUE_CAPACITY", load_uint("QUEUE_CAPACITY", 1, 65536, &cfg->queue_capacity, err, errlen));
+    CHECK("MAX_CONNS", load_uint("MAX_CONNS", 1, 1024, &cfg->max_conns, err, errlen));
+    CHECK("TASK_HISTORY", load_uint("TASK_HISTORY", 1, 65536, &cfg->task_history, err, errlen));
+    CHECK("TASK_RETRIES", load_uint("TASK_RETRIES", 0, TP_MAX_RETRIES, &cfg->task_retries, err, errlen));
+    const uint64_t ms = SVC_NS_PER_MS, hour = 3600 * SVC_NS_PER_S, day = 24 * hour;
+    CHECK("TASK_TIMEOUT", load_duration("TASK_TIMEOUT", 1 * ms, day, &cfg->task_timeout_ns, err, errlen));
+    CHECK("SHUTDOWN_TIMEOUT",
+          load_duration("SHUTDOWN_TIMEOUT", 1 * ms, day, &cfg->shutdown_timeout_ns, err, errlen));
+    CHECK("HEADER_TIMEOUT",
+          load_duration("HEADER_TIMEOUT", 1 * ms, hour, &cfg->header_timeout_ns, err, errlen));
+    CHECK("IDLE_TIMEOUT", load_duration("IDLE_TIMEOUT", 1 * ms, hour, &cfg->idle_timeout_ns, err, errlen));
+    CHECK("RETRY_DELAY", load_duration("RETRY_DELAY", 1 * ms, hour, &cfg->retry_delay_ns, err, errlen));
+    *var = NULL;
     return 0;
 }

@@ -28,6 +28,10 @@ typedef struct svc_config {
     uint64_t shutdown_timeout_ns;/* SHUTDOWN_TIMEOUT: budget for draining requests and tasks */
     uint64_t header_timeout_ns;  /* HEADER_TIMEOUT: time to send a whole request head */
     uint64_t idle_timeout_ns;    /* IDLE_TIMEOUT: keep-alive wait for the next request */
+    int      log_level;          /* LOG_LEVEL: SVC_LOG_ERROR..SVC_LOG_DEBUG (log.h) */
+    unsigned task_history;       /* TASK_HISTORY: finished tasks GET /tasks/{id} still shows */
+    unsigned task_retries;       /* TASK_RETRIES: max_retries of the task pool */
+    uint64_t retry_delay_ns;     /* RETRY_DELAY: retry_delay_ns of the task pool */
 } svc_config;
 
 /* Parse a duration into nanoseconds. 0 on success, -1 on any error. */
@@ -37,7 +41,8 @@ int svc_parse_duration(const char *s, uint64_t *out_ns);
 int svc_parse_uint(const char *s, unsigned min, unsigned max, unsigned *out);
 
 /* Fill `cfg` from the environment (defaults for unset or empty variables).
- * 0 on success; -1 with a one-line explanation in `err` otherwise. */
-int svc_config_load(svc_config *cfg, char *err, size_t errlen);
+ * 0 on success; -1 with a one-line explanation in `err` and the name of the
+ * offending variable in *var otherwise. */
+int svc_config_load(svc_config *cfg, char *err, size_t errlen, const char **var);
 
 #endif

@@ -141,6 +141,8 @@ int http_parse_head(char *buf, size_t len, http_request *req) {
             req->content_length = n;
         } else if (strcasecmp(line, "Transfer-Encoding") == 0) {
             req->chunked = 1;
+        } else if (strcasecmp(line, "Host") == 0) {
+            req->host_count++;
         } else if (strcasecmp(line, "X-Request-Id") == 0) {
             if (valid_request_id(value))
                 req->request_id = value;
@@ -192,6 +194,38 @@ int http_query_get(const char *query, const char *name, char *out, size_t outlen
     return 0;
 }
 
+int http_query_check(const char *query, const char *const *allowed, char *bad, size_t badlen) {
+    const char *p = query;
+    if (*p == '\0')
+        return 0;
+    for (;;) {
+        size_t n = strcspn(p, "=&");
+        int known = 0;
+        for (size_t i = 0; n > 0 && allowed != NULL && allowed[i] != NULL; i++)
+            if (strlen(allowed[i]) == n && strncmp(p, allowed[i], n) == 0)
+                known = 1;
+        /* Repeated: the same name earlier in the query (?delay=1s&delay=2s
+         * would be read as whichever the parser meets first). */
+        for (const char *q = query; known && q < p;) {
+            size_t m = strcspn(q, "=&");
+            if (m == n && strncmp(q, p, n) == 0)
+                known = 0;
+            q += strcspn(q, "&");
+            q += *q == '&';
+        }
+        if (!known) {
+            size_t k = n < badlen - 1 ? n : badlen - 1;
+            memcpy(bad, p, k);
+            bad[k] = '\0';
+            return -1;
+        }
+        p += strcspn(p, "&");
+        if (*p == '\0')
+            return 0;
+        p++;
+    }
+}
+
 const char *http_reason(int status) {
     switch (status) {
     case 200: return "OK";
@@ -200,6 +234,7 @@ const char *http_reason(int status) {
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
     case 408: return "Request Timeout";
+    case 409: return "Conflict";
     case 413: return "Content Too Large";
     case 429: return "Too Many Requests";
     case 431: return "Request Header Fields Too Large";
@@ -239,7 +274,7 @@ int http_send_all(int fd, const char *buf, size_t len, uint64_t deadline_ns, int
 
 size_t http_format_response(char *out, size_t cap, int status, const char *content_type,
                             const char *body, size_t body_len, const char *extra, int keep_alive,
-                            int minor) {
+                            int minor, int head_only) {
     const char *conn = !keep_alive ? "Connection: close\r\n"
                        : minor == 0 ? "Connection: keep-alive\r\n"
                                     : "";
@@ -248,6 +283,8 @@ size_t http_format_response(char *out, size_t cap, int status, const char *conte
                      conn);
     if (n < 0 || (size_t)n >= cap || body_len > cap - (size_t)n)
         return 0;
+    if (head_only)
+        return (size_t)n;
     memcpy(out + n, body, body_len);
     return (size_t)n + body_len;
 }

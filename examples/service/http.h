@@ -33,6 +33,7 @@ typedef struct http_request {
     uint64_t    content_length;
     int         chunked;     /* a Transfer-Encoding header was present */
     const char *request_id;  /* a valid X-Request-Id, or NULL */
+    int         host_count;  /* Host header lines (HTTP/1.1 requires exactly one) */
 } http_request;
 
 /* Length of the head in buf (through the blank line), or 0 if incomplete. */
@@ -46,6 +47,12 @@ int http_parse_head(char *buf, size_t len, http_request *req);
  * 1 found, 0 absent, -1 malformed escape, NUL byte or value too long. */
 int http_query_get(const char *query, const char *name, char *out, size_t outlen);
 
+/* Check the parameter names of a query string against `allowed` (a
+ * NULL-terminated list; NULL for none). 0 if every name is allowed and none
+ * repeats; else -1 with the offending name (cut to outlen - 1 bytes, as
+ * sent) in `bad`: an unknown name, a repeated one, or an empty one. */
+int http_query_check(const char *query, const char *const *allowed, char *bad, size_t badlen);
+
 /* "OK", "Not Found", ... for the statuses the service uses. */
 const char *http_reason(int status);
 
@@ -56,9 +63,11 @@ int http_send_all(int fd, const char *buf, size_t len, uint64_t deadline_ns, int
 /* Build a complete response into out: status line, Content-Type,
  * Content-Length, `extra` header lines (each ending in \r\n, may be NULL),
  * Connection: close when !keep_alive (or keep-alive for an HTTP/1.0 client
- * that asked), then the body. Returns the length, or 0 if it does not fit. */
+ * that asked), then the body unless `head_only` (the answer to HEAD: the same
+ * headers, Content-Length included, and no body). Returns the length, or 0 if
+ * it does not fit. */
 size_t http_format_response(char *out, size_t cap, int status, const char *content_type,
                             const char *body, size_t body_len, const char *extra, int keep_alive,
-                            int minor);
+                            int minor, int head_only);
 
 #endif

@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -17,11 +18,35 @@
 
 static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
 
+/* Relaxed: the threshold is set once before any other thread exists (main),
+ * and a line filtered by a stale value would be harmless anyway. */
+static atomic_int log_threshold = SVC_LOG_INFO;
+
+static const char *const level_names[] = {"error", "warn", "info", "debug"};
+
+int svc_log_parse_level(const char *name) {
+    for (int i = 0; i < 4; i++)
+        if (strcmp(name, level_names[i]) == 0)
+            return i;
+    return -1;
+}
+
+void svc_log_set_level(int level) {
+    atomic_store_explicit(&log_threshold, level, memory_order_relaxed);
+}
+
+int svc_log_enabled(const char *level) {
+    int l = svc_log_parse_level(level);
+    return (l < 0 ? SVC_LOG_ERROR : l) <= atomic_load_explicit(&log_threshold, memory_order_relaxed);
+}
+
 /* Room kept free for ,"truncated":true}\n */
 #define TAIL_RESERVE 24
 
 /* Append `s` of length n if it fits; otherwise mark the line truncated. */
 static int put(svc_log *ev, const char *s, size_t n) {
+    if (ev->skip)
+        return -1;
     if (ev->truncated || ev->len + n + TAIL_RESERVE > sizeof ev->buf) {
         ev->truncated = 1;
         return -1;
@@ -66,6 +91,8 @@ static size_t escape(const char *s, char *out, size_t cap) {
 /* Appends ,"key": as one unit with the value that follows, so that a cut
  * never leaves a key without its value. */
 static void field(svc_log *ev, const char *key, const char *value, size_t vlen, int quote) {
+    if (ev->skip)
+        return;
     char tmp[SVC_LOG_LINE_MAX];
     size_t n = 0, cap = sizeof tmp;
     tmp[n++] = ',';
@@ -91,6 +118,17 @@ static void field(svc_log *ev, const char *key, const char *value, size_t vlen, 
 }
 
 void svc_log_begin(svc_log *ev, const char *level, const char *msg) {
+    if (!svc_log_enabled(level)) {
+        ev->skip = 1;
+        ev->len = 0;
+        ev->truncated = 0;
+        return;
+    }
+    svc_log_begin_always(ev, level, msg);
+}
+
+void svc_log_begin_always(svc_log *ev, const char *level, const char *msg) {
+    ev->skip = 0;
     struct timespec ts;
     struct tm tm;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -129,6 +167,8 @@ void svc_log_raw(svc_log *ev, const char *key, const char *json) {
 }
 
 void svc_log_end(svc_log *ev) {
+    if (ev->skip)
+        return;
     if (ev->truncated) {
         static const char mark[] = ",\"truncated\":true";
         memcpy(ev->buf + ev->len, mark, sizeof mark - 1); /* TAIL_RESERVE keeps room */
@@ -151,9 +191,8 @@ void svc_log_end(svc_log *ev) {
 
 void svc_log_hook(void *arg, int level, const char *log_id, const char *msg) {
     (void)arg;
-    static const char *const names[] = {"error", "warn", "info", "debug"};
     svc_log ev;
-    svc_log_begin(&ev, level >= 0 && level <= 3 ? names[level] : "info", "taskpool");
+    svc_log_begin(&ev, level >= 0 && level <= 3 ? level_names[level] : "info", "taskpool");
     svc_log_str(&ev, "log_id", log_id);
     svc_log_str(&ev, "detail", msg);
     svc_log_end(&ev);

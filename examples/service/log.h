@@ -12,6 +12,10 @@
  * never interleave. Strings are JSON-escaped; a line that would not fit is cut
  * at a field boundary and marked "truncated":true, never emitted as invalid
  * JSON. Logging never fails the caller: a write error is ignored.
+ *
+ * LOG_LEVEL filters by the level given to svc_log_begin(): an event below the
+ * threshold is marked `skip` at once and costs one relaxed atomic load.
+ * The log mutex is a leaf lock: nothing else is locked or called under it.
  */
 #ifndef SVC_LOG_H
 #define SVC_LOG_H
@@ -25,7 +29,25 @@ typedef struct svc_log {
     char   buf[SVC_LOG_LINE_MAX];
     size_t len;
     int    truncated;
+    int    skip;      /* below LOG_LEVEL: every call on this event does nothing */
 } svc_log;
+
+/* Levels, in the order of TP_LOG_*: a line is written when its level is at or
+ * above the threshold (error < warn < info < debug in verbosity). */
+enum { SVC_LOG_ERROR = 0, SVC_LOG_WARN = 1, SVC_LOG_INFO = 2, SVC_LOG_DEBUG = 3 };
+
+/* "error" | "warn" | "info" | "debug" -> SVC_LOG_*, or -1. */
+int svc_log_parse_level(const char *name);
+
+/* Set the threshold (LOG_LEVEL; SVC_LOG_INFO until called). Thread-safe. */
+void svc_log_set_level(int level);
+
+/* Would a line at `level` ("error", "warn", ...) be written now? */
+int svc_log_enabled(const char *level);
+
+/* Start an event that is written whatever LOG_LEVEL says: only the
+ * `listening` line, which scripts and tests read the address from. */
+void svc_log_begin_always(svc_log *ev, const char *level, const char *msg);
 
 void svc_log_begin(svc_log *ev, const char *level, const char *msg);
 void svc_log_str(svc_log *ev, const char *key, const char *value);  /* NULL value -> null */

@@ -18,9 +18,14 @@
  * the main thread by writing to a self-pipe, which wakes the accept loop.
  *
  * Shutdown on SIGTERM/SIGINT, one budget of SHUTDOWN_TIMEOUT for all of it:
- *   1. close the listening socket: no new connections;
- *   2. set `draining`: idle keep-alive connections close, requests in
+ *   1. set `draining`: idle keep-alive connections close, requests in
  *      progress finish and are answered with Connection: close;
+ *   2. steps 3 to 5 run on a drain thread while the main thread keeps the
+ *      listener open and answers each new connection itself, one request
+ *      each, with Connection: close: /readyz, /healthz, POST /tasks and
+ *      /work get 503, /stats, /metrics and /tasks/{id} their usual answer.
+ *      Probes and clients see "draining" instead of a refused connection.
+ *      The listener closes when the drain thread is done;
  *   3. tp_shutdown(connection pool, what is left of the budget): waits for
  *      those requests; if the budget runs out it cancels them (GET /work
  *      answers 503 at once);
@@ -31,7 +36,8 @@
  *   5. tp_wait() up to one more second for cooperative cleanup;
  *   6. log the final statistics; exit 0 if everything drained within the
  *      budget, 1 if it had to be forced (or a thread ignored cancellation).
- * Exit status 2: invalid configuration.
+ * Exit status 2: invalid configuration (one JSON log line says which
+ * variable) or an unknown command-line option.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -54,6 +60,7 @@
 
 static int sig_pipe[2] = {-1, -1};   /* signal handler -> accept loop */
 static int drain_pipe[2] = {-1, -1}; /* written once at shutdown, never read */
+static int done_pipe[2] = {-1, -1};  /* drain thread -> main thread: finished */
 static volatile sig_atomic_t got_signal;
 
 static void on_signal(int signo) {
@@ -189,8 +196,52 @@ static int stopped(tp_pool *p) {
     return st.workers == 0 && st.active == 0;
 }
 
+/* Steps 3 to 5 of the shutdown (see the top of the file). */
+typedef struct drain_job {
+    svc     *s;
+    uint64_t t0, deadline;
+    int      rc_requests, rc_tasks, all_stopped;
+} drain_job;
+
+static void *drain_main(void *arg) {
+    drain_job *j = arg;
+    svc *s = j->s;
+    j->rc_requests = tp_shutdown(s->conns, left(j->deadline));
+    svc_log ev;
+    svc_log_begin(&ev, j->rc_requests == TP_OK ? "info" : "warn", "requests_drained");
+    svc_log_str(&ev, "result", tp_err_name(j->rc_requests));
+    svc_log_uint(&ev, "ms", (tp_now_ns() - j->t0) / SVC_NS_PER_MS);
+    svc_log_end(&ev);
+    j->rc_tasks = tp_shutdown(s->tasks, left(j->deadline));
+
+    /* one more second for cancelled work to return */
+    uint64_t cleanup = tp_now_ns() + SVC_NS_PER_S;
+    (void)tp_wait(s->conns, left(cleanup));
+    (void)tp_wait(s->tasks, left(cleanup));
+    j->all_stopped = stopped(s->conns) && stopped(s->tasks);
+    if (write(done_pipe[1], "x", 1) < 0) {
+        /* cannot fail: a fresh pipe, written once */
+    }
+    return NULL;
+}
+
+/* While the drain runs: answer one pending connection, if any. */
+static void accept_one_draining(svc *s, int lfd) {
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    int fd = accept4(lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0)
+        return; /* EAGAIN, or a failure: the poll loop comes back */
+    int one = 1;
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    char peer[64];
+    format_addr(&ss, peer, sizeof peer);
+    svc_conn_serve_draining(s, fd, peer);
+}
+
 static int run_shutdown(svc *s, int lfd) {
-    uint64_t t0 = tp_now_ns();
+    drain_job j = {.s = s, .t0 = tp_now_ns()};
+    j.deadline = j.t0 + s->cfg.shutdown_timeout_ns;
     svc_log ev;
     svc_log_begin(&ev, "info", "shutdown_started");
     svc_log_str(&ev, "signal", got_signal == SIGINT ? "SIGINT" : "SIGTERM");
@@ -199,47 +250,73 @@ static int run_shutdown(svc *s, int lfd) {
     log_stats(&ev, "stats", s->tasks);
     svc_log_end(&ev);
 
-    close(lfd); /* 1. no new connections */
-    uint64_t deadline = t0 + s->cfg.shutdown_timeout_ns;
-
-    /* 2. idle connections close; requests in progress finish */
+    /* 1. idle connections close; requests in progress finish */
     atomic_store(&s->draining, 1);
     if (write(drain_pipe[1], "x", 1) < 0) {
         /* cannot fail on a fresh pipe; connections also re-check the flag within 1 s */
     }
 
-    /* 3. and 4. */
-    int rc_requests = tp_shutdown(s->conns, left(deadline));
-    svc_log_begin(&ev, rc_requests == TP_OK ? "info" : "warn", "requests_drained");
-    svc_log_str(&ev, "result", tp_err_name(rc_requests));
-    svc_log_uint(&ev, "ms", (tp_now_ns() - t0) / SVC_NS_PER_MS);
-    svc_log_end(&ev);
-    int rc_tasks = tp_shutdown(s->tasks, left(deadline));
-
-    /* 5. one more second for cancelled work to return */
-    uint64_t cleanup = tp_now_ns() + SVC_NS_PER_S;
-    (void)tp_wait(s->conns, left(cleanup));
-    (void)tp_wait(s->tasks, left(cleanup));
-    int all_stopped = stopped(s->conns) && stopped(s->tasks);
+    /* 2. the drain thread runs 3 to 5 (signals blocked in it, as in the
+     * pools' threads); this thread answers new connections meanwhile. */
+    pthread_t drainer;
+    sigset_t term, old;
+    sigemptyset(&term);
+    sigaddset(&term, SIGTERM);
+    sigaddset(&term, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &term, &old);
+    int started = pthread_create(&drainer, NULL, drain_main, &j) == 0;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (started) {
+        for (;;) {
+            struct pollfd pf[2] = {{.fd = done_pipe[0], .events = POLLIN}, {.fd = lfd, .events = POLLIN}};
+            int n = poll(pf, 2, 1000);
+            if (n < 0 && errno != EINTR)
+                break; /* cannot happen with valid descriptors; join below */
+            if (n > 0 && (pf[0].revents & POLLIN))
+                break;
+            if (n > 0 && (pf[1].revents & POLLIN))
+                accept_one_draining(s, lfd);
+        }
+        close(lfd);
+        pthread_join(drainer, NULL);
+    } else {
+        close(lfd); /* no thread: drain without answering new connections */
+        drain_main(&j);
+    }
 
     /* 6. */
-    int code = rc_requests == TP_OK && rc_tasks == TP_OK && all_stopped ? 0 : 1;
+    int code = j.rc_requests == TP_OK && j.rc_tasks == TP_OK && j.all_stopped ? 0 : 1;
     svc_log_begin(&ev, code == 0 ? "info" : "warn", "shutdown_complete");
-    svc_log_str(&ev, "result", code == 0 ? "drained" : all_stopped ? "forced" : "stuck");
-    svc_log_str(&ev, "requests", tp_err_name(rc_requests));
-    svc_log_str(&ev, "tasks", tp_err_name(rc_tasks));
-    svc_log_uint(&ev, "ms", (tp_now_ns() - t0) / SVC_NS_PER_MS);
+    svc_log_str(&ev, "result", code == 0 ? "drained" : j.all_stopped ? "forced" : "stuck");
+    svc_log_str(&ev, "requests", tp_err_name(j.rc_requests));
+    svc_log_str(&ev, "tasks", tp_err_name(j.rc_tasks));
+    svc_log_uint(&ev, "ms", (tp_now_ns() - j.t0) / SVC_NS_PER_MS);
     svc_log_int(&ev, "exit_code", code);
     log_stats(&ev, "stats", s->tasks);
     log_stats(&ev, "connection_stats", s->conns);
     svc_log_end(&ev);
 
-    if (all_stopped) {
+    if (j.all_stopped) {
         /* Every thread is gone: freeing cannot block. A stuck thread keeps
-         * its pool alive; the process exit is then the final boundary. */
+         * its pool (and the task table it may still touch) alive; the
+         * process exit is then the final boundary. */
         tp_destroy(s->conns);
         tp_destroy(s->tasks);
+        svc_tasks_destroy(&s->table);
     }
+    return code;
+}
+
+/* A failure before the service runs: one JSON line (error level, so that
+ * LOG_LEVEL never hides it), then the exit status. */
+static int startup_error(const char *msg, const char *variable, const char *error, int code) {
+    svc_log ev;
+    svc_log_begin(&ev, "error", msg);
+    if (variable != NULL)
+        svc_log_str(&ev, "variable", variable);
+    svc_log_str(&ev, "error", error);
+    svc_log_int(&ev, "exit_code", code);
+    svc_log_end(&ev);
     return code;
 }
 
@@ -247,27 +324,105 @@ static tp_pool *make_pool(const tp_config *cfg, const char *what) {
     tp_pool *p = NULL;
     int rc = tp_create(&p, cfg);
     if (rc != TP_OK) {
-        fprintf(stderr, "taskpool-service: cannot create the %s pool: %s\n", what, tp_strerror(rc));
-        exit(rc == TP_EINVAL ? 2 : 1);
+        char err[128];
+        snprintf(err, sizeof err, "cannot create the %s pool: %s", what, tp_strerror(rc));
+        exit(startup_error("startup_failed", NULL, err, rc == TP_EINVAL ? 2 : 1));
     }
     return p;
 }
 
-int main(void) {
+static void usage(FILE *f) {
+    fprintf(f,
+"Usage: taskpool-service [--help | --version]\n"
+"\n"
+"An HTTP/1.1 service whose background work runs in a libtaskpool pool.\n"
+"Configured from the environment; logs one JSON object per line on stdout;\n"
+"drains on SIGTERM or SIGINT within SHUTDOWN_TIMEOUT.\n"
+"\n"
+"Endpoints (every GET endpoint also answers HEAD):\n"
+"  POST   /tasks?delay=D&user=U&deadline=D&fail=N\n"
+"                     admit a task that waits D (default 100ms): 202 {\"id\":N};\n"
+"                     503 queue full or draining, 429 user limit, 400 bad input\n"
+"  GET    /tasks/{id} the task's state (queued, running, retrying, succeeded,\n"
+"                     failed, cancelled, expired), status and attempts; 404 if\n"
+"                     unknown or forgotten, 400 for a malformed id\n"
+"  DELETE /tasks/{id} tp_cancel: 200 ended while queued, 202 delivered to the\n"
+"                     running task, 409 already finished, 404, 400\n"
+"  GET    /work?delay=D  wait D inside the request, then 200\n"
+"  GET    /stats      task-pool statistics, JSON\n"
+"  GET    /metrics    Prometheus text\n"
+"  GET    /healthz    liveness: 200; 503 while draining\n"
+"  GET    /readyz     readiness: 200; 503 while draining\n"
+"Unknown query parameters and HTTP/1.1 requests without Host get 400.\n"
+"\n"
+"Environment (durations like 250ms, 5s, 1m30s; unset or empty = default):\n"
+"  LISTEN_ADDR       host:port, [v6]:port or :port; 0 = any port (127.0.0.1:8080)\n"
+"  WORKERS           task-pool workers, 1..1024 (4)\n"
+"  QUEUE_CAPACITY    tasks waiting for a worker, 1..65536 (64)\n"
+"  MAX_PER_USER      unfinished tasks per user, 1..1000000 or unlimited (2)\n"
+"  TASK_TIMEOUT      run timeout of each attempt (60s)\n"
+"  TASK_RETRIES      extra attempts after a failed one, 0..100 (0)\n"
+"  RETRY_DELAY       wait before each retry (1s)\n"
+"  TASK_HISTORY      finished tasks GET /tasks/{id} still shows, 1..65536 (256)\n"
+"  SHUTDOWN_TIMEOUT  budget for draining requests and tasks (5s)\n"
+"  MAX_CONNS         open connections, 1..1024 (64)\n"
+"  HEADER_TIMEOUT    time to send a request head (5s)\n"
+"  IDLE_TIMEOUT      keep-alive wait for the next request (30s)\n"
+"  LOG_LEVEL         error, warn, info or debug (info)\n"
+"\n"
+"Exit status: 0 drained in time, 1 drain forced or start failed,\n"
+"2 invalid configuration or command line.\n");
+}
+
+/* -1: run the service; otherwise exit with that status. */
+static int parse_args(int argc, char **argv) {
+    if (argc <= 1)
+        return -1;
+    if (argc == 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
+        usage(stdout);
+        return 0;
+    }
+    if (argc == 2 && (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "-V") == 0)) {
+        printf("taskpool-service %s (libtaskpool %s)\n", SVC_VERSION, tp_version());
+        return 0;
+    }
+    const char *bad = argv[1];
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--help") != 0 && strcmp(argv[i], "-h") != 0 &&
+            strcmp(argv[i], "--version") != 0 && strcmp(argv[i], "-V") != 0) {
+            bad = argv[i];
+            break;
+        }
+    fprintf(stderr, "taskpool-service: unknown option or argument '%s' (try --help)\n", bad);
+    return 2;
+}
+
+int main(int argc, char **argv) {
+    int rc_args = parse_args(argc, argv);
+    if (rc_args >= 0)
+        return rc_args;
     static svc s; /* static: conn tasks point at it until the pools are destroyed */
     char err[512];
-    if (svc_config_load(&s.cfg, err, sizeof err) != 0) {
-        fprintf(stderr, "taskpool-service: %s\n", err);
-        return 2;
-    }
+    const char *var = NULL;
+    int loaded = svc_config_load(&s.cfg, err, sizeof err, &var);
+    svc_log_set_level(s.cfg.log_level);
+    if (loaded != 0)
+        return startup_error("config_error", var, err, 2);
     struct addrinfo *ai = NULL;
-    if (resolve(s.cfg.listen_addr, &ai, err, sizeof err) != 0) {
-        fprintf(stderr, "taskpool-service: %s\n", err);
-        return 2;
+    if (resolve(s.cfg.listen_addr, &ai, err, sizeof err) != 0)
+        return startup_error("config_error", "LISTEN_ADDR", err, 2);
+    if (pipe2(sig_pipe, O_NONBLOCK | O_CLOEXEC) != 0 || pipe2(drain_pipe, O_NONBLOCK | O_CLOEXEC) != 0 ||
+        pipe2(done_pipe, O_CLOEXEC) != 0) {
+        snprintf(err, sizeof err, "pipe: %s", strerror(errno));
+        freeaddrinfo(ai);
+        return startup_error("startup_failed", NULL, err, 1);
     }
-    if (pipe2(sig_pipe, O_NONBLOCK | O_CLOEXEC) != 0 || pipe2(drain_pipe, O_NONBLOCK | O_CLOEXEC) != 0) {
-        fprintf(stderr, "taskpool-service: pipe: %s\n", strerror(errno));
-        return 1;
+    /* Every task that can be unfinished, every handler that can hold a
+     * reservation, and TASK_HISTORY more (tasks.h). */
+    size_t entries = (size_t)s.cfg.workers + s.cfg.queue_capacity + s.cfg.max_conns + s.cfg.task_history;
+    if (svc_tasks_init(&s.table, entries) != 0) {
+        freeaddrinfo(ai);
+        return startup_error("startup_failed", NULL, "out of memory for the task table", 1);
     }
     s.drain_fd = drain_pipe[0];
     atomic_init(&s.draining, 0);
@@ -297,6 +452,8 @@ int main(void) {
         .max_per_user = s.cfg.max_per_user,
         .run_timeout_ns = s.cfg.task_timeout_ns,
         .drain_timeout_ns = s.cfg.shutdown_timeout_ns,
+        .max_retries = s.cfg.task_retries,
+        .retry_delay_ns = s.cfg.retry_delay_ns,
         .name = "task",
         .log = svc_log_hook,
     };
@@ -316,10 +473,10 @@ int main(void) {
     int lfd = listen_on(ai, err, sizeof err);
     freeaddrinfo(ai);
     if (lfd < 0) {
-        fprintf(stderr, "taskpool-service: LISTEN_ADDR=\"%s\": %s\n", s.cfg.listen_addr, err);
         tp_destroy(s.conns);
         tp_destroy(s.tasks);
-        return 1;
+        svc_tasks_destroy(&s.table);
+        return startup_error("listen_failed", "LISTEN_ADDR", err, 1);
     }
     struct sockaddr_storage ss;
     socklen_t sl = sizeof ss;
@@ -329,7 +486,7 @@ int main(void) {
 
     /* The first line: tests and scripts read the actual address from it. */
     svc_log ev;
-    svc_log_begin(&ev, "info", "listening");
+    svc_log_begin_always(&ev, "info", "listening");
     svc_log_str(&ev, "address", addr);
     svc_log_int(&ev, "pid", (long long)getpid());
     svc_log_uint(&ev, "workers", s.cfg.workers);
@@ -343,6 +500,10 @@ int main(void) {
     svc_log_uint(&ev, "shutdown_timeout_ms", s.cfg.shutdown_timeout_ns / SVC_NS_PER_MS);
     svc_log_uint(&ev, "header_timeout_ms", s.cfg.header_timeout_ns / SVC_NS_PER_MS);
     svc_log_uint(&ev, "idle_timeout_ms", s.cfg.idle_timeout_ns / SVC_NS_PER_MS);
+    svc_log_uint(&ev, "task_retries", s.cfg.task_retries);
+    svc_log_uint(&ev, "task_history", s.cfg.task_history);
+    svc_log_str(&ev, "log_level", (const char *[]){"error", "warn", "info", "debug"}[s.cfg.log_level]);
+    svc_log_str(&ev, "service_version", SVC_VERSION);
     svc_log_str(&ev, "taskpool_version", tp_version());
     svc_log_end(&ev);
 
@@ -364,5 +525,7 @@ int main(void) {
     close(sig_pipe[1]);
     close(drain_pipe[0]);
     close(drain_pipe[1]);
+    close(done_pipe[0]);
+    close(done_pipe[1]);
     return code;
 }

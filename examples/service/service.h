@@ -17,11 +17,17 @@
 
 #include "config.h"
 #include "taskpool.h"
+#include "tasks.h"
+
+/* The service's own version (its HTTP interface and settings); --version
+ * prints it with the library's, tp_version(). */
+#define SVC_VERSION "1.1.0"
 
 typedef struct svc {
     svc_config   cfg;
     tp_pool     *tasks;
     tp_pool     *conns;
+    svc_tasks    table;       /* recent tasks, for GET/DELETE /tasks/{id} */
     /* Set once by the shutdown; from then on idle keep-alive connections
      * close and every response carries Connection: close. drain_fd (the read
      * end of a pipe written once, never read) turns readable at the same
@@ -37,5 +43,11 @@ typedef struct svc {
  * ownership of fd in every case: on refusal (connection limit reached, pool
  * full or closed) it answers 503 and closes it. */
 void svc_conn_accept(svc *s, int fd, const char *peer);
+
+/* During the drain, on the main thread: read one request from `fd` (head
+ * timeout min(HEADER_TIMEOUT, 1 s)), answer it with Connection: close --
+ * 503 for /readyz, /healthz, POST /tasks and /work; the usual answer for
+ * /stats, /metrics and /tasks/{id} -- and close fd. */
+void svc_conn_serve_draining(svc *s, int fd, const char *peer);
 
 #endif

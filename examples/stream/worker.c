@@ -86,6 +86,13 @@ static int load_config(wcfg *c, char *err, size_t errlen) {
     c->retry_delay_ns = 100 * SVC_NS_PER_MS;
     c->claim_idle_ns = 30 * SVC_NS_PER_S;
     c->shutdown_timeout_ns = 10 * SVC_NS_PER_S;
+    const char *lvl = env("LOG_LEVEL");
+    int level = lvl != NULL ? svc_log_parse_level(lvl) : SVC_LOG_INFO;
+    if (level < 0) {
+        snprintf(err, errlen, "LOG_LEVEL=\"%s\": expected error, warn, info or debug", lvl);
+        return -1;
+    }
+    svc_log_set_level(level);
     const char *mpu = env("MAX_PER_USER");
     if (mpu != NULL && strcmp(mpu, "unlimited") == 0)
         c->max_per_user = TP_UNLIMITED;
@@ -230,7 +237,7 @@ int main(void) {
         }
     }
     svc_log ev;
-    svc_log_begin(&ev, "info", "started");
+    svc_log_begin_always(&ev, "info", "started"); /* scripts read the metrics address from it */
     svc_log_int(&ev, "pid", (long long)getpid());
     svc_log_str(&ev, "consumer", tps_consumer_name(w.consumer));
     svc_log_str(&ev, "redis_url", cfg.redis_url != NULL ? cfg.redis_url : "redis://127.0.0.1:6379");

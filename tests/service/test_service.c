@@ -53,12 +53,18 @@ typedef struct proc {
  * environment cannot leak into a test. */
 static const char *const service_vars[] = {
     "LISTEN_ADDR", "WORKERS", "QUEUE_CAPACITY", "MAX_PER_USER", "MAX_CONNS", "TASK_TIMEOUT",
-    "SHUTDOWN_TIMEOUT", "HEADER_TIMEOUT", "IDLE_TIMEOUT",
+    "SHUTDOWN_TIMEOUT", "HEADER_TIMEOUT", "IDLE_TIMEOUT", "LOG_LEVEL", "TASK_HISTORY",
+    "TASK_RETRIES", "RETRY_DELAY",
 };
 
 /* Start the service with `env` ("NAME=value" strings, NULL-terminated) on
- * top of LISTEN_ADDR=127.0.0.1:0. Does not wait for it. */
-static void proc_spawn(proc *p, const char *const *env) {
+ * top of LISTEN_ADDR=127.0.0.1:0, and the command-line arguments `args`
+ * (NULL-terminated, may be NULL). Does not wait for it. */
+/* What the log file captures: both streams (0), stdout only (1; stderr goes
+ * to /dev/null) or stderr only (2). */
+static int spawn_capture;
+
+static void proc_spawn_args(proc *p, const char *const *env, const char *const *args) {
     memset(p, 0, sizeof *p);
     const char *tmp = getenv("TMPDIR");
     snprintf(p->logpath, sizeof p->logpath, "%s/tp-service-XXXXXX", tmp != NULL && *tmp ? tmp : "/tmp");
@@ -69,20 +75,43 @@ static void proc_spawn(proc *p, const char *const *env) {
     assert_true(pid >= 0);
     if (pid == 0) {
         /* The test is single-threaded, so setenv() is safe after fork(). */
-        dup2(fd, STDOUT_FILENO);
-        dup2(fd, STDERR_FILENO);
+        int null = open("/dev/null", O_WRONLY);
+        dup2(spawn_capture == 2 ? null : fd, STDOUT_FILENO);
+        dup2(spawn_capture == 1 ? null : fd, STDERR_FILENO);
         close(fd);
+        close(null);
         for (size_t i = 0; i < sizeof service_vars / sizeof service_vars[0]; i++)
             unsetenv(service_vars[i]);
         setenv("LISTEN_ADDR", "127.0.0.1:0", 1);
         for (; env != NULL && *env != NULL; env++)
             putenv((char *)*env);
-        execl(service_bin, "taskpool-service", (char *)NULL);
+        char *argv[8] = {(char *)"taskpool-service"};
+        for (int i = 1; args != NULL && *args != NULL && i < 7; i++)
+            argv[i] = (char *)*args++;
+        execv(service_bin, argv);
         fprintf(stderr, "exec %s: %s\n", service_bin, strerror(errno));
         _exit(127);
     }
     close(fd);
     p->pid = pid;
+}
+
+static void proc_spawn(proc *p, const char *const *env) { proc_spawn_args(p, env, NULL); }
+
+/* Forget a child that exited (its log too), so that `p` can start another. */
+static void proc_reset(proc *p) {
+    assert_int_equal(p->pid, 0);
+    unlink(p->logpath);
+    free(p->log);
+    memset(p, 0, sizeof *p);
+}
+
+/* Lines (newline-terminated) in the log. */
+static size_t log_lines(const proc *p) {
+    size_t n = 0;
+    for (size_t i = 0; i < p->loglen; i++)
+        n += p->log[i] == '\n';
+    return n;
 }
 
 /* Read what the child appended to its log since the last call. */
@@ -196,6 +225,7 @@ static void proc_kill(proc *p, int sig) {
 }
 
 static int setup(void **state) {
+    spawn_capture = 0;
     *state = calloc(1, sizeof(proc));
     return *state == NULL ? -1 : 0;
 }
@@ -230,11 +260,13 @@ typedef struct client {
 } client;
 
 typedef struct response {
-    int  status;
-    int  retry_after;   /* Retry-After: 1 present */
-    int  closes;        /* Connection: close present */
-    char allow[32];
-    char body[8192];
+    int    status;
+    int    retry_after;   /* Retry-After: 1 present */
+    int    closes;        /* Connection: close present */
+    char   allow[32];
+    char   ctype[96];     /* Content-Type */
+    size_t clen;          /* Content-Length */
+    char   body[8192];    /* empty for HEAD */
 } response;
 
 /* Connect with send/receive timeouts, so no read or write can hang. */
@@ -284,9 +316,10 @@ static ssize_t client_fill(client *c) {
     }
 }
 
-/* Read one response. 0, or -1 if the connection ended (EOF/reset) before a
+/* Read one response (to a HEAD request if head_only: no body follows its
+ * Content-Length). 0, or -1 if the connection ended (EOF/reset) before a
  * response began. Fails on a timeout or a truncated response. */
-static int client_read(client *c, response *r) {
+static int client_read_ex(client *c, response *r, int head_only) {
     memset(r, 0, sizeof *r);
     char *end;
     while ((end = memmem(c->buf, c->len, "\r\n\r\n", 4)) == NULL) {
@@ -316,10 +349,15 @@ static int client_read(client *c, response *r) {
             r->closes = 1;
         } else if (strncasecmp(line, "Allow: ", 7) == 0) {
             sscanf(line + 7, "%31[^\r]", r->allow);
+        } else if (strncasecmp(line, "Content-Type: ", 14) == 0) {
+            sscanf(line + 14, "%95[^\r]", r->ctype);
         }
     }
     assert_true(have_len);
     assert_true(clen < sizeof r->body);
+    r->clen = clen;
+    if (head_only)
+        clen = 0;
     while (c->len < head + clen) {
         ssize_t n = client_fill(c);
         if (n <= 0)
@@ -331,6 +369,8 @@ static int client_read(client *c, response *r) {
     c->len -= head + clen;
     return 0;
 }
+
+static int client_read(client *c, response *r) { return client_read_ex(c, r, 0); }
 
 /* 1 if the server closed the connection (EOF or reset) with nothing more
  * to read, within the receive timeout. */
@@ -347,8 +387,18 @@ static void request(const proc *p, const char *method, const char *target, respo
     char req[1024];
     snprintf(req, sizeof req, "%s %s HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n", method, target);
     client_sends(c, req);
-    if (client_read(c, r) != 0)
+    if (client_read_ex(c, r, strcmp(method, "HEAD") == 0) != 0)
         fail_msg("%s %s: connection closed without a response", method, target);
+    client_close(c);
+}
+
+/* A raw request (a whole head, or several) on a fresh connection; reads one
+ * response (HEAD-style if head_only) and closes. */
+static void request_raw(const proc *p, const char *raw, int head_only, response *r) {
+    client *c = client_open(p);
+    client_sends(c, raw);
+    if (client_read_ex(c, r, head_only) != 0)
+        fail_msg("%s: connection closed without a response", raw);
     client_close(c);
 }
 
@@ -382,6 +432,52 @@ static int connect_refused(const proc *p) {
     int err = errno;
     close(fd);
     return rc != 0 && err == ECONNREFUSED;
+}
+
+/* ------------------------------------------------------------ task helpers */
+
+/* POST /tasks?<query>: must be accepted; returns the id. */
+static unsigned long long post_task(const proc *p, const char *query) {
+    char target[256];
+    snprintf(target, sizeof target, "/tasks?%s", query);
+    response r;
+    request(p, "POST", target, &r);
+    if (r.status != 202)
+        fail_msg("POST %s: %d %s", target, r.status, r.body);
+    unsigned long long id = 0;
+    assert_int_equal(sscanf(r.body, "{\"id\":%llu}", &id), 1);
+    assert_true(id > 0);
+    return id;
+}
+
+/* METHOD /tasks/<id> into r. */
+static void task_request(const proc *p, const char *method, unsigned long long id, response *r) {
+    char target[64];
+    snprintf(target, sizeof target, "/tasks/%llu", id);
+    request(p, method, target, r);
+}
+
+/* Does the body hold "key":value (value as JSON text, e.g. "\"running\"" or 1)? */
+static int has_field(const response *r, const char *key, const char *value) {
+    char pat[128];
+    snprintf(pat, sizeof pat, "\"%s\":%s", key, value);
+    const char *at = strstr(r->body, pat);
+    return at != NULL && (at[strlen(pat)] == ',' || at[strlen(pat)] == '}');
+}
+
+static void expect_field(const response *r, const char *key, const char *value) {
+    if (!has_field(r, key, value))
+        fail_msg("expected \"%s\":%s in %d %s", key, value, r->status, r->body);
+}
+
+/* Poll GET /tasks/<id> (bounded) until its state is `state`; leaves the
+ * last answer in r. */
+static void wait_task_state(const proc *p, unsigned long long id, const char *state, response *r) {
+    char want[48];
+    snprintf(want, sizeof want, "\"%s\"", state);
+    if (!TPT_POLL((task_request(p, "GET", id, r), r->status == 200 && has_field(r, "state", want)),
+                  WAIT_NS))
+        fail_msg("task %llu never reached %s; last: %d %s", id, state, r->status, r->body);
 }
 
 /* ------------------------------------------------------------ tests */
@@ -689,18 +785,465 @@ static void test_bad_config(void **state) {
         {"HEADER_TIMEOUT=99999999999999999999h", "HEADER_TIMEOUT"},
         {"LISTEN_ADDR=127.0.0.1:99999", "LISTEN_ADDR"},
         {"LISTEN_ADDR=nocolon", "LISTEN_ADDR"},
+        {"LOG_LEVEL=verbose", "LOG_LEVEL"},
+        {"LOG_LEVEL=INFO", "LOG_LEVEL"},
+        {"TASK_HISTORY=0", "TASK_HISTORY"},
+        {"TASK_RETRIES=101", "TASK_RETRIES"},
+        {"RETRY_DELAY=5", "RETRY_DELAY"},
+        {"QUEUE_CAPACITY=65537", "QUEUE_CAPACITY"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        const char *env[] = {cases[i].env, NULL};
-        proc_spawn(p, env);
+        const char *env[] = {cases[i].env, "LOG_LEVEL=error", NULL};
+        /* LOG_LEVEL=error must not hide it; the LOG_LEVEL cases put theirs last. */
+        const char *env_level[] = {"LOG_LEVEL=error", cases[i].env, NULL};
+        proc_spawn(p, strncmp(cases[i].env, "LOG_LEVEL=", 10) == 0 ? env_level : env);
         int code = proc_wait_exit(p, WAIT_NS);
         proc_refresh(p);
-        if (code != 2 || p->log == NULL || strstr(p->log, cases[i].mention) == NULL)
+        char var[64];
+        snprintf(var, sizeof var, "\"variable\":\"%s\"", cases[i].mention);
+        /* One JSON object on one line: the whole output. */
+        if (code != 2 || p->log == NULL || log_lines(p) != 1 || p->log[0] != '{' ||
+            p->loglen < 3 || memcmp(p->log + p->loglen - 2, "}\n", 2) != 0 ||
+            strstr(p->log, "\"level\":\"error\"") == NULL ||
+            strstr(p->log, "\"msg\":\"config_error\"") == NULL || strstr(p->log, var) == NULL ||
+            strstr(p->log, "\"exit_code\":2") == NULL)
             fail_msg("%s: exit %d, output: %s", cases[i].env, code, p->log ? p->log : "");
-        unlink(p->logpath);
-        free(p->log);
-        memset(p, 0, sizeof *p);
+        proc_reset(p);
     }
+}
+
+/* --help and --version exit 0 on stdout; anything else is a usage error:
+ * one line on stderr, exit 2, and the service never starts. */
+static void test_command_line(void **state) {
+    proc *p = *state;
+    static const char *const help_mentions[] = {
+        "LISTEN_ADDR", "WORKERS", "QUEUE_CAPACITY", "MAX_PER_USER", "MAX_CONNS", "TASK_TIMEOUT",
+        "TASK_RETRIES", "RETRY_DELAY", "TASK_HISTORY", "SHUTDOWN_TIMEOUT", "HEADER_TIMEOUT",
+        "IDLE_TIMEOUT", "LOG_LEVEL", "POST   /tasks", "GET    /tasks/{id}", "DELETE /tasks/{id}",
+        "/work", "/stats", "/metrics", "/healthz", "/readyz", "HEAD",
+    };
+    static const char *const help_args[][2] = {{"--help", NULL}, {"-h", NULL}};
+    spawn_capture = 1; /* stdout */
+    for (size_t a = 0; a < 2; a++) {
+        proc_spawn_args(p, NULL, help_args[a]);
+        assert_int_equal(proc_wait_exit(p, WAIT_NS), 0);
+        proc_refresh(p);
+        assert_non_null(p->log);
+        assert_memory_equal(p->log, "Usage: taskpool-service", 23);
+        for (size_t i = 0; i < sizeof help_mentions / sizeof help_mentions[0]; i++)
+            if (strstr(p->log, help_mentions[i]) == NULL)
+                fail_msg("--help does not mention %s", help_mentions[i]);
+        assert_null(strstr(p->log, "\"msg\":\"listening\"")); /* it did not start */
+        proc_reset(p);
+    }
+
+    const char *version[] = {"--version", NULL};
+    proc_spawn_args(p, NULL, version);
+    assert_int_equal(proc_wait_exit(p, WAIT_NS), 0);
+    proc_refresh(p);
+    char want[128];
+    snprintf(want, sizeof want, "(libtaskpool %s)\n", tp_version()); /* the library linked */
+    assert_non_null(p->log);
+    assert_memory_equal(p->log, "taskpool-service ", 17);
+    assert_non_null(strstr(p->log, want));
+    assert_int_equal(log_lines(p), 1);
+    proc_reset(p);
+
+    spawn_capture = 2; /* stderr */
+    static const char *const bad[][3] = {
+        {"--bogus", NULL, NULL}, {"-x", NULL, NULL}, {"serve", NULL, NULL}, {"--help", "extra", NULL},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        proc_spawn_args(p, NULL, bad[i]);
+        int code = proc_wait_exit(p, WAIT_NS);
+        proc_refresh(p);
+        const char *what = bad[i][1] != NULL ? bad[i][1] : bad[i][0];
+        if (code != 2 || p->log == NULL || log_lines(p) != 1 || strstr(p->log, what) == NULL ||
+            strstr(p->log, "listening") != NULL)
+            fail_msg("%s: exit %d, output: %s", what, code, p->log ? p->log : "");
+        proc_reset(p);
+    }
+    spawn_capture = 0;
+}
+
+/* GET and DELETE /tasks/{id} with the only worker blocked in a long task:
+ * the running task (202) and a queued one (200) are cancelled, a queued task
+ * whose deadline passes expires, finished ones report their outcome, and
+ * ids that are unknown (404) or malformed (400) are refused. */
+static void test_task_get_delete(void **state) {
+    proc *p = *state;
+    const char *env[] = {"WORKERS=1", "QUEUE_CAPACITY=4", "MAX_PER_USER=unlimited",
+                         "SHUTDOWN_TIMEOUT=5s", NULL};
+    proc_start(p, env);
+    response r;
+    unsigned long long running = post_task(p, "delay=30s&user=alice");
+    char id_field[64];
+    snprintf(id_field, sizeof id_field, "\"task_id\":%llu,", running);
+    wait_line(p, 0, "\"msg\":\"task_started\"", id_field); /* the worker is taken */
+    unsigned long long queued = post_task(p, "delay=30s");
+    unsigned long long expiring = post_task(p, "delay=30s&deadline=1ms");
+
+    task_request(p, "GET", running, &r);
+    assert_int_equal(r.status, 200);
+    assert_string_equal(r.ctype, "application/json");
+    expect_field(&r, "state", "\"running\"");
+    expect_field(&r, "finished", "false");
+    expect_field(&r, "status", "null");
+    expect_field(&r, "attempts", "1");
+    expect_field(&r, "user", "\"alice\"");
+    task_request(p, "GET", queued, &r);
+    assert_int_equal(r.status, 200);
+    expect_field(&r, "state", "\"queued\"");
+    expect_field(&r, "attempts", "0");
+    expect_field(&r, "cancel_requested", "false");
+
+    /* Its deadline passes while it waits behind the busy worker. */
+    wait_task_state(p, expiring, "expired", &r);
+    expect_field(&r, "status", "\"TP_ETIMEDOUT\"");
+    expect_field(&r, "attempts", "0");
+    expect_field(&r, "finished", "true");
+
+    /* A queued task: tp_cancel ends it without running; 200 with the outcome. */
+    task_request(p, "DELETE", queued, &r);
+    assert_int_equal(r.status, 200);
+    expect_field(&r, "state", "\"cancelled\"");
+    expect_field(&r, "status", "\"TP_ECANCELED\"");
+    expect_field(&r, "attempts", "0");
+    expect_field(&r, "cancel_requested", "true");
+    task_request(p, "GET", queued, &r);
+    expect_field(&r, "state", "\"cancelled\"");
+    task_request(p, "DELETE", queued, &r); /* already finished */
+    assert_int_equal(r.status, 409);
+    expect_field(&r, "state", "\"cancelled\"");
+
+    /* The running task: the cancel is delivered (202), tp_ctx_sleep returns. */
+    task_request(p, "DELETE", running, &r);
+    assert_int_equal(r.status, 202);
+    expect_field(&r, "cancel_requested", "true");
+    expect_field(&r, "attempts", "1");
+    wait_task_state(p, running, "cancelled", &r);
+    expect_field(&r, "status", "\"TP_ECANCELED\"");
+    expect_field(&r, "attempts", "1");
+    wait_line(p, 0, "\"msg\":\"task_finished\"", id_field);
+
+    /* The worker is free again: a task that succeeds and one that fails. */
+    unsigned long long ok = post_task(p, "delay=0");
+    wait_task_state(p, ok, "succeeded", &r);
+    expect_field(&r, "status", "\"TP_OK\"");
+    expect_field(&r, "attempts", "1");
+    unsigned long long bad = post_task(p, "delay=0&fail=1");
+    wait_task_state(p, bad, "failed", &r);
+    expect_field(&r, "status", "\"SVC_TASK_EFAIL\"");
+    expect_field(&r, "attempts", "1"); /* TASK_RETRIES=0: no second attempt */
+    task_request(p, "DELETE", ok, &r);
+    assert_int_equal(r.status, 409);
+    expect_field(&r, "state", "\"succeeded\"");
+
+    /* HEAD: the GET's headers, no body (the next response on the same
+     * connection parses right after them). */
+    task_request(p, "GET", ok, &r);
+    size_t get_len = strlen(r.body);
+    client *c = client_open(p);
+    char req[256];
+    snprintf(req, sizeof req,
+             "HEAD /tasks/%llu HTTP/1.1\r\nHost: t\r\n\r\nGET /healthz HTTP/1.1\r\nHost: t\r\n\r\n", ok);
+    client_sends(c, req);
+    assert_int_equal(client_read_ex(c, &r, 1), 0);
+    assert_int_equal(r.status, 200);
+    assert_true(r.clen >= get_len - 3 && r.clen <= get_len + 3); /* age_ms may gain digits */
+    assert_int_equal(client_read(c, &r), 0);
+    assert_int_equal(r.status, 200);
+    assert_string_equal(r.body, "{\"status\":\"ok\"}\n");
+    client_close(c);
+
+    /* Unknown and malformed ids. */
+    task_request(p, "GET", 999999, &r);
+    assert_int_equal(r.status, 404);
+    task_request(p, "DELETE", 999999, &r);
+    assert_int_equal(r.status, 404);
+    static const char *const malformed[] = {
+        "/tasks/abc", "/tasks/0", "/tasks/01", "/tasks/-1", "/tasks/+1", "/tasks/1x",
+        "/tasks/99999999999999999999", "/tasks/",
+    };
+    for (size_t i = 0; i < sizeof malformed / sizeof malformed[0]; i++) {
+        if (status_of(p, "GET", malformed[i]) != 400 || status_of(p, "DELETE", malformed[i]) != 400)
+            fail_msg("%s: expected 400", malformed[i]);
+    }
+    assert_int_equal(status_of(p, "GET", "/tasks/1/x"), 404);
+    request(p, "POST", "/tasks/1", &r);
+    assert_int_equal(r.status, 405);
+    assert_string_equal(r.allow, "GET, HEAD, DELETE");
+
+    proc_kill(p, SIGTERM);
+    assert_int_equal(proc_wait_exit(p, WAIT_NS), 0);
+    proc_refresh(p);
+    long done = find_line(p, 0, "\"msg\":\"shutdown_complete\"", NULL);
+    assert_true(done >= 0);
+    const char *line = line_at(p, done);
+    assert_int_equal(field_in(line, "stats", "accepted"), 5);
+    assert_int_equal(field_in(line, "stats", "succeeded"), 1);
+    assert_int_equal(field_in(line, "stats", "expired"), 1);
+    assert_int_equal(field_in(line, "stats", "cancelled"), 3); /* expired + 2 cancelled */
+    assert_true(find_line(p, 0, "\"msg\":\"task_cancel\"", "\"http_status\":202") >= 0);
+    assert_true(find_line(p, 0, "\"msg\":\"task_cancel\"", "\"http_status\":200") >= 0);
+}
+
+/* TASK_RETRIES: a failed attempt shows as "retrying" while it waits for
+ * RETRY_DELAY; DELETE ends it there without running again (200). */
+static void test_task_retrying(void **state) {
+    proc *p = *state;
+    const char *env[] = {"WORKERS=1", "TASK_RETRIES=1", "RETRY_DELAY=30s", "SHUTDOWN_TIMEOUT=5s", NULL};
+    proc_start(p, env);
+    response r;
+    unsigned long long id = post_task(p, "delay=0&fail=2");
+    wait_task_state(p, id, "retrying", &r);
+    expect_field(&r, "status", "\"SVC_TASK_EFAIL\"");
+    expect_field(&r, "attempts", "1");
+    expect_field(&r, "finished", "false");
+    task_request(p, "DELETE", id, &r);
+    assert_int_equal(r.status, 200);
+    expect_field(&r, "state", "\"cancelled\"");
+    expect_field(&r, "status", "\"TP_ECANCELED\"");
+    expect_field(&r, "attempts", "1");
+    proc_kill(p, SIGTERM);
+    assert_int_equal(proc_wait_exit(p, WAIT_NS), 0);
+}
+
+/* The task table is bounded: with 4 entries (1 worker + 1 queued + 1
+ * connection + TASK_HISTORY=1), older finished tasks are forgotten (404)
+ * while the most recent one stays visible. */
+static void test_task_history(void **state) {
+    proc *p = *state;
+    const char *env[] = {"WORKERS=1", "QUEUE_CAPACITY=1", "MAX_CONNS=1", "TASK_HISTORY=1", NULL};
+    proc_start(p, env);
+    /* One keep-alive connection: MAX_CONNS=1 and a closed connection frees
+     * its slot only asynchronously. */
+    client *c = client_open(p);
+    response r;
+    char req[160];
+    unsigned long long first = 0, last = 0;
+    for (int i = 0; i < 8; i++) {
+        client_sends(c, "POST /tasks?delay=0 HTTP/1.1\r\nHost: t\r\n\r\n");
+        assert_int_equal(client_read(c, &r), 0);
+        assert_int_equal(r.status, 202);
+        assert_int_equal(sscanf(r.body, "{\"id\":%llu}", &last), 1);
+        if (first == 0)
+            first = last;
+        snprintf(req, sizeof req, "GET /tasks/%llu HTTP/1.1\r\nHost: t\r\n\r\n", last);
+        int done = TPT_POLL((client_sends(c, req), client_read(c, &r) == 0 && r.status == 200 &&
+                             has_field(&r, "state", "\"succeeded\"")),
+                            WAIT_NS);
+        if (!done)
+            fail_msg("task %llu did not succeed: %d %s", last, r.status, r.body);
+    }
+    snprintf(req, sizeof req, "GET /tasks/%llu HTTP/1.1\r\nHost: t\r\n\r\n", first);
+    client_sends(c, req);
+    assert_int_equal(client_read(c, &r), 0);
+    assert_int_equal(r.status, 404); /* recycled: 7 tasks later, 4 entries */
+    snprintf(req, sizeof req, "DELETE /tasks/%llu HTTP/1.1\r\nHost: t\r\n\r\n", first);
+    client_sends(c, req);
+    assert_int_equal(client_read(c, &r), 0);
+    assert_int_equal(r.status, 404);
+    snprintf(req, sizeof req, "GET /tasks/%llu HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n", last);
+    client_sends(c, req);
+    assert_int_equal(client_read(c, &r), 0);
+    assert_int_equal(r.status, 200); /* the last TASK_HISTORY finished stay */
+    expect_field(&r, "state", "\"succeeded\"");
+    client_close(c);
+    proc_kill(p, SIGTERM);
+    assert_int_equal(proc_wait_exit(p, WAIT_NS), 0);
+}
+
+/* Is there a line at `level` other than the "listening" line? */
+static int has_level(proc *p, const char *level) {
+    char pat[48];
+    snprintf(pat, sizeof pat, "\"level\":\"%s\"", level);
+    for (long off = 0; (off = find_line(p, (size_t)off, pat, NULL)) >= 0;) {
+        if (strstr(line_at(p, off), "\"msg\":\"listening\"") == NULL)
+            return 1;
+        off += (long)strcspn(p->log + off, "\n") + 1;
+    }
+    return 0;
+}
+
+/* One run at LOG_LEVEL=level: a 202, a 503 (queue full), a forced drain. */
+static void log_level_run(proc *p, const char *level) {
+    char lv[32];
+    snprintf(lv, sizeof lv, "LOG_LEVEL=%s", level);
+    const char *env[] = {"WORKERS=1", "QUEUE_CAPACITY=1", "SHUTDOWN_TIMEOUT=100ms", lv, NULL};
+    proc_start(p, env); /* "listening" comes at every level */
+    unsigned long long id = post_task(p, "delay=30s");
+    response r;
+    wait_task_state(p, id, "running", &r);
+    post_task(p, "delay=30s");
+    assert_int_equal(status_of(p, "POST", "/tasks?delay=1s"), 503);
+    proc_kill(p, SIGTERM);
+    assert_int_equal(proc_wait_exit(p, WAIT_NS), 1);
+    proc_refresh(p);
+}
+
+/* LOG_LEVEL filters the JSON lines: debug shows connection_closed, the
+ * default info does not; warn keeps the 503 and the forced shutdown but no
+ * info line; error keeps only errors (the pool's "giving up" lines). */
+static void test_log_level(void **state) {
+    proc *p = *state;
+    log_level_run(p, "debug");
+    assert_true(find_line(p, 0, "\"msg\":\"connection_closed\"", "\"level\":\"debug\"") >= 0);
+    assert_true(has_level(p, "info"));
+    proc_reset(p);
+
+    log_level_run(p, "info");
+    assert_false(has_level(p, "debug"));
+    assert_true(find_line(p, 0, "\"msg\":\"task_accepted\"", NULL) >= 0);
+    assert_true(has_level(p, "warn"));
+    proc_reset(p);
+
+    log_level_run(p, "warn");
+    assert_false(has_level(p, "debug"));
+    assert_false(has_level(p, "info"));
+    assert_true(find_line(p, 0, "\"msg\":\"request\"", "\"status\":503") >= 0);
+    assert_true(find_line(p, 0, "\"msg\":\"shutdown_complete\"", "\"level\":\"warn\"") >= 0);
+    proc_reset(p);
+
+    log_level_run(p, "error");
+    assert_false(has_level(p, "debug"));
+    assert_false(has_level(p, "info"));
+    assert_false(has_level(p, "warn"));
+    assert_true(has_level(p, "error")); /* the cancelled task's last attempt */
+    assert_int_equal(find_line(p, 0, "\"msg\":\"listening\"", NULL), 0);
+}
+
+/* 400 for an HTTP/1.1 request without exactly one Host and for query
+ * parameters an endpoint does not take; HEAD on every GET endpoint;
+ * charset on text types. */
+static void test_request_checks(void **state) {
+    proc *p = *state;
+    proc_start(p, NULL);
+    response r;
+    request_raw(p, "GET /healthz HTTP/1.1\r\n\r\n", 0, &r);
+    assert_int_equal(r.status, 400);
+    assert_true(r.closes);
+    assert_non_null(strstr(r.body, "Host"));
+    request_raw(p, "GET /healthz HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 0, &r);
+    assert_int_equal(r.status, 400);
+    request_raw(p, "POST /tasks?delay=0 HTTP/1.1\r\nConnection: close\r\n\r\n", 0, &r);
+    assert_int_equal(r.status, 400);
+    request_raw(p, "GET /healthz HTTP/1.0\r\n\r\n", 0, &r); /* HTTP/1.0 needs none */
+    assert_int_equal(r.status, 200);
+
+    static const struct {
+        const char *method, *target;
+    } unknown[] = {
+        {"GET", "/stats?x=1"}, {"GET", "/metrics?format=json"}, {"GET", "/healthz?verbose"},
+        {"GET", "/readyz?a=b"}, {"GET", "/work?delay=1ms&dealy=2ms"}, {"POST", "/tasks?delayy=1s"},
+        {"POST", "/tasks?delay=1s&delay=2s"}, {"GET", "/tasks/1?x=1"}, {"DELETE", "/tasks/1?force=1"},
+        {"GET", "/stats?&"}, {"POST", "/tasks?=1"}, {"HEAD", "/stats?x=1"},
+    };
+    for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++) {
+        request(p, unknown[i].method, unknown[i].target, &r);
+        if (r.status != 400)
+            fail_msg("%s %s: %d, expected 400", unknown[i].method, unknown[i].target, r.status);
+        if (strcmp(unknown[i].method, "HEAD") != 0 && strstr(r.body, "query parameter") == NULL)
+            fail_msg("%s %s: %s", unknown[i].method, unknown[i].target, r.body);
+    }
+    /* The parameters an endpoint does take still pass. */
+    assert_int_equal(status_of(p, "GET", "/work?delay=1ms"), 200);
+    assert_int_equal(status_of(p, "GET", "/stats?"), 200);
+    assert_int_equal(status_of(p, "POST", "/tasks?delay=0&user=u&deadline=10s&fail=0"), 202);
+
+    /* HEAD = GET without the body, on every GET endpoint, one keep-alive
+     * connection: each response must end where its headers end. */
+    static const char *const gets[] = {"/stats", "/metrics", "/healthz", "/readyz", "/work?delay=1ms"};
+    client *c = client_open(p);
+    for (size_t i = 0; i < sizeof gets / sizeof gets[0]; i++) {
+        char req[256];
+        snprintf(req, sizeof req, "HEAD %s HTTP/1.1\r\nHost: t\r\n\r\n", gets[i]);
+        client_sends(c, req);
+        response h;
+        assert_int_equal(client_read_ex(c, &h, 1), 0);
+        if (h.status != 200 || h.clen == 0 || h.body[0] != '\0')
+            fail_msg("HEAD %s: %d, Content-Length %zu", gets[i], h.status, h.clen);
+        snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: t\r\n\r\n", gets[i]);
+        client_sends(c, req);
+        response g;
+        assert_int_equal(client_read(c, &g), 0);
+        assert_int_equal(g.status, 200);
+        assert_string_equal(h.ctype, g.ctype);
+        if (strcmp(gets[i], "/healthz") == 0 || strcmp(gets[i], "/readyz") == 0 ||
+            strncmp(gets[i], "/work", 5) == 0)
+            assert_int_equal(h.clen, g.clen); /* fixed bodies: the very same length */
+    }
+    client_close(c);
+    request(p, "HEAD", "/tasks", &r); /* POST only: HEAD is not implied */
+    assert_int_equal(r.status, 405);
+    request(p, "PUT", "/healthz", &r);
+    assert_int_equal(r.status, 405);
+    assert_string_equal(r.allow, "GET, HEAD");
+
+    /* charset on text types; JSON is UTF-8 by definition (RFC 8259). */
+    request(p, "GET", "/metrics", &r);
+    assert_string_equal(r.ctype, "text/plain; version=0.0.4; charset=utf-8");
+    request(p, "GET", "/readyz", &r);
+    assert_int_equal(r.status, 200);
+    assert_string_equal(r.ctype, "application/json");
+    assert_string_equal(r.body, "{\"status\":\"ready\"}\n");
+
+    proc_kill(p, SIGTERM);
+    assert_int_equal(proc_wait_exit(p, WAIT_NS), 0);
+}
+
+/* While draining, the listener keeps accepting: /readyz and /healthz answer
+ * 503 (not a refused connection), new POST /tasks gets 503, /tasks/{id} and
+ * /metrics still answer, and a DELETE of the task that holds the drain ends
+ * it early (exit 0: drained within the budget). */
+static void test_readyz_drain(void **state) {
+    proc *p = *state;
+    const char *env[] = {"WORKERS=1", "SHUTDOWN_TIMEOUT=60s", NULL};
+    proc_start(p, env);
+    response r;
+    request(p, "GET", "/readyz", &r);
+    assert_int_equal(r.status, 200);
+    unsigned long long id = post_task(p, "delay=30s");
+    wait_task_state(p, id, "running", &r);
+
+    proc_kill(p, SIGTERM);
+    wait_line(p, 0, "\"msg\":\"shutdown_started\"", NULL);
+    wait_line(p, 0, "\"msg\":\"requests_drained\"", NULL); /* only the task holds the drain */
+    for (int i = 0; i < 3; i++) { /* one connection at a time, each answered */
+        request(p, "GET", "/readyz", &r);
+        assert_int_equal(r.status, 503);
+        assert_true(r.closes);
+        assert_true(r.retry_after);
+        assert_string_equal(r.body, "{\"error\":\"draining\"}\n");
+    }
+    request(p, "HEAD", "/readyz", &r);
+    assert_int_equal(r.status, 503);
+    assert_int_equal(status_of(p, "GET", "/healthz"), 503);
+    request(p, "POST", "/tasks?delay=0", &r);
+    assert_int_equal(r.status, 503);
+    assert_true(r.retry_after);
+    assert_int_equal(status_of(p, "GET", "/work?delay=0"), 503);
+    request(p, "GET", "/metrics", &r);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.body, "service_draining 1\n"));
+    task_request(p, "GET", id, &r);
+    assert_int_equal(r.status, 200);
+    expect_field(&r, "state", "\"running\"");
+    assert_false(proc_reaped(p)); /* all of that while the drain was going on */
+
+    task_request(p, "DELETE", id, &r);
+    assert_int_equal(r.status, 202);
+    assert_int_equal(proc_wait_exit(p, WAIT_NS), 0);
+    assert_true(connect_refused(p));
+    proc_refresh(p);
+    long done = find_line(p, 0, "\"msg\":\"shutdown_complete\"", NULL);
+    assert_true(done >= 0);
+    long ready = find_line(p, 0, "\"path\":\"/readyz\"", "\"status\":503");
+    assert_true(ready >= 0 && ready < done);
+    const char *line = line_at(p, done);
+    assert_non_null(strstr(line, "\"result\":\"drained\""));
+    assert_int_equal(field_in(line, "stats", "accepted"), 1);
+    assert_int_equal(field_in(line, "stats", "cancelled"), 1);
 }
 
 int main(int argc, char **argv) {
@@ -719,6 +1262,13 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(test_work_client_gone, setup, teardown),
         cmocka_unit_test_setup_teardown(test_keep_alive, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_config, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_command_line, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_task_get_delete, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_task_retrying, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_task_history, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_log_level, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_request_checks, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_readyz_drain, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

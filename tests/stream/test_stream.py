@@ -475,7 +475,7 @@ def scenario_bad(env):
 
     # invalid configuration: one line on stderr, exit 2
     for var, val in [("CLAIM_IDLE", "soon"), ("REDIS_URL", "http://x"), ("WORKERS", "0"),
-                     ("MAX_DELIVERIES", "-1"), ("METRICS_ADDR", "nope")]:
+                     ("MAX_DELIVERIES", "-1"), ("METRICS_ADDR", "nope"), ("LOG_LEVEL", "loud")]:
         e = dict(os.environ, REDIS_URL=env.url)
         e[var] = val
         p = subprocess.run([env.args.worker], env=e, capture_output=True, text=True, timeout=30)

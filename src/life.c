@@ -1,0 +1,552 @@
+/*
+ * life.c -- the task's life and the queue: the one owner of the task state
+ * graph.
+ *
+ * Layer: below pool.c, service.c and worker.c, which drive it; above the leaf
+ * structures it uses (ring.h, tasks.c, users.c, ctx.c). It calls nothing
+ * above itself: see the layer order in internal.h (tests/check_layers.sh).
+ *
+ * What it owns (all under the pool lock, `p->mu`, every function `_locked`):
+ *   - the task state graph (tp__task.state), with every transition here:
+ *       QUEUED -> RUNNING            tp__task_start_locked
+ *       RUNNING -> DELAYED           tp__task_after_run_locked (a retry)
+ *       DELAYED -> QUEUED            tp__delayed_run_locked (the timer is due)
+ *       QUEUED/RUNNING -> DONE       finalise (expired at pop, last attempt)
+ *       QUEUED/DELAYED -> ENDING     end_unrun (cancel, forced shutdown,
+ *                                    expiry in the queue or while delayed)
+ *       DONE/ENDING -> FREE          tp__task_retire_locked (on_done returned)
+ *   - the queue: admission into the ring, pops, removals, the expiry scan;
+ *     `st.queued` is stored by one helper (queue_changed_locked) after every
+ *     change of the ring;
+ *   - the delayed list (retries waiting for their timer) and the endings list
+ *     (tasks finalised without a run whose on_done is pending);
+ *   - the counters of task life: inflight, active, delayed, with_deadline;
+ *   - the wake-ups that follow a change: room_cv (submitters waiting for
+ *     space or a user slot), work_cv (idle workers), done_cv (shutdown, wait),
+ *     svc_cv (the service thread), and the close/drained transitions.
+ *
+ * Hook points (one function each, for per-task instrumentation):
+ *   admitted      task_admitted_locked     a new task entered the ring
+ *   starts        tp__task_start_locked    an attempt begins on a worker
+ *   attempt ends  tp__task_after_run_locked  retry or final
+ *   finalised     task_finalise_locked     final status, counted once
+ *   retired       tp__task_retire_locked   on_done returned, record reused
+ *
+ * Exactly once: task_finalise_locked() is the only place that ends a task,
+ * reached from a state (QUEUED, RUNNING, DELAYED) that the caller leaves
+ * under the same lock; then exactly one thread -- the worker that finalised
+ * it (DONE) or the service thread for ENDING tasks -- runs on_done and
+ * retires the record (tp__task_finish_locked, tp__endings_run_locked).
+ *
+ * Lock order: only the pool lock; it is released (and taken again) only
+ * around user code: on_done in tp__task_finish_locked and
+ * tp__endings_run_locked.
+ */
+#include "internal.h" /* first: it defines _GNU_SOURCE */
+#include <string.h>
+
+#define TP__ENDINGS_CHUNK 64u
+
+/* ------------------------------------------------------------ setup */
+
+int tp__life_init(tp_pool *p, unsigned full, unsigned prealloc) {
+    p->life.queued_deadline_min = TP_FOREVER;
+    if (tp__ring_init(&p->life.ring, full) != 0 || tp__tasks_init(&p->life.tasks, prealloc) != 0 ||
+        tp__users_init(&p->life.users, 32) != 0)
+        return -1;
+    return 0;
+}
+
+/* Also for a pool whose tp__life_init failed half-way (zeroed parts). */
+void tp__life_fini(tp_pool *p) {
+    tp__users_fini(&p->life.users);
+    tp__tasks_fini(&p->life.tasks);
+    tp__ring_fini(&p->life.ring);
+}
+
+/* ------------------------------------------------------------ wake-ups */
+
+/* The service thread: an ending, a retry timer or an earlier deadline. */
+static void svc_wake_locked(tp_pool *p) {
+    if (p->svc.waiting) pthread_cond_signal(&p->svc_cv);
+}
+
+/* Room for a tp_submit_wait caller may have appeared. Broadcast, not signal:
+ * waiters wait for different things (space, their user's slot), so one wake
+ * could go to a caller that still cannot proceed while another could. */
+static void signal_room_locked(tp_pool *p) {
+    if (p->life.room_waiters) pthread_cond_broadcast(&p->room_cv);
+}
+
+int tp__wait_room_locked(tp_pool *p, uint64_t deadline) {
+    p->life.room_waiters++;
+    int e = tp__wait_locked(p, &p->room_cv, deadline);
+    TP__ASSERT(p->life.room_waiters > 0);
+    p->life.room_waiters--;
+    return e;
+}
+
+/* Idle workers re-check whether they may exit. */
+static void wake_exiters_locked(tp_pool *p) {
+    if (p->life.closed && p->wk.idle_waiters && tp__ring_len(&p->life.ring) == 0 && p->life.delayed == 0)
+        pthread_cond_broadcast(&p->work_cv);
+}
+
+/* Wake whoever waits for the end: shutdown/wait callers and the service
+ * thread, once the pool is closed and nothing is in flight. */
+static void drained_check_locked(tp_pool *p) {
+    if (p->life.closed && p->life.inflight == 0) {
+        pthread_cond_broadcast(&p->done_cv);
+        svc_wake_locked(p);
+        wake_exiters_locked(p);
+    }
+}
+
+/* A queued task left the ring for good (cancelled, expired, dropped). */
+static void signal_left_queue_locked(tp_pool *p) {
+    wake_exiters_locked(p);
+    signal_room_locked(p);
+}
+
+void tp__close_locked(tp_pool *p) {
+    TP__ASSERT_LOCKED(p);
+    if (p->life.closed) return;
+    p->life.closed = true;
+    pthread_cond_broadcast(&p->room_cv);
+    pthread_cond_broadcast(&p->work_cv);
+    svc_wake_locked(p);
+    drained_check_locked(p);
+}
+
+void tp__signal_worker_gone_locked(tp_pool *p) {
+    TP__ASSERT_LOCKED(p);
+    if (p->wk.threads == 0) pthread_cond_broadcast(&p->done_cv);
+    wake_exiters_locked(p);
+    /* A spawn skipped while this slot was still taken (tp__spawn_start finds
+     * no free slot) is retried now, by the service thread. */
+    if (!p->life.closed && tp__want_spawn_locked(p)) svc_wake_locked(p);
+}
+
+/* After work entered the ring: should a worker be added? Only while the
+ * backlog exceeds the idle workers plus those still starting (not yet
+ * waiting, but about to take work), and the pool is below its maximum; a
+ * fixed pool never spawns here. */
+bool tp__want_spawn_locked(const tp_pool *p) {
+    return p->wk.live_workers < p->cfg.max_workers &&
+           tp__ring_len(&p->life.ring) > p->wk.idle_waiters + p->wk.spinners + p->wk.starting;
+}
+
+/* ------------------------------------------------------------ the queue */
+
+/* The one place that publishes the queue length (read lock-free by spinning
+ * workers and tp_stats_get). Called after every change of the ring. */
+static void queue_changed_locked(tp_pool *p) { TP__SET(p->st.queued, tp__ring_len(&p->life.ring)); }
+
+static void queue_remove_locked(tp_pool *p, tp__task *t) {
+    int found = tp__ring_remove(&p->life.ring, t);
+    TP__ASSERT(found);
+    TP__UNUSED(found);
+    queue_changed_locked(p);
+}
+
+/* ------------------------------------------------------------ endings */
+
+static bool is_cancel_status(int status) { return status == TP_ECANCELED || status == TP_ETIMEDOUT; }
+
+/* Hook point "finalised": the task has its final status; counted once. Then
+ * exactly one thread runs its on_done and retires it. */
+static void task_finalise_locked(tp_pool *p, tp__task *t, int status, bool expired) {
+    TP__ASSERT(t->state == TP__QUEUED || t->state == TP__RUNNING || t->state == TP__DELAYED);
+    tp__tasks_unindex(&p->life.tasks, t);
+    if (t->deadline != TP_FOREVER) {
+        TP__ASSERT(p->life.with_deadline > 0);
+        p->life.with_deadline--;
+    }
+    if (t->user) {
+        tp__users_release(&p->life.users, t->user);
+        TP__SET(p->st.users, p->life.users.live);
+        signal_room_locked(p);
+    }
+    t->status = status;
+    t->state = TP__DONE;
+    TP__INC(p->st.completed);
+    if (status == 0) {
+        TP__INC(p->st.succeeded);
+    } else {
+        TP__INC(p->st.failed);
+        if (is_cancel_status(status)) TP__INC(p->st.cancelled);
+        if (expired) TP__INC(p->st.expired);
+    }
+}
+
+/* Hook point "retired": on_done has returned (or there was none); the record
+ * can be reused. */
+void tp__task_retire_locked(tp_pool *p, tp__task *t) {
+    TP__ASSERT_LOCKED(p);
+    TP__ASSERT(t->state == TP__DONE || t->state == TP__ENDING);
+    TP__ASSERT(p->life.inflight > 0);
+    t->user = NULL;
+    if (!p->life.tasks.free) signal_room_locked(p); /* records were at their cap */
+    tp__tasks_put(&p->life.tasks, t);
+    p->life.inflight--;
+    drained_check_locked(p);
+}
+
+/* A task leaves the ring or the delayed list without (another) run: finalise
+ * it now and hand its on_done to the service thread, which runs it promptly
+ * even when every worker is busy. The caller has already taken it off its
+ * list. */
+static void end_unrun_locked(tp_pool *p, tp__task *t, int status, bool expired) {
+    task_finalise_locked(p, t, status, expired);
+    if (!t->on_done) {
+        tp__task_retire_locked(p, t); /* nothing to run: no need to wait for the service thread */
+        return;
+    }
+    t->state = TP__ENDING;
+    t->next = NULL;
+    if (p->life.endings_tail)
+        p->life.endings_tail->next = t;
+    else
+        p->life.endings_head = t;
+    p->life.endings_tail = t;
+    svc_wake_locked(p);
+}
+
+bool tp__endings_pending_locked(const tp_pool *p) { return p->life.endings_head != NULL; }
+
+void tp__endings_run_locked(tp_pool *p) {
+    TP__ASSERT_LOCKED(p);
+    tp__task *list = p->life.endings_head;
+    p->life.endings_head = p->life.endings_tail = NULL;
+    /* Run the on_done calls in chunks and give each chunk's records back
+     * under one lock: one lock round-trip per chunk keeps the service thread
+     * ahead of a cancel storm, and a chunk is short enough not to sit on
+     * records that admission may be waiting for. */
+    while (list) {
+        tp__task *chunk = list;
+        unsigned n = 0;
+        tp__unlock(p);
+        for (; list && n < TP__ENDINGS_CHUNK; list = list->next, n++) {
+            tp__tls_enter_task(list);
+            list->on_done(list->arg, list->status);
+            tp__tls_leave_task();
+        }
+        tp__lock(p);
+        while (chunk != list) {
+            tp__task *nx = chunk->next;
+            tp__task_retire_locked(p, chunk);
+            chunk = nx;
+        }
+    }
+}
+
+/* Run on_done (mu released), then retire. Entered and left with mu held. */
+void tp__task_finish_locked(tp_pool *p, tp__task *t) {
+    TP__ASSERT_LOCKED(p);
+    TP__ASSERT(t->state == TP__DONE);
+    if (t->on_done) {
+        tp__unlock(p);
+        tp__tls_enter_task(t);
+        t->on_done(t->arg, t->status);
+        tp__tls_leave_task();
+        tp__lock(p);
+    }
+    tp__task_retire_locked(p, t);
+}
+
+/* ------------------------------------------------------------ delayed list */
+
+static void delayed_push_locked(tp_pool *p, tp__task *t) {
+    t->next = NULL;
+    t->prev = p->life.delayed_tail;
+    if (p->life.delayed_tail)
+        p->life.delayed_tail->next = t;
+    else
+        p->life.delayed_head = t;
+    p->life.delayed_tail = t;
+    p->life.delayed++;
+    TP__SET(p->st.delayed, p->life.delayed);
+}
+
+static void delayed_remove_locked(tp_pool *p, tp__task *t) {
+    TP__ASSERT(t->state == TP__DELAYED);
+    TP__ASSERT(p->life.delayed > 0);
+    if (t->prev)
+        t->prev->next = t->next;
+    else
+        p->life.delayed_head = t->next;
+    if (t->next)
+        t->next->prev = t->prev;
+    else
+        p->life.delayed_tail = t->prev;
+    t->next = t->prev = NULL;
+    p->life.delayed--;
+    TP__SET(p->st.delayed, p->life.delayed);
+}
+
+/* Move due retries to the ring and end those whose deadline passed. The
+ * delay is the same for every task, so the list is in due order; deadlines
+ * are arbitrary, so each pass looks at every delayed task. Returns the next
+ * time something on the list needs attention. */
+uint64_t tp__delayed_run_locked(tp_pool *p, uint64_t now) {
+    TP__ASSERT_LOCKED(p);
+    uint64_t next = TP_FOREVER;
+    unsigned queued = 0;
+    tp__task *t = p->life.delayed_head;
+    while (t) {
+        tp__task *nx = t->next;
+        if (now >= t->deadline) {
+            delayed_remove_locked(p, t);
+            end_unrun_locked(p, t, TP_ETIMEDOUT, false); /* it ran: not expired */
+            signal_room_locked(p);
+        } else if (now >= t->due) {
+            delayed_remove_locked(p, t); /* asserts DELAYED */
+            t->state = TP__QUEUED;
+            tp__ring_push(&p->life.ring, t);
+            if (t->deadline < p->life.queued_deadline_min) p->life.queued_deadline_min = t->deadline;
+            queued++;
+        } else {
+            if (t->due < next) next = t->due;
+            if (t->deadline < next) next = t->deadline;
+        }
+        t = nx;
+    }
+    if (queued) {
+        queue_changed_locked(p);
+        /* one wake per task: idle workers that find nothing would only go
+         * back to sleep */
+        for (unsigned i = 0; i < queued && i < p->wk.idle_waiters; i++) pthread_cond_signal(&p->work_cv);
+    }
+    wake_exiters_locked(p);
+    return next;
+}
+
+/* ------------------------------------------------------------ queue expiry */
+
+typedef struct expiry {
+    tp_pool *p;
+    uint64_t now, next;
+} expiry;
+
+static int keep_unexpired_locked(tp__task *t, void *arg) {
+    expiry *e = (expiry *)arg;
+    if (e->now >= t->deadline) {
+        /* never ran: expired; a retry back in the queue ran: cancelled */
+        end_unrun_locked(e->p, t, TP_ETIMEDOUT, t->attempt == 0);
+        return 0;
+    }
+    if (t->deadline < e->next) e->next = t->deadline;
+    return 1;
+}
+
+/* Queued tasks whose deadline has passed end now, without running, so their
+ * on_done is prompt and their queue place and user slot free up even while
+ * every worker is busy. (A worker that pops one first expires it the same
+ * way.) Returns when to look again.
+ *
+ * The scan walks the ring with the lock held, so it runs only when it can
+ * find something: `queued_deadline_min` is a lower bound of the queued
+ * deadlines (lowered at every push, made exact by each scan; pops leave it
+ * low, which only costs a scan), and scans are spaced by at least 1 ms, more
+ * for long queues, so a queue full of staggered deadlines is handled in
+ * batches instead of one O(queue) pass per expiry. */
+uint64_t tp__queue_expire_locked(tp_pool *p, uint64_t now) {
+    TP__ASSERT_LOCKED(p);
+    if (p->life.with_deadline == 0 || tp__ring_len(&p->life.ring) == 0) {
+        p->life.queued_deadline_min = TP_FOREVER;
+        return TP_FOREVER;
+    }
+    uint64_t due = p->life.queued_deadline_min > p->life.expiry_scan_at ? p->life.queued_deadline_min
+                                                                        : p->life.expiry_scan_at;
+    if (now < due) return due;
+    expiry e = {p, now, TP_FOREVER};
+    if (tp__ring_filter(&p->life.ring, keep_unexpired_locked, &e) > 0) {
+        queue_changed_locked(p);
+        signal_left_queue_locked(p);
+    }
+    p->life.queued_deadline_min = e.next;
+    p->life.expiry_scan_at = now + 1000000ull + 16ull * tp__ring_len(&p->life.ring);
+    return e.next > p->life.expiry_scan_at ? e.next : p->life.expiry_scan_at;
+}
+
+/* ------------------------------------------------------------ admission */
+
+/* Hook point "admitted": `t` is filled in and gets its id, its index entry
+ * and its place at the back of the ring. */
+static void task_admitted_locked(tp_pool *p, tp__task *t) {
+    t->id = ++p->life.next_id;
+    tp__tasks_index(&p->life.tasks, t);
+    tp__ring_push(&p->life.ring, t);
+    if (t->deadline != TP_FOREVER) {
+        /* The service thread ends it at its deadline if no worker picked it
+         * by then; wake it if this deadline comes before its own wake-up. */
+        p->life.with_deadline++;
+        if (t->deadline < p->life.queued_deadline_min) p->life.queued_deadline_min = t->deadline;
+        if (t->deadline < p->svc.next) svc_wake_locked(p);
+    }
+    p->life.inflight++;
+    TP__INC(p->st.accepted);
+    queue_changed_locked(p);
+    /* A spinning worker takes this task without a wake-up; it wakes a
+     * sleeper itself if more work is left (tp__queue_pop_locked). */
+    if (p->wk.idle_waiters && !p->wk.spinners) pthread_cond_signal(&p->work_cv);
+}
+
+int tp__admit_locked(tp_pool *p, const tp__admit_args *a, void *arg, uint64_t *id_out) {
+    TP__ASSERT_LOCKED(p);
+    if (a->user && p->cfg.max_per_user != TP_UNLIMITED) {
+        tp__user *u = tp__users_find(&p->life.users, a->user, a->user_len, a->user_hash);
+        if (u && u->count >= p->cfg.max_per_user) return TP_EUSERLIMIT;
+    }
+    if (tp__ring_len(&p->life.ring) + p->life.delayed >= p->cfg.capacity) return TP_EFULL;
+
+    /* Reserve. Refused with nothing reserved when the records are at their
+     * cap (TP_EFULL) or cannot grow (TP_ENOMEM); see tp_create(). */
+    tp__task *t = NULL;
+    int rc = tp__tasks_get(&p->life.tasks, p->cfg.max_records, &t);
+    if (rc != TP_OK) return rc;
+    tp__user *u = NULL;
+    if (a->user) {
+        u = tp__users_acquire(&p->life.users, a->user, a->user_len, a->user_hash);
+        if (!u) {
+            tp__tasks_put(&p->life.tasks, t);
+            return TP_ENOMEM;
+        }
+        TP__SET(p->st.users, p->life.users.live);
+    }
+    t->fn = a->fn;
+    t->arg = arg;
+    t->on_done = a->on_done;
+    t->run_timeout = a->run_timeout;
+    t->deadline = a->deadline;
+    t->user = u;
+    t->worker = NULL;
+    t->attempt = 0;
+    t->status = 0;
+    t->state = TP__QUEUED;
+    if (a->log_src) {
+        memcpy(t->log_id, a->log_src, a->log_len);
+        t->log_id[a->log_len] = '\0';
+        t->log_gen = 0;
+    } else {
+        t->log_id[0] = '\0';
+        t->log_gen = p->cfg.serial; /* non-zero: generate from pool serial + id */
+    }
+    task_admitted_locked(p, t);
+    if (id_out) *id_out = t->id;
+    return TP_OK;
+}
+
+/* ------------------------------------------------------------ running */
+
+tp__task *tp__queue_pop_locked(tp_pool *p) {
+    TP__ASSERT_LOCKED(p);
+    tp__task *t = tp__ring_pop(&p->life.ring);
+    TP__ASSERT(t->state == TP__QUEUED);
+    queue_changed_locked(p);
+    signal_room_locked(p);
+    wake_exiters_locked(p);
+    /* Submitters do not wake anyone while a worker spins: pass work on. */
+    if (tp__ring_len(&p->life.ring) > 0 && p->wk.idle_waiters && !p->wk.spinners)
+        pthread_cond_signal(&p->work_cv);
+    return t;
+}
+
+bool tp__task_expired_locked(tp_pool *p, tp__task *t) {
+    TP__ASSERT_LOCKED(p);
+    /* The clock is read under the lock only for a task with a deadline. */
+    if (t->deadline == TP_FOREVER || tp_now_ns() < t->deadline) return false;
+    /* Expired in the queue. A retry that comes back after its deadline ran
+     * before: cancelled, not expired. */
+    task_finalise_locked(p, t, TP_ETIMEDOUT, t->attempt == 0);
+    return true;
+}
+
+/* Hook point "starts". The run timeout is added to ctx.deadline by the
+ * worker right after it unlocks (tp__ctx_arm_run_timeout), so the clock is
+ * not read under the lock. */
+void tp__task_start_locked(tp_pool *p, tp__worker *w, tp__task *t) {
+    TP__ASSERT_LOCKED(p);
+    TP__ASSERT(t->state == TP__QUEUED && !w->cur);
+    t->state = TP__RUNNING;
+    t->worker = w;
+    w->cur = t;
+    p->life.active++;
+    TP__SET(p->st.active, p->life.active);
+    if (t->attempt == 0)
+        TP__INC(p->st.started);
+    else
+        TP__INC(p->st.retried);
+    tp__ctx_begin(&w->ctx, t);
+}
+
+/* Hook point "attempt ends": the attempt returned `rc`; retry or finalise.
+ * Returns true when a retry was scheduled (then the record belongs to the
+ * delayed list and may be cancelled and reused as soon as mu is released). */
+bool tp__task_after_run_locked(tp_pool *p, tp__worker *w, tp__task *t, int rc) {
+    TP__ASSERT_LOCKED(p);
+    TP__ASSERT(t->state == TP__RUNNING && w->cur == t);
+    TP__ASSERT(p->life.active > 0);
+    bool cancelled = tp__ctx_end_locked(&w->ctx);
+    w->cur = NULL;
+    p->life.active--;
+    TP__SET(p->st.active, p->life.active);
+    t->worker = NULL;
+    bool may_retry = rc != 0 && !cancelled && !p->life.forced && t->attempt < p->cfg.max_retries;
+    uint64_t now = may_retry ? tp_now_ns() : 0; /* no clock read on success */
+    if (may_retry && now < t->deadline) {
+        t->attempt++;
+        t->state = TP__DELAYED;
+        t->due = tp__deadline_after(now, p->cfg.retry_delay);
+        delayed_push_locked(p, t);
+        svc_wake_locked(p);
+        return true;
+    }
+    task_finalise_locked(p, t, rc, false);
+    return false;
+}
+
+/* ------------------------------------------------------------ cancel */
+
+int tp__cancel_locked(tp_pool *p, uint64_t id) {
+    TP__ASSERT_LOCKED(p);
+    tp__task *t = tp__tasks_find(&p->life.tasks, id);
+    if (!t) return TP_ENOTFOUND;
+    switch (t->state) {
+    case TP__QUEUED:
+        queue_remove_locked(p, t);
+        end_unrun_locked(p, t, TP_ECANCELED, false);
+        signal_left_queue_locked(p);
+        return TP_OK;
+    case TP__DELAYED:
+        delayed_remove_locked(p, t);
+        end_unrun_locked(p, t, TP_ECANCELED, false);
+        signal_left_queue_locked(p);
+        return TP_OK;
+    case TP__RUNNING:
+        tp__ctx_cancel_locked(t->worker);
+        return TP_OK;
+    default:
+        TP__ASSERT(!"a finalised task is still in the id index");
+        return TP_ENOTFOUND;
+    }
+}
+
+/* Forced shutdown: cancel running tasks, end queued and delayed ones unrun. */
+void tp__force_locked(tp_pool *p) {
+    TP__ASSERT_LOCKED(p);
+    p->life.forced = true;
+    for (unsigned i = 0; i < p->cfg.max_workers; i++)
+        if (p->wk.workers[i].cur) tp__ctx_cancel_locked(&p->wk.workers[i]);
+    while (tp__ring_len(&p->life.ring) > 0) {
+        tp__task *t = tp__ring_pop(&p->life.ring);
+        queue_changed_locked(p);
+        end_unrun_locked(p, t, TP_ECANCELED, false);
+    }
+    while (p->life.delayed_head) {
+        tp__task *t = p->life.delayed_head;
+        delayed_remove_locked(p, t);
+        end_unrun_locked(p, t, TP_ECANCELED, false);
+    }
+    signal_left_queue_locked(p);
+}
