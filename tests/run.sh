@@ -59,10 +59,16 @@ have_fuzzer_runtime() {
     dir=$(clang -print-runtime-dir 2>/dev/null) || return 1
     [ -e "$dir/libclang_rt.fuzzer-$(uname -m).a" ] || [ -e "$dir/libclang_rt.fuzzer.a" ]
 }
+# The Redis Streams example (examples/stream/) and its process-level tests.
+have_stream_deps() {
+    [ -f /usr/include/hiredis/hiredis.h ] && command -v redis-server >/dev/null 2>&1 &&
+        command -v python3 >/dev/null 2>&1
+}
 missing_deps() {
     local c
     for c in cmake make gcc pkg-config; do command -v "$c" >/dev/null 2>&1 || return 0; done
     have_cmocka || return 0
+    have_stream_deps || return 0
     if wants plain; then
         command -v abidw >/dev/null 2>&1 || return 0 # the ABI baseline check
         command -v git >/dev/null 2>&1 || return 0   # the previous release, for the old-binary check
@@ -98,6 +104,8 @@ if missing_deps; then
     fi
     pkgs=(libcmocka-dev cmake make gcc libc6-dev pkg-config scdoc)
     wants plain && pkgs+=(man-db dpkg-dev lintian)
+    # examples/stream/ and its stream_* tests: hiredis, a real redis-server, python3
+    pkgs+=(libhiredis-dev redis-server python3)
     # clang's sanitizer runtimes are only "recommended" by clang on Debian 12.
     { wants tsan || wants fuzz; } && pkgs+=(clang libclang-rt-dev)
     wants valgrind && pkgs+=(valgrind)
@@ -279,6 +287,13 @@ run_mode() {
                 return 1
             fi
         done
+    fi
+
+    # Nor may the Redis Streams process tests (hiredis, redis-server, python3).
+    have=$(cd "$dir" && ctest -N | grep -cE 'Test +#[0-9]+: stream_')
+    if [ "$mode" != valgrind ] && [ "$have" -ne 6 ]; then
+        result[$mode]="FAIL: $have of the 6 stream_* tests registered with CTest (hiredis or redis-server missing?)"
+        return 1
     fi
 
     log "$mode: test${wrap[*]:+ (under ${wrap[*]})}"

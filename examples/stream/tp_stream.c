@@ -1,0 +1,1388 @@
+/*
+ * tp_stream.c -- the Redis Streams consumer (see tp_stream.h for the design).
+ *
+ * Ownership, in one place: every field below the "I/O thread only" line is
+ * read and written by the I/O thread alone. The pool's threads touch a slot
+ * only between tp_submit() and on_done() (the task reads the message, writes
+ * `attempts`, `canceled` and `timed_out`; on_done writes `status`), and hand
+ * it back through the completion ring, whose mutex orders those writes
+ * before the I/O thread's reads. Counters shown in tps_stats are atomics.
+ *
+ * An entry's life in its slot:
+ *   FREE -> (read or claimed) -> [BACKLOG | OVERFLOW] -> POOL -> DONE -> FREE
+ *   and short cuts: malformed or delivered too often -> DONE (dead);
+ *   cancelled by a forced shutdown, or held in the backlog at stop -> FREE
+ *   without an outcome (still pending in the group: another consumer claims it).
+ * A slot is FREE again only after its outcome transaction's EXEC succeeded.
+ */
+#define _GNU_SOURCE
+#include "tp_stream.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <hiredis/hiredis.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include "config.h" /* svc_parse_duration, svc_parse_uint (examples/service/) */
+
+#define NIL            UINT32_MAX
+#define WRITE_BATCH    256u   /* outcomes per MULTI/EXEC */
+#define CLAIM_ARGS_MAX 512u   /* ids per heartbeat XCLAIM */
+#define BACKOFF_MIN_MS 100
+#define BACKOFF_MAX_MS 2000
+#define CONNECT_TIMEOUT_MS 1000
+#define COMMAND_TIMEOUT_MS 5000
+#define DELAY_MAX_NS   (3600ull * 1000000000ull)
+
+enum { S_FREE, S_BACKLOG, S_OVERFLOW, S_POOL, S_DONE };
+enum { OUT_OK, OUT_DEAD };
+
+typedef struct slot {
+    struct tps_consumer *c;
+    uint32_t next;          /* free list, a user's backlog, overflow or done list */
+    uint8_t  state;
+    uint8_t  outcome;
+    uint8_t  fresh;         /* claimed in the current XAUTOCLAIM batch */
+    uint8_t  has_payload;
+    /* written by the task, read after the completion ring */
+    unsigned attempts;
+    int      canceled;
+    int      timed_out;
+    int      status;
+    /* the message */
+    unsigned deliveries;
+    uint32_t fail;
+    uint64_t delay_ns;
+    size_t   id_len;
+    size_t   payload_len;
+    const char *reason;     /* dead: static text, or reason_buf */
+    char     reason_buf[96];
+    char     id[TPS_ID_MAX + 1];
+    char     user[TP_USER_MAX + 1];
+    char     payload[TPS_PAYLOAD_MAX];
+} slot;
+
+typedef struct user_q {     /* a user's backlog FIFO; used iff head != NIL */
+    uint32_t head, tail;
+    char     user[TP_USER_MAX + 1];
+} user_q;
+
+struct tps_consumer {
+    /* configuration, immutable after tps_create */
+    char      stream[TPS_NAME_MAX + 1], group[TPS_NAME_MAX + 1], consumer[TPS_NAME_MAX + 1];
+    char      results[TPS_NAME_MAX + 1], dead[TPS_NAME_MAX + 1];
+    char      host[256];
+    int       port;         /* 0: unix socket at host */
+    char      url[300];
+    tp_pool  *pool;
+    unsigned  pool_capacity, queue_capacity, nslots, max_deliveries, block_ms;
+    uint64_t  claim_idle_ns;
+    tps_handler handler;
+    void     *handler_arg;
+    tps_log_fn log;
+    void     *log_arg;
+
+    /* completion ring: pool threads -> I/O thread */
+    pthread_mutex_t ring_mu;
+    uint32_t *ring;
+    uint32_t  ring_head, ring_count;
+    atomic_int wake_pending;
+    int       wake[2];
+
+    /* control: application thread -> I/O thread */
+    atomic_int stop_reading, finishing;
+    atomic_ullong finish_deadline;
+    int       finish_result;
+    pthread_t thread;
+    int       started;
+
+    /* counters */
+    atomic_ullong n_read, n_claimed, n_acked, n_succeeded, n_dead, n_malformed, n_ack_missed,
+        n_abandoned, n_user_waits, n_reconnects, g_held, g_backlog, g_unwritten, g_connected;
+
+    /* ---- I/O thread only ---- */
+    slot     *slots;
+    uint32_t  free_head, n_free, n_pool, n_backlog;
+    uint32_t  overflow_head, overflow_tail, n_overflow;
+    uint32_t  done_head, done_tail, n_done;
+    uint32_t *ids;          /* open addressing: slot index + 1, 0 = empty */
+    uint32_t  ids_mask;
+    user_q   *users;
+    uint32_t  users_mask;
+    redisContext *rd, *wr;  /* reader, writer */
+    unsigned  read_outstanding; /* COUNT of the XREADGROUP in flight, 0 if none */
+    uint64_t  read_sent_ns;
+    int       connected_once, stopped_applied;
+    unsigned  backoff_ms;
+    uint64_t  next_connect_ns, next_heartbeat_ns, next_claim_ns;
+    char      claim_cursor[TPS_ID_MAX + 1];
+    uint32_t *claim_got;    /* scratch of claim(): slots claimed in one batch */
+    const char **claim_err;
+    const char **argv;      /* scratch for building commands */
+    size_t   *argvlen;
+    size_t    argcap;
+};
+
+/* ------------------------------------------------------------------ logging */
+
+static void logkv(tps_consumer *c, int level, const char *event, const char *const *kv, size_t n) {
+    if (c->log != NULL)
+        c->log(c->log_arg, level, event, kv, n);
+}
+
+static void log1(tps_consumer *c, int level, const char *event, const char *k, const char *v) {
+    const char *kv[2] = {k, v};
+    logkv(c, level, event, kv, k != NULL ? 1 : 0);
+}
+
+static uint64_t ms_ns(uint64_t ms) { return ms * 1000000ull; }
+
+static void cnt_add(atomic_ullong *a, uint64_t v) { atomic_fetch_add_explicit(a, v, memory_order_relaxed); }
+static void cnt_set(atomic_ullong *a, uint64_t v) { atomic_store_explicit(a, v, memory_order_relaxed); }
+
+static void update_gauges(tps_consumer *c) {
+    cnt_set(&c->g_held, c->nslots - c->n_free);
+    cnt_set(&c->g_backlog, c->n_backlog + c->n_overflow);
+    cnt_set(&c->g_unwritten, c->n_done);
+}
+
+/* ------------------------------------------------------------------ hashing */
+
+static uint32_t hash_bytes(const char *s, size_t n) {
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < n; i++) {
+        h ^= (unsigned char)s[i];
+        h *= 16777619u;
+    }
+    return h;
+}
+
+static uint32_t ids_find(tps_consumer *c, const char *id, size_t len) {
+    for (uint32_t i = hash_bytes(id, len) & c->ids_mask;; i = (i + 1) & c->ids_mask) {
+        uint32_t v = c->ids[i];
+        if (v == 0)
+            return NIL;
+        slot *s = &c->slots[v - 1];
+        if (s->id_len == len && memcmp(s->id, id, len) == 0)
+            return v - 1;
+    }
+}
+
+static void ids_insert(tps_consumer *c, uint32_t idx) {
+    slot *s = &c->slots[idx];
+    uint32_t i = hash_bytes(s->id, s->id_len) & c->ids_mask;
+    while (c->ids[i] != 0)
+        i = (i + 1) & c->ids_mask;
+    c->ids[i] = idx + 1;
+}
+
+/* Linear probing with backward-shift deletion: no tombstones. */
+static void ids_remove(tps_consumer *c, uint32_t idx) {
+    slot *s = &c->slots[idx];
+    uint32_t i = hash_bytes(s->id, s->id_len) & c->ids_mask;
+    while (c->ids[i] != idx + 1)
+        i = (i + 1) & c->ids_mask;
+    for (uint32_t j = (i + 1) & c->ids_mask; c->ids[j] != 0; j = (j + 1) & c->ids_mask) {
+        slot *o = &c->slots[c->ids[j] - 1];
+        uint32_t home = hash_bytes(o->id, o->id_len) & c->ids_mask;
+        /* move j into the hole at i unless its home lies cyclically in (i, j] */
+        if (((j - home) & c->ids_mask) >= ((j - i) & c->ids_mask)) {
+            c->ids[i] = c->ids[j];
+            i = j;
+        }
+    }
+    c->ids[i] = 0;
+}
+
+/* The user's queue, creating it when `create`; NULL when absent. */
+static user_q *users_get(tps_consumer *c, const char *user, int create) {
+    size_t len = strlen(user);
+    for (uint32_t i = hash_bytes(user, len) & c->users_mask;; i = (i + 1) & c->users_mask) {
+        user_q *q = &c->users[i];
+        if (q->head == NIL) {
+            if (!create)
+                return NULL;
+            memcpy(q->user, user, len + 1);
+            return q;
+        }
+        if (strcmp(q->user, user) == 0)
+            return q;
+    }
+}
+
+static void users_remove(tps_consumer *c, user_q *q) {
+    uint32_t i = (uint32_t)(q - c->users);
+    for (uint32_t j = (i + 1) & c->users_mask; c->users[j].head != NIL; j = (j + 1) & c->users_mask) {
+        user_q *o = &c->users[j];
+        uint32_t home = hash_bytes(o->user, strlen(o->user)) & c->users_mask;
+        if (((j - home) & c->users_mask) >= ((j - i) & c->users_mask)) {
+            c->users[i] = *o;
+            i = j;
+        }
+    }
+    c->users[i].head = NIL;
+    c->users[i].tail = NIL;
+}
+
+/* ------------------------------------------------------------------ slots and lists */
+
+static uint32_t slot_alloc(tps_consumer *c) {
+    uint32_t i = c->free_head;
+    if (i == NIL)
+        return NIL;
+    c->free_head = c->slots[i].next;
+    c->n_free--;
+    slot *s = &c->slots[i];
+    s->next = NIL;
+    s->fresh = 0;
+    s->has_payload = 0;
+    s->attempts = 0;
+    s->canceled = s->timed_out = s->status = 0;
+    s->deliveries = 1;
+    s->fail = 0;
+    s->delay_ns = 0;
+    s->payload_len = 0;
+    s->reason = NULL;
+    s->user[0] = '\0';
+    return i;
+}
+
+/* Forget the entry (after its outcome is written, or to leave it pending). */
+static void slot_free(tps_consumer *c, uint32_t i) {
+    ids_remove(c, i);
+    c->slots[i].state = S_FREE;
+    c->slots[i].next = c->free_head;
+    c->free_head = i;
+    c->n_free++;
+}
+
+static void list_push(tps_consumer *c, uint32_t *head, uint32_t *tail, uint32_t i) {
+    c->slots[i].next = NIL;
+    if (*head == NIL)
+        *head = i;
+    else
+        c->slots[*tail].next = i;
+    *tail = i;
+}
+
+static uint32_t list_pop(tps_consumer *c, uint32_t *head, uint32_t *tail) {
+    uint32_t i = *head;
+    if (i != NIL) {
+        *head = c->slots[i].next;
+        if (*head == NIL)
+            *tail = NIL;
+    }
+    return i;
+}
+
+static void finish_dead(tps_consumer *c, uint32_t i, const char *reason) {
+    slot *s = &c->slots[i];
+    s->state = S_DONE;
+    s->outcome = OUT_DEAD;
+    s->reason = reason;
+    list_push(c, &c->done_head, &c->done_tail, i);
+    c->n_done++;
+}
+
+/* ------------------------------------------------------------------ message parsing */
+
+int tps_default_handler(tp_ctx *ctx, const tps_msg *msg, void *arg) {
+    (void)arg;
+    if (msg->fail == TPS_FAIL_ALWAYS || tp_ctx_attempt(ctx) < msg->fail)
+        return TPS_RUN_FAILED;
+    if (msg->delay_ns > 0) {
+        int rc = tp_ctx_sleep(ctx, msg->delay_ns);
+        if (rc == TP_ETIMEDOUT)
+            return TPS_RUN_TIMEDOUT;
+        if (rc != 0)
+            return TPS_RUN_CANCELED;
+    }
+    return 0;
+}
+
+static int field_is(const redisReply *r, const char *name) {
+    size_t n = strlen(name);
+    return r->len == n && memcmp(r->str, name, n) == 0;
+}
+
+/* Fill slot i from a fields array [name, value, ...]; NULL on success or a
+ * static reason. */
+static const char *parse_fields(slot *s, const redisReply *f) {
+    if (f == NULL || f->type != REDIS_REPLY_ARRAY)
+        return "entry: no fields (deleted from the stream?)";
+    if (f->elements % 2 != 0)
+        return "entry: odd number of field elements";
+    int seen_user = 0, seen_delay = 0, seen_fail = 0, seen_payload = 0;
+    for (size_t k = 0; k + 1 < f->elements; k += 2) {
+        const redisReply *name = f->element[k], *val = f->element[k + 1];
+        if (name->type != REDIS_REPLY_STRING || val->type != REDIS_REPLY_STRING)
+            return "entry: a field is not a string";
+        if (field_is(name, "user")) {
+            if (seen_user++)
+                return "user: repeated";
+            if (val->len > TP_USER_MAX)
+                return "user: longer than 127 bytes";
+            if (memchr(val->str, '\0', val->len) != NULL)
+                return "user: contains a NUL byte";
+            memcpy(s->user, val->str, val->len);
+            s->user[val->len] = '\0';
+        } else if (field_is(name, "delay")) {
+            char buf[64];
+            if (seen_delay++)
+                return "delay: repeated";
+            if (val->len >= sizeof buf)
+                return "delay: not a duration (like 20ms, 1.5s)";
+            memcpy(buf, val->str, val->len);
+            buf[val->len] = '\0';
+            if (memchr(val->str, '\0', val->len) != NULL || svc_parse_duration(buf, &s->delay_ns) != 0)
+                return "delay: not a duration (like 20ms, 1.5s)";
+            if (s->delay_ns > DELAY_MAX_NS)
+                return "delay: over 1h";
+        } else if (field_is(name, "fail")) {
+            char buf[16];
+            if (seen_fail++)
+                return "fail: repeated";
+            if (val->len == 6 && memcmp(val->str, "always", 6) == 0) {
+                s->fail = TPS_FAIL_ALWAYS;
+                continue;
+            }
+            unsigned n;
+            if (val->len >= sizeof buf)
+                return "fail: expected always or a number from 0 to 1000";
+            memcpy(buf, val->str, val->len);
+            buf[val->len] = '\0';
+            if (memchr(val->str, '\0', val->len) != NULL || svc_parse_uint(buf, 0, 1000, &n) != 0)
+                return "fail: expected always or a number from 0 to 1000";
+            s->fail = n;
+        } else if (field_is(name, "payload")) {
+            if (seen_payload++)
+                return "payload: repeated";
+            if (val->len > TPS_PAYLOAD_MAX)
+                return "payload: over 1024 bytes";
+            memcpy(s->payload, val->str, val->len);
+            s->payload_len = val->len;
+            s->has_payload = 1;
+        } /* other field names are ignored */
+    }
+    return NULL;
+}
+
+/* ------------------------------------------------------------------ the task */
+
+static void on_done(void *arg, int status) {
+    slot *s = arg;
+    tps_consumer *c = s->c;
+    s->status = status;
+    pthread_mutex_lock(&c->ring_mu);
+    c->ring[(c->ring_head + c->ring_count) % c->nslots] = (uint32_t)(s - c->slots);
+    c->ring_count++;
+    pthread_mutex_unlock(&c->ring_mu);
+    if (atomic_exchange(&c->wake_pending, 1) == 0) {
+        if (write(c->wake[1], "w", 1) < 0) {
+            /* a full pipe already wakes the thread */
+        }
+    }
+}
+
+static int run_task(tp_ctx *ctx, void *arg) {
+    slot *s = arg;
+    tps_msg m = {
+        .id = s->id,
+        .user = s->user[0] != '\0' ? s->user : NULL,
+        .delay_ns = s->delay_ns,
+        .fail = s->fail,
+        .payload = s->has_payload ? s->payload : NULL,
+        .payload_len = s->payload_len,
+        .deliveries = s->deliveries,
+    };
+    s->attempts = tp_ctx_attempt(ctx) + 1;
+    int rc = s->c->handler(ctx, &m, s->c->handler_arg);
+    int err = tp_ctx_err(ctx);
+    s->canceled = err == TP_ECANCELED;
+    s->timed_out = err == TP_ETIMEDOUT;
+    return rc;
+}
+
+static void user_wait(tps_consumer *c, uint32_t i, int front) {
+    slot *s = &c->slots[i];
+    user_q *q = users_get(c, s->user, 1);
+    s->state = S_BACKLOG;
+    if (front && q->head != NIL) {
+        s->next = q->head;
+        q->head = i;
+    } else {
+        list_push(c, &q->head, &q->tail, i);
+    }
+    c->n_backlog++;
+}
+
+/* Submit, or park in the user's backlog / the overflow list. `front`: the
+ * entry comes from the head of its user's backlog (or from the overflow list)
+ * and goes back to the head if the user is still at its limit.
+ * Invariant: a user's backlog is non-empty only while one of the user's
+ * entries is in the pool or in the overflow list, so a completion of that
+ * user (which dispatches the head) is always still to come. */
+static void submit(tps_consumer *c, uint32_t i, int front) {
+    slot *s = &c->slots[i];
+    if (!front && s->user[0] != '\0') {
+        user_q *q = users_get(c, s->user, 0);
+        if (q != NULL) { /* keep the user's order: behind those already waiting */
+            s->state = S_BACKLOG;
+            list_push(c, &q->head, &q->tail, i);
+            c->n_backlog++;
+            cnt_add(&c->n_user_waits, 1);
+            return;
+        }
+    }
+    tp_task_opts o = {.user = s->user[0] != '\0' ? s->user : NULL, .on_done = on_done, .log_id = s->id};
+    int rc = tp_submit(c->pool, run_task, s, &o, NULL);
+    if (rc == TP_OK) {
+        s->state = S_POOL;
+        c->n_pool++;
+    } else if (rc == TP_EUSERLIMIT) {
+        user_wait(c, i, front);
+        if (!front)
+            cnt_add(&c->n_user_waits, 1);
+    } else if (rc == TP_ECLOSED) {
+        slot_free(c, i); /* shutting down: left pending for another consumer */
+    } else {             /* TP_EFULL (a moment before a worker picks), TP_ENOMEM */
+        s->state = S_OVERFLOW;
+        list_push(c, &c->overflow_head, &c->overflow_tail, i);
+        c->n_overflow++;
+    }
+}
+
+/* A new entry in slot i (read or claimed): dead, or into the pool. */
+static void admit(tps_consumer *c, uint32_t i, const char *parse_error) {
+    slot *s = &c->slots[i];
+    if (s->deliveries > c->max_deliveries) {
+        snprintf(s->reason_buf, sizeof s->reason_buf, "delivered %u times (MAX_DELIVERIES %u)",
+                 s->deliveries, c->max_deliveries);
+        finish_dead(c, i, s->reason_buf);
+    } else if (parse_error != NULL) {
+        cnt_add(&c->n_malformed, 1);
+        finish_dead(c, i, parse_error);
+    } else if (atomic_load(&c->stop_reading)) {
+        slot_free(c, i);
+    } else {
+        submit(c, i, 0);
+    }
+}
+
+/* Submissions that failed for lack of room, then the next of this user. */
+static void dispatch_after(tps_consumer *c, const char *user) {
+    if (user != NULL && user[0] != '\0') {
+        user_q *q = users_get(c, user, 0);
+        if (q != NULL) {
+            uint32_t i = list_pop(c, &q->head, &q->tail);
+            c->n_backlog--;
+            if (q->head == NIL)
+                users_remove(c, q);
+            submit(c, i, 1);
+        }
+    }
+    uint32_t n = c->n_overflow;
+    while (n-- > 0) {
+        uint32_t i = list_pop(c, &c->overflow_head, &c->overflow_tail);
+        c->n_overflow--;
+        /* It already passed its user's queue when it was first submitted:
+         * going to the back of that queue now could leave it behind entries
+         * that wait for a completion which will never come. */
+        submit(c, i, 1);
+        if (c->slots[i].state == S_OVERFLOW)
+            break; /* still full: wait for the next completion */
+    }
+}
+
+static void process_completions(tps_consumer *c) {
+    uint32_t batch[256];
+    for (;;) {
+        uint32_t n = 0;
+        pthread_mutex_lock(&c->ring_mu);
+        while (c->ring_count > 0 && n < 256) {
+            batch[n++] = c->ring[c->ring_head];
+            c->ring_head = (c->ring_head + 1) % c->nslots;
+            c->ring_count--;
+        }
+        pthread_mutex_unlock(&c->ring_mu);
+        if (n == 0)
+            return;
+        for (uint32_t k = 0; k < n; k++) {
+            uint32_t i = batch[k];
+            slot *s = &c->slots[i];
+            c->n_pool--;
+            char user[TP_USER_MAX + 1];
+            memcpy(user, s->user, strlen(s->user) + 1);
+            if (s->status < 0 || s->canceled) {
+                cnt_add(&c->n_abandoned, 1); /* forced shutdown: stays pending */
+                slot_free(c, i);
+            } else if (s->status == 0) {
+                s->state = S_DONE;
+                s->outcome = OUT_OK;
+                list_push(c, &c->done_head, &c->done_tail, i);
+                c->n_done++;
+            } else {
+                snprintf(s->reason_buf, sizeof s->reason_buf, "%s after %u attempts (status %d)",
+                         s->timed_out ? "timed out" : "failed", s->attempts, s->status);
+                finish_dead(c, i, s->reason_buf);
+            }
+            dispatch_after(c, user);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ connections */
+
+static void arg(tps_consumer *c, size_t *argc, const char *s, size_t len) {
+    c->argv[*argc] = s;
+    c->argvlen[*argc] = len;
+    (*argc)++;
+}
+
+static void args(tps_consumer *c, size_t *argc, const char *s) { arg(c, argc, s, strlen(s)); }
+
+static void disconnect(tps_consumer *c, const char *why, const char *detail) {
+    if (c->rd == NULL && c->wr == NULL)
+        return;
+    char saved[128]; /* detail may point into a context freed below */
+    snprintf(saved, sizeof saved, "%s", detail != NULL ? detail : "");
+    if (c->rd != NULL)
+        redisFree(c->rd);
+    if (c->wr != NULL)
+        redisFree(c->wr);
+    c->rd = c->wr = NULL;
+    c->read_outstanding = 0;
+    cnt_set(&c->g_connected, 0);
+    char ms[24];
+    snprintf(ms, sizeof ms, "%u", c->backoff_ms);
+    const char *kv[] = {"reason", why, "error", saved, "retry_in_ms", ms};
+    logkv(c, TP_LOG_WARN, "disconnected", kv, 3);
+    c->next_connect_ns = tp_now_ns() + ms_ns(c->backoff_ms);
+}
+
+static redisContext *connect_one(tps_consumer *c, char *err, size_t errlen) {
+    struct timeval tv = {.tv_sec = 0, .tv_usec = CONNECT_TIMEOUT_MS * 1000};
+    redisContext *r = c->port == 0 ? redisConnectUnixWithTimeout(c->host, tv)
+                                   : redisConnectWithTimeout(c->host, c->port, tv);
+    if (r == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    if (r->err) {
+        snprintf(err, errlen, "%s", r->errstr);
+        redisFree(r);
+        return NULL;
+    }
+    struct timeval ct = {.tv_sec = COMMAND_TIMEOUT_MS / 1000, .tv_usec = 0};
+    (void)redisSetTimeout(r, ct);
+    if (c->port != 0)
+        (void)redisEnableKeepAlive(r);
+    return r;
+}
+
+/* Run one command on the writer; the reply or NULL (connection failed; an
+ * error reply is returned as is). */
+static redisReply *wr_command(tps_consumer *c, size_t argc) {
+    redisReply *r = NULL;
+    if (redisAppendCommandArgv(c->wr, (int)argc, c->argv, c->argvlen) != REDIS_OK ||
+        redisGetReply(c->wr, (void **)&r) != REDIS_OK)
+        return NULL;
+    return r;
+}
+
+static int check_type(tps_consumer *c, const char *key) {
+    size_t argc = 0;
+    args(c, &argc, "TYPE");
+    args(c, &argc, key);
+    redisReply *r = wr_command(c, argc);
+    if (r == NULL)
+        return -1;
+    int ok = r->type == REDIS_REPLY_STATUS && (strcmp(r->str, "stream") == 0 || strcmp(r->str, "none") == 0);
+    if (!ok) {
+        const char *kv[] = {"key", key, "type", r->type == REDIS_REPLY_STATUS ? r->str : "?"};
+        logkv(c, TP_LOG_ERROR, "wrong_key_type", kv, 2);
+    }
+    freeReplyObject(r);
+    return ok ? 0 : -2;
+}
+
+static void try_connect(tps_consumer *c) {
+    char err[256];
+    c->wr = connect_one(c, err, sizeof err);
+    if (c->wr != NULL)
+        c->rd = connect_one(c, err, sizeof err);
+    if (c->rd == NULL) {
+        if (c->wr != NULL)
+            redisFree(c->wr);
+        c->wr = NULL;
+        goto failed;
+    }
+    /* Outcomes must never be acknowledged while their XADD fails at run time:
+     * refuse to work while a results or dead key is not a stream. */
+    int t1 = check_type(c, c->results), t2 = t1 == 0 ? check_type(c, c->dead) : t1;
+    if (t1 != 0 || t2 != 0) {
+        snprintf(err, sizeof err, t1 == -1 || t2 == -1 ? "connection lost" : "results or dead key is not a stream");
+        goto failed_free;
+    }
+    size_t argc = 0;
+    args(c, &argc, "XGROUP");
+    args(c, &argc, "CREATE");
+    args(c, &argc, c->stream);
+    args(c, &argc, c->group);
+    args(c, &argc, "0");
+    args(c, &argc, "MKSTREAM");
+    redisReply *r = wr_command(c, argc);
+    if (r == NULL) {
+        snprintf(err, sizeof err, "%s", c->wr->errstr);
+        goto failed_free;
+    }
+    if (r->type == REDIS_REPLY_ERROR && strncmp(r->str, "BUSYGROUP", 9) != 0) {
+        snprintf(err, sizeof err, "XGROUP CREATE: %s", r->str);
+        freeReplyObject(r);
+        goto failed_free;
+    }
+    if (r->type != REDIS_REPLY_ERROR)
+        log1(c, TP_LOG_INFO, "group_created", "group", c->group);
+    freeReplyObject(r);
+
+    if (c->connected_once)
+        cnt_add(&c->n_reconnects, 1);
+    c->connected_once = 1;
+    c->backoff_ms = BACKOFF_MIN_MS;
+    cnt_set(&c->g_connected, 1);
+    {
+        char held[24];
+        snprintf(held, sizeof held, "%u", c->nslots - c->n_free);
+        const char *kv[] = {"url", c->url, "consumer", c->consumer, "held", held};
+        logkv(c, TP_LOG_INFO, "connected", kv, 3);
+    }
+    /* Refresh our entries' idle time before anyone (we included) claims them. */
+    uint64_t now = tp_now_ns();
+    c->next_heartbeat_ns = now;
+    c->next_claim_ns = now;
+    return;
+
+failed_free:
+    redisFree(c->rd);
+    redisFree(c->wr);
+    c->rd = c->wr = NULL;
+failed:;
+    char ms[24];
+    snprintf(ms, sizeof ms, "%u", c->backoff_ms);
+    const char *kv[] = {"url", c->url, "error", err, "retry_in_ms", ms};
+    logkv(c, TP_LOG_WARN, "connect_failed", kv, 3);
+    c->next_connect_ns = tp_now_ns() + ms_ns(c->backoff_ms);
+    c->backoff_ms = c->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : c->backoff_ms * 2;
+}
+
+/* ------------------------------------------------------------------ Redis work */
+
+/* One MULTI / XADD... / XACK / EXEC for up to WRITE_BATCH finished entries. */
+static int write_outcomes(tps_consumer *c) {
+    while (c->n_done > 0) {
+        uint32_t batch[WRITE_BATCH], n = 0;
+        for (uint32_t i = c->done_head; i != NIL && n < WRITE_BATCH; i = c->slots[i].next)
+            batch[n++] = i;
+        size_t argc = 0;
+        args(c, &argc, "MULTI");
+        if (redisAppendCommandArgv(c->wr, 1, c->argv, c->argvlen) != REDIS_OK)
+            return -1;
+        for (uint32_t k = 0; k < n; k++) {
+            slot *s = &c->slots[batch[k]];
+            char att[16], del[16];
+            snprintf(att, sizeof att, "%u", s->attempts);
+            snprintf(del, sizeof del, "%u", s->deliveries);
+            argc = 0;
+            args(c, &argc, "XADD");
+            args(c, &argc, s->outcome == OUT_OK ? c->results : c->dead);
+            args(c, &argc, "*");
+            args(c, &argc, "id");
+            arg(c, &argc, s->id, s->id_len);
+            if (s->outcome == OUT_DEAD) {
+                args(c, &argc, "reason");
+                args(c, &argc, s->reason);
+            }
+            args(c, &argc, "consumer");
+            args(c, &argc, c->consumer);
+            args(c, &argc, "attempts");
+            args(c, &argc, att);
+            args(c, &argc, "deliveries");
+            args(c, &argc, del);
+            if (s->user[0] != '\0') {
+                args(c, &argc, "user");
+                args(c, &argc, s->user);
+            }
+            if (redisAppendCommandArgv(c->wr, (int)argc, c->argv, c->argvlen) != REDIS_OK)
+                return -1;
+        }
+        argc = 0;
+        args(c, &argc, "XACK");
+        args(c, &argc, c->stream);
+        args(c, &argc, c->group);
+        for (uint32_t k = 0; k < n; k++)
+            arg(c, &argc, c->slots[batch[k]].id, c->slots[batch[k]].id_len);
+        if (redisAppendCommandArgv(c->wr, (int)argc, c->argv, c->argvlen) != REDIS_OK)
+            return -1;
+        argc = 0;
+        args(c, &argc, "EXEC");
+        if (redisAppendCommandArgv(c->wr, 1, c->argv, c->argvlen) != REDIS_OK)
+            return -1;
+        /* MULTI, n + 1 QUEUED, EXEC */
+        int failed = 0;
+        redisReply *exec = NULL;
+        for (uint32_t k = 0; k < n + 3; k++) {
+            redisReply *r = NULL;
+            if (redisGetReply(c->wr, (void **)&r) != REDIS_OK)
+                return -1;
+            if (k < n + 2) {
+                if (r->type == REDIS_REPLY_ERROR && !failed) {
+                    failed = 1;
+                    log1(c, TP_LOG_ERROR, "outcome_write_failed", "error", r->str);
+                }
+                freeReplyObject(r);
+            } else {
+                exec = r;
+            }
+        }
+        if (exec->type != REDIS_REPLY_ARRAY || exec->elements != n + 1) {
+            if (exec->type == REDIS_REPLY_ERROR)
+                log1(c, TP_LOG_ERROR, "outcome_write_failed", "error", exec->str);
+            freeReplyObject(exec);
+            return -1; /* nothing acknowledged; reconnect and try again */
+        }
+        for (uint32_t k = 0; k < n; k++)
+            if (exec->element[k]->type == REDIS_REPLY_ERROR)
+                log1(c, TP_LOG_ERROR, "outcome_write_failed", "error", exec->element[k]->str);
+        long long acked = exec->element[n]->type == REDIS_REPLY_INTEGER ? exec->element[n]->integer : 0;
+        freeReplyObject(exec);
+        if (acked < (long long)n)
+            cnt_add(&c->n_ack_missed, (uint64_t)((long long)n - acked));
+        uint64_t ok = 0, dead = 0;
+        for (uint32_t k = 0; k < n; k++) {
+            uint32_t i = list_pop(c, &c->done_head, &c->done_tail);
+            slot *s = &c->slots[i];
+            if (s->outcome == OUT_OK) {
+                ok++;
+            } else {
+                dead++;
+                const char *kv[] = {"id", s->id, "reason", s->reason, "user", s->user};
+                logkv(c, TP_LOG_WARN, "dead", kv, s->user[0] != '\0' ? 3 : 2);
+            }
+            slot_free(c, i);
+        }
+        c->n_done -= n;
+        cnt_add(&c->n_acked, n);
+        cnt_add(&c->n_succeeded, ok);
+        cnt_add(&c->n_dead, dead);
+    }
+    return 0;
+}
+
+/* XCLAIM <every held id> to ourselves with JUSTID: resets their idle time,
+ * counts no delivery. */
+static int heartbeat(tps_consumer *c) {
+    int stopping = atomic_load(&c->stop_reading);
+    uint32_t i = 0, sent = 0;
+    while (i < c->nslots) {
+        size_t argc = 0;
+        args(c, &argc, "XCLAIM");
+        args(c, &argc, c->stream);
+        args(c, &argc, c->group);
+        args(c, &argc, c->consumer);
+        args(c, &argc, "0");
+        size_t first = argc;
+        for (; i < c->nslots && argc - first < CLAIM_ARGS_MAX; i++) {
+            slot *s = &c->slots[i];
+            if (s->state == S_FREE || (stopping && (s->state == S_BACKLOG || s->state == S_OVERFLOW)))
+                continue;
+            arg(c, &argc, s->id, s->id_len);
+        }
+        if (argc == first)
+            break;
+        args(c, &argc, "JUSTID");
+        if (redisAppendCommandArgv(c->wr, (int)argc, c->argv, c->argvlen) != REDIS_OK)
+            return -1;
+        sent++;
+    }
+    for (; sent > 0; sent--) {
+        redisReply *r = NULL;
+        if (redisGetReply(c->wr, (void **)&r) != REDIS_OK)
+            return -1;
+        if (r->type == REDIS_REPLY_ERROR)
+            log1(c, TP_LOG_WARN, "heartbeat_failed", "error", r->str);
+        freeReplyObject(r);
+    }
+    return 0;
+}
+
+static uint32_t read_room(tps_consumer *c) {
+    uint32_t in = c->n_pool + c->n_overflow;
+    uint32_t room = c->pool_capacity > in ? c->pool_capacity - in : 0;
+    if (c->queue_capacity != 0 && room > 0) {
+        /* Submitted in a burst, the entries may all sit in the queue before
+         * a worker wakes: ask for no more than it has places for. */
+        tp_stats st;
+        tp_stats_get(c->pool, &st);
+        uint32_t waiting = st.queued + st.delayed + c->n_overflow;
+        uint32_t places = c->queue_capacity > waiting ? c->queue_capacity - waiting : 0;
+        if (places < room)
+            room = places;
+    }
+    uint32_t free = c->n_free > c->read_outstanding ? c->n_free - c->read_outstanding : 0;
+    return room < free ? room : free;
+}
+
+/* Take one entry [id, fields] into a fresh slot; NIL when it is held already
+ * or malformed beyond an id. */
+static uint32_t take_entry(tps_consumer *c, const redisReply *e, const char **perr) {
+    if (e->type != REDIS_REPLY_ARRAY || e->elements < 1 || e->element[0]->type != REDIS_REPLY_STRING ||
+        e->element[0]->len == 0 || e->element[0]->len > TPS_ID_MAX)
+        return NIL;
+    const redisReply *id = e->element[0];
+    if (ids_find(c, id->str, id->len) != NIL)
+        return NIL;
+    uint32_t i = slot_alloc(c);
+    if (i == NIL)
+        return NIL;
+    slot *s = &c->slots[i];
+    memcpy(s->id, id->str, id->len);
+    s->id[id->len] = '\0';
+    s->id_len = id->len;
+    ids_insert(c, i);
+    *perr = parse_fields(s, e->elements > 1 ? e->element[1] : NULL);
+    return i;
+}
+
+/* XAUTOCLAIM, then XPENDING over the claimed range for their delivery counts. */
+static int claim(tps_consumer *c) {
+    uint32_t room = read_room(c);
+    if (room == 0)
+        return 0;
+    char idle[24], count[16];
+    snprintf(idle, sizeof idle, "%llu", (unsigned long long)(c->claim_idle_ns / 1000000ull));
+    snprintf(count, sizeof count, "%u", room);
+    size_t argc = 0;
+    args(c, &argc, "XAUTOCLAIM");
+    args(c, &argc, c->stream);
+    args(c, &argc, c->group);
+    args(c, &argc, c->consumer);
+    args(c, &argc, idle);
+    args(c, &argc, c->claim_cursor);
+    args(c, &argc, "COUNT");
+    args(c, &argc, count);
+    redisReply *r = wr_command(c, argc);
+    if (r == NULL)
+        return -1;
+    if (r->type != REDIS_REPLY_ARRAY || r->elements < 2 || r->element[0]->type != REDIS_REPLY_STRING ||
+        r->element[1]->type != REDIS_REPLY_ARRAY) {
+        log1(c, TP_LOG_WARN, "claim_failed", "error", r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply");
+        freeReplyObject(r);
+        return 0;
+    }
+    size_t cl = r->element[0]->len < TPS_ID_MAX ? r->element[0]->len : TPS_ID_MAX;
+    memcpy(c->claim_cursor, r->element[0]->str, cl);
+    c->claim_cursor[cl] = '\0';
+    const redisReply *ents = r->element[1];
+    uint32_t *got = c->claim_got, n = 0;
+    const char **errs = c->claim_err;
+    for (size_t k = 0; k < ents->elements; k++) {
+        const char *perr = NULL;
+        uint32_t i = take_entry(c, ents->element[k], &perr);
+        if (i == NIL)
+            continue; /* held already, or no free slot */
+        c->slots[i].fresh = 1;
+        c->slots[i].deliveries = 0; /* known after XPENDING */
+        errs[n] = perr;
+        got[n++] = i;
+    }
+    if (n > 0) {
+        char cnt[16];
+        snprintf(cnt, sizeof cnt, "%u", 2 * c->nslots + n);
+        argc = 0;
+        args(c, &argc, "XPENDING");
+        args(c, &argc, c->stream);
+        args(c, &argc, c->group);
+        arg(c, &argc, c->slots[got[0]].id, c->slots[got[0]].id_len);
+        arg(c, &argc, c->slots[got[n - 1]].id, c->slots[got[n - 1]].id_len);
+        args(c, &argc, cnt);
+        args(c, &argc, c->consumer);
+        redisReply *p = wr_command(c, argc);
+        if (p == NULL) {
+            freeReplyObject(r);
+            for (uint32_t k = 0; k < n; k++)
+                slot_free(c, got[k]); /* still pending: claimed again later */
+            return -1;
+        }
+        if (p->type == REDIS_REPLY_ARRAY) {
+            for (size_t k = 0; k < p->elements; k++) {
+                const redisReply *row = p->element[k];
+                if (row->type != REDIS_REPLY_ARRAY || row->elements < 4 ||
+                    row->element[0]->type != REDIS_REPLY_STRING || row->element[3]->type != REDIS_REPLY_INTEGER)
+                    continue;
+                uint32_t i = ids_find(c, row->element[0]->str, row->element[0]->len);
+                if (i != NIL && c->slots[i].fresh)
+                    c->slots[i].deliveries = (unsigned)row->element[3]->integer;
+            }
+        }
+        freeReplyObject(p);
+        char num[16];
+        snprintf(num, sizeof num, "%u", n);
+        log1(c, TP_LOG_INFO, "claimed", "count", num);
+        cnt_add(&c->n_claimed, n);
+        for (uint32_t k = 0; k < n; k++) {
+            slot *s = &c->slots[got[k]];
+            s->fresh = 0;
+            if (s->deliveries == 0)
+                s->deliveries = 2; /* not listed (acked meanwhile?): at least the second delivery */
+            admit(c, got[k], errs[k]);
+        }
+    }
+    freeReplyObject(r);
+    return 0;
+}
+
+static int send_read(tps_consumer *c, uint32_t count) {
+    char cnt[16], block[16];
+    snprintf(cnt, sizeof cnt, "%u", count);
+    snprintf(block, sizeof block, "%u", c->block_ms);
+    size_t argc = 0;
+    args(c, &argc, "XREADGROUP");
+    args(c, &argc, "GROUP");
+    args(c, &argc, c->group);
+    args(c, &argc, c->consumer);
+    args(c, &argc, "COUNT");
+    args(c, &argc, cnt);
+    args(c, &argc, "BLOCK");
+    args(c, &argc, block);
+    args(c, &argc, "STREAMS");
+    args(c, &argc, c->stream);
+    args(c, &argc, ">");
+    if (redisAppendCommandArgv(c->rd, (int)argc, c->argv, c->argvlen) != REDIS_OK)
+        return -1;
+    int done = 0;
+    while (!done)
+        if (redisBufferWrite(c->rd, &done) != REDIS_OK)
+            return -1;
+    c->read_outstanding = count;
+    c->read_sent_ns = tp_now_ns();
+    return 0;
+}
+
+/* The reader's socket is readable: consume what arrived; the reply when whole. */
+static int receive_read(tps_consumer *c) {
+    if (redisBufferRead(c->rd) != REDIS_OK)
+        return -1;
+    redisReply *r = NULL;
+    if (redisGetReplyFromReader(c->rd, (void **)&r) != REDIS_OK)
+        return -1;
+    if (r == NULL)
+        return 0; /* partial */
+    c->read_outstanding = 0;
+    if (r->type == REDIS_REPLY_ERROR) {
+        /* NOGROUP after a Redis restart without persistence: recreate it. */
+        log1(c, TP_LOG_WARN, "read_failed", "error", r->str);
+        int nogroup = strncmp(r->str, "NOGROUP", 7) == 0;
+        freeReplyObject(r);
+        return nogroup ? -1 : 0;
+    }
+    if (r->type == REDIS_REPLY_ARRAY) {
+        for (size_t k = 0; k < r->elements; k++) {
+            const redisReply *st = r->element[k];
+            if (st->type != REDIS_REPLY_ARRAY || st->elements < 2 || st->element[1]->type != REDIS_REPLY_ARRAY)
+                continue;
+            const redisReply *ents = st->element[1];
+            for (size_t e = 0; e < ents->elements; e++) {
+                const char *perr = NULL;
+                uint32_t i = take_entry(c, ents->element[e], &perr);
+                if (i == NIL)
+                    continue;
+                cnt_add(&c->n_read, 1);
+                admit(c, i, perr);
+            }
+        }
+    }
+    freeReplyObject(r);
+    return 0;
+}
+
+/* Stop: forget what has not entered the pool (it stays pending in Redis). */
+static void apply_stop(tps_consumer *c) {
+    c->stopped_applied = 1;
+    if (c->rd != NULL) { /* an XREADGROUP in flight may deliver more: drop the reader */
+        redisFree(c->rd);
+        c->rd = NULL;
+        c->read_outstanding = 0;
+    }
+    uint32_t released = 0;
+    for (uint32_t i = 0; i < c->nslots; i++) {
+        slot *s = &c->slots[i];
+        if (s->state == S_BACKLOG || s->state == S_OVERFLOW) {
+            slot_free(c, i);
+            released++;
+        }
+    }
+    for (uint32_t u = 0; u <= c->users_mask; u++)
+        c->users[u].head = c->users[u].tail = NIL;
+    c->n_backlog = c->n_overflow = 0;
+    c->overflow_head = c->overflow_tail = NIL;
+    char num[16];
+    snprintf(num, sizeof num, "%u", released);
+    log1(c, TP_LOG_INFO, "reading_stopped", "released", num);
+}
+
+static void drain_wake(tps_consumer *c) {
+    atomic_store(&c->wake_pending, 0);
+    char buf[64];
+    while (read(c->wake[0], buf, sizeof buf) > 0) {
+    }
+}
+
+static void *io_main(void *arg) {
+    tps_consumer *c = arg;
+    c->next_connect_ns = tp_now_ns();
+    for (;;) {
+        drain_wake(c);
+        process_completions(c);
+        if (c->n_overflow > 0)
+            dispatch_after(c, NULL); /* room may have appeared without a completion */
+        int stopping = atomic_load(&c->stop_reading);
+        if (stopping && !c->stopped_applied)
+            apply_stop(c);
+        uint64_t now = tp_now_ns();
+        if (atomic_load(&c->finishing)) {
+            int ring_empty;
+            pthread_mutex_lock(&c->ring_mu);
+            ring_empty = c->ring_count == 0;
+            pthread_mutex_unlock(&c->ring_mu);
+            if ((c->n_done == 0 && ring_empty) || now >= atomic_load(&c->finish_deadline)) {
+                c->finish_result = c->n_done == 0 && ring_empty ? 0 : -1;
+                break;
+            }
+        }
+        if (c->wr == NULL && now >= c->next_connect_ns) {
+            try_connect(c);
+            now = tp_now_ns();
+        }
+        if (c->wr != NULL) {
+            const char *fail = NULL;
+            if (c->n_done > 0 && write_outcomes(c) != 0)
+                fail = "writing outcomes";
+            /* Never starved by a steady stream of outcomes: a held entry whose
+             * idle time passed CLAIM_IDLE would be claimed by another worker. */
+            if (fail == NULL && now >= c->next_heartbeat_ns) {
+                if (heartbeat(c) != 0)
+                    fail = "heartbeat";
+                c->next_heartbeat_ns = now + c->claim_idle_ns / 3;
+            }
+            if (fail == NULL && !stopping && now >= c->next_claim_ns) {
+                if (claim(c) != 0)
+                    fail = "claiming";
+                c->next_claim_ns = now + c->claim_idle_ns / 2;
+                if (c->n_done > 0 && fail == NULL && write_outcomes(c) != 0)
+                    fail = "writing outcomes";
+            }
+            if (fail == NULL && !stopping && c->rd != NULL && c->read_outstanding == 0) {
+                uint32_t room = read_room(c);
+                if (room > 0 && send_read(c, room) != 0)
+                    fail = "reading";
+            }
+            if (fail == NULL && c->read_outstanding > 0 &&
+                now > c->read_sent_ns + ms_ns(c->block_ms) + ms_ns(COMMAND_TIMEOUT_MS))
+                fail = "read timed out";
+            if (fail != NULL)
+                disconnect(c, fail, c->wr != NULL && c->wr->err ? c->wr->errstr
+                                    : c->rd != NULL && c->rd->err ? c->rd->errstr : NULL);
+        }
+        update_gauges(c);
+
+        /* Sleep until the reader has data, a completion arrives or a timer is due. */
+        now = tp_now_ns();
+        uint64_t due = now + ms_ns(1000);
+        if (c->wr == NULL) {
+            if (c->next_connect_ns < due)
+                due = c->next_connect_ns;
+        } else {
+            if (c->next_heartbeat_ns < due)
+                due = c->next_heartbeat_ns;
+            if (!stopping && c->next_claim_ns < due)
+                due = c->next_claim_ns;
+        }
+        if (c->n_overflow > 0 && now + ms_ns(10) < due)
+            due = now + ms_ns(10);
+        if (atomic_load(&c->finishing) && atomic_load(&c->finish_deadline) < due)
+            due = atomic_load(&c->finish_deadline);
+        int timeout = due > now ? (int)((due - now + 999999) / 1000000) : 0;
+        struct pollfd pf[2] = {{.fd = c->wake[0], .events = POLLIN}, {.fd = -1, .events = POLLIN}};
+        if (c->rd != NULL && c->read_outstanding > 0)
+            pf[1].fd = c->rd->fd;
+        int n = poll(pf, 2, timeout);
+        if (n > 0 && (pf[1].revents & (POLLIN | POLLHUP | POLLERR)) && c->rd != NULL &&
+            receive_read(c) != 0)
+            disconnect(c, "reading", c->rd != NULL && c->rd->err ? c->rd->errstr : NULL);
+    }
+    if (c->rd != NULL)
+        redisFree(c->rd);
+    if (c->wr != NULL)
+        redisFree(c->wr);
+    c->rd = c->wr = NULL;
+    cnt_set(&c->g_connected, 0);
+    update_gauges(c);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------ public API */
+
+static int copy_name(char *dst, const char *src, const char *def, const char *what, char *err,
+                     size_t errlen) {
+    const char *v = src != NULL && *src != '\0' ? src : def;
+    if (strlen(v) > TPS_NAME_MAX) {
+        snprintf(err, errlen, "%s is longer than %d bytes", what, TPS_NAME_MAX);
+        return -1;
+    }
+    strcpy(dst, v);
+    return 0;
+}
+
+static int parse_url(tps_consumer *c, const char *url, char *err, size_t errlen) {
+    if (strlen(url) >= sizeof c->url) {
+        snprintf(err, errlen, "REDIS_URL is too long");
+        return -1;
+    }
+    strcpy(c->url, url);
+    if (strncmp(url, "unix://", 7) == 0) {
+        const char *path = url + 7;
+        if (path[0] != '/' || strlen(path) >= sizeof c->host) {
+            snprintf(err, errlen, "REDIS_URL=\"%s\": expected unix:///absolute/path", url);
+            return -1;
+        }
+        strcpy(c->host, path);
+        c->port = 0;
+        return 0;
+    }
+    if (strncmp(url, "redis://", 8) == 0) {
+        const char *h = url + 8, *colon = strrchr(h, ':');
+        size_t hlen = colon != NULL ? (size_t)(colon - h) : strlen(h);
+        unsigned port = 6379;
+        if (hlen >= 2 && h[0] == '[' && h[hlen - 1] == ']') {
+            h++;
+            hlen -= 2;
+        }
+        if (hlen == 0 || hlen >= sizeof c->host || memchr(h, '/', hlen) != NULL || memchr(h, '@', hlen) != NULL ||
+            (colon != NULL && svc_parse_uint(colon + 1, 1, 65535, &port) != 0)) {
+            snprintf(err, errlen, "REDIS_URL=\"%s\": expected redis://host:port or unix:///path", url);
+            return -1;
+        }
+        memcpy(c->host, h, hlen);
+        c->host[hlen] = '\0';
+        c->port = (int)port;
+        return 0;
+    }
+    snprintf(err, errlen, "REDIS_URL=\"%s\": expected redis://host:port or unix:///path", url);
+    return -1;
+}
+
+static uint32_t pow2_at_least(uint32_t n) {
+    uint32_t p = 16;
+    while (p < n)
+        p <<= 1;
+    return p;
+}
+
+int tps_create(tps_consumer **out, const tps_config *cfg, char *err, size_t errlen) {
+    if (out == NULL || cfg == NULL || cfg->pool == NULL || cfg->pool_capacity == 0) {
+        snprintf(err, errlen, "tps_create: a pool and its capacity are required");
+        return -1;
+    }
+    if (cfg->pool_capacity > (1u << 20) || cfg->backlog > (1u << 20)) {
+        snprintf(err, errlen, "tps_create: pool_capacity and backlog must be at most 1048576");
+        return -1;
+    }
+    if (cfg->claim_idle_ns != 0 && cfg->claim_idle_ns < 10 * 1000000ull) {
+        snprintf(err, errlen, "CLAIM_IDLE must be at least 10ms");
+        return -1;
+    }
+    tps_consumer *c = calloc(1, sizeof *c);
+    if (c == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    char defname[TPS_NAME_MAX + 1], host[200] = "host";
+    (void)gethostname(host, sizeof host - 1);
+    host[sizeof host - 1] = '\0';
+    snprintf(defname, sizeof defname, "%s-%ld", host, (long)getpid());
+    if (parse_url(c, cfg->redis_url != NULL && *cfg->redis_url ? cfg->redis_url : "redis://127.0.0.1:6379",
+                  err, errlen) != 0 ||
+        copy_name(c->stream, cfg->stream, "tasks", "STREAM", err, errlen) != 0 ||
+        copy_name(c->group, cfg->group, "taskpool", "GROUP", err, errlen) != 0 ||
+        copy_name(c->consumer, cfg->consumer, defname, "CONSUMER", err, errlen) != 0 ||
+        copy_name(c->results, cfg->results_stream, "tasks:done", "RESULTS_STREAM", err, errlen) != 0 ||
+        copy_name(c->dead, cfg->dead_stream, "tasks:dead", "DEAD_STREAM", err, errlen) != 0) {
+        free(c);
+        return -1;
+    }
+    c->pool = cfg->pool;
+    c->pool_capacity = cfg->pool_capacity;
+    c->queue_capacity = cfg->queue_capacity < cfg->pool_capacity ? cfg->queue_capacity : 0;
+    c->nslots = cfg->pool_capacity + (cfg->backlog != 0 ? cfg->backlog : cfg->pool_capacity);
+    c->claim_idle_ns = cfg->claim_idle_ns != 0 ? cfg->claim_idle_ns : 30ull * 1000000000ull;
+    c->max_deliveries = cfg->max_deliveries != 0 ? cfg->max_deliveries : 5;
+    c->block_ms = cfg->block_ms != 0 ? cfg->block_ms : 1000;
+    c->handler = cfg->handler != NULL ? cfg->handler : tps_default_handler;
+    c->handler_arg = cfg->handler_arg;
+    c->log = cfg->log;
+    c->log_arg = cfg->log_arg;
+    strcpy(c->claim_cursor, "0-0");
+    c->backoff_ms = BACKOFF_MIN_MS;
+    c->wake[0] = c->wake[1] = -1;
+
+    uint32_t idsz = pow2_at_least(2 * c->nslots);
+    c->ids_mask = idsz - 1;
+    c->users_mask = idsz - 1;
+    c->argcap = (c->nslots > WRITE_BATCH ? c->nslots : WRITE_BATCH) + CLAIM_ARGS_MAX + 32;
+    c->slots = calloc(c->nslots, sizeof *c->slots);
+    c->ring = calloc(c->nslots, sizeof *c->ring);
+    c->ids = calloc(idsz, sizeof *c->ids);
+    c->users = calloc(idsz, sizeof *c->users);
+    c->argv = calloc(c->argcap, sizeof *c->argv);
+    c->argvlen = calloc(c->argcap, sizeof *c->argvlen);
+    c->claim_got = calloc(c->nslots, sizeof *c->claim_got);
+    c->claim_err = calloc(c->nslots, sizeof *c->claim_err);
+    if (c->claim_got == NULL || c->claim_err == NULL ||c->slots == NULL || c->ring == NULL || c->ids == NULL || c->users == NULL || c->argv == NULL ||
+        c->argvlen == NULL || pipe2(c->wake, O_NONBLOCK | O_CLOEXEC) != 0 ||
+        pthread_mutex_init(&c->ring_mu, NULL) != 0) {
+        snprintf(err, errlen, "out of memory");
+        if (c->wake[0] >= 0) {
+            close(c->wake[0]);
+            close(c->wake[1]);
+        }
+        free(c->slots); free(c->ring); free(c->ids); free(c->users); free(c->argv); free(c->argvlen);
+        free(c->claim_got); free(c->claim_err);
+        free(c);
+        return -1;
+    }
+    for (uint32_t i = 0; i < c->nslots; i++) {
+        c->slots[i].c = c;
+        c->slots[i].state = S_FREE;
+        c->slots[i].next = i + 1 < c->nslots ? i + 1 : NIL;
+    }
+    for (uint32_t u = 0; u < idsz; u++)
+        c->users[u].head = c->users[u].tail = NIL;
+    c->free_head = 0;
+    c->n_free = c->nslots;
+    c->overflow_head = c->overflow_tail = c->done_head = c->done_tail = NIL;
+    *out = c;
+    return 0;
+}
+
+int tps_start(tps_consumer *c) {
+    if (pthread_create(&c->thread, NULL, io_main, c) != 0)
+        return -1;
+    c->started = 1;
+    return 0;
+}
+
+static void wake(tps_consumer *c) {
+    if (atomic_exchange(&c->wake_pending, 1) == 0) {
+        if (write(c->wake[1], "w", 1) < 0) {
+            /* full pipe: already awake */
+        }
+    }
+}
+
+void tps_stop_reading(tps_consumer *c) {
+    atomic_store(&c->stop_reading, 1);
+    wake(c);
+}
+
+int tps_finish(tps_consumer *c, uint64_t budget_ns) {
+    if (!c->started)
+        return 0;
+    atomic_store(&c->stop_reading, 1);
+    uint64_t now = tp_now_ns();
+    atomic_store(&c->finish_deadline, budget_ns > UINT64_MAX - now ? UINT64_MAX : now + budget_ns);
+    atomic_store(&c->finishing, 1);
+    wake(c);
+    pthread_join(c->thread, NULL);
+    c->started = 0;
+    return c->finish_result;
+}
+
+void tps_destroy(tps_consumer *c) {
+    if (c == NULL)
+        return;
+    if (c->started)
+        (void)tps_finish(c, 0);
+    close(c->wake[0]);
+    close(c->wake[1]);
+    pthread_mutex_destroy(&c->ring_mu);
+    free(c->slots); free(c->ring); free(c->ids); free(c->users); free(c->argv); free(c->argvlen);
+        free(c->claim_got); free(c->claim_err);
+    free(c);
+}
+
+const char *tps_consumer_name(const tps_consumer *c) { return c->consumer; }
+
+void tps_stats_get(tps_consumer *c, tps_stats *o) {
+#define LD(x) atomic_load_explicit(&c->x, memory_order_relaxed)
+    o->read = LD(n_read);
+    o->claimed = LD(n_claimed);
+    o->acked = LD(n_acked);
+    o->succeeded = LD(n_succeeded);
+    o->dead = LD(n_dead);
+    o->malformed = LD(n_malformed);
+    o->ack_missed = LD(n_ack_missed);
+    o->abandoned = LD(n_abandoned);
+    o->user_waits = LD(n_user_waits);
+    o->reconnects = LD(n_reconnects);
+    o->held = LD(g_held);
+    o->backlog = LD(g_backlog);
+    o->unwritten = LD(g_unwritten);
+    o->connected = LD(g_connected);
+#undef LD
+}
+
+int tps_stats_format(const tps_stats *s, char *buf, size_t len) {
+    static const struct {
+        const char *name, *help;
+        size_t off;
+        int counter;
+    } rows[] = {
+#define R(f, c, h) {#f, h, offsetof(tps_stats, f), c}
+        R(read, 1, "Entries received by XREADGROUP."),
+        R(claimed, 1, "Entries taken over from idle consumers by XAUTOCLAIM."),
+        R(acked, 1, "Entries acknowledged after their outcome was written."),
+        R(succeeded, 1, "Entries written to the results stream."),
+        R(dead, 1, "Entries written to the dead stream."),
+        R(malformed, 1, "Dead entries whose fields did not parse."),
+        R(ack_missed, 1, "Outcomes written for entries another consumer had acknowledged (duplicates)."),
+        R(abandoned, 1, "Entries cancelled by a forced shutdown, left pending for another consumer."),
+        R(user_waits, 1, "Entries that waited in the local backlog for a user slot."),
+        R(reconnects, 1, "Connections re-established after a loss."),
+        R(held, 0, "Entries held by this process now."),
+        R(backlog, 0, "Entries in the local backlog now."),
+        R(unwritten, 0, "Finished entries whose outcome is not written yet."),
+        R(connected, 0, "1 while connected to Redis."),
+#undef R
+    };
+    size_t n = 0;
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        uint64_t v;
+        memcpy(&v, (const char *)s + rows[i].off, sizeof v);
+        const char *suf = rows[i].counter ? "_total" : "";
+        int w = snprintf(n < len ? buf + n : NULL, n < len ? len - n : 0,
+                         "# HELP tps_stream_%s%s %s\n# TYPE tps_stream_%s%s %s\ntps_stream_%s%s %llu\n",
+                         rows[i].name, suf, rows[i].help, rows[i].name, suf,
+                         rows[i].counter ? "counter" : "gauge", rows[i].name, suf, (unsigned long long)v);
+        if (w < 0)
+            return -1;
+        n += (size_t)w;
+    }
+    return (int)n;
+}

@@ -1,0 +1,303 @@
+/*
+ * worker.c -- taskpool-stream-worker: runs the entries of a Redis stream on a
+ * libtaskpool pool. Run as many copies as you like, on as many machines, with
+ * the same STREAM and GROUP (see tp_stream.h for how they share the work).
+ *
+ * Threads: main (configuration, then sigwait for SIGTERM/SIGINT, then the
+ * shutdown), the pool's workers and service thread, the consumer's Redis I/O
+ * thread, and the metrics thread when METRICS_ADDR is set. SIGTERM and SIGINT
+ * are blocked before any thread starts, so only sigwait() sees them.
+ *
+ * Shutdown, one budget of SHUTDOWN_TIMEOUT:
+ *   1. stop reading and claiming; entries still waiting locally for a user
+ *      slot are released (they stay pending in the group);
+ *   2. tp_shutdown(pool, SHUTDOWN_TIMEOUT): running and queued tasks finish,
+ *      their outcomes are written and acknowledged as they end; when the
+ *      budget runs out, running tasks are cancelled and queued ones dropped:
+ *      neither is acknowledged, so another worker claims them after CLAIM_IDLE;
+ *   3. up to 1 s for cancelled tasks to return, then what is left of the budget
+ *      (at least 2 s) to write the last outcomes;
+ *   4. exit 0 when everything drained and was written, 1 otherwise.
+ * Exit status 2: invalid configuration (one line on stderr).
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "log.h"
+#include "metrics.h"
+#include "taskpool.h"
+#include "tp_stream.h"
+
+typedef struct wcfg {
+    const char *redis_url, *stream, *group, *consumer, *results, *dead, *metrics_addr;
+    unsigned workers, queue_capacity, max_per_user, max_retries, max_deliveries, backlog;
+    uint64_t task_timeout_ns, retry_delay_ns, claim_idle_ns, shutdown_timeout_ns;
+} wcfg;
+
+static const char *env(const char *name) {
+    const char *v = getenv(name);
+    return v != NULL && *v != '\0' ? v : NULL;
+}
+
+static int load_uint(const char *name, unsigned min, unsigned max, unsigned *out, char *err, size_t errlen) {
+    const char *v = env(name);
+    if (v != NULL && svc_parse_uint(v, min, max, out) != 0) {
+        snprintf(err, errlen, "%s=\"%s\": expected a whole number from %u to %u", name, v, min, max);
+        return -1;
+    }
+    return 0;
+}
+
+static int load_duration(const char *name, uint64_t min, uint64_t max, uint64_t *out, char *err, size_t errlen) {
+    const char *v = env(name);
+    uint64_t ns;
+    if (v == NULL)
+        return 0;
+    if (svc_parse_duration(v, &ns) != 0 || ns < min || ns > max) {
+        snprintf(err, errlen, "%s=\"%s\": expected a duration like 250ms or 5s, from %llu ms to %llu s", name, v,
+                 (unsigned long long)(min / SVC_NS_PER_MS), (unsigned long long)(max / SVC_NS_PER_S));
+        return -1;
+    }
+    *out = ns;
+    return 0;
+}
+
+static int load_config(wcfg *c, char *err, size_t errlen) {
+    memset(c, 0, sizeof *c);
+    c->redis_url = env("REDIS_URL");
+    c->stream = env("STREAM");
+    c->group = env("GROUP");
+    c->consumer = env("CONSUMER");
+    c->results = env("RESULTS_STREAM");
+    c->dead = env("DEAD_STREAM");
+    c->metrics_addr = env("METRICS_ADDR");
+    c->workers = 4;
+    c->queue_capacity = 64;
+    c->max_per_user = 2;
+    c->max_retries = 2;
+    c->max_deliveries = 5;
+    c->task_timeout_ns = 60 * SVC_NS_PER_S;
+    c->retry_delay_ns = 100 * SVC_NS_PER_MS;
+    c->claim_idle_ns = 30 * SVC_NS_PER_S;
+    c->shutdown_timeout_ns = 10 * SVC_NS_PER_S;
+    const char *lvl = env("LOG_LEVEL");
+    int level = lvl != NULL ? svc_log_parse_level(lvl) : SVC_LOG_INFO;
+    if (level < 0) {
+        snprintf(err, errlen, "LOG_LEVEL=\"%s\": expected error, warn, info or debug", lvl);
+        return -1;
+    }
+    svc_log_set_level(level);
+    const char *mpu = env("MAX_PER_USER");
+    if (mpu != NULL && strcmp(mpu, "unlimited") == 0)
+        c->max_per_user = TP_UNLIMITED;
+    else if (load_uint("MAX_PER_USER", 1, 1000000, &c->max_per_user, err, errlen) != 0)
+        return -1;
+    const uint64_t ms = SVC_NS_PER_MS, day = 86400ull * SVC_NS_PER_S;
+    if (load_uint("WORKERS", 1, 1024, &c->workers, err, errlen) != 0 ||
+        load_uint("QUEUE_CAPACITY", 1, 65536, &c->queue_capacity, err, errlen) != 0 ||
+        load_uint("MAX_RETRIES", 0, TP_MAX_RETRIES, &c->max_retries, err, errlen) != 0 ||
+        load_uint("MAX_DELIVERIES", 1, 1000000, &c->max_deliveries, err, errlen) != 0 ||
+        load_uint("LOCAL_BACKLOG", 1, 65536, &c->backlog, err, errlen) != 0 ||
+        load_duration("TASK_TIMEOUT", 1 * ms, day, &c->task_timeout_ns, err, errlen) != 0 ||
+        load_duration("RETRY_DELAY", 1 * ms, 3600 * SVC_NS_PER_S, &c->retry_delay_ns, err, errlen) != 0 ||
+        load_duration("CLAIM_IDLE", 10 * ms, day, &c->claim_idle_ns, err, errlen) != 0 ||
+        load_duration("SHUTDOWN_TIMEOUT", 1 * ms, day, &c->shutdown_timeout_ns, err, errlen) != 0)
+        return -1;
+    if (c->backlog == 0)
+        c->backlog = c->workers + c->queue_capacity;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ logging, metrics */
+
+static const char *level_name(int level) {
+    static const char *const names[] = {"error", "warn", "info", "debug"};
+    return level >= 0 && level <= 3 ? names[level] : "info";
+}
+
+static void stream_log(void *arg, int level, const char *event, const char *const *kv, size_t nkv) {
+    (void)arg;
+    svc_log ev;
+    svc_log_begin(&ev, level_name(level), event);
+    for (size_t i = 0; i < nkv; i++)
+        svc_log_str(&ev, kv[2 * i], kv[2 * i + 1]);
+    svc_log_end(&ev);
+}
+
+typedef struct worker {
+    tp_pool      *pool;
+    tps_consumer *consumer;
+} worker;
+
+static int render_metrics(void *arg, char *buf, size_t len) {
+    worker *w = arg;
+    tp_stats ps;
+    tps_stats ss;
+    tp_stats_get(w->pool, &ps);
+    tps_stats_get(w->consumer, &ss);
+    int a = tp_stats_format(&ps, TP_FORMAT_PROMETHEUS, buf, len);
+    if (a < 0)
+        return a;
+    size_t off = (size_t)a < len ? (size_t)a : len;
+    int b = tps_stats_format(&ss, buf + off, len - off);
+    return b < 0 ? b : a + b;
+}
+
+static void log_stats(svc_log *ev, worker *w) {
+    tp_stats ps;
+    tps_stats ss;
+    char json[1024];
+    tp_stats_get(w->pool, &ps);
+    int n = tp_stats_format(&ps, TP_FORMAT_JSON, json, sizeof json);
+    svc_log_raw(ev, "pool", n > 0 && (size_t)n < sizeof json ? json : "null");
+    tps_stats_get(w->consumer, &ss);
+    snprintf(json, sizeof json,
+             "{\"read\":%llu,\"claimed\":%llu,\"acked\":%llu,\"succeeded\":%llu,\"dead\":%llu,"
+             "\"malformed\":%llu,\"ack_missed\":%llu,\"abandoned\":%llu,\"user_waits\":%llu,"
+             "\"reconnects\":%llu,\"held\":%llu,\"backlog\":%llu,\"unwritten\":%llu}",
+             (unsigned long long)ss.read, (unsigned long long)ss.claimed, (unsigned long long)ss.acked,
+             (unsigned long long)ss.succeeded, (unsigned long long)ss.dead, (unsigned long long)ss.malformed,
+             (unsigned long long)ss.ack_missed, (unsigned long long)ss.abandoned,
+             (unsigned long long)ss.user_waits, (unsigned long long)ss.reconnects, (unsigned long long)ss.held,
+             (unsigned long long)ss.backlog, (unsigned long long)ss.unwritten);
+    svc_log_raw(ev, "stream", json);
+}
+
+static uint64_t left(uint64_t deadline) {
+    uint64_t now = tp_now_ns();
+    return now + 1 >= deadline ? 1 : deadline - now;
+}
+
+int main(void) {
+    wcfg cfg;
+    char err[512];
+    if (load_config(&cfg, err, sizeof err) != 0) {
+        fprintf(stderr, "taskpool-stream-worker: %s\n", err);
+        return 2;
+    }
+    sigset_t term;
+    sigemptyset(&term);
+    sigaddset(&term, SIGTERM);
+    sigaddset(&term, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &term, NULL); /* every thread started below inherits it */
+    signal(SIGPIPE, SIG_IGN);
+
+    static worker w;
+    tp_config pc = {
+        .workers = cfg.workers,
+        .queue_capacity = cfg.queue_capacity,
+        .max_per_user = cfg.max_per_user,
+        .run_timeout_ns = cfg.task_timeout_ns,
+        .drain_timeout_ns = cfg.shutdown_timeout_ns,
+        .max_retries = cfg.max_retries,
+        .retry_delay_ns = cfg.retry_delay_ns,
+        .name = "stream",
+        .log = svc_log_hook,
+    };
+    int rc = tp_create(&w.pool, &pc);
+    if (rc != TP_OK) {
+        fprintf(stderr, "taskpool-stream-worker: cannot create the pool: %s\n", tp_strerror(rc));
+        return rc == TP_EINVAL ? 2 : 1;
+    }
+    tps_config sc = {
+        .redis_url = cfg.redis_url,
+        .stream = cfg.stream,
+        .group = cfg.group,
+        .consumer = cfg.consumer,
+        .results_stream = cfg.results,
+        .dead_stream = cfg.dead,
+        .pool = w.pool,
+        .pool_capacity = cfg.workers + cfg.queue_capacity,
+        .queue_capacity = cfg.queue_capacity,
+        .backlog = cfg.backlog,
+        .claim_idle_ns = cfg.claim_idle_ns,
+        .max_deliveries = cfg.max_deliveries,
+        .log = stream_log,
+    };
+    if (tps_create(&w.consumer, &sc, err, sizeof err) != 0) {
+        fprintf(stderr, "taskpool-stream-worker: %s\n", err);
+        tp_destroy(w.pool);
+        return 2;
+    }
+    metrics_server *ms = NULL;
+    char bound[128] = "";
+    if (cfg.metrics_addr != NULL) {
+        ms = metrics_start(cfg.metrics_addr, render_metrics, &w, bound, sizeof bound, err, sizeof err);
+        if (ms == NULL) {
+            fprintf(stderr, "taskpool-stream-worker: %s\n", err);
+            tps_destroy(w.consumer);
+            tp_destroy(w.pool);
+            return 2;
+        }
+    }
+    svc_log ev;
+    svc_log_begin_always(&ev, "info", "started"); /* scripts read the metrics address from it */
+    svc_log_int(&ev, "pid", (long long)getpid());
+    svc_log_str(&ev, "consumer", tps_consumer_name(w.consumer));
+    svc_log_str(&ev, "redis_url", cfg.redis_url != NULL ? cfg.redis_url : "redis://127.0.0.1:6379");
+    svc_log_str(&ev, "stream", cfg.stream != NULL ? cfg.stream : "tasks");
+    svc_log_str(&ev, "group", cfg.group != NULL ? cfg.group : "taskpool");
+    svc_log_uint(&ev, "workers", cfg.workers);
+    svc_log_uint(&ev, "queue_capacity", cfg.queue_capacity);
+    if (cfg.max_per_user == TP_UNLIMITED)
+        svc_log_str(&ev, "max_per_user", "unlimited");
+    else
+        svc_log_uint(&ev, "max_per_user", cfg.max_per_user);
+    svc_log_uint(&ev, "local_backlog", cfg.backlog);
+    svc_log_uint(&ev, "claim_idle_ms", cfg.claim_idle_ns / SVC_NS_PER_MS);
+    svc_log_uint(&ev, "max_deliveries", cfg.max_deliveries);
+    svc_log_uint(&ev, "shutdown_timeout_ms", cfg.shutdown_timeout_ns / SVC_NS_PER_MS);
+    if (ms != NULL)
+        svc_log_str(&ev, "metrics_address", bound);
+    svc_log_str(&ev, "taskpool_version", tp_version());
+    svc_log_end(&ev);
+
+    if (tps_start(w.consumer) != 0) {
+        fprintf(stderr, "taskpool-stream-worker: cannot start the I/O thread\n");
+        return 1;
+    }
+    int sig = 0;
+    while (sigwait(&term, &sig) != 0) {
+    }
+
+    uint64_t t0 = tp_now_ns(), deadline = t0 + cfg.shutdown_timeout_ns;
+    svc_log_begin(&ev, "info", "shutdown_started");
+    svc_log_str(&ev, "signal", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    svc_log_uint(&ev, "budget_ms", cfg.shutdown_timeout_ns / SVC_NS_PER_MS);
+    log_stats(&ev, &w);
+    svc_log_end(&ev);
+
+    tps_stop_reading(w.consumer);
+    int rc_pool = tp_shutdown(w.pool, left(deadline));
+    (void)tp_wait(w.pool, SVC_NS_PER_S);
+    tp_stats ps;
+    tp_stats_get(w.pool, &ps);
+    int stopped = ps.workers == 0 && ps.active == 0;
+    uint64_t write_budget = left(deadline);
+    if (write_budget < 2 * SVC_NS_PER_S)
+        write_budget = 2 * SVC_NS_PER_S;
+    int rc_write = tps_finish(w.consumer, write_budget);
+
+    int code = rc_pool == TP_OK && rc_write == 0 ? 0 : 1;
+    svc_log_begin(&ev, code == 0 ? "info" : "warn", "shutdown_complete");
+    svc_log_str(&ev, "result", code == 0 ? "drained" : rc_pool != TP_OK ? "forced" : "unwritten");
+    svc_log_str(&ev, "pool_result", tp_err_name(rc_pool));
+    svc_log_str(&ev, "outcomes", rc_write == 0 ? "written" : "left pending");
+    svc_log_uint(&ev, "ms", (tp_now_ns() - t0) / SVC_NS_PER_MS);
+    svc_log_int(&ev, "exit_code", code);
+    log_stats(&ev, &w);
+    svc_log_end(&ev);
+
+    metrics_stop(ms);
+    if (stopped) { /* a task ignoring cancellation keeps its slot: then the exit frees it */
+        tps_destroy(w.consumer);
+        tp_destroy(w.pool);
+    }
+    return code;
+}

@@ -1,0 +1,545 @@
+#!/usr/bin/env python3
+"""Process-level tests of taskpool-stream-worker against a real redis-server.
+
+    test_stream.py --worker W --enqueue E --redis-server R SCENARIO
+
+Every scenario starts its own redis-server on a unix socket in a temporary
+directory, runs real worker processes with real signals, and checks the
+streams afterwards: every entry id appears in the results or the dead stream,
+the group's pending list is empty, and duplicates are counted. Every wait has
+its own bound; children are always killed and reaped. Python standard library
+only: Redis is spoken to with the tiny RESP client below.
+
+Scenarios (one CTest test each):
+  clean          3 workers, 5,000 entries from 50 users, nobody killed: no duplicate
+  crash          the same, one worker SIGKILLed and one SIGTERMed and restarted
+  redis_restart  Redis (appendonly yes, appendfsync always) SIGKILLed and
+                 restarted mid-run: nothing lost, the workers reconnect
+  fair           a slow user over MAX_PER_USER does not stall the others and
+                 is not busy-retried; its entries waiting longer than CLAIM_IDLE
+                 in the backlog are not claimed by a second, idle worker
+  bad            malformed entries and a poison entry go to the dead stream with
+                 a reason; the worker keeps running; invalid configuration -> exit 2
+  drain          SIGTERM drains a running task (exit 0); a forced shutdown
+                 (exit 1) leaves its entry pending, and another worker runs it
+"""
+import argparse
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+SLOW = float(os.environ.get("TP_TEST_SLOWDOWN", "1"))
+
+
+class Fail(Exception):
+    pass
+
+
+def check(cond, what):
+    if not cond:
+        raise Fail(what)
+
+
+def log(*a):
+    print("test_stream:", *a, flush=True)
+
+
+# ---------------------------------------------------------------- RESP client
+class Redis:
+    def __init__(self, path, timeout=10.0):
+        self.s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.s.settimeout(timeout)
+        self.s.connect(path)
+        self.buf = b""
+
+    def close(self):
+        self.s.close()
+
+    def _line(self):
+        while b"\r\n" not in self.buf:
+            chunk = self.s.recv(65536)
+            if not chunk:
+                raise ConnectionError("redis closed the connection")
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\r\n", 1)
+        return line
+
+    def _exact(self, n):
+        while len(self.buf) < n + 2:
+            chunk = self.s.recv(65536)
+            if not chunk:
+                raise ConnectionError("redis closed the connection")
+            self.buf += chunk
+        data, self.buf = self.buf[:n], self.buf[n + 2:]
+        return data
+
+    def _reply(self):
+        line = self._line()
+        t, rest = line[:1], line[1:]
+        if t == b"+":
+            return rest.decode()
+        if t == b"-":
+            return RuntimeError(rest.decode())
+        if t == b":":
+            return int(rest)
+        if t == b"$":
+            n = int(rest)
+            return None if n < 0 else self._exact(n).decode("latin-1")
+        if t == b"*":
+            n = int(rest)
+            return None if n < 0 else [self._reply() for _ in range(n)]
+        raise ConnectionError("bad RESP line %r" % line)
+
+    def __call__(self, *args):
+        out = [b"*%d\r\n" % len(args)]
+        for a in args:
+            b = a if isinstance(a, bytes) else str(a).encode("latin-1")
+            out.append(b"$%d\r\n%s\r\n" % (len(b), b))
+        self.s.sendall(b"".join(out))
+        r = self._reply()
+        if isinstance(r, RuntimeError):
+            raise r
+        return r
+
+
+# ---------------------------------------------------------------- processes
+class Env:
+    """Owns the temporary directory, redis-server and every worker."""
+
+    def __init__(self, args, name):
+        self.args = args
+        self.dir = tempfile.mkdtemp(prefix="tp-stream-%s-" % name)
+        self.sock = os.path.join(self.dir, "redis.sock")
+        self.url = "unix://" + self.sock
+        self.redis = None
+        self.redis_args = []
+        self.procs = []
+        self.logs = {}
+
+    def start_redis(self, *extra):
+        if extra:
+            self.redis_args = list(extra)
+        cmd = [self.args.redis_server, "--port", "0", "--unixsocket", self.sock, "--dir", self.dir,
+               "--save", "", "--daemonize", "no", "--logfile", os.path.join(self.dir, "redis.log")] + self.redis_args
+        self.redis = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 15 * SLOW
+        while True:
+            check(self.redis.poll() is None, "redis-server exited at start (see %s/redis.log)" % self.dir)
+            try:
+                r = Redis(self.sock)
+                if r("PING") == "PONG":
+                    # AOF replay answers LOADING first
+                    return r
+            except (OSError, ConnectionError, RuntimeError):
+                pass
+            check(time.monotonic() < deadline, "redis-server did not answer PING within 15 s")
+            time.sleep(0.05)
+
+    def kill_redis(self):
+        if self.redis is not None and self.redis.poll() is None:
+            self.redis.kill()
+            self.redis.wait(timeout=10)
+        self.redis = None
+
+    def worker(self, name, **env):
+        e = dict(os.environ)
+        e.update({"REDIS_URL": self.url, "CLAIM_IDLE": "1s", "RETRY_DELAY": "10ms", "MAX_RETRIES": "2",
+                  "WORKERS": "4", "QUEUE_CAPACITY": "32", "MAX_PER_USER": "2", "SHUTDOWN_TIMEOUT": "10s",
+                  "CONSUMER": name, "METRICS_ADDR": "127.0.0.1:0"})
+        e.update({k: str(v) for k, v in env.items()})
+        path = os.path.join(self.dir, "%s.log" % name)
+        out = open(path, "w")
+        p = subprocess.Popen([self.args.worker], env=e, stdout=out, stderr=subprocess.STDOUT)
+        out.close()
+        p.name = name
+        p.log = path
+        self.procs.append(p)
+        self.logs[name] = path
+        # the first line says where the metrics are
+        deadline = time.monotonic() + 15 * SLOW
+        while True:
+            with open(path, errors="replace") as f:
+                first = f.readline()
+            if '"msg":"started"' in first:
+                import json
+                p.metrics = json.loads(first).get("metrics_address")
+                return p
+            check(p.poll() is None, "worker %s exited at start: %s" % (name, open(path).read()[-2000:]))
+            check(time.monotonic() < deadline, "worker %s did not start within 15 s" % name)
+            time.sleep(0.02)
+
+    def stop(self, p, sig=signal.SIGTERM, timeout=30):
+        if p.poll() is None:
+            p.send_signal(sig)
+        try:
+            return p.wait(timeout=timeout * SLOW)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=10)
+            raise Fail("worker %s did not exit within %d s of %s" % (p.name, timeout, sig.name))
+
+    def enqueue(self, *argv):
+        e = dict(os.environ, REDIS_URL=self.url)
+        r = subprocess.run([self.args.enqueue] + [str(a) for a in argv], env=e, capture_output=True,
+                           text=True, timeout=120)
+        check(r.returncode == 0, "taskpool-enqueue failed: %s" % r.stderr)
+        log(r.stdout.strip())
+
+    def cleanup(self, ok):
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill_redis()
+        if not ok:
+            for name, path in self.logs.items():
+                try:
+                    lines = open(path, errors="replace").read().splitlines()
+                except OSError:
+                    continue
+                log("---- last lines of worker %s" % name)
+                for line in lines[-15:]:
+                    print("   ", line)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def metrics(p):
+    with urllib.request.urlopen("http://%s/metrics" % p.metrics, timeout=5) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            k, v = line.rsplit(" ", 1)
+            out[k] = int(v)
+    return out
+
+
+def wait_until(pred, timeout, what):
+    deadline = time.monotonic() + timeout * SLOW
+    while True:
+        v = pred()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise Fail("timed out after %.0f s waiting for %s" % (timeout * SLOW, what))
+        time.sleep(0.05)
+
+
+# ---------------------------------------------------------------- stream checks
+def entries(r, key):
+    """[(entry id, {field: value})] of a whole stream."""
+    out, start = [], "-"
+    while True:
+        batch = r("XRANGE", key, start, "+", "COUNT", 2000)
+        if start != "-":
+            batch = batch[1:]
+        if not batch:
+            return out
+        for eid, flat in batch:
+            out.append((eid, dict(zip(flat[0::2], flat[1::2]))))
+        start = batch[-1][0]
+
+
+def outcome_count(r):
+    return r("XLEN", "tasks:done") + r("XLEN", "tasks:dead")
+
+
+def pending(r):
+    return r("XPENDING", "tasks", "taskpool")[0]
+
+
+def accounted(r, expected):
+    """Every expected id has an outcome and nothing is pending."""
+    if outcome_count(r) < len(expected):
+        return False
+    seen = {f["id"] for _, f in entries(r, "tasks:done")} | {f["id"] for _, f in entries(r, "tasks:dead")}
+    return expected <= seen and pending(r) == 0
+
+
+def verify(r, expected):
+    """Check the invariants; return (results, dead, duplicates)."""
+    done = entries(r, "tasks:done")
+    dead = entries(r, "tasks:dead")
+    ids = [f["id"] for _, f in done] + [f["id"] for _, f in dead]
+    missing = expected - set(ids)
+    check(not missing, "%d entries have no outcome, e.g. %s" % (len(missing), sorted(missing)[:5]))
+    check(pending(r) == 0, "the group's pending list is not empty: %r" % r("XPENDING", "tasks", "taskpool"))
+    extra = set(ids) - expected
+    check(not extra, "outcomes for entries never enqueued: %s" % sorted(extra)[:5])
+    dups = len(ids) - len(set(ids))
+    for _, f in dead:
+        check(f.get("reason"), "a dead record without a reason: %r" % f)
+    for _, f in done:
+        check(int(f["attempts"]) >= 1 and f.get("consumer"), "a result without attempts/consumer: %r" % f)
+    return done, dead, dups
+
+
+def fail_always_ids(r):
+    return {eid for eid, f in entries(r, "tasks") if f.get("fail") == "always"}
+
+
+def check_fail_always(r, dead):
+    want = fail_always_ids(r)
+    got = {f["id"]: f["reason"] for _, f in dead}
+    for eid in want:
+        check(eid in got, "fail-always entry %s is not in the dead stream" % eid)
+        check(got[eid].startswith("failed after 3 attempts"), "entry %s: reason %r" % (eid, got[eid]))
+    return len(want)
+
+
+def enqueue_5000(env):
+    # 4,950 no-op-ish entries (50 of them failing always) and 50 failing once
+    env.enqueue("--count", 4950, "--users", 50, "--delay", "2ms", "--fail", "always", "--fail-every", 99)
+    env.enqueue("--count", 50, "--users", 50, "--delay", "2ms", "--fail", "1")
+
+
+# ---------------------------------------------------------------- scenarios
+def scenario_clean(env):
+    r = env.start_redis()
+    enqueue_5000(env)
+    expected = {eid for eid, _ in entries(r, "tasks")}
+    check(len(expected) == 5000, "expected 5000 entries")
+    ws = [env.worker("w%d" % i) for i in range(3)]
+    wait_until(lambda: accounted(r, expected), 90, "all 5000 outcomes")
+    for w in ws:
+        check(env.stop(w) == 0, "worker %s did not exit 0 after SIGTERM" % w.name)
+    done, dead, dups = verify(r, expected)
+    n_fail = check_fail_always(r, dead)
+    log("clean: %d results, %d dead (%d fail always), duplicates %d" % (len(done), len(dead), n_fail, dups))
+    check(dups == 0, "%d duplicates although no worker was killed" % dups)
+    redelivered = [f for _, f in done + dead if f["deliveries"] != "1"]
+    check(not redelivered, "entries delivered twice although no worker was killed: %r" % redelivered[:3])
+    check(len(dead) == n_fail, "dead entries besides the fail-always ones")
+    once = [f for _, f in done if f["attempts"] == "2"]
+    check(len(once) == 50, "expected 50 results with attempts 2 (fail 1), got %d" % len(once))
+
+
+def scenario_crash(env):
+    r = env.start_redis()
+    enqueue_5000(env)
+    expected = {eid for eid, _ in entries(r, "tasks")}
+    check(len(expected) == 5000, "expected 5000 entries")
+    # slower entries so that the kills land mid-run
+    ws = [env.worker("w%d" % i, WORKERS=2) for i in range(3)]
+    wait_until(lambda: outcome_count(r) >= 800, 60, "800 outcomes")
+    ws[0].kill()
+    ws[0].wait(timeout=10)
+    log("SIGKILLed w0 at %d outcomes" % outcome_count(r))
+    wait_until(lambda: outcome_count(r) >= 1800, 60, "1800 outcomes")
+    rc = env.stop(ws[1])
+    log("SIGTERMed w1 at %d outcomes: exit %d" % (outcome_count(r), rc))
+    check(rc == 0, "w1 did not drain (exit %d)" % rc)
+    ws[1] = env.worker("w1b", WORKERS=2)
+    wait_until(lambda: accounted(r, expected), 120, "all 5000 outcomes")
+    for w in ws[1:]:
+        check(env.stop(w) == 0, "worker %s did not exit 0 after SIGTERM" % w.name)
+    done, dead, dups = verify(r, expected)
+    n_fail = check_fail_always(r, dead)
+    redelivered = sum(1 for _, f in done if int(f["deliveries"]) > 1)
+    log("crash: %d results, %d dead (%d fail always), duplicates %d, results delivered more than once %d"
+        % (len(done), len(dead), n_fail, dups, redelivered))
+    check(any(f["consumer"] == "w1b" for _, f in done), "the restarted worker did nothing")
+    check(redelivered > 0, "nothing of the killed worker was claimed and run elsewhere")
+
+
+def scenario_redis_restart(env):
+    r = env.start_redis("--appendonly", "yes", "--appendfsync", "always")
+    env.enqueue("--count", 3000, "--users", 30, "--delay", "3ms")
+    expected = {eid for eid, _ in entries(r, "tasks")}
+    ws = [env.worker("w%d" % i) for i in range(2)]
+    wait_until(lambda: outcome_count(r) >= 600, 60, "600 outcomes")
+    r.close()
+    env.kill_redis()
+    log("redis SIGKILLed")
+    time.sleep(0.5)
+    r = env.start_redis()
+    log("redis restarted with %d outcomes, %d pending" % (outcome_count(r), pending(r)))
+    wait_until(lambda: accounted(r, expected), 120, "all 3000 outcomes after the restart")
+    for w in ws:
+        check(w.poll() is None, "worker %s died with Redis" % w.name)
+        m = metrics(w)
+        check(m["tps_stream_reconnects_total"] >= 1, "worker %s did not reconnect" % w.name)
+        check(env.stop(w) == 0, "worker %s did not exit 0 after SIGTERM" % w.name)
+    done, dead, dups = verify(r, expected)
+    check(len(dead) == 0, "dead entries: %r" % dead[:3])
+    log("redis_restart: %d results, duplicates %d" % (len(done), dups))
+
+
+def scenario_fair(env):
+    r = env.start_redis()
+    slow = [r("XADD", "tasks", "*", "user", "slow", "delay", "500ms") for _ in range(20)]
+    env.enqueue("--count", 200, "--users", 10, "--delay", "2ms")
+    fast = {eid for eid, f in entries(r, "tasks") if f.get("user") != "slow"}
+    w = env.worker("w0", WORKERS=4, QUEUE_CAPACITY=16, MAX_PER_USER=2, LOCAL_BACKLOG=64, CLAIM_IDLE="2s")
+
+    def fast_done():
+        return fast <= {f["id"] for _, f in entries(r, "tasks:done")}
+
+    saw_backlog = [0]
+    other = []
+
+    def fast_done_sampling():
+        m = metrics(w)
+        saw_backlog[0] = max(saw_backlog[0], m["tps_stream_backlog"])
+        if saw_backlog[0] >= 1 and not other:
+            # A second worker, idle most of the time: it must not claim the
+            # slow user's entries waiting in w0's backlog longer than
+            # CLAIM_IDLE (w0's heartbeat keeps them fresh).
+            other.append(env.worker("w1", WORKERS=4, QUEUE_CAPACITY=16, MAX_PER_USER=2, LOCAL_BACKLOG=64,
+                                    CLAIM_IDLE="2s"))
+        return fast_done()
+
+    wait_until(fast_done_sampling, 30, "the 200 entries of the fast users")
+    slow_done = sum(1 for _, f in entries(r, "tasks:done") if f.get("user") == "slow")
+    log("fair: fast users done while the slow user had %d of 20 done; backlog seen %d" % (slow_done, saw_backlog[0]))
+    check(slow_done < 20, "the fast users finished only after the slow one")
+    check(saw_backlog[0] >= 1, "the slow user's entries never waited in the local backlog")
+    max_deliveries = [0]
+
+    def slow_done_sampling():
+        # Redis's own delivery counter of the entries w0 holds stays 1: nobody
+        # (w1, or w0's own XAUTOCLAIM) takes them while w0's heartbeat runs.
+        for row in r("XPENDING", "tasks", "taskpool", "-", "+", 100):
+            max_deliveries[0] = max(max_deliveries[0], int(row[3]))
+        return accounted(r, set(slow) | fast)
+
+    wait_until(slow_done_sampling, 60, "the slow user's entries")
+    check(max_deliveries[0] == 1, "entries held by a live worker were claimed: %d deliveries" % max_deliveries[0])
+    m = metrics(w)
+    log("fair: rejected_user %d, user_waits %d" % (m["taskpool_rejected_user_total"], m["tps_stream_user_waits_total"]))
+    # An entry refused for its user's limit waits for a completion of that
+    # user; a busy retry during the ~5 s the slow user sits at its limit
+    # would be refused thousands of times. Here: at most about once per entry.
+    n_entries = len(slow) + len(fast)
+    check(m["taskpool_rejected_user_total"] <= n_entries,
+          "busy retry: %d refusals for %d entries" % (m["taskpool_rejected_user_total"], n_entries))
+    check(m["tps_stream_user_waits_total"] >= 1, "no entry waited for a user slot")
+    check(other, "the second worker never started")
+    m1 = metrics(other[0])
+    check(m1["tps_stream_claimed_total"] == 0,
+          "w1 claimed %d entries from a live worker" % m1["tps_stream_claimed_total"])
+    check(env.stop(w) == 0, "worker did not exit 0 after SIGTERM")
+    check(env.stop(other[0]) == 0, "w1 did not exit 0 after SIGTERM")
+    done, _, dups = verify(r, set(slow) | fast)
+    check(dups == 0, "%d duplicates" % dups)
+    check(all(f["consumer"] == "w0" and f["deliveries"] == "1" for _, f in done if f.get("user") == "slow"),
+          "a slow entry was delivered twice or ran elsewhere")
+
+
+def scenario_bad(env):
+    r = env.start_redis()
+    # A poison entry: already delivered 9 times to a consumer that vanished.
+    r("XGROUP", "CREATE", "tasks", "taskpool", "0", "MKSTREAM")
+    poison = r("XADD", "tasks", "*", "user", "p", "delay", "1ms")
+    r("XREADGROUP", "GROUP", "taskpool", "ghost", "COUNT", 1, "STREAMS", "tasks", ">")
+    r("XCLAIM", "tasks", "taskpool", "ghost", 0, poison, "IDLE", 600000, "RETRYCOUNT", 9)
+    bad = {
+        r("XADD", "tasks", "*", "delay", "abc"): "delay:",
+        r("XADD", "tasks", "*", "delay", "-5ms"): "delay:",
+        r("XADD", "tasks", "*", "delay", "2h"): "delay: over",
+        r("XADD", "tasks", "*", "fail", "sometimes"): "fail:",
+        r("XADD", "tasks", "*", "user", "x" * 200): "user:",
+        r("XADD", "tasks", "*", "payload", "y" * 2000): "payload:",
+        r("XADD", "tasks", "*", "delay", "1ms", "delay", "2ms"): "delay: repeated",
+        r("XADD", "tasks", "*", "fail", "always"): "failed after 3 attempts",
+        poison: "delivered 10 times",
+    }
+    good = {r("XADD", "tasks", "*", "user", "g", "delay", "1ms", "trace", "ignored") for _ in range(10)}
+    w = env.worker("w0")
+    wait_until(lambda: accounted(r, set(bad) | good), 30, "the bad and the good entries")
+    check(w.poll() is None, "the worker died on bad input")
+    # it keeps running: more work after the bad entries
+    later = {r("XADD", "tasks", "*", "delay", "1ms") for _ in range(10)}
+    wait_until(lambda: accounted(r, set(bad) | good | later), 30, "entries added after the bad ones")
+    done, dead, dups = verify(r, set(bad) | good | later)
+    reasons = {f["id"]: f["reason"] for _, f in dead}
+    for eid, want in bad.items():
+        check(eid in reasons, "bad entry %s is not in the dead stream" % eid)
+        check(reasons[eid].startswith(want), "entry %s: reason %r, want %r..." % (eid, reasons[eid], want))
+    check({f["id"] for _, f in done} == good | later, "good entries missing from the results")
+    m = metrics(w)
+    check(m["tps_stream_malformed_total"] == 7, "malformed counter %d" % m["tps_stream_malformed_total"])
+    check(m["tps_stream_dead_total"] == 9 and m["tps_stream_claimed_total"] == 1, "dead/claimed counters")
+    check(m["taskpool_completed_total"] >= 21, "pool counters missing from /metrics")
+    check(env.stop(w) == 0, "worker did not exit 0 after SIGTERM")
+    log("bad: reasons %s" % sorted(set(reasons.values())))
+
+    # invalid configuration: one line on stderr, exit 2
+    for var, val in [("CLAIM_IDLE", "soon"), ("REDIS_URL", "http://x"), ("WORKERS", "0"),
+                     ("MAX_DELIVERIES", "-1"), ("METRICS_ADDR", "nope"), ("LOG_LEVEL", "loud")]:
+        e = dict(os.environ, REDIS_URL=env.url)
+        e[var] = val
+        p = subprocess.run([env.args.worker], env=e, capture_output=True, text=True, timeout=30)
+        check(p.returncode == 2, "%s=%s: exit %d, want 2" % (var, val, p.returncode))
+        check(len(p.stderr.strip().splitlines()) == 1 and var in p.stderr, "%s=%s: stderr %r" % (var, val, p.stderr))
+
+
+def scenario_drain(env):
+    r = env.start_redis()
+    # 1. SIGTERM while a task runs: it finishes, is written, exit 0.
+    w = env.worker("a", SHUTDOWN_TIMEOUT="10s")
+    e1 = r("XADD", "tasks", "*", "delay", "1s")
+    wait_until(lambda: metrics(w)["taskpool_active"] == 1, 10, "the task to start")
+    check(env.stop(w) == 0, "drain: exit code not 0")
+    check(accounted(r, {e1}), "drain: the running task's outcome was not written")
+    # 2. forced: the budget is shorter than the task; the entry stays pending.
+    w = env.worker("b", SHUTDOWN_TIMEOUT="200ms")
+    e2 = r("XADD", "tasks", "*", "delay", "3s")
+    wait_until(lambda: metrics(w)["taskpool_active"] == 1, 10, "the long task to start")
+    check(env.stop(w) == 1, "forced shutdown: exit code not 1")
+    check(pending(r) == 1 and outcome_count(r) == 1, "forced shutdown: the entry was acknowledged")
+    # 3. another worker claims it after CLAIM_IDLE and runs it.
+    w = env.worker("c", CLAIM_IDLE="300ms")
+    wait_until(lambda: accounted(r, {e1, e2}), 20, "the abandoned entry to run elsewhere")
+    check(env.stop(w) == 0, "worker c: exit code not 0")
+    done, _, dups = verify(r, {e1, e2})
+    last = [f for _, f in done if f["id"] == e2][0]
+    check(last["consumer"] == "c" and last["deliveries"] == "2", "claimed result: %r" % last)
+    check(dups == 0, "duplicates")
+
+
+SCENARIOS = {
+    "clean": scenario_clean,
+    "crash": scenario_crash,
+    "redis_restart": scenario_redis_restart,
+    "fair": scenario_fair,
+    "bad": scenario_bad,
+    "drain": scenario_drain,
+}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--worker", required=True)
+    ap.add_argument("--enqueue", required=True)
+    ap.add_argument("--redis-server", default=shutil.which("redis-server"))
+    ap.add_argument("scenario", choices=sorted(SCENARIOS))
+    args = ap.parse_args()
+    check(args.redis_server, "redis-server not found")
+    env = Env(args, args.scenario)
+    t0 = time.monotonic()
+    ok = False
+    try:
+        SCENARIOS[args.scenario](env)
+        ok = True
+    except Fail as e:
+        log("FAIL:", e)
+    except Exception as e:  # noqa: BLE001 -- any error fails the test, with cleanup
+        log("FAIL: %s: %s" % (type(e).__name__, e))
+    finally:
+        env.cleanup(ok)
+    log("%s: %s in %.1f s" % (args.scenario, "PASS" if ok else "FAIL", time.monotonic() - t0))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
