@@ -103,6 +103,9 @@ extern "C" {
  *   versioned 1.0 entry points (symbol version TASKPOOL_1.0) that read and
  *   write exactly the 1.0 layout; programs built against this header bind to
  *   the TASKPOOL_1.1 ones. Every exported symbol carries a version.
+ *   Code that looks the calls up by name at run time (dlsym(), language
+ *   bindings) gets the newest version: bindings written for the 1.0 layout
+ *   must ask for dlvsym(handle, "tp_create", "TASKPOOL_1.0") and the like.
  */
 
 /* TP_API marks the exported symbols; everything else is hidden. Define
@@ -177,7 +180,10 @@ typedef struct tp_ctx tp_ctx;   /* opaque, valid during one task call */
 /* The log hook. Called on a pool thread without any pool lock held; it may call
  * any libtaskpool function except tp_shutdown/tp_wait/tp_destroy of the same
  * pool (those return TP_EDEADLK there). `log_id` and `msg` are valid during the
- * call only; `log_id` is never NULL. */
+ * call only; `log_id` is never NULL. A worker may still be in the hook, e.g.
+ * reporting a failed attempt whose retry was then cancelled, after
+ * tp_shutdown() returned: keep `log_arg` valid until tp_wait() or
+ * tp_destroy() has returned (they wait for every worker thread). */
 typedef void (*tp_log_fn)(void *log_arg, int level, const char *log_id, const char *msg);
 
 /*

@@ -32,15 +32,63 @@
 
 #if defined(TP__SYMVER)
 
-/* The 1.0 size of each struct: everything before the reserved tail. The 1.0
- * structs ended on an 8-byte aligned field (or padding to it), so the 1.0
- * sizeof equals this offset on every ABI we build for. */
-#define TP__CONFIG_1_0 offsetof(tp_config, reserved)
-#define TP__OPTS_1_0 offsetof(tp_task_opts, reserved)
-#define TP__STATS_1_0 offsetof(tp_stats, reserved)
+/* The 1.0 layouts, frozen: the 1.1 structs are these plus a reserved tail.
+ * Every field must sit at the same offset in both, which the asserts below
+ * check on whatever ABI this is built for (on x86-64 the 1.0 sizes are 112,
+ * 48 and 136 bytes; on i386 84, 36 and 136). */
+typedef struct tp__config_1_0 {
+    unsigned workers, max_workers, queue_capacity, max_per_user;
+    uint64_t run_timeout_ns, submit_timeout_ns, drain_timeout_ns, idle_timeout_ns;
+    unsigned max_retries;
+    uint64_t retry_delay_ns;
+    const char *name;
+    tp_log_fn log;
+    void *log_arg;
+    void (*on_worker_start)(void *hook_arg);
+    void (*on_worker_stop)(void *hook_arg);
+    void *hook_arg;
+} tp__config_1_0;
 
-_Static_assert(TP__CONFIG_1_0 % 8 == 0 && TP__OPTS_1_0 % 8 == 0 && TP__STATS_1_0 % 8 == 0,
-               "a 1.0 layout no longer ends where its reserved tail starts");
+typedef struct tp__opts_1_0 {
+    const char *user;
+    uint64_t run_timeout_ns, deadline_ns;
+    tp_done_fn on_done;
+    const char *log_id;
+    int priority;
+} tp__opts_1_0;
+
+typedef struct tp__stats_1_0 {
+    uint64_t submitted, accepted, rejected;
+    uint64_t rejected_full, rejected_user, rejected_closed, rejected_timeout;
+    uint64_t started, retried, completed, succeeded, failed, cancelled, expired;
+    uint32_t active, queued, delayed, workers, idle, users;
+} tp__stats_1_0;
+
+#define TP__SAME_OFFSET(old, new, field)                                                              \
+    _Static_assert(offsetof(old, field) == offsetof(new, field), #new "." #field " moved since 1.0")
+TP__SAME_OFFSET(tp__config_1_0, tp_config, max_per_user);
+TP__SAME_OFFSET(tp__config_1_0, tp_config, run_timeout_ns);
+TP__SAME_OFFSET(tp__config_1_0, tp_config, idle_timeout_ns);
+TP__SAME_OFFSET(tp__config_1_0, tp_config, max_retries);
+TP__SAME_OFFSET(tp__config_1_0, tp_config, retry_delay_ns);
+TP__SAME_OFFSET(tp__config_1_0, tp_config, name);
+TP__SAME_OFFSET(tp__config_1_0, tp_config, log_arg);
+TP__SAME_OFFSET(tp__config_1_0, tp_config, hook_arg);
+TP__SAME_OFFSET(tp__opts_1_0, tp_task_opts, run_timeout_ns);
+TP__SAME_OFFSET(tp__opts_1_0, tp_task_opts, on_done);
+TP__SAME_OFFSET(tp__opts_1_0, tp_task_opts, log_id);
+TP__SAME_OFFSET(tp__opts_1_0, tp_task_opts, priority);
+TP__SAME_OFFSET(tp__stats_1_0, tp_stats, rejected_timeout);
+TP__SAME_OFFSET(tp__stats_1_0, tp_stats, expired);
+TP__SAME_OFFSET(tp__stats_1_0, tp_stats, active);
+TP__SAME_OFFSET(tp__stats_1_0, tp_stats, users);
+_Static_assert(sizeof(tp__config_1_0) <= offsetof(tp_config, reserved), "tp_config's tail overlaps 1.0 fields");
+_Static_assert(sizeof(tp__opts_1_0) <= offsetof(tp_task_opts, reserved), "tp_task_opts' tail overlaps 1.0 fields");
+_Static_assert(sizeof(tp__stats_1_0) <= offsetof(tp_stats, reserved), "tp_stats' tail overlaps 1.0 fields");
+
+#define TP__CONFIG_1_0 sizeof(tp__config_1_0)
+#define TP__OPTS_1_0 sizeof(tp__opts_1_0)
+#define TP__STATS_1_0 sizeof(tp__stats_1_0)
 
 #define TP__EXPORT __attribute__((visibility("default"), used))
 #define TP__SYMVER_1_0(impl, name) __asm__(".symver " #impl "," #name "@TASKPOOL_1.0")

@@ -19,6 +19,7 @@ static pthread_mutex_t g_create_mu = PTHREAD_MUTEX_INITIALIZER;
 int tp_default_create(const tp_config *cfg) {
     pthread_mutex_lock(&g_create_mu);
     int rc = TP_EINVAL;
+    tp_pool *lost = NULL; /* made, but a swap registered another first */
     if (!atomic_load_explicit(&g_default, memory_order_acquire)) {
         tp_pool *p = NULL;
         rc = tp_create(&p, cfg);
@@ -29,12 +30,15 @@ int tp_default_create(const tp_config *cfg) {
             tp_pool *none = NULL;
             if (!atomic_compare_exchange_strong_explicit(&g_default, &none, p, memory_order_acq_rel,
                                                          memory_order_acquire)) {
-                tp_destroy(p);
+                lost = p;
                 rc = TP_EINVAL;
             }
         }
     }
     pthread_mutex_unlock(&g_create_mu);
+    /* Destroyed outside the registry lock: its worker hooks run during the
+     * destroy and may call tp_default_create() themselves. */
+    if (lost) tp_destroy(lost);
     return rc;
 }
 
