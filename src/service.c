@@ -40,15 +40,15 @@ static void set_thread_name(const tp_pool *p) {
  * worker held its slot: grow an elastic pool as a submit would. One attempt
  * per pass: a failed pthread_create leaves the tasks to the existing workers
  * instead of spinning. mu is released and taken again. */
-static void spawn_locked(tp_pool *p) {
+static bool spawn_locked(tp_pool *p) {
     tp__worker *w;
     pthread_t old;
     bool join_old = false;
-    if (tp__spawn_start_locked(p, &w, &old, &join_old) == TP_OK) {
-        tp__unlock(p);
-        (void)tp__spawn_finish(p, w, old, join_old);
-        tp__lock(p);
-    }
+    if (tp__spawn_start_locked(p, &w, &old, &join_old) != TP_OK) return false;
+    tp__unlock(p);
+    int rc = tp__spawn_finish(p, w, old, join_old);
+    tp__lock(p);
+    return rc == TP_OK;
 }
 
 /* Timers and queue deadlines: returns when to look again. */
@@ -83,9 +83,13 @@ void *tp__service_main(void *arg) {
         uint64_t next = run_timers_locked(p);
         if (tp__endings_pending_locked(p)) continue;
         if (!tried_spawn && !p->life.closed && tp__want_spawn_locked(p)) {
-            tried_spawn = true;
-            spawn_locked(p);
-            continue; /* mu may have been released: look at everything again */
+            /* Only a failed spawn waits for the next wake-up before trying
+             * again (no busy loop while threads cannot be made); after a
+             * success the backlog may want another worker at once, and a
+             * "worker gone" wake sent while mu was released found us not
+             * waiting, so it must not be needed. */
+            tried_spawn = !spawn_locked(p);
+            continue; /* mu was released: look at everything again */
         }
         if (p->life.closed && p->life.inflight == 0) break;
         wait_locked(p, next);

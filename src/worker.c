@@ -41,6 +41,9 @@
 
 static void *worker_main(void *arg);
 
+/* Workers whose threads run (spawns under way excluded). mu held. */
+static unsigned running_workers_locked(const tp_pool *p) { return p->wk.live_workers - p->wk.starting; }
+
 /* ------------------------------------------------------------ spawning */
 
 int tp__spawn_start_locked(tp_pool *p, tp__worker **slot, pthread_t *old, bool *join_old) {
@@ -160,7 +163,7 @@ static void set_idle_stat_locked(tp_pool *p) { TP__SET(p->st.idle, p->wk.idle_wa
 
 /* stats.workers: threads that run, not spawns under way (which may fail). */
 static void set_workers_stat_locked(tp_pool *p) {
-    TP__SET(p->st.workers, p->wk.live_workers - p->wk.starting);
+    TP__SET(p->st.workers, running_workers_locked(p));
 }
 
 /* Entered and left with mu held: poll the queue length (st.queued, stored
@@ -204,7 +207,9 @@ static bool wait_for_work_locked(tp_pool *p, worker_turn *wt) {
             spin_for_work_locked(p);
             continue;
         }
-        bool elastic = p->wk.live_workers > p->cfg.min_workers && p->cfg.idle_timeout != TP_FOREVER;
+        /* Above the minimum counting only workers that run: a spawn under
+         * way may still fail, and then this worker is one of the minimum. */
+        bool elastic = running_workers_locked(p) > p->cfg.min_workers && p->cfg.idle_timeout != TP_FOREVER;
         uint64_t until = elastic ? tp__deadline_after(wt->idle_since, p->cfg.idle_timeout) : TP_FOREVER;
         p->wk.idle_waiters++;
         set_idle_stat_locked(p);
@@ -213,7 +218,7 @@ static bool wait_for_work_locked(tp_pool *p, worker_turn *wt) {
         p->wk.idle_waiters--;
         set_idle_stat_locked(p);
         if (e == ETIMEDOUT && elastic && tp__ring_len(&p->life.ring) == 0 &&
-            p->wk.live_workers > p->cfg.min_workers && tp_now_ns() >= until)
+            running_workers_locked(p) > p->cfg.min_workers && tp_now_ns() >= until)
             return false;
     }
     wt->spun = false;

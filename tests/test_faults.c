@@ -866,6 +866,57 @@ static void test_stats_workers_during_spawn(void **state) {
     assert_int_equal(s.succeeded, 3);
 }
 
+/* An idle worker of an elastic pool must not count a spawn still under way
+ * as one of the minimum: if that spawn then fails, the pool would be left
+ * with no worker at all while tasks wait (found in review: workers=0 and a
+ * queued task that only a forced shutdown ended). */
+static void test_elastic_min_kept_while_spawn_fails(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    tp_config cfg = {0};
+    cfg.workers = 1;
+    cfg.max_workers = 2;
+    cfg.idle_timeout_ns = TPT_MS(1); /* an idle elastic worker leaves at once */
+    tp_pool *p = tpt_pool_new(&cfg);
+    tpt_latch *gate = tpt_fx_latch(f);
+    tpt_fill_workers(p, gate, 1, NULL); /* worker A busy */
+
+    /* A submit reserves worker B; its pthread_create stalls, then fails. */
+    inj_reset();
+    atomic_store(&fail_at[F_THREAD], 1);
+    atomic_store(&armed, 1);
+    tpt_latch_init(&stall_gate);
+    atomic_store(&stalled, 0);
+    atomic_store(&stall_enabled, 1);
+    spawn_sub *x = tpt_fx_new(f, spawn_sub);
+    x->p = p;
+    pthread_t th;
+    assert_int_equal(__real_pthread_create(&th, NULL, spawn_submitter, x), 0);
+    TPT_EVENTUALLY(atomic_load(&stalled) == 1);
+
+    /* A runs out of work (its task, then the one that wanted B) and idles
+     * while B is still "starting". Give it many idle timeouts to (wrongly)
+     * leave: the absence of an event can only be given a window. */
+    tpt_latch_open(gate);
+    TPT_EVENTUALLY(tpt_stats(p).completed == 2);
+    struct timespec window = {0, 50 * 1000000L};
+    nanosleep(&window, NULL);
+    assert_int_equal(tpt_stats(p).workers, 1);
+
+    /* The spawn fails; a new task must still run. */
+    atomic_store(&stall_enabled, 0);
+    tpt_latch_open(&stall_gate);
+    pthread_join(th, NULL);
+    atomic_store(&armed, 0);
+    assert_int_equal(atomic_load(&x->rc), TP_OK);
+    assert_int_equal(atomic_load(&hits[F_THREAD]), 1u);
+    assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_OK);
+    TPT_EVENTUALLY(tpt_stats(p).completed == 3);
+    assert_int_equal(tpt_stats(p).workers, 1);
+    tp_stats s = tpt_pool_finish(p);
+    assert_int_equal(s.succeeded, 3);
+    tpt_latch_destroy(&stall_gate);
+}
+
 /* A failed spawn while the pool closes: the reservation is undone and the
  * shutdown does not wait for a thread that never existed. */
 static void test_elastic_spawn_fault_then_shutdown(void **state) {
@@ -1004,6 +1055,7 @@ int main(void) {
         TPT_TEST(test_elastic_respawn_fault),
         TPT_TEST(test_elastic_spawn_fault_then_shutdown),
         TPT_TEST(test_stats_workers_during_spawn),
+        TPT_TEST(test_elastic_min_kept_while_spawn_fails),
         TPT_TEST(test_ctx_fd_faults),
     };
     return cmocka_run_group_tests(tests, warm_up, NULL);
