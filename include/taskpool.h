@@ -7,6 +7,7 @@
  *   3. limits and special values        8. statistics
  *   4. configuration                    9. log ids and the log hook
  *   5. lifecycle                       10. the default pool
+ *  11. task groups (1.1)
  *
  * What the pool promises
  *   - A fixed set of worker threads (elastic between `workers` and
@@ -514,6 +515,110 @@ TP_API tp_pool *tp_default_swap(tp_pool *p);
 TP_API int tp_default_submit(tp_fn fn, void *arg, const tp_task_opts *opts, uint64_t *id_out);
 TP_API int tp_default_shutdown(uint64_t budget_ns);
 TP_API int tp_default_wait(uint64_t timeout_ns);
+
+/* ------------------------------------------------- 11. task groups (Since 1.1) */
+
+/*
+ * A group is a set of tasks of one pool, in the manner of Go's errgroup: wait
+ * for all of them, learn the first failure, cancel the rest. Members are
+ * ordinary tasks: every promise of section 6 holds for them (one ending each,
+ * on_done exactly once, FIFO among all tasks of the pool, the same counters,
+ * users and options). A member costs no allocation: the group is allocated
+ * once by tp_group_create(), and the links are part of the task record.
+ *
+ * The group's error is the final status of the first member to fail, in the
+ * order members ended (0 until one fails). It is sticky: a group used again
+ * after a wait keeps it, as does its cancellation. A member that succeeds
+ * after being cancelled (it returned 0) is a success.
+ *
+ * Lifetime: destroy a pool's groups before the pool. If a pool is destroyed
+ * first (which waits for every member, like every task), its groups are
+ * detached, not freed: on a detached group tp_group_submit() returns
+ * TP_ECLOSED (counting nothing; TP_EINVAL only for a NULL g or fn), tp_group_wait() returns the group's result at
+ * once, tp_group_cancel() returns TP_OK and does nothing, and
+ * tp_group_destroy() frees it. Those calls must not run concurrently with
+ * tp_destroy() of the pool (as no call on the pool may).
+ *
+ * Thread-safety: every tp_group_* call may run concurrently with any other
+ * call on the same group or pool, except tp_group_destroy() (no call on the
+ * group may start once it has started; calls already waiting in
+ * tp_group_wait() are allowed and return first). All take the pool lock.
+ */
+typedef struct tp_group tp_group; /* opaque */
+
+#define TP_GROUP_CANCEL_ON_ERROR 1u /* the first failed member cancels the others */
+
+/*
+ * tp_group_create -- make an empty group of pool `p`. Since 1.1.
+ *   flags: 0 or TP_GROUP_CANCEL_ON_ERROR. *out receives the group (written
+ *   only on TP_OK). A group may be created on a closed pool (its submits are
+ *   then refused with TP_ECLOSED). Blocks only on the pool lock. Thread-safe;
+ *   may be called from a task or an on_done.
+ *   TP_OK; TP_EINVAL (p or out NULL, an unknown flag); TP_ENOMEM.
+ */
+TP_API int tp_group_create(tp_pool *p, unsigned flags, tp_group **out);
+
+/*
+ * tp_group_submit -- tp_submit() into the group's pool, the task becoming a
+ * member if it is accepted. Since 1.1.
+ *   Admission is exactly tp_submit()'s: the same checks in the same order, the
+ *   same refusals and counters, never waits; ownership of `arg` as for
+ *   tp_submit() (on_done(arg, status) exactly once for an accepted member; a
+ *   refused task is not a member and its arg stays the caller's).
+ *   After tp_group_cancel(), or after a TP_GROUP_CANCEL_ON_ERROR group's first
+ *   failure, it returns TP_ECANCELED and counts nothing (no stats counter
+ *   moves); argument errors are still TP_EINVAL first.
+ *   TP_OK (*id_out, if not NULL, holds the id: tp_cancel() works on members);
+ *   TP_EINVAL (g or fn NULL, bad opts as tp_submit()); TP_ECANCELED;
+ *   TP_ECLOSED (the pool is closed, counted as tp_submit() does; or the pool
+ *   was destroyed, counting nothing); TP_EUSERLIMIT; TP_EFULL; TP_ENOMEM.
+ *   Thread-safe; may be called from a task or an on_done (also a member's).
+ */
+TP_API int tp_group_submit(tp_group *g, tp_fn fn, void *arg, const tp_task_opts *opts, uint64_t *id_out);
+
+/*
+ * tp_group_wait -- wait until the group has no unfinished member: every
+ * member has ended and its on_done has returned, members submitted while it
+ * waits included (as Go's WaitGroup). Since 1.1.
+ *   timeout_ns: 0 or TP_FOREVER -> no limit. A group with no member returns at
+ *   once. Several threads may wait at once; a wait that times out changes
+ *   nothing (no member is cancelled, the group stays usable).
+ *   TP_OK (every member that ended succeeded); the group's error (the final
+ *   status of the first member to fail, e.g. TP_ECANCELED after
+ *   tp_group_cancel(); never a TP_ECANCELED caused by TP_GROUP_CANCEL_ON_ERROR);
+ *   TP_ETIMEDOUT (the timeout passed first -- a member whose final status was
+ *   TP_ETIMEDOUT also makes the group's error TP_ETIMEDOUT: a caller that must
+ *   tell them apart compares tp_now_ns() with its own deadline, since a wait
+ *   that times out returns only after timeout_ns has passed); TP_EINVAL (g
+ *   NULL); TP_EDEADLK (called on a thread of the group's pool: a task, an
+ *   on_done or a worker hook; returns at once).
+ *   Blocks; never holds the pool lock while it sleeps.
+ */
+TP_API int tp_group_wait(tp_group *g, uint64_t timeout_ns);
+
+/*
+ * tp_group_cancel -- cancel every unfinished member as tp_cancel() would, and
+ * refuse later submits with TP_ECANCELED. Since 1.1.
+ *   Queued and retry-waiting members end with TP_ECANCELED without running
+ *   (their on_done runs on the pool's service thread); running members see
+ *   cancellation through their context and end with what they return, not
+ *   retried. Idempotent. Never blocks beyond the pool lock; does not wait for
+ *   the members to end (tp_group_wait() does). Thread-safe; may be called from
+ *   a task or an on_done.
+ *   TP_OK; TP_EINVAL (g NULL).
+ */
+TP_API int tp_group_cancel(tp_group *g);
+
+/*
+ * tp_group_destroy -- wait as tp_group_wait(g, TP_FOREVER) does (every member
+ * ended and its on_done returned), and for the threads already inside
+ * tp_group_wait(g) to leave it, then free the group. Since 1.1.
+ *   It does not cancel: call tp_group_cancel() first to end early. No call on
+ *   `g` may start once it has started, or after it.
+ *   TP_OK (freed); TP_EINVAL (g NULL); TP_EDEADLK (called on a thread of the
+ *   group's pool; nothing done, the group untouched).
+ */
+TP_API int tp_group_destroy(tp_group *g);
 
 #ifdef __cplusplus
 }

@@ -8,25 +8,28 @@
  *
  *   0  compat.c   the 1.0 entry points of the calls whose structs grew
  *                 (shared library only; calls public functions only)
- *   1  pool.c     the public API: create/destroy, submit, cancel,
+ *   1  group.c    task groups (since 1.1): create, wait, cancel, destroy;
+ *                 submits through pool.c's admission, members live in life.c
+ *   2  pool.c     the public API: create/destroy, submit, cancel,
  *                 close/shutdown/wait; the resolved configuration
  *      stats.c    tp_stats_get, tp_user_active, tp_stats_format
  *      default.c  the process-wide default pool (public calls only)
- *   2  service.c  the service thread: drives endings, retry timers, queue
+ *   3  service.c  the service thread: drives endings, retry timers, queue
  *                 deadlines (life.c) and spawns a worker when one was skipped
- *   3  worker.c   worker slots, spawning, the worker loop: wait for work,
+ *   4  worker.c   worker slots, spawning, the worker loop: wait for work,
  *                 then pop, start, run, after-run, finish (life.c steps)
- *   4  life.c     the task's life and the queue, the one owner of the task
+ *   5  life.c     the task's life and the queue, the one owner of the task
  *                 state graph: admission into the ring, start, after-run
  *                 (retry or final), finalise, end unrun, retire, cancel,
  *                 forced shutdown, the delayed and endings lists, queue expiry,
+ *                 group membership (first error, cancel on error),
  *                 and the wake-ups that follow (room, work, done, service)
- *   5  ctx.c      the task context and its cancel pipe, log ids, logging,
+ *   6  ctx.c      the task context and its cancel pipe, log ids, logging,
  *                 the clock, the thread-locals
  *      tasks.c    task records: a free list grown in chunks, the id index
  *      users.c    per-user slot table
  *      ring.h     bounded FIFO of task pointers (inline functions)
- *   6  error.c    error table, tp_strerror, version, tp__assert_fail
+ *   7  error.c    error table, tp_strerror, version, tp__assert_fail
  *
  * Why the threads sit above life.c: a worker or the service thread is a
  * driver of task life (it pops, starts, finalises and retires through
@@ -64,6 +67,12 @@
  *   the worker that finalised it (DONE) or the service thread (ENDING). After
  *   on_done returns, that thread retires the record (FREE) and decrements
  *   `inflight`. Each step asserts the state it comes from.
+ *
+ *   Ending a task may end others in the same lock hold: a failing member of a
+ *   TP_GROUP_CANCEL_ON_ERROR group cancels its group at once (life.c). So
+ *   code that walks the ring or the delayed list does not keep a pointer into
+ *   it across a call that ends a task, and a QUEUED task taken out of the
+ *   ring is ended by whoever took it out (a group's cancel passes it by).
  */
 #ifndef TP_INTERNAL_H
 #define TP_INTERNAL_H
@@ -204,6 +213,7 @@ typedef struct tp__user {
 enum { TP__QUEUED = 1, TP__RUNNING, TP__DELAYED, TP__ENDING, TP__DONE, TP__FREE };
 
 struct tp__worker;
+struct tp_group;
 
 typedef struct tp__task {
     uint64_t id;
@@ -217,6 +227,8 @@ typedef struct tp__task {
     struct tp__task *prev;  /* delayed list */
     struct tp__task *id_next; /* id index chain */
     tp__user *user;         /* slot holder, NULL without a user */
+    struct tp_group *group; /* NULL, or its group until it is retired */
+    struct tp__task *g_next, *g_prev; /* the group's members not yet finalised */
     struct tp__worker *worker; /* while RUNNING */
     unsigned attempt;
     int state;
@@ -350,6 +362,7 @@ struct tp_pool {
         unsigned room_waiters;   /* tp_submit_wait callers in room_cv */
         bool closed;             /* tp__close_locked: no more admissions */
         bool forced;             /* tp__force_locked: no more retries */
+        struct tp_group *groups; /* this pool's groups (linked by group.c through life.c) */
     } life;
 
     /* worker.c: worker slots and thread counts */
@@ -382,6 +395,25 @@ struct tp_pool {
     pthread_t mu_owner;      /* valid while mu_held; see tp__lock */
     bool mu_held;
 #endif
+};
+
+/*
+ * A task group (SPEC 11.3). Allocated by group.c, which owns its lifetime
+ * and its waiters; its members are life.c's, all under the pool's mu.
+ */
+struct tp_group {
+    tp_pool *pool;           /* NULL once detached (tp_destroy of the pool, life.c) */
+    unsigned flags;          /* TP_GROUP_*, read-only */
+    pthread_cond_t cv;       /* life.c: no unfinished member; group.c: a waiter left while destroying */
+    /* life.c */
+    tp__task *head, *tail;   /* members not yet finalised, in admission order */
+    unsigned long unfinished;/* accepted members whose on_done has not returned */
+    int err;                 /* the first failed member's final status, 0 until then */
+    bool cancelled;          /* tp_group_cancel, or cancel on error fired: refuse submits */
+    struct tp_group *p_next, *p_prev; /* life.groups */
+    /* group.c */
+    unsigned waiters;        /* threads in tp_group_wait or tp_group_destroy */
+    bool destroying;         /* tp_group_destroy waits for the waiters to leave */
 };
 
 /* time */
@@ -463,6 +495,11 @@ extern _Thread_local tp__task *tp__tls_task;
  * debug builds); functions that release it around user code say so.
  */
 
+/* ---- pool.c: what group.c builds on */
+/* tp_submit with the task joining group g (pool.c's checks and admission). */
+int tp__submit_member(tp_pool *p, struct tp_group *g, tp_fn fn, void *arg, const tp_task_opts *opts,
+                      uint64_t *id_out);
+
 /* ---- service.c: the service thread */
 void *tp__service_main(void *arg);
 
@@ -475,6 +512,7 @@ int tp__spawn_finish(tp_pool *p, tp__worker *w, pthread_t old, bool join_old); /
 
 /* A submit's checked arguments (pool.c fills it in before taking mu). */
 typedef struct tp__admit_args {
+    struct tp_group *group; /* NULL: not a group member */
     tp_fn fn;
     tp_done_fn on_done;
     uint64_t run_timeout, deadline;
@@ -495,6 +533,14 @@ bool tp__want_spawn_locked(const tp_pool *p);
 /* tp_submit_wait: wait on room_cv until woken or `deadline` (0, ETIMEDOUT). */
 int tp__wait_room_locked(tp_pool *p, uint64_t deadline);
 int tp__cancel_locked(tp_pool *p, uint64_t id); /* TP_OK or TP_ENOTFOUND */
+/* Groups: a new group joins the pool's list, a destroyed one leaves it;
+ * cancel every unfinished member (and refuse later submits); at tp_destroy,
+ * with every task retired, the pool's groups lose their pool (no lock: no
+ * other call may run then). */
+void tp__group_link_locked(tp_pool *p, struct tp_group *g);
+void tp__group_unlink_locked(tp_pool *p, struct tp_group *g);
+void tp__group_cancel_locked(tp_pool *p, struct tp_group *g);
+void tp__groups_detach(tp_pool *p);
 void tp__close_locked(tp_pool *p);
 void tp__force_locked(tp_pool *p);
 /* Worker steps: pop the head; end it if its deadline passed (true); start

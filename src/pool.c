@@ -2,10 +2,12 @@
  * pool.c -- the public API of a pool: create/destroy, submit, cancel,
  * close/shutdown/wait.
  *
- * Layer: the top. It calls service.c (the service thread's entry), worker.c
- * (spawning), life.c (admission, cancel, close, forced shutdown) and the
- * leaves; nothing calls into it but the application (and default.c through
- * the public API).
+ * Layer: the public API, below only group.c (which admits members through
+ * tp__submit_member and makes its condition variable with tp__cond_init). It
+ * calls service.c (the service thread's entry), worker.c (spawning), life.c
+ * (admission, cancel, close, forced shutdown, detaching groups) and the
+ * leaves; nothing else calls into it but the application (and default.c
+ * through the public API).
  *
  * Admission (tp_submit, tp_submit_wait) takes the pool lock once. Under it the
  * checks run in the contract's order -- closed, user limit, space -- and only
@@ -264,6 +266,10 @@ static int submit_common(tp_pool *p, const tp__admit_args *a, void *arg, uint64_
     bool join_old = false;
 
     tp__lock(p);
+    if (a->group && a->group->cancelled) { /* a cancelled group: counts nothing */
+        tp__unlock(p);
+        return TP_ECANCELED;
+    }
     TP__INC(p->st.submitted);
     int rc;
     for (;;) {
@@ -295,11 +301,17 @@ static int submit_common(tp_pool *p, const tp__admit_args *a, void *arg, uint64_
     return rc;
 }
 
-int tp_submit(tp_pool *p, tp_fn fn, void *arg, const tp_task_opts *opts, uint64_t *id_out) {
+int tp__submit_member(tp_pool *p, struct tp_group *g, tp_fn fn, void *arg, const tp_task_opts *opts,
+                      uint64_t *id_out) {
     tp__admit_args a;
     int rc = check_args(p, fn, opts, &a);
     if (rc != TP_OK) return rc;
+    a.group = g;
     return submit_common(p, &a, arg, id_out, false, TP_FOREVER);
+}
+
+int tp_submit(tp_pool *p, tp_fn fn, void *arg, const tp_task_opts *opts, uint64_t *id_out) {
+    return tp__submit_member(p, NULL, fn, arg, opts, id_out);
 }
 
 int tp_submit_wait(tp_pool *p, tp_fn fn, void *arg, const tp_task_opts *opts, uint64_t budget_ns,
@@ -390,6 +402,7 @@ int tp_destroy(tp_pool *p) {
     if (!started) (void)tp_shutdown(p, 0);
     (void)tp_wait(p, TP_FOREVER);
     join_all(p);
+    tp__groups_detach(p); /* groups that outlive their pool (taskpool.h) */
     pool_free(p, 1);
     return TP_OK;
 }
