@@ -7,7 +7,7 @@
  *   3. limits and special values        8. statistics
  *   4. configuration                    9. log ids and the log hook
  *   5. lifecycle                       10. the default pool
- *  11. task groups (1.1)
+ *  11. task groups (1.1)               12. latency histograms (1.1)
  *
  * What the pool promises
  *   - A fixed set of worker threads (elastic between `workers` and
@@ -619,6 +619,72 @@ TP_API int tp_group_cancel(tp_group *g);
  *   group's pool; nothing done, the group untouched).
  */
 TP_API int tp_group_destroy(tp_group *g);
+
+/* ------------------------------------------ 12. latency histograms (Since 1.1) */
+
+/*
+ * Every pool records two latency histograms:
+ *   TP_HIST_QUEUE_WAIT  per attempt that starts: the time from the task's
+ *                       admission (or, for a retry, its return to the queue)
+ *                       to the start of the attempt;
+ *   TP_HIST_RUN         per attempt: its run time, from its start to the
+ *                       return of the task function.
+ * Tasks that end without running (expired, cancelled while waiting, dropped by
+ * a forced shutdown) record nothing. At rest (after tp_wait()) the count of
+ * each equals stats.started + stats.retried.
+ *
+ * Buckets are log-linear: bucket 0 holds 0..128 ns; above it every power of
+ * two is split into 8 equal buckets, up to 2^42 ns (73 minutes); the last
+ * bucket holds everything above. Upper bounds are inclusive and rise strictly;
+ * from 128 ns on each is at most 12.5 % above the one before, so a quantile
+ * read from them is off by at most one bucket's width. tp_hist_bound_ns() gives
+ * them.
+ *
+ * Recording takes no lock and allocates nothing: each worker slot of the pool
+ * owns its counters (allocated once by tp_create(): max_workers x about 4.6 KB,
+ * touched only by the slots that run) and is their only writer. The clock is
+ * read at admission (before the pool lock) and at the end of each attempt;
+ * the start of an attempt is read too, except when its worker comes straight
+ * from ending another attempt that had no on_done and did not fail: that end
+ * (or the task's admission, if later) is then the start, so the worker's
+ * hand-off between the two (some 100 ns) counts as run time of the new attempt
+ * rather than as its queue wait, and its run timeout starts that much early.
+ */
+enum { TP_HIST_QUEUE_WAIT = 0, TP_HIST_RUN = 1 };
+#define TP_HIST_BUCKETS 282
+
+typedef struct tp_hist {
+    uint64_t count;                    /* observations: always the sum of buckets[] */
+    uint64_t sum_ns;                   /* their sum, in ns */
+    uint64_t buckets[TP_HIST_BUCKETS]; /* non-cumulative counts; bucket i holds (bound(i-1), bound(i)] */
+    uint64_t reserved[4];              /* growth room: written as zero by tp_hist_get() */
+} tp_hist;
+
+/*
+ * tp_hist_get -- a snapshot of histogram `which` of pool `p`. Since 1.1.
+ *   Lock-free and never blocks: it sums the counters of every worker slot
+ *   (O(max_workers x TP_HIST_BUCKETS) relaxed loads). Every snapshot, also one
+ *   taken while tasks run, has count == the sum of buckets[]; sum_ns covers
+ *   only observations that are counted, and may lag behind them by those in
+ *   flight. Thread-safe; may be called from a task.
+ *   TP_OK; TP_EINVAL (p or out NULL, `which` not a TP_HIST_* value; *out is
+ *   then untouched).
+ */
+TP_API int tp_hist_get(tp_pool *p, int which, tp_hist *out);
+
+/* The inclusive upper bound of `bucket`, in ns: 128 for bucket 0, UINT64_MAX
+ * for the last (TP_HIST_BUCKETS - 1), 0 for an index out of range. Since 1.1. */
+TP_API uint64_t tp_hist_bound_ns(unsigned bucket);
+
+/*
+ * tp_hist_quantile_ns -- the smallest bucket bound b such that at least
+ * q x h->count observations are <= b: the upper bound of the bucket holding
+ * quantile q. Since 1.1.
+ *   q is clamped to [0, 1] (NaN counts as 0); q = 0 gives the first bound. 0
+ *   for a NULL or empty histogram. UINT64_MAX when the quantile lies in the
+ *   last bucket (or h->count exceeds the sum of its buckets). Pure function.
+ */
+TP_API uint64_t tp_hist_quantile_ns(const tp_hist *h, double q);
 
 #ifdef __cplusplus
 }

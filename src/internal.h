@@ -29,6 +29,8 @@
  *      tasks.c    task records: a free list grown in chunks, the id index
  *      users.c    per-user slot table
  *      ring.h     bounded FIFO of task pointers (inline functions)
+ *      hist.c     latency histograms: bounds, snapshots, quantiles (since
+ *                 1.1; recording is inline in hist.h, called by worker.c)
  *   7  error.c    error table, tp_strerror, version, tp__assert_fail
  *
  * Why the threads sit above life.c: a worker or the service thread is a
@@ -223,6 +225,7 @@ typedef struct tp__task {
     uint64_t run_timeout;   /* resolved, ns; TP_FOREVER for none */
     uint64_t deadline;      /* absolute; TP_FOREVER for none */
     uint64_t due;           /* while DELAYED: when the retry is queued */
+    uint64_t queued_at;     /* admission, or return to the queue for a retry (queue-wait histogram) */
     struct tp__task *next;  /* free list, delayed list, endings list */
     struct tp__task *prev;  /* delayed list */
     struct tp__task *id_next; /* id index chain */
@@ -298,6 +301,7 @@ tp__user *tp__users_acquire(tp__users *us, const char *name, size_t len, uint32_
 void tp__users_release(tp__users *us, tp__user *u);
 
 #include "ring.h"
+#include "hist.h"
 
 /* ------------------------------------------------------------ pool */
 
@@ -373,6 +377,7 @@ struct tp_pool {
         unsigned threads;        /* worker threads not yet finished (incl. stop hook) */
         unsigned idle_waiters;   /* workers in work_cv */
         unsigned spinners;       /* idle workers polling for work before they wait (0 or 1) */
+        tp__hist_shard *hist;    /* max_workers shards: slot i's worker is the only writer of hist[i] */
     } wk;
 
     /* service.c: the service thread (started by pool.c) */
@@ -521,6 +526,7 @@ typedef struct tp__admit_args {
     uint32_t user_hash;
     const char *log_src; /* NULL: generate */
     size_t log_len;
+    uint64_t now;        /* the clock just before admission: the queue wait starts there */
 } tp__admit_args;
 
 /* The queue, the records and the user table for `full` tasks, `prealloc`
@@ -571,11 +577,11 @@ static inline void tp__ctx_begin(struct tp_ctx *c, tp__task *t) {
     atomic_store_explicit(&c->cancelled, 0, memory_order_relaxed);
 }
 
-/* The attempt starts now: its effective deadline is the earlier of the task
+/* The attempt starts `now`: its effective deadline is the earlier of the task
  * deadline and now + run timeout. Without mu: only this worker reads its ctx. */
-static inline void tp__ctx_arm_run_timeout(struct tp_ctx *c, const tp__task *t) {
+static inline void tp__ctx_arm_run_timeout(struct tp_ctx *c, const tp__task *t, uint64_t now) {
     if (t->run_timeout == TP_FOREVER) return;
-    uint64_t d = tp__deadline_after(tp_now_ns(), t->run_timeout);
+    uint64_t d = tp__deadline_after(now, t->run_timeout);
     if (d < c->deadline) c->deadline = d;
 }
 

@@ -385,6 +385,7 @@ uint64_t tp__delayed_run_locked(tp_pool *p, uint64_t now) {
         } else if (now >= t->due) {
             delayed_remove_locked(p, t); /* asserts DELAYED */
             t->state = TP__QUEUED;
+            t->queued_at = now; /* the queue-wait histogram measures from here */
             tp__ring_push(&p->life.ring, t);
             if (t->deadline < p->life.queued_deadline_min) p->life.queued_deadline_min = t->deadline;
             queued++;
@@ -522,6 +523,7 @@ int tp__admit_locked(tp_pool *p, const tp__admit_args *a, void *arg, uint64_t *i
     t->attempt = 0;
     t->status = 0;
     t->state = TP__QUEUED;
+    t->queued_at = a->now; /* the queue-wait histogram measures from here */
     if (a->log_src) {
         memcpy(t->log_id, a->log_src, a->log_len);
         t->log_id[a->log_len] = '\0';
@@ -562,7 +564,8 @@ bool tp__task_expired_locked(tp_pool *p, tp__task *t) {
 
 /* Hook point "starts". The run timeout is added to ctx.deadline by the
  * worker right after it unlocks (tp__ctx_arm_run_timeout), so the clock is
- * not read under the lock. */
+ * not read under the lock; the worker records the histograms then too
+ * (hist.h). */
 void tp__task_start_locked(tp_pool *p, tp__worker *w, tp__task *t) {
     TP__ASSERT_LOCKED(p);
     TP__ASSERT(t->state == TP__QUEUED && !w->cur);

@@ -19,14 +19,14 @@ lib=$1 nm=$2 src=$3
 
 # Top to bottom; files in one string share a layer.
 layers=(
-    "compat.c"                 # 0 1.0 entry points (public calls only)
-    "group.c"                  # 1 task groups, built on pool.c's admission
-    "pool.c stats.c default.c" # 2 the public API
-    "service.c"                # 2 the service thread
-    "worker.c"                 # 3 worker slots and the worker loop
-    "life.c"                   # 4 the task's life and the queue
-    "ctx.c tasks.c users.c"    # 5 leaf structures (ring.h is inline)
-    "error.c"                  # 6 error table, tp__assert_fail
+    "compat.c"                     # 0 1.0 entry points (public calls only)
+    "group.c"                      # 1 task groups, built on pool.c's admission
+    "pool.c stats.c default.c"     # 2 the public API
+    "service.c"                    # 3 the service thread
+    "worker.c"                     # 4 worker slots and the worker loop
+    "life.c"                       # 5 the task's life and the queue
+    "ctx.c tasks.c users.c hist.c" # 6 leaf structures (ring.h is inline)
+    "error.c"                      # 7 error table, tp__assert_fail
 )
 declare -A rank=()
 for i in "${!layers[@]}"; do
