@@ -8,6 +8,7 @@
  *   4. configuration                    9. log ids and the log hook
  *   5. lifecycle                       10. the default pool
  *  11. task groups (1.1)               12. latency histograms (1.1)
+ *  13. metrics for several pools (1.1)
  *
  * What the pool promises
  *   - A fixed set of worker threads (elastic between `workers` and
@@ -685,6 +686,50 @@ TP_API uint64_t tp_hist_bound_ns(unsigned bucket);
  *   last bucket (or h->count exceeds the sum of its buckets). Pure function.
  */
 TP_API uint64_t tp_hist_quantile_ns(const tp_hist *h, double q);
+
+/* ---------------------------------------- 13. metrics for several pools (Since 1.1) */
+
+/*
+ * tp_metrics_format -- one document with the statistics, capacity and both
+ * histograms of `n` pools. Since 1.1.
+ *
+ * TP_FORMAT_PROMETHEUS (text exposition format 0.0.4): each family has one
+ * "# HELP" and one "# TYPE" line, then its samples, one per pool in the order
+ * given, each labelled pool="<tp_config.name>" (backslash, double quote and
+ * newline escaped as \\, \" and \n; bytes that are not UTF-8 become U+FFFD).
+ *   taskpool_<field>_total   counters of section 8 (submitted, ..., expired)
+ *   taskpool_<field>         gauges of section 8 (active, ..., users)
+ *   taskpool_workers_max, taskpool_queue_capacity, taskpool_max_per_user
+ *                            the resolved configuration (max_per_user of an
+ *                            unlimited pool is +Inf)
+ *   taskpool_queue_wait_seconds, taskpool_run_seconds
+ *                            histograms in seconds: every bucket bound as an
+ *                            exact decimal `le`, ascending, then le="+Inf",
+ *                            _sum and _count; +Inf equals _count (each is one
+ *                            snapshot)
+ *   taskpool_build_info{version="<tp_version()>"} 1   (no pool label)
+ * The output passes `promtool check metrics` without findings.
+ *
+ * TP_FORMAT_JSON: {"version":"<tp_version()>","pools":{"<name>":{...},...}},
+ * each pool object holding the section 8 fields by name, "workers_max",
+ * "queue_capacity", "max_per_user" (null when unlimited), and
+ * "queue_wait" / "run": {"count":N,"sum_ns":S,"buckets":[[bound_ns,count],...]}
+ * listing the non-empty buckets in ascending order (non-cumulative counts; the
+ * last bound is 18446744073709551615). Names are JSON-escaped.
+ *
+ * Each pool is read as tp_stats_get() and tp_hist_get() read it, without its
+ * lock: while pools run, the figures of one pool are not one instant.
+ * Behaves like snprintf: returns the length needed (NUL excluded), writes at
+ * most `len` bytes and NUL-terminates a non-empty buffer; buf may be NULL when
+ * len is 0. Since the pools keep running, a second call may need more room
+ * than the first one said: leave some slack or retry. n == 0 gives a document
+ * with no pool (build_info only in Prometheus text).
+ *   >= 0 (length); TP_EINVAL (pools NULL with n > 0, a NULL pool, buf NULL
+ *   with len > 0, an unknown format, two pools with the same name -- name your
+ *   pools); TP_ENOMEM (the document would exceed INT_MAX bytes).
+ *   Thread-safe; may be called from a task.
+ */
+TP_API int tp_metrics_format(tp_pool *const *pools, size_t n, int format, char *buf, size_t len);
 
 #ifdef __cplusplus
 }

@@ -10,6 +10,7 @@
  *                 (shared library only; calls public functions only)
  *   1  group.c    task groups (since 1.1): create, wait, cancel, destroy;
  *                 submits through pool.c's admission, members live in life.c
+ *      metrics.c  tp_metrics_format (since 1.1): public calls only
  *   2  pool.c     the public API: create/destroy, submit, cancel,
  *                 close/shutdown/wait; the resolved configuration
  *      stats.c    tp_stats_get, tp_user_active, tp_stats_format

@@ -20,7 +20,7 @@ lib=$1 nm=$2 src=$3
 # Top to bottom; files in one string share a layer.
 layers=(
     "compat.c"                     # 0 1.0 entry points (public calls only)
-    "group.c"                      # 1 task groups, built on pool.c's admission
+    "group.c metrics.c"            # 1 groups (on pool.c's admission), metrics
     "pool.c stats.c default.c"     # 2 the public API
     "service.c"                    # 3 the service thread
     "worker.c"                     # 4 worker slots and the worker loop
