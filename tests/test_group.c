@@ -17,7 +17,10 @@
  * arguments.
  *
  * Pool threads record into atomics; only the main thread asserts (helper
- * threads record their results too).
+ * threads record their results too). Tests run under the fixtures of
+ * tp_test.h: latches and helper threads are the fixture's, and what pool
+ * threads touch is static, so a failed assert cannot leave them on a dead
+ * stack frame.
  */
 #define _GNU_SOURCE
 #include "tp_test.h"
@@ -150,21 +153,20 @@ static void test_group_wait_all_and_on_done(void **state) {
 static void test_group_submit_refusals(void **state) {
     (void)state;
     reset_counters();
-    tpt_latch l;
-    tpt_latch_init(&l);
+    tpt_latch *l = tpt_fx_latch(tpt_fx(state));
     tp_pool *p = new_pool(1, 1);
     tp_group *g;
     assert_int_equal(tp_group_create(p, 0, &g), TP_OK);
     static member a, b, c;
-    member_init(&a, &l, 0);
-    member_init(&b, &l, 0);
+    member_init(&a, l, 0);
+    member_init(&b, l, 0);
     member_init(&c, NULL, 0);
     assert_int_equal(submit_member(g, &a, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&l.waiting) == 1);
+    TPT_EVENTUALLY(atomic_load(&l->waiting) == 1);
     assert_int_equal(submit_member(g, &b, NULL), TP_OK); /* the one queue place */
     assert_int_equal(submit_member(g, &c, NULL), TP_EFULL);
     assert_int_equal(tp_group_wait(g, TPT_MS(2)), TP_ETIMEDOUT);
-    tpt_latch_open(&l);
+    tpt_latch_open(l);
     assert_int_equal(tp_group_wait(g, TPT_WAIT_NS), TP_OK);
     assert_int_equal(atomic_load(&c.runs), 0);
     assert_int_equal(atomic_load(&c.done_calls), 0);
@@ -177,7 +179,6 @@ static void test_group_submit_refusals(void **state) {
     assert_int_equal(tp_group_wait(g, TPT_WAIT_NS), TP_OK);
     assert_int_equal(tp_group_destroy(g), TP_OK);
     tpt_pool_finish(p);
-    tpt_latch_destroy(&l);
 }
 
 /* ------------------------------------------------------------ first error */
@@ -215,8 +216,7 @@ static void test_group_first_error_concurrent(void **state) {
     (void)state;
     for (int round = 0; round < 2; round++) {
         reset_counters();
-        tpt_latch l;
-        tpt_latch_init(&l);
+        tpt_latch *l = tpt_fx_latch(tpt_fx(state));
         tp_pool *p = new_pool(4, 64);
         tp_group *g;
         assert_int_equal(tp_group_create(p, round ? TP_GROUP_CANCEL_ON_ERROR : 0, &g), TP_OK);
@@ -229,11 +229,11 @@ static void test_group_first_error_concurrent(void **state) {
         enum { N = 32 };
         static member m[N];
         for (int i = 0; i < N; i++) {
-            member_init(&m[i], &l, -(200 + i));
+            member_init(&m[i], l, -(200 + i));
             assert_int_equal(submit_member(g, &m[i], NULL), TP_OK);
         }
-        TPT_EVENTUALLY(atomic_load(&l.waiting) == 4);
-        tpt_latch_open(&l);
+        TPT_EVENTUALLY(atomic_load(&l->waiting) == 4);
+        tpt_latch_open(l);
         int rc = tp_group_wait(g, TPT_WAIT_NS);
         if (round == 0) {
             assert_int_equal(rc, -100);
@@ -259,7 +259,6 @@ static void test_group_first_error_concurrent(void **state) {
         assert_int_equal(tp_group_wait(g, TPT_WAIT_NS), rc); /* sticky */
         assert_int_equal(tp_group_destroy(g), TP_OK);
         tpt_pool_finish(p);
-        tpt_latch_destroy(&l);
     }
 }
 
@@ -268,31 +267,30 @@ static void test_group_first_error_concurrent(void **state) {
 static void test_group_cancel_on_error_stops_queued(void **state) {
     (void)state;
     reset_counters();
-    tpt_latch fail_gate, other;
-    tpt_latch_init(&fail_gate);
-    tpt_latch_init(&other);
+    tpt_latch *fail_gate = tpt_fx_latch(tpt_fx(state));
+    tpt_latch *other = tpt_fx_latch(tpt_fx(state));
     tp_pool *p = new_pool(2, 64);
     tp_group *g;
     assert_int_equal(tp_group_create(p, TP_GROUP_CANCEL_ON_ERROR, &g), TP_OK);
     static member failing, running, queued[10], nonmember;
-    member_init(&failing, &fail_gate, -42);
+    member_init(&failing, fail_gate, -42);
     member_init(&running, NULL, 0);
     running.cooperate = 1; /* runs until cancelled */
     assert_int_equal(submit_member(g, &failing, "u1"), TP_OK);
     assert_int_equal(submit_member(g, &running, "u1"), TP_OK);
-    TPT_EVENTUALLY(tpt_stats(p).active == 2 && atomic_load(&fail_gate.waiting) == 1);
+    TPT_EVENTUALLY(tpt_stats(p).active == 2 && atomic_load(&fail_gate->waiting) == 1);
     for (int i = 0; i < 10; i++) {
         member_init(&queued[i], NULL, 0);
         assert_int_equal(submit_member(g, &queued[i], i % 2 ? "u2" : NULL), TP_OK);
     }
     /* a non-member queued behind them: the group's cancel leaves it alone */
-    member_init(&nonmember, &other, 0);
+    member_init(&nonmember, other, 0);
     tp_task_opts o = {0};
     o.on_done = member_done;
     assert_int_equal(tp_submit(p, member_task, &nonmember, &o, NULL), TP_OK);
     assert_int_equal(tpt_stats(p).queued, 11);
 
-    tpt_latch_open(&fail_gate);
+    tpt_latch_open(fail_gate);
     assert_int_equal(tp_group_wait(g, TPT_WAIT_NS), -42);
     for (int i = 0; i < 10; i++) {
         assert_int_equal(atomic_load(&queued[i].runs), 0);
@@ -303,9 +301,9 @@ static void test_group_cancel_on_error_stops_queued(void **state) {
     assert_int_equal(atomic_load(&running.done_status), TP_ECANCELED);
     assert_int_equal(atomic_load(&failing.done_status), -42);
     /* the non-member runs */
-    TPT_EVENTUALLY(atomic_load(&other.waiting) == 1);
+    TPT_EVENTUALLY(atomic_load(&other->waiting) == 1);
     assert_int_equal(atomic_load(&nonmember.done_calls), 0);
-    tpt_latch_open(&other);
+    tpt_latch_open(other);
     TPT_EVENTUALLY(atomic_load(&nonmember.done_calls) == 1);
     assert_int_equal(atomic_load(&nonmember.done_status), 0);
 
@@ -327,8 +325,6 @@ static void test_group_cancel_on_error_stops_queued(void **state) {
     tp_stats s = tpt_pool_finish(p);
     assert_int_equal(s.cancelled, 11); /* ten queued, one running that returned TP_ECANCELED */
     assert_int_equal(s.started, 3);
-    tpt_latch_destroy(&fail_gate);
-    tpt_latch_destroy(&other);
 }
 
 /* Cancel on error fired on the service thread: (a) two queued members expire
@@ -339,12 +335,11 @@ static void test_group_cancel_on_error_stops_queued(void **state) {
 static void test_group_cancel_on_error_from_service(void **state) {
     (void)state;
     reset_counters();
-    tpt_latch l;
-    tpt_latch_init(&l);
+    tpt_latch *l = tpt_fx_latch(tpt_fx(state));
     tp_pool *p = new_pool(1, 16);
     tp_group *g;
     assert_int_equal(tp_group_create(p, TP_GROUP_CANCEL_ON_ERROR, &g), TP_OK);
-    tpt_fill_workers(p, &l, 1, NULL); /* not a member */
+    tpt_fill_workers(p, l, 1, NULL); /* not a member */
     static member e1, e2, q[4];
     member_init(&e1, NULL, 0);
     member_init(&e2, NULL, 0);
@@ -379,10 +374,9 @@ static void test_group_cancel_on_error_from_service(void **state) {
         assert_int_equal(atomic_load(&q[i].runs), 0);
     }
     assert_int_equal(tp_group_destroy(g), TP_OK);
-    tpt_latch_open(&l);
+    tpt_latch_open(l);
     tp_stats s = tpt_pool_finish(p);
     assert_int_equal(s.expired, s2 == TP_ETIMEDOUT ? 2 : 1);
-    tpt_latch_destroy(&l);
 
     /* (b) retries */
     reset_counters();
@@ -424,19 +418,18 @@ static void test_group_cancel_on_error_from_service(void **state) {
 static void test_group_cancel(void **state) {
     (void)state;
     reset_counters();
-    tpt_latch l;
-    tpt_latch_init(&l);
+    tpt_latch *l = tpt_fx_latch(tpt_fx(state));
     tp_pool *p = new_pool(2, 16);
     tp_group *g, *other;
     assert_int_equal(tp_group_create(p, 0, &g), TP_OK);
     assert_int_equal(tp_group_create(p, 0, &other), TP_OK);
     static member run_ok, run_coop, q[5], o1;
-    member_init(&run_ok, &l, 0); /* ignores the cancel, returns 0: a success */
+    member_init(&run_ok, l, 0); /* ignores the cancel, returns 0: a success */
     member_init(&run_coop, NULL, 0);
     run_coop.cooperate = 1;
     assert_int_equal(submit_member(g, &run_ok, NULL), TP_OK);
     assert_int_equal(submit_member(g, &run_coop, NULL), TP_OK);
-    TPT_EVENTUALLY(tpt_stats(p).active == 2 && atomic_load(&l.waiting) == 1);
+    TPT_EVENTUALLY(tpt_stats(p).active == 2 && atomic_load(&l->waiting) == 1);
     for (int i = 0; i < 5; i++) {
         member_init(&q[i], NULL, 0);
         assert_int_equal(submit_member(g, &q[i], NULL), TP_OK);
@@ -450,7 +443,7 @@ static void test_group_cancel(void **state) {
     TPT_EVENTUALLY(atomic_load(&run_coop.done_calls) == 1);
     assert_int_equal(atomic_load(&run_coop.done_status), TP_ECANCELED);
     assert_int_equal(tp_group_wait(g, TPT_MS(5)), TP_ETIMEDOUT); /* run_ok still inside */
-    tpt_latch_open(&l);
+    tpt_latch_open(l);
     /* the first member to fail is the first cancelled one */
     assert_int_equal(tp_group_wait(g, TPT_WAIT_NS), TP_ECANCELED);
     assert_int_equal(atomic_load(&run_ok.done_status), 0);
@@ -465,13 +458,12 @@ static void test_group_cancel(void **state) {
     assert_int_equal(tp_group_destroy(g), TP_OK);
     assert_int_equal(tp_group_destroy(other), TP_OK);
     tpt_pool_finish(p);
-    tpt_latch_destroy(&l);
 }
 
 /* ------------------------------------------------------------ waiters */
 
 typedef struct waiter {
-    pthread_t th;
+    tpt_fx_thr *th;
     tp_group *g;
     uint64_t timeout;
     atomic_int started;
@@ -492,15 +484,14 @@ static void *waiter_main(void *arg) {
 static void test_group_several_waiters(void **state) {
     (void)state;
     reset_counters();
-    tpt_latch l;
-    tpt_latch_init(&l);
+    tpt_latch *l = tpt_fx_latch(tpt_fx(state));
     tp_pool *p = new_pool(2, 64);
     tp_group *g;
     assert_int_equal(tp_group_create(p, 0, &g), TP_OK);
     enum { N = 20, W = 6 };
     static member m[N];
     for (int i = 0; i < N; i++) {
-        member_init(&m[i], &l, i == 7 ? -5 : 0);
+        member_init(&m[i], l, i == 7 ? -5 : 0);
         assert_int_equal(submit_member(g, &m[i], NULL), TP_OK);
     }
     static waiter w[W];
@@ -508,21 +499,20 @@ static void test_group_several_waiters(void **state) {
         memset(&w[i], 0, sizeof w[i]);
         w[i].g = g;
         w[i].timeout = i % 2 ? TP_FOREVER : TPT_WAIT_NS;
-        assert_int_equal(pthread_create(&w[i].th, NULL, waiter_main, &w[i]), 0);
+        w[i].th = tpt_fx_thread(tpt_fx(state), waiter_main, &w[i]);
     }
     for (int i = 0; i < W; i++) TPT_EVENTUALLY(atomic_load(&w[i].started));
-    TPT_EVENTUALLY(atomic_load(&l.waiting) == 2);
+    TPT_EVENTUALLY(atomic_load(&l->waiting) == 2);
     for (int i = 0; i < W; i++) assert_int_equal(atomic_load(&w[i].returned), 0);
-    tpt_latch_open(&l);
+    tpt_latch_open(l);
     for (int i = 0; i < W; i++) {
         TPT_EVENTUALLY(atomic_load(&w[i].returned));
-        pthread_join(w[i].th, NULL);
+        tpt_fx_join(w[i].th);
         assert_int_equal(w[i].rc, -5);
         assert_int_equal(w[i].done_total_seen, N);
     }
     assert_int_equal(tp_group_destroy(g), TP_OK);
     tpt_pool_finish(p);
-    tpt_latch_destroy(&l);
 }
 
 /* A wait that times out leaves the group as it was: members keep running
@@ -530,17 +520,16 @@ static void test_group_several_waiters(void **state) {
 static void test_group_wait_timeout_leaves_group_intact(void **state) {
     (void)state;
     reset_counters();
-    tpt_latch l;
-    tpt_latch_init(&l);
+    tpt_latch *l = tpt_fx_latch(tpt_fx(state));
     tp_pool *p = new_pool(2, 16);
     tp_group *g;
     assert_int_equal(tp_group_create(p, TP_GROUP_CANCEL_ON_ERROR, &g), TP_OK);
     static member m[4];
     for (int i = 0; i < 4; i++) {
-        member_init(&m[i], &l, 0);
+        member_init(&m[i], l, 0);
         assert_int_equal(submit_member(g, &m[i], NULL), TP_OK);
     }
-    TPT_EVENTUALLY(atomic_load(&l.waiting) == 2);
+    TPT_EVENTUALLY(atomic_load(&l->waiting) == 2);
     for (int k = 0; k < 3; k++) {
         uint64_t t0 = tp_now_ns();
         assert_int_equal(tp_group_wait(g, TPT_MS(3)), TP_ETIMEDOUT);
@@ -553,7 +542,7 @@ static void test_group_wait_timeout_leaves_group_intact(void **state) {
     static member more;
     member_init(&more, NULL, 0);
     assert_int_equal(submit_member(g, &more, NULL), TP_OK);
-    tpt_latch_open(&l);
+    tpt_latch_open(l);
     assert_int_equal(tp_group_wait(g, TPT_WAIT_NS), TP_OK);
     for (int i = 0; i < 4; i++) {
         assert_int_equal(atomic_load(&m[i].saw_cancel), 0);
@@ -562,45 +551,41 @@ static void test_group_wait_timeout_leaves_group_intact(void **state) {
     assert_int_equal(atomic_load(&more.done_status), 0);
     assert_int_equal(tp_group_destroy(g), TP_OK);
     tpt_pool_finish(p);
-    tpt_latch_destroy(&l);
 }
 
 /* Members submitted while someone waits are waited for (WaitGroup). */
 static void test_group_members_added_while_waiting(void **state) {
     (void)state;
     reset_counters();
-    tpt_latch l1, l2;
-    tpt_latch_init(&l1);
-    tpt_latch_init(&l2);
+    tpt_latch *l1 = tpt_fx_latch(tpt_fx(state));
+    tpt_latch *l2 = tpt_fx_latch(tpt_fx(state));
     tp_pool *p = new_pool(2, 16);
     tp_group *g;
     assert_int_equal(tp_group_create(p, 0, &g), TP_OK);
     static member a, b;
-    member_init(&a, &l1, 0);
-    member_init(&b, &l2, -3);
+    member_init(&a, l1, 0);
+    member_init(&b, l2, -3);
     assert_int_equal(submit_member(g, &a, NULL), TP_OK);
     static waiter w;
     memset(&w, 0, sizeof w);
     w.g = g;
     w.timeout = TPT_WAIT_NS;
-    assert_int_equal(pthread_create(&w.th, NULL, waiter_main, &w), 0);
-    TPT_EVENTUALLY(atomic_load(&w.started) && atomic_load(&l1.waiting) == 1);
+    w.th = tpt_fx_thread(tpt_fx(state), waiter_main, &w);
+    TPT_EVENTUALLY(atomic_load(&w.started) && atomic_load(&l1->waiting) == 1);
     assert_int_equal(submit_member(g, &b, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&l2.waiting) == 1);
-    tpt_latch_open(&l1);
+    TPT_EVENTUALLY(atomic_load(&l2->waiting) == 1);
+    tpt_latch_open(l1);
     TPT_EVENTUALLY(atomic_load(&a.done_calls) == 1);
     /* a ended, b still runs: the waiter must still wait */
     tpt_sleep_ns(TPT_MS(2));
     assert_int_equal(atomic_load(&w.returned), 0);
-    tpt_latch_open(&l2);
+    tpt_latch_open(l2);
     TPT_EVENTUALLY(atomic_load(&w.returned));
-    pthread_join(w.th, NULL);
+    tpt_fx_join(w.th);
     assert_int_equal(w.rc, -3);
     assert_int_equal(atomic_load(&b.done_calls), 1);
     assert_int_equal(tp_group_destroy(g), TP_OK);
     tpt_pool_finish(p);
-    tpt_latch_destroy(&l1);
-    tpt_latch_destroy(&l2);
 }
 
 /* ------------------------------------------------------------ EDEADLK */
@@ -658,7 +643,7 @@ static void test_group_edeadlk(void **state) {
 /* ------------------------------------------------------------ shutdown races */
 
 typedef struct racer {
-    pthread_t th;
+    tpt_fx_thr *th;
     tp_pool *p;
     atomic_int *go;
     unsigned seed;
@@ -722,7 +707,7 @@ static void test_group_racing_shutdown(void **state) {
             r[i].go = &go;
             r[i].seed = 7919u * (unsigned)(i + 1) + (unsigned)forced;
             r[i].flags = i % 2 ? TP_GROUP_CANCEL_ON_ERROR : 0;
-            assert_int_equal(pthread_create(&r[i].th, NULL, racer_main, &r[i]), 0);
+            r[i].th = tpt_fx_thread(tpt_fx(state), racer_main, &r[i]);
         }
         atomic_store(&go, 1);
         tpt_sleep_ns(TPT_MS(3));
@@ -733,7 +718,7 @@ static void test_group_racing_shutdown(void **state) {
             assert_int_equal(rc, TP_OK);
         long accepted = 0;
         for (int i = 0; i < R; i++) {
-            pthread_join(r[i].th, NULL);
+            tpt_fx_join(r[i].th);
             assert_int_equal(r[i].bad_rc, 0);
             assert_int_equal(r[i].bad_wait, 0);
             assert_int_equal(r[i].waits, 40);
@@ -805,7 +790,7 @@ static void test_group_invalid(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-#define T(f) cmocka_unit_test_setup_teardown(f, tpt_guard_setup, tpt_guard_teardown)
+#define T(f) TPT_TEST(f)
         T(test_group_wait_all_and_on_done),
         T(test_group_submit_refusals),
         T(test_group_first_error_in_order),

@@ -142,8 +142,7 @@ static int flaky_task(tp_ctx *c, void *arg) {
  * nothing). tpt_finish destroys the pool: this one keeps it to read. */
 static void test_hist_exact_after_wait(void **state) {
     (void)state;
-    tpt_latch l;
-    tpt_latch_init(&l);
+    tpt_latch *l = tpt_fx_latch(tpt_fx(state));
     tp_config cfg = {0};
     cfg.workers = 2;
     cfg.queue_capacity = 256;
@@ -154,7 +153,7 @@ static void test_hist_exact_after_wait(void **state) {
     for (uintptr_t i = 0; i < 200; i++)
         assert_int_equal(tp_submit_wait(p, flaky_task, (void *)(i % 4), NULL, TPT_WAIT_NS, NULL), TP_OK);
     TPT_EVENTUALLY(tpt_stats(p).completed == 200); /* retries included: then the queue stays still */
-    tpt_fill_workers(p, &l, 2, NULL);
+    tpt_fill_workers(p, l, 2, NULL);
     for (int i = 0; i < 30; i++) {
         tp_task_opts o = {0};
         uint64_t id;
@@ -162,7 +161,7 @@ static void test_hist_exact_after_wait(void **state) {
         assert_int_equal(tp_submit(p, tpt_nop_task, NULL, &o, &id), TP_OK);
         if (i % 3 == 1) assert_int_equal(tp_cancel(p, id), TP_OK); /* queued behind the latch */
     }
-    tpt_latch_open(&l);
+    tpt_latch_open(l);
     assert_int_equal(tp_shutdown(p, TPT_WAIT_NS), TP_OK);
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK);
     tp_stats s = tpt_stats(p);
@@ -179,7 +178,6 @@ static void test_hist_exact_after_wait(void **state) {
      * the latch-held tasks waited: some wait is well above zero */
     assert_true(q.sum_ns > 0 && r.sum_ns > 0);
     tpt_pool_destroy(p);
-    tpt_latch_destroy(&l);
 }
 
 /* ------------------------------------------------------------ what is recorded */
@@ -193,8 +191,7 @@ static int sleep_task(tp_ctx *c, void *arg) {
 
 static void test_hist_records_run_and_wait(void **state) {
     (void)state;
-    tpt_latch l;
-    tpt_latch_init(&l);
+    tpt_latch *l = tpt_fx_latch(tpt_fx(state));
     tp_config cfg = {0};
     cfg.workers = 1;
     cfg.queue_capacity = 8;
@@ -208,18 +205,17 @@ static void test_hist_records_run_and_wait(void **state) {
     assert_true(h.sum_ns >= TPT_MS(2));
     assert_true(tp_hist_quantile_ns(&h, 1.0) >= TPT_MS(2));
     /* a queue wait >= 5 ms: held behind the latch */
-    tpt_fill_workers(p, &l, 1, NULL);
+    tpt_fill_workers(p, l, 1, NULL);
     uint64_t t0 = tp_now_ns();
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_OK);
     tpt_sleep_until(t0 + TPT_MS(5));
-    tpt_latch_open(&l);
+    tpt_latch_open(l);
     TPT_EVENTUALLY(tpt_stats(p).completed == 3);
     assert_int_equal(tp_hist_get(p, TP_HIST_QUEUE_WAIT, &h), TP_OK);
     assert_int_equal(h.count, 3);
     assert_true(tp_hist_quantile_ns(&h, 1.0) >= TPT_MS(5));
     assert_true(h.sum_ns >= TPT_MS(5));
     tpt_pool_finish(p);
-    tpt_latch_destroy(&l);
 }
 
 /* ------------------------------------------------------------ snapshots while running */
@@ -264,8 +260,7 @@ static void test_hist_snapshot_consistent_while_running(void **state) {
     static reader r;
     memset(&r, 0, sizeof r);
     r.p = p;
-    pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, reader_main, &r), 0);
+    tpt_fx_thr *th = tpt_fx_thread(tpt_fx(state), reader_main, &r);
     int n = TPT_SANITIZED ? 3000 : 20000;
     for (int i = 0; i < n; i++)
         assert_int_equal(tp_submit_wait(p, flaky_task, (void *)(uintptr_t)(i % 3 == 0), NULL, TPT_WAIT_NS, NULL),
@@ -273,7 +268,7 @@ static void test_hist_snapshot_consistent_while_running(void **state) {
     assert_int_equal(tp_shutdown(p, TPT_WAIT_NS), TP_OK);
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK);
     atomic_store(&r.stop, 1);
-    pthread_join(th, NULL);
+    tpt_fx_join(th);
     assert_true(r.snapshots > 0);
     assert_int_equal(r.bad_sum, 0);
     assert_int_equal(r.bad_mono, 0);
@@ -288,7 +283,7 @@ static void test_hist_snapshot_consistent_while_running(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-#define T(f) cmocka_unit_test_setup_teardown(f, tpt_guard_setup, tpt_guard_teardown)
+#define T(f) TPT_TEST(f)
         T(test_hist_bounds),
         T(test_hist_index_matches_bounds),
         T(test_hist_quantile),

@@ -258,7 +258,7 @@ static void test_metrics_zero_pools_and_refusals(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-#define T(f) cmocka_unit_test_setup_teardown(f, tpt_guard_setup, tpt_guard_teardown)
+#define T(f) TPT_TEST(f)
         T(test_metrics_prometheus),
         T(test_metrics_json),
         T(test_metrics_zero_pools_and_refusals),
