@@ -82,10 +82,11 @@ static inline void tp__hist_record(tp__hist *h, uint64_t ns) {
  * queue wait (queue waits read that much shorter, never negative), and its
  * run timeout is armed that much earlier. A worker that finds the queue empty
  * after an attempt starts its short spin for work from that end too, and an
- * elastic pool's idle clock reuses it. So the worker reads the clock no more
- * often than before the histograms (once per attempt in a busy pool, twice
- * around a spin); what remains is the read at admission and the recording
- * (two index computations, four stores into lines only this worker writes). A worker that finds the queue empty
+ * elastic pool's idle clock reuses it. So the worker reads the clock once per
+ * attempt in a busy pool (twice around a spin), as arming the default run
+ * timeout already did; what remains is that read when run timeouts are off,
+ * the read at admission and the recording (two index computations, four
+ * stores into lines only this worker writes). A worker that finds the queue empty
  * after an attempt starts its short spin for work from that end too. So
  * the worker reads the clock no more often than before the histograms (once
  * per attempt in a busy pool, twice around a spin); the cost that remains
