@@ -527,7 +527,7 @@ typedef struct tp__admit_args {
     uint32_t user_hash;
     const char *log_src; /* NULL: generate */
     size_t log_len;
-    uint64_t now;        /* the clock just before admission: the queue wait starts there */
+    uint64_t now;        /* the clock just before admission, where the queue wait starts; 0: read it under mu */
 } tp__admit_args;
 
 /* The queue, the records and the user table for `full` tasks, `prealloc`

@@ -523,7 +523,9 @@ int tp__admit_locked(tp_pool *p, const tp__admit_args *a, void *arg, uint64_t *i
     t->attempt = 0;
     t->status = 0;
     t->state = TP__QUEUED;
-    t->queued_at = a->now; /* the queue-wait histogram measures from here */
+    /* the queue-wait histogram measures from here: the caller's clock read
+     * before the lock (pool.c), or, from a caller that has none, one now */
+    t->queued_at = a->now ? a->now : tp_now_ns();
     if (a->log_src) {
         memcpy(t->log_id, a->log_src, a->log_len);
         t->log_id[a->log_len] = '\0';
