@@ -30,7 +30,11 @@
  *                measured (an absolute schedule: when a sleep overshoots, the
  *                tasks due are submitted at once), --load-tasks tasks of
  *                --load-body; per task queue wait (submit -> start) and run
- *                time (start -> end) into preallocated arrays.
+ *                time (start -> end) into preallocated arrays. Next to their
+ *                p50/p99, the pool's own histograms' (tp_hist_quantile_ns of
+ *                the paced run's observations: a snapshot after minus one
+ *                before), and whether each lies within one bucket of the
+ *                bench's figure ("hist agrees": 1 or 0).
  *   cancel       the workers held by tasks that run until cancelled, the
  *                queue filled; each queued task cancelled with tp_cancel()
  *                (ns per call); the queue filled again and the pool shut down
@@ -509,6 +513,15 @@ int scenario_wake(const bench_opts *o, unsigned round) {
 
 /* ------------------------------------------------------------ steady load */
 
+/* Whether histogram quantile `hv` (a bucket bound) lies within one bucket of
+ * the exact value `v`: v's bucket is the first whose bound is >= v. */
+static int within_one_bucket(uint64_t hv, uint64_t v) {
+    unsigned iv = 0, ih = 0;
+    while (iv + 1 < TP_HIST_BUCKETS && tp_hist_bound_ns(iv) < v) iv++;
+    while (ih + 1 < TP_HIST_BUCKETS && tp_hist_bound_ns(ih) < hv) ih++;
+    return iv > ih ? iv - ih <= 1 : ih - iv <= 1;
+}
+
 static bench_body g_load_body;
 
 static int load_task(tp_ctx *ctx, void *arg) {
@@ -578,7 +591,10 @@ int scenario_load(const bench_opts *o, unsigned round) {
     uint64_t t1 = bench_now();
     double capacity = cap_n > 0 && t1 > t0 ? (double)cap_n * 1e9 / (double)(t1 - t0) : 0;
 
-    /* The paced run. */
+    /* The paced run. Its histogram observations: after minus before. */
+    static tp_hist h0[2], h1[2];
+    if (tp_hist_get(pool, TP_HIST_QUEUE_WAIT, &h0[0]) != TP_OK || tp_hist_get(pool, TP_HIST_RUN, &h0[1]) != TP_OK)
+        return -1;
     double period = capacity > 0 ? 1e9 / (capacity * o->load_pct / 100.0) : 0;
     countdown_arm(&g_done, n);
     t0 = bench_now();
@@ -587,10 +603,28 @@ int scenario_load(const bench_opts *o, unsigned round) {
         return -1;
     t1 = bench_now();
 
+    /* the last task's countdown_hit comes before its attempt is recorded:
+     * wait for every attempt of the run to be counted */
+    for (uint64_t until = bench_now() + BENCH_STALL_NS;;) {
+        if (tp_hist_get(pool, TP_HIST_QUEUE_WAIT, &h1[0]) != TP_OK || tp_hist_get(pool, TP_HIST_RUN, &h1[1]) != TP_OK)
+            return -1;
+        if (h1[1].count - h0[1].count >= n) break;
+        if (bench_now() > until) {
+            fprintf(stderr, "tp_bench: load: %llu of %lu attempts in the run histogram\n",
+                    (unsigned long long)(h1[1].count - h0[1].count), n);
+            return -1;
+        }
+        sched_yield();
+    }
     tp_stats s;
     if (end_pool(pool, TP_OK, &s) != 0 ||
         check_clean(&s, (unsigned long long)n + warm + cap_n, refusals, "load") != 0)
         return -1;
+    for (int k = 0; k < 2; k++) {
+        h1[k].count -= h0[k].count;
+        h1[k].sum_ns -= h0[k].sum_ns;
+        for (unsigned i = 0; i < TP_HIST_BUCKETS; i++) h1[k].buckets[i] -= h0[k].buckets[i];
+    }
 
     /* g_submit_at becomes the queue waits, g_start_at the run times. */
     for (unsigned long i = 0; i < n; i++) {
@@ -612,6 +646,20 @@ int scenario_load(const bench_opts *o, unsigned round) {
     bench_record(round, "load", "", "run p99 ns", (double)bench_pct(g_start_at, n, 99), NULL);
     bench_record(round, "load", "", "run max ns", (double)g_start_at[n - 1], NULL);
     bench_record(round, "load", "", "EFULL refusals", (double)refusals, NULL);
+    /* The pool's histograms against the bench's own figures. */
+    static const char *const hname[2][2] = {{"hist wait p50 ns", "hist wait p99 ns"},
+                                            {"hist run p50 ns", "hist run p99 ns"}};
+    const uint64_t *own[2] = {g_submit_at, g_start_at};
+    static const double q[2] = {0.50, 0.99};
+    int agree = 1;
+    for (int k = 0; k < 2; k++)
+        for (int j = 0; j < 2; j++) {
+            uint64_t hv = tp_hist_quantile_ns(&h1[k], q[j]);
+            uint64_t bv = bench_pct(own[k], n, q[j] * 100);
+            bench_record(round, "load", "", hname[k][j], (double)hv, NULL);
+            if (!within_one_bucket(hv, bv)) agree = 0;
+        }
+    bench_record(round, "load", "", "hist agrees", agree, NULL);
     return 0;
 }
 

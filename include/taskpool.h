@@ -7,6 +7,8 @@
  *   3. limits and special values        8. statistics
  *   4. configuration                    9. log ids and the log hook
  *   5. lifecycle                       10. the default pool
+ *  11. task groups (1.1)               12. latency histograms (1.1)
+ *  13. metrics for several pools (1.1)
  *
  * What the pool promises
  *   - A fixed set of worker threads (elastic between `workers` and
@@ -514,6 +516,220 @@ TP_API tp_pool *tp_default_swap(tp_pool *p);
 TP_API int tp_default_submit(tp_fn fn, void *arg, const tp_task_opts *opts, uint64_t *id_out);
 TP_API int tp_default_shutdown(uint64_t budget_ns);
 TP_API int tp_default_wait(uint64_t timeout_ns);
+
+/* ------------------------------------------------- 11. task groups (Since 1.1) */
+
+/*
+ * A group is a set of tasks of one pool, in the manner of Go's errgroup: wait
+ * for all of them, learn the first failure, cancel the rest. Members are
+ * ordinary tasks: every promise of section 6 holds for them (one ending each,
+ * on_done exactly once, FIFO among all tasks of the pool, the same counters,
+ * users and options). A member costs no allocation: the group is allocated
+ * once by tp_group_create(), and the links are part of the task record.
+ *
+ * The group's error is the final status of the first member to fail, in the
+ * order members ended (0 until one fails). It is sticky: a group used again
+ * after a wait keeps it, as does its cancellation. A member that succeeds
+ * after being cancelled (it returned 0) is a success.
+ *
+ * Lifetime: destroy a pool's groups before the pool. If a pool is destroyed
+ * first (which waits for every member, like every task), its groups are
+ * detached, not freed: on a detached group tp_group_submit() returns
+ * TP_ECLOSED (counting nothing; TP_EINVAL only for a NULL g or fn), tp_group_wait() returns the group's result at
+ * once, tp_group_cancel() returns TP_OK and does nothing, and
+ * tp_group_destroy() frees it. Those calls must not run concurrently with
+ * tp_destroy() of the pool (as no call on the pool may).
+ *
+ * Thread-safety: every tp_group_* call may run concurrently with any other
+ * call on the same group or pool, except tp_group_destroy() (no call on the
+ * group may start once it has started; calls already waiting in
+ * tp_group_wait() are allowed and return first). All take the pool lock.
+ */
+typedef struct tp_group tp_group; /* opaque */
+
+#define TP_GROUP_CANCEL_ON_ERROR 1u /* the first failed member cancels the others */
+
+/*
+ * tp_group_create -- make an empty group of pool `p`. Since 1.1.
+ *   flags: 0 or TP_GROUP_CANCEL_ON_ERROR. *out receives the group (written
+ *   only on TP_OK). A group may be created on a closed pool (its submits are
+ *   then refused with TP_ECLOSED). Blocks only on the pool lock. Thread-safe;
+ *   may be called from a task or an on_done.
+ *   TP_OK; TP_EINVAL (p or out NULL, an unknown flag); TP_ENOMEM.
+ */
+TP_API int tp_group_create(tp_pool *p, unsigned flags, tp_group **out);
+
+/*
+ * tp_group_submit -- tp_submit() into the group's pool, the task becoming a
+ * member if it is accepted. Since 1.1.
+ *   Admission is exactly tp_submit()'s: the same checks in the same order, the
+ *   same refusals and counters, never waits; ownership of `arg` as for
+ *   tp_submit() (on_done(arg, status) exactly once for an accepted member; a
+ *   refused task is not a member and its arg stays the caller's).
+ *   After tp_group_cancel(), or after a TP_GROUP_CANCEL_ON_ERROR group's first
+ *   failure, it returns TP_ECANCELED and counts nothing (no stats counter
+ *   moves); argument errors are still TP_EINVAL first.
+ *   TP_OK (*id_out, if not NULL, holds the id: tp_cancel() works on members);
+ *   TP_EINVAL (g or fn NULL, bad opts as tp_submit()); TP_ECANCELED;
+ *   TP_ECLOSED (the pool is closed, counted as tp_submit() does; or the pool
+ *   was destroyed, counting nothing); TP_EUSERLIMIT; TP_EFULL; TP_ENOMEM.
+ *   Thread-safe; may be called from a task or an on_done (also a member's).
+ */
+TP_API int tp_group_submit(tp_group *g, tp_fn fn, void *arg, const tp_task_opts *opts, uint64_t *id_out);
+
+/*
+ * tp_group_wait -- wait until the group has no unfinished member: every
+ * member has ended and its on_done has returned, members submitted while it
+ * waits included (as Go's WaitGroup). Since 1.1.
+ *   timeout_ns: 0 or TP_FOREVER -> no limit. A group with no member returns at
+ *   once. Several threads may wait at once; a wait that times out changes
+ *   nothing (no member is cancelled, the group stays usable).
+ *   TP_OK (every member that ended succeeded); the group's error (the final
+ *   status of the first member to fail, e.g. TP_ECANCELED after
+ *   tp_group_cancel(); never a TP_ECANCELED caused by TP_GROUP_CANCEL_ON_ERROR);
+ *   TP_ETIMEDOUT (the timeout passed first -- a member whose final status was
+ *   TP_ETIMEDOUT also makes the group's error TP_ETIMEDOUT: a caller that must
+ *   tell them apart compares tp_now_ns() with its own deadline, since a wait
+ *   that times out returns only after timeout_ns has passed); TP_EINVAL (g
+ *   NULL); TP_EDEADLK (called on a thread of the group's pool: a task, an
+ *   on_done or a worker hook; returns at once).
+ *   Blocks; never holds the pool lock while it sleeps.
+ */
+TP_API int tp_group_wait(tp_group *g, uint64_t timeout_ns);
+
+/*
+ * tp_group_cancel -- cancel every unfinished member as tp_cancel() would, and
+ * refuse later submits with TP_ECANCELED. Since 1.1.
+ *   Queued and retry-waiting members end with TP_ECANCELED without running
+ *   (their on_done runs on the pool's service thread); running members see
+ *   cancellation through their context and end with what they return, not
+ *   retried. Idempotent. Never blocks beyond the pool lock; does not wait for
+ *   the members to end (tp_group_wait() does). Thread-safe; may be called from
+ *   a task or an on_done.
+ *   TP_OK; TP_EINVAL (g NULL).
+ */
+TP_API int tp_group_cancel(tp_group *g);
+
+/*
+ * tp_group_destroy -- wait as tp_group_wait(g, TP_FOREVER) does (every member
+ * ended and its on_done returned), and for the threads already inside
+ * tp_group_wait(g) to leave it, then free the group. Since 1.1.
+ *   It does not cancel: call tp_group_cancel() first to end early. No call on
+ *   `g` may start once it has started, or after it.
+ *   TP_OK (freed); TP_EINVAL (g NULL); TP_EDEADLK (called on a thread of the
+ *   group's pool; nothing done, the group untouched).
+ */
+TP_API int tp_group_destroy(tp_group *g);
+
+/* ------------------------------------------ 12. latency histograms (Since 1.1) */
+
+/*
+ * Every pool records two latency histograms:
+ *   TP_HIST_QUEUE_WAIT  per attempt that starts: the time from the task's
+ *                       admission (or, for a retry, its return to the queue)
+ *                       to the start of the attempt;
+ *   TP_HIST_RUN         per attempt: its run time, from its start to the
+ *                       return of the task function.
+ * Tasks that end without running (expired, cancelled while waiting, dropped by
+ * a forced shutdown) record nothing. At rest (after tp_wait()) the count of
+ * each equals stats.started + stats.retried.
+ *
+ * Buckets are log-linear: bucket 0 holds 0..128 ns; above it every power of
+ * two is split into 8 equal buckets, up to 2^42 ns (73 minutes); the last
+ * bucket holds everything above. Upper bounds are inclusive and rise strictly;
+ * from 128 ns on each is at most 12.5 % above the one before, so a quantile
+ * read from them is off by at most one bucket's width. tp_hist_bound_ns() gives
+ * them.
+ *
+ * Recording takes no lock and allocates nothing: each worker slot of the pool
+ * owns its counters (allocated once by tp_create(): max_workers x about 4.6 KB,
+ * touched only by the slots that run) and is their only writer. The clock is
+ * read at admission (before the pool lock) and at the end of each attempt;
+ * the start of an attempt is read too, except when its worker comes straight
+ * from ending another attempt that had no on_done and did not fail: that end
+ * (or the task's admission, if later) is then the start, so the worker's
+ * hand-off between the two (some 100 ns) counts as run time of the new attempt
+ * rather than as its queue wait, and its run timeout starts that much early.
+ */
+enum { TP_HIST_QUEUE_WAIT = 0, TP_HIST_RUN = 1 };
+#define TP_HIST_BUCKETS 282
+
+typedef struct tp_hist {
+    uint64_t count;                    /* observations: always the sum of buckets[] */
+    uint64_t sum_ns;                   /* their sum, in ns */
+    uint64_t buckets[TP_HIST_BUCKETS]; /* non-cumulative counts; bucket i holds (bound(i-1), bound(i)] */
+    uint64_t reserved[4];              /* growth room: written as zero by tp_hist_get() */
+} tp_hist;
+
+/*
+ * tp_hist_get -- a snapshot of histogram `which` of pool `p`. Since 1.1.
+ *   Lock-free and never blocks: it sums the counters of every worker slot
+ *   (O(max_workers x TP_HIST_BUCKETS) relaxed loads). Every snapshot, also one
+ *   taken while tasks run, has count == the sum of buckets[]; sum_ns covers
+ *   only observations that are counted, and may lag behind them by those in
+ *   flight. Thread-safe; may be called from a task.
+ *   TP_OK; TP_EINVAL (p or out NULL, `which` not a TP_HIST_* value; *out is
+ *   then untouched).
+ */
+TP_API int tp_hist_get(tp_pool *p, int which, tp_hist *out);
+
+/* The inclusive upper bound of `bucket`, in ns: 128 for bucket 0, UINT64_MAX
+ * for the last (TP_HIST_BUCKETS - 1), 0 for an index out of range. Since 1.1. */
+TP_API uint64_t tp_hist_bound_ns(unsigned bucket);
+
+/*
+ * tp_hist_quantile_ns -- the smallest bucket bound b such that at least
+ * q x h->count observations are <= b: the upper bound of the bucket holding
+ * quantile q. Since 1.1.
+ *   q is clamped to [0, 1] (NaN counts as 0); q = 0 gives the first bound. 0
+ *   for a NULL or empty histogram. UINT64_MAX when the quantile lies in the
+ *   last bucket (or h->count exceeds the sum of its buckets). Pure function.
+ */
+TP_API uint64_t tp_hist_quantile_ns(const tp_hist *h, double q);
+
+/* ---------------------------------------- 13. metrics for several pools (Since 1.1) */
+
+/*
+ * tp_metrics_format -- one document with the statistics, capacity and both
+ * histograms of `n` pools. Since 1.1.
+ *
+ * TP_FORMAT_PROMETHEUS (text exposition format 0.0.4): each family has one
+ * "# HELP" and one "# TYPE" line, then its samples, one per pool in the order
+ * given, each labelled pool="<tp_config.name>" (backslash, double quote and
+ * newline escaped as \\, \" and \n; bytes that are not UTF-8 become U+FFFD).
+ *   taskpool_<field>_total   counters of section 8 (submitted, ..., expired)
+ *   taskpool_<field>         gauges of section 8 (active, ..., users)
+ *   taskpool_workers_max, taskpool_queue_capacity, taskpool_max_per_user
+ *                            the resolved configuration (max_per_user of an
+ *                            unlimited pool is +Inf)
+ *   taskpool_queue_wait_seconds, taskpool_run_seconds
+ *                            histograms in seconds: every bucket bound as an
+ *                            exact decimal `le`, ascending, then le="+Inf",
+ *                            _sum and _count; +Inf equals _count (each is one
+ *                            snapshot)
+ *   taskpool_build_info{version="<tp_version()>"} 1   (no pool label)
+ * The output passes `promtool check metrics` without findings.
+ *
+ * TP_FORMAT_JSON: {"version":"<tp_version()>","pools":{"<name>":{...},...}},
+ * each pool object holding the section 8 fields by name, "workers_max",
+ * "queue_capacity", "max_per_user" (null when unlimited), and
+ * "queue_wait" / "run": {"count":N,"sum_ns":S,"buckets":[[bound_ns,count],...]}
+ * listing the non-empty buckets in ascending order (non-cumulative counts; the
+ * last bound is 18446744073709551615). Names are JSON-escaped.
+ *
+ * Each pool is read as tp_stats_get() and tp_hist_get() read it, without its
+ * lock: while pools run, the figures of one pool are not one instant.
+ * Behaves like snprintf: returns the length needed (NUL excluded), writes at
+ * most `len` bytes and NUL-terminates a non-empty buffer; buf may be NULL when
+ * len is 0. Since the pools keep running, a second call may need more room
+ * than the first one said: leave some slack or retry. n == 0 gives a document
+ * with no pool (build_info only in Prometheus text).
+ *   >= 0 (length); TP_EINVAL (pools NULL with n > 0, a NULL pool, buf NULL
+ *   with len > 0, an unknown format, two pools with the same name -- name your
+ *   pools); TP_ENOMEM (the document would exceed INT_MAX bytes).
+ *   Thread-safe; may be called from a task.
+ */
+TP_API int tp_metrics_format(tp_pool *const *pools, size_t n, int format, char *buf, size_t len);
 
 #ifdef __cplusplus
 }

@@ -8,25 +8,31 @@
  *
  *   0  compat.c   the 1.0 entry points of the calls whose structs grew
  *                 (shared library only; calls public functions only)
- *   1  pool.c     the public API: create/destroy, submit, cancel,
+ *   1  group.c    task groups (since 1.1): create, wait, cancel, destroy;
+ *                 submits through pool.c's admission, members live in life.c
+ *      metrics.c  tp_metrics_format (since 1.1): public calls only
+ *   2  pool.c     the public API: create/destroy, submit, cancel,
  *                 close/shutdown/wait; the resolved configuration
  *      stats.c    tp_stats_get, tp_user_active, tp_stats_format
  *      default.c  the process-wide default pool (public calls only)
- *   2  service.c  the service thread: drives endings, retry timers, queue
+ *   3  service.c  the service thread: drives endings, retry timers, queue
  *                 deadlines (life.c) and spawns a worker when one was skipped
- *   3  worker.c   worker slots, spawning, the worker loop: wait for work,
+ *   4  worker.c   worker slots, spawning, the worker loop: wait for work,
  *                 then pop, start, run, after-run, finish (life.c steps)
- *   4  life.c     the task's life and the queue, the one owner of the task
+ *   5  life.c     the task's life and the queue, the one owner of the task
  *                 state graph: admission into the ring, start, after-run
  *                 (retry or final), finalise, end unrun, retire, cancel,
  *                 forced shutdown, the delayed and endings lists, queue expiry,
+ *                 group membership (first error, cancel on error),
  *                 and the wake-ups that follow (room, work, done, service)
- *   5  ctx.c      the task context and its cancel pipe, log ids, logging,
+ *   6  ctx.c      the task context and its cancel pipe, log ids, logging,
  *                 the clock, the thread-locals
  *      tasks.c    task records: a free list grown in chunks, the id index
  *      users.c    per-user slot table
  *      ring.h     bounded FIFO of task pointers (inline functions)
- *   6  error.c    error table, tp_strerror, version, tp__assert_fail
+ *      hist.c     latency histograms: bounds, snapshots, quantiles (since
+ *                 1.1; recording is inline in hist.h, called by worker.c)
+ *   7  error.c    error table, tp_strerror, version, tp__assert_fail
  *
  * Why the threads sit above life.c: a worker or the service thread is a
  * driver of task life (it pops, starts, finalises and retires through
@@ -64,6 +70,12 @@
  *   the worker that finalised it (DONE) or the service thread (ENDING). After
  *   on_done returns, that thread retires the record (FREE) and decrements
  *   `inflight`. Each step asserts the state it comes from.
+ *
+ *   Ending a task may end others in the same lock hold: a failing member of a
+ *   TP_GROUP_CANCEL_ON_ERROR group cancels its group at once (life.c). So
+ *   code that walks the ring or the delayed list does not keep a pointer into
+ *   it across a call that ends a task, and a QUEUED task taken out of the
+ *   ring is ended by whoever took it out (a group's cancel passes it by).
  */
 #ifndef TP_INTERNAL_H
 #define TP_INTERNAL_H
@@ -204,6 +216,7 @@ typedef struct tp__user {
 enum { TP__QUEUED = 1, TP__RUNNING, TP__DELAYED, TP__ENDING, TP__DONE, TP__FREE };
 
 struct tp__worker;
+struct tp_group;
 
 typedef struct tp__task {
     uint64_t id;
@@ -213,10 +226,13 @@ typedef struct tp__task {
     uint64_t run_timeout;   /* resolved, ns; TP_FOREVER for none */
     uint64_t deadline;      /* absolute; TP_FOREVER for none */
     uint64_t due;           /* while DELAYED: when the retry is queued */
+    uint64_t queued_at;     /* admission, or return to the queue for a retry (queue-wait histogram) */
     struct tp__task *next;  /* free list, delayed list, endings list */
     struct tp__task *prev;  /* delayed list */
     struct tp__task *id_next; /* id index chain */
     tp__user *user;         /* slot holder, NULL without a user */
+    struct tp_group *group; /* NULL, or its group until it is retired */
+    struct tp__task *g_next, *g_prev; /* the group's members not yet finalised */
     struct tp__worker *worker; /* while RUNNING */
     unsigned attempt;
     int state;
@@ -286,6 +302,7 @@ tp__user *tp__users_acquire(tp__users *us, const char *name, size_t len, uint32_
 void tp__users_release(tp__users *us, tp__user *u);
 
 #include "ring.h"
+#include "hist.h"
 
 /* ------------------------------------------------------------ pool */
 
@@ -350,6 +367,7 @@ struct tp_pool {
         unsigned room_waiters;   /* tp_submit_wait callers in room_cv */
         bool closed;             /* tp__close_locked: no more admissions */
         bool forced;             /* tp__force_locked: no more retries */
+        struct tp_group *groups; /* this pool's groups (linked by group.c through life.c) */
     } life;
 
     /* worker.c: worker slots and thread counts */
@@ -360,6 +378,7 @@ struct tp_pool {
         unsigned threads;        /* worker threads not yet finished (incl. stop hook) */
         unsigned idle_waiters;   /* workers in work_cv */
         unsigned spinners;       /* idle workers polling for work before they wait (0 or 1) */
+        tp__hist_shard *hist;    /* max_workers shards: slot i's worker is the only writer of hist[i] */
     } wk;
 
     /* service.c: the service thread (started by pool.c) */
@@ -382,6 +401,25 @@ struct tp_pool {
     pthread_t mu_owner;      /* valid while mu_held; see tp__lock */
     bool mu_held;
 #endif
+};
+
+/*
+ * A task group (SPEC 11.3). Allocated by group.c, which owns its lifetime
+ * and its waiters; its members are life.c's, all under the pool's mu.
+ */
+struct tp_group {
+    tp_pool *pool;           /* NULL once detached (tp_destroy of the pool, life.c) */
+    unsigned flags;          /* TP_GROUP_*, read-only */
+    pthread_cond_t cv;       /* life.c: no unfinished member; group.c: a waiter left while destroying */
+    /* life.c */
+    tp__task *head, *tail;   /* members not yet finalised, in admission order */
+    unsigned long unfinished;/* accepted members whose on_done has not returned */
+    int err;                 /* the first failed member's final status, 0 until then */
+    bool cancelled;          /* tp_group_cancel, or cancel on error fired: refuse submits */
+    struct tp_group *p_next, *p_prev; /* life.groups */
+    /* group.c */
+    unsigned waiters;        /* threads in tp_group_wait or tp_group_destroy */
+    bool destroying;         /* tp_group_destroy waits for the waiters to leave */
 };
 
 /* time */
@@ -463,6 +501,11 @@ extern _Thread_local tp__task *tp__tls_task;
  * debug builds); functions that release it around user code say so.
  */
 
+/* ---- pool.c: what group.c builds on */
+/* tp_submit with the task joining group g (pool.c's checks and admission). */
+int tp__submit_member(tp_pool *p, struct tp_group *g, tp_fn fn, void *arg, const tp_task_opts *opts,
+                      uint64_t *id_out);
+
 /* ---- service.c: the service thread */
 void *tp__service_main(void *arg);
 
@@ -475,6 +518,7 @@ int tp__spawn_finish(tp_pool *p, tp__worker *w, pthread_t old, bool join_old); /
 
 /* A submit's checked arguments (pool.c fills it in before taking mu). */
 typedef struct tp__admit_args {
+    struct tp_group *group; /* NULL: not a group member */
     tp_fn fn;
     tp_done_fn on_done;
     uint64_t run_timeout, deadline;
@@ -483,6 +527,7 @@ typedef struct tp__admit_args {
     uint32_t user_hash;
     const char *log_src; /* NULL: generate */
     size_t log_len;
+    uint64_t now;        /* the clock just before admission, where the queue wait starts; 0: read it under mu */
 } tp__admit_args;
 
 /* The queue, the records and the user table for `full` tasks, `prealloc`
@@ -495,6 +540,14 @@ bool tp__want_spawn_locked(const tp_pool *p);
 /* tp_submit_wait: wait on room_cv until woken or `deadline` (0, ETIMEDOUT). */
 int tp__wait_room_locked(tp_pool *p, uint64_t deadline);
 int tp__cancel_locked(tp_pool *p, uint64_t id); /* TP_OK or TP_ENOTFOUND */
+/* Groups: a new group joins the pool's list, a destroyed one leaves it;
+ * cancel every unfinished member (and refuse later submits); at tp_destroy,
+ * with every task retired, the pool's groups lose their pool (no lock: no
+ * other call may run then). */
+void tp__group_link_locked(tp_pool *p, struct tp_group *g);
+void tp__group_unlink_locked(tp_pool *p, struct tp_group *g);
+void tp__group_cancel_locked(tp_pool *p, struct tp_group *g);
+void tp__groups_detach(tp_pool *p);
 void tp__close_locked(tp_pool *p);
 void tp__force_locked(tp_pool *p);
 /* Worker steps: pop the head; end it if its deadline passed (true); start
@@ -525,11 +578,11 @@ static inline void tp__ctx_begin(struct tp_ctx *c, tp__task *t) {
     atomic_store_explicit(&c->cancelled, 0, memory_order_relaxed);
 }
 
-/* The attempt starts now: its effective deadline is the earlier of the task
+/* The attempt starts `now`: its effective deadline is the earlier of the task
  * deadline and now + run timeout. Without mu: only this worker reads its ctx. */
-static inline void tp__ctx_arm_run_timeout(struct tp_ctx *c, const tp__task *t) {
+static inline void tp__ctx_arm_run_timeout(struct tp_ctx *c, const tp__task *t, uint64_t now) {
     if (t->run_timeout == TP_FOREVER) return;
-    uint64_t d = tp__deadline_after(tp_now_ns(), t->run_timeout);
+    uint64_t d = tp__deadline_after(now, t->run_timeout);
     if (d < c->deadline) c->deadline = d;
 }
 

@@ -23,7 +23,14 @@
  *   - the counters of task life: inflight, active, delayed, with_deadline;
  *   - the wake-ups that follow a change: room_cv (submitters waiting for
  *     space or a user slot), work_cv (idle workers), done_cv (shutdown, wait),
- *     svc_cv (the service thread), and the close/drained transitions.
+ *     svc_cv (the service thread), and the close/drained transitions;
+ *   - group membership (SPEC 11.3; group.c owns the group object): a member
+ *     joins at admission, leaves the member list when finalised -- where the
+ *     first failure becomes the group's error and, with cancel on error,
+ *     cancels the other members in the same lock hold, so before the failing
+ *     member's worker takes another task -- and stops being unfinished when
+ *     retired, which wakes the group's waiters at zero. Members cost no
+ *     allocation: the links are in the task record.
  *
  * Hook points (one function each, for per-task instrumentation):
  *   admitted      task_admitted_locked     a new task entered the ring
@@ -149,6 +156,77 @@ static void queue_remove_locked(tp_pool *p, tp__task *t) {
     queue_changed_locked(p);
 }
 
+/* ------------------------------------------------------------ group members */
+
+static void group_cancel_members_locked(tp_pool *p, struct tp_group *g);
+
+/* Admitted: `t` joins the end of its group's member list. */
+static void group_join_locked(tp__task *t) {
+    struct tp_group *g = t->group;
+    t->g_next = NULL;
+    t->g_prev = g->tail;
+    if (g->tail)
+        g->tail->g_next = t;
+    else
+        g->head = t;
+    g->tail = t;
+    g->unfinished++;
+}
+
+/* Finalised with `status`: off the member list; the first failure is the
+ * group's error and, with cancel on error, cancels the others now. */
+static void group_member_ended_locked(tp_pool *p, tp__task *t, int status) {
+    struct tp_group *g = t->group;
+    TP__ASSERT(g->pool == p && g->unfinished > 0);
+    if (t->g_prev)
+        t->g_prev->g_next = t->g_next;
+    else
+        g->head = t->g_next;
+    if (t->g_next)
+        t->g_next->g_prev = t->g_prev;
+    else
+        g->tail = t->g_prev;
+    t->g_next = t->g_prev = NULL;
+    if (status == 0 || g->err != 0) return;
+    g->err = status;
+    if ((g->flags & TP_GROUP_CANCEL_ON_ERROR) && !g->cancelled) group_cancel_members_locked(p, g);
+}
+
+/* Retired (on_done returned): no longer unfinished. */
+static void group_member_retired_locked(tp__task *t) {
+    struct tp_group *g = t->group;
+    TP__ASSERT(g->unfinished > 0 && !t->g_next && !t->g_prev && g->head != t && g->tail != t);
+    t->group = NULL;
+    if (--g->unfinished == 0 && g->waiters) pthread_cond_broadcast(&g->cv);
+}
+
+void tp__group_link_locked(tp_pool *p, struct tp_group *g) {
+    TP__ASSERT_LOCKED(p);
+    g->p_prev = NULL;
+    g->p_next = p->life.groups;
+    if (p->life.groups) p->life.groups->p_prev = g;
+    p->life.groups = g;
+}
+
+void tp__group_unlink_locked(tp_pool *p, struct tp_group *g) {
+    TP__ASSERT_LOCKED(p);
+    TP__ASSERT(g->unfinished == 0 && !g->head);
+    if (g->p_prev)
+        g->p_prev->p_next = g->p_next;
+    else
+        p->life.groups = g->p_next;
+    if (g->p_next) g->p_next->p_prev = g->p_prev;
+    g->p_next = g->p_prev = NULL;
+}
+
+void tp__groups_detach(tp_pool *p) {
+    for (struct tp_group *g = p->life.groups; g; g = g->p_next) {
+        TP__ASSERT(g->unfinished == 0 && !g->head && g->waiters == 0);
+        g->pool = NULL;
+    }
+    p->life.groups = NULL;
+}
+
 /* ------------------------------------------------------------ endings */
 
 static bool is_cancel_status(int status) { return status == TP_ECANCELED || status == TP_ETIMEDOUT; }
@@ -177,6 +255,7 @@ static void task_finalise_locked(tp_pool *p, tp__task *t, int status, bool expir
         if (is_cancel_status(status)) TP__INC(p->st.cancelled);
         if (expired) TP__INC(p->st.expired);
     }
+    if (t->group) group_member_ended_locked(p, t, status); /* may end other members */
 }
 
 /* Hook point "retired": on_done has returned (or there was none); the record
@@ -185,6 +264,7 @@ void tp__task_retire_locked(tp_pool *p, tp__task *t) {
     TP__ASSERT_LOCKED(p);
     TP__ASSERT(t->state == TP__DONE || t->state == TP__ENDING);
     TP__ASSERT(p->life.inflight > 0);
+    if (t->group) group_member_retired_locked(t);
     t->user = NULL;
     if (!p->life.tasks.free) signal_room_locked(p); /* records were at their cap */
     tp__tasks_put(&p->life.tasks, t);
@@ -299,9 +379,13 @@ uint64_t tp__delayed_run_locked(tp_pool *p, uint64_t now) {
             delayed_remove_locked(p, t);
             end_unrun_locked(p, t, TP_ETIMEDOUT, false); /* it ran: not expired */
             signal_room_locked(p);
+            /* Ending it may have ended others, `nx` among them (a group's
+             * cancel on error): then start over, the list is shorter. */
+            if (nx && nx->state != TP__DELAYED) nx = p->life.delayed_head;
         } else if (now >= t->due) {
             delayed_remove_locked(p, t); /* asserts DELAYED */
             t->state = TP__QUEUED;
+            t->queued_at = now; /* the queue-wait histogram measures from here */
             tp__ring_push(&p->life.ring, t);
             if (t->deadline < p->life.queued_deadline_min) p->life.queued_deadline_min = t->deadline;
             queued++;
@@ -324,15 +408,22 @@ uint64_t tp__delayed_run_locked(tp_pool *p, uint64_t now) {
 /* ------------------------------------------------------------ queue expiry */
 
 typedef struct expiry {
-    tp_pool *p;
     uint64_t now, next;
+    tp__task *head, *tail; /* taken out of the ring, ended after the pass */
 } expiry;
 
+/* Ending a task may end others (a group's cancel on error), which would move
+ * entries of the ring under the filter: expired tasks are only collected
+ * here (still QUEUED, linked through `next`) and ended after the pass. */
 static int keep_unexpired_locked(tp__task *t, void *arg) {
     expiry *e = (expiry *)arg;
     if (e->now >= t->deadline) {
-        /* never ran: expired; a retry back in the queue ran: cancelled */
-        end_unrun_locked(e->p, t, TP_ETIMEDOUT, t->attempt == 0);
+        t->next = NULL;
+        if (e->tail)
+            e->tail->next = t;
+        else
+            e->head = t;
+        e->tail = t;
         return 0;
     }
     if (t->deadline < e->next) e->next = t->deadline;
@@ -359,9 +450,15 @@ uint64_t tp__queue_expire_locked(tp_pool *p, uint64_t now) {
     uint64_t due = p->life.queued_deadline_min > p->life.expiry_scan_at ? p->life.queued_deadline_min
                                                                         : p->life.expiry_scan_at;
     if (now < due) return due;
-    expiry e = {p, now, TP_FOREVER};
+    expiry e = {now, TP_FOREVER, NULL, NULL};
     if (tp__ring_filter(&p->life.ring, keep_unexpired_locked, &e) > 0) {
         queue_changed_locked(p);
+        while (e.head) {
+            tp__task *t = e.head;
+            e.head = t->next; /* before end_unrun_locked reuses `next` */
+            /* never ran: expired; a retry back in the queue ran: cancelled */
+            end_unrun_locked(p, t, TP_ETIMEDOUT, t->attempt == 0);
+        }
         signal_left_queue_locked(p);
     }
     p->life.queued_deadline_min = e.next;
@@ -385,6 +482,7 @@ static void task_admitted_locked(tp_pool *p, tp__task *t) {
         if (t->deadline < p->svc.next) svc_wake_locked(p);
     }
     p->life.inflight++;
+    if (t->group) group_join_locked(t);
     TP__INC(p->st.accepted);
     queue_changed_locked(p);
     /* A spinning worker takes this task without a wake-up; it wakes a
@@ -420,10 +518,14 @@ int tp__admit_locked(tp_pool *p, const tp__admit_args *a, void *arg, uint64_t *i
     t->run_timeout = a->run_timeout;
     t->deadline = a->deadline;
     t->user = u;
+    t->group = a->group;
     t->worker = NULL;
     t->attempt = 0;
     t->status = 0;
     t->state = TP__QUEUED;
+    /* the queue-wait histogram measures from here: the caller's clock read
+     * before the lock (pool.c), or, from a caller that has none, one now */
+    t->queued_at = a->now ? a->now : tp_now_ns();
     if (a->log_src) {
         memcpy(t->log_id, a->log_src, a->log_len);
         t->log_id[a->log_len] = '\0';
@@ -464,7 +566,8 @@ bool tp__task_expired_locked(tp_pool *p, tp__task *t) {
 
 /* Hook point "starts". The run timeout is added to ctx.deadline by the
  * worker right after it unlocks (tp__ctx_arm_run_timeout), so the clock is
- * not read under the lock. */
+ * not read under the lock; the worker records the histograms then too
+ * (hist.h). */
 void tp__task_start_locked(tp_pool *p, tp__worker *w, tp__task *t) {
     TP__ASSERT_LOCKED(p);
     TP__ASSERT(t->state == TP__QUEUED && !w->cur);
@@ -508,28 +611,52 @@ bool tp__task_after_run_locked(tp_pool *p, tp__worker *w, tp__task *t, int rc) {
 
 /* ------------------------------------------------------------ cancel */
 
-int tp__cancel_locked(tp_pool *p, uint64_t id) {
-    TP__ASSERT_LOCKED(p);
-    tp__task *t = tp__tasks_find(&p->life.tasks, id);
-    if (!t) return TP_ENOTFOUND;
+/* Cancel `t`, QUEUED (in the ring), DELAYED or RUNNING, as tp_cancel does. */
+static void cancel_task_locked(tp_pool *p, tp__task *t) {
     switch (t->state) {
     case TP__QUEUED:
         queue_remove_locked(p, t);
         end_unrun_locked(p, t, TP_ECANCELED, false);
         signal_left_queue_locked(p);
-        return TP_OK;
+        break;
     case TP__DELAYED:
         delayed_remove_locked(p, t);
         end_unrun_locked(p, t, TP_ECANCELED, false);
         signal_left_queue_locked(p);
-        return TP_OK;
-    case TP__RUNNING:
-        tp__ctx_cancel_locked(t->worker);
-        return TP_OK;
-    default:
-        TP__ASSERT(!"a finalised task is still in the id index");
-        return TP_ENOTFOUND;
+        break;
+    case TP__RUNNING: tp__ctx_cancel_locked(t->worker); break;
+    default: TP__ASSERT(!"cancel of a finalised task");
     }
+}
+
+int tp__cancel_locked(tp_pool *p, uint64_t id) {
+    TP__ASSERT_LOCKED(p);
+    tp__task *t = tp__tasks_find(&p->life.tasks, id);
+    if (!t) return TP_ENOTFOUND; /* finalised tasks leave the index */
+    cancel_task_locked(p, t);
+    return TP_OK;
+}
+
+/* Every member not yet finalised, oldest first. Ending one re-enters
+ * group_member_ended_locked for that member only (the group is marked
+ * cancelled first, so no walk starts inside this one): it unlinks it and
+ * nothing else, so the next pointer read before stays valid. A QUEUED member
+ * that is not in the ring was taken out by the expiry pass, which ends it
+ * right after: it is passed by. */
+static void group_cancel_members_locked(tp_pool *p, struct tp_group *g) {
+    g->cancelled = true;
+    tp__task *t = g->head;
+    while (t) {
+        tp__task *nx = t->g_next;
+        TP__ASSERT(t->group == g);
+        if (t->state != TP__QUEUED || tp__ring_holds(&p->life.ring, t)) cancel_task_locked(p, t);
+        t = nx;
+    }
+}
+
+void tp__group_cancel_locked(tp_pool *p, struct tp_group *g) {
+    TP__ASSERT_LOCKED(p);
+    group_cancel_members_locked(p, g);
 }
 
 /* Forced shutdown: cancel running tasks, end queued and delayed ones unrun. */

@@ -2,10 +2,12 @@
  * pool.c -- the public API of a pool: create/destroy, submit, cancel,
  * close/shutdown/wait.
  *
- * Layer: the top. It calls service.c (the service thread's entry), worker.c
- * (spawning), life.c (admission, cancel, close, forced shutdown) and the
- * leaves; nothing calls into it but the application (and default.c through
- * the public API).
+ * Layer: the public API, below only group.c (which admits members through
+ * tp__submit_member and makes its condition variable with tp__cond_init). It
+ * calls service.c (the service thread's entry), worker.c (spawning), life.c
+ * (admission, cancel, close, forced shutdown, detaching groups) and the
+ * leaves; nothing else calls into it but the application (and default.c
+ * through the public API).
  *
  * Admission (tp_submit, tp_submit_wait) takes the pool lock once. Under it the
  * checks run in the contract's order -- closed, user limit, space -- and only
@@ -93,6 +95,7 @@ static void pool_free(tp_pool *p, int made_sync) {
         }
         free(p->wk.workers);
     }
+    tp__hist_free(p->wk.hist);
     tp__life_fini(p);
     if (made_sync) {
         pthread_cond_destroy(&p->svc_cv);
@@ -161,7 +164,8 @@ static int make_structures(tp_pool *p) {
             p->wk.workers[i].fds[0] = p->wk.workers[i].fds[1] = -1;
             p->wk.workers[i].ctx.w = &p->wk.workers[i];
         }
-    if (!p->wk.workers || tp__life_init(p, full, prealloc) != 0) return TP_ENOMEM;
+    p->wk.hist = tp__hist_alloc(p->cfg.max_workers); /* the latency histograms: one shard per slot */
+    if (!p->wk.workers || !p->wk.hist || tp__life_init(p, full, prealloc) != 0) return TP_ENOMEM;
     return TP_OK;
 }
 
@@ -257,13 +261,21 @@ static void count_reject_locked(tp_pool *p, int rc) {
     }
 }
 
-static int submit_common(tp_pool *p, const tp__admit_args *a, void *arg, uint64_t *id_out, bool wait,
+static int submit_common(tp_pool *p, tp__admit_args *a, void *arg, uint64_t *id_out, bool wait,
                          uint64_t deadline) {
     tp__worker *w = NULL;
     pthread_t old;
     bool join_old = false;
 
+    /* The admission time of the queue-wait histogram: read before the lock,
+     * not under it. A waiting submit reads the clock under the lock each
+     * turn for its budget (which covers the lock acquisition) and uses that. */
+    a->now = wait ? 0 : tp_now_ns();
     tp__lock(p);
+    if (a->group && a->group->cancelled) { /* a cancelled group: counts nothing */
+        tp__unlock(p);
+        return TP_ECANCELED;
+    }
     TP__INC(p->st.submitted);
     int rc;
     for (;;) {
@@ -271,7 +283,7 @@ static int submit_common(tp_pool *p, const tp__admit_args *a, void *arg, uint64_
             rc = TP_ECLOSED;
             break;
         }
-        if (wait && tp_now_ns() >= deadline) {
+        if (wait && (a->now = tp_now_ns()) >= deadline) {
             rc = TP_ETIMEDOUT;
             break;
         }
@@ -295,11 +307,17 @@ static int submit_common(tp_pool *p, const tp__admit_args *a, void *arg, uint64_
     return rc;
 }
 
-int tp_submit(tp_pool *p, tp_fn fn, void *arg, const tp_task_opts *opts, uint64_t *id_out) {
+int tp__submit_member(tp_pool *p, struct tp_group *g, tp_fn fn, void *arg, const tp_task_opts *opts,
+                      uint64_t *id_out) {
     tp__admit_args a;
     int rc = check_args(p, fn, opts, &a);
     if (rc != TP_OK) return rc;
+    a.group = g;
     return submit_common(p, &a, arg, id_out, false, TP_FOREVER);
+}
+
+int tp_submit(tp_pool *p, tp_fn fn, void *arg, const tp_task_opts *opts, uint64_t *id_out) {
+    return tp__submit_member(p, NULL, fn, arg, opts, id_out);
 }
 
 int tp_submit_wait(tp_pool *p, tp_fn fn, void *arg, const tp_task_opts *opts, uint64_t budget_ns,
@@ -390,6 +408,7 @@ int tp_destroy(tp_pool *p) {
     if (!started) (void)tp_shutdown(p, 0);
     (void)tp_wait(p, TP_FOREVER);
     join_all(p);
+    tp__groups_detach(p); /* groups that outlive their pool (taskpool.h) */
     pool_free(p, 1);
     return TP_OK;
 }

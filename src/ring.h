@@ -71,11 +71,17 @@ static inline struct tp__task *tp__ring_at(const tp__ring *r, uint32_t i) {
     return r->slots[(r->head + i) & r->mask];
 }
 
+/* Whether `t` is in the ring now (its ring_pos is stale once it left). */
+static inline int tp__ring_holds(const tp__ring *r, const struct tp__task *t) {
+    uint32_t pos = t->ring_pos;
+    return (uint32_t)(pos - r->head) < tp__ring_len(r) && r->slots[pos & r->mask] == t;
+}
+
 /* Remove `t` wherever it is, keeping the order of the others: the entries on
  * the shorter side of it move one step to close the gap. Returns 1 if found. */
 static inline int tp__ring_remove(tp__ring *r, struct tp__task *t) {
     uint32_t pos = t->ring_pos;
-    if ((uint32_t)(pos - r->head) >= tp__ring_len(r) || r->slots[pos & r->mask] != t) return 0;
+    if (!tp__ring_holds(r, t)) return 0;
     if (pos - r->head < r->tail - 1 - pos) {
         for (uint32_t j = pos; j != r->head; j--) {
             struct tp__task *s = r->slots[(j - 1) & r->mask];

@@ -170,11 +170,11 @@ static void set_workers_stat_locked(tp_pool *p) {
  * with every change of the ring) without the lock for up to TP__SPIN_NS. The
  * caller re-checks the ring under the lock, so a task pushed at any moment is
  * found either here or there: no wake-up is lost. */
-static void spin_for_work_locked(tp_pool *p) {
+static void spin_for_work_locked(tp_pool *p, uint64_t since) {
     p->wk.spinners++;
     set_idle_stat_locked(p);
     tp__unlock(p);
-    uint64_t until = tp_now_ns() + TP__SPIN_NS;
+    uint64_t until = since + TP__SPIN_NS;
     for (unsigned i = 1;; i++) {
         if (TP__LOAD(p->st.queued) != 0) break;
         if ((i & 63) == 0) {
@@ -194,6 +194,11 @@ typedef struct worker_turn {
     uint64_t idle_since; /* the last task ended (or the thread started) */
     bool elastic_pool;   /* may shrink: else no clock read per task */
     bool spun;           /* spun once already in this idle period */
+    /* The clock at the end of the last attempt, while this worker has done
+     * nothing since but its lock hold (no wait, on_done or failure log): the
+     * next attempt starts then (or at its admission if later), and so does
+     * a spin for work (hist.h). 0: read the clock afresh. */
+    uint64_t last_end;
 } worker_turn;
 
 /* Step 1, mu held, no current task: return when the ring has a task (true)
@@ -201,10 +206,12 @@ typedef struct worker_turn {
  * restart the idle clock. */
 static bool wait_for_work_locked(tp_pool *p, worker_turn *wt) {
     while (tp__ring_len(&p->life.ring) == 0) {
+        uint64_t since = wt->last_end; /* an attempt just ended: the clock is known */
+        wt->last_end = 0;
         if (p->life.closed && p->life.delayed == 0) return false;
         if (!wt->spun && p->wk.spinners == 0) {
             wt->spun = true;
-            spin_for_work_locked(p);
+            spin_for_work_locked(p, since ? since : tp_now_ns());
             continue;
         }
         /* Above the minimum counting only workers that run: a spawn under
@@ -227,13 +234,21 @@ static bool wait_for_work_locked(tp_pool *p, worker_turn *wt) {
 
 /* Steps 3 to 5 for a started task: run it without mu, then retry or finish.
  * Entered and left with mu held. */
-static void run_task_locked(tp_pool *p, tp__worker *w, tp__task *t) {
+static void run_task_locked(tp_pool *p, tp__worker *w, tp__task *t, worker_turn *wt) {
     tp__unlock(p);
-    tp__ctx_arm_run_timeout(&w->ctx, t);
+    /* One clock read per attempt in a busy pool: the end of the last one,
+     * else a fresh one. It arms the run timeout and starts both histograms. */
+    uint64_t last = wt->last_end;
+    uint64_t started_at = !last ? tp_now_ns() : last > t->queued_at ? last : t->queued_at;
+    tp__ctx_arm_run_timeout(&w->ctx, t, started_at);
+    tp__hist_attempt_started(&p->wk.hist[w->index], t->queued_at, started_at);
 
     tp__tls_enter_task(t);
     int rc = t->fn(&w->ctx, t->arg);
     tp__tls_leave_task();
+    uint64_t ended_at = tp_now_ns();
+    tp__hist_attempt_ended(&p->wk.hist[w->index], started_at, ended_at);
+    wt->last_end = rc == 0 && !t->on_done ? ended_at : 0;
 
     tp__lock(p);
     unsigned attempt = t->attempt;
@@ -280,16 +295,17 @@ static void *worker_main(void *arg) {
     tp__worker *w = (tp__worker *)arg;
     tp_pool *p = w->pool;
     worker_enter(p, w);
-    worker_turn wt = {tp_now_ns(), p->cfg.max_workers > p->cfg.min_workers, false};
+    worker_turn wt = {tp_now_ns(), p->cfg.max_workers > p->cfg.min_workers, false, 0};
     while (wait_for_work_locked(p, &wt)) {
         tp__task *t = tp__queue_pop_locked(p);
-        if (tp__task_expired_locked(p, t))
+        if (tp__task_expired_locked(p, t)) {
             tp__task_finish_locked(p, t);
-        else {
+            wt.last_end = 0;
+        } else {
             tp__task_start_locked(p, w, t);
-            run_task_locked(p, w, t);
+            run_task_locked(p, w, t, &wt);
         }
-        if (wt.elastic_pool) wt.idle_since = tp_now_ns();
+        if (wt.elastic_pool) wt.idle_since = wt.last_end ? wt.last_end : tp_now_ns();
     }
     worker_leave_locked(p, w);
     return NULL;

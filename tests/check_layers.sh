@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # check_layers.sh -- src/ calls flow one way: no file calls a tp__ function
 # defined in its own layer's other files or in a layer above it (see the
-# layer table at the top of src/internal.h; pool.c is at the top).
+# layer table at the top of src/internal.h; group.c and pool.c are at the top).
 #
 #   check_layers.sh LIBTASKPOOL_A NM SRC_DIR
 #
@@ -19,13 +19,14 @@ lib=$1 nm=$2 src=$3
 
 # Top to bottom; files in one string share a layer.
 layers=(
-    "compat.c"                 # 0 1.0 entry points (public calls only)
-    "pool.c stats.c default.c" # 1 the public API
-    "service.c"                # 2 the service thread
-    "worker.c"                 # 3 worker slots and the worker loop
-    "life.c"                   # 4 the task's life and the queue
-    "ctx.c tasks.c users.c"    # 5 leaf structures (ring.h is inline)
-    "error.c"                  # 6 error table, tp__assert_fail
+    "compat.c"                     # 0 1.0 entry points (public calls only)
+    "group.c metrics.c"            # 1 groups (on pool.c's admission), metrics
+    "pool.c stats.c default.c"     # 2 the public API
+    "service.c"                    # 3 the service thread
+    "worker.c"                     # 4 worker slots and the worker loop
+    "life.c"                       # 5 the task's life and the queue
+    "ctx.c tasks.c users.c hist.c" # 6 leaf structures (ring.h is inline)
+    "error.c"                      # 7 error table, tp__assert_fail
 )
 declare -A rank=()
 for i in "${!layers[@]}"; do

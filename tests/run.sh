@@ -64,6 +64,13 @@ have_stream_deps() {
     [ -f /usr/include/hiredis/hiredis.h ] && command -v redis-server >/dev/null 2>&1 &&
         command -v python3 >/dev/null 2>&1
 }
+have_prom_client() {
+    local py
+    for py in python3 /usr/bin/python3; do
+        command -v "$py" >/dev/null 2>&1 && "$py" -c 'import prometheus_client' 2>/dev/null && return 0
+    done
+    return 1
+}
 missing_deps() {
     local c
     for c in cmake make gcc pkg-config; do command -v "$c" >/dev/null 2>&1 || return 0; done
@@ -90,6 +97,9 @@ missing_deps() {
     if wants plain; then
         for c in man dpkg-deb dpkg-shlibdeps lintian; do command -v "$c" >/dev/null 2>&1 || return 0; done
     fi
+    # tests/metrics/check.sh: tp_metrics_format through promtool and prometheus_client
+    command -v promtool >/dev/null 2>&1 || return 0
+    have_prom_client || return 0
     return 1
 }
 
@@ -102,7 +112,7 @@ if missing_deps; then
         command -v sudo >/dev/null 2>&1 || die "not root and no sudo: cannot install dependencies"
         sudo=(sudo)
     fi
-    pkgs=(libcmocka-dev cmake make gcc libc6-dev pkg-config scdoc)
+    pkgs=(libcmocka-dev cmake make gcc libc6-dev pkg-config scdoc prometheus python3-prometheus-client)
     wants plain && pkgs+=(man-db dpkg-dev lintian)
     # examples/stream/ and its stream_* tests: hiredis, a real redis-server, python3
     pkgs+=(libhiredis-dev redis-server python3)
@@ -120,6 +130,8 @@ fi
 export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+# The metrics parsers were installed above: their test must not skip here.
+export TP_REQUIRE_METRICS_TOOLS=1
 export CTEST_OUTPUT_ON_FAILURE=1
 
 probe_dir=$ci_dir/probe
@@ -330,7 +342,7 @@ run_mode() {
 }
 
 # Tests whose subject is a race; repeated after the full pass (TP_REPEAT, default 10).
-racy='^(test_(stress|soak|cancel|lifecycle|admission|elastic|default|retry|spin)|fuzz_corpus)$'
+racy='^(test_(stress|soak|cancel|lifecycle|admission|elastic|default|retry|spin|group|hist)|fuzz_corpus)$'
 
 status=0
 for m in "${modes[@]}"; do

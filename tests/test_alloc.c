@@ -8,7 +8,8 @@
  * the first one, to help whoever has to find it). The pool is warmed up first
  * (users, on_done, explicit / inherited / generated log ids, a retry, the
  * cancel fd); then, armed, 10000 tasks of every kind go through submit -> run
- * -> on_done, and the count must be 0.
+ * -> on_done, and the count must be 0. So must group members (submit into a
+ * group, wait, cancel on error, tp_group_cancel).
  *
  * The counting must not silently stop working: the checks are skipped only
  * where something else is known to own malloc -- a sanitizer (ASan/TSan/MSan:
@@ -429,11 +430,73 @@ static void test_alloc_zero_with_cancels(void **state) {
     assert_true(s.cancelled > 0 && s.expired > 0);
 }
 
+/* Group members in steady state: submitting into a group, waiting for it,
+ * cancel on error cancelling queued members, tp_group_cancel -- nothing is
+ * allocated per member (the group itself is made once, before). */
+static int group_task(tp_ctx *c, void *arg) {
+    (void)c;
+    atomic_fetch_add_explicit(&ran, 1, memory_order_relaxed);
+    return (int)(intptr_t)arg;
+}
+
+static long group_rounds(tp_group *g, tp_group *coe, int rounds) {
+    long bad = 0;
+    for (int r = 0; r < rounds; r++) {
+        tp_task_opts o = {0};
+        o.on_done = count_done;
+        o.user = users[r % 4];
+        for (int i = 0; i < 8; i++)
+            if (tp_group_submit(g, group_task, NULL, &o, NULL) != TP_OK) bad++;
+        if (tp_group_wait(g, TPT_WAIT_NS) != TP_OK) bad++;
+    }
+    /* cancel on error: the first member fails, the queued ones are cancelled */
+    for (int i = 0; i < 16; i++) {
+        int rc = tp_group_submit(coe, group_task, (void *)(intptr_t)(i == 0 ? 5 : 0), NULL, NULL);
+        if (rc != TP_OK && rc != TP_ECANCELED) bad++;
+    }
+    if (tp_group_wait(coe, TPT_WAIT_NS) != 5) bad++;
+    return bad;
+}
+
+static void test_alloc_zero_per_group_member(void **state) {
+    (void)state;
+    if (!counting_or_skip())
+        return;
+    tp_config cfg = {0};
+    cfg.workers = 2;
+    cfg.queue_capacity = 64;
+    cfg.max_per_user = TP_UNLIMITED;
+    cfg.log = tpt_quiet_log;
+    tp_pool *p = tpt_pool_new(&cfg);
+    tp_group *g, *coe[2];
+    assert_int_equal(tp_group_create(p, 0, &g), TP_OK);
+    assert_int_equal(tp_group_create(p, TP_GROUP_CANCEL_ON_ERROR, &coe[0]), TP_OK);
+    assert_int_equal(tp_group_create(p, TP_GROUP_CANCEL_ON_ERROR, &coe[1]), TP_OK);
+    assert_int_equal(group_rounds(g, coe[0], 500), 0); /* warm up */
+
+    atomic_store(&n_alloc, 0);
+    atomic_store(&armed, 1);
+    long bad = group_rounds(g, coe[1], 2000);
+    assert_int_equal(tp_group_cancel(g), TP_OK);
+    atomic_store(&armed, 0);
+    assert_int_equal(bad, 0);
+    long allocs = atomic_load(&n_alloc);
+    if (allocs != 0)
+        fail_msg("%ld heap allocation(s) during 16000 group members; first: kind %d, %zu bytes, "
+                 "called from %p",
+                 allocs, atomic_load(&first_kind), atomic_load(&first_size), atomic_load(&first_caller));
+    assert_int_equal(tp_group_destroy(g), TP_OK);
+    assert_int_equal(tp_group_destroy(coe[0]), TP_OK);
+    assert_int_equal(tp_group_destroy(coe[1]), TP_OK);
+    tpt_finish(p);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         TPT_TEST(test_alloc_interposer_counts),
         TPT_TEST(test_alloc_zero_per_task),
         TPT_TEST(test_alloc_zero_with_cancels),
+        TPT_TEST(test_alloc_zero_per_group_member),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

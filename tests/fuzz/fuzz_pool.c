@@ -4,7 +4,10 @@
  * Each input is a short program (at most FZ_MAX_OPS operations) on two pool
  * slots: create with a varied config, submit / submit_wait (users, deadlines,
  * run timeouts, retries, the default pool), cancel, open a gate, settle, close,
- * shutdown, wait, read statistics, destroy, invalid calls, the caller's log id.
+ * shutdown, wait, read statistics, destroy, invalid calls, the caller's log id,
+ * and task groups (two per slot: create with or without cancel on error,
+ * submit into one, wait with a timeout, cancel, destroy; groups outliving
+ * their pool).
  * Tasks succeed, fail, fail a few times then succeed, sleep, block on a
  * harness gate (ignoring cancellation, or cooperating through tp_ctx_sleep or
  * tp_ctx_fd), or call the pool on themselves (EDEADLK, self-cancel).
@@ -27,6 +30,16 @@
  *     (TP_OK with a long budget), tolerant otherwise.
  *   - Admission counters (submitted, accepted, each rejected_*) are exact at
  *     every read: only the harness thread submits.
+ *   - Groups: a submit into a cancelled group is exactly TP_ECANCELED and
+ *     counts nothing; a wait that does not time out returns only after every
+ *     member's on_done has returned, with TP_OK exactly when every member
+ *     succeeded, else a status some member ended with, the same at every later
+ *     wait; a wait that cannot finish (a member stuck, or parked behind stuck
+ *     workers) times out, not before its timeout; after tp_group_cancel a
+ *     parked member ends promptly with TP_ECANCELED without running; a member
+ *     of a cancelled or cancel-on-error group may end cancelled (the model's
+ *     tolerance); waiting or destroying from a member is TP_EDEADLK; a group
+ *     whose pool was destroyed answers TP_ECLOSED, its result, and frees.
  * At the end of every input all gates open, every pool is shut down, waited
  * for and checked at rest: the SPEC invariants, each counter against what the
  * tasks observed (started, retried, succeeded, failed, cancelled, expired),
@@ -71,6 +84,7 @@
 #define FZ_MAX_OPS 64
 #define FZ_MAX_TASKS (2 * FZ_MAX_OPS)
 #define FZ_USERS 5
+#define FZ_GROUPS 2 /* per pool slot */
 
 #define MS 1000000ull
 #define SEC 1000000000ull
@@ -256,12 +270,15 @@ enum { DL_NONE, DL_PAST, DL_NEAR, DL_FAR };
 static const char *const fz_users[FZ_USERS] = {NULL, "", "u0", "u1", "u2"};
 
 struct fz_pool;
+struct fz_group;
 
 typedef struct fz_task {
     /* Written by the harness before the submit; read-only afterwards (the
      * submit's lock orders these writes before any pool thread reads them). */
     struct fz_pool *fp;
     tp_pool *pool;
+    struct fz_group *grp; /* NULL, or the group it was submitted into */
+    tp_group *group;      /* grp's handle, for the task itself */
     int index, kind, gate, result, fail_k, user, dl_class;
     uint64_t sleep_ns, deadline, run_timeout; /* run_timeout: resolved */
     uint64_t submit_ns;
@@ -285,8 +302,17 @@ typedef struct fz_task {
     bool accepted, cancel_requested, finalised_known;
 } fz_task;
 
+typedef struct fz_group {
+    tp_group *g;
+    bool live, coe, cancel_called;
+    bool refusing; /* certain to refuse submits: cancelled, or seen refusing */
+    int err_seen; /* the first non-zero result a wait returned, 0 none */
+    bool detached; /* its pool was destroyed */
+} fz_group;
+
 typedef struct fz_pool {
     int slot;
+    fz_group grp[FZ_GROUPS]; /* kept across pool_reset: see finish_groups */
     tp_pool *p;
     bool live;
     unsigned workers, max_workers, cap, max_per_user, max_retries;
@@ -429,6 +455,12 @@ static int self_task(tp_ctx *c, fz_task *t) {
     CHECK(tp_shutdown(p, 1) == TP_EDEADLK, "task %d: tp_shutdown on its own pool is not EDEADLK", t->index);
     CHECK(tp_wait(p, 1) == TP_EDEADLK, "task %d: tp_wait on its own pool is not EDEADLK", t->index);
     CHECK(tp_destroy(p) == TP_EDEADLK, "task %d: tp_destroy on its own pool is not EDEADLK", t->index);
+    if (t->group) {
+        CHECK(tp_group_wait(t->group, 1) == TP_EDEADLK, "task %d: tp_group_wait on its own group is not EDEADLK",
+              t->index);
+        CHECK(tp_group_destroy(t->group) == TP_EDEADLK, "task %d: tp_group_destroy from a member is not EDEADLK",
+              t->index);
+    }
     int rc = tp_cancel(p, tp_ctx_id(c));
     CHECK(rc == TP_OK, "task %d: cancelling itself returned %s", t->index, rcname(rc));
     CHECK(tp_ctx_err(c) == TP_ECANCELED, "task %d: after cancelling itself tp_ctx_err is %s", t->index,
@@ -500,6 +532,11 @@ static void task_done(void *arg, int status) {
 
 /* ------------------------------------------------------------ model scan */
 
+/* The task may be cancelled through its group: tp_group_cancel was called,
+ * or the group cancels on error (any member may fail: the model does not
+ * predict which ends first). */
+static bool grp_may_cancel(const fz_task *t) { return t->grp && (t->grp->cancel_called || t->grp->coe); }
+
 static bool task_ended(const fz_task *t) { return atomic_load(&t->done_calls) > 0 || t->finalised_known; }
 
 /* No attempt will start any more: one returned 0, or the last one allowed has
@@ -514,13 +551,16 @@ static bool no_more_runs(const fz_task *t) {
 
 /* Certainly inside its function, and certain to stay there until the harness
  * opens its gate (or, cooperating, cancels it or forces a shutdown). */
-static bool task_stuck(const fz_pool *fp, const fz_task *t) {
+static bool task_stuck_(const fz_pool *fp, const fz_task *t, bool certain) {
     if (task_ended(t) || !atomic_load(&t->inside) || gate_is_open(t->gate)) return false;
     if (t->kind == K_GATE_IGNORE) return true;
     if (t->kind == K_GATE_SLEEP || t->kind == K_GATE_FD)
-        return !t->cancel_requested && !fp->maybe_forced && !short_timeout(t) && !near_deadline(t);
+        return !t->cancel_requested && !fp->maybe_forced && !(certain && grp_may_cancel(t)) && !short_timeout(t) &&
+               !near_deadline(t);
     return false;
 }
+
+static bool task_stuck(const fz_pool *fp, const fz_task *t) { return task_stuck_(fp, t, true); }
 
 /* An unfinished gate task whose gate is closed: it may get stuck. */
 static bool task_blocker(const fz_task *t) {
@@ -534,6 +574,10 @@ typedef struct fz_scan {
     int occ_lo, occ_hi;
     int ulo[FZ_USERS], uhi[FZ_USERS];
     bool stuck[FZ_MAX_TASKS], parked[FZ_MAX_TASKS];
+    /* The same without the group tolerance: a member that its group may
+     * cancel is stuck or parked *for now*; settle counts it as settled. */
+    int nstuck_now;
+    bool settled[FZ_MAX_TASKS];
 } fz_scan;
 
 static void model_scan(const fz_pool *fp, fz_scan *s) {
@@ -543,9 +587,12 @@ static void model_scan(const fz_pool *fp, fz_scan *s) {
         if (!t->accepted) continue;
         s->stuck[i] = task_stuck(fp, t);
         s->nstuck += s->stuck[i];
+        s->settled[i] = task_stuck_(fp, t, false);
+        s->nstuck_now += s->settled[i];
         s->nblockers += task_blocker(t);
     }
     s->q1 = s->nstuck >= (int)fp->max_workers;
+    bool q1_now = s->nstuck_now >= (int)fp->max_workers;
     for (int i = 0; i < fp->ntasks; i++) {
         const fz_task *t = fp->tasks[i];
         if (!t->accepted || task_ended(t)) continue;
@@ -554,7 +601,9 @@ static void model_scan(const fz_pool *fp, fz_scan *s) {
         /* Parked: with every worker stuck, an unfinished task that no timer
          * or earlier cancel can end is waiting in the queue or for a retry. */
         s->parked[i] = s->q1 && !s->stuck[i] && !gone && !near_deadline(t) && !atomic_load(&t->cancel_ok) &&
-                       !fp->maybe_forced;
+                       !fp->maybe_forced && !grp_may_cancel(t);
+        if (!s->settled[i])
+            s->settled[i] = q1_now && !gone && !near_deadline(t) && !atomic_load(&t->cancel_ok) && !fp->maybe_forced;
         s->nparked += s->parked[i];
         if (s->stuck[i] || s->parked[i]) s->ulo[t->user]++;
         if (s->parked[i]) s->occ_lo++;
@@ -680,7 +729,7 @@ static bool allowed_has(const fz_allowed *a, int st) {
 
 static fz_allowed final_allowed(const fz_pool *fp, const fz_task *t) {
     fz_allowed a = {0, {0}};
-    bool canc = atomic_load(&t->cancel_ok) || fp->maybe_forced;
+    bool canc = atomic_load(&t->cancel_ok) || fp->maybe_forced || grp_may_cancel(t);
     bool dl = near_deadline(t);
     int runs = atomic_load(&t->runs);
     if (t->dl_class == DL_PAST) {
@@ -850,6 +899,7 @@ static uint8_t take(fz_in *in) { return in->i < in->n ? in->p[in->i++] : 0; }
 
 static void pool_reset(fz_pool *fp) {
     int slot = fp->slot;
+    for (int k = 0; k < FZ_GROUPS; k++) CHECK(!fp->grp[k].live, "harness: a group outlives pool_reset");
     memset(fp, 0, sizeof *fp);
     fp->slot = slot;
 }
@@ -910,6 +960,8 @@ static bool decode_config(fz_pool *fp, const uint8_t b[4], tp_config *c) {
 }
 
 static void finish_pool(fz_pool *fp, bool full);
+static void op_group_destroy(fz_pool *fp, fz_group *G);
+static void finish_groups(fz_pool *fp);
 
 static void op_create(fz_pool *fp, const uint8_t b[4]) {
     if (fp->live) finish_pool(fp, true);
@@ -941,16 +993,21 @@ static void ensure_pool(fz_pool *fp) {
     op_create(fp, zero);
 }
 
-enum { VIA_SUBMIT, VIA_WAIT, VIA_DEFAULT };
+enum { VIA_SUBMIT, VIA_WAIT, VIA_DEFAULT, VIA_GROUP };
+
+static fz_group *ensure_group(fz_pool *fp, int k, bool coe);
 
 static void op_submit(fz_pool *fp, const uint8_t b[5], int via) {
     ensure_pool(fp);
+    fz_group *G = via == VIA_GROUP ? ensure_group(fp, (b[4] >> 6) & 1, (b[4] >> 7) & 1) : NULL;
     CHECK(fz_ntasks < FZ_MAX_TASKS, "harness: too many tasks");
     fz_task *t = &fz_tasks[fz_ntasks];
     memset(t, 0, sizeof *t);
     t->index = fz_ntasks++;
     t->fp = fp;
     t->pool = fp->p;
+    t->grp = G;
+    t->group = G ? G->g : NULL;
     t->kind = (b[0] >> 1) % K_COUNT;
     t->user = b[1] % FZ_USERS;
     t->gate = (b[1] >> 3) % FZ_GATES;
@@ -1024,6 +1081,12 @@ static void op_submit(fz_pool *fp, const uint8_t b[5], int via) {
         else
             allowed |= B_OK | (full_possible ? bit(TP_EFULL) : 0);
     }
+    /* A cancelled group refuses before anything else (after the arguments);
+     * a cancel-on-error group may have cancelled itself meanwhile. */
+    if (G && G->refusing)
+        allowed = bit(TP_ECANCELED);
+    else if (G && G->coe)
+        allowed |= bit(TP_ECANCELED);
 
     uint64_t id = 0, t0 = tp_now_ns();
     int rc;
@@ -1034,17 +1097,25 @@ static void op_submit(fz_pool *fp, const uint8_t b[5], int via) {
         CHECK(tp_default() == fp->p, "tp_default() is not the pool just registered");
         rc = tp_default_submit(task_main, t, &o, &id);
         CHECK(tp_default_swap(NULL) == fp->p, "tp_default_swap(NULL) did not return the registered pool");
+    } else if (via == VIA_GROUP) {
+        rc = tp_group_submit(G->g, task_main, t, &o, &id);
     } else {
         rc = tp_submit(fp->p, task_main, t, &o, &id);
     }
     uint64_t elapsed = tp_now_ns() - t0;
     trace("%s slot %d task %d %s user %s gate %d dl %d rt %llu res %d done %d log %s budget %llu "
           "[occ %d..%d user %d..%d stuck %d] -> %s id %llu",
-          via == VIA_WAIT ? "submit_wait" : via == VIA_DEFAULT ? "default_submit" : "submit", fp->slot, t->index,
+          via == VIA_WAIT ? "submit_wait" : via == VIA_DEFAULT ? "default_submit" : via == VIA_GROUP ? "group_submit" : "submit",
+          fp->slot, t->index,
           kind_name[t->kind], fz_users[t->user] ? fz_users[t->user] : "NULL", t->gate, t->dl_class,
           (unsigned long long)rt, t->result, t->has_done, o.log_id ? o.log_id : "-", (unsigned long long)budget,
           sc.occ_lo, sc.occ_hi, sc.ulo[t->user], sc.uhi[t->user], sc.nstuck, rcname(rc), (unsigned long long)id);
     expect_rc(rc, allowed, "submit");
+    if (rc == TP_ECANCELED) { /* a cancelled group: not counted, not a member */
+        CHECK(G != NULL, "submit: TP_ECANCELED without a group");
+        G->refusing = true; /* cancelled groups stay so */
+        return;
+    }
     fp->submitted++;
     switch (rc) {
     case TP_OK:
@@ -1146,10 +1217,10 @@ static bool quiescent(const fz_pool *fp) {
     model_scan(fp, &sc);
     for (int i = 0; i < fp->ntasks; i++) {
         const fz_task *t = fp->tasks[i];
-        if (!t->accepted || !t->has_done || task_ended(t) || sc.stuck[i] || sc.parked[i]) continue;
+        if (!t->accepted || !t->has_done || task_ended(t) || sc.stuck[i] || sc.parked[i] || sc.settled[i]) continue;
         /* Closed: an elastic pool starts no worker any more, so a task may
          * wait behind its stuck minimum workers. */
-        if (fp->closed && sc.nstuck >= (int)fp->workers) continue;
+        if (fp->closed && sc.nstuck_now >= (int)fp->workers) continue;
         return false;
     }
     return true;
@@ -1275,6 +1346,9 @@ static void finish_pool(fz_pool *fp, bool full) {
         if (full || t->kind == K_GATE_IGNORE) gate_open(t->gate);
     }
     if (full) {
+        /* groups first (their members drain: every gate is open) */
+        for (int k = 0; k < FZ_GROUPS; k++)
+            if (fp->grp[k].live) op_group_destroy(fp, &fp->grp[k]);
         uint64_t t0 = tp_now_ns();
         int rc = tp_shutdown(fp->p, FZ_BOUND_NS);
         trace("finish slot %d: shutdown -> %s", fp->slot, rcname(rc));
@@ -1294,6 +1368,7 @@ static void finish_pool(fz_pool *fp, bool full) {
         trace("destroy slot %d -> %s", fp->slot, rcname(rc));
         CHECK(rc == TP_OK, "tp_destroy returned %s", rcname(rc));
         check_tasks_ended(fp);
+        finish_groups(fp); /* they outlived their pool */
     }
     fp->live = false;
     fp->p = NULL;
@@ -1455,6 +1530,159 @@ static void op_invalid(fz_pool *fp, uint8_t what) {
     expect_rc(rc, bit(TP_EINVAL), "an invalid call");
 }
 
+/* ------------------------------------------------------------ groups */
+
+static fz_group *ensure_group(fz_pool *fp, int k, bool coe) {
+    fz_group *G = &fp->grp[k];
+    if (G->live) return G;
+    memset(G, 0, sizeof *G);
+    tp_group *g = (tp_group *)(uintptr_t)0x1;
+    int rc = tp_group_create(fp->p, coe ? TP_GROUP_CANCEL_ON_ERROR : 0, &g);
+    trace("group create slot %d #%d%s -> %s", fp->slot, k, coe ? " cancel-on-error" : "", rcname(rc));
+    CHECK(rc == TP_OK && g != NULL && g != (tp_group *)(uintptr_t)0x1, "tp_group_create returned %s", rcname(rc));
+    G->g = g;
+    G->live = true;
+    G->coe = coe;
+    return G;
+}
+
+/* Every member has ended and its on_done has returned (a wait returned, or a
+ * destroy): check that, learn it, and check the group's result `rc`. */
+static void group_finished(fz_pool *fp, fz_group *G, int rc, const char *after) {
+    bool all_ok_known = true, any_fail = false, rc_possible = rc == 0;
+    for (int i = 0; i < fp->ntasks; i++) {
+        fz_task *t = fp->tasks[i];
+        if (t->grp != G || !t->accepted) continue;
+        t->finalised_known = true; /* retired: ended, on_done returned */
+        if (t->has_done) {
+            CHECK(atomic_load(&t->done_calls) == 1, "group: member task %d has no on_done when %s returned", t->index,
+                  after);
+            int st = atomic_load(&t->done_status);
+            if (st != 0) any_fail = true, all_ok_known = false;
+            if (st == rc) rc_possible = true;
+        } else {
+            all_ok_known = false;
+            fz_allowed a = final_allowed(fp, t);
+            if (allowed_has(&a, rc)) rc_possible = true;
+        }
+    }
+    CHECK(rc_possible, "group: %s returned %s (%d), which no member ended with", after, rcname(rc), rc);
+    if (all_ok_known) CHECK(rc == 0, "group: every member succeeded, yet %s returned %d", after, rc);
+    if (any_fail) CHECK(rc != 0, "group: a member failed, yet %s returned TP_OK", after);
+    if (G->err_seen) CHECK(rc == G->err_seen, "group: %s returned %d, an earlier wait %d (first error)", after, rc,
+                           G->err_seen);
+    if (rc != 0) G->err_seen = rc;
+}
+
+static void op_group_wait(fz_pool *fp, fz_group *G, int cls) {
+    fz_scan sc;
+    model_scan(fp, &sc);
+    bool cannot_finish = false;
+    for (int i = 0; i < fp->ntasks; i++) {
+        const fz_task *t = fp->tasks[i];
+        if (t->grp == G && t->accepted && (sc.stuck[i] || sc.parked[i])) cannot_finish = true;
+    }
+    static const uint64_t tos[4] = {1 * MS, 3 * MS, 0, FZ_LONG_NS};
+    uint64_t to = tos[cls % 4];
+    if ((to == 0 || to == FZ_LONG_NS) && (cannot_finish || sc.nblockers > 0)) to = 2 * MS;
+    uint64_t t0 = tp_now_ns();
+    int rc = tp_group_wait(G->g, to);
+    uint64_t el = tp_now_ns() - t0;
+    trace("group wait slot %d timeout %llu [stuck/parked member %d, blockers %d] -> %s", fp->slot,
+          (unsigned long long)to, cannot_finish, sc.nblockers, rcname(rc));
+    atomic_fetch_add(&fz_checked, 1);
+    if (cannot_finish) {
+        expect_rc(rc, bit(TP_ETIMEDOUT), "tp_group_wait with a member that cannot end");
+        CHECK(el >= to, "tp_group_wait: TP_ETIMEDOUT after %llu ns, timeout %llu", (unsigned long long)el,
+              (unsigned long long)to);
+        return;
+    }
+    /* TP_ETIMEDOUT is the wait's own timeout only once it has passed */
+    bool finished = rc != TP_ETIMEDOUT || to == 0 || el < to;
+    if (to == 0 || to == FZ_LONG_NS) CHECK(finished, "tp_group_wait did not finish in %llu ns", (unsigned long long)to);
+    if (finished) group_finished(fp, G, rc, "tp_group_wait");
+}
+
+static void op_group_cancel(fz_pool *fp, fz_group *G) {
+    fz_scan sc;
+    model_scan(fp, &sc);
+    for (int i = 0; i < fp->ntasks; i++) {
+        fz_task *t = fp->tasks[i];
+        if (t->grp == G && t->accepted && !task_ended(t)) t->cancel_requested = true;
+    }
+    int rc = tp_group_cancel(G->g);
+    trace("group cancel slot %d -> %s", fp->slot, rcname(rc));
+    expect_rc(rc, B_OK, "tp_group_cancel");
+    G->cancel_called = G->refusing = true;
+    for (int i = 0; i < fp->ntasks; i++) {
+        fz_task *t = fp->tasks[i];
+        if (t->grp != G || !t->accepted || task_ended(t)) continue;
+        int runs_before = atomic_load(&t->runs);
+        atomic_store(&t->cancel_ok, 1);
+        if (!sc.parked[i]) continue;
+        /* parked while every worker is busy: it ends now, unrun, promptly */
+        t->finalised_known = true;
+        if (t->has_done) {
+            await_done(t, "tp_group_cancel while every worker was busy");
+            CHECK(atomic_load(&t->done_status) == TP_ECANCELED, "task %d: cancelled with its group while queued, status %d",
+                  t->index, atomic_load(&t->done_status));
+        }
+        CHECK(atomic_load(&t->runs) == runs_before, "task %d ran after its group was cancelled", t->index);
+    }
+}
+
+/* Every gate opens first: tp_group_destroy waits without a limit. */
+static void op_group_destroy(fz_pool *fp, fz_group *G) {
+    for (int g = 0; g < FZ_GATES; g++) gate_open(g);
+    int rc = tp_group_destroy(G->g);
+    trace("group destroy slot %d -> %s", fp->slot, rcname(rc));
+    expect_rc(rc, B_OK, "tp_group_destroy");
+    for (int i = 0; i < fp->ntasks; i++) {
+        fz_task *t = fp->tasks[i];
+        if (t->grp != G || !t->accepted) continue;
+        t->finalised_known = true;
+        if (t->has_done)
+            CHECK(atomic_load(&t->done_calls) == 1, "group: member task %d has no on_done after tp_group_destroy",
+                  t->index);
+        t->grp = NULL; /* the model keeps its tolerance through cancel_ok */
+        if (G->cancel_called || G->coe) atomic_store(&t->cancel_ok, 1);
+    }
+    G->live = false;
+}
+
+/* The pool is gone: its groups are detached. */
+static void finish_groups(fz_pool *fp) {
+    for (int k = 0; k < FZ_GROUPS; k++) {
+        fz_group *G = &fp->grp[k];
+        if (!G->live) continue;
+        int rc = tp_group_wait(G->g, 1);
+        trace("group #%d of destroyed slot %d: wait -> %s", k, fp->slot, rcname(rc));
+        group_finished(fp, G, rc, "tp_group_wait on a detached group");
+        expect_rc(tp_group_submit(G->g, nop_task, NULL, NULL, NULL), bit(TP_ECLOSED), "tp_group_submit, pool destroyed");
+        expect_rc(tp_group_cancel(G->g), B_OK, "tp_group_cancel, pool destroyed");
+        expect_rc(tp_group_destroy(G->g), B_OK, "tp_group_destroy, pool destroyed");
+        for (int i = 0; i < fp->ntasks; i++) {
+            fz_task *t = fp->tasks[i];
+            if (t->grp != G) continue;
+            t->grp = NULL; /* the model keeps its tolerance through cancel_ok */
+            if (G->cancel_called || G->coe) atomic_store(&t->cancel_ok, 1);
+        }
+        G->live = false;
+    }
+}
+
+static void op_group(fz_pool *fp, uint8_t a0, uint8_t b1) {
+    ensure_pool(fp);
+    int k = (a0 >> 3) & 1;
+    fz_group *G = ensure_group(fp, k, (a0 >> 4) & 1);
+    switch ((a0 >> 1) % 4) {
+    case 0: op_group_wait(fp, G, b1); break;
+    case 1: op_group_cancel(fp, G); break;
+    case 2: op_group_destroy(fp, G); break;
+    default: op_group_wait(fp, G, 3); break;
+    }
+}
+
 static void op_logid(uint8_t b) {
     static const char *const ids[3] = {NULL, "m1", "m2"};
     const char *l = ids[b % 3];
@@ -1467,7 +1695,7 @@ static void op_logid(uint8_t b) {
 
 enum {
     OP_CREATE, OP_SUBMIT, OP_SUBMIT2, OP_CANCEL, OP_GATE, OP_SETTLE, OP_CLOSE, OP_SHUTDOWN,
-    OP_WAIT, OP_STATS, OP_DESTROY, OP_INVALID, OP_LOGID, OP_DEFAULT, OP_CONCURRENT, OP_COUNT
+    OP_WAIT, OP_STATS, OP_DESTROY, OP_INVALID, OP_LOGID, OP_DEFAULT, OP_CONCURRENT, OP_GROUP, OP_GSUBMIT, OP_COUNT
 };
 
 static void run_input(const uint8_t *data, size_t size) {
@@ -1494,11 +1722,13 @@ static void run_input(const uint8_t *data, size_t size) {
         }
         case OP_SUBMIT:
         case OP_SUBMIT2:
-        case OP_DEFAULT: {
+        case OP_DEFAULT:
+        case OP_GSUBMIT: {
             uint8_t b[5] = {a0, take(&in), take(&in), take(&in), take(&in)};
-            op_submit(fp, b, op == OP_DEFAULT ? VIA_DEFAULT : (b[3] & 16) ? VIA_WAIT : VIA_SUBMIT);
+            op_submit(fp, b, op == OP_DEFAULT ? VIA_DEFAULT : op == OP_GSUBMIT ? VIA_GROUP : (b[3] & 16) ? VIA_WAIT : VIA_SUBMIT);
             break;
         }
+        case OP_GROUP: op_group(fp, a0, take(&in)); break;
         case OP_CONCURRENT: {
             uint8_t b[5] = {a0, take(&in), 0, 0, 0};
             op_concurrent(fp, b);

@@ -12,7 +12,10 @@ import os
 import shutil
 
 OP = dict(create=0, submit=1, submit2=2, cancel=3, gate=4, settle=5, close=6, shutdown=7,
-          wait=8, stats=9, destroy=10, invalid=11, logid=12, default=13, concurrent=14)
+          wait=8, stats=9, destroy=10, invalid=11, logid=12, default=13, concurrent=14, group=15,
+          gsubmit=16)
+GROUP_OP = dict(wait=0, cancel=1, destroy=2, waitlong=3)
+WAIT_CLS = {"1ms": 0, "3ms": 1, "forever": 2, "5s": 3}  # group waits (long ones only when nothing can block)
 KIND = dict(succeed=0, fail=1, flaky=2, ignore=3, gsleep=4, gfd=5, sleep=6, self=7)
 USER = {None: 0, "": 1, "u0": 2, "u1": 3, "u2": 4}
 DL = dict(none=0, past=1, near=2, far=3)
@@ -58,6 +61,20 @@ def submit(slot=0, kind="succeed", user=None, gate=0, dl="none", rt=0, res=0, fa
 def cancel(slot=0, sel=0, extra=0):
     """sel: 0 = the newest accepted task, 1 = the one before, ...; n = id 0; n+1 = unknown id."""
     return bytes([OP["cancel"], slot, sel, extra])
+
+
+def gsubmit(slot=0, group=0, coe=False, **kw):
+    """submit() into group #group of the slot (created on first use, with
+    cancel on error when coe is set)."""
+    b = bytearray(submit(slot=slot, **kw))
+    b[0] = OP["gsubmit"]
+    b[5] |= (group << 6) | (int(coe) << 7)
+    return bytes(b)
+
+
+def group(slot=0, op="wait", group=0, coe=False, cls="3ms"):
+    """A group operation (the group is created first if it is not live)."""
+    return bytes([OP["group"], slot | GROUP_OP[op] << 1 | group << 3 | int(coe) << 4, WAIT_CLS[cls]])
 
 
 def gate(g):
@@ -212,6 +229,26 @@ SEEDS = {
     "forced_parked_delayed": [create(workers=1, cap=3, retries=3, retry=2, drain=0),
                               submit(kind="fail", res=1), settle(mode=1), submit(kind="ignore", gate=1),
                               settle(), submit(), shutdown(cls=2), stats(), gate(1), wait(cls=3)],
+    "group_basic": [create(workers=2, cap=4, retries=1), gsubmit(), gsubmit(kind="fail", res=1),
+                    gsubmit(kind="flaky", res=1, fail_k=1), group(cls="3ms"), group(cls="5s"), stats(),
+                    gsubmit(), group(op="destroy"), gsubmit(), group(cls="forever")],
+    "group_coe_parked": [create(workers=1, cap=4), gsubmit(kind="ignore", gate=0, coe=True), settle(),
+                         gsubmit(coe=True), gsubmit(kind="fail", res=-77, coe=True), group(cls="1ms"), gate(0),
+                         group(cls="5s"), gsubmit(coe=True), stats(), settle()],
+    "group_cancel_parked": [create(workers=1, cap=4), submit(kind="ignore", gate=1), settle(), gsubmit(),
+                            gsubmit(kind="fail", res=1), gsubmit(group=1), group(op="cancel"), gsubmit(),
+                            group(cls="forever"), stats(), gate(1), group(group=1, cls="5s"), stats()],
+    "group_pool_first": [create(workers=2, cap=4, drain=1), gsubmit(kind="gsleep", gate=2),
+                         gsubmit(group=1, coe=True, kind="fail", res=1), settle(), destroy(full=False), submit(),
+                         gsubmit(), settle()],
+    "group_self": [create(workers=2, cap=2, retries=1), gsubmit(kind="self"), gsubmit(kind="self", res=1),
+                   group(cls="5s"), stats()],
+    "group_shutdown_forced": [create(workers=1, cap=3, drain=1), gsubmit(kind="gfd", gate=0), settle(),
+                              gsubmit(), gsubmit(group=1, coe=True), shutdown(cls=1), group(cls="5s"),
+                              group(group=1, coe=True, cls="5s"), gate(0), stats()],
+    "group_coe_retry_deadline": [create(workers=2, cap=4, retries=2, retry=3), gsubmit(kind="fail", res=1, coe=True),
+                                 gsubmit(kind="fail", dl="near", res=1, b4=3, coe=True), gsubmit(coe=True),
+                                 settle(), group(cls="5s"), stats()],
     "unlimited_users": [create(workers=1, cap=4, mpu="unlimited"), submit(kind="ignore", user="u0", gate=0),
                         settle(), submit(user="u0"), submit(user="u0"), submit(user="u0"), stats(), gate(0),
                         settle()],

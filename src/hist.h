@@ -1,0 +1,107 @@
+/*
+ * hist.h -- recording into the latency histograms (SPEC 11.4). Inline: it runs
+ * twice per attempt on the worker's hot path.
+ *
+ * Shape. Log-linear buckets with inclusive upper bounds: bucket 0 holds
+ * 0..2^E0 ns (E0 = 7, 128 ns); above it every power of two (2^e, 2^(e+1)] is
+ * split into 8 equal buckets whose bounds are (9 + s) * 2^(e-3), s = 0..7, up
+ * to 2^42 ns; the last bucket holds the rest (bound UINT64_MAX). Consecutive
+ * bounds differ by a factor (k + 1) / k with k >= 8, so never more than
+ * 12.5 %. The index of a value v is that of w = v - 1 in the classic scheme
+ * "exponent, then the 3 bits after the leading one", which puts v exactly at
+ * its inclusive bound: one count-leading-zeros and two shifts.
+ *
+ * No lock, no read-modify-write. Each worker slot owns one shard (both
+ * histograms) and is its only writer: the worker thread of that slot, and a
+ * thread that reuses the slot starts only after the previous one has exited
+ * (worker.c joins it), so a plain relaxed load + store is an increment. Readers
+ * (hist.c) sum the shards. The bucket is written before the sum, the sum with
+ * release and read with acquire first, so a snapshot's sum never includes an
+ * observation its buckets miss; count is derived from the buckets at read
+ * time, so sum(buckets) == count in every snapshot by construction.
+ *
+ * Shards end with a cache line of padding, so that two workers never write
+ * one line whatever the alignment calloc gives the array.
+ */
+#ifndef TP_HIST_H
+#define TP_HIST_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "taskpool.h"
+
+#define TP__HIST_E0 7u          /* bucket 0: 0..2^7 ns */
+#define TP__HIST_EMAX 42u       /* the last regular bound is 2^42 ns */
+#define TP__HIST_SUB 8u         /* buckets per power of two */
+
+/* The layout above gives exactly this many buckets. */
+_Static_assert(TP_HIST_BUCKETS == 1 + (TP__HIST_EMAX - TP__HIST_E0) * TP__HIST_SUB + 1,
+               "TP_HIST_BUCKETS does not match the bucket layout");
+
+typedef struct tp__hist {
+    _Atomic uint64_t b[TP_HIST_BUCKETS];
+    _Atomic uint64_t sum;
+} tp__hist;
+
+typedef struct tp__hist_shard {
+    tp__hist h[2]; /* TP_HIST_QUEUE_WAIT, TP_HIST_RUN */
+    char pad_[64]; /* keeps the next slot's counters off this slot's last line */
+} tp__hist_shard;
+
+/* hist.c: one shard per worker slot, zeroed; NULL when out of memory. */
+tp__hist_shard *tp__hist_alloc(unsigned slots);
+void tp__hist_free(tp__hist_shard *s);
+
+static inline unsigned tp__hist_index(uint64_t v) {
+    if (v <= (1ull << TP__HIST_E0)) return 0;
+    uint64_t w = v - 1;
+    unsigned e = 63u - (unsigned)__builtin_clzll(w); /* w >= 2^E0, so e >= E0 */
+    if (e >= TP__HIST_EMAX) return TP_HIST_BUCKETS - 1;
+    unsigned sub = (unsigned)(w >> (e - 3)) & (TP__HIST_SUB - 1);
+    return 1u + (e - TP__HIST_E0) * TP__HIST_SUB + sub;
+}
+
+/* One observation by the shard's only writer. */
+static inline void tp__hist_record(tp__hist *h, uint64_t ns) {
+    _Atomic uint64_t *b = &h->b[tp__hist_index(ns)];
+    atomic_store_explicit(b, atomic_load_explicit(b, memory_order_relaxed) + 1, memory_order_relaxed);
+    /* release: a reader that sees this sum sees the bucket count above */
+    atomic_store_explicit(&h->sum, atomic_load_explicit(&h->sum, memory_order_relaxed) + ns,
+                          memory_order_release);
+}
+
+/* Clock reads: one at admission (tp_submit, before taking the lock; a
+ * waiting submit reuses its budget check's), one when a retry returns to the
+ * queue (the service thread's), one at the end of each attempt, and one at
+ * its start -- except in a busy pool: a worker that goes straight from the
+ * end of one attempt to the next (no wait, no on_done, no failure log in
+ * between) takes that end, or the new task's admission if later, as the
+ * start. The worker's hand-off between two tasks (its lock hold: finalise,
+ * pop, some 100 ns) then counts as run time of the next attempt instead of
+ * queue wait (queue waits read that much shorter, never negative), and its
+ * run timeout is armed that much earlier. A worker that finds the queue empty
+ * after an attempt starts its short spin for work from that end too, and an
+ * elastic pool's idle clock reuses it. So the worker reads the clock once per
+ * attempt in a busy pool (twice around a spin), as arming the default run
+ * timeout already did; what remains is that read when run timeouts are off,
+ * the read at admission and the recording (two index computations, four
+ * stores into lines only this worker writes). A worker that finds the queue empty
+ * after an attempt starts its short spin for work from that end too. So
+ * the worker reads the clock no more often than before the histograms (once
+ * per attempt in a busy pool, twice around a spin); the cost that remains
+ * is the read at admission and the recording (two index computations and
+ * four stores into lines only this worker writes).
+ *
+ * The hooks of the worker loop. `queued_at` and the clock are CLOCK_MONOTONIC
+ * ns; a clock that is never behind makes the differences non-negative, and a
+ * zero is recorded rather than a wrapped value if it ever were. */
+static inline void tp__hist_attempt_started(tp__hist_shard *s, uint64_t queued_at, uint64_t started_at) {
+    tp__hist_record(&s->h[TP_HIST_QUEUE_WAIT], started_at > queued_at ? started_at - queued_at : 0);
+}
+
+static inline void tp__hist_attempt_ended(tp__hist_shard *s, uint64_t started_at, uint64_t ended_at) {
+    tp__hist_record(&s->h[TP_HIST_RUN], ended_at > started_at ? ended_at - started_at : 0);
+}
+
+#endif /* TP_HIST_H */
