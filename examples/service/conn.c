@@ -146,6 +146,7 @@ typedef struct reply {
     char        extra[128];  /* extra header lines */
     size_t      len;
     char        body[BODY_CAP];
+    char       *big;         /* a larger body on the heap (/metrics), or NULL; send_reply frees it */
 } reply;
 
 static void reply_json(reply *r, int status, const char *fmt, ...)
@@ -439,14 +440,14 @@ static void handle_stats(conn *c, int cancel_fd, const http_request *req, const 
 static void handle_metrics(conn *c, int cancel_fd, const http_request *req, const char *log_id,
                            reply *r) {
     (void)cancel_fd, (void)req, (void)log_id;
-    tp_stats st;
-    tp_stats_get(c->s->tasks, &st);
-    int n = tp_stats_format(&st, TP_FORMAT_PROMETHEUS, r->body, sizeof r->body);
-    if (n < 0 || (size_t)n >= sizeof r->body) {
-        reply_error(r, 500, "metrics do not fit");
-        return;
-    }
-    int m = snprintf(r->body + n, sizeof r->body - (size_t)n,
+    /* Both pools in one document (tp_metrics_format: pool="task" and
+     * pool="conn" labels, capacity gauges, latency histograms), then the
+     * service's own gauges. The document outgrows the fixed body, so it goes
+     * on the heap; counters may grow between sizing and writing, so the
+     * buffer gets slack and the call is repeated if it still fell short. */
+    tp_pool *const pools[2] = {c->s->tasks, c->s->conns};
+    char own[512];
+    int m = snprintf(own, sizeof own,
                      "# HELP service_open_connections Client connections open now.\n"
                      "# TYPE service_open_connections gauge\n"
                      "service_open_connections %u\n"
@@ -454,13 +455,25 @@ static void handle_metrics(conn *c, int cancel_fd, const http_request *req, cons
                      "# TYPE service_draining gauge\n"
                      "service_draining %d\n",
                      atomic_load(&c->s->open_conns), atomic_load(&c->s->draining));
-    if (m < 0 || (size_t)m >= sizeof r->body - (size_t)n) {
-        reply_error(r, 500, "metrics do not fit");
-        return;
+    int need = tp_metrics_format(pools, 2, TP_FORMAT_PROMETHEUS, NULL, 0);
+    for (int tries = 0; need >= 0 && m >= 0 && (size_t)m < sizeof own && tries < 4; tries++) {
+        size_t cap = (size_t)need + 4096 + (size_t)m + 1;
+        char *buf = malloc(cap);
+        if (buf == NULL)
+            break;
+        int n = tp_metrics_format(pools, 2, TP_FORMAT_PROMETHEUS, buf, cap - (size_t)m);
+        if (n >= 0 && (size_t)n < cap - (size_t)m) {
+            memcpy(buf + n, own, (size_t)m + 1);
+            r->big = buf;
+            r->len = (size_t)n + (size_t)m;
+            r->status = 200;
+            r->ctype = "text/plain; version=0.0.4; charset=utf-8";
+            return;
+        }
+        free(buf);
+        need = n;
     }
-    r->len = (size_t)n + (size_t)m;
-    r->status = 200;
-    r->ctype = "text/plain; version=0.0.4; charset=utf-8";
+    reply_error(r, 500, "metrics could not be written");
 }
 
 /* GET /healthz (liveness) and GET /readyz (readiness): 200, or 503 once the
@@ -646,13 +659,18 @@ static int send_reply(conn *c, int cancel_fd, reply *r, int minor, const char *l
     char out[BODY_CAP + 512];
     char extra[sizeof r->extra + HTTP_REQID_MAX + 64];
     snprintf(extra, sizeof extra, "%sX-Request-Id: %s\r\n", r->extra, log_id);
-    size_t n = http_format_response(out, sizeof out, r->status, r->ctype, r->body, r->len, extra,
-                                    r->keep_alive, minor, r->head_only);
-    if (n == 0)
-        return -1;
+    /* A heap body is sent after the head, not copied into `out`. */
+    const char *body = r->big != NULL ? r->big : r->body;
+    size_t n = http_format_response(out, sizeof out, r->status, r->ctype, body, r->len, extra,
+                                    r->keep_alive, minor, r->head_only || r->big != NULL);
     /* A probe is served on the main thread: keep its write short too. */
-    uint64_t budget = c->probe ? PROBE_HEAD_NS : WRITE_TIMEOUT_NS;
-    return http_send_all(c->fd, out, n, tp_now_ns() + budget, cancel_fd);
+    uint64_t deadline = tp_now_ns() + (c->probe ? PROBE_HEAD_NS : WRITE_TIMEOUT_NS);
+    int rc = n == 0 ? -1 : http_send_all(c->fd, out, n, deadline, cancel_fd);
+    if (rc == 0 && r->big != NULL && !r->head_only)
+        rc = http_send_all(c->fd, r->big, r->len, deadline, cancel_fd);
+    free(r->big);
+    r->big = NULL;
+    return rc;
 }
 
 /* Answer a request we could not parse or accept, then close. */

@@ -281,10 +281,12 @@ size_t http_format_response(char *out, size_t cap, int status, const char *conte
     int n = snprintf(out, cap, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%s%s\r\n",
                      status, http_reason(status), content_type, body_len, extra != NULL ? extra : "",
                      conn);
-    if (n < 0 || (size_t)n >= cap || body_len > cap - (size_t)n)
+    if (n < 0 || (size_t)n >= cap)
         return 0;
-    if (head_only)
+    if (head_only) /* the head alone: the body, if any, is the caller's to send */
         return (size_t)n;
+    if (body_len > cap - (size_t)n)
+        return 0;
     memcpy(out + n, body, body_len);
     return (size_t)n + body_len;
 }

@@ -64,8 +64,9 @@ int http_send_all(int fd, const char *buf, size_t len, uint64_t deadline_ns, int
  * Content-Length, `extra` header lines (each ending in \r\n, may be NULL),
  * Connection: close when !keep_alive (or keep-alive for an HTTP/1.0 client
  * that asked), then the body unless `head_only` (the answer to HEAD: the same
- * headers, Content-Length included, and no body). Returns the length, or 0 if
- * it does not fit. */
+ * headers, Content-Length included, and no body; the body need not fit then,
+ * and a caller may send a large one itself after the head). Returns the
+ * length, or 0 if it does not fit. */
 size_t http_format_response(char *out, size_t cap, int status, const char *content_type,
                             const char *body, size_t body_len, const char *extra, int keep_alive,
                             int minor, int head_only);
