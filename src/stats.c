@@ -15,13 +15,39 @@
 #include <string.h>
 
 
+/* The counters, read downstream first. Every task is counted upstream before
+ * downstream (submitted before accepted or rejected_*, accepted before
+ * started and completed, completed before succeeded or failed, failed before
+ * cancelled before expired), each store a release; reading in the opposite
+ * order, each load an acquire, keeps these true in every snapshot, also while
+ * tasks move: submitted >= accepted + rejected, accepted >= completed,
+ * accepted >= started, completed >= succeeded + failed, failed >= cancelled
+ * >= expired. (Read in table order, a snapshot could show completed >
+ * accepted.) The gauges follow; they have no order. */
+#define TP__STATS_READ_ORDER(X)                                                                       \
+    X(expired) X(cancelled) X(failed) X(succeeded) X(completed) X(retried) X(started)                   \
+    X(rejected_timeout) X(rejected_closed) X(rejected_user) X(rejected_full) X(accepted) X(submitted)
+
+/* Every counter of TP__STATS_FIELDS is in the read order exactly once. */
+#define TP__ONE(f, help) +1
+#define TP__NONE(f, help)
+#define TP__ONE_READ(f) +1
+_Static_assert(0 TP__STATS_FIELDS(TP__ONE, TP__NONE, TP__NONE) == 0 TP__STATS_READ_ORDER(TP__ONE_READ),
+               "TP__STATS_READ_ORDER must list every counter of TP__STATS_FIELDS");
+#undef TP__ONE
+#undef TP__NONE
+#undef TP__ONE_READ
+
 void tp_stats_get(tp_pool *p, tp_stats *out) {
     if (!p || !out) return;
     const tp__stats *s = &p->st;
     memset(out, 0, sizeof *out);
+#define TP__GET_COUNTER(f) out->f = TP__ACQUIRE(s->f);
+    TP__STATS_READ_ORDER(TP__GET_COUNTER)
+#undef TP__GET_COUNTER
 #define TP__GET(f, help) out->f = TP__ACQUIRE(s->f);
 #define TP__SKIP(f, help)
-    TP__STATS_FIELDS(TP__GET, TP__GET, TP__SKIP)
+    TP__STATS_FIELDS(TP__SKIP, TP__GET, TP__SKIP)
 #undef TP__GET
 #undef TP__SKIP
     out->rejected = out->rejected_full + out->rejected_user + out->rejected_closed + out->rejected_timeout;

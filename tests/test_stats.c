@@ -514,6 +514,14 @@ static void test_concurrent_mix_at_rest(void **state) {
         tp_stats s = tpt_stats(p);
         assert_true(s.queued + s.delayed <= 8);
         assert_true(s.active <= 2);
+        /* Counter inequalities hold in every snapshot, not only at rest:
+         * tp_stats_get reads downstream counters first (stats.c). */
+        assert_true(s.submitted >= s.accepted + s.rejected);
+        assert_true(s.accepted >= s.completed);
+        assert_true(s.accepted >= s.started);
+        assert_true(s.completed >= s.succeeded + s.failed);
+        assert_true(s.failed >= s.cancelled);
+        assert_true(s.cancelled >= s.expired);
         tpt_pause();
     }
     for (int i = 0; i < T; i++)
