@@ -438,8 +438,12 @@ typedef struct tp_stats {
 /*
  * tp_stats_get -- a snapshot of the counters, read without blocking admission.
  * While the pool runs the fields are not one instant: each is exact when read,
- * but they are read one after another while tasks move, so cross-field sums
- * can be off by the tasks that moved meanwhile -- e.g. active + queued +
+ * but they are read one after another while tasks move. The counters are read
+ * in an order that keeps these true in every snapshot (since 1.1):
+ *   submitted >= accepted + rejected, accepted >= completed,
+ *   accepted >= started, completed >= succeeded + failed,
+ *   failed >= cancelled >= expired.
+ * Sums across the gauges can be off by the tasks that moved meanwhile -- e.g. active + queued +
  * delayed may show more than max_workers + queue_capacity when a task is
  * counted in `active` and, after its attempt failed, again in `delayed` or
  * `queued` read a moment later. (Separately, queued + delayed
