@@ -13,7 +13,11 @@
  * checks run in the contract's order -- closed, user limit, space -- and only
  * after all passed is anything reserved (tp__admit_locked in life.c), so a
  * refusal leaves nothing behind but its counter. Space means
- * queued + delayed < queue_capacity; running tasks do not count.
+ * queued + delayed < queue_capacity; running tasks do not count. Before the
+ * lock, tp_submit asks tp__admit_full_fast whether the answer is TP_EFULL
+ * whatever happens under the lock; then it refuses without taking it (a
+ * producer retrying on a full queue no longer competes with the workers that
+ * make room) and counts the refusal in `fast_full`.
  *
  * Why the ring holds queue_capacity + max_workers: admission keeps
  * queued + delayed < capacity at the moment a task enters, and afterwards a
@@ -307,12 +311,23 @@ static int submit_common(tp_pool *p, tp__admit_args *a, void *arg, uint64_t *id_
     return rc;
 }
 
+/* A full queue refused without the lock (see the top of this file). */
+static bool refuse_full_fast(tp_pool *p, const tp__admit_args *a) {
+    if (!tp__admit_full_fast(p, a->user != NULL)) return false;
+    /* release, like every counter update (SPEC section 7) */
+    atomic_fetch_add_explicit(&p->fast_full, 1, memory_order_release);
+    return true;
+}
+
 int tp__submit_member(tp_pool *p, struct tp_group *g, tp_fn fn, void *arg, const tp_task_opts *opts,
                       uint64_t *id_out) {
     tp__admit_args a;
     int rc = check_args(p, fn, opts, &a);
     if (rc != TP_OK) return rc;
     a.group = g;
+    /* A group's submit takes the lock: a cancelled group answers
+     * TP_ECANCELED before anything else, and counts nothing. */
+    if (!g && refuse_full_fast(p, &a)) return TP_EFULL;
     return submit_common(p, &a, arg, id_out, false, TP_FOREVER);
 }
 
