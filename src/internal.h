@@ -300,6 +300,10 @@ uint32_t tp__users_hash(const char *name, size_t len);
 tp__user *tp__users_find(const tp__users *us, const char *name, size_t len, uint32_t h);
 /* Take one slot for `name`, creating its entry; NULL: out of memory. */
 tp__user *tp__users_acquire(tp__users *us, const char *name, size_t len, uint32_t h);
+/* The same when the caller has just looked the name up: `found` is what
+ * tp__users_find() returned for it (NULL: no entry), so admission looks the
+ * name up once. */
+tp__user *tp__users_take(tp__users *us, tp__user *found, const char *name, size_t len, uint32_t h);
 /* Give one slot back; the entry is recycled when its count reaches 0. */
 void tp__users_release(tp__users *us, tp__user *u);
 

@@ -544,9 +544,10 @@ static void task_admitted_locked(tp_pool *p, tp__task *t) {
 
 int tp__admit_locked(tp_pool *p, const tp__admit_args *a, void *arg, uint64_t *id_out) {
     TP__ASSERT_LOCKED(p);
-    if (a->user && p->cfg.max_per_user != TP_UNLIMITED) {
-        tp__user *u = tp__users_find(&p->life.users, a->user, a->user_len, a->user_hash);
-        if (u && u->count >= p->cfg.max_per_user) return TP_EUSERLIMIT;
+    tp__user *found = NULL;
+    if (a->user) {
+        found = tp__users_find(&p->life.users, a->user, a->user_len, a->user_hash);
+        if (found && found->count >= p->cfg.max_per_user) return TP_EUSERLIMIT; /* never for TP_UNLIMITED */
     }
     if (tp__ring_len(&p->life.ring) + p->life.delayed >= p->cfg.capacity) return TP_EFULL;
 
@@ -557,7 +558,7 @@ int tp__admit_locked(tp_pool *p, const tp__admit_args *a, void *arg, uint64_t *i
     if (rc != TP_OK) return rc;
     tp__user *u = NULL;
     if (a->user) {
-        u = tp__users_acquire(&p->life.users, a->user, a->user_len, a->user_hash);
+        u = tp__users_take(&p->life.users, found, a->user, a->user_len, a->user_hash);
         if (!u) {
             tp__tasks_put(&p->life.tasks, t);
             return TP_ENOMEM;
