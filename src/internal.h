@@ -551,8 +551,11 @@ typedef struct tp__admit_args {
  * records made now (-1: out of memory); fini also after a failed init. */
 int tp__life_init(tp_pool *p, unsigned full, unsigned prealloc);
 void tp__life_fini(tp_pool *p);
-/* The admission checks after "closed"; on TP_OK the task is queued. */
-int tp__admit_locked(tp_pool *p, const tp__admit_args *a, void *arg, uint64_t *id_out);
+/* The admission checks after "closed"; on TP_OK the task is queued and, if
+ * `wake`, an idle worker signalled for it. */
+int tp__admit_locked(tp_pool *p, const tp__admit_args *a, void *arg, uint64_t *id_out, bool wake);
+/* Wake idle workers for `n` tasks just queued (one each, none while one spins). */
+void tp__work_signal_locked(tp_pool *p, size_t n);
 /* Without the lock: true when the locked path would refuse this task with
  * TP_EFULL (not closed, queue full, its user if any below its limit) at the
  * moment of one atomic load; false means "ask under the lock". */

@@ -521,8 +521,9 @@ uint64_t tp__queue_expire_locked(tp_pool *p, uint64_t now) {
 /* ------------------------------------------------------------ admission */
 
 /* Hook point "admitted": `t` is filled in and gets its id, its index entry
- * and its place at the back of the ring. */
-static void task_admitted_locked(tp_pool *p, tp__task *t) {
+ * and its place at the back of the ring. `wake`: signal an idle worker for
+ * it now (a batch wakes them once, after its last task: tp__work_signal_locked). */
+static void task_admitted_locked(tp_pool *p, tp__task *t, bool wake) {
     t->id = ++p->life.next_id;
     tp__tasks_index(&p->life.tasks, t);
     tp__ring_push(&p->life.ring, t);
@@ -537,12 +538,19 @@ static void task_admitted_locked(tp_pool *p, tp__task *t) {
     if (t->group) group_join_locked(t);
     TP__INC(p->st.accepted);
     queue_changed_locked(p);
-    /* A spinning worker takes this task without a wake-up; it wakes a
-     * sleeper itself if more work is left (tp__queue_pop_locked). */
-    if (p->wk.idle_waiters && !p->wk.spinners) pthread_cond_signal(&p->work_cv);
+    if (wake) tp__work_signal_locked(p, 1);
 }
 
-int tp__admit_locked(tp_pool *p, const tp__admit_args *a, void *arg, uint64_t *id_out) {
+void tp__work_signal_locked(tp_pool *p, size_t n) {
+    TP__ASSERT_LOCKED(p);
+    /* A spinning worker takes new tasks without a wake-up; it wakes a
+     * sleeper itself if more work is left (tp__queue_pop_locked). Else one
+     * signal per task, as far as there are sleepers. */
+    if (p->wk.spinners) return;
+    for (size_t i = 0; i < n && i < p->wk.idle_waiters; i++) pthread_cond_signal(&p->work_cv);
+}
+
+int tp__admit_locked(tp_pool *p, const tp__admit_args *a, void *arg, uint64_t *id_out, bool wake) {
     TP__ASSERT_LOCKED(p);
     tp__user *found = NULL;
     if (a->user) {
@@ -588,7 +596,7 @@ int tp__admit_locked(tp_pool *p, const tp__admit_args *a, void *arg, uint64_t *i
         t->log_id[0] = '\0';
         t->log_gen = p->cfg.serial; /* non-zero: generate from pool serial + id */
     }
-    task_admitted_locked(p, t);
+    task_admitted_locked(p, t, wake);
     if (id_out) *id_out = t->id;
     return TP_OK;
 }
