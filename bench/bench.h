@@ -7,7 +7,7 @@
  *   limits.c     the machine's own limits: a mutex pair, a one-way condvar
  *                wake, a bare mutex/condvar ring (as the perf harness's limits.c)
  *   scenarios.c  the pool scenarios: throughput (plain, per-user, blocking
- *                submit), wake latency, steady load, cancellation
+ *                submit, batch submit), wake latency, steady load, cancellation
  *   allocs.c     the malloc interposer and the allocations-per-task scenario
  *   report.c     the figures of every round, and their table and JSON output
  *
@@ -37,6 +37,7 @@
 #define BENCH_MAX_PLIST     8    /* values in --producers=P[,P...] */
 #define BENCH_MAX_ROUNDS    100
 #define BENCH_MAX_USERS     100000
+#define BENCH_MAX_BATCH     4096 /* --batch */
 #define BENCH_WARMUP_TASKS  1000 /* per pool, before its timed region (as perf's driver) */
 #define BENCH_STALL_NS      (30ull * 1000000000ull) /* no progress this long: give up */
 
@@ -71,7 +72,8 @@ enum {
     SC_LOAD = 1 << 4,
     SC_CANCEL = 1 << 5,
     SC_ALLOCS = 1 << 6,
-    SC_ALL = (1 << 7) - 1,
+    SC_BATCH = 1 << 7,
+    SC_ALL = (1 << 8) - 1,
 };
 
 typedef struct bench_opts {
@@ -83,6 +85,7 @@ typedef struct bench_opts {
     unsigned queue;
     unsigned long tasks; /* per throughput round */
     unsigned users;      /* distinct users of the per-user scenario */
+    unsigned batch;      /* tasks per tp_submit_batch call of the batch scenario */
     bench_body body;     /* body of the throughput tasks */
     unsigned samples;    /* wake-latency samples per round */
     uint64_t gap_ns;     /* idle time before each wake sample */
@@ -151,7 +154,7 @@ void report_json(const bench_opts *o, int ok);
 
 /* Names of the SC_* bits, bit i -> name i. */
 extern const char *const bench_scenario_names[];
-#define BENCH_N_SCENARIOS 7
+#define BENCH_N_SCENARIOS 8
 
 /* ------------------------------------------------------------ machine facts */
 
@@ -192,6 +195,6 @@ void bench_sort(uint64_t *v, unsigned long n);
 int bench_wait_active(tp_pool *p, unsigned n);
 
 /* Kinds of scenario_throughput. */
-enum { TPUT_PLAIN = 0, TPUT_USERS = 1, TPUT_WAIT = 2 };
+enum { TPUT_PLAIN = 0, TPUT_USERS = 1, TPUT_WAIT = 2, TPUT_BATCH = 3 };
 
 #endif /* TP_BENCH_H */

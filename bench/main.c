@@ -51,6 +51,10 @@ static void usage(FILE *f) {
         "               of a full pool (1 ms budget)\n"
         "  allocs       heap allocations per task in steady state (must be 0;\n"
         "               n/a under sanitizers)\n"
+        "  batch        the throughput scenario with tp_submit_batch(): each producer\n"
+        "               hands in B tasks per call, and on TP_EFULL retries the rest\n"
+        "               after sched_yield(): ns/task, also as a ratio to the single\n"
+        "               tp_submit() of the same round\n"
         "\n"
         "Options (--name=value or --name value):\n"
         "  --scenario=NAME[,NAME...]  scenarios to run (default: all)\n"
@@ -64,6 +68,8 @@ static void usage(FILE *f) {
         "                       1000000); also the items of the bare ring\n"
         "  --users=U            distinct users of the users scenario, 1..%d\n"
         "                       (default 64)\n"
+        "  --batch=B            tasks per tp_submit_batch() call of the batch\n"
+        "                       scenario, 1..%d (default 64)\n"
         "  --body=BODY          what a throughput task does: empty, spin:DURATION\n"
         "                       (busy loop) or sleep:DURATION (tp_ctx_sleep)\n"
         "                       (default empty)\n"
@@ -83,7 +89,7 @@ static void usage(FILE *f) {
         "Exit status: 0; 1 if a scenario failed (a lost task, counters that disagree,\n"
         "an allocation in steady state); 2 on a usage error.\n",
         BENCH_MAX_ROUNDS, TP_MAX_WORKERS, BENCH_MAX_PRODUCERS, TP_MAX_QUEUE_CAPACITY,
-        BENCH_MAX_USERS);
+        BENCH_MAX_USERS, BENCH_MAX_BATCH);
 }
 
 /* ------------------------------------------------------------ parsing */
@@ -159,7 +165,7 @@ void describe_body(const bench_body *b, char *buf, unsigned len) {
 }
 
 const char *const bench_scenario_names[BENCH_N_SCENARIOS] = {
-    "throughput", "users", "submit_wait", "wake", "load", "cancel", "allocs"};
+    "throughput", "users", "submit_wait", "wake", "load", "cancel", "allocs", "batch"};
 #define g_scenarios bench_scenario_names
 #define N_SCENARIOS BENCH_N_SCENARIOS
 
@@ -220,13 +226,14 @@ typedef struct opt_def {
 static const opt_def g_opts[] = {
     {"--json", OPT_FLAG, 0, 0, ""},
     {"--scenario", OPT_SCENARIO, 0, 0,
-     "a comma-separated list of: throughput, users, submit_wait, wake, load, cancel, allocs, all"},
+     "a comma-separated list of: throughput, users, submit_wait, wake, load, cancel, allocs, batch, all"},
     {"--rounds", OPT_NUM, 1, BENCH_MAX_ROUNDS, NULL},
     {"--workers", OPT_NUM, 1, TP_MAX_WORKERS, NULL},
     {"--producers", OPT_PLIST, 0, 0, "a comma-separated list of at most 8 numbers in 1..64"},
     {"--queue", OPT_NUM, 1, TP_MAX_QUEUE_CAPACITY, NULL},
     {"--tasks", OPT_NUM, 1, 1000000000ul, NULL},
     {"--users", OPT_NUM, 1, BENCH_MAX_USERS, NULL},
+    {"--batch", OPT_NUM, 1, BENCH_MAX_BATCH, NULL},
     {"--body", OPT_BODY, 0, 0, "empty, spin:DURATION or sleep:DURATION (e.g. spin:2us)"},
     {"--samples", OPT_NUM, 1, 1000000, NULL},
     {"--gap", OPT_DURATION, 0, 0, "a duration such as 200us (1ns..10s)"},
@@ -243,6 +250,7 @@ static void set_num(bench_opts *o, const char *name, unsigned long v) {
     else if (!strcmp(name, "--queue")) o->queue = (unsigned)v;
     else if (!strcmp(name, "--tasks")) o->tasks = v;
     else if (!strcmp(name, "--users")) o->users = (unsigned)v;
+    else if (!strcmp(name, "--batch")) o->batch = (unsigned)v;
     else if (!strcmp(name, "--samples")) o->samples = (unsigned)v;
     else if (!strcmp(name, "--load")) o->load_pct = (unsigned)v;
     else if (!strcmp(name, "--load-tasks")) o->load_tasks = v;
@@ -260,6 +268,7 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
         .queue = 1024,
         .tasks = 1000000,
         .users = 64,
+        .batch = 64,
         .body = {BODY_EMPTY, 0},
         .samples = 1000,
         .gap_ns = 200000,
@@ -368,7 +377,11 @@ static int run_round(const bench_opts *o, unsigned r) {
     static const struct {
         unsigned bit;
         int kind;
-    } tput[] = {{SC_THROUGHPUT, TPUT_PLAIN}, {SC_USERS, TPUT_USERS}, {SC_SUBMIT_WAIT, TPUT_WAIT}};
+        const char *name;
+    } tput[] = {{SC_THROUGHPUT, TPUT_PLAIN, "throughput"},
+                {SC_USERS, TPUT_USERS, "users"},
+                {SC_SUBMIT_WAIT, TPUT_WAIT, "submit_wait"},
+                {SC_BATCH, TPUT_BATCH, "batch"}};
     static const struct {
         unsigned bit;
         const char *name;
@@ -387,7 +400,7 @@ static int run_round(const bench_opts *o, unsigned r) {
         if (!(o->scenarios & tput[k].bit))
             continue;
         for (unsigned i = 0; i < o->n_producers; i++) {
-            progress(g_scenarios[k], r, o->rounds);
+            progress(tput[k].name, r, o->rounds);
             if (scenario_throughput(o, r, tput[k].kind, o->producers[i]) != 0)
                 return -1;
         }

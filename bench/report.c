@@ -169,10 +169,10 @@ static void options_line(const bench_opts *o, char *buf, size_t len) {
     }
     scenario_list(o->scenarios, sc, sizeof sc);
     snprintf(buf, len,
-             "rounds %u, workers %u, producers %s, queue %u, tasks %lu, users %u, body %s,\n"
+             "rounds %u, workers %u, producers %s, queue %u, tasks %lu, users %u, batch %u, body %s,\n"
              "wake samples %u (gap %" PRIu64 " us), load %u%% x %lu tasks of %s, "
              "alloc tasks %lu\nscenarios: %s",
-             o->rounds, o->workers, plist, o->queue, o->tasks, o->users, body, o->samples,
+             o->rounds, o->workers, plist, o->queue, o->tasks, o->users, o->batch, body, o->samples,
              o->gap_ns / 1000, o->load_pct, o->load_tasks, lbody, o->alloc_tasks, sc);
 }
 
@@ -276,8 +276,8 @@ void report_json(const bench_opts *o, int ok) {
            o->workers);
     for (unsigned i = 0; i < o->n_producers; i++)
         printf("%s%u", i ? ", " : "", o->producers[i]);
-    printf("], \"queue\": %u, \"tasks\": %lu, \"users\": %u, \"body\": ", o->queue, o->tasks,
-           o->users);
+    printf("], \"queue\": %u, \"tasks\": %lu, \"users\": %u, \"batch\": %u, \"body\": ", o->queue,
+           o->tasks, o->users, o->batch);
     json_str(body);
     printf(", \"samples\": %u, \"gap_ns\": %" PRIu64 ", \"load_pct\": %u, \"load_tasks\": %lu, "
            "\"load_body\": ",

@@ -23,6 +23,11 @@
  *                is the accounting's cost (also as a ratio to plain).
  *   submit_wait  the same with tp_submit_wait(): producers block for space
  *                instead of spinning on refusals.
+ *   batch        the same with tp_submit_batch(): each call hands in --batch
+ *                tasks; what a full queue refuses is handed in again (the
+ *                rest of the batch, as one call) after sched_yield. Every
+ *                refused call counts one refusal, as in the pool. Also as a
+ *                ratio to the plain throughput of the same round.
  *   wake         one task at a time into an idle pool, after an idle gap:
  *                submit timestamp to task-start timestamp (ratio to the bare
  *                condvar wake of the same round).
@@ -202,6 +207,7 @@ static char (*g_user_names)[16]; /* --users names */
 static uint64_t *g_wake_lat;     /* --samples */
 static uint64_t *g_submit_at, *g_start_at, *g_end_at; /* --load-tasks each */
 static uint64_t *g_ids;                                /* --queue + --workers */
+static tp_task *g_batch;                               /* --batch, all alike, read-only */
 
 int scenarios_setup(const bench_opts *o) {
     countdown_init(&g_done);
@@ -211,7 +217,8 @@ int scenarios_setup(const bench_opts *o) {
     g_start_at = calloc(o->load_tasks, sizeof(uint64_t));
     g_end_at = calloc(o->load_tasks, sizeof(uint64_t));
     g_ids = calloc((size_t)o->queue + o->workers, sizeof(uint64_t));
-    if (!g_user_names || !g_wake_lat || !g_submit_at || !g_start_at || !g_end_at || !g_ids) {
+    g_batch = calloc(o->batch, sizeof g_batch[0]);
+    if (!g_user_names || !g_wake_lat || !g_submit_at || !g_start_at || !g_end_at || !g_ids || !g_batch) {
         fprintf(stderr, "tp_bench: out of memory for the scenario buffers\n");
         return -1;
     }
@@ -228,6 +235,7 @@ void scenarios_teardown(void) {
     free(g_start_at);
     free(g_end_at);
     free(g_ids);
+    free(g_batch);
 }
 
 static int make_pool(const bench_opts *o, unsigned max_per_user, tp_pool **out) {
@@ -296,13 +304,38 @@ typedef struct producer {
     int kind;             /* TPUT_* */
     unsigned first_user;  /* users: where this producer starts its round robin */
     unsigned users;
+    unsigned batch;       /* TPUT_BATCH: tasks per call */
     unsigned long count;  /* tasks to submit */
     unsigned long refusals;
     int error; /* first unexpected result */
 } producer;
 
+/* TPUT_BATCH: pr->count tasks in calls of pr->batch; the rest of a call
+ * refused for space is handed in again. 0 or the unexpected result code. */
+static int produce_batches(producer *pr) {
+    unsigned long left = pr->count;
+    while (left > 0) {
+        size_t n = left < pr->batch ? (size_t)left : pr->batch;
+        while (n > 0) {
+            size_t k = 0;
+            int rc = tp_submit_batch(pr->pool, g_batch, n, NULL, &k);
+            n -= k;
+            left -= k;
+            if (rc == TP_EFULL) {
+                pr->refusals++;
+                sched_yield();
+            } else if (rc != TP_OK) {
+                return rc;
+            }
+        }
+    }
+    return 0;
+}
+
 /* Submits pr->count tasks; 0 or the unexpected result code. */
 static int produce(producer *pr) {
+    if (pr->kind == TPUT_BATCH)
+        return produce_batches(pr);
     tp_task_opts opts = {0};
     unsigned u = pr->first_user;
     for (unsigned long i = 0; i < pr->count; i++) {
@@ -340,7 +373,7 @@ static void *producer_main(void *arg) {
     return NULL;
 }
 
-static const char *const g_tput_names[] = {"throughput", "users", "submit_wait"};
+static const char *const g_tput_names[] = {"throughput", "users", "submit_wait", "batch"};
 
 int scenario_throughput(const bench_opts *o, unsigned round, int kind, unsigned nprod) {
     const char *name = g_tput_names[kind];
@@ -351,8 +384,11 @@ int scenario_throughput(const bench_opts *o, unsigned round, int kind, unsigned 
 
     /* Warm-up: one producer, inline, the same kind of submit. */
     g_body = o->body;
+    for (unsigned i = 0; i < o->batch; i++)
+        g_batch[i] = (tp_task){.fn = tput_task, .arg = NULL, .opts = NULL};
     countdown_arm(&g_done, BENCH_WARMUP_TASKS);
-    producer warm = {.pool = pool, .kind = kind, .users = o->users, .count = BENCH_WARMUP_TASKS};
+    producer warm = {
+        .pool = pool, .kind = kind, .users = o->users, .batch = o->batch, .count = BENCH_WARMUP_TASKS};
     int rc = produce(&warm);
     if (rc != 0) {
         fprintf(stderr, "tp_bench: %s warm-up: %s\n", name, tp_err_name(rc));
@@ -374,6 +410,7 @@ int scenario_throughput(const bench_opts *o, unsigned round, int kind, unsigned 
             .kind = kind,
             .first_user = (unsigned)((unsigned long long)i * o->users / nprod),
             .users = o->users,
+            .batch = o->batch,
             .count = o->tasks / nprod + (i < o->tasks % nprod ? 1 : 0),
         };
         if (pthread_create(&pr[i].thread, NULL, producer_main, &pr[i]) != 0)
@@ -429,10 +466,11 @@ int scenario_throughput(const bench_opts *o, unsigned round, int kind, unsigned 
         bench_record(round, name, variant, "preempts/1k tasks", (double)(ru1.ru_nivcsw - ru0.ru_nivcsw) * per_k,
                      NULL);
     }
-    if (kind == TPUT_USERS) {
+    if (kind == TPUT_USERS || kind == TPUT_BATCH) {
         double plain = bench_value(round, "throughput", variant, "ns/task");
         if (plain > 0)
-            bench_record(round, name, variant, "ns/task / plain", ns / plain, NULL);
+            bench_record(round, name, variant, kind == TPUT_USERS ? "ns/task / plain" : "ns/task / single submit",
+                         ns / plain, NULL);
     }
     return 0;
 }

@@ -13,8 +13,8 @@ if(NOT TP_BENCH)
   message(FATAL_ERROR "usage: cmake -DTP_BENCH=<tp_bench> -P smoke.cmake")
 endif()
 
-set(scenarios throughput users submit_wait wake load cancel allocs)
-set(tiny --rounds=2 --tasks=3000 --queue=64 --producers=1,2 --users=8 --samples=20
+set(scenarios throughput users submit_wait wake load cancel allocs batch)
+set(tiny --rounds=2 --tasks=3000 --queue=64 --producers=1,2 --users=8 --batch=16 --samples=20
          --gap=50us --load-tasks=400 --load-body=spin:20us --alloc-tasks=2000)
 
 function(run_bench out_var)
@@ -93,7 +93,8 @@ if(NOT rc EQUAL 0 OR NOT help MATCHES "--body=BODY" OR NOT help MATCHES "--scena
 endif()
 foreach(bad "--workers=0" "--queue=-1" "--tasks=12x" "--body=spin" "--body=spin:0"
             "--body=nap:1us" "--scenario=nope" "--scenario=wake," "--producers=1,,2"
-            "--producers=65" "--gap=3h" "--rounds" "--json=1" "--nope")
+            "--producers=65" "--gap=3h" "--rounds" "--json=1" "--nope" "--batch=0"
+            "--batch=4097")
   execute_process(COMMAND "${TP_BENCH}" ${bad} RESULT_VARIABLE rc OUTPUT_VARIABLE out
                   ERROR_VARIABLE err TIMEOUT 30)
   if(NOT rc EQUAL 2 OR err STREQUAL "")

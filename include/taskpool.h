@@ -2,7 +2,7 @@
  * taskpool.h -- libtaskpool, a bounded worker pool for C services.
  *
  * The whole public contract is in this file, top to bottom:
- *   1. version and export macros        6. admission: submit, submit_wait, cancel
+ *   1. version and export macros        6. admission: submit, batch, wait, cancel
  *   2. error codes                      7. the running task's context
  *   3. limits and special values        8. statistics
  *   4. configuration                    9. log ids and the log hook
@@ -92,7 +92,7 @@ extern "C" {
  *   place where this may break.
  *
  * How the structs grow
- *   tp_config, tp_task_opts and tp_stats end in a reserved tail. A later minor
+ *   tp_config, tp_task_opts, tp_stats and tp_task end in a reserved tail. A later minor
  *   version adds a field by taking the place of reserved words, so the size
  *   and every earlier offset stay. Reserved words of the structs you pass in
  *   must be zero: `= {0}`, designated initialisers and memset do that, and
@@ -359,6 +359,54 @@ TP_API int tp_submit(tp_pool *p, tp_fn fn, void *arg, const tp_task_opts *opts, 
  */
 TP_API int tp_submit_wait(tp_pool *p, tp_fn fn, void *arg, const tp_task_opts *opts,
                           uint64_t budget_ns, uint64_t *id_out);
+
+/* One task of a batch (tp_submit_batch). Since 1.1. Zero-initialise it
+ * (`= {0}`, designated initialisers, a compound literal): the reserved tail
+ * must be zero, as in the other public structs. */
+typedef struct tp_task {
+    tp_fn               fn;
+    void               *arg;
+    const tp_task_opts *opts;     /* NULL: defaults */
+    uint64_t            reserved[2]; /* growth room (since 1.1): must be zero */
+} tp_task;
+
+/*
+ * tp_submit_batch -- admit tasks[0..k), a prefix of the n tasks, in order, in
+ * one pass under the pool lock; never waits for space. Since 1.1.
+ *   Each task is checked as tp_submit() would check it (arguments, closed,
+ *   its user's limit, space), in array order, and the batch stops at the
+ *   first task that tp_submit() would refuse; the tasks after it are not
+ *   tried and not counted. Returns TP_OK when k == n, else that task's
+ *   refusal: TP_EINVAL (its fn is NULL, a reserved word of it is not zero,
+ *   or its opts are bad, as for tp_submit), TP_ECLOSED,
+ *   TP_EUSERLIMIT, TP_EFULL (also, as for tp_submit, when task records are at
+ *   their cap) or TP_ENOMEM. A batch whose own arguments are bad -- p NULL,
+ *   or tasks NULL with n > 0 -- returns TP_EINVAL with k = 0.
+ *   n == 0 returns TP_OK with k = 0 and changes nothing.
+ *   *accepted_out (if not NULL) is set to k on every return, errors included.
+ *   ids_out (if not NULL) must have room for n ids: ids_out[i] is set to the
+ *   id of tasks[i] for i < k and left untouched from k on.
+ *   Order: the k accepted tasks sit next to each other in the queue, in
+ *   array order, with no other submitter's task between them, and start in
+ *   that order (FIFO, as for tp_submit). Tasks admitted in one batch count
+ *   against the same limits as k calls of tp_submit() would: a batch of
+ *   tasks of one user is cut at that user's max_per_user, a batch larger
+ *   than the free space is cut at queue_capacity.
+ *   Counters: as k accepted calls of tp_submit() plus, when a task was
+ *   refused for anything but TP_EINVAL, one refused call (submitted counts
+ *   k + 1, the matching rejected_* counts 1). TP_EINVAL counts nowhere.
+ *   Ownership: tasks[i].arg of an accepted task belongs to the pool until its
+ *   on_done, as for tp_submit(); from k on every arg stays the caller's and
+ *   no on_done is called for them. The array, the options and their strings
+ *   are read during the call only (user and log id are copied); a task
+ *   without an explicit log id inherits the calling thread's, or gets a
+ *   generated one, as for tp_submit().
+ *   Blocks only on the pool lock (once per call, however large n is), except
+ *   that in an elastic pool it may start one worker thread. Thread-safe; may
+ *   be called from a task or an on_done.
+ */
+TP_API int tp_submit_batch(tp_pool *p, const tp_task *tasks, size_t n, uint64_t *ids_out,
+                           size_t *accepted_out);
 
 /*
  * tp_cancel -- cancel an accepted task that has not reached its final outcome.

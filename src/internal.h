@@ -41,8 +41,10 @@
  *
  * Locking
  *   One mutex per pool, `tp_pool.mu`, guards everything in the pool except the
- *   statistics (atomics) and the worker's context `cancelled` flag (atomic,
- *   written under mu, read lock-free by the task). Every lock, unlock and wait
+ *   statistics (atomics), the worker's context `cancelled` flag (atomic,
+ *   written under mu, read lock-free by the task) and `life.adm`, the
+ *   admission word (atomic, written under mu, read lock-free by
+ *   tp__admit_full_fast to refuse a full queue without the lock). Every lock, unlock and wait
  *   goes through tp__lock/tp__unlock/tp__wait_locked; a function whose name
  *   ends in `_locked` needs mu held (asserted in debug builds) and, where it
  *   says so, releases it around user code.
@@ -298,6 +300,10 @@ uint32_t tp__users_hash(const char *name, size_t len);
 tp__user *tp__users_find(const tp__users *us, const char *name, size_t len, uint32_t h);
 /* Take one slot for `name`, creating its entry; NULL: out of memory. */
 tp__user *tp__users_acquire(tp__users *us, const char *name, size_t len, uint32_t h);
+/* The same when the caller has just looked the name up: `found` is what
+ * tp__users_find() returned for it (NULL: no entry), so admission looks the
+ * name up once. */
+tp__user *tp__users_take(tp__users *us, tp__user *found, const char *name, size_t len, uint32_t h);
 /* Give one slot back; the entry is recycled when its count reaches 0. */
 void tp__users_release(tp__users *us, tp__user *u);
 
@@ -365,9 +371,15 @@ struct tp_pool {
         uint64_t queued_deadline_min; /* lower bound of the deadlines in the ring */
         uint64_t expiry_scan_at; /* the service thread scans the ring no earlier */
         unsigned room_waiters;   /* tp_submit_wait callers in room_cv */
+        unsigned users_at_limit; /* users holding max_per_user slots */
         bool closed;             /* tp__close_locked: no more admissions */
         bool forced;             /* tp__force_locked: no more retries */
         struct tp_group *groups; /* this pool's groups (linked by group.c through life.c) */
+        /* What admission needs to refuse a full queue without the lock
+         * (tp__admit_full_fast), stored under mu after every change as one
+         * word, so that one load gives the values of one moment: queued +
+         * delayed (bits 0-31), users_at_limit (bits 32-62), closed (bit 63). */
+        _Atomic uint64_t adm;
     } life;
 
     /* worker.c: worker slots and thread counts */
@@ -397,6 +409,11 @@ struct tp_pool {
 
     /* statistics: atomics, written under mu by the owner of each counter */
     tp__stats st;
+    /* pool.c: submits refused by tp__admit_full_fast, without the lock. Each
+     * counts in both submitted and rejected_full (tp_stats_get adds it in).
+     * A read-modify-write, as no lock orders the writers; its own cache line,
+     * which only refused submitters write. */
+    _Alignas(64) _Atomic uint64_t fast_full;
 #if defined(TP__DEBUG)
     pthread_t mu_owner;      /* valid while mu_held; see tp__lock */
     bool mu_held;
@@ -534,8 +551,15 @@ typedef struct tp__admit_args {
  * records made now (-1: out of memory); fini also after a failed init. */
 int tp__life_init(tp_pool *p, unsigned full, unsigned prealloc);
 void tp__life_fini(tp_pool *p);
-/* The admission checks after "closed"; on TP_OK the task is queued. */
-int tp__admit_locked(tp_pool *p, const tp__admit_args *a, void *arg, uint64_t *id_out);
+/* The admission checks after "closed"; on TP_OK the task is queued and, if
+ * `wake`, an idle worker signalled for it. */
+int tp__admit_locked(tp_pool *p, const tp__admit_args *a, void *arg, uint64_t *id_out, bool wake);
+/* Wake idle workers for `n` tasks just queued (one each, none while one spins). */
+void tp__work_signal_locked(tp_pool *p, size_t n);
+/* Without the lock: true when the locked path would refuse this task with
+ * TP_EFULL (not closed, queue full, its user if any below its limit) at the
+ * moment of one atomic load; false means "ask under the lock". */
+bool tp__admit_full_fast(tp_pool *p, bool has_user);
 bool tp__want_spawn_locked(const tp_pool *p);
 /* tp_submit_wait: wait on room_cv until woken or `deadline` (0, ETIMEDOUT). */
 int tp__wait_room_locked(tp_pool *p, uint64_t deadline);

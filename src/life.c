@@ -71,6 +71,43 @@ void tp__life_fini(tp_pool *p) {
     tp__ring_fini(&p->life.ring);
 }
 
+/* ------------------------------------------------------------ the admission word */
+
+/* Store `adm` again after one of its values changed (the ring length, the
+ * delayed count, users_at_limit, closed), before the lock is released, and
+ * only once the change itself is made (a user's slot given back before the
+ * count of users at their limit drops): each store is the pool's state at
+ * that moment, all earlier changes of the critical section included, so a
+ * lock-free reader sees either that state or an older one, never one the
+ * pool has not reached; a critical section's changes take effect for it at
+ * its stores. Release: pairs with the acquire in tp__admit_full_fast (only
+ * for the reasoning's sake: the reader acts on the word alone). */
+static void adm_publish_locked(tp_pool *p) {
+    uint64_t w = (uint64_t)(tp__ring_len(&p->life.ring) + p->life.delayed) |
+                 (uint64_t)(p->life.users_at_limit & 0x7fffffffu) << 32 | (uint64_t)p->life.closed << 63;
+    atomic_store_explicit(&p->life.adm, w, memory_order_release);
+}
+
+/*
+ * A refusal for lack of space decided without the lock, for a producer that
+ * retries on TP_EFULL: it then never takes the lock while the queue is full,
+ * and the workers that make room do not wait for it. It answers only where
+ * the locked path would answer TP_EFULL too: not closed (TP_ECLOSED is
+ * checked first), the queue full, and the task's user, if it has one, below
+ * its limit (TP_EUSERLIMIT comes before TP_EFULL), which is known without
+ * the user table when no user at all is at its limit. One load of `adm`
+ * gives the three values as they were at one moment under the lock, so the
+ * refusal is the locked path's answer at that moment (its linearisation
+ * point). A word older than the newest store is still a state the pool was
+ * in; one that does not say "full" sends the caller to the locked path,
+ * which decides exactly, so a pool with room is never refused here.
+ */
+bool tp__admit_full_fast(tp_pool *p, bool has_user) {
+    uint64_t w = atomic_load_explicit(&p->life.adm, memory_order_acquire);
+    if ((uint32_t)w < p->cfg.capacity || (w >> 63) != 0) return false;
+    return !has_user || ((w >> 32) & 0x7fffffffu) == 0;
+}
+
 /* ------------------------------------------------------------ wake-ups */
 
 /* The service thread: an ending, a retry timer or an earlier deadline. */
@@ -119,6 +156,7 @@ void tp__close_locked(tp_pool *p) {
     TP__ASSERT_LOCKED(p);
     if (p->life.closed) return;
     p->life.closed = true;
+    adm_publish_locked(p);
     pthread_cond_broadcast(&p->room_cv);
     pthread_cond_broadcast(&p->work_cv);
     svc_wake_locked(p);
@@ -146,8 +184,12 @@ bool tp__want_spawn_locked(const tp_pool *p) {
 /* ------------------------------------------------------------ the queue */
 
 /* The one place that publishes the queue length (read lock-free by spinning
- * workers and tp_stats_get). Called after every change of the ring. */
-static void queue_changed_locked(tp_pool *p) { TP__SET(p->st.queued, tp__ring_len(&p->life.ring)); }
+ * workers, tp_stats_get and, in `adm`, admission). Called after every change
+ * of the ring. */
+static void queue_changed_locked(tp_pool *p) {
+    TP__SET(p->st.queued, tp__ring_len(&p->life.ring));
+    adm_publish_locked(p);
+}
 
 static void queue_remove_locked(tp_pool *p, tp__task *t) {
     int found = tp__ring_remove(&p->life.ring, t);
@@ -241,8 +283,16 @@ static void task_finalise_locked(tp_pool *p, tp__task *t, int status, bool expir
         p->life.with_deadline--;
     }
     if (t->user) {
-        tp__users_release(&p->life.users, t->user);
+        bool was_at_limit = t->user->count == p->cfg.max_per_user;
+        tp__users_release(&p->life.users, t->user); /* may recycle the entry: not read again */
         TP__SET(p->st.users, p->life.users.live);
+        if (was_at_limit) {
+            /* Published after the release, never before: the word may lag
+             * the pool but never show a state it has not reached yet. */
+            TP__ASSERT(p->life.users_at_limit > 0);
+            p->life.users_at_limit--;
+            adm_publish_locked(p);
+        }
         signal_room_locked(p);
     }
     t->status = status;
@@ -346,6 +396,7 @@ static void delayed_push_locked(tp_pool *p, tp__task *t) {
     p->life.delayed_tail = t;
     p->life.delayed++;
     TP__SET(p->st.delayed, p->life.delayed);
+    adm_publish_locked(p);
 }
 
 static void delayed_remove_locked(tp_pool *p, tp__task *t) {
@@ -362,6 +413,7 @@ static void delayed_remove_locked(tp_pool *p, tp__task *t) {
     t->next = t->prev = NULL;
     p->life.delayed--;
     TP__SET(p->st.delayed, p->life.delayed);
+    adm_publish_locked(p);
 }
 
 /* Move due retries to the ring and end those whose deadline passed. The
@@ -469,8 +521,9 @@ uint64_t tp__queue_expire_locked(tp_pool *p, uint64_t now) {
 /* ------------------------------------------------------------ admission */
 
 /* Hook point "admitted": `t` is filled in and gets its id, its index entry
- * and its place at the back of the ring. */
-static void task_admitted_locked(tp_pool *p, tp__task *t) {
+ * and its place at the back of the ring. `wake`: signal an idle worker for
+ * it now (a batch wakes them once, after its last task: tp__work_signal_locked). */
+static void task_admitted_locked(tp_pool *p, tp__task *t, bool wake) {
     t->id = ++p->life.next_id;
     tp__tasks_index(&p->life.tasks, t);
     tp__ring_push(&p->life.ring, t);
@@ -485,16 +538,24 @@ static void task_admitted_locked(tp_pool *p, tp__task *t) {
     if (t->group) group_join_locked(t);
     TP__INC(p->st.accepted);
     queue_changed_locked(p);
-    /* A spinning worker takes this task without a wake-up; it wakes a
-     * sleeper itself if more work is left (tp__queue_pop_locked). */
-    if (p->wk.idle_waiters && !p->wk.spinners) pthread_cond_signal(&p->work_cv);
+    if (wake) tp__work_signal_locked(p, 1);
 }
 
-int tp__admit_locked(tp_pool *p, const tp__admit_args *a, void *arg, uint64_t *id_out) {
+void tp__work_signal_locked(tp_pool *p, size_t n) {
     TP__ASSERT_LOCKED(p);
-    if (a->user && p->cfg.max_per_user != TP_UNLIMITED) {
-        tp__user *u = tp__users_find(&p->life.users, a->user, a->user_len, a->user_hash);
-        if (u && u->count >= p->cfg.max_per_user) return TP_EUSERLIMIT;
+    /* A spinning worker takes new tasks without a wake-up; it wakes a
+     * sleeper itself if more work is left (tp__queue_pop_locked). Else one
+     * signal per task, as far as there are sleepers. */
+    if (p->wk.spinners) return;
+    for (size_t i = 0; i < n && i < p->wk.idle_waiters; i++) pthread_cond_signal(&p->work_cv);
+}
+
+int tp__admit_locked(tp_pool *p, const tp__admit_args *a, void *arg, uint64_t *id_out, bool wake) {
+    TP__ASSERT_LOCKED(p);
+    tp__user *found = NULL;
+    if (a->user) {
+        found = tp__users_find(&p->life.users, a->user, a->user_len, a->user_hash);
+        if (found && found->count >= p->cfg.max_per_user) return TP_EUSERLIMIT; /* never for TP_UNLIMITED */
     }
     if (tp__ring_len(&p->life.ring) + p->life.delayed >= p->cfg.capacity) return TP_EFULL;
 
@@ -505,12 +566,13 @@ int tp__admit_locked(tp_pool *p, const tp__admit_args *a, void *arg, uint64_t *i
     if (rc != TP_OK) return rc;
     tp__user *u = NULL;
     if (a->user) {
-        u = tp__users_acquire(&p->life.users, a->user, a->user_len, a->user_hash);
+        u = tp__users_take(&p->life.users, found, a->user, a->user_len, a->user_hash);
         if (!u) {
             tp__tasks_put(&p->life.tasks, t);
             return TP_ENOMEM;
         }
         TP__SET(p->st.users, p->life.users.live);
+        if (u->count == p->cfg.max_per_user) p->life.users_at_limit++; /* published with the ring below */
     }
     t->fn = a->fn;
     t->arg = arg;
@@ -534,7 +596,7 @@ int tp__admit_locked(tp_pool *p, const tp__admit_args *a, void *arg, uint64_t *i
         t->log_id[0] = '\0';
         t->log_gen = p->cfg.serial; /* non-zero: generate from pool serial + id */
     }
-    task_admitted_locked(p, t);
+    task_admitted_locked(p, t, wake);
     if (id_out) *id_out = t->id;
     return TP_OK;
 }

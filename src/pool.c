@@ -13,7 +13,13 @@
  * checks run in the contract's order -- closed, user limit, space -- and only
  * after all passed is anything reserved (tp__admit_locked in life.c), so a
  * refusal leaves nothing behind but its counter. Space means
- * queued + delayed < queue_capacity; running tasks do not count.
+ * queued + delayed < queue_capacity; running tasks do not count. Before the
+ * lock, tp_submit asks tp__admit_full_fast whether the answer is TP_EFULL
+ * whatever happens under the lock; then it refuses without taking it (a
+ * producer retrying on a full queue no longer competes with the workers that
+ * make room) and counts the refusal in `fast_full`. tp_submit_batch admits a
+ * prefix of its tasks the same way, one after the other, in one lock pass,
+ * and wakes idle workers once, after the pass.
  *
  * Why the ring holds queue_capacity + max_workers: admission keeps
  * queued + delayed < capacity at the moment a task enters, and afterwards a
@@ -287,7 +293,7 @@ static int submit_common(tp_pool *p, tp__admit_args *a, void *arg, uint64_t *id_
             rc = TP_ETIMEDOUT;
             break;
         }
-        rc = tp__admit_locked(p, a, arg, id_out);
+        rc = tp__admit_locked(p, a, arg, id_out, true);
         if (!wait || (rc != TP_EFULL && rc != TP_EUSERLIMIT)) break;
         if (tp__tls_service && tp__tls_pool == p) {
             /* An on_done on this pool's service thread: waiting would stall
@@ -307,17 +313,93 @@ static int submit_common(tp_pool *p, tp__admit_args *a, void *arg, uint64_t *id_
     return rc;
 }
 
+/* A full queue refused without the lock (see the top of this file). */
+static bool refuse_full_fast(tp_pool *p, const tp__admit_args *a) {
+    if (!tp__admit_full_fast(p, a->user != NULL)) return false;
+    /* release, like every counter update (SPEC section 7) */
+    atomic_fetch_add_explicit(&p->fast_full, 1, memory_order_release);
+    return true;
+}
+
 int tp__submit_member(tp_pool *p, struct tp_group *g, tp_fn fn, void *arg, const tp_task_opts *opts,
                       uint64_t *id_out) {
     tp__admit_args a;
     int rc = check_args(p, fn, opts, &a);
     if (rc != TP_OK) return rc;
     a.group = g;
+    /* A group's submit takes the lock: a cancelled group answers
+     * TP_ECANCELED before anything else, and counts nothing. */
+    if (!g && refuse_full_fast(p, &a)) return TP_EFULL;
     return submit_common(p, &a, arg, id_out, false, TP_FOREVER);
 }
 
 int tp_submit(tp_pool *p, tp_fn fn, void *arg, const tp_task_opts *opts, uint64_t *id_out) {
     return tp__submit_member(p, NULL, fn, arg, opts, id_out);
+}
+
+/* Tasks of a batch whose checked arguments stay on the stack; the arguments
+ * of later ones are checked again under the lock (same inputs, same result). */
+#define TP__BATCH_ARGS 32
+
+int tp_submit_batch(tp_pool *p, const tp_task *tasks, size_t n, uint64_t *ids_out, size_t *accepted_out) {
+    if (accepted_out) *accepted_out = 0;
+    if (!p || (n > 0 && !tasks)) return TP_EINVAL;
+    if (n == 0) return TP_OK;
+
+    /* Arguments first, without the lock: tasks[0..valid) pass. The first one
+     * that does not is refused with its TP_EINVAL only if every task before it
+     * is admitted, and, like tp_submit's TP_EINVAL, counts nowhere. */
+    tp__admit_args a[TP__BATCH_ARGS];
+    size_t valid = 0;
+    int arg_rc = TP_OK;
+    for (; valid < n; valid++) {
+        tp__admit_args spare;
+        arg_rc = !TP__RESERVED_ZERO(&tasks[valid])
+                     ? TP_EINVAL
+                     : check_args(p, tasks[valid].fn, tasks[valid].opts, valid < TP__BATCH_ARGS ? &a[valid] : &spare);
+        if (arg_rc != TP_OK) break;
+    }
+    if (valid == 0) return arg_rc;
+    if (refuse_full_fast(p, &a[0])) return TP_EFULL;
+
+    /* The queue wait of every task starts now: one clock read, before the
+     * lock, for the whole batch (as tp_submit reads one for its task). */
+    uint64_t now = tp_now_ns();
+    for (size_t i = 0; i < valid && i < TP__BATCH_ARGS; i++) a[i].now = now;
+
+    /* One lock pass: the accepted prefix is adjacent in the ring (FIFO). */
+    tp__worker *w = NULL;
+    pthread_t old;
+    bool join_old = false;
+    size_t k = 0;
+    int rc = TP_OK;
+    tp__lock(p);
+    for (; k < valid; k++) {
+        tp__admit_args spare;
+        const tp__admit_args *ak = &spare;
+        if (k < TP__BATCH_ARGS)
+            ak = &a[k];
+        else {
+            (void)check_args(p, tasks[k].fn, tasks[k].opts, &spare); /* passed above */
+            spare.now = now;
+        }
+        TP__INC(p->st.submitted);
+        rc = p->life.closed ? TP_ECLOSED
+                            : tp__admit_locked(p, ak, tasks[k].arg, ids_out ? &ids_out[k] : NULL, false);
+        if (rc != TP_OK) {
+            count_reject_locked(p, rc);
+            break;
+        }
+    }
+    if (k > 0) {
+        tp__work_signal_locked(p, k);
+        if (tp__want_spawn_locked(p)) tp__spawn_start_locked(p, &w, &old, &join_old);
+    }
+    tp__unlock(p);
+    if (w) (void)tp__spawn_finish(p, w, old, join_old); /* a failure leaves the tasks queued for the others */
+    if (accepted_out) *accepted_out = k;
+    if (rc != TP_OK) return rc;
+    return k < n ? arg_rc : TP_OK;
 }
 
 int tp_submit_wait(tp_pool *p, tp_fn fn, void *arg, const tp_task_opts *opts, uint64_t budget_ns,

@@ -50,6 +50,11 @@ void tp_stats_get(tp_pool *p, tp_stats *out) {
     TP__STATS_FIELDS(TP__SKIP, TP__GET, TP__SKIP)
 #undef TP__GET
 #undef TP__SKIP
+    /* Submits refused without the lock (pool.c) count in two fields: one load,
+     * added to both, so the inequalities above still hold. */
+    uint64_t fast_full = TP__ACQUIRE(p->fast_full);
+    out->submitted += fast_full;
+    out->rejected_full += fast_full;
     out->rejected = out->rejected_full + out->rejected_user + out->rejected_closed + out->rejected_timeout;
 }
 

@@ -96,7 +96,11 @@ tp__user *tp__users_find(const tp__users *us, const char *name, size_t len, uint
 }
 
 tp__user *tp__users_acquire(tp__users *us, const char *name, size_t len, uint32_t h) {
-    tp__user *u = tp__users_find(us, name, len, h);
+    return tp__users_take(us, tp__users_find(us, name, len, h), name, len, h);
+}
+
+tp__user *tp__users_take(tp__users *us, tp__user *found, const char *name, size_t len, uint32_t h) {
+    tp__user *u = found;
     if (u) {
         u->count++;
         return u;

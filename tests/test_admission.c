@@ -884,6 +884,61 @@ static void test_submit_wait_budget_spent(void **state) {
     assert_int_equal(s.accepted, 1);
 }
 
+/* ------------------------------------------------------------ full, lock-free */
+
+/* A full queue is refused without the pool lock while no user is at its
+ * limit (pool.c, refuse_full_fast). The refusal order must not change: a
+ * user at its limit gets TP_EUSERLIMIT, never the lock-free TP_EFULL, however
+ * it reached the limit (admission) and left it (cancel, completion). */
+static void test_full_refusal_tracks_users_at_limit(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l = tpt_fx_latch(f);
+    tp_pool *p = mkpool(1, 2, 2);
+    tpt_fill_workers(p, l, 1, "x"); /* x holds 1 of 2 */
+    tp_task_opts ox = {.user = "x"}, oy = {.user = "y"}, oz = {.user = "z"};
+    uint64_t y1 = 0, y2 = 0, plain = 0;
+    assert_int_equal(tp_submit(p, tpt_block_task, l, &oy, &y1), TP_OK);
+    assert_int_equal(tp_submit(p, tpt_block_task, l, &oy, &y2), TP_OK); /* y at its limit; queue full */
+    assert_int_equal(tp_submit(p, tpt_nop_task, NULL, &ox, NULL), TP_EFULL);
+    assert_int_equal(tp_submit(p, tpt_nop_task, NULL, &oy, NULL), TP_EUSERLIMIT);
+    assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_EFULL);
+
+    /* y leaves its limit by a cancel; the queue fills again: nobody at a
+     * limit, so every kind of task is refused for space */
+    assert_int_equal(tp_cancel(p, y2), TP_OK);
+    assert_int_equal(tp_submit(p, tpt_block_task, l, NULL, &plain), TP_OK);
+    assert_int_equal(tp_submit(p, tpt_nop_task, NULL, &ox, NULL), TP_EFULL);
+    assert_int_equal(tp_submit(p, tpt_nop_task, NULL, &oy, NULL), TP_EFULL);
+    assert_int_equal(tp_submit(p, tpt_nop_task, NULL, &oz, NULL), TP_EFULL);
+    assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_EFULL);
+
+    /* y reaches its limit again through admission: TP_EUSERLIMIT at once */
+    assert_int_equal(tp_cancel(p, plain), TP_OK);
+    assert_int_equal(tp_submit(p, tpt_block_task, l, &oy, &y2), TP_OK);
+    assert_int_equal(tp_user_active(p, "y"), 2);
+    assert_int_equal(tp_submit(p, tpt_nop_task, NULL, &oy, NULL), TP_EUSERLIMIT);
+    assert_int_equal(tp_submit(p, tpt_nop_task, NULL, &oz, NULL), TP_EFULL);
+    tp_stats s = tpt_stats(p);
+    assert_int_equal(s.rejected_user, 2);
+    assert_int_equal(s.rejected_full, 7);
+
+    /* ... and leaves it through completion: with the queue full again of
+     * plain tasks, y is refused for space */
+    tpt_latch_open(l);
+    TPT_EVENTUALLY(tpt_stats(p).completed == 5 && tp_user_active(p, "y") == 0);
+    tpt_latch *l2 = tpt_fx_latch(f);
+    tpt_fill_workers(p, l2, 1, NULL);
+    assert_int_equal(tp_submit(p, tpt_block_task, l2, NULL, NULL), TP_OK);
+    assert_int_equal(tp_submit(p, tpt_block_task, l2, NULL, NULL), TP_OK);
+    assert_int_equal(tp_submit(p, tpt_nop_task, NULL, &oy, NULL), TP_EFULL);
+    tpt_latch_open(l2);
+    s = tpt_finish(p);
+    assert_int_equal(s.rejected_user, 2);
+    assert_int_equal(s.rejected_full, 8);
+    assert_int_equal(s.accepted, 8);
+    assert_int_equal(s.cancelled, 2);
+}
+
 /* ------------------------------------------------------------ ids */
 
 static void test_ids_unique_nonzero(void **state) {
@@ -926,6 +981,7 @@ int main(void) {
         TPT_TEST(test_submit_wait_gets_user_slot),
         TPT_TEST(test_submit_wait_woken_by_close),
         TPT_TEST(test_submit_wait_budget_spent),
+        TPT_TEST(test_full_refusal_tracks_users_at_limit),
         TPT_TEST(test_ids_unique_nonzero),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

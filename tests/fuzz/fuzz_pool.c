@@ -993,7 +993,9 @@ static void ensure_pool(fz_pool *fp) {
     op_create(fp, zero);
 }
 
-enum { VIA_SUBMIT, VIA_WAIT, VIA_DEFAULT, VIA_GROUP };
+/* VIA_BATCH: tp_submit_batch with this one task, which must answer exactly
+ * as tp_submit would (SPEC 11.2), with accepted_out and ids_out to match. */
+enum { VIA_SUBMIT, VIA_WAIT, VIA_DEFAULT, VIA_GROUP, VIA_BATCH };
 
 static fz_group *ensure_group(fz_pool *fp, int k, bool coe);
 
@@ -1099,13 +1101,23 @@ static void op_submit(fz_pool *fp, const uint8_t b[5], int via) {
         CHECK(tp_default_swap(NULL) == fp->p, "tp_default_swap(NULL) did not return the registered pool");
     } else if (via == VIA_GROUP) {
         rc = tp_group_submit(G->g, task_main, t, &o, &id);
+    } else if (via == VIA_BATCH) {
+        tp_task bt = {.fn = task_main, .arg = t, .opts = &o};
+        size_t k = 99;
+        rc = tp_submit_batch(fp->p, &bt, 1, &id, &k);
+        CHECK(k == (rc == TP_OK ? 1u : 0u), "submit_batch: %s with accepted_out %zu", rcname(rc), k);
+        CHECK(rc == TP_OK || id == 0, "submit_batch: ids_out written for a refused task");
     } else {
         rc = tp_submit(fp->p, task_main, t, &o, &id);
     }
     uint64_t elapsed = tp_now_ns() - t0;
     trace("%s slot %d task %d %s user %s gate %d dl %d rt %llu res %d done %d log %s budget %llu "
           "[occ %d..%d user %d..%d stuck %d] -> %s id %llu",
-          via == VIA_WAIT ? "submit_wait" : via == VIA_DEFAULT ? "default_submit" : via == VIA_GROUP ? "group_submit" : "submit",
+          via == VIA_WAIT      ? "submit_wait"
+          : via == VIA_DEFAULT ? "default_submit"
+          : via == VIA_GROUP   ? "group_submit"
+          : via == VIA_BATCH   ? "submit_batch"
+                               : "submit",
           fp->slot, t->index,
           kind_name[t->kind], fz_users[t->user] ? fz_users[t->user] : "NULL", t->gate, t->dl_class,
           (unsigned long long)rt, t->result, t->has_done, o.log_id ? o.log_id : "-", (unsigned long long)budget,
@@ -1725,7 +1737,14 @@ static void run_input(const uint8_t *data, size_t size) {
         case OP_DEFAULT:
         case OP_GSUBMIT: {
             uint8_t b[5] = {a0, take(&in), take(&in), take(&in), take(&in)};
-            op_submit(fp, b, op == OP_DEFAULT ? VIA_DEFAULT : op == OP_GSUBMIT ? VIA_GROUP : (b[3] & 16) ? VIA_WAIT : VIA_SUBMIT);
+            /* OP_SUBMIT2 with bit 5 of b[3] (a budget bit, unused without
+             * bit 4): the same submit as a batch of one */
+            int via = op == OP_DEFAULT                    ? VIA_DEFAULT
+                      : op == OP_GSUBMIT                  ? VIA_GROUP
+                      : (b[3] & 16)                       ? VIA_WAIT
+                      : (op == OP_SUBMIT2 && (b[3] & 32)) ? VIA_BATCH
+                                                          : VIA_SUBMIT;
+            op_submit(fp, b, via);
             break;
         }
         case OP_GROUP: op_group(fp, a0, take(&in)); break;

@@ -50,12 +50,18 @@ def create(slot=0, workers=1, extra=0, cap=1, mpu=0, retries=0, retry=0, rt=0, d
 
 def submit(slot=0, kind="succeed", user=None, gate=0, dl="none", rt=0, res=0, fail_k=0, done=True,
            log=False, wait=False, budget=0, b4=0, via="submit"):
+    """via: "submit", "default", or "batch" (tp_submit_batch of this one task:
+    op submit2 with bit 5 of b3, a budget bit that a plain submit ignores)."""
+    if via == "batch":
+        assert not wait
+        budget = "1ms"  # (b3 >> 5) % 4 == 1: bit 5 set
     b0 = find(lambda b: b & 1 == slot and (b >> 1) % 8 == KIND[kind])
     b1 = find(lambda b: b % 5 == USER[user] and (b >> 3) % 4 == gate)
     b2 = find(lambda b: b % 4 == DL[dl] and (b >> 2) % 4 == RT[rt] and (b >> 4) % 4 == RES[res] and b >> 6 == fail_k)
     b3 = find(lambda b: ((b & 7) == 7) == (not done) and bool(b & 8) == log and bool(b & 16) == wait
               and (b >> 5) % 4 == BUDGET[budget])
-    return bytes([OP["default" if via == "default" else "submit"], b0, b1, b2, b3, b4])
+    op = {"default": "default", "batch": "submit2"}.get(via, "submit")
+    return bytes([OP[op], b0, b1, b2, b3, b4])
 
 
 def cancel(slot=0, sel=0, extra=0):
@@ -249,6 +255,10 @@ SEEDS = {
     "group_coe_retry_deadline": [create(workers=2, cap=4, retries=2, retry=3), gsubmit(kind="fail", res=1, coe=True),
                                  gsubmit(kind="fail", dl="near", res=1, b4=3, coe=True), gsubmit(coe=True),
                                  settle(), group(cls="5s"), stats()],
+    "batch_one": [create(workers=1, cap=2, mpu=1), submit(kind="ignore", user="u0", gate=0, via="batch"),
+                  settle(), submit(user="u0", via="batch"), submit(via="batch"), submit(user="u1", via="batch"),
+                  submit(via="batch"), stats(), gate(0), settle(), submit(kind="fail", res=1, via="batch"),
+                  close(), submit(via="batch"), wait(cls=3), stats()],
     "unlimited_users": [create(workers=1, cap=4, mpu="unlimited"), submit(kind="ignore", user="u0", gate=0),
                         settle(), submit(user="u0"), submit(user="u0"), submit(user="u0"), stats(), gate(0),
                         settle()],
