@@ -29,6 +29,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "clock.h"
 #include "taskpool.h"
 
 #define TP__HIST_E0 7u          /* bucket 0: 0..2^7 ns */
@@ -71,37 +72,39 @@ static inline void tp__hist_record(tp__hist *h, uint64_t ns) {
                           memory_order_release);
 }
 
-/* Clock reads: one at admission (tp_submit, before taking the lock; a
- * waiting submit reuses its budget check's), one when a retry returns to the
- * queue (the service thread's), one at the end of each attempt, and one at
- * its start -- except in a busy pool: a worker that goes straight from the
- * end of one attempt to the next (no wait, no on_done, no failure log in
- * between) takes that end, or the new task's admission if later, as the
- * start. The worker's hand-off between two tasks (its lock hold: finalise,
- * pop, some 100 ns) then counts as run time of the next attempt instead of
- * queue wait (queue waits read that much shorter, never negative), and its
- * run timeout is armed that much earlier. A worker that finds the queue empty
- * after an attempt starts its short spin for work from that end too, and an
- * elastic pool's idle clock reuses it. So the worker reads the clock once per
- * attempt in a busy pool (twice around a spin), as arming the default run
- * timeout already did; what remains is that read when run timeouts are off,
- * the read at admission and the recording (two index computations, four
- * stores into lines only this worker writes). A worker that finds the queue empty
- * after an attempt starts its short spin for work from that end too. So
- * the worker reads the clock no more often than before the histograms (once
- * per attempt in a busy pool, twice around a spin); the cost that remains
- * is the read at admission and the recording (two index computations and
- * four stores into lines only this worker writes).
+/* Stamps, on the histograms' own clock (clock.h: the TSC where it is
+ * invariant, ~9 ns a read, else CLOCK_MONOTONIC): one at admission
+ * (tp_submit, before taking the lock; a waiting submit takes it under the
+ * lock after its budget check), one when a retry returns to the queue (the
+ * service thread's), one at the end of each attempt, and one at its start --
+ * except in a busy pool: a worker that goes straight from the end of one
+ * attempt to the next (no wait, no on_done, no failure log in between) takes
+ * that end, or the new task's admission if later, as the start. The worker's
+ * hand-off between two tasks (its lock hold: finalise, pop, some 100 ns) then
+ * counts as run time of the next attempt instead of queue wait (queue waits
+ * read that much shorter, never negative).
  *
- * The hooks of the worker loop. `queued_at` and the clock are CLOCK_MONOTONIC
- * ns; a clock that is never behind makes the differences non-negative, and a
- * zero is recorded rather than a wrapped value if it ever were. */
+ * CLOCK_MONOTONIC (deadlines, run timeouts, the idle clock) is read apart
+ * from the stamps, and only when something uses it: a busy worker reads it
+ * at the end of an attempt that had a run timeout (or in an elastic pool)
+ * and arms the next attempt's run timeout from that read (that much early),
+ * else afresh at the start of an attempt that has one; a spin for work
+ * starts from that read or a fresh one. So, per attempt in a busy pool,
+ * the histograms add one stamp at admission and one at the end of the
+ * attempt, and the recording (two index computations, four stores into
+ * lines only this worker writes).
+ *
+ * The hooks of the worker loop. `queued_at` and the other stamps are of the
+ * histograms' own clock (clock.h: the TSC where it is invariant, else
+ * CLOCK_MONOTONIC), never mixed with the CLOCK_MONOTONIC times of deadlines
+ * and run timeouts; tp__hclk_ns converts a difference to ns and makes one
+ * that would be negative a zero. */
 static inline void tp__hist_attempt_started(tp__hist_shard *s, uint64_t queued_at, uint64_t started_at) {
-    tp__hist_record(&s->h[TP_HIST_QUEUE_WAIT], started_at > queued_at ? started_at - queued_at : 0);
+    tp__hist_record(&s->h[TP_HIST_QUEUE_WAIT], tp__hclk_ns(queued_at, started_at));
 }
 
 static inline void tp__hist_attempt_ended(tp__hist_shard *s, uint64_t started_at, uint64_t ended_at) {
-    tp__hist_record(&s->h[TP_HIST_RUN], ended_at > started_at ? ended_at - started_at : 0);
+    tp__hist_record(&s->h[TP_HIST_RUN], tp__hclk_ns(started_at, ended_at));
 }
 
 #endif /* TP_HIST_H */

@@ -32,6 +32,8 @@
  *      ring.h     bounded FIFO of task pointers (inline functions)
  *      hist.c     latency histograms: bounds, snapshots, quantiles (since
  *                 1.1; recording is inline in hist.h, called by worker.c)
+ *      clock.c    the histograms' clock: TSC ticks calibrated once per
+ *                 process, else CLOCK_MONOTONIC (stamps inline in clock.h)
  *   7  error.c    error table, tp_strerror, version, tp__assert_fail
  *
  * Why the threads sit above life.c: a worker or the service thread is a
@@ -228,7 +230,7 @@ typedef struct tp__task {
     uint64_t run_timeout;   /* resolved, ns; TP_FOREVER for none */
     uint64_t deadline;      /* absolute; TP_FOREVER for none */
     uint64_t due;           /* while DELAYED: when the retry is queued */
-    uint64_t queued_at;     /* admission, or return to the queue for a retry (queue-wait histogram) */
+    uint64_t queued_at;     /* admission, or return to the queue for a retry: a clock.h stamp (queue-wait histogram) */
     struct tp__task *next;  /* free list, delayed list, endings list */
     struct tp__task *prev;  /* delayed list */
     struct tp__task *id_next; /* id index chain */
@@ -308,6 +310,7 @@ tp__user *tp__users_take(tp__users *us, tp__user *found, const char *name, size_
 void tp__users_release(tp__users *us, tp__user *u);
 
 #include "ring.h"
+#include "clock.h"
 #include "hist.h"
 
 /* ------------------------------------------------------------ pool */
@@ -544,7 +547,7 @@ typedef struct tp__admit_args {
     uint32_t user_hash;
     const char *log_src; /* NULL: generate */
     size_t log_len;
-    uint64_t now;        /* the clock just before admission, where the queue wait starts; 0: read it under mu */
+    uint64_t now;        /* clock.h stamp just before admission, where the queue wait starts; 0: take it under mu */
 } tp__admit_args;
 
 /* The queue, the records and the user table for `full` tasks, `prealloc`

@@ -437,7 +437,7 @@ uint64_t tp__delayed_run_locked(tp_pool *p, uint64_t now) {
         } else if (now >= t->due) {
             delayed_remove_locked(p, t); /* asserts DELAYED */
             t->state = TP__QUEUED;
-            t->queued_at = now; /* the queue-wait histogram measures from here */
+            t->queued_at = tp__hclk_now(); /* the queue-wait histogram measures from here */
             tp__ring_push(&p->life.ring, t);
             if (t->deadline < p->life.queued_deadline_min) p->life.queued_deadline_min = t->deadline;
             queued++;
@@ -585,9 +585,9 @@ int tp__admit_locked(tp_pool *p, const tp__admit_args *a, void *arg, uint64_t *i
     t->attempt = 0;
     t->status = 0;
     t->state = TP__QUEUED;
-    /* the queue-wait histogram measures from here: the caller's clock read
+    /* the queue-wait histogram measures from here: the caller's stamp taken
      * before the lock (pool.c), or, from a caller that has none, one now */
-    t->queued_at = a->now ? a->now : tp_now_ns();
+    t->queued_at = a->now ? a->now : tp__hclk_now();
     if (a->log_src) {
         memcpy(t->log_id, a->log_src, a->log_len);
         t->log_id[a->log_len] = '\0';

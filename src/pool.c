@@ -209,6 +209,7 @@ static void unwind_start(tp_pool *p) {
 
 int tp_create(tp_pool **out, const tp_config *cfg) {
     if (!out) return TP_EINVAL;
+    tp__hclk_init(); /* the histograms' clock, once per process (clock.h) */
     tp_pool *p = (tp_pool *)calloc(1, sizeof *p);
     if (!p) return TP_ENOMEM;
     int rc = resolve_config(p, cfg);
@@ -273,10 +274,11 @@ static int submit_common(tp_pool *p, tp__admit_args *a, void *arg, uint64_t *id_
     pthread_t old;
     bool join_old = false;
 
-    /* The admission time of the queue-wait histogram: read before the lock,
-     * not under it. A waiting submit reads the clock under the lock each
-     * turn for its budget (which covers the lock acquisition) and uses that. */
-    a->now = wait ? 0 : tp_now_ns();
+    /* The admission stamp of the queue-wait histogram (clock.h): taken
+     * before the lock, not under it. A waiting submit takes it under the
+     * lock each turn, after its budget check (which covers the lock
+     * acquisition). */
+    a->now = wait ? 0 : tp__hclk_now();
     tp__lock(p);
     if (a->group && a->group->cancelled) { /* a cancelled group: counts nothing */
         tp__unlock(p);
@@ -289,9 +291,12 @@ static int submit_common(tp_pool *p, tp__admit_args *a, void *arg, uint64_t *id_
             rc = TP_ECLOSED;
             break;
         }
-        if (wait && (a->now = tp_now_ns()) >= deadline) {
-            rc = TP_ETIMEDOUT;
-            break;
+        if (wait) {
+            if (tp_now_ns() >= deadline) {
+                rc = TP_ETIMEDOUT;
+                break;
+            }
+            a->now = tp__hclk_now();
         }
         rc = tp__admit_locked(p, a, arg, id_out, true);
         if (!wait || (rc != TP_EFULL && rc != TP_EUSERLIMIT)) break;

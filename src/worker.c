@@ -197,8 +197,11 @@ typedef struct worker_turn {
     /* The clock at the end of the last attempt, while this worker has done
      * nothing since but its lock hold (no wait, on_done or failure log): the
      * next attempt starts then (or at its admission if later), and so does
-     * a spin for work (hist.h). 0: read the clock afresh. */
-    uint64_t last_end;
+     * a spin for work (hist.h). 0: read the clock afresh. `last_end` is
+     * CLOCK_MONOTONIC, taken only when the attempt had a run timeout or the
+     * pool is elastic; `last_end_h` is the same moment on the histograms'
+     * clock (clock.h), set whenever the worker goes straight on. */
+    uint64_t last_end, last_end_h;
 } worker_turn;
 
 /* Step 1, mu held, no current task: return when the ring has a task (true)
@@ -207,7 +210,7 @@ typedef struct worker_turn {
 static bool wait_for_work_locked(tp_pool *p, worker_turn *wt) {
     while (tp__ring_len(&p->life.ring) == 0) {
         uint64_t since = wt->last_end; /* an attempt just ended: the clock is known */
-        wt->last_end = 0;
+        wt->last_end = wt->last_end_h = 0;
         if (p->life.closed && p->life.delayed == 0) return false;
         if (!wt->spun && p->wk.spinners == 0) {
             wt->spun = true;
@@ -236,19 +239,26 @@ static bool wait_for_work_locked(tp_pool *p, worker_turn *wt) {
  * Entered and left with mu held. */
 static void run_task_locked(tp_pool *p, tp__worker *w, tp__task *t, worker_turn *wt) {
     tp__unlock(p);
-    /* One clock read per attempt in a busy pool: the end of the last one,
-     * else a fresh one. It arms the run timeout and starts both histograms. */
-    uint64_t last = wt->last_end;
-    uint64_t started_at = !last ? tp_now_ns() : last > t->queued_at ? last : t->queued_at;
-    tp__ctx_arm_run_timeout(&w->ctx, t, started_at);
+    /* At most one read of each clock per attempt in a busy pool: the end of
+     * the last one, else fresh ones. CLOCK_MONOTONIC arms the run timeout
+     * (not read without one); the histograms' clock (clock.h) starts both
+     * histograms. */
+    bool timed = t->run_timeout != TP_FOREVER;
+    if (timed) tp__ctx_arm_run_timeout(&w->ctx, t, wt->last_end ? wt->last_end : tp_now_ns());
+    uint64_t last = wt->last_end_h;
+    uint64_t started_at = !last ? tp__hclk_now() : last > t->queued_at ? last : t->queued_at;
     tp__hist_attempt_started(&p->wk.hist[w->index], t->queued_at, started_at);
 
     tp__tls_enter_task(t);
     int rc = t->fn(&w->ctx, t->arg);
     tp__tls_leave_task();
-    uint64_t ended_at = tp_now_ns();
+    uint64_t ended_at = tp__hclk_now();
     tp__hist_attempt_ended(&p->wk.hist[w->index], started_at, ended_at);
-    wt->last_end = rc == 0 && !t->on_done ? ended_at : 0;
+    bool busy = rc == 0 && !t->on_done; /* straight on to the next task, if any */
+    /* CLOCK_MONOTONIC only for what will use it: the next task's run timeout
+     * (like this one's, most likely) or an elastic pool's idle clock */
+    wt->last_end = busy && (timed || wt->elastic_pool) ? tp_now_ns() : 0;
+    wt->last_end_h = busy ? ended_at : 0;
 
     tp__lock(p);
     unsigned attempt = t->attempt;
@@ -295,12 +305,12 @@ static void *worker_main(void *arg) {
     tp__worker *w = (tp__worker *)arg;
     tp_pool *p = w->pool;
     worker_enter(p, w);
-    worker_turn wt = {tp_now_ns(), p->cfg.max_workers > p->cfg.min_workers, false, 0};
+    worker_turn wt = {tp_now_ns(), p->cfg.max_workers > p->cfg.min_workers, false, 0, 0};
     while (wait_for_work_locked(p, &wt)) {
         tp__task *t = tp__queue_pop_locked(p);
         if (tp__task_expired_locked(p, t)) {
             tp__task_finish_locked(p, t);
-            wt.last_end = 0;
+            wt.last_end = wt.last_end_h = 0;
         } else {
             tp__task_start_locked(p, w, t);
             run_task_locked(p, w, t, &wt);

@@ -25,7 +25,7 @@ layers=(
     "service.c"                    # 3 the service thread
     "worker.c"                     # 4 worker slots and the worker loop
     "life.c"                       # 5 the task's life and the queue
-    "ctx.c tasks.c users.c hist.c" # 6 leaf structures (ring.h is inline)
+    "ctx.c tasks.c users.c hist.c clock.c" # 6 leaves (ring.h is inline)
     "error.c"                      # 7 error table, tp__assert_fail
 )
 declare -A rank=()
