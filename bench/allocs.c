@@ -73,9 +73,7 @@ void *realloc(void *p, size_t n) {
     count(n, __builtin_return_address(0));
     return __libc_realloc(p, n);
 }
-void free(void *p) {
-    __libc_free(p);
-}
+void free(void *p) { __libc_free(p); }
 void *memalign(size_t a, size_t n) {
     count(n, __builtin_return_address(0));
     return __libc_memalign(a, n);
@@ -85,12 +83,10 @@ void *aligned_alloc(size_t a, size_t n) {
     return __libc_memalign(a, n);
 }
 int posix_memalign(void **r, size_t a, size_t n) {
-    if (a < sizeof(void *) || (a & (a - 1)) != 0)
-        return EINVAL;
+    if (a < sizeof(void *) || (a & (a - 1)) != 0) return EINVAL;
     count(n, __builtin_return_address(0));
     void *p = __libc_memalign(a, n);
-    if (p == NULL)
-        return ENOMEM;
+    if (p == NULL) return ENOMEM;
     *r = p;
     return 0;
 }
@@ -126,8 +122,7 @@ static void (*volatile sym_free)(void *) = free;
 /* Whether our malloc really is the one called. The volatile pointers keep the
  * compiler from pairing malloc with free and dropping both. */
 static int interposer_active(void) {
-    if (!BENCH_INTERPOSE)
-        return 0;
+    if (!BENCH_INTERPOSE) return 0;
     arm();
     void *volatile x = sym_malloc(40);
     char *volatile y = sym_calloc(2, 8);
@@ -140,31 +135,28 @@ static int interposer_active(void) {
 /* Whether valgrind runs this process: its preload library is mapped. */
 static int under_valgrind(void) {
     FILE *m = fopen("/proc/self/maps", "r");
-    if (m == NULL)
-        return 0;
+    if (m == NULL) return 0;
     char line[512];
     int found = 0;
-    while (!found && fgets(line, sizeof line, m) != NULL)
-        found = strstr(line, "vgpreload") != NULL;
+    while (!found && fgets(line, sizeof line, m) != NULL) found = strstr(line, "vgpreload") != NULL;
     fclose(m);
     return found;
 }
 
 /* Why allocations cannot be counted here, or NULL if they must be. */
 static const char *counting_unavailable(void) {
-    if (BENCH_SANITIZED)
-        return "a sanitizer owns malloc";
-    if (!BENCH_INTERPOSE)
-        return "malloc cannot be interposed here";
-    if (under_valgrind())
-        return "valgrind replaces malloc";
+    if (BENCH_SANITIZED) return "a sanitizer owns malloc";
+    if (!BENCH_INTERPOSE) return "malloc cannot be interposed here";
+    if (under_valgrind()) return "valgrind replaces malloc";
     return NULL;
 }
 
 /* The interposer should count and does not: a broken measurement. */
 static int counting_broken(const char *what) {
-    fprintf(stderr, "tp_bench: allocs: the malloc interposer counts nothing (%s): a 0 would "
-                    "mean nothing\n", what);
+    fprintf(stderr,
+            "tp_bench: allocs: the malloc interposer counts nothing (%s): a 0 would "
+            "mean nothing\n",
+            what);
     bench_record_na("allocs", "", "allocs/task", "the malloc interposer is broken");
     return 1; /* reported, the run goes on, exit status 1 */
 }
@@ -194,8 +186,7 @@ static int ctx_task(tp_ctx *ctx, void *arg) {
 
 static void mix_done(void *arg, int status) {
     (void)arg;
-    if (status != 0)
-        atomic_fetch_add_explicit(&g_mix_done_bad, 1, memory_order_relaxed);
+    if (status != 0) atomic_fetch_add_explicit(&g_mix_done_bad, 1, memory_order_relaxed);
 }
 
 static const char *const g_mix_users[] = {"alice", "bob", "carol", "dave"};
@@ -212,7 +203,10 @@ static int run_mix(tp_pool *p, unsigned long n) {
         case 1: o.user = g_mix_users[i % 4]; break;
         case 2: o.on_done = mix_done; break;
         case 3: o.log_id = g_mix_log_ids[i % 3]; break;
-        case 4: wait = 1; o.user = g_mix_users[(i / 8) % 4]; break;
+        case 4:
+            wait = 1;
+            o.user = g_mix_users[(i / 8) % 4];
+            break;
         case 5: cancel = 1; break;
         case 6:
             fn = ctx_task;
@@ -227,8 +221,7 @@ static int run_mix(tp_pool *p, unsigned long n) {
         if (wait) {
             rc = tp_submit_wait(p, fn, NULL, &o, 10000 * 1000000ull, &id);
         } else {
-            while ((rc = tp_submit(p, fn, NULL, &o, &id)) == TP_EFULL)
-                sched_yield();
+            while ((rc = tp_submit(p, fn, NULL, &o, &id)) == TP_EFULL) sched_yield();
         }
         if (rc != TP_OK) {
             fprintf(stderr, "tp_bench: allocs: submit: %s\n", tp_err_name(rc));
@@ -248,8 +241,7 @@ static int wait_completed(tp_pool *p, uint64_t want) {
     for (;;) {
         tp_stats s;
         tp_stats_get(p, &s);
-        if (s.completed >= want)
-            return 0;
+        if (s.completed >= want) return 0;
         if (bench_now() > end) {
             fprintf(stderr, "tp_bench: allocs: %llu of %llu tasks completed after %llu s\n",
                     (unsigned long long)s.completed, (unsigned long long)want,
@@ -263,8 +255,7 @@ static int wait_completed(tp_pool *p, uint64_t want) {
 int scenario_allocs(const bench_opts *o, unsigned round) {
     if (!interposer_active()) {
         const char *why = counting_unavailable();
-        if (why == NULL)
-            return counting_broken("probe");
+        if (why == NULL) return counting_broken("probe");
         bench_record_na("allocs", "", "allocs/task", why);
         return 0;
     }
@@ -295,8 +286,7 @@ int scenario_allocs(const bench_opts *o, unsigned round) {
     unsigned long warm = BENCH_WARMUP_TASKS * 2ul;
     for (int k = 0; k < 4; k++) {
         tp_log_id_set(k % 2 ? "inherited" : NULL);
-        if (run_mix(p, warm) != 0 || wait_completed(p, done += warm) != 0)
-            return -1;
+        if (run_mix(p, warm) != 0 || wait_completed(p, done += warm) != 0) return -1;
     }
     tp_log_id_set(NULL);
 
@@ -311,17 +301,14 @@ int scenario_allocs(const bench_opts *o, unsigned round) {
     rc = tp_shutdown(p, 60000 * 1000000ull);
     tp_stats_get(p, &s);
     tp_destroy(p);
-    if (rc != TP_OK || s.completed != done || s.accepted != done ||
-        atomic_load(&g_mix_done_bad) != 0) {
-        fprintf(stderr,
-                "tp_bench: allocs: shutdown %s, completed %llu of %llu, %lu bad on_done\n",
+    if (rc != TP_OK || s.completed != done || s.accepted != done || atomic_load(&g_mix_done_bad) != 0) {
+        fprintf(stderr, "tp_bench: allocs: shutdown %s, completed %llu of %llu, %lu bad on_done\n",
                 tp_err_name(rc), (unsigned long long)s.completed, (unsigned long long)done,
                 atomic_load(&g_mix_done_bad));
         return -1;
     }
 
-    bench_record(round, "allocs", "", "allocs/task", (double)allocs / (double)o->alloc_tasks,
-                 NULL);
+    bench_record(round, "allocs", "", "allocs/task", (double)allocs / (double)o->alloc_tasks, NULL);
     if (allocs != 0) {
         fprintf(stderr,
                 "tp_bench: allocs: %ld heap allocation(s) during %lu steady-state tasks (the "

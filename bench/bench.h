@@ -34,19 +34,18 @@
 #include "taskpool.h"
 
 #define BENCH_MAX_PRODUCERS 64
-#define BENCH_MAX_PLIST     8    /* values in --producers=P[,P...] */
+#define BENCH_MAX_PLIST     8 /* values in --producers=P[,P...] */
 #define BENCH_MAX_ROUNDS    100
 #define BENCH_MAX_USERS     100000
-#define BENCH_MAX_BATCH     4096 /* --batch */
-#define BENCH_WARMUP_TASKS  1000 /* per pool, before its timed region (as perf's driver) */
+#define BENCH_MAX_BATCH     4096                    /* --batch */
+#define BENCH_WARMUP_TASKS  1000                    /* per pool, before its timed region (as perf's driver) */
 #define BENCH_STALL_NS      (30ull * 1000000000ull) /* no progress this long: give up */
 
 /* 1 in a sanitized build: the sanitizer owns malloc, and everything is slower. */
 #if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
 #define BENCH_SANITIZED 1
 #elif defined(__has_feature)
-#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer) ||                 \
-    __has_feature(memory_sanitizer)
+#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer) || __has_feature(memory_sanitizer)
 #define BENCH_SANITIZED 1
 #endif
 #endif
@@ -140,11 +139,10 @@ typedef struct bench_ref {
 /* Records `value` for round `round` of the metric (created on first use, in
  * first-use order, which is the table's order). The name carries the unit
  * ("ns/task", "p50 ns"). `ref` may be NULL. Never allocates. */
-void bench_record(unsigned round, const char *scenario, const char *variant, const char *name,
-                  double value, const bench_ref *ref);
+void bench_record(unsigned round, const char *scenario, const char *variant, const char *name, double value,
+                  const bench_ref *ref);
 /* Marks a metric "n/a" (e.g. allocations under a sanitizer), with a reason. */
-void bench_record_na(const char *scenario, const char *variant, const char *name,
-                     const char *why);
+void bench_record_na(const char *scenario, const char *variant, const char *name, const char *why);
 /* The value of a metric in a round, or -1 if not recorded. */
 double bench_value(unsigned round, const char *scenario, const char *variant, const char *name);
 

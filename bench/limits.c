@@ -76,10 +76,8 @@ static void *sleeper_main(void *arg) {
     waker *w = arg;
     pthread_mutex_lock(&w->mu);
     for (;;) {
-        while (!w->pending && !w->stop)
-            pthread_cond_wait(&w->cv, &w->mu);
-        if (w->stop)
-            break;
+        while (!w->pending && !w->stop) pthread_cond_wait(&w->cv, &w->mu);
+        if (w->stop) break;
         w->pending = 0;
         pthread_mutex_unlock(&w->mu);
         atomic_store_explicit(&w->stamp, bench_now(), memory_order_relaxed);
@@ -106,11 +104,9 @@ static int wake_latency(const bench_opts *o, unsigned round) {
         w.pending = 1;
         pthread_cond_signal(&w.cv);
         pthread_mutex_unlock(&w.mu);
-        while (!atomic_load_explicit(&w.flag, memory_order_acquire))
-            sched_yield();
+        while (!atomic_load_explicit(&w.flag, memory_order_acquire)) sched_yield();
         uint64_t st = atomic_load_explicit(&w.stamp, memory_order_relaxed);
-        if (s >= 0)
-            g_wake_lat[s] = st > ts ? st - ts : 0;
+        if (s >= 0) g_wake_lat[s] = st > ts ? st - ts : 0;
     }
     pthread_mutex_lock(&w.mu);
     w.stop = 1;
@@ -121,10 +117,8 @@ static int wake_latency(const bench_opts *o, unsigned round) {
     pthread_cond_destroy(&w.cv);
 
     bench_sort(g_wake_lat, o->samples);
-    bench_record(round, "limits", "", "wake p50 ns", (double)bench_pct(g_wake_lat, o->samples, 50),
-                 NULL);
-    bench_record(round, "limits", "", "wake p99 ns", (double)bench_pct(g_wake_lat, o->samples, 99),
-                 NULL);
+    bench_record(round, "limits", "", "wake p50 ns", (double)bench_pct(g_wake_lat, o->samples, 50), NULL);
+    bench_record(round, "limits", "", "wake p99 ns", (double)bench_pct(g_wake_lat, o->samples, 99), NULL);
     return 0;
 }
 
@@ -149,8 +143,7 @@ static void ring_push(ring *r, void *d) {
     r->buf[r->tail] = d;
     r->tail = r->tail + 1 == r->cap ? 0 : r->tail + 1;
     r->count++;
-    if (r->wait_empty)
-        pthread_cond_signal(&r->not_empty);
+    if (r->wait_empty) pthread_cond_signal(&r->not_empty);
     pthread_mutex_unlock(&r->mu);
 }
 
@@ -164,8 +157,7 @@ static void *ring_pop(ring *r) {
     void *d = r->buf[r->head];
     r->head = r->head + 1 == r->cap ? 0 : r->head + 1;
     r->count--;
-    if (r->wait_full)
-        pthread_cond_signal(&r->not_full);
+    if (r->wait_full) pthread_cond_signal(&r->not_full);
     pthread_mutex_unlock(&r->mu);
     return d;
 }
@@ -173,8 +165,7 @@ static void *ring_pop(ring *r) {
 static void *consumer_main(void *arg) {
     ring *r = arg;
     uintptr_t sum = 0;
-    for (unsigned long i = 0; i < r->items; i++)
-        sum += (uintptr_t)ring_pop(r);
+    for (unsigned long i = 0; i < r->items; i++) sum += (uintptr_t)ring_pop(r);
     return (void *)sum;
 }
 
@@ -193,8 +184,7 @@ static int ring_handoff(const bench_opts *o, unsigned round) {
         return -1;
     }
     uint64_t t0 = bench_now();
-    for (unsigned long i = 0; i < r.items; i++)
-        ring_push(&r, (void *)(uintptr_t)(i + 1));
+    for (unsigned long i = 0; i < r.items; i++) ring_push(&r, (void *)(uintptr_t)(i + 1));
     void *sum;
     pthread_join(t, &sum);
     uint64_t t1 = bench_now();
@@ -214,7 +204,6 @@ static int ring_handoff(const bench_opts *o, unsigned round) {
 
 int limits_round(const bench_opts *o, unsigned round) {
     bench_record(round, "limits", "", "mutex pair ns", mutex_pair_ns(), NULL);
-    if (wake_latency(o, round) != 0)
-        return -1;
+    if (wake_latency(o, round) != 0) return -1;
     return ring_handoff(o, round);
 }

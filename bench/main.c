@@ -28,80 +28,78 @@ bench_machine g_machine;
 
 static void usage(FILE *f) {
     fprintf(f,
-        "usage: tp_bench [options]\n"
-        "\n"
-        "Measures what libtaskpool costs on this machine, next to the machine's own\n"
-        "limits measured in the same process (an uncontended mutex lock/unlock pair,\n"
-        "a one-way condition-variable wake, a bare mutex/condvar ring handing items\n"
-        "from one thread to another), and prints the pool's figures also as ratios\n"
-        "to them so that results from different machines compare. Every scenario\n"
-        "runs once per round on a fresh pool; the table shows the median and the\n"
-        "min-max over the rounds. Defaults finish in well under a minute.\n"
-        "\n"
-        "Scenarios (--scenario, default all):\n"
-        "  throughput   P producers submit N tasks with tp_submit(), retrying with\n"
-        "               sched_yield() on TP_EFULL: ns/task, tasks/s, refusals\n"
-        "  users        the same with per-user accounting (tasks spread over U users)\n"
-        "  submit_wait  the same with the blocking tp_submit_wait()\n"
-        "  wake         one task at a time into an idle pool: submit-to-start\n"
-        "               latency p50/p90/p99/max\n"
-        "  load         a producer paced at a share of the measured capacity: queue\n"
-        "               wait (submit->start) and run time (start->end) percentiles\n"
-        "  cancel       tp_cancel() of queued tasks (ns each), and a forced shutdown\n"
-        "               of a full pool (1 ms budget)\n"
-        "  allocs       heap allocations per task in steady state (must be 0;\n"
-        "               n/a under sanitizers)\n"
-        "  batch        the throughput scenario with tp_submit_batch(): each producer\n"
-        "               hands in B tasks per call, and on TP_EFULL retries the rest\n"
-        "               after sched_yield(): ns/task, also as a ratio to the single\n"
-        "               tp_submit() of the same round\n"
-        "\n"
-        "Options (--name=value or --name value):\n"
-        "  --scenario=NAME[,NAME...]  scenarios to run (default: all)\n"
-        "  --rounds=R           rounds, 1..%d (default 5)\n"
-        "  --workers=W          worker threads, 1..%u (default 2)\n"
-        "  --producers=P[,P...] producer threads of the throughput scenarios, each\n"
-        "                       1..%d; each value is a separate variant (default 1,2)\n"
-        "  --queue=Q            queue capacity, 1..%u (default 1024); also the size\n"
-        "                       of the bare ring and the number of tasks cancelled\n"
-        "  --tasks=N            tasks per throughput round, 1..1000000000 (default\n"
-        "                       1000000); also the items of the bare ring\n"
-        "  --users=U            distinct users of the users scenario, 1..%d\n"
-        "                       (default 64)\n"
-        "  --batch=B            tasks per tp_submit_batch() call of the batch\n"
-        "                       scenario, 1..%d (default 64)\n"
-        "  --body=BODY          what a throughput task does: empty, spin:DURATION\n"
-        "                       (busy loop) or sleep:DURATION (tp_ctx_sleep)\n"
-        "                       (default empty)\n"
-        "  --samples=S          wake-latency samples per round, also of the bare\n"
-        "                       condvar wake, 1..1000000 (default 1000)\n"
-        "  --gap=DURATION       idle time before each wake sample (default 200us)\n"
-        "  --load=PCT           steady load, percent of measured capacity, 1..100\n"
-        "                       (default 70)\n"
-        "  --load-tasks=N       tasks of the paced load run, 1..10000000 (default\n"
-        "                       10000)\n"
-        "  --load-body=BODY     body of the load tasks (default spin:50us)\n"
-        "  --alloc-tasks=N      tasks counted by allocs, 1..100000000 (default 20000)\n"
-        "  --json               print the figures as one JSON object instead of a table\n"
-        "  --help, -h           this text\n"
-        "\n"
-        "DURATION: a whole number with a unit ns, us, ms or s (no unit: ns), up to 10 s.\n"
-        "Exit status: 0; 1 if a scenario failed (a lost task, counters that disagree,\n"
-        "an allocation in steady state); 2 on a usage error.\n",
-        BENCH_MAX_ROUNDS, TP_MAX_WORKERS, BENCH_MAX_PRODUCERS, TP_MAX_QUEUE_CAPACITY,
-        BENCH_MAX_USERS, BENCH_MAX_BATCH);
+            "usage: tp_bench [options]\n"
+            "\n"
+            "Measures what libtaskpool costs on this machine, next to the machine's own\n"
+            "limits measured in the same process (an uncontended mutex lock/unlock pair,\n"
+            "a one-way condition-variable wake, a bare mutex/condvar ring handing items\n"
+            "from one thread to another), and prints the pool's figures also as ratios\n"
+            "to them so that results from different machines compare. Every scenario\n"
+            "runs once per round on a fresh pool; the table shows the median and the\n"
+            "min-max over the rounds. Defaults finish in well under a minute.\n"
+            "\n"
+            "Scenarios (--scenario, default all):\n"
+            "  throughput   P producers submit N tasks with tp_submit(), retrying with\n"
+            "               sched_yield() on TP_EFULL: ns/task, tasks/s, refusals\n"
+            "  users        the same with per-user accounting (tasks spread over U users)\n"
+            "  submit_wait  the same with the blocking tp_submit_wait()\n"
+            "  wake         one task at a time into an idle pool: submit-to-start\n"
+            "               latency p50/p90/p99/max\n"
+            "  load         a producer paced at a share of the measured capacity: queue\n"
+            "               wait (submit->start) and run time (start->end) percentiles\n"
+            "  cancel       tp_cancel() of queued tasks (ns each), and a forced shutdown\n"
+            "               of a full pool (1 ms budget)\n"
+            "  allocs       heap allocations per task in steady state (must be 0;\n"
+            "               n/a under sanitizers)\n"
+            "  batch        the throughput scenario with tp_submit_batch(): each producer\n"
+            "               hands in B tasks per call, and on TP_EFULL retries the rest\n"
+            "               after sched_yield(): ns/task, also as a ratio to the single\n"
+            "               tp_submit() of the same round\n"
+            "\n"
+            "Options (--name=value or --name value):\n"
+            "  --scenario=NAME[,NAME...]  scenarios to run (default: all)\n"
+            "  --rounds=R           rounds, 1..%d (default 5)\n"
+            "  --workers=W          worker threads, 1..%u (default 2)\n"
+            "  --producers=P[,P...] producer threads of the throughput scenarios, each\n"
+            "                       1..%d; each value is a separate variant (default 1,2)\n"
+            "  --queue=Q            queue capacity, 1..%u (default 1024); also the size\n"
+            "                       of the bare ring and the number of tasks cancelled\n"
+            "  --tasks=N            tasks per throughput round, 1..1000000000 (default\n"
+            "                       1000000); also the items of the bare ring\n"
+            "  --users=U            distinct users of the users scenario, 1..%d\n"
+            "                       (default 64)\n"
+            "  --batch=B            tasks per tp_submit_batch() call of the batch\n"
+            "                       scenario, 1..%d (default 64)\n"
+            "  --body=BODY          what a throughput task does: empty, spin:DURATION\n"
+            "                       (busy loop) or sleep:DURATION (tp_ctx_sleep)\n"
+            "                       (default empty)\n"
+            "  --samples=S          wake-latency samples per round, also of the bare\n"
+            "                       condvar wake, 1..1000000 (default 1000)\n"
+            "  --gap=DURATION       idle time before each wake sample (default 200us)\n"
+            "  --load=PCT           steady load, percent of measured capacity, 1..100\n"
+            "                       (default 70)\n"
+            "  --load-tasks=N       tasks of the paced load run, 1..10000000 (default\n"
+            "                       10000)\n"
+            "  --load-body=BODY     body of the load tasks (default spin:50us)\n"
+            "  --alloc-tasks=N      tasks counted by allocs, 1..100000000 (default 20000)\n"
+            "  --json               print the figures as one JSON object instead of a table\n"
+            "  --help, -h           this text\n"
+            "\n"
+            "DURATION: a whole number with a unit ns, us, ms or s (no unit: ns), up to 10 s.\n"
+            "Exit status: 0; 1 if a scenario failed (a lost task, counters that disagree,\n"
+            "an allocation in steady state); 2 on a usage error.\n",
+            BENCH_MAX_ROUNDS, TP_MAX_WORKERS, BENCH_MAX_PRODUCERS, TP_MAX_QUEUE_CAPACITY, BENCH_MAX_USERS,
+            BENCH_MAX_BATCH);
 }
 
 /* ------------------------------------------------------------ parsing */
 
 static int parse_ulong(const char *s, unsigned long min, unsigned long max, unsigned long *out) {
-    if (s == NULL || *s < '0' || *s > '9')
-        return -1;
+    if (s == NULL || *s < '0' || *s > '9') return -1;
     char *end;
     errno = 0;
     unsigned long v = strtoul(s, &end, 10);
-    if (errno != 0 || *end != '\0' || v < min || v > max)
-        return -1;
+    if (errno != 0 || *end != '\0' || v < min || v > max) return -1;
     *out = v;
     return 0;
 }
@@ -110,13 +108,11 @@ static int parse_ulong(const char *s, unsigned long min, unsigned long max, unsi
 
 /* "250", "250ns", "20us", "5ms", "1s" -> ns in 1..10 s. */
 static int parse_duration(const char *s, uint64_t *out) {
-    if (s == NULL || *s < '0' || *s > '9')
-        return -1;
+    if (s == NULL || *s < '0' || *s > '9') return -1;
     char *end;
     errno = 0;
     unsigned long long v = strtoull(s, &end, 10);
-    if (errno != 0)
-        return -1;
+    if (errno != 0) return -1;
     uint64_t scale;
     if (*end == '\0' || strcmp(end, "ns") == 0)
         scale = 1;
@@ -128,15 +124,13 @@ static int parse_duration(const char *s, uint64_t *out) {
         scale = 1000000000;
     else
         return -1;
-    if (v == 0 || v > MAX_DURATION_NS / scale)
-        return -1;
+    if (v == 0 || v > MAX_DURATION_NS / scale) return -1;
     *out = v * scale;
     return 0;
 }
 
 static int parse_body(const char *s, bench_body *b) {
-    if (s == NULL)
-        return -1;
+    if (s == NULL) return -1;
     if (strcmp(s, "empty") == 0) {
         *b = (bench_body){BODY_EMPTY, 0};
         return 0;
@@ -164,21 +158,19 @@ void describe_body(const bench_body *b, char *buf, unsigned len) {
         snprintf(buf, len, "%s:%lluns", kinds[b->kind], (unsigned long long)b->ns);
 }
 
-const char *const bench_scenario_names[BENCH_N_SCENARIOS] = {
-    "throughput", "users", "submit_wait", "wake", "load", "cancel", "allocs", "batch"};
+const char *const bench_scenario_names[BENCH_N_SCENARIOS] = {"throughput", "users",  "submit_wait", "wake",
+                                                             "load",       "cancel", "allocs",      "batch"};
 #define g_scenarios bench_scenario_names
 #define N_SCENARIOS BENCH_N_SCENARIOS
 
 /* "a,b,c": each must be a scenario name. */
 static int parse_scenarios(const char *s, unsigned *bits) {
-    if (s == NULL || *s == '\0')
-        return -1;
+    if (s == NULL || *s == '\0') return -1;
     *bits = 0;
     while (*s) {
         size_t len = strcspn(s, ",");
         unsigned i = 0;
-        while (i < N_SCENARIOS &&
-               !(strlen(g_scenarios[i]) == len && strncmp(g_scenarios[i], s, len) == 0))
+        while (i < N_SCENARIOS && !(strlen(g_scenarios[i]) == len && strncmp(g_scenarios[i], s, len) == 0))
             i++;
         if (i == N_SCENARIOS) {
             if (len == 3 && strncmp(s, "all", 3) == 0)
@@ -189,25 +181,20 @@ static int parse_scenarios(const char *s, unsigned *bits) {
             *bits |= 1u << i;
         }
         s += len;
-        if (*s == ',' && *++s == '\0')
-            return -1; /* trailing comma */
+        if (*s == ',' && *++s == '\0') return -1; /* trailing comma */
     }
     return 0;
 }
 
 static int parse_plist(const char *s, bench_opts *o) {
-    if (s == NULL || *s == '\0')
-        return -1;
+    if (s == NULL || *s == '\0') return -1;
     o->n_producers = 0;
     char buf[128];
-    if (strlen(s) >= sizeof buf)
-        return -1;
+    if (strlen(s) >= sizeof buf) return -1;
     strcpy(buf, s);
-    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok != NULL;
-         tok = strtok_r(NULL, ",", &save)) {
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok != NULL; tok = strtok_r(NULL, ",", &save)) {
         unsigned long v;
-        if (o->n_producers == BENCH_MAX_PLIST || parse_ulong(tok, 1, BENCH_MAX_PRODUCERS, &v) != 0)
-            return -1;
+        if (o->n_producers == BENCH_MAX_PLIST || parse_ulong(tok, 1, BENCH_MAX_PRODUCERS, &v) != 0) return -1;
         o->producers[o->n_producers++] = (unsigned)v;
     }
     size_t n = strlen(s);
@@ -245,16 +232,26 @@ static const opt_def g_opts[] = {
 #define N_OPTS (sizeof g_opts / sizeof g_opts[0])
 
 static void set_num(bench_opts *o, const char *name, unsigned long v) {
-    if (!strcmp(name, "--rounds")) o->rounds = (unsigned)v;
-    else if (!strcmp(name, "--workers")) o->workers = (unsigned)v;
-    else if (!strcmp(name, "--queue")) o->queue = (unsigned)v;
-    else if (!strcmp(name, "--tasks")) o->tasks = v;
-    else if (!strcmp(name, "--users")) o->users = (unsigned)v;
-    else if (!strcmp(name, "--batch")) o->batch = (unsigned)v;
-    else if (!strcmp(name, "--samples")) o->samples = (unsigned)v;
-    else if (!strcmp(name, "--load")) o->load_pct = (unsigned)v;
-    else if (!strcmp(name, "--load-tasks")) o->load_tasks = v;
-    else if (!strcmp(name, "--alloc-tasks")) o->alloc_tasks = v;
+    if (!strcmp(name, "--rounds"))
+        o->rounds = (unsigned)v;
+    else if (!strcmp(name, "--workers"))
+        o->workers = (unsigned)v;
+    else if (!strcmp(name, "--queue"))
+        o->queue = (unsigned)v;
+    else if (!strcmp(name, "--tasks"))
+        o->tasks = v;
+    else if (!strcmp(name, "--users"))
+        o->users = (unsigned)v;
+    else if (!strcmp(name, "--batch"))
+        o->batch = (unsigned)v;
+    else if (!strcmp(name, "--samples"))
+        o->samples = (unsigned)v;
+    else if (!strcmp(name, "--load"))
+        o->load_pct = (unsigned)v;
+    else if (!strcmp(name, "--load-tasks"))
+        o->load_tasks = v;
+    else if (!strcmp(name, "--alloc-tasks"))
+        o->alloc_tasks = v;
 }
 
 /* 0, 1 for --help, -1 after printing the error. */
@@ -279,14 +276,12 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
     };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h"))
-            return 1;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) return 1;
         const char *eq = strchr(a, '=');
         size_t len = eq ? (size_t)(eq - a) : strlen(a);
         const opt_def *d = NULL;
         for (size_t k = 0; k < N_OPTS; k++)
-            if (strlen(g_opts[k].name) == len && !strncmp(g_opts[k].name, a, len))
-                d = &g_opts[k];
+            if (strlen(g_opts[k].name) == len && !strncmp(g_opts[k].name, a, len)) d = &g_opts[k];
         if (d == NULL) {
             fprintf(stderr, "tp_bench: unknown option '%s' (see --help)\n", a);
             return -1;
@@ -304,24 +299,20 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
         unsigned long v = 0;
         switch (d->type) {
         case OPT_NUM: bad = parse_ulong(val, d->min, d->max, &v); break;
-        case OPT_BODY:
-            bad = parse_body(val, !strcmp(d->name, "--body") ? &o->body : &o->load_body);
-            break;
+        case OPT_BODY: bad = parse_body(val, !strcmp(d->name, "--body") ? &o->body : &o->load_body); break;
         case OPT_DURATION: bad = parse_duration(val, &o->gap_ns); break;
         case OPT_PLIST: bad = parse_plist(val, o); break;
         default: bad = parse_scenarios(val, &o->scenarios); break;
         }
         if (bad) {
             if (d->type == OPT_NUM)
-                fprintf(stderr, "tp_bench: %s needs a whole number in %lu..%lu, not '%s'\n",
-                        d->name, d->min, d->max, val ? val : "");
+                fprintf(stderr, "tp_bench: %s needs a whole number in %lu..%lu, not '%s'\n", d->name, d->min,
+                        d->max, val ? val : "");
             else
-                fprintf(stderr, "tp_bench: %s needs %s, not '%s'\n", d->name, d->want,
-                        val ? val : "");
+                fprintf(stderr, "tp_bench: %s needs %s, not '%s'\n", d->name, d->want, val ? val : "");
             return -1;
         }
-        if (d->type == OPT_NUM)
-            set_num(o, d->name, v);
+        if (d->type == OPT_NUM) set_num(o, d->name, v);
     }
     return 0;
 }
@@ -332,8 +323,7 @@ static void describe_machine(void) {
     g_machine.nproc = sysconf(_SC_NPROCESSORS_ONLN);
     struct utsname u;
     if (uname(&u) == 0)
-        snprintf(g_machine.kernel, sizeof g_machine.kernel, "%s %s %s", u.sysname, u.release,
-                 u.machine);
+        snprintf(g_machine.kernel, sizeof g_machine.kernel, "%s %s %s", u.sysname, u.release, u.machine);
     else
         snprintf(g_machine.kernel, sizeof g_machine.kernel, "unknown kernel");
 #if defined(__clang__)
@@ -355,8 +345,7 @@ static void describe_machine(void) {
     g_machine.build = "optimized, assertions on";
 #endif
     size_t n = strlen(g_machine.compiler); /* clang's version ends in a space */
-    while (n > 0 && g_machine.compiler[n - 1] == ' ')
-        g_machine.compiler[--n] = '\0';
+    while (n > 0 && g_machine.compiler[n - 1] == ' ') g_machine.compiler[--n] = '\0';
     g_machine.lib_version = tp_version();
 }
 
@@ -364,8 +353,7 @@ static void describe_machine(void) {
 
 static void progress(const char *what, unsigned round, unsigned rounds) {
     static int tty = -1;
-    if (tty < 0)
-        tty = isatty(STDERR_FILENO);
+    if (tty < 0) tty = isatty(STDERR_FILENO);
     if (tty) {
         fprintf(stderr, "\rtp_bench: round %u/%u: %-24s", round + 1, rounds, what);
         fflush(stderr);
@@ -394,26 +382,20 @@ static int run_round(const bench_opts *o, unsigned r) {
     };
     int status = 0;
     progress("machine limits", r, o->rounds);
-    if (limits_round(o, r) != 0)
-        return -1;
+    if (limits_round(o, r) != 0) return -1;
     for (size_t k = 0; k < sizeof tput / sizeof tput[0]; k++) {
-        if (!(o->scenarios & tput[k].bit))
-            continue;
+        if (!(o->scenarios & tput[k].bit)) continue;
         for (unsigned i = 0; i < o->n_producers; i++) {
             progress(tput[k].name, r, o->rounds);
-            if (scenario_throughput(o, r, tput[k].kind, o->producers[i]) != 0)
-                return -1;
+            if (scenario_throughput(o, r, tput[k].kind, o->producers[i]) != 0) return -1;
         }
     }
     for (size_t k = 0; k < sizeof other / sizeof other[0]; k++) {
-        if (!(o->scenarios & other[k].bit))
-            continue;
+        if (!(o->scenarios & other[k].bit)) continue;
         progress(other[k].name, r, o->rounds);
         int rc = other[k].fn(o, r);
-        if (rc < 0)
-            return -1;
-        if (rc > 0)
-            status = 1;
+        if (rc < 0) return -1;
+        if (rc > 0) status = 1;
     }
     return status;
 }
@@ -425,31 +407,25 @@ int main(int argc, char **argv) {
         usage(stdout);
         return 0;
     }
-    if (rc < 0)
-        return 2;
+    if (rc < 0) return 2;
 
     describe_machine();
-    if (limits_setup(&o) != 0 || scenarios_setup(&o) != 0)
-        return 1;
+    if (limits_setup(&o) != 0 || scenarios_setup(&o) != 0) return 1;
 
     int failed = 0;
     for (unsigned r = 0; r < o.rounds; r++) {
         rc = run_round(&o, r);
-        if (rc != 0)
-            failed = 1;
-        if (rc < 0)
-            break;
+        if (rc != 0) failed = 1;
+        if (rc < 0) break;
     }
     progress("done", o.rounds - 1, o.rounds);
-    if (isatty(STDERR_FILENO))
-        fprintf(stderr, "\r%60s\r", "");
+    if (isatty(STDERR_FILENO)) fprintf(stderr, "\r%60s\r", "");
 
     if (o.json)
         report_json(&o, !failed);
     else
         report_table(&o);
-    if (failed)
-        fprintf(stderr, "tp_bench: FAILED (see the messages above)\n");
+    if (failed) fprintf(stderr, "tp_bench: FAILED (see the messages above)\n");
     limits_teardown();
     scenarios_teardown();
     return failed;

@@ -37,23 +37,19 @@ typedef struct metric {
 static metric g_metrics[MAX_METRICS];
 static unsigned g_n_metrics;
 
-static int same(const char *a, const char *b) {
-    return strcmp(a ? a : "", b ? b : "") == 0;
-}
+static int same(const char *a, const char *b) { return strcmp(a ? a : "", b ? b : "") == 0; }
 
 static metric *find(const char *scenario, const char *variant, const char *name) {
     for (unsigned i = 0; i < g_n_metrics; i++) {
         metric *m = &g_metrics[i];
-        if (same(m->scenario, scenario) && same(m->variant, variant) && same(m->name, name))
-            return m;
+        if (same(m->scenario, scenario) && same(m->variant, variant) && same(m->name, name)) return m;
     }
     return NULL;
 }
 
 static metric *find_or_add(const char *scenario, const char *variant, const char *name) {
     metric *m = find(scenario, variant, name);
-    if (m != NULL)
-        return m;
+    if (m != NULL) return m;
     if (g_n_metrics == MAX_METRICS) {
         fprintf(stderr, "tp_bench: too many metrics (raise MAX_METRICS)\n");
         abort(); /* a bug of the tool, not of its input */
@@ -65,11 +61,10 @@ static metric *find_or_add(const char *scenario, const char *variant, const char
     return m;
 }
 
-void bench_record(unsigned round, const char *scenario, const char *variant, const char *name,
-                  double value, const bench_ref *ref) {
+void bench_record(unsigned round, const char *scenario, const char *variant, const char *name, double value,
+                  const bench_ref *ref) {
     metric *m = find_or_add(scenario, variant, name);
-    if (round >= BENCH_MAX_ROUNDS || !isfinite(value))
-        return;
+    if (round >= BENCH_MAX_ROUNDS || !isfinite(value)) return;
     m->v[round] = value;
     m->have[round] = 1;
     if (ref != NULL) {
@@ -78,8 +73,7 @@ void bench_record(unsigned round, const char *scenario, const char *variant, con
     }
 }
 
-void bench_record_na(const char *scenario, const char *variant, const char *name,
-                     const char *why) {
+void bench_record_na(const char *scenario, const char *variant, const char *name, const char *why) {
     find_or_add(scenario, variant, name)->na = why;
 }
 
@@ -103,8 +97,7 @@ static int cmp_double(const void *a, const void *b) {
 static summary summarize(const double *v, unsigned n) {
     summary s = {0};
     double tmp[BENCH_MAX_ROUNDS];
-    if (n == 0)
-        return s;
+    if (n == 0) return s;
     memcpy(tmp, v, n * sizeof tmp[0]);
     qsort(tmp, n, sizeof tmp[0], cmp_double);
     s.n = n;
@@ -118,24 +111,20 @@ static summary values_of(const metric *m) {
     double v[BENCH_MAX_ROUNDS];
     unsigned n = 0;
     for (unsigned r = 0; r < BENCH_MAX_ROUNDS; r++)
-        if (m->have[r])
-            v[n++] = m->v[r];
+        if (m->have[r]) v[n++] = m->v[r];
     return summarize(v, n);
 }
 
 /* Per-round ratios to the reference; n == 0 when there is none. */
 static summary ratios_of(const metric *m) {
     summary none = {0};
-    if (!m->has_ref || m->na != NULL)
-        return none;
+    if (!m->has_ref || m->na != NULL) return none;
     const metric *ref = find(m->ref.scenario, m->ref.variant, m->ref.name);
-    if (ref == NULL)
-        return none;
+    if (ref == NULL) return none;
     double v[BENCH_MAX_ROUNDS];
     unsigned n = 0;
     for (unsigned r = 0; r < BENCH_MAX_ROUNDS; r++)
-        if (m->have[r] && ref->have[r] && ref->v[r] > 0)
-            v[n++] = m->v[r] / ref->v[r];
+        if (m->have[r] && ref->have[r] && ref->v[r] > 0) v[n++] = m->v[r] / ref->v[r];
     return summarize(v, n);
 }
 
@@ -179,8 +168,7 @@ static void options_line(const bench_opts *o, char *buf, size_t len) {
 static void scenario_list(unsigned bits, char *buf, size_t len) {
     buf[0] = '\0';
     for (unsigned i = 0; i < BENCH_N_SCENARIOS; i++) {
-        if (!(bits & (1u << i)))
-            continue;
+        if (!(bits & (1u << i))) continue;
         size_t at = strlen(buf);
         snprintf(buf + at, len - at, "%s%s", at ? "," : "", bench_scenario_names[i]);
     }
@@ -189,35 +177,31 @@ static void scenario_list(unsigned bits, char *buf, size_t len) {
 void report_table(const bench_opts *o) {
     char opts[512];
     options_line(o, opts, sizeof opts);
-    printf("tp_bench: libtaskpool %s (header %d.%d.%d)\n", g_machine.lib_version,
-           TP_VERSION_MAJOR, TP_VERSION_MINOR, TP_VERSION_PATCH);
-    printf("machine: %ld CPUs online, %s, %s, %s\n", g_machine.nproc, g_machine.kernel,
-           g_machine.compiler, g_machine.build);
+    printf("tp_bench: libtaskpool %s (header %d.%d.%d)\n", g_machine.lib_version, TP_VERSION_MAJOR,
+           TP_VERSION_MINOR, TP_VERSION_PATCH);
+    printf("machine: %ld CPUs online, %s, %s, %s\n", g_machine.nproc, g_machine.kernel, g_machine.compiler,
+           g_machine.build);
     printf("%s\n\n", opts);
 
-    printf("%-18s %-24s %11s %11s %11s %8s  %s\n", "scenario", "metric", "median", "min", "max",
-           "ratio", "ratio is to");
+    printf("%-18s %-24s %11s %11s %11s %8s  %s\n", "scenario", "metric", "median", "min", "max", "ratio",
+           "ratio is to");
     const char *last = "";
     for (unsigned i = 0; i < g_n_metrics; i++) {
         const metric *m = &g_metrics[i];
         char label[64], a[32], b[32], c[32], d[32];
-        snprintf(label, sizeof label, "%s%s%s", m->scenario, m->variant[0] ? " " : "",
-                 m->variant);
-        if (strcmp(m->scenario, last) != 0 && i > 0)
-            printf("\n");
+        snprintf(label, sizeof label, "%s%s%s", m->scenario, m->variant[0] ? " " : "", m->variant);
+        if (strcmp(m->scenario, last) != 0 && i > 0) printf("\n");
         last = m->scenario;
         if (m->na != NULL) {
-            printf("%-18s %-24s %11s %11s %11s %8s  (%s)\n", label, m->name, "n/a", "n/a", "n/a",
-                   "", m->na);
+            printf("%-18s %-24s %11s %11s %11s %8s  (%s)\n", label, m->name, "n/a", "n/a", "n/a", "", m->na);
             continue;
         }
         summary s = values_of(m);
-        if (s.n == 0)
-            continue;
+        if (s.n == 0) continue;
         summary r = ratios_of(m);
-        printf("%-18s %-24s %11s %11s %11s %8s  %s\n", label, m->name,
-               num(a, sizeof a, s.median), num(b, sizeof b, s.min), num(c, sizeof c, s.max),
-               r.n ? num(d, sizeof d, r.median) : "", r.n ? m->ref.label : "");
+        printf("%-18s %-24s %11s %11s %11s %8s  %s\n", label, m->name, num(a, sizeof a, s.median),
+               num(b, sizeof b, s.min), num(c, sizeof c, s.max), r.n ? num(d, sizeof d, r.median) : "",
+               r.n ? m->ref.label : "");
     }
     printf("\nmedian and min-max over %u round%s; ratio: median of per-round ratios to the\n"
            "figure named, measured in the same round (lower is better for times).\n",
@@ -261,23 +245,19 @@ void report_json(const bench_opts *o, int ok) {
     describe_body(&o->body, body, sizeof body);
     describe_body(&o->load_body, lbody, sizeof lbody);
 
-    printf("{\n  \"tool\": \"tp_bench\",\n  \"ok\": %s,\n  \"libtaskpool\": ",
-           ok ? "true" : "false");
+    printf("{\n  \"tool\": \"tp_bench\",\n  \"ok\": %s,\n  \"libtaskpool\": ", ok ? "true" : "false");
     json_str(g_machine.lib_version);
-    printf(",\n  \"header_version\": \"%d.%d.%d\",\n", TP_VERSION_MAJOR, TP_VERSION_MINOR,
-           TP_VERSION_PATCH);
+    printf(",\n  \"header_version\": \"%d.%d.%d\",\n", TP_VERSION_MAJOR, TP_VERSION_MINOR, TP_VERSION_PATCH);
     printf("  \"machine\": {\"nproc\": %ld, \"kernel\": ", g_machine.nproc);
     json_str(g_machine.kernel);
     printf(", \"compiler\": ");
     json_str(g_machine.compiler);
     printf(", \"build\": ");
     json_str(g_machine.build);
-    printf("},\n  \"options\": {\"rounds\": %u, \"workers\": %u, \"producers\": [", o->rounds,
-           o->workers);
-    for (unsigned i = 0; i < o->n_producers; i++)
-        printf("%s%u", i ? ", " : "", o->producers[i]);
-    printf("], \"queue\": %u, \"tasks\": %lu, \"users\": %u, \"batch\": %u, \"body\": ", o->queue,
-           o->tasks, o->users, o->batch);
+    printf("},\n  \"options\": {\"rounds\": %u, \"workers\": %u, \"producers\": [", o->rounds, o->workers);
+    for (unsigned i = 0; i < o->n_producers; i++) printf("%s%u", i ? ", " : "", o->producers[i]);
+    printf("], \"queue\": %u, \"tasks\": %lu, \"users\": %u, \"batch\": %u, \"body\": ", o->queue, o->tasks,
+           o->users, o->batch);
     json_str(body);
     printf(", \"samples\": %u, \"gap_ns\": %" PRIu64 ", \"load_pct\": %u, \"load_tasks\": %lu, "
            "\"load_body\": ",
@@ -296,8 +276,7 @@ void report_json(const bench_opts *o, int ok) {
     for (unsigned i = 0; i < g_n_metrics; i++) {
         const metric *m = &g_metrics[i];
         summary s = values_of(m);
-        if (m->na == NULL && s.n == 0)
-            continue;
+        if (m->na == NULL && s.n == 0) continue;
         printf("%s\n    {\"scenario\": ", first ? "" : ",");
         first = 0;
         json_str(m->scenario);
@@ -317,8 +296,7 @@ void report_json(const bench_opts *o, int ok) {
         printf(", \"rounds\": [");
         int f = 1;
         for (unsigned r = 0; r < BENCH_MAX_ROUNDS; r++) {
-            if (!m->have[r])
-                continue;
+            if (!m->have[r]) continue;
             printf("%s", f ? "" : ", ");
             f = 0;
             json_num(m->v[r]);

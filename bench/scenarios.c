@@ -56,11 +56,11 @@
 
 #include "bench.h"
 
-#define WAKE_WARMUP       50   /* unrecorded samples, as the perf driver */
-#define SHUTDOWN_NS       (60ull * 1000000000ull)
-#define SUBMIT_WAIT_NS    (10ull * 1000000000ull)
-#define FORCED_BUDGET_NS  1000000ull /* 1 ms */
-#define MS                1000000ull
+#define WAKE_WARMUP      50 /* unrecorded samples, as the perf driver */
+#define SHUTDOWN_NS      (60ull * 1000000000ull)
+#define SUBMIT_WAIT_NS   (10ull * 1000000000ull)
+#define FORCED_BUDGET_NS 1000000ull /* 1 ms */
+#define MS               1000000ull
 
 /* ------------------------------------------------------------ helpers */
 
@@ -105,21 +105,15 @@ static int cmp_u64(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-void bench_sort(uint64_t *v, unsigned long n) {
-    qsort(v, n, sizeof v[0], cmp_u64);
-}
+void bench_sort(uint64_t *v, unsigned long n) { qsort(v, n, sizeof v[0], cmp_u64); }
 
 uint64_t bench_pct(const uint64_t *sorted, unsigned long n, double p) {
-    if (n == 0)
-        return 0;
+    if (n == 0) return 0;
     double rank = p / 100.0 * (double)n; /* nearest rank: ceil(p% of n) */
     unsigned long k = (unsigned long)rank;
-    if ((double)k < rank)
-        k++;
-    if (k < 1)
-        k = 1;
-    if (k > n)
-        k = n;
+    if ((double)k < rank) k++;
+    if (k < 1) k = 1;
+    if (k > n) k = n;
     return sorted[k - 1];
 }
 
@@ -128,8 +122,7 @@ int bench_wait_active(tp_pool *p, unsigned n) {
     for (;;) {
         tp_stats s;
         tp_stats_get(p, &s);
-        if (s.active == n)
-            return 0;
+        if (s.active == n) return 0;
         if (bench_now() > end) {
             fprintf(stderr, "tp_bench: %u of %u tasks running after 10 s\n", s.active, n);
             return -1;
@@ -183,15 +176,14 @@ int countdown_wait(bench_countdown *c, const char *what) {
             ts.tv_sec++;
             ts.tv_nsec -= 1000000000;
         }
-        if (pthread_cond_timedwait(&c->cv, &c->mu, &ts) != ETIMEDOUT)
-            continue;
+        if (pthread_cond_timedwait(&c->cv, &c->mu, &ts) != ETIMEDOUT) continue;
         unsigned long now = atomic_load_explicit(&c->left, memory_order_relaxed);
         if (now != last) {
             last = now;
             progress = bench_now();
         } else if (bench_now() - progress > BENCH_STALL_NS) {
-            fprintf(stderr, "tp_bench: %s: %lu tasks never ended (none ended for %llu s)\n",
-                    what, now, (unsigned long long)(BENCH_STALL_NS / 1000000000u));
+            fprintf(stderr, "tp_bench: %s: %lu tasks never ended (none ended for %llu s)\n", what, now,
+                    (unsigned long long)(BENCH_STALL_NS / 1000000000u));
             rc = -1;
             break;
         }
@@ -203,11 +195,11 @@ int countdown_wait(bench_countdown *c, const char *what) {
 /* ------------------------------------------------------------ shared state */
 
 static bench_countdown g_done;
-static char (*g_user_names)[16]; /* --users names */
-static uint64_t *g_wake_lat;     /* --samples */
+static char (*g_user_names)[16];                      /* --users names */
+static uint64_t *g_wake_lat;                          /* --samples */
 static uint64_t *g_submit_at, *g_start_at, *g_end_at; /* --load-tasks each */
-static uint64_t *g_ids;                                /* --queue + --workers */
-static tp_task *g_batch;                               /* --batch, all alike, read-only */
+static uint64_t *g_ids;                               /* --queue + --workers */
+static tp_task *g_batch;                              /* --batch, all alike, read-only */
 
 int scenarios_setup(const bench_opts *o) {
     countdown_init(&g_done);
@@ -222,8 +214,7 @@ int scenarios_setup(const bench_opts *o) {
         fprintf(stderr, "tp_bench: out of memory for the scenario buffers\n");
         return -1;
     }
-    for (unsigned i = 0; i < o->users; i++)
-        snprintf(g_user_names[i], sizeof g_user_names[i], "user-%u", i);
+    for (unsigned i = 0; i < o->users; i++) snprintf(g_user_names[i], sizeof g_user_names[i], "user-%u", i);
     return 0;
 }
 
@@ -248,8 +239,7 @@ static int make_pool(const bench_opts *o, unsigned max_per_user, tp_pool **out) 
         .log = bench_quiet_log,
     };
     int rc = tp_create(out, &cfg);
-    if (rc != TP_OK)
-        fprintf(stderr, "tp_bench: tp_create: %s\n", tp_strerror(rc));
+    if (rc != TP_OK) fprintf(stderr, "tp_bench: tp_create: %s\n", tp_strerror(rc));
     return rc == TP_OK ? 0 : -1;
 }
 
@@ -258,8 +248,7 @@ static int make_pool(const bench_opts *o, unsigned max_per_user, tp_pool **out) 
 static int end_pool(tp_pool *p, int want, tp_stats *s) {
     int rc = tp_shutdown(p, SHUTDOWN_NS);
     if (rc != want) {
-        fprintf(stderr, "tp_bench: tp_shutdown: %s, expected %s\n", tp_err_name(rc),
-                tp_err_name(want));
+        fprintf(stderr, "tp_bench: tp_shutdown: %s, expected %s\n", tp_err_name(rc), tp_err_name(want));
         return -1; /* tp_destroy() could wait for whatever is stuck: leak it */
     }
     if (want != TP_OK && (rc = tp_wait(p, SHUTDOWN_NS)) != TP_ETIMEDOUT) {
@@ -274,8 +263,8 @@ static int end_pool(tp_pool *p, int want, tp_stats *s) {
 /* Every task ended, none failed, the refusals seen match the pool's count. */
 static int check_clean(const tp_stats *s, unsigned long long tasks, unsigned long long refusals,
                        const char *what) {
-    if (s->accepted == tasks && s->completed == tasks && s->succeeded == tasks &&
-        s->rejected == refusals && s->rejected_full == refusals)
+    if (s->accepted == tasks && s->completed == tasks && s->succeeded == tasks && s->rejected == refusals &&
+        s->rejected_full == refusals)
         return 0;
     fprintf(stderr,
             "tp_bench: %s: the pool's counters disagree: accepted %llu, completed %llu, "
@@ -300,12 +289,12 @@ static int tput_task(tp_ctx *ctx, void *arg) {
 typedef struct producer {
     pthread_t thread;
     tp_pool *pool;
-    atomic_int *go;       /* set to 1 once every producer exists (or creation failed) */
-    int kind;             /* TPUT_* */
-    unsigned first_user;  /* users: where this producer starts its round robin */
+    atomic_int *go;      /* set to 1 once every producer exists (or creation failed) */
+    int kind;            /* TPUT_* */
+    unsigned first_user; /* users: where this producer starts its round robin */
     unsigned users;
-    unsigned batch;       /* TPUT_BATCH: tasks per call */
-    unsigned long count;  /* tasks to submit */
+    unsigned batch;      /* TPUT_BATCH: tasks per call */
+    unsigned long count; /* tasks to submit */
     unsigned long refusals;
     int error; /* first unexpected result */
 } producer;
@@ -334,16 +323,13 @@ static int produce_batches(producer *pr) {
 
 /* Submits pr->count tasks; 0 or the unexpected result code. */
 static int produce(producer *pr) {
-    if (pr->kind == TPUT_BATCH)
-        return produce_batches(pr);
+    if (pr->kind == TPUT_BATCH) return produce_batches(pr);
     tp_task_opts opts = {0};
     unsigned u = pr->first_user;
     for (unsigned long i = 0; i < pr->count; i++) {
         int rc;
         switch (pr->kind) {
-        case TPUT_WAIT:
-            rc = tp_submit_wait(pr->pool, tput_task, NULL, NULL, SUBMIT_WAIT_NS, NULL);
-            break;
+        case TPUT_WAIT: rc = tp_submit_wait(pr->pool, tput_task, NULL, NULL, SUBMIT_WAIT_NS, NULL); break;
         case TPUT_USERS:
             opts.user = g_user_names[u];
             u = u + 1 == pr->users ? 0 : u + 1;
@@ -359,16 +345,14 @@ static int produce(producer *pr) {
             }
             break;
         }
-        if (rc != TP_OK)
-            return rc;
+        if (rc != TP_OK) return rc;
     }
     return 0;
 }
 
 static void *producer_main(void *arg) {
     producer *pr = arg;
-    while (!atomic_load_explicit(pr->go, memory_order_acquire))
-        sched_yield();
+    while (!atomic_load_explicit(pr->go, memory_order_acquire)) sched_yield();
     pr->error = produce(pr);
     return NULL;
 }
@@ -379,8 +363,7 @@ int scenario_throughput(const bench_opts *o, unsigned round, int kind, unsigned 
     const char *name = g_tput_names[kind];
     tp_pool *pool;
     unsigned per_user = kind == TPUT_USERS ? o->queue + o->workers : TP_UNLIMITED;
-    if (make_pool(o, per_user, &pool) != 0)
-        return -1;
+    if (make_pool(o, per_user, &pool) != 0) return -1;
 
     /* Warm-up: one producer, inline, the same kind of submit. */
     g_body = o->body;
@@ -396,8 +379,7 @@ int scenario_throughput(const bench_opts *o, unsigned round, int kind, unsigned 
         end_pool(pool, TP_OK, &s);
         return -1;
     }
-    if (countdown_wait(&g_done, name) != 0)
-        return -1;
+    if (countdown_wait(&g_done, name) != 0) return -1;
 
     producer pr[BENCH_MAX_PRODUCERS];
     atomic_int go = 0;
@@ -413,14 +395,12 @@ int scenario_throughput(const bench_opts *o, unsigned round, int kind, unsigned 
             .batch = o->batch,
             .count = o->tasks / nprod + (i < o->tasks % nprod ? 1 : 0),
         };
-        if (pthread_create(&pr[i].thread, NULL, producer_main, &pr[i]) != 0)
-            break;
+        if (pthread_create(&pr[i].thread, NULL, producer_main, &pr[i]) != 0) break;
         started++;
     }
     if (started < nprod) {
         fprintf(stderr, "tp_bench: pthread_create failed\n");
-        for (unsigned i = 0; i < started; i++)
-            pr[i].count = 0; /* not read before `go` releases them */
+        for (unsigned i = 0; i < started; i++) pr[i].count = 0; /* not read before `go` releases them */
     }
     /* Context switches of the whole process (every thread) over the run:
      * voluntary ones are sleeps (on the pool lock, a condition variable, or
@@ -440,10 +420,8 @@ int scenario_throughput(const bench_opts *o, unsigned round, int kind, unsigned 
             failed = 1;
         }
     }
-    if (failed)
-        return -1;
-    if (countdown_wait(&g_done, name) != 0)
-        return -1;
+    if (failed) return -1;
+    if (countdown_wait(&g_done, name) != 0) return -1;
     uint64_t t1 = bench_now();
     have_ru = have_ru && getrusage(RUSAGE_SELF, &ru1) == 0;
 
@@ -458,19 +436,20 @@ int scenario_throughput(const bench_opts *o, unsigned round, int kind, unsigned 
     static const bench_ref to_ring = {"limits", "", "ring ns/item", "x bare ring ns/item"};
     bench_record(round, name, variant, "ns/task", ns, &to_ring);
     bench_record(round, name, variant, "tasks/s", 1e9 / ns, NULL);
-    if (kind != TPUT_WAIT)
-        bench_record(round, name, variant, "EFULL refusals", (double)refusals, NULL);
+    if (kind != TPUT_WAIT) bench_record(round, name, variant, "EFULL refusals", (double)refusals, NULL);
     if (have_ru) {
         double per_k = 1000.0 / (double)o->tasks;
-        bench_record(round, name, variant, "sleeps/1k tasks", (double)(ru1.ru_nvcsw - ru0.ru_nvcsw) * per_k, NULL);
-        bench_record(round, name, variant, "preempts/1k tasks", (double)(ru1.ru_nivcsw - ru0.ru_nivcsw) * per_k,
+        bench_record(round, name, variant, "sleeps/1k tasks", (double)(ru1.ru_nvcsw - ru0.ru_nvcsw) * per_k,
                      NULL);
+        bench_record(round, name, variant, "preempts/1k tasks",
+                     (double)(ru1.ru_nivcsw - ru0.ru_nivcsw) * per_k, NULL);
     }
     if (kind == TPUT_USERS || kind == TPUT_BATCH) {
         double plain = bench_value(round, "throughput", variant, "ns/task");
         if (plain > 0)
-            bench_record(round, name, variant, kind == TPUT_USERS ? "ns/task / plain" : "ns/task / single submit",
-                         ns / plain, NULL);
+            bench_record(round, name, variant,
+                         kind == TPUT_USERS ? "ns/task / plain" : "ns/task / single submit", ns / plain,
+                         NULL);
     }
     return 0;
 }
@@ -493,8 +472,7 @@ static int wake_task(tp_ctx *ctx, void *arg) {
 
 int scenario_wake(const bench_opts *o, unsigned round) {
     tp_pool *pool;
-    if (make_pool(o, TP_UNLIMITED, &pool) != 0)
-        return -1;
+    if (make_pool(o, TP_UNLIMITED, &pool) != 0) return -1;
     g_body = (bench_body){BODY_EMPTY, 0};
     countdown_arm(&g_done, BENCH_WARMUP_TASKS);
     producer warm = {.pool = pool, .kind = TPUT_PLAIN, .count = BENCH_WARMUP_TASKS};
@@ -529,14 +507,12 @@ int scenario_wake(const bench_opts *o, unsigned round) {
             }
         }
         uint64_t st = atomic_load_explicit(&w.start, memory_order_relaxed);
-        if (s >= 0)
-            g_wake_lat[s] = st > ts ? st - ts : 0;
+        if (s >= 0) g_wake_lat[s] = st > ts ? st - ts : 0;
     }
 
     tp_stats s;
     unsigned long long total = BENCH_WARMUP_TASKS + WAKE_WARMUP + (unsigned long long)o->samples;
-    if (end_pool(pool, TP_OK, &s) != 0 || check_clean(&s, total, refusals, "wake") != 0)
-        return -1;
+    if (end_pool(pool, TP_OK, &s) != 0 || check_clean(&s, total, refusals, "wake") != 0) return -1;
 
     unsigned n = o->samples;
     bench_sort(g_wake_lat, n);
@@ -575,25 +551,22 @@ static int load_task(tp_ctx *ctx, void *arg) {
  * (counting refusals), or with period 0 flat out with tp_submit_wait(), so
  * that a producer waiting for space sleeps instead of taking CPU time from
  * the workers whose capacity is being measured. Returns 0 or -1. */
-static int load_submit(tp_pool *pool, unsigned long from, unsigned long to, uint64_t t0,
-                       double period, unsigned long *refusals) {
+static int load_submit(tp_pool *pool, unsigned long from, unsigned long to, uint64_t t0, double period,
+                       unsigned long *refusals) {
     for (unsigned long i = from; i < to; i++) {
         if (period > 0) {
             uint64_t due = t0 + (uint64_t)((double)(i - from) * period);
-            if (bench_now() < due)
-                sleep_until(due);
+            if (bench_now() < due) sleep_until(due);
         }
         int rc;
         for (;;) {
             g_submit_at[i] = bench_now();
             if (period <= 0) {
-                rc = tp_submit_wait(pool, load_task, (void *)(uintptr_t)i, NULL, SUBMIT_WAIT_NS,
-                                    NULL);
+                rc = tp_submit_wait(pool, load_task, (void *)(uintptr_t)i, NULL, SUBMIT_WAIT_NS, NULL);
                 break;
             }
             rc = tp_submit(pool, load_task, (void *)(uintptr_t)i, NULL, NULL);
-            if (rc != TP_EFULL)
-                break;
+            if (rc != TP_EFULL) break;
             (*refusals)++;
             sched_yield();
         }
@@ -607,44 +580,41 @@ static int load_submit(tp_pool *pool, unsigned long from, unsigned long to, uint
 
 int scenario_load(const bench_opts *o, unsigned round) {
     tp_pool *pool;
-    if (make_pool(o, TP_UNLIMITED, &pool) != 0)
-        return -1;
+    if (make_pool(o, TP_UNLIMITED, &pool) != 0) return -1;
     g_load_body = o->load_body;
     unsigned long n = o->load_tasks, refusals = 0;
 
     /* Capacity: a quarter of the tasks flat out, after an eighth to warm the
      * pool up. */
     unsigned long warm = n / 8 + 1, cap_n = n / 4 + 1;
-    if (warm + cap_n > n)
-        warm = cap_n = n / 2;
+    if (warm + cap_n > n) warm = cap_n = n / 2;
     countdown_arm(&g_done, warm);
-    if (load_submit(pool, 0, warm, 0, 0, &refusals) != 0 ||
-        countdown_wait(&g_done, "load warm-up") != 0)
+    if (load_submit(pool, 0, warm, 0, 0, &refusals) != 0 || countdown_wait(&g_done, "load warm-up") != 0)
         return -1;
     countdown_arm(&g_done, cap_n);
     uint64_t t0 = bench_now();
-    if (load_submit(pool, 0, cap_n, 0, 0, &refusals) != 0 ||
-        countdown_wait(&g_done, "load capacity") != 0)
+    if (load_submit(pool, 0, cap_n, 0, 0, &refusals) != 0 || countdown_wait(&g_done, "load capacity") != 0)
         return -1;
     uint64_t t1 = bench_now();
     double capacity = cap_n > 0 && t1 > t0 ? (double)cap_n * 1e9 / (double)(t1 - t0) : 0;
 
     /* The paced run. Its histogram observations: after minus before. */
     static tp_hist h0[2], h1[2];
-    if (tp_hist_get(pool, TP_HIST_QUEUE_WAIT, &h0[0]) != TP_OK || tp_hist_get(pool, TP_HIST_RUN, &h0[1]) != TP_OK)
+    if (tp_hist_get(pool, TP_HIST_QUEUE_WAIT, &h0[0]) != TP_OK ||
+        tp_hist_get(pool, TP_HIST_RUN, &h0[1]) != TP_OK)
         return -1;
     double period = capacity > 0 ? 1e9 / (capacity * o->load_pct / 100.0) : 0;
     countdown_arm(&g_done, n);
     t0 = bench_now();
-    if (load_submit(pool, 0, n, t0, period, &refusals) != 0 ||
-        countdown_wait(&g_done, "load") != 0)
+    if (load_submit(pool, 0, n, t0, period, &refusals) != 0 || countdown_wait(&g_done, "load") != 0)
         return -1;
     t1 = bench_now();
 
     /* the last task's countdown_hit comes before its attempt is recorded:
      * wait for every attempt of the run to be counted */
     for (uint64_t until = bench_now() + BENCH_STALL_NS;;) {
-        if (tp_hist_get(pool, TP_HIST_QUEUE_WAIT, &h1[0]) != TP_OK || tp_hist_get(pool, TP_HIST_RUN, &h1[1]) != TP_OK)
+        if (tp_hist_get(pool, TP_HIST_QUEUE_WAIT, &h1[0]) != TP_OK ||
+            tp_hist_get(pool, TP_HIST_RUN, &h1[1]) != TP_OK)
             return -1;
         if (h1[1].count - h0[1].count >= n) break;
         if (bench_now() > until) {
@@ -723,8 +693,7 @@ static int queued_task(tp_ctx *ctx, void *arg) {
 
 static void queued_done(void *arg, int status) {
     (void)arg;
-    if (status != TP_ECANCELED)
-        atomic_fetch_add_explicit(&g_cancel_status, 1, memory_order_relaxed);
+    if (status != TP_ECANCELED) atomic_fetch_add_explicit(&g_cancel_status, 1, memory_order_relaxed);
     countdown_hit(&g_done);
 }
 
@@ -734,8 +703,7 @@ static int fill_queue(tp_pool *pool, const bench_opts *o) {
     for (unsigned i = 0; i < o->queue; i++) {
         int rc = tp_submit(pool, queued_task, NULL, &opts, &g_ids[i]);
         if (rc != TP_OK) {
-            fprintf(stderr, "tp_bench: cancel: filling the queue: %s at task %u\n",
-                    tp_err_name(rc), i);
+            fprintf(stderr, "tp_bench: cancel: filling the queue: %s at task %u\n", tp_err_name(rc), i);
             return -1;
         }
     }
@@ -744,8 +712,7 @@ static int fill_queue(tp_pool *pool, const bench_opts *o) {
 
 int scenario_cancel(const bench_opts *o, unsigned round) {
     tp_pool *pool;
-    if (make_pool(o, TP_UNLIMITED, &pool) != 0)
-        return -1;
+    if (make_pool(o, TP_UNLIMITED, &pool) != 0) return -1;
     atomic_store(&g_cancel_ran, 0);
     atomic_store(&g_cancel_status, 0);
 
@@ -756,46 +723,38 @@ int scenario_cancel(const bench_opts *o, unsigned round) {
             return -1;
         }
     }
-    if (bench_wait_active(pool, o->workers) != 0)
-        return -1;
+    if (bench_wait_active(pool, o->workers) != 0) return -1;
 
     /* tp_cancel of each queued task. */
     countdown_arm(&g_done, o->queue);
-    if (fill_queue(pool, o) != 0)
-        return -1;
+    if (fill_queue(pool, o) != 0) return -1;
     uint64_t t0 = bench_now();
     for (unsigned i = 0; i < o->queue; i++) {
         int rc = tp_cancel(pool, g_ids[i]);
         if (rc != TP_OK) {
-            fprintf(stderr, "tp_bench: cancel: tp_cancel of a queued task: %s\n",
-                    tp_err_name(rc));
+            fprintf(stderr, "tp_bench: cancel: tp_cancel of a queued task: %s\n", tp_err_name(rc));
             return -1;
         }
     }
     uint64_t t1 = bench_now();
-    if (countdown_wait(&g_done, "cancelled tasks' on_done") != 0)
-        return -1;
+    if (countdown_wait(&g_done, "cancelled tasks' on_done") != 0) return -1;
     uint64_t t2 = bench_now();
 
     /* A forced shutdown of the full pool. */
     countdown_arm(&g_done, o->queue);
-    if (fill_queue(pool, o) != 0)
-        return -1;
+    if (fill_queue(pool, o) != 0) return -1;
     uint64_t t3 = bench_now();
     int rc = tp_shutdown(pool, FORCED_BUDGET_NS);
     uint64_t t4 = bench_now();
     if (rc != TP_ETIMEDOUT) {
-        fprintf(stderr, "tp_bench: cancel: forced tp_shutdown: %s, expected TP_ETIMEDOUT\n",
-                tp_err_name(rc));
+        fprintf(stderr, "tp_bench: cancel: forced tp_shutdown: %s, expected TP_ETIMEDOUT\n", tp_err_name(rc));
         return -1;
     }
-    if (countdown_wait(&g_done, "dropped tasks' on_done") != 0)
-        return -1;
+    if (countdown_wait(&g_done, "dropped tasks' on_done") != 0) return -1;
     uint64_t t5 = bench_now();
 
     tp_stats s;
-    if (end_pool(pool, TP_ETIMEDOUT, &s) != 0)
-        return -1;
+    if (end_pool(pool, TP_ETIMEDOUT, &s) != 0) return -1;
     unsigned long long want = 2ull * o->queue + o->workers;
     if (s.accepted != want || s.completed != want || s.cancelled < 2ull * o->queue ||
         atomic_load(&g_cancel_ran) != 0 || atomic_load(&g_cancel_status) != 0) {
@@ -803,8 +762,8 @@ int scenario_cancel(const bench_opts *o, unsigned round) {
                 "tp_bench: cancel: accepted %llu, completed %llu, cancelled %llu (expected "
                 "%llu, %llu, >= %llu); %lu queued tasks ran, %lu ended other than cancelled\n",
                 (unsigned long long)s.accepted, (unsigned long long)s.completed,
-                (unsigned long long)s.cancelled, want, want, 2ull * o->queue,
-                atomic_load(&g_cancel_ran), atomic_load(&g_cancel_status));
+                (unsigned long long)s.cancelled, want, want, 2ull * o->queue, atomic_load(&g_cancel_ran),
+                atomic_load(&g_cancel_status));
         return -1;
     }
 

@@ -20,24 +20,22 @@ typedef struct job {
 static int square(tp_ctx *ctx, void *arg) {
     const job *j = arg;
     int err = tp_ctx_err(ctx);
-    if (err != 0)
-        return err;
+    if (err != 0) return err;
     printf("task %llu: %d squared is %d\n", (unsigned long long)tp_ctx_id(ctx), j->n, j->n * j->n);
     return 0;
 }
 
 /* Called once per accepted task, after its final outcome: frees its argument. */
 static void job_done(void *arg, int status) {
-    if (status != 0)
-        fprintf(stderr, "job %d ended with %s\n", ((job *)arg)->n, tp_strerror(status));
+    if (status != 0) fprintf(stderr, "job %d ended with %s\n", ((job *)arg)->n, tp_strerror(status));
     free(arg);
 }
 
 int main(void) {
     tp_config cfg = {
-        .workers = 2,         /* zero fields keep their defaults */
+        .workers = 2, /* zero fields keep their defaults */
         .queue_capacity = 16,
-        .name = "basic",      /* worker threads are named basic-... */
+        .name = "basic", /* worker threads are named basic-... */
     };
     tp_pool *pool = NULL;
     int rc = tp_create(&pool, &cfg);

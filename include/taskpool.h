@@ -76,9 +76,8 @@ extern "C" {
  * compile-time check: `#if TP_VERSION_AT_LEAST(1, 1, 0)` guards code that
  * uses a call added in 1.1. Compare with tp_version() for the library that is
  * actually linked at run time. */
-#define TP_VERSION_HEX \
-    ((TP_VERSION_MAJOR << 16) | (TP_VERSION_MINOR << 8) | TP_VERSION_PATCH)
-#define TP_VERSION_AT_LEAST(major, minor, patch) \
+#define TP_VERSION_HEX ((TP_VERSION_MAJOR << 16) | (TP_VERSION_MINOR << 8) | TP_VERSION_PATCH)
+#define TP_VERSION_AT_LEAST(major, minor, patch)                                                             \
     (TP_VERSION_HEX >= (((major) << 16) | ((minor) << 8) | (patch)))
 
 /*
@@ -113,15 +112,15 @@ extern "C" {
 /* TP_API marks the exported symbols; everything else is hidden. Define
  * TP_STATIC when linking the static library on platforms that care. */
 #if defined(_WIN32) && !defined(TP_STATIC)
-#  ifdef TP_BUILDING
-#    define TP_API __declspec(dllexport)
-#  else
-#    define TP_API __declspec(dllimport)
-#  endif
-#elif defined(__GNUC__) || defined(__clang__)
-#  define TP_API __attribute__((visibility("default")))
+#ifdef TP_BUILDING
+#define TP_API __declspec(dllexport)
 #else
-#  define TP_API
+#define TP_API __declspec(dllimport)
+#endif
+#elif defined(__GNUC__) || defined(__clang__)
+#define TP_API __attribute__((visibility("default")))
+#else
+#define TP_API
 #endif
 
 /* "MAJOR.MINOR.PATCH" of the library actually linked. Static string. */
@@ -131,16 +130,16 @@ TP_API const char *tp_version(void);
 
 /* XX(name, value, message). One table generates the enum, tp_strerror() and
  * tp_err_name(), so they cannot drift apart. */
-#define TP_ERRNO_MAP(XX)                                                       \
-    XX(EINVAL, -1, "invalid argument")                                         \
-    XX(ENOMEM, -2, "out of memory or threads")                                 \
-    XX(EFULL, -3, "queue is full")                                             \
-    XX(EUSERLIMIT, -4, "user has reached its limit of tasks")                  \
-    XX(ECLOSED, -5, "pool is closed")                                          \
-    XX(ETIMEDOUT, -6, "timed out")                                             \
-    XX(ECANCELED, -7, "canceled")                                              \
-    XX(ENOTFOUND, -8, "no such task")                                          \
-    XX(EDEADLK, -9, "would wait for the calling thread itself")                \
+#define TP_ERRNO_MAP(XX)                                                                                     \
+    XX(EINVAL, -1, "invalid argument")                                                                       \
+    XX(ENOMEM, -2, "out of memory or threads")                                                               \
+    XX(EFULL, -3, "queue is full")                                                                           \
+    XX(EUSERLIMIT, -4, "user has reached its limit of tasks")                                                \
+    XX(ECLOSED, -5, "pool is closed")                                                                        \
+    XX(ETIMEDOUT, -6, "timed out")                                                                           \
+    XX(ECANCELED, -7, "canceled")                                                                            \
+    XX(ENOTFOUND, -8, "no such task")                                                                        \
+    XX(EDEADLK, -9, "would wait for the calling thread itself")                                              \
     XX(ENODEFAULT, -10, "no default pool registered")
 
 enum {
@@ -161,12 +160,12 @@ TP_API const char *tp_err_name(int err);
 #define TP_FOREVER   UINT64_MAX /* a duration or deadline with no limit */
 #define TP_UNLIMITED UINT_MAX   /* max_per_user: no per-user limit */
 
-#define TP_MAX_WORKERS        4096u       /* workers, max_workers */
-#define TP_MAX_QUEUE_CAPACITY (1u << 20)  /* queue_capacity */
-#define TP_MAX_RETRIES        100u        /* max_retries */
-#define TP_USER_MAX           127         /* bytes of a user name, NUL excluded */
-#define TP_LOG_ID_MAX         127         /* bytes of a log id, NUL excluded */
-#define TP_NAME_MAX           31          /* bytes of a pool name, NUL excluded */
+#define TP_MAX_WORKERS        4096u      /* workers, max_workers */
+#define TP_MAX_QUEUE_CAPACITY (1u << 20) /* queue_capacity */
+#define TP_MAX_RETRIES        100u       /* max_retries */
+#define TP_USER_MAX           127        /* bytes of a user name, NUL excluded */
+#define TP_LOG_ID_MAX         127        /* bytes of a log id, NUL excluded */
+#define TP_NAME_MAX           31         /* bytes of a pool name, NUL excluded */
 
 /* Log levels of tp_log_fn. */
 enum { TP_LOG_ERROR = 0, TP_LOG_WARN = 1, TP_LOG_INFO = 2, TP_LOG_DEBUG = 3 };
@@ -195,26 +194,27 @@ typedef void (*tp_log_fn)(void *log_arg, int level, const char *log_id, const ch
  * The struct is read during tp_create() only; `name` is copied.
  */
 typedef struct tp_config {
-    unsigned    workers;            /* 0 -> 4 x online CPUs; 1..TP_MAX_WORKERS */
-    unsigned    max_workers;        /* 0 -> = workers (fixed); workers..TP_MAX_WORKERS: elastic */
-    unsigned    queue_capacity;     /* 0 -> 100; 1..TP_MAX_QUEUE_CAPACITY; waiting tasks only */
-    unsigned    max_per_user;       /* 0 -> 2; TP_UNLIMITED -> no limit (slots still counted) */
-    uint64_t    run_timeout_ns;     /* 0 -> 10 min; TP_FOREVER -> none; per attempt, from its start */
-    uint64_t    submit_timeout_ns;  /* 0 -> 1 s; TP_FOREVER -> none; default budget of tp_submit_wait */
-    uint64_t    drain_timeout_ns;   /* 0 -> 20 s; TP_FOREVER -> none; default budget of tp_shutdown */
-    uint64_t    idle_timeout_ns;    /* 0 -> 5 min; TP_FOREVER -> never; elastic workers above `workers` exit when idle this long.
+    unsigned workers;           /* 0 -> 4 x online CPUs; 1..TP_MAX_WORKERS */
+    unsigned max_workers;       /* 0 -> = workers (fixed); workers..TP_MAX_WORKERS: elastic */
+    unsigned queue_capacity;    /* 0 -> 100; 1..TP_MAX_QUEUE_CAPACITY; waiting tasks only */
+    unsigned max_per_user;      /* 0 -> 2; TP_UNLIMITED -> no limit (slots still counted) */
+    uint64_t run_timeout_ns;    /* 0 -> 10 min; TP_FOREVER -> none; per attempt, from its start */
+    uint64_t submit_timeout_ns; /* 0 -> 1 s; TP_FOREVER -> none; default budget of tp_submit_wait */
+    uint64_t drain_timeout_ns;  /* 0 -> 20 s; TP_FOREVER -> none; default budget of tp_shutdown */
+    uint64_t
+        idle_timeout_ns; /* 0 -> 5 min; TP_FOREVER -> never; elastic workers above `workers` exit when idle this long.
                                      * Elastic workers are added while the backlog exceeds the idle workers,
                                      * by tp_submit / tp_submit_wait and by a retry returning to the queue,
                                      * until tp_close(); after it the workers present drain what is left. */
-    unsigned    max_retries;        /* 0 -> no retry; 0..TP_MAX_RETRIES */
-    uint64_t    retry_delay_ns;     /* 0 -> 1 s; fixed delay before each retry */
-    const char *name;               /* thread-name prefix, copied; NULL -> "tp"; at most TP_NAME_MAX bytes */
-    tp_log_fn   log;                /* NULL -> failed attempts are written to stderr */
-    void       *log_arg;
-    void      (*on_worker_start)(void *hook_arg); /* optional; runs first on each worker thread */
-    void      (*on_worker_stop)(void *hook_arg);  /* optional; runs last on each worker thread */
-    void       *hook_arg;
-    uint64_t    reserved[8];        /* growth room (since 1.1): must be zero */
+    unsigned max_retries;    /* 0 -> no retry; 0..TP_MAX_RETRIES */
+    uint64_t retry_delay_ns; /* 0 -> 1 s; fixed delay before each retry */
+    const char *name;        /* thread-name prefix, copied; NULL -> "tp"; at most TP_NAME_MAX bytes */
+    tp_log_fn log;           /* NULL -> failed attempts are written to stderr */
+    void *log_arg;
+    void (*on_worker_start)(void *hook_arg); /* optional; runs first on each worker thread */
+    void (*on_worker_stop)(void *hook_arg);  /* optional; runs last on each worker thread */
+    void *hook_arg;
+    uint64_t reserved[8]; /* growth room (since 1.1): must be zero */
 } tp_config;
 
 /* ------------------------------------------------------------- 5. lifecycle */
@@ -307,13 +307,14 @@ typedef void (*tp_done_fn)(void *arg, int status);
  * past it, and a task waiting for a retry when it passes ends with
  * TP_ETIMEDOUT (cancelled, not expired: it ran). */
 typedef struct tp_task_opts {
-    const char *user;            /* NULL or "" -> no per-user accounting; copied; at most TP_USER_MAX bytes */
-    uint64_t    run_timeout_ns;  /* 0 -> pool default; TP_FOREVER -> none */
-    uint64_t    deadline_ns;     /* absolute tp_now_ns() time, queueing included; 0 -> none */
-    tp_done_fn  on_done;         /* optional */
-    const char *log_id;          /* NULL -> inherited from the submitting thread, or generated; copied; at most TP_LOG_ID_MAX bytes */
-    int         priority;        /* reserved: must be 0 */
-    uint64_t    reserved[4];     /* growth room (since 1.1): must be zero */
+    const char *user;        /* NULL or "" -> no per-user accounting; copied; at most TP_USER_MAX bytes */
+    uint64_t run_timeout_ns; /* 0 -> pool default; TP_FOREVER -> none */
+    uint64_t deadline_ns;    /* absolute tp_now_ns() time, queueing included; 0 -> none */
+    tp_done_fn on_done;      /* optional */
+    const char *
+        log_id; /* NULL -> inherited from the submitting thread, or generated; copied; at most TP_LOG_ID_MAX bytes */
+    int priority;         /* reserved: must be 0 */
+    uint64_t reserved[4]; /* growth room (since 1.1): must be zero */
 } tp_task_opts;
 
 /*
@@ -357,17 +358,17 @@ TP_API int tp_submit(tp_pool *p, tp_fn fn, void *arg, const tp_task_opts *opts, 
  *   stall the retries and endings that free room): without room at once it
  *   returns TP_ETIMEDOUT.
  */
-TP_API int tp_submit_wait(tp_pool *p, tp_fn fn, void *arg, const tp_task_opts *opts,
-                          uint64_t budget_ns, uint64_t *id_out);
+TP_API int tp_submit_wait(tp_pool *p, tp_fn fn, void *arg, const tp_task_opts *opts, uint64_t budget_ns,
+                          uint64_t *id_out);
 
 /* One task of a batch (tp_submit_batch). Since 1.1. Zero-initialise it
  * (`= {0}`, designated initialisers, a compound literal): the reserved tail
  * must be zero, as in the other public structs. */
 typedef struct tp_task {
-    tp_fn               fn;
-    void               *arg;
-    const tp_task_opts *opts;     /* NULL: defaults */
-    uint64_t            reserved[2]; /* growth room (since 1.1): must be zero */
+    tp_fn fn;
+    void *arg;
+    const tp_task_opts *opts; /* NULL: defaults */
+    uint64_t reserved[2];     /* growth room (since 1.1): must be zero */
 } tp_task;
 
 /*
@@ -463,24 +464,24 @@ TP_API uint64_t tp_now_ns(void);
 /* ------------------------------------------------------------- 8. statistics */
 
 typedef struct tp_stats {
-    uint64_t submitted;         /* calls that passed argument checks */
+    uint64_t submitted; /* calls that passed argument checks */
     uint64_t accepted;
-    uint64_t rejected;          /* sum of the four below */
+    uint64_t rejected; /* sum of the four below */
     uint64_t rejected_full, rejected_user, rejected_closed, rejected_timeout;
-    uint64_t started;           /* tasks whose function was called at least once */
-    uint64_t retried;           /* extra attempts started */
-    uint64_t completed;         /* accepted tasks that reached their final outcome */
+    uint64_t started;   /* tasks whose function was called at least once */
+    uint64_t retried;   /* extra attempts started */
+    uint64_t completed; /* accepted tasks that reached their final outcome */
     uint64_t succeeded;
-    uint64_t failed;            /* completed with a non-zero status, cancelled included */
-    uint64_t cancelled;         /* failed with TP_ECANCELED or TP_ETIMEDOUT, expired included */
-    uint64_t expired;           /* deadline passed before the first start: never ran */
-    uint32_t active;            /* running now */
-    uint32_t queued;            /* waiting in the queue now */
-    uint32_t delayed;           /* waiting for a retry now */
-    uint32_t workers;           /* live worker threads */
-    uint32_t idle;              /* workers waiting for work */
-    uint32_t users;             /* users holding at least one slot */
-    uint64_t reserved[16];      /* growth room (since 1.1): written as zero */
+    uint64_t failed;       /* completed with a non-zero status, cancelled included */
+    uint64_t cancelled;    /* failed with TP_ECANCELED or TP_ETIMEDOUT, expired included */
+    uint64_t expired;      /* deadline passed before the first start: never ran */
+    uint32_t active;       /* running now */
+    uint32_t queued;       /* waiting in the queue now */
+    uint32_t delayed;      /* waiting for a retry now */
+    uint32_t workers;      /* live worker threads */
+    uint32_t idle;         /* workers waiting for work */
+    uint32_t users;        /* users holding at least one slot */
+    uint64_t reserved[16]; /* growth room (since 1.1): written as zero */
 } tp_stats;
 
 /*

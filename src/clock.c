@@ -50,7 +50,7 @@ static int tsc_invariant(void) {
     if (!flags) return 0;
     char *eol = strchr(flags + 1, '\n');
     if (!eol) return 0; /* cut off: do not guess */
-    eol[0] = ' '; /* every flag is " name " now */
+    eol[0] = ' ';       /* every flag is " name " now */
     eol[1] = '\0';
     return strstr(flags, " constant_tsc ") && strstr(flags, " nonstop_tsc ");
 }
@@ -75,7 +75,8 @@ static void paired_read(uint64_t *tsc, uint64_t *ns) {
 static uint64_t calibrate(void) {
     uint64_t c0 = 0, n0 = 0, c1 = 0, n1 = 0;
     paired_read(&c0, &n0);
-    while (tp_now_ns() - n0 < CALIB_NS) {}
+    while (tp_now_ns() - n0 < CALIB_NS) {
+    }
     paired_read(&c1, &n1);
     if (c1 <= c0 || n1 <= n0) return 0;
     uint64_t mult = (uint64_t)((((tp__hclk_u128)(n1 - n0)) << 32) / (c1 - c0));

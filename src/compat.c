@@ -64,7 +64,7 @@ typedef struct tp__stats_1_0 {
     uint32_t active, queued, delayed, workers, idle, users;
 } tp__stats_1_0;
 
-#define TP__SAME_OFFSET(old, new, field)                                                              \
+#define TP__SAME_OFFSET(old, new, field)                                                                     \
     _Static_assert(offsetof(old, field) == offsetof(new, field), #new "." #field " moved since 1.0")
 TP__SAME_OFFSET(tp__config_1_0, tp_config, max_per_user);
 TP__SAME_OFFSET(tp__config_1_0, tp_config, run_timeout_ns);
@@ -82,15 +82,17 @@ TP__SAME_OFFSET(tp__stats_1_0, tp_stats, rejected_timeout);
 TP__SAME_OFFSET(tp__stats_1_0, tp_stats, expired);
 TP__SAME_OFFSET(tp__stats_1_0, tp_stats, active);
 TP__SAME_OFFSET(tp__stats_1_0, tp_stats, users);
-_Static_assert(sizeof(tp__config_1_0) <= offsetof(tp_config, reserved), "tp_config's tail overlaps 1.0 fields");
-_Static_assert(sizeof(tp__opts_1_0) <= offsetof(tp_task_opts, reserved), "tp_task_opts' tail overlaps 1.0 fields");
+_Static_assert(sizeof(tp__config_1_0) <= offsetof(tp_config, reserved),
+               "tp_config's tail overlaps 1.0 fields");
+_Static_assert(sizeof(tp__opts_1_0) <= offsetof(tp_task_opts, reserved),
+               "tp_task_opts' tail overlaps 1.0 fields");
 _Static_assert(sizeof(tp__stats_1_0) <= offsetof(tp_stats, reserved), "tp_stats' tail overlaps 1.0 fields");
 
 #define TP__CONFIG_1_0 sizeof(tp__config_1_0)
-#define TP__OPTS_1_0 sizeof(tp__opts_1_0)
-#define TP__STATS_1_0 sizeof(tp__stats_1_0)
+#define TP__OPTS_1_0   sizeof(tp__opts_1_0)
+#define TP__STATS_1_0  sizeof(tp__stats_1_0)
 
-#define TP__EXPORT __attribute__((visibility("default"), used))
+#define TP__EXPORT                 __attribute__((visibility("default"), used))
 #define TP__SYMVER_1_0(impl, name) __asm__(".symver " #impl "," #name "@TASKPOOL_1.0")
 
 static const tp_config *config_1_0(tp_config *tmp, const tp_config *old) {

@@ -10,7 +10,7 @@
 #include "internal.h"
 
 #define TP__STR2(x) #x
-#define TP__STR(x) TP__STR2(x)
+#define TP__STR(x)  TP__STR2(x)
 
 const char *tp_version(void) {
     return TP__STR(TP_VERSION_MAJOR) "." TP__STR(TP_VERSION_MINOR) "." TP__STR(TP_VERSION_PATCH);
@@ -19,7 +19,8 @@ const char *tp_version(void) {
 const char *tp_strerror(int err) {
     switch (err) {
     case TP_OK: return "success";
-#define TP__MSG(name, value, msg) case TP_##name: return msg;
+#define TP__MSG(name, value, msg)                                                                            \
+    case TP_##name: return msg;
         TP_ERRNO_MAP(TP__MSG)
 #undef TP__MSG
     default: return "unknown error";
@@ -29,7 +30,8 @@ const char *tp_strerror(int err) {
 const char *tp_err_name(int err) {
     switch (err) {
     case TP_OK: return "TP_OK";
-#define TP__NAME(name, value, msg) case TP_##name: return "TP_" #name;
+#define TP__NAME(name, value, msg)                                                                           \
+    case TP_##name: return "TP_" #name;
         TP_ERRNO_MAP(TP__NAME)
 #undef TP__NAME
     default: return "TP_UNKNOWN";

@@ -55,8 +55,9 @@ int tp_group_wait(tp_group *g, uint64_t timeout_ns) {
     tp_pool *p = g->pool;
     if (!p) return g->err;
     if (tp__tls_pool == p) return TP_EDEADLK;
-    uint64_t deadline =
-        timeout_ns == 0 || timeout_ns == TP_FOREVER ? TP_FOREVER : tp__deadline_after(tp_now_ns(), timeout_ns);
+    uint64_t deadline = timeout_ns == 0 || timeout_ns == TP_FOREVER
+                            ? TP_FOREVER
+                            : tp__deadline_after(tp_now_ns(), timeout_ns);
     int rc = TP_OK;
     tp__lock(p);
     g->waiters++;

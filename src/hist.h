@@ -32,9 +32,9 @@
 #include "clock.h"
 #include "taskpool.h"
 
-#define TP__HIST_E0 7u          /* bucket 0: 0..2^7 ns */
-#define TP__HIST_EMAX 42u       /* the last regular bound is 2^42 ns */
-#define TP__HIST_SUB 8u         /* buckets per power of two */
+#define TP__HIST_E0   7u  /* bucket 0: 0..2^7 ns */
+#define TP__HIST_EMAX 42u /* the last regular bound is 2^42 ns */
+#define TP__HIST_SUB  8u  /* buckets per power of two */
 
 /* The layout above gives exactly this many buckets. */
 _Static_assert(TP_HIST_BUCKETS == 1 + (TP__HIST_EMAX - TP__HIST_E0) * TP__HIST_SUB + 1,

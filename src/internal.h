@@ -106,7 +106,7 @@ static inline bool tp__reserved_zero(const uint64_t *w, size_t n) {
         if (w[i] != 0) return false;
     return true;
 }
-#define TP__RESERVED_ZERO(s) tp__reserved_zero((s)->reserved, sizeof (s)->reserved / sizeof (s)->reserved[0])
+#define TP__RESERVED_ZERO(s) tp__reserved_zero((s)->reserved, sizeof(s)->reserved / sizeof(s)->reserved[0])
 
 /* ------------------------------------------------------------ asserts */
 
@@ -155,30 +155,30 @@ void tp__assert_fail(const char *cond, const char *file, int line)
  * Used by struct tp__stats below, tp_stats_get() and tp_stats_format()
  * (stats.c). A new field is one line here plus its member in tp_stats.
  */
-#define TP__STATS_FIELDS(C, G, D)                                                    \
-    C(submitted, "Submit calls that passed argument checks.")                        \
-    C(accepted, "Tasks accepted.")                                                   \
-    D(rejected, "Submits refused, for any reason.")                                  \
-    C(rejected_full, "Submits refused because the queue was full.")                  \
-    C(rejected_user, "Submits refused because the user was at its limit.")           \
-    C(rejected_closed, "Submits refused because the pool was closed.")               \
-    C(rejected_timeout, "Blocking submits whose budget ran out.")                    \
-    C(started, "Tasks whose function was called at least once.")                     \
-    C(retried, "Extra attempts started.")                                            \
-    C(completed, "Accepted tasks that reached their final outcome.")                 \
-    C(succeeded, "Tasks completed with status 0.")                                   \
-    C(failed, "Tasks completed with a non-zero status, cancelled included.")         \
-    C(cancelled, "Tasks failed with TP_ECANCELED or TP_ETIMEDOUT.")                  \
-    C(expired, "Tasks whose deadline passed before their first start.")              \
-    G(active, "Tasks running now.")                                                  \
-    G(queued, "Tasks waiting in the queue now.")                                     \
-    G(delayed, "Tasks waiting for a retry now.")                                     \
-    G(workers, "Live worker threads.")                                               \
-    G(idle, "Workers waiting for work.")                                             \
+#define TP__STATS_FIELDS(C, G, D)                                                                            \
+    C(submitted, "Submit calls that passed argument checks.")                                                \
+    C(accepted, "Tasks accepted.")                                                                           \
+    D(rejected, "Submits refused, for any reason.")                                                          \
+    C(rejected_full, "Submits refused because the queue was full.")                                          \
+    C(rejected_user, "Submits refused because the user was at its limit.")                                   \
+    C(rejected_closed, "Submits refused because the pool was closed.")                                       \
+    C(rejected_timeout, "Blocking submits whose budget ran out.")                                            \
+    C(started, "Tasks whose function was called at least once.")                                             \
+    C(retried, "Extra attempts started.")                                                                    \
+    C(completed, "Accepted tasks that reached their final outcome.")                                         \
+    C(succeeded, "Tasks completed with status 0.")                                                           \
+    C(failed, "Tasks completed with a non-zero status, cancelled included.")                                 \
+    C(cancelled, "Tasks failed with TP_ECANCELED or TP_ETIMEDOUT.")                                          \
+    C(expired, "Tasks whose deadline passed before their first start.")                                      \
+    G(active, "Tasks running now.")                                                                          \
+    G(queued, "Tasks waiting in the queue now.")                                                             \
+    G(delayed, "Tasks waiting for a retry now.")                                                             \
+    G(workers, "Live worker threads.")                                                                       \
+    G(idle, "Workers waiting for work.")                                                                     \
     G(users, "Users holding at least one slot.")
 
 #define TP__ST_COUNTER(f, help) _Atomic uint64_t f;
-#define TP__ST_GAUGE(f, help) _Atomic uint32_t f;
+#define TP__ST_GAUGE(f, help)   _Atomic uint32_t f;
 #define TP__ST_NONE(f, help)
 typedef struct tp__stats {
     TP__STATS_FIELDS(TP__ST_COUNTER, TP__ST_GAUGE, TP__ST_NONE)
@@ -196,11 +196,11 @@ typedef struct tp__stats {
 #define tp__cpu_relax() ((void)0)
 #endif
 
-#define TP__LOAD(x) atomic_load_explicit(&(x), memory_order_relaxed)
-#define TP__SET(x, v) atomic_store_explicit(&(x), (v), memory_order_release)
+#define TP__LOAD(x)    atomic_load_explicit(&(x), memory_order_relaxed)
+#define TP__SET(x, v)  atomic_store_explicit(&(x), (v), memory_order_release)
 #define TP__ACQUIRE(x) atomic_load_explicit(&(x), memory_order_acquire)
-#define TP__INC(x) TP__SET(x, TP__LOAD(x) + 1)
-#define TP__DEC(x) TP__SET(x, TP__LOAD(x) - 1)
+#define TP__INC(x)     TP__SET(x, TP__LOAD(x) + 1)
+#define TP__DEC(x)     TP__SET(x, TP__LOAD(x) - 1)
 
 /* ------------------------------------------------------------ records */
 
@@ -213,7 +213,7 @@ typedef struct tp__chunk {
 typedef struct tp__user {
     struct tp__user *next; /* hash chain, or free list */
     uint32_t hash;
-    unsigned count;        /* slots held: accepted, unfinished tasks */
+    unsigned count; /* slots held: accepted, unfinished tasks */
     char name[TP_USER_MAX + 1];
 } tp__user;
 
@@ -227,31 +227,32 @@ typedef struct tp__task {
     tp_fn fn;
     void *arg;
     tp_done_fn on_done;
-    uint64_t run_timeout;   /* resolved, ns; TP_FOREVER for none */
-    uint64_t deadline;      /* absolute; TP_FOREVER for none */
-    uint64_t due;           /* while DELAYED: when the retry is queued */
-    uint64_t queued_at;     /* admission, or return to the queue for a retry: a clock.h stamp (queue-wait histogram) */
-    struct tp__task *next;  /* free list, delayed list, endings list */
-    struct tp__task *prev;  /* delayed list */
-    struct tp__task *id_next; /* id index chain */
-    tp__user *user;         /* slot holder, NULL without a user */
-    struct tp_group *group; /* NULL, or its group until it is retired */
+    uint64_t run_timeout; /* resolved, ns; TP_FOREVER for none */
+    uint64_t deadline;    /* absolute; TP_FOREVER for none */
+    uint64_t due;         /* while DELAYED: when the retry is queued */
+    uint64_t
+        queued_at; /* admission, or return to the queue for a retry: a clock.h stamp (queue-wait histogram) */
+    struct tp__task *next;            /* free list, delayed list, endings list */
+    struct tp__task *prev;            /* delayed list */
+    struct tp__task *id_next;         /* id index chain */
+    tp__user *user;                   /* slot holder, NULL without a user */
+    struct tp_group *group;           /* NULL, or its group until it is retired */
     struct tp__task *g_next, *g_prev; /* the group's members not yet finalised */
-    struct tp__worker *worker; /* while RUNNING */
+    struct tp__worker *worker;        /* while RUNNING */
     unsigned attempt;
     int state;
-    int status;             /* final status once finalised */
-    uint32_t log_gen;       /* non-zero: log_id not yet written; the pool serial to generate it from */
-    uint32_t ring_pos;      /* while QUEUED: its ring index (see ring.h) */
+    int status;        /* final status once finalised */
+    uint32_t log_gen;  /* non-zero: log_id not yet written; the pool serial to generate it from */
+    uint32_t ring_pos; /* while QUEUED: its ring index (see ring.h) */
     char log_id[TP_LOG_ID_MAX + 1];
 } tp__task;
 
 /* Task records and the id index. No locking: the pool lock guards it. */
 typedef struct tp__tasks {
     tp__task *free;
-    unsigned total;          /* records allocated */
+    unsigned total; /* records allocated */
     tp__chunk *chunks;
-    tp__task **index;        /* id -> task, chained, power-of-two buckets */
+    tp__task **index; /* id -> task, chained, power-of-two buckets */
     uint32_t index_mask;
 } tp__tasks;
 
@@ -290,8 +291,8 @@ static inline tp__task *tp__tasks_find(const tp__tasks *ts, uint64_t id) {
 typedef struct tp__users {
     tp__user **buckets;
     uint32_t mask;
-    unsigned live;           /* entries holding at least one slot */
-    unsigned total;          /* entries allocated */
+    unsigned live;  /* entries holding at least one slot */
+    unsigned total; /* entries allocated */
     tp__user *free;
     tp__chunk *chunks;
 } tp__users;
@@ -318,8 +319,8 @@ void tp__users_release(tp__users *us, tp__user *u);
 struct tp_ctx {
     struct tp__worker *w;
     tp__task *t;
-    uint64_t deadline;       /* effective: min(start + run timeout, task deadline) */
-    atomic_int cancelled;    /* set under mu; read lock-free by the task */
+    uint64_t deadline;    /* effective: min(start + run timeout, task deadline) */
+    atomic_int cancelled; /* set under mu; read lock-free by the task */
 };
 
 enum { TP__W_FREE = 0, TP__W_LIVE, TP__W_DEAD };
@@ -327,7 +328,7 @@ enum { TP__W_FREE = 0, TP__W_LIVE, TP__W_DEAD };
 typedef struct tp__worker {
     tp_pool *pool;
     pthread_t thread;
-    int state;               /* TP__W_*: FREE never started, DEAD exited and joinable */
+    int state; /* TP__W_*: FREE never started, DEAD exited and joinable */
     unsigned index;
     tp__task *cur;           /* the running task, NULL between tasks */
     pthread_cond_t sleep_cv; /* tp_ctx_sleep waits here on pool mu */
@@ -348,7 +349,7 @@ struct tp_pool {
     /* pool.c: the resolved configuration, read-only after tp_create */
     struct tp__config {
         unsigned min_workers, max_workers, capacity, max_per_user, max_retries;
-        unsigned max_records;    /* task records in use at most (see pool.c) */
+        unsigned max_records; /* task records in use at most (see pool.c) */
         uint64_t run_timeout, submit_timeout, drain_timeout, idle_timeout, retry_delay;
         tp_log_fn log;
         void *log_arg;
@@ -356,7 +357,7 @@ struct tp_pool {
         void (*on_worker_stop)(void *);
         void *hook_arg;
         char name[TP_NAME_MAX + 1];
-        uint32_t serial;         /* process-unique pool number, for generated log ids */
+        uint32_t serial; /* process-unique pool number, for generated log ids */
     } cfg;
 
     /* life.c: the tasks, the queue and their state */
@@ -367,17 +368,17 @@ struct tp_pool {
         tp__task *delayed_head, *delayed_tail; /* due order (fixed delay) */
         tp__task *endings_head, *endings_tail; /* ended unrun, on_done pending */
         uint64_t next_id;
-        unsigned delayed;        /* tasks in the delayed list */
-        unsigned active;         /* tasks running */
-        unsigned inflight;       /* accepted tasks whose on_done has not returned */
-        unsigned with_deadline;  /* unfinished tasks that carry a deadline */
+        unsigned delayed;             /* tasks in the delayed list */
+        unsigned active;              /* tasks running */
+        unsigned inflight;            /* accepted tasks whose on_done has not returned */
+        unsigned with_deadline;       /* unfinished tasks that carry a deadline */
         uint64_t queued_deadline_min; /* lower bound of the deadlines in the ring */
-        uint64_t expiry_scan_at; /* the service thread scans the ring no earlier */
-        unsigned room_waiters;   /* tp_submit_wait callers in room_cv */
-        unsigned users_at_limit; /* users holding max_per_user slots */
-        bool closed;             /* tp__close_locked: no more admissions */
-        bool forced;             /* tp__force_locked: no more retries */
-        struct tp_group *groups; /* this pool's groups (linked by group.c through life.c) */
+        uint64_t expiry_scan_at;      /* the service thread scans the ring no earlier */
+        unsigned room_waiters;        /* tp_submit_wait callers in room_cv */
+        unsigned users_at_limit;      /* users holding max_per_user slots */
+        bool closed;                  /* tp__close_locked: no more admissions */
+        bool forced;                  /* tp__force_locked: no more retries */
+        struct tp_group *groups;      /* this pool's groups (linked by group.c through life.c) */
         /* What admission needs to refuse a full queue without the lock
          * (tp__admit_full_fast), stored under mu after every change as one
          * word, so that one load gives the values of one moment: queued +
@@ -387,27 +388,27 @@ struct tp_pool {
 
     /* worker.c: worker slots and thread counts */
     struct tp__workers {
-        tp__worker *workers;     /* max_workers slots */
-        unsigned live_workers;   /* workers counted in stats.workers */
-        unsigned starting;       /* spawned threads that have not yet taken mu */
-        unsigned threads;        /* worker threads not yet finished (incl. stop hook) */
-        unsigned idle_waiters;   /* workers in work_cv */
-        unsigned spinners;       /* idle workers polling for work before they wait (0 or 1) */
-        tp__hist_shard *hist;    /* max_workers shards: slot i's worker is the only writer of hist[i] */
+        tp__worker *workers;   /* max_workers slots */
+        unsigned live_workers; /* workers counted in stats.workers */
+        unsigned starting;     /* spawned threads that have not yet taken mu */
+        unsigned threads;      /* worker threads not yet finished (incl. stop hook) */
+        unsigned idle_waiters; /* workers in work_cv */
+        unsigned spinners;     /* idle workers polling for work before they wait (0 or 1) */
+        tp__hist_shard *hist;  /* max_workers shards: slot i's worker is the only writer of hist[i] */
     } wk;
 
     /* service.c: the service thread (started by pool.c) */
     struct tp__service {
-        uint64_t next;           /* when the waiting service thread wakes by itself */
-        bool waiting;            /* the service thread is in svc_cv */
-        bool started;            /* `thread` is joinable */
+        uint64_t next; /* when the waiting service thread wakes by itself */
+        bool waiting;  /* the service thread is in svc_cv */
+        bool started;  /* `thread` is joinable */
         pthread_t thread;
     } svc;
 
     /* pool.c: shutdown */
     struct tp__shutdown {
-        int state;               /* TP__SHUT_* */
-        uint64_t deadline;       /* fixed by the first tp_shutdown */
+        int state;         /* TP__SHUT_* */
+        uint64_t deadline; /* fixed by the first tp_shutdown */
     } shut;
 
     /* statistics: atomics, written under mu by the owner of each counter */
@@ -418,7 +419,7 @@ struct tp_pool {
      * which only refused submitters write. */
     _Alignas(64) _Atomic uint64_t fast_full;
 #if defined(TP__DEBUG)
-    pthread_t mu_owner;      /* valid while mu_held; see tp__lock */
+    pthread_t mu_owner; /* valid while mu_held; see tp__lock */
     bool mu_held;
 #endif
 };
@@ -428,18 +429,18 @@ struct tp_pool {
  * and its waiters; its members are life.c's, all under the pool's mu.
  */
 struct tp_group {
-    tp_pool *pool;           /* NULL once detached (tp_destroy of the pool, life.c) */
-    unsigned flags;          /* TP_GROUP_*, read-only */
-    pthread_cond_t cv;       /* life.c: no unfinished member; group.c: a waiter left while destroying */
+    tp_pool *pool;     /* NULL once detached (tp_destroy of the pool, life.c) */
+    unsigned flags;    /* TP_GROUP_*, read-only */
+    pthread_cond_t cv; /* life.c: no unfinished member; group.c: a waiter left while destroying */
     /* life.c */
-    tp__task *head, *tail;   /* members not yet finalised, in admission order */
-    unsigned long unfinished;/* accepted members whose on_done has not returned */
-    int err;                 /* the first failed member's final status, 0 until then */
-    bool cancelled;          /* tp_group_cancel, or cancel on error fired: refuse submits */
+    tp__task *head, *tail;            /* members not yet finalised, in admission order */
+    unsigned long unfinished;         /* accepted members whose on_done has not returned */
+    int err;                          /* the first failed member's final status, 0 until then */
+    bool cancelled;                   /* tp_group_cancel, or cancel on error fired: refuse submits */
     struct tp_group *p_next, *p_prev; /* life.groups */
     /* group.c */
-    unsigned waiters;        /* threads in tp_group_wait or tp_group_destroy */
-    bool destroying;         /* tp_group_destroy waits for the waiters to leave */
+    unsigned waiters; /* threads in tp_group_wait or tp_group_destroy */
+    bool destroying;  /* tp_group_destroy waits for the waiters to leave */
 };
 
 /* time */
@@ -486,7 +487,7 @@ static inline void tp__unlock(tp_pool *p) {
 /* Only the holder reads mu_owner here, so the check is race-free whenever it
  * passes. */
 #if defined(TP__DEBUG)
-#define TP__ASSERT_LOCKED(p) TP__ASSERT((p)->mu_held && pthread_equal((p)->mu_owner, pthread_self()))
+#define TP__ASSERT_LOCKED(p) TP__ASSERT((p)->mu_held &&pthread_equal((p)->mu_owner, pthread_self()))
 #else
 #define TP__ASSERT_LOCKED(p) ((void)0)
 #endif
@@ -547,7 +548,7 @@ typedef struct tp__admit_args {
     uint32_t user_hash;
     const char *log_src; /* NULL: generate */
     size_t log_len;
-    uint64_t now;        /* clock.h stamp just before admission, where the queue wait starts; 0: take it under mu */
+    uint64_t now; /* clock.h stamp just before admission, where the queue wait starts; 0: take it under mu */
 } tp__admit_args;
 
 /* The queue, the records and the user table for `full` tasks, `prealloc`
@@ -622,7 +623,7 @@ static inline bool tp__ctx_end_locked(struct tp_ctx *c) {
     return cancelled;
 }
 
-const char *tp__task_log_id(tp__task *t);     /* generates on demand */
+const char *tp__task_log_id(tp__task *t); /* generates on demand */
 void tp__log(tp_pool *p, int level, const char *log_id, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 4, 5)))

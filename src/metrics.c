@@ -55,10 +55,14 @@ static size_t utf8_len(const unsigned char *s, size_t n) {
     size_t len;
     unsigned min;
     if (c < 0x80) return 1;
-    if (c >= 0xc2 && c <= 0xdf) len = 2, min = 0x80;
-    else if (c >= 0xe0 && c <= 0xef) len = 3, min = 0x800;
-    else if (c >= 0xf0 && c <= 0xf4) len = 4, min = 0x10000;
-    else return 0;
+    if (c >= 0xc2 && c <= 0xdf)
+        len = 2, min = 0x80;
+    else if (c >= 0xe0 && c <= 0xef)
+        len = 3, min = 0x800;
+    else if (c >= 0xf0 && c <= 0xf4)
+        len = 4, min = 0x10000;
+    else
+        return 0;
     if (len > n) return 0;
     unsigned cp = c & (0x7fu >> len);
     for (size_t i = 1; i < len; i++) {
@@ -171,16 +175,16 @@ static void prom_capacity(outbuf *o, tp_pool *const *pools, size_t n, int what) 
 
 static void prometheus(outbuf *o, tp_pool *const *pools, size_t n) {
     tp_stats s;
-#define TP__PROM_FAMILY(f, help, name, type)                                                       \
-    prom_family(o, name, type, help);                                                              \
-    for (size_t k = 0; k < n; k++) {                                                               \
-        tp_stats_get(pools[k], &s);                                                                \
-        put(o, "%s", name);                                                                    \
-        prom_label(o, pools[k]);                                                                   \
-        put(o, "} %llu\n", (unsigned long long)s.f);                                           \
+#define TP__PROM_FAMILY(f, help, name, type)                                                                 \
+    prom_family(o, name, type, help);                                                                        \
+    for (size_t k = 0; k < n; k++) {                                                                         \
+        tp_stats_get(pools[k], &s);                                                                          \
+        put(o, "%s", name);                                                                                  \
+        prom_label(o, pools[k]);                                                                             \
+        put(o, "} %llu\n", (unsigned long long)s.f);                                                         \
     }
 #define TP__PROM_COUNTER(f, help) TP__PROM_FAMILY(f, help, "taskpool_" #f "_total", "counter")
-#define TP__PROM_GAUGE(f, help) TP__PROM_FAMILY(f, help, "taskpool_" #f, "gauge")
+#define TP__PROM_GAUGE(f, help)   TP__PROM_FAMILY(f, help, "taskpool_" #f, "gauge")
     TP__STATS_FIELDS(TP__PROM_COUNTER, TP__PROM_GAUGE, TP__PROM_COUNTER)
 #undef TP__PROM_COUNTER
 #undef TP__PROM_GAUGE
@@ -201,12 +205,12 @@ static void json_hist(outbuf *o, tp_pool *p, int which, const char *key) {
     tp_hist h;
     (void)tp_hist_get(p, which, &h);
     put(o, ",\"%s\":{\"count\":%llu,\"sum_ns\":%llu,\"buckets\":[", key, (unsigned long long)h.count,
-            (unsigned long long)h.sum_ns);
+        (unsigned long long)h.sum_ns);
     const char *sep = "";
     for (unsigned i = 0; i < TP_HIST_BUCKETS; i++) {
         if (!h.buckets[i]) continue;
         put(o, "%s[%llu,%llu]", sep, (unsigned long long)tp_hist_bound_ns(i),
-                (unsigned long long)h.buckets[i]);
+            (unsigned long long)h.buckets[i]);
         sep = ",";
     }
     put(o, "]}");
@@ -224,13 +228,13 @@ static void json(outbuf *o, tp_pool *const *pools, size_t n) {
         put_escaped(o, p->cfg.name, ESC_JSON);
         put(o, "\":");
         const char *sep = "{";
-#define TP__JSON_FIELD(f, help)                                                                    \
-    put(o, "%s\"" #f "\":%llu", sep, (unsigned long long)s.f);                                 \
+#define TP__JSON_FIELD(f, help)                                                                              \
+    put(o, "%s\"" #f "\":%llu", sep, (unsigned long long)s.f);                                               \
     sep = ",";
         TP__STATS_FIELDS(TP__JSON_FIELD, TP__JSON_FIELD, TP__JSON_FIELD)
 #undef TP__JSON_FIELD
         put(o, ",\"workers_max\":%u,\"queue_capacity\":%u,\"max_per_user\":", p->cfg.max_workers,
-                p->cfg.capacity);
+            p->cfg.capacity);
         if (p->cfg.max_per_user == TP_UNLIMITED)
             put(o, "null");
         else
@@ -250,7 +254,8 @@ int tp_metrics_format(tp_pool *const *pools, size_t n, int format, char *buf, si
     for (size_t k = 0; k < n; k++) {
         if (!pools[k]) return TP_EINVAL;
         for (size_t j = 0; j < k; j++)
-            if (strcmp(pools[j]->cfg.name, pools[k]->cfg.name) == 0) return TP_EINVAL; /* the same pool twice too */
+            if (strcmp(pools[j]->cfg.name, pools[k]->cfg.name) == 0)
+                return TP_EINVAL; /* the same pool twice too */
     }
     outbuf o = {buf, len, 0};
     if (len) buf[0] = '\0';

@@ -59,8 +59,7 @@ static int resolve_config(tp_pool *p, const tp_config *cfg) {
         workers = (unsigned)(n > (long)(TP_MAX_WORKERS / 4) ? TP_MAX_WORKERS : 4 * n);
     }
     unsigned max_workers = cfg->max_workers ? cfg->max_workers : workers;
-    if (workers > TP_MAX_WORKERS || max_workers > TP_MAX_WORKERS || max_workers < workers)
-        return TP_EINVAL;
+    if (workers > TP_MAX_WORKERS || max_workers > TP_MAX_WORKERS || max_workers < workers) return TP_EINVAL;
     if (cfg->queue_capacity > TP_MAX_QUEUE_CAPACITY) return TP_EINVAL;
     if (cfg->max_retries > TP_MAX_RETRIES) return TP_EINVAL;
     if (!TP__RESERVED_ZERO(cfg)) return TP_EINVAL;
@@ -359,9 +358,9 @@ int tp_submit_batch(tp_pool *p, const tp_task *tasks, size_t n, uint64_t *ids_ou
     int arg_rc = TP_OK;
     for (; valid < n; valid++) {
         tp__admit_args spare;
-        arg_rc = !TP__RESERVED_ZERO(&tasks[valid])
-                     ? TP_EINVAL
-                     : check_args(p, tasks[valid].fn, tasks[valid].opts, valid < TP__BATCH_ARGS ? &a[valid] : &spare);
+        arg_rc = !TP__RESERVED_ZERO(&tasks[valid]) ? TP_EINVAL
+                                                   : check_args(p, tasks[valid].fn, tasks[valid].opts,
+                                                                valid < TP__BATCH_ARGS ? &a[valid] : &spare);
         if (arg_rc != TP_OK) break;
     }
     if (valid == 0) return arg_rc;

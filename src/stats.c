@@ -24,9 +24,23 @@
  * accepted >= started, completed >= succeeded + failed, failed >= cancelled
  * >= expired. (Read in table order, a snapshot could show completed >
  * accepted.) The gauges follow; they have no order. */
-#define TP__STATS_READ_ORDER(X)                                                                       \
-    X(expired) X(cancelled) X(failed) X(succeeded) X(completed) X(retried) X(started)                   \
-    X(rejected_timeout) X(rejected_closed) X(rejected_user) X(rejected_full) X(accepted) X(submitted)
+/* One counter a line, downstream first. */
+/* clang-format off */
+#define TP__STATS_READ_ORDER(X) \
+    X(expired)                  \
+    X(cancelled)                \
+    X(failed)                   \
+    X(succeeded)                \
+    X(completed)                \
+    X(retried)                  \
+    X(started)                  \
+    X(rejected_timeout)         \
+    X(rejected_closed)          \
+    X(rejected_user)            \
+    X(rejected_full)            \
+    X(accepted)                 \
+    X(submitted)
+/* clang-format on */
 
 /* Every counter of TP__STATS_FIELDS is in the read order exactly once. */
 #define TP__ONE(f, help) +1
@@ -98,20 +112,20 @@ int tp_stats_format(const tp_stats *s, int format, char *buf, size_t len) {
     if (len) buf[0] = '\0';
     if (format == TP_FORMAT_JSON) {
         const char *sep = "{";
-#define TP__JSON(f, help)                                                            \
-    put(&o, "%s\"" #f "\":%llu", sep, (unsigned long long)s->f);                     \
+#define TP__JSON(f, help)                                                                                    \
+    put(&o, "%s\"" #f "\":%llu", sep, (unsigned long long)s->f);                                             \
     sep = ",";
         TP__STATS_FIELDS(TP__JSON, TP__JSON, TP__JSON)
 #undef TP__JSON
         put(&o, "}");
     } else {
-#define TP__PROM_COUNTER(f, help)                                                    \
-    put(&o, "# HELP taskpool_" #f "_total " help "\n# TYPE taskpool_" #f             \
-            "_total counter\ntaskpool_" #f "_total %llu\n",                          \
+#define TP__PROM_COUNTER(f, help)                                                                            \
+    put(&o,                                                                                                  \
+        "# HELP taskpool_" #f "_total " help "\n# TYPE taskpool_" #f "_total counter\ntaskpool_" #f          \
+        "_total %llu\n",                                                                                     \
         (unsigned long long)s->f);
-#define TP__PROM_GAUGE(f, help)                                                      \
-    put(&o, "# HELP taskpool_" #f " " help "\n# TYPE taskpool_" #f                   \
-            " gauge\ntaskpool_" #f " %llu\n",                                        \
+#define TP__PROM_GAUGE(f, help)                                                                              \
+    put(&o, "# HELP taskpool_" #f " " help "\n# TYPE taskpool_" #f " gauge\ntaskpool_" #f " %llu\n",         \
         (unsigned long long)s->f);
         TP__STATS_FIELDS(TP__PROM_COUNTER, TP__PROM_GAUGE, TP__PROM_COUNTER)
 #undef TP__PROM_COUNTER

@@ -162,9 +162,7 @@ static void log_failure(tp_pool *p, uint64_t id, const char *log_id, unsigned at
 static void set_idle_stat_locked(tp_pool *p) { TP__SET(p->st.idle, p->wk.idle_waiters + p->wk.spinners); }
 
 /* stats.workers: threads that run, not spawns under way (which may fail). */
-static void set_workers_stat_locked(tp_pool *p) {
-    TP__SET(p->st.workers, running_workers_locked(p));
-}
+static void set_workers_stat_locked(tp_pool *p) { TP__SET(p->st.workers, running_workers_locked(p)); }
 
 /* Entered and left with mu held: poll the queue length (st.queued, stored
  * with every change of the ring) without the lock for up to TP__SPIN_NS. The

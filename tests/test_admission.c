@@ -65,8 +65,7 @@ static void test_queue_bound_excludes_running(void **state) {
     tp_pool *p = mkpool(W, CAP, TP_UNLIMITED);
     tpt_fill_workers(p, l, W, NULL);
 
-    for (unsigned i = 0; i < CAP; i++)
-        assert_int_equal(tp_submit(p, tpt_block_task, l, NULL, NULL), TP_OK);
+    for (unsigned i = 0; i < CAP; i++) assert_int_equal(tp_submit(p, tpt_block_task, l, NULL, NULL), TP_OK);
     tp_stats s = tpt_stats(p);
     assert_int_equal(s.queued, CAP);
     assert_int_equal(s.active, W);
@@ -243,8 +242,7 @@ static void test_user_name_max_length(void **state) {
 /* Submit one task that must be refused with `want`; check that only the
  * submitted counter and the matching rejected_* counter moved. The pool is
  * quiescent (workers blocked, queue frozen) so two snapshots compare exactly. */
-static void expect_refused(tp_pool *p, int want, size_t field, const char *user,
-                           tpt_done *d, int wait) {
+static void expect_refused(tp_pool *p, int want, size_t field, const char *user, tpt_done *d, int wait) {
     tp_stats b = tpt_stats(p);
     unsigned ua = tp_user_active(p, user);
     tp_task_opts o = {0};
@@ -320,8 +318,7 @@ static void test_rejection_leaves_no_trace(void **state) {
     tpt_latch_open(l);
     tp_stats s = tpt_pool_finish(p);
     assert_ids_unique(ids, nids);
-    for (int i = 0; i < 8; i++)
-        assert_int_equal(atomic_load(&refused[i].calls), 0);
+    for (int i = 0; i < 8; i++) assert_int_equal(atomic_load(&refused[i].calls), 0);
     assert_int_equal(atomic_load(&ok[0].calls), 1);
     assert_int_equal(atomic_load(&ok[0].status), 0);
     assert_int_equal(atomic_load(&ok[2].calls), 1);
@@ -343,16 +340,14 @@ static atomic_int fifo_order[FIFO_N];
 static int fifo_task(tp_ctx *c, void *arg) {
     (void)c;
     int pos = atomic_fetch_add(&fifo_next, 1);
-    if (pos < FIFO_N)
-        atomic_store(&fifo_order[pos], (int)(intptr_t)arg);
+    if (pos < FIFO_N) atomic_store(&fifo_order[pos], (int)(intptr_t)arg);
     return 0;
 }
 
 static void test_fifo_start_order(void **state) {
     tpt_fixture *f = tpt_fx(state);
     atomic_store(&fifo_next, 0);
-    for (int i = 0; i < FIFO_N; i++)
-        atomic_store(&fifo_order[i], -1);
+    for (int i = 0; i < FIFO_N; i++) atomic_store(&fifo_order[i], -1);
     tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = mkpool(1, FIFO_N, TP_UNLIMITED);
     tpt_fill_workers(p, l, 1, NULL);
@@ -365,23 +360,19 @@ static void test_fifo_start_order(void **state) {
     tpt_latch_open(l);
     tpt_pool_finish(p);
     assert_int_equal(atomic_load(&fifo_next), FIFO_N);
-    for (int i = 0; i < FIFO_N; i++)
-        assert_int_equal(atomic_load(&fifo_order[i]), i);
+    for (int i = 0; i < FIFO_N; i++) assert_int_equal(atomic_load(&fifo_order[i]), i);
 }
 
 /* FIFO also holds when the queue wraps around several times. */
 static void test_fifo_across_wraparound(void **state) {
     (void)state;
     atomic_store(&fifo_next, 0);
-    for (int i = 0; i < FIFO_N; i++)
-        atomic_store(&fifo_order[i], -1);
+    for (int i = 0; i < FIFO_N; i++) atomic_store(&fifo_order[i], -1);
     tp_pool *p = mkpool(1, 5, TP_UNLIMITED);
     for (int i = 0; i < FIFO_N; i++)
-        assert_int_equal(tp_submit_wait(p, fifo_task, (void *)(intptr_t)i, NULL, TPT_WAIT_NS, NULL),
-                         TP_OK);
+        assert_int_equal(tp_submit_wait(p, fifo_task, (void *)(intptr_t)i, NULL, TPT_WAIT_NS, NULL), TP_OK);
     tpt_pool_finish(p);
-    for (int i = 0; i < FIFO_N; i++)
-        assert_int_equal(atomic_load(&fifo_order[i]), i);
+    for (int i = 0; i < FIFO_N; i++) assert_int_equal(atomic_load(&fifo_order[i]), i);
 }
 
 /* ------------------------------------------------------------ user slots on every ending */
@@ -414,19 +405,13 @@ static int slot_task(tp_ctx *c, void *arg) {
     slot_rec *r = arg;
     atomic_fetch_add(&r->ran, 1);
     switch (r->mode) {
-    case M_OK:
-        return 0;
-    case M_FAIL:
-        return 5;
-    case M_SLEEP:
-        return tp_ctx_sleep(c, TPT_WAIT_NS);
-    case M_BLOCK:
-        tpt_latch_wait(r->latch);
-        return 0;
+    case M_OK: return 0;
+    case M_FAIL: return 5;
+    case M_SLEEP: return tp_ctx_sleep(c, TPT_WAIT_NS);
+    case M_BLOCK: tpt_latch_wait(r->latch); return 0;
     case M_UNTIL_ERR: {
         uint64_t end = tp_now_ns() + TPT_WAIT_NS;
-        while (tp_ctx_err(c) == 0 && tp_now_ns() < end)
-            tpt_pause();
+        while (tp_ctx_err(c) == 0 && tp_now_ns() < end) tpt_pause();
         return tp_ctx_err(c);
     }
     }
@@ -625,8 +610,7 @@ static void *opener_main(void *a) {
     opener *o = a;
     if (o->go != NULL) {
         uint64_t end = tp_now_ns() + TPT_WAIT_NS;
-        while (!atomic_load(o->go) && tp_now_ns() < end)
-            tpt_pause();
+        while (!atomic_load(o->go) && tp_now_ns() < end) tpt_pause();
     }
     tpt_sleep_ns(o->delay_ns); /* only makes it likely the caller is already waiting */
     o->opened_at = tp_now_ns();
@@ -721,8 +705,7 @@ typedef struct delayed_cancel {
 static void *delayed_cancel_main(void *a) {
     delayed_cancel *c = a;
     uint64_t end = tp_now_ns() + TPT_WAIT_NS;
-    while (!atomic_load(c->go) && tp_now_ns() < end)
-        tpt_pause();
+    while (!atomic_load(c->go) && tp_now_ns() < end) tpt_pause();
     tpt_sleep_ns(c->delay_ns); /* only makes it likely the caller is already waiting */
     c->cancelled_at = tp_now_ns();
     c->rc = tp_cancel(c->p, c->id);
@@ -754,7 +737,7 @@ static void test_submit_wait_gets_space_from_cancel(void **state) {
     assert_int_equal(dc->rc, TP_OK);
     assert_int_equal(rc, TP_OK);
     assert_true(ret >= dc->cancelled_at);
-    assert_true(ret - t0 < TPT_WAIT_NS / 4); /* woken, not timed out */
+    assert_true(ret - t0 < TPT_WAIT_NS / 4);       /* woken, not timed out */
     assert_int_equal(atomic_load(&l->waiting), 1); /* the worker never moved */
     TPT_EVENTUALLY(atomic_load(&q->calls) == 1);
     assert_int_equal(atomic_load(&q->status), TP_ECANCELED);
@@ -837,14 +820,12 @@ static void test_submit_wait_woken_by_close(void **state) {
     w[1].p = p;
     w[1].user = "a"; /* waits for a's slot (and space) */
     tpt_fx_thr *th[2];
-    for (int i = 0; i < 2; i++)
-        th[i] = tpt_fx_thread(f, waiter_main, &w[i]);
+    for (int i = 0; i < 2; i++) th[i] = tpt_fx_thread(f, waiter_main, &w[i]);
     TPT_EVENTUALLY(atomic_load(&w[0].entering) && atomic_load(&w[1].entering));
     tpt_sleep_ns(TPT_MS(50)); /* likely inside the wait; correctness does not depend on it */
     uint64_t t_close = tp_now_ns();
     assert_int_equal(tp_close(p), TP_OK);
-    for (int i = 0; i < 2; i++)
-        tpt_fx_join(th[i]);
+    for (int i = 0; i < 2; i++) tpt_fx_join(th[i]);
     for (int i = 0; i < 2; i++) {
         assert_int_equal(w[i].rc, TP_ECLOSED);
         /* "at once": far below the 20 s budget even on a slow sanitizer run */
@@ -857,8 +838,7 @@ static void test_submit_wait_woken_by_close(void **state) {
     tp_stats s = tpt_pool_finish(p);
     assert_int_equal(s.rejected_closed, 2);
     assert_int_equal(s.accepted, 2);
-    for (int i = 0; i < 2; i++)
-        assert_int_equal(atomic_load(&w[i].d.calls), 0);
+    for (int i = 0; i < 2; i++) assert_int_equal(atomic_load(&w[i].d.calls), 0);
 }
 
 /* A budget already spent is TP_ETIMEDOUT even though there is space. */

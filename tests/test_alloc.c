@@ -36,8 +36,7 @@ static int count_task(tp_ctx *c, void *arg) {
 
 static void count_done(void *arg, int status) {
     (void)arg;
-    if (status != 0)
-        atomic_fetch_add_explicit(&done_bad, 1, memory_order_relaxed);
+    if (status != 0) atomic_fetch_add_explicit(&done_bad, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&done_calls, 1, memory_order_relaxed);
 }
 
@@ -74,17 +73,10 @@ static long run_mix(tp_pool *p, int n, long base_completed) {
         tp_task_opts o = {0};
         tp_fn fn = count_task;
         switch (i % 6) {
-        case 0: /* plain */
-            break;
-        case 1:
-            o.user = users[i % 4];
-            break;
-        case 2:
-            o.on_done = count_done;
-            break;
-        case 3:
-            o.log_id = log_ids[i % 3];
-            break;
+        case 0: /* plain */ break;
+        case 1: o.user = users[i % 4]; break;
+        case 2: o.on_done = count_done; break;
+        case 3: o.log_id = log_ids[i % 3]; break;
         case 4:
             o.user = users[(i / 6) % 4];
             o.log_id = log_ids[(i / 6) % 3];
@@ -97,19 +89,16 @@ static long run_mix(tp_pool *p, int n, long base_completed) {
             fn = ctx_task;
             break;
         }
-        if (tp_submit_wait(p, fn, NULL, &o, TPT_WAIT_NS, NULL) != TP_OK)
-            failures++;
+        if (tp_submit_wait(p, fn, NULL, &o, TPT_WAIT_NS, NULL) != TP_OK) failures++;
     }
     uint64_t want = (uint64_t)(base_completed + n);
-    if (!TPT_POLL(tpt_stats(p).completed >= want, TPT_WAIT_NS))
-        failures++;
+    if (!TPT_POLL(tpt_stats(p).completed >= want, TPT_WAIT_NS)) failures++;
     return failures;
 }
 
 static void test_alloc_zero_per_task(void **state) {
     (void)state;
-    if (!counting_or_skip())
-        return;
+    if (!counting_or_skip()) return;
     tp_config cfg = {0};
     cfg.workers = 2;
     cfg.queue_capacity = 256;
@@ -131,8 +120,7 @@ static void test_alloc_zero_per_task(void **state) {
         o.on_done = count_done;
         o.user = users[0];
         for (int k = 0; k < 4; k++)
-            assert_int_equal(tp_submit_wait(p, fail_once_task, NULL, &o, TPT_WAIT_NS, NULL),
-                             TP_OK);
+            assert_int_equal(tp_submit_wait(p, fail_once_task, NULL, &o, TPT_WAIT_NS, NULL), TP_OK);
         completed += 4;
         TPT_EVENTUALLY(tpt_stats(p).completed >= (uint64_t)completed);
     }
@@ -159,8 +147,7 @@ static void test_alloc_zero_per_task(void **state) {
     if (allocs != 0)
         fail_msg("%ld heap allocation(s) during 10000 steady-state tasks; first: kind %d "
                  "(1 malloc 2 calloc 3 realloc 4 aligned), %zu bytes, called from %p",
-                 allocs, atomic_load(&first_kind), atomic_load(&first_size),
-                 atomic_load(&first_caller));
+                 allocs, atomic_load(&first_kind), atomic_load(&first_size), atomic_load(&first_caller));
 
     s = tpt_finish(p);
     assert_int_equal(s.completed, (uint64_t)completed);
@@ -173,8 +160,7 @@ static void test_alloc_zero_per_task(void **state) {
  * steady-state count of 0 means something. */
 static void test_alloc_interposer_counts(void **state) {
     (void)state;
-    if (!counting_or_skip())
-        return;
+    if (!counting_or_skip()) return;
     void *volatile a = NULL, *volatile b = NULL, *volatile c = NULL, *volatile d = NULL;
     void *volatile e = NULL, *volatile g = NULL, *pm = NULL;
 
@@ -260,8 +246,7 @@ static long churn(tp_pool *p, int n) {
 
 static void test_alloc_zero_with_cancels(void **state) {
     (void)state;
-    if (!counting_or_skip())
-        return;
+    if (!counting_or_skip()) return;
     tp_config cfg = {0};
     cfg.workers = 2;
     cfg.queue_capacity = 64;
@@ -279,8 +264,7 @@ static void test_alloc_zero_with_cancels(void **state) {
     if (allocs != 0)
         fail_msg("%ld heap allocation(s) during 20000 tasks with cancels and expiries; first: "
                  "kind %d, %zu bytes, called from %p",
-                 allocs, atomic_load(&first_kind), atomic_load(&first_size),
-                 atomic_load(&first_caller));
+                 allocs, atomic_load(&first_kind), atomic_load(&first_size), atomic_load(&first_caller));
     tp_stats s = tpt_finish(p);
     assert_int_equal(s.completed, 24000);
     assert_true(s.cancelled > 0 && s.expired > 0);
@@ -316,8 +300,7 @@ static long group_rounds(tp_group *g, tp_group *coe, int rounds) {
 
 static void test_alloc_zero_per_group_member(void **state) {
     (void)state;
-    if (!counting_or_skip())
-        return;
+    if (!counting_or_skip()) return;
     tp_config cfg = {0};
     cfg.workers = 2;
     cfg.queue_capacity = 64;

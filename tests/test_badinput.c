@@ -27,12 +27,12 @@
 
 /* ------------------------------------------------------------ fixtures */
 
-static tp_pool *P;                  /* the live pool */
-static tp_stats S;                  /* a valid stats snapshot for tp_stats_format */
-static char LONG_USER[TP_USER_MAX + 2];  /* TP_USER_MAX + 1 bytes */
-static char HUGE[4097];             /* 4096 bytes */
+static tp_pool *P;                      /* the live pool */
+static tp_stats S;                      /* a valid stats snapshot for tp_stats_format */
+static char LONG_USER[TP_USER_MAX + 2]; /* TP_USER_MAX + 1 bytes */
+static char HUGE[4097];                 /* 4096 bytes */
 static char LONG_ID[TP_LOG_ID_MAX + 2];
-static atomic_int sideeffects;      /* bumped by anything a bad call must not run */
+static atomic_int sideeffects; /* bumped by anything a bad call must not run */
 
 #define SENTINEL_ID 0x5eed5eed5eedull
 
@@ -91,8 +91,7 @@ static int fmt_bad(const tp_stats *s, int format, int with_buf, size_t len) {
     memset(buf, 'x', sizeof buf);
     int rc = tp_stats_format(s, format, with_buf ? buf : NULL, len);
     for (size_t i = 0; i < sizeof buf; i++)
-        if (buf[i] != 'x')
-            return 1000;
+        if (buf[i] != 'x') return 1000;
     return rc;
 }
 
@@ -149,113 +148,113 @@ static const tp_task_opts NO_OPTS;
 /* X(name, default_registered, expected, expression). default_registered: 0
  * when the row needs no default pool, 1 when it needs P as the default, -1
  * for either. */
-#define CALLS(X)                                                                                \
-    /* lifecycle */                                                                             \
-    X(create_out_null, -1, TP_EINVAL, create_null_out(NULL))                                    \
-    X(create_out_null_cfg, -1, TP_EINVAL, create_null_out(&(tp_config){.workers = 1}))          \
-    X(close_null, -1, TP_EINVAL, tp_close(NULL))                                                \
-    X(shutdown_null, -1, TP_EINVAL, tp_shutdown(NULL, 0))                                       \
-    X(shutdown_null_forever, -1, TP_EINVAL, tp_shutdown(NULL, TP_FOREVER))                      \
-    X(shutdown_null_1ns, -1, TP_EINVAL, tp_shutdown(NULL, 1))                                   \
-    X(wait_null, -1, TP_EINVAL, tp_wait(NULL, 0))                                               \
-    X(wait_null_forever, -1, TP_EINVAL, tp_wait(NULL, TP_FOREVER))                              \
-    X(wait_null_1ns, -1, TP_EINVAL, tp_wait(NULL, 1))                                           \
-    X(destroy_null, -1, TP_EINVAL, tp_destroy(NULL))                                            \
-    /* tp_submit */                                                                             \
-    X(submit_null_pool, -1, TP_EINVAL, sub(NULL, fn_task, NO_OPTS, 0))                          \
-    X(submit_null_pool_opts, -1, TP_EINVAL, sub(NULL, fn_task, opts_with(0, "u", "l"), 1))      \
-    X(submit_null_fn, -1, TP_EINVAL, sub(P, NULL, NO_OPTS, 0))                                  \
-    X(submit_null_fn_opts, -1, TP_EINVAL, sub(P, NULL, opts_with(0, "u", "l"), 1))              \
-    X(submit_null_both, -1, TP_EINVAL, sub(NULL, NULL, NO_OPTS, 0))                             \
-    X(submit_priority_1, -1, TP_EINVAL, sub(P, fn_task, opts_with(1, NULL, NULL), 1))           \
-    X(submit_priority_m1, -1, TP_EINVAL, sub(P, fn_task, opts_with(-1, NULL, NULL), 1))         \
-    X(submit_priority_max, -1, TP_EINVAL, sub(P, fn_task, opts_with(INT_MAX, NULL, NULL), 1))   \
-    X(submit_priority_min, -1, TP_EINVAL, sub(P, fn_task, opts_with(INT_MIN, NULL, NULL), 1))   \
-    X(submit_user_128, -1, TP_EINVAL, sub(P, fn_task, opts_with(0, LONG_USER, NULL), 1))        \
-    X(submit_user_4096, -1, TP_EINVAL, sub(P, fn_task, opts_with(0, HUGE, NULL), 1))            \
-    X(submit_log_id_128, -1, TP_EINVAL, sub(P, fn_task, opts_with(0, NULL, LONG_ID), 1))        \
-    X(submit_log_id_4096, -1, TP_EINVAL, sub(P, fn_task, opts_with(0, "u", HUGE), 1))           \
-    X(submit_user_and_prio, -1, TP_EINVAL, sub(P, fn_task, opts_with(2, LONG_USER, LONG_ID), 1)) \
-    /* tp_submit_wait */                                                                        \
-    X(submitw_null_pool, -1, TP_EINVAL, subw(NULL, fn_task, NO_OPTS, 0))                        \
-    X(submitw_null_fn, -1, TP_EINVAL, subw(P, NULL, NO_OPTS, 0))                                \
-    X(submitw_null_fn_forever, -1, TP_EINVAL, subw(P, NULL, NO_OPTS, TP_FOREVER))               \
-    X(submitw_priority, -1, TP_EINVAL, subw(P, fn_task, opts_with(7, NULL, NULL), TP_FOREVER))  \
-    X(submit_reserved_0, -1, TP_EINVAL, sub(P, fn_task, opts_reserved(0), 1))                   \
-    X(submit_reserved_last, -1, TP_EINVAL, sub(P, fn_task, opts_reserved(3), 1))                \
-    X(submitw_reserved, -1, TP_EINVAL, subw(P, fn_task, opts_reserved(1), TP_FOREVER))          \
-    X(submitw_user_128, -1, TP_EINVAL, subw(P, fn_task, opts_with(0, LONG_USER, NULL), 1))      \
-    X(submitw_log_id_128, -1, TP_EINVAL, subw(P, fn_task, opts_with(0, NULL, LONG_ID), 0))      \
-    /* tp_cancel */                                                                             \
-    X(cancel_null, -1, TP_EINVAL, tp_cancel(NULL, 1))                                           \
-    X(cancel_null_0, -1, TP_EINVAL, tp_cancel(NULL, 0))                                         \
-    X(cancel_id_0, -1, TP_EINVAL, tp_cancel(P, 0))                                              \
-    X(cancel_unknown, -1, TP_ENOTFOUND, tp_cancel(P, 123456789))                                \
-    X(cancel_id_max, -1, TP_ENOTFOUND, tp_cancel(P, UINT64_MAX))                                \
-    /* the context, NULL (see the header comment) */                                            \
-    X(ctx_err_null, -1, TP_EINVAL, tp_ctx_err(NULL))                                            \
-    X(ctx_sleep_null, -1, TP_EINVAL, tp_ctx_sleep(NULL, 1))                                     \
-    X(ctx_sleep_null_forever, -1, TP_EINVAL, tp_ctx_sleep(NULL, TP_FOREVER))                    \
-    X(ctx_fd_null, -1, TP_EINVAL, tp_ctx_fd(NULL))                                              \
-    X(ctx_deadline_null, -1, 1, tp_ctx_deadline(NULL) == TP_FOREVER)                            \
-    X(ctx_id_null, -1, 1, tp_ctx_id(NULL) == 0)                                                 \
-    X(ctx_user_null, -1, 1, tp_ctx_user(NULL) == NULL)                                          \
-    X(ctx_log_id_null, -1, 1, ctx_log_id_null())                                                \
-    X(ctx_attempt_null, -1, 1, tp_ctx_attempt(NULL) == 0)                                       \
-    /* statistics */                                                                            \
-    X(stats_get_null_pool, -1, 1, stats_get_null_pool())                                        \
-    X(stats_get_null_out, -1, 1, (tp_stats_get(P, NULL), 1))                                    \
-    X(stats_get_null_both, -1, 1, (tp_stats_get(NULL, NULL), 1))                                \
-    X(user_active_null_pool, -1, 0, (int)tp_user_active(NULL, "u"))                             \
-    X(user_active_null_user, -1, 0, (int)tp_user_active(P, NULL))                               \
-    X(user_active_empty, -1, 0, (int)tp_user_active(P, ""))                                     \
-    X(user_active_128, -1, 0, (int)tp_user_active(P, LONG_USER))                                \
-    X(user_active_4096, -1, 0, (int)tp_user_active(P, HUGE))                                    \
-    X(format_null_stats, -1, TP_EINVAL, fmt_bad(NULL, TP_FORMAT_JSON, 1, 64))                   \
-    X(format_null_stats_prom, -1, TP_EINVAL, fmt_bad(NULL, TP_FORMAT_PROMETHEUS, 1, 64))        \
-    X(format_null_buf, -1, TP_EINVAL, fmt_bad(&S, TP_FORMAT_JSON, 0, 64))                       \
-    X(format_null_buf_1, -1, TP_EINVAL, fmt_bad(&S, TP_FORMAT_PROMETHEUS, 0, 1))                \
-    X(format_minus_1, -1, TP_EINVAL, fmt_bad(&S, -1, 1, 64))                                    \
-    X(format_2, -1, TP_EINVAL, fmt_bad(&S, 2, 1, 64))                                           \
-    X(format_int_max, -1, TP_EINVAL, fmt_bad(&S, INT_MAX, 1, 64))                               \
-    X(format_int_min, -1, TP_EINVAL, fmt_bad(&S, INT_MIN, 1, 64))                               \
-    X(format_bad_null_buf_0, -1, TP_EINVAL, fmt_bad(&S, 5, 0, 0))                               \
-    X(format_len0_json, -1, 1, fmt_len0(TP_FORMAT_JSON))                                        \
-    X(format_len0_prom, -1, 1, fmt_len0(TP_FORMAT_PROMETHEUS))                                  \
-    X(format_len1_json, -1, 1, fmt_len1(TP_FORMAT_JSON))                                        \
-    X(format_len1_prom, -1, 1, fmt_len1(TP_FORMAT_PROMETHEUS))                                  \
-    /* errors */                                                                                \
-    X(strerror_int_min, -1, 1, strerror_unknown(INT_MIN))                                       \
-    X(strerror_int_max, -1, 1, strerror_unknown(INT_MAX))                                       \
-    X(strerror_1, -1, 1, strerror_unknown(1))                                                   \
-    X(strerror_below_last, -1, 1, strerror_unknown(TP_ENODEFAULT - 1))                          \
-    X(strerror_ok, -1, 1, strcmp(tp_err_name(TP_OK), "TP_OK") == 0)                             \
-    X(version, -1, 1, tp_version() != NULL && tp_version()[0] >= '0')                           \
-    /* log ids: NULL and "" clear, an over-long one is truncated */                             \
-    X(log_id_set_null, -1, 1, log_id_roundtrip(NULL, 0))                                        \
-    X(log_id_set_empty, -1, 1, log_id_roundtrip("", 0))                                         \
-    X(log_id_set_128, -1, 1, log_id_roundtrip(LONG_ID, TP_LOG_ID_MAX))                          \
-    X(log_id_set_4096, -1, 1, log_id_roundtrip(HUGE, TP_LOG_ID_MAX))                            \
-    /* the default pool: none registered */                                                     \
-    X(default_none, 0, 1, tp_default() == NULL)                                                 \
-    X(default_submit_none, 0, TP_ENODEFAULT, dsub(fn_task, NO_OPTS))                            \
-    X(default_submit_none_null_fn, 0, TP_ENODEFAULT, dsub(NULL, NO_OPTS))                       \
-    X(default_shutdown_none, 0, TP_ENODEFAULT, tp_default_shutdown(0))                          \
-    X(default_wait_none, 0, TP_ENODEFAULT, tp_default_wait(1))                                  \
-    X(default_create_bad_cfg, 0, TP_EINVAL, tp_default_create(&(tp_config){.max_retries = 101})) \
-    X(default_still_none, 0, 1, tp_default() == NULL)                                           \
-    /* the default pool: P registered */                                                        \
-    X(default_is_p, 1, 1, tp_default() == P)                                                    \
-    X(default_submit_null_fn, 1, TP_EINVAL, dsub(NULL, NO_OPTS))                                \
-    X(default_submit_priority, 1, TP_EINVAL, dsub(fn_task, opts_with(1, NULL, NULL)))           \
-    X(default_submit_reserved, 1, TP_EINVAL, dsub(fn_task, opts_reserved(2)))                   \
-    X(default_submit_user_128, 1, TP_EINVAL, dsub(fn_task, opts_with(0, LONG_USER, NULL)))      \
-    X(default_submit_log_id_128, 1, TP_EINVAL, dsub(fn_task, opts_with(0, NULL, LONG_ID)))      \
-    X(default_create_registered, 1, TP_EINVAL, tp_default_create(&(tp_config){.workers = 1}))   \
-    X(default_create_registered_bad, 1, TP_EINVAL, tp_default_create(&(tp_config){.workers = UINT_MAX})) \
+#define CALLS(X)                                                                                             \
+    /* lifecycle */                                                                                          \
+    X(create_out_null, -1, TP_EINVAL, create_null_out(NULL))                                                 \
+    X(create_out_null_cfg, -1, TP_EINVAL, create_null_out(&(tp_config){.workers = 1}))                       \
+    X(close_null, -1, TP_EINVAL, tp_close(NULL))                                                             \
+    X(shutdown_null, -1, TP_EINVAL, tp_shutdown(NULL, 0))                                                    \
+    X(shutdown_null_forever, -1, TP_EINVAL, tp_shutdown(NULL, TP_FOREVER))                                   \
+    X(shutdown_null_1ns, -1, TP_EINVAL, tp_shutdown(NULL, 1))                                                \
+    X(wait_null, -1, TP_EINVAL, tp_wait(NULL, 0))                                                            \
+    X(wait_null_forever, -1, TP_EINVAL, tp_wait(NULL, TP_FOREVER))                                           \
+    X(wait_null_1ns, -1, TP_EINVAL, tp_wait(NULL, 1))                                                        \
+    X(destroy_null, -1, TP_EINVAL, tp_destroy(NULL))                                                         \
+    /* tp_submit */                                                                                          \
+    X(submit_null_pool, -1, TP_EINVAL, sub(NULL, fn_task, NO_OPTS, 0))                                       \
+    X(submit_null_pool_opts, -1, TP_EINVAL, sub(NULL, fn_task, opts_with(0, "u", "l"), 1))                   \
+    X(submit_null_fn, -1, TP_EINVAL, sub(P, NULL, NO_OPTS, 0))                                               \
+    X(submit_null_fn_opts, -1, TP_EINVAL, sub(P, NULL, opts_with(0, "u", "l"), 1))                           \
+    X(submit_null_both, -1, TP_EINVAL, sub(NULL, NULL, NO_OPTS, 0))                                          \
+    X(submit_priority_1, -1, TP_EINVAL, sub(P, fn_task, opts_with(1, NULL, NULL), 1))                        \
+    X(submit_priority_m1, -1, TP_EINVAL, sub(P, fn_task, opts_with(-1, NULL, NULL), 1))                      \
+    X(submit_priority_max, -1, TP_EINVAL, sub(P, fn_task, opts_with(INT_MAX, NULL, NULL), 1))                \
+    X(submit_priority_min, -1, TP_EINVAL, sub(P, fn_task, opts_with(INT_MIN, NULL, NULL), 1))                \
+    X(submit_user_128, -1, TP_EINVAL, sub(P, fn_task, opts_with(0, LONG_USER, NULL), 1))                     \
+    X(submit_user_4096, -1, TP_EINVAL, sub(P, fn_task, opts_with(0, HUGE, NULL), 1))                         \
+    X(submit_log_id_128, -1, TP_EINVAL, sub(P, fn_task, opts_with(0, NULL, LONG_ID), 1))                     \
+    X(submit_log_id_4096, -1, TP_EINVAL, sub(P, fn_task, opts_with(0, "u", HUGE), 1))                        \
+    X(submit_user_and_prio, -1, TP_EINVAL, sub(P, fn_task, opts_with(2, LONG_USER, LONG_ID), 1))             \
+    /* tp_submit_wait */                                                                                     \
+    X(submitw_null_pool, -1, TP_EINVAL, subw(NULL, fn_task, NO_OPTS, 0))                                     \
+    X(submitw_null_fn, -1, TP_EINVAL, subw(P, NULL, NO_OPTS, 0))                                             \
+    X(submitw_null_fn_forever, -1, TP_EINVAL, subw(P, NULL, NO_OPTS, TP_FOREVER))                            \
+    X(submitw_priority, -1, TP_EINVAL, subw(P, fn_task, opts_with(7, NULL, NULL), TP_FOREVER))               \
+    X(submit_reserved_0, -1, TP_EINVAL, sub(P, fn_task, opts_reserved(0), 1))                                \
+    X(submit_reserved_last, -1, TP_EINVAL, sub(P, fn_task, opts_reserved(3), 1))                             \
+    X(submitw_reserved, -1, TP_EINVAL, subw(P, fn_task, opts_reserved(1), TP_FOREVER))                       \
+    X(submitw_user_128, -1, TP_EINVAL, subw(P, fn_task, opts_with(0, LONG_USER, NULL), 1))                   \
+    X(submitw_log_id_128, -1, TP_EINVAL, subw(P, fn_task, opts_with(0, NULL, LONG_ID), 0))                   \
+    /* tp_cancel */                                                                                          \
+    X(cancel_null, -1, TP_EINVAL, tp_cancel(NULL, 1))                                                        \
+    X(cancel_null_0, -1, TP_EINVAL, tp_cancel(NULL, 0))                                                      \
+    X(cancel_id_0, -1, TP_EINVAL, tp_cancel(P, 0))                                                           \
+    X(cancel_unknown, -1, TP_ENOTFOUND, tp_cancel(P, 123456789))                                             \
+    X(cancel_id_max, -1, TP_ENOTFOUND, tp_cancel(P, UINT64_MAX))                                             \
+    /* the context, NULL (see the header comment) */                                                         \
+    X(ctx_err_null, -1, TP_EINVAL, tp_ctx_err(NULL))                                                         \
+    X(ctx_sleep_null, -1, TP_EINVAL, tp_ctx_sleep(NULL, 1))                                                  \
+    X(ctx_sleep_null_forever, -1, TP_EINVAL, tp_ctx_sleep(NULL, TP_FOREVER))                                 \
+    X(ctx_fd_null, -1, TP_EINVAL, tp_ctx_fd(NULL))                                                           \
+    X(ctx_deadline_null, -1, 1, tp_ctx_deadline(NULL) == TP_FOREVER)                                         \
+    X(ctx_id_null, -1, 1, tp_ctx_id(NULL) == 0)                                                              \
+    X(ctx_user_null, -1, 1, tp_ctx_user(NULL) == NULL)                                                       \
+    X(ctx_log_id_null, -1, 1, ctx_log_id_null())                                                             \
+    X(ctx_attempt_null, -1, 1, tp_ctx_attempt(NULL) == 0)                                                    \
+    /* statistics */                                                                                         \
+    X(stats_get_null_pool, -1, 1, stats_get_null_pool())                                                     \
+    X(stats_get_null_out, -1, 1, (tp_stats_get(P, NULL), 1))                                                 \
+    X(stats_get_null_both, -1, 1, (tp_stats_get(NULL, NULL), 1))                                             \
+    X(user_active_null_pool, -1, 0, (int)tp_user_active(NULL, "u"))                                          \
+    X(user_active_null_user, -1, 0, (int)tp_user_active(P, NULL))                                            \
+    X(user_active_empty, -1, 0, (int)tp_user_active(P, ""))                                                  \
+    X(user_active_128, -1, 0, (int)tp_user_active(P, LONG_USER))                                             \
+    X(user_active_4096, -1, 0, (int)tp_user_active(P, HUGE))                                                 \
+    X(format_null_stats, -1, TP_EINVAL, fmt_bad(NULL, TP_FORMAT_JSON, 1, 64))                                \
+    X(format_null_stats_prom, -1, TP_EINVAL, fmt_bad(NULL, TP_FORMAT_PROMETHEUS, 1, 64))                     \
+    X(format_null_buf, -1, TP_EINVAL, fmt_bad(&S, TP_FORMAT_JSON, 0, 64))                                    \
+    X(format_null_buf_1, -1, TP_EINVAL, fmt_bad(&S, TP_FORMAT_PROMETHEUS, 0, 1))                             \
+    X(format_minus_1, -1, TP_EINVAL, fmt_bad(&S, -1, 1, 64))                                                 \
+    X(format_2, -1, TP_EINVAL, fmt_bad(&S, 2, 1, 64))                                                        \
+    X(format_int_max, -1, TP_EINVAL, fmt_bad(&S, INT_MAX, 1, 64))                                            \
+    X(format_int_min, -1, TP_EINVAL, fmt_bad(&S, INT_MIN, 1, 64))                                            \
+    X(format_bad_null_buf_0, -1, TP_EINVAL, fmt_bad(&S, 5, 0, 0))                                            \
+    X(format_len0_json, -1, 1, fmt_len0(TP_FORMAT_JSON))                                                     \
+    X(format_len0_prom, -1, 1, fmt_len0(TP_FORMAT_PROMETHEUS))                                               \
+    X(format_len1_json, -1, 1, fmt_len1(TP_FORMAT_JSON))                                                     \
+    X(format_len1_prom, -1, 1, fmt_len1(TP_FORMAT_PROMETHEUS))                                               \
+    /* errors */                                                                                             \
+    X(strerror_int_min, -1, 1, strerror_unknown(INT_MIN))                                                    \
+    X(strerror_int_max, -1, 1, strerror_unknown(INT_MAX))                                                    \
+    X(strerror_1, -1, 1, strerror_unknown(1))                                                                \
+    X(strerror_below_last, -1, 1, strerror_unknown(TP_ENODEFAULT - 1))                                       \
+    X(strerror_ok, -1, 1, strcmp(tp_err_name(TP_OK), "TP_OK") == 0)                                          \
+    X(version, -1, 1, tp_version() != NULL && tp_version()[0] >= '0')                                        \
+    /* log ids: NULL and "" clear, an over-long one is truncated */                                          \
+    X(log_id_set_null, -1, 1, log_id_roundtrip(NULL, 0))                                                     \
+    X(log_id_set_empty, -1, 1, log_id_roundtrip("", 0))                                                      \
+    X(log_id_set_128, -1, 1, log_id_roundtrip(LONG_ID, TP_LOG_ID_MAX))                                       \
+    X(log_id_set_4096, -1, 1, log_id_roundtrip(HUGE, TP_LOG_ID_MAX))                                         \
+    /* the default pool: none registered */                                                                  \
+    X(default_none, 0, 1, tp_default() == NULL)                                                              \
+    X(default_submit_none, 0, TP_ENODEFAULT, dsub(fn_task, NO_OPTS))                                         \
+    X(default_submit_none_null_fn, 0, TP_ENODEFAULT, dsub(NULL, NO_OPTS))                                    \
+    X(default_shutdown_none, 0, TP_ENODEFAULT, tp_default_shutdown(0))                                       \
+    X(default_wait_none, 0, TP_ENODEFAULT, tp_default_wait(1))                                               \
+    X(default_create_bad_cfg, 0, TP_EINVAL, tp_default_create(&(tp_config){.max_retries = 101}))             \
+    X(default_still_none, 0, 1, tp_default() == NULL)                                                        \
+    /* the default pool: P registered */                                                                     \
+    X(default_is_p, 1, 1, tp_default() == P)                                                                 \
+    X(default_submit_null_fn, 1, TP_EINVAL, dsub(NULL, NO_OPTS))                                             \
+    X(default_submit_priority, 1, TP_EINVAL, dsub(fn_task, opts_with(1, NULL, NULL)))                        \
+    X(default_submit_reserved, 1, TP_EINVAL, dsub(fn_task, opts_reserved(2)))                                \
+    X(default_submit_user_128, 1, TP_EINVAL, dsub(fn_task, opts_with(0, LONG_USER, NULL)))                   \
+    X(default_submit_log_id_128, 1, TP_EINVAL, dsub(fn_task, opts_with(0, NULL, LONG_ID)))                   \
+    X(default_create_registered, 1, TP_EINVAL, tp_default_create(&(tp_config){.workers = 1}))                \
+    X(default_create_registered_bad, 1, TP_EINVAL, tp_default_create(&(tp_config){.workers = UINT_MAX}))     \
     X(default_still_p, 1, 1, tp_default() == P)
 
-#define X_FN(name, dflt, want, expr)                                           \
+#define X_FN(name, dflt, want, expr)                                                                         \
     static int row_##name(void) { return (int)(expr); }
 CALLS(X_FN)
 #undef X_FN
@@ -306,17 +305,15 @@ static unsigned run_rows(int dflt) {
     unsigned ran = 0;
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
         const row *r = &rows[i];
-        if (r->dflt != -1 && r->dflt != dflt)
-            continue;
+        if (r->dflt != -1 && r->dflt != dflt) continue;
         int threads = tpt_count_dir("/proc/self/task");
         tp_stats before = tpt_stats(P);
         int got = r->call();
         tp_stats after = tpt_stats(P);
         if (got != r->want)
-            fail_msg("%s: %s returned %d (%s), expected %d (%s)", r->name, r->expr, got,
-                     tp_err_name(got), r->want, tp_err_name(r->want));
-        if (memcmp(&before, &after, sizeof before) != 0)
-            stats_diff_fail(r->name, &before, &after);
+            fail_msg("%s: %s returned %d (%s), expected %d (%s)", r->name, r->expr, got, tp_err_name(got),
+                     r->want, tp_err_name(r->want));
+        if (memcmp(&before, &after, sizeof before) != 0) stats_diff_fail(r->name, &before, &after);
         if (tpt_count_dir("/proc/self/task") != threads)
             fail_msg("%s: %s left a thread behind", r->name, r->expr);
         ran++;
@@ -339,9 +336,8 @@ static void test_bad_calls_table(void **state) {
     n += run_rows(1);
     assert_ptr_equal(tp_default_swap(NULL), P);
     assert_int_equal(atomic_load(&sideeffects), 0); /* no bad call ran a task or on_done */
-    unsigned want = 0; /* rows for either state run twice */
-    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
-        want += rows[i].dflt == -1 ? 2 : 1;
+    unsigned want = 0;                              /* rows for either state run twice */
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) want += rows[i].dflt == -1 ? 2 : 1;
     assert_int_equal(n, want);
     print_message("%u bad calls checked (%zu rows)\n", n, sizeof rows / sizeof rows[0]);
 
@@ -382,10 +378,13 @@ static void test_bad_configs_table(void **state) {
         {"max_workers TP_MAX_WORKERS + 1", {.workers = 1, .max_workers = TP_MAX_WORKERS + 1}},
         {"max_workers UINT_MAX", {.workers = 1, .max_workers = UINT_MAX}},
         {"max_workers < workers", {.workers = 2, .max_workers = 1}},
-        {"max_workers < workers (both large)", {.workers = TP_MAX_WORKERS, .max_workers = TP_MAX_WORKERS - 1}},
+        {"max_workers < workers (both large)",
+         {.workers = TP_MAX_WORKERS, .max_workers = TP_MAX_WORKERS - 1}},
         {"max_workers < default workers", {.max_workers = W - 1}},
-        {"workers above max and max_workers", {.workers = TP_MAX_WORKERS + 1, .max_workers = TP_MAX_WORKERS + 2}},
-        {"queue_capacity TP_MAX_QUEUE_CAPACITY + 1", {.workers = 1, .queue_capacity = TP_MAX_QUEUE_CAPACITY + 1}},
+        {"workers above max and max_workers",
+         {.workers = TP_MAX_WORKERS + 1, .max_workers = TP_MAX_WORKERS + 2}},
+        {"queue_capacity TP_MAX_QUEUE_CAPACITY + 1",
+         {.workers = 1, .queue_capacity = TP_MAX_QUEUE_CAPACITY + 1}},
         {"queue_capacity UINT_MAX", {.workers = 1, .queue_capacity = UINT_MAX}},
         {"max_retries TP_MAX_RETRIES + 1", {.workers = 1, .max_retries = TP_MAX_RETRIES + 1}},
         {"max_retries UINT_MAX", {.workers = 1, .max_retries = UINT_MAX}},
@@ -399,13 +398,11 @@ static void test_bad_configs_table(void **state) {
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
         tp_pool *sentinel = (tp_pool *)(uintptr_t)0x1234, *p = sentinel;
         int rc = tp_create(&p, &cfgs[i].cfg);
-        if (rc != TP_EINVAL)
-            fail_msg("tp_create, %s: %s, expected TP_EINVAL", cfgs[i].what, tp_err_name(rc));
+        if (rc != TP_EINVAL) fail_msg("tp_create, %s: %s, expected TP_EINVAL", cfgs[i].what, tp_err_name(rc));
         assert_ptr_equal(p, sentinel);
         rc = tp_default_create(&cfgs[i].cfg);
         if (rc != TP_EINVAL)
-            fail_msg("tp_default_create, %s: %s, expected TP_EINVAL", cfgs[i].what,
-                     tp_err_name(rc));
+            fail_msg("tp_default_create, %s: %s, expected TP_EINVAL", cfgs[i].what, tp_err_name(rc));
         assert_null(tp_default());
         assert_int_equal(tpt_count_dir("/proc/self/task"), threads);
         assert_int_equal(tpt_count_dir("/proc/self/fd"), fds);
@@ -498,8 +495,7 @@ static void test_own_thread_calls_deadlk(void **state) {
     tpt_latch *gate = tpt_fx_latch(f);
     tpt_fill_workers(p, gate, 2, NULL);
     TPT_EVENTUALLY(atomic_load(&O.hook_calls) >= 1);
-    for (int i = 0; i < 3; i++)
-        assert_int_equal(atomic_load(&O.hook_rc[i]), TP_EDEADLK);
+    for (int i = 0; i < 3; i++) assert_int_equal(atomic_load(&O.hook_rc[i]), TP_EDEADLK);
     /* still open and working */
     tpt_done *d = tpt_fx_new(f, tpt_done);
     tp_task_opts od = {0};

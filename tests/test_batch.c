@@ -350,7 +350,8 @@ static void test_fifo_adjacent_against_single_submitter(void **state) {
     atomic_store(&x->go, 1);
     for (unsigned b = 0; b < CUT_BATCHES; b++) {
         tp_task t[CUT_B];
-        for (unsigned i = 0; i < CUT_B; i++) t[i] = (tp_task){.fn = log_task, .arg = (void *)(uintptr_t)(b << 8 | i)};
+        for (unsigned i = 0; i < CUT_B; i++)
+            t[i] = (tp_task){.fn = log_task, .arg = (void *)(uintptr_t)(b << 8 | i)};
         size_t off = 0;
         while (off < CUT_B) {
             size_t k = 77;
@@ -377,8 +378,8 @@ static void test_fifo_adjacent_against_single_submitter(void **state) {
             assert_int_equal(tag & 0x7fffffffu, next_single);
             next_single++;
             if (next_index != 0 && !g_call_start[next_batch][next_index])
-                fail_msg("single task %u started inside batch %u at %u, where no call began", tag & 0x7fffffffu,
-                         next_batch, next_index);
+                fail_msg("single task %u started inside batch %u at %u, where no call began",
+                         tag & 0x7fffffffu, next_batch, next_index);
         } else {
             assert_int_equal(tag >> 8, next_batch);
             assert_int_equal(tag & 0xffu, next_index);
@@ -407,7 +408,8 @@ static void test_fifo_adjacent_uncut(void **state) {
     atomic_store(&x->go, 1);
     for (unsigned b = 0; b < BATCHES; b++) {
         tp_task t[B];
-        for (unsigned i = 0; i < B; i++) t[i] = (tp_task){.fn = log_task, .arg = (void *)(uintptr_t)(b << 8 | i)};
+        for (unsigned i = 0; i < B; i++)
+            t[i] = (tp_task){.fn = log_task, .arg = (void *)(uintptr_t)(b << 8 | i)};
         size_t k = 0;
         assert_int_equal(tp_submit_batch(p, t, B, NULL, &k), TP_OK);
         assert_int_equal(k, B);
@@ -663,8 +665,7 @@ static long run_batches(tp_pool *p, int n, long base) {
 
 static void test_batch_zero_allocations(void **state) {
     (void)tpt_fx(state);
-    if (!counting_or_skip())
-        return;
+    if (!counting_or_skip()) return;
     tp_pool *p = mkpool(2, 256, TP_UNLIMITED);
     long completed = 0;
     for (int round = 0; round < 4; round++) {
@@ -679,8 +680,8 @@ static void test_batch_zero_allocations(void **state) {
     long allocs = atomic_load(&n_alloc);
     assert_int_equal(bad, 0);
     if (allocs != 0)
-        fail_msg("%ld heap allocation(s) during 10000 batched tasks; first: kind %d, %zu bytes, from %p", allocs,
-                 atomic_load(&first_kind), atomic_load(&first_size), atomic_load(&first_caller));
+        fail_msg("%ld heap allocation(s) during 10000 batched tasks; first: kind %d, %zu bytes, from %p",
+                 allocs, atomic_load(&first_kind), atomic_load(&first_size), atomic_load(&first_caller));
     tp_stats s = tpt_finish(p);
     assert_int_equal(s.completed, (uint64_t)completed);
     assert_int_equal(atomic_load(&g_ran), completed);

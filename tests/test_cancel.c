@@ -38,10 +38,10 @@ typedef struct rec {
     atomic_int ran;
     atomic_int calls;
     atomic_int status;
-    atomic_int on_caller;  /* on_done ran on the cancelling thread */
-    atomic_int sleep_rc;   /* what tp_ctx_sleep returned */
-    atomic_int err_after;  /* tp_ctx_err() at the end of the task */
-    atomic_int revents;    /* poll() result on the cancel fd */
+    atomic_int on_caller;           /* on_done ran on the cancelling thread */
+    atomic_int sleep_rc;            /* what tp_ctx_sleep returned */
+    atomic_int err_after;           /* tp_ctx_err() at the end of the task */
+    atomic_int revents;             /* poll() result on the cancel fd */
     atomic_uint_least64_t sleep_ns; /* how long tp_ctx_sleep actually took */
 } rec;
 
@@ -56,8 +56,7 @@ static void rec_init(rec *r, int mode) {
 /* Spin (with short pauses) until the context is cancelled; bounded. */
 static void until_err(tp_ctx *c) {
     uint64_t end = tp_now_ns() + TPT_WAIT_NS;
-    while (tp_ctx_err(c) == 0 && tp_now_ns() < end)
-        tpt_pause();
+    while (tp_ctx_err(c) == 0 && tp_now_ns() < end) tpt_pause();
 }
 
 static int rec_task(tp_ctx *c, void *arg) {
@@ -82,35 +81,29 @@ static int rec_task(tp_ctx *c, void *arg) {
         return 5;
     case M_POLL_FD: {
         int fd = tp_ctx_fd(c);
-        if (fd < 0)
-            return fd;
+        if (fd < 0) return fd;
         struct pollfd pf = {fd, POLLIN, 0};
         int n = poll(&pf, 1, (int)(TPT_WAIT_NS / 1000000ull));
         atomic_store(&r->revents, n > 0 ? pf.revents : -1);
         atomic_store(&r->err_after, tp_ctx_err(c));
         return tp_ctx_err(c);
     }
-    case M_FAIL:
-        return 3;
-    case M_RET_ERR:
-        return tp_ctx_err(c);
-    default:
-        return 0;
+    case M_FAIL: return 3;
+    case M_RET_ERR: return tp_ctx_err(c);
+    default: return 0;
     }
 }
 
 static void rec_done(void *arg, int status) {
     rec *r = arg;
-    if (pthread_equal(pthread_self(), r->caller))
-        atomic_fetch_add(&r->on_caller, 1);
+    if (pthread_equal(pthread_self(), r->caller)) atomic_fetch_add(&r->on_caller, 1);
     atomic_store(&r->status, status);
     atomic_fetch_add(&r->calls, 1);
 }
 
 static int sum_calls(rec *r, int n) {
     int sum = 0;
-    for (int i = 0; i < n; i++)
-        sum += atomic_load(&r[i].calls);
+    for (int i = 0; i < n; i++) sum += atomic_load(&r[i].calls);
     return sum;
 }
 
@@ -213,8 +206,7 @@ static void test_cancel_queued_on_done_prompt_when_busy(void **state) {
         rec_init(&r[i], M_NOP);
         ids[i] = submit_rec(p, &r[i]);
     }
-    for (int i = 0; i < Q; i++)
-        assert_int_equal(tp_cancel(p, ids[i]), TP_OK);
+    for (int i = 0; i < Q; i++) assert_int_equal(tp_cancel(p, ids[i]), TP_OK);
     /* Well inside the latch's own 20 s bound, so a pool that needs a free
      * worker for these on_done calls fails here. */
     int all = TPT_POLL(sum_calls(r, Q) == Q, TPT_WAIT_NS / 4);
@@ -228,8 +220,7 @@ static void test_cancel_queued_on_done_prompt_when_busy(void **state) {
     }
     tpt_latch_open(l);
     tp_stats s = tpt_pool_finish(p);
-    for (int i = 0; i < Q; i++)
-        assert_int_equal(atomic_load(&r[i].ran), 0);
+    for (int i = 0; i < Q; i++) assert_int_equal(atomic_load(&r[i].ran), 0);
     assert_int_equal(s.cancelled, Q);
     assert_int_equal(s.succeeded, W);
 }
@@ -288,8 +279,8 @@ static void test_cancel_running_sleep(void **state) {
     TPT_EVENTUALLY(atomic_load(&r->calls) == 1);
     assert_int_equal(atomic_load(&r->sleep_rc), TP_ECANCELED);
     assert_int_equal(atomic_load(&r->err_after), TP_ECANCELED);
-    assert_int_equal(atomic_load(&r->status), TP_ECANCELED); /* its return value */
-    assert_true(atomic_load(&r->sleep_ns) < TPT_WAIT_NS / 2);  /* returned early */
+    assert_int_equal(atomic_load(&r->status), TP_ECANCELED);  /* its return value */
+    assert_true(atomic_load(&r->sleep_ns) < TPT_WAIT_NS / 2); /* returned early */
     assert_int_equal(atomic_load(&r->on_caller), 0);
     tp_stats s = tpt_pool_finish(p);
     assert_int_equal(s.failed, 1);
@@ -423,8 +414,7 @@ static void test_cancel_vs_completion_race(void **state) {
         while (tp_now_ns() < until)
             ;
         crc[i] = tp_cancel(p, id);
-        if (crc[i] != TP_OK && crc[i] != TP_ENOTFOUND)
-            break;
+        if (crc[i] != TP_OK && crc[i] != TP_ENOTFOUND) break;
     }
     tp_stats s = tpt_pool_finish(p);
     uint64_t n_ok = 0, n_cancelled = 0, n_ran = 0, n_cancel_ok = 0;
@@ -433,18 +423,13 @@ static void test_cancel_vs_completion_race(void **state) {
             fail_msg("task %d: tp_cancel returned %d (%s)", i, crc[i], tp_err_name(crc[i]));
         int calls = atomic_load(&r[i].calls), st = atomic_load(&r[i].status);
         int ran = atomic_load(&r[i].ran);
-        if (calls != 1)
-            fail_msg("task %d: on_done called %d times", i, calls);
-        if (ran > 1)
-            fail_msg("task %d: ran %d times", i, ran);
-        if (st != 0 && st != TP_ECANCELED)
-            fail_msg("task %d: status %d", i, st);
+        if (calls != 1) fail_msg("task %d: on_done called %d times", i, calls);
+        if (ran > 1) fail_msg("task %d: ran %d times", i, ran);
+        if (st != 0 && st != TP_ECANCELED) fail_msg("task %d: status %d", i, st);
         if (crc[i] == TP_ENOTFOUND && (st != 0 || ran != 1))
             fail_msg("task %d: cancel said ended, but status %d ran %d", i, st, ran);
-        if (ran == 0 && st != TP_ECANCELED)
-            fail_msg("task %d: never ran but status %d", i, st);
-        if (atomic_load(&r[i].on_caller) != 0)
-            fail_msg("task %d: on_done ran on the cancelling thread", i);
+        if (ran == 0 && st != TP_ECANCELED) fail_msg("task %d: never ran but status %d", i, st);
+        if (atomic_load(&r[i].on_caller) != 0) fail_msg("task %d: on_done ran on the cancelling thread", i);
         n_ok += (st == 0);
         n_cancelled += (st == TP_ECANCELED);
         n_ran += (uint64_t)ran;

@@ -79,8 +79,9 @@ static void test_clock_never_goes_back(void **state) {
     uint64_t first = tp__hclk_now(), prev = first;
     for (int i = 0; i < 200000; i++) {
         uint64_t s = tp__hclk_now();
-        if (s < prev) fail_msg("stamp %d went back: %llu after %llu", i, (unsigned long long)s,
-                               (unsigned long long)prev);
+        if (s < prev)
+            fail_msg("stamp %d went back: %llu after %llu", i, (unsigned long long)s,
+                     (unsigned long long)prev);
         prev = s;
     }
     assert_true(tp__hclk_ns(first, prev) == tp__hclk_ns(first, prev)); /* pure */
@@ -109,8 +110,8 @@ static void test_clock_agrees_with_monotonic(void **state) {
     uint64_t ns = tp__hclk_ns(a.stamp, b.stamp);
     /* the stamps' true distance lies between these two */
     uint64_t lo = b.before - a.after, hi = b.after - a.before;
-    print_message("%llu ns by the histogram clock, %llu..%llu by CLOCK_MONOTONIC\n",
-                  (unsigned long long)ns, (unsigned long long)lo, (unsigned long long)hi);
+    print_message("%llu ns by the histogram clock, %llu..%llu by CLOCK_MONOTONIC\n", (unsigned long long)ns,
+                  (unsigned long long)lo, (unsigned long long)hi);
     assert_true(lo >= span);
     if ((long double)ns < (long double)lo * 0.97L || (long double)ns > (long double)hi * 1.03L)
         fail_msg("%llu ns is not within 3 %% of %llu..%llu ns", (unsigned long long)ns,

@@ -45,8 +45,7 @@ static void expect_create_einval(const tp_config *cfg, const char *what) {
     tp_pool *p = sentinel;
     int rc = tp_create(&p, cfg);
     if (rc != TP_EINVAL)
-        fail_msg("tp_create with %s returned %d (%s), expected TP_EINVAL", what, rc,
-                 tp_err_name(rc));
+        fail_msg("tp_create with %s returned %d (%s), expected TP_EINVAL", what, rc, tp_err_name(rc));
     assert_ptr_equal(p, sentinel); /* out written only on TP_OK */
 }
 
@@ -55,17 +54,16 @@ static void test_create_bad_configs(void **state) {
     const unsigned def_workers = 4 * ncpu();
     tp_config c;
 
-#define BAD(setup, what)                                                        \
-    do {                                                                        \
-        memset(&c, 0, sizeof c);                                                \
-        setup;                                                                  \
-        expect_create_einval(&c, what);                                         \
+#define BAD(setup, what)                                                                                     \
+    do {                                                                                                     \
+        memset(&c, 0, sizeof c);                                                                             \
+        setup;                                                                                               \
+        expect_create_einval(&c, what);                                                                      \
     } while (0)
 
     BAD((c.workers = 3, c.max_workers = 2), "max_workers < workers");
     BAD((c.workers = 0, c.max_workers = 1), "default workers, max_workers 1");
-    BAD((c.workers = 0, c.max_workers = def_workers - 1),
-        "default workers, max_workers one below");
+    BAD((c.workers = 0, c.max_workers = def_workers - 1), "default workers, max_workers one below");
     BAD(c.max_retries = TP_MAX_RETRIES + 1, "max_retries 101");
     BAD(c.max_retries = UINT_MAX, "max_retries UINT_MAX");
     BAD(c.workers = TP_MAX_WORKERS + 1, "workers above TP_MAX_WORKERS");
@@ -140,8 +138,7 @@ static void test_submit_bad_args(void **state) {
     tp_task_opts ok = {0};
     ok.on_done = tpt_done_fn;
     tp_task_opts bad[4];
-    for (int i = 0; i < 4; i++)
-        bad[i] = ok;
+    for (int i = 0; i < 4; i++) bad[i] = ok;
     bad[0].priority = 1;
     bad[1].priority = -1;
     bad[2].user = long_user;
@@ -156,8 +153,7 @@ static void test_submit_bad_args(void **state) {
         assert_int_equal(tp_submit_wait(p, NULL, d, &ok, TPT_MS(5), &id), TP_EINVAL);
         for (int i = 0; i < 4; i++) {
             assert_int_equal(tp_submit(p, tpt_nop_task, d, &bad[i], &id), TP_EINVAL);
-            assert_int_equal(tp_submit_wait(p, tpt_nop_task, d, &bad[i], TPT_MS(5), &id),
-                             TP_EINVAL);
+            assert_int_equal(tp_submit_wait(p, tpt_nop_task, d, &bad[i], TPT_MS(5), &id), TP_EINVAL);
         }
         tp_stats after = tpt_stats(p);
         assert_stats_same(&before, &after, round ? "bad args after close" : "bad args");
@@ -261,8 +257,7 @@ static void test_create_defaults(void **state) {
         for (unsigned i = 2; i < W; i++)
             assert_int_equal(tp_submit(p, tpt_block_task, gate, NULL, NULL), TP_OK);
         TPT_EVENTUALLY(atomic_load(&gate->waiting) == (int)W);
-        for (int i = 0; i < 100; i++)
-            assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_OK);
+        for (int i = 0; i < 100; i++) assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_OK);
         assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_EFULL);
         /* submit_timeout_ns 1 s is the budget when 0 is passed. */
         uint64_t t0 = tp_now_ns();
@@ -288,7 +283,7 @@ typedef struct hooks {
     int bad_arg;
     pthread_t started[64];
     pthread_t stopped[64];
-    int live;      /* starts - stops */
+    int live; /* starts - stops */
     int max_live;
 } hooks;
 
@@ -302,23 +297,18 @@ static void hooks_reset(void) {
 
 static void on_start(void *arg) {
     pthread_mutex_lock(&H.mu);
-    if (arg != &H)
-        H.bad_arg++;
-    if (H.starts < 64)
-        H.started[H.starts] = pthread_self();
+    if (arg != &H) H.bad_arg++;
+    if (H.starts < 64) H.started[H.starts] = pthread_self();
     H.starts++;
     H.live++;
-    if (H.live > H.max_live)
-        H.max_live = H.live;
+    if (H.live > H.max_live) H.max_live = H.live;
     pthread_mutex_unlock(&H.mu);
 }
 
 static void on_stop(void *arg) {
     pthread_mutex_lock(&H.mu);
-    if (arg != &H)
-        H.bad_arg++;
-    if (H.stops < 64)
-        H.stopped[H.stops] = pthread_self();
+    if (arg != &H) H.bad_arg++;
+    if (H.stops < 64) H.stopped[H.stops] = pthread_self();
     H.stops++;
     H.live--;
     pthread_mutex_unlock(&H.mu);
@@ -328,8 +318,7 @@ static int hooks_get(int *starts, int *stops, int *max_live) {
     pthread_mutex_lock(&H.mu);
     *starts = H.starts;
     *stops = H.stops;
-    if (max_live)
-        *max_live = H.max_live;
+    if (max_live) *max_live = H.max_live;
     int bad = H.bad_arg;
     pthread_mutex_unlock(&H.mu);
     return bad;
@@ -350,16 +339,13 @@ static int hook_check_task(tp_ctx *c, void *arg) {
     int found = 0;
     pthread_mutex_lock(&H.mu);
     for (int i = 0; i < H.starts && i < 64; i++)
-        if (pthread_equal(H.started[i], me))
-            found = 1;
+        if (pthread_equal(H.started[i], me)) found = 1;
     pthread_mutex_unlock(&H.mu);
     char nm[32] = {0};
-    if (pthread_getname_np(me, nm, sizeof nm) != 0)
-        strcpy(nm, "?getname-failed");
+    if (pthread_getname_np(me, nm, sizeof nm) != 0) strcpy(nm, "?getname-failed");
     snprintf(h->name, sizeof h->name, "%s", nm);
     atomic_store(&h->seen_started, found ? 1 : -1);
-    if (h->gate)
-        tpt_latch_wait(h->gate);
+    if (h->gate) tpt_latch_wait(h->gate);
     atomic_store(&h->done, 1);
     return 0;
 }
@@ -399,12 +385,10 @@ static void test_worker_hooks_once_per_thread(void **state) {
     int distinct = 1, matched = 1;
     for (int i = 0; i < 3; i++) {
         for (int j = 0; j < i; j++)
-            if (pthread_equal(H.started[i], H.started[j]))
-                distinct = 0;
+            if (pthread_equal(H.started[i], H.started[j])) distinct = 0;
         int m = 0;
         for (int j = 0; j < 3; j++)
-            if (pthread_equal(H.started[i], H.stopped[j]))
-                m = 1;
+            if (pthread_equal(H.started[i], H.stopped[j])) m = 1;
         matched &= m;
     }
     pthread_mutex_unlock(&H.mu);
@@ -418,8 +402,7 @@ static uint32_t max_workers_seen;
 
 static tp_stats observe(tp_pool *p) {
     tp_stats s = tpt_stats(p);
-    if (s.workers > max_workers_seen)
-        max_workers_seen = s.workers;
+    if (s.workers > max_workers_seen) max_workers_seen = s.workers;
     return s;
 }
 
@@ -440,10 +423,9 @@ static void test_elastic_grow_and_shrink(void **state) {
 
     for (int burst = 0; burst < 2; burst++) {
         tpt_latch *gate = tpt_fx_latch(f);
-        for (int i = 0; i < 6; i++)
-            assert_int_equal(tp_submit(p, tpt_block_task, gate, NULL, NULL), TP_OK);
-        TPT_EVENTUALLY(atomic_load(&gate->waiting) == 4 && (s = observe(p)).workers == 4 &&
-                       s.active == 4 && s.queued == 2);
+        for (int i = 0; i < 6; i++) assert_int_equal(tp_submit(p, tpt_block_task, gate, NULL, NULL), TP_OK);
+        TPT_EVENTUALLY(atomic_load(&gate->waiting) == 4 && (s = observe(p)).workers == 4 && s.active == 4 &&
+                       s.queued == 2);
         /* Never more than max_workers, however long the backlog stays. */
         for (int i = 0; i < 100; i++) {
             s = observe(p);
@@ -487,8 +469,7 @@ static void test_elastic_idle_forever_keeps_workers(void **state) {
     cfg.idle_timeout_ns = TP_FOREVER;
     tp_pool *p = tpt_pool_new(&cfg);
     tpt_latch *gate = tpt_fx_latch(f);
-    for (int i = 0; i < 3; i++)
-        assert_int_equal(tp_submit(p, tpt_block_task, gate, NULL, NULL), TP_OK);
+    for (int i = 0; i < 3; i++) assert_int_equal(tp_submit(p, tpt_block_task, gate, NULL, NULL), TP_OK);
     tp_stats s;
     TPT_EVENTUALLY(atomic_load(&gate->waiting) == 2 && (s = tpt_stats(p)).workers == 2);
     tpt_latch_open(gate);
@@ -521,8 +502,7 @@ static void check_thread_name(const char *name, const char *expect_prefix) {
     TPT_EVENTUALLY(atomic_load(&t->done) == 1);
     tpt_finish(p);
     if (strncmp(t->name, expect_prefix, strlen(expect_prefix)) != 0)
-        fail_msg("worker thread name \"%s\" does not start with \"%s\"", t->name,
-                 expect_prefix);
+        fail_msg("worker thread name \"%s\" does not start with \"%s\"", t->name, expect_prefix);
 }
 
 static void test_thread_names(void **state) {

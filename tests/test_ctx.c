@@ -23,13 +23,13 @@
 /* What one task saw. Zero-initialise with `rec r = {0}`. */
 typedef struct rec {
     /* inputs */
-    uint64_t sleep_ns;             /* task_sleep: how long to sleep */
-    tpt_latch *gate;               /* optional latch the task waits on first */
+    uint64_t sleep_ns; /* task_sleep: how long to sleep */
+    tpt_latch *gate;   /* optional latch the task waits on first */
     /* outputs */
-    atomic_int ran;                /* calls of the task function */
-    atomic_int started;            /* set on entry (after the gate) */
-    atomic_int phase;              /* task-specific progress marker */
-    atomic_int finished;           /* set last: publishes everything above */
+    atomic_int ran;      /* calls of the task function */
+    atomic_int started;  /* set on entry (after the gate) */
+    atomic_int phase;    /* task-specific progress marker */
+    atomic_int finished; /* set last: publishes everything above */
     _Atomic uint64_t id;
     atomic_uint attempt;
     _Atomic uint64_t deadline;
@@ -41,7 +41,7 @@ typedef struct rec {
     atomic_int rc;
     atomic_int rc2;
     atomic_int fd;
-    atomic_int fd_ready_before;    /* poll(fd, 0) result before anything */
+    atomic_int fd_ready_before; /* poll(fd, 0) result before anything */
     atomic_int fd_poll_rc;
     atomic_int fd_revents;
     atomic_int user_null;
@@ -71,8 +71,7 @@ static int poll_in(int fd, int timeout_ms, int *revents) {
     do {
         rc = poll(&pfd, 1, timeout_ms);
     } while (rc < 0 && errno == EINTR);
-    if (revents)
-        *revents = pfd.revents;
+    if (revents) *revents = pfd.revents;
     return rc;
 }
 
@@ -95,8 +94,7 @@ static void rec_common(tp_ctx *c, rec *r) {
 /* Records the context, then returns 0. */
 static int task_record(tp_ctx *c, void *arg) {
     rec *r = arg;
-    if (r->gate)
-        tpt_latch_wait(r->gate);
+    if (r->gate) tpt_latch_wait(r->gate);
     rec_common(c, r);
     atomic_store(&r->finished, 1);
     return 0;
@@ -184,8 +182,7 @@ static int task_fd_check(tp_ctx *c, void *arg) {
     rec_common(c, r);
     int fd = tp_ctx_fd(c);
     atomic_store(&r->fd, fd);
-    if (fd >= 0)
-        atomic_store(&r->fd_ready_before, poll_in(fd, 0, NULL));
+    if (fd >= 0) atomic_store(&r->fd_ready_before, poll_in(fd, 0, NULL));
     atomic_store(&r->finished, 1);
     return 0;
 }
@@ -243,8 +240,7 @@ static void test_ctx_id_matches_submitted(void **state) {
         ids[i] = 0;
         assert_int_equal(tp_submit(p, task_record, &r[i], NULL, &ids[i]), TP_OK);
         assert_true(ids[i] != 0);
-        for (int j = 0; j < i; j++)
-            assert_true(ids[i] != ids[j]);
+        for (int j = 0; j < i; j++) assert_true(ids[i] != ids[j]);
     }
     for (int i = 0; i < N; i++) {
         TPT_EVENTUALLY(atomic_load(&r[i].finished));
@@ -321,8 +317,7 @@ static void test_ctx_attempt_zero_first_run(void **state) {
 
 /* ------------------------------------------------------------ deadline */
 
-static uint64_t run_deadline(tp_pool *p, const tp_task_opts *o, uint64_t *t_sub,
-                             uint64_t *t_start) {
+static uint64_t run_deadline(tp_pool *p, const tp_task_opts *o, uint64_t *t_sub, uint64_t *t_start) {
     tpt_fixture *f = tpt_fx_current();
     rec *r = tpt_fx_new(f, rec);
     *t_sub = tp_now_ns();

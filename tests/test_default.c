@@ -68,8 +68,7 @@ static void test_default_create_submit_shutdown(void **state) {
         ids[i] = 0;
         assert_int_equal(tp_default_submit(tpt_nop_task, &d[i], &o, &ids[i]), TP_OK);
         assert_true(ids[i] != 0);
-        for (int j = 0; j < i; j++)
-            assert_true(ids[j] != ids[i]);
+        for (int j = 0; j < i; j++) assert_true(ids[j] != ids[i]);
     }
     for (int i = 0; i < N; i++) {
         TPT_EVENTUALLY(atomic_load(&d[i].calls) == 1);
@@ -223,10 +222,8 @@ static void test_default_concurrent_create(void **state) {
         atomic_store(&create_other, 0);
         assert_int_equal(pthread_barrier_init(&create_barrier, NULL, T), 0);
         pthread_t th[T];
-        for (int i = 0; i < T; i++)
-            assert_int_equal(pthread_create(&th[i], NULL, create_main, NULL), 0);
-        for (int i = 0; i < T; i++)
-            assert_int_equal(pthread_join(th[i], NULL), 0);
+        for (int i = 0; i < T; i++) assert_int_equal(pthread_create(&th[i], NULL, create_main, NULL), 0);
+        for (int i = 0; i < T; i++) assert_int_equal(pthread_join(th[i], NULL), 0);
         pthread_barrier_destroy(&create_barrier);
         assert_int_equal(atomic_load(&create_ok), 1);
         assert_int_equal(atomic_load(&create_einval), T - 1);

@@ -52,12 +52,12 @@
 enum { F_ALLOC, F_THREAD, F_FD, F_SYNC, F_KINDS };
 static const char *const kind_name[F_KINDS] = {"allocation", "thread", "descriptor", "sync init"};
 
-static atomic_int armed;                 /* inject only while set */
-static atomic_uint calls[F_KINDS];       /* calls of each kind while armed */
-static atomic_uint fail_at[F_KINDS];     /* 0: never; n: the nth call fails */
-static atomic_int fail_after[F_KINDS];   /* and, if set, every later one too */
-static atomic_uint hits[F_KINDS];        /* failures injected */
-static atomic_uint svc_hits;             /* thread failures on a pool's service thread */
+static atomic_int armed;               /* inject only while set */
+static atomic_uint calls[F_KINDS];     /* calls of each kind while armed */
+static atomic_uint fail_at[F_KINDS];   /* 0: never; n: the nth call fails */
+static atomic_int fail_after[F_KINDS]; /* and, if set, every later one too */
+static atomic_uint hits[F_KINDS];      /* failures injected */
+static atomic_uint svc_hits;           /* thread failures on a pool's service thread */
 
 static void inj_reset(void) {
     atomic_store(&armed, 0);
@@ -72,18 +72,15 @@ static void inj_reset(void) {
 
 static unsigned hits_total(void) {
     unsigned n = 0;
-    for (int k = 0; k < F_KINDS; k++)
-        n += atomic_load(&hits[k]);
+    for (int k = 0; k < F_KINDS; k++) n += atomic_load(&hits[k]);
     return n;
 }
 
 static int inject(int k) {
-    if (!atomic_load(&armed))
-        return 0;
+    if (!atomic_load(&armed)) return 0;
     unsigned n = atomic_fetch_add(&calls[k], 1) + 1;
     unsigned at = atomic_load(&fail_at[k]);
-    if (at == 0 || n < at || (n > at && !atomic_load(&fail_after[k])))
-        return 0;
+    if (at == 0 || n < at || (n > at && !atomic_load(&fail_after[k]))) return 0;
     atomic_fetch_add(&hits[k], 1);
     return 1;
 }
@@ -96,8 +93,7 @@ static atomic_int tracking;
 static atomic_int track_overflow;
 
 static void track_add(void *p) {
-    if (!p || !atomic_load(&tracking))
-        return;
+    if (!p || !atomic_load(&tracking)) return;
     for (int i = 0; i < TRACK_SLOTS; i++) {
         void *none = NULL;
         if (atomic_load_explicit(&track_tab[i], memory_order_relaxed) == NULL &&
@@ -108,8 +104,7 @@ static void track_add(void *p) {
 }
 
 static void track_del(void *p) {
-    if (!p)
-        return;
+    if (!p) return;
     for (int i = 0; i < TRACK_SLOTS; i++) {
         void *want = p;
         if (atomic_load_explicit(&track_tab[i], memory_order_relaxed) == p &&
@@ -120,15 +115,13 @@ static void track_del(void *p) {
 
 static int track_live(void) {
     int n = 0;
-    for (int i = 0; i < TRACK_SLOTS; i++)
-        n += atomic_load(&track_tab[i]) != NULL;
+    for (int i = 0; i < TRACK_SLOTS; i++) n += atomic_load(&track_tab[i]) != NULL;
     return n;
 }
 
 /* Start counting allocations afresh (the table must be empty). */
 static void track_begin(void) {
-    for (int i = 0; i < TRACK_SLOTS; i++)
-        atomic_store(&track_tab[i], NULL);
+    for (int i = 0; i < TRACK_SLOTS; i++) atomic_store(&track_tab[i], NULL);
     atomic_store(&track_overflow, 0);
     atomic_store(&tracking, 1);
 }
@@ -208,8 +201,7 @@ int __wrap_pthread_create(pthread_t *t, const pthread_attr_t *a, void *(*fn)(voi
         tpt_latch_wait(&stall_gate);
     }
     if (fail) {
-        if (tp__tls_service)
-            atomic_fetch_add(&svc_hits, 1);
+        if (tp__tls_service) atomic_fetch_add(&svc_hits, 1);
         return EAGAIN;
     }
     return __real_pthread_create(t, a, fn, arg);
@@ -232,26 +224,22 @@ int __wrap_pipe2(int fds[2], int flags) {
 }
 
 int __wrap_pthread_mutex_init(pthread_mutex_t *m, const pthread_mutexattr_t *a) {
-    if (inject(F_SYNC))
-        return ENOMEM;
+    if (inject(F_SYNC)) return ENOMEM;
     return __real_pthread_mutex_init(m, a);
 }
 
 int __wrap_pthread_cond_init(pthread_cond_t *c, const pthread_condattr_t *a) {
-    if (inject(F_SYNC))
-        return ENOMEM;
+    if (inject(F_SYNC)) return ENOMEM;
     return __real_pthread_cond_init(c, a);
 }
 
 int __wrap_pthread_condattr_init(pthread_condattr_t *a) {
-    if (inject(F_SYNC))
-        return ENOMEM;
+    if (inject(F_SYNC)) return ENOMEM;
     return __real_pthread_condattr_init(a);
 }
 
 int __wrap_pthread_condattr_setclock(pthread_condattr_t *a, clockid_t id) {
-    if (inject(F_SYNC))
-        return EINVAL;
+    if (inject(F_SYNC)) return EINVAL;
     return __real_pthread_condattr_setclock(a, id);
 }
 
@@ -276,12 +264,10 @@ static snapshot snap(void) {
 static void assert_back_to(const snapshot *s, const char *what) {
     if (!TPT_POLL(n_threads() == s->threads, TPT_WAIT_NS))
         fail_msg("%s: %d threads, %d before", what, n_threads(), s->threads);
-    if (n_fds() != s->fds)
-        fail_msg("%s: %d descriptors, %d before", what, n_fds(), s->fds);
+    if (n_fds() != s->fds) fail_msg("%s: %d descriptors, %d before", what, n_fds(), s->fds);
     assert_int_equal(atomic_load(&track_overflow), 0);
     int live = track_live();
-    if (live != 0)
-        fail_msg("%s: %d allocation(s) leaked", what, live);
+    if (live != 0) fail_msg("%s: %d allocation(s) leaked", what, live);
 }
 
 /* ------------------------------------------------------------ hooks */
@@ -316,8 +302,7 @@ static void use_and_destroy(tp_pool *p, int is_default) {
     o.user = "u";
     assert_int_equal(tp_submit(p, tpt_nop_task, &d, &o, NULL), TP_OK);
     TPT_EVENTUALLY(atomic_load(&d.calls) == 1);
-    if (is_default)
-        assert_ptr_equal(tp_default_swap(NULL), p);
+    if (is_default) assert_ptr_equal(tp_default_swap(NULL), p);
     tp_stats s = tpt_finish(p);
     assert_int_equal(s.succeeded, 1);
 }
@@ -368,13 +353,12 @@ static unsigned create_faults(create_fn create, int is_default, const tp_config 
     return points;
 }
 
-static void create_all_kinds(create_fn create, int is_default, const tp_config *cfg,
-                             const char *label, unsigned want_threads) {
+static void create_all_kinds(create_fn create, int is_default, const tp_config *cfg, const char *label,
+                             unsigned want_threads) {
     unsigned pts[F_KINDS];
-    for (int k = 0; k < F_KINDS; k++)
-        pts[k] = create_faults(create, is_default, cfg, k, label);
-    print_message("%s: fault points: %u allocation, %u thread, %u descriptor, %u sync init\n",
-                  label, pts[F_ALLOC], pts[F_THREAD], pts[F_FD], pts[F_SYNC]);
+    for (int k = 0; k < F_KINDS; k++) pts[k] = create_faults(create, is_default, cfg, k, label);
+    print_message("%s: fault points: %u allocation, %u thread, %u descriptor, %u sync init\n", label,
+                  pts[F_ALLOC], pts[F_THREAD], pts[F_FD], pts[F_SYNC]);
     assert_true(pts[F_ALLOC] >= 5); /* pool, workers, ring, records, users at least */
     assert_int_equal(pts[F_THREAD], want_threads);
     assert_int_equal(pts[F_FD], 0); /* descriptors are made on first use only */
@@ -406,8 +390,7 @@ static void test_create_faults_defaults(void **state) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     unsigned workers = n > 0 ? 4u * (unsigned)n : 4u;
     if (workers > 64) {
-        print_message("%u default workers: the NULL-config case is covered by the others\n",
-                      workers);
+        print_message("%u default workers: the NULL-config case is covered by the others\n", workers);
         skip();
         return;
     }
@@ -485,8 +468,7 @@ static void test_submit_record_growth_faults(void **state) {
     tp_stats s0 = tpt_stats(p);
     for (; n < NREC - 8; n++) {
         rc = tp_submit(p, tpt_nop_task, &recs[n], &o, &id);
-        if (rc != TP_OK)
-            break;
+        if (rc != TP_OK) break;
         assert_int_equal(tp_cancel(p, id), TP_OK);
     }
     atomic_store(&armed, 0);
@@ -572,8 +554,7 @@ static void test_submit_user_growth_faults(void **state) {
     char names[40][16];
     tp_task_opts o = {0};
     o.on_done = tpt_done_fn;
-    for (int i = 0; i < 40; i++)
-        snprintf(names[i], sizeof names[i], "user%02d", i);
+    for (int i = 0; i < 40; i++) snprintf(names[i], sizeof names[i], "user%02d", i);
     for (int i = 0; i < 32; i++) {
         o.user = names[i];
         assert_int_equal(tp_submit(p, user_task, &recs[i], &o, NULL), TP_OK);
@@ -625,8 +606,7 @@ static void test_submit_user_growth_faults(void **state) {
         assert_int_equal(tp_submit(p, user_task, &recs[i + 2], &o, NULL), TP_OK);
     }
     assert_int_equal(tpt_stats(p).users, 40);
-    for (int i = 0; i < 40; i++)
-        assert_int_equal(tp_user_active(p, names[i]), i == 0 ? 2u : 1u);
+    for (int i = 0; i < 40; i++) assert_int_equal(tp_user_active(p, names[i]), i == 0 ? 2u : 1u);
     o.user = names[0];
     assert_int_equal(tp_submit(p, user_task, NULL, &o, NULL), TP_EUSERLIMIT);
 
@@ -716,8 +696,7 @@ static void test_elastic_spawn_faults(void **state) {
     TPT_EVENTUALLY(tpt_stats(p).queued == 1);
     int n = 200;
     unsigned before_submits = atomic_load(&hits[F_THREAD]);
-    for (int i = 2; i < n; i++)
-        assert_int_equal(tp_submit(p, elastic_task, &erecs[i], &o, NULL), TP_OK);
+    for (int i = 2; i < n; i++) assert_int_equal(tp_submit(p, elastic_task, &erecs[i], &o, NULL), TP_OK);
     assert_true(atomic_load(&hits[F_THREAD]) >= before_submits + (unsigned)n - 2);
     tp_stats s = tpt_stats(p);
     assert_int_equal(s.workers, 1);
@@ -752,7 +731,8 @@ static void test_elastic_spawn_faults(void **state) {
     assert_back_to(&before, "elastic spawn faults");
     atomic_store(&tracking, 0);
     print_message("elastic: %u failed spawns (%u on the service thread), %d tasks on the one "
-                  "worker\n", failed_spawns, atomic_load(&svc_hits), n);
+                  "worker\n",
+                  failed_spawns, atomic_load(&svc_hits), n);
 }
 
 /* A worker slot whose elastic thread exited is joined before reuse; when the
@@ -843,8 +823,8 @@ static void stalled_spawn(tp_pool *p, int fail) {
     assert_int_equal(atomic_load(&x.rc), TP_OK);
     assert_int_equal(atomic_load(&hits[F_THREAD]), fail ? 1u : 0u);
     if (s.workers != 1)
-        fail_msg("%s spawn under way: stats.workers %u, but 1 worker thread exists",
-                 fail ? "a failing" : "a", s.workers);
+        fail_msg("%s spawn under way: stats.workers %u, but 1 worker thread exists", fail ? "a failing" : "a",
+                 s.workers);
     tpt_latch_destroy(&stall_gate);
 }
 
@@ -951,8 +931,7 @@ static void test_elastic_spawn_fault_then_shutdown(void **state) {
     assert_int_equal(tp_shutdown(p, TPT_WAIT_NS), TP_OK);
     tp_stats s = tpt_pool_finish(p);
     assert_int_equal(s.succeeded, 8);
-    for (int i = 0; i < 7; i++)
-        assert_int_equal(atomic_load(&d[i].calls), 1);
+    for (int i = 0; i < 7; i++) assert_int_equal(atomic_load(&d[i].calls), 1);
     assert_int_equal(atomic_load(&d[7].calls), 0);
     assert_back_to(&before, "spawn fault then shutdown");
     atomic_store(&tracking, 0);
@@ -975,8 +954,8 @@ static int fd_task(tp_ctx *c, void *arg) {
         tpt_latch_wait(r->gate);
         /* cancelled meanwhile: the descriptor made on retry reports it */
         struct pollfd pfd = {tp_ctx_fd(c), POLLIN, 0};
-        atomic_store(&r->readable, pfd.fd >= 0 && poll(&pfd, 1, 0) == 1 &&
-                                       (pfd.revents & POLLIN) && tp_ctx_err(c) == TP_ECANCELED);
+        atomic_store(&r->readable, pfd.fd >= 0 && poll(&pfd, 1, 0) == 1 && (pfd.revents & POLLIN) &&
+                                       tp_ctx_err(c) == TP_ECANCELED);
     }
     return 0;
 }
@@ -1037,8 +1016,7 @@ static void test_wrappers_active(void **state) {
 static int warm_up(void **state) {
     (void)state;
     tp_pool *p = NULL;
-    if (tp_create(&p, NULL) != TP_OK)
-        return -1;
+    if (tp_create(&p, NULL) != TP_OK) return -1;
     return tp_destroy(p) == TP_OK ? 0 : -1;
 }
 

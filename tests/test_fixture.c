@@ -44,15 +44,12 @@ static int pool_threads(void) {
     int n = 0;
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
-        if (e->d_name[0] == '.')
-            continue;
+        if (e->d_name[0] == '.') continue;
         char path[300], comm[32] = "";
         snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
         FILE *fp = fopen(path, "r");
-        if (fp == NULL)
-            continue; /* exited meanwhile */
-        if (fgets(comm, sizeof comm, fp) != NULL && strncmp(comm, FX_NAME, 3) == 0)
-            n++;
+        if (fp == NULL) continue; /* exited meanwhile */
+        if (fgets(comm, sizeof comm, fp) != NULL && strncmp(comm, FX_NAME, 3) == 0) n++;
         fclose(fp);
     }
     closedir(d);
@@ -71,9 +68,7 @@ static int job_task(tp_ctx *c, void *arg) {
     return 0;
 }
 
-static void job_done(void *arg, int status) {
-    tpt_done_fn(&((job *)arg)->d, status);
-}
+static void job_done(void *arg, int status) { tpt_done_fn(&((job *)arg)->d, status); }
 
 static tp_pool *inner_pool(tpt_fixture *fx, unsigned workers, unsigned cap) {
     tp_config c = {0};
@@ -135,8 +130,7 @@ static int stubborn_task(tp_ctx *c, void *arg) {
     (void)arg;
     atomic_store(&stubborn_running, 1);
     uint64_t end = tp_now_ns() + TPT_WAIT_NS;
-    while (!atomic_load(&release) && tp_now_ns() < end)
-        tpt_pause();
+    while (!atomic_load(&release) && tp_now_ns() < end) tpt_pause();
     return 0;
 }
 
@@ -248,16 +242,13 @@ static void test_old_helpers_use_the_fixture(void **state) {
     tp_stats s = tpt_pool_finish(a);
     assert_int_equal(s.workers, 0);
     tpt_pool_destroy(b);
-    for (int i = 0; i < TPT_FX_POOLS; i++)
-        assert_null(f->pools[i]);
+    for (int i = 0; i < TPT_FX_POOLS; i++) assert_null(f->pools[i]);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        TPT_TEST(test_teardown_ends_full_pools),
-        TPT_TEST(test_teardown_reports_a_stuck_task),
-        TPT_TEST(test_teardown_ends_a_leftover_default),
-        TPT_TEST(test_teardown_joins_the_tests_threads),
+        TPT_TEST(test_teardown_ends_full_pools),         TPT_TEST(test_teardown_reports_a_stuck_task),
+        TPT_TEST(test_teardown_ends_a_leftover_default), TPT_TEST(test_teardown_joins_the_tests_threads),
         TPT_TEST(test_old_helpers_use_the_fixture),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -29,15 +29,15 @@
 
 /* What one member does and saw. */
 typedef struct member {
-    tpt_latch *latch;     /* NULL: do not wait */
-    int status;           /* returned after the latch */
-    int cooperate;        /* wait for cancellation instead of the latch (bounded) */
-    uint64_t sleep_ns;    /* with cooperate: tp_ctx_sleep this long at most */
+    tpt_latch *latch;  /* NULL: do not wait */
+    int status;        /* returned after the latch */
+    int cooperate;     /* wait for cancellation instead of the latch (bounded) */
+    uint64_t sleep_ns; /* with cooperate: tp_ctx_sleep this long at most */
     atomic_int runs;
-    atomic_int saw_cancel;/* tp_ctx_err was TP_ECANCELED when it returned */
+    atomic_int saw_cancel; /* tp_ctx_err was TP_ECANCELED when it returned */
     atomic_int done_calls;
     atomic_int done_status;
-    atomic_int ticket;    /* order in which on_done ran, from 1 */
+    atomic_int ticket; /* order in which on_done ran, from 1 */
 } member;
 
 static atomic_int done_seq;
@@ -50,13 +50,11 @@ static int member_task(tp_ctx *c, void *arg) {
         tp_ctx_sleep(c, m->sleep_ns);
     } else if (m->cooperate) {
         uint64_t end = tp_now_ns() + TPT_WAIT_NS;
-        while (tp_ctx_err(c) == 0 && tp_now_ns() < end)
-            tp_ctx_sleep(c, TPT_MS(1));
+        while (tp_ctx_err(c) == 0 && tp_now_ns() < end) tp_ctx_sleep(c, TPT_MS(1));
     } else if (m->latch) {
         tpt_latch_wait(m->latch);
     }
-    if (tp_ctx_err(c) == TP_ECANCELED)
-        atomic_store(&m->saw_cancel, 1);
+    if (tp_ctx_err(c) == TP_ECANCELED) atomic_store(&m->saw_cancel, 1);
     return m->cooperate && tp_ctx_err(c) == TP_ECANCELED ? TP_ECANCELED : m->status;
 }
 
@@ -681,15 +679,12 @@ static void *racer_main(void *arg) {
         }
         int rc = tp_group_wait(g, TPT_WAIT_NS);
         r->waits++;
-        if (rc != TP_OK && rc != -1 && rc != TP_ECANCELED)
-            r->bad_wait++;
+        if (rc != TP_OK && rc != -1 && rc != TP_ECANCELED) r->bad_wait++;
         /* every member waited for has ended and its on_done returned */
         for (int i = 0; i < 64; i++)
-            if (atomic_load(&r->m[i].runs) > 1 || atomic_load(&r->m[i].done_calls) > 1)
-                r->bad_wait++;
+            if (atomic_load(&r->m[i].runs) > 1 || atomic_load(&r->m[i].done_calls) > 1) r->bad_wait++;
     }
-    if (tp_group_destroy(g) != TP_OK)
-        r->bad_rc++;
+    if (tp_group_destroy(g) != TP_OK) r->bad_rc++;
     return NULL;
 }
 

@@ -95,7 +95,7 @@ static void test_hist_quantile(void **state) {
     assert_true(tp_hist_quantile_ns(&h, -1.0) == tp_hist_bound_ns(0));
     assert_true(tp_hist_quantile_ns(&h, NAN) == tp_hist_bound_ns(0));
     assert_true(tp_hist_quantile_ns(&h, 0.1) == tp_hist_bound_ns(3));
-    assert_true(tp_hist_quantile_ns(&h, 0.4) == tp_hist_bound_ns(3));  /* exactly 4 of 10 */
+    assert_true(tp_hist_quantile_ns(&h, 0.4) == tp_hist_bound_ns(3)); /* exactly 4 of 10 */
     assert_true(tp_hist_quantile_ns(&h, 0.41) == tp_hist_bound_ns(10));
     assert_true(tp_hist_quantile_ns(&h, 0.5) == tp_hist_bound_ns(10));
     assert_true(tp_hist_quantile_ns(&h, 0.9) == tp_hist_bound_ns(10)); /* exactly 9 of 10 */
@@ -263,8 +263,8 @@ static void test_hist_snapshot_consistent_while_running(void **state) {
     tpt_fx_thr *th = tpt_fx_thread(tpt_fx(state), reader_main, &r);
     int n = TPT_SANITIZED ? 3000 : 20000;
     for (int i = 0; i < n; i++)
-        assert_int_equal(tp_submit_wait(p, flaky_task, (void *)(uintptr_t)(i % 3 == 0), NULL, TPT_WAIT_NS, NULL),
-                         TP_OK);
+        assert_int_equal(
+            tp_submit_wait(p, flaky_task, (void *)(uintptr_t)(i % 3 == 0), NULL, TPT_WAIT_NS, NULL), TP_OK);
     assert_int_equal(tp_shutdown(p, TPT_WAIT_NS), TP_OK);
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK);
     atomic_store(&r.stop, 1);

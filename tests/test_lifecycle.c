@@ -58,21 +58,17 @@ static int rec_task(tp_ctx *c, void *arg) {
         atomic_store(&r->err_after, tp_ctx_err(c));
         return rc;
     }
-    case M_WORK:
-        return tp_ctx_sleep(c, TPT_MS(1));
-    default:
-        return 0;
+    case M_WORK: return tp_ctx_sleep(c, TPT_MS(1));
+    default: return 0;
     }
 }
 
 static void rec_done(void *arg, int status) {
     rec *r = arg;
-    if (atomic_load(&r->slow_done))
-        tpt_sleep_ns(TPT_MS(5)); /* a shutdown must wait for this too */
+    if (atomic_load(&r->slow_done)) tpt_sleep_ns(TPT_MS(5)); /* a shutdown must wait for this too */
     atomic_store(&r->status, status);
     atomic_fetch_add(&r->calls, 1);
-    if (r->done_counter != NULL)
-        atomic_fetch_add(r->done_counter, 1);
+    if (r->done_counter != NULL) atomic_fetch_add(r->done_counter, 1);
 }
 
 static uint64_t submit_rec(tp_pool *p, rec *r) {
@@ -84,9 +80,7 @@ static uint64_t submit_rec(tp_pool *p, rec *r) {
 }
 
 /* Has the pool stopped admission? (A refused probe leaves only a counter.) */
-static int pool_closed(tp_pool *p) {
-    return tp_submit(p, tpt_nop_task, NULL, NULL, NULL) == TP_ECLOSED;
-}
+static int pool_closed(tp_pool *p) { return tp_submit(p, tpt_nop_task, NULL, NULL, NULL) == TP_ECLOSED; }
 
 typedef struct opener {
     tpt_latch *l;
@@ -119,7 +113,7 @@ static void test_close_stops_admission_and_drains(void **state) {
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_ECLOSED);
     assert_int_equal(tp_submit_wait(p, tpt_nop_task, NULL, NULL, TPT_MS(10), NULL), TP_ECLOSED);
     tp_stats s = tpt_stats(p);
-    assert_int_equal(s.queued, Q); /* nothing accepted is dropped */
+    assert_int_equal(s.queued, Q);  /* nothing accepted is dropped */
     assert_int_equal(s.workers, W); /* workers stay to drain */
 
     tpt_latch_open(l);
@@ -205,8 +199,7 @@ static void test_forced_shutdown(void **state) {
     rec_init(slp, M_SLEEP, NULL);
     submit_rec(p, blk);
     submit_rec(p, slp);
-    TPT_EVENTUALLY(tpt_stats(p).active == 2 && atomic_load(&blk->ran) == 1 &&
-                   atomic_load(&slp->ran) == 1);
+    TPT_EVENTUALLY(tpt_stats(p).active == 2 && atomic_load(&blk->ran) == 1 && atomic_load(&slp->ran) == 1);
     for (int i = 0; i < Q; i++) {
         rec_init(&q[i], M_NOP, NULL);
         submit_rec(p, &q[i]);
@@ -216,8 +209,8 @@ static void test_forced_shutdown(void **state) {
     int rc = tp_shutdown(p, budget);
     uint64_t el = tp_now_ns() - t0;
     assert_int_equal(rc, TP_ETIMEDOUT);
-    assert_true(el >= budget - TPT_MS(1));   /* not before its deadline */
-    assert_true(el < budget + TPT_WAIT_NS / 4); /* and not waiting for the blocked task */
+    assert_true(el >= budget - TPT_MS(1));         /* not before its deadline */
+    assert_true(el < budget + TPT_WAIT_NS / 4);    /* and not waiting for the blocked task */
     assert_int_equal(atomic_load(&blk->calls), 0); /* still running */
 
     /* The sleeping task sees the cancellation and ends with it. */
@@ -314,17 +307,14 @@ typedef struct shut_call {
 
 static void *shut_main(void *a) {
     shut_call *s = a;
-    if (s->ready != NULL)
-        atomic_fetch_add(s->ready, 1);
+    if (s->ready != NULL) atomic_fetch_add(s->ready, 1);
     if (s->start != NULL) {
         uint64_t end = tp_now_ns() + TPT_WAIT_NS;
-        while (!atomic_load(s->start) && tp_now_ns() < end)
-            tpt_pause();
+        while (!atomic_load(s->start) && tp_now_ns() < end) tpt_pause();
     }
     s->called_at = tp_now_ns();
     s->rc = s->is_wait ? tp_wait(s->p, s->budget) : tp_shutdown(s->p, s->budget);
-    if (s->done_counter != NULL)
-        s->done_at_return = atomic_load(s->done_counter);
+    if (s->done_counter != NULL) s->done_at_return = atomic_load(s->done_counter);
     s->returned_at = tp_now_ns();
     return NULL;
 }
@@ -438,14 +428,12 @@ static void test_concurrent_shutdown_drained(void **state) {
     TPT_EVENTUALLY(pool_closed(p));
     tpt_sleep_ns(TPT_MS(20)); /* likely all inside their call */
     tpt_latch_open(l);
-    for (int i = 0; i < T; i++)
-        tpt_fx_join(th[i]);
+    for (int i = 0; i < T; i++) tpt_fx_join(th[i]);
     for (int i = 0; i < T; i++) {
         assert_int_equal(c[i].rc, TP_OK);
         assert_int_equal(c[i].done_at_return, N); /* on_done all returned */
     }
-    for (int i = 0; i < N; i++)
-        assert_int_equal(atomic_load(&r[i].calls), 1);
+    for (int i = 0; i < N; i++) assert_int_equal(atomic_load(&r[i].calls), 1);
     tpt_pool_finish(p);
 }
 
@@ -473,8 +461,7 @@ static void test_concurrent_shutdown_forced(void **state) {
     TPT_EVENTUALLY(atomic_load(&ready) == T);
     uint64_t t0 = tp_now_ns();
     atomic_store(&start, 1);
-    for (int i = 0; i < T; i++)
-        tpt_fx_join(th[i]);
+    for (int i = 0; i < T; i++) tpt_fx_join(th[i]);
     for (int i = 0; i < T; i++) {
         assert_int_equal(c[i].rc, TP_ETIMEDOUT);
         assert_true(c[i].returned_at - t0 >= budget - TPT_MS(1));
@@ -597,8 +584,7 @@ static void test_wait_returns_shutdown_result(void **state) {
     tpt_fixture *f = tpt_fx(state);
     /* drained */
     tp_pool *p = mkpool(2, 8);
-    for (int i = 0; i < 4; i++)
-        assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_OK);
+    for (int i = 0; i < 4; i++) assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_OK);
     assert_int_equal(tp_shutdown(p, TPT_WAIT_NS), TP_OK);
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK);
     assert_int_equal(tp_wait(p, TP_FOREVER), TP_OK);
@@ -613,7 +599,7 @@ static void test_wait_returns_shutdown_result(void **state) {
     assert_int_equal(tp_shutdown(p, TPT_MS(20)), TP_ETIMEDOUT);
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_ETIMEDOUT);
     assert_int_equal(tp_wait(p, 0), TP_ETIMEDOUT); /* repeatable */
-    assert_int_equal(atomic_load(&r->calls), 1);     /* on_done returned */
+    assert_int_equal(atomic_load(&r->calls), 1);   /* on_done returned */
     assert_int_equal(atomic_load(&r->status), TP_ECANCELED);
     tp_stats s = tpt_stats(p);
     tpt_assert_at_rest(&s);
@@ -627,7 +613,7 @@ static void test_wait_returns_shutdown_result(void **state) {
 
 /* ------------------------------------------------------------ TP_EDEADLK */
 
-#define RC_UNSET 1000
+#define RC_UNSET   1000
 #define RC_SKIPPED 2000
 
 typedef struct dl_probe {
@@ -655,10 +641,8 @@ static void dl_run(dl_probe *d) {
     atomic_store(&d->wait_rc, w);
     /* Only try destroy when the two others behaved: a wrong destroy here
      * would free the pool under our feet. */
-    atomic_store(&d->destroy_rc,
-                 (s == TP_EDEADLK && w == TP_EDEADLK) ? tp_destroy(p) : RC_SKIPPED);
-    if (d->do_close)
-        atomic_store(&d->close_rc, tp_close(p));
+    atomic_store(&d->destroy_rc, (s == TP_EDEADLK && w == TP_EDEADLK) ? tp_destroy(p) : RC_SKIPPED);
+    if (d->do_close) atomic_store(&d->close_rc, tp_close(p));
     atomic_store(&d->done, 1);
 }
 
@@ -740,13 +724,10 @@ typedef struct hook_probe {
 static void hook_stop(void *arg) {
     hook_probe *h = arg;
     tp_pool *p = atomic_load(&h->pool);
-    if (p == NULL)
-        return;
+    if (p == NULL) return;
     atomic_fetch_add(&h->calls, 1);
-    if (tp_wait(p, TPT_MS(1)) != TP_EDEADLK)
-        atomic_fetch_add(&h->wrong, 1);
-    if (tp_shutdown(p, TPT_MS(1)) != TP_EDEADLK)
-        atomic_fetch_add(&h->wrong, 1);
+    if (tp_wait(p, TPT_MS(1)) != TP_EDEADLK) atomic_fetch_add(&h->wrong, 1);
+    if (tp_shutdown(p, TPT_MS(1)) != TP_EDEADLK) atomic_fetch_add(&h->wrong, 1);
 }
 
 static void hook_log(void *arg, int level, const char *log_id, const char *msg) {
@@ -755,17 +736,14 @@ static void hook_log(void *arg, int level, const char *log_id, const char *msg) 
     (void)msg;
     hook_probe *h = arg;
     tp_pool *p = atomic_load(&h->pool);
-    if (p == NULL || !atomic_load(&h->armed))
-        return;
+    if (p == NULL || !atomic_load(&h->armed)) return;
     if (pthread_equal(pthread_self(), h->main_thread)) {
         atomic_fetch_add(&h->log_on_caller, 1); /* "called on a pool thread" */
         return;
     }
     atomic_fetch_add(&h->log_calls, 1);
-    if (tp_wait(p, TPT_MS(1)) != TP_EDEADLK)
-        atomic_fetch_add(&h->log_wrong, 1);
-    if (tp_shutdown(p, TPT_MS(1)) != TP_EDEADLK)
-        atomic_fetch_add(&h->log_wrong, 1);
+    if (tp_wait(p, TPT_MS(1)) != TP_EDEADLK) atomic_fetch_add(&h->log_wrong, 1);
+    if (tp_shutdown(p, TPT_MS(1)) != TP_EDEADLK) atomic_fetch_add(&h->log_wrong, 1);
 }
 
 static int failing_task(tp_ctx *c, void *arg) {
@@ -851,8 +829,7 @@ static void test_create_null_config(void **state) {
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     if (ncpu > 0) {
         unsigned want = (unsigned)ncpu * 4u;
-        if (want > TP_MAX_WORKERS)
-            want = TP_MAX_WORKERS;
+        if (want > TP_MAX_WORKERS) want = TP_MAX_WORKERS;
         TPT_EVENTUALLY(tpt_stats(p).workers == want);
     }
     tpt_done *d = tpt_fx_new(f, tpt_done);
@@ -869,8 +846,7 @@ static void test_workers_zero_after_wait(void **state) {
     (void)state;
     tp_pool *p = mkpool(4, 8);
     TPT_EVENTUALLY(tpt_stats(p).workers == 4);
-    for (int i = 0; i < 8; i++)
-        assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_OK);
+    for (int i = 0; i < 8; i++) assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_OK);
     assert_int_equal(tp_close(p), TP_OK);
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK);
     tp_stats s = tpt_stats(p);

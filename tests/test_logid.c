@@ -23,31 +23,29 @@
 
 typedef struct lrec {
     /* inputs */
-    tpt_latch *gate;      /* wait on it first */
-    tp_pool *pool;        /* submit children to it */
-    struct lrec *child;   /* submitted with opts NULL */
-    struct lrec *child2;  /* submitted after tp_log_id_set(set_id) */
+    tpt_latch *gate;     /* wait on it first */
+    tp_pool *pool;       /* submit children to it */
+    struct lrec *child;  /* submitted with opts NULL */
+    struct lrec *child2; /* submitted after tp_log_id_set(set_id) */
     const char *set_id;
-    int fail_until;       /* attempts < fail_until return 1 */
+    int fail_until; /* attempts < fail_until return 1 */
     /* outputs */
     char ctx_id[IDLEN];
     char get_id[IDLEN];
-    char set_get_id[IDLEN];        /* tp_log_id_get after tp_log_id_set */
-    char attempt_id[4][IDLEN];     /* tp_ctx_log_id per attempt */
-    char done_id[IDLEN];           /* tp_log_id_get inside on_done */
+    char set_get_id[IDLEN];    /* tp_log_id_get after tp_log_id_set */
+    char attempt_id[4][IDLEN]; /* tp_ctx_log_id per attempt */
+    char done_id[IDLEN];       /* tp_log_id_get inside on_done */
     atomic_int ctx_null;
     atomic_int get_null;
     atomic_int done_null;
     atomic_int child_rc;
     atomic_int child2_rc;
     atomic_int attempts;
-    atomic_int finished;           /* publishes the buffers above */
+    atomic_int finished; /* publishes the buffers above */
     atomic_int done_calls;
 } lrec;
 
-static void copy_id(char *dst, const char *src) {
-    snprintf(dst, IDLEN, "%s", src ? src : "");
-}
+static void copy_id(char *dst, const char *src) { snprintf(dst, IDLEN, "%s", src ? src : ""); }
 
 static void lrec_done(void *arg, int status) {
     (void)status;
@@ -60,13 +58,11 @@ static void lrec_done(void *arg, int status) {
 
 static int lrec_task(tp_ctx *c, void *arg) {
     lrec *r = arg;
-    if (r->gate)
-        tpt_latch_wait(r->gate);
+    if (r->gate) tpt_latch_wait(r->gate);
     unsigned a = tp_ctx_attempt(c);
     const char *ci = tp_ctx_log_id(c);
     const char *gi = tp_log_id_get();
-    if (a < 4)
-        copy_id(r->attempt_id[a], ci);
+    if (a < 4) copy_id(r->attempt_id[a], ci);
     copy_id(r->ctx_id, ci);
     copy_id(r->get_id, gi);
     atomic_store(&r->ctx_null, ci == NULL);
@@ -114,28 +110,21 @@ static void wait_l(lrec *r) {
 
 /* A generated id, as other tests need it: "tp-" and something after. The exact
  * format is pinned once, in test_logid_generated_unique. */
-static int is_generated(const char *s) {
-    return strncmp(s, "tp-", 3) == 0 && s[3] != '\0';
-}
+static int is_generated(const char *s) { return strncmp(s, "tp-", 3) == 0 && s[3] != '\0'; }
 
 /* The documented format: "tp-" then three hex fields joined by '-' (a
  * per-process tag, the pool's serial, the task id), e.g. "tp-5f3a9c01-1-2a". */
 static int is_generated_format(const char *s) {
-    if (strncmp(s, "tp-", 3) != 0)
-        return 0;
+    if (strncmp(s, "tp-", 3) != 0) return 0;
     int fields = 0;
     const char *q = s + 3;
     for (;;) {
         const char *f = q;
-        while (isxdigit((unsigned char)*q))
-            q++;
-        if (q == f)
-            return 0; /* empty field */
+        while (isxdigit((unsigned char)*q)) q++;
+        if (q == f) return 0; /* empty field */
         fields++;
-        if (*q == '\0')
-            break;
-        if (*q != '-')
-            return 0;
+        if (*q == '\0') break;
+        if (*q != '-') return 0;
         q++;
     }
     return fields == 3;
@@ -268,7 +257,7 @@ static void test_logid_inherited_from_submitter(void **state) {
 
 typedef struct gen_slot {
     char id[IDLEN];
-    atomic_int same;   /* tp_log_id_get() == tp_ctx_log_id() */
+    atomic_int same; /* tp_log_id_get() == tp_ctx_log_id() */
     atomic_int done;
 } gen_slot;
 
@@ -294,12 +283,9 @@ static void test_logid_generated_unique(void **state) {
     assert_non_null(slots);
     tp_pool *p = mkpool(2, N);
     tp_pool *q = mkpool(1, M);
-    for (int i = 0; i < N; i++)
-        assert_int_equal(tp_submit(p, gen_task, &slots[i], NULL, NULL), TP_OK);
-    for (int i = 0; i < M; i++)
-        assert_int_equal(tp_submit(q, gen_task, &slots[N + i], NULL, NULL), TP_OK);
-    for (int i = 0; i < N + M; i++)
-        TPT_EVENTUALLY(atomic_load(&slots[i].done) == 1);
+    for (int i = 0; i < N; i++) assert_int_equal(tp_submit(p, gen_task, &slots[i], NULL, NULL), TP_OK);
+    for (int i = 0; i < M; i++) assert_int_equal(tp_submit(q, gen_task, &slots[N + i], NULL, NULL), TP_OK);
+    for (int i = 0; i < N + M; i++) TPT_EVENTUALLY(atomic_load(&slots[i].done) == 1);
     tpt_finish(p);
     tpt_finish(q);
 
@@ -320,8 +306,7 @@ static void test_logid_generated_unique(void **state) {
     snprintf(first, sizeof first, "%s", slots[0].id);
     int bad = -1;
     for (int i = 0; i < N + M && bad < 0; i++)
-        if (!is_generated_format(slots[i].id))
-            bad = i;
+        if (!is_generated_format(slots[i].id)) bad = i;
     free(slots);
     if (bad >= 0)
         fail_msg("generated log id (e.g. \"%s\") is not \"tp-\" + three '-'-joined hex "
@@ -360,8 +345,7 @@ static void test_logid_kept_across_retries(void **state) {
     lrec *all[] = {gen, exp, inh};
     for (int k = 0; k < 3; k++) {
         assert_int_equal(atomic_load(&all[k]->attempts), 3);
-        for (int a = 1; a < 3; a++)
-            assert_string_equal(all[k]->attempt_id[a], all[k]->attempt_id[0]);
+        for (int a = 1; a < 3; a++) assert_string_equal(all[k]->attempt_id[a], all[k]->attempt_id[0]);
         assert_string_equal(all[k]->done_id, all[k]->attempt_id[0]);
     }
     assert_true(is_generated(gen->attempt_id[0]));
@@ -462,8 +446,7 @@ static void hook_log(void *arg, int level, const char *log_id, const char *msg) 
     (void)arg;
     (void)msg;
     pthread_mutex_lock(&hook_mu);
-    if (!log_id)
-        hook_null++;
+    if (!log_id) hook_null++;
     if (hook_n < 64) {
         hook_rec[hook_n].level = level;
         copy_id(hook_rec[hook_n].log_id, log_id);
@@ -476,8 +459,7 @@ static int hook_count(const char *log_id, int level) {
     int n = 0;
     pthread_mutex_lock(&hook_mu);
     for (int i = 0; i < hook_n; i++)
-        if (hook_rec[i].level == level && strcmp(hook_rec[i].log_id, log_id) == 0)
-            n++;
+        if (hook_rec[i].level == level && strcmp(hook_rec[i].log_id, log_id) == 0) n++;
     pthread_mutex_unlock(&hook_mu);
     return n;
 }
@@ -560,12 +542,10 @@ static void test_logid_default_stderr(void **state) {
         ssize_t k = read(pfd[0], out + n, sizeof out - 1 - n);
         if (k > 0) {
             n += (size_t)k;
-            if (n == sizeof out - 1)
-                break;
+            if (n == sizeof out - 1) break;
             continue;
         }
-        if (k < 0 && errno == EINTR)
-            continue;
+        if (k < 0 && errno == EINTR) continue;
         break;
     }
     out[n] = '\0';
@@ -583,16 +563,11 @@ static void test_logid_default_stderr(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        TPT_TEST(test_logid_explicit_copied),
-        TPT_TEST(test_logid_too_long_einval),
-        TPT_TEST(test_logid_set_get_on_plain_thread),
-        TPT_TEST(test_logid_inherited_from_submitter),
-        TPT_TEST(test_logid_generated_unique),
-        TPT_TEST(test_logid_kept_across_retries),
-        TPT_TEST(test_logid_child_inherits),
-        TPT_TEST(test_logid_on_done_of_unrun_task),
-        TPT_TEST(test_logid_log_hook_receives_it),
-        TPT_TEST(test_logid_default_stderr),
+        TPT_TEST(test_logid_explicit_copied),         TPT_TEST(test_logid_too_long_einval),
+        TPT_TEST(test_logid_set_get_on_plain_thread), TPT_TEST(test_logid_inherited_from_submitter),
+        TPT_TEST(test_logid_generated_unique),        TPT_TEST(test_logid_kept_across_retries),
+        TPT_TEST(test_logid_child_inherits),          TPT_TEST(test_logid_on_done_of_unrun_task),
+        TPT_TEST(test_logid_log_hook_receives_it),    TPT_TEST(test_logid_default_stderr),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

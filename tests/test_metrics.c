@@ -38,7 +38,8 @@ static tp_pool *named_pool(const char *name, unsigned max_per_user) {
 
 static void run_some(tp_pool *p, int n) {
     for (int i = 0; i < n; i++)
-        assert_int_equal(tp_submit_wait(p, i % 4 ? tpt_nop_task : flaky, NULL, NULL, TPT_WAIT_NS, NULL), TP_OK);
+        assert_int_equal(tp_submit_wait(p, i % 4 ? tpt_nop_task : flaky, NULL, NULL, TPT_WAIT_NS, NULL),
+                         TP_OK);
     assert_int_equal(tp_shutdown(p, TPT_WAIT_NS), TP_OK);
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK);
 }
@@ -53,26 +54,39 @@ static char *format_all(tp_pool *const *pools, size_t n, int fmt) {
     return buf;
 }
 
-#define NAME_A "q\"uote\\back"
-#define NAME_B "line\nbreak \xc3\xa4\xff"
+#define NAME_A  "q\"uote\\back"
+#define NAME_B  "line\nbreak \xc3\xa4\xff"
 #define LABEL_A "pool=\"q\\\"uote\\\\back\""
 #define LABEL_B "pool=\"line\\nbreak \xc3\xa4\xef\xbf\xbd\""
 
 /* The families a document must hold, each with its type. */
 static const char *const families[][2] = {
-    {"taskpool_submitted_total", "counter"}, {"taskpool_accepted_total", "counter"},
-    {"taskpool_rejected_total", "counter"},  {"taskpool_rejected_full_total", "counter"},
-    {"taskpool_rejected_user_total", "counter"}, {"taskpool_rejected_closed_total", "counter"},
-    {"taskpool_rejected_timeout_total", "counter"}, {"taskpool_started_total", "counter"},
-    {"taskpool_retried_total", "counter"},   {"taskpool_completed_total", "counter"},
-    {"taskpool_succeeded_total", "counter"}, {"taskpool_failed_total", "counter"},
-    {"taskpool_cancelled_total", "counter"}, {"taskpool_expired_total", "counter"},
-    {"taskpool_active", "gauge"},            {"taskpool_queued", "gauge"},
-    {"taskpool_delayed", "gauge"},           {"taskpool_workers", "gauge"},
-    {"taskpool_idle", "gauge"},              {"taskpool_users", "gauge"},
-    {"taskpool_workers_max", "gauge"},       {"taskpool_queue_capacity", "gauge"},
-    {"taskpool_max_per_user", "gauge"},      {"taskpool_queue_wait_seconds", "histogram"},
-    {"taskpool_run_seconds", "histogram"},   {"taskpool_build_info", "gauge"},
+    {"taskpool_submitted_total", "counter"},
+    {"taskpool_accepted_total", "counter"},
+    {"taskpool_rejected_total", "counter"},
+    {"taskpool_rejected_full_total", "counter"},
+    {"taskpool_rejected_user_total", "counter"},
+    {"taskpool_rejected_closed_total", "counter"},
+    {"taskpool_rejected_timeout_total", "counter"},
+    {"taskpool_started_total", "counter"},
+    {"taskpool_retried_total", "counter"},
+    {"taskpool_completed_total", "counter"},
+    {"taskpool_succeeded_total", "counter"},
+    {"taskpool_failed_total", "counter"},
+    {"taskpool_cancelled_total", "counter"},
+    {"taskpool_expired_total", "counter"},
+    {"taskpool_active", "gauge"},
+    {"taskpool_queued", "gauge"},
+    {"taskpool_delayed", "gauge"},
+    {"taskpool_workers", "gauge"},
+    {"taskpool_idle", "gauge"},
+    {"taskpool_users", "gauge"},
+    {"taskpool_workers_max", "gauge"},
+    {"taskpool_queue_capacity", "gauge"},
+    {"taskpool_max_per_user", "gauge"},
+    {"taskpool_queue_wait_seconds", "histogram"},
+    {"taskpool_run_seconds", "histogram"},
+    {"taskpool_build_info", "gauge"},
 };
 #define NFAM (sizeof families / sizeof families[0])
 
@@ -92,7 +106,8 @@ static void family_of(const char *line, char *out, size_t len) {
     for (int i = 0; i < 3; i++) {
         size_t k = strlen(suf[i]);
         if (n > k && strcmp(out + n - k, suf[i]) == 0 &&
-            (strncmp(out, "taskpool_queue_wait_seconds", 27) == 0 || strncmp(out, "taskpool_run_seconds", 20) == 0)) {
+            (strncmp(out, "taskpool_queue_wait_seconds", 27) == 0 ||
+             strncmp(out, "taskpool_run_seconds", 20) == 0)) {
             out[n - k] = '\0';
             break;
         }
@@ -120,9 +135,11 @@ static void check_prometheus(char *doc, const tp_stats *sa, const tp_stats *sb) 
     assert_non_null(strstr(doc, "taskpool_workers_max{" LABEL_A "} 2\n"));
     assert_non_null(strstr(doc, "taskpool_queue_capacity{" LABEL_A "} 64\n"));
     char want[160];
-    snprintf(want, sizeof want, "taskpool_accepted_total{" LABEL_A "} %llu\n", (unsigned long long)sa->accepted);
+    snprintf(want, sizeof want, "taskpool_accepted_total{" LABEL_A "} %llu\n",
+             (unsigned long long)sa->accepted);
     assert_non_null(strstr(doc, want));
-    snprintf(want, sizeof want, "taskpool_retried_total{" LABEL_B "} %llu\n", (unsigned long long)sb->retried);
+    snprintf(want, sizeof want, "taskpool_retried_total{" LABEL_B "} %llu\n",
+             (unsigned long long)sb->retried);
     assert_non_null(strstr(doc, want));
 
     /* line by line: samples labelled, families contiguous, after their TYPE;
@@ -150,7 +167,8 @@ static void check_prometheus(char *doc, const tp_stats *sa, const tp_stats *sb) 
             assert_null(strstr(line, "pool="));
             continue;
         }
-        if (!strstr(line, "{" LABEL_A) && !strstr(line, "{" LABEL_B)) fail_msg("sample without its pool label: %s", line);
+        if (!strstr(line, "{" LABEL_A) && !strstr(line, "{" LABEL_B))
+            fail_msg("sample without its pool label: %s", line);
         if (strstr(line, "_bucket{")) {
             const char *le = strstr(line, "le=\"");
             assert_non_null(le);
@@ -209,11 +227,13 @@ static void test_metrics_json(void **state) {
     run_some(pools[1], 10);
     char *doc = format_all(pools, 2, TP_FORMAT_JSON);
     char *head = NULL;
-    assert_true(asprintf(&head, "{\"version\":\"%s\",\"pools\":{\"q\\\"uote\\\\back\":{\"submitted\":20,", tp_version()) > 0);
+    assert_true(asprintf(&head, "{\"version\":\"%s\",\"pools\":{\"q\\\"uote\\\\back\":{\"submitted\":20,",
+                         tp_version()) > 0);
     if (strncmp(doc, head, strlen(head)) != 0) fail_msg("JSON starts: %.120s", doc);
     free(head);
     assert_non_null(strstr(doc, ",\"line\\nbreak \xc3\xa4\\ufffd\":{\"submitted\":10,"));
-    assert_non_null(strstr(doc, "\"workers_max\":2,\"queue_capacity\":64,\"max_per_user\":3,\"queue_wait\":{\"count\":"));
+    assert_non_null(
+        strstr(doc, "\"workers_max\":2,\"queue_capacity\":64,\"max_per_user\":3,\"queue_wait\":{\"count\":"));
     assert_non_null(strstr(doc, "\"max_per_user\":null,"));
     assert_non_null(strstr(doc, "\"run\":{\"count\":"));
     assert_int_equal(count_occurrences(doc, "\"queue_wait\":"), 2);

@@ -36,19 +36,19 @@ typedef struct rt {
     const char *user;
     /* outputs */
     atomic_int attempts;
-    atomic_uint seen;        /* bit n: attempt n (< 32) ran */
-    atomic_int attempt_sum;  /* sum of tp_ctx_attempt over all attempts */
+    atomic_uint seen;       /* bit n: attempt n (< 32) ran */
+    atomic_int attempt_sum; /* sum of tp_ctx_attempt over all attempts */
     atomic_int max_attempt;
-    atomic_int bad_id;       /* tp_ctx_id changed between attempts */
-    atomic_int err_start_bad;/* tp_ctx_err non-zero when an attempt began */
+    atomic_int bad_id;        /* tp_ctx_id changed between attempts */
+    atomic_int err_start_bad; /* tp_ctx_err non-zero when an attempt began */
     _Atomic uint64_t id;
     atomic_int running;
     _Atomic uint64_t t_return0;
     atomic_int done_calls;
     atomic_int done_status;
     _Atomic uint64_t t_done;
-    atomic_int done_user_slots;        /* tp_user_active() seen in on_done */
-    _Atomic uint64_t done_completed;   /* stats.completed seen in on_done */
+    atomic_int done_user_slots;      /* tp_user_active() seen in on_done */
+    _Atomic uint64_t done_completed; /* stats.completed seen in on_done */
 } rt;
 
 static atomic_int order_n;
@@ -56,8 +56,7 @@ static atomic_int order[64];
 
 static void order_reset(void) {
     atomic_store(&order_n, 0);
-    for (int i = 0; i < 64; i++)
-        atomic_store(&order[i], -1);
+    for (int i = 0; i < 64; i++) atomic_store(&order[i], -1);
 }
 
 static void rt_done(void *arg, int status) {
@@ -75,32 +74,24 @@ static int rt_task(tp_ctx *c, void *arg) {
     rt *r = arg;
     int a = (int)tp_ctx_attempt(c);
     int n = atomic_fetch_add(&order_n, 1);
-    if (n >= 0 && n < 64)
-        atomic_store(&order[n], r->tag * 100 + a);
-    if (tp_ctx_err(c) != 0)
-        atomic_fetch_add(&r->err_start_bad, 1);
+    if (n >= 0 && n < 64) atomic_store(&order[n], r->tag * 100 + a);
+    if (tp_ctx_err(c) != 0) atomic_fetch_add(&r->err_start_bad, 1);
     uint64_t id = tp_ctx_id(c);
     uint64_t expect = 0;
-    if (!atomic_compare_exchange_strong(&r->id, &expect, id) && expect != id)
-        atomic_fetch_add(&r->bad_id, 1);
-    if (a < 32)
-        atomic_fetch_or(&r->seen, 1u << a);
+    if (!atomic_compare_exchange_strong(&r->id, &expect, id) && expect != id) atomic_fetch_add(&r->bad_id, 1);
+    if (a < 32) atomic_fetch_or(&r->seen, 1u << a);
     atomic_fetch_add(&r->attempt_sum, a);
-    if (a > atomic_load(&r->max_attempt))
-        atomic_store(&r->max_attempt, a);
+    if (a > atomic_load(&r->max_attempt)) atomic_store(&r->max_attempt, a);
     atomic_fetch_add(&r->attempts, 1);
     atomic_store(&r->running, 1);
 
-    if (a == 0 && r->gate0)
-        tpt_latch_wait(r->gate0);
-    if (a == 0 && r->close_pool)
-        tp_close(r->close_pool);
+    if (a == 0 && r->gate0) tpt_latch_wait(r->gate0);
+    if (a == 0 && r->close_pool) tp_close(r->close_pool);
 
     int rc = 0;
     if (r->mode == RT_WAIT_CANCEL) {
         uint64_t end = tp_now_ns() + TPT_WAIT_NS;
-        while (tp_ctx_err(c) == 0 && tp_now_ns() < end)
-            tpt_pause(); /* between polls of a bounded loop */
+        while (tp_ctx_err(c) == 0 && tp_now_ns() < end) tpt_pause(); /* between polls of a bounded loop */
         rc = r->after_cancel;
     } else if (a < r->fail_until) {
         if (r->mode == RT_TIMEOUT)
@@ -108,14 +99,12 @@ static int rt_task(tp_ctx *c, void *arg) {
         else
             rc = r->fail_status;
     }
-    if (a == 0)
-        atomic_store(&r->t_return0, tp_now_ns());
+    if (a == 0) atomic_store(&r->t_return0, tp_now_ns());
     atomic_store(&r->running, 0);
     return rc;
 }
 
-static tp_pool *mkpool(unsigned workers, unsigned max_retries, uint64_t delay_ns,
-                       unsigned capacity) {
+static tp_pool *mkpool(unsigned workers, unsigned max_retries, uint64_t delay_ns, unsigned capacity) {
     tp_config cfg = {0};
     cfg.workers = workers;
     cfg.max_retries = max_retries;
@@ -127,8 +116,7 @@ static tp_pool *mkpool(unsigned workers, unsigned max_retries, uint64_t delay_ns
 
 static void submit_rt(tp_pool *p, rt *r, const tp_task_opts *base, uint64_t *id) {
     tp_task_opts o = {0};
-    if (base)
-        o = *base;
+    if (base) o = *base;
     o.on_done = rt_done;
     assert_int_equal(tp_submit(p, rt_task, r, &o, id), TP_OK);
 }
@@ -325,8 +313,7 @@ static void test_retry_goes_to_back_of_queue(void **state) {
     /* f fails; a1 takes the worker and blocks; f's retry queues behind a3-> */
     tpt_latch_open(l0);
     tp_stats s;
-    TPT_EVENTUALLY(atomic_load(&l1->waiting) == 1 &&
-                   (s = tpt_stats(p)).queued == 3 && s.delayed == 0);
+    TPT_EVENTUALLY(atomic_load(&l1->waiting) == 1 && (s = tpt_stats(p)).queued == 3 && s.delayed == 0);
     submit_rt(p, a4, NULL, NULL); /* after the retry was queued */
     tpt_latch_open(l1);
 
@@ -334,8 +321,7 @@ static void test_retry_goes_to_back_of_queue(void **state) {
     s = tpt_finish(p);
     const int expect[] = {900, 100, 200, 300, 901, 400};
     assert_int_equal(atomic_load(&order_n), 6);
-    for (int i = 0; i < 6; i++)
-        assert_int_equal(atomic_load(&order[i]), expect[i]);
+    for (int i = 0; i < 6; i++) assert_int_equal(atomic_load(&order[i]), expect[i]);
     assert_int_equal(atomic_load(&f->done_status), 0);
     assert_int_equal(s.retried, 1);
     assert_int_equal(s.succeeded, 5);
@@ -405,9 +391,9 @@ static void test_retry_not_after_cancel(void **state) {
     tp_stats s = tpt_finish(p);
     assert_int_equal(s.started, 3);
     assert_int_equal(s.retried, 0);
-    assert_int_equal(s.succeeded, 1);  /* 0 is success even when cancelled */
+    assert_int_equal(s.succeeded, 1); /* 0 is success even when cancelled */
     assert_int_equal(s.failed, 2);
-    assert_int_equal(s.cancelled, 1);  /* only the TP_ECANCELED status */
+    assert_int_equal(s.cancelled, 1); /* only the TP_ECANCELED status */
 }
 
 static void test_retry_deadline_passes_while_waiting(void **state) {
@@ -494,8 +480,7 @@ static void test_retry_deadline_passes_while_requeued(void **state) {
     tpt_latch_open(l0);
     /* f failed; the blocker holds the worker; f's retry waits in the queue. */
     tp_stats s;
-    TPT_EVENTUALLY(atomic_load(&lb->waiting) == 1 && (s = tpt_stats(p)).queued == 1 &&
-                   s.delayed == 0);
+    TPT_EVENTUALLY(atomic_load(&lb->waiting) == 1 && (s = tpt_stats(p)).queued == 1 && s.delayed == 0);
     assert_true(atomic_load(&f->t_return0) < o.deadline_ns);
     tpt_sleep_until(o.deadline_ns + TPT_MS(1));
     tpt_latch_open(lb);
@@ -559,8 +544,7 @@ static void test_retry_delayed_counts_toward_capacity(void **state) {
     TPT_EVENTUALLY((s = tpt_stats(p)).delayed == 1 && s.active == 0);
     assert_int_equal(s.queued, 0);
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_EFULL);
-    assert_int_equal(tp_submit_wait(p, tpt_nop_task, NULL, NULL, TPT_MS(20), NULL),
-                     TP_ETIMEDOUT);
+    assert_int_equal(tp_submit_wait(p, tpt_nop_task, NULL, NULL, TPT_MS(20), NULL), TP_ETIMEDOUT);
     s = tpt_stats(p);
     assert_int_equal(s.rejected_full, 1);
     assert_int_equal(s.rejected_timeout, 1);
@@ -614,8 +598,7 @@ static int log_null_id;
 static void rec_log(void *arg, int level, const char *log_id, const char *msg) {
     (void)arg;
     pthread_mutex_lock(&log_mu);
-    if (!log_id)
-        log_null_id++;
+    if (!log_id) log_null_id++;
     if (log_n < 256) {
         log_entry *e = &log_rec[log_n++];
         e->level = level;
@@ -626,21 +609,17 @@ static void rec_log(void *arg, int level, const char *log_id, const char *msg) {
 }
 
 /* Levels logged at WARN or worse for `log_id`, in order, into out[]. */
-static int levels_for(const char *log_id, int *out, int max, uint64_t task_id,
-                      int *id_in_msg) {
+static int levels_for(const char *log_id, int *out, int max, uint64_t task_id, int *id_in_msg) {
     char idbuf[32];
     snprintf(idbuf, sizeof idbuf, "%" PRIu64, task_id);
     int n = 0;
     *id_in_msg = 1;
     pthread_mutex_lock(&log_mu);
     for (int i = 0; i < log_n; i++) {
-        if (log_rec[i].level > TP_LOG_WARN || strcmp(log_rec[i].log_id, log_id) != 0)
-            continue;
-        if (n < max)
-            out[n] = log_rec[i].level;
+        if (log_rec[i].level > TP_LOG_WARN || strcmp(log_rec[i].log_id, log_id) != 0) continue;
+        if (n < max) out[n] = log_rec[i].level;
         n++;
-        if (!strstr(log_rec[i].msg, idbuf))
-            *id_in_msg = 0;
+        if (!strstr(log_rec[i].msg, idbuf)) *id_in_msg = 0;
     }
     pthread_mutex_unlock(&log_mu);
     return n;
@@ -675,8 +654,8 @@ static void test_retry_logging(void **state) {
     submit_rt(p, b, &o, &idb);
     o.log_id = "job-C";
     submit_rt(p, c, &o, &idc);
-    TPT_EVENTUALLY(atomic_load(&a->done_calls) + atomic_load(&b->done_calls) +
-                       atomic_load(&c->done_calls) == 3);
+    TPT_EVENTUALLY(atomic_load(&a->done_calls) + atomic_load(&b->done_calls) + atomic_load(&c->done_calls) ==
+                   3);
     tpt_finish(p);
 
     /* A pool without retries: the only failed attempt is the last. */
@@ -742,12 +721,9 @@ static void test_retry_log_delay_unit(void **state) {
         uint64_t delay_ns;
         const char *expect;
     } cases[] = {
-        {750, "; retry 1 of 1 in 750 ns"},
-        {TPT_MS(1) / 5, "; retry 1 of 1 in 200 us"},
-        {TPT_MS(1), "; retry 1 of 1 in 1 ms"},
-        {TPT_MS(1) + TPT_MS(1) / 2, "; retry 1 of 1 in 1.5 ms"},
-        {TPT_MS(250), "; retry 1 of 1 in 250 ms"},
-        {TPT_S(2) + TPT_MS(500), "; retry 1 of 1 in 2.5 s"},
+        {750, "; retry 1 of 1 in 750 ns"},         {TPT_MS(1) / 5, "; retry 1 of 1 in 200 us"},
+        {TPT_MS(1), "; retry 1 of 1 in 1 ms"},     {TPT_MS(1) + TPT_MS(1) / 2, "; retry 1 of 1 in 1.5 ms"},
+        {TPT_MS(250), "; retry 1 of 1 in 250 ms"}, {TPT_S(2) + TPT_MS(500), "; retry 1 of 1 in 2.5 s"},
         {TPT_S(90), "; retry 1 of 1 in 90 s"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

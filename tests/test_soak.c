@@ -45,8 +45,7 @@ static unsigned slowdown(void) {
     div = 4;
 #endif
 #ifdef RUNNING_ON_VALGRIND
-    if (RUNNING_ON_VALGRIND)
-        div = 10;
+    if (RUNNING_ON_VALGRIND) div = 10;
 #endif
     return div * tpt_slowdown();
 }
@@ -66,15 +65,13 @@ static rounds rounds_start(unsigned ci_rounds) {
         r.until = tp_now_ns() + TPT_S(secs);
     } else {
         r.ci = ci_rounds / slowdown();
-        if (r.ci == 0)
-            r.ci = 1;
+        if (r.ci == 0) r.ci = 1;
     }
     return r;
 }
 
 static int rounds_next(rounds *r) {
-    if (r->until ? tp_now_ns() >= r->until : r->done >= r->ci)
-        return 0;
+    if (r->until ? tp_now_ns() >= r->until : r->done >= r->ci) return 0;
     r->done++;
     return 1;
 }
@@ -91,10 +88,10 @@ typedef struct rec {
     atomic_int cancel_ok; /* tp_cancel(id) == TP_OK, by anyone */
     atomic_int early;     /* the context reported a timeout before its deadline */
     atomic_uint_least64_t id;
-    int rc;               /* the submit's result */
+    int rc; /* the submit's result */
     int kind;
-    uint64_t dur;         /* K_SLEEP / K_SPIN: how long */
-    uint64_t deadline;    /* the deadline it was given, 0 none */
+    uint64_t dur;      /* K_SLEEP / K_SPIN: how long */
+    uint64_t deadline; /* the deadline it was given, 0 none */
 } rec;
 
 static int rec_task(tp_ctx *c, void *arg) {
@@ -102,31 +99,22 @@ static int rec_task(tp_ctx *c, void *arg) {
     atomic_fetch_add(&r->ran, 1);
     uint64_t start = tp_now_ns();
     uint64_t dl = tp_ctx_deadline(c);
-    if (r->deadline && dl > r->deadline)
-        atomic_fetch_add(&r->early, 1); /* must be the earlier of the two */
+    if (r->deadline && dl > r->deadline) atomic_fetch_add(&r->early, 1); /* must be the earlier of the two */
     int rc = 0;
     switch (r->kind) {
     case K_SLEEP:
         rc = tp_ctx_sleep(c, r->dur);
-        if (rc == TP_ETIMEDOUT && tp_now_ns() < dl)
-            atomic_fetch_add(&r->early, 1);
-        if (rc == 0 && tp_now_ns() - start < r->dur)
-            atomic_fetch_add(&r->early, 1);
+        if (rc == TP_ETIMEDOUT && tp_now_ns() < dl) atomic_fetch_add(&r->early, 1);
+        if (rc == 0 && tp_now_ns() - start < r->dur) atomic_fetch_add(&r->early, 1);
         break;
-    case K_FAIL_FIRST:
-        rc = tp_ctx_attempt(c) == 0 ? 5 : tp_ctx_err(c);
-        break;
+    case K_FAIL_FIRST: rc = tp_ctx_attempt(c) == 0 ? 5 : tp_ctx_err(c); break;
     case K_SPIN:
         /* busy until its time is up or it is told to stop; then report */
-        while (tp_now_ns() - start < r->dur && tp_ctx_err(c) == 0)
-            sched_yield();
+        while (tp_now_ns() - start < r->dur && tp_ctx_err(c) == 0) sched_yield();
         rc = tp_ctx_err(c);
-        if (rc == TP_ETIMEDOUT && tp_now_ns() < dl)
-            atomic_fetch_add(&r->early, 1);
+        if (rc == TP_ETIMEDOUT && tp_now_ns() < dl) atomic_fetch_add(&r->early, 1);
         break;
-    default:
-        rc = tp_ctx_err(c);
-        break;
+    default: rc = tp_ctx_err(c); break;
     }
     atomic_store(&r->last_rc, rc);
     return rc;
@@ -146,8 +134,8 @@ static int is_cancel_status(int st) { return st == TP_ECANCELED || st == TP_ETIM
 static void check_round(const tp_stats *s, const tpt_tally *t, rec *recs, size_t n, unsigned max_runs,
                         int forced) {
     if (t->bad)
-        fail_msg("%llu unexpected submit results, e.g. %d (%s)", (unsigned long long)t->bad,
-                 t->last_bad, tp_err_name(t->last_bad));
+        fail_msg("%llu unexpected submit results, e.g. %d (%s)", (unsigned long long)t->bad, t->last_bad,
+                 tp_err_name(t->last_bad));
     tpt_assert_at_rest(s);
     assert_int_equal(s->workers, 0);
     assert_int_equal(s->submitted, t->total);
@@ -165,22 +153,19 @@ static void check_round(const tp_stats *s, const tpt_tally *t, rec *recs, size_t
         int cok = atomic_load(&r->cancel_ok);
         if (r->rc != TP_OK) {
             if (calls != 0 || ran != 0)
-                fail_msg("record %zu refused (%s) but on_done %d, ran %d", i, tp_err_name(r->rc),
-                         calls, ran);
+                fail_msg("record %zu refused (%s) but on_done %d, ran %d", i, tp_err_name(r->rc), calls, ran);
             continue;
         }
         accepted++;
         if (calls != 1)
             fail_msg("record %zu: on_done called %d times (status %d, ran %d)", i, calls, st, ran);
-        if (ran < 0 || (unsigned)ran > max_runs)
-            fail_msg("record %zu: ran %d times", i, ran);
+        if (ran < 0 || (unsigned)ran > max_runs) fail_msg("record %zu: ran %d times", i, ran);
         if (atomic_load(&r->early))
             fail_msg("record %zu: its context reported a timeout early or a late deadline", i);
         if (ran == 0) {
             /* ended unrun: expired (deadline), cancelled, or dropped by force */
             if (st == TP_ETIMEDOUT) {
-                if (!r->deadline)
-                    fail_msg("record %zu: TP_ETIMEDOUT unrun without a deadline", i);
+                if (!r->deadline) fail_msg("record %zu: TP_ETIMEDOUT unrun without a deadline", i);
                 expired++;
             } else if (st == TP_ECANCELED) {
                 if (!cok && !forced)
@@ -193,8 +178,8 @@ static void check_round(const tp_stats *s, const tpt_tally *t, rec *recs, size_t
              * passed while it waited (TP_ETIMEDOUT), or it was cancelled or
              * dropped (TP_ECANCELED) */
             int retry_pending = last != 0 && last != TP_ECANCELED && (unsigned)ran < max_runs;
-            int allowed = retry_pending && ((st == TP_ETIMEDOUT && r->deadline) ||
-                                            (st == TP_ECANCELED && (cok || forced)));
+            int allowed = retry_pending &&
+                          ((st == TP_ETIMEDOUT && r->deadline) || (st == TP_ECANCELED && (cok || forced)));
             if (!allowed)
                 fail_msg("record %zu: status %d (%s) but its last attempt returned %d, ran %d, "
                          "cancel_ok %d",
@@ -266,14 +251,12 @@ static void *ls_submitter(void *a) {
         r->dur = 10000 + (v >> 8) % 60000; /* 10..70 us */
         tp_task_opts o = {0};
         o.on_done = rec_done;
-        if ((v >> 4) % 3 == 0)
-            o.user = ls_users[(v >> 6) % LS_USERS];
+        if ((v >> 4) % 3 == 0) o.user = ls_users[(v >> 6) % LS_USERS];
         if ((v >> 10) % 5 == 0) {
             r->deadline = tp_now_ns() + (v >> 12) % 200000; /* 0..200 us */
             o.deadline_ns = r->deadline;
         }
-        if ((v >> 14) % 7 == 0)
-            o.run_timeout_ns = 30000;
+        if ((v >> 14) % 7 == 0) o.run_timeout_ns = 30000;
         uint64_t id = 0;
         if ((v >> 20) % 4 == 0)
             r->rc = tp_submit_wait(x->sh->p, rec_task, r, &o, TPT_MS(1), &id);
@@ -282,8 +265,7 @@ static void *ls_submitter(void *a) {
         tpt_tally_add(&x->t, r->rc);
         if (r->rc == TP_OK) {
             atomic_store(&r->id, id);
-            if (seen_closed)
-                x->ok_after_closed++;
+            if (seen_closed) x->ok_after_closed++;
             int slot = atomic_fetch_add(&x->sh->nids, 1);
             atomic_store(&x->sh->ids[slot], (uint64_t)(r - x->sh->recs) + 1); /* record index + 1 */
         } else if (r->rc == TP_ECLOSED) {
@@ -307,16 +289,14 @@ static void *ls_canceller(void *a) {
             continue;
         }
         uint64_t ix = atomic_load(&sh->ids[tpt_xorshift(&seed) % (uint32_t)n]);
-        if (ix == 0)
-            continue; /* slot taken, not yet written */
+        if (ix == 0) continue; /* slot taken, not yet written */
         rec *r = &sh->recs[ix - 1];
         int rc = tp_cancel(sh->p, atomic_load(&r->id));
         if (rc == TP_OK)
             atomic_fetch_add(&r->cancel_ok, 1);
         else if (rc != TP_ENOTFOUND)
             atomic_fetch_add(&sh->cancel_bad, 1);
-        if ((tpt_xorshift(&seed) & 3) == 0)
-            sched_yield();
+        if ((tpt_xorshift(&seed) & 3) == 0) sched_yield();
     }
     return NULL;
 }
@@ -330,18 +310,16 @@ static void *ls_reader(void *a) {
         tp_stats s;
         tp_stats_get(sh->p, &s);
         /* single fields: a snapshot is not one instant */
-        const char *bad = s.active > LS_MAXW                   ? "active"
-                          : s.workers > LS_MAXW               ? "workers"
-                          : s.idle > LS_MAXW                  ? "idle"
-                          : s.queued > LS_CAP + LS_MAXW       ? "queued"
-                          : s.delayed > LS_CAP + LS_MAXW      ? "delayed"
-                          : s.users > LS_USERS                ? "users"
-                          : tp_stats_format(&s, TP_FORMAT_JSON, buf, sizeof buf) >= (int)sizeof buf
-                              ? "json"
-                              : NULL;
+        const char *bad = s.active > LS_MAXW             ? "active"
+                          : s.workers > LS_MAXW          ? "workers"
+                          : s.idle > LS_MAXW             ? "idle"
+                          : s.queued > LS_CAP + LS_MAXW  ? "queued"
+                          : s.delayed > LS_CAP + LS_MAXW ? "delayed"
+                          : s.users > LS_USERS           ? "users"
+                          : tp_stats_format(&s, TP_FORMAT_JSON, buf, sizeof buf) >= (int)sizeof buf ? "json"
+                                                                                                    : NULL;
         for (int u = 0; !bad && u < LS_USERS; u++)
-            if (tp_user_active(sh->p, ls_users[u]) > LS_PER_USER)
-                bad = "user slots";
+            if (tp_user_active(sh->p, ls_users[u]) > LS_PER_USER) bad = "user slots";
         if (bad) {
             if (atomic_fetch_add(&sh->violations, 1) == 0)
                 snprintf(sh->what, sizeof sh->what, "%s out of bounds", bad);
@@ -422,10 +400,8 @@ static void test_lifecycle_storm(void **state) {
             assert_int_equal(pthread_create(&et[i], NULL, ls_ender, &ends[i]), 0);
         }
         atomic_store(&sh->end_go, 1);
-        for (int i = 0; i < LS_SHUTTERS + 3; i++)
-            pthread_join(et[i], NULL);
-        for (int i = 0; i < LS_SUBMITTERS; i++)
-            pthread_join(st[i], NULL);
+        for (int i = 0; i < LS_SHUTTERS + 3; i++) pthread_join(et[i], NULL);
+        for (int i = 0; i < LS_SUBMITTERS; i++) pthread_join(st[i], NULL);
         int final = tp_wait(sh->p, TPT_WAIT_NS);
         atomic_store(&sh->stop, 1);
         pthread_join(ct, NULL);
@@ -434,8 +410,7 @@ static void test_lifecycle_storm(void **state) {
         int rc0 = atomic_load(&sh->shut_rc[0]);
         for (int i = 0; i < LS_SHUTTERS; i++)
             assert_int_equal(atomic_load(&sh->shut_rc[i]), rc0); /* one outcome for all */
-        if (!tiny)
-            assert_int_equal(rc0, TP_OK); /* short cooperative tasks drain in 20 s */
+        if (!tiny) assert_int_equal(rc0, TP_OK);                 /* short cooperative tasks drain in 20 s */
         assert_true(rc0 == TP_OK || rc0 == TP_ETIMEDOUT);
         assert_int_equal(atomic_load(&sh->wait_rc), rc0);
         assert_int_equal(final, rc0);
@@ -443,8 +418,7 @@ static void test_lifecycle_storm(void **state) {
         assert_true(wb == TP_ETIMEDOUT || (wb == TP_OK && rc0 == TP_OK));
         assert_int_equal(atomic_load(&sh->close_rc), TP_OK);
         if (atomic_load(&sh->violations))
-            fail_msg("stats reader: %d violations, first: %s", atomic_load(&sh->violations),
-                     sh->what);
+            fail_msg("stats reader: %d violations, first: %s", atomic_load(&sh->violations), sh->what);
         assert_int_equal(atomic_load(&sh->cancel_bad), 0);
 
         tp_stats s = tpt_stats(sh->p);
@@ -456,8 +430,7 @@ static void test_lifecycle_storm(void **state) {
         check_round(&s, &t, recs, LS_SUBMITTERS * LS_PER, 2, rc0 == TP_ETIMEDOUT);
         forced_rounds += rc0 == TP_ETIMEDOUT;
         tpt_tally_merge(&all, &t);
-        for (int i = 0; i < LS_SUBMITTERS * LS_PER; i++)
-            cancels += atomic_load(&recs[i].cancel_ok) > 0;
+        for (int i = 0; i < LS_SUBMITTERS * LS_PER; i++) cancels += atomic_load(&recs[i].cancel_ok) > 0;
         reads += (uint64_t)atomic_load(&sh->reads);
         tpt_pool_destroy(sh->p);
         free(recs);
@@ -467,8 +440,7 @@ static void test_lifecycle_storm(void **state) {
                   "%llu closed, %llu timed out, %llu cancelled by id, %llu stats reads\n",
                   rd.done, forced_rounds, (unsigned long long)all.ok, (unsigned long long)all.full,
                   (unsigned long long)all.user, (unsigned long long)all.closed,
-                  (unsigned long long)all.timedout, (unsigned long long)cancels,
-                  (unsigned long long)reads);
+                  (unsigned long long)all.timedout, (unsigned long long)cancels, (unsigned long long)reads);
 }
 
 /* ------------------------------------------------------------ timeout vs completion */
@@ -496,8 +468,7 @@ static void *to_submitter(void *a) {
         r->dur = D;
         tp_task_opts o = {0};
         o.on_done = rec_done;
-        if ((v >> 4) % 2)
-            o.run_timeout_ns = D - 10000 + (v >> 8) % 20000;
+        if ((v >> 4) % 2) o.run_timeout_ns = D - 10000 + (v >> 8) % 20000;
         if ((v >> 5) % 3 != 0) {
             r->deadline = tp_now_ns() + D + (v >> 12) % 800000;
             o.deadline_ns = r->deadline;
@@ -535,14 +506,12 @@ static void test_timeout_vs_completion(void **state) {
             assert_int_equal(pthread_create(&th[i], NULL, to_submitter, &subs[i]), 0);
         }
         atomic_store(&go, 1);
-        for (int i = 0; i < TO_SUBMITTERS; i++)
-            pthread_join(th[i], NULL);
+        for (int i = 0; i < TO_SUBMITTERS; i++) pthread_join(th[i], NULL);
         assert_int_equal(tp_shutdown(p, TPT_WAIT_NS), TP_OK);
         assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK);
         tp_stats s = tpt_stats(p);
         tpt_tally t = {0};
-        for (int i = 0; i < TO_SUBMITTERS; i++)
-            tpt_tally_merge(&t, &subs[i].t);
+        for (int i = 0; i < TO_SUBMITTERS; i++) tpt_tally_merge(&t, &subs[i].t);
         assert_int_equal(t.ok, t.total); /* 20 s budgets: every submit gets in */
         check_round(&s, &t, recs, TO_SUBMITTERS * TO_PER, 2, 0);
         tot += s.completed;
@@ -555,8 +524,8 @@ static void test_timeout_vs_completion(void **state) {
     }
     print_message("timeout vs completion: %u rounds, %llu tasks: %llu succeeded, %llu timed out "
                   "(%llu of them expired unrun), %llu retries\n",
-                  rd.done, (unsigned long long)tot, (unsigned long long)ok,
-                  (unsigned long long)canc, (unsigned long long)exp, (unsigned long long)retr);
+                  rd.done, (unsigned long long)tot, (unsigned long long)ok, (unsigned long long)canc,
+                  (unsigned long long)exp, (unsigned long long)retr);
 }
 
 /* ------------------------------------------------------------ cancel vs completion */
@@ -600,8 +569,7 @@ static void *cc_submitter(void *a) {
         uint64_t id = 0;
         r->rc = tp_submit_wait(x->sh->p, rec_task, r, &o, TPT_WAIT_NS, &id);
         tpt_tally_add(&x->t, r->rc);
-        if (r->rc != TP_OK)
-            continue;
+        if (r->rc != TP_OK) continue;
         atomic_store(&r->id, id);
         unsigned slot = atomic_fetch_add(&x->sh->next, 1) % CC_RECENT;
         atomic_store(&x->sh->recent[slot], (int)(r - x->sh->recs) + 1);
@@ -610,8 +578,7 @@ static void *cc_submitter(void *a) {
         uint64_t spin = (v >> 16) % 150000, t0 = tp_now_ns();
         while (tp_now_ns() - t0 < spin)
             ;
-        if ((v >> 3) % 4 != 0)
-            cancel_rec(x->sh->p, r, &x->sh->cancel_bad);
+        if ((v >> 3) % 4 != 0) cancel_rec(x->sh->p, r, &x->sh->cancel_bad);
     }
     return NULL;
 }
@@ -628,8 +595,7 @@ static void *cc_canceller(void *a) {
             continue;
         }
         cancel_rec(sh->p, &sh->recs[ix - 1], &sh->cancel_bad);
-        if ((tpt_xorshift(&seed) & 7) == 0)
-            sched_yield();
+        if ((tpt_xorshift(&seed) & 7) == 0) sched_yield();
     }
     return NULL;
 }
@@ -663,8 +629,7 @@ static void test_cancel_vs_completion(void **state) {
         }
         assert_int_equal(pthread_create(&ct, NULL, cc_canceller, sh), 0);
         atomic_store(&sh->go, 1);
-        for (int i = 0; i < CC_SUBMITTERS; i++)
-            pthread_join(th[i], NULL);
+        for (int i = 0; i < CC_SUBMITTERS; i++) pthread_join(th[i], NULL);
         assert_int_equal(tp_shutdown(sh->p, TPT_WAIT_NS), TP_OK);
         atomic_store(&sh->stop, 1);
         pthread_join(ct, NULL);
@@ -672,16 +637,14 @@ static void test_cancel_vs_completion(void **state) {
         assert_int_equal(atomic_load(&sh->cancel_bad), 0);
         tp_stats s = tpt_stats(sh->p);
         tpt_tally t = {0};
-        for (int i = 0; i < CC_SUBMITTERS; i++)
-            tpt_tally_merge(&t, &subs[i].t);
+        for (int i = 0; i < CC_SUBMITTERS; i++) tpt_tally_merge(&t, &subs[i].t);
         assert_int_equal(t.ok, t.total);
         check_round(&s, &t, recs, CC_SUBMITTERS * CC_PER, 2, 0);
         /* after an accepted cancel no new attempt starts: at most one ran
          * after it, so a task cancelled while queued or delayed never reruns */
         for (int i = 0; i < CC_SUBMITTERS * CC_PER; i++) {
             rec *r = &recs[i];
-            if (atomic_load(&r->cancel_ok) && atomic_load(&r->status) == 5 &&
-                atomic_load(&r->ran) != 1)
+            if (atomic_load(&r->cancel_ok) && atomic_load(&r->status) == 5 && atomic_load(&r->ran) != 1)
                 fail_msg("record %d: failed first attempt, cancelled, yet ran %d times", i,
                          atomic_load(&r->ran));
             unrun += atomic_load(&r->ran) == 0;
@@ -697,8 +660,7 @@ static void test_cancel_vs_completion(void **state) {
     print_message("cancel vs completion: %u rounds, %llu tasks, %llu with an accepted cancel "
                   "(%llu of them had run), %llu ended cancelled (%llu unrun)\n",
                   rd.done, (unsigned long long)tot, (unsigned long long)cancels,
-                  (unsigned long long)ran_cancelled, (unsigned long long)canc,
-                  (unsigned long long)unrun);
+                  (unsigned long long)ran_cancelled, (unsigned long long)canc, (unsigned long long)unrun);
 }
 
 int main(void) {

@@ -18,17 +18,19 @@
 
 typedef struct field {
     const char *name;
-    int gauge;   /* 0: counter (uint64_t), 1: gauge (uint32_t) */
+    int gauge; /* 0: counter (uint64_t), 1: gauge (uint32_t) */
     size_t off;
 } field;
 
-#define C(f) {#f, 0, offsetof(tp_stats, f)}
-#define G(f) {#f, 1, offsetof(tp_stats, f)}
+#define C(f)                                                                                                 \
+    { #f, 0, offsetof(tp_stats, f) }
+#define G(f)                                                                                                 \
+    { #f, 1, offsetof(tp_stats, f) }
 static const field fields[] = {
-    C(submitted), C(accepted), C(rejected), C(rejected_full), C(rejected_user),
-    C(rejected_closed), C(rejected_timeout), C(started), C(retried), C(completed),
-    C(succeeded), C(failed), C(cancelled), C(expired),
-    G(active), G(queued), G(delayed), G(workers), G(idle), G(users),
+    C(submitted),       C(accepted),         C(rejected),  C(rejected_full), C(rejected_user),
+    C(rejected_closed), C(rejected_timeout), C(started),   C(retried),       C(completed),
+    C(succeeded),       C(failed),           C(cancelled), C(expired),       G(active),
+    G(queued),          G(delayed),          G(workers),   G(idle),          G(users),
 };
 #undef C
 #undef G
@@ -77,25 +79,18 @@ static int json_value(const char *js, const char *name, uint64_t *out) {
     char key[64];
     snprintf(key, sizeof key, "\"%s\"", name);
     const char *k = strstr(js, key);
-    if (!k)
-        return 0;
+    if (!k) return 0;
     /* A second occurrence would be a duplicate key. */
-    if (strstr(k + 1, key))
-        return 0;
+    if (strstr(k + 1, key)) return 0;
     const char *q = k + strlen(key);
-    while (*q == ' ' || *q == '\t' || *q == '\n' || *q == '\r')
-        q++;
-    if (*q != ':')
-        return 0;
+    while (*q == ' ' || *q == '\t' || *q == '\n' || *q == '\r') q++;
+    if (*q != ':') return 0;
     q++;
-    while (*q == ' ' || *q == '\t' || *q == '\n' || *q == '\r')
-        q++;
-    if (*q < '0' || *q > '9')
-        return 0;
+    while (*q == ' ' || *q == '\t' || *q == '\n' || *q == '\r') q++;
+    if (*q < '0' || *q > '9') return 0;
     char *end;
     *out = strtoull(q, &end, 10);
-    while (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r')
-        end++;
+    while (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r') end++;
     return *end == ',' || *end == '}';
 }
 
@@ -104,11 +99,9 @@ static const char *find_line(const char *text, const char *prefix) {
     size_t n = strlen(prefix);
     const char *l = text;
     while (l && *l) {
-        if (strncmp(l, prefix, n) == 0)
-            return l;
+        if (strncmp(l, prefix, n) == 0) return l;
         l = strchr(l, '\n');
-        if (l)
-            l++;
+        if (l) l++;
     }
     return NULL;
 }
@@ -132,19 +125,16 @@ static void test_format_json(void **state) {
     char *js = format_alloc(&s, TP_FORMAT_JSON);
     /* One object. */
     const char *a = js;
-    while (*a == ' ' || *a == '\n')
-        a++;
+    while (*a == ' ' || *a == '\n') a++;
     assert_int_equal(*a, '{');
     const char *z = js + strlen(js);
-    while (z > js && (z[-1] == ' ' || z[-1] == '\n'))
-        z--;
+    while (z > js && (z[-1] == ' ' || z[-1] == '\n')) z--;
     assert_true(z > js);
     assert_int_equal(z[-1], '}');
     for (size_t i = 0; i < NFIELDS; i++) {
         uint64_t v = 0;
         if (!json_value(js, fields[i].name, &v))
-            fail_msg("JSON lacks key \"%s\" (or it is duplicated / malformed): %s",
-                     fields[i].name, js);
+            fail_msg("JSON lacks key \"%s\" (or it is duplicated / malformed): %s", fields[i].name, js);
         if (v != field_get(&s, &fields[i]))
             fail_msg("JSON %s = %" PRIu64 ", expected %" PRIu64, fields[i].name, v,
                      field_get(&s, &fields[i]));
@@ -175,11 +165,9 @@ static void test_format_prometheus(void **state) {
         snprintf(metric, sizeof metric, "taskpool_%s%s", f->name, f->gauge ? "" : "_total");
 
         snprintf(line, sizeof line, "# HELP %s ", metric);
-        if (!find_line(pr, line))
-            fail_msg("no \"%s\" line in:\n%s", line, pr);
+        if (!find_line(pr, line)) fail_msg("no \"%s\" line in:\n%s", line, pr);
         snprintf(line, sizeof line, "# TYPE %s %s\n", metric, f->gauge ? "gauge" : "counter");
-        if (!find_line(pr, line))
-            fail_msg("no \"%s\" line in:\n%s", line, pr);
+        if (!find_line(pr, line)) fail_msg("no \"%s\" line in:\n%s", line, pr);
 
         /* The sample: "<metric> <value>" or "<metric>{...} <value>". */
         snprintf(line, sizeof line, "%s ", metric);
@@ -187,17 +175,13 @@ static void test_format_prometheus(void **state) {
         if (!l) {
             snprintf(line, sizeof line, "%s{", metric);
             l = find_line(pr, line);
-            if (l)
-                l = strchr(l, '}');
-            if (l)
-                l++;
+            if (l) l = strchr(l, '}');
+            if (l) l++;
         } else {
             l += strlen(metric);
         }
-        if (!l)
-            fail_msg("no sample for %s in:\n%s", metric, pr);
-        while (*l == ' ')
-            l++;
+        if (!l) fail_msg("no sample for %s in:\n%s", metric, pr);
+        while (*l == ' ') l++;
         char *end;
         uint64_t v = strtoull(l, &end, 10);
         assert_true(end != l);
@@ -228,8 +212,7 @@ static void check_snprintf(int fmt) {
         assert_int_equal(buf[want], '\0');
         assert_int_equal(strlen(buf), want);
         assert_memory_equal(buf, full, want);
-        for (size_t j = len; j < len + 64; j++)
-            assert_int_equal((unsigned char)buf[j], 0x5a);
+        for (size_t j = len; j < len + 64; j++) assert_int_equal((unsigned char)buf[j], 0x5a);
         free(buf);
     }
     /* len 0 with a real buffer: nothing written. */
@@ -401,8 +384,7 @@ static void test_mixed_workload_at_rest(void **state) {
     /* Rejections of every kind. */
     assert_int_equal(tp_submit(p, tpt_nop_task, &d[4], &o, NULL), TP_EFULL);
     assert_int_equal(tp_submit(p, tpt_nop_task, &d[5], &ou, NULL), TP_EUSERLIMIT);
-    assert_int_equal(tp_submit_wait(p, tpt_nop_task, &d[4], &o, TPT_MS(5), NULL),
-                     TP_ETIMEDOUT);
+    assert_int_equal(tp_submit_wait(p, tpt_nop_task, &d[4], &o, TPT_MS(5), NULL), TP_ETIMEDOUT);
     assert_int_equal(tp_submit(p, NULL, NULL, NULL, NULL), TP_EINVAL); /* not counted */
 
     assert_int_equal(tp_cancel(p, cid), TP_OK);
@@ -417,8 +399,9 @@ static void test_mixed_workload_at_rest(void **state) {
     /* It expires in the queue while both workers are still blocked. */
     TPT_EVENTUALLY(atomic_load(&d[6].calls) == 1);
     tpt_latch_open(gate);
-    TPT_EVENTUALLY(atomic_load(&d[0].calls) + atomic_load(&d[1].calls) +
-                       atomic_load(&d[3].calls) + atomic_load(&d[6].calls) == 4);
+    TPT_EVENTUALLY(atomic_load(&d[0].calls) + atomic_load(&d[1].calls) + atomic_load(&d[3].calls) +
+                       atomic_load(&d[6].calls) ==
+                   4);
     assert_int_equal(tp_close(p), TP_OK);
     assert_int_equal(tp_submit(p, tpt_nop_task, &d[5], &o, NULL), TP_ECLOSED);
 
@@ -429,8 +412,7 @@ static void test_mixed_workload_at_rest(void **state) {
     assert_int_equal(atomic_load(&d[1].status), 3);
     assert_int_equal(atomic_load(&d[3].status), 0);
     assert_int_equal(atomic_load(&d[6].status), TP_ETIMEDOUT);
-    for (int i = 0; i < 4; i++)
-        assert_int_equal(atomic_load(&d[i].calls), 1);
+    for (int i = 0; i < 4; i++) assert_int_equal(atomic_load(&d[i].calls), 1);
     assert_int_equal(atomic_load(&d[6].calls), 1);
 
     assert_int_equal(s.submitted, 11);
@@ -461,10 +443,8 @@ typedef struct hammer {
 
 static int mixed_task(tp_ctx *c, void *arg) {
     uintptr_t k = (uintptr_t)arg;
-    if (k % 5 == 1)
-        return 1;
-    if (k % 5 == 2)
-        return tp_ctx_sleep(c, TPT_MS(1));
+    if (k % 5 == 1) return 1;
+    if (k % 5 == 2) return tp_ctx_sleep(c, TPT_MS(1));
     return 0;
 }
 
@@ -475,18 +455,14 @@ static void *hammer_main(void *arg) {
         uintptr_t k = (uintptr_t)(h->seed * 1000 + i);
         tp_task_opts o = {0};
         snprintf(user, sizeof user, "u%d", (int)(k % 3));
-        if (k % 2)
-            o.user = user;
-        if (k % 7 == 3)
-            o.deadline_ns = tp_now_ns(); /* probably expires */
+        if (k % 2) o.user = user;
+        if (k % 7 == 3) o.deadline_ns = tp_now_ns(); /* probably expires */
         uint64_t id = 0;
-        int rc = (k % 11 == 0)
-                     ? tp_submit_wait(h->p, mixed_task, (void *)k, &o, TPT_MS(1), &id)
-                     : tp_submit(h->p, mixed_task, (void *)k, &o, &id);
+        int rc = (k % 11 == 0) ? tp_submit_wait(h->p, mixed_task, (void *)k, &o, TPT_MS(1), &id)
+                               : tp_submit(h->p, mixed_task, (void *)k, &o, &id);
         if (rc == TP_OK) {
             atomic_fetch_add(&h->ok, 1);
-            if (k % 13 == 0)
-                (void)tp_cancel(h->p, id);
+            if (k % 13 == 0) (void)tp_cancel(h->p, id);
         }
     }
     return NULL;
@@ -524,12 +500,10 @@ static void test_concurrent_mix_at_rest(void **state) {
         assert_true(s.cancelled >= s.expired);
         tpt_pause();
     }
-    for (int i = 0; i < T; i++)
-        assert_int_equal(pthread_join(th[i], NULL), 0);
+    for (int i = 0; i < T; i++) assert_int_equal(pthread_join(th[i], NULL), 0);
     tp_stats s = tpt_finish(p);
     uint64_t ok = 0;
-    for (int i = 0; i < T; i++)
-        ok += (uint64_t)atomic_load(&h[i].ok);
+    for (int i = 0; i < T; i++) ok += (uint64_t)atomic_load(&h[i].ok);
     assert_int_equal(s.submitted, T * 400);
     assert_int_equal(s.accepted, ok);
 }
@@ -578,8 +552,7 @@ static void test_strerror_and_names(void **state) {
 static void test_version(void **state) {
     (void)state;
     char want[64];
-    snprintf(want, sizeof want, "%d.%d.%d", TP_VERSION_MAJOR, TP_VERSION_MINOR,
-             TP_VERSION_PATCH);
+    snprintf(want, sizeof want, "%d.%d.%d", TP_VERSION_MAJOR, TP_VERSION_MINOR, TP_VERSION_PATCH);
     assert_non_null(tp_version());
     assert_string_equal(tp_version(), want);
     assert_ptr_equal(tp_version(), tp_version()); /* static string */

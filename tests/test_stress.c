@@ -26,8 +26,7 @@ static unsigned scaled(unsigned n) {
     div = 4;
 #endif
 #ifdef RUNNING_ON_VALGRIND
-    if (RUNNING_ON_VALGRIND)
-        div = 10;
+    if (RUNNING_ON_VALGRIND) div = 10;
 #endif
     n /= div;
     return n ? n : 1;
@@ -35,7 +34,7 @@ static unsigned scaled(unsigned n) {
 
 /* ------------------------------------------------------------ the task record */
 
-#define NUSERS 16
+#define NUSERS   16
 #define PER_USER 2
 
 typedef struct shared {
@@ -50,7 +49,7 @@ typedef struct srec {
     atomic_int calls;
     atomic_int ran;
     atomic_int status;
-    int rc;   /* the submit's result, written by the submitting thread */
+    int rc; /* the submit's result, written by the submitting thread */
     int kind;
     int user; /* index, -1 none */
     shared *sh;
@@ -60,30 +59,23 @@ static int stress_task(tp_ctx *c, void *arg) {
     srec *r = arg;
     atomic_fetch_add(&r->ran, 1);
     switch (r->kind) {
-    case K_YIELD:
-        sched_yield();
-        return 0;
-    case K_SLEEP:
-        return tp_ctx_sleep(c, 50000);
+    case K_YIELD: sched_yield(); return 0;
+    case K_SLEEP: return tp_ctx_sleep(c, 50000);
     case K_FAIL_FIRST:
-        if (tp_ctx_attempt(c) == 0)
-            return 9;
+        if (tp_ctx_attempt(c) == 0) return 9;
         return tp_ctx_sleep(c, 20000);
     case K_USER: {
         char want[16];
         snprintf(want, sizeof want, "user%02d", r->user);
         const char *u = tp_ctx_user(c);
-        if (u == NULL || strcmp(u, want) != 0)
-            atomic_fetch_add(&r->sh->wrong_user, 1);
+        if (u == NULL || strcmp(u, want) != 0) atomic_fetch_add(&r->sh->wrong_user, 1);
         int n = atomic_fetch_add(&r->sh->running[r->user], 1) + 1;
-        if (n > PER_USER)
-            atomic_fetch_add(&r->sh->over_limit, 1);
+        if (n > PER_USER) atomic_fetch_add(&r->sh->over_limit, 1);
         int rc = tp_ctx_sleep(c, 20000);
         atomic_fetch_sub(&r->sh->running[r->user], 1);
         return rc;
     }
-    default:
-        return 0;
+    default: return 0;
     }
 }
 
@@ -96,8 +88,8 @@ static void stress_done(void *arg, int status) {
 /* The counters equal what the callers saw; at rest. */
 static void assert_counters_match(const tp_stats *s, const tpt_tally *t) {
     if (t->bad)
-        fail_msg("%llu unexpected return codes, e.g. %d (%s)", (unsigned long long)t->bad,
-                 t->last_bad, tp_err_name(t->last_bad));
+        fail_msg("%llu unexpected return codes, e.g. %d (%s)", (unsigned long long)t->bad, t->last_bad,
+                 tp_err_name(t->last_bad));
     tpt_assert_at_rest(s);
     assert_int_equal(s->submitted, t->total);
     assert_int_equal(s->accepted, t->ok);
@@ -117,10 +109,8 @@ static void assert_records(const tp_stats *s, srec *recs, size_t n, unsigned max
         int calls = atomic_load(&r->calls), ran = atomic_load(&r->ran);
         if (r->rc == TP_OK) {
             accepted++;
-            if (calls != 1)
-                fail_msg("record %zu: accepted, on_done called %d times", i, calls);
-            if (ran < 0 || (unsigned)ran > max_runs)
-                fail_msg("record %zu: ran %d times", i, ran);
+            if (calls != 1) fail_msg("record %zu: accepted, on_done called %d times", i, calls);
+            if (ran < 0 || (unsigned)ran > max_runs) fail_msg("record %zu: ran %d times", i, ran);
             int st = atomic_load(&r->status);
             ok += (st == 0);
             fail += (st != 0);
@@ -129,8 +119,8 @@ static void assert_records(const tp_stats *s, srec *recs, size_t n, unsigned max
             retried += ran > 1 ? (uint64_t)(ran - 1) : 0;
         } else {
             if (calls != 0 || ran != 0)
-                fail_msg("record %zu: refused (%s) but on_done %d, ran %d", i,
-                         tp_err_name(r->rc), calls, ran);
+                fail_msg("record %zu: refused (%s) but on_done %d, ran %d", i, tp_err_name(r->rc), calls,
+                         ran);
         }
     }
     assert_int_equal(s->accepted, accepted);
@@ -205,8 +195,7 @@ static void test_concurrent_submit_close(void **state) {
             assert_int_equal(pthread_create(&th[i], NULL, sc_main, &args[i]), 0);
         }
         atomic_store(&go, 1);
-        for (int i = 0; i < SC_THREADS; i++)
-            pthread_join(th[i], NULL);
+        for (int i = 0; i < SC_THREADS; i++) pthread_join(th[i], NULL);
 
         assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK); /* closed by the threads */
         tp_stats s = tpt_stats(p);
@@ -225,8 +214,7 @@ static void test_concurrent_submit_close(void **state) {
         free(recs);
     }
     print_message("submit+close: %u rounds, %llu ok, %llu full, %llu closed\n", rounds,
-                  (unsigned long long)all.ok, (unsigned long long)all.full,
-                  (unsigned long long)all.closed);
+                  (unsigned long long)all.ok, (unsigned long long)all.full, (unsigned long long)all.closed);
 }
 
 /* ------------------------------------------------------------ submit + cancel + stats + shutdown */
@@ -265,8 +253,7 @@ static void *mx_submitter(void *a) {
         r->rc = tp_submit(x->sh->p, stress_task, r, &o, &id);
         tpt_tally_add(&x->t, r->rc);
         if (r->rc == TP_OK) {
-            if (seen_closed)
-                x->ok_after_closed++;
+            if (seen_closed) x->ok_after_closed++;
             int slot = atomic_fetch_add(&x->sh->nids, 1);
             atomic_store(&x->sh->ids[slot], id);
         } else if (r->rc == TP_ECLOSED) {
@@ -290,8 +277,7 @@ static void *mx_canceller(void *a) {
             continue;
         }
         uint64_t id = atomic_load(&sh->ids[tpt_xorshift(&seed) % (uint32_t)n]);
-        if (id == 0)
-            continue; /* slot reserved, id not stored yet */
+        if (id == 0) continue; /* slot reserved, id not stored yet */
         int rc = tp_cancel(sh->p, id);
         if (rc == TP_OK)
             atomic_fetch_add(&sh->cancel_ok, 1);
@@ -299,8 +285,7 @@ static void *mx_canceller(void *a) {
             atomic_fetch_add(&sh->cancel_notfound, 1);
         else
             atomic_fetch_add(&sh->cancel_bad, 1);
-        if ((tpt_xorshift(&seed) & 7) == 0)
-            sched_yield();
+        if ((tpt_xorshift(&seed) & 7) == 0) sched_yield();
     }
     return NULL;
 }
@@ -314,17 +299,14 @@ static void *mx_reader(void *a) {
         tp_stats s;
         tp_stats_get(sh->p, &s);
         /* single fields only: a snapshot is not one instant */
-        if (s.active > MX_W || s.queued > MX_CAP || s.delayed > MX_CAP || s.workers > MX_W ||
-            s.idle > MX_W || s.users != 0)
+        if (s.active > MX_W || s.queued > MX_CAP || s.delayed > MX_CAP || s.workers > MX_W || s.idle > MX_W ||
+            s.users != 0)
             atomic_fetch_add(&sh->bound_violations, 1);
         int n = tp_stats_format(&s, TP_FORMAT_JSON, buf, sizeof buf);
-        if (n <= 0 || (size_t)n >= sizeof buf || buf[0] != '{')
-            atomic_fetch_add(&sh->format_errors, 1);
+        if (n <= 0 || (size_t)n >= sizeof buf || buf[0] != '{') atomic_fetch_add(&sh->format_errors, 1);
         n = tp_stats_format(&s, TP_FORMAT_PROMETHEUS, buf, sizeof buf);
-        if (n <= 0 || (size_t)n >= sizeof buf)
-            atomic_fetch_add(&sh->format_errors, 1);
-        if (tp_user_active(sh->p, "nobody") != 0)
-            atomic_fetch_add(&sh->bound_violations, 1);
+        if (n <= 0 || (size_t)n >= sizeof buf) atomic_fetch_add(&sh->format_errors, 1);
+        if (tp_user_active(sh->p, "nobody") != 0) atomic_fetch_add(&sh->bound_violations, 1);
         atomic_fetch_add(&sh->stat_reads, 1);
         sched_yield();
     }
@@ -368,11 +350,9 @@ static void test_submit_cancel_stats_shutdown(void **state) {
         /* the reader runs alongside, however the threads were scheduled */
         TPT_EVENTUALLY(atomic_load(&sh->stat_reads) > 0);
         int rc = tp_shutdown(sh->p, TPT_WAIT_NS);
-        for (int i = 0; i < MX_SUBMITTERS; i++)
-            pthread_join(st[i], NULL);
+        for (int i = 0; i < MX_SUBMITTERS; i++) pthread_join(st[i], NULL);
         atomic_store(&sh->stop, 1);
-        for (int i = 0; i < MX_CANCELLERS; i++)
-            pthread_join(ct[i], NULL);
+        for (int i = 0; i < MX_CANCELLERS; i++) pthread_join(ct[i], NULL);
         pthread_join(rt, NULL);
         assert_int_equal(rc, TP_OK); /* short, cooperative tasks drain in time */
         assert_int_equal(tp_wait(sh->p, TPT_WAIT_NS), TP_OK);
@@ -401,8 +381,7 @@ static void test_submit_cancel_stats_shutdown(void **state) {
     print_message("submit+cancel+stats+shutdown: %u rounds, %llu ok, %llu full, %llu closed, "
                   "%llu cancels accepted, %llu stats reads\n",
                   rounds, (unsigned long long)all.ok, (unsigned long long)all.full,
-                  (unsigned long long)all.closed, (unsigned long long)cancels,
-                  (unsigned long long)reads);
+                  (unsigned long long)all.closed, (unsigned long long)cancels, (unsigned long long)reads);
 }
 
 /* ------------------------------------------------------------ user-slot churn */
@@ -440,8 +419,7 @@ static void *uc_main(void *a) {
         memset(name, 'X', sizeof name - 1);
         name[sizeof name - 1] = '\0';
         tpt_tally_add(&x->t, r->rc);
-        if (r->rc != TP_OK)
-            sched_yield();
+        if (r->rc != TP_OK) sched_yield();
     }
     return NULL;
 }
@@ -454,12 +432,10 @@ static void *uc_checker(void *a) {
     while (!atomic_load(&u->stop) && tp_now_ns() < end) {
         char name[16];
         snprintf(name, sizeof name, "user%02u", (unsigned)(tpt_xorshift(&seed) % NUSERS));
-        if (tp_user_active(u->p, name) > PER_USER)
-            atomic_fetch_add(&u->slot_violations, 1);
+        if (tp_user_active(u->p, name) > PER_USER) atomic_fetch_add(&u->slot_violations, 1);
         tp_stats s;
         tp_stats_get(u->p, &s);
-        if (s.users > NUSERS)
-            atomic_fetch_add(&u->slot_violations, 1);
+        if (s.users > NUSERS) atomic_fetch_add(&u->slot_violations, 1);
         sched_yield();
     }
     return NULL;
@@ -493,16 +469,14 @@ static void test_user_slot_churn(void **state) {
         uint64_t want = (uint64_t)(UC_THREADS * UC_PER) * (2 + round % 3) / 5;
         (void)TPT_POLL(tpt_stats(u->p).submitted >= want, TPT_WAIT_NS);
         assert_int_equal(tp_close(u->p), TP_OK);
-        for (int i = 0; i < UC_THREADS; i++)
-            pthread_join(th[i], NULL);
+        for (int i = 0; i < UC_THREADS; i++) pthread_join(th[i], NULL);
         assert_int_equal(tp_wait(u->p, TPT_WAIT_NS), TP_OK);
         atomic_store(&u->stop, 1);
         pthread_join(ck, NULL);
 
         tp_stats s = tpt_stats(u->p);
         tpt_tally t = {0};
-        for (int i = 0; i < UC_THREADS; i++)
-            tpt_tally_merge(&t, &args[i].t);
+        for (int i = 0; i < UC_THREADS; i++) tpt_tally_merge(&t, &args[i].t);
         assert_int_equal(t.timedout, 0);
         assert_counters_match(&s, &t);
         assert_records(&s, recs, UC_THREADS * UC_PER, 1);
@@ -521,9 +495,9 @@ static void test_user_slot_churn(void **state) {
         free(recs);
         free(u);
     }
-    print_message("user churn: %u rounds, %llu ok, %llu user limit, %llu full, %llu closed\n",
-                  rounds, (unsigned long long)all.ok, (unsigned long long)all.user,
-                  (unsigned long long)all.full, (unsigned long long)all.closed);
+    print_message("user churn: %u rounds, %llu ok, %llu user limit, %llu full, %llu closed\n", rounds,
+                  (unsigned long long)all.ok, (unsigned long long)all.user, (unsigned long long)all.full,
+                  (unsigned long long)all.closed);
 }
 
 /* ------------------------------------------------------------ submit_wait producers + close */
@@ -533,7 +507,7 @@ enum { SW_PRODUCERS = 6, SW_MAXIT = 4000, SW_W = 2, SW_CAP = 2 };
 typedef struct sw_arg {
     tp_pool *p;
     srec *recs;
-    int n;          /* attempts made */
+    int n; /* attempts made */
     int long_budget;
     const char *user; /* the user this producer submits as */
     atomic_int *go;
@@ -558,8 +532,7 @@ static void *sw_main(void *a) {
         x->returned_at = tp_now_ns();
         x->n = k + 1;
         tpt_tally_add(&x->t, r->rc);
-        if (r->rc == TP_ECLOSED)
-            break;
+        if (r->rc == TP_ECLOSED) break;
     }
     return NULL;
 }
@@ -594,8 +567,7 @@ static void test_submit_wait_producers_close(void **state) {
         uint64_t t_close = tp_now_ns();
         assert_int_equal(tp_close(p), TP_OK);
         atomic_store(&closed, 1);
-        for (int i = 0; i < SW_PRODUCERS; i++)
-            pthread_join(th[i], NULL);
+        for (int i = 0; i < SW_PRODUCERS; i++) pthread_join(th[i], NULL);
         assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK);
 
         tp_stats s = tpt_stats(p);
@@ -620,8 +592,8 @@ static void test_submit_wait_producers_close(void **state) {
                 srec *r = &args[i].recs[k];
                 int calls = atomic_load(&r->calls);
                 if (calls != (r->rc == TP_OK ? 1 : 0))
-                    fail_msg("producer %d attempt %d (%s): on_done %d times", i, k,
-                             tp_err_name(r->rc), calls);
+                    fail_msg("producer %d attempt %d (%s): on_done %d times", i, k, tp_err_name(r->rc),
+                             calls);
             }
         }
         assert_int_equal(s.users, 0);
@@ -629,8 +601,8 @@ static void test_submit_wait_producers_close(void **state) {
         tpt_pool_finish(p);
         free(recs);
     }
-    print_message("submit_wait producers: %u rounds, %llu ok, %llu timed out, %llu closed\n",
-                  rounds, (unsigned long long)all.ok, (unsigned long long)all.timedout,
+    print_message("submit_wait producers: %u rounds, %llu ok, %llu timed out, %llu closed\n", rounds,
+                  (unsigned long long)all.ok, (unsigned long long)all.timedout,
                   (unsigned long long)all.closed);
 }
 

@@ -32,16 +32,15 @@
 /* Generous bound for anything that should happen "soon": sanitizers and a
  * loaded 2-core CI machine are slow, but a hang must still fail. */
 #define TPT_WAIT_NS (20ull * 1000000000ull)
-#define TPT_MS(x) ((uint64_t)(x) * 1000000ull)
-#define TPT_S(x)  ((uint64_t)(x) * 1000000000ull)
+#define TPT_MS(x)   ((uint64_t)(x)*1000000ull)
+#define TPT_S(x)    ((uint64_t)(x)*1000000000ull)
 
 /* 1 in a sanitized build (gcc and clang announce it differently): such builds
  * are several times slower, so loop counts shrink, and they own malloc. */
 #if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
 #define TPT_SANITIZED 1
 #elif defined(__has_feature)
-#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer) ||                 \
-    __has_feature(memory_sanitizer)
+#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer) || __has_feature(memory_sanitizer)
 #define TPT_SANITIZED 1
 #endif
 #endif
@@ -69,16 +68,19 @@ static inline void tpt_pause(void) {
 }
 
 /* Poll `expr` until true or `ns` passed; evaluates to whether it became true. */
-#define TPT_POLL(expr, ns)                                                     \
-    __extension__({                                                            \
-        uint64_t tpt_end_ = tp_now_ns() + (ns);                                \
-        int tpt_ok_ = 0;                                                       \
-        for (;;) {                                                             \
-            if (expr) { tpt_ok_ = 1; break; }                                  \
-            if (tp_now_ns() > tpt_end_) break;                                 \
-            tpt_pause();                                                       \
-        }                                                                      \
-        tpt_ok_;                                                               \
+#define TPT_POLL(expr, ns)                                                                                   \
+    __extension__({                                                                                          \
+        uint64_t tpt_end_ = tp_now_ns() + (ns);                                                              \
+        int tpt_ok_ = 0;                                                                                     \
+        for (;;) {                                                                                           \
+            if (expr) {                                                                                      \
+                tpt_ok_ = 1;                                                                                 \
+                break;                                                                                       \
+            }                                                                                                \
+            if (tp_now_ns() > tpt_end_) break;                                                               \
+            tpt_pause();                                                                                     \
+        }                                                                                                    \
+        tpt_ok_;                                                                                             \
     })
 
 /* Sleep `ns` in full, resuming after signals. Only to make an interleaving
@@ -98,10 +100,9 @@ static inline void tpt_sleep_until(uint64_t t) {
 }
 
 /* Assert that `expr` becomes true within TPT_WAIT_NS. Main thread only. */
-#define TPT_EVENTUALLY(expr)                                                   \
-    do {                                                                       \
-        if (!TPT_POLL(expr, TPT_WAIT_NS))                                      \
-            fail_msg("condition never became true: %s", #expr);                \
+#define TPT_EVENTUALLY(expr)                                                                                 \
+    do {                                                                                                     \
+        if (!TPT_POLL(expr, TPT_WAIT_NS)) fail_msg("condition never became true: %s", #expr);                \
     } while (0)
 
 /* ------------------------------------------------------------ latch */
@@ -193,8 +194,8 @@ static inline tp_stats tpt_stats(tp_pool *p) {
 /* The at-rest invariants of SPEC section 7. Call after tp_wait() returned. */
 static inline void tpt_assert_at_rest(const tp_stats *s) {
     assert_int_equal(s->submitted, s->accepted + s->rejected);
-    assert_int_equal(s->rejected, s->rejected_full + s->rejected_user +
-                                      s->rejected_closed + s->rejected_timeout);
+    assert_int_equal(s->rejected,
+                     s->rejected_full + s->rejected_user + s->rejected_closed + s->rejected_timeout);
     assert_int_equal(s->accepted, s->completed);
     assert_int_equal(s->completed, s->succeeded + s->failed);
     assert_true(s->cancelled <= s->failed);
@@ -284,9 +285,9 @@ static inline void tpt_quiet_log(void *arg, int level, const char *log_id, const
  * tpt_pool_finish(), tpt_finish_forced() and tpt_pool_destroy() take it out
  * again, and tpt_guard_setup/teardown are tpt_fixture_setup/teardown.
  */
-#define TPT_FX_POOLS 8
-#define TPT_FX_LATCHES 8
-#define TPT_FX_THREADS 16
+#define TPT_FX_POOLS       8
+#define TPT_FX_LATCHES     8
+#define TPT_FX_THREADS     16
 /* A failed test's pools are forced after this: cleanup, not a drain. */
 #define TPT_FX_SHUTDOWN_NS TPT_MS(100)
 
@@ -306,13 +307,13 @@ typedef struct tpt_fx_thr {
 } tpt_fx_thr;
 
 typedef struct tpt_fixture {
-    tp_pool *pools[TPT_FX_POOLS];       /* owned until finished; NULL: free slot */
+    tp_pool *pools[TPT_FX_POOLS];        /* owned until finished; NULL: free slot */
     tpt_fx_thr *threads[TPT_FX_THREADS]; /* started by the test, in order */
     unsigned threads_used;
-    tpt_latch latches[TPT_FX_LATCHES];  /* all initialised, closed */
-    unsigned latches_used;              /* handed out by tpt_fx_latch */
-    tpt_fx_block *blocks;               /* from tpt_fx_alloc */
-    uint64_t wait_ns;                   /* teardown's bound on a pool's threads */
+    tpt_latch latches[TPT_FX_LATCHES]; /* all initialised, closed */
+    unsigned latches_used;             /* handed out by tpt_fx_latch */
+    tpt_fx_block *blocks;              /* from tpt_fx_alloc */
+    uint64_t wait_ns;                  /* teardown's bound on a pool's threads */
 } tpt_fixture;
 
 /* The fixture of the test running now (NULL between tests), for the older
@@ -325,16 +326,14 @@ static inline tpt_fixture **tpt_fx_current_slot(void) {
 /* The fixture cmocka passes to a test registered with TPT_TEST. */
 static inline tpt_fixture *tpt_fx(void **state) {
     tpt_fixture *f = (tpt_fixture *)*state;
-    if (f == NULL)
-        fail_msg("no fixture: register the test with TPT_TEST()");
+    if (f == NULL) fail_msg("no fixture: register the test with TPT_TEST()");
     return f;
 }
 
 /* The fixture of the running test, for helpers that are not given one. */
 static inline tpt_fixture *tpt_fx_current(void) {
     tpt_fixture *f = *tpt_fx_current_slot();
-    if (f == NULL)
-        fail_msg("no fixture: register the test with TPT_TEST()");
+    if (f == NULL) fail_msg("no fixture: register the test with TPT_TEST()");
     return f;
 }
 
@@ -346,13 +345,12 @@ static inline void *tpt_fx_alloc(tpt_fixture *f, size_t size) {
     f->blocks = b;
     return b->data;
 }
-#define tpt_fx_new(f, T) ((T *)tpt_fx_alloc((f), sizeof(T)))
+#define tpt_fx_new(f, T)      ((T *)tpt_fx_alloc((f), sizeof(T)))
 #define tpt_fx_array(f, T, n) ((T *)tpt_fx_alloc((f), sizeof(T) * (size_t)(n)))
 
 /* The next closed latch of the fixture. */
 static inline tpt_latch *tpt_fx_latch(tpt_fixture *f) {
-    if (f->latches_used >= TPT_FX_LATCHES)
-        fail_msg("more than %d latches in one test", TPT_FX_LATCHES);
+    if (f->latches_used >= TPT_FX_LATCHES) fail_msg("more than %d latches in one test", TPT_FX_LATCHES);
     return &f->latches[f->latches_used++];
 }
 
@@ -367,8 +365,7 @@ static inline void *tpt_fx_thr_main(void *a) {
  * (bounded) if the test did not, before it ends the pools the thread may
  * still be calling. `arg` must outlive the test: fixture memory. */
 static inline tpt_fx_thr *tpt_fx_thread(tpt_fixture *f, void *(*fn)(void *), void *arg) {
-    if (f->threads_used >= TPT_FX_THREADS)
-        fail_msg("more than %d threads in one test", TPT_FX_THREADS);
+    if (f->threads_used >= TPT_FX_THREADS) fail_msg("more than %d threads in one test", TPT_FX_THREADS);
     tpt_fx_thr *t = tpt_fx_new(f, tpt_fx_thr);
     t->fn = fn;
     t->arg = arg;
@@ -409,11 +406,9 @@ static inline tp_pool *tpt_fx_pool(tpt_fixture *f, const tp_config *cfg) {
  * any) no longer owns it. */
 static inline void tpt_fx_forget(tp_pool *p) {
     tpt_fixture *f = *tpt_fx_current_slot();
-    if (f == NULL)
-        return;
+    if (f == NULL) return;
     for (int i = 0; i < TPT_FX_POOLS; i++)
-        if (f->pools[i] == p)
-            f->pools[i] = NULL;
+        if (f->pools[i] == p) f->pools[i] = NULL;
 }
 
 static inline int tpt_fixture_setup(void **state) {
@@ -422,10 +417,8 @@ static inline int tpt_fixture_setup(void **state) {
         return -1;
     }
     tpt_fixture *f = (tpt_fixture *)calloc(1, sizeof *f);
-    if (f == NULL)
-        return -1;
-    for (int i = 0; i < TPT_FX_LATCHES; i++)
-        tpt_latch_init(&f->latches[i]);
+    if (f == NULL) return -1;
+    for (int i = 0; i < TPT_FX_LATCHES; i++) tpt_latch_init(&f->latches[i]);
     /* longer than a latch's own bound: a task on a latch the fixture does
      * not own still returns in time */
     f->wait_ns = 2 * TPT_WAIT_NS;
@@ -452,23 +445,19 @@ static inline int tpt_fx_end_pool(tpt_fixture *f, tp_pool *p) {
 
 static inline int tpt_fx_pools_left(const tpt_fixture *f) {
     for (int i = 0; i < TPT_FX_POOLS; i++)
-        if (f->pools[i] != NULL)
-            return 1;
+        if (f->pools[i] != NULL) return 1;
     return 0;
 }
 
 static inline int tpt_fixture_teardown(void **state) {
     tpt_fixture *f = (tpt_fixture *)*state;
-    if (f == NULL)
-        return 0;
-    for (int i = 0; i < TPT_FX_LATCHES; i++)
-        tpt_latch_open(&f->latches[i]);
+    if (f == NULL) return 0;
+    for (int i = 0; i < TPT_FX_LATCHES; i++) tpt_latch_open(&f->latches[i]);
     /* A default pool still registered is this test's too (tests start without
      * one): unregister it, end it with the others, and report it. */
     tp_pool *dflt = tp_default_swap(NULL);
     int owned = dflt == NULL;
-    for (int i = 0; i < TPT_FX_POOLS && !owned; i++)
-        owned = f->pools[i] == dflt;
+    for (int i = 0; i < TPT_FX_POOLS && !owned; i++) owned = f->pools[i] == dflt;
     for (int i = 0; i < TPT_FX_POOLS && !owned; i++) {
         if (f->pools[i] == NULL) {
             f->pools[i] = dflt;
@@ -480,13 +469,11 @@ static inline int tpt_fixture_teardown(void **state) {
     /* Closing wakes the test's threads blocked in tp_submit_wait and refuses
      * their submits: join them (bounded) before any pool is destroyed. */
     for (int i = 0; i < TPT_FX_POOLS; i++)
-        if (f->pools[i] != NULL)
-            (void)tp_close(f->pools[i]);
+        if (f->pools[i] != NULL) (void)tp_close(f->pools[i]);
     int rc = 0;
     for (unsigned i = 0; i < f->threads_used; i++) {
         tpt_fx_thr *t = f->threads[i];
-        if (t->joined)
-            continue;
+        if (t->joined) continue;
         if (TPT_POLL(atomic_load(&t->done), f->wait_ns)) {
             t->joined = 1;
             (void)pthread_join(t->id, NULL);
@@ -497,11 +484,9 @@ static inline int tpt_fixture_teardown(void **state) {
             rc = -1;
         }
     }
-    if (rc != 0)
-        return -1; /* it may still call a pool: keep everything */
+    if (rc != 0) return -1; /* it may still call a pool: keep everything */
     for (int i = 0; i < TPT_FX_POOLS; i++) {
-        if (f->pools[i] == NULL)
-            continue;
+        if (f->pools[i] == NULL) continue;
         if (tpt_fx_end_pool(f, f->pools[i]) == 0)
             f->pools[i] = NULL;
         else
@@ -513,15 +498,13 @@ static inline int tpt_fixture_teardown(void **state) {
     }
     if (rc != 0 && (!owned || tpt_fx_pools_left(f)))
         return -1; /* threads may still use the fixture: keep all of it */
-    for (int i = 0; i < TPT_FX_LATCHES; i++)
-        tpt_latch_destroy(&f->latches[i]);
+    for (int i = 0; i < TPT_FX_LATCHES; i++) tpt_latch_destroy(&f->latches[i]);
     while (f->blocks != NULL) {
         tpt_fx_block *b = f->blocks;
         f->blocks = b->next;
         free(b);
     }
-    if (*tpt_fx_current_slot() == f)
-        *tpt_fx_current_slot() = NULL;
+    if (*tpt_fx_current_slot() == f) *tpt_fx_current_slot() = NULL;
     free(f);
     *state = NULL;
     return rc;
@@ -538,8 +521,7 @@ static inline int tpt_guard_teardown(void **state) { return tpt_fixture_teardown
  * it runs under one, until tpt_finish / tpt_pool_destroy. */
 static inline tp_pool *tpt_pool_new(const tp_config *cfg) {
     tpt_fixture *f = *tpt_fx_current_slot();
-    if (f != NULL)
-        return tpt_fx_pool(f, cfg);
+    if (f != NULL) return tpt_fx_pool(f, cfg);
     tp_pool *p = NULL;
     assert_int_equal(tp_create(&p, cfg), TP_OK);
     assert_non_null(p);
@@ -585,8 +567,7 @@ static inline uint32_t tpt_xorshift(uint32_t *s) {
  * TPT_WAIT_NS; the caller's checks fail if the race never started. */
 static inline void tpt_wait_go(atomic_int *go) {
     uint64_t end = tp_now_ns() + TPT_WAIT_NS;
-    while (!atomic_load(go) && tp_now_ns() < end)
-        sched_yield();
+    while (!atomic_load(go) && tp_now_ns() < end) sched_yield();
 }
 
 /* What submitting threads saw, by return code, to compare with the stats. */
@@ -603,7 +584,10 @@ static inline void tpt_tally_add(tpt_tally *t, int rc) {
     case TP_EUSERLIMIT: t->user++; break;
     case TP_ECLOSED: t->closed++; break;
     case TP_ETIMEDOUT: t->timedout++; break;
-    default: t->bad++; t->last_bad = rc; break;
+    default:
+        t->bad++;
+        t->last_bad = rc;
+        break;
     }
 }
 
@@ -615,8 +599,7 @@ static inline void tpt_tally_merge(tpt_tally *into, const tpt_tally *t) {
     into->timedout += t->timedout;
     into->bad += t->bad;
     into->total += t->total;
-    if (t->bad)
-        into->last_bad = t->last_bad;
+    if (t->bad) into->last_bad = t->last_bad;
 }
 
 /* ------------------------------------------------------------ process state */
@@ -626,13 +609,11 @@ static inline void tpt_tally_merge(tpt_tally *into, const tpt_tally *t) {
  * unreadable. */
 static inline int tpt_count_dir(const char *path) {
     DIR *d = opendir(path);
-    if (!d)
-        return -1;
+    if (!d) return -1;
     int n = 0;
     struct dirent *e;
     while ((e = readdir(d)) != NULL)
-        if (e->d_name[0] != '.')
-            n++;
+        if (e->d_name[0] != '.') n++;
     closedir(d);
     return n;
 }

@@ -58,9 +58,7 @@ void *realloc(void *p, size_t n) {
     count(3, n, __builtin_return_address(0));
     return __libc_realloc(p, n);
 }
-void free(void *p) {
-    __libc_free(p);
-}
+void free(void *p) { __libc_free(p); }
 void *memalign(size_t a, size_t n) {
     count(4, n, __builtin_return_address(0));
     return __libc_memalign(a, n);
@@ -70,12 +68,10 @@ void *aligned_alloc(size_t a, size_t n) {
     return __libc_memalign(a, n);
 }
 int posix_memalign(void **r, size_t a, size_t n) {
-    if (a < sizeof(void *) || (a & (a - 1)) != 0)
-        return EINVAL;
+    if (a < sizeof(void *) || (a & (a - 1)) != 0) return EINVAL;
     count(4, n, __builtin_return_address(0));
     void *p = __libc_memalign(a, n);
-    if (!p)
-        return ENOMEM;
+    if (!p) return ENOMEM;
     *r = p;
     return 0;
 }
@@ -96,24 +92,19 @@ void *pvalloc(size_t n) {
 /* Whether valgrind runs this process: its preload library is mapped. */
 static int under_valgrind(void) {
     FILE *m = fopen("/proc/self/maps", "r");
-    if (m == NULL)
-        return 0;
+    if (m == NULL) return 0;
     char line[512];
     int found = 0;
-    while (!found && fgets(line, sizeof line, m) != NULL)
-        found = strstr(line, "vgpreload") != NULL;
+    while (!found && fgets(line, sizeof line, m) != NULL) found = strstr(line, "vgpreload") != NULL;
     fclose(m);
     return found;
 }
 
 /* Why this process cannot count allocations, or NULL if it must. */
 static const char *counting_unavailable(void) {
-    if (TPT_SANITIZED)
-        return "a sanitizer owns malloc (the interposer is not compiled)";
-    if (!TPT_INTERPOSE)
-        return "not glibc: no __libc_malloc to forward to";
-    if (under_valgrind())
-        return "valgrind replaces malloc";
+    if (TPT_SANITIZED) return "a sanitizer owns malloc (the interposer is not compiled)";
+    if (!TPT_INTERPOSE) return "not glibc: no __libc_malloc to forward to";
+    if (under_valgrind()) return "valgrind replaces malloc";
     return NULL;
 }
 
@@ -131,8 +122,7 @@ static __attribute__((unused)) void (*volatile sym_free)(void *) = free;
 
 /* Whether our malloc really is the one called. */
 static int interposer_active(void) {
-    if (!TPT_INTERPOSE)
-        return 0;
+    if (!TPT_INTERPOSE) return 0;
     atomic_store(&n_alloc, 0);
     atomic_store(&armed, 1);
     void *volatile x = sym_malloc(40);
@@ -148,8 +138,7 @@ static int interposer_active(void) {
 /* Returns 1 if the counter works here; skips the test (returns 0) only where
  * the interposer is known not to be in charge; fails otherwise. */
 static int counting_or_skip(void) {
-    if (interposer_active())
-        return 1;
+    if (interposer_active()) return 1;
     const char *why = counting_unavailable();
     if (why == NULL)
         fail_msg("the malloc interposer is compiled in but counts nothing: the "

@@ -21,13 +21,16 @@ static const struct {
     uint64_t ns;
 } units[] = {
     /* First match wins: "ms" must come before "m", or "5ms" would read as 5m + garbage. */
-    {"ns", 1ull}, {"us", 1000ull}, {"ms", SVC_NS_PER_MS},
-    {"s", SVC_NS_PER_S}, {"m", 60ull * SVC_NS_PER_S}, {"h", 3600ull * SVC_NS_PER_S},
+    {"ns", 1ull},
+    {"us", 1000ull},
+    {"ms", SVC_NS_PER_MS},
+    {"s", SVC_NS_PER_S},
+    {"m", 60ull * SVC_NS_PER_S},
+    {"h", 3600ull * SVC_NS_PER_S},
 };
 
 int svc_parse_duration(const char *s, uint64_t *out_ns) {
-    if (s == NULL || *s == '\0')
-        return -1;
+    if (s == NULL || *s == '\0') return -1;
     if (strcmp(s, "0") == 0) {
         *out_ns = 0;
         return 0;
@@ -39,8 +42,7 @@ int svc_parse_duration(const char *s, uint64_t *out_ns) {
         int digits = 0;
         for (; *s >= '0' && *s <= '9'; s++, digits++) {
             unsigned d = (unsigned)(*s - '0');
-            if (whole > (UINT64_MAX - d) / 10)
-                return -1;
+            if (whole > (UINT64_MAX - d) / 10) return -1;
             whole = whole * 10 + d;
         }
         if (*s == '.') {
@@ -52,8 +54,7 @@ int svc_parse_duration(const char *s, uint64_t *out_ns) {
                 }
             }
         }
-        if (digits == 0)
-            return -1;
+        if (digits == 0) return -1;
         uint64_t unit = 0;
         for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
             size_t n = strlen(units[i].name);
@@ -63,18 +64,14 @@ int svc_parse_duration(const char *s, uint64_t *out_ns) {
                 break;
             }
         }
-        if (unit == 0)
-            return -1;
-        if (whole > UINT64_MAX / unit)
-            return -1;
+        if (unit == 0) return -1;
+        if (whole > UINT64_MAX / unit) return -1;
         uint64_t part = whole * unit;
         /* frac / frac_scale of a unit, in long double: exact enough, cannot overflow. */
         long double f = (long double)frac * (long double)unit / (long double)frac_scale;
-        if (f >= (long double)(UINT64_MAX - part))
-            return -1;
+        if (f >= (long double)(UINT64_MAX - part)) return -1;
         part += (uint64_t)f;
-        if (part > UINT64_MAX - total)
-            return -1;
+        if (part > UINT64_MAX - total) return -1;
         total += part;
     }
     *out_ns = total;
@@ -82,18 +79,14 @@ int svc_parse_duration(const char *s, uint64_t *out_ns) {
 }
 
 int svc_parse_uint(const char *s, unsigned min, unsigned max, unsigned *out) {
-    if (s == NULL || *s == '\0')
-        return -1;
+    if (s == NULL || *s == '\0') return -1;
     unsigned long long v = 0;
     for (; *s != '\0'; s++) {
-        if (*s < '0' || *s > '9')
-            return -1;
+        if (*s < '0' || *s > '9') return -1;
         v = v * 10 + (unsigned)(*s - '0');
-        if (v > max)
-            return -1;
+        if (v > max) return -1;
     }
-    if (v < min)
-        return -1;
+    if (v < min) return -1;
     *out = (unsigned)v;
     return 0;
 }
@@ -104,11 +97,9 @@ static const char *env(const char *name) {
     return v != NULL && *v != '\0' ? v : NULL;
 }
 
-static int load_uint(const char *name, unsigned min, unsigned max, unsigned *out, char *err,
-                     size_t errlen) {
+static int load_uint(const char *name, unsigned min, unsigned max, unsigned *out, char *err, size_t errlen) {
     const char *v = env(name);
-    if (v == NULL)
-        return 0;
+    if (v == NULL) return 0;
     if (svc_parse_uint(v, min, max, out) != 0) {
         snprintf(err, errlen, "%s=\"%s\": expected a whole number from %u to %u", name, v, min, max);
         return -1;
@@ -119,13 +110,11 @@ static int load_uint(const char *name, unsigned min, unsigned max, unsigned *out
 static int load_duration(const char *name, uint64_t min, uint64_t max, uint64_t *out, char *err,
                          size_t errlen) {
     const char *v = env(name);
-    if (v == NULL)
-        return 0;
+    if (v == NULL) return 0;
     uint64_t ns;
     if (svc_parse_duration(v, &ns) != 0 || ns < min || ns > max) {
-        snprintf(err, errlen,
-                 "%s=\"%s\": expected a duration like 250ms or 5s, from %llu ms to %llu s", name, v,
-                 (unsigned long long)(min / SVC_NS_PER_MS), (unsigned long long)(max / SVC_NS_PER_S));
+        snprintf(err, errlen, "%s=\"%s\": expected a duration like 250ms or 5s, from %llu ms to %llu s", name,
+                 v, (unsigned long long)(min / SVC_NS_PER_MS), (unsigned long long)(max / SVC_NS_PER_S));
         return -1;
     }
     *out = ns;
@@ -133,11 +122,10 @@ static int load_duration(const char *name, uint64_t min, uint64_t max, uint64_t 
 }
 
 /* Each check below names its variable first, so a failure reports it. */
-#define CHECK(name, call)                                                                         \
-    do {                                                                                          \
-        *var = (name);                                                                            \
-        if ((call) != 0)                                                                          \
-            return -1;                                                                            \
+#define CHECK(name, call)                                                                                    \
+    do {                                                                                                     \
+        *var = (name);                                                                                       \
+        if ((call) != 0) return -1;                                                                          \
     } while (0)
 
 int svc_config_load(svc_config *cfg, char *err, size_t errlen, const char **var) {

@@ -19,19 +19,19 @@
 #define SVC_NS_PER_S  1000000000ull
 
 typedef struct svc_config {
-    char     listen_addr[256];   /* LISTEN_ADDR, host:port; port 0 picks a free one */
-    unsigned workers;            /* WORKERS: task pool workers */
-    unsigned queue_capacity;     /* QUEUE_CAPACITY: waiting tasks */
-    unsigned max_per_user;       /* MAX_PER_USER: unfinished tasks per user ("unlimited" allowed) */
-    unsigned max_conns;          /* MAX_CONNS: open connections, one connection-pool worker each */
-    uint64_t task_timeout_ns;    /* TASK_TIMEOUT: run timeout of each task */
-    uint64_t shutdown_timeout_ns;/* SHUTDOWN_TIMEOUT: budget for draining requests and tasks */
-    uint64_t header_timeout_ns;  /* HEADER_TIMEOUT: time to send a whole request head */
-    uint64_t idle_timeout_ns;    /* IDLE_TIMEOUT: keep-alive wait for the next request */
-    int      log_level;          /* LOG_LEVEL: SVC_LOG_ERROR..SVC_LOG_DEBUG (log.h) */
-    unsigned task_history;       /* TASK_HISTORY: finished tasks GET /tasks/{id} still shows */
-    unsigned task_retries;       /* TASK_RETRIES: max_retries of the task pool */
-    uint64_t retry_delay_ns;     /* RETRY_DELAY: retry_delay_ns of the task pool */
+    char listen_addr[256];        /* LISTEN_ADDR, host:port; port 0 picks a free one */
+    unsigned workers;             /* WORKERS: task pool workers */
+    unsigned queue_capacity;      /* QUEUE_CAPACITY: waiting tasks */
+    unsigned max_per_user;        /* MAX_PER_USER: unfinished tasks per user ("unlimited" allowed) */
+    unsigned max_conns;           /* MAX_CONNS: open connections, one connection-pool worker each */
+    uint64_t task_timeout_ns;     /* TASK_TIMEOUT: run timeout of each task */
+    uint64_t shutdown_timeout_ns; /* SHUTDOWN_TIMEOUT: budget for draining requests and tasks */
+    uint64_t header_timeout_ns;   /* HEADER_TIMEOUT: time to send a whole request head */
+    uint64_t idle_timeout_ns;     /* IDLE_TIMEOUT: keep-alive wait for the next request */
+    int log_level;                /* LOG_LEVEL: SVC_LOG_ERROR..SVC_LOG_DEBUG (log.h) */
+    unsigned task_history;        /* TASK_HISTORY: finished tasks GET /tasks/{id} still shows */
+    unsigned task_retries;        /* TASK_RETRIES: max_retries of the task pool */
+    uint64_t retry_delay_ns;      /* RETRY_DELAY: retry_delay_ns of the task pool */
 } svc_config;
 
 /* Parse a duration into nanoseconds. 0 on success, -1 on any error. */

@@ -52,24 +52,24 @@
 #include "log.h"
 #include "service.h"
 
-#define WRITE_TIMEOUT_NS (10 * SVC_NS_PER_S)  /* to deliver one response */
-#define MAX_DELAY_NS     (30 * SVC_NS_PER_S)  /* longest ?delay= and ?deadline= */
+#define WRITE_TIMEOUT_NS (10 * SVC_NS_PER_S) /* to deliver one response */
+#define MAX_DELAY_NS     (30 * SVC_NS_PER_S) /* longest ?delay= and ?deadline= */
 #define DEFAULT_DELAY_NS (100 * SVC_NS_PER_MS)
-#define MAX_FAIL         100                  /* largest ?fail= */
-#define CANCEL_WAIT_NS   (2 * SVC_NS_PER_S)   /* DELETE waits this long to see the cancel land */
-#define PROBE_HEAD_NS    SVC_NS_PER_S         /* head timeout of a connection served while draining */
-#define BODY_CAP         8192                 /* largest response body (metrics) */
+#define MAX_FAIL         100                /* largest ?fail= */
+#define CANCEL_WAIT_NS   (2 * SVC_NS_PER_S) /* DELETE waits this long to see the cancel land */
+#define PROBE_HEAD_NS    SVC_NS_PER_S       /* head timeout of a connection served while draining */
+#define BODY_CAP         8192               /* largest response body (metrics) */
 
 typedef struct conn {
-    svc     *s;
-    int      fd;
-    int      probe;              /* accepted during the drain, served by the main thread */
+    svc *s;
+    int fd;
+    int probe; /* accepted during the drain, served by the main thread */
     uint64_t id;
     uint64_t opened_ns;
     uint64_t head_timeout_ns;
-    char     peer[64];
-    size_t   len;                /* bytes in buf not yet consumed */
-    char     buf[HTTP_HEAD_MAX]; /* request head (plus whatever followed it) */
+    char peer[64];
+    size_t len;              /* bytes in buf not yet consumed */
+    char buf[HTTP_HEAD_MAX]; /* request head (plus whatever followed it) */
 } conn;
 
 static uint64_t ms_since(uint64_t t0) { return (tp_now_ns() - t0) / SVC_NS_PER_MS; }
@@ -78,8 +78,7 @@ static uint64_t ms_since(uint64_t t0) { return (tp_now_ns() - t0) / SVC_NS_PER_M
  * capped at 1 s so a missed wake-up can never stall for long. */
 static int poll_ms(uint64_t deadline) {
     uint64_t now = tp_now_ns();
-    if (now >= deadline)
-        return 0;
+    if (now >= deadline) return 0;
     uint64_t ms = (deadline - now + SVC_NS_PER_MS - 1) / SVC_NS_PER_MS;
     return ms > 1000 ? 1000 : (int)ms;
 }
@@ -105,8 +104,7 @@ static int run_task(tp_ctx *ctx, void *arg) {
      * TP_ETIMEDOUT (TASK_TIMEOUT, ?deadline=), which the pool counts as
      * cancelled. */
     int rc = tp_ctx_sleep(ctx, t->delay_ns);
-    if (rc == 0 && attempt < t->fail_attempts)
-        rc = SVC_TASK_EFAIL;
+    if (rc == 0 && attempt < t->fail_attempts) rc = SVC_TASK_EFAIL;
     /* The pool runs it again unless this was the last attempt, or it was
      * cancelled, or its deadline passed (tp_ctx_err says TP_ETIMEDOUT then,
      * as for a run timeout, which is retried: check the deadline itself). */
@@ -125,8 +123,7 @@ static void task_done(void *arg, int status) {
     svc_tasks_done(&s->table, t, status, &v);
     svc_log ev;
     svc_log_begin(&ev, status == 0 ? "info" : "warn", "task_finished");
-    if (v.id != 0)
-        svc_log_uint(&ev, "task_id", v.id);
+    if (v.id != 0) svc_log_uint(&ev, "task_id", v.id);
     svc_log_str(&ev, "log_id", v.log_id);
     svc_log_str(&ev, "state", svc_task_state_name(v.state));
     svc_log_str(&ev, "status", svc_task_status_name(status));
@@ -139,18 +136,17 @@ static void task_done(void *arg, int status) {
 /* ------------------------------------------------------------ handlers */
 
 typedef struct reply {
-    int         status;      /* 0: send nothing (the client is gone) */
-    int         keep_alive;
-    int         head_only;   /* HEAD: headers of the GET answer, no body */
+    int status; /* 0: send nothing (the client is gone) */
+    int keep_alive;
+    int head_only; /* HEAD: headers of the GET answer, no body */
     const char *ctype;
-    char        extra[128];  /* extra header lines */
-    size_t      len;
-    char        body[BODY_CAP];
-    char       *big;         /* a larger body on the heap (/metrics), or NULL; send_reply frees it */
+    char extra[128]; /* extra header lines */
+    size_t len;
+    char body[BODY_CAP];
+    char *big; /* a larger body on the heap (/metrics), or NULL; send_reply frees it */
 } reply;
 
-static void reply_json(reply *r, int status, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+static void reply_json(reply *r, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 static void reply_json(reply *r, int status, const char *fmt, ...) {
     va_list ap;
@@ -164,8 +160,7 @@ static void reply_json(reply *r, int status, const char *fmt, ...) {
 
 static void reply_error(reply *r, int status, const char *msg) {
     reply_json(r, status, "{\"error\":\"%s\"}\n", msg);
-    if (status == 503 || status == 429)
-        snprintf(r->extra, sizeof r->extra, "Retry-After: 1\r\n");
+    if (status == 503 || status == 429) snprintf(r->extra, sizeof r->extra, "Retry-After: 1\r\n");
 }
 
 /* A duration parameter: `def` when absent, else 0..30 s. 0 or -1 (bad). */
@@ -176,8 +171,7 @@ static int get_duration(const http_request *req, const char *name, uint64_t def,
         *out = def;
         return 0;
     }
-    if (f < 0 || svc_parse_duration(v, out) != 0 || *out > MAX_DELAY_NS)
-        return -1;
+    if (f < 0 || svc_parse_duration(v, out) != 0 || *out > MAX_DELAY_NS) return -1;
     return 0;
 }
 
@@ -192,12 +186,11 @@ static int get_user(const http_request *req, char *out, size_t cap) {
         out[0] = '\0';
         return 0;
     }
-    if (f < 0)
-        return -1;
+    if (f < 0) return -1;
     for (const char *p = out; *p != '\0'; p++) {
         char ch = *p;
-        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-              ch == '.' || ch == '_' || ch == '@' || ch == '-'))
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '.' ||
+              ch == '_' || ch == '@' || ch == '-'))
             return -1;
     }
     return 0;
@@ -208,17 +201,14 @@ static int get_fail(const http_request *req, unsigned *out) {
     char v[16];
     int f = http_query_get(req->query, "fail", v, sizeof v);
     *out = 0;
-    if (f == 0)
-        return 0;
+    if (f == 0) return 0;
     return f < 0 || svc_parse_uint(v, 0, MAX_FAIL, out) != 0 ? -1 : 0;
 }
 
-typedef void handler_fn(conn *c, int cancel_fd, const http_request *req, const char *log_id,
-                        reply *r);
+typedef void handler_fn(conn *c, int cancel_fd, const http_request *req, const char *log_id, reply *r);
 
 /* POST /tasks: admit a background task, answer 202 with its id. */
-static void handle_tasks(conn *c, int cancel_fd, const http_request *req, const char *log_id,
-                         reply *r) {
+static void handle_tasks(conn *c, int cancel_fd, const http_request *req, const char *log_id, reply *r) {
     (void)cancel_fd;
     uint64_t delay, deadline_in;
     unsigned fail;
@@ -280,14 +270,11 @@ static void handle_tasks(conn *c, int cancel_fd, const http_request *req, const 
 /* The id in /tasks/{id}: canonical decimal, 1..UINT64_MAX. 0 or -1. */
 static int parse_task_id(const char *s, uint64_t *out) {
     uint64_t v = 0;
-    if (*s < '1' || *s > '9')
-        return -1; /* empty, 0, a leading zero or sign */
+    if (*s < '1' || *s > '9') return -1; /* empty, 0, a leading zero or sign */
     for (; *s != '\0'; s++) {
-        if (*s < '0' || *s > '9')
-            return -1;
+        if (*s < '0' || *s > '9') return -1;
         unsigned d = (unsigned)(*s - '0');
-        if (v > (UINT64_MAX - d) / 10)
-            return -1;
+        if (v > (UINT64_MAX - d) / 10) return -1;
         v = v * 10 + d;
     }
     *out = v;
@@ -304,17 +291,15 @@ static void reply_task(reply *r, int status, const svc_task_view *v) {
                "{\"id\":%llu,\"state\":\"%s\",\"finished\":%s,\"status\":%s,\"attempts\":%u,"
                "\"cancel_requested\":%s,\"delay_ms\":%llu,\"age_ms\":%llu,\"log_id\":\"%s\","
                "\"user\":%s%s%s}\n",
-               (unsigned long long)v->id, svc_task_state_name(v->state), final ? "true" : "false",
-               st, v->attempts, v->cancel_requested ? "true" : "false",
+               (unsigned long long)v->id, svc_task_state_name(v->state), final ? "true" : "false", st,
+               v->attempts, v->cancel_requested ? "true" : "false",
                (unsigned long long)(v->delay_ns / SVC_NS_PER_MS),
-               (unsigned long long)(v->age_ns / SVC_NS_PER_MS), v->log_id,
-               v->user[0] != '\0' ? "\"" : "", v->user[0] != '\0' ? v->user : "null",
-               v->user[0] != '\0' ? "\"" : "");
+               (unsigned long long)(v->age_ns / SVC_NS_PER_MS), v->log_id, v->user[0] != '\0' ? "\"" : "",
+               v->user[0] != '\0' ? v->user : "null", v->user[0] != '\0' ? "\"" : "");
 }
 
 /* GET, HEAD and DELETE /tasks/{id}. */
-static void handle_task(conn *c, int cancel_fd, const http_request *req, const char *log_id,
-                        reply *r) {
+static void handle_task(conn *c, int cancel_fd, const http_request *req, const char *log_id, reply *r) {
     (void)cancel_fd;
     uint64_t id;
     if (parse_task_id(req->path + strlen("/tasks/"), &id) != 0) {
@@ -374,8 +359,7 @@ static void handle_task(conn *c, int cancel_fd, const http_request *req, const c
  * (POLLRDHUP/POLLHUP/POLLERR on its socket: no answer, logged as 499) or when
  * a forced shutdown cancels the connection (503). A drain lets a request in
  * progress finish; one that arrives during the drain gets 503. */
-static void handle_work(conn *c, int cancel_fd, const http_request *req, const char *log_id,
-                        reply *r) {
+static void handle_work(conn *c, int cancel_fd, const http_request *req, const char *log_id, reply *r) {
     uint64_t delay;
     if (get_delay(req, &delay) != 0) {
         reply_error(r, 400, "delay must be a duration from 0 to 30s, like 250ms");
@@ -394,8 +378,7 @@ static void handle_work(conn *c, int cancel_fd, const http_request *req, const c
     uint64_t end = tp_now_ns() + delay;
     for (;;) {
         int timeout = poll_ms(end);
-        if (timeout == 0)
-            break;
+        if (timeout == 0) break;
         /* POLLRDHUP, not POLLIN: a pipelined next request is not a hang-up. */
         struct pollfd pf[2] = {{.fd = c->fd, .events = POLLRDHUP}, {.fd = cancel_fd, .events = POLLIN}};
         int n = poll(pf, 2, timeout);
@@ -403,8 +386,7 @@ static void handle_work(conn *c, int cancel_fd, const http_request *req, const c
             r->status = 0;
             return;
         }
-        if (n <= 0)
-            continue;
+        if (n <= 0) continue;
         if (pf[1].revents & POLLIN) {
             reply_error(r, 503, "shutting down");
             r->keep_alive = 0;
@@ -419,8 +401,7 @@ static void handle_work(conn *c, int cancel_fd, const http_request *req, const c
                (unsigned long long)(delay / SVC_NS_PER_MS));
 }
 
-static void handle_stats(conn *c, int cancel_fd, const http_request *req, const char *log_id,
-                         reply *r) {
+static void handle_stats(conn *c, int cancel_fd, const http_request *req, const char *log_id, reply *r) {
     (void)cancel_fd, (void)req, (void)log_id;
     tp_stats st;
     tp_stats_get(c->s->tasks, &st);
@@ -437,8 +418,7 @@ static void handle_stats(conn *c, int cancel_fd, const http_request *req, const 
 
 /* GET /metrics. All of the Prometheus text is written here (one place to
  * change when it moves to tp_metrics_format). */
-static void handle_metrics(conn *c, int cancel_fd, const http_request *req, const char *log_id,
-                           reply *r) {
+static void handle_metrics(conn *c, int cancel_fd, const http_request *req, const char *log_id, reply *r) {
     (void)cancel_fd, (void)req, (void)log_id;
     /* Both pools in one document (tp_metrics_format: pool="task" and
      * pool="conn" labels, capacity gauges, latency histograms), then the
@@ -459,8 +439,7 @@ static void handle_metrics(conn *c, int cancel_fd, const http_request *req, cons
     for (int tries = 0; need >= 0 && m >= 0 && (size_t)m < sizeof own && tries < 4; tries++) {
         size_t cap = (size_t)need + 4096 + (size_t)m + 1;
         char *buf = malloc(cap);
-        if (buf == NULL)
-            break;
+        if (buf == NULL) break;
         int n = tp_metrics_format(pools, 2, TP_FORMAT_PROMETHEUS, buf, cap - (size_t)m);
         if (n >= 0 && (size_t)n < cap - (size_t)m) {
             memcpy(buf + n, own, (size_t)m + 1);
@@ -479,8 +458,7 @@ static void handle_metrics(conn *c, int cancel_fd, const http_request *req, cons
 /* GET /healthz (liveness) and GET /readyz (readiness): 200, or 503 once the
  * drain has begun, so that a load balancer stops sending new work while
  * requests and tasks in progress finish. */
-static void handle_health(conn *c, int cancel_fd, const http_request *req, const char *log_id,
-                          reply *r) {
+static void handle_health(conn *c, int cancel_fd, const http_request *req, const char *log_id, reply *r) {
     (void)cancel_fd, (void)log_id;
     int ready = strcmp(req->path, "/readyz") == 0;
     if (atomic_load(&c->s->draining))
@@ -497,9 +475,9 @@ static const char *const work_params[] = {"delay", NULL};
  * segment. Every GET route also answers HEAD. */
 static const struct route {
     const char *path;
-    const char *methods;        /* space-separated, HEAD implied by GET */
-    const char *allow;          /* the Allow header of a 405 */
-    const char *const *params;  /* the query parameters it accepts */
+    const char *methods;       /* space-separated, HEAD implied by GET */
+    const char *allow;         /* the Allow header of a 405 */
+    const char *const *params; /* the query parameters it accepts */
     handler_fn *fn;
 } routes[] = {
     {"/tasks", "POST", "POST", task_params, handle_tasks},
@@ -513,8 +491,7 @@ static const struct route {
 
 static int route_matches(const struct route *rt, const char *path) {
     size_t n = strlen(rt->path);
-    if (rt->path[n - 1] != '/')
-        return strcmp(path, rt->path) == 0;
+    if (rt->path[n - 1] != '/') return strcmp(path, rt->path) == 0;
     return strncmp(path, rt->path, n) == 0 && strchr(path + n, '/') == NULL;
 }
 
@@ -522,16 +499,14 @@ static int method_allowed(const struct route *rt, const char *method) {
     const char *m = strcmp(method, "HEAD") == 0 ? "GET" : method;
     size_t n = strlen(m);
     for (const char *p = rt->methods; *p != '\0'; p += strcspn(p, " "), p += *p == ' ')
-        if (strncmp(p, m, n) == 0 && (p[n] == ' ' || p[n] == '\0'))
-            return 1;
+        if (strncmp(p, m, n) == 0 && (p[n] == ' ' || p[n] == '\0')) return 1;
     return 0;
 }
 
 static void route(conn *c, int cancel_fd, const http_request *req, const char *log_id, reply *r) {
     const struct route *rt = NULL;
     for (size_t i = 0; i < sizeof routes / sizeof routes[0] && rt == NULL; i++)
-        if (route_matches(&routes[i], req->path))
-            rt = &routes[i];
+        if (route_matches(&routes[i], req->path)) rt = &routes[i];
     if (rt == NULL) {
         reply_error(r, 404, "not found");
         return;
@@ -545,8 +520,7 @@ static void route(conn *c, int cancel_fd, const http_request *req, const char *l
     if (http_query_check(req->query, rt->params, bad, sizeof bad) != 0) {
         /* The name goes into JSON: keep only characters that need no escape. */
         for (char *p = bad; *p != '\0'; p++)
-            if (*p == '"' || *p == '\\' || (unsigned char)*p < 0x20 || (unsigned char)*p >= 0x7f)
-                *p = '?';
+            if (*p == '"' || *p == '\\' || (unsigned char)*p < 0x20 || (unsigned char)*p >= 0x7f) *p = '?';
         snprintf(msg, sizeof msg, "unknown, repeated or empty query parameter '%s'", bad);
         reply_error(r, 400, msg);
         return;
@@ -572,35 +546,27 @@ static int read_head(conn *c, int cancel_fd, int first, size_t *head_len) {
             *head_len = h;
             return HEAD_OK;
         }
-        if (c->len >= sizeof c->buf)
-            return HEAD_TOO_LARGE;
+        if (c->len >= sizeof c->buf) return HEAD_TOO_LARGE;
         int idle = c->len == 0;
         /* Draining: an idle connection closes, except the probe connection
          * the drain accepted in order to answer (its one request). */
-        if (idle && !c->probe && atomic_load(&c->s->draining))
-            return HEAD_CLOSE;
+        if (idle && !c->probe && atomic_load(&c->s->draining)) return HEAD_CLOSE;
         uint64_t deadline = idle ? idle_deadline : head_deadline;
         int timeout = poll_ms(deadline);
-        if (timeout == 0)
-            return idle ? HEAD_CLOSE : HEAD_TIMEOUT;
+        if (timeout == 0) return idle ? HEAD_CLOSE : HEAD_TIMEOUT;
         struct pollfd pf[3] = {
             {.fd = c->fd, .events = POLLIN},
             {.fd = cancel_fd, .events = POLLIN},
             {.fd = idle && !c->probe ? c->s->drain_fd : -1, .events = POLLIN},
         };
         int n = poll(pf, 3, timeout);
-        if (n < 0 && errno != EINTR)
-            return HEAD_CLOSE;
-        if (n <= 0)
-            continue;
-        if (pf[1].revents & POLLIN)
-            return HEAD_CLOSE; /* forced shutdown */
-        if (pf[0].revents == 0)
-            continue; /* the drain flag: checked at the top */
+        if (n < 0 && errno != EINTR) return HEAD_CLOSE;
+        if (n <= 0) continue;
+        if (pf[1].revents & POLLIN) return HEAD_CLOSE; /* forced shutdown */
+        if (pf[0].revents == 0) continue;              /* the drain flag: checked at the top */
         ssize_t got = recv(c->fd, c->buf + c->len, sizeof c->buf - c->len, 0);
         if (got > 0) {
-            if (c->len == 0 && !first)
-                head_deadline = tp_now_ns() + c->head_timeout_ns;
+            if (c->len == 0 && !first) head_deadline = tp_now_ns() + c->head_timeout_ns;
             c->len += (size_t)got;
         } else if (got == 0 || (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK)) {
             return HEAD_CLOSE; /* EOF or error */
@@ -621,16 +587,12 @@ static int skip_body(conn *c, int cancel_fd, size_t head_len, uint64_t n) {
     char scratch[4096];
     while (n > 0) {
         int timeout = poll_ms(deadline);
-        if (timeout == 0)
-            return -1;
+        if (timeout == 0) return -1;
         struct pollfd pf[2] = {{.fd = c->fd, .events = POLLIN}, {.fd = cancel_fd, .events = POLLIN}};
         int r = poll(pf, 2, timeout);
-        if (r < 0 && errno != EINTR)
-            return -1;
-        if (r <= 0)
-            continue;
-        if (pf[1].revents & POLLIN)
-            return -1;
+        if (r < 0 && errno != EINTR) return -1;
+        if (r <= 0) continue;
+        if (pf[1].revents & POLLIN) return -1;
         ssize_t got = recv(c->fd, scratch, n < sizeof scratch ? (size_t)n : sizeof scratch, 0);
         if (got > 0)
             n -= (uint64_t)got;
@@ -640,8 +602,8 @@ static int skip_body(conn *c, int cancel_fd, size_t head_len, uint64_t n) {
     return 0;
 }
 
-static void log_request(const conn *c, const char *method, const char *path, int status,
-                        uint64_t t0, const char *log_id) {
+static void log_request(const conn *c, const char *method, const char *path, int status, uint64_t t0,
+                        const char *log_id) {
     svc_log ev;
     svc_log_begin(&ev, status >= 500 ? "warn" : "info", "request");
     svc_log_uint(&ev, "conn", c->id);
@@ -661,8 +623,8 @@ static int send_reply(conn *c, int cancel_fd, reply *r, int minor, const char *l
     snprintf(extra, sizeof extra, "%sX-Request-Id: %s\r\n", r->extra, log_id);
     /* A heap body is sent after the head, not copied into `out`. */
     const char *body = r->big != NULL ? r->big : r->body;
-    size_t n = http_format_response(out, sizeof out, r->status, r->ctype, body, r->len, extra,
-                                    r->keep_alive, minor, r->head_only || r->big != NULL);
+    size_t n = http_format_response(out, sizeof out, r->status, r->ctype, body, r->len, extra, r->keep_alive,
+                                    minor, r->head_only || r->big != NULL);
     /* A probe is served on the main thread: keep its write short too. */
     uint64_t deadline = tp_now_ns() + (c->probe ? PROBE_HEAD_NS : WRITE_TIMEOUT_NS);
     int rc = n == 0 ? -1 : http_send_all(c->fd, out, n, deadline, cancel_fd);
@@ -689,8 +651,7 @@ static int serve_one(conn *c, int cancel_fd, int first) {
     size_t head_len = 0;
     int h = read_head(c, cancel_fd, first, &head_len);
     uint64_t t0 = tp_now_ns();
-    if (h == HEAD_CLOSE)
-        return 0;
+    if (h == HEAD_CLOSE) return 0;
     if (h == HEAD_TIMEOUT) {
         refuse(c, cancel_fd, 408, "request head not received in time", t0);
         return 0;
@@ -709,8 +670,7 @@ static int serve_one(conn *c, int cancel_fd, int first) {
     if (req.request_id != NULL)
         snprintf(log_id, sizeof log_id, "%s", req.request_id);
     else
-        snprintf(log_id, sizeof log_id, "req-%llu",
-                 (unsigned long long)atomic_fetch_add(&c->s->next_req, 1));
+        snprintf(log_id, sizeof log_id, "req-%llu", (unsigned long long)atomic_fetch_add(&c->s->next_req, 1));
 
     reply r = {.keep_alive = req.keep_alive, .head_only = strcmp(req.method, "HEAD") == 0};
     if (req.minor >= 1 && req.host_count != 1) {
@@ -729,8 +689,7 @@ static int serve_one(conn *c, int cancel_fd, int first) {
     } else {
         route(c, cancel_fd, &req, log_id, &r);
     }
-    if (atomic_load(&c->s->draining))
-        r.keep_alive = 0;
+    if (atomic_load(&c->s->draining)) r.keep_alive = 0;
     if (r.status == 0) { /* the client hung up during /work */
         log_request(c, req.method, req.path, 499, t0, log_id);
         return 0;
@@ -745,8 +704,7 @@ static int conn_task(tp_ctx *ctx, void *arg) {
     conn *c = arg;
     int cancel_fd = tp_ctx_fd(ctx); /* negative if none could be made: poll() ignores it */
     unsigned requests = 0;
-    for (int first = 1; serve_one(c, cancel_fd, first); first = 0)
-        requests++;
+    for (int first = 1; serve_one(c, cancel_fd, first); first = 0) requests++;
     svc_log ev;
     svc_log_begin(&ev, "debug", "connection_closed");
     svc_log_uint(&ev, "conn", c->id);
@@ -815,8 +773,7 @@ void svc_conn_accept(svc *s, int fd, const char *peer) {
         snprintf(log_id, sizeof log_id, "conn-%llu", (unsigned long long)id);
         tp_task_opts opts = {.on_done = conn_done, .log_id = log_id};
         int rc = tp_submit(s->conns, conn_task, c, &opts, NULL);
-        if (rc == TP_OK)
-            return; /* c and fd belong to the connection task now */
+        if (rc == TP_OK) return; /* c and fd belong to the connection task now */
         why = tp_err_name(rc);
         free(c);
     }

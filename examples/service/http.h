@@ -26,14 +26,14 @@
 
 typedef struct http_request {
     const char *method;
-    const char *path;        /* target up to '?' */
-    const char *query;       /* after '?', "" if none */
-    int         minor;       /* HTTP/1.<minor> */
-    int         keep_alive;  /* after the version default and the Connection header */
-    uint64_t    content_length;
-    int         chunked;     /* a Transfer-Encoding header was present */
-    const char *request_id;  /* a valid X-Request-Id, or NULL */
-    int         host_count;  /* Host header lines (HTTP/1.1 requires exactly one) */
+    const char *path;  /* target up to '?' */
+    const char *query; /* after '?', "" if none */
+    int minor;         /* HTTP/1.<minor> */
+    int keep_alive;    /* after the version default and the Connection header */
+    uint64_t content_length;
+    int chunked;            /* a Transfer-Encoding header was present */
+    const char *request_id; /* a valid X-Request-Id, or NULL */
+    int host_count;         /* Host header lines (HTTP/1.1 requires exactly one) */
 } http_request;
 
 /* Length of the head in buf (through the blank line), or 0 if incomplete. */
@@ -67,8 +67,7 @@ int http_send_all(int fd, const char *buf, size_t len, uint64_t deadline_ns, int
  * headers, Content-Length included, and no body; the body need not fit then,
  * and a caller may send a large one itself after the head). Returns the
  * length, or 0 if it does not fit. */
-size_t http_format_response(char *out, size_t cap, int status, const char *content_type,
-                            const char *body, size_t body_len, const char *extra, int keep_alive,
-                            int minor, int head_only);
+size_t http_format_response(char *out, size_t cap, int status, const char *content_type, const char *body,
+                            size_t body_len, const char *extra, int keep_alive, int minor, int head_only);
 
 #endif

@@ -26,14 +26,11 @@ static const char *const level_names[] = {"error", "warn", "info", "debug"};
 
 int svc_log_parse_level(const char *name) {
     for (int i = 0; i < 4; i++)
-        if (strcmp(name, level_names[i]) == 0)
-            return i;
+        if (strcmp(name, level_names[i]) == 0) return i;
     return -1;
 }
 
-void svc_log_set_level(int level) {
-    atomic_store_explicit(&log_threshold, level, memory_order_relaxed);
-}
+void svc_log_set_level(int level) { atomic_store_explicit(&log_threshold, level, memory_order_relaxed); }
 
 int svc_log_enabled(const char *level) {
     int l = svc_log_parse_level(level);
@@ -45,8 +42,7 @@ int svc_log_enabled(const char *level) {
 
 /* Append `s` of length n if it fits; otherwise mark the line truncated. */
 static int put(svc_log *ev, const char *s, size_t n) {
-    if (ev->skip)
-        return -1;
+    if (ev->skip) return -1;
     if (ev->truncated || ev->len + n + TAIL_RESERVE > sizeof ev->buf) {
         ev->truncated = 1;
         return -1;
@@ -65,11 +61,26 @@ static size_t escape(const char *s, char *out, size_t cap) {
         const char *rep = NULL;
         size_t rn = 1;
         switch (*p) {
-        case '"': rep = "\\\""; rn = 2; break;
-        case '\\': rep = "\\\\"; rn = 2; break;
-        case '\n': rep = "\\n"; rn = 2; break;
-        case '\r': rep = "\\r"; rn = 2; break;
-        case '\t': rep = "\\t"; rn = 2; break;
+        case '"':
+            rep = "\\\"";
+            rn = 2;
+            break;
+        case '\\':
+            rep = "\\\\";
+            rn = 2;
+            break;
+        case '\n':
+            rep = "\\n";
+            rn = 2;
+            break;
+        case '\r':
+            rep = "\\r";
+            rn = 2;
+            break;
+        case '\t':
+            rep = "\\t";
+            rn = 2;
+            break;
         default:
             if (*p < 0x20 || *p == 0x7f) {
                 snprintf(tmp, sizeof tmp, "\\u%04x", *p);
@@ -77,8 +88,7 @@ static size_t escape(const char *s, char *out, size_t cap) {
                 rn = 6;
             }
         }
-        if (n + rn > cap)
-            return (size_t)-1;
+        if (n + rn > cap) return (size_t)-1;
         if (rep != NULL)
             memcpy(out + n, rep, rn);
         else
@@ -91,26 +101,37 @@ static size_t escape(const char *s, char *out, size_t cap) {
 /* Appends ,"key": as one unit with the value that follows, so that a cut
  * never leaves a key without its value. */
 static void field(svc_log *ev, const char *key, const char *value, size_t vlen, int quote) {
-    if (ev->skip)
-        return;
+    if (ev->skip) return;
     char tmp[SVC_LOG_LINE_MAX];
     size_t n = 0, cap = sizeof tmp;
     tmp[n++] = ',';
     tmp[n++] = '"';
     size_t k = escape(key, tmp + n, cap - n);
-    if (k == (size_t)-1) { ev->truncated = 1; return; }
+    if (k == (size_t)-1) {
+        ev->truncated = 1;
+        return;
+    }
     n += k;
-    if (n + 3 > cap) { ev->truncated = 1; return; }
+    if (n + 3 > cap) {
+        ev->truncated = 1;
+        return;
+    }
     tmp[n++] = '"';
     tmp[n++] = ':';
     if (quote) {
         tmp[n++] = '"';
         size_t v = escape(value, tmp + n, cap - n);
-        if (v == (size_t)-1 || n + v + 1 > cap) { ev->truncated = 1; return; }
+        if (v == (size_t)-1 || n + v + 1 > cap) {
+            ev->truncated = 1;
+            return;
+        }
         n += v;
         tmp[n++] = '"';
     } else {
-        if (n + vlen > cap) { ev->truncated = 1; return; }
+        if (n + vlen > cap) {
+            ev->truncated = 1;
+            return;
+        }
         memcpy(tmp + n, value, vlen);
         n += vlen;
     }
@@ -162,13 +183,10 @@ void svc_log_uint(svc_log *ev, const char *key, unsigned long long value) {
     field(ev, key, num, (size_t)n, 0);
 }
 
-void svc_log_raw(svc_log *ev, const char *key, const char *json) {
-    field(ev, key, json, strlen(json), 0);
-}
+void svc_log_raw(svc_log *ev, const char *key, const char *json) { field(ev, key, json, strlen(json), 0); }
 
 void svc_log_end(svc_log *ev) {
-    if (ev->skip)
-        return;
+    if (ev->skip) return;
     if (ev->truncated) {
         static const char mark[] = ",\"truncated\":true";
         memcpy(ev->buf + ev->len, mark, sizeof mark - 1); /* TAIL_RESERVE keeps room */
@@ -180,10 +198,8 @@ void svc_log_end(svc_log *ev) {
     size_t off = 0;
     while (off < ev->len) {
         ssize_t w = write(STDOUT_FILENO, ev->buf + off, ev->len - off);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            break; /* stdout gone: logging must not stop the service */
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) break; /* stdout gone: logging must not stop the service */
         off += (size_t)w;
     }
     pthread_mutex_unlock(&log_mu);

@@ -26,10 +26,10 @@
 #define SVC_LOG_LINE_MAX 2048
 
 typedef struct svc_log {
-    char   buf[SVC_LOG_LINE_MAX];
+    char buf[SVC_LOG_LINE_MAX];
     size_t len;
-    int    truncated;
-    int    skip;      /* below LOG_LEVEL: every call on this event does nothing */
+    int truncated;
+    int skip; /* below LOG_LEVEL: every call on this event does nothing */
 } svc_log;
 
 /* Levels, in the order of TP_LOG_*: a line is written when its level is at or
@@ -50,10 +50,10 @@ int svc_log_enabled(const char *level);
 void svc_log_begin_always(svc_log *ev, const char *level, const char *msg);
 
 void svc_log_begin(svc_log *ev, const char *level, const char *msg);
-void svc_log_str(svc_log *ev, const char *key, const char *value);  /* NULL value -> null */
+void svc_log_str(svc_log *ev, const char *key, const char *value); /* NULL value -> null */
 void svc_log_int(svc_log *ev, const char *key, long long value);
 void svc_log_uint(svc_log *ev, const char *key, unsigned long long value);
-void svc_log_raw(svc_log *ev, const char *key, const char *json);    /* already valid JSON */
+void svc_log_raw(svc_log *ev, const char *key, const char *json); /* already valid JSON */
 void svc_log_end(svc_log *ev);
 
 /* The log hook given to the task pool: failed attempts become JSON lines. */

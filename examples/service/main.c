@@ -100,8 +100,8 @@ static int resolve(const char *addr, struct addrinfo **out, char *err, size_t er
     }
     char portstr[8];
     snprintf(portstr, sizeof portstr, "%u", port);
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+    struct addrinfo hints = {
+        .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
     int rc = getaddrinfo(hlen > 0 ? host : NULL, portstr, &hints, out);
     if (rc != 0) {
         snprintf(err, errlen, "LISTEN_ADDR=\"%s\": %s", addr, gai_strerror(rc));
@@ -120,8 +120,7 @@ static int listen_on(const struct addrinfo *ai, char *err, size_t errlen) {
         }
         int one = 1;
         (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 256) == 0)
-            return fd;
+        if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 256) == 0) return fd;
         saved = errno;
         close(fd);
     }
@@ -154,10 +153,8 @@ static void accept_ready(svc *s, int lfd) {
         socklen_t sl = sizeof ss;
         int fd = accept4(lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
-            if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO)
-                continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK)
-                return;
+            if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return;
             /* EMFILE, ENFILE, ENOBUFS, ENOMEM: back off instead of spinning. */
             svc_log ev;
             svc_log_begin(&ev, "error", "accept_failed");
@@ -198,9 +195,9 @@ static int stopped(tp_pool *p) {
 
 /* Steps 3 to 5 of the shutdown (see the top of the file). */
 typedef struct drain_job {
-    svc     *s;
+    svc *s;
     uint64_t t0, deadline;
-    int      rc_requests, rc_tasks, all_stopped;
+    int rc_requests, rc_tasks, all_stopped;
 } drain_job;
 
 static void *drain_main(void *arg) {
@@ -230,8 +227,7 @@ static void accept_one_draining(svc *s, int lfd) {
     struct sockaddr_storage ss;
     socklen_t sl = sizeof ss;
     int fd = accept4(lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0)
-        return; /* EAGAIN, or a failure: the poll loop comes back */
+    if (fd < 0) return; /* EAGAIN, or a failure: the poll loop comes back */
     int one = 1;
     (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     char peer[64];
@@ -270,12 +266,9 @@ static int run_shutdown(svc *s, int lfd) {
         for (;;) {
             struct pollfd pf[2] = {{.fd = done_pipe[0], .events = POLLIN}, {.fd = lfd, .events = POLLIN}};
             int n = poll(pf, 2, 1000);
-            if (n < 0 && errno != EINTR)
-                break; /* cannot happen with valid descriptors; join below */
-            if (n > 0 && (pf[0].revents & POLLIN))
-                break;
-            if (n > 0 && (pf[1].revents & POLLIN))
-                accept_one_draining(s, lfd);
+            if (n < 0 && errno != EINTR) break; /* cannot happen with valid descriptors; join below */
+            if (n > 0 && (pf[0].revents & POLLIN)) break;
+            if (n > 0 && (pf[1].revents & POLLIN)) accept_one_draining(s, lfd);
         }
         close(lfd);
         pthread_join(drainer, NULL);
@@ -312,8 +305,7 @@ static int run_shutdown(svc *s, int lfd) {
 static int startup_error(const char *msg, const char *variable, const char *error, int code) {
     svc_log ev;
     svc_log_begin(&ev, "error", msg);
-    if (variable != NULL)
-        svc_log_str(&ev, "variable", variable);
+    if (variable != NULL) svc_log_str(&ev, "variable", variable);
     svc_log_str(&ev, "error", error);
     svc_log_int(&ev, "exit_code", code);
     svc_log_end(&ev);
@@ -332,52 +324,50 @@ static tp_pool *make_pool(const tp_config *cfg, const char *what) {
 }
 
 static void usage(FILE *f) {
-    fprintf(f,
-"Usage: taskpool-service [--help | --version]\n"
-"\n"
-"An HTTP/1.1 service whose background work runs in a libtaskpool pool.\n"
-"Configured from the environment; logs one JSON object per line on stdout;\n"
-"drains on SIGTERM or SIGINT within SHUTDOWN_TIMEOUT.\n"
-"\n"
-"Endpoints (every GET endpoint also answers HEAD):\n"
-"  POST   /tasks?delay=D&user=U&deadline=D&fail=N\n"
-"                     admit a task that waits D (default 100ms): 202 {\"id\":N};\n"
-"                     503 queue full or draining, 429 user limit, 400 bad input\n"
-"  GET    /tasks/{id} the task's state (queued, running, retrying, succeeded,\n"
-"                     failed, cancelled, expired), status and attempts; 404 if\n"
-"                     unknown or forgotten, 400 for a malformed id\n"
-"  DELETE /tasks/{id} tp_cancel: 200 ended while queued, 202 delivered to the\n"
-"                     running task, 409 already finished, 404, 400\n"
-"  GET    /work?delay=D  wait D inside the request, then 200\n"
-"  GET    /stats      task-pool statistics, JSON\n"
-"  GET    /metrics    Prometheus text\n"
-"  GET    /healthz    liveness: 200; 503 while draining\n"
-"  GET    /readyz     readiness: 200; 503 while draining\n"
-"Unknown query parameters and HTTP/1.1 requests without Host get 400.\n"
-"\n"
-"Environment (durations like 250ms, 5s, 1m30s; unset or empty = default):\n"
-"  LISTEN_ADDR       host:port, [v6]:port or :port; 0 = any port (127.0.0.1:8080)\n"
-"  WORKERS           task-pool workers, 1..1024 (4)\n"
-"  QUEUE_CAPACITY    tasks waiting for a worker, 1..65536 (64)\n"
-"  MAX_PER_USER      unfinished tasks per user, 1..1000000 or unlimited (2)\n"
-"  TASK_TIMEOUT      run timeout of each attempt (60s)\n"
-"  TASK_RETRIES      extra attempts after a failed one, 0..100 (0)\n"
-"  RETRY_DELAY       wait before each retry (1s)\n"
-"  TASK_HISTORY      finished tasks GET /tasks/{id} still shows, 1..65536 (256)\n"
-"  SHUTDOWN_TIMEOUT  budget for draining requests and tasks (5s)\n"
-"  MAX_CONNS         open connections, 1..1024 (64)\n"
-"  HEADER_TIMEOUT    time to send a request head (5s)\n"
-"  IDLE_TIMEOUT      keep-alive wait for the next request (30s)\n"
-"  LOG_LEVEL         error, warn, info or debug (info)\n"
-"\n"
-"Exit status: 0 drained in time, 1 drain forced or start failed,\n"
-"2 invalid configuration or command line.\n");
+    fprintf(f, "Usage: taskpool-service [--help | --version]\n"
+               "\n"
+               "An HTTP/1.1 service whose background work runs in a libtaskpool pool.\n"
+               "Configured from the environment; logs one JSON object per line on stdout;\n"
+               "drains on SIGTERM or SIGINT within SHUTDOWN_TIMEOUT.\n"
+               "\n"
+               "Endpoints (every GET endpoint also answers HEAD):\n"
+               "  POST   /tasks?delay=D&user=U&deadline=D&fail=N\n"
+               "                     admit a task that waits D (default 100ms): 202 {\"id\":N};\n"
+               "                     503 queue full or draining, 429 user limit, 400 bad input\n"
+               "  GET    /tasks/{id} the task's state (queued, running, retrying, succeeded,\n"
+               "                     failed, cancelled, expired), status and attempts; 404 if\n"
+               "                     unknown or forgotten, 400 for a malformed id\n"
+               "  DELETE /tasks/{id} tp_cancel: 200 ended while queued, 202 delivered to the\n"
+               "                     running task, 409 already finished, 404, 400\n"
+               "  GET    /work?delay=D  wait D inside the request, then 200\n"
+               "  GET    /stats      task-pool statistics, JSON\n"
+               "  GET    /metrics    Prometheus text\n"
+               "  GET    /healthz    liveness: 200; 503 while draining\n"
+               "  GET    /readyz     readiness: 200; 503 while draining\n"
+               "Unknown query parameters and HTTP/1.1 requests without Host get 400.\n"
+               "\n"
+               "Environment (durations like 250ms, 5s, 1m30s; unset or empty = default):\n"
+               "  LISTEN_ADDR       host:port, [v6]:port or :port; 0 = any port (127.0.0.1:8080)\n"
+               "  WORKERS           task-pool workers, 1..1024 (4)\n"
+               "  QUEUE_CAPACITY    tasks waiting for a worker, 1..65536 (64)\n"
+               "  MAX_PER_USER      unfinished tasks per user, 1..1000000 or unlimited (2)\n"
+               "  TASK_TIMEOUT      run timeout of each attempt (60s)\n"
+               "  TASK_RETRIES      extra attempts after a failed one, 0..100 (0)\n"
+               "  RETRY_DELAY       wait before each retry (1s)\n"
+               "  TASK_HISTORY      finished tasks GET /tasks/{id} still shows, 1..65536 (256)\n"
+               "  SHUTDOWN_TIMEOUT  budget for draining requests and tasks (5s)\n"
+               "  MAX_CONNS         open connections, 1..1024 (64)\n"
+               "  HEADER_TIMEOUT    time to send a request head (5s)\n"
+               "  IDLE_TIMEOUT      keep-alive wait for the next request (30s)\n"
+               "  LOG_LEVEL         error, warn, info or debug (info)\n"
+               "\n"
+               "Exit status: 0 drained in time, 1 drain forced or start failed,\n"
+               "2 invalid configuration or command line.\n");
 }
 
 /* -1: run the service; otherwise exit with that status. */
 static int parse_args(int argc, char **argv) {
-    if (argc <= 1)
-        return -1;
+    if (argc <= 1) return -1;
     if (argc == 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
         usage(stdout);
         return 0;
@@ -399,15 +389,13 @@ static int parse_args(int argc, char **argv) {
 
 int main(int argc, char **argv) {
     int rc_args = parse_args(argc, argv);
-    if (rc_args >= 0)
-        return rc_args;
+    if (rc_args >= 0) return rc_args;
     static svc s; /* static: conn tasks point at it until the pools are destroyed */
     char err[512];
     const char *var = NULL;
     int loaded = svc_config_load(&s.cfg, err, sizeof err, &var);
     svc_log_set_level(s.cfg.log_level);
-    if (loaded != 0)
-        return startup_error("config_error", var, err, 2);
+    if (loaded != 0) return startup_error("config_error", var, err, 2);
     struct addrinfo *ai = NULL;
     if (resolve(s.cfg.listen_addr, &ai, err, sizeof err) != 0)
         return startup_error("config_error", "LISTEN_ADDR", err, 2);
@@ -462,7 +450,7 @@ int main(int argc, char **argv) {
         .queue_capacity = s.cfg.max_conns, /* open_conns is the real cap; this absorbs the
                                               moment between a task's end and its worker's return */
         .max_per_user = TP_UNLIMITED,
-        .run_timeout_ns = TP_FOREVER,      /* connections keep their own timeouts */
+        .run_timeout_ns = TP_FOREVER, /* connections keep their own timeouts */
         .drain_timeout_ns = s.cfg.shutdown_timeout_ns,
         .name = "conn",
         .log = svc_log_hook,
@@ -481,8 +469,7 @@ int main(int argc, char **argv) {
     struct sockaddr_storage ss;
     socklen_t sl = sizeof ss;
     char addr[80] = "?";
-    if (getsockname(lfd, (struct sockaddr *)&ss, &sl) == 0)
-        format_addr(&ss, addr, sizeof addr);
+    if (getsockname(lfd, (struct sockaddr *)&ss, &sl) == 0) format_addr(&ss, addr, sizeof addr);
 
     /* The first line: tests and scripts read the actual address from it. */
     svc_log ev;
@@ -517,8 +504,7 @@ int main(int argc, char **argv) {
             svc_log_end(&ev);
             break;
         }
-        if (n > 0 && (pf[0].revents & POLLIN))
-            accept_ready(&s, lfd);
+        if (n > 0 && (pf[0].revents & POLLIN)) accept_ready(&s, lfd);
     }
     int code = run_shutdown(&s, lfd);
     close(sig_pipe[0]);

@@ -24,19 +24,19 @@
 #define SVC_VERSION "1.1.0"
 
 typedef struct svc {
-    svc_config   cfg;
-    tp_pool     *tasks;
-    tp_pool     *conns;
-    svc_tasks    table;       /* recent tasks, for GET/DELETE /tasks/{id} */
+    svc_config cfg;
+    tp_pool *tasks;
+    tp_pool *conns;
+    svc_tasks table; /* recent tasks, for GET/DELETE /tasks/{id} */
     /* Set once by the shutdown; from then on idle keep-alive connections
      * close and every response carries Connection: close. drain_fd (the read
      * end of a pipe written once, never read) turns readable at the same
      * moment so that connections waiting in poll() notice at once. */
-    atomic_int   draining;
-    int          drain_fd;
-    atomic_uint  open_conns;  /* connections accepted and not yet closed */
-    atomic_ullong next_conn;  /* connection numbers, for the logs */
-    atomic_ullong next_req;   /* request numbers: generated log ids req-N */
+    atomic_int draining;
+    int drain_fd;
+    atomic_uint open_conns;  /* connections accepted and not yet closed */
+    atomic_ullong next_conn; /* connection numbers, for the logs */
+    atomic_ullong next_req;  /* request numbers: generated log ids req-N */
 } svc;
 
 /* Serve the accepted, non-blocking socket `fd` on the connection pool. Takes

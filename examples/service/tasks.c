@@ -23,8 +23,7 @@
 int svc_tasks_init(svc_tasks *t, size_t n) {
     memset(t, 0, sizeof *t);
     t->entries = calloc(n, sizeof *t->entries);
-    if (t->entries == NULL)
-        return -1;
+    if (t->entries == NULL) return -1;
     t->n = n;
     for (size_t i = n; i-- > 0;) {
         t->entries[i].next = t->empty;
@@ -78,11 +77,9 @@ static void view_locked(const svc_task *e, svc_task_view *out) {
 }
 
 static svc_task *find_locked(svc_tasks *t, uint64_t id) {
-    if (id == 0)
-        return NULL;
+    if (id == 0) return NULL;
     for (size_t i = 0; i < t->n; i++)
-        if (t->entries[i].id == id && t->entries[i].state != SVC_TASK_FREE)
-            return &t->entries[i];
+        if (t->entries[i].id == id && t->entries[i].state != SVC_TASK_FREE) return &t->entries[i];
     return NULL;
 }
 
@@ -103,8 +100,7 @@ static void make_empty_locked(svc_tasks *t, svc_task *e) {
 }
 
 static void changed_locked(svc_tasks *t) {
-    if (t->waiters > 0)
-        pthread_cond_broadcast(&t->cv);
+    if (t->waiters > 0) pthread_cond_broadcast(&t->cv);
 }
 
 svc_task *svc_tasks_reserve(svc_tasks *t, void *owner, uint64_t delay_ns, uint64_t deadline_ns,
@@ -115,8 +111,7 @@ svc_task *svc_tasks_reserve(svc_tasks *t, void *owner, uint64_t delay_ns, uint64
         t->empty = e->next;
     } else if ((e = t->old_head) != NULL) {
         t->old_head = e->next;
-        if (t->old_head == NULL)
-            t->old_tail = NULL;
+        if (t->old_head == NULL) t->old_tail = NULL;
     }
     if (e != NULL) {
         memset(e, 0, sizeof *e);
@@ -141,8 +136,7 @@ void svc_tasks_submitted(svc_tasks *t, svc_task *e, int rc, uint64_t id) {
         make_empty_locked(t, e); /* never accepted: the pool never saw it */
     } else {
         e->id = id;
-        if (svc_task_state_final(e->state))
-            make_old_locked(t, e); /* it ended before tp_submit() returned */
+        if (svc_task_state_final(e->state)) make_old_locked(t, e); /* it ended before tp_submit() returned */
     }
     pthread_mutex_unlock(&t->mu);
 }
@@ -157,8 +151,7 @@ void svc_tasks_started(svc_tasks *t, svc_task *e, uint64_t id, unsigned attempt)
 }
 
 void svc_tasks_attempt_ended(svc_tasks *t, svc_task *e, int rc, int will_retry) {
-    if (rc == 0 || !will_retry)
-        return; /* on_done follows at once and records the outcome */
+    if (rc == 0 || !will_retry) return; /* on_done follows at once and records the outcome */
     pthread_mutex_lock(&t->mu);
     e->state = SVC_TASK_RETRYING;
     e->status = rc;
@@ -179,8 +172,7 @@ void svc_tasks_done(svc_tasks *t, svc_task *e, int status, svc_task_view *out) {
     e->status = status;
     e->ended_ns = tp_now_ns();
     view_locked(e, out);
-    if (!e->submitting)
-        make_old_locked(t, e);
+    if (!e->submitting) make_old_locked(t, e);
     changed_locked(t);
     pthread_mutex_unlock(&t->mu);
 }
@@ -188,8 +180,7 @@ void svc_tasks_done(svc_tasks *t, svc_task *e, int status, svc_task_view *out) {
 int svc_tasks_get(svc_tasks *t, uint64_t id, svc_task_view *out) {
     pthread_mutex_lock(&t->mu);
     svc_task *e = find_locked(t, id);
-    if (e != NULL)
-        view_locked(e, out);
+    if (e != NULL) view_locked(e, out);
     pthread_mutex_unlock(&t->mu);
     return e != NULL;
 }
@@ -199,8 +190,7 @@ int svc_tasks_mark_cancel(svc_tasks *t, uint64_t id, svc_task_view *out) {
     svc_task *e = find_locked(t, id);
     if (e != NULL) {
         view_locked(e, out);
-        if (!svc_task_state_final(e->state))
-            e->cancel_requested = 1;
+        if (!svc_task_state_final(e->state)) e->cancel_requested = 1;
     }
     pthread_mutex_unlock(&t->mu);
     return e != NULL;
@@ -209,22 +199,19 @@ int svc_tasks_mark_cancel(svc_tasks *t, uint64_t id, svc_task_view *out) {
 /* Has the cancel reached its target? The task has finished, or an attempt
  * is running that was running already or started since. */
 static int settled_locked(const svc_task *e, const svc_task_view *before) {
-    if (svc_task_state_final(e->state))
-        return 1;
-    if (e->attempts > before->attempts)
-        return 1;
+    if (svc_task_state_final(e->state)) return 1;
+    if (e->attempts > before->attempts) return 1;
     return before->state == SVC_TASK_RUNNING && e->state == SVC_TASK_RUNNING;
 }
 
-int svc_tasks_wait_settled(svc_tasks *t, uint64_t id, const svc_task_view *before,
-                           uint64_t deadline_ns, svc_task_view *out) {
+int svc_tasks_wait_settled(svc_tasks *t, uint64_t id, const svc_task_view *before, uint64_t deadline_ns,
+                           svc_task_view *out) {
     pthread_mutex_lock(&t->mu);
     svc_task *e;
     t->waiters++;
     while ((e = find_locked(t, id)) != NULL && !settled_locked(e, before)) {
         uint64_t now = tp_now_ns();
-        if (now >= deadline_ns)
-            break;
+        if (now >= deadline_ns) break;
         /* The condvar uses CLOCK_REALTIME; a relative wait of at most 100 ms
          * keeps a clock step from stretching the bound. */
         uint64_t wait = deadline_ns - now < 100000000ull ? deadline_ns - now : 100000000ull;
@@ -236,8 +223,7 @@ int svc_tasks_wait_settled(svc_tasks *t, uint64_t id, const svc_task_view *befor
         pthread_cond_timedwait(&t->cv, &t->mu, &ts);
     }
     t->waiters--;
-    if (e != NULL)
-        view_locked(e, out);
+    if (e != NULL) view_locked(e, out);
     pthread_mutex_unlock(&t->mu);
     return e != NULL;
 }

@@ -40,14 +40,14 @@
 #define SVC_USER_MAX 64
 
 typedef enum svc_task_state {
-    SVC_TASK_FREE = 0,   /* holds nothing */
-    SVC_TASK_QUEUED,     /* accepted, waiting for a worker */
-    SVC_TASK_RUNNING,    /* an attempt is running */
-    SVC_TASK_RETRYING,   /* an attempt failed; the pool will run it again */
-    SVC_TASK_SUCCEEDED,  /* the last attempt returned 0 */
-    SVC_TASK_FAILED,     /* the last attempt failed, no retry left */
-    SVC_TASK_CANCELLED,  /* tp_cancel or a forced shutdown ended it */
-    SVC_TASK_EXPIRED,    /* its deadline passed before it ever ran */
+    SVC_TASK_FREE = 0,  /* holds nothing */
+    SVC_TASK_QUEUED,    /* accepted, waiting for a worker */
+    SVC_TASK_RUNNING,   /* an attempt is running */
+    SVC_TASK_RETRYING,  /* an attempt failed; the pool will run it again */
+    SVC_TASK_SUCCEEDED, /* the last attempt returned 0 */
+    SVC_TASK_FAILED,    /* the last attempt failed, no retry left */
+    SVC_TASK_CANCELLED, /* tp_cancel or a forced shutdown ended it */
+    SVC_TASK_EXPIRED,   /* its deadline passed before it ever ran */
 } svc_task_state;
 
 /* A failed attempt on purpose (?fail=N): not a TP_ code. */
@@ -57,46 +57,46 @@ typedef enum svc_task_state {
  * reserved (under mu) and only read afterwards; the rest change under mu. */
 typedef struct svc_task {
     /* fixed from reservation to the end of the task */
-    void    *owner;              /* the service (for the task function) */
+    void *owner; /* the service (for the task function) */
     uint64_t delay_ns;
-    uint64_t deadline_ns;        /* absolute, 0 = none */
+    uint64_t deadline_ns; /* absolute, 0 = none */
     uint64_t accepted_ns;
-    unsigned fail_attempts;      /* the first N attempts fail on purpose */
-    char     log_id[HTTP_REQID_MAX + 16];
-    char     user[SVC_USER_MAX + 1];
+    unsigned fail_attempts; /* the first N attempts fail on purpose */
+    char log_id[HTTP_REQID_MAX + 16];
+    char user[SVC_USER_MAX + 1];
     /* under mu */
-    uint64_t id;                 /* 0 until known (after tp_submit or at the first start) */
+    uint64_t id; /* 0 until known (after tp_submit or at the first start) */
     svc_task_state state;
-    int      status;             /* the final status, or the failed attempt's while retrying */
-    unsigned attempts;           /* attempts started */
-    int      cancel_requested;   /* a DELETE called tp_cancel for it */
-    int      submitting;         /* reserved; the handler has not recorded the result yet */
+    int status;           /* the final status, or the failed attempt's while retrying */
+    unsigned attempts;    /* attempts started */
+    int cancel_requested; /* a DELETE called tp_cancel for it */
+    int submitting;       /* reserved; the handler has not recorded the result yet */
     uint64_t ended_ns;
-    struct svc_task *next;       /* in a free list while recyclable */
+    struct svc_task *next; /* in a free list while recyclable */
 } svc_task;
 
 /* A copy of an entry, for answers and logs (taken under mu, used without). */
 typedef struct svc_task_view {
     uint64_t id;
     svc_task_state state;
-    int      status;
+    int status;
     unsigned attempts;
-    int      cancel_requested;
+    int cancel_requested;
     uint64_t delay_ns;
-    uint64_t age_ns;             /* since accepted */
-    char     log_id[HTTP_REQID_MAX + 16];
-    char     user[SVC_USER_MAX + 1];
+    uint64_t age_ns; /* since accepted */
+    char log_id[HTTP_REQID_MAX + 16];
+    char user[SVC_USER_MAX + 1];
 } svc_task_view;
 
 typedef struct svc_tasks {
     pthread_mutex_t mu;
-    pthread_cond_t  cv;          /* an entry changed state; see `waiters` */
-    unsigned        waiters;     /* DELETE handlers waiting on cv */
-    svc_task       *entries;
-    size_t          n;
-    svc_task       *empty;       /* entries holding nothing: a stack, used first */
-    svc_task       *old_head;    /* finished entries, oldest first */
-    svc_task       *old_tail;
+    pthread_cond_t cv; /* an entry changed state; see `waiters` */
+    unsigned waiters;  /* DELETE handlers waiting on cv */
+    svc_task *entries;
+    size_t n;
+    svc_task *empty;    /* entries holding nothing: a stack, used first */
+    svc_task *old_head; /* finished entries, oldest first */
+    svc_task *old_tail;
 } svc_tasks;
 
 /* Allocate `n` entries once. 0, or -1 (out of memory). */
@@ -133,8 +133,8 @@ int svc_tasks_mark_cancel(svc_tasks *t, uint64_t id, svc_task_view *out);
  * from svc_tasks_mark_cancel), or it was running then and still is; or until
  * deadline_ns (tp_now_ns clock). 1 and *out filled, or 0 if the id left the
  * table. */
-int svc_tasks_wait_settled(svc_tasks *t, uint64_t id, const svc_task_view *before,
-                           uint64_t deadline_ns, svc_task_view *out);
+int svc_tasks_wait_settled(svc_tasks *t, uint64_t id, const svc_task_view *before, uint64_t deadline_ns,
+                           svc_task_view *out);
 
 /* "queued", "running", ... */
 const char *svc_task_state_name(svc_task_state s);

@@ -36,19 +36,23 @@ static redisContext *connect_url(const char *url) {
         const char *h = url + 8, *colon = strrchr(h, ':');
         size_t hlen = colon != NULL ? (size_t)(colon - h) : strlen(h);
         unsigned port = 6379;
-        if (hlen == 0 || hlen >= sizeof host || (colon != NULL && svc_parse_uint(colon + 1, 1, 65535, &port) != 0)) {
-            fprintf(stderr, "taskpool-enqueue: REDIS_URL=\"%s\": expected redis://host:port or unix:///path\n", url);
+        if (hlen == 0 || hlen >= sizeof host ||
+            (colon != NULL && svc_parse_uint(colon + 1, 1, 65535, &port) != 0)) {
+            fprintf(stderr,
+                    "taskpool-enqueue: REDIS_URL=\"%s\": expected redis://host:port or unix:///path\n", url);
             exit(2);
         }
         memcpy(host, h, hlen);
         host[hlen] = '\0';
         c = redisConnectWithTimeout(host, (int)port, tv);
     } else {
-        fprintf(stderr, "taskpool-enqueue: REDIS_URL=\"%s\": expected redis://host:port or unix:///path\n", url);
+        fprintf(stderr, "taskpool-enqueue: REDIS_URL=\"%s\": expected redis://host:port or unix:///path\n",
+                url);
         exit(2);
     }
     if (c == NULL || c->err) {
-        fprintf(stderr, "taskpool-enqueue: cannot connect to %s: %s\n", url, c != NULL ? c->errstr : "no memory");
+        fprintf(stderr, "taskpool-enqueue: cannot connect to %s: %s\n", url,
+                c != NULL ? c->errstr : "no memory");
         exit(1);
     }
     return c;
@@ -60,16 +64,36 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         unsigned *num = NULL, max = 100000000;
-        if (strcmp(a, "--count") == 0) num = &count;
-        else if (strcmp(a, "--users") == 0) num = &users;
-        else if (strcmp(a, "--fail-every") == 0) num = &fail_every;
-        else if (strcmp(a, "--payload-bytes") == 0) { num = &payload_bytes; max = 1 << 20; }
-        else if (strcmp(a, "--pipeline") == 0) { num = &pipeline; max = 100000; }
-        else if (strcmp(a, "--delay") == 0 && v != NULL) { delay = v; i++; continue; }
-        else if (strcmp(a, "--fail") == 0 && v != NULL) { fail = v; i++; continue; }
-        else { usage(); return 2; }
-        if (v == NULL || svc_parse_uint(v, strcmp(a, "--count") == 0 || strcmp(a, "--users") == 0 ||
-                                               strcmp(a, "--payload-bytes") == 0 ? 0 : 1, max, num) != 0) {
+        if (strcmp(a, "--count") == 0)
+            num = &count;
+        else if (strcmp(a, "--users") == 0)
+            num = &users;
+        else if (strcmp(a, "--fail-every") == 0)
+            num = &fail_every;
+        else if (strcmp(a, "--payload-bytes") == 0) {
+            num = &payload_bytes;
+            max = 1 << 20;
+        } else if (strcmp(a, "--pipeline") == 0) {
+            num = &pipeline;
+            max = 100000;
+        } else if (strcmp(a, "--delay") == 0 && v != NULL) {
+            delay = v;
+            i++;
+            continue;
+        } else if (strcmp(a, "--fail") == 0 && v != NULL) {
+            fail = v;
+            i++;
+            continue;
+        } else {
+            usage();
+            return 2;
+        }
+        if (v == NULL || svc_parse_uint(v,
+                                        strcmp(a, "--count") == 0 || strcmp(a, "--users") == 0 ||
+                                                strcmp(a, "--payload-bytes") == 0
+                                            ? 0
+                                            : 1,
+                                        max, num) != 0) {
             fprintf(stderr, "taskpool-enqueue: %s needs a whole number\n", a);
             return 2;
         }
@@ -82,15 +106,12 @@ int main(int argc, char **argv) {
     }
     const char *url = getenv("REDIS_URL");
     const char *stream = getenv("STREAM");
-    if (url == NULL || *url == '\0')
-        url = "redis://127.0.0.1:6379";
-    if (stream == NULL || *stream == '\0')
-        stream = "tasks";
+    if (url == NULL || *url == '\0') url = "redis://127.0.0.1:6379";
+    if (stream == NULL || *stream == '\0') stream = "tasks";
     char *payload = NULL;
     if (payload_bytes > 0) {
         payload = malloc(payload_bytes);
-        if (payload == NULL)
-            return 1;
+        if (payload == NULL) return 1;
         memset(payload, 'x', payload_bytes);
     }
     redisContext *c = connect_url(url);
@@ -136,12 +157,12 @@ int main(int argc, char **argv) {
                 return 1;
             }
             if (r->type != REDIS_REPLY_STRING) {
-                fprintf(stderr, "taskpool-enqueue: XADD: %s\n", r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply");
+                fprintf(stderr, "taskpool-enqueue: XADD: %s\n",
+                        r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply");
                 freeReplyObject(r);
                 return 1;
             }
-            if (first[0] == '\0')
-                snprintf(first, sizeof first, "%s", r->str);
+            if (first[0] == '\0') snprintf(first, sizeof first, "%s", r->str);
             snprintf(last, sizeof last, "%s", r->str);
             freeReplyObject(r);
         }

@@ -22,21 +22,19 @@
 #define BODY_MAX (64 * 1024)
 
 struct metrics_server {
-    int               fd;
-    int               stop[2];
-    pthread_t         thread;
+    int fd;
+    int stop[2];
+    pthread_t thread;
     metrics_render_fn render;
-    void             *arg;
-    char              body[BODY_MAX];
+    void *arg;
+    char body[BODY_MAX];
 };
 
 static void send_all(int fd, const char *p, size_t n) {
     while (n > 0) {
         ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return;
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return;
         p += w;
         n -= (size_t)w;
     }
@@ -50,24 +48,21 @@ static void serve(metrics_server *m, int fd) {
     size_t n = 0;
     while (n < sizeof req - 1) {
         ssize_t r = recv(fd, req + n, sizeof req - 1 - n, 0);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            break;
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
         n += (size_t)r;
         req[n] = '\0';
-        if (strstr(req, "\r\n\r\n") != NULL || strstr(req, "\n\n") != NULL)
-            break;
+        if (strstr(req, "\r\n\r\n") != NULL || strstr(req, "\n\n") != NULL) break;
     }
     req[n] = '\0';
     char head[256];
     if (strncmp(req, "GET /metrics ", 13) == 0 || strncmp(req, "GET /metrics?", 13) == 0) {
         int len = m->render(m->arg, m->body, sizeof m->body);
-        if (len < 0 || (size_t)len >= sizeof m->body)
-            len = 0;
+        if (len < 0 || (size_t)len >= sizeof m->body) len = 0;
         int h = snprintf(head, sizeof head,
                          "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
-                         "Content-Length: %d\r\nConnection: close\r\n\r\n", len);
+                         "Content-Length: %d\r\nConnection: close\r\n\r\n",
+                         len);
         send_all(fd, head, (size_t)h);
         send_all(fd, m->body, (size_t)len);
     } else {
@@ -83,12 +78,10 @@ static void *loop(void *arg) {
     for (;;) {
         struct pollfd pf[2] = {{.fd = m->fd, .events = POLLIN}, {.fd = m->stop[0], .events = POLLIN}};
         if (poll(pf, 2, -1) < 0) {
-            if (errno == EINTR)
-                continue;
+            if (errno == EINTR) continue;
             return NULL;
         }
-        if (pf[1].revents)
-            return NULL;
+        if (pf[1].revents) return NULL;
         if (pf[0].revents & POLLIN) {
             int fd = accept4(m->fd, NULL, NULL, SOCK_CLOEXEC);
             if (fd >= 0)
@@ -104,7 +97,8 @@ metrics_server *metrics_start(const char *addr, metrics_render_fn render, void *
     const char *colon = strrchr(addr, ':');
     char host[256];
     unsigned port;
-    if (colon == NULL || (size_t)(colon - addr) >= sizeof host || svc_parse_uint(colon + 1, 0, 65535, &port) != 0) {
+    if (colon == NULL || (size_t)(colon - addr) >= sizeof host ||
+        svc_parse_uint(colon + 1, 0, 65535, &port) != 0) {
         snprintf(err, errlen, "METRICS_ADDR=\"%s\": expected host:port", addr);
         return NULL;
     }
@@ -118,8 +112,10 @@ metrics_server *metrics_start(const char *addr, metrics_render_fn render, void *
     host[hlen] = '\0';
     char portstr[8];
     snprintf(portstr, sizeof portstr, "%u", port);
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV}, *ai = NULL;
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV},
+                    *ai = NULL;
     int rc = getaddrinfo(hlen > 0 ? host : NULL, portstr, &hints, &ai);
     if (rc != 0) {
         snprintf(err, errlen, "METRICS_ADDR=\"%s\": %s", addr, gai_strerror(rc));
@@ -181,8 +177,7 @@ metrics_server *metrics_start(const char *addr, metrics_render_fn render, void *
 }
 
 void metrics_stop(metrics_server *m) {
-    if (m == NULL)
-        return;
+    if (m == NULL) return;
     if (write(m->stop[1], "x", 1) < 0) {
         /* a fresh pipe cannot be full */
     }

@@ -32,109 +32,108 @@
 
 #include "config.h" /* svc_parse_duration, svc_parse_uint (examples/service/) */
 
-#define NIL            UINT32_MAX
-#define WRITE_BATCH    256u   /* outcomes per MULTI/EXEC */
-#define CLAIM_ARGS_MAX 512u   /* ids per heartbeat XCLAIM */
-#define BACKOFF_MIN_MS 100
-#define BACKOFF_MAX_MS 2000
+#define NIL                UINT32_MAX
+#define WRITE_BATCH        256u /* outcomes per MULTI/EXEC */
+#define CLAIM_ARGS_MAX     512u /* ids per heartbeat XCLAIM */
+#define BACKOFF_MIN_MS     100
+#define BACKOFF_MAX_MS     2000
 #define CONNECT_TIMEOUT_MS 1000
 #define COMMAND_TIMEOUT_MS 5000
-#define DELAY_MAX_NS   (3600ull * 1000000000ull)
+#define DELAY_MAX_NS       (3600ull * 1000000000ull)
 
 enum { S_FREE, S_BACKLOG, S_OVERFLOW, S_POOL, S_DONE };
 enum { OUT_OK, OUT_DEAD };
 
 typedef struct slot {
     struct tps_consumer *c;
-    uint32_t next;          /* free list, a user's backlog, overflow or done list */
-    uint8_t  state;
-    uint8_t  outcome;
-    uint8_t  fresh;         /* claimed in the current XAUTOCLAIM batch */
-    uint8_t  has_payload;
+    uint32_t next; /* free list, a user's backlog, overflow or done list */
+    uint8_t state;
+    uint8_t outcome;
+    uint8_t fresh; /* claimed in the current XAUTOCLAIM batch */
+    uint8_t has_payload;
     /* written by the task, read after the completion ring */
     unsigned attempts;
-    int      canceled;
-    int      timed_out;
-    int      status;
+    int canceled;
+    int timed_out;
+    int status;
     /* the message */
     unsigned deliveries;
     uint32_t fail;
     uint64_t delay_ns;
-    size_t   id_len;
-    size_t   payload_len;
-    const char *reason;     /* dead: static text, or reason_buf */
-    char     reason_buf[96];
-    char     id[TPS_ID_MAX + 1];
-    char     user[TP_USER_MAX + 1];
-    char     payload[TPS_PAYLOAD_MAX];
+    size_t id_len;
+    size_t payload_len;
+    const char *reason; /* dead: static text, or reason_buf */
+    char reason_buf[96];
+    char id[TPS_ID_MAX + 1];
+    char user[TP_USER_MAX + 1];
+    char payload[TPS_PAYLOAD_MAX];
 } slot;
 
-typedef struct user_q {     /* a user's backlog FIFO; used iff head != NIL */
+typedef struct user_q { /* a user's backlog FIFO; used iff head != NIL */
     uint32_t head, tail;
-    char     user[TP_USER_MAX + 1];
+    char user[TP_USER_MAX + 1];
 } user_q;
 
 struct tps_consumer {
     /* configuration, immutable after tps_create */
-    char      stream[TPS_NAME_MAX + 1], group[TPS_NAME_MAX + 1], consumer[TPS_NAME_MAX + 1];
-    char      results[TPS_NAME_MAX + 1], dead[TPS_NAME_MAX + 1];
-    char      host[256];
-    int       port;         /* 0: unix socket at host */
-    char      url[300];
-    tp_pool  *pool;
-    unsigned  pool_capacity, queue_capacity, nslots, max_deliveries, block_ms;
-    uint64_t  claim_idle_ns;
+    char stream[TPS_NAME_MAX + 1], group[TPS_NAME_MAX + 1], consumer[TPS_NAME_MAX + 1];
+    char results[TPS_NAME_MAX + 1], dead[TPS_NAME_MAX + 1];
+    char host[256];
+    int port; /* 0: unix socket at host */
+    char url[300];
+    tp_pool *pool;
+    unsigned pool_capacity, queue_capacity, nslots, max_deliveries, block_ms;
+    uint64_t claim_idle_ns;
     tps_handler handler;
-    void     *handler_arg;
+    void *handler_arg;
     tps_log_fn log;
-    void     *log_arg;
+    void *log_arg;
 
     /* completion ring: pool threads -> I/O thread */
     pthread_mutex_t ring_mu;
     uint32_t *ring;
-    uint32_t  ring_head, ring_count;
+    uint32_t ring_head, ring_count;
     atomic_int wake_pending;
-    int       wake[2];
+    int wake[2];
 
     /* control: application thread -> I/O thread */
     atomic_int stop_reading, finishing;
     atomic_ullong finish_deadline;
-    int       finish_result;
+    int finish_result;
     pthread_t thread;
-    int       started;
+    int started;
 
     /* counters */
-    atomic_ullong n_read, n_claimed, n_acked, n_succeeded, n_dead, n_malformed, n_ack_missed,
-        n_abandoned, n_user_waits, n_reconnects, g_held, g_backlog, g_unwritten, g_connected;
+    atomic_ullong n_read, n_claimed, n_acked, n_succeeded, n_dead, n_malformed, n_ack_missed, n_abandoned,
+        n_user_waits, n_reconnects, g_held, g_backlog, g_unwritten, g_connected;
 
     /* ---- I/O thread only ---- */
-    slot     *slots;
-    uint32_t  free_head, n_free, n_pool, n_backlog;
-    uint32_t  overflow_head, overflow_tail, n_overflow;
-    uint32_t  done_head, done_tail, n_done;
-    uint32_t *ids;          /* open addressing: slot index + 1, 0 = empty */
-    uint32_t  ids_mask;
-    user_q   *users;
-    uint32_t  users_mask;
-    redisContext *rd, *wr;  /* reader, writer */
-    unsigned  read_outstanding; /* COUNT of the XREADGROUP in flight, 0 if none */
-    uint64_t  read_sent_ns;
-    int       connected_once, stopped_applied;
-    unsigned  backoff_ms;
-    uint64_t  next_connect_ns, next_heartbeat_ns, next_claim_ns;
-    char      claim_cursor[TPS_ID_MAX + 1];
-    uint32_t *claim_got;    /* scratch of claim(): slots claimed in one batch */
+    slot *slots;
+    uint32_t free_head, n_free, n_pool, n_backlog;
+    uint32_t overflow_head, overflow_tail, n_overflow;
+    uint32_t done_head, done_tail, n_done;
+    uint32_t *ids; /* open addressing: slot index + 1, 0 = empty */
+    uint32_t ids_mask;
+    user_q *users;
+    uint32_t users_mask;
+    redisContext *rd, *wr;     /* reader, writer */
+    unsigned read_outstanding; /* COUNT of the XREADGROUP in flight, 0 if none */
+    uint64_t read_sent_ns;
+    int connected_once, stopped_applied;
+    unsigned backoff_ms;
+    uint64_t next_connect_ns, next_heartbeat_ns, next_claim_ns;
+    char claim_cursor[TPS_ID_MAX + 1];
+    uint32_t *claim_got; /* scratch of claim(): slots claimed in one batch */
     const char **claim_err;
-    const char **argv;      /* scratch for building commands */
-    size_t   *argvlen;
-    size_t    argcap;
+    const char **argv; /* scratch for building commands */
+    size_t *argvlen;
+    size_t argcap;
 };
 
 /* ------------------------------------------------------------------ logging */
 
 static void logkv(tps_consumer *c, int level, const char *event, const char *const *kv, size_t n) {
-    if (c->log != NULL)
-        c->log(c->log_arg, level, event, kv, n);
+    if (c->log != NULL) c->log(c->log_arg, level, event, kv, n);
 }
 
 static void log1(tps_consumer *c, int level, const char *event, const char *k, const char *v) {
@@ -167,19 +166,16 @@ static uint32_t hash_bytes(const char *s, size_t n) {
 static uint32_t ids_find(tps_consumer *c, const char *id, size_t len) {
     for (uint32_t i = hash_bytes(id, len) & c->ids_mask;; i = (i + 1) & c->ids_mask) {
         uint32_t v = c->ids[i];
-        if (v == 0)
-            return NIL;
+        if (v == 0) return NIL;
         slot *s = &c->slots[v - 1];
-        if (s->id_len == len && memcmp(s->id, id, len) == 0)
-            return v - 1;
+        if (s->id_len == len && memcmp(s->id, id, len) == 0) return v - 1;
     }
 }
 
 static void ids_insert(tps_consumer *c, uint32_t idx) {
     slot *s = &c->slots[idx];
     uint32_t i = hash_bytes(s->id, s->id_len) & c->ids_mask;
-    while (c->ids[i] != 0)
-        i = (i + 1) & c->ids_mask;
+    while (c->ids[i] != 0) i = (i + 1) & c->ids_mask;
     c->ids[i] = idx + 1;
 }
 
@@ -187,8 +183,7 @@ static void ids_insert(tps_consumer *c, uint32_t idx) {
 static void ids_remove(tps_consumer *c, uint32_t idx) {
     slot *s = &c->slots[idx];
     uint32_t i = hash_bytes(s->id, s->id_len) & c->ids_mask;
-    while (c->ids[i] != idx + 1)
-        i = (i + 1) & c->ids_mask;
+    while (c->ids[i] != idx + 1) i = (i + 1) & c->ids_mask;
     for (uint32_t j = (i + 1) & c->ids_mask; c->ids[j] != 0; j = (j + 1) & c->ids_mask) {
         slot *o = &c->slots[c->ids[j] - 1];
         uint32_t home = hash_bytes(o->id, o->id_len) & c->ids_mask;
@@ -207,13 +202,11 @@ static user_q *users_get(tps_consumer *c, const char *user, int create) {
     for (uint32_t i = hash_bytes(user, len) & c->users_mask;; i = (i + 1) & c->users_mask) {
         user_q *q = &c->users[i];
         if (q->head == NIL) {
-            if (!create)
-                return NULL;
+            if (!create) return NULL;
             memcpy(q->user, user, len + 1);
             return q;
         }
-        if (strcmp(q->user, user) == 0)
-            return q;
+        if (strcmp(q->user, user) == 0) return q;
     }
 }
 
@@ -235,8 +228,7 @@ static void users_remove(tps_consumer *c, user_q *q) {
 
 static uint32_t slot_alloc(tps_consumer *c) {
     uint32_t i = c->free_head;
-    if (i == NIL)
-        return NIL;
+    if (i == NIL) return NIL;
     c->free_head = c->slots[i].next;
     c->n_free--;
     slot *s = &c->slots[i];
@@ -276,8 +268,7 @@ static uint32_t list_pop(tps_consumer *c, uint32_t *head, uint32_t *tail) {
     uint32_t i = *head;
     if (i != NIL) {
         *head = c->slots[i].next;
-        if (*head == NIL)
-            *tail = NIL;
+        if (*head == NIL) *tail = NIL;
     }
     return i;
 }
@@ -295,14 +286,11 @@ static void finish_dead(tps_consumer *c, uint32_t i, const char *reason) {
 
 int tps_default_handler(tp_ctx *ctx, const tps_msg *msg, void *arg) {
     (void)arg;
-    if (msg->fail == TPS_FAIL_ALWAYS || tp_ctx_attempt(ctx) < msg->fail)
-        return TPS_RUN_FAILED;
+    if (msg->fail == TPS_FAIL_ALWAYS || tp_ctx_attempt(ctx) < msg->fail) return TPS_RUN_FAILED;
     if (msg->delay_ns > 0) {
         int rc = tp_ctx_sleep(ctx, msg->delay_ns);
-        if (rc == TP_ETIMEDOUT)
-            return TPS_RUN_TIMEDOUT;
-        if (rc != 0)
-            return TPS_RUN_CANCELED;
+        if (rc == TP_ETIMEDOUT) return TPS_RUN_TIMEDOUT;
+        if (rc != 0) return TPS_RUN_CANCELED;
     }
     return 0;
 }
@@ -315,57 +303,45 @@ static int field_is(const redisReply *r, const char *name) {
 /* Fill slot i from a fields array [name, value, ...]; NULL on success or a
  * static reason. */
 static const char *parse_fields(slot *s, const redisReply *f) {
-    if (f == NULL || f->type != REDIS_REPLY_ARRAY)
-        return "entry: no fields (deleted from the stream?)";
-    if (f->elements % 2 != 0)
-        return "entry: odd number of field elements";
+    if (f == NULL || f->type != REDIS_REPLY_ARRAY) return "entry: no fields (deleted from the stream?)";
+    if (f->elements % 2 != 0) return "entry: odd number of field elements";
     int seen_user = 0, seen_delay = 0, seen_fail = 0, seen_payload = 0;
     for (size_t k = 0; k + 1 < f->elements; k += 2) {
         const redisReply *name = f->element[k], *val = f->element[k + 1];
         if (name->type != REDIS_REPLY_STRING || val->type != REDIS_REPLY_STRING)
             return "entry: a field is not a string";
         if (field_is(name, "user")) {
-            if (seen_user++)
-                return "user: repeated";
-            if (val->len > TP_USER_MAX)
-                return "user: longer than 127 bytes";
-            if (memchr(val->str, '\0', val->len) != NULL)
-                return "user: contains a NUL byte";
+            if (seen_user++) return "user: repeated";
+            if (val->len > TP_USER_MAX) return "user: longer than 127 bytes";
+            if (memchr(val->str, '\0', val->len) != NULL) return "user: contains a NUL byte";
             memcpy(s->user, val->str, val->len);
             s->user[val->len] = '\0';
         } else if (field_is(name, "delay")) {
             char buf[64];
-            if (seen_delay++)
-                return "delay: repeated";
-            if (val->len >= sizeof buf)
-                return "delay: not a duration (like 20ms, 1.5s)";
+            if (seen_delay++) return "delay: repeated";
+            if (val->len >= sizeof buf) return "delay: not a duration (like 20ms, 1.5s)";
             memcpy(buf, val->str, val->len);
             buf[val->len] = '\0';
             if (memchr(val->str, '\0', val->len) != NULL || svc_parse_duration(buf, &s->delay_ns) != 0)
                 return "delay: not a duration (like 20ms, 1.5s)";
-            if (s->delay_ns > DELAY_MAX_NS)
-                return "delay: over 1h";
+            if (s->delay_ns > DELAY_MAX_NS) return "delay: over 1h";
         } else if (field_is(name, "fail")) {
             char buf[16];
-            if (seen_fail++)
-                return "fail: repeated";
+            if (seen_fail++) return "fail: repeated";
             if (val->len == 6 && memcmp(val->str, "always", 6) == 0) {
                 s->fail = TPS_FAIL_ALWAYS;
                 continue;
             }
             unsigned n;
-            if (val->len >= sizeof buf)
-                return "fail: expected always or a number from 0 to 1000";
+            if (val->len >= sizeof buf) return "fail: expected always or a number from 0 to 1000";
             memcpy(buf, val->str, val->len);
             buf[val->len] = '\0';
             if (memchr(val->str, '\0', val->len) != NULL || svc_parse_uint(buf, 0, 1000, &n) != 0)
                 return "fail: expected always or a number from 0 to 1000";
             s->fail = n;
         } else if (field_is(name, "payload")) {
-            if (seen_payload++)
-                return "payload: repeated";
-            if (val->len > TPS_PAYLOAD_MAX)
-                return "payload: over 1024 bytes";
+            if (seen_payload++) return "payload: repeated";
+            if (val->len > TPS_PAYLOAD_MAX) return "payload: over 1024 bytes";
             memcpy(s->payload, val->str, val->len);
             s->payload_len = val->len;
             s->has_payload = 1;
@@ -448,8 +424,7 @@ static void submit(tps_consumer *c, uint32_t i, int front) {
         c->n_pool++;
     } else if (rc == TP_EUSERLIMIT) {
         user_wait(c, i, front);
-        if (!front)
-            cnt_add(&c->n_user_waits, 1);
+        if (!front) cnt_add(&c->n_user_waits, 1);
     } else if (rc == TP_ECLOSED) {
         slot_free(c, i); /* shutting down: left pending for another consumer */
     } else {             /* TP_EFULL (a moment before a worker picks), TP_ENOMEM */
@@ -463,8 +438,8 @@ static void submit(tps_consumer *c, uint32_t i, int front) {
 static void admit(tps_consumer *c, uint32_t i, const char *parse_error) {
     slot *s = &c->slots[i];
     if (s->deliveries > c->max_deliveries) {
-        snprintf(s->reason_buf, sizeof s->reason_buf, "delivered %u times (MAX_DELIVERIES %u)",
-                 s->deliveries, c->max_deliveries);
+        snprintf(s->reason_buf, sizeof s->reason_buf, "delivered %u times (MAX_DELIVERIES %u)", s->deliveries,
+                 c->max_deliveries);
         finish_dead(c, i, s->reason_buf);
     } else if (parse_error != NULL) {
         cnt_add(&c->n_malformed, 1);
@@ -483,8 +458,7 @@ static void dispatch_after(tps_consumer *c, const char *user) {
         if (q != NULL) {
             uint32_t i = list_pop(c, &q->head, &q->tail);
             c->n_backlog--;
-            if (q->head == NIL)
-                users_remove(c, q);
+            if (q->head == NIL) users_remove(c, q);
             submit(c, i, 1);
         }
     }
@@ -496,8 +470,7 @@ static void dispatch_after(tps_consumer *c, const char *user) {
          * going to the back of that queue now could leave it behind entries
          * that wait for a completion which will never come. */
         submit(c, i, 1);
-        if (c->slots[i].state == S_OVERFLOW)
-            break; /* still full: wait for the next completion */
+        if (c->slots[i].state == S_OVERFLOW) break; /* still full: wait for the next completion */
     }
 }
 
@@ -512,8 +485,7 @@ static void process_completions(tps_consumer *c) {
             c->ring_count--;
         }
         pthread_mutex_unlock(&c->ring_mu);
-        if (n == 0)
-            return;
+        if (n == 0) return;
         for (uint32_t k = 0; k < n; k++) {
             uint32_t i = batch[k];
             slot *s = &c->slots[i];
@@ -549,14 +521,11 @@ static void arg(tps_consumer *c, size_t *argc, const char *s, size_t len) {
 static void args(tps_consumer *c, size_t *argc, const char *s) { arg(c, argc, s, strlen(s)); }
 
 static void disconnect(tps_consumer *c, const char *why, const char *detail) {
-    if (c->rd == NULL && c->wr == NULL)
-        return;
+    if (c->rd == NULL && c->wr == NULL) return;
     char saved[128]; /* detail may point into a context freed below */
     snprintf(saved, sizeof saved, "%s", detail != NULL ? detail : "");
-    if (c->rd != NULL)
-        redisFree(c->rd);
-    if (c->wr != NULL)
-        redisFree(c->wr);
+    if (c->rd != NULL) redisFree(c->rd);
+    if (c->wr != NULL) redisFree(c->wr);
     c->rd = c->wr = NULL;
     c->read_outstanding = 0;
     cnt_set(&c->g_connected, 0);
@@ -582,8 +551,7 @@ static redisContext *connect_one(tps_consumer *c, char *err, size_t errlen) {
     }
     struct timeval ct = {.tv_sec = COMMAND_TIMEOUT_MS / 1000, .tv_usec = 0};
     (void)redisSetTimeout(r, ct);
-    if (c->port != 0)
-        (void)redisEnableKeepAlive(r);
+    if (c->port != 0) (void)redisEnableKeepAlive(r);
     return r;
 }
 
@@ -602,8 +570,7 @@ static int check_type(tps_consumer *c, const char *key) {
     args(c, &argc, "TYPE");
     args(c, &argc, key);
     redisReply *r = wr_command(c, argc);
-    if (r == NULL)
-        return -1;
+    if (r == NULL) return -1;
     int ok = r->type == REDIS_REPLY_STATUS && (strcmp(r->str, "stream") == 0 || strcmp(r->str, "none") == 0);
     if (!ok) {
         const char *kv[] = {"key", key, "type", r->type == REDIS_REPLY_STATUS ? r->str : "?"};
@@ -616,11 +583,9 @@ static int check_type(tps_consumer *c, const char *key) {
 static void try_connect(tps_consumer *c) {
     char err[256];
     c->wr = connect_one(c, err, sizeof err);
-    if (c->wr != NULL)
-        c->rd = connect_one(c, err, sizeof err);
+    if (c->wr != NULL) c->rd = connect_one(c, err, sizeof err);
     if (c->rd == NULL) {
-        if (c->wr != NULL)
-            redisFree(c->wr);
+        if (c->wr != NULL) redisFree(c->wr);
         c->wr = NULL;
         goto failed;
     }
@@ -628,7 +593,8 @@ static void try_connect(tps_consumer *c) {
      * refuse to work while a results or dead key is not a stream. */
     int t1 = check_type(c, c->results), t2 = t1 == 0 ? check_type(c, c->dead) : t1;
     if (t1 != 0 || t2 != 0) {
-        snprintf(err, sizeof err, t1 == -1 || t2 == -1 ? "connection lost" : "results or dead key is not a stream");
+        snprintf(err, sizeof err,
+                 t1 == -1 || t2 == -1 ? "connection lost" : "results or dead key is not a stream");
         goto failed_free;
     }
     size_t argc = 0;
@@ -648,12 +614,10 @@ static void try_connect(tps_consumer *c) {
         freeReplyObject(r);
         goto failed_free;
     }
-    if (r->type != REDIS_REPLY_ERROR)
-        log1(c, TP_LOG_INFO, "group_created", "group", c->group);
+    if (r->type != REDIS_REPLY_ERROR) log1(c, TP_LOG_INFO, "group_created", "group", c->group);
     freeReplyObject(r);
 
-    if (c->connected_once)
-        cnt_add(&c->n_reconnects, 1);
+    if (c->connected_once) cnt_add(&c->n_reconnects, 1);
     c->connected_once = 1;
     c->backoff_ms = BACKOFF_MIN_MS;
     cnt_set(&c->g_connected, 1);
@@ -688,12 +652,10 @@ failed:;
 static int write_outcomes(tps_consumer *c) {
     while (c->n_done > 0) {
         uint32_t batch[WRITE_BATCH], n = 0;
-        for (uint32_t i = c->done_head; i != NIL && n < WRITE_BATCH; i = c->slots[i].next)
-            batch[n++] = i;
+        for (uint32_t i = c->done_head; i != NIL && n < WRITE_BATCH; i = c->slots[i].next) batch[n++] = i;
         size_t argc = 0;
         args(c, &argc, "MULTI");
-        if (redisAppendCommandArgv(c->wr, 1, c->argv, c->argvlen) != REDIS_OK)
-            return -1;
+        if (redisAppendCommandArgv(c->wr, 1, c->argv, c->argvlen) != REDIS_OK) return -1;
         for (uint32_t k = 0; k < n; k++) {
             slot *s = &c->slots[batch[k]];
             char att[16], del[16];
@@ -719,28 +681,23 @@ static int write_outcomes(tps_consumer *c) {
                 args(c, &argc, "user");
                 args(c, &argc, s->user);
             }
-            if (redisAppendCommandArgv(c->wr, (int)argc, c->argv, c->argvlen) != REDIS_OK)
-                return -1;
+            if (redisAppendCommandArgv(c->wr, (int)argc, c->argv, c->argvlen) != REDIS_OK) return -1;
         }
         argc = 0;
         args(c, &argc, "XACK");
         args(c, &argc, c->stream);
         args(c, &argc, c->group);
-        for (uint32_t k = 0; k < n; k++)
-            arg(c, &argc, c->slots[batch[k]].id, c->slots[batch[k]].id_len);
-        if (redisAppendCommandArgv(c->wr, (int)argc, c->argv, c->argvlen) != REDIS_OK)
-            return -1;
+        for (uint32_t k = 0; k < n; k++) arg(c, &argc, c->slots[batch[k]].id, c->slots[batch[k]].id_len);
+        if (redisAppendCommandArgv(c->wr, (int)argc, c->argv, c->argvlen) != REDIS_OK) return -1;
         argc = 0;
         args(c, &argc, "EXEC");
-        if (redisAppendCommandArgv(c->wr, 1, c->argv, c->argvlen) != REDIS_OK)
-            return -1;
+        if (redisAppendCommandArgv(c->wr, 1, c->argv, c->argvlen) != REDIS_OK) return -1;
         /* MULTI, n + 1 QUEUED, EXEC */
         int failed = 0;
         redisReply *exec = NULL;
         for (uint32_t k = 0; k < n + 3; k++) {
             redisReply *r = NULL;
-            if (redisGetReply(c->wr, (void **)&r) != REDIS_OK)
-                return -1;
+            if (redisGetReply(c->wr, (void **)&r) != REDIS_OK) return -1;
             if (k < n + 2) {
                 if (r->type == REDIS_REPLY_ERROR && !failed) {
                     failed = 1;
@@ -762,8 +719,7 @@ static int write_outcomes(tps_consumer *c) {
                 log1(c, TP_LOG_ERROR, "outcome_write_failed", "error", exec->element[k]->str);
         long long acked = exec->element[n]->type == REDIS_REPLY_INTEGER ? exec->element[n]->integer : 0;
         freeReplyObject(exec);
-        if (acked < (long long)n)
-            cnt_add(&c->n_ack_missed, (uint64_t)((long long)n - acked));
+        if (acked < (long long)n) cnt_add(&c->n_ack_missed, (uint64_t)((long long)n - acked));
         uint64_t ok = 0, dead = 0;
         for (uint32_t k = 0; k < n; k++) {
             uint32_t i = list_pop(c, &c->done_head, &c->done_tail);
@@ -804,19 +760,15 @@ static int heartbeat(tps_consumer *c) {
                 continue;
             arg(c, &argc, s->id, s->id_len);
         }
-        if (argc == first)
-            break;
+        if (argc == first) break;
         args(c, &argc, "JUSTID");
-        if (redisAppendCommandArgv(c->wr, (int)argc, c->argv, c->argvlen) != REDIS_OK)
-            return -1;
+        if (redisAppendCommandArgv(c->wr, (int)argc, c->argv, c->argvlen) != REDIS_OK) return -1;
         sent++;
     }
     for (; sent > 0; sent--) {
         redisReply *r = NULL;
-        if (redisGetReply(c->wr, (void **)&r) != REDIS_OK)
-            return -1;
-        if (r->type == REDIS_REPLY_ERROR)
-            log1(c, TP_LOG_WARN, "heartbeat_failed", "error", r->str);
+        if (redisGetReply(c->wr, (void **)&r) != REDIS_OK) return -1;
+        if (r->type == REDIS_REPLY_ERROR) log1(c, TP_LOG_WARN, "heartbeat_failed", "error", r->str);
         freeReplyObject(r);
     }
     return 0;
@@ -832,8 +784,7 @@ static uint32_t read_room(tps_consumer *c) {
         tp_stats_get(c->pool, &st);
         uint32_t waiting = st.queued + st.delayed + c->n_overflow;
         uint32_t places = c->queue_capacity > waiting ? c->queue_capacity - waiting : 0;
-        if (places < room)
-            room = places;
+        if (places < room) room = places;
     }
     uint32_t free = c->n_free > c->read_outstanding ? c->n_free - c->read_outstanding : 0;
     return room < free ? room : free;
@@ -846,11 +797,9 @@ static uint32_t take_entry(tps_consumer *c, const redisReply *e, const char **pe
         e->element[0]->len == 0 || e->element[0]->len > TPS_ID_MAX)
         return NIL;
     const redisReply *id = e->element[0];
-    if (ids_find(c, id->str, id->len) != NIL)
-        return NIL;
+    if (ids_find(c, id->str, id->len) != NIL) return NIL;
     uint32_t i = slot_alloc(c);
-    if (i == NIL)
-        return NIL;
+    if (i == NIL) return NIL;
     slot *s = &c->slots[i];
     memcpy(s->id, id->str, id->len);
     s->id[id->len] = '\0';
@@ -863,8 +812,7 @@ static uint32_t take_entry(tps_consumer *c, const redisReply *e, const char **pe
 /* XAUTOCLAIM, then XPENDING over the claimed range for their delivery counts. */
 static int claim(tps_consumer *c) {
     uint32_t room = read_room(c);
-    if (room == 0)
-        return 0;
+    if (room == 0) return 0;
     char idle[24], count[16];
     snprintf(idle, sizeof idle, "%llu", (unsigned long long)(c->claim_idle_ns / 1000000ull));
     snprintf(count, sizeof count, "%u", room);
@@ -878,11 +826,11 @@ static int claim(tps_consumer *c) {
     args(c, &argc, "COUNT");
     args(c, &argc, count);
     redisReply *r = wr_command(c, argc);
-    if (r == NULL)
-        return -1;
+    if (r == NULL) return -1;
     if (r->type != REDIS_REPLY_ARRAY || r->elements < 2 || r->element[0]->type != REDIS_REPLY_STRING ||
         r->element[1]->type != REDIS_REPLY_ARRAY) {
-        log1(c, TP_LOG_WARN, "claim_failed", "error", r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply");
+        log1(c, TP_LOG_WARN, "claim_failed", "error",
+             r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply");
         freeReplyObject(r);
         return 0;
     }
@@ -895,8 +843,7 @@ static int claim(tps_consumer *c) {
     for (size_t k = 0; k < ents->elements; k++) {
         const char *perr = NULL;
         uint32_t i = take_entry(c, ents->element[k], &perr);
-        if (i == NIL)
-            continue; /* held already, or no free slot */
+        if (i == NIL) continue; /* held already, or no free slot */
         c->slots[i].fresh = 1;
         c->slots[i].deliveries = 0; /* known after XPENDING */
         errs[n] = perr;
@@ -916,15 +863,15 @@ static int claim(tps_consumer *c) {
         redisReply *p = wr_command(c, argc);
         if (p == NULL) {
             freeReplyObject(r);
-            for (uint32_t k = 0; k < n; k++)
-                slot_free(c, got[k]); /* still pending: claimed again later */
+            for (uint32_t k = 0; k < n; k++) slot_free(c, got[k]); /* still pending: claimed again later */
             return -1;
         }
         if (p->type == REDIS_REPLY_ARRAY) {
             for (size_t k = 0; k < p->elements; k++) {
                 const redisReply *row = p->element[k];
                 if (row->type != REDIS_REPLY_ARRAY || row->elements < 4 ||
-                    row->element[0]->type != REDIS_REPLY_STRING || row->element[3]->type != REDIS_REPLY_INTEGER)
+                    row->element[0]->type != REDIS_REPLY_STRING ||
+                    row->element[3]->type != REDIS_REPLY_INTEGER)
                     continue;
                 uint32_t i = ids_find(c, row->element[0]->str, row->element[0]->len);
                 if (i != NIL && c->slots[i].fresh)
@@ -964,12 +911,10 @@ static int send_read(tps_consumer *c, uint32_t count) {
     args(c, &argc, "STREAMS");
     args(c, &argc, c->stream);
     args(c, &argc, ">");
-    if (redisAppendCommandArgv(c->rd, (int)argc, c->argv, c->argvlen) != REDIS_OK)
-        return -1;
+    if (redisAppendCommandArgv(c->rd, (int)argc, c->argv, c->argvlen) != REDIS_OK) return -1;
     int done = 0;
     while (!done)
-        if (redisBufferWrite(c->rd, &done) != REDIS_OK)
-            return -1;
+        if (redisBufferWrite(c->rd, &done) != REDIS_OK) return -1;
     c->read_outstanding = count;
     c->read_sent_ns = tp_now_ns();
     return 0;
@@ -977,13 +922,10 @@ static int send_read(tps_consumer *c, uint32_t count) {
 
 /* The reader's socket is readable: consume what arrived; the reply when whole. */
 static int receive_read(tps_consumer *c) {
-    if (redisBufferRead(c->rd) != REDIS_OK)
-        return -1;
+    if (redisBufferRead(c->rd) != REDIS_OK) return -1;
     redisReply *r = NULL;
-    if (redisGetReplyFromReader(c->rd, (void **)&r) != REDIS_OK)
-        return -1;
-    if (r == NULL)
-        return 0; /* partial */
+    if (redisGetReplyFromReader(c->rd, (void **)&r) != REDIS_OK) return -1;
+    if (r == NULL) return 0; /* partial */
     c->read_outstanding = 0;
     if (r->type == REDIS_REPLY_ERROR) {
         /* NOGROUP after a Redis restart without persistence: recreate it. */
@@ -995,14 +937,14 @@ static int receive_read(tps_consumer *c) {
     if (r->type == REDIS_REPLY_ARRAY) {
         for (size_t k = 0; k < r->elements; k++) {
             const redisReply *st = r->element[k];
-            if (st->type != REDIS_REPLY_ARRAY || st->elements < 2 || st->element[1]->type != REDIS_REPLY_ARRAY)
+            if (st->type != REDIS_REPLY_ARRAY || st->elements < 2 ||
+                st->element[1]->type != REDIS_REPLY_ARRAY)
                 continue;
             const redisReply *ents = st->element[1];
             for (size_t e = 0; e < ents->elements; e++) {
                 const char *perr = NULL;
                 uint32_t i = take_entry(c, ents->element[e], &perr);
-                if (i == NIL)
-                    continue;
+                if (i == NIL) continue;
                 cnt_add(&c->n_read, 1);
                 admit(c, i, perr);
             }
@@ -1028,8 +970,7 @@ static void apply_stop(tps_consumer *c) {
             released++;
         }
     }
-    for (uint32_t u = 0; u <= c->users_mask; u++)
-        c->users[u].head = c->users[u].tail = NIL;
+    for (uint32_t u = 0; u <= c->users_mask; u++) c->users[u].head = c->users[u].tail = NIL;
     c->n_backlog = c->n_overflow = 0;
     c->overflow_head = c->overflow_tail = NIL;
     char num[16];
@@ -1050,11 +991,9 @@ static void *io_main(void *arg) {
     for (;;) {
         drain_wake(c);
         process_completions(c);
-        if (c->n_overflow > 0)
-            dispatch_after(c, NULL); /* room may have appeared without a completion */
+        if (c->n_overflow > 0) dispatch_after(c, NULL); /* room may have appeared without a completion */
         int stopping = atomic_load(&c->stop_reading);
-        if (stopping && !c->stopped_applied)
-            apply_stop(c);
+        if (stopping && !c->stopped_applied) apply_stop(c);
         uint64_t now = tp_now_ns();
         if (atomic_load(&c->finishing)) {
             int ring_empty;
@@ -1072,33 +1011,30 @@ static void *io_main(void *arg) {
         }
         if (c->wr != NULL) {
             const char *fail = NULL;
-            if (c->n_done > 0 && write_outcomes(c) != 0)
-                fail = "writing outcomes";
+            if (c->n_done > 0 && write_outcomes(c) != 0) fail = "writing outcomes";
             /* Never starved by a steady stream of outcomes: a held entry whose
              * idle time passed CLAIM_IDLE would be claimed by another worker. */
             if (fail == NULL && now >= c->next_heartbeat_ns) {
-                if (heartbeat(c) != 0)
-                    fail = "heartbeat";
+                if (heartbeat(c) != 0) fail = "heartbeat";
                 c->next_heartbeat_ns = now + c->claim_idle_ns / 3;
             }
             if (fail == NULL && !stopping && now >= c->next_claim_ns) {
-                if (claim(c) != 0)
-                    fail = "claiming";
+                if (claim(c) != 0) fail = "claiming";
                 c->next_claim_ns = now + c->claim_idle_ns / 2;
-                if (c->n_done > 0 && fail == NULL && write_outcomes(c) != 0)
-                    fail = "writing outcomes";
+                if (c->n_done > 0 && fail == NULL && write_outcomes(c) != 0) fail = "writing outcomes";
             }
             if (fail == NULL && !stopping && c->rd != NULL && c->read_outstanding == 0) {
                 uint32_t room = read_room(c);
-                if (room > 0 && send_read(c, room) != 0)
-                    fail = "reading";
+                if (room > 0 && send_read(c, room) != 0) fail = "reading";
             }
             if (fail == NULL && c->read_outstanding > 0 &&
                 now > c->read_sent_ns + ms_ns(c->block_ms) + ms_ns(COMMAND_TIMEOUT_MS))
                 fail = "read timed out";
             if (fail != NULL)
-                disconnect(c, fail, c->wr != NULL && c->wr->err ? c->wr->errstr
-                                    : c->rd != NULL && c->rd->err ? c->rd->errstr : NULL);
+                disconnect(c, fail,
+                           c->wr != NULL && c->wr->err   ? c->wr->errstr
+                           : c->rd != NULL && c->rd->err ? c->rd->errstr
+                                                         : NULL);
         }
         update_gauges(c);
 
@@ -1106,31 +1042,23 @@ static void *io_main(void *arg) {
         now = tp_now_ns();
         uint64_t due = now + ms_ns(1000);
         if (c->wr == NULL) {
-            if (c->next_connect_ns < due)
-                due = c->next_connect_ns;
+            if (c->next_connect_ns < due) due = c->next_connect_ns;
         } else {
-            if (c->next_heartbeat_ns < due)
-                due = c->next_heartbeat_ns;
-            if (!stopping && c->next_claim_ns < due)
-                due = c->next_claim_ns;
+            if (c->next_heartbeat_ns < due) due = c->next_heartbeat_ns;
+            if (!stopping && c->next_claim_ns < due) due = c->next_claim_ns;
         }
-        if (c->n_overflow > 0 && now + ms_ns(10) < due)
-            due = now + ms_ns(10);
+        if (c->n_overflow > 0 && now + ms_ns(10) < due) due = now + ms_ns(10);
         if (atomic_load(&c->finishing) && atomic_load(&c->finish_deadline) < due)
             due = atomic_load(&c->finish_deadline);
         int timeout = due > now ? (int)((due - now + 999999) / 1000000) : 0;
         struct pollfd pf[2] = {{.fd = c->wake[0], .events = POLLIN}, {.fd = -1, .events = POLLIN}};
-        if (c->rd != NULL && c->read_outstanding > 0)
-            pf[1].fd = c->rd->fd;
+        if (c->rd != NULL && c->read_outstanding > 0) pf[1].fd = c->rd->fd;
         int n = poll(pf, 2, timeout);
-        if (n > 0 && (pf[1].revents & (POLLIN | POLLHUP | POLLERR)) && c->rd != NULL &&
-            receive_read(c) != 0)
+        if (n > 0 && (pf[1].revents & (POLLIN | POLLHUP | POLLERR)) && c->rd != NULL && receive_read(c) != 0)
             disconnect(c, "reading", c->rd != NULL && c->rd->err ? c->rd->errstr : NULL);
     }
-    if (c->rd != NULL)
-        redisFree(c->rd);
-    if (c->wr != NULL)
-        redisFree(c->wr);
+    if (c->rd != NULL) redisFree(c->rd);
+    if (c->wr != NULL) redisFree(c->wr);
     c->rd = c->wr = NULL;
     cnt_set(&c->g_connected, 0);
     update_gauges(c);
@@ -1174,7 +1102,8 @@ static int parse_url(tps_consumer *c, const char *url, char *err, size_t errlen)
             h++;
             hlen -= 2;
         }
-        if (hlen == 0 || hlen >= sizeof c->host || memchr(h, '/', hlen) != NULL || memchr(h, '@', hlen) != NULL ||
+        if (hlen == 0 || hlen >= sizeof c->host || memchr(h, '/', hlen) != NULL ||
+            memchr(h, '@', hlen) != NULL ||
             (colon != NULL && svc_parse_uint(colon + 1, 1, 65535, &port) != 0)) {
             snprintf(err, errlen, "REDIS_URL=\"%s\": expected redis://host:port or unix:///path", url);
             return -1;
@@ -1190,8 +1119,7 @@ static int parse_url(tps_consumer *c, const char *url, char *err, size_t errlen)
 
 static uint32_t pow2_at_least(uint32_t n) {
     uint32_t p = 16;
-    while (p < n)
-        p <<= 1;
+    while (p < n) p <<= 1;
     return p;
 }
 
@@ -1254,16 +1182,22 @@ int tps_create(tps_consumer **out, const tps_config *cfg, char *err, size_t errl
     c->argvlen = calloc(c->argcap, sizeof *c->argvlen);
     c->claim_got = calloc(c->nslots, sizeof *c->claim_got);
     c->claim_err = calloc(c->nslots, sizeof *c->claim_err);
-    if (c->claim_got == NULL || c->claim_err == NULL ||c->slots == NULL || c->ring == NULL || c->ids == NULL || c->users == NULL || c->argv == NULL ||
-        c->argvlen == NULL || pipe2(c->wake, O_NONBLOCK | O_CLOEXEC) != 0 ||
-        pthread_mutex_init(&c->ring_mu, NULL) != 0) {
+    if (c->claim_got == NULL || c->claim_err == NULL || c->slots == NULL || c->ring == NULL ||
+        c->ids == NULL || c->users == NULL || c->argv == NULL || c->argvlen == NULL ||
+        pipe2(c->wake, O_NONBLOCK | O_CLOEXEC) != 0 || pthread_mutex_init(&c->ring_mu, NULL) != 0) {
         snprintf(err, errlen, "out of memory");
         if (c->wake[0] >= 0) {
             close(c->wake[0]);
             close(c->wake[1]);
         }
-        free(c->slots); free(c->ring); free(c->ids); free(c->users); free(c->argv); free(c->argvlen);
-        free(c->claim_got); free(c->claim_err);
+        free(c->slots);
+        free(c->ring);
+        free(c->ids);
+        free(c->users);
+        free(c->argv);
+        free(c->argvlen);
+        free(c->claim_got);
+        free(c->claim_err);
         free(c);
         return -1;
     }
@@ -1272,8 +1206,7 @@ int tps_create(tps_consumer **out, const tps_config *cfg, char *err, size_t errl
         c->slots[i].state = S_FREE;
         c->slots[i].next = i + 1 < c->nslots ? i + 1 : NIL;
     }
-    for (uint32_t u = 0; u < idsz; u++)
-        c->users[u].head = c->users[u].tail = NIL;
+    for (uint32_t u = 0; u < idsz; u++) c->users[u].head = c->users[u].tail = NIL;
     c->free_head = 0;
     c->n_free = c->nslots;
     c->overflow_head = c->overflow_tail = c->done_head = c->done_tail = NIL;
@@ -1282,8 +1215,7 @@ int tps_create(tps_consumer **out, const tps_config *cfg, char *err, size_t errl
 }
 
 int tps_start(tps_consumer *c) {
-    if (pthread_create(&c->thread, NULL, io_main, c) != 0)
-        return -1;
+    if (pthread_create(&c->thread, NULL, io_main, c) != 0) return -1;
     c->started = 1;
     return 0;
 }
@@ -1302,8 +1234,7 @@ void tps_stop_reading(tps_consumer *c) {
 }
 
 int tps_finish(tps_consumer *c, uint64_t budget_ns) {
-    if (!c->started)
-        return 0;
+    if (!c->started) return 0;
     atomic_store(&c->stop_reading, 1);
     uint64_t now = tp_now_ns();
     atomic_store(&c->finish_deadline, budget_ns > UINT64_MAX - now ? UINT64_MAX : now + budget_ns);
@@ -1315,15 +1246,19 @@ int tps_finish(tps_consumer *c, uint64_t budget_ns) {
 }
 
 void tps_destroy(tps_consumer *c) {
-    if (c == NULL)
-        return;
-    if (c->started)
-        (void)tps_finish(c, 0);
+    if (c == NULL) return;
+    if (c->started) (void)tps_finish(c, 0);
     close(c->wake[0]);
     close(c->wake[1]);
     pthread_mutex_destroy(&c->ring_mu);
-    free(c->slots); free(c->ring); free(c->ids); free(c->users); free(c->argv); free(c->argvlen);
-        free(c->claim_got); free(c->claim_err);
+    free(c->slots);
+    free(c->ring);
+    free(c->ids);
+    free(c->users);
+    free(c->argv);
+    free(c->argvlen);
+    free(c->claim_got);
+    free(c->claim_err);
     free(c);
 }
 
@@ -1380,8 +1315,7 @@ int tps_stats_format(const tps_stats *s, char *buf, size_t len) {
                          "# HELP tps_stream_%s%s %s\n# TYPE tps_stream_%s%s %s\ntps_stream_%s%s %llu\n",
                          rows[i].name, suf, rows[i].help, rows[i].name, suf,
                          rows[i].counter ? "counter" : "gauge", rows[i].name, suf, (unsigned long long)v);
-        if (w < 0)
-            return -1;
+        if (w < 0) return -1;
         n += (size_t)w;
     }
     return (int)n;

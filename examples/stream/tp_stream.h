@@ -67,19 +67,19 @@
 #define TPS_ID_MAX      41   /* "<ms>-<seq>", two 20-digit numbers and a dash */
 #define TPS_PAYLOAD_MAX 1024 /* bytes of a `payload` field */
 #define TPS_FAIL_ALWAYS UINT32_MAX
-#define TPS_NAME_MAX    255  /* bytes of a stream, group or consumer name */
+#define TPS_NAME_MAX    255 /* bytes of a stream, group or consumer name */
 
 typedef struct tps_consumer tps_consumer; /* opaque */
 
 /* One parsed entry, as given to the handler. Valid during the call only. */
 typedef struct tps_msg {
-    const char *id;          /* the stream entry id */
-    const char *user;        /* NULL when the entry has none */
-    uint64_t    delay_ns;    /* `delay`, 0 when absent */
-    uint32_t    fail;        /* `fail`: 0, N, or TPS_FAIL_ALWAYS */
-    const char *payload;     /* NULL when absent; not NUL-terminated */
-    size_t      payload_len;
-    unsigned    deliveries;  /* how often Redis has delivered it, this time included */
+    const char *id;      /* the stream entry id */
+    const char *user;    /* NULL when the entry has none */
+    uint64_t delay_ns;   /* `delay`, 0 when absent */
+    uint32_t fail;       /* `fail`: 0, N, or TPS_FAIL_ALWAYS */
+    const char *payload; /* NULL when absent; not NUL-terminated */
+    size_t payload_len;
+    unsigned deliveries; /* how often Redis has delivered it, this time included */
 } tps_msg;
 
 /* The work of one entry, run on a pool worker. Return 0 for success, anything
@@ -97,8 +97,7 @@ int tps_default_handler(tp_ctx *ctx, const tps_msg *msg, void *arg);
 /* Log hook: `event` is a short name ("connected", "dead", ...); `kv` holds
  * `nkv` key/value string pairs (kv[2i] key, kv[2i+1] value). Called on the I/O
  * thread or on the thread calling the tps_ function; valid during the call. */
-typedef void (*tps_log_fn)(void *log_arg, int level, const char *event,
-                           const char *const *kv, size_t nkv);
+typedef void (*tps_log_fn)(void *log_arg, int level, const char *event, const char *const *kv, size_t nkv);
 
 typedef struct tps_config {
     const char *redis_url;      /* redis://host:port or unix:///path; NULL -> redis://127.0.0.1:6379 */
@@ -107,37 +106,37 @@ typedef struct tps_config {
     const char *consumer;       /* NULL -> "<hostname>-<pid>" */
     const char *results_stream; /* NULL -> "tasks:done" */
     const char *dead_stream;    /* NULL -> "tasks:dead" */
-    tp_pool    *pool;           /* required; the caller creates and shuts it down */
-    unsigned    pool_capacity;  /* required: the pool's workers + queue_capacity */
-    unsigned    queue_capacity; /* the pool's queue_capacity; 0 -> unknown. When given, a read never
+    tp_pool *pool;              /* required; the caller creates and shuts it down */
+    unsigned pool_capacity;     /* required: the pool's workers + queue_capacity */
+    unsigned queue_capacity;    /* the pool's queue_capacity; 0 -> unknown. When given, a read never
                                  * asks for more than the queue can take at once, so tp_submit does
                                  * not meet TP_EFULL in the instant before the workers pick up */
-    unsigned    backlog;        /* entries held locally beyond the pool; 0 -> pool_capacity */
-    uint64_t    claim_idle_ns;  /* 0 -> 30 s; at least 10 ms */
-    unsigned    max_deliveries; /* 0 -> 5 */
-    unsigned    block_ms;       /* XREADGROUP BLOCK; 0 -> 1000 */
+    unsigned backlog;           /* entries held locally beyond the pool; 0 -> pool_capacity */
+    uint64_t claim_idle_ns;     /* 0 -> 30 s; at least 10 ms */
+    unsigned max_deliveries;    /* 0 -> 5 */
+    unsigned block_ms;          /* XREADGROUP BLOCK; 0 -> 1000 */
     tps_handler handler;        /* NULL -> tps_default_handler */
-    void       *handler_arg;
-    tps_log_fn  log;            /* NULL -> no logging */
-    void       *log_arg;
+    void *handler_arg;
+    tps_log_fn log; /* NULL -> no logging */
+    void *log_arg;
 } tps_config;
 
 /* Counters, monotonic unless marked "now". */
 typedef struct tps_stats {
-    uint64_t read;        /* entries received by XREADGROUP */
-    uint64_t claimed;     /* entries taken over by XAUTOCLAIM */
-    uint64_t acked;       /* entries acknowledged (outcome written), dead included */
-    uint64_t succeeded;   /* ... of which in the results stream */
-    uint64_t dead;        /* ... of which in the dead stream */
-    uint64_t malformed;   /* dead because the entry did not parse */
-    uint64_t ack_missed;  /* outcomes written for entries some other consumer had acknowledged */
-    uint64_t abandoned;   /* ended cancelled: left pending for another consumer */
-    uint64_t user_waits;  /* entries that went to the local backlog (TP_EUSERLIMIT) */
-    uint64_t reconnects;  /* successful connections after the first */
-    uint64_t held;        /* now: entries this process holds (backlog, pool, unwritten) */
-    uint64_t backlog;     /* now: entries in the local backlog */
-    uint64_t unwritten;   /* now: finished entries whose outcome is not written yet */
-    uint64_t connected;   /* now: 1 when both connections are up */
+    uint64_t read;       /* entries received by XREADGROUP */
+    uint64_t claimed;    /* entries taken over by XAUTOCLAIM */
+    uint64_t acked;      /* entries acknowledged (outcome written), dead included */
+    uint64_t succeeded;  /* ... of which in the results stream */
+    uint64_t dead;       /* ... of which in the dead stream */
+    uint64_t malformed;  /* dead because the entry did not parse */
+    uint64_t ack_missed; /* outcomes written for entries some other consumer had acknowledged */
+    uint64_t abandoned;  /* ended cancelled: left pending for another consumer */
+    uint64_t user_waits; /* entries that went to the local backlog (TP_EUSERLIMIT) */
+    uint64_t reconnects; /* successful connections after the first */
+    uint64_t held;       /* now: entries this process holds (backlog, pool, unwritten) */
+    uint64_t backlog;    /* now: entries in the local backlog */
+    uint64_t unwritten;  /* now: finished entries whose outcome is not written yet */
+    uint64_t connected;  /* now: 1 when both connections are up */
 } tps_stats;
 
 /*

@@ -54,14 +54,14 @@ static int load_uint(const char *name, unsigned min, unsigned max, unsigned *out
     return 0;
 }
 
-static int load_duration(const char *name, uint64_t min, uint64_t max, uint64_t *out, char *err, size_t errlen) {
+static int load_duration(const char *name, uint64_t min, uint64_t max, uint64_t *out, char *err,
+                         size_t errlen) {
     const char *v = env(name);
     uint64_t ns;
-    if (v == NULL)
-        return 0;
+    if (v == NULL) return 0;
     if (svc_parse_duration(v, &ns) != 0 || ns < min || ns > max) {
-        snprintf(err, errlen, "%s=\"%s\": expected a duration like 250ms or 5s, from %llu ms to %llu s", name, v,
-                 (unsigned long long)(min / SVC_NS_PER_MS), (unsigned long long)(max / SVC_NS_PER_S));
+        snprintf(err, errlen, "%s=\"%s\": expected a duration like 250ms or 5s, from %llu ms to %llu s", name,
+                 v, (unsigned long long)(min / SVC_NS_PER_MS), (unsigned long long)(max / SVC_NS_PER_S));
         return -1;
     }
     *out = ns;
@@ -109,8 +109,7 @@ static int load_config(wcfg *c, char *err, size_t errlen) {
         load_duration("CLAIM_IDLE", 10 * ms, day, &c->claim_idle_ns, err, errlen) != 0 ||
         load_duration("SHUTDOWN_TIMEOUT", 1 * ms, day, &c->shutdown_timeout_ns, err, errlen) != 0)
         return -1;
-    if (c->backlog == 0)
-        c->backlog = c->workers + c->queue_capacity;
+    if (c->backlog == 0) c->backlog = c->workers + c->queue_capacity;
     return 0;
 }
 
@@ -125,13 +124,12 @@ static void stream_log(void *arg, int level, const char *event, const char *cons
     (void)arg;
     svc_log ev;
     svc_log_begin(&ev, level_name(level), event);
-    for (size_t i = 0; i < nkv; i++)
-        svc_log_str(&ev, kv[2 * i], kv[2 * i + 1]);
+    for (size_t i = 0; i < nkv; i++) svc_log_str(&ev, kv[2 * i], kv[2 * i + 1]);
     svc_log_end(&ev);
 }
 
 typedef struct worker {
-    tp_pool      *pool;
+    tp_pool *pool;
     tps_consumer *consumer;
 } worker;
 
@@ -142,8 +140,7 @@ static int render_metrics(void *arg, char *buf, size_t len) {
     tp_stats_get(w->pool, &ps);
     tps_stats_get(w->consumer, &ss);
     int a = tp_stats_format(&ps, TP_FORMAT_PROMETHEUS, buf, len);
-    if (a < 0)
-        return a;
+    if (a < 0) return a;
     size_t off = (size_t)a < len ? (size_t)a : len;
     int b = tps_stats_format(&ss, buf + off, len - off);
     return b < 0 ? b : a + b;
@@ -164,8 +161,8 @@ static void log_stats(svc_log *ev, worker *w) {
              (unsigned long long)ss.read, (unsigned long long)ss.claimed, (unsigned long long)ss.acked,
              (unsigned long long)ss.succeeded, (unsigned long long)ss.dead, (unsigned long long)ss.malformed,
              (unsigned long long)ss.ack_missed, (unsigned long long)ss.abandoned,
-             (unsigned long long)ss.user_waits, (unsigned long long)ss.reconnects, (unsigned long long)ss.held,
-             (unsigned long long)ss.backlog, (unsigned long long)ss.unwritten);
+             (unsigned long long)ss.user_waits, (unsigned long long)ss.reconnects,
+             (unsigned long long)ss.held, (unsigned long long)ss.backlog, (unsigned long long)ss.unwritten);
     svc_log_raw(ev, "stream", json);
 }
 
@@ -253,8 +250,7 @@ int main(void) {
     svc_log_uint(&ev, "claim_idle_ms", cfg.claim_idle_ns / SVC_NS_PER_MS);
     svc_log_uint(&ev, "max_deliveries", cfg.max_deliveries);
     svc_log_uint(&ev, "shutdown_timeout_ms", cfg.shutdown_timeout_ns / SVC_NS_PER_MS);
-    if (ms != NULL)
-        svc_log_str(&ev, "metrics_address", bound);
+    if (ms != NULL) svc_log_str(&ev, "metrics_address", bound);
     svc_log_str(&ev, "taskpool_version", tp_version());
     svc_log_end(&ev);
 
@@ -280,8 +276,7 @@ int main(void) {
     tp_stats_get(w.pool, &ps);
     int stopped = ps.workers == 0 && ps.active == 0;
     uint64_t write_budget = left(deadline);
-    if (write_budget < 2 * SVC_NS_PER_S)
-        write_budget = 2 * SVC_NS_PER_S;
+    if (write_budget < 2 * SVC_NS_PER_S) write_budget = 2 * SVC_NS_PER_S;
     int rc_write = tps_finish(w.consumer, write_budget);
 
     int code = rc_pool == TP_OK && rc_write == 0 ? 0 : 1;

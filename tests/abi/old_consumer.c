@@ -21,19 +21,27 @@
 #include <taskpool.h>
 
 #define GUARD 0xA5A5A5A5A5A5A5A5ull
-#define CHECK(cond)                                                         \
-    do {                                                                    \
-        if (!(cond)) {                                                      \
-            fprintf(stderr, "old_consumer: check failed: %s (line %d)\n",   \
-                    #cond, __LINE__);                                       \
-            exit(1);                                                        \
-        }                                                                   \
+#define CHECK(cond)                                                                                          \
+    do {                                                                                                     \
+        if (!(cond)) {                                                                                       \
+            fprintf(stderr, "old_consumer: check failed: %s (line %d)\n", #cond, __LINE__);                  \
+            exit(1);                                                                                         \
+        }                                                                                                    \
     } while (0)
 
 /* Each struct followed by guard words the library must never touch. */
-struct guarded_config { tp_config c; uint64_t guard[16]; };
-struct guarded_opts { tp_task_opts o; uint64_t guard[16]; };
-struct guarded_stats { tp_stats s; uint64_t guard[32]; };
+struct guarded_config {
+    tp_config c;
+    uint64_t guard[16];
+};
+struct guarded_opts {
+    tp_task_opts o;
+    uint64_t guard[16];
+};
+struct guarded_stats {
+    tp_stats s;
+    uint64_t guard[32];
+};
 
 static void guards_set(uint64_t *g, size_t n) {
     for (size_t i = 0; i < n; i++) g[i] = GUARD;

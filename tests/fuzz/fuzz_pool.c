@@ -79,19 +79,19 @@
 
 #include "taskpool.h"
 
-#define FZ_SLOTS 2
-#define FZ_GATES 4
-#define FZ_MAX_OPS 64
+#define FZ_SLOTS     2
+#define FZ_GATES     4
+#define FZ_MAX_OPS   64
 #define FZ_MAX_TASKS (2 * FZ_MAX_OPS)
-#define FZ_USERS 5
-#define FZ_GROUPS 2 /* per pool slot */
+#define FZ_USERS     5
+#define FZ_GROUPS    2 /* per pool slot */
 
-#define MS 1000000ull
-#define SEC 1000000000ull
-#define FZ_LONG_NS (5 * SEC)   /* a budget that must suffice when nothing blocks */
-#define FZ_BOUND_NS (20 * SEC) /* any wait for something that must happen */
-#define FZ_GATE_NS (40 * SEC)  /* a gate task's wait: longer, so the harness's own check reports first */
-#define FZ_FAR_NS (120 * SEC)  /* a deadline/run timeout no input ever reaches */
+#define MS          1000000ull
+#define SEC         1000000000ull
+#define FZ_LONG_NS  (5 * SEC)   /* a budget that must suffice when nothing blocks */
+#define FZ_BOUND_NS (20 * SEC)  /* any wait for something that must happen */
+#define FZ_GATE_NS  (40 * SEC)  /* a gate task's wait: longer, so the harness's own check reports first */
+#define FZ_FAR_NS   (120 * SEC) /* a deadline/run timeout no input ever reaches */
 
 /* ------------------------------------------------------------ bookkeeping */
 
@@ -144,9 +144,9 @@ static void violation(const char *fmt, ...) {
     abort();
 }
 
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) violation(__VA_ARGS__);                                                       \
+#define CHECK(cond, ...)                                                                                     \
+    do {                                                                                                     \
+        if (!(cond)) violation(__VA_ARGS__);                                                                 \
     } while (0)
 
 static void sleep_ns(uint64_t ns) {
@@ -263,7 +263,7 @@ enum {
     K_SELF,        /* EDEADLK calls on its own pool, cancels itself, returns `result` */
     K_COUNT
 };
-static const char *const kind_name[K_COUNT] = {"succeed", "fail",     "flaky", "gate-ignore",
+static const char *const kind_name[K_COUNT] = {"succeed",    "fail",    "flaky", "gate-ignore",
                                                "gate-sleep", "gate-fd", "sleep", "self"};
 
 enum { DL_NONE, DL_PAST, DL_NEAR, DL_FAR };
@@ -306,7 +306,7 @@ typedef struct fz_group {
     tp_group *g;
     bool live, coe, cancel_called;
     bool refusing; /* certain to refuse submits: cancelled, or seen refusing */
-    int err_seen; /* the first non-zero result a wait returned, 0 none */
+    int err_seen;  /* the first non-zero result a wait returned, 0 none */
     bool detached; /* its pool was destroyed */
 } fz_group;
 
@@ -431,8 +431,8 @@ static int wait_gate_fd(tp_ctx *c, fz_task *t) {
     /* The descriptor is clean for every new attempt unless it is cancelled. */
     struct pollfd pf0 = {cfd, POLLIN, 0};
     if (poll(&pf0, 1, 0) == 1 && (pf0.revents & POLLIN))
-        CHECK(tp_ctx_err(c) == TP_ECANCELED, "task %d: cancel fd readable at the start of an uncancelled attempt",
-              t->index);
+        CHECK(tp_ctx_err(c) == TP_ECANCELED,
+              "task %d: cancel fd readable at the start of an uncancelled attempt", t->index);
     uint64_t end = tp_now_ns() + FZ_GATE_NS;
     for (;;) {
         if (gate_is_open(t->gate)) return t->result;
@@ -456,10 +456,10 @@ static int self_task(tp_ctx *c, fz_task *t) {
     CHECK(tp_wait(p, 1) == TP_EDEADLK, "task %d: tp_wait on its own pool is not EDEADLK", t->index);
     CHECK(tp_destroy(p) == TP_EDEADLK, "task %d: tp_destroy on its own pool is not EDEADLK", t->index);
     if (t->group) {
-        CHECK(tp_group_wait(t->group, 1) == TP_EDEADLK, "task %d: tp_group_wait on its own group is not EDEADLK",
-              t->index);
-        CHECK(tp_group_destroy(t->group) == TP_EDEADLK, "task %d: tp_group_destroy from a member is not EDEADLK",
-              t->index);
+        CHECK(tp_group_wait(t->group, 1) == TP_EDEADLK,
+              "task %d: tp_group_wait on its own group is not EDEADLK", t->index);
+        CHECK(tp_group_destroy(t->group) == TP_EDEADLK,
+              "task %d: tp_group_destroy from a member is not EDEADLK", t->index);
     }
     int rc = tp_cancel(p, tp_ctx_id(c));
     CHECK(rc == TP_OK, "task %d: cancelling itself returned %s", t->index, rcname(rc));
@@ -480,7 +480,10 @@ static int task_main(tp_ctx *c, void *arg) {
     case K_SUCCEED: rv = 0; break;
     case K_FAIL: rv = t->result; break;
     case K_FLAKY: rv = attempt < t->fail_k ? t->result : 0; break;
-    case K_GATE_IGNORE: gate_wait(t->gate); rv = t->result; break;
+    case K_GATE_IGNORE:
+        gate_wait(t->gate);
+        rv = t->result;
+        break;
     case K_GATE_SLEEP: rv = wait_gate_sleep(c, t); break;
     case K_GATE_FD: rv = wait_gate_fd(c, t); break;
     case K_SLEEP: {
@@ -491,7 +494,8 @@ static int task_main(tp_ctx *c, void *arg) {
             CHECK(t1 - t0 >= t->sleep_ns && tp_ctx_deadline(c) >= t0 + t->sleep_ns,
                   "task %d: tp_ctx_sleep returned 0 early or past its deadline", t->index);
         else
-            CHECK(rv == TP_ECANCELED || rv == TP_ETIMEDOUT, "task %d: tp_ctx_sleep returned %d", t->index, rv);
+            CHECK(rv == TP_ECANCELED || rv == TP_ETIMEDOUT, "task %d: tp_ctx_sleep returned %d", t->index,
+                  rv);
         break;
     }
     case K_SELF: rv = self_task(c, t); break;
@@ -509,7 +513,8 @@ static void task_done(void *arg, int status) {
     fz_pool *fp = t->fp;
     CHECK(atomic_fetch_add(&t->done_enter, 1) == 0, "task %d (id %llu): on_done called twice", t->index,
           (unsigned long long)t->id);
-    CHECK(!pthread_equal(pthread_self(), fz_main_thread), "task %d: on_done ran on the harness thread", t->index);
+    CHECK(!pthread_equal(pthread_self(), fz_main_thread), "task %d: on_done ran on the harness thread",
+          t->index);
     CHECK(atomic_load(&t->inside) == 0, "task %d: on_done while its function runs", t->index);
     atomic_store(&t->done_status, status);
     /* The task's counters are updated before on_done, and so are those of
@@ -525,8 +530,8 @@ static void task_done(void *arg, int status) {
     const char *g = tp_log_id_get();
     CHECK(g != NULL, "task %d: no log id in on_done", t->index);
     if (t->expect_log[0])
-        CHECK(strcmp(g, t->expect_log) == 0, "task %d: log id in on_done \"%s\", expected \"%s\"", t->index, g,
-              t->expect_log);
+        CHECK(strcmp(g, t->expect_log) == 0, "task %d: log id in on_done \"%s\", expected \"%s\"", t->index,
+              g, t->expect_log);
     atomic_fetch_add(&t->done_calls, 1);
 }
 
@@ -555,8 +560,8 @@ static bool task_stuck_(const fz_pool *fp, const fz_task *t, bool certain) {
     if (task_ended(t) || !atomic_load(&t->inside) || gate_is_open(t->gate)) return false;
     if (t->kind == K_GATE_IGNORE) return true;
     if (t->kind == K_GATE_SLEEP || t->kind == K_GATE_FD)
-        return !t->cancel_requested && !fp->maybe_forced && !(certain && grp_may_cancel(t)) && !short_timeout(t) &&
-               !near_deadline(t);
+        return !t->cancel_requested && !fp->maybe_forced && !(certain && grp_may_cancel(t)) &&
+               !short_timeout(t) && !near_deadline(t);
     return false;
 }
 
@@ -603,7 +608,8 @@ static void model_scan(const fz_pool *fp, fz_scan *s) {
         s->parked[i] = s->q1 && !s->stuck[i] && !gone && !near_deadline(t) && !atomic_load(&t->cancel_ok) &&
                        !fp->maybe_forced && !grp_may_cancel(t);
         if (!s->settled[i])
-            s->settled[i] = q1_now && !gone && !near_deadline(t) && !atomic_load(&t->cancel_ok) && !fp->maybe_forced;
+            s->settled[i] =
+                q1_now && !gone && !near_deadline(t) && !atomic_load(&t->cancel_ok) && !fp->maybe_forced;
         s->nparked += s->parked[i];
         if (s->stuck[i] || s->parked[i]) s->ulo[t->user]++;
         if (s->parked[i]) s->occ_lo++;
@@ -634,7 +640,8 @@ static void check_format(const tp_stats *s) {
         CHECK(n == need && small[sizeof small - 1] == '\0' && strlen(small) == sizeof small - 1 &&
                   memcmp(small, big, sizeof small - 1) == 0,
               "tp_stats_format(%d) into 16 bytes is not a NUL-terminated prefix", f);
-        CHECK(f != TP_FORMAT_JSON || (strstr(big, "\"accepted\"") && big[0] == '{'), "JSON stats lack \"accepted\"");
+        CHECK(f != TP_FORMAT_JSON || (strstr(big, "\"accepted\"") && big[0] == '{'),
+              "JSON stats lack \"accepted\"");
         CHECK(f != TP_FORMAT_PROMETHEUS || strstr(big, "taskpool_accepted_total"),
               "Prometheus stats lack taskpool_accepted_total");
     }
@@ -655,8 +662,8 @@ static void check_running(fz_pool *fp, bool with_users) {
     fz_scan sc;
     model_scan(fp, &sc);
     tp_stats s = get_stats(fp);
-#define EQ(field, want)                                                                            \
-    CHECK(s.field == (want), "pool %d: stats." #field " is %llu, the model says %llu", fp->slot,            \
+#define EQ(field, want)                                                                                      \
+    CHECK(s.field == (want), "pool %d: stats." #field " is %llu, the model says %llu", fp->slot,             \
           (unsigned long long)s.field, (unsigned long long)(want))
     EQ(submitted, fp->submitted);
     EQ(accepted, fp->accepted);
@@ -666,11 +673,11 @@ static void check_running(fz_pool *fp, bool with_users) {
     EQ(rejected_timeout, fp->rej_timeout);
     EQ(rejected, fp->rej_full + fp->rej_user + fp->rej_closed + fp->rej_timeout);
 #undef EQ
-#define GE(field, lo)                                                                              \
-    CHECK(s.field >= (uint64_t)(lo), "pool %d: stats." #field " is %llu < %llu", fp->slot,                  \
+#define GE(field, lo)                                                                                        \
+    CHECK(s.field >= (uint64_t)(lo), "pool %d: stats." #field " is %llu < %llu", fp->slot,                   \
           (unsigned long long)s.field, (unsigned long long)(lo))
-#define LE(field, hi)                                                                              \
-    CHECK(s.field <= (uint64_t)(hi), "pool %d: stats." #field " is %llu > %llu", fp->slot,                  \
+#define LE(field, hi)                                                                                        \
+    CHECK(s.field <= (uint64_t)(hi), "pool %d: stats." #field " is %llu > %llu", fp->slot,                   \
           (unsigned long long)s.field, (unsigned long long)(hi))
     GE(started, runs_seen);
     GE(retried, retries_seen);
@@ -782,8 +789,8 @@ static void check_fifo(const fz_pool *fp) {
         const fz_task *t = fp->tasks[i];
         int seq = atomic_load(&t->first_start);
         if (!t->accepted || seq == 0) continue;
-        CHECK(seq > last, "pool %d: task %d was admitted after task %d but started before it (FIFO)", fp->slot,
-              t->index, last_index);
+        CHECK(seq > last, "pool %d: task %d was admitted after task %d but started before it (FIFO)",
+              fp->slot, t->index, last_index);
         last = seq;
         last_index = t->index;
     }
@@ -794,7 +801,8 @@ static void check_tasks_ended(const fz_pool *fp) {
     check_fifo(fp);
     for (int i = 0; i < fp->ntasks; i++) {
         const fz_task *t = fp->tasks[i];
-        CHECK(atomic_load(&t->inside) == 0, "pool %d task %d still inside its function at rest", fp->slot, t->index);
+        CHECK(atomic_load(&t->inside) == 0, "pool %d task %d still inside its function at rest", fp->slot,
+              t->index);
         if (!t->accepted) {
             CHECK(atomic_load(&t->runs) == 0 && atomic_load(&t->done_enter) == 0,
                   "pool %d task %d was refused, yet ran %d times / got %d on_done", fp->slot, t->index,
@@ -804,12 +812,12 @@ static void check_tasks_ended(const fz_pool *fp) {
         CHECK(atomic_load(&t->runs) == atomic_load(&t->returns), "pool %d task %d: runs != returns", fp->slot,
               t->index);
         uint64_t cid = atomic_load(&t->ctx_id);
-        CHECK(cid == 0 || cid == t->id, "pool %d task %d: ran with tp_ctx_id %llu, submit gave %llu", fp->slot,
-              t->index, (unsigned long long)cid, (unsigned long long)t->id);
+        CHECK(cid == 0 || cid == t->id, "pool %d task %d: ran with tp_ctx_id %llu, submit gave %llu",
+              fp->slot, t->index, (unsigned long long)cid, (unsigned long long)t->id);
         if (!t->has_done) continue;
         int calls = atomic_load(&t->done_calls), enter = atomic_load(&t->done_enter);
-        CHECK(calls == 1 && enter == 1, "pool %d task %d (id %llu, %s): on_done ran %d times at rest", fp->slot,
-              t->index, (unsigned long long)t->id, kind_name[t->kind], calls);
+        CHECK(calls == 1 && enter == 1, "pool %d task %d (id %llu, %s): on_done ran %d times at rest",
+              fp->slot, t->index, (unsigned long long)t->id, kind_name[t->kind], calls);
         int st = atomic_load(&t->done_status);
         fz_allowed a = final_allowed(fp, t);
         if (!allowed_has(&a, st)) {
@@ -817,8 +825,9 @@ static void check_tasks_ended(const fz_pool *fp) {
             print_allowed(buf, sizeof buf, &a);
             violation("pool %d task %d (id %llu, %s, runs %d, last rv %d, max_retries %u, cancel_ok %d, "
                       "deadline class %d): on_done status %d, allowed:%s",
-                      fp->slot, t->index, (unsigned long long)t->id, kind_name[t->kind], atomic_load(&t->runs),
-                      atomic_load(&t->last_rv), t->max_retries, atomic_load(&t->cancel_ok), t->dl_class, st, buf);
+                      fp->slot, t->index, (unsigned long long)t->id, kind_name[t->kind],
+                      atomic_load(&t->runs), atomic_load(&t->last_rv), t->max_retries,
+                      atomic_load(&t->cancel_ok), t->dl_class, st, buf);
         }
     }
 }
@@ -830,8 +839,8 @@ static void check_at_rest(fz_pool *fp) {
     check_tasks_ended(fp);
     tp_stats s = get_stats(fp);
     CHECK(s.submitted == s.accepted + s.rejected, "at rest: submitted != accepted + rejected");
-    CHECK(s.accepted == s.completed, "at rest: accepted %llu != completed %llu", (unsigned long long)s.accepted,
-          (unsigned long long)s.completed);
+    CHECK(s.accepted == s.completed, "at rest: accepted %llu != completed %llu",
+          (unsigned long long)s.accepted, (unsigned long long)s.completed);
     CHECK(s.completed == s.succeeded + s.failed, "at rest: completed != succeeded + failed");
     CHECK(s.cancelled <= s.failed && s.expired <= s.cancelled, "at rest: cancelled/expired out of order");
     CHECK(s.active == 0 && s.queued == 0 && s.delayed == 0 && s.users == 0,
@@ -856,7 +865,8 @@ static void check_at_rest(fz_pool *fp) {
         bool can[4] = {false}, must[4] = {true, true, true, true};
         for (int k = 0; k < a.n; k++) {
             int st = a.v[k];
-            bool c[4] = {st == 0, st != 0, st == TP_ECANCELED || st == TP_ETIMEDOUT, st == TP_ETIMEDOUT && r == 0};
+            bool c[4] = {st == 0, st != 0, st == TP_ECANCELED || st == TP_ETIMEDOUT,
+                         st == TP_ETIMEDOUT && r == 0};
             for (int j = 0; j < 4; j++) {
                 can[j] = can[j] || c[j];
                 must[j] = must[j] && c[j];
@@ -867,18 +877,18 @@ static void check_at_rest(fz_pool *fp) {
             hi[j] += can[j];
         }
     }
-    CHECK(s.started == started, "at rest: stats.started %llu, tasks started %llu", (unsigned long long)s.started,
-          (unsigned long long)started);
-    CHECK(s.retried == retried, "at rest: stats.retried %llu, extra attempts %llu", (unsigned long long)s.retried,
-          (unsigned long long)retried);
+    CHECK(s.started == started, "at rest: stats.started %llu, tasks started %llu",
+          (unsigned long long)s.started, (unsigned long long)started);
+    CHECK(s.retried == retried, "at rest: stats.retried %llu, extra attempts %llu",
+          (unsigned long long)s.retried, (unsigned long long)retried);
     const char *names[4] = {"succeeded", "failed", "cancelled", "expired"};
     uint64_t got[4] = {s.succeeded, s.failed, s.cancelled, s.expired};
     for (int j = 0; j < 4; j++)
-        CHECK(got[j] >= lo[j] && got[j] <= hi[j], "at rest: stats.%s %llu, the tasks say [%llu, %llu]", names[j],
-              (unsigned long long)got[j], (unsigned long long)lo[j], (unsigned long long)hi[j]);
+        CHECK(got[j] >= lo[j] && got[j] <= hi[j], "at rest: stats.%s %llu, the tasks say [%llu, %llu]",
+              names[j], (unsigned long long)got[j], (unsigned long long)lo[j], (unsigned long long)hi[j]);
     int hs = atomic_load(&fp->hook_start), he = atomic_load(&fp->hook_stop);
-    CHECK(hs == he && hs >= (int)fp->workers, "at rest: worker hooks started %d, stopped %d (workers %u)", hs, he,
-          fp->workers);
+    CHECK(hs == he && hs >= (int)fp->workers, "at rest: worker hooks started %d, stopped %d (workers %u)", hs,
+          he, fp->workers);
     uint64_t warn = (uint64_t)atomic_load(&fp->log_warn), err = (uint64_t)atomic_load(&fp->log_error);
     CHECK(warn + err == nonzero, "at rest: %llu failed attempts, %llu WARN + %llu ERROR log lines",
           (unsigned long long)nonzero, (unsigned long long)warn, (unsigned long long)err);
@@ -1118,10 +1128,10 @@ static void op_submit(fz_pool *fp, const uint8_t b[5], int via) {
           : via == VIA_GROUP   ? "group_submit"
           : via == VIA_BATCH   ? "submit_batch"
                                : "submit",
-          fp->slot, t->index,
-          kind_name[t->kind], fz_users[t->user] ? fz_users[t->user] : "NULL", t->gate, t->dl_class,
-          (unsigned long long)rt, t->result, t->has_done, o.log_id ? o.log_id : "-", (unsigned long long)budget,
-          sc.occ_lo, sc.occ_hi, sc.ulo[t->user], sc.uhi[t->user], sc.nstuck, rcname(rc), (unsigned long long)id);
+          fp->slot, t->index, kind_name[t->kind], fz_users[t->user] ? fz_users[t->user] : "NULL", t->gate,
+          t->dl_class, (unsigned long long)rt, t->result, t->has_done, o.log_id ? o.log_id : "-",
+          (unsigned long long)budget, sc.occ_lo, sc.occ_hi, sc.ulo[t->user], sc.uhi[t->user], sc.nstuck,
+          rcname(rc), (unsigned long long)id);
     expect_rc(rc, allowed, "submit");
     if (rc == TP_ECANCELED) { /* a cancelled group: not counted, not a member */
         CHECK(G != NULL, "submit: TP_ECANCELED without a group");
@@ -1155,8 +1165,9 @@ static void op_submit(fz_pool *fp, const uint8_t b[5], int via) {
 static void await_done(const fz_task *t, const char *why) {
     uint64_t end = tp_now_ns() + FZ_BOUND_NS;
     while (atomic_load(&t->done_calls) == 0) {
-        if (tp_now_ns() > end) violation("task %d: no on_done %llu s after %s", t->index,
-                                         (unsigned long long)(FZ_BOUND_NS / SEC), why);
+        if (tp_now_ns() > end)
+            violation("task %d: no on_done %llu s after %s", t->index,
+                      (unsigned long long)(FZ_BOUND_NS / SEC), why);
         sleep_ns(100000);
     }
 }
@@ -1216,7 +1227,8 @@ static void op_cancel(fz_pool *fp, uint8_t sel, uint8_t extra) {
             CHECK(atomic_load(&t->done_status) == TP_ECANCELED, "task %d: cancelled while queued, status %d",
                   t->index, atomic_load(&t->done_status));
         }
-        CHECK(atomic_load(&t->runs) == runs_before, "task %d ran after being cancelled in the queue", t->index);
+        CHECK(atomic_load(&t->runs) == runs_before, "task %d ran after being cancelled in the queue",
+              t->index);
     }
 }
 
@@ -1229,7 +1241,8 @@ static bool quiescent(const fz_pool *fp) {
     model_scan(fp, &sc);
     for (int i = 0; i < fp->ntasks; i++) {
         const fz_task *t = fp->tasks[i];
-        if (!t->accepted || !t->has_done || task_ended(t) || sc.stuck[i] || sc.parked[i] || sc.settled[i]) continue;
+        if (!t->accepted || !t->has_done || task_ended(t) || sc.stuck[i] || sc.parked[i] || sc.settled[i])
+            continue;
         /* Closed: an elastic pool starts no worker any more, so a task may
          * wait behind its stuck minimum workers. */
         if (fp->closed && sc.nstuck_now >= (int)fp->workers) continue;
@@ -1244,15 +1257,16 @@ static void settle(fz_pool *fp) {
     while (!quiescent(fp)) {
         if (tp_now_ns() > end) {
             tp_stats s = get_stats(fp);
-            fprintf(stderr, "fuzz_pool: pool %d stats: active %u queued %u delayed %u workers %u idle %u\n", fp->slot,
-                    s.active, s.queued, s.delayed, s.workers, s.idle);
+            fprintf(stderr, "fuzz_pool: pool %d stats: active %u queued %u delayed %u workers %u idle %u\n",
+                    fp->slot, s.active, s.queued, s.delayed, s.workers, s.idle);
             for (int i = 0; i < fp->ntasks; i++) {
                 const fz_task *t = fp->tasks[i];
                 fprintf(stderr, "  task %d %s acc %d runs %d inside %d done %d gate %d open %d\n", t->index,
                         kind_name[t->kind], t->accepted, atomic_load(&t->runs), atomic_load(&t->inside),
                         atomic_load(&t->done_calls), t->gate, gate_is_open(t->gate));
             }
-            violation("pool %d not quiescent after %llu s", fp->slot, (unsigned long long)(FZ_BOUND_NS / SEC));
+            violation("pool %d not quiescent after %llu s", fp->slot,
+                      (unsigned long long)(FZ_BOUND_NS / SEC));
         }
         sleep_ns(100000);
     }
@@ -1271,8 +1285,8 @@ static void check_all_done_now(const fz_pool *fp, const char *after) {
     for (int i = 0; i < fp->ntasks; i++) {
         const fz_task *t = fp->tasks[i];
         if (t->accepted && t->has_done)
-            CHECK(atomic_load(&t->done_calls) == 1, "pool %d task %d: on_done has not returned when %s returned",
-                  fp->slot, t->index, after);
+            CHECK(atomic_load(&t->done_calls) == 1,
+                  "pool %d task %d: on_done has not returned when %s returned", fp->slot, t->index, after);
     }
 }
 
@@ -1328,12 +1342,12 @@ static void op_wait(fz_pool *fp, uint8_t cls) {
     uint64_t t0 = tp_now_ns();
     int rc = tp_wait(fp->p, to);
     uint64_t elapsed = tp_now_ns() - t0;
-    trace("wait slot %d timeout %llu [closed %d stuck %d blockers %d] -> %s", fp->slot, (unsigned long long)to,
-          fp->closed, sc.nstuck, sc.nblockers, rcname(rc));
+    trace("wait slot %d timeout %llu [closed %d stuck %d blockers %d] -> %s", fp->slot,
+          (unsigned long long)to, fp->closed, sc.nstuck, sc.nblockers, rcname(rc));
     expect_rc(rc, allowed, "tp_wait");
     if (rc == TP_ETIMEDOUT && !forced)
-        CHECK(elapsed >= to, "tp_wait: TP_ETIMEDOUT after %llu ns, timeout %llu ns", (unsigned long long)elapsed,
-              (unsigned long long)to);
+        CHECK(elapsed >= to, "tp_wait: TP_ETIMEDOUT after %llu ns, timeout %llu ns",
+              (unsigned long long)elapsed, (unsigned long long)to);
     if (rc == TP_OK) {
         check_all_done_now(fp, "tp_wait");
         check_at_rest(fp);
@@ -1426,8 +1440,8 @@ static void op_concurrent(fz_pool *fp, const uint8_t b[5]) {
         atomic_store(&t->last_rv, INT_MIN);
         if (fz_main_log[0]) snprintf(t->expect_log, sizeof t->expect_log, "%s", fz_main_log);
         fp->tasks[fp->ntasks++] = t;
-        bool ul_certain = t->user >= 2 && fp->max_per_user != TP_UNLIMITED &&
-                          sc.ulo[t->user] >= (int)fp->max_per_user;
+        bool ul_certain =
+            t->user >= 2 && fp->max_per_user != TP_UNLIMITED && sc.ulo[t->user] >= (int)fp->max_per_user;
         bool blocked = ul_certain || sc.occ_lo >= (int)fp->cap;
         tp_task_opts o;
         memset(&o, 0, sizeof o);
@@ -1439,10 +1453,12 @@ static void op_concurrent(fz_pool *fp, const uint8_t b[5]) {
         int rc = tp_submit_wait(fp->p, task_main, t, &o, FZ_LONG_NS, &id);
         uint64_t el = tp_now_ns() - t0;
         pthread_join(th, NULL);
-        trace("concurrent slot %d: submit_wait task %d user %s [blocked %d closed %d] while closing -> %s (%llu us)",
+        trace("concurrent slot %d: submit_wait task %d user %s [blocked %d closed %d] while closing -> %s "
+              "(%llu us)",
               fp->slot, t->index, o.user ? o.user : "NULL", blocked, fp->closed, rcname(rc),
               (unsigned long long)(el / 1000));
-        expect_rc(rc, fp->closed || blocked ? bit(TP_ECLOSED) : B_OK | bit(TP_ECLOSED), "submit_wait during a close");
+        expect_rc(rc, fp->closed || blocked ? bit(TP_ECLOSED) : B_OK | bit(TP_ECLOSED),
+                  "submit_wait during a close");
         CHECK(el < FZ_LONG_NS, "submit_wait was not woken by the close");
         fp->submitted++;
         if (rc == TP_OK) {
@@ -1487,7 +1503,9 @@ static void op_concurrent(fz_pool *fp, const uint8_t b[5]) {
     pthread_join(th, NULL);
     trace("concurrent slot %d: two shutdowns [stuck %d shut before %d] -> %s and %s", fp->slot, sc.nstuck,
           fp->shut_called, rcname(rc), rcname(h.rc));
-    unsigned allowed = fp->shut_called ? bit(fp->shut_rc) : sc.nstuck > 0 ? bit(TP_ETIMEDOUT) : B_OK | bit(TP_ETIMEDOUT);
+    unsigned allowed = fp->shut_called ? bit(fp->shut_rc)
+                       : sc.nstuck > 0 ? bit(TP_ETIMEDOUT)
+                                       : B_OK | bit(TP_ETIMEDOUT);
     expect_rc(rc, allowed, "tp_shutdown concurrent with another");
     CHECK(rc == h.rc, "two concurrent tp_shutdown calls returned %s and %s", rcname(rc), rcname(h.rc));
     CHECK(el < FZ_LONG_NS, "tp_shutdown took %llu ns", (unsigned long long)el);
@@ -1515,9 +1533,18 @@ static void op_invalid(fz_pool *fp, uint8_t what) {
     switch (w) {
     case 0: rc = tp_submit(NULL, task_main, NULL, NULL, &id); break;
     case 1: rc = tp_submit(fp->p, NULL, NULL, NULL, &id); break;
-    case 2: o.priority = 1; rc = tp_submit(fp->p, nop_task, NULL, &o, &id); break;
-    case 3: o.user = longs; rc = tp_submit(fp->p, nop_task, NULL, &o, &id); break;
-    case 4: o.log_id = longs; rc = tp_submit_wait(fp->p, nop_task, NULL, &o, MS, &id); break;
+    case 2:
+        o.priority = 1;
+        rc = tp_submit(fp->p, nop_task, NULL, &o, &id);
+        break;
+    case 3:
+        o.user = longs;
+        rc = tp_submit(fp->p, nop_task, NULL, &o, &id);
+        break;
+    case 4:
+        o.log_id = longs;
+        rc = tp_submit_wait(fp->p, nop_task, NULL, &o, MS, &id);
+        break;
     case 5: rc = tp_submit_wait(fp->p, NULL, NULL, NULL, MS, &id); break;
     case 6: rc = tp_cancel(NULL, 1); break;
     case 7: rc = tp_close(NULL); break;
@@ -1528,12 +1555,14 @@ static void op_invalid(fz_pool *fp, uint8_t what) {
         rc = TP_EINVAL;
         tp_stats_get(NULL, NULL);
         tp_stats_get(fp->p, NULL);
-        CHECK(tp_user_active(NULL, "u0") == 0 && tp_user_active(fp->p, NULL) == 0 && tp_user_active(fp->p, "") == 0,
+        CHECK(tp_user_active(NULL, "u0") == 0 && tp_user_active(fp->p, NULL) == 0 &&
+                  tp_user_active(fp->p, "") == 0,
               "tp_user_active of no user is not 0");
         for (int c = 1; c >= TP_ENODEFAULT - 2; c--)
             CHECK(tp_strerror(c) && tp_err_name(c), "tp_strerror/tp_err_name(%d) is NULL", c);
         CHECK(tp_default() == NULL, "a default pool is registered");
-        CHECK(tp_default_submit(task_main, NULL, NULL, NULL) == TP_ENODEFAULT, "tp_default_submit without a default");
+        CHECK(tp_default_submit(task_main, NULL, NULL, NULL) == TP_ENODEFAULT,
+              "tp_default_submit without a default");
         CHECK(tp_default_shutdown(1) == TP_ENODEFAULT && tp_default_wait(1) == TP_ENODEFAULT,
               "tp_default_shutdown/wait without a default");
         break;
@@ -1551,7 +1580,8 @@ static fz_group *ensure_group(fz_pool *fp, int k, bool coe) {
     tp_group *g = (tp_group *)(uintptr_t)0x1;
     int rc = tp_group_create(fp->p, coe ? TP_GROUP_CANCEL_ON_ERROR : 0, &g);
     trace("group create slot %d #%d%s -> %s", fp->slot, k, coe ? " cancel-on-error" : "", rcname(rc));
-    CHECK(rc == TP_OK && g != NULL && g != (tp_group *)(uintptr_t)0x1, "tp_group_create returned %s", rcname(rc));
+    CHECK(rc == TP_OK && g != NULL && g != (tp_group *)(uintptr_t)0x1, "tp_group_create returned %s",
+          rcname(rc));
     G->g = g;
     G->live = true;
     G->coe = coe;
@@ -1567,8 +1597,8 @@ static void group_finished(fz_pool *fp, fz_group *G, int rc, const char *after) 
         if (t->grp != G || !t->accepted) continue;
         t->finalised_known = true; /* retired: ended, on_done returned */
         if (t->has_done) {
-            CHECK(atomic_load(&t->done_calls) == 1, "group: member task %d has no on_done when %s returned", t->index,
-                  after);
+            CHECK(atomic_load(&t->done_calls) == 1, "group: member task %d has no on_done when %s returned",
+                  t->index, after);
             int st = atomic_load(&t->done_status);
             if (st != 0) any_fail = true, all_ok_known = false;
             if (st == rc) rc_possible = true;
@@ -1581,8 +1611,9 @@ static void group_finished(fz_pool *fp, fz_group *G, int rc, const char *after) 
     CHECK(rc_possible, "group: %s returned %s (%d), which no member ended with", after, rcname(rc), rc);
     if (all_ok_known) CHECK(rc == 0, "group: every member succeeded, yet %s returned %d", after, rc);
     if (any_fail) CHECK(rc != 0, "group: a member failed, yet %s returned TP_OK", after);
-    if (G->err_seen) CHECK(rc == G->err_seen, "group: %s returned %d, an earlier wait %d (first error)", after, rc,
-                           G->err_seen);
+    if (G->err_seen)
+        CHECK(rc == G->err_seen, "group: %s returned %d, an earlier wait %d (first error)", after, rc,
+              G->err_seen);
     if (rc != 0) G->err_seen = rc;
 }
 
@@ -1611,7 +1642,8 @@ static void op_group_wait(fz_pool *fp, fz_group *G, int cls) {
     }
     /* TP_ETIMEDOUT is the wait's own timeout only once it has passed */
     bool finished = rc != TP_ETIMEDOUT || to == 0 || el < to;
-    if (to == 0 || to == FZ_LONG_NS) CHECK(finished, "tp_group_wait did not finish in %llu ns", (unsigned long long)to);
+    if (to == 0 || to == FZ_LONG_NS)
+        CHECK(finished, "tp_group_wait did not finish in %llu ns", (unsigned long long)to);
     if (finished) group_finished(fp, G, rc, "tp_group_wait");
 }
 
@@ -1636,8 +1668,9 @@ static void op_group_cancel(fz_pool *fp, fz_group *G) {
         t->finalised_known = true;
         if (t->has_done) {
             await_done(t, "tp_group_cancel while every worker was busy");
-            CHECK(atomic_load(&t->done_status) == TP_ECANCELED, "task %d: cancelled with its group while queued, status %d",
-                  t->index, atomic_load(&t->done_status));
+            CHECK(atomic_load(&t->done_status) == TP_ECANCELED,
+                  "task %d: cancelled with its group while queued, status %d", t->index,
+                  atomic_load(&t->done_status));
         }
         CHECK(atomic_load(&t->runs) == runs_before, "task %d ran after its group was cancelled", t->index);
     }
@@ -1654,8 +1687,8 @@ static void op_group_destroy(fz_pool *fp, fz_group *G) {
         if (t->grp != G || !t->accepted) continue;
         t->finalised_known = true;
         if (t->has_done)
-            CHECK(atomic_load(&t->done_calls) == 1, "group: member task %d has no on_done after tp_group_destroy",
-                  t->index);
+            CHECK(atomic_load(&t->done_calls) == 1,
+                  "group: member task %d has no on_done after tp_group_destroy", t->index);
         t->grp = NULL; /* the model keeps its tolerance through cancel_ok */
         if (G->cancel_called || G->coe) atomic_store(&t->cancel_ok, 1);
     }
@@ -1670,7 +1703,8 @@ static void finish_groups(fz_pool *fp) {
         int rc = tp_group_wait(G->g, 1);
         trace("group #%d of destroyed slot %d: wait -> %s", k, fp->slot, rcname(rc));
         group_finished(fp, G, rc, "tp_group_wait on a detached group");
-        expect_rc(tp_group_submit(G->g, nop_task, NULL, NULL, NULL), bit(TP_ECLOSED), "tp_group_submit, pool destroyed");
+        expect_rc(tp_group_submit(G->g, nop_task, NULL, NULL, NULL), bit(TP_ECLOSED),
+                  "tp_group_submit, pool destroyed");
         expect_rc(tp_group_cancel(G->g), B_OK, "tp_group_cancel, pool destroyed");
         expect_rc(tp_group_destroy(G->g), B_OK, "tp_group_destroy, pool destroyed");
         for (int i = 0; i < fp->ntasks; i++) {
@@ -1706,8 +1740,24 @@ static void op_logid(uint8_t b) {
 }
 
 enum {
-    OP_CREATE, OP_SUBMIT, OP_SUBMIT2, OP_CANCEL, OP_GATE, OP_SETTLE, OP_CLOSE, OP_SHUTDOWN,
-    OP_WAIT, OP_STATS, OP_DESTROY, OP_INVALID, OP_LOGID, OP_DEFAULT, OP_CONCURRENT, OP_GROUP, OP_GSUBMIT, OP_COUNT
+    OP_CREATE,
+    OP_SUBMIT,
+    OP_SUBMIT2,
+    OP_CANCEL,
+    OP_GATE,
+    OP_SETTLE,
+    OP_CLOSE,
+    OP_SHUTDOWN,
+    OP_WAIT,
+    OP_STATS,
+    OP_DESTROY,
+    OP_INVALID,
+    OP_LOGID,
+    OP_DEFAULT,
+    OP_CONCURRENT,
+    OP_GROUP,
+    OP_GSUBMIT,
+    OP_COUNT
 };
 
 static void run_input(const uint8_t *data, size_t size) {
@@ -1764,9 +1814,18 @@ static void run_input(const uint8_t *data, size_t size) {
             break;
         case OP_SETTLE:
             switch ((a0 >> 1) % 4) {
-            case 0: trace("settle slot %d", fp->slot); settle(fp); break;
-            case 1: trace("sleep 1 ms"); sleep_ns(MS); break;
-            case 2: trace("sleep 3 ms"); sleep_ns(3 * MS); break;
+            case 0:
+                trace("settle slot %d", fp->slot);
+                settle(fp);
+                break;
+            case 1:
+                trace("sleep 1 ms");
+                sleep_ns(MS);
+                break;
+            case 2:
+                trace("sleep 3 ms");
+                sleep_ns(3 * MS);
+                break;
             default:
                 trace("settle all");
                 for (int s = 0; s < FZ_SLOTS; s++) settle(&fz_pools[s]);
@@ -1804,7 +1863,9 @@ static void run_input(const uint8_t *data, size_t size) {
 /* ------------------------------------------------------------ entry points */
 
 static void report_at_exit(void) {
-    fprintf(stderr, "fuzz_pool: %llu operations in %llu inputs, 0 violations (%llu return codes checked, %llu exactly predicted)\n",
+    fprintf(stderr,
+            "fuzz_pool: %llu operations in %llu inputs, 0 violations (%llu return codes checked, %llu "
+            "exactly predicted)\n",
             (unsigned long long)atomic_load(&fz_ops_total), (unsigned long long)atomic_load(&fz_inputs_total),
             (unsigned long long)atomic_load(&fz_checked), (unsigned long long)atomic_load(&fz_exact));
 }

@@ -25,12 +25,11 @@ static int count_task(tp_ctx *ctx, void *arg) {
 
 static void count_done(void *arg, int status) {
     (void)arg;
-    if (status == 0)
-        atomic_fetch_add(&done, 1);
+    if (status == 0) atomic_fetch_add(&done, 1);
 }
 
 #define STR_(x) #x
-#define STR(x) STR_(x)
+#define STR(x)  STR_(x)
 
 int main(void) {
     const char *want = STR(TP_VERSION_MAJOR) "." STR(TP_VERSION_MINOR) "." STR(TP_VERSION_PATCH);
@@ -67,8 +66,8 @@ int main(void) {
         return 1;
     }
     if (atomic_load(&ran) != TASKS || atomic_load(&done) != TASKS) {
-        fprintf(stderr, "consumer: ran %d, done %d, expected %d\n", atomic_load(&ran),
-                atomic_load(&done), TASKS);
+        fprintf(stderr, "consumer: ran %d, done %d, expected %d\n", atomic_load(&ran), atomic_load(&done),
+                TASKS);
         return 1;
     }
     printf("consumer: libtaskpool %s ran %d tasks\n", tp_version(), TASKS);

@@ -57,7 +57,8 @@ int main(int argc, char **argv) {
         for (int k = 0; k < 40; k++)
             if (tp_submit_wait(pools[i], k % 5 ? nop : flaky, NULL, NULL, 5000000000ull, NULL) != TP_OK)
                 return fprintf(stderr, "emit_metrics: submit\n"), 1;
-        if (tp_shutdown(pools[i], 20000000000ull) != TP_OK) return fprintf(stderr, "emit_metrics: shutdown\n"), 1;
+        if (tp_shutdown(pools[i], 20000000000ull) != TP_OK)
+            return fprintf(stderr, "emit_metrics: shutdown\n"), 1;
     }
     int rc = write_doc(pools, TP_FORMAT_PROMETHEUS, argv[1]) | write_doc(pools, TP_FORMAT_JSON, argv[2]);
     tp_destroy(pools[0]);

@@ -32,7 +32,7 @@
 
 #include "tp_test.h"
 
-#define WAIT_NS TPT_S(20)
+#define WAIT_NS        TPT_S(20)
 #define FORCED_EXIT_NS (TPT_S(2) * (TPT_SANITIZED ? 3 : 1))
 
 static const char *service_bin;
@@ -40,21 +40,21 @@ static const char *service_bin;
 /* ------------------------------------------------------------ the child */
 
 typedef struct proc {
-    pid_t  pid;       /* 0 once reaped */
-    int    status;    /* waitpid status once reaped */
-    char   logpath[256];
-    char  *log;       /* everything the child wrote so far */
+    pid_t pid;  /* 0 once reaped */
+    int status; /* waitpid status once reaped */
+    char logpath[256];
+    char *log; /* everything the child wrote so far */
     size_t loglen, logcap;
-    char   addr[64];  /* "127.0.0.1:port" */
+    char addr[64]; /* "127.0.0.1:port" */
     struct sockaddr_in sa;
 } proc;
 
 /* Variables the service reads: cleared in the child so the caller's
  * environment cannot leak into a test. */
 static const char *const service_vars[] = {
-    "LISTEN_ADDR", "WORKERS", "QUEUE_CAPACITY", "MAX_PER_USER", "MAX_CONNS", "TASK_TIMEOUT",
-    "SHUTDOWN_TIMEOUT", "HEADER_TIMEOUT", "IDLE_TIMEOUT", "LOG_LEVEL", "TASK_HISTORY",
-    "TASK_RETRIES", "RETRY_DELAY",
+    "LISTEN_ADDR",  "WORKERS",          "QUEUE_CAPACITY", "MAX_PER_USER", "MAX_CONNS",
+    "TASK_TIMEOUT", "SHUTDOWN_TIMEOUT", "HEADER_TIMEOUT", "IDLE_TIMEOUT", "LOG_LEVEL",
+    "TASK_HISTORY", "TASK_RETRIES",     "RETRY_DELAY",
 };
 
 /* Start the service with `env` ("NAME=value" strings, NULL-terminated) on
@@ -80,14 +80,11 @@ static void proc_spawn_args(proc *p, const char *const *env, const char *const *
         dup2(spawn_capture == 1 ? null : fd, STDERR_FILENO);
         close(fd);
         close(null);
-        for (size_t i = 0; i < sizeof service_vars / sizeof service_vars[0]; i++)
-            unsetenv(service_vars[i]);
+        for (size_t i = 0; i < sizeof service_vars / sizeof service_vars[0]; i++) unsetenv(service_vars[i]);
         setenv("LISTEN_ADDR", "127.0.0.1:0", 1);
-        for (; env != NULL && *env != NULL; env++)
-            putenv((char *)*env);
+        for (; env != NULL && *env != NULL; env++) putenv((char *)*env);
         char *argv[8] = {(char *)"taskpool-service"};
-        for (int i = 1; args != NULL && *args != NULL && i < 7; i++)
-            argv[i] = (char *)*args++;
+        for (int i = 1; args != NULL && *args != NULL && i < 7; i++) argv[i] = (char *)*args++;
         execv(service_bin, argv);
         fprintf(stderr, "exec %s: %s\n", service_bin, strerror(errno));
         _exit(127);
@@ -109,16 +106,14 @@ static void proc_reset(proc *p) {
 /* Lines (newline-terminated) in the log. */
 static size_t log_lines(const proc *p) {
     size_t n = 0;
-    for (size_t i = 0; i < p->loglen; i++)
-        n += p->log[i] == '\n';
+    for (size_t i = 0; i < p->loglen; i++) n += p->log[i] == '\n';
     return n;
 }
 
 /* Read what the child appended to its log since the last call. */
 static void proc_refresh(proc *p) {
     int fd = open(p->logpath, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return;
+    if (fd < 0) return;
     for (;;) {
         if (p->logcap - p->loglen < 4097) {
             p->logcap = p->logcap ? p->logcap * 2 : 65536;
@@ -126,30 +121,25 @@ static void proc_refresh(proc *p) {
             assert_non_null(p->log);
         }
         ssize_t n = pread(fd, p->log + p->loglen, p->logcap - p->loglen - 1, (off_t)p->loglen);
-        if (n <= 0)
-            break;
+        if (n <= 0) break;
         p->loglen += (size_t)n;
     }
     close(fd);
-    if (p->log != NULL)
-        p->log[p->loglen] = '\0';
+    if (p->log != NULL) p->log[p->loglen] = '\0';
 }
 
 /* The first complete log line at or after offset `from` containing both
  * substrings (b may be NULL); returns its offset, or -1. */
 static long find_line(proc *p, size_t from, const char *a, const char *b) {
-    if (p->log == NULL)
-        return -1;
+    if (p->log == NULL) return -1;
     size_t off = from;
     while (off < p->loglen) {
         char *nl = memchr(p->log + off, '\n', p->loglen - off);
-        if (nl == NULL)
-            return -1; /* an incomplete last line: not yet */
+        if (nl == NULL) return -1; /* an incomplete last line: not yet */
         *nl = '\0';
         int hit = strstr(p->log + off, a) != NULL && (b == NULL || strstr(p->log + off, b) != NULL);
         *nl = '\n';
-        if (hit)
-            return (long)off;
+        if (hit) return (long)off;
         off = (size_t)(nl - p->log) + 1;
     }
     return -1;
@@ -160,8 +150,7 @@ static const char *line_at(proc *p, long off) {
     static char line[8192];
     const char *s = p->log + off;
     size_t n = strcspn(s, "\n");
-    if (n >= sizeof line)
-        n = sizeof line - 1;
+    if (n >= sizeof line) n = sizeof line - 1;
     memcpy(line, s, n);
     line[n] = '\0';
     return line;
@@ -177,8 +166,7 @@ static long wait_line(proc *p, size_t from, const char *a, const char *b) {
 
 /* Reap the child if it exited; 1 once reaped. */
 static int proc_reaped(proc *p) {
-    if (p->pid == 0)
-        return 1;
+    if (p->pid == 0) return 1;
     pid_t r = waitpid(p->pid, &p->status, WNOHANG);
     if (r == p->pid) {
         p->pid = 0;
@@ -192,8 +180,7 @@ static int proc_reaped(proc *p) {
 static int proc_wait_exit(proc *p, uint64_t ns) {
     if (!TPT_POLL(proc_reaped(p), ns))
         fail_msg("the service did not exit within %llu ms", (unsigned long long)(ns / 1000000));
-    if (WIFEXITED(p->status))
-        return WEXITSTATUS(p->status);
+    if (WIFEXITED(p->status)) return WEXITSTATUS(p->status);
     return -1;
 }
 
@@ -254,19 +241,19 @@ static int teardown(void **state) {
 /* ------------------------------------------------------------ an HTTP client */
 
 typedef struct client {
-    int    fd;
+    int fd;
     size_t len;
-    char   buf[1 << 20]; /* /metrics is ~80 KB: two pools with latency histograms */
+    char buf[1 << 20]; /* /metrics is ~80 KB: two pools with latency histograms */
 } client;
 
 typedef struct response {
-    int    status;
-    int    retry_after;   /* Retry-After: 1 present */
-    int    closes;        /* Connection: close present */
-    char   allow[32];
-    char   ctype[96];     /* Content-Type */
-    size_t clen;          /* Content-Length */
-    char   body[1 << 19]; /* empty for HEAD */
+    int status;
+    int retry_after; /* Retry-After: 1 present */
+    int closes;      /* Connection: close present */
+    char allow[32];
+    char ctype[96];     /* Content-Type */
+    size_t clen;        /* Content-Length */
+    char body[1 << 19]; /* empty for HEAD */
 } response;
 
 /* Connect with send/receive timeouts, so no read or write can hang. */
@@ -292,10 +279,8 @@ static void client_send(client *c, const char *data, size_t len) {
     size_t off = 0;
     while (off < len) {
         ssize_t n = send(c->fd, data + off, len - off, MSG_NOSIGNAL);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            fail_msg("send: %s", strerror(errno));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) fail_msg("send: %s", strerror(errno));
         off += (size_t)n;
     }
 }
@@ -305,13 +290,10 @@ static void client_sends(client *c, const char *s) { client_send(c, s, strlen(s)
 /* recv into the buffer: >0 bytes, 0 EOF, -1 error (timeout is an error). */
 static ssize_t client_fill(client *c) {
     for (;;) {
-        if (c->len == sizeof c->buf)
-            fail_msg("response too large for the test client");
+        if (c->len == sizeof c->buf) fail_msg("response too large for the test client");
         ssize_t n = recv(c->fd, c->buf + c->len, sizeof c->buf - c->len, 0);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n > 0)
-            c->len += (size_t)n;
+        if (n < 0 && errno == EINTR) continue;
+        if (n > 0) c->len += (size_t)n;
         return n;
     }
 }
@@ -325,8 +307,7 @@ static int client_read_ex(client *c, response *r, int head_only) {
     while ((end = memmem(c->buf, c->len, "\r\n\r\n", 4)) == NULL) {
         ssize_t n = client_fill(c);
         if (n <= 0) {
-            if (c->len == 0 && (n == 0 || errno == ECONNRESET))
-                return -1;
+            if (c->len == 0 && (n == 0 || errno == ECONNRESET)) return -1;
             fail_msg("reading a response head: %s", n == 0 ? "EOF" : strerror(errno));
         }
     }
@@ -356,12 +337,10 @@ static int client_read_ex(client *c, response *r, int head_only) {
     assert_true(have_len);
     assert_true(clen < sizeof r->body);
     r->clen = clen;
-    if (head_only)
-        clen = 0;
+    if (head_only) clen = 0;
     while (c->len < head + clen) {
         ssize_t n = client_fill(c);
-        if (n <= 0)
-            fail_msg("reading a response body: %s", n == 0 ? "EOF" : strerror(errno));
+        if (n <= 0) fail_msg("reading a response body: %s", n == 0 ? "EOF" : strerror(errno));
     }
     memcpy(r->body, c->buf + head, clen);
     r->body[clen] = '\0';
@@ -375,8 +354,7 @@ static int client_read(client *c, response *r) { return client_read_ex(c, r, 0);
 /* 1 if the server closed the connection (EOF or reset) with nothing more
  * to read, within the receive timeout. */
 static int client_sees_close(client *c) {
-    if (c->len != 0)
-        return 0;
+    if (c->len != 0) return 0;
     ssize_t n = client_fill(c);
     return n == 0 || (n < 0 && errno == ECONNRESET);
 }
@@ -397,8 +375,7 @@ static void request(const proc *p, const char *method, const char *target, respo
 static void request_raw(const proc *p, const char *raw, int head_only, response *r) {
     client *c = client_open(p);
     client_sends(c, raw);
-    if (client_read_ex(c, r, head_only) != 0)
-        fail_msg("%s: connection closed without a response", raw);
+    if (client_read_ex(c, r, head_only) != 0) fail_msg("%s: connection closed without a response", raw);
     client_close(c);
 }
 
@@ -415,13 +392,11 @@ static unsigned long long field_in(const char *line, const char *obj, const char
     char pat[64];
     snprintf(pat, sizeof pat, "\"%s\":{", obj);
     const char *o = strstr(line, pat);
-    if (o == NULL)
-        fail_msg("no %s object in: %s", obj, line);
+    if (o == NULL) fail_msg("no %s object in: %s", obj, line);
     const char *close = strchr(o, '}');
     snprintf(pat, sizeof pat, "\"%s\":", key);
     const char *k = strstr(o, pat);
-    if (k == NULL || k > close)
-        fail_msg("no %s.%s in: %s", obj, key, line);
+    if (k == NULL || k > close) fail_msg("no %s.%s in: %s", obj, key, line);
     return strtoull(k + strlen(pat), NULL, 10);
 }
 
@@ -442,8 +417,7 @@ static unsigned long long post_task(const proc *p, const char *query) {
     snprintf(target, sizeof target, "/tasks?%s", query);
     response r;
     request(p, "POST", target, &r);
-    if (r.status != 202)
-        fail_msg("POST %s: %d %s", target, r.status, r.body);
+    if (r.status != 202) fail_msg("POST %s: %d %s", target, r.status, r.body);
     unsigned long long id = 0;
     assert_int_equal(sscanf(r.body, "{\"id\":%llu}", &id), 1);
     assert_true(id > 0);
@@ -466,8 +440,7 @@ static int has_field(const response *r, const char *key, const char *value) {
 }
 
 static void expect_field(const response *r, const char *key, const char *value) {
-    if (!has_field(r, key, value))
-        fail_msg("expected \"%s\":%s in %d %s", key, value, r->status, r->body);
+    if (!has_field(r, key, value)) fail_msg("expected \"%s\":%s in %d %s", key, value, r->status, r->body);
 }
 
 /* Poll GET /tasks/<id> (bounded) until its state is `state`; leaves the
@@ -475,8 +448,7 @@ static void expect_field(const response *r, const char *key, const char *value) 
 static void wait_task_state(const proc *p, unsigned long long id, const char *state, response *r) {
     char want[48];
     snprintf(want, sizeof want, "\"%s\"", state);
-    if (!TPT_POLL((task_request(p, "GET", id, r), r->status == 200 && has_field(r, "state", want)),
-                  WAIT_NS))
+    if (!TPT_POLL((task_request(p, "GET", id, r), r->status == 200 && has_field(r, "state", want)), WAIT_NS))
         fail_msg("task %llu never reached %s; last: %d %s", id, state, r->status, r->body);
 }
 
@@ -573,24 +545,29 @@ static void test_overload(void **state) {
     assert_int_equal(r.status, 202);
     wait_line(p, 0, "\"msg\":\"task_started\"", NULL); /* running: the queue is empty again */
     request(p, "POST", "/tasks?delay=5s", &r);
-    assert_int_equal(r.status, 202);                   /* queued */
+    assert_int_equal(r.status, 202); /* queued */
     request(p, "POST", "/tasks?delay=5s", &r);
-    assert_int_equal(r.status, 503);                   /* queue full */
+    assert_int_equal(r.status, 503); /* queue full */
     assert_true(r.retry_after);
     request(p, "POST", "/tasks?delay=5s&user=alice", &r);
-    assert_int_equal(r.status, 429);                   /* alice holds her one slot */
+    assert_int_equal(r.status, 429); /* alice holds her one slot */
     assert_true(r.retry_after);
 
     static const char *const bad_delays[] = {
-        "/tasks?delay=-1s", "/tasks?delay=31s", "/tasks?delay=abc", "/tasks?delay=5",
-        "/tasks?delay=", "/tasks?delay=1s2", "/tasks?delay=99999999999999999999s", "/tasks?delay=%zz",
+        "/tasks?delay=-1s",
+        "/tasks?delay=31s",
+        "/tasks?delay=abc",
+        "/tasks?delay=5",
+        "/tasks?delay=",
+        "/tasks?delay=1s2",
+        "/tasks?delay=99999999999999999999s",
+        "/tasks?delay=%zz",
     };
     for (size_t i = 0; i < sizeof bad_delays / sizeof bad_delays[0]; i++) {
-        if (status_of(p, "POST", bad_delays[i]) != 400)
-            fail_msg("POST %s: expected 400", bad_delays[i]);
+        if (status_of(p, "POST", bad_delays[i]) != 400) fail_msg("POST %s: expected 400", bad_delays[i]);
     }
     assert_int_equal(status_of(p, "GET", "/work?delay=-5ms"), 400);
-    assert_int_equal(status_of(p, "GET", "/work?delay=1.5ms"), 200);   /* fractions, */
+    assert_int_equal(status_of(p, "GET", "/work?delay=1.5ms"), 200);    /* fractions, */
     assert_int_equal(status_of(p, "GET", "/work?delay=1ms500us"), 200); /* sums of units */
     assert_int_equal(status_of(p, "GET", "/work?delay=30s1ns"), 400);   /* just over 30 s */
     assert_int_equal(status_of(p, "POST", "/tasks?delay=1s&user=bad%20name"), 400);
@@ -668,8 +645,7 @@ static void test_slow_client(void **state) {
     client *silent = client_open(p);
 
     /* Served meanwhile, on other connections. */
-    for (int i = 0; i < 3; i++)
-        assert_int_equal(status_of(p, "GET", "/healthz"), 200);
+    for (int i = 0; i < 3; i++) assert_int_equal(status_of(p, "GET", "/healthz"), 200);
 
     response r;
     uint64_t t0 = tp_now_ns();
@@ -714,14 +690,16 @@ static void test_connection_limit(void **state) {
     wait_line(p, 0, "\"msg\":\"connection_rejected\"", "\"reason\":\"connection limit\"");
 
     client_close(a); /* frees a slot, asynchronously */
-    int served = TPT_POLL(({
-        client *d = client_open(p);
-        client_sends(d, "GET /healthz HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
-        response rd;
-        int ok = client_read(d, &rd) == 0 && rd.status == 200;
-        client_close(d);
-        ok;
-    }), WAIT_NS);
+    int served =
+        TPT_POLL(({
+                     client *d = client_open(p);
+                     client_sends(d, "GET /healthz HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+                     response rd;
+                     int ok = client_read(d, &rd) == 0 && rd.status == 200;
+                     client_close(d);
+                     ok;
+                 }),
+                 WAIT_NS);
     assert_true(served);
 
     /* b is idle on a keep-alive connection: the drain closes it at once. */
@@ -752,9 +730,11 @@ static void test_keep_alive(void **state) {
     proc_start(p, NULL);
     response r;
     client *c = client_open(p);
-    client_sends(c, "GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n"
-                    "POST /tasks?delay=0 HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\nX-Request-Id: abc-123\r\n\r\nhello"
-                    "GET /stats HTTP/1.1\r\nHost: t\r\n\r\n");
+    client_sends(
+        c,
+        "GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n"
+        "POST /tasks?delay=0 HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\nX-Request-Id: abc-123\r\n\r\nhello"
+        "GET /stats HTTP/1.1\r\nHost: t\r\n\r\n");
     assert_int_equal(client_read(c, &r), 0);
     assert_int_equal(r.status, 200);
     assert_int_equal(client_read(c, &r), 0);
@@ -812,9 +792,8 @@ static void test_bad_config(void **state) {
         char var[64];
         snprintf(var, sizeof var, "\"variable\":\"%s\"", cases[i].mention);
         /* One JSON object on one line: the whole output. */
-        if (code != 2 || p->log == NULL || log_lines(p) != 1 || p->log[0] != '{' ||
-            p->loglen < 3 || memcmp(p->log + p->loglen - 2, "}\n", 2) != 0 ||
-            strstr(p->log, "\"level\":\"error\"") == NULL ||
+        if (code != 2 || p->log == NULL || log_lines(p) != 1 || p->log[0] != '{' || p->loglen < 3 ||
+            memcmp(p->log + p->loglen - 2, "}\n", 2) != 0 || strstr(p->log, "\"level\":\"error\"") == NULL ||
             strstr(p->log, "\"msg\":\"config_error\"") == NULL || strstr(p->log, var) == NULL ||
             strstr(p->log, "\"exit_code\":2") == NULL)
             fail_msg("%s: exit %d, output: %s", cases[i].env, code, p->log ? p->log : "");
@@ -827,10 +806,28 @@ static void test_bad_config(void **state) {
 static void test_command_line(void **state) {
     proc *p = *state;
     static const char *const help_mentions[] = {
-        "LISTEN_ADDR", "WORKERS", "QUEUE_CAPACITY", "MAX_PER_USER", "MAX_CONNS", "TASK_TIMEOUT",
-        "TASK_RETRIES", "RETRY_DELAY", "TASK_HISTORY", "SHUTDOWN_TIMEOUT", "HEADER_TIMEOUT",
-        "IDLE_TIMEOUT", "LOG_LEVEL", "POST   /tasks", "GET    /tasks/{id}", "DELETE /tasks/{id}",
-        "/work", "/stats", "/metrics", "/healthz", "/readyz", "HEAD",
+        "LISTEN_ADDR",
+        "WORKERS",
+        "QUEUE_CAPACITY",
+        "MAX_PER_USER",
+        "MAX_CONNS",
+        "TASK_TIMEOUT",
+        "TASK_RETRIES",
+        "RETRY_DELAY",
+        "TASK_HISTORY",
+        "SHUTDOWN_TIMEOUT",
+        "HEADER_TIMEOUT",
+        "IDLE_TIMEOUT",
+        "LOG_LEVEL",
+        "POST   /tasks",
+        "GET    /tasks/{id}",
+        "DELETE /tasks/{id}",
+        "/work",
+        "/stats",
+        "/metrics",
+        "/healthz",
+        "/readyz",
+        "HEAD",
     };
     static const char *const help_args[][2] = {{"--help", NULL}, {"-h", NULL}};
     spawn_capture = 1; /* stdout */
@@ -861,7 +858,10 @@ static void test_command_line(void **state) {
 
     spawn_capture = 2; /* stderr */
     static const char *const bad[][3] = {
-        {"--bogus", NULL, NULL}, {"-x", NULL, NULL}, {"serve", NULL, NULL}, {"--help", "extra", NULL},
+        {"--bogus", NULL, NULL},
+        {"-x", NULL, NULL},
+        {"serve", NULL, NULL},
+        {"--help", "extra", NULL},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         proc_spawn_args(p, NULL, bad[i]);
@@ -882,8 +882,8 @@ static void test_command_line(void **state) {
  * ids that are unknown (404) or malformed (400) are refused. */
 static void test_task_get_delete(void **state) {
     proc *p = *state;
-    const char *env[] = {"WORKERS=1", "QUEUE_CAPACITY=4", "MAX_PER_USER=unlimited",
-                         "SHUTDOWN_TIMEOUT=5s", NULL};
+    const char *env[] = {"WORKERS=1", "QUEUE_CAPACITY=4", "MAX_PER_USER=unlimited", "SHUTDOWN_TIMEOUT=5s",
+                         NULL};
     proc_start(p, env);
     response r;
     unsigned long long running = post_task(p, "delay=30s&user=alice");
@@ -972,8 +972,14 @@ static void test_task_get_delete(void **state) {
     task_request(p, "DELETE", 999999, &r);
     assert_int_equal(r.status, 404);
     static const char *const malformed[] = {
-        "/tasks/abc", "/tasks/0", "/tasks/01", "/tasks/-1", "/tasks/+1", "/tasks/1x",
-        "/tasks/99999999999999999999", "/tasks/",
+        "/tasks/abc",
+        "/tasks/0",
+        "/tasks/01",
+        "/tasks/-1",
+        "/tasks/+1",
+        "/tasks/1x",
+        "/tasks/99999999999999999999",
+        "/tasks/",
     };
     for (size_t i = 0; i < sizeof malformed / sizeof malformed[0]; i++) {
         if (status_of(p, "GET", malformed[i]) != 400 || status_of(p, "DELETE", malformed[i]) != 400)
@@ -1037,14 +1043,12 @@ static void test_task_history(void **state) {
         assert_int_equal(client_read(c, &r), 0);
         assert_int_equal(r.status, 202);
         assert_int_equal(sscanf(r.body, "{\"id\":%llu}", &last), 1);
-        if (first == 0)
-            first = last;
+        if (first == 0) first = last;
         snprintf(req, sizeof req, "GET /tasks/%llu HTTP/1.1\r\nHost: t\r\n\r\n", last);
         int done = TPT_POLL((client_sends(c, req), client_read(c, &r) == 0 && r.status == 200 &&
-                             has_field(&r, "state", "\"succeeded\"")),
+                                                       has_field(&r, "state", "\"succeeded\"")),
                             WAIT_NS);
-        if (!done)
-            fail_msg("task %llu did not succeed: %d %s", last, r.status, r.body);
+        if (!done) fail_msg("task %llu did not succeed: %d %s", last, r.status, r.body);
     }
     snprintf(req, sizeof req, "GET /tasks/%llu HTTP/1.1\r\nHost: t\r\n\r\n", first);
     client_sends(c, req);
@@ -1069,8 +1073,7 @@ static int has_level(proc *p, const char *level) {
     char pat[48];
     snprintf(pat, sizeof pat, "\"level\":\"%s\"", level);
     for (long off = 0; (off = find_line(p, (size_t)off, pat, NULL)) >= 0;) {
-        if (strstr(line_at(p, off), "\"msg\":\"listening\"") == NULL)
-            return 1;
+        if (strstr(line_at(p, off), "\"msg\":\"listening\"") == NULL) return 1;
         off += (long)strcspn(p->log + off, "\n") + 1;
     }
     return 0;
@@ -1144,10 +1147,18 @@ static void test_request_checks(void **state) {
     static const struct {
         const char *method, *target;
     } unknown[] = {
-        {"GET", "/stats?x=1"}, {"GET", "/metrics?format=json"}, {"GET", "/healthz?verbose"},
-        {"GET", "/readyz?a=b"}, {"GET", "/work?delay=1ms&dealy=2ms"}, {"POST", "/tasks?delayy=1s"},
-        {"POST", "/tasks?delay=1s&delay=2s"}, {"GET", "/tasks/1?x=1"}, {"DELETE", "/tasks/1?force=1"},
-        {"GET", "/stats?&"}, {"POST", "/tasks?=1"}, {"HEAD", "/stats?x=1"},
+        {"GET", "/stats?x=1"},
+        {"GET", "/metrics?format=json"},
+        {"GET", "/healthz?verbose"},
+        {"GET", "/readyz?a=b"},
+        {"GET", "/work?delay=1ms&dealy=2ms"},
+        {"POST", "/tasks?delayy=1s"},
+        {"POST", "/tasks?delay=1s&delay=2s"},
+        {"GET", "/tasks/1?x=1"},
+        {"DELETE", "/tasks/1?force=1"},
+        {"GET", "/stats?&"},
+        {"POST", "/tasks?=1"},
+        {"HEAD", "/stats?x=1"},
     };
     for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++) {
         request(p, unknown[i].method, unknown[i].target, &r);
@@ -1219,7 +1230,7 @@ static void test_readyz_drain(void **state) {
     proc_kill(p, SIGTERM);
     wait_line(p, 0, "\"msg\":\"shutdown_started\"", NULL);
     wait_line(p, 0, "\"msg\":\"requests_drained\"", NULL); /* only the task holds the drain */
-    for (int i = 0; i < 3; i++) { /* one connection at a time, each answered */
+    for (int i = 0; i < 3; i++) {                          /* one connection at a time, each answered */
         request(p, "GET", "/readyz", &r);
         assert_int_equal(r.status, 503);
         assert_true(r.closes);
