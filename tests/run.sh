@@ -7,8 +7,9 @@
 # under tsan TP_REPEAT_TSAN, default 30).
 #
 #   plain     gcc, RelWithDebInfo with assertions kept, -Werror; also installs,
-#             checks the man pages, packs and checks the .deb files, and builds
-#             a parent project that vendors the library
+#             checks the man pages, packs and checks the .deb files, builds
+#             a parent project that vendors the library, checks the ABI
+#             (abidiff, a 1.0 binary) and the formatting (clang-format)
 #   tsan      clang, ThreadSanitizer, -Werror
 #   asan      gcc, AddressSanitizer + LeakSanitizer + UBSan, -Werror
 #   valgrind  gcc as plain; every unit test under valgrind memcheck, which must
@@ -78,6 +79,7 @@ missing_deps() {
     have_stream_deps || return 0
     if wants plain; then
         command -v abidw >/dev/null 2>&1 || return 0 # the ABI baseline check
+        command -v clang-format >/dev/null 2>&1 || return 0 # the clang_format check
         command -v git >/dev/null 2>&1 || return 0   # the previous release, for the old-binary check
     fi
     if wants tsan; then
@@ -119,7 +121,7 @@ if missing_deps; then
     # clang's sanitizer runtimes are only "recommended" by clang on Debian 12.
     { wants tsan || wants fuzz; } && pkgs+=(clang libclang-rt-dev)
     wants valgrind && pkgs+=(valgrind)
-    wants plain && pkgs+=(abigail-tools git)
+    wants plain && pkgs+=(abigail-tools git clang-format)
     export DEBIAN_FRONTEND=noninteractive
     "${sudo[@]}" apt-get update -q || die "apt-get update failed"
     "${sudo[@]}" apt-get install -y -q "${pkgs[@]}" || die "apt-get install failed"
@@ -293,9 +295,10 @@ run_mode() {
     if [ "$mode" = plain ]; then
         local t listed
         listed=$(cd "$dir" && ctest -N) # not piped into grep -q: pipefail and SIGPIPE
-        for t in install_consumer man_pages deb_packages subproject subproject_fetchcontent; do
+        for t in install_consumer man_pages deb_packages subproject subproject_fetchcontent \
+                 abi_old_binary abi_baseline clang_format; do
             if ! grep -Eq "Test +#[0-9]+: $t\$" <<<"$listed"; then
-                result[$mode]="FAIL: test $t is not registered with CTest (scdoc, man or dpkg-deb missing?)"
+                result[$mode]="FAIL: test $t is not registered with CTest (scdoc, man, dpkg-deb, abidw, git or clang-format missing?)"
                 return 1
             fi
         done
