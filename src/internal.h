@@ -35,6 +35,7 @@
  *      clock.c    the histograms' clock: TSC ticks calibrated once per
  *                 process, else CLOCK_MONOTONIC (stamps inline in clock.h)
  *   7  error.c    error table, tp_strerror, version, tp__assert_fail
+ *      text.c     tp__put: snprintf into a running position (the formats)
  *
  * Why the threads sit above life.c: a worker or the service thread is a
  * driver of task life (it pops, starts, finalises and retires through
@@ -634,5 +635,19 @@ void tp__tls_leave_task(void);
 /* Resolve the log id a new task gets: copy into dst, or 0 -> generate.
  * Returns the length copied, or -1 if opts' id is too long. */
 int tp__log_id_source(const char *explicit_id, const char **src, size_t *len);
+
+/* text.c: text output for tp_stats_format and tp_metrics_format. snprintf
+ * semantics over several calls: writes what fits into buf (always
+ * NUL-terminated when len > 0) and keeps counting in pos past the end, so pos
+ * is the length the whole text needs. */
+typedef struct tp__outbuf {
+    char *buf;
+    size_t len, pos;
+} tp__outbuf;
+void tp__put(tp__outbuf *o, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
 
 #endif /* TP_INTERNAL_H */

@@ -22,30 +22,8 @@
  * the one tp_stats_format uses.
  */
 #include "internal.h" /* first: it defines _GNU_SOURCE */
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
-
-/* snprintf into a running position; keeps counting past the end of buf. */
-typedef struct outbuf {
-    char *buf;
-    size_t len, pos;
-} outbuf;
-
-static void put(outbuf *o, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 2, 3)))
-#endif
-    ;
-
-static void put(outbuf *o, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    size_t room = o->pos < o->len ? o->len - o->pos : 0;
-    int n = vsnprintf(room ? o->buf + o->pos : NULL, room, fmt, ap);
-    va_end(ap);
-    if (n > 0) o->pos += (size_t)n;
-}
 
 /* ------------------------------------------------------------ escaping */
 
@@ -75,57 +53,57 @@ static size_t utf8_len(const unsigned char *s, size_t n) {
 
 enum { ESC_PROM, ESC_JSON };
 
-static void put_escaped(outbuf *o, const char *name, int how) {
+static void put_escaped(tp__outbuf *o, const char *name, int how) {
     const unsigned char *s = (const unsigned char *)name;
     size_t n = strlen(name);
     for (size_t i = 0; i < n;) {
         unsigned char c = s[i];
         size_t k = utf8_len(s + i, n - i);
         if (k == 0) {
-            put(o, "%s", how == ESC_JSON ? "\\ufffd" : "\xef\xbf\xbd");
+            tp__put(o, "%s", how == ESC_JSON ? "\\ufffd" : "\xef\xbf\xbd");
             i++;
             continue;
         }
         if (k > 1) {
-            put(o, "%.*s", (int)k, (const char *)s + i);
+            tp__put(o, "%.*s", (int)k, (const char *)s + i);
         } else if (c == '\\' || c == '"') {
-            put(o, "\\%c", c);
+            tp__put(o, "\\%c", c);
         } else if (c == '\n') {
-            put(o, "\\n");
+            tp__put(o, "\\n");
         } else if (how == ESC_JSON && c < 0x20) {
-            put(o, "\\u%04x", c);
+            tp__put(o, "\\u%04x", c);
         } else {
-            put(o, "%c", c);
+            tp__put(o, "%c", c);
         }
         i += k;
     }
 }
 
 /* ns as exact decimal seconds: "0.000000128", "1", "4398.046511104". */
-static void put_seconds(outbuf *o, uint64_t ns) {
+static void put_seconds(tp__outbuf *o, uint64_t ns) {
     uint64_t whole = ns / 1000000000ull, frac = ns % 1000000000ull;
     if (frac == 0) {
-        put(o, "%llu", (unsigned long long)whole);
+        tp__put(o, "%llu", (unsigned long long)whole);
         return;
     }
     int digits = 9;
     while (frac % 10 == 0) frac /= 10, digits--;
-    put(o, "%llu.%0*llu", (unsigned long long)whole, digits, (unsigned long long)frac);
+    tp__put(o, "%llu.%0*llu", (unsigned long long)whole, digits, (unsigned long long)frac);
 }
 
 /* ------------------------------------------------------------ Prometheus */
 
-static void prom_family(outbuf *o, const char *name, const char *type, const char *help) {
-    put(o, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+static void prom_family(tp__outbuf *o, const char *name, const char *type, const char *help) {
+    tp__put(o, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
-static void prom_label(outbuf *o, const tp_pool *p) {
-    put(o, "{pool=\"");
+static void prom_label(tp__outbuf *o, const tp_pool *p) {
+    tp__put(o, "{pool=\"");
     put_escaped(o, p->cfg.name, ESC_PROM);
-    put(o, "\"");
+    tp__put(o, "\"");
 }
 
-static void prom_hist(outbuf *o, tp_pool *const *pools, size_t n, int which, const char *name,
+static void prom_hist(tp__outbuf *o, tp_pool *const *pools, size_t n, int which, const char *name,
                       const char *help) {
     prom_family(o, name, "histogram", help);
     for (size_t k = 0; k < n; k++) {
@@ -134,26 +112,26 @@ static void prom_hist(outbuf *o, tp_pool *const *pools, size_t n, int which, con
         uint64_t cum = 0;
         for (unsigned i = 0; i + 1 < TP_HIST_BUCKETS; i++) {
             cum += h.buckets[i];
-            put(o, "%s_bucket", name);
+            tp__put(o, "%s_bucket", name);
             prom_label(o, pools[k]);
-            put(o, ",le=\"");
+            tp__put(o, ",le=\"");
             put_seconds(o, tp_hist_bound_ns(i));
-            put(o, "\"} %llu\n", (unsigned long long)cum);
+            tp__put(o, "\"} %llu\n", (unsigned long long)cum);
         }
         TP__ASSERT(cum + h.buckets[TP_HIST_BUCKETS - 1] == h.count);
-        put(o, "%s_bucket", name);
+        tp__put(o, "%s_bucket", name);
         prom_label(o, pools[k]);
-        put(o, ",le=\"+Inf\"} %llu\n%s_sum", (unsigned long long)h.count, name);
+        tp__put(o, ",le=\"+Inf\"} %llu\n%s_sum", (unsigned long long)h.count, name);
         prom_label(o, pools[k]);
-        put(o, "} ");
+        tp__put(o, "} ");
         put_seconds(o, h.sum_ns);
-        put(o, "\n%s_count", name);
+        tp__put(o, "\n%s_count", name);
         prom_label(o, pools[k]);
-        put(o, "} %llu\n", (unsigned long long)h.count);
+        tp__put(o, "} %llu\n", (unsigned long long)h.count);
     }
 }
 
-static void prom_capacity(outbuf *o, tp_pool *const *pools, size_t n, int what) {
+static void prom_capacity(tp__outbuf *o, tp_pool *const *pools, size_t n, int what) {
     static const char *const names[3] = {"taskpool_workers_max", "taskpool_queue_capacity",
                                          "taskpool_max_per_user"};
     static const char *const helps[3] = {
@@ -164,24 +142,24 @@ static void prom_capacity(outbuf *o, tp_pool *const *pools, size_t n, int what) 
     for (size_t k = 0; k < n; k++) {
         const tp_pool *p = pools[k];
         unsigned v = what == 0 ? p->cfg.max_workers : what == 1 ? p->cfg.capacity : p->cfg.max_per_user;
-        put(o, "%s", names[what]);
+        tp__put(o, "%s", names[what]);
         prom_label(o, p);
         if (what == 2 && v == TP_UNLIMITED)
-            put(o, "} +Inf\n");
+            tp__put(o, "} +Inf\n");
         else
-            put(o, "} %u\n", v);
+            tp__put(o, "} %u\n", v);
     }
 }
 
-static void prometheus(outbuf *o, tp_pool *const *pools, size_t n) {
+static void prometheus(tp__outbuf *o, tp_pool *const *pools, size_t n) {
     tp_stats s;
 #define TP__PROM_FAMILY(f, help, name, type)                                                                 \
     prom_family(o, name, type, help);                                                                        \
     for (size_t k = 0; k < n; k++) {                                                                         \
         tp_stats_get(pools[k], &s);                                                                          \
-        put(o, "%s", name);                                                                                  \
+        tp__put(o, "%s", name);                                                                              \
         prom_label(o, pools[k]);                                                                             \
-        put(o, "} %llu\n", (unsigned long long)s.f);                                                         \
+        tp__put(o, "} %llu\n", (unsigned long long)s.f);                                                     \
     }
 #define TP__PROM_COUNTER(f, help) TP__PROM_FAMILY(f, help, "taskpool_" #f "_total", "counter")
 #define TP__PROM_GAUGE(f, help)   TP__PROM_FAMILY(f, help, "taskpool_" #f, "gauge")
@@ -194,56 +172,56 @@ static void prometheus(outbuf *o, tp_pool *const *pools, size_t n) {
               "Time from admission (or return to the queue for a retry) to the start of each attempt.");
     prom_hist(o, pools, n, TP_HIST_RUN, "taskpool_run_seconds", "Run time of each attempt.");
     prom_family(o, "taskpool_build_info", "gauge", "The libtaskpool version in use; always 1.");
-    put(o, "taskpool_build_info{version=\"");
+    tp__put(o, "taskpool_build_info{version=\"");
     put_escaped(o, tp_version(), ESC_PROM);
-    put(o, "\"} 1\n");
+    tp__put(o, "\"} 1\n");
 }
 
 /* ------------------------------------------------------------ JSON */
 
-static void json_hist(outbuf *o, tp_pool *p, int which, const char *key) {
+static void json_hist(tp__outbuf *o, tp_pool *p, int which, const char *key) {
     tp_hist h;
     (void)tp_hist_get(p, which, &h);
-    put(o, ",\"%s\":{\"count\":%llu,\"sum_ns\":%llu,\"buckets\":[", key, (unsigned long long)h.count,
-        (unsigned long long)h.sum_ns);
+    tp__put(o, ",\"%s\":{\"count\":%llu,\"sum_ns\":%llu,\"buckets\":[", key, (unsigned long long)h.count,
+            (unsigned long long)h.sum_ns);
     const char *sep = "";
     for (unsigned i = 0; i < TP_HIST_BUCKETS; i++) {
         if (!h.buckets[i]) continue;
-        put(o, "%s[%llu,%llu]", sep, (unsigned long long)tp_hist_bound_ns(i),
-            (unsigned long long)h.buckets[i]);
+        tp__put(o, "%s[%llu,%llu]", sep, (unsigned long long)tp_hist_bound_ns(i),
+                (unsigned long long)h.buckets[i]);
         sep = ",";
     }
-    put(o, "]}");
+    tp__put(o, "]}");
 }
 
-static void json(outbuf *o, tp_pool *const *pools, size_t n) {
-    put(o, "{\"version\":\"");
+static void json(tp__outbuf *o, tp_pool *const *pools, size_t n) {
+    tp__put(o, "{\"version\":\"");
     put_escaped(o, tp_version(), ESC_JSON);
-    put(o, "\",\"pools\":{");
+    tp__put(o, "\",\"pools\":{");
     for (size_t k = 0; k < n; k++) {
         tp_pool *p = pools[k];
         tp_stats s;
         tp_stats_get(p, &s);
-        put(o, "%s\"", k ? "," : "");
+        tp__put(o, "%s\"", k ? "," : "");
         put_escaped(o, p->cfg.name, ESC_JSON);
-        put(o, "\":");
+        tp__put(o, "\":");
         const char *sep = "{";
 #define TP__JSON_FIELD(f, help)                                                                              \
-    put(o, "%s\"" #f "\":%llu", sep, (unsigned long long)s.f);                                               \
+    tp__put(o, "%s\"" #f "\":%llu", sep, (unsigned long long)s.f);                                           \
     sep = ",";
         TP__STATS_FIELDS(TP__JSON_FIELD, TP__JSON_FIELD, TP__JSON_FIELD)
 #undef TP__JSON_FIELD
-        put(o, ",\"workers_max\":%u,\"queue_capacity\":%u,\"max_per_user\":", p->cfg.max_workers,
-            p->cfg.capacity);
+        tp__put(o, ",\"workers_max\":%u,\"queue_capacity\":%u,\"max_per_user\":", p->cfg.max_workers,
+                p->cfg.capacity);
         if (p->cfg.max_per_user == TP_UNLIMITED)
-            put(o, "null");
+            tp__put(o, "null");
         else
-            put(o, "%u", p->cfg.max_per_user);
+            tp__put(o, "%u", p->cfg.max_per_user);
         json_hist(o, p, TP_HIST_QUEUE_WAIT, "queue_wait");
         json_hist(o, p, TP_HIST_RUN, "run");
-        put(o, "}");
+        tp__put(o, "}");
     }
-    put(o, "}}");
+    tp__put(o, "}}");
 }
 
 /* ------------------------------------------------------------ entry */
@@ -257,7 +235,7 @@ int tp_metrics_format(tp_pool *const *pools, size_t n, int format, char *buf, si
             if (strcmp(pools[j]->cfg.name, pools[k]->cfg.name) == 0)
                 return TP_EINVAL; /* the same pool twice too */
     }
-    outbuf o = {buf, len, 0};
+    tp__outbuf o = {buf, len, 0};
     if (len) buf[0] = '\0';
     if (format == TP_FORMAT_JSON)
         json(&o, pools, n);

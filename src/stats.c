@@ -10,7 +10,6 @@
  * users.c. Lock: tp_user_active takes the pool lock; nothing else here does.
  */
 #include "internal.h" /* first: it defines _GNU_SOURCE */
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -84,49 +83,28 @@ unsigned tp_user_active(tp_pool *p, const char *user) {
     return n;
 }
 
-/* snprintf into a running position; keeps counting past the end of buf. */
-typedef struct outbuf {
-    char *buf;
-    size_t len, pos;
-} outbuf;
-
-static void put(outbuf *o, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 2, 3)))
-#endif
-    ;
-
-static void put(outbuf *o, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    size_t room = o->pos < o->len ? o->len - o->pos : 0;
-    int n = vsnprintf(room ? o->buf + o->pos : NULL, room, fmt, ap);
-    va_end(ap);
-    if (n > 0) o->pos += (size_t)n;
-}
-
 int tp_stats_format(const tp_stats *s, int format, char *buf, size_t len) {
     if (!s || (!buf && len > 0)) return TP_EINVAL;
     if (format != TP_FORMAT_JSON && format != TP_FORMAT_PROMETHEUS) return TP_EINVAL;
-    outbuf o = {buf, len, 0};
+    tp__outbuf o = {buf, len, 0};
     if (len) buf[0] = '\0';
     if (format == TP_FORMAT_JSON) {
         const char *sep = "{";
 #define TP__JSON(f, help)                                                                                    \
-    put(&o, "%s\"" #f "\":%llu", sep, (unsigned long long)s->f);                                             \
+    tp__put(&o, "%s\"" #f "\":%llu", sep, (unsigned long long)s->f);                                         \
     sep = ",";
         TP__STATS_FIELDS(TP__JSON, TP__JSON, TP__JSON)
 #undef TP__JSON
-        put(&o, "}");
+        tp__put(&o, "}");
     } else {
 #define TP__PROM_COUNTER(f, help)                                                                            \
-    put(&o,                                                                                                  \
-        "# HELP taskpool_" #f "_total " help "\n# TYPE taskpool_" #f "_total counter\ntaskpool_" #f          \
-        "_total %llu\n",                                                                                     \
-        (unsigned long long)s->f);
+    tp__put(&o,                                                                                              \
+            "# HELP taskpool_" #f "_total " help "\n# TYPE taskpool_" #f "_total counter\ntaskpool_" #f      \
+            "_total %llu\n",                                                                                 \
+            (unsigned long long)s->f);
 #define TP__PROM_GAUGE(f, help)                                                                              \
-    put(&o, "# HELP taskpool_" #f " " help "\n# TYPE taskpool_" #f " gauge\ntaskpool_" #f " %llu\n",         \
-        (unsigned long long)s->f);
+    tp__put(&o, "# HELP taskpool_" #f " " help "\n# TYPE taskpool_" #f " gauge\ntaskpool_" #f " %llu\n",     \
+            (unsigned long long)s->f);
         TP__STATS_FIELDS(TP__PROM_COUNTER, TP__PROM_GAUGE, TP__PROM_COUNTER)
 #undef TP__PROM_COUNTER
 #undef TP__PROM_GAUGE
