@@ -1123,6 +1123,18 @@ static uint32_t pow2_at_least(uint32_t n) {
     return p;
 }
 
+/* The consumer's arrays, allocated at create; each may be NULL. */
+static void free_buffers(tps_consumer *c) {
+    free(c->slots);
+    free(c->ring);
+    free(c->ids);
+    free(c->users);
+    free(c->argv);
+    free(c->argvlen);
+    free(c->claim_got);
+    free(c->claim_err);
+}
+
 int tps_create(tps_consumer **out, const tps_config *cfg, char *err, size_t errlen) {
     if (out == NULL || cfg == NULL || cfg->pool == NULL || cfg->pool_capacity == 0) {
         snprintf(err, errlen, "tps_create: a pool and its capacity are required");
@@ -1190,14 +1202,7 @@ int tps_create(tps_consumer **out, const tps_config *cfg, char *err, size_t errl
             close(c->wake[0]);
             close(c->wake[1]);
         }
-        free(c->slots);
-        free(c->ring);
-        free(c->ids);
-        free(c->users);
-        free(c->argv);
-        free(c->argvlen);
-        free(c->claim_got);
-        free(c->claim_err);
+        free_buffers(c);
         free(c);
         return -1;
     }
@@ -1251,14 +1256,7 @@ void tps_destroy(tps_consumer *c) {
     close(c->wake[0]);
     close(c->wake[1]);
     pthread_mutex_destroy(&c->ring_mu);
-    free(c->slots);
-    free(c->ring);
-    free(c->ids);
-    free(c->users);
-    free(c->argv);
-    free(c->argvlen);
-    free(c->claim_got);
-    free(c->claim_err);
+    free_buffers(c);
     free(c);
 }
 
