@@ -366,9 +366,10 @@ int tp_submit_batch(tp_pool *p, const tp_task *tasks, size_t n, uint64_t *ids_ou
     if (valid == 0) return arg_rc;
     if (refuse_full_fast(p, &a[0])) return TP_EFULL;
 
-    /* The queue wait of every task starts now: one clock read, before the
-     * lock, for the whole batch (as tp_submit reads one for its task). */
-    uint64_t now = tp_now_ns();
+    /* The queue wait of every task starts now: one stamp on the histograms'
+     * clock (clock.h), before the lock, for the whole batch (as tp_submit
+     * takes one for its task). */
+    uint64_t now = tp__hclk_now();
     for (size_t i = 0; i < valid && i < TP__BATCH_ARGS; i++) a[i].now = now;
 
     /* One lock pass: the accepted prefix is adjacent in the ring (FIFO). */

@@ -11,7 +11,9 @@
  * at or above 2 ms, a queue wait of at least 5 ms likewise); snapshots taken
  * while tasks run always have sum(buckets) == count, counts that never
  * decrease and a sum that never exceeds count x the highest bound used;
- * invalid arguments.
+ * every submit path (tp_submit, tp_submit_wait, tp_submit_batch,
+ * tp_group_submit) stamps admission on the histograms' clock; invalid
+ * arguments.
  */
 #define _GNU_SOURCE
 #include <math.h>
@@ -218,6 +220,60 @@ static void test_hist_records_run_and_wait(void **state) {
     tpt_pool_finish(p);
 }
 
+/* ------------------------------------------------------------ every submit path */
+
+/* Each way in stamps admission on the histograms' clock: a stamp from another
+ * clock (CLOCK_MONOTONIC where the TSC is used) would make a queue wait of
+ * years or of zero. Every wait recorded here lies inside the interval the
+ * test measured around the submission and the completion. */
+
+enum { PATH_SUBMIT, PATH_WAIT, PATH_BATCH, PATH_GROUP, PATHS };
+
+static void test_hist_every_submit_path_on_one_clock(void **state) {
+    (void)state;
+    for (int path = 0; path < PATHS; path++) {
+        tp_config cfg = {0};
+        cfg.workers = 1;
+        cfg.queue_capacity = 64;
+        tp_pool *p = tpt_pool_new(&cfg);
+        tp_group *g = NULL;
+        if (path == PATH_GROUP) assert_int_equal(tp_group_create(p, 0, &g), TP_OK);
+        enum { N = 16 };
+        uint64_t t0 = tp_now_ns();
+        if (path == PATH_BATCH) {
+            tp_task tasks[N];
+            memset(tasks, 0, sizeof tasks);
+            for (int i = 0; i < N; i++) tasks[i].fn = tpt_nop_task;
+            size_t acc = 0;
+            assert_int_equal(tp_submit_batch(p, tasks, N, NULL, &acc), TP_OK);
+            assert_int_equal(acc, N);
+        } else {
+            for (int i = 0; i < N; i++) {
+                int rc = path == PATH_SUBMIT ? tp_submit(p, tpt_nop_task, NULL, NULL, NULL)
+                         : path == PATH_WAIT ? tp_submit_wait(p, tpt_nop_task, NULL, NULL, TPT_WAIT_NS, NULL)
+                                             : tp_group_submit(g, tpt_nop_task, NULL, NULL, NULL);
+                assert_int_equal(rc, TP_OK);
+            }
+        }
+        TPT_EVENTUALLY(tpt_stats(p).completed == N);
+        uint64_t elapsed = tp_now_ns() - t0;
+        static tp_hist h;
+        assert_int_equal(tp_hist_get(p, TP_HIST_QUEUE_WAIT, &h), TP_OK);
+        assert_int_equal(h.count, N);
+        uint64_t top = 0;
+        for (unsigned i = 0; i < TP_HIST_BUCKETS; i++)
+            if (h.buckets[i]) top = i == 0 ? 0 : tp_hist_bound_ns(i - 1); /* the bucket's lower edge */
+        if (top > elapsed || h.sum_ns > (uint64_t)N * elapsed)
+            fail_msg("path %d: queue wait up to %llu ns (sum %llu) in %llu ns", path, (unsigned long long)top,
+                     (unsigned long long)h.sum_ns, (unsigned long long)elapsed);
+        if (g) {
+            assert_int_equal(tp_group_wait(g, TPT_WAIT_NS), TP_OK);
+            assert_int_equal(tp_group_destroy(g), TP_OK);
+        }
+        tpt_pool_finish(p);
+    }
+}
+
 /* ------------------------------------------------------------ snapshots while running */
 
 typedef struct reader {
@@ -290,6 +346,7 @@ int main(void) {
         T(test_hist_invalid),
         T(test_hist_exact_after_wait),
         T(test_hist_records_run_and_wait),
+        T(test_hist_every_submit_path_on_one_clock),
         T(test_hist_snapshot_consistent_while_running),
 #undef T
     };
