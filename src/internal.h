@@ -26,15 +26,16 @@
  *                 group membership (first error, cancel on error),
  *                 and the wake-ups that follow (room, work, done, service)
  *   6  ctx.c      the task context and its cancel pipe, log ids, logging,
- *                 the clock, the thread-locals
+ *                 the thread-locals
  *      tasks.c    task records: a free list grown in chunks, the id index
  *      users.c    per-user slot table
  *      ring.h     bounded FIFO of task pointers (inline functions)
  *      hist.c     latency histograms: bounds, snapshots, quantiles (since
  *                 1.1; recording is inline in hist.h, called by worker.c)
- *      clock.c    the histograms' clock: TSC ticks calibrated once per
- *                 process, else CLOCK_MONOTONIC (stamps inline in clock.h)
- *   7  error.c    error table, tp_strerror, version, tp__assert_fail
+ *   7  clock.c    tp_now_ns, and the histograms' clock: TSC ticks calibrated
+ *                 once per process, else CLOCK_MONOTONIC (stamps inline in
+ *                 clock.h)
+ *      error.c    error table, tp_strerror, version, tp__assert_fail
  *      text.c     tp__put: snprintf into a running position (the formats)
  *
  * Why the threads sit above life.c: a worker or the service thread is a
@@ -320,7 +321,16 @@ void tp__users_release(tp__users *us, tp__user *u);
 struct tp_ctx {
     struct tp__worker *w;
     tp__task *t;
-    uint64_t deadline;    /* effective: min(start + run timeout, task deadline) */
+    /* Effective deadline: min(start + run timeout, task deadline). The run
+     * timeout's part is added on the first question (tp__ctx_deadline), not
+     * when the attempt starts: a task that never asks costs no clock read.
+     * Until then `run_timeout` is not TP_FOREVER and `start_h` is the
+     * attempt's start on the histograms' clock (clock.h). Only the task's own
+     * thread reads or writes these after the start (section 7 of the header:
+     * a context is used only by its task, during its call). */
+    uint64_t deadline;
+    uint64_t run_timeout;
+    uint64_t start_h;
     atomic_int cancelled; /* set under mu; read lock-free by the task */
 };
 
@@ -604,16 +614,20 @@ void tp__ctx_drain_fd_locked(tp__worker *w);
 static inline void tp__ctx_begin(struct tp_ctx *c, tp__task *t) {
     c->t = t;
     c->deadline = t->deadline;
+    c->run_timeout = TP_FOREVER;
     atomic_store_explicit(&c->cancelled, 0, memory_order_relaxed);
 }
 
-/* The attempt starts `now`: its effective deadline is the earlier of the task
- * deadline and now + run timeout. Without mu: only this worker reads its ctx. */
-static inline void tp__ctx_arm_run_timeout(struct tp_ctx *c, const tp__task *t, uint64_t now) {
-    if (t->run_timeout == TP_FOREVER) return;
-    uint64_t d = tp__deadline_after(now, t->run_timeout);
-    if (d < c->deadline) c->deadline = d;
+/* The attempt started at `start_h`, a stamp of the histograms' clock: its
+ * run timeout counts from then (added to the deadline on first use, see
+ * tp__ctx_deadline). Without mu: only this worker reads its ctx. */
+static inline void tp__ctx_arm_run_timeout(struct tp_ctx *c, const tp__task *t, uint64_t start_h) {
+    c->run_timeout = t->run_timeout;
+    c->start_h = start_h;
 }
+
+/* The effective deadline (ctx.c). */
+uint64_t tp__ctx_deadline(struct tp_ctx *c);
 
 /* The attempt returned (mu held): was it cancelled? The cancel pipe is
  * emptied so the next task starts clean. */
