@@ -155,7 +155,8 @@ void tp__assert_fail(const char *cond, const char *file, int line)
  *   G(name, help)  a gauge: _Atomic uint32_t, the current value
  *   D(name, help)  a counter derived by tp_stats_get from the others (not stored)
  * Used by struct tp__stats below, tp_stats_get() and tp_stats_format()
- * (stats.c). A new field is one line here plus its member in tp_stats.
+ * (stats.c). A new field is one line here, one in TP__STATS_LAYOUT below and
+ * its member in tp_stats.
  */
 #define TP__STATS_FIELDS(C, G, D)                                                                            \
     C(submitted, "Submit calls that passed argument checks.")                                                \
@@ -182,9 +183,42 @@ void tp__assert_fail(const char *cond, const char *file, int line)
 #define TP__ST_COUNTER(f, help) _Atomic uint64_t f;
 #define TP__ST_GAUGE(f, help)   _Atomic uint32_t f;
 #define TP__ST_NONE(f, help)
+/* Memory order, not text order: the fields that change with every task
+ * first, in one cache line. Same fields as TP__STATS_FIELDS (asserted). */
+#define TP__STATS_LAYOUT(C, G)                                                                               \
+    C(submitted)                                                                                             \
+    C(accepted)                                                                                              \
+    C(started)                                                                                               \
+    C(completed)                                                                                             \
+    C(succeeded)                                                                                             \
+    C(retried)                                                                                               \
+    G(active)                                                                                                \
+    G(queued)                                                                                                \
+    G(delayed)                                                                                               \
+    G(workers)                                                                                               \
+    C(rejected_full)                                                                                         \
+    C(rejected_user)                                                                                         \
+    C(rejected_closed)                                                                                       \
+    C(rejected_timeout)                                                                                      \
+    C(failed)                                                                                                \
+    C(cancelled)                                                                                             \
+    C(expired)                                                                                               \
+    G(idle)                                                                                                  \
+    G(users)
+#define TP__STL_COUNTER(f) _Atomic uint64_t f;
+#define TP__STL_GAUGE(f)   _Atomic uint32_t f;
 typedef struct tp__stats {
-    TP__STATS_FIELDS(TP__ST_COUNTER, TP__ST_GAUGE, TP__ST_NONE)
+    TP__STATS_LAYOUT(TP__STL_COUNTER, TP__STL_GAUGE)
 } tp__stats;
+#undef TP__STL_COUNTER
+#undef TP__STL_GAUGE
+#define TP__ST_ONE(f, help) +1
+#define TP__ST_ONE_L(f)     +1
+_Static_assert(0 TP__STATS_FIELDS(TP__ST_ONE, TP__ST_ONE, TP__ST_NONE) ==
+                   0 TP__STATS_LAYOUT(TP__ST_ONE_L, TP__ST_ONE_L),
+               "TP__STATS_LAYOUT must list every stored field of TP__STATS_FIELDS");
+#undef TP__ST_ONE
+#undef TP__ST_ONE_L
 #undef TP__ST_COUNTER
 #undef TP__ST_GAUGE
 #undef TP__ST_NONE
@@ -225,37 +259,40 @@ struct tp__worker;
 struct tp_group;
 
 typedef struct tp__task {
-    uint64_t id;
+    /* First cache line: written by admission, read by the worker. */
+    _Alignas(64) uint64_t id;
     tp_fn fn;
     void *arg;
     tp_done_fn on_done;
     uint64_t run_timeout; /* resolved, ns; TP_FOREVER for none */
     uint64_t deadline;    /* absolute; TP_FOREVER for none */
-    uint64_t due;         /* while DELAYED: when the retry is queued */
     uint64_t
         queued_at; /* admission, or return to the queue for a retry: a clock.h stamp (queue-wait histogram) */
-    struct tp__task *next;            /* free list, delayed list, endings list */
-    struct tp__task *prev;            /* delayed list */
-    struct tp__task *id_next;         /* id index chain */
-    tp__user *user;                   /* slot holder, NULL without a user */
-    struct tp_group *group;           /* NULL, or its group until it is retired */
-    struct tp__task *g_next, *g_prev; /* the group's members not yet finalised */
-    struct tp__worker *worker;        /* while RUNNING */
+    tp__user *user; /* slot holder, NULL without a user */
+    /* Second: the links and the state, written on both sides. */
+    struct tp__task *next;     /* free list, delayed list, endings list */
+    struct tp__task *id_next;  /* id index chain */
+    struct tp_group *group;    /* NULL, or its group until it is retired */
+    struct tp__worker *worker; /* while RUNNING */
     unsigned attempt;
     int state;
-    int status;        /* final status once finalised */
-    uint32_t log_gen;  /* non-zero: log_id not yet written; the pool serial to generate it from */
-    uint32_t ring_pos; /* while QUEUED: its ring index (see ring.h) */
+    int status;            /* final status once finalised */
+    uint32_t ring_pos;     /* while QUEUED: its ring index (see ring.h) */
+    struct tp__task *prev; /* delayed list */
+    /* The rest: retries, groups, log ids. */
+    uint64_t due;                     /* while DELAYED: when the retry is queued */
+    struct tp__task *g_next, *g_prev; /* the group's members not yet finalised */
+    uint32_t log_gen; /* non-zero: log_id not yet written; the pool serial to generate it from */
     char log_id[TP_LOG_ID_MAX + 1];
 } tp__task;
 
 /* Task records and the id index. No locking: the pool lock guards it. */
 typedef struct tp__tasks {
     tp__task *free;
-    unsigned total; /* records allocated */
-    tp__chunk *chunks;
     tp__task **index; /* id -> task, chained, power-of-two buckets */
     uint32_t index_mask;
+    unsigned total; /* records allocated */
+    tp__chunk *chunks;
 } tp__tasks;
 
 int tp__tasks_init(tp__tasks *ts, unsigned prealloc);
@@ -372,29 +409,32 @@ struct tp_pool {
     } cfg;
 
     /* life.c: the tasks, the queue and their state */
-    struct tp__life {
+    _Alignas(64) struct tp__life {
+        /* first cache line: what every submit and every pop writes */
         tp__ring ring;
         tp__tasks tasks;
-        tp__users users;
+        unsigned active;   /* tasks running */
+        unsigned inflight; /* accepted tasks whose on_done has not returned */
+        /* second: the admission word, and what both sides read */
+        _Alignas(64) _Atomic uint64_t adm; /* see below */
+        uint64_t next_id;
+        unsigned delayed;        /* tasks in the delayed list */
+        unsigned with_deadline;  /* unfinished tasks that carry a deadline */
+        unsigned room_waiters;   /* tp_submit_wait callers in room_cv */
+        unsigned users_at_limit; /* users holding max_per_user slots */
+        bool closed;             /* tp__close_locked: no more admissions */
+        bool forced;             /* tp__force_locked: no more retries */
+        /* the rest: used when a task has a user, a deadline, a group, a retry */
+        _Alignas(64) tp__users users;
         tp__task *delayed_head, *delayed_tail; /* due order (fixed delay) */
         tp__task *endings_head, *endings_tail; /* ended unrun, on_done pending */
-        uint64_t next_id;
-        unsigned delayed;             /* tasks in the delayed list */
-        unsigned active;              /* tasks running */
-        unsigned inflight;            /* accepted tasks whose on_done has not returned */
-        unsigned with_deadline;       /* unfinished tasks that carry a deadline */
-        uint64_t queued_deadline_min; /* lower bound of the deadlines in the ring */
-        uint64_t expiry_scan_at;      /* the service thread scans the ring no earlier */
-        unsigned room_waiters;        /* tp_submit_wait callers in room_cv */
-        unsigned users_at_limit;      /* users holding max_per_user slots */
-        bool closed;                  /* tp__close_locked: no more admissions */
-        bool forced;                  /* tp__force_locked: no more retries */
-        struct tp_group *groups;      /* this pool's groups (linked by group.c through life.c) */
-        /* What admission needs to refuse a full queue without the lock
+        uint64_t queued_deadline_min;          /* lower bound of the deadlines in the ring */
+        uint64_t expiry_scan_at;               /* the service thread scans the ring no earlier */
+        struct tp_group *groups;               /* this pool's groups (linked by group.c through life.c) */
+        /* `adm`: what admission needs to refuse a full queue without the lock
          * (tp__admit_full_fast), stored under mu after every change as one
          * word, so that one load gives the values of one moment: queued +
          * delayed (bits 0-31), users_at_limit (bits 32-62), closed (bit 63). */
-        _Atomic uint64_t adm;
     } life;
 
     /* worker.c: worker slots and thread counts */
@@ -423,7 +463,7 @@ struct tp_pool {
     } shut;
 
     /* statistics: atomics, written under mu by the owner of each counter */
-    tp__stats st;
+    _Alignas(64) tp__stats st;
     /* pool.c: submits refused by tp__admit_full_fast, without the lock. Each
      * counts in both submitted and rejected_full (tp_stats_get adds it in).
      * A read-modify-write, as no lock orders the writers; its own cache line,
