@@ -1,5 +1,6 @@
 /*
- * clock.c -- choosing and calibrating the histogram clock (see clock.h).
+ * clock.c -- the clocks: tp_now_ns (CLOCK_MONOTONIC), and choosing and
+ * calibrating the histograms' clock (see clock.h).
  *
  * Once per process, at the first tp_create: on x86-64, when /proc/cpuinfo
  * lists constant_tsc and nonstop_tsc (the TSC ticks at one rate in every
@@ -12,15 +13,24 @@
  * 50 MHz..20 GHz means something is off (a migrating VM, a TSC that stops):
  * then, and on any other machine, the histograms keep CLOCK_MONOTONIC.
  *
- * Layer: a leaf (6 in internal.h): pool.c initialises it, life.c, service.c
- * and worker.c take stamps through the inline functions of clock.h.
+ * Layer: a leaf (7 in internal.h): pool.c initialises it, life.c, service.c
+ * and worker.c take stamps through the inline functions of clock.h; every
+ * file may call tp_now_ns.
  */
 #include "internal.h" /* first: it defines _GNU_SOURCE */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
+
+/* The pool's clock (public): deadlines, timeouts, retry delays, idle time. */
+uint64_t tp_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
 
 _Atomic uint64_t tp__hclk_mult;
 

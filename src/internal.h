@@ -26,15 +26,16 @@
  *                 group membership (first error, cancel on error),
  *                 and the wake-ups that follow (room, work, done, service)
  *   6  ctx.c      the task context and its cancel pipe, log ids, logging,
- *                 the clock, the thread-locals
+ *                 the thread-locals
  *      tasks.c    task records: a free list grown in chunks, the id index
  *      users.c    per-user slot table
  *      ring.h     bounded FIFO of task pointers (inline functions)
  *      hist.c     latency histograms: bounds, snapshots, quantiles (since
  *                 1.1; recording is inline in hist.h, called by worker.c)
- *      clock.c    the histograms' clock: TSC ticks calibrated once per
- *                 process, else CLOCK_MONOTONIC (stamps inline in clock.h)
- *   7  error.c    error table, tp_strerror, version, tp__assert_fail
+ *   7  clock.c    tp_now_ns, and the histograms' clock: TSC ticks calibrated
+ *                 once per process, else CLOCK_MONOTONIC (stamps inline in
+ *                 clock.h)
+ *      error.c    error table, tp_strerror, version, tp__assert_fail
  *      text.c     tp__put: snprintf into a running position (the formats)
  *
  * Why the threads sit above life.c: a worker or the service thread is a
@@ -154,7 +155,8 @@ void tp__assert_fail(const char *cond, const char *file, int line)
  *   G(name, help)  a gauge: _Atomic uint32_t, the current value
  *   D(name, help)  a counter derived by tp_stats_get from the others (not stored)
  * Used by struct tp__stats below, tp_stats_get() and tp_stats_format()
- * (stats.c). A new field is one line here plus its member in tp_stats.
+ * (stats.c). A new field is one line here, one in TP__STATS_LAYOUT below and
+ * its member in tp_stats.
  */
 #define TP__STATS_FIELDS(C, G, D)                                                                            \
     C(submitted, "Submit calls that passed argument checks.")                                                \
@@ -181,9 +183,42 @@ void tp__assert_fail(const char *cond, const char *file, int line)
 #define TP__ST_COUNTER(f, help) _Atomic uint64_t f;
 #define TP__ST_GAUGE(f, help)   _Atomic uint32_t f;
 #define TP__ST_NONE(f, help)
+/* Memory order, not text order: the fields that change with every task
+ * first, in one cache line. Same fields as TP__STATS_FIELDS (asserted). */
+#define TP__STATS_LAYOUT(C, G)                                                                               \
+    C(submitted)                                                                                             \
+    C(accepted)                                                                                              \
+    C(started)                                                                                               \
+    C(completed)                                                                                             \
+    C(succeeded)                                                                                             \
+    C(retried)                                                                                               \
+    G(active)                                                                                                \
+    G(queued)                                                                                                \
+    G(delayed)                                                                                               \
+    G(workers)                                                                                               \
+    C(rejected_full)                                                                                         \
+    C(rejected_user)                                                                                         \
+    C(rejected_closed)                                                                                       \
+    C(rejected_timeout)                                                                                      \
+    C(failed)                                                                                                \
+    C(cancelled)                                                                                             \
+    C(expired)                                                                                               \
+    G(idle)                                                                                                  \
+    G(users)
+#define TP__STL_COUNTER(f) _Atomic uint64_t f;
+#define TP__STL_GAUGE(f)   _Atomic uint32_t f;
 typedef struct tp__stats {
-    TP__STATS_FIELDS(TP__ST_COUNTER, TP__ST_GAUGE, TP__ST_NONE)
+    TP__STATS_LAYOUT(TP__STL_COUNTER, TP__STL_GAUGE)
 } tp__stats;
+#undef TP__STL_COUNTER
+#undef TP__STL_GAUGE
+#define TP__ST_ONE(f, help) +1
+#define TP__ST_ONE_L(f)     +1
+_Static_assert(0 TP__STATS_FIELDS(TP__ST_ONE, TP__ST_ONE, TP__ST_NONE) ==
+                   0 TP__STATS_LAYOUT(TP__ST_ONE_L, TP__ST_ONE_L),
+               "TP__STATS_LAYOUT must list every stored field of TP__STATS_FIELDS");
+#undef TP__ST_ONE
+#undef TP__ST_ONE_L
 #undef TP__ST_COUNTER
 #undef TP__ST_GAUGE
 #undef TP__ST_NONE
@@ -224,37 +259,40 @@ struct tp__worker;
 struct tp_group;
 
 typedef struct tp__task {
-    uint64_t id;
+    /* First cache line: written by admission, read by the worker. */
+    _Alignas(64) uint64_t id;
     tp_fn fn;
     void *arg;
     tp_done_fn on_done;
     uint64_t run_timeout; /* resolved, ns; TP_FOREVER for none */
     uint64_t deadline;    /* absolute; TP_FOREVER for none */
-    uint64_t due;         /* while DELAYED: when the retry is queued */
     uint64_t
         queued_at; /* admission, or return to the queue for a retry: a clock.h stamp (queue-wait histogram) */
-    struct tp__task *next;            /* free list, delayed list, endings list */
-    struct tp__task *prev;            /* delayed list */
-    struct tp__task *id_next;         /* id index chain */
-    tp__user *user;                   /* slot holder, NULL without a user */
-    struct tp_group *group;           /* NULL, or its group until it is retired */
-    struct tp__task *g_next, *g_prev; /* the group's members not yet finalised */
-    struct tp__worker *worker;        /* while RUNNING */
+    tp__user *user; /* slot holder, NULL without a user */
+    /* Second: the links and the state, written on both sides. */
+    struct tp__task *next;     /* free list, delayed list, endings list */
+    struct tp__task *id_next;  /* id index chain */
+    struct tp_group *group;    /* NULL, or its group until it is retired */
+    struct tp__worker *worker; /* while RUNNING */
     unsigned attempt;
     int state;
-    int status;        /* final status once finalised */
-    uint32_t log_gen;  /* non-zero: log_id not yet written; the pool serial to generate it from */
-    uint32_t ring_pos; /* while QUEUED: its ring index (see ring.h) */
+    int status;            /* final status once finalised */
+    uint32_t ring_pos;     /* while QUEUED: its ring index (see ring.h) */
+    struct tp__task *prev; /* delayed list */
+    /* The rest: retries, groups, log ids. */
+    uint64_t due;                     /* while DELAYED: when the retry is queued */
+    struct tp__task *g_next, *g_prev; /* the group's members not yet finalised */
+    uint32_t log_gen; /* non-zero: log_id not yet written; the pool serial to generate it from */
     char log_id[TP_LOG_ID_MAX + 1];
 } tp__task;
 
 /* Task records and the id index. No locking: the pool lock guards it. */
 typedef struct tp__tasks {
     tp__task *free;
-    unsigned total; /* records allocated */
-    tp__chunk *chunks;
     tp__task **index; /* id -> task, chained, power-of-two buckets */
     uint32_t index_mask;
+    unsigned total; /* records allocated */
+    tp__chunk *chunks;
 } tp__tasks;
 
 int tp__tasks_init(tp__tasks *ts, unsigned prealloc);
@@ -320,7 +358,16 @@ void tp__users_release(tp__users *us, tp__user *u);
 struct tp_ctx {
     struct tp__worker *w;
     tp__task *t;
-    uint64_t deadline;    /* effective: min(start + run timeout, task deadline) */
+    /* Effective deadline: min(start + run timeout, task deadline). The run
+     * timeout's part is added on the first question (tp__ctx_deadline), not
+     * when the attempt starts: a task that never asks costs no clock read.
+     * Until then `run_timeout` is not TP_FOREVER and `start_h` is the
+     * attempt's start on the histograms' clock (clock.h). Only the task's own
+     * thread reads or writes these after the start (section 7 of the header:
+     * a context is used only by its task, during its call). */
+    uint64_t deadline;
+    uint64_t run_timeout;
+    uint64_t start_h;
     atomic_int cancelled; /* set under mu; read lock-free by the task */
 };
 
@@ -362,29 +409,32 @@ struct tp_pool {
     } cfg;
 
     /* life.c: the tasks, the queue and their state */
-    struct tp__life {
+    _Alignas(64) struct tp__life {
+        /* first cache line: what every submit and every pop writes */
         tp__ring ring;
         tp__tasks tasks;
-        tp__users users;
+        unsigned active;   /* tasks running */
+        unsigned inflight; /* accepted tasks whose on_done has not returned */
+        /* second: the admission word, and what both sides read */
+        _Alignas(64) _Atomic uint64_t adm; /* see below */
+        uint64_t next_id;
+        unsigned delayed;        /* tasks in the delayed list */
+        unsigned with_deadline;  /* unfinished tasks that carry a deadline */
+        unsigned room_waiters;   /* tp_submit_wait callers in room_cv */
+        unsigned users_at_limit; /* users holding max_per_user slots */
+        bool closed;             /* tp__close_locked: no more admissions */
+        bool forced;             /* tp__force_locked: no more retries */
+        /* the rest: used when a task has a user, a deadline, a group, a retry */
+        _Alignas(64) tp__users users;
         tp__task *delayed_head, *delayed_tail; /* due order (fixed delay) */
         tp__task *endings_head, *endings_tail; /* ended unrun, on_done pending */
-        uint64_t next_id;
-        unsigned delayed;             /* tasks in the delayed list */
-        unsigned active;              /* tasks running */
-        unsigned inflight;            /* accepted tasks whose on_done has not returned */
-        unsigned with_deadline;       /* unfinished tasks that carry a deadline */
-        uint64_t queued_deadline_min; /* lower bound of the deadlines in the ring */
-        uint64_t expiry_scan_at;      /* the service thread scans the ring no earlier */
-        unsigned room_waiters;        /* tp_submit_wait callers in room_cv */
-        unsigned users_at_limit;      /* users holding max_per_user slots */
-        bool closed;                  /* tp__close_locked: no more admissions */
-        bool forced;                  /* tp__force_locked: no more retries */
-        struct tp_group *groups;      /* this pool's groups (linked by group.c through life.c) */
-        /* What admission needs to refuse a full queue without the lock
+        uint64_t queued_deadline_min;          /* lower bound of the deadlines in the ring */
+        uint64_t expiry_scan_at;               /* the service thread scans the ring no earlier */
+        struct tp_group *groups;               /* this pool's groups (linked by group.c through life.c) */
+        /* `adm`: what admission needs to refuse a full queue without the lock
          * (tp__admit_full_fast), stored under mu after every change as one
          * word, so that one load gives the values of one moment: queued +
          * delayed (bits 0-31), users_at_limit (bits 32-62), closed (bit 63). */
-        _Atomic uint64_t adm;
     } life;
 
     /* worker.c: worker slots and thread counts */
@@ -413,7 +463,7 @@ struct tp_pool {
     } shut;
 
     /* statistics: atomics, written under mu by the owner of each counter */
-    tp__stats st;
+    _Alignas(64) tp__stats st;
     /* pool.c: submits refused by tp__admit_full_fast, without the lock. Each
      * counts in both submitted and rejected_full (tp_stats_get adds it in).
      * A read-modify-write, as no lock orders the writers; its own cache line,
@@ -604,16 +654,20 @@ void tp__ctx_drain_fd_locked(tp__worker *w);
 static inline void tp__ctx_begin(struct tp_ctx *c, tp__task *t) {
     c->t = t;
     c->deadline = t->deadline;
+    c->run_timeout = TP_FOREVER;
     atomic_store_explicit(&c->cancelled, 0, memory_order_relaxed);
 }
 
-/* The attempt starts `now`: its effective deadline is the earlier of the task
- * deadline and now + run timeout. Without mu: only this worker reads its ctx. */
-static inline void tp__ctx_arm_run_timeout(struct tp_ctx *c, const tp__task *t, uint64_t now) {
-    if (t->run_timeout == TP_FOREVER) return;
-    uint64_t d = tp__deadline_after(now, t->run_timeout);
-    if (d < c->deadline) c->deadline = d;
+/* The attempt started at `start_h`, a stamp of the histograms' clock: its
+ * run timeout counts from then (added to the deadline on first use, see
+ * tp__ctx_deadline). Without mu: only this worker reads its ctx. */
+static inline void tp__ctx_arm_run_timeout(struct tp_ctx *c, const tp__task *t, uint64_t start_h) {
+    c->run_timeout = t->run_timeout;
+    c->start_h = start_h;
 }
+
+/* The effective deadline (ctx.c). */
+uint64_t tp__ctx_deadline(struct tp_ctx *c);
 
 /* The attempt returned (mu held): was it cancelled? The cancel pipe is
  * emptied so the next task starts clean. */

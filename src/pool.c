@@ -41,7 +41,7 @@
 #include <unistd.h>
 
 
-#define TP__PREALLOC_MAX 16384u /* records made at create, at most (~4 MB) */
+#define TP__PREALLOC_MAX 16384u /* records made at create, at most (~5 MB) */
 #define TP__RECORD_SLACK 65536u /* records for ended tasks awaiting on_done, at least */
 
 static atomic_uint tp__pool_serial = 1;

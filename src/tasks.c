@@ -25,11 +25,16 @@
 #define TP__CHUNK_MIN 64u
 
 static int tasks_grow(tp__tasks *ts, unsigned n) {
-    tp__chunk *c = (tp__chunk *)malloc(sizeof(tp__chunk) + (size_t)n * sizeof(tp__task));
+    /* Records start on a cache-line boundary (their hot fields are the
+     * first two lines, see tp__task): malloc, not aligned_alloc, so that
+     * every allocation of the library goes through malloc/calloc. */
+    const size_t line = _Alignof(tp__task);
+    tp__chunk *c = (tp__chunk *)malloc(sizeof(tp__chunk) + line - 1 + (size_t)n * sizeof(tp__task));
     if (!c) return -1;
     c->next = ts->chunks;
     ts->chunks = c;
-    tp__task *recs = (tp__task *)(void *)c->align_;
+    uintptr_t at = ((uintptr_t)(void *)c->align_ + line - 1) & ~(uintptr_t)(line - 1);
+    tp__task *recs = (tp__task *)(void *)at;
     for (unsigned i = n; i-- > 0;) {
         recs[i].state = TP__FREE;
         recs[i].next = ts->free;

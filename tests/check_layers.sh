@@ -25,8 +25,8 @@ layers=(
     "service.c"                    # 3 the service thread
     "worker.c"                     # 4 worker slots and the worker loop
     "life.c"                       # 5 the task's life and the queue
-    "ctx.c tasks.c users.c hist.c clock.c" # 6 leaves (ring.h is inline)
-    "error.c text.c"               # 7 error table, tp__assert_fail; tp__put
+    "ctx.c tasks.c users.c hist.c" # 6 leaves (ring.h is inline)
+    "clock.c error.c text.c"       # 7 the clocks; error table, tp__assert_fail; tp__put
 )
 declare -A rank=()
 for i in "${!layers[@]}"; do

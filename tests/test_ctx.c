@@ -348,6 +348,52 @@ static void test_ctx_deadline_forever(void **state) {
     tpt_finish(p);
 }
 
+/* The run timeout's deadline is made when the task first asks (no clock
+ * read per attempt otherwise): it must still be the start of the attempt
+ * plus the run timeout, the same answer every time, also for tasks that
+ * start straight after another on the same worker, and asking late must not
+ * move it later. */
+static int task_deadline_twice(tp_ctx *c, void *arg) {
+    rec *r = arg;
+    uint64_t t_in = tp_now_ns();
+    if (r->sleep_ns) tpt_sleep_ns(r->sleep_ns); /* ask late */
+    uint64_t d1 = tp_ctx_deadline(c);
+    int err = tp_ctx_err(c);
+    uint64_t d2 = tp_ctx_deadline(c);
+    atomic_store(&r->t_start, t_in);
+    atomic_store(&r->deadline, d1);
+    atomic_store(&r->rc, d1 == d2 ? 0 : -1);
+    atomic_store(&r->err_start, err);
+    atomic_store(&r->finished, 1);
+    return 0;
+}
+
+static void test_ctx_deadline_made_on_first_question(void **state) {
+    (void)state;
+    tpt_fixture *f = tpt_fx_current();
+    const uint64_t rt = TPT_S(30);
+    tp_pool *p = mkpool(1, rt);
+    enum { N = 64 };
+    rec *r[N];
+    uint64_t t_sub = tp_now_ns();
+    for (int i = 0; i < N; i++) {
+        r[i] = tpt_fx_new(f, rec);
+        r[i]->sleep_ns = i % 8 == 7 ? TPT_MS(20) : 0;
+        assert_int_equal(tp_submit(p, task_deadline_twice, r[i], NULL, NULL), TP_OK);
+    }
+    for (int i = 0; i < N; i++) {
+        TPT_EVENTUALLY(atomic_load(&r[i]->finished));
+        uint64_t d = atomic_load(&r[i]->deadline);
+        assert_int_equal(atomic_load(&r[i]->rc), 0);        /* stable */
+        assert_int_equal(atomic_load(&r[i]->err_start), 0); /* far from it */
+        assert_true(d >= t_sub + rt);
+        /* counted from the start (at the latest when the task was entered),
+         * not from the late question */
+        assert_true(d <= atomic_load(&r[i]->t_start) + rt);
+    }
+    tpt_finish(p);
+}
+
 static void test_ctx_deadline_earlier_of_two(void **state) {
     (void)state;
     uint64_t ts, tst, d;
@@ -822,6 +868,7 @@ int main(void) {
         TPT_TEST(test_ctx_attempt_zero_first_run),
         TPT_TEST(test_ctx_deadline_forever),
         TPT_TEST(test_ctx_deadline_earlier_of_two),
+        TPT_TEST(test_ctx_deadline_made_on_first_question),
         TPT_TEST(test_ctx_sleep_full_time),
         TPT_TEST(test_ctx_sleep_cancelled),
         TPT_TEST(test_ctx_sleep_run_timeout),
