@@ -247,7 +247,9 @@ typedef struct tp__chunk {
 } tp__chunk;
 
 typedef struct tp__user {
-    struct tp__user *next; /* hash chain, or free list */
+    /* own cache lines: `count` changes with every submit and end of the
+     * user's tasks, on both sides of the queue */
+    _Alignas(64) struct tp__user *next; /* hash chain, or free list */
     uint32_t hash;
     unsigned count; /* slots held: accepted, unfinished tasks */
     char name[TP_USER_MAX + 1];

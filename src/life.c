@@ -284,8 +284,10 @@ static void task_finalise_locked(tp_pool *p, tp__task *t, int status, bool expir
     }
     if (t->user) {
         bool was_at_limit = t->user->count == p->cfg.max_per_user;
+        unsigned live = p->life.users.live;
         tp__users_release(&p->life.users, t->user); /* may recycle the entry: not read again */
-        TP__SET(p->st.users, p->life.users.live);
+        /* stored only when it changes: the gauge's cache line stays put */
+        if (p->life.users.live != live) TP__SET(p->st.users, p->life.users.live);
         if (was_at_limit) {
             /* Published after the release, never before: the word may lag
              * the pool but never show a state it has not reached yet. */
@@ -571,7 +573,7 @@ int tp__admit_locked(tp_pool *p, const tp__admit_args *a, void *arg, uint64_t *i
             tp__tasks_put(&p->life.tasks, t);
             return TP_ENOMEM;
         }
-        TP__SET(p->st.users, p->life.users.live);
+        if (!found) TP__SET(p->st.users, p->life.users.live);          /* a new entry: one more user */
         if (u->count == p->cfg.max_per_user) p->life.users_at_limit++; /* published with the ring below */
     }
     t->fn = a->fn;

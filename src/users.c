@@ -33,11 +33,12 @@ uint32_t tp__users_hash(const char *name, size_t len) {
 }
 
 static int users_grow(tp__users *us, unsigned n) {
-    tp__chunk *c = (tp__chunk *)malloc(sizeof(tp__chunk) + (size_t)n * sizeof(tp__user));
+    const size_t line = _Alignof(tp__user); /* entries start on a cache line, as records do (tasks.c) */
+    tp__chunk *c = (tp__chunk *)malloc(sizeof(tp__chunk) + line - 1 + (size_t)n * sizeof(tp__user));
     if (!c) return -1;
     c->next = us->chunks;
     us->chunks = c;
-    tp__user *e = (tp__user *)(void *)c->align_;
+    tp__user *e = (tp__user *)(void *)(((uintptr_t)(void *)c->align_ + line - 1) & ~(uintptr_t)(line - 1));
     for (unsigned i = n; i-- > 0;) {
         e[i].next = us->free;
         us->free = &e[i];
@@ -91,7 +92,7 @@ void tp__users_fini(tp__users *us) {
 
 tp__user *tp__users_find(const tp__users *us, const char *name, size_t len, uint32_t h) {
     for (tp__user *u = us->buckets[h & us->mask]; u; u = u->next)
-        if (u->hash == h && strncmp(u->name, name, len) == 0 && u->name[len] == '\0') return u;
+        if (u->hash == h && u->name[len] == '\0' && memcmp(u->name, name, len) == 0) return u;
     return NULL;
 }
 
