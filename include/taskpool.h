@@ -448,7 +448,12 @@ TP_API int tp_ctx_sleep(tp_ctx *c, uint64_t ns);
 TP_API int tp_ctx_fd(tp_ctx *c);
 
 /* Effective absolute deadline (the earlier of start + run timeout and the task
- * deadline), TP_FOREVER if none. */
+ * deadline), TP_FOREVER if none. The attempt's start is stamped on the
+ * histograms' clock (section 12) and turned into tp_now_ns() time when the
+ * task first asks (this call, tp_ctx_err, tp_ctx_sleep): a task that asks
+ * late may see start + run timeout off by a few parts per million of the
+ * time since its start (the TSC's calibration), and one that never asks
+ * costs no clock read. */
 TP_API uint64_t tp_ctx_deadline(const tp_ctx *c);
 TP_API uint64_t tp_ctx_id(const tp_ctx *c);
 /* The task's user, NULL if none. Valid during the call. */
