@@ -3,7 +3,9 @@
  * whose differences convert to ns. Deadlines, run timeouts, retry delays and
  * the idle clock stay on CLOCK_MONOTONIC (tp_now_ns); only the histogram
  * stamps (task admission, attempt start and end) use this clock, and only
- * differences of two of its stamps are ever used (tp__hclk_ns).
+ * differences of two of its stamps are ever used (tp__hclk_ns) -- also by
+ * the run timeout, whose deadline is now (CLOCK_MONOTONIC) minus the time
+ * since the attempt's start stamp (tp__ctx_deadline).
  *
  * On x86-64 with an invariant TSC (constant_tsc and nonstop_tsc in
  * /proc/cpuinfo) a stamp is the TSC (one rdtsc, some 8 ns where a vDSO
