@@ -874,12 +874,16 @@ static void test_elastic_min_kept_while_spawn_fails(void **state) {
     TPT_EVENTUALLY(atomic_load(&stalled) == 1);
 
     /* A runs out of work (its task, then the one that wanted B) and idles
-     * while B is still "starting". Give it many idle timeouts to (wrongly)
-     * leave: the absence of an event can only be given a window. */
+     * while B is still "starting". Once A waits for work, give it 50 idle
+     * timeouts to (wrongly) leave, checking all along: the absence of an
+     * event can only be given a window. */
     tpt_latch_open(gate);
-    TPT_EVENTUALLY(tpt_stats(p).completed == 2);
-    struct timespec window = {0, 50 * 1000000L};
-    nanosleep(&window, NULL);
+    TPT_EVENTUALLY(tpt_stats(p).completed == 2 && tpt_stats(p).idle == 1);
+    uint64_t until = tp_now_ns() + 50 * cfg.idle_timeout_ns;
+    while (tp_now_ns() < until) {
+        assert_int_equal(tpt_stats(p).workers, 1);
+        tpt_pause();
+    }
     assert_int_equal(tpt_stats(p).workers, 1);
 
     /* The spawn fails; a new task must still run. */
