@@ -317,15 +317,17 @@ typedef struct single_arg {
 
 static void *single_submitter(void *a) {
     single_arg *x = a;
-    while (!atomic_load(&x->go)) sched_yield();
+    tpt_wait_go(&x->go);
     while (!atomic_load(&x->stop) && x->sent < 3000) {
         int rc = tp_submit(x->p, log_task, (void *)(uintptr_t)(0x80000000u | x->sent), NULL, NULL);
-        if (rc == TP_OK)
+        if (rc == TP_OK) {
             x->sent++;
-        else if (rc != TP_EFULL)
-            x->bad++;
-        else
+        } else if (rc != TP_EFULL) {
+            x->bad++; /* also the pool closed by a failed test's teardown: stop */
+            break;
+        } else {
             sched_yield();
+        }
     }
     return NULL;
 }
@@ -353,7 +355,9 @@ static void test_fifo_adjacent_against_single_submitter(void **state) {
         for (unsigned i = 0; i < CUT_B; i++)
             t[i] = (tp_task){.fn = log_task, .arg = (void *)(uintptr_t)(b << 8 | i)};
         size_t off = 0;
+        uint64_t until = tp_now_ns() + TPT_WAIT_NS;
         while (off < CUT_B) {
+            if (tp_now_ns() > until) fail_msg("batch %u: no room for %u ns", b, (unsigned)TPT_WAIT_NS);
             size_t k = 77;
             int rc = tp_submit_batch(p, t + off, CUT_B - off, NULL, &k);
             assert_true(rc == TP_OK || rc == TP_EFULL);
@@ -452,7 +456,7 @@ typedef struct closer_arg {
 
 static void *closer(void *a) {
     closer_arg *x = a;
-    while (!atomic_load(&x->go)) sched_yield();
+    tpt_wait_go(&x->go);
     for (int i = 0; i < 200; i++) sched_yield();
     (void)tp_close(x->p);
     return NULL;
@@ -464,6 +468,7 @@ static void *closer(void *a) {
 static void test_close_never_splits_a_batch(void **state) {
     tpt_fixture *f = tpt_fx(state);
     enum { B = 12 };
+    int raced = 0;                             /* rounds where batches went in before the close */
     for (int round = 0; round < 12; round++) { /* one thread each: TPT_FX_THREADS */
         tp_pool *p = mkpool(2, 1 << 16, TP_UNLIMITED);
         closer_arg *x = tpt_fx_new(f, closer_arg);
@@ -473,7 +478,9 @@ static void test_close_never_splits_a_batch(void **state) {
         for (int i = 0; i < B; i++) t[i] = (tp_task){.fn = tpt_nop_task};
         atomic_store(&x->go, 1);
         uint64_t accepted = 0, full = 0;
+        uint64_t until = tp_now_ns() + TPT_WAIT_NS;
         for (;;) {
+            if (tp_now_ns() > until) fail_msg("round %d: the pool never closed", round);
             size_t k = 77;
             int rc = tp_submit_batch(p, t, B, NULL, &k);
             accepted += k;
@@ -495,7 +502,9 @@ static void test_close_never_splits_a_batch(void **state) {
         assert_int_equal(s.rejected_closed, 1);
         assert_int_equal(s.rejected_full, full);
         assert_int_equal(s.submitted, accepted + 1 + full);
+        raced += accepted > 0;
     }
+    assert_true(raced > 0); /* else no batch ever met the close */
 }
 
 /* ------------------------------------------------------------ ids, options */

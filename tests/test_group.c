@@ -104,6 +104,25 @@ static void slow_done(void *arg, int status) {
     atomic_fetch_add(&slow_done_finished, 1);
 }
 
+typedef struct waiter {
+    tpt_fx_thr *th;
+    tp_group *g;
+    uint64_t timeout;
+    atomic_int started;
+    atomic_int returned;
+    int rc;
+    int done_total_seen; /* done_total when the wait returned */
+} waiter;
+
+static void *waiter_main(void *arg) {
+    waiter *w = arg;
+    atomic_store(&w->started, 1);
+    w->rc = tp_group_wait(w->g, w->timeout);
+    w->done_total_seen = atomic_load(&done_total);
+    atomic_store(&w->returned, 1);
+    return NULL;
+}
+
 static void test_group_wait_all_and_on_done(void **state) {
     (void)state;
     reset_counters();
@@ -125,7 +144,15 @@ static void test_group_wait_all_and_on_done(void **state) {
     uint64_t id = 0;
     assert_int_equal(tp_group_submit(g, tpt_nop_task, NULL, &o, &id), TP_OK);
     assert_true(id != 0);
-    assert_int_equal(tp_group_wait(g, 0), TP_OK);
+    /* timeout 0: no limit; waited for on a thread of its own, so that this
+     * test's wait keeps its bound */
+    waiter *w = tpt_fx_new(tpt_fx(state), waiter);
+    w->g = g;
+    w->timeout = 0;
+    w->th = tpt_fx_thread(tpt_fx(state), waiter_main, w);
+    TPT_EVENTUALLY(atomic_load(&w->returned));
+    tpt_fx_join(w->th);
+    assert_int_equal(w->rc, TP_OK);
     /* every member ended and its on_done returned */
     assert_int_equal(atomic_load(&slow_done_finished), 1);
     assert_int_equal(atomic_load(&done_total), N);
@@ -141,7 +168,7 @@ static void test_group_wait_all_and_on_done(void **state) {
     /* reusable */
     member_init(&m[0], NULL, 0);
     assert_int_equal(submit_member(g, &m[0], NULL), TP_OK);
-    assert_int_equal(tp_group_wait(g, TP_FOREVER), TP_OK);
+    assert_int_equal(tp_group_wait(g, TPT_WAIT_NS), TP_OK);
     assert_int_equal(tp_group_destroy(g), TP_OK);
     s = tpt_pool_finish(p);
     assert_int_equal(s.completed, N + 2);
@@ -460,25 +487,6 @@ static void test_group_cancel(void **state) {
 
 /* ------------------------------------------------------------ waiters */
 
-typedef struct waiter {
-    tpt_fx_thr *th;
-    tp_group *g;
-    uint64_t timeout;
-    atomic_int started;
-    atomic_int returned;
-    int rc;
-    int done_total_seen; /* done_total when the wait returned */
-} waiter;
-
-static void *waiter_main(void *arg) {
-    waiter *w = arg;
-    atomic_store(&w->started, 1);
-    w->rc = tp_group_wait(w->g, w->timeout);
-    w->done_total_seen = atomic_load(&done_total);
-    atomic_store(&w->returned, 1);
-    return NULL;
-}
-
 static void test_group_several_waiters(void **state) {
     (void)state;
     reset_counters();
@@ -695,17 +703,17 @@ static void test_group_racing_shutdown(void **state) {
         tp_pool *p = new_pool(3, 32);
         enum { R = 4 };
         static racer r[R];
-        atomic_int go = 0;
+        atomic_int *go = tpt_fx_new(tpt_fx(state), atomic_int); /* outlives a failed test's threads */
         for (int i = 0; i < R; i++) {
             memset(&r[i], 0, sizeof r[i]);
             r[i].p = p;
-            r[i].go = &go;
+            r[i].go = go;
             r[i].seed = 7919u * (unsigned)(i + 1) + (unsigned)forced;
             r[i].flags = i % 2 ? TP_GROUP_CANCEL_ON_ERROR : 0;
             r[i].th = tpt_fx_thread(tpt_fx(state), racer_main, &r[i]);
         }
-        atomic_store(&go, 1);
-        tpt_sleep_ns(TPT_MS(3));
+        atomic_store(go, 1);
+        TPT_EVENTUALLY(tpt_stats(p).submitted > 0); /* the race is under way */
         int rc = tp_shutdown(p, forced ? TPT_MS(1) : TPT_WAIT_NS);
         if (forced)
             assert_true(rc == TP_OK || rc == TP_ETIMEDOUT);

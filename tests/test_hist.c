@@ -30,7 +30,6 @@ static uint64_t hist_sum(const tp_hist *h) {
 static void test_hist_bounds(void **state) {
     (void)state;
     assert_int_equal(tp_hist_bound_ns(0), 128);
-    assert_true(tp_hist_bound_ns(0) <= 1000); /* 1 us is inside the 12.5 % range */
     assert_true(tp_hist_bound_ns(TP_HIST_BUCKETS - 1) == UINT64_MAX);
     assert_true(tp_hist_bound_ns(TP_HIST_BUCKETS) == 0);
     assert_true(tp_hist_bound_ns(UINT_MAX) == 0);
@@ -176,8 +175,8 @@ static void test_hist_exact_after_wait(void **state) {
     assert_int_equal(r.count, s.started + s.retried);
     assert_int_equal(hist_sum(&q), q.count);
     assert_int_equal(hist_sum(&r), r.count);
-    /* every queue wait of a retry includes nothing of its retry delay, but
-     * the latch-held tasks waited: some wait is well above zero */
+    /* the tasks queued behind the latch waited, and the tasks ran: both
+     * sums are above zero */
     assert_true(q.sum_ns > 0 && r.sum_ns > 0);
     tpt_pool_destroy(p);
 }
@@ -279,6 +278,7 @@ static void test_hist_every_submit_path_on_one_clock(void **state) {
 typedef struct reader {
     tp_pool *p;
     atomic_int stop;
+    uint64_t until; /* its own bound, should the test fail before `stop` */
     long snapshots, bad_sum, bad_mono, bad_total;
 } reader;
 
@@ -286,7 +286,7 @@ static void *reader_main(void *arg) {
     reader *r = arg;
     static tp_hist h[2];
     uint64_t last[2] = {0, 0};
-    while (!atomic_load(&r->stop)) {
+    while (!atomic_load(&r->stop) && tp_now_ns() < r->until) {
         for (int w = 0; w < 2; w++) {
             if (tp_hist_get(r->p, w, &h[w]) != TP_OK) r->bad_sum++;
             if (hist_sum(&h[w]) != h[w].count) r->bad_sum++;
@@ -316,6 +316,7 @@ static void test_hist_snapshot_consistent_while_running(void **state) {
     static reader r;
     memset(&r, 0, sizeof r);
     r.p = p;
+    r.until = tp_now_ns() + TPT_WAIT_NS;
     tpt_fx_thr *th = tpt_fx_thread(tpt_fx(state), reader_main, &r);
     int n = TPT_SANITIZED ? 3000 : 20000;
     for (int i = 0; i < n; i++)
