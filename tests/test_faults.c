@@ -802,7 +802,9 @@ static void *spawn_submitter(void *arg) {
     return NULL;
 }
 
-static void stalled_spawn(tp_pool *p, int fail) {
+/* A submit on a thread of its own that wants a worker; the spawn (failing
+ * when `fail`) stalls in pthread_create until stall_spawn_end. */
+static spawn_sub *stall_spawn_begin(tpt_fixture *f, tp_pool *p, int fail, pthread_t *th) {
     inj_reset();
     if (fail) {
         atomic_store(&fail_at[F_THREAD], 1);
@@ -811,21 +813,42 @@ static void stalled_spawn(tp_pool *p, int fail) {
     tpt_latch_init(&stall_gate);
     atomic_store(&stalled, 0);
     atomic_store(&stall_enabled, 1);
-    spawn_sub x = {p, 0, 0};
-    pthread_t th;
-    assert_int_equal(__real_pthread_create(&th, NULL, spawn_submitter, &x), 0);
+    spawn_sub *x = tpt_fx_new(f, spawn_sub);
+    x->p = p;
+    assert_int_equal(__real_pthread_create(th, NULL, spawn_submitter, x), 0);
     TPT_EVENTUALLY(atomic_load(&stalled) == 1); /* the spawn is under way */
-    tp_stats s = tpt_stats(p);
-    atomic_store(&stall_enabled, 0);
-    tpt_latch_open(&stall_gate);
+    return x;
+}
+
+/* Let a stalled pthread_create go on, and stop stalling and failing later
+ * ones. Also the file's teardown: a failed assert must not leave every later
+ * pthread_create of the file stalled. */
+static void stall_release(void) {
+    atomic_store(&armed, 0); /* the stalled call decided whether to fail before it stalled */
+    if (atomic_exchange(&stall_enabled, 0)) tpt_latch_open(&stall_gate);
+}
+
+static void stall_spawn_end(pthread_t th) {
+    stall_release();
     pthread_join(th, NULL);
-    atomic_store(&armed, 0);
-    assert_int_equal(atomic_load(&x.rc), TP_OK);
+    tpt_latch_destroy(&stall_gate);
+}
+
+static int faults_teardown(void **state) {
+    stall_release();
+    return tpt_fixture_teardown(state);
+}
+
+static void stalled_spawn(tpt_fixture *f, tp_pool *p, int fail) {
+    pthread_t th;
+    spawn_sub *x = stall_spawn_begin(f, p, fail, &th);
+    tp_stats s = tpt_stats(p);
+    stall_spawn_end(th);
+    assert_int_equal(atomic_load(&x->rc), TP_OK);
     assert_int_equal(atomic_load(&hits[F_THREAD]), fail ? 1u : 0u);
     if (s.workers != 1)
         fail_msg("%s spawn under way: stats.workers %u, but 1 worker thread exists", fail ? "a failing" : "a",
                  s.workers);
-    tpt_latch_destroy(&stall_gate);
 }
 
 static void test_stats_workers_during_spawn(void **state) {
@@ -837,9 +860,9 @@ static void test_stats_workers_during_spawn(void **state) {
     tp_pool *p = tpt_pool_new(&cfg);
     tpt_latch *gate = tpt_fx_latch(f);
     tpt_fill_workers(p, gate, 1, NULL);
-    stalled_spawn(p, 1); /* fails: never a second thread */
+    stalled_spawn(f, p, 1); /* fails: never a second thread */
     assert_int_equal(tpt_stats(p).workers, 1);
-    stalled_spawn(p, 0); /* succeeds: counted once it runs */
+    stalled_spawn(f, p, 0); /* succeeds: counted once it runs */
     TPT_EVENTUALLY(tpt_stats(p).workers == 2 && tpt_stats(p).completed == 2);
     tpt_latch_open(gate);
     tp_stats s = tpt_pool_finish(p);
@@ -861,17 +884,8 @@ static void test_elastic_min_kept_while_spawn_fails(void **state) {
     tpt_fill_workers(p, gate, 1, NULL); /* worker A busy */
 
     /* A submit reserves worker B; its pthread_create stalls, then fails. */
-    inj_reset();
-    atomic_store(&fail_at[F_THREAD], 1);
-    atomic_store(&armed, 1);
-    tpt_latch_init(&stall_gate);
-    atomic_store(&stalled, 0);
-    atomic_store(&stall_enabled, 1);
-    spawn_sub *x = tpt_fx_new(f, spawn_sub);
-    x->p = p;
     pthread_t th;
-    assert_int_equal(__real_pthread_create(&th, NULL, spawn_submitter, x), 0);
-    TPT_EVENTUALLY(atomic_load(&stalled) == 1);
+    spawn_sub *x = stall_spawn_begin(f, p, 1, &th);
 
     /* A runs out of work (its task, then the one that wanted B) and idles
      * while B is still "starting". Once A waits for work, give it 50 idle
@@ -884,13 +898,9 @@ static void test_elastic_min_kept_while_spawn_fails(void **state) {
         assert_int_equal(tpt_stats(p).workers, 1);
         tpt_pause();
     }
-    assert_int_equal(tpt_stats(p).workers, 1);
 
     /* The spawn fails; a new task must still run. */
-    atomic_store(&stall_enabled, 0);
-    tpt_latch_open(&stall_gate);
-    pthread_join(th, NULL);
-    atomic_store(&armed, 0);
+    stall_spawn_end(th);
     assert_int_equal(atomic_load(&x->rc), TP_OK);
     assert_int_equal(atomic_load(&hits[F_THREAD]), 1u);
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_OK);
@@ -898,7 +908,6 @@ static void test_elastic_min_kept_while_spawn_fails(void **state) {
     assert_int_equal(tpt_stats(p).workers, 1);
     tp_stats s = tpt_pool_finish(p);
     assert_int_equal(s.succeeded, 3);
-    tpt_latch_destroy(&stall_gate);
 }
 
 /* A failed spawn while the pool closes: the reservation is undone and the
@@ -1036,8 +1045,9 @@ int main(void) {
         TPT_TEST(test_elastic_spawn_faults),
         TPT_TEST(test_elastic_respawn_fault),
         TPT_TEST(test_elastic_spawn_fault_then_shutdown),
-        TPT_TEST(test_stats_workers_during_spawn),
-        TPT_TEST(test_elastic_min_kept_while_spawn_fails),
+        cmocka_unit_test_setup_teardown(test_stats_workers_during_spawn, tpt_fixture_setup, faults_teardown),
+        cmocka_unit_test_setup_teardown(test_elastic_min_kept_while_spawn_fails, tpt_fixture_setup,
+                                        faults_teardown),
         TPT_TEST(test_ctx_fd_faults),
     };
     return cmocka_run_group_tests(tests, warm_up, NULL);
