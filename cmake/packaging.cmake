@@ -45,19 +45,20 @@ set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT) # <package>_<version>_<arch>.deb
 set(CPACK_DEBIAN_PACKAGE_PRIORITY optional)
 set(CPACK_DEBIAN_PACKAGE_CONTROL_STRICT_PERMISSION ON)
 
+# The extended description both packages share.
+set(TP_DEB_ABOUT
+  "libtaskpool is an embeddable C11 thread pool (libc and pthreads only):
+fixed or elastic workers on a bounded FIFO queue, per-user slots,
+non-blocking admission with clear refusal codes, budgeted blocking submit,
+cooperative cancellation, run timeouts and deadlines, retries, drain and
+shutdown with a deadline, and atomic statistics.")
+
 # libtaskpool1: the shared library. A shlibs file (so that packages built
 # against it depend on it) and the ldconfig trigger come with GENERATE_SHLIBS.
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_NAME "${TP_DEB_RUNTIME}")
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_SECTION libs)
 set(CPACK_COMPONENT_RUNTIME_DISPLAY_NAME "${TP_DEB_RUNTIME}")
-set(CPACK_COMPONENT_RUNTIME_DESCRIPTION
-  "libtaskpool is an embeddable C11 thread pool (libc and pthreads only):
-fixed or elastic workers on a bounded FIFO queue, per-user slots,
-non-blocking admission with clear refusal codes, budgeted blocking submit,
-cooperative cancellation, run timeouts and deadlines, retries, drain and
-shutdown with a deadline, and atomic statistics.
-.
-This package contains the shared library.")
+set(CPACK_COMPONENT_RUNTIME_DESCRIPTION "${TP_DEB_ABOUT}\n.\nThis package contains the shared library.")
 set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS ON)
 set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS_POLICY ">=")
 # CPack's postinst/postrm call ldconfig; dpkg's trigger is what Debian expects.
@@ -76,13 +77,7 @@ set(CPACK_DEBIAN_DEV_PACKAGE_NAME "${TP_DEB_DEV}")
 set(CPACK_DEBIAN_DEV_PACKAGE_SECTION libdevel)
 set(CPACK_COMPONENT_DEV_DISPLAY_NAME "${TP_DEB_DEV}")
 set(CPACK_COMPONENT_DEV_DESCRIPTION
-  "libtaskpool is an embeddable C11 thread pool (libc and pthreads only):
-fixed or elastic workers on a bounded FIFO queue, per-user slots,
-non-blocking admission with clear refusal codes, budgeted blocking submit,
-cooperative cancellation, run timeouts and deadlines, retries, drain and
-shutdown with a deadline, and atomic statistics.
-.
-This package contains the header, the static library, the pkg-config and
+  "${TP_DEB_ABOUT}\n.\nThis package contains the header, the static library, the pkg-config and
 CMake package files and the manual pages (taskpool(7), tp_submit(3), ...).")
 set(CPACK_DEBIAN_DEV_PACKAGE_DEPENDS "${TP_DEB_RUNTIME} (= ${PROJECT_VERSION}), libc6-dev | libc-dev")
 
