@@ -360,7 +360,9 @@ def scenario_redis_restart(env):
     r.close()
     env.kill_redis()
     log("redis SIGKILLed")
-    time.sleep(0.5)
+    # every worker has seen Redis gone before it comes back (what the
+    # reconnect check below counts on)
+    wait_until(lambda: all(metrics(w)["tps_stream_connected"] == 0 for w in ws), 30, "workers to see Redis gone")
     r = env.start_redis()
     log("redis restarted with %d outcomes, %d pending" % (outcome_count(r), pending(r)))
     wait_until(lambda: accounted(r, expected), 120, "all 3000 outcomes after the restart")
