@@ -92,13 +92,52 @@ int svc_parse_uint(const char *s, unsigned min, unsigned max, unsigned *out) {
 }
 
 /* The variable's value, or NULL when unset or empty (= use the default). */
-static const char *env(const char *name) {
+int svc_parse_redis_url(const char *url, char *host, size_t hostlen, int *port, char *err, size_t errlen) {
+    static const char expect[] = "expected redis://host:port or unix:///path";
+    if (strncmp(url, "unix://", 7) == 0) {
+        const char *path = url + 7;
+        if (path[0] != '/' || strlen(path) >= hostlen) {
+            snprintf(err, errlen, "REDIS_URL=\"%s\": expected unix:///absolute/path", url);
+            return -1;
+        }
+        strcpy(host, path);
+        *port = 0;
+        return 0;
+    }
+    if (strncmp(url, "redis://", 8) != 0) {
+        snprintf(err, errlen, "REDIS_URL=\"%s\": %s", url, expect);
+        return -1;
+    }
+    const char *h = url + 8, *end, *rest;
+    if (h[0] == '[') { /* [v6 address] */
+        end = strchr(h, ']');
+        rest = end != NULL ? end + 1 : NULL;
+        h++;
+    } else {
+        end = h + strcspn(h, ":");
+        rest = end;
+    }
+    unsigned p = 6379;
+    size_t hlen = end != NULL ? (size_t)(end - h) : 0;
+    if (rest == NULL || hlen == 0 || hlen >= hostlen || memchr(h, '/', hlen) != NULL ||
+        memchr(h, '@', hlen) != NULL || (rest[0] != '\0' && rest[0] != ':') ||
+        (rest[0] == ':' && svc_parse_uint(rest + 1, 1, 65535, &p) != 0)) {
+        snprintf(err, errlen, "REDIS_URL=\"%s\": %s", url, expect);
+        return -1;
+    }
+    memcpy(host, h, hlen);
+    host[hlen] = '\0';
+    *port = (int)p;
+    return 0;
+}
+
+const char *svc_env(const char *name) {
     const char *v = getenv(name);
     return v != NULL && *v != '\0' ? v : NULL;
 }
 
-static int load_uint(const char *name, unsigned min, unsigned max, unsigned *out, char *err, size_t errlen) {
-    const char *v = env(name);
+int svc_load_uint(const char *name, unsigned min, unsigned max, unsigned *out, char *err, size_t errlen) {
+    const char *v = svc_env(name);
     if (v == NULL) return 0;
     if (svc_parse_uint(v, min, max, out) != 0) {
         snprintf(err, errlen, "%s=\"%s\": expected a whole number from %u to %u", name, v, min, max);
@@ -107,9 +146,8 @@ static int load_uint(const char *name, unsigned min, unsigned max, unsigned *out
     return 0;
 }
 
-static int load_duration(const char *name, uint64_t min, uint64_t max, uint64_t *out, char *err,
-                         size_t errlen) {
-    const char *v = env(name);
+int svc_load_duration(const char *name, uint64_t min, uint64_t max, uint64_t *out, char *err, size_t errlen) {
+    const char *v = svc_env(name);
     if (v == NULL) return 0;
     uint64_t ns;
     if (svc_parse_duration(v, &ns) != 0 || ns < min || ns > max) {
@@ -145,14 +183,14 @@ int svc_config_load(svc_config *cfg, char *err, size_t errlen, const char **var)
     cfg->retry_delay_ns = 1 * SVC_NS_PER_S;
 
     /* First, so that the errors below are already logged at the right level. */
-    const char *lvl = env("LOG_LEVEL");
+    const char *lvl = svc_env("LOG_LEVEL");
     *var = "LOG_LEVEL";
     if (lvl != NULL && (cfg->log_level = svc_log_parse_level(lvl)) < 0) {
         cfg->log_level = SVC_LOG_INFO;
         snprintf(err, errlen, "LOG_LEVEL=\"%s\": expected error, warn, info or debug", lvl);
         return -1;
     }
-    const char *addr = env("LISTEN_ADDR");
+    const char *addr = svc_env("LISTEN_ADDR");
     *var = "LISTEN_ADDR";
     if (addr != NULL) {
         if (strlen(addr) >= sizeof cfg->listen_addr) {
@@ -161,26 +199,27 @@ int svc_config_load(svc_config *cfg, char *err, size_t errlen, const char **var)
         }
         strcpy(cfg->listen_addr, addr);
     }
-    const char *mpu = env("MAX_PER_USER");
+    const char *mpu = svc_env("MAX_PER_USER");
     if (mpu != NULL && strcmp(mpu, "unlimited") == 0)
         cfg->max_per_user = TP_UNLIMITED;
     else
-        CHECK("MAX_PER_USER", load_uint("MAX_PER_USER", 1, 1000000, &cfg->max_per_user, err, errlen));
+        CHECK("MAX_PER_USER", svc_load_uint("MAX_PER_USER", 1, 1000000, &cfg->max_per_user, err, errlen));
     /* QUEUE_CAPACITY and TASK_HISTORY are bounded so that the task table
      * (WORKERS + QUEUE_CAPACITY + MAX_CONNS + TASK_HISTORY entries) stays small. */
-    CHECK("WORKERS", load_uint("WORKERS", 1, 1024, &cfg->workers, err, errlen));
-    CHECK("QUEUE_CAPACITY", load_uint("QUEUE_CAPACITY", 1, 65536, &cfg->queue_capacity, err, errlen));
-    CHECK("MAX_CONNS", load_uint("MAX_CONNS", 1, 1024, &cfg->max_conns, err, errlen));
-    CHECK("TASK_HISTORY", load_uint("TASK_HISTORY", 1, 65536, &cfg->task_history, err, errlen));
-    CHECK("TASK_RETRIES", load_uint("TASK_RETRIES", 0, TP_MAX_RETRIES, &cfg->task_retries, err, errlen));
+    CHECK("WORKERS", svc_load_uint("WORKERS", 1, 1024, &cfg->workers, err, errlen));
+    CHECK("QUEUE_CAPACITY", svc_load_uint("QUEUE_CAPACITY", 1, 65536, &cfg->queue_capacity, err, errlen));
+    CHECK("MAX_CONNS", svc_load_uint("MAX_CONNS", 1, 1024, &cfg->max_conns, err, errlen));
+    CHECK("TASK_HISTORY", svc_load_uint("TASK_HISTORY", 1, 65536, &cfg->task_history, err, errlen));
+    CHECK("TASK_RETRIES", svc_load_uint("TASK_RETRIES", 0, TP_MAX_RETRIES, &cfg->task_retries, err, errlen));
     const uint64_t ms = SVC_NS_PER_MS, hour = 3600 * SVC_NS_PER_S, day = 24 * hour;
-    CHECK("TASK_TIMEOUT", load_duration("TASK_TIMEOUT", 1 * ms, day, &cfg->task_timeout_ns, err, errlen));
+    CHECK("TASK_TIMEOUT", svc_load_duration("TASK_TIMEOUT", 1 * ms, day, &cfg->task_timeout_ns, err, errlen));
     CHECK("SHUTDOWN_TIMEOUT",
-          load_duration("SHUTDOWN_TIMEOUT", 1 * ms, day, &cfg->shutdown_timeout_ns, err, errlen));
+          svc_load_duration("SHUTDOWN_TIMEOUT", 1 * ms, day, &cfg->shutdown_timeout_ns, err, errlen));
     CHECK("HEADER_TIMEOUT",
-          load_duration("HEADER_TIMEOUT", 1 * ms, hour, &cfg->header_timeout_ns, err, errlen));
-    CHECK("IDLE_TIMEOUT", load_duration("IDLE_TIMEOUT", 1 * ms, hour, &cfg->idle_timeout_ns, err, errlen));
-    CHECK("RETRY_DELAY", load_duration("RETRY_DELAY", 1 * ms, hour, &cfg->retry_delay_ns, err, errlen));
+          svc_load_duration("HEADER_TIMEOUT", 1 * ms, hour, &cfg->header_timeout_ns, err, errlen));
+    CHECK("IDLE_TIMEOUT",
+          svc_load_duration("IDLE_TIMEOUT", 1 * ms, hour, &cfg->idle_timeout_ns, err, errlen));
+    CHECK("RETRY_DELAY", svc_load_duration("RETRY_DELAY", 1 * ms, hour, &cfg->retry_delay_ns, err, errlen));
     *var = NULL;
     return 0;
 }

@@ -28,28 +28,14 @@ static void usage(void) {
 
 static redisContext *connect_url(const char *url) {
     struct timeval tv = {.tv_sec = 2, .tv_usec = 0};
-    redisContext *c = NULL;
-    if (strncmp(url, "unix://", 7) == 0) {
-        c = redisConnectUnixWithTimeout(url + 7, tv);
-    } else if (strncmp(url, "redis://", 8) == 0) {
-        char host[256];
-        const char *h = url + 8, *colon = strrchr(h, ':');
-        size_t hlen = colon != NULL ? (size_t)(colon - h) : strlen(h);
-        unsigned port = 6379;
-        if (hlen == 0 || hlen >= sizeof host ||
-            (colon != NULL && svc_parse_uint(colon + 1, 1, 65535, &port) != 0)) {
-            fprintf(stderr,
-                    "taskpool-enqueue: REDIS_URL=\"%s\": expected redis://host:port or unix:///path\n", url);
-            exit(2);
-        }
-        memcpy(host, h, hlen);
-        host[hlen] = '\0';
-        c = redisConnectWithTimeout(host, (int)port, tv);
-    } else {
-        fprintf(stderr, "taskpool-enqueue: REDIS_URL=\"%s\": expected redis://host:port or unix:///path\n",
-                url);
+    char host[256], err[300];
+    int port;
+    if (svc_parse_redis_url(url, host, sizeof host, &port, err, sizeof err) != 0) {
+        fprintf(stderr, "taskpool-enqueue: %s\n", err);
         exit(2);
     }
+    redisContext *c =
+        port == 0 ? redisConnectUnixWithTimeout(host, tv) : redisConnectWithTimeout(host, port, tv);
     if (c == NULL || c->err) {
         fprintf(stderr, "taskpool-enqueue: cannot connect to %s: %s\n", url,
                 c != NULL ? c->errstr : "no memory");

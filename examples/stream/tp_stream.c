@@ -1084,37 +1084,7 @@ static int parse_url(tps_consumer *c, const char *url, char *err, size_t errlen)
         return -1;
     }
     strcpy(c->url, url);
-    if (strncmp(url, "unix://", 7) == 0) {
-        const char *path = url + 7;
-        if (path[0] != '/' || strlen(path) >= sizeof c->host) {
-            snprintf(err, errlen, "REDIS_URL=\"%s\": expected unix:///absolute/path", url);
-            return -1;
-        }
-        strcpy(c->host, path);
-        c->port = 0;
-        return 0;
-    }
-    if (strncmp(url, "redis://", 8) == 0) {
-        const char *h = url + 8, *colon = strrchr(h, ':');
-        size_t hlen = colon != NULL ? (size_t)(colon - h) : strlen(h);
-        unsigned port = 6379;
-        if (hlen >= 2 && h[0] == '[' && h[hlen - 1] == ']') {
-            h++;
-            hlen -= 2;
-        }
-        if (hlen == 0 || hlen >= sizeof c->host || memchr(h, '/', hlen) != NULL ||
-            memchr(h, '@', hlen) != NULL ||
-            (colon != NULL && svc_parse_uint(colon + 1, 1, 65535, &port) != 0)) {
-            snprintf(err, errlen, "REDIS_URL=\"%s\": expected redis://host:port or unix:///path", url);
-            return -1;
-        }
-        memcpy(c->host, h, hlen);
-        c->host[hlen] = '\0';
-        c->port = (int)port;
-        return 0;
-    }
-    snprintf(err, errlen, "REDIS_URL=\"%s\": expected redis://host:port or unix:///path", url);
-    return -1;
+    return svc_parse_redis_url(url, c->host, sizeof c->host, &c->port, err, errlen);
 }
 
 static uint32_t pow2_at_least(uint32_t n) {

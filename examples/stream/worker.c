@@ -40,43 +40,15 @@ typedef struct wcfg {
     uint64_t task_timeout_ns, retry_delay_ns, claim_idle_ns, shutdown_timeout_ns;
 } wcfg;
 
-static const char *env(const char *name) {
-    const char *v = getenv(name);
-    return v != NULL && *v != '\0' ? v : NULL;
-}
-
-static int load_uint(const char *name, unsigned min, unsigned max, unsigned *out, char *err, size_t errlen) {
-    const char *v = env(name);
-    if (v != NULL && svc_parse_uint(v, min, max, out) != 0) {
-        snprintf(err, errlen, "%s=\"%s\": expected a whole number from %u to %u", name, v, min, max);
-        return -1;
-    }
-    return 0;
-}
-
-static int load_duration(const char *name, uint64_t min, uint64_t max, uint64_t *out, char *err,
-                         size_t errlen) {
-    const char *v = env(name);
-    uint64_t ns;
-    if (v == NULL) return 0;
-    if (svc_parse_duration(v, &ns) != 0 || ns < min || ns > max) {
-        snprintf(err, errlen, "%s=\"%s\": expected a duration like 250ms or 5s, from %llu ms to %llu s", name,
-                 v, (unsigned long long)(min / SVC_NS_PER_MS), (unsigned long long)(max / SVC_NS_PER_S));
-        return -1;
-    }
-    *out = ns;
-    return 0;
-}
-
 static int load_config(wcfg *c, char *err, size_t errlen) {
     memset(c, 0, sizeof *c);
-    c->redis_url = env("REDIS_URL");
-    c->stream = env("STREAM");
-    c->group = env("GROUP");
-    c->consumer = env("CONSUMER");
-    c->results = env("RESULTS_STREAM");
-    c->dead = env("DEAD_STREAM");
-    c->metrics_addr = env("METRICS_ADDR");
+    c->redis_url = svc_env("REDIS_URL");
+    c->stream = svc_env("STREAM");
+    c->group = svc_env("GROUP");
+    c->consumer = svc_env("CONSUMER");
+    c->results = svc_env("RESULTS_STREAM");
+    c->dead = svc_env("DEAD_STREAM");
+    c->metrics_addr = svc_env("METRICS_ADDR");
     c->workers = 4;
     c->queue_capacity = 64;
     c->max_per_user = 2;
@@ -86,28 +58,28 @@ static int load_config(wcfg *c, char *err, size_t errlen) {
     c->retry_delay_ns = 100 * SVC_NS_PER_MS;
     c->claim_idle_ns = 30 * SVC_NS_PER_S;
     c->shutdown_timeout_ns = 10 * SVC_NS_PER_S;
-    const char *lvl = env("LOG_LEVEL");
+    const char *lvl = svc_env("LOG_LEVEL");
     int level = lvl != NULL ? svc_log_parse_level(lvl) : SVC_LOG_INFO;
     if (level < 0) {
         snprintf(err, errlen, "LOG_LEVEL=\"%s\": expected error, warn, info or debug", lvl);
         return -1;
     }
     svc_log_set_level(level);
-    const char *mpu = env("MAX_PER_USER");
+    const char *mpu = svc_env("MAX_PER_USER");
     if (mpu != NULL && strcmp(mpu, "unlimited") == 0)
         c->max_per_user = TP_UNLIMITED;
-    else if (load_uint("MAX_PER_USER", 1, 1000000, &c->max_per_user, err, errlen) != 0)
+    else if (svc_load_uint("MAX_PER_USER", 1, 1000000, &c->max_per_user, err, errlen) != 0)
         return -1;
     const uint64_t ms = SVC_NS_PER_MS, day = 86400ull * SVC_NS_PER_S;
-    if (load_uint("WORKERS", 1, 1024, &c->workers, err, errlen) != 0 ||
-        load_uint("QUEUE_CAPACITY", 1, 65536, &c->queue_capacity, err, errlen) != 0 ||
-        load_uint("MAX_RETRIES", 0, TP_MAX_RETRIES, &c->max_retries, err, errlen) != 0 ||
-        load_uint("MAX_DELIVERIES", 1, 1000000, &c->max_deliveries, err, errlen) != 0 ||
-        load_uint("LOCAL_BACKLOG", 1, 65536, &c->backlog, err, errlen) != 0 ||
-        load_duration("TASK_TIMEOUT", 1 * ms, day, &c->task_timeout_ns, err, errlen) != 0 ||
-        load_duration("RETRY_DELAY", 1 * ms, 3600 * SVC_NS_PER_S, &c->retry_delay_ns, err, errlen) != 0 ||
-        load_duration("CLAIM_IDLE", 10 * ms, day, &c->claim_idle_ns, err, errlen) != 0 ||
-        load_duration("SHUTDOWN_TIMEOUT", 1 * ms, day, &c->shutdown_timeout_ns, err, errlen) != 0)
+    if (svc_load_uint("WORKERS", 1, 1024, &c->workers, err, errlen) != 0 ||
+        svc_load_uint("QUEUE_CAPACITY", 1, 65536, &c->queue_capacity, err, errlen) != 0 ||
+        svc_load_uint("MAX_RETRIES", 0, TP_MAX_RETRIES, &c->max_retries, err, errlen) != 0 ||
+        svc_load_uint("MAX_DELIVERIES", 1, 1000000, &c->max_deliveries, err, errlen) != 0 ||
+        svc_load_uint("LOCAL_BACKLOG", 1, 65536, &c->backlog, err, errlen) != 0 ||
+        svc_load_duration("TASK_TIMEOUT", 1 * ms, day, &c->task_timeout_ns, err, errlen) != 0 ||
+        svc_load_duration("RETRY_DELAY", 1 * ms, 3600 * SVC_NS_PER_S, &c->retry_delay_ns, err, errlen) != 0 ||
+        svc_load_duration("CLAIM_IDLE", 10 * ms, day, &c->claim_idle_ns, err, errlen) != 0 ||
+        svc_load_duration("SHUTDOWN_TIMEOUT", 1 * ms, day, &c->shutdown_timeout_ns, err, errlen) != 0)
         return -1;
     if (c->backlog == 0) c->backlog = c->workers + c->queue_capacity;
     return 0;
