@@ -222,7 +222,9 @@ typedef struct tp_config {
 /*
  * tp_create -- make a pool and start its `workers` threads and service thread.
  *   out: receives the pool; written only on TP_OK. cfg: NULL -> all defaults.
- *   Blocks only while threads start. Thread-safe.
+ *   Blocks only while threads start, and the first call of a process for
+ *   about 1 ms more (it reads /proc/cpuinfo and calibrates the latency
+ *   histograms' clock against CLOCK_MONOTONIC, section 12). Thread-safe.
  *   TP_OK; TP_EINVAL (out NULL, a value out of range, max_workers < workers
  *   after defaults are resolved, name too long, a reserved word not zero);
  *   TP_ENOMEM (memory, a thread or
@@ -450,10 +452,11 @@ TP_API int tp_ctx_fd(tp_ctx *c);
 /* Effective absolute deadline (the earlier of start + run timeout and the task
  * deadline), TP_FOREVER if none. The attempt's start is stamped on the
  * histograms' clock (section 12) and turned into tp_now_ns() time when the
- * task first asks (this call, tp_ctx_err, tp_ctx_sleep): a task that asks
- * late may see start + run timeout off by a few parts per million of the
- * time since its start (the TSC's calibration), and one that never asks
- * costs no clock read. */
+ * task first asks (this call, tp_ctx_err, tp_ctx_sleep), and the first answer
+ * is kept: a task that asks late may find start + run timeout off by the
+ * TSC's calibration (some 20 parts per million of the time since its start)
+ * plus whatever NTP slewed CLOCK_MONOTONIC meanwhile (at most 500 ppm), and a
+ * task that never asks costs no clock read. */
 TP_API uint64_t tp_ctx_deadline(const tp_ctx *c);
 TP_API uint64_t tp_ctx_id(const tp_ctx *c);
 /* The task's user, NULL if none. Valid during the call. */

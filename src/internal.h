@@ -10,7 +10,7 @@
  *                 (shared library only; calls public functions only)
  *   1  group.c    task groups (since 1.1): create, wait, cancel, destroy;
  *                 submits through pool.c's admission, members live in life.c
- *      metrics.c  tp_metrics_format (since 1.1): public calls only
+ *      metrics.c  tp_metrics_format (since 1.1): public calls and tp__put
  *   2  pool.c     the public API: create/destroy, submit, cancel,
  *                 close/shutdown/wait; the resolved configuration
  *      stats.c    tp_stats_get, tp_user_active, tp_stats_format
@@ -48,7 +48,10 @@
  *   statistics (atomics), the worker's context `cancelled` flag (atomic,
  *   written under mu, read lock-free by the task) and `life.adm`, the
  *   admission word (atomic, written under mu, read lock-free by
- *   tp__admit_full_fast to refuse a full queue without the lock). Every lock, unlock and wait
+ *   tp__admit_full_fast to refuse a full queue without the lock); besides,
+ *   `fast_full` is an atomic counter that refused submitters add to without
+ *   the lock, and each worker slot's histogram shard (hist.h) is written by
+ *   that slot's worker alone and read lock-free by tp_hist_get. Every lock, unlock and wait
  *   goes through tp__lock/tp__unlock/tp__wait_locked; a function whose name
  *   ends in `_locked` needs mu held (asserted in debug builds) and, where it
  *   says so, releases it around user code.
@@ -95,6 +98,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <time.h>
 
 #include "taskpool.h"
@@ -154,9 +158,11 @@ void tp__assert_fail(const char *cond, const char *file, int line)
  *   C(name, help)  a counter: _Atomic uint64_t, only ever grows
  *   G(name, help)  a gauge: _Atomic uint32_t, the current value
  *   D(name, help)  a counter derived by tp_stats_get from the others (not stored)
- * Used by struct tp__stats below, tp_stats_get() and tp_stats_format()
- * (stats.c). A new field is one line here, one in TP__STATS_LAYOUT below and
- * its member in tp_stats.
+ * Used by tp_stats_get(), tp_stats_format() (stats.c) and tp_metrics_format()
+ * (metrics.c); struct tp__stats below lays the stored ones out in
+ * TP__STATS_LAYOUT's order. A new field is one line here, one in
+ * TP__STATS_LAYOUT, one in TP__STATS_READ_ORDER (stats.c) and its member in
+ * tp_stats (the counts of the lists are asserted to match).
  */
 #define TP__STATS_FIELDS(C, G, D)                                                                            \
     C(submitted, "Submit calls that passed argument checks.")                                                \
@@ -180,8 +186,6 @@ void tp__assert_fail(const char *cond, const char *file, int line)
     G(idle, "Workers waiting for work.")                                                                     \
     G(users, "Users holding at least one slot.")
 
-#define TP__ST_COUNTER(f, help) _Atomic uint64_t f;
-#define TP__ST_GAUGE(f, help)   _Atomic uint32_t f;
 #define TP__ST_NONE(f, help)
 /* Memory order, not text order: the fields that change with every task
  * first, in one cache line. Same fields as TP__STATS_FIELDS (asserted). */
@@ -219,8 +223,6 @@ _Static_assert(0 TP__STATS_FIELDS(TP__ST_ONE, TP__ST_ONE, TP__ST_NONE) ==
                "TP__STATS_LAYOUT must list every stored field of TP__STATS_FIELDS");
 #undef TP__ST_ONE
 #undef TP__ST_ONE_L
-#undef TP__ST_COUNTER
-#undef TP__ST_GAUGE
 #undef TP__ST_NONE
 
 /* A pause in a spin loop. */
@@ -245,6 +247,19 @@ typedef struct tp__chunk {
     struct tp__chunk *next;
     max_align_t align_[]; /* records follow */
 } tp__chunk;
+
+/* A chunk for `n` items of `size` bytes starting on an `align` boundary
+ * (records and user entries: a cache line), pushed on `*list`; NULL when out
+ * of memory. malloc, not aligned_alloc, so that every allocation of the
+ * library goes through malloc/calloc. *items receives the first item. */
+static inline tp__chunk *tp__chunk_new(tp__chunk **list, size_t n, size_t size, size_t align, void **items) {
+    tp__chunk *c = (tp__chunk *)malloc(sizeof(tp__chunk) + align - 1 + n * size);
+    if (!c) return NULL;
+    c->next = *list;
+    *list = c;
+    *items = (void *)(((uintptr_t)(void *)c->align_ + align - 1) & ~(uintptr_t)(align - 1));
+    return c;
+}
 
 typedef struct tp__user {
     /* own cache lines: `count` changes with every submit and end of the
@@ -360,16 +375,18 @@ void tp__users_release(tp__users *us, tp__user *u);
 struct tp_ctx {
     struct tp__worker *w;
     tp__task *t;
-    /* Effective deadline: min(start + run timeout, task deadline). The run
-     * timeout's part is added on the first question (tp__ctx_deadline), not
-     * when the attempt starts: a task that never asks costs no clock read.
-     * Until then `run_timeout` is not TP_FOREVER and `start_h` is the
-     * attempt's start on the histograms' clock (clock.h). Only the task's own
-     * thread reads or writes these after the start (section 7 of the header:
-     * a context is used only by its task, during its call). */
+    /* Effective deadline: min(start + run timeout, task deadline). Set by
+     * the worker before the task function is called and only read after:
+     * `deadline` is the task's, `run_timeout` (TP_FOREVER: none) counts from
+     * `start_h`, the attempt's start on the histograms' clock (clock.h). The
+     * run timeout's deadline is made on the first question
+     * (tp__ctx_deadline) and kept in `eff` (0: not yet), compare-and-swapped
+     * so that the task's own helper threads may ask too: a task that never
+     * asks costs no clock read. */
     uint64_t deadline;
     uint64_t run_timeout;
     uint64_t start_h;
+    _Atomic uint64_t eff;
     atomic_int cancelled; /* set under mu; read lock-free by the task */
 };
 
@@ -390,8 +407,9 @@ typedef struct tp__worker {
 enum { TP__SHUT_NONE = 0, TP__SHUT_RUNNING, TP__SHUT_OK, TP__SHUT_FORCED };
 
 /* Each part of the pool says which file writes it (after tp_create, which
- * builds them all); others may read it under `mu`. Everything but `st`
- * (atomics) and the read-only `cfg` is guarded by `mu`. */
+ * builds them all); others may read it under `mu`. Everything but `st`,
+ * `life.adm`, `fast_full`, the histogram shards (see Locking at the top) and
+ * the read-only `cfg` is guarded by `mu`. */
 struct tp_pool {
     pthread_mutex_t mu;
     pthread_cond_t work_cv, room_cv, done_cv, svc_cv; /* see Locking at the top */
@@ -657,6 +675,7 @@ static inline void tp__ctx_begin(struct tp_ctx *c, tp__task *t) {
     c->t = t;
     c->deadline = t->deadline;
     c->run_timeout = TP_FOREVER;
+    atomic_store_explicit(&c->eff, 0, memory_order_relaxed);
     atomic_store_explicit(&c->cancelled, 0, memory_order_relaxed);
 }
 
@@ -669,7 +688,7 @@ static inline void tp__ctx_arm_run_timeout(struct tp_ctx *c, const tp__task *t, 
 }
 
 /* The effective deadline (ctx.c). */
-uint64_t tp__ctx_deadline(struct tp_ctx *c);
+uint64_t tp__ctx_deadline(const struct tp_ctx *c);
 
 /* The attempt returned (mu held): was it cancelled? The cancel pipe is
  * emptied so the next task starts clean. */
