@@ -13,7 +13,7 @@
  * 50 MHz..20 GHz means something is off (a migrating VM, a TSC that stops):
  * then, and on any other machine, the histograms keep CLOCK_MONOTONIC.
  *
- * Layer: a leaf (7 in internal.h): pool.c initialises it, life.c, service.c
+ * Layer: a leaf (7 in internal.h): pool.c initialises it, pool.c, life.c
  * and worker.c take stamps through the inline functions of clock.h; every
  * file may call tp_now_ns.
  */

@@ -8,7 +8,7 @@
  * Keeping a pool alive while others may still reach it through tp_default()
  * is the caller's job (swap it out first, then shut it down).
  *
- * Layer: the public API (1 of 6 in internal.h); it calls only public
+ * Layer: the public API (2 of 7 in internal.h); it calls only public
  * functions. Lock order: g_create_mu, then (inside tp_create) a pool lock.
  */
 #include "internal.h"

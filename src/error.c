@@ -4,7 +4,7 @@
  * Both tables are generated from TP_ERRNO_MAP in taskpool.h, so a code cannot
  * exist without its message and name.
  *
- * Layer: the bottom (6 of 6 in internal.h): every file may call
+ * Layer: the bottom (7 of 7 in internal.h): every file may call
  * tp__assert_fail; it calls nothing. No locks.
  */
 #include "internal.h"

@@ -3,7 +3,7 @@
  * waited for, whose first failure is remembered, and that can be cancelled
  * together, in the manner of Go's errgroup.
  *
- * Layer: the top (1 in internal.h), above pool.c: a member is admitted by
+ * Layer: 1 in internal.h (under only compat.c), above pool.c: a member is admitted by
  * pool.c's own admission (tp__submit_member), so it is refused, counted and
  * accepted exactly as tp_submit would; the members themselves are life.c's
  * (join at admission, first error and cancel on error at finalise, unfinished

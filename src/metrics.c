@@ -16,9 +16,9 @@
  * (\\, \", \n) and JSON strings per RFC 8259; bytes that do not form UTF-8
  * become U+FFFD, so the document always parses.
  *
- * Layer: the top (1 in internal.h), with group.c: it reads a pool through
- * the public calls (tp_stats_get, tp_hist_get) and its read-only `cfg`, and
- * calls no tp__ function. The field list is internal.h's TP__STATS_FIELDS,
+ * Layer: 1 in internal.h, with group.c: it reads a pool through the public
+ * calls (tp_stats_get, tp_hist_get) and its read-only `cfg`, and calls only
+ * text.c's tp__put below it. The field list is internal.h's TP__STATS_FIELDS,
  * the one tp_stats_format uses.
  */
 #include "internal.h" /* first: it defines _GNU_SOURCE */

@@ -4,10 +4,13 @@
  * tp_stats_get() reads each atomic with an acquire load (the writers store
  * with release, see internal.h) and never takes the pool lock, so it cannot
  * slow admission. The fields are one table, TP__STATS_FIELDS in internal.h,
- * used by the counters, the snapshot and both formats, so they cannot drift.
+ * used by the snapshot and both formats; the struct's memory order
+ * (TP__STATS_LAYOUT) and the read order below list the same fields again,
+ * and their counts are asserted equal (a misspelt name does not compile).
  *
- * Layer: the public API (1 of 6 in internal.h), next to pool.c; calls only
- * users.c. Lock: tp_user_active takes the pool lock; nothing else here does.
+ * Layer: the public API (2 of 7 in internal.h), next to pool.c; calls only
+ * users.c and text.c. Lock: tp_user_active takes the pool lock; nothing else
+ * here does.
  */
 #include "internal.h" /* first: it defines _GNU_SOURCE */
 #include <stdio.h>

@@ -14,7 +14,7 @@
  *
  * No locking: every call is made with the pool lock held.
  *
- * Layer: a leaf (5 of 6 in internal.h); life.c calls it, pool.c makes and
+ * Layer: a leaf (6 of 7 in internal.h); life.c calls it, pool.c makes and
  * frees it. The id index's lookups are inline in internal.h.
  */
 #include "internal.h" /* first: it defines _GNU_SOURCE */
@@ -25,16 +25,11 @@
 #define TP__CHUNK_MIN 64u
 
 static int tasks_grow(tp__tasks *ts, unsigned n) {
-    /* Records start on a cache-line boundary (their hot fields are the
-     * first two lines, see tp__task): malloc, not aligned_alloc, so that
-     * every allocation of the library goes through malloc/calloc. */
-    const size_t line = _Alignof(tp__task);
-    tp__chunk *c = (tp__chunk *)malloc(sizeof(tp__chunk) + line - 1 + (size_t)n * sizeof(tp__task));
-    if (!c) return -1;
-    c->next = ts->chunks;
-    ts->chunks = c;
-    uintptr_t at = ((uintptr_t)(void *)c->align_ + line - 1) & ~(uintptr_t)(line - 1);
-    tp__task *recs = (tp__task *)(void *)at;
+    /* Records start on a cache-line boundary: their hot fields are the
+     * first two lines (see tp__task). */
+    void *at;
+    if (!tp__chunk_new(&ts->chunks, n, sizeof(tp__task), _Alignof(tp__task), &at)) return -1;
+    tp__task *recs = (tp__task *)at;
     for (unsigned i = n; i-- > 0;) {
         recs[i].state = TP__FREE;
         recs[i].next = ts->free;

@@ -13,7 +13,7 @@
  *
  * No locking: every call is made with the pool lock held.
  *
- * Layer: a leaf (5 of 6 in internal.h); called by life.c (slots), pool.c
+ * Layer: a leaf (6 of 7 in internal.h); called by life.c (slots), pool.c
  * (hashing the name at submit) and stats.c (tp_user_active).
  */
 #include "internal.h" /* first: it defines _GNU_SOURCE */
@@ -33,12 +33,9 @@ uint32_t tp__users_hash(const char *name, size_t len) {
 }
 
 static int users_grow(tp__users *us, unsigned n) {
-    const size_t line = _Alignof(tp__user); /* entries start on a cache line, as records do (tasks.c) */
-    tp__chunk *c = (tp__chunk *)malloc(sizeof(tp__chunk) + line - 1 + (size_t)n * sizeof(tp__user));
-    if (!c) return -1;
-    c->next = us->chunks;
-    us->chunks = c;
-    tp__user *e = (tp__user *)(void *)(((uintptr_t)(void *)c->align_ + line - 1) & ~(uintptr_t)(line - 1));
+    void *at; /* entries start on a cache line, as records do (tasks.c) */
+    if (!tp__chunk_new(&us->chunks, n, sizeof(tp__user), _Alignof(tp__user), &at)) return -1;
+    tp__user *e = (tp__user *)at;
     for (unsigned i = n; i-- > 0;) {
         e[i].next = us->free;
         us->free = &e[i];
