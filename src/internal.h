@@ -636,6 +636,9 @@ void tp__work_signal_locked(tp_pool *p, size_t n);
  * moment of one atomic load; false means "ask under the lock". */
 bool tp__admit_full_fast(tp_pool *p, bool has_user);
 bool tp__want_spawn_locked(const tp_pool *p);
+/* After a submit's own spawn: wake the service thread if the backlog wants
+ * still more workers. */
+void tp__want_more_workers_locked(tp_pool *p);
 /* tp_submit_wait: wait on room_cv until woken or `deadline` (0, ETIMEDOUT). */
 int tp__wait_room_locked(tp_pool *p, uint64_t deadline);
 int tp__cancel_locked(tp_pool *p, uint64_t id); /* TP_OK or TP_ENOTFOUND */

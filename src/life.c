@@ -181,6 +181,14 @@ bool tp__want_spawn_locked(const tp_pool *p) {
            tp__ring_len(&p->life.ring) > p->wk.idle_waiters + p->wk.spinners + p->wk.starting;
 }
 
+/* A submit may spawn one worker itself (the thread is made after its lock
+ * hold); should the backlog want more, as after a batch, the service thread
+ * spawns the rest, one after the other. */
+void tp__want_more_workers_locked(tp_pool *p) {
+    TP__ASSERT_LOCKED(p);
+    if (!p->life.closed && tp__want_spawn_locked(p)) svc_wake_locked(p);
+}
+
 /* ------------------------------------------------------------ the queue */
 
 /* The one place that publishes the queue length (read lock-free by spinning

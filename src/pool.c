@@ -399,6 +399,7 @@ int tp_submit_batch(tp_pool *p, const tp_task *tasks, size_t n, uint64_t *ids_ou
     if (k > 0) {
         tp__work_signal_locked(p, k);
         if (tp__want_spawn_locked(p)) tp__spawn_start_locked(p, &w, &old, &join_old);
+        tp__want_more_workers_locked(p); /* k tasks may want up to k new workers */
     }
     tp__unlock(p);
     if (w) (void)tp__spawn_finish(p, w, old, join_old); /* a failure leaves the tasks queued for the others */

@@ -672,6 +672,30 @@ static long run_batches(tp_pool *p, int n, long base) {
     return bad;
 }
 
+/* A batch into an elastic pool grows it as far as its tasks want workers,
+ * as the same tasks submitted one by one would. (Found in review: a batch
+ * spawned one worker itself and left the rest to the service thread's next
+ * timer; it now wakes the service thread for them.) Each task blocks on the
+ * latch, so all four can only run at once on four workers. */
+static void test_batch_grows_elastic_pool(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l = tpt_fx_latch(f);
+    tp_config cfg = {0};
+    cfg.workers = 1;
+    cfg.max_workers = 4;
+    cfg.queue_capacity = 16;
+    tp_pool *p = tpt_pool_new(&cfg);
+    tp_task t[4];
+    for (int i = 0; i < 4; i++) t[i] = (tp_task){.fn = tpt_block_task, .arg = l};
+    size_t k = 0;
+    assert_int_equal(tp_submit_batch(p, t, 4, NULL, &k), TP_OK);
+    assert_int_equal(k, 4);
+    TPT_EVENTUALLY(atomic_load(&l->waiting) == 4 && tpt_stats(p).workers == 4);
+    tpt_latch_open(l);
+    tp_stats s = tpt_finish(p);
+    assert_int_equal(s.succeeded, 4);
+}
+
 static void test_batch_zero_allocations(void **state) {
     (void)tpt_fx(state);
     if (!counting_or_skip()) return;
@@ -709,6 +733,7 @@ int main(void) {
         TPT_TEST(test_close_never_splits_a_batch),
         TPT_TEST(test_ids_and_options),
         TPT_TEST(test_batch_tasks_cancel_and_force),
+        TPT_TEST(test_batch_grows_elastic_pool),
         TPT_TEST(test_batch_zero_allocations),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
