@@ -11,6 +11,7 @@
  * Everything a pool thread touches lives in the test's fixture (tp_test.h).
  */
 #define _GNU_SOURCE
+#include "internal.h" /* the service thread's state, for one test */
 #include "tpt_alloc.h"
 
 #define SENTINEL 0xdeadbeefcafef00dull
@@ -674,9 +675,16 @@ static long run_batches(tp_pool *p, int n, long base) {
 
 /* A batch into an elastic pool grows it as far as its tasks want workers,
  * as the same tasks submitted one by one would. (Found in review: a batch
- * spawned one worker itself and left the rest to the service thread's next
- * timer; it now wakes the service thread for them.) Each task blocks on the
+ * spawned one worker itself and left the rest to a service thread that
+ * nothing woke: with it asleep first, the pool stayed at two workers.) Each task blocks on the
  * latch, so all four can only run at once on four workers. */
+static bool service_waiting(tp_pool *p) {
+    tp__lock(p);
+    bool w = p->svc.waiting;
+    tp__unlock(p);
+    return w;
+}
+
 static void test_batch_grows_elastic_pool(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tpt_latch *l = tpt_fx_latch(f);
@@ -685,6 +693,7 @@ static void test_batch_grows_elastic_pool(void **state) {
     cfg.max_workers = 4;
     cfg.queue_capacity = 16;
     tp_pool *p = tpt_pool_new(&cfg);
+    TPT_EVENTUALLY(service_waiting(p)); /* asleep: only a wake-up brings it to the backlog */
     tp_task t[4];
     for (int i = 0; i < 4; i++) t[i] = (tp_task){.fn = tpt_block_task, .arg = l};
     size_t k = 0;
