@@ -450,13 +450,7 @@ TP_API int tp_ctx_sleep(tp_ctx *c, uint64_t ns);
 TP_API int tp_ctx_fd(tp_ctx *c);
 
 /* Effective absolute deadline (the earlier of start + run timeout and the task
- * deadline), TP_FOREVER if none. The attempt's start is stamped on the
- * histograms' clock (section 12) and turned into tp_now_ns() time when the
- * task first asks (this call, tp_ctx_err, tp_ctx_sleep), and the first answer
- * is kept: a task that asks late may find start + run timeout off by the
- * TSC's calibration (some 20 parts per million of the time since its start)
- * plus whatever NTP slewed CLOCK_MONOTONIC meanwhile (at most 500 ppm), and a
- * task that never asks costs no clock read. */
+ * deadline), TP_FOREVER if none. */
 TP_API uint64_t tp_ctx_deadline(const tp_ctx *c);
 TP_API uint64_t tp_ctx_id(const tp_ctx *c);
 /* The task's user, NULL if none. Valid during the call. */

@@ -1,11 +1,11 @@
 /*
  * clock.h -- the clock of the latency histograms (SPEC 11.4): cheap stamps
- * whose differences convert to ns. Deadlines, retry delays and the idle
- * clock are CLOCK_MONOTONIC times (tp_now_ns); this clock gives the stamps of
- * task admission and of the start and end of attempts, and only differences
- * of two of its stamps are ever used (tp__hclk_ns): by the histograms, and by
- * the run timeout, whose CLOCK_MONOTONIC deadline is made when the task asks,
- * as now minus the time since the attempt's start stamp (tp__ctx_deadline).
+ * whose differences convert to ns. Deadlines, run timeouts, retry delays and
+ * the idle clock stay on CLOCK_MONOTONIC (tp_now_ns); only the histogram
+ * stamps (task admission, attempt start and end) use this clock, and only
+ * differences of two of its stamps are ever used (tp__hclk_ns). A stamp taken
+ * on one CPU and compared on another may be off by the CPUs' TSC skew: fine
+ * for a histogram, not for a deadline.
  *
  * On x86-64 with an invariant TSC (constant_tsc and nonstop_tsc in
  * /proc/cpuinfo) a stamp is the TSC (one rdtsc, some 8 ns where a vDSO

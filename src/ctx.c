@@ -40,35 +40,10 @@ static _Thread_local bool tls_override; /* set inside a task by tp_log_id_set */
 
 /* ------------------------------------------------------------ context */
 
-/* The run timeout joins the deadline here, on the first question of the
- * attempt: the start on CLOCK_MONOTONIC is now minus the time elapsed since
- * the start stamp, measured on the histograms' clock. What separates this
- * from reading CLOCK_MONOTONIC at the start is the TSC's calibration (some
- * 20 ppm of the elapsed time, clock.c) and any slew of CLOCK_MONOTONIC
- * meanwhile (NTP: at most 500 ppm). The first answer is kept (`eff`, one
- * compare-and-swap), so every later question, from any thread of the task,
- * gets the same deadline. */
-uint64_t tp__ctx_deadline(const struct tp_ctx *c) {
-    if (c->run_timeout == TP_FOREVER) return c->deadline;
-    uint64_t d = atomic_load_explicit(&c->eff, memory_order_relaxed);
-    if (d) return d;
-    uint64_t now = tp_now_ns();
-    uint64_t elapsed = tp__hclk_ns(c->start_h, tp__hclk_now());
-    d = tp__deadline_after(now - (elapsed < now ? elapsed : now), c->run_timeout);
-    if (c->deadline < d) d = c->deadline;
-    uint64_t none = 0;
-    /* the object is never const (it lives in a worker); the first answer wins */
-    _Atomic uint64_t *eff = (_Atomic uint64_t *)(uintptr_t)&c->eff;
-    if (!atomic_compare_exchange_strong_explicit(eff, &none, d, memory_order_relaxed, memory_order_relaxed))
-        d = none;
-    return d;
-}
-
 int tp_ctx_err(const tp_ctx *c) {
     if (!c) return TP_EINVAL;
     if (atomic_load_explicit(&c->cancelled, memory_order_relaxed)) return TP_ECANCELED;
-    uint64_t d = tp__ctx_deadline(c);
-    if (d != TP_FOREVER && tp_now_ns() >= d) return TP_ETIMEDOUT;
+    if (c->deadline != TP_FOREVER && tp_now_ns() >= c->deadline) return TP_ETIMEDOUT;
     return 0;
 }
 
@@ -78,8 +53,7 @@ int tp_ctx_sleep(tp_ctx *c, uint64_t ns) {
     if (err || ns == 0) return err;
     tp_pool *p = c->w->pool;
     uint64_t until = tp__deadline_after(tp_now_ns(), ns);
-    uint64_t d = tp__ctx_deadline(c);
-    uint64_t wake = until < d ? until : d;
+    uint64_t wake = until < c->deadline ? until : c->deadline;
     tp__lock(p);
     for (;;) {
         err = tp_ctx_err(c);
@@ -138,7 +112,7 @@ void tp__ctx_drain_fd_locked(tp__worker *w) {
     w->fd_dirty = false;
 }
 
-uint64_t tp_ctx_deadline(const tp_ctx *c) { return c ? tp__ctx_deadline(c) : TP_FOREVER; }
+uint64_t tp_ctx_deadline(const tp_ctx *c) { return c ? c->deadline : TP_FOREVER; }
 uint64_t tp_ctx_id(const tp_ctx *c) { return c && c->t ? c->t->id : 0; }
 const char *tp_ctx_user(const tp_ctx *c) { return c && c->t && c->t->user ? c->t->user->name : NULL; }
 const char *tp_ctx_log_id(const tp_ctx *c) { return c && c->t ? tp__task_log_id(c->t) : ""; }

@@ -375,18 +375,7 @@ void tp__users_release(tp__users *us, tp__user *u);
 struct tp_ctx {
     struct tp__worker *w;
     tp__task *t;
-    /* Effective deadline: min(start + run timeout, task deadline). Set by
-     * the worker before the task function is called and only read after:
-     * `deadline` is the task's, `run_timeout` (TP_FOREVER: none) counts from
-     * `start_h`, the attempt's start on the histograms' clock (clock.h). The
-     * run timeout's deadline is made on the first question
-     * (tp__ctx_deadline) and kept in `eff` (0: not yet), compare-and-swapped
-     * so that the task's own helper threads may ask too: a task that never
-     * asks costs no clock read. */
-    uint64_t deadline;
-    uint64_t run_timeout;
-    uint64_t start_h;
-    _Atomic uint64_t eff;
+    uint64_t deadline;    /* effective: min(start + run timeout, task deadline) */
     atomic_int cancelled; /* set under mu; read lock-free by the task */
 };
 
@@ -677,21 +666,17 @@ void tp__ctx_drain_fd_locked(tp__worker *w);
 static inline void tp__ctx_begin(struct tp_ctx *c, tp__task *t) {
     c->t = t;
     c->deadline = t->deadline;
-    c->run_timeout = TP_FOREVER;
-    atomic_store_explicit(&c->eff, 0, memory_order_relaxed);
     atomic_store_explicit(&c->cancelled, 0, memory_order_relaxed);
 }
 
-/* The attempt started at `start_h`, a stamp of the histograms' clock: its
- * run timeout counts from then (added to the deadline on first use, see
- * tp__ctx_deadline). Without mu: only this worker reads its ctx. */
-static inline void tp__ctx_arm_run_timeout(struct tp_ctx *c, const tp__task *t, uint64_t start_h) {
-    c->run_timeout = t->run_timeout;
-    c->start_h = start_h;
+/* The attempt starts `now`: its effective deadline is the earlier of the task
+ * deadline and now + run timeout. Without mu: only this worker writes its
+ * ctx, before the task function is called. */
+static inline void tp__ctx_arm_run_timeout(struct tp_ctx *c, const tp__task *t, uint64_t now) {
+    if (t->run_timeout == TP_FOREVER) return;
+    uint64_t d = tp__deadline_after(now, t->run_timeout);
+    if (d < c->deadline) c->deadline = d;
 }
-
-/* The effective deadline (ctx.c). */
-uint64_t tp__ctx_deadline(const struct tp_ctx *c);
 
 /* The attempt returned (mu held): was it cancelled? The cancel pipe is
  * emptied so the next task starts clean. */

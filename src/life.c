@@ -643,9 +643,9 @@ bool tp__task_expired_locked(tp_pool *p, tp__task *t) {
     return true;
 }
 
-/* Hook point "starts". The run timeout is armed by the worker right after
- * it unlocks (tp__ctx_arm_run_timeout, with the attempt's start stamp; no
- * clock is read under the lock), where it records the histograms too
+/* Hook point "starts". The run timeout is added to ctx.deadline by the
+ * worker right after it unlocks (tp__ctx_arm_run_timeout), so the clock is
+ * not read under the lock; the worker records the histograms then too
  * (hist.h). */
 void tp__task_start_locked(tp_pool *p, tp__worker *w, tp__task *t) {
     TP__ASSERT_LOCKED(p);

@@ -196,9 +196,9 @@ typedef struct worker_turn {
      * nothing since but its lock hold (no wait, on_done or failure log): the
      * next attempt starts then (or at its admission if later), and so does
      * a spin for work (hist.h). 0: read the clock afresh. `last_end` is
-     * CLOCK_MONOTONIC, taken only when the pool is elastic; `last_end_h` is
-     * the same moment on the histograms' clock (clock.h), set whenever the
-     * worker goes straight on. */
+     * CLOCK_MONOTONIC, taken only when the attempt had a run timeout or the
+     * pool is elastic; `last_end_h` is the same moment on the histograms'
+     * clock (clock.h), set whenever the worker goes straight on. */
     uint64_t last_end, last_end_h;
 } worker_turn;
 
@@ -237,13 +237,18 @@ static bool wait_for_work_locked(tp_pool *p, worker_turn *wt) {
  * Entered and left with mu held. */
 static void run_task_locked(tp_pool *p, tp__worker *w, tp__task *t, worker_turn *wt) {
     tp__unlock(p);
-    /* At most one read of the histograms' clock (clock.h) per attempt in a
-     * busy pool: the end of the last one, else a fresh one. It starts both
-     * histograms and the run timeout, which becomes a CLOCK_MONOTONIC
-     * deadline only if the task asks (tp__ctx_deadline). */
+    /* At most one read of each clock per attempt in a busy pool: the end of
+     * the last one, else fresh ones. CLOCK_MONOTONIC arms the run timeout
+     * (not read without one); the histograms' clock (clock.h) starts both
+     * histograms. (A run timeout armed from a TSC stamp, made into a
+     * deadline only when the task asks, saved the clock read but let the
+     * deadline come out microseconds before the start + run timeout that the
+     * contract names, where the stamp came from another CPU: the fuzzer's
+     * model caught it.) */
+    bool timed = t->run_timeout != TP_FOREVER;
+    if (timed) tp__ctx_arm_run_timeout(&w->ctx, t, wt->last_end ? wt->last_end : tp_now_ns());
     uint64_t last = wt->last_end_h;
     uint64_t started_at = !last ? tp__hclk_now() : last > t->queued_at ? last : t->queued_at;
-    if (t->run_timeout != TP_FOREVER) tp__ctx_arm_run_timeout(&w->ctx, t, started_at);
     tp__hist_attempt_started(&p->wk.hist[w->index], t->queued_at, started_at);
 
     tp__tls_enter_task(t);
@@ -252,8 +257,9 @@ static void run_task_locked(tp_pool *p, tp__worker *w, tp__task *t, worker_turn 
     uint64_t ended_at = tp__hclk_now();
     tp__hist_attempt_ended(&p->wk.hist[w->index], started_at, ended_at);
     bool busy = rc == 0 && !t->on_done; /* straight on to the next task, if any */
-    /* CLOCK_MONOTONIC only for what will use it: an elastic pool's idle clock */
-    wt->last_end = busy && wt->elastic_pool ? tp_now_ns() : 0;
+    /* CLOCK_MONOTONIC only for what will use it: the next task's run timeout
+     * (like this one's, most likely) or an elastic pool's idle clock */
+    wt->last_end = busy && (timed || wt->elastic_pool) ? tp_now_ns() : 0;
     wt->last_end_h = busy ? ended_at : 0;
 
     tp__lock(p);
