@@ -80,8 +80,14 @@ void tp__life_fini(tp_pool *p) {
  * that moment, all earlier changes of the critical section included, so a
  * lock-free reader sees either that state or an older one, never one the
  * pool has not reached; a critical section's changes take effect for it at
- * its stores. Release: pairs with the acquire in tp__admit_full_fast (only
- * for the reasoning's sake: the reader acts on the word alone). */
+ * its stores.
+ *
+ * And before the statistics of the same change (st.queued, st.delayed,
+ * st.users): tp_stats_get reads those with acquire, so a thread that has seen
+ * queued + delayed below the capacity then sees this word too, and is not
+ * refused for space by an older one (release here, acquire in
+ * tp__admit_full_fast). Stored after them, a reader could see queued = 0 and
+ * still a "full" word. */
 static void adm_publish_locked(tp_pool *p) {
     uint64_t w = (uint64_t)(tp__ring_len(&p->life.ring) + p->life.delayed) |
                  (uint64_t)(p->life.users_at_limit & 0x7fffffffu) << 32 | (uint64_t)p->life.closed << 63;
@@ -195,8 +201,8 @@ void tp__want_more_workers_locked(tp_pool *p) {
  * workers, tp_stats_get and, in `adm`, admission). Called after every change
  * of the ring. */
 static void queue_changed_locked(tp_pool *p) {
+    adm_publish_locked(p); /* first: see adm_publish_locked */
     TP__SET(p->st.queued, tp__ring_len(&p->life.ring));
-    adm_publish_locked(p);
 }
 
 static void queue_remove_locked(tp_pool *p, tp__task *t) {
@@ -294,8 +300,6 @@ static void task_finalise_locked(tp_pool *p, tp__task *t, int status, bool expir
         bool was_at_limit = t->user->count == p->cfg.max_per_user;
         unsigned live = p->life.users.live;
         tp__users_release(&p->life.users, t->user); /* may recycle the entry: not read again */
-        /* stored only when it changes: the gauge's cache line stays put */
-        if (p->life.users.live != live) TP__SET(p->st.users, p->life.users.live);
         if (was_at_limit) {
             /* Published after the release, never before: the word may lag
              * the pool but never show a state it has not reached yet. */
@@ -303,6 +307,8 @@ static void task_finalise_locked(tp_pool *p, tp__task *t, int status, bool expir
             p->life.users_at_limit--;
             adm_publish_locked(p);
         }
+        /* stored only when it changes: the gauge's cache line stays put */
+        if (p->life.users.live != live) TP__SET(p->st.users, p->life.users.live);
         signal_room_locked(p);
     }
     t->status = status;
@@ -405,8 +411,8 @@ static void delayed_push_locked(tp_pool *p, tp__task *t) {
         p->life.delayed_head = t;
     p->life.delayed_tail = t;
     p->life.delayed++;
-    TP__SET(p->st.delayed, p->life.delayed);
     adm_publish_locked(p);
+    TP__SET(p->st.delayed, p->life.delayed);
 }
 
 static void delayed_remove_locked(tp_pool *p, tp__task *t) {
@@ -422,8 +428,8 @@ static void delayed_remove_locked(tp_pool *p, tp__task *t) {
         p->life.delayed_tail = t->prev;
     t->next = t->prev = NULL;
     p->life.delayed--;
-    TP__SET(p->st.delayed, p->life.delayed);
     adm_publish_locked(p);
+    TP__SET(p->st.delayed, p->life.delayed);
 }
 
 /* Move due retries to the ring and end those whose deadline passed. The
