@@ -85,11 +85,10 @@ static inline void tp__hist_record(tp__hist *h, uint64_t ns) {
  * read that much shorter, never negative).
  *
  * CLOCK_MONOTONIC (deadlines, run timeouts, the idle clock) is read apart
- * from the stamps, and only when something uses it: a busy worker reads it
- * at the end of an attempt that had a run timeout (or in an elastic pool)
- * and arms the next attempt's run timeout from that read (that much early),
- * else afresh at the start of an attempt that has one; a spin for work
- * starts from that read or a fresh one. So, per attempt in a busy pool,
+ * from the stamps, and only when something uses it: at the start of an
+ * attempt that has a run timeout (after the task left the queue, so never
+ * before its admission), and when a worker finds the queue empty. So, per
+ * attempt in a busy pool,
  * the histograms add one stamp at admission and one at the end of the
  * attempt, and the recording (two index computations, four stores into
  * lines only this worker writes).

@@ -568,6 +568,14 @@ static inline int tp__wait_locked(tp_pool *p, pthread_cond_t *cv, uint64_t deadl
     return rc;
 }
 
+#if defined(TP__DEBUG)
+/* A test hook of debug builds (tests/test_ctx.c): when set, a worker calls it
+ * right after an attempt returned, without the lock, before it takes the
+ * lock again to end the attempt. It holds open the window in which a task
+ * can be admitted between one attempt's end and the next attempt's start. */
+extern void (*volatile tp__test_attempt_returned)(tp_pool *p);
+#endif
+
 /* The pool whose thread this is (worker or service), NULL elsewhere. */
 extern _Thread_local tp_pool *tp__tls_pool;
 /* True on a pool's service thread. */

@@ -41,6 +41,10 @@
 
 static void *worker_main(void *arg);
 
+#if defined(TP__DEBUG)
+void (*volatile tp__test_attempt_returned)(tp_pool *p);
+#endif
+
 /* Workers whose threads run (spawns under way excluded). mu held. */
 static unsigned running_workers_locked(const tp_pool *p) { return p->wk.live_workers - p->wk.starting; }
 
@@ -189,36 +193,33 @@ static void spin_for_work_locked(tp_pool *p, uint64_t since) {
 
 /* The state a worker carries between turns of its loop. */
 typedef struct worker_turn {
-    uint64_t idle_since; /* the last task ended (or the thread started) */
-    bool elastic_pool;   /* may shrink: else no clock read per task */
-    bool spun;           /* spun once already in this idle period */
-    /* The clock at the end of the last attempt, while this worker has done
-     * nothing since but its lock hold (no wait, on_done or failure log): the
-     * next attempt starts then (or at its admission if later), and so does
-     * a spin for work (hist.h). 0: read the clock afresh. `last_end` is
-     * CLOCK_MONOTONIC, taken only when the attempt had a run timeout or the
-     * pool is elastic; `last_end_h` is the same moment on the histograms'
-     * clock (clock.h), set whenever the worker goes straight on. */
-    uint64_t last_end, last_end_h;
+    bool spun; /* spun once already in this idle period */
+    /* The end of the last attempt on the histograms' clock (clock.h), while
+     * this worker has done nothing since but its lock hold (no wait, on_done
+     * or failure log): the next attempt's queue wait ends then, or at the
+     * task's admission if later (hist.h). 0: read the clock afresh. */
+    uint64_t last_end_h;
 } worker_turn;
 
 /* Step 1, mu held, no current task: return when the ring has a task (true)
- * or this worker should exit (false). Wake-ups that bring no work do not
- * restart the idle clock. */
+ * or this worker should exit (false). The idle period starts when the worker
+ * first finds the ring empty (the clock is read then, not per task);
+ * wake-ups that bring no work do not restart it. */
 static bool wait_for_work_locked(tp_pool *p, worker_turn *wt) {
+    uint64_t idle_since = 0;
     while (tp__ring_len(&p->life.ring) == 0) {
-        uint64_t since = wt->last_end; /* an attempt just ended: the clock is known */
-        wt->last_end = wt->last_end_h = 0;
+        wt->last_end_h = 0;
         if (p->life.closed && p->life.delayed == 0) return false;
+        if (!idle_since) idle_since = tp_now_ns();
         if (!wt->spun && p->wk.spinners == 0) {
             wt->spun = true;
-            spin_for_work_locked(p, since ? since : tp_now_ns());
+            spin_for_work_locked(p, idle_since);
             continue;
         }
         /* Above the minimum counting only workers that run: a spawn under
          * way may still fail, and then this worker is one of the minimum. */
         bool elastic = running_workers_locked(p) > p->cfg.min_workers && p->cfg.idle_timeout != TP_FOREVER;
-        uint64_t until = elastic ? tp__deadline_after(wt->idle_since, p->cfg.idle_timeout) : TP_FOREVER;
+        uint64_t until = elastic ? tp__deadline_after(idle_since, p->cfg.idle_timeout) : TP_FOREVER;
         p->wk.idle_waiters++;
         set_idle_stat_locked(p);
         int e = tp__wait_locked(p, &p->work_cv, until);
@@ -237,16 +238,11 @@ static bool wait_for_work_locked(tp_pool *p, worker_turn *wt) {
  * Entered and left with mu held. */
 static void run_task_locked(tp_pool *p, tp__worker *w, tp__task *t, worker_turn *wt) {
     tp__unlock(p);
-    /* At most one read of each clock per attempt in a busy pool: the end of
-     * the last one, else fresh ones. CLOCK_MONOTONIC arms the run timeout
-     * (not read without one); the histograms' clock (clock.h) starts both
-     * histograms. (A run timeout armed from a TSC stamp, made into a
-     * deadline only when the task asks, saved the clock read but let the
-     * deadline come out microseconds before the start + run timeout that the
-     * contract names, where the stamp came from another CPU: the fuzzer's
-     * model caught it.) */
-    bool timed = t->run_timeout != TP_FOREVER;
-    if (timed) tp__ctx_arm_run_timeout(&w->ctx, t, wt->last_end ? wt->last_end : tp_now_ns());
+    /* The run timeout counts from this attempt's start: CLOCK_MONOTONIC
+     * read now, after the task was popped, so never before its admission
+     * (or its return to the queue for a retry). Not read without one. The
+     * histograms' clock (clock.h) starts both histograms. */
+    if (t->run_timeout != TP_FOREVER) tp__ctx_arm_run_timeout(&w->ctx, t, tp_now_ns());
     uint64_t last = wt->last_end_h;
     uint64_t started_at = !last ? tp__hclk_now() : last > t->queued_at ? last : t->queued_at;
     tp__hist_attempt_started(&p->wk.hist[w->index], t->queued_at, started_at);
@@ -257,10 +253,10 @@ static void run_task_locked(tp_pool *p, tp__worker *w, tp__task *t, worker_turn 
     uint64_t ended_at = tp__hclk_now();
     tp__hist_attempt_ended(&p->wk.hist[w->index], started_at, ended_at);
     bool busy = rc == 0 && !t->on_done; /* straight on to the next task, if any */
-    /* CLOCK_MONOTONIC only for what will use it: the next task's run timeout
-     * (like this one's, most likely) or an elastic pool's idle clock */
-    wt->last_end = busy && (timed || wt->elastic_pool) ? tp_now_ns() : 0;
     wt->last_end_h = busy ? ended_at : 0;
+#if defined(TP__DEBUG)
+    if (tp__test_attempt_returned) tp__test_attempt_returned(p);
+#endif
 
     tp__lock(p);
     unsigned attempt = t->attempt;
@@ -307,17 +303,16 @@ static void *worker_main(void *arg) {
     tp__worker *w = (tp__worker *)arg;
     tp_pool *p = w->pool;
     worker_enter(p, w);
-    worker_turn wt = {tp_now_ns(), p->cfg.max_workers > p->cfg.min_workers, false, 0, 0};
+    worker_turn wt = {false, 0};
     while (wait_for_work_locked(p, &wt)) {
         tp__task *t = tp__queue_pop_locked(p);
         if (tp__task_expired_locked(p, t)) {
             tp__task_finish_locked(p, t);
-            wt.last_end = wt.last_end_h = 0;
+            wt.last_end_h = 0;
         } else {
             tp__task_start_locked(p, w, t);
             run_task_locked(p, w, t, &wt);
         }
-        if (wt.elastic_pool) wt.idle_since = wt.last_end ? wt.last_end : tp_now_ns();
     }
     worker_leave_locked(p, w);
     return NULL;

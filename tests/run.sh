@@ -15,7 +15,10 @@
 #   valgrind  gcc as plain; every unit test under valgrind memcheck, which must
 #             report no error and no leak (TP_TEST_SLOWDOWN=4 for the tests)
 #   fuzz      clang, libFuzzer + ASan + UBSan: the model-based fuzzer of
-#             tests/fuzz/ for TP_FUZZ_SECONDS (default 90), after the others
+#             tests/fuzz/ for TP_FUZZ_SECONDS (default 90; 600 when the
+#             environment variable CI is set, as .ci/run does: windows of a
+#             few microseconds need tens of thousands of inputs), after the
+#             others
 #
 # Works on a fresh Debian/Ubuntu machine: missing tools and cmocka are
 # installed with apt-get (through sudo when not root). Build trees go to
@@ -38,7 +41,7 @@ modes=()
 for m in "$@"; do
     case $m in
     plain | tsan | asan | valgrind | fuzz) modes+=("$m") ;;
-    -h | --help) sed -n '2,23p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,27p' "$0"; exit 0 ;;
     *) die "unknown mode '$m' (expected plain, tsan, asan, valgrind or fuzz)" ;;
     esac
 done
@@ -227,6 +230,7 @@ EOF
 declare -A result
 # The fuzzer has its own script; its last line is "fuzz: PASS: N operations ...".
 run_fuzz() {
+    [ -n "${CI:-}" ] && export TP_FUZZ_SECONDS=${TP_FUZZ_SECONDS:-600}
     log "fuzz: model-based fuzzing, ${TP_FUZZ_SECONDS:-90} s (tests/fuzz/run.sh)"
     bash "$root/tests/fuzz/run.sh" "$ci_dir/fuzz" 2>&1 | tee "$ci_dir/fuzz.log"
     local rc=${PIPESTATUS[0]} line

@@ -5,6 +5,8 @@
  */
 #include "tp_test.h"
 
+#include "internal.h" /* TP__DEBUG and its test hook tp__test_attempt_returned */
+
 /* ------------------------------------------------------------ elastic spawn */
 
 static tpt_latch stop_gate;
@@ -72,8 +74,87 @@ static void test_elastic_spawn_skipped_while_a_worker_exits(void **state) {
     tpt_latch_destroy(&stop_gate);
 }
 
+/* ------------------------------------------------------------ run timeout from the start */
+
+/*
+ * A task admitted after the previous attempt on its worker returned, but
+ * before that worker took the lock again, starts with a run timeout counted
+ * from its own start. The worker used to go straight on with the previous
+ * attempt's end as the new start, so the deadline came out before
+ * submit + run timeout. The fuzzer reported it (seed
+ * tests/fuzz/corpus/run_timeout_stale_start, timing-dependent) as
+ * "VIOLATION: task 1: tp_ctx_deadline ... outside [...]". The debug-build hook
+ * tp__test_attempt_returned holds the window open: it submits the next task
+ * from inside it, every round, so the unfixed library fails in round 0.
+ */
+#if defined(TP__DEBUG)
+typedef struct window_round {
+    tp_pool *pool;
+    uint64_t rt;
+    _Atomic uint64_t t_sub; /* the clock just before the submit */
+    atomic_int armed;       /* submit once from the hook */
+    atomic_int submit_rc;
+    struct {
+        _Atomic uint64_t deadline, t_start;
+        atomic_int finished;
+    } r;
+} window_round;
+static window_round *window_cur;
+
+static int task_window_probe(tp_ctx *c, void *arg) {
+    window_round *w = (window_round *)arg;
+    atomic_store(&w->r.deadline, tp_ctx_deadline(c));
+    atomic_store(&w->r.t_start, tp_now_ns());
+    atomic_store(&w->r.finished, 1);
+    return 0;
+}
+
+static void window_hook(tp_pool *p) {
+    window_round *w = window_cur;
+    if (!w || w->pool != p || !atomic_exchange(&w->armed, 0)) return;
+    atomic_store(&w->t_sub, tp_now_ns());
+    atomic_store(&w->submit_rc, tp_submit(p, task_window_probe, w, NULL, NULL));
+}
+#endif
+
+static void test_run_timeout_not_before_admission(void **state) {
+    (void)state;
+#if defined(TP__DEBUG)
+    const uint64_t rt = TPT_S(30);
+    tp_config cfg = {.workers = 1, .run_timeout_ns = rt, .log = tpt_quiet_log};
+    tp_pool *p = tpt_pool_new(&cfg);
+    enum { ROUNDS = 200 };
+    window_round *w = calloc(1, sizeof *w);
+    assert_non_null(w);
+    w->pool = p;
+    w->rt = rt;
+    window_cur = w;
+    tp__test_attempt_returned = window_hook;
+    for (int i = 0; i < ROUNDS; i++) {
+        memset(&w->r, 0, sizeof w->r);
+        atomic_store(&w->armed, 1);
+        /* succeeds, no on_done: its worker goes straight on to the probe */
+        assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_OK);
+        TPT_EVENTUALLY(atomic_load(&w->r.finished));
+        assert_int_equal(atomic_load(&w->submit_rc), TP_OK);
+        uint64_t d = atomic_load(&w->r.deadline), t_sub = atomic_load(&w->t_sub);
+        if (d < t_sub + rt)
+            fail_msg("round %d: deadline %llu is %llu ns before submit + run timeout", i,
+                     (unsigned long long)d, (unsigned long long)(t_sub + rt - d));
+        assert_true(d <= atomic_load(&w->r.t_start) + rt);
+    }
+    tp__test_attempt_returned = NULL;
+    tpt_finish(p);
+    window_cur = NULL;
+    free(w);
+#else
+    skip(); /* the hook exists in debug builds only (tests/run.sh builds them) */
+#endif
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        TPT_TEST(test_run_timeout_not_before_admission),
         TPT_TEST(test_elastic_spawn_skipped_while_a_worker_exits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

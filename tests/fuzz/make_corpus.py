@@ -8,6 +8,7 @@ that decodes to it, so the seeds stay valid as long as the decoding does.
 
     python3 tests/fuzz/make_corpus.py      (rewrites tests/fuzz/corpus/)
 """
+import base64
 import os
 import shutil
 
@@ -265,6 +266,16 @@ SEEDS = {
 }
 
 
+# Inputs that a fuzzing run found, kept byte for byte (base64), each with the
+# regression test that now reproduces its bug deterministically.
+FOUND = {
+    # tests/test_fuzz_found.c: test_run_timeout_not_before_admission. A task
+    # admitted while its worker went straight on from another attempt got a
+    # run timeout counted from that attempt's end (timing-dependent here).
+    "run_timeout_stale_start": "AAABAAABAAAABwKtAAAAIAAAAQYAAADx8f///////5oHFBQUFBQUFBQUFBQABff++f+IAAAFAglABAIJAAQABgAIBg==",
+}
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     out = os.path.join(here, "corpus")
@@ -273,7 +284,10 @@ def main():
     for name, ops in SEEDS.items():
         with open(os.path.join(out, name), "wb") as f:
             f.write(b"".join(ops))
-    print("wrote %d seeds to %s" % (len(SEEDS), out))
+    for name, b64 in FOUND.items():
+        with open(os.path.join(out, name), "wb") as f:
+            f.write(base64.b64decode(b64))
+    print("wrote %d seeds to %s" % (len(SEEDS) + len(FOUND), out))
 
 
 if __name__ == "__main__":
