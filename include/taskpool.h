@@ -51,6 +51,20 @@
  * are gone). A child that needs a pool creates a new one. The parent's pools
  * are unaffected.
  *
+ * Durations and deadlines are nanoseconds of CLOCK_MONOTONIC (tp_now_ns());
+ * TP_FOREVER means no limit everywhere. A duration of 0 means:
+ *   - "no limit" for the waits that stand alone: tp_wait() and
+ *     tp_group_wait() (like TP_FOREVER);
+ *   - "the configured default" for the budgets a pool has a setting for:
+ *     tp_shutdown() (drain_timeout_ns) and tp_submit_wait()
+ *     (submit_timeout_ns); likewise 0 in tp_config and tp_task_opts fields.
+ * tp_wait() returns TP_ETIMEDOUT both when its own timeout ran out and when
+ * the pool finished after a forced shutdown. To tell them apart, call
+ * tp_wait(p, TP_FOREVER) once more when you need the outcome (a finished pool
+ * answers at once, with the shutdown's result), or compare tp_now_ns() with
+ * your own deadline: a wait whose timeout ran out returns only after
+ * timeout_ns has passed.
+ *
  * Task ids mean something only to the pool that issued them: ids of different
  * pools overlap, so tp_cancel(q, id) with an id that pool p returned cancels
  * whatever task of q has that id, if any. Keep the pool with the id.
@@ -201,15 +215,21 @@ typedef struct tp_config {
     uint64_t run_timeout_ns;    /* 0 -> 10 min; TP_FOREVER -> none; per attempt, from its start */
     uint64_t submit_timeout_ns; /* 0 -> 1 s; TP_FOREVER -> none; default budget of tp_submit_wait */
     uint64_t drain_timeout_ns;  /* 0 -> 20 s; TP_FOREVER -> none; default budget of tp_shutdown */
-    uint64_t
-        idle_timeout_ns; /* 0 -> 5 min; TP_FOREVER -> never; elastic workers above `workers` exit when idle this long.
-                                     * Elastic workers are added while the backlog exceeds the idle workers,
-                                     * by tp_submit / tp_submit_wait and by a retry returning to the queue,
-                                     * until tp_close(); after it the workers present drain what is left. */
+    /* 0 -> 5 min; TP_FOREVER -> never; elastic workers above `workers` exit
+     * when idle this long. Elastic workers are added while the backlog
+     * exceeds the idle workers, by tp_submit / tp_submit_wait and by a retry
+     * returning to the queue, until tp_close(); after it the workers present
+     * drain what is left. */
+    uint64_t idle_timeout_ns;
     unsigned max_retries;    /* 0 -> no retry; 0..TP_MAX_RETRIES */
     uint64_t retry_delay_ns; /* 0 -> 1 s; fixed delay before each retry */
-    const char *name;        /* thread-name prefix, copied; NULL -> "tp"; at most TP_NAME_MAX bytes */
-    tp_log_fn log;           /* NULL -> failed attempts are written to stderr */
+    /* Thread-name prefix and the metrics' pool label, copied; NULL -> "tp";
+     * at most TP_NAME_MAX bytes. Any bytes are accepted, "" and control
+     * characters included: thread names are cut to what the OS takes, and
+     * tp_metrics_format() escapes the name (Prometheus label and JSON rules;
+     * bytes that are not UTF-8 become U+FFFD). */
+    const char *name;
+    tp_log_fn log; /* NULL -> failed attempts are written to stderr */
     void *log_arg;
     void (*on_worker_start)(void *hook_arg); /* optional; runs first on each worker thread */
     void (*on_worker_stop)(void *hook_arg);  /* optional; runs last on each worker thread */
@@ -313,8 +333,9 @@ typedef struct tp_task_opts {
     uint64_t run_timeout_ns; /* 0 -> pool default; TP_FOREVER -> none */
     uint64_t deadline_ns;    /* absolute tp_now_ns() time, queueing included; 0 -> none */
     tp_done_fn on_done;      /* optional */
-    const char *
-        log_id; /* NULL -> inherited from the submitting thread, or generated; copied; at most TP_LOG_ID_MAX bytes */
+    /* NULL -> inherited from the submitting thread, or generated; copied; at
+     * most TP_LOG_ID_MAX bytes */
+    const char *log_id;
     int priority;         /* reserved: must be 0 */
     uint64_t reserved[4]; /* growth room (since 1.1): must be zero */
 } tp_task_opts;
@@ -587,10 +608,21 @@ TP_API int tp_default_wait(uint64_t timeout_ns);
  * after a wait keeps it, as does its cancellation. A member that succeeds
  * after being cancelled (it returned 0) is a success.
  *
+ * A cancelled or expired member has failed like any other, so in a
+ * TP_GROUP_CANCEL_ON_ERROR group one member ended by tp_cancel() with its id,
+ * or by its own deadline, cancels the whole group, and the group's error is
+ * that member's status: TP_ECANCELED when cancelled by id while queued or
+ * waiting for a retry; what it returns when cancelled by id while running
+ * (0 is a success and cancels nothing); TP_ETIMEDOUT when its deadline passed
+ * while queued (expired) or while it waited for a retry. To cancel one member
+ * alone, use a group without TP_GROUP_CANCEL_ON_ERROR.
+ *
  * Lifetime: destroy a pool's groups before the pool. If a pool is destroyed
  * first (which waits for every member, like every task), its groups are
- * detached, not freed: on a detached group tp_group_submit() returns
- * TP_ECLOSED (counting nothing; TP_EINVAL only for a NULL g or fn), tp_group_wait() returns the group's result at
+ * detached, not freed: on a detached group tp_group_submit() counts nothing
+ * and answers in the order of an attached group -- TP_EINVAL for bad
+ * arguments (a NULL g or fn, bad options), then TP_ECANCELED if the group was
+ * cancelled, else TP_ECLOSED --, tp_group_wait() returns the group's result at
  * once, tp_group_cancel() returns TP_OK and does nothing, and
  * tp_group_destroy() frees it. Those calls must not run concurrently with
  * tp_destroy() of the pool (as no call on the pool may).

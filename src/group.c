@@ -46,7 +46,14 @@ int tp_group_create(tp_pool *p, unsigned flags, tp_group **out) {
 
 int tp_group_submit(tp_group *g, tp_fn fn, void *arg, const tp_task_opts *opts, uint64_t *id_out) {
     if (!g) return TP_EINVAL;
-    if (!g->pool) return fn ? TP_ECLOSED : TP_EINVAL; /* detached: the pool was destroyed */
+    if (!g->pool) {
+        /* Detached (its pool was destroyed), in the order of an attached
+         * group: arguments, cancelled, then closed; nothing is counted.
+         * No lock: no call on the pool ran concurrently with its destroy,
+         * and the group's fields have not changed since. */
+        int rc = tp__task_args_check(fn, opts);
+        return rc != TP_OK ? rc : g->cancelled ? TP_ECANCELED : TP_ECLOSED;
+    }
     return tp__submit_member(g->pool, g, fn, arg, opts, id_out);
 }
 

@@ -591,6 +591,8 @@ extern _Thread_local tp__task *tp__tls_task;
  */
 
 /* ---- pool.c: what group.c builds on */
+/* The argument checks of a submit that need no pool: TP_OK or TP_EINVAL. */
+int tp__task_args_check(tp_fn fn, const tp_task_opts *opts);
 /* tp_submit with the task joining group g (pool.c's checks and admission). */
 int tp__submit_member(tp_pool *p, struct tp_group *g, tp_fn fn, void *arg, const tp_task_opts *opts,
                       uint64_t *id_out);

@@ -234,6 +234,18 @@ int tp_create(tp_pool **out, const tp_config *cfg) {
 
 /* ------------------------------------------------------------ admission */
 
+/* The checks of a task's arguments that need no pool: fn, the options'
+ * values and lengths (of the user, the explicit log id). tp_group_submit on a
+ * detached group answers TP_EINVAL from these before anything else. */
+int tp__task_args_check(tp_fn fn, const tp_task_opts *opts) {
+    if (!fn) return TP_EINVAL;
+    if (!opts) return TP_OK;
+    if (opts->priority != 0 || !TP__RESERVED_ZERO(opts)) return TP_EINVAL;
+    if (opts->user && strnlen(opts->user, TP_USER_MAX + 1) > TP_USER_MAX) return TP_EINVAL;
+    if (opts->log_id && strnlen(opts->log_id, TP_LOG_ID_MAX + 1) > TP_LOG_ID_MAX) return TP_EINVAL;
+    return TP_OK;
+}
+
 static int check_args(tp_pool *p, tp_fn fn, const tp_task_opts *opts, tp__admit_args *a) {
     if (!p || !fn) return TP_EINVAL;
     memset(a, 0, sizeof *a);

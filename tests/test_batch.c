@@ -139,6 +139,46 @@ static void test_einval_first_and_middle(void **state) {
     assert_int_equal(s.rejected, 0);
 }
 
+/* Tasks are judged in array order: an invalid task after one that is
+ * refused for space is never reached. [valid, invalid] with no room is
+ * TP_EFULL with k = 0 (one refusal counted); with room, TP_EINVAL with
+ * k = 1 (nothing refused). Also past the tasks whose checked arguments the
+ * batch keeps on the stack (32). */
+static void test_refusal_before_invalid(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    enum { N = 40 };
+    for (int full = 0; full < 2; full++) {
+        for (size_t bad = 1; bad < N; bad += 37) {
+            tpt_latch *l = tpt_fx_latch(f);
+            tp_pool *p = mkpool(1, 1, TP_UNLIMITED);
+            tpt_fill_workers(p, l, 1, NULL);
+            if (full) assert_int_equal(tp_submit(p, tpt_block_task, l, NULL, NULL), TP_OK);
+            tp_task t[N];
+            tp_task_opts o[N];
+            tpt_done *done = tpt_fx_array(f, tpt_done, N);
+            uint64_t ids[N];
+            fill_nop(t, o, done, N);
+            fill_ids(ids, N);
+            t[bad].fn = NULL;
+            tp_stats before = tpt_stats(p);
+            size_t k = 77;
+            /* full: the first task is refused; else it takes the one place
+             * and the second, if valid, would be refused for space */
+            int want = full ? TP_EFULL : bad == 1 ? TP_EINVAL : TP_EFULL;
+            assert_int_equal(tp_submit_batch(p, t, N, ids, &k), want);
+            assert_int_equal(k, full ? 0 : 1);
+            assert_ids(ids, k, N);
+            tp_stats s = tpt_stats(p);
+            assert_int_equal(s.accepted - before.accepted, k);
+            assert_int_equal(s.rejected_full - before.rejected_full, want == TP_EFULL ? 1 : 0);
+            assert_int_equal(s.submitted - before.submitted, k + (want == TP_EFULL ? 1 : 0));
+            tpt_latch_open(l);
+            tpt_finish(p);
+            assert_done_prefix(done, k, N);
+        }
+    }
+}
+
 /* ------------------------------------------------------------ refusals */
 
 /* TP_EFULL: with the workers blocked and `room` places left in the queue, a
@@ -733,6 +773,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         TPT_TEST(test_bad_batch_arguments),
         TPT_TEST(test_einval_first_and_middle),
+        TPT_TEST(test_refusal_before_invalid),
         TPT_TEST(test_efull_first_and_middle),
         TPT_TEST(test_euserlimit_first_and_middle),
         TPT_TEST(test_eclosed_first),

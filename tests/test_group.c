@@ -33,6 +33,7 @@ typedef struct member {
     int status;        /* returned after the latch */
     int cooperate;     /* wait for cancellation instead of the latch (bounded) */
     uint64_t sleep_ns; /* with cooperate: tp_ctx_sleep this long at most */
+    int keep_status;   /* with cooperate: return `status` even when cancelled */
     atomic_int runs;
     atomic_int saw_cancel; /* tp_ctx_err was TP_ECANCELED when it returned */
     atomic_int done_calls;
@@ -55,7 +56,7 @@ static int member_task(tp_ctx *c, void *arg) {
         tpt_latch_wait(m->latch);
     }
     if (tp_ctx_err(c) == TP_ECANCELED) atomic_store(&m->saw_cancel, 1);
-    return m->cooperate && tp_ctx_err(c) == TP_ECANCELED ? TP_ECANCELED : m->status;
+    return m->cooperate && !m->keep_status && tp_ctx_err(c) == TP_ECANCELED ? TP_ECANCELED : m->status;
 }
 
 static void member_done(void *arg, int status) {
@@ -438,6 +439,81 @@ static void test_group_cancel_on_error_from_service(void **state) {
     assert_int_equal(s.expired, 0);
 }
 
+/* A member of a cancel-on-error group cancelled by its id has failed (its
+ * status is TP_ECANCELED): it cancels the whole group, and the group's error
+ * is its TP_ECANCELED. A running member cancelled by its id fails only if it
+ * returns non-zero: returning 0 is a success and cancels nothing. */
+static void test_group_member_cancelled_by_id(void **state) {
+    (void)state;
+    reset_counters();
+    tpt_latch *l = tpt_fx_latch(tpt_fx(state));
+    tp_pool *p = new_pool(1, 16);
+    tp_group *g;
+    assert_int_equal(tp_group_create(p, TP_GROUP_CANCEL_ON_ERROR, &g), TP_OK);
+    tpt_fill_workers(p, l, 1, NULL); /* not a member */
+    static member q[4];
+    uint64_t ids[4];
+    for (int i = 0; i < 4; i++) {
+        member_init(&q[i], NULL, 0);
+        tp_task_opts o = {.on_done = member_done};
+        assert_int_equal(tp_group_submit(g, member_task, &q[i], &o, &ids[i]), TP_OK);
+    }
+    assert_int_equal(tp_cancel(p, ids[1]), TP_OK);
+    assert_int_equal(tp_group_wait(g, TPT_WAIT_NS), TP_ECANCELED);
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(atomic_load(&q[i].runs), 0);
+        assert_int_equal(atomic_load(&q[i].done_calls), 1);
+        assert_int_equal(atomic_load(&q[i].done_status), TP_ECANCELED);
+    }
+    assert_int_equal(submit_member(g, &q[0], NULL), TP_ECANCELED);
+    assert_int_equal(tp_group_destroy(g), TP_OK);
+
+    /* running, cancelled by id, returns 0: a success; the others run */
+    reset_counters();
+    assert_int_equal(tp_group_create(p, TP_GROUP_CANCEL_ON_ERROR, &g), TP_OK);
+    static member run_ok, run_fail, after[2];
+    member_init(&run_ok, NULL, 0);
+    run_ok.cooperate = 1;
+    run_ok.keep_status = 1; /* sees the cancel, returns 0 */
+    uint64_t id_ok;
+    tp_task_opts o = {.on_done = member_done};
+    tpt_latch_open(l); /* the blocker ends; the worker takes run_ok */
+    assert_int_equal(tp_group_submit(g, member_task, &run_ok, &o, &id_ok), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&run_ok.runs) == 1);
+    for (int i = 0; i < 2; i++) {
+        member_init(&after[i], NULL, 0);
+        assert_int_equal(submit_member(g, &after[i], NULL), TP_OK);
+    }
+    assert_int_equal(tp_cancel(p, id_ok), TP_OK);
+    assert_int_equal(tp_group_wait(g, TPT_WAIT_NS), TP_OK);
+    assert_int_equal(atomic_load(&run_ok.done_status), 0);
+    for (int i = 0; i < 2; i++) assert_int_equal(atomic_load(&after[i].runs), 1);
+    assert_int_equal(tp_group_destroy(g), TP_OK);
+
+    /* running, cancelled by id, returns TP_ECANCELED: the group's error, and
+     * the queued members behind it are cancelled */
+    reset_counters();
+    assert_int_equal(tp_group_create(p, TP_GROUP_CANCEL_ON_ERROR, &g), TP_OK);
+    member_init(&run_fail, NULL, 0);
+    run_fail.cooperate = 1;
+    uint64_t id_fail;
+    assert_int_equal(tp_group_submit(g, member_task, &run_fail, &o, &id_fail), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&run_fail.runs) == 1);
+    for (int i = 0; i < 2; i++) {
+        member_init(&after[i], NULL, 0);
+        assert_int_equal(submit_member(g, &after[i], NULL), TP_OK);
+    }
+    assert_int_equal(tp_cancel(p, id_fail), TP_OK);
+    assert_int_equal(tp_group_wait(g, TPT_WAIT_NS), TP_ECANCELED);
+    assert_int_equal(atomic_load(&run_fail.done_status), TP_ECANCELED);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(atomic_load(&after[i].runs), 0);
+        assert_int_equal(atomic_load(&after[i].done_status), TP_ECANCELED);
+    }
+    assert_int_equal(tp_group_destroy(g), TP_OK);
+    tpt_pool_finish(p);
+}
+
 /* ------------------------------------------------------------ tp_group_cancel */
 
 static void test_group_cancel(void **state) {
@@ -757,9 +833,21 @@ static void test_group_pool_destroyed_first(void **state) {
     assert_int_equal(atomic_load(&b.done_calls), 1);
     assert_int_equal(tp_group_wait(g, TPT_WAIT_NS), -9);
     assert_int_equal(tp_group_wait(h, 0), TP_OK);
+    /* detached: arguments first, then cancelled, then closed */
     assert_int_equal(submit_member(h, &b, NULL), TP_ECLOSED);
+    assert_int_equal(submit_member(g, &b, NULL), TP_ECANCELED); /* a's failure cancelled g */
     assert_int_equal(tp_group_submit(h, NULL, NULL, NULL, NULL), TP_EINVAL);
+    assert_int_equal(tp_group_submit(g, NULL, NULL, NULL, NULL), TP_EINVAL);
+    char longu[TP_USER_MAX + 2];
+    memset(longu, 'x', sizeof longu - 1);
+    longu[sizeof longu - 1] = '\0';
+    tp_task_opts bad = {.user = longu};
+    assert_int_equal(tp_group_submit(h, member_task, &b, &bad, NULL), TP_EINVAL);
+    assert_int_equal(tp_group_submit(g, member_task, &b, &bad, NULL), TP_EINVAL);
+    bad = (tp_task_opts){.reserved = {1}};
+    assert_int_equal(tp_group_submit(h, member_task, &b, &bad, NULL), TP_EINVAL);
     assert_int_equal(tp_group_cancel(h), TP_OK);
+    assert_int_equal(submit_member(h, &b, NULL), TP_ECLOSED); /* cancel does nothing on a detached group */
     assert_int_equal(tp_group_destroy(g), TP_OK);
     assert_int_equal(tp_group_destroy(h), TP_OK);
     assert_int_equal(atomic_load(&b.runs), 1);
@@ -800,6 +888,7 @@ int main(void) {
         T(test_group_first_error_concurrent),
         T(test_group_cancel_on_error_stops_queued),
         T(test_group_cancel_on_error_from_service),
+        T(test_group_member_cancelled_by_id),
         T(test_group_cancel),
         T(test_group_several_waiters),
         T(test_group_wait_timeout_leaves_group_intact),
