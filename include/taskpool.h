@@ -8,11 +8,16 @@
  *   4. configuration                    9. log ids and the log hook
  *   5. lifecycle                       10. the default pool
  *  11. task groups (1.1)               12. latency histograms (1.1)
- *  13. metrics for several pools (1.1)
+ *  13. metrics for several pools (1.1) 14. priorities, fair shares (1.2)
+ *  15. completion queues (1.2)
  *
  * What the pool promises
  *   - A fixed set of worker threads (elastic between `workers` and
- *     `max_workers` when asked) takes tasks from a bounded FIFO queue.
+ *     `max_workers` when asked) takes tasks from a bounded FIFO queue (since
+ *     1.2 refined by priority lanes and, on request, fair shares across
+ *     users: section 14). A worker never holds tasks of its own outside the
+ *     queue: a task that has not started stays where every worker,
+ *     tp_cancel() and its deadline can reach it.
  *     Admission never waits in tp_submit(), never creates a thread per task and
  *     allocates no memory per task in steady state.
  *   - Every accepted task ends exactly once, and its on_done(arg, status) runs
@@ -83,7 +88,7 @@ extern "C" {
 /* ---------------------------------------------------------------- 1. version */
 
 #define TP_VERSION_MAJOR 1
-#define TP_VERSION_MINOR 1
+#define TP_VERSION_MINOR 2
 #define TP_VERSION_PATCH 0
 
 /* The header's version as one number, 0xMMmmpp (1.1.0 -> 0x010100), and a
@@ -154,7 +159,8 @@ TP_API const char *tp_version(void);
     XX(ECANCELED, -7, "canceled")                                                                            \
     XX(ENOTFOUND, -8, "no such task")                                                                        \
     XX(EDEADLK, -9, "would wait for the calling thread itself")                                              \
-    XX(ENODEFAULT, -10, "no default pool registered")
+    XX(ENODEFAULT, -10, "no default pool registered")                                                        \
+    XX(EBUSY, -11, "still in use")
 
 enum {
     TP_OK = 0,
@@ -186,6 +192,15 @@ enum { TP_LOG_ERROR = 0, TP_LOG_WARN = 1, TP_LOG_INFO = 2, TP_LOG_DEBUG = 3 };
 
 /* Formats of tp_stats_format(). */
 enum { TP_FORMAT_JSON = 0, TP_FORMAT_PROMETHEUS = 1 };
+
+/* Priorities of tp_task_opts.priority (since 1.2): a higher one starts first;
+ * 0 (the default) is normal, below 0 background, above 0 urgent. */
+#define TP_PRIO_MIN (-2)
+#define TP_PRIO_MAX 2
+
+/* Schedulers of tp_config.sched (since 1.2), and the largest user weight. */
+enum { TP_SCHED_FIFO = 0, TP_SCHED_FAIR = 1 };
+#define TP_WEIGHT_MAX 1000u
 
 /* ---------------------------------------------------------- 4. configuration */
 
@@ -221,8 +236,10 @@ typedef struct tp_config {
      * returning to the queue, until tp_close(); after it the workers present
      * drain what is left. */
     uint64_t idle_timeout_ns;
-    unsigned max_retries;    /* 0 -> no retry; 0..TP_MAX_RETRIES */
-    uint64_t retry_delay_ns; /* 0 -> 1 s; fixed delay before each retry */
+    unsigned max_retries; /* 0 -> no retry; 0..TP_MAX_RETRIES */
+    /* 0 -> 1 s; the delay before each retry (the first one, with
+     * retry_delay_max_ns) */
+    uint64_t retry_delay_ns;
     /* Thread-name prefix and the metrics' pool label, copied; NULL -> "tp";
      * at most TP_NAME_MAX bytes. Any bytes are accepted, "" and control
      * characters included: thread names are cut to what the OS takes, and
@@ -234,7 +251,23 @@ typedef struct tp_config {
     void (*on_worker_start)(void *hook_arg); /* optional; runs first on each worker thread */
     void (*on_worker_stop)(void *hook_arg);  /* optional; runs last on each worker thread */
     void *hook_arg;
-    uint64_t reserved[8]; /* growth room (since 1.1): must be zero */
+    /* Since 1.2 (taken from the reserved tail; zero keeps 1.1's behaviour). */
+    /* TP_SCHED_FIFO (0): within a priority lane, tasks start in admission
+     * order. TP_SCHED_FAIR: within a lane, users take turns (section 14). */
+    unsigned sched;
+    /* 0 -> 16; TP_UNLIMITED -> strict priority. A lane that has waited this
+     * many starts of higher lanes takes the next one (section 14). */
+    unsigned prio_starve_limit;
+    /* 0 -> no limit; else at most this many tasks of priority < 0 run at once
+     * (at most max_workers, after defaults). */
+    unsigned low_prio_max_running;
+    unsigned reserved32; /* must be zero */
+    /* 0 -> the fixed retry_delay_ns before every retry; else the delay doubles
+     * per retry up to this: retry k (k = 1 for the first) waits
+     * min(retry_delay_ns x 2^(k-1), retry_delay_max_ns). At least
+     * retry_delay_ns (after defaults). */
+    uint64_t retry_delay_max_ns;
+    uint64_t reserved[5]; /* growth room (since 1.1): must be zero */
 } tp_config;
 
 /* ------------------------------------------------------------- 5. lifecycle */
@@ -246,10 +279,11 @@ typedef struct tp_config {
  *   about 1 ms more (it reads /proc/cpuinfo and calibrates the latency
  *   histograms' clock against CLOCK_MONOTONIC, section 12). Thread-safe.
  *   TP_OK; TP_EINVAL (out NULL, a value out of range, max_workers < workers
- *   after defaults are resolved, name too long, a reserved word not zero);
- *   TP_ENOMEM (memory, a thread or
- *   a thread attribute could not be obtained: nothing is leaked and no thread
- *   is left running).
+ *   after defaults are resolved, name too long, a reserved word not zero,
+ *   sched not a TP_SCHED_* value, low_prio_max_running > max_workers,
+ *   retry_delay_max_ns set below retry_delay_ns); TP_ENOMEM (memory, a
+ *   thread or a thread attribute could not be obtained: nothing is leaked and
+ *   no thread is left running).
  */
 TP_API int tp_create(tp_pool **out, const tp_config *cfg);
 
@@ -328,6 +362,8 @@ typedef void (*tp_done_fn)(void *arg, int status);
  * task sees it in tp_ctx_err() like a run timeout; a retry is not scheduled
  * past it, and a task waiting for a retry when it passes ends with
  * TP_ETIMEDOUT (cancelled, not expired: it ran). */
+typedef struct tp_cq tp_cq; /* a completion queue (section 15) */
+
 typedef struct tp_task_opts {
     const char *user;        /* NULL or "" -> no per-user accounting; copied; at most TP_USER_MAX bytes */
     uint64_t run_timeout_ns; /* 0 -> pool default; TP_FOREVER -> none */
@@ -336,16 +372,29 @@ typedef struct tp_task_opts {
     /* NULL -> inherited from the submitting thread, or generated; copied; at
      * most TP_LOG_ID_MAX bytes */
     const char *log_id;
-    int priority;         /* reserved: must be 0 */
-    uint64_t reserved[4]; /* growth room (since 1.1): must be zero */
+    /* Since 1.2: TP_PRIO_MIN..TP_PRIO_MAX; 0 (the default) is normal, a higher
+     * priority starts first (section 14). Out of range -> TP_EINVAL. */
+    int priority;
+    /* Since 1.2 (taken from the reserved tail): NULL -> on_done runs on a pool
+     * thread; else on_done, which is then required, runs inside tp_cq_drain()
+     * of this completion queue, on the thread that drains it (section 15).
+     * (A union only so that the struct keeps its size where pointers are
+     * 32 bits.) */
+    union {
+        tp_cq *cq;
+        uint64_t cq_word_;
+    };
+    uint64_t reserved[3]; /* growth room (since 1.1): must be zero */
 } tp_task_opts;
 
 /*
  * tp_submit -- admit `fn(ctx, arg)` without ever waiting for space.
- *   Checks in this order: arguments (TP_EINVAL: p or fn NULL, priority != 0,
- *   a reserved word not zero, user or log_id too long), closed (TP_ECLOSED), the user's limit
- *   (TP_EUSERLIMIT), space (TP_EFULL: queued + delayed >= queue_capacity; running
- *   tasks do not count). A rejection leaves no trace but its counter: no slot
+ *   Checks in this order: arguments (TP_EINVAL: p or fn NULL, priority out
+ *   of TP_PRIO_MIN..TP_PRIO_MAX, a reserved word not zero, user or log_id
+ *   too long, a cq without an on_done), closed (TP_ECLOSED), the user's
+ *   limit (TP_EUSERLIMIT), space (TP_EFULL: queued + delayed >=
+ *   queue_capacity, running tasks do not count; or, with opts->cq, every
+ *   place of that completion queue taken). A rejection leaves no trace but its counter: no slot
  *   stays reserved, no id is consumed, on_done is not called, and the caller
  *   still owns `arg`. TP_EINVAL changes no counter at all.
  *   Memory: a task that ended without running and has an on_done keeps its
@@ -495,16 +544,21 @@ typedef struct tp_stats {
     uint64_t retried;   /* extra attempts started */
     uint64_t completed; /* accepted tasks that reached their final outcome */
     uint64_t succeeded;
-    uint64_t failed;       /* completed with a non-zero status, cancelled included */
-    uint64_t cancelled;    /* failed with TP_ECANCELED or TP_ETIMEDOUT, expired included */
-    uint64_t expired;      /* deadline passed before the first start: never ran */
-    uint32_t active;       /* running now */
-    uint32_t queued;       /* waiting in the queue now */
-    uint32_t delayed;      /* waiting for a retry now */
-    uint32_t workers;      /* live worker threads */
-    uint32_t idle;         /* workers waiting for work */
-    uint32_t users;        /* users holding at least one slot */
-    uint64_t reserved[16]; /* growth room (since 1.1): written as zero */
+    uint64_t failed;    /* completed with a non-zero status, cancelled included */
+    uint64_t cancelled; /* failed with TP_ECANCELED or TP_ETIMEDOUT, expired included */
+    uint64_t expired;   /* deadline passed before the first start: never ran */
+    uint32_t active;    /* running now */
+    uint32_t queued;    /* waiting in the queue now */
+    uint32_t delayed;   /* waiting for a retry now */
+    uint32_t workers;   /* live worker threads */
+    uint32_t idle;      /* workers waiting for work */
+    uint32_t users;     /* users holding at least one slot */
+    /* Since 1.2: how long the task that has waited longest among those queued
+     * now (every lane; a retry counts from its return to the queue; tasks
+     * waiting for their retry delay are not queued) has waited, as of the
+     * snapshot; 0 when none is queued. */
+    uint64_t oldest_wait_ns;
+    uint64_t reserved[15]; /* growth room (since 1.1): written as zero */
 } tp_stats;
 
 /*
@@ -741,7 +795,12 @@ TP_API int tp_group_destroy(tp_group *g);
  * before the task was admitted.)
  */
 enum { TP_HIST_QUEUE_WAIT = 0, TP_HIST_RUN = 1 };
-#define TP_HIST_BUCKETS 282
+/* Since 1.2: tp_hist_get()'s `which` for the queue-wait histogram of one
+ * priority lane (TP_PRIO_MIN..TP_PRIO_MAX): one observation per attempt that
+ * starts in that lane, so at rest its count equals the lane's `started`; the
+ * five lanes' counts sum to TP_HIST_QUEUE_WAIT's. */
+#define TP_HIST_QUEUE_WAIT_PRIO(prio) (16 - TP_PRIO_MIN + (prio))
+#define TP_HIST_BUCKETS               282
 
 typedef struct tp_hist {
     uint64_t count;                    /* observations: always the sum of buckets[] */
@@ -757,7 +816,8 @@ typedef struct tp_hist {
  *   taken while tasks run, has count == the sum of buckets[]; sum_ns covers
  *   only observations that are counted, and may lag behind them by those in
  *   flight. Thread-safe; may be called from a task.
- *   TP_OK; TP_EINVAL (p or out NULL, `which` not a TP_HIST_* value; *out is
+ *   TP_OK; TP_EINVAL (p or out NULL, `which` not TP_HIST_QUEUE_WAIT,
+ *   TP_HIST_RUN or TP_HIST_QUEUE_WAIT_PRIO(prio) of a valid prio; *out is
  *   then untouched).
  */
 TP_API int tp_hist_get(tp_pool *p, int which, tp_hist *out);
@@ -819,6 +879,182 @@ TP_API uint64_t tp_hist_quantile_ns(const tp_hist *h, double q);
  *   Thread-safe; may be called from a task.
  */
 TP_API int tp_metrics_format(tp_pool *const *pools, size_t n, int format, char *buf, size_t len);
+
+/* ------------------------------------- 14. priorities and fair shares (Since 1.2) */
+
+/*
+ * Priority lanes. tp_task_opts.priority picks one of five lanes, TP_PRIO_MIN
+ * (-2, background) to TP_PRIO_MAX (2, urgent). A lane is *ready* when it has
+ * a waiting task that may start now; a lane below 0 only while fewer than
+ * tp_config.low_prio_max_running tasks of priority < 0 run (when that is set).
+ * Whenever a worker takes a task it takes it from the highest ready lane, with
+ * one exception against starvation: each ready lane counts the starts that
+ * went to a higher lane while it stayed ready (its count returns to 0 when it
+ * starts a task or stops being ready), and a ready lane whose count has
+ * reached prio_starve_limit takes the next start instead (the highest such
+ * lane if there are several). So under a steady stream of urgent work a ready
+ * lane still gets at least one start in every prio_starve_limit + 1; with
+ * TP_UNLIMITED the priority is strict. low_prio_max_running keeps workers free
+ * for normal and urgent work while long background tasks wait.
+ *
+ * Within a lane: admission order in a TP_SCHED_FIFO pool; fair shares in a
+ * TP_SCHED_FAIR pool. A retry returns to the back of its own lane (and of its
+ * user's list there). Lanes share everything else: queue_capacity counts the
+ * waiting tasks of all lanes, per-user slots count across lanes, and
+ * deadlines, cancel, retries, groups, batches (the accepted tasks of a batch
+ * are adjacent in their own lane) and forced shutdown work in every lane as
+ * in section 6.
+ *
+ * Fair shares (TP_SCHED_FAIR). Within each lane, waiting tasks are kept per
+ * user in admission order; tasks without a user count as one more user, the
+ * anonymous one. The users that have waiting tasks in a lane form a round, in
+ * the order in which they got their first waiting task there. The lane's next
+ * start goes to the user at the head of the round; a user starts up to
+ * `weight` tasks in a row (default 1), then moves to the back of the round,
+ * or leaves it as soon as it has no waiting task left in the lane (its last
+ * one started, was cancelled or expired). A user that gets a waiting task
+ * while it is not in the round joins at the back (so does a retry's user).
+ * This is deficit round robin with a quantum of `weight` tasks. Starts taken
+ * by other lanes do not move a lane's round. Fairness decides order only:
+ * admission, the per-user limit, the bound and every refusal stay as in
+ * section 6.
+ *
+ * The scheduler is exact: with one worker, the order in which waiting tasks
+ * start is fully determined by these rules and the order of admission.
+ * Admission, start, cancel and expiry cost O(1) in the number of users and of
+ * waiting tasks, and nothing is allocated per task. A pool that uses neither
+ * lanes nor fair shares keeps 1.1's ring and its costs.
+ *
+ * Example, one worker, a fair pool, weights alice 2 and bob 1, admitted in
+ * this order: a1 a2 a3 a4 (alice) b1 b2 (bob) n1 (no user), all priority 0,
+ * then u1 (priority 2): the worker, once free, starts u1 first, then
+ * a1 a2 b1 n1 a3 a4 b2.
+ */
+
+/*
+ * tp_user_weight_set -- set `user`'s weight in a fair pool: it starts up to
+ * `weight` tasks in a row when its turn comes. Since 1.2.
+ *   user NULL or "" sets the anonymous user's weight. weight 1..TP_WEIGHT_MAX
+ *   (the default of every user is 1). A weight holds for the pool's life,
+ *   whether or not the user has tasks now, and applies from that user's next
+ *   turn (a turn under way keeps the quantum it started with). The name is
+ *   copied. May allocate (once per new name; nothing per task). Blocks only
+ *   on the pool lock. Thread-safe; may be called from a task.
+ *   TP_OK; TP_EINVAL (p NULL, weight out of range, user longer than
+ *   TP_USER_MAX, or a pool that is not TP_SCHED_FAIR); TP_ENOMEM.
+ */
+TP_API int tp_user_weight_set(tp_pool *p, const char *user, unsigned weight);
+
+/* One lane's figures (tp_lane_stats_get). Since 1.2. */
+typedef struct tp_lane_stats {
+    uint64_t started;     /* attempts of this lane's tasks that started (first attempts and retries) */
+    uint32_t queued;      /* waiting in this lane now */
+    uint32_t running;     /* running now */
+    uint64_t reserved[6]; /* growth room: written as zero */
+} tp_lane_stats;
+
+/*
+ * tp_lane_stats_get -- a snapshot of lane `priority` of pool `p`, read
+ * without the lock, as tp_stats_get() reads (acquire loads; the fields are
+ * not one instant while tasks move). At rest (after tp_wait()) the five
+ * lanes' `started` sum to stats.started + stats.retried, and queued ==
+ * running == 0. Since 1.2. Thread-safe; may be called from a task.
+ *   TP_OK; TP_EINVAL (p or out NULL, priority out of range; *out untouched).
+ */
+TP_API int tp_lane_stats_get(tp_pool *p, int priority, tp_lane_stats *out);
+
+/* ------------------------------------------- 15. completion queues (Since 1.2) */
+
+/*
+ * A completion queue brings on_done back to the application's own thread, as
+ * libuv runs after_work_cb on its loop: submit with tp_task_opts.cq set (an
+ * on_done is then required), watch tp_cq_fd() in the event loop, and call
+ * tp_cq_drain() when it is readable; on_done(arg, status) then runs inside
+ * that call, never on a pool thread.
+ *
+ * When a bound task ends, its completion is queued first; then its counters
+ * count it and its user slot is released, and from then on tp_wait(),
+ * tp_shutdown() and groups treat it as ended: none of them waits for
+ * completions that sit in a queue (tp_wait() and tp_group_wait() return while
+ * they are undrained), and once tp_wait() has returned (or a counter read
+ * shows a task completed) its completion is in its queue. Everything else
+ * about the task is as in section 6.
+ *
+ * Exactly once: every accepted task bound to a queue has its on_done run
+ * exactly once, inside one tp_cq_drain() call, in the order the tasks ended
+ * as that queue saw them; also a task cancelled, expired or dropped by a
+ * forced shutdown (status TP_ECANCELED or TP_ETIMEDOUT, as in section 6).
+ *
+ * Bounded, never lossy: a task bound to a queue takes one of its `capacity`
+ * places at admission and gives it back when its on_done has run in a drain.
+ * With every place taken, admission refuses with TP_EFULL (counted in
+ * rejected_full); tp_submit_wait() waits for a place. So a queue never
+ * overflows, and nothing is allocated per task.
+ *
+ * A queue may serve several pools and is independent of their lifetimes: a
+ * pool may be destroyed while its completions still wait in a queue. A
+ * completion's on_done may free `arg`, submit again (also to the same queue)
+ * and drain the queue itself.
+ *
+ * Cost: a completion wakes the descriptor only when the queue goes from
+ * empty to non-empty (wake-ups coalesce); one drain of k completions takes
+ * the queue's lock once to take them, and once to give their places back.
+ *
+ * Thread-safety: every call may be made from any thread concurrently, except
+ * tp_cq_destroy() (no call on the queue may run concurrently with it or
+ * after it, and no submit may name it any more).
+ */
+
+/*
+ * tp_cq_create -- make a completion queue with `capacity` places. Since 1.2.
+ *   capacity 1..TP_MAX_QUEUE_CAPACITY. Allocates the queue and its ring of
+ *   `capacity` completions once, and one descriptor (an eventfd on Linux, a
+ *   pipe elsewhere). *out is written only on TP_OK.
+ *   TP_OK; TP_EINVAL (out NULL, capacity out of range); TP_ENOMEM (memory or
+ *   a descriptor could not be obtained).
+ */
+TP_API int tp_cq_create(tp_cq **out, unsigned capacity);
+
+/*
+ * tp_cq_fd -- a descriptor that is readable (POLLIN) whenever at least one
+ * completion waits in `cq`, and not readable after a drain that emptied the
+ * queue, until the next completion. Poll it level-triggered (poll, epoll
+ * without EPOLLET, uv_poll_t). The queue owns it: never read, write or close
+ * it. Since 1.2.
+ *   >= 0; TP_EINVAL (cq NULL).
+ */
+TP_API int tp_cq_fd(const tp_cq *cq);
+
+/*
+ * tp_cq_drain -- run up to `max` waiting completions (0 -> all that wait
+ * now) on the calling thread, in the order the tasks ended, and give their
+ * places back. Since 1.2.
+ *   Never blocks (beyond the queue's lock and the on_done calls themselves).
+ *   Several threads may drain one queue at once; each completion runs once.
+ *   It may be called from inside an on_done it runs (that call drains what
+ *   waits then). Completions that arrive while it runs wait for the next call.
+ *   >= 0, the number of on_done calls made (0..max); TP_EINVAL (cq NULL).
+ */
+TP_API int tp_cq_drain(tp_cq *cq, unsigned max);
+
+/*
+ * tp_cq_wait -- block until at least one completion waits in `cq`, or
+ * `timeout_ns` passes (0 -> return at once; TP_FOREVER -> no limit). It runs
+ * nothing: call tp_cq_drain() after it. For threads without an event loop.
+ * Since 1.2.
+ *   TP_OK (a completion waits, possibly already taken by another drainer);
+ *   TP_ETIMEDOUT; TP_EINVAL (cq NULL).
+ */
+TP_API int tp_cq_wait(tp_cq *cq, uint64_t timeout_ns);
+
+/*
+ * tp_cq_destroy -- free the queue and its descriptor. Since 1.2.
+ *   TP_OK (freed); TP_EBUSY (still in use: a task bound to it is unfinished,
+ *   or a completion waits or is being run; nothing done); TP_EINVAL (cq NULL).
+ *   Drain until it returns TP_OK: after tp_wait() of every pool that used it
+ *   and a drain that emptied it, it succeeds.
+ */
+TP_API int tp_cq_destroy(tp_cq *cq);
 
 #ifdef __cplusplus
 }

@@ -13,11 +13,12 @@
  * 50 MHz..20 GHz means something is off (a migrating VM, a TSC that stops):
  * then, and on any other machine, the histograms keep CLOCK_MONOTONIC.
  *
- * Layer: a leaf (7 in internal.h): pool.c initialises it, pool.c, life.c
- * and worker.c take stamps through the inline functions of clock.h; every
- * file may call tp_now_ns.
+ * Layer: a leaf (6 in pool.h): pool.c initialises it; pool.c, life.c,
+ * engine.c and stats.c take stamps through the inline functions of clock.h;
+ * every file may call tp_now_ns.
  */
-#include "internal.h" /* first: it defines _GNU_SOURCE */
+#include "base.h" /* first: it defines _GNU_SOURCE */
+#include "clock.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>

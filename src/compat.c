@@ -23,10 +23,10 @@
  * file empty. tests/abi/ checks both the versions (a program built against
  * the 1.0 release, run on this library) and the layout (abidiff).
  *
- * Layer 0 (internal.h): above pool.c, stats.c and default.c, whose public
+ * Layer 0 (pool.h): above pool.c, stats.c and default.c, whose public
  * functions are all it calls. No lock, no state.
  */
-#include "internal.h" /* first: it defines _GNU_SOURCE */
+#include "base.h" /* first: it defines _GNU_SOURCE */
 #include <stddef.h>
 #include <string.h>
 

@@ -1,7 +1,7 @@
 /*
- * ctx.c -- the running task's context, log ids, logging.
+ * ctx.c -- the running task's context, log ids, logging (see ctx.h).
  *
- * A worker owns one tp_ctx and reuses it for every task it runs. Its
+ * A worker slot owns one tp_ctx and reuses it for every task it runs. Its
  * `cancelled` flag is written under the pool lock (tp_cancel, forced shutdown)
  * and read without it: relaxed is enough, since the task learns nothing else
  * through it. Timeouts need no timer: tp_ctx_err() compares the clock with the
@@ -17,12 +17,15 @@
  * Generated ids are written only when first asked for, so a task whose id is
  * never read costs no formatting.
  *
- * Layer: a leaf (6 of 7 in internal.h), called by life.c (the cancel pipe),
- * worker.c and pool.c; calls no other src/ file but clock.c and error.c. Lock: takes the
- * pool lock itself only in tp_ctx_sleep and tp_ctx_fd (called by a task,
- * which never holds it); the _locked functions run under the caller's.
+ * Layer: a leaf (see pool.h), called by life.c (cancel), engine.c (begin,
+ * end, log ids, logging) and pool.c (log ids); calls no other src/ file but
+ * clock.c. Lock: takes the pool lock itself only in tp_ctx_sleep and
+ * tp_ctx_fd (called by a task, which never holds it); the _locked functions
+ * run under the caller's.
  */
-#include "internal.h" /* first: it defines _GNU_SOURCE */
+#include "ctx.h"
+#include "users.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -32,13 +35,29 @@
 #include <unistd.h>
 
 
-_Thread_local tp_pool *tp__tls_pool;
-_Thread_local tp__task *tp__tls_task;
+_Thread_local struct tp_pool *tp__tls_pool;
 _Thread_local bool tp__tls_service;
+static _Thread_local tp__task *tls_task; /* the task running (or whose on_done runs) here */
 static _Thread_local char tls_log_id[TP_LOG_ID_MAX + 1];
 static _Thread_local bool tls_override; /* set inside a task by tp_log_id_set */
 
 /* ------------------------------------------------------------ context */
+
+int tp__ctx_init(struct tp_ctx *c, tp__mutex *mu) {
+    c->mu = mu;
+    c->t = NULL;
+    c->deadline = TP_FOREVER;
+    atomic_init(&c->cancelled, 0);
+    c->fds[0] = c->fds[1] = -1;
+    c->fd_dirty = false;
+    return tp__cond_init(&c->sleep_cv);
+}
+
+void tp__ctx_fini(struct tp_ctx *c) {
+    if (c->fds[0] >= 0) close(c->fds[0]);
+    if (c->fds[1] >= 0) close(c->fds[1]);
+    pthread_cond_destroy(&c->sleep_cv);
+}
 
 int tp_ctx_err(const tp_ctx *c) {
     if (!c) return TP_EINVAL;
@@ -51,65 +70,60 @@ int tp_ctx_sleep(tp_ctx *c, uint64_t ns) {
     if (!c) return TP_EINVAL;
     int err = tp_ctx_err(c);
     if (err || ns == 0) return err;
-    tp_pool *p = c->w->pool;
     uint64_t until = tp__deadline_after(tp_now_ns(), ns);
     uint64_t wake = until < c->deadline ? until : c->deadline;
-    tp__lock(p);
+    tp__mutex_lock(c->mu);
     for (;;) {
         err = tp_ctx_err(c);
         if (err || tp_now_ns() >= until) break;
-        tp__wait_locked(p, &c->w->sleep_cv, wake);
+        tp__mutex_wait(c->mu, &c->sleep_cv, wake);
     }
-    tp__unlock(p);
+    tp__mutex_unlock(c->mu);
     return err;
 }
 
 int tp_ctx_fd(tp_ctx *c) {
     if (!c) return TP_EINVAL;
-    tp__worker *w = c->w;
-    tp_pool *p = w->pool;
     int fd;
-    tp__lock(p);
-    if (w->fds[0] < 0) {
+    tp__mutex_lock(c->mu);
+    if (c->fds[0] < 0) {
         int fds[2];
         if (pipe2(fds, O_NONBLOCK | O_CLOEXEC) == 0) {
-            w->fds[0] = fds[0];
-            w->fds[1] = fds[1];
+            c->fds[0] = fds[0];
+            c->fds[1] = fds[1];
         }
     }
-    fd = w->fds[0];
-    if (fd >= 0 && atomic_load_explicit(&c->cancelled, memory_order_relaxed) && !w->fd_dirty) {
+    fd = c->fds[0];
+    if (fd >= 0 && atomic_load_explicit(&c->cancelled, memory_order_relaxed) && !c->fd_dirty) {
         /* Cancelled before the descriptor existed: make it readable now. */
         char b = 1;
-        ssize_t n = write(w->fds[1], &b, 1);
+        ssize_t n = write(c->fds[1], &b, 1);
         (void)n;
-        w->fd_dirty = true;
+        c->fd_dirty = true;
     }
-    tp__unlock(p);
+    tp__mutex_unlock(c->mu);
     return fd >= 0 ? fd : TP_ENOMEM;
 }
 
-/* Called by life.c for a running task (tp_cancel, forced shutdown). */
-void tp__ctx_cancel_locked(tp__worker *w) {
-    TP__ASSERT_LOCKED(w->pool);
-    if (atomic_load_explicit(&w->ctx.cancelled, memory_order_relaxed)) return;
-    atomic_store_explicit(&w->ctx.cancelled, 1, memory_order_relaxed);
-    pthread_cond_signal(&w->sleep_cv);
-    if (w->fds[1] >= 0 && !w->fd_dirty) {
+void tp__ctx_cancel_locked(struct tp_ctx *c) {
+    TP__ASSERT_HELD(c->mu);
+    if (atomic_load_explicit(&c->cancelled, memory_order_relaxed)) return;
+    atomic_store_explicit(&c->cancelled, 1, memory_order_relaxed);
+    pthread_cond_signal(&c->sleep_cv);
+    if (c->fds[1] >= 0 && !c->fd_dirty) {
         char b = 1;
-        ssize_t n = write(w->fds[1], &b, 1);
+        ssize_t n = write(c->fds[1], &b, 1);
         (void)n; /* a non-blocking pipe with room for one byte: cannot fail */
-        w->fd_dirty = true;
+        c->fd_dirty = true;
     }
 }
 
-/* Empty the cancel pipe so the next task starts clean. */
-void tp__ctx_drain_fd_locked(tp__worker *w) {
-    TP__ASSERT_LOCKED(w->pool);
+void tp__ctx_drain_fd_locked(struct tp_ctx *c) {
+    TP__ASSERT_HELD(c->mu);
     char buf[16];
-    while (read(w->fds[0], buf, sizeof buf) > 0) {
+    while (read(c->fds[0], buf, sizeof buf) > 0) {
     }
-    w->fd_dirty = false;
+    c->fd_dirty = false;
 }
 
 uint64_t tp_ctx_deadline(const tp_ctx *c) { return c ? c->deadline : TP_FOREVER; }
@@ -136,8 +150,6 @@ static void make_tag(void) {
     process_tag = h;
 }
 
-/* Called only by the thread that owns `t` at that moment (its worker, or the
- * thread running its on_done), or under the pool lock. */
 const char *tp__task_log_id(tp__task *t) {
     if (t->log_gen) {
         pthread_once(&tag_once, make_tag);
@@ -164,12 +176,12 @@ int tp__log_id_source(const char *explicit_id, const char **src, size_t *len) {
 }
 
 void tp__tls_enter_task(tp__task *t) {
-    tp__tls_task = t;
+    tls_task = t;
     tls_override = false;
 }
 
 void tp__tls_leave_task(void) {
-    tp__tls_task = NULL;
+    tls_task = NULL;
     tls_override = false;
     tls_log_id[0] = '\0';
 }
@@ -182,11 +194,11 @@ void tp_log_id_set(const char *log_id) {
     } else {
         tls_log_id[0] = '\0';
     }
-    if (tp__tls_task) tls_override = true;
+    if (tls_task) tls_override = true;
 }
 
 const char *tp_log_id_get(void) {
-    if (tp__tls_task && !tls_override) return tp__task_log_id(tp__tls_task);
+    if (tls_task && !tls_override) return tp__task_log_id(tls_task);
     return tls_log_id[0] ? tls_log_id : NULL;
 }
 
@@ -201,17 +213,18 @@ static const char *level_name(int level) {
     }
 }
 
-void tp__log(tp_pool *p, int level, const char *log_id, const char *fmt, ...) {
+void tp__log(tp_log_fn fn, void *arg, const char *pool_name, int level, const char *log_id, const char *fmt,
+             ...) {
     char msg[256];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     if (!log_id) log_id = "";
-    if (p->cfg.log) {
-        p->cfg.log(p->cfg.log_arg, level, log_id, msg);
+    if (fn) {
+        fn(arg, level, log_id, msg);
     } else if (level <= TP_LOG_WARN) {
         /* One fprintf per line: stdio locks the stream, lines do not mix. */
-        fprintf(stderr, "taskpool %s: %s [%s] %s\n", p->cfg.name, level_name(level), log_id, msg);
+        fprintf(stderr, "taskpool %s: %s [%s] %s\n", pool_name, level_name(level), log_id, msg);
     }
 }

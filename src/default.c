@@ -8,10 +8,10 @@
  * Keeping a pool alive while others may still reach it through tp_default()
  * is the caller's job (swap it out first, then shut it down).
  *
- * Layer: the public API (2 of 7 in internal.h); it calls only public
- * functions. Lock order: g_create_mu, then (inside tp_create) a pool lock.
+ * Layer: 1 in pool.h; it calls only public functions. Lock order:
+ * g_create_mu, then (inside tp_create) a pool lock.
  */
-#include "internal.h"
+#include "base.h"
 
 static _Atomic(tp_pool *) g_default;
 static pthread_mutex_t g_create_mu = PTHREAD_MUTEX_INITIALIZER;

@@ -4,10 +4,10 @@
  * Both tables are generated from TP_ERRNO_MAP in taskpool.h, so a code cannot
  * exist without its message and name.
  *
- * Layer: the bottom (7 of 7 in internal.h): every file may call
- * tp__assert_fail; it calls nothing. No locks.
+ * Layer: the bottom (6 in pool.h): every file may call tp__assert_fail; it
+ * calls nothing. No locks.
  */
-#include "internal.h"
+#include "base.h"
 
 #define TP__STR2(x) #x
 #define TP__STR(x)  TP__STR2(x)

@@ -1,13 +1,13 @@
 /*
- * group.c -- task groups (SPEC 11.3): a set of tasks of one pool that can be
- * waited for, whose first failure is remembered, and that can be cancelled
- * together, in the manner of Go's errgroup.
+ * group.c -- task groups (taskpool.h, section 11): a set of tasks of one pool
+ * that can be waited for, whose first failure is remembered, and that can be
+ * cancelled together, in the manner of Go's errgroup.
  *
- * Layer: 1 in internal.h (under only compat.c), above pool.c: a member is admitted by
- * pool.c's own admission (tp__submit_member), so it is refused, counted and
- * accepted exactly as tp_submit would; the members themselves are life.c's
- * (join at admission, first error and cancel on error at finalise, unfinished
- * count at retire: see life.c). This file owns the group object: allocation,
+ * Layer: 1 in pool.h, above pool.c: a member is admitted by pool.c's own
+ * admission (tp__submit_member), so it is refused, counted and accepted
+ * exactly as tp_submit would; the members themselves are life.c's (join at
+ * admission, first error and cancel on error when one ends, the unfinished
+ * count at retire). This file owns the group object (group.h): allocation,
  * the waiters, destruction.
  *
  * Design. A group is allocated once (tp_group_create); a member costs
@@ -15,17 +15,20 @@
  * pool lock, so a member's ending and a cancel walking the members never
  * interleave. tp_group_wait waits on the group's own condition variable (on
  * the pool lock) for `unfinished == 0`: every member ended and its on_done
- * returned, members admitted while it waits included. life.c broadcasts it
- * when the count reaches zero with waiters present; tp_group_destroy counts
- * as a waiter and also waits for the other waiters to leave, each of which
- * broadcasts on leaving while a destroy waits.
+ * returned, members admitted while it waits included. The engine broadcasts
+ * it when life.c reports that the count reached zero with waiters present;
+ * tp_group_destroy counts as a waiter and also waits for the other waiters
+ * to leave, each of which broadcasts on leaving while a destroy waits.
  *
  * Lifetime: the pool keeps a list of its groups (life.c) only to detach them
  * when the pool is destroyed first; a detached group (pool == NULL) answers
  * from its own fields and is freed by tp_group_destroy.
  */
-#include "internal.h" /* first: it defines _GNU_SOURCE */
+#include "group.h"
+
 #include <stdlib.h>
+
+#include "pool.h"
 
 int tp_group_create(tp_pool *p, unsigned flags, tp_group **out) {
     if (!p || !out || (flags & ~TP_GROUP_CANCEL_ON_ERROR)) return TP_EINVAL;
@@ -38,7 +41,7 @@ int tp_group_create(tp_pool *p, unsigned flags, tp_group **out) {
     g->pool = p;
     g->flags = flags;
     tp__lock(p);
-    tp__group_link_locked(p, g);
+    tp__life_group_link(&p->life, g);
     tp__unlock(p);
     *out = g;
     return TP_OK;
@@ -51,7 +54,7 @@ int tp_group_submit(tp_group *g, tp_fn fn, void *arg, const tp_task_opts *opts, 
          * group: arguments, cancelled, then closed; nothing is counted.
          * No lock: no call on the pool ran concurrently with its destroy,
          * and the group's fields have not changed since. */
-        int rc = tp__task_args_check(fn, opts);
+        int rc = tp__life_args_check(fn, opts);
         return rc != TP_OK ? rc : g->cancelled ? TP_ECANCELED : TP_ECLOSED;
     }
     return tp__submit_member(g->pool, g, fn, arg, opts, id_out);
@@ -73,7 +76,7 @@ int tp_group_wait(tp_group *g, uint64_t timeout_ns) {
             rc = TP_ETIMEDOUT;
             break;
         }
-        tp__wait_locked(p, &g->cv, deadline);
+        tp__engine_wait_locked(p, &g->cv, deadline);
     }
     TP__ASSERT(g->waiters > 0);
     g->waiters--;
@@ -87,8 +90,10 @@ int tp_group_cancel(tp_group *g) {
     if (!g) return TP_EINVAL;
     tp_pool *p = g->pool;
     if (!p) return TP_OK;
+    tp__fx fx = TP__FX_INIT;
     tp__lock(p);
-    tp__group_cancel_locked(p, g);
+    tp__life_group_cancel(&p->life, g, &fx);
+    tp__engine_act_locked(p, &fx);
     tp__unlock(p);
     return TP_OK;
 }
@@ -101,9 +106,9 @@ int tp_group_destroy(tp_group *g) {
         tp__lock(p);
         g->destroying = true;
         g->waiters++; /* woken with the others when unfinished reaches 0 */
-        while (g->unfinished > 0 || g->waiters > 1) tp__wait_locked(p, &g->cv, TP_FOREVER);
+        while (g->unfinished > 0 || g->waiters > 1) tp__engine_wait_locked(p, &g->cv, TP_FOREVER);
         g->waiters--;
-        tp__group_unlink_locked(p, g);
+        tp__life_group_unlink(&p->life, g);
         tp__unlock(p);
     }
     pthread_cond_destroy(&g->cv);

@@ -1,5 +1,6 @@
 /*
- * hist.c -- the latency histograms: bounds, snapshots, quantiles (SPEC 11.4).
+ * hist.c -- the latency histograms: bounds, snapshots, quantiles (taskpool.h,
+ * section 12).
  *
  * Recording is inline in hist.h (the worker's hot path); this file holds what
  * readers call. A snapshot sums the shards of every worker slot without any
@@ -11,11 +12,15 @@
  *
  * The shards are allocated once per pool (tp_create) and freed with it.
  *
- * Layer: a leaf (6 in internal.h): pool.c allocates the shards, worker.c
- * records through hist.h's inline functions; this file calls nothing of
- * libtaskpool's.
+ * TP_HIST_QUEUE_WAIT is the sum of the five lanes' queue-wait histograms,
+ * shard by shard, each lane's sum read before its buckets as above.
+ *
+ * Layer: a leaf (see pool.h): engine.c allocates the shards and records
+ * through hist.h's inline functions; this file calls nothing of
+ * libtaskpool's. tp_hist_get itself is in stats.c, which reads the pool.
  */
-#include "internal.h" /* first: it defines _GNU_SOURCE */
+#include "hist.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,14 +41,26 @@ uint64_t tp_hist_bound_ns(unsigned bucket) {
     return (uint64_t)(TP__HIST_SUB + 1 + sub) << (e - 3);
 }
 
-int tp_hist_get(tp_pool *p, int which, tp_hist *out) {
-    if (!p || !out || (which != TP_HIST_QUEUE_WAIT && which != TP_HIST_RUN)) return TP_EINVAL;
+/* Add histogram `which` of `n` shards into out (count not yet set). */
+static void add_one(const tp__hist *h, tp_hist *out) {
+    out->sum_ns += atomic_load_explicit(&h->sum, memory_order_acquire);
+    for (unsigned i = 0; i < TP_HIST_BUCKETS; i++)
+        out->buckets[i] += atomic_load_explicit(&h->b[i], memory_order_relaxed);
+}
+
+int tp__hist_snapshot(const tp__hist_shard *shards, unsigned n, int which, tp_hist *out) {
+    int lane = which - TP_HIST_QUEUE_WAIT_PRIO(TP_PRIO_MIN);
+    bool one_lane = lane >= 0 && lane < TP__HIST_LANES;
+    if (which != TP_HIST_QUEUE_WAIT && which != TP_HIST_RUN && !one_lane) return TP_EINVAL;
     memset(out, 0, sizeof *out);
-    for (unsigned w = 0; w < p->cfg.max_workers; w++) {
-        const tp__hist *h = &p->wk.hist[w].h[which];
-        out->sum_ns += atomic_load_explicit(&h->sum, memory_order_acquire);
-        for (unsigned i = 0; i < TP_HIST_BUCKETS; i++)
-            out->buckets[i] += atomic_load_explicit(&h->b[i], memory_order_relaxed);
+    for (unsigned w = 0; w < n; w++) {
+        const tp__hist_shard *s = &shards[w];
+        if (which == TP_HIST_RUN)
+            add_one(&s->run, out);
+        else if (one_lane)
+            add_one(&s->wait[lane], out);
+        else
+            for (unsigned l = 0; l < TP__HIST_LANES; l++) add_one(&s->wait[l], out);
     }
     for (unsigned i = 0; i < TP_HIST_BUCKETS; i++) out->count += out->buckets[i];
     return TP_OK;

@@ -1,6 +1,6 @@
 /*
- * hist.h -- recording into the latency histograms (SPEC 11.4). Inline: it runs
- * twice per attempt on the worker's hot path.
+ * hist.h -- recording into the latency histograms (taskpool.h, section 12).
+ * Inline: it runs twice per attempt on the worker's hot path.
  *
  * Shape. Log-linear buckets with inclusive upper bounds: bucket 0 holds
  * 0..2^E0 ns (E0 = 7, 128 ns); above it every power of two (2^e, 2^(e+1)] is
@@ -11,8 +11,12 @@
  * "exponent, then the 3 bits after the leading one", which puts v exactly at
  * its inclusive bound: one count-leading-zeros and two shifts.
  *
- * No lock, no read-modify-write. Each worker slot owns one shard (both
- * histograms) and is its only writer: the worker thread of that slot, and a
+ * Since 1.2 the queue wait is recorded per priority lane: one histogram per
+ * lane, and TP_HIST_QUEUE_WAIT is their sum, made by the reader (hist.c), so
+ * an attempt still records into two histograms.
+ *
+ * No lock, no read-modify-write. Each worker slot owns one shard (every
+ * histogram) and is its only writer: the worker thread of that slot, and a
  * thread that reuses the slot starts only after the previous one has exited
  * (worker.c joins it), so a plain relaxed load + store is an increment. Readers
  * (hist.c) sum the shards. The bucket is written before the sum, the sum with
@@ -26,11 +30,8 @@
 #ifndef TP_HIST_H
 #define TP_HIST_H
 
-#include <stdatomic.h>
-#include <stdint.h>
-
+#include "base.h"
 #include "clock.h"
-#include "taskpool.h"
 
 #define TP__HIST_E0   7u  /* bucket 0: 0..2^7 ns */
 #define TP__HIST_EMAX 42u /* the last regular bound is 2^42 ns */
@@ -45,14 +46,20 @@ typedef struct tp__hist {
     _Atomic uint64_t sum;
 } tp__hist;
 
+#define TP__HIST_LANES 5 /* TP_PRIO_MIN..TP_PRIO_MAX, as scheduler.h's lanes */
+
 typedef struct tp__hist_shard {
-    tp__hist h[2]; /* TP_HIST_QUEUE_WAIT, TP_HIST_RUN */
-    char pad_[64]; /* keeps the next slot's counters off this slot's last line */
+    tp__hist run;                  /* TP_HIST_RUN */
+    tp__hist wait[TP__HIST_LANES]; /* TP_HIST_QUEUE_WAIT_PRIO(prio), by lane */
+    char pad_[64];                 /* keeps the next slot's counters off this slot's last line */
 } tp__hist_shard;
 
 /* hist.c: one shard per worker slot, zeroed; NULL when out of memory. */
 tp__hist_shard *tp__hist_alloc(unsigned slots);
 void tp__hist_free(tp__hist_shard *s);
+/* tp_hist_get's work on a pool's `n` shards: TP_OK, or TP_EINVAL for an
+ * unknown `which` (out untouched). */
+int tp__hist_snapshot(const tp__hist_shard *shards, unsigned n, int which, tp_hist *out);
 
 static inline unsigned tp__hist_index(uint64_t v) {
     if (v <= (1ull << TP__HIST_E0)) return 0;
@@ -98,12 +105,13 @@ static inline void tp__hist_record(tp__hist *h, uint64_t ns) {
  * CLOCK_MONOTONIC), never mixed with the CLOCK_MONOTONIC times of deadlines
  * and run timeouts; tp__hclk_ns converts a difference to ns and makes one
  * that would be negative a zero. */
-static inline void tp__hist_attempt_started(tp__hist_shard *s, uint64_t queued_at, uint64_t started_at) {
-    tp__hist_record(&s->h[TP_HIST_QUEUE_WAIT], tp__hclk_ns(queued_at, started_at));
+static inline void tp__hist_attempt_started(tp__hist_shard *s, unsigned lane, uint64_t queued_at,
+                                            uint64_t started_at) {
+    tp__hist_record(&s->wait[lane], tp__hclk_ns(queued_at, started_at));
 }
 
 static inline void tp__hist_attempt_ended(tp__hist_shard *s, uint64_t started_at, uint64_t ended_at) {
-    tp__hist_record(&s->h[TP_HIST_RUN], tp__hclk_ns(started_at, ended_at));
+    tp__hist_record(&s->run, tp__hclk_ns(started_at, ended_at));
 }
 
 #endif /* TP_HIST_H */

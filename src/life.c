@@ -1,223 +1,136 @@
 /*
- * life.c -- the task's life and the queue: the one owner of the task state
- * graph.
+ * life.c -- the life of a task: the one owner of the task state graph.
  *
- * Layer: below pool.c, service.c and worker.c, which drive it; above the leaf
- * structures it uses (ring.h, tasks.c, users.c, ctx.c). It calls nothing
- * above itself: see the layer order in internal.h (tests/check_layers.sh).
+ * Every function runs with the pool lock held by its caller and is a
+ * transition of task records; none knows a thread or a condition variable.
+ * What a transition made possible goes into the caller's tp__fx (life.h),
+ * and the engine wakes whoever waits for it.
  *
- * What it owns (all under the pool lock, `p->mu`, every function `_locked`):
- *   - the task state graph (tp__task.state), with every transition here:
- *       QUEUED -> RUNNING            tp__task_start_locked
- *       RUNNING -> DELAYED           tp__task_after_run_locked (a retry)
- *       DELAYED -> QUEUED            tp__delayed_run_locked (the timer is due)
- *       QUEUED/RUNNING -> DONE       finalise (expired at pop, last attempt)
- *       QUEUED/DELAYED -> ENDING     end_unrun (cancel, forced shutdown,
- *                                    expiry in the queue or while delayed)
- *       DONE/ENDING -> FREE          tp__task_retire_locked (on_done returned)
- *   - the queue: admission into the ring, pops, removals, the expiry scan;
- *     `st.queued` is stored by one helper (queue_changed_locked) after every
- *     change of the ring;
- *   - the delayed list (retries waiting for their timer) and the endings list
- *     (tasks finalised without a run whose on_done is pending);
- *   - the counters of task life: inflight, active, delayed, with_deadline;
- *   - the wake-ups that follow a change: room_cv (submitters waiting for
- *     space or a user slot), work_cv (idle workers), done_cv (shutdown, wait),
- *     svc_cv (the service thread), and the close/drained transitions;
- *   - group membership (SPEC 11.3; group.c owns the group object): a member
- *     joins at admission, leaves the member list when finalised -- where the
- *     first failure becomes the group's error and, with cancel on error,
- *     cancels the other members in the same lock hold, so before the failing
- *     member's worker takes another task -- and stops being unfinished when
- *     retired, which wakes the group's waiters at zero. Members cost no
- *     allocation: the links are in the task record.
+ * The state graph (tp__task.state), every edge here:
  *
- * Hook points (one function each, for per-task instrumentation):
- *   admitted      task_admitted_locked     a new task entered the ring
- *   starts        tp__task_start_locked    an attempt begins on a worker
- *   attempt ends  tp__task_after_run_locked  retry or final
- *   finalised     task_finalise_locked     final status, counted once
- *   retired       tp__task_retire_locked   on_done returned, record reused
+ *     admit ──▶ QUEUED ──take──▶ RUNNING ──attempt ended──▶ DONE ──retire──▶ FREE
+ *                 ▲  │                        │               ▲
+ *                 │  │ deadline at take       │ retry         │ (expired)
+ *                 │  └────────────────────────┼───────────────┘
+ *        timers   │                           ▼
+ *   (delay over)  └─────────────────────── DELAYED
  *
- * Exactly once: task_finalise_locked() is the only place that ends a task,
- * reached from a state (QUEUED, RUNNING, DELAYED) that the caller leaves
- * under the same lock; then exactly one thread -- the worker that finalised
- * it (DONE) or the service thread for ENDING tasks -- runs on_done and
- * retires the record (tp__task_finish_locked, tp__endings_run_locked).
+ *     QUEUED, DELAYED ──end unrun (cancel, forced shutdown, deadline)──▶ ENDING ──retire──▶ FREE
  *
- * Lock order: only the pool lock; it is released (and taken again) only
- * around user code: on_done in tp__task_finish_locked and
- * tp__endings_run_locked.
+ *   A task is *finalised* exactly once (finalise(): out of the id index, its
+ *   user slot given back, counted, its group told), from QUEUED, RUNNING or
+ *   DELAYED, which the caller leaves under the same lock. Then exactly one
+ *   thread runs its on_done and retires the record: the worker that
+ *   finalised it (DONE), or the service thread (ENDING: it never ran). A task
+ *   bound to a completion queue has its completion queued by finalise, before
+ *   anything else, and is retired at once: its on_done runs in tp_cq_drain,
+ *   on the application's thread. A task without an on_done is retired at
+ *   once too.
+ *
+ * Cancel on error. A failing member of a TP_GROUP_CANCEL_ON_ERROR group
+ * cancels the other members before the lock is released (so before its
+ * worker takes another task), but not inside finalise: the group is queued
+ * (coe_pending) and every entry point runs the queued cancels last
+ * (run_group_cancels). So no walk of the scheduler, the delayed list or a
+ * member list ever sees a task end under its feet.
+ *
+ * What it owns, besides the state: the records and the id index (tasks.c),
+ * the user slots (users.c), the waiting tasks (through scheduler.c), the delayed
+ * list (retries waiting for their delay), the endings list (on_done calls
+ * for the service thread), the counters of task life (inflight, active,
+ * delayed, with_deadline), the admission word, the statistics that count
+ * tasks, and group membership.
+ *
+ * Layer: below engine.c, pool.c and group.c, which call it with the lock
+ * held; above the leaves it uses (scheduler.c, tasks.c, users.c, cq.c, ctx.c).
  */
-#include "internal.h" /* first: it defines _GNU_SOURCE */
+#include "life.h"
+
 #include <string.h>
 
-#define TP__ENDINGS_CHUNK 64u
+#include "clock.h"
+#include "group.h"
 
 /* ------------------------------------------------------------ setup */
 
-int tp__life_init(tp_pool *p, unsigned full, unsigned prealloc) {
-    p->life.queued_deadline_min = TP_FOREVER;
-    if (tp__ring_init(&p->life.ring, full) != 0 || tp__tasks_init(&p->life.tasks, prealloc) != 0 ||
-        tp__users_init(&p->life.users, 32) != 0)
+int tp__life_init(tp__life *L, const tp__life_cfg *cfg, tp__stats *st, unsigned prealloc, bool fair,
+                  unsigned starve_limit, unsigned low_max) {
+    L->cfg = *cfg;
+    L->st = st;
+    L->queued_deadline_min = TP_FOREVER;
+    if (tp__sched_init(&L->sched, cfg->waiting_max, fair, starve_limit, low_max) != 0 ||
+        tp__tasks_init(&L->tasks, prealloc) != 0 || tp__users_init(&L->users, 32) != 0)
         return -1;
+    L->users.flows = fair;
     return 0;
 }
 
-/* Also for a pool whose tp__life_init failed half-way (zeroed parts). */
-void tp__life_fini(tp_pool *p) {
-    tp__users_fini(&p->life.users);
-    tp__tasks_fini(&p->life.tasks);
-    tp__ring_fini(&p->life.ring);
+void tp__life_fini(tp__life *L) {
+    tp__users_fini(&L->users);
+    tp__tasks_fini(&L->tasks);
+    tp__sched_fini(&L->sched);
 }
 
 /* ------------------------------------------------------------ the admission word */
 
-/* Store `adm` again after one of its values changed (the ring length, the
+/* Store `adm` again after one of its values changed (the waiting count, the
  * delayed count, users_at_limit, closed), before the lock is released, and
  * only once the change itself is made (a user's slot given back before the
  * count of users at their limit drops): each store is the pool's state at
- * that moment, all earlier changes of the critical section included, so a
- * lock-free reader sees either that state or an older one, never one the
- * pool has not reached; a critical section's changes take effect for it at
- * its stores.
+ * that moment, so a lock-free reader sees that state or an older one, never
+ * one the pool has not reached.
  *
  * And before the statistics of the same change (st.queued, st.delayed,
  * st.users): tp_stats_get reads those with acquire, so a thread that has seen
  * queued + delayed below the capacity then sees this word too, and is not
  * refused for space by an older one (release here, acquire in
- * tp__admit_full_fast). Stored after them, a reader could see queued = 0 and
- * still a "full" word. */
-static void adm_publish_locked(tp_pool *p) {
-    uint64_t w = (uint64_t)(tp__ring_len(&p->life.ring) + p->life.delayed) |
-                 (uint64_t)(p->life.users_at_limit & 0x7fffffffu) << 32 | (uint64_t)p->life.closed << 63;
-    atomic_store_explicit(&p->life.adm, w, memory_order_release);
+ * tp__life_full_fast). */
+static void adm_publish(tp__life *L) {
+    uint64_t w = (uint64_t)(tp__sched_waiting(&L->sched) + L->delayed) |
+                 (uint64_t)(L->users_at_limit & 0x7fffffffu) << 32 | (uint64_t)L->closed << 63;
+    atomic_store_explicit(&L->adm, w, memory_order_release);
 }
 
 /*
  * A refusal for lack of space decided without the lock, for a producer that
  * retries on TP_EFULL: it then never takes the lock while the queue is full,
  * and the workers that make room do not wait for it. It answers only where
- * the locked path would answer TP_EFULL too: not closed (TP_ECLOSED is
- * checked first), the queue full, and the task's user, if it has one, below
- * its limit (TP_EUSERLIMIT comes before TP_EFULL), which is known without
- * the user table when no user at all is at its limit. One load of `adm`
- * gives the three values as they were at one moment under the lock, so the
- * refusal is the locked path's answer at that moment (its linearisation
- * point). A word older than the newest store is still a state the pool was
- * in; one that does not say "full" sends the caller to the locked path,
- * which decides exactly, so a pool with room is never refused here.
+ * the locked path would answer TP_EFULL too: not closed (TP_ECLOSED comes
+ * first), the queue full, and the task's user, if it has one, below its limit
+ * (TP_EUSERLIMIT comes before TP_EFULL), which is known without the user
+ * table when no user at all is at its limit. One load gives the three values
+ * of one moment under the lock, so the refusal is the locked path's answer at
+ * that moment. A word that does not say "full" sends the caller to the locked
+ * path, which decides exactly.
  */
-bool tp__admit_full_fast(tp_pool *p, bool has_user) {
-    uint64_t w = atomic_load_explicit(&p->life.adm, memory_order_acquire);
-    if ((uint32_t)w < p->cfg.capacity || (w >> 63) != 0) return false;
+bool tp__life_full_fast(tp__life *L, bool has_user) {
+    uint64_t w = atomic_load_explicit(&L->adm, memory_order_acquire);
+    if ((uint32_t)w < L->cfg.capacity || (w >> 63) != 0) return false;
     return !has_user || ((w >> 32) & 0x7fffffffu) == 0;
 }
 
-/* ------------------------------------------------------------ wake-ups */
-
-/* The service thread: an ending, a retry timer or an earlier deadline. */
-static void svc_wake_locked(tp_pool *p) {
-    if (p->svc.waiting) pthread_cond_signal(&p->svc_cv);
+/* The waiting set changed: publish the admission word, then the gauge. */
+static void queue_changed(tp__life *L) {
+    adm_publish(L);
+    TP__SET(L->st->queued, tp__sched_waiting(&L->sched));
 }
 
-/* Room for a tp_submit_wait caller may have appeared. Broadcast, not signal:
- * waiters wait for different things (space, their user's slot), so one wake
- * could go to a caller that still cannot proceed while another could. */
-static void signal_room_locked(tp_pool *p) {
-    if (p->life.room_waiters) pthread_cond_broadcast(&p->room_cv);
+/* One more task waits and may start now (a background task may not, while
+ * enough of them run): a worker can take it. */
+static void work_for(const tp__life *L, const tp__task *t, tp__fx *fx) {
+    const tp__sched *s = &L->sched;
+    if (t->prio >= 0 || s->low_max == 0 || s->low_running < s->low_max) fx->work++;
 }
 
-int tp__wait_room_locked(tp_pool *p, uint64_t deadline) {
-    p->life.room_waiters++;
-    int e = tp__wait_locked(p, &p->room_cv, deadline);
-    TP__ASSERT(p->life.room_waiters > 0);
-    p->life.room_waiters--;
-    return e;
-}
-
-/* Idle workers re-check whether they may exit. */
-static void wake_exiters_locked(tp_pool *p) {
-    if (p->life.closed && p->wk.idle_waiters && tp__ring_len(&p->life.ring) == 0 && p->life.delayed == 0)
-        pthread_cond_broadcast(&p->work_cv);
-}
-
-/* Wake whoever waits for the end: shutdown/wait callers and the service
- * thread, once the pool is closed and nothing is in flight. */
-static void drained_check_locked(tp_pool *p) {
-    if (p->life.closed && p->life.inflight == 0) {
-        pthread_cond_broadcast(&p->done_cv);
-        svc_wake_locked(p);
-        wake_exiters_locked(p);
-    }
-}
-
-/* A queued task left the ring for good (cancelled, expired, dropped). */
-static void signal_left_queue_locked(tp_pool *p) {
-    wake_exiters_locked(p);
-    signal_room_locked(p);
-}
-
-void tp__close_locked(tp_pool *p) {
-    TP__ASSERT_LOCKED(p);
-    if (p->life.closed) return;
-    p->life.closed = true;
-    adm_publish_locked(p);
-    pthread_cond_broadcast(&p->room_cv);
-    pthread_cond_broadcast(&p->work_cv);
-    svc_wake_locked(p);
-    drained_check_locked(p);
-}
-
-void tp__signal_worker_gone_locked(tp_pool *p) {
-    TP__ASSERT_LOCKED(p);
-    if (p->wk.threads == 0) pthread_cond_broadcast(&p->done_cv);
-    wake_exiters_locked(p);
-    /* A spawn skipped while this slot was still taken (tp__spawn_start finds
-     * no free slot) is retried now, by the service thread. */
-    if (!p->life.closed && tp__want_spawn_locked(p)) svc_wake_locked(p);
-}
-
-/* After work entered the ring: should a worker be added? Only while the
- * backlog exceeds the idle workers plus those still starting (not yet
- * waiting, but about to take work), and the pool is below its maximum; a
- * fixed pool never spawns here. */
-bool tp__want_spawn_locked(const tp_pool *p) {
-    return p->wk.live_workers < p->cfg.max_workers &&
-           tp__ring_len(&p->life.ring) > p->wk.idle_waiters + p->wk.spinners + p->wk.starting;
-}
-
-/* A submit may spawn one worker itself (the thread is made after its lock
- * hold); should the backlog want more, as after a batch, the service thread
- * spawns the rest, one after the other. */
-void tp__want_more_workers_locked(tp_pool *p) {
-    TP__ASSERT_LOCKED(p);
-    if (!p->life.closed && tp__want_spawn_locked(p)) svc_wake_locked(p);
-}
-
-/* ------------------------------------------------------------ the queue */
-
-/* The one place that publishes the queue length (read lock-free by spinning
- * workers, tp_stats_get and, in `adm`, admission). Called after every change
- * of the ring. */
-static void queue_changed_locked(tp_pool *p) {
-    adm_publish_locked(p); /* first: see adm_publish_locked */
-    TP__SET(p->st.queued, tp__ring_len(&p->life.ring));
-}
-
-static void queue_remove_locked(tp_pool *p, tp__task *t) {
-    int found = tp__ring_remove(&p->life.ring, t);
-    TP__ASSERT(found);
-    TP__UNUSED(found);
-    queue_changed_locked(p);
+/* Closed and nothing waits: idle workers may exit. */
+static void check_exiters(const tp__life *L, tp__fx *fx) {
+    if (L->closed && tp__life_idle(L)) fx->exiters = true;
 }
 
 /* ------------------------------------------------------------ group members */
 
-static void group_cancel_members_locked(tp_pool *p, struct tp_group *g);
-
 /* Admitted: `t` joins the end of its group's member list. */
-static void group_join_locked(tp__task *t) {
+static void group_join(tp__task *t) {
     struct tp_group *g = t->group;
     t->g_next = NULL;
     t->g_prev = g->tail;
@@ -230,10 +143,10 @@ static void group_join_locked(tp__task *t) {
 }
 
 /* Finalised with `status`: off the member list; the first failure is the
- * group's error and, with cancel on error, cancels the others now. */
-static void group_member_ended_locked(tp_pool *p, tp__task *t, int status) {
+ * group's error and, with cancel on error, queues the group's cancel. */
+static void group_member_ended(tp__life *L, tp__task *t, int status) {
     struct tp_group *g = t->group;
-    TP__ASSERT(g->pool == p && g->unfinished > 0);
+    TP__ASSERT(g->unfinished > 0);
     if (t->g_prev)
         t->g_prev->g_next = t->g_next;
     else
@@ -245,364 +158,322 @@ static void group_member_ended_locked(tp_pool *p, tp__task *t, int status) {
     t->g_next = t->g_prev = NULL;
     if (status == 0 || g->err != 0) return;
     g->err = status;
-    if ((g->flags & TP_GROUP_CANCEL_ON_ERROR) && !g->cancelled) group_cancel_members_locked(p, g);
+    if ((g->flags & TP_GROUP_CANCEL_ON_ERROR) && !g->cancelled && !g->coe_queued) {
+        g->coe_queued = true;
+        g->coe_next = L->coe_pending;
+        L->coe_pending = g;
+    }
 }
 
-/* Retired (on_done returned): no longer unfinished. */
-static void group_member_retired_locked(tp__task *t) {
+/* Retired: no longer unfinished; its waiters wake at zero. */
+static void group_member_retired(tp__task *t, tp__fx *fx) {
     struct tp_group *g = t->group;
     TP__ASSERT(g->unfinished > 0 && !t->g_next && !t->g_prev && g->head != t && g->tail != t);
     t->group = NULL;
-    if (--g->unfinished == 0 && g->waiters) pthread_cond_broadcast(&g->cv);
+    if (--g->unfinished == 0 && g->waiters && !g->wake_queued) {
+        g->wake_queued = true;
+        g->wake_next = fx->groups;
+        fx->groups = g;
+    }
 }
 
-void tp__group_link_locked(tp_pool *p, struct tp_group *g) {
-    TP__ASSERT_LOCKED(p);
+void tp__life_group_link(tp__life *L, struct tp_group *g) {
     g->p_prev = NULL;
-    g->p_next = p->life.groups;
-    if (p->life.groups) p->life.groups->p_prev = g;
-    p->life.groups = g;
+    g->p_next = L->groups;
+    if (L->groups) L->groups->p_prev = g;
+    L->groups = g;
 }
 
-void tp__group_unlink_locked(tp_pool *p, struct tp_group *g) {
-    TP__ASSERT_LOCKED(p);
+void tp__life_group_unlink(tp__life *L, struct tp_group *g) {
     TP__ASSERT(g->unfinished == 0 && !g->head);
     if (g->p_prev)
         g->p_prev->p_next = g->p_next;
     else
-        p->life.groups = g->p_next;
+        L->groups = g->p_next;
     if (g->p_next) g->p_next->p_prev = g->p_prev;
     g->p_next = g->p_prev = NULL;
 }
 
-void tp__groups_detach(tp_pool *p) {
-    for (struct tp_group *g = p->life.groups; g; g = g->p_next) {
+void tp__life_groups_detach(tp__life *L) {
+    for (struct tp_group *g = L->groups; g; g = g->p_next) {
         TP__ASSERT(g->unfinished == 0 && !g->head && g->waiters == 0);
         g->pool = NULL;
     }
-    p->life.groups = NULL;
+    L->groups = NULL;
 }
 
 /* ------------------------------------------------------------ endings */
 
 static bool is_cancel_status(int status) { return status == TP_ECANCELED || status == TP_ETIMEDOUT; }
 
-/* Hook point "finalised": the task has its final status; counted once. Then
- * exactly one thread runs its on_done and retires it. */
-static void task_finalise_locked(tp_pool *p, tp__task *t, int status, bool expired) {
+/* The record can be reused: on_done has returned, or there was none, or it
+ * went to a completion queue. */
+static void retire(tp__life *L, tp__task *t, tp__fx *fx) {
+    TP__ASSERT(t->state == TP__DONE || t->state == TP__ENDING);
+    TP__ASSERT(L->inflight > 0);
+    if (t->group) group_member_retired(t, fx);
+    t->user = NULL;
+    if (!L->tasks.free) fx->room = true; /* records were at their cap */
+    tp__tasks_put(&L->tasks, t);
+    L->inflight--;
+    if (L->closed && L->inflight == 0) fx->drained = true;
+}
+
+/* The task has its final status: counted once. A task bound to a completion
+ * queue has its completion queued first, and is retired here. */
+static void finalise(tp__life *L, tp__task *t, int status, bool expired, tp__fx *fx) {
     TP__ASSERT(t->state == TP__QUEUED || t->state == TP__RUNNING || t->state == TP__DELAYED);
-    tp__tasks_unindex(&p->life.tasks, t);
+    if (t->cq) tp__cq_push(t->cq, t->on_done, t->arg, status); /* before anything counts it */
+    tp__tasks_unindex(&L->tasks, t);
     if (t->deadline != TP_FOREVER) {
-        TP__ASSERT(p->life.with_deadline > 0);
-        p->life.with_deadline--;
+        TP__ASSERT(L->with_deadline > 0);
+        L->with_deadline--;
     }
     if (t->user) {
-        bool was_at_limit = t->user->count == p->cfg.max_per_user;
-        unsigned live = p->life.users.live;
-        tp__users_release(&p->life.users, t->user); /* may recycle the entry: not read again */
+        bool was_at_limit = t->user->count == L->cfg.max_per_user;
+        unsigned live = L->users.live;
+        tp__users_release(&L->users, t->user); /* may recycle the entry: not read again */
         if (was_at_limit) {
             /* Published after the release, never before: the word may lag
              * the pool but never show a state it has not reached yet. */
-            TP__ASSERT(p->life.users_at_limit > 0);
-            p->life.users_at_limit--;
-            adm_publish_locked(p);
+            TP__ASSERT(L->users_at_limit > 0);
+            L->users_at_limit--;
+            adm_publish(L);
         }
         /* stored only when it changes: the gauge's cache line stays put */
-        if (p->life.users.live != live) TP__SET(p->st.users, p->life.users.live);
-        signal_room_locked(p);
+        if (L->users.live != live) TP__SET(L->st->users, L->users.live);
+        fx->room = true;
     }
     t->status = status;
     t->state = TP__DONE;
-    TP__INC(p->st.completed);
+    TP__INC(L->st->completed);
     if (status == 0) {
-        TP__INC(p->st.succeeded);
+        TP__INC(L->st->succeeded);
     } else {
-        TP__INC(p->st.failed);
-        if (is_cancel_status(status)) TP__INC(p->st.cancelled);
-        if (expired) TP__INC(p->st.expired);
+        TP__INC(L->st->failed);
+        if (is_cancel_status(status)) TP__INC(L->st->cancelled);
+        if (expired) TP__INC(L->st->expired);
     }
-    if (t->group) group_member_ended_locked(p, t, status); /* may end other members */
+    if (t->group) group_member_ended(L, t, status);
+    if (t->cq) retire(L, t, fx);
 }
 
-/* Hook point "retired": on_done has returned (or there was none); the record
- * can be reused. */
-void tp__task_retire_locked(tp_pool *p, tp__task *t) {
-    TP__ASSERT_LOCKED(p);
-    TP__ASSERT(t->state == TP__DONE || t->state == TP__ENDING);
-    TP__ASSERT(p->life.inflight > 0);
-    if (t->group) group_member_retired_locked(t);
-    t->user = NULL;
-    if (!p->life.tasks.free) signal_room_locked(p); /* records were at their cap */
-    tp__tasks_put(&p->life.tasks, t);
-    p->life.inflight--;
-    drained_check_locked(p);
-}
-
-/* A task leaves the ring or the delayed list without (another) run: finalise
- * it now and hand its on_done to the service thread, which runs it promptly
- * even when every worker is busy. The caller has already taken it off its
- * list. */
-static void end_unrun_locked(tp_pool *p, tp__task *t, int status, bool expired) {
-    task_finalise_locked(p, t, status, expired);
+/* A task leaves the scheduler or the delayed list without (another) run:
+ * finalise it, and hand its on_done to the service thread, which runs it
+ * promptly even when every worker is busy. The caller took it off its list. */
+static void end_unrun(tp__life *L, tp__task *t, int status, bool expired, tp__fx *fx) {
+    finalise(L, t, status, expired, fx);
+    if (t->cq) return; /* retired: its completion waits in its queue */
     if (!t->on_done) {
-        tp__task_retire_locked(p, t); /* nothing to run: no need to wait for the service thread */
+        retire(L, t, fx); /* nothing to run */
         return;
     }
     t->state = TP__ENDING;
     t->next = NULL;
-    if (p->life.endings_tail)
-        p->life.endings_tail->next = t;
+    if (L->endings_tail)
+        L->endings_tail->next = t;
     else
-        p->life.endings_head = t;
-    p->life.endings_tail = t;
-    svc_wake_locked(p);
+        L->endings_head = t;
+    L->endings_tail = t;
+    fx->svc = true;
 }
 
-bool tp__endings_pending_locked(const tp_pool *p) { return p->life.endings_head != NULL; }
-
-void tp__endings_run_locked(tp_pool *p) {
-    TP__ASSERT_LOCKED(p);
-    tp__task *list = p->life.endings_head;
-    p->life.endings_head = p->life.endings_tail = NULL;
-    /* Run the on_done calls in chunks and give each chunk's records back
-     * under one lock: one lock round-trip per chunk keeps the service thread
-     * ahead of a cancel storm, and a chunk is short enough not to sit on
-     * records that admission may be waiting for. */
-    while (list) {
-        tp__task *chunk = list;
-        unsigned n = 0;
-        tp__unlock(p);
-        for (; list && n < TP__ENDINGS_CHUNK; list = list->next, n++) {
-            tp__tls_enter_task(list);
-            list->on_done(list->arg, list->status);
-            tp__tls_leave_task();
-        }
-        tp__lock(p);
-        while (chunk != list) {
-            tp__task *nx = chunk->next;
-            tp__task_retire_locked(p, chunk);
-            chunk = nx;
-        }
-    }
+tp__task *tp__life_take_endings(tp__life *L) {
+    tp__task *list = L->endings_head;
+    L->endings_head = L->endings_tail = NULL;
+    return list;
 }
 
-/* Run on_done (mu released), then retire. Entered and left with mu held. */
-void tp__task_finish_locked(tp_pool *p, tp__task *t) {
-    TP__ASSERT_LOCKED(p);
-    TP__ASSERT(t->state == TP__DONE);
-    if (t->on_done) {
-        tp__unlock(p);
-        tp__tls_enter_task(t);
-        t->on_done(t->arg, t->status);
-        tp__tls_leave_task();
-        tp__lock(p);
-    }
-    tp__task_retire_locked(p, t);
-}
+void tp__life_retire(tp__life *L, tp__task *t, tp__fx *fx) { retire(L, t, fx); }
 
-/* ------------------------------------------------------------ delayed list */
+/* ------------------------------------------------------------ the delayed list */
 
-static void delayed_push_locked(tp_pool *p, tp__task *t) {
+static void delayed_push(tp__life *L, tp__task *t) {
     t->next = NULL;
-    t->prev = p->life.delayed_tail;
-    if (p->life.delayed_tail)
-        p->life.delayed_tail->next = t;
+    t->prev = L->delayed_tail;
+    if (L->delayed_tail)
+        L->delayed_tail->next = t;
     else
-        p->life.delayed_head = t;
-    p->life.delayed_tail = t;
-    p->life.delayed++;
-    adm_publish_locked(p);
-    TP__SET(p->st.delayed, p->life.delayed);
+        L->delayed_head = t;
+    L->delayed_tail = t;
+    L->delayed++;
+    adm_publish(L);
+    TP__SET(L->st->delayed, L->delayed);
 }
 
-static void delayed_remove_locked(tp_pool *p, tp__task *t) {
-    TP__ASSERT(t->state == TP__DELAYED);
-    TP__ASSERT(p->life.delayed > 0);
+static void delayed_remove(tp__life *L, tp__task *t) {
+    TP__ASSERT(t->state == TP__DELAYED && L->delayed > 0);
     if (t->prev)
         t->prev->next = t->next;
     else
-        p->life.delayed_head = t->next;
+        L->delayed_head = t->next;
     if (t->next)
         t->next->prev = t->prev;
     else
-        p->life.delayed_tail = t->prev;
+        L->delayed_tail = t->prev;
     t->next = t->prev = NULL;
-    p->life.delayed--;
-    adm_publish_locked(p);
-    TP__SET(p->st.delayed, p->life.delayed);
+    L->delayed--;
+    adm_publish(L);
+    TP__SET(L->st->delayed, L->delayed);
 }
 
-/* Move due retries to the ring and end those whose deadline passed. The
- * delay is the same for every task, so the list is in due order; deadlines
- * are arbitrary, so each pass looks at every delayed task. Returns the next
- * time something on the list needs attention. */
-uint64_t tp__delayed_run_locked(tp_pool *p, uint64_t now) {
-    TP__ASSERT_LOCKED(p);
-    uint64_t next = TP_FOREVER;
-    unsigned queued = 0;
-    tp__task *t = p->life.delayed_head;
+/* Computed without overflow: a shift that would pass the maximum gives it. */
+uint64_t tp__life_retry_delay(const tp__life *L, unsigned k) {
+    const tp__life_cfg *c = &L->cfg;
+    if (!c->retry_delay_max) return c->retry_delay;
+    unsigned shift = k - 1;
+    if (shift >= 64 || c->retry_delay > (c->retry_delay_max >> shift)) return c->retry_delay_max;
+    uint64_t d = c->retry_delay << shift;
+    return d < c->retry_delay_max ? d : c->retry_delay_max;
+}
+
+/* ------------------------------------------------------------ cancel on error */
+
+/* Cancel `t`, waiting, delayed or running, as tp_cancel does. */
+static void cancel_task(tp__life *L, tp__task *t, tp__fx *fx) {
+    switch (t->state) {
+    case TP__QUEUED:
+        tp__sched_remove(&L->sched, t);
+        queue_changed(L);
+        end_unrun(L, t, TP_ECANCELED, false, fx);
+        fx->room = true;
+        check_exiters(L, fx);
+        break;
+    case TP__DELAYED:
+        delayed_remove(L, t);
+        end_unrun(L, t, TP_ECANCELED, false, fx);
+        fx->room = true;
+        check_exiters(L, fx);
+        break;
+    case TP__RUNNING: tp__ctx_cancel_locked(t->ctx); break;
+    default: TP__ASSERT(!"cancel of a finalised task");
+    }
+}
+
+/* Every member not yet finalised, oldest first. Ending one unlinks only that
+ * member (cancels of other groups it causes are queued), so the next pointer
+ * read before stays valid. */
+static void group_cancel_members(tp__life *L, struct tp_group *g, tp__fx *fx) {
+    g->cancelled = true;
+    tp__task *t = g->head;
     while (t) {
-        tp__task *nx = t->next;
-        if (now >= t->deadline) {
-            delayed_remove_locked(p, t);
-            end_unrun_locked(p, t, TP_ETIMEDOUT, false); /* it ran: not expired */
-            signal_room_locked(p);
-            /* Ending it may have ended others, `nx` among them (a group's
-             * cancel on error): then start over, the list is shorter. */
-            if (nx && nx->state != TP__DELAYED) nx = p->life.delayed_head;
-        } else if (now >= t->due) {
-            delayed_remove_locked(p, t); /* asserts DELAYED */
-            t->state = TP__QUEUED;
-            t->queued_at = tp__hclk_now(); /* the queue-wait histogram measures from here */
-            tp__ring_push(&p->life.ring, t);
-            if (t->deadline < p->life.queued_deadline_min) p->life.queued_deadline_min = t->deadline;
-            queued++;
-        } else {
-            if (t->due < next) next = t->due;
-            if (t->deadline < next) next = t->deadline;
-        }
+        tp__task *nx = t->g_next;
+        TP__ASSERT(t->group == g);
+        cancel_task(L, t, fx);
         t = nx;
     }
-    if (queued) {
-        queue_changed_locked(p);
-        /* one wake per task: idle workers that find nothing would only go
-         * back to sleep */
-        for (unsigned i = 0; i < queued && i < p->wk.idle_waiters; i++) pthread_cond_signal(&p->work_cv);
-    }
-    wake_exiters_locked(p);
-    return next;
 }
 
-/* ------------------------------------------------------------ queue expiry */
-
-typedef struct expiry {
-    uint64_t now, next;
-    tp__task *head, *tail; /* taken out of the ring, ended after the pass */
-} expiry;
-
-/* Ending a task may end others (a group's cancel on error), which would move
- * entries of the ring under the filter: expired tasks are only collected
- * here (still QUEUED, linked through `next`) and ended after the pass. */
-static int keep_unexpired_locked(tp__task *t, void *arg) {
-    expiry *e = (expiry *)arg;
-    if (e->now >= t->deadline) {
-        t->next = NULL;
-        if (e->tail)
-            e->tail->next = t;
-        else
-            e->head = t;
-        e->tail = t;
-        return 0;
+/* The cancels that failing members of cancel-on-error groups queued: run by
+ * every entry point before it returns, so within the lock hold in which the
+ * member failed. */
+static void run_group_cancels(tp__life *L, tp__fx *fx) {
+    while (L->coe_pending) {
+        struct tp_group *g = L->coe_pending;
+        L->coe_pending = g->coe_next;
+        g->coe_next = NULL;
+        g->coe_queued = false;
+        if (!g->cancelled) group_cancel_members(L, g, fx);
     }
-    if (t->deadline < e->next) e->next = t->deadline;
-    return 1;
 }
 
-/* Queued tasks whose deadline has passed end now, without running, so their
- * on_done is prompt and their queue place and user slot free up even while
- * every worker is busy. (A worker that pops one first expires it the same
- * way.) Returns when to look again.
- *
- * The scan walks the ring with the lock held, so it runs only when it can
- * find something: `queued_deadline_min` is a lower bound of the queued
- * deadlines (lowered at every push, made exact by each scan; pops leave it
- * low, which only costs a scan), and scans are spaced by at least 1 ms, more
- * for long queues, so a queue full of staggered deadlines is handled in
- * batches instead of one O(queue) pass per expiry. */
-uint64_t tp__queue_expire_locked(tp_pool *p, uint64_t now) {
-    TP__ASSERT_LOCKED(p);
-    if (p->life.with_deadline == 0 || tp__ring_len(&p->life.ring) == 0) {
-        p->life.queued_deadline_min = TP_FOREVER;
-        return TP_FOREVER;
-    }
-    uint64_t due = p->life.queued_deadline_min > p->life.expiry_scan_at ? p->life.queued_deadline_min
-                                                                        : p->life.expiry_scan_at;
-    if (now < due) return due;
-    expiry e = {now, TP_FOREVER, NULL, NULL};
-    if (tp__ring_filter(&p->life.ring, keep_unexpired_locked, &e) > 0) {
-        queue_changed_locked(p);
-        while (e.head) {
-            tp__task *t = e.head;
-            e.head = t->next; /* before end_unrun_locked reuses `next` */
-            /* never ran: expired; a retry back in the queue ran: cancelled */
-            end_unrun_locked(p, t, TP_ETIMEDOUT, t->attempt == 0);
-        }
-        signal_left_queue_locked(p);
-    }
-    p->life.queued_deadline_min = e.next;
-    p->life.expiry_scan_at = now + 1000000ull + 16ull * tp__ring_len(&p->life.ring);
-    return e.next > p->life.expiry_scan_at ? e.next : p->life.expiry_scan_at;
+void tp__life_group_cancel(tp__life *L, struct tp_group *g, tp__fx *fx) {
+    group_cancel_members(L, g, fx);
+    run_group_cancels(L, fx);
+}
+
+int tp__life_cancel(tp__life *L, uint64_t id, tp__fx *fx) {
+    tp__task *t = tp__tasks_find(&L->tasks, id);
+    if (!t) return TP_ENOTFOUND; /* finalised tasks leave the index */
+    cancel_task(L, t, fx);
+    run_group_cancels(L, fx);
+    return TP_OK;
 }
 
 /* ------------------------------------------------------------ admission */
 
-/* Hook point "admitted": `t` is filled in and gets its id, its index entry
- * and its place at the back of the ring. `wake`: signal an idle worker for
- * it now (a batch wakes them once, after its last task: tp__work_signal_locked). */
-static void task_admitted_locked(tp_pool *p, tp__task *t, bool wake) {
-    t->id = ++p->life.next_id;
-    tp__tasks_index(&p->life.tasks, t);
-    tp__ring_push(&p->life.ring, t);
-    if (t->deadline != TP_FOREVER) {
-        /* The service thread ends it at its deadline if no worker picked it
-         * by then; wake it if this deadline comes before its own wake-up. */
-        p->life.with_deadline++;
-        if (t->deadline < p->life.queued_deadline_min) p->life.queued_deadline_min = t->deadline;
-        if (t->deadline < p->svc.next) svc_wake_locked(p);
+int tp__life_args_check(tp_fn fn, const tp_task_opts *opts) {
+    if (!fn) return TP_EINVAL;
+    if (!opts) return TP_OK;
+    if (opts->priority < TP_PRIO_MIN || opts->priority > TP_PRIO_MAX || !TP__RESERVED_ZERO(opts))
+        return TP_EINVAL;
+    if (opts->cq && !opts->on_done) return TP_EINVAL;
+    if (opts->user && strnlen(opts->user, TP_USER_MAX + 1) > TP_USER_MAX) return TP_EINVAL;
+    if (opts->log_id && strnlen(opts->log_id, TP_LOG_ID_MAX + 1) > TP_LOG_ID_MAX) return TP_EINVAL;
+    return TP_OK;
+}
+
+int tp__life_args(const tp__life *L, tp_fn fn, const tp_task_opts *opts, tp__admit_args *a) {
+    int rc = tp__life_args_check(fn, opts);
+    if (rc != TP_OK) return rc;
+    memset(a, 0, sizeof *a);
+    a->fn = fn;
+    a->run_timeout = L->cfg.run_timeout;
+    a->deadline = TP_FOREVER;
+    const char *explicit_log = NULL;
+    if (opts) {
+        if (opts->user && opts->user[0]) {
+            a->user = opts->user;
+            a->user_len = strlen(opts->user); /* at most TP_USER_MAX: checked above */
+            a->user_hash = tp__users_hash(a->user, a->user_len);
+        }
+        if (opts->run_timeout_ns) a->run_timeout = opts->run_timeout_ns;
+        if (opts->deadline_ns) a->deadline = opts->deadline_ns;
+        a->on_done = opts->on_done;
+        a->cq = opts->cq;
+        a->prio = opts->priority;
+        explicit_log = opts->log_id;
     }
-    p->life.inflight++;
-    if (t->group) group_join_locked(t);
-    TP__INC(p->st.accepted);
-    queue_changed_locked(p);
-    if (wake) tp__work_signal_locked(p, 1);
+    /* an inherited log id is cut to TP_LOG_ID_MAX; only an explicit one can be too long (checked) */
+    if (tp__log_id_source(explicit_log, &a->log_src, &a->log_len) != 0) return TP_EINVAL;
+    return TP_OK;
 }
 
-void tp__work_signal_locked(tp_pool *p, size_t n) {
-    TP__ASSERT_LOCKED(p);
-    /* A spinning worker takes new tasks without a wake-up; it wakes a
-     * sleeper itself if more work is left (tp__queue_pop_locked). Else one
-     * signal per task, as far as there are sleepers. */
-    if (p->wk.spinners) return;
-    for (size_t i = 0; i < n && i < p->wk.idle_waiters; i++) pthread_cond_signal(&p->work_cv);
-}
-
-int tp__admit_locked(tp_pool *p, const tp__admit_args *a, void *arg, uint64_t *id_out, bool wake) {
-    TP__ASSERT_LOCKED(p);
+int tp__life_admit(tp__life *L, const tp__admit_args *a, void *arg, uint64_t *id_out, tp__fx *fx) {
     tp__user *found = NULL;
     if (a->user) {
-        found = tp__users_find(&p->life.users, a->user, a->user_len, a->user_hash);
-        if (found && found->count >= p->cfg.max_per_user) return TP_EUSERLIMIT; /* never for TP_UNLIMITED */
+        found = tp__users_find(&L->users, a->user, a->user_len, a->user_hash);
+        if (found && found->count >= L->cfg.max_per_user) return TP_EUSERLIMIT; /* never for TP_UNLIMITED */
     }
-    if (tp__ring_len(&p->life.ring) + p->life.delayed >= p->cfg.capacity) return TP_EFULL;
+    if (tp__sched_waiting(&L->sched) + L->delayed >= L->cfg.capacity) return TP_EFULL;
+    if (a->cq && !tp__cq_reserve(a->cq)) return TP__EFULL_CQ;
 
     /* Reserve. Refused with nothing reserved when the records are at their
-     * cap (TP_EFULL) or cannot grow (TP_ENOMEM); see tp_create(). */
+     * cap (TP_EFULL) or cannot grow (TP_ENOMEM); see pool.c. */
     tp__task *t = NULL;
-    int rc = tp__tasks_get(&p->life.tasks, p->cfg.max_records, &t);
-    if (rc != TP_OK) return rc;
+    int rc = tp__tasks_get(&L->tasks, L->cfg.max_records, &t);
     tp__user *u = NULL;
-    if (a->user) {
-        u = tp__users_take(&p->life.users, found, a->user, a->user_len, a->user_hash);
+    if (rc == TP_OK && a->user) {
+        u = tp__users_take(&L->users, found, a->user, a->user_len, a->user_hash);
         if (!u) {
-            tp__tasks_put(&p->life.tasks, t);
-            return TP_ENOMEM;
+            tp__tasks_put(&L->tasks, t);
+            rc = TP_ENOMEM;
         }
-        if (!found) TP__SET(p->st.users, p->life.users.live);          /* a new entry: one more user */
-        if (u->count == p->cfg.max_per_user) p->life.users_at_limit++; /* published with the ring below */
+    }
+    if (rc != TP_OK) {
+        if (a->cq) tp__cq_release(a->cq, 1);
+        return rc;
+    }
+    if (u) {
+        if (!found) TP__SET(L->st->users, L->users.live);         /* a new entry: one more user */
+        if (u->count == L->cfg.max_per_user) L->users_at_limit++; /* published with the queue below */
     }
     t->fn = a->fn;
     t->arg = arg;
     t->on_done = a->on_done;
+    t->cq = a->cq;
     t->run_timeout = a->run_timeout;
     t->deadline = a->deadline;
     t->user = u;
+    t->flow = L->sched.fair ? (u ? &u->flow : &L->sched.anon) : NULL;
     t->group = a->group;
-    t->worker = NULL;
+    t->ctx = NULL;
     t->attempt = 0;
+    t->prio = (int8_t)a->prio;
     t->status = 0;
     t->state = TP__QUEUED;
     /* the queue-wait histogram measures from here: the caller's stamp taken
-     * before the lock (pool.c), or, from a caller that has none, one now */
+     * before the lock, or, from a caller that has none, one now */
     t->queued_at = a->now ? a->now : tp__hclk_now();
     if (a->log_src) {
         memcpy(t->log_id, a->log_src, a->log_len);
@@ -610,155 +481,201 @@ int tp__admit_locked(tp_pool *p, const tp__admit_args *a, void *arg, uint64_t *i
         t->log_gen = 0;
     } else {
         t->log_id[0] = '\0';
-        t->log_gen = p->cfg.serial; /* non-zero: generate from pool serial + id */
+        t->log_gen = L->cfg.serial; /* non-zero: generate from pool serial + id */
     }
-    task_admitted_locked(p, t, wake);
+    t->id = ++L->next_id;
+    tp__tasks_index(&L->tasks, t);
+    if (t->deadline != TP_FOREVER) {
+        /* The service thread ends it at its deadline if no worker took it
+         * by then: it must look no later than that. */
+        L->with_deadline++;
+        if (t->deadline < L->queued_deadline_min) L->queued_deadline_min = t->deadline;
+        if (t->deadline < fx->svc_by) fx->svc_by = t->deadline;
+    }
+    L->inflight++;
+    if (t->group) group_join(t);
+    TP__INC(L->st->accepted);
+    tp__sched_push(&L->sched, t);
+    queue_changed(L);
+    work_for(L, t, fx);
     if (id_out) *id_out = t->id;
     return TP_OK;
 }
 
+void tp__life_close(tp__life *L, tp__fx *fx) {
+    if (L->closed) return;
+    L->closed = true;
+    adm_publish(L);
+    fx->room = true; /* waiting submitters see it */
+    fx->svc = true;
+    fx->exiters = true;
+    if (L->inflight == 0) fx->drained = true;
+}
+
+void tp__life_force(tp__life *L, tp__fx *fx) {
+    L->forced = true;
+    fx->cancel_running = true;
+    tp__task *list;
+    tp__sched_take_all(&L->sched, &list);
+    queue_changed(L);
+    while (list) {
+        tp__task *t = list;
+        list = t->next; /* before end_unrun reuses `next` */
+        end_unrun(L, t, TP_ECANCELED, false, fx);
+    }
+    while (L->delayed_head) {
+        tp__task *t = L->delayed_head;
+        delayed_remove(L, t);
+        end_unrun(L, t, TP_ECANCELED, false, fx);
+    }
+    fx->room = true;
+    check_exiters(L, fx);
+    run_group_cancels(L, fx);
+}
+
 /* ------------------------------------------------------------ running */
 
-tp__task *tp__queue_pop_locked(tp_pool *p) {
-    TP__ASSERT_LOCKED(p);
-    tp__task *t = tp__ring_pop(&p->life.ring);
-    TP__ASSERT(t->state == TP__QUEUED);
-    /* The next pop's record, most likely written on another CPU: start
-     * moving its two hot lines here now, while this task runs. */
-    if (tp__ring_len(&p->life.ring) > 0) {
-        const char *nx = (const char *)tp__ring_at(&p->life.ring, 0);
-        __builtin_prefetch(nx, 1);
-        __builtin_prefetch(nx + 64, 1);
+tp__task *tp__life_take(tp__life *L, struct tp_ctx *c, tp__fx *fx) {
+    for (;;) {
+        tp__task *t = tp__sched_peek(&L->sched);
+        if (!t) return NULL;
+        TP__ASSERT(t->state == TP__QUEUED);
+        fx->room = true; /* a waiting submitter may find space */
+        /* The clock is read under the lock only for a task with a deadline. */
+        if (t->deadline != TP_FOREVER && tp_now_ns() >= t->deadline) {
+            /* Its deadline passed while it waited: it ends without running
+             * (expired; a retry back in the queue ran before: cancelled). */
+            tp__sched_remove(&L->sched, t);
+            queue_changed(L);
+            check_exiters(L, fx);
+            finalise(L, t, TP_ETIMEDOUT, t->attempt == 0, fx);
+            run_group_cancels(L, fx);
+            if (t->state != TP__DONE) continue; /* retired: it went to a completion queue */
+            if (t->on_done) return t;           /* the caller runs it, then retires */
+            retire(L, t, fx);
+            continue;
+        }
+        tp__sched_start(&L->sched, t);
+        queue_changed(L);
+        check_exiters(L, fx);
+        t->state = TP__RUNNING;
+        t->ctx = c;
+        L->active++;
+        TP__SET(L->st->active, L->active);
+        if (t->attempt == 0)
+            TP__INC(L->st->started);
+        else
+            TP__INC(L->st->retried);
+        tp__ctx_begin(c, t);
+        return t;
     }
-    queue_changed_locked(p);
-    signal_room_locked(p);
-    wake_exiters_locked(p);
-    /* Submitters do not wake anyone while a worker spins: pass work on. */
-    if (tp__ring_len(&p->life.ring) > 0 && p->wk.idle_waiters && !p->wk.spinners)
-        pthread_cond_signal(&p->work_cv);
-    return t;
 }
 
-bool tp__task_expired_locked(tp_pool *p, tp__task *t) {
-    TP__ASSERT_LOCKED(p);
-    /* The clock is read under the lock only for a task with a deadline. */
-    if (t->deadline == TP_FOREVER || tp_now_ns() < t->deadline) return false;
-    /* Expired in the queue. A retry that comes back after its deadline ran
-     * before: cancelled, not expired. */
-    task_finalise_locked(p, t, TP_ETIMEDOUT, t->attempt == 0);
-    return true;
-}
-
-/* Hook point "starts". The run timeout is added to ctx.deadline by the
- * worker right after it unlocks (tp__ctx_arm_run_timeout), so the clock is
- * not read under the lock; the worker records the histograms then too
- * (hist.h). */
-void tp__task_start_locked(tp_pool *p, tp__worker *w, tp__task *t) {
-    TP__ASSERT_LOCKED(p);
-    TP__ASSERT(t->state == TP__QUEUED && !w->cur);
-    t->state = TP__RUNNING;
-    t->worker = w;
-    w->cur = t;
-    p->life.active++;
-    TP__SET(p->st.active, p->life.active);
-    if (t->attempt == 0)
-        TP__INC(p->st.started);
-    else
-        TP__INC(p->st.retried);
-    tp__ctx_begin(&w->ctx, t);
-}
-
-/* Hook point "attempt ends": the attempt returned `rc`; retry or finalise.
- * Returns true when a retry was scheduled (then the record belongs to the
- * delayed list and may be cancelled and reused as soon as mu is released). */
-bool tp__task_after_run_locked(tp_pool *p, tp__worker *w, tp__task *t, int rc) {
-    TP__ASSERT_LOCKED(p);
-    TP__ASSERT(t->state == TP__RUNNING && w->cur == t);
-    TP__ASSERT(p->life.active > 0);
-    bool cancelled = tp__ctx_end_locked(&w->ctx);
-    w->cur = NULL;
-    p->life.active--;
-    TP__SET(p->st.active, p->life.active);
-    t->worker = NULL;
-    bool may_retry = rc != 0 && !cancelled && !p->life.forced && t->attempt < p->cfg.max_retries;
+bool tp__life_attempt_ended(tp__life *L, tp__task *t, int rc, tp__fx *fx) {
+    TP__ASSERT(t->state == TP__RUNNING && L->active > 0);
+    bool cancelled = tp__ctx_end_locked(t->ctx);
+    t->ctx = NULL;
+    if (tp__sched_done(&L->sched, t)) fx->work++; /* a background lane may start again */
+    L->active--;
+    TP__SET(L->st->active, L->active);
+    bool may_retry = rc != 0 && !cancelled && !L->forced && t->attempt < L->cfg.max_retries;
     uint64_t now = may_retry ? tp_now_ns() : 0; /* no clock read on success */
     if (may_retry && now < t->deadline) {
         t->attempt++;
         t->state = TP__DELAYED;
-        t->due = tp__deadline_after(now, p->cfg.retry_delay);
-        delayed_push_locked(p, t);
-        svc_wake_locked(p);
+        t->due = tp__deadline_after(now, tp__life_retry_delay(L, t->attempt));
+        delayed_push(L, t);
+        fx->svc = true;
         return true;
     }
-    task_finalise_locked(p, t, rc, false);
+    finalise(L, t, rc, false, fx);
+    run_group_cancels(L, fx);
     return false;
 }
 
-/* ------------------------------------------------------------ cancel */
+/* ------------------------------------------------------------ timers */
 
-/* Cancel `t`, QUEUED (in the ring), DELAYED or RUNNING, as tp_cancel does. */
-static void cancel_task_locked(tp_pool *p, tp__task *t) {
-    switch (t->state) {
-    case TP__QUEUED:
-        queue_remove_locked(p, t);
-        end_unrun_locked(p, t, TP_ECANCELED, false);
-        signal_left_queue_locked(p);
-        break;
-    case TP__DELAYED:
-        delayed_remove_locked(p, t);
-        end_unrun_locked(p, t, TP_ECANCELED, false);
-        signal_left_queue_locked(p);
-        break;
-    case TP__RUNNING: tp__ctx_cancel_locked(t->worker); break;
-    default: TP__ASSERT(!"cancel of a finalised task");
-    }
-}
-
-int tp__cancel_locked(tp_pool *p, uint64_t id) {
-    TP__ASSERT_LOCKED(p);
-    tp__task *t = tp__tasks_find(&p->life.tasks, id);
-    if (!t) return TP_ENOTFOUND; /* finalised tasks leave the index */
-    cancel_task_locked(p, t);
-    return TP_OK;
-}
-
-/* Every member not yet finalised, oldest first. Ending one re-enters
- * group_member_ended_locked for that member only (the group is marked
- * cancelled first, so no walk starts inside this one): it unlinks it and
- * nothing else, so the next pointer read before stays valid. A QUEUED member
- * that is not in the ring was taken out by the expiry pass, which ends it
- * right after: it is passed by. */
-static void group_cancel_members_locked(tp_pool *p, struct tp_group *g) {
-    g->cancelled = true;
-    tp__task *t = g->head;
+/* Due retries go back to the scheduler, and delayed tasks whose deadline
+ * passed end. Each pass looks at every delayed task (delays and deadlines
+ * differ per task); returns the next time one needs attention. */
+static uint64_t delayed_run(tp__life *L, uint64_t now, tp__fx *fx) {
+    uint64_t next = TP_FOREVER;
+    bool queued = false;
+    tp__task *t = L->delayed_head;
     while (t) {
-        tp__task *nx = t->g_next;
-        TP__ASSERT(t->group == g);
-        if (t->state != TP__QUEUED || tp__ring_holds(&p->life.ring, t)) cancel_task_locked(p, t);
+        tp__task *nx = t->next;
+        if (now >= t->deadline) {
+            delayed_remove(L, t);
+            end_unrun(L, t, TP_ETIMEDOUT, false, fx); /* it ran: not expired */
+            fx->room = true;
+        } else if (now >= t->due) {
+            delayed_remove(L, t); /* asserts DELAYED */
+            t->state = TP__QUEUED;
+            t->queued_at = tp__hclk_now(); /* the queue-wait histogram measures from here */
+            tp__sched_push(&L->sched, t);
+            if (t->deadline < L->queued_deadline_min) L->queued_deadline_min = t->deadline;
+            work_for(L, t, fx);
+            queued = true;
+        } else {
+            if (t->due < next) next = t->due;
+            if (t->deadline < next) next = t->deadline;
+        }
         t = nx;
     }
+    if (queued) queue_changed(L);
+    check_exiters(L, fx);
+    return next;
 }
 
-void tp__group_cancel_locked(tp_pool *p, struct tp_group *g) {
-    TP__ASSERT_LOCKED(p);
-    group_cancel_members_locked(p, g);
+/* Waiting tasks whose deadline has passed end now, without running, so their
+ * on_done is prompt and their place and user slot free up even while every
+ * worker is busy. (A worker that takes one first ends it the same way.)
+ * Returns when to look again.
+ *
+ * The scan visits every waiting task with the lock held, so it runs only
+ * when it can find something: `queued_deadline_min` is a lower bound of the
+ * waiting deadlines (lowered at every push, made exact by each scan; starts
+ * leave it low, which only costs a scan), and scans are spaced by at least
+ * 1 ms, more for long queues, so a queue full of staggered deadlines is
+ * handled in batches instead of one O(queue) pass per expiry. */
+static uint64_t queue_expire(tp__life *L, uint64_t now, tp__fx *fx) {
+    if (L->with_deadline == 0 || tp__sched_waiting(&L->sched) == 0) {
+        L->queued_deadline_min = TP_FOREVER;
+        return TP_FOREVER;
+    }
+    uint64_t due = L->queued_deadline_min > L->expiry_scan_at ? L->queued_deadline_min : L->expiry_scan_at;
+    if (now < due) return due;
+    tp__task *list;
+    uint64_t next = tp__sched_take_expired(&L->sched, now, &list);
+    if (list) {
+        queue_changed(L);
+        while (list) {
+            tp__task *t = list;
+            list = t->next; /* before end_unrun reuses `next` */
+            /* never ran: expired; a retry back in the queue ran: cancelled */
+            end_unrun(L, t, TP_ETIMEDOUT, t->attempt == 0, fx);
+        }
+        fx->room = true;
+        check_exiters(L, fx);
+    }
+    L->queued_deadline_min = next;
+    L->expiry_scan_at = now + 1000000ull + 16ull * tp__sched_waiting(&L->sched);
+    return next > L->expiry_scan_at ? next : L->expiry_scan_at;
 }
 
-/* Forced shutdown: cancel running tasks, end queued and delayed ones unrun. */
-void tp__force_locked(tp_pool *p) {
-    TP__ASSERT_LOCKED(p);
-    p->life.forced = true;
-    for (unsigned i = 0; i < p->cfg.max_workers; i++)
-        if (p->wk.workers[i].cur) tp__ctx_cancel_locked(&p->wk.workers[i]);
-    while (tp__ring_len(&p->life.ring) > 0) {
-        tp__task *t = tp__ring_pop(&p->life.ring);
-        queue_changed_locked(p);
-        end_unrun_locked(p, t, TP_ECANCELED, false);
+uint64_t tp__life_timers(tp__life *L, uint64_t now, tp__fx *fx) {
+    uint64_t next = delayed_run(L, now, fx);
+    uint64_t next_expiry = queue_expire(L, now, fx);
+    run_group_cancels(L, fx);
+    return next_expiry < next ? next_expiry : next;
+}
+
+/* ------------------------------------------------------------ weights */
+
+int tp__life_set_weight(tp__life *L, const char *user, size_t len, unsigned weight) {
+    if (len == 0) {
+        L->sched.anon.weight = weight; /* from its next turn */
+        return TP_OK;
     }
-    while (p->life.delayed_head) {
-        tp__task *t = p->life.delayed_head;
-        delayed_remove_locked(p, t);
-        end_unrun_locked(p, t, TP_ECANCELED, false);
-    }
-    signal_left_queue_locked(p);
+    return tp__users_set_weight(&L->users, user, len, tp__users_hash(user, len), weight);
 }

@@ -1,133 +1,78 @@
 /*
- * metrics.c -- tp_metrics_format: one document for several pools (SPEC 11.5).
+ * metrics.c -- tp_metrics_format: one document for several pools (taskpool.h,
+ * section 13).
  *
  * Prometheus text is written family by family (the exposition format wants
  * every sample of a family after its one # HELP / # TYPE pair), and within a
  * family pool by pool, so each pool is read once per family: its statistics
- * with tp_stats_get, its histograms with tp_hist_get. Nothing is allocated
- * and no pool lock is taken. Each histogram family of a pool is one snapshot,
- * so its +Inf bucket equals its _count in every document.
+ * with tp_stats_get (through text.c's writer, which tp_stats_format uses
+ * too), its lanes with tp_lane_stats_get, its histograms with tp_hist_get.
+ * Nothing is allocated and no pool lock is taken. Each histogram family of a
+ * pool is one snapshot, so its +Inf bucket equals its _count in every
+ * document.
  *
- * Numbers are written exactly: counters as integers, seconds as the decimal
- * expansion of an integer count of nanoseconds (bucket bounds and sums), so
- * `le` values are distinct and ascending as the bounds are.
+ * Histograms in Prometheus text expose 24 finite `le` bounds (PROM_BOUNDS: a
+ * fixed subset of the exact bucket bounds, from 1.024 us to about an hour),
+ * each with the exact cumulative count up to it, plus +Inf; JSON lists every
+ * non-empty bucket.
  *
- * Names are user data: the pool label is escaped per the exposition format
- * (\\, \", \n) and JSON strings per RFC 8259; bytes that do not form UTF-8
- * become U+FFFD, so the document always parses.
- *
- * Layer: 1 in internal.h, with group.c: it reads a pool through the public
- * calls (tp_stats_get, tp_hist_get) and its read-only `cfg`, and calls only
- * text.c's tp__put below it. The field list is internal.h's TP__STATS_FIELDS,
- * the one tp_stats_format uses.
+ * Layer: 1 in pool.h, with group.c: it reads a pool through the public
+ * calls and its read-only `cfg`, and writes with text.c.
  */
-#include "internal.h" /* first: it defines _GNU_SOURCE */
+#include "pool.h"
+
 #include <stdio.h>
 #include <string.h>
 
-/* ------------------------------------------------------------ escaping */
+#include "text.h"
 
-/* Length of the valid UTF-8 sequence at s (at most n bytes), 0 if invalid. */
-static size_t utf8_len(const unsigned char *s, size_t n) {
-    unsigned c = s[0];
-    size_t len;
-    unsigned min;
-    if (c < 0x80) return 1;
-    if (c >= 0xc2 && c <= 0xdf)
-        len = 2, min = 0x80;
-    else if (c >= 0xe0 && c <= 0xef)
-        len = 3, min = 0x800;
-    else if (c >= 0xf0 && c <= 0xf4)
-        len = 4, min = 0x10000;
-    else
-        return 0;
-    if (len > n) return 0;
-    unsigned cp = c & (0x7fu >> len);
-    for (size_t i = 1; i < len; i++) {
-        if ((s[i] & 0xc0) != 0x80) return 0;
-        cp = (cp << 6) | (s[i] & 0x3fu);
-    }
-    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
-    return len;
-}
-
-enum { ESC_PROM, ESC_JSON };
-
-static void put_escaped(tp__outbuf *o, const char *name, int how) {
-    const unsigned char *s = (const unsigned char *)name;
-    size_t n = strlen(name);
-    for (size_t i = 0; i < n;) {
-        unsigned char c = s[i];
-        size_t k = utf8_len(s + i, n - i);
-        if (k == 0) {
-            tp__put(o, "%s", how == ESC_JSON ? "\\ufffd" : "\xef\xbf\xbd");
-            i++;
-            continue;
-        }
-        if (k > 1) {
-            tp__put(o, "%.*s", (int)k, (const char *)s + i);
-        } else if (c == '\\' || c == '"') {
-            tp__put(o, "\\%c", c);
-        } else if (c == '\n') {
-            tp__put(o, "\\n");
-        } else if (how == ESC_JSON && c < 0x20) {
-            tp__put(o, "\\u%04x", c);
-        } else {
-            tp__put(o, "%c", c);
-        }
-        i += k;
-    }
-}
-
-/* ns as exact decimal seconds: "0.000000128", "1", "4398.046511104". */
-static void put_seconds(tp__outbuf *o, uint64_t ns) {
-    uint64_t whole = ns / 1000000000ull, frac = ns % 1000000000ull;
-    if (frac == 0) {
-        tp__put(o, "%llu", (unsigned long long)whole);
-        return;
-    }
-    int digits = 9;
-    while (frac % 10 == 0) frac /= 10, digits--;
-    tp__put(o, "%llu.%0*llu", (unsigned long long)whole, digits, (unsigned long long)frac);
-}
+/* The bucket indices whose bounds are the Prometheus `le` values: the exact
+ * bounds nearest to 24 points spread evenly on a log scale from 1 us to 1 h:
+ * 1.024 us, 2.56 us, 6.656 us, ... 3573.4 s. */
+static const unsigned short PROM_BOUNDS[24] = {24,  34,  45,  57,  67,  79,  90,  100, 112, 122, 134, 145,
+                                               156, 167, 178, 189, 200, 211, 222, 233, 244, 255, 266, 277};
 
 /* ------------------------------------------------------------ Prometheus */
 
-static void prom_family(tp__outbuf *o, const char *name, const char *type, const char *help) {
-    tp__put(o, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
-}
-
 static void prom_label(tp__outbuf *o, const tp_pool *p) {
     tp__put(o, "{pool=\"");
-    put_escaped(o, p->cfg.name, ESC_PROM);
+    tp__put_escaped(o, p->cfg.name, TP__ESC_PROM);
     tp__put(o, "\"");
+}
+
+/* One histogram series: `labels` after the pool label (may be ""). */
+static void prom_hist_series(tp__outbuf *o, const tp_pool *p, const char *name, const char *labels,
+                             const tp_hist *h) {
+    uint64_t cum = 0;
+    unsigned next = 0;
+    for (unsigned i = 0; i + 1 < TP_HIST_BUCKETS && next < 24; i++) {
+        cum += h->buckets[i];
+        if (i != PROM_BOUNDS[next]) continue;
+        next++;
+        tp__put(o, "%s_bucket", name);
+        prom_label(o, p);
+        tp__put(o, "%s,le=\"", labels);
+        tp__put_seconds(o, tp_hist_bound_ns(i));
+        tp__put(o, "\"} %llu\n", (unsigned long long)cum);
+    }
+    tp__put(o, "%s_bucket", name);
+    prom_label(o, p);
+    tp__put(o, "%s,le=\"+Inf\"} %llu\n%s_sum", labels, (unsigned long long)h->count, name);
+    prom_label(o, p);
+    tp__put(o, "%s} ", labels);
+    tp__put_seconds(o, h->sum_ns);
+    tp__put(o, "\n%s_count", name);
+    prom_label(o, p);
+    tp__put(o, "%s} %llu\n", labels, (unsigned long long)h->count);
 }
 
 static void prom_hist(tp__outbuf *o, tp_pool *const *pools, size_t n, int which, const char *name,
                       const char *help) {
-    prom_family(o, name, "histogram", help);
+    tp__prom_family(o, name, "histogram", help);
     for (size_t k = 0; k < n; k++) {
         tp_hist h;
         (void)tp_hist_get(pools[k], which, &h);
-        uint64_t cum = 0;
-        for (unsigned i = 0; i + 1 < TP_HIST_BUCKETS; i++) {
-            cum += h.buckets[i];
-            tp__put(o, "%s_bucket", name);
-            prom_label(o, pools[k]);
-            tp__put(o, ",le=\"");
-            put_seconds(o, tp_hist_bound_ns(i));
-            tp__put(o, "\"} %llu\n", (unsigned long long)cum);
-        }
-        TP__ASSERT(cum + h.buckets[TP_HIST_BUCKETS - 1] == h.count);
-        tp__put(o, "%s_bucket", name);
-        prom_label(o, pools[k]);
-        tp__put(o, ",le=\"+Inf\"} %llu\n%s_sum", (unsigned long long)h.count, name);
-        prom_label(o, pools[k]);
-        tp__put(o, "} ");
-        put_seconds(o, h.sum_ns);
-        tp__put(o, "\n%s_count", name);
-        prom_label(o, pools[k]);
-        tp__put(o, "} %llu\n", (unsigned long long)h.count);
+        prom_hist_series(o, pools[k], name, "", &h);
     }
 }
 
@@ -138,7 +83,7 @@ static void prom_capacity(tp__outbuf *o, tp_pool *const *pools, size_t n, int wh
         "Worker threads at most (max_workers).",
         "Tasks that may wait in the queue or for a retry (queue_capacity).",
         "Accepted, unfinished tasks one user may hold (max_per_user); +Inf when unlimited."};
-    prom_family(o, names[what], "gauge", helps[what]);
+    tp__prom_family(o, names[what], "gauge", helps[what]);
     for (size_t k = 0; k < n; k++) {
         const tp_pool *p = pools[k];
         unsigned v = what == 0 ? p->cfg.max_workers : what == 1 ? p->cfg.capacity : p->cfg.max_per_user;
@@ -151,38 +96,70 @@ static void prom_capacity(tp__outbuf *o, tp_pool *const *pools, size_t n, int wh
     }
 }
 
-static void prometheus(tp__outbuf *o, tp_pool *const *pools, size_t n) {
-    tp_stats s;
-#define TP__PROM_FAMILY(f, help, name, type)                                                                 \
-    prom_family(o, name, type, help);                                                                        \
-    for (size_t k = 0; k < n; k++) {                                                                         \
-        tp_stats_get(pools[k], &s);                                                                          \
-        tp__put(o, "%s", name);                                                                              \
-        prom_label(o, pools[k]);                                                                             \
-        tp__put(o, "} %llu\n", (unsigned long long)s.f);                                                     \
+/* The lanes' families: one sample per pool and priority. */
+static void prom_lanes(tp__outbuf *o, tp_pool *const *pools, size_t n) {
+    static const struct {
+        const char *name, *type, *help;
+    } fam[3] = {
+        {"taskpool_lane_started_total", "counter", "Attempts started from this priority lane."},
+        {"taskpool_lane_queued", "gauge", "Tasks waiting in this priority lane now."},
+        {"taskpool_lane_running", "gauge", "Tasks of this priority lane running now."},
+    };
+    for (int f = 0; f < 3; f++) {
+        tp__prom_family(o, fam[f].name, fam[f].type, fam[f].help);
+        for (size_t k = 0; k < n; k++)
+            for (int prio = TP_PRIO_MIN; prio <= TP_PRIO_MAX; prio++) {
+                tp_lane_stats l;
+                (void)tp_lane_stats_get(pools[k], prio, &l);
+                uint64_t v = f == 0 ? l.started : f == 1 ? l.queued : l.running;
+                tp__put(o, "%s", fam[f].name);
+                prom_label(o, pools[k]);
+                tp__put(o, ",priority=\"%d\"} %llu\n", prio, (unsigned long long)v);
+            }
     }
-#define TP__PROM_COUNTER(f, help) TP__PROM_FAMILY(f, help, "taskpool_" #f "_total", "counter")
-#define TP__PROM_GAUGE(f, help)   TP__PROM_FAMILY(f, help, "taskpool_" #f, "gauge")
-    TP__STATS_FIELDS(TP__PROM_COUNTER, TP__PROM_GAUGE, TP__PROM_COUNTER)
-#undef TP__PROM_COUNTER
-#undef TP__PROM_GAUGE
-#undef TP__PROM_FAMILY
+    const char *name = "taskpool_lane_queue_wait_seconds";
+    tp__prom_family(
+        o, name, "histogram",
+        "Time from admission (or return to the queue for a retry) to the start of each attempt, by "
+        "priority lane.");
+    for (size_t k = 0; k < n; k++)
+        for (int prio = TP_PRIO_MIN; prio <= TP_PRIO_MAX; prio++) {
+            tp_hist h;
+            char labels[24];
+            (void)tp_hist_get(pools[k], TP_HIST_QUEUE_WAIT_PRIO(prio), &h);
+            snprintf(labels, sizeof labels, ",priority=\"%d\"", prio);
+            prom_hist_series(o, pools[k], name, labels, &h);
+        }
+}
+
+static void pool_stats(const void *ctx, size_t k, tp_stats *out) {
+    tp_stats_get(((tp_pool *const *)ctx)[k], out);
+}
+static const char *pool_label(const void *ctx, size_t k) { return ((tp_pool *const *)ctx)[k]->cfg.name; }
+
+static void prometheus(tp__outbuf *o, tp_pool *const *pools, size_t n) {
+    tp__stats_src src = {n, pool_stats, pool_label, pools};
+    tp__prom_stats(o, &src);
     for (int what = 0; what < 3; what++) prom_capacity(o, pools, n, what);
     prom_hist(o, pools, n, TP_HIST_QUEUE_WAIT, "taskpool_queue_wait_seconds",
               "Time from admission (or return to the queue for a retry) to the start of each attempt.");
     prom_hist(o, pools, n, TP_HIST_RUN, "taskpool_run_seconds", "Run time of each attempt.");
-    prom_family(o, "taskpool_build_info", "gauge", "The libtaskpool version in use; always 1.");
+    prom_lanes(o, pools, n);
+    tp__prom_family(o, "taskpool_build_info", "gauge", "The libtaskpool version in use; always 1.");
     tp__put(o, "taskpool_build_info{version=\"");
-    put_escaped(o, tp_version(), ESC_PROM);
+    tp__put_escaped(o, tp_version(), TP__ESC_PROM);
     tp__put(o, "\"} 1\n");
 }
 
 /* ------------------------------------------------------------ JSON */
 
+/* "key":{"count":N,"sum_ns":S,"buckets":[[bound,count],...]} (key NULL:
+ * the object alone). */
 static void json_hist(tp__outbuf *o, tp_pool *p, int which, const char *key) {
     tp_hist h;
     (void)tp_hist_get(p, which, &h);
-    tp__put(o, ",\"%s\":{\"count\":%llu,\"sum_ns\":%llu,\"buckets\":[", key, (unsigned long long)h.count,
+    if (key) tp__put(o, "\"%s\":", key);
+    tp__put(o, "{\"count\":%llu,\"sum_ns\":%llu,\"buckets\":[", (unsigned long long)h.count,
             (unsigned long long)h.sum_ns);
     const char *sep = "";
     for (unsigned i = 0; i < TP_HIST_BUCKETS; i++) {
@@ -196,30 +173,36 @@ static void json_hist(tp__outbuf *o, tp_pool *p, int which, const char *key) {
 
 static void json(tp__outbuf *o, tp_pool *const *pools, size_t n) {
     tp__put(o, "{\"version\":\"");
-    put_escaped(o, tp_version(), ESC_JSON);
+    tp__put_escaped(o, tp_version(), TP__ESC_JSON);
     tp__put(o, "\",\"pools\":{");
     for (size_t k = 0; k < n; k++) {
         tp_pool *p = pools[k];
         tp_stats s;
         tp_stats_get(p, &s);
         tp__put(o, "%s\"", k ? "," : "");
-        put_escaped(o, p->cfg.name, ESC_JSON);
+        tp__put_escaped(o, p->cfg.name, TP__ESC_JSON);
         tp__put(o, "\":");
-        const char *sep = "{";
-#define TP__JSON_FIELD(f, help)                                                                              \
-    tp__put(o, "%s\"" #f "\":%llu", sep, (unsigned long long)s.f);                                           \
-    sep = ",";
-        TP__STATS_FIELDS(TP__JSON_FIELD, TP__JSON_FIELD, TP__JSON_FIELD)
-#undef TP__JSON_FIELD
+        tp__json_stats(o, &s);
         tp__put(o, ",\"workers_max\":%u,\"queue_capacity\":%u,\"max_per_user\":", p->cfg.max_workers,
                 p->cfg.capacity);
         if (p->cfg.max_per_user == TP_UNLIMITED)
             tp__put(o, "null");
         else
             tp__put(o, "%u", p->cfg.max_per_user);
+        tp__put(o, ",");
         json_hist(o, p, TP_HIST_QUEUE_WAIT, "queue_wait");
+        tp__put(o, ",");
         json_hist(o, p, TP_HIST_RUN, "run");
-        tp__put(o, "}");
+        tp__put(o, ",\"lanes\":{");
+        for (int prio = TP_PRIO_MIN; prio <= TP_PRIO_MAX; prio++) {
+            tp_lane_stats l;
+            (void)tp_lane_stats_get(p, prio, &l);
+            tp__put(o, "%s\"%d\":{\"started\":%llu,\"queued\":%u,\"running\":%u,\"queue_wait\":",
+                    prio == TP_PRIO_MIN ? "" : ",", prio, (unsigned long long)l.started, l.queued, l.running);
+            json_hist(o, p, TP_HIST_QUEUE_WAIT_PRIO(prio), NULL);
+            tp__put(o, "}");
+        }
+        tp__put(o, "}}");
     }
     tp__put(o, "}}");
 }

@@ -1,7 +1,9 @@
 /*
  * ring.h -- the bounded FIFO of queued tasks.
  *
- * A power-of-two array of task pointers with free-running 32-bit head and tail
+ * A power-of-two array of slots, each a task pointer and the task's queue
+ * stamp (its queued_at, copied at push so that the head's age is known
+ * without touching the head's record), with free-running 32-bit head and tail
  * counters: the length is `tail - head` in unsigned arithmetic, which stays
  * right across wrap-around because the length never exceeds the size (at most
  * 2^21 here), far below 2^32. Slots are addressed with `& mask`.
@@ -10,16 +12,14 @@
  * its slot), kept right by every function that moves it, so that a cancel
  * finds it at once and closes the gap from the nearer end: removing the head
  * (or the tail) costs O(1), any other O(min(distance to either end)).
- * This header is included by internal.h after struct tp__task and TP__ASSERT.
  *
  * No locking and no allocation after init: the pool lock guards every call.
  * The pool sizes it for queue_capacity + max_workers, the most tasks that can
  * ever be queued at once (a failed attempt may enter the retry wait, and later
  * the queue, while the queue is full; see pool.c).
  *
- * Layer: a leaf of inline functions, compiled into its callers (life.c, which
- * owns the ring; worker.c reads its length), so it adds no call between
- * files.
+ * A leaf of inline functions, used by scheduler.c only (the ring is lane 0 of a
+ * FIFO pool).
  */
 #ifndef TP_RING_H
 #define TP_RING_H
@@ -27,10 +27,15 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-struct tp__task;
+#include "task.h"
+
+typedef struct tp__ring_slot {
+    struct tp__task *t;
+    uint64_t at; /* t->queued_at when pushed */
+} tp__ring_slot;
 
 typedef struct tp__ring {
-    struct tp__task **slots;
+    tp__ring_slot *slots;
     uint32_t mask;
     uint32_t head; /* next to pop */
     uint32_t tail; /* next free */
@@ -40,7 +45,7 @@ typedef struct tp__ring {
 static inline int tp__ring_init(tp__ring *r, uint32_t n) {
     uint32_t size = 1;
     while (size < n) size <<= 1;
-    r->slots = (struct tp__task **)calloc(size, sizeof *r->slots);
+    r->slots = (tp__ring_slot *)calloc(size, sizeof *r->slots);
     r->mask = size - 1;
     r->head = r->tail = 0;
     return r->slots ? 0 : -1;
@@ -57,24 +62,31 @@ static inline uint32_t tp__ring_len(const tp__ring *r) { return r->tail - r->hea
 static inline void tp__ring_push(tp__ring *r, struct tp__task *t) {
     TP__ASSERT(tp__ring_len(r) <= r->mask); /* room for one more */
     t->ring_pos = r->tail;
-    r->slots[r->tail++ & r->mask] = t;
+    tp__ring_slot *s = &r->slots[r->tail++ & r->mask];
+    s->t = t;
+    s->at = t->queued_at;
 }
 
 /* The caller guarantees the ring is not empty. */
 static inline struct tp__task *tp__ring_pop(tp__ring *r) {
     TP__ASSERT(tp__ring_len(r) > 0);
-    return r->slots[r->head++ & r->mask];
+    return r->slots[r->head++ & r->mask].t;
 }
 
 /* The i-th queued task from the head, i < len. */
 static inline struct tp__task *tp__ring_at(const tp__ring *r, uint32_t i) {
-    return r->slots[(r->head + i) & r->mask];
+    return r->slots[(r->head + i) & r->mask].t;
+}
+
+/* The queue stamp of the head, 0 when the ring is empty. */
+static inline uint64_t tp__ring_head_at(const tp__ring *r) {
+    return tp__ring_len(r) ? r->slots[r->head & r->mask].at : 0;
 }
 
 /* Whether `t` is in the ring now (its ring_pos is stale once it left). */
 static inline int tp__ring_holds(const tp__ring *r, const struct tp__task *t) {
     uint32_t pos = t->ring_pos;
-    return (uint32_t)(pos - r->head) < tp__ring_len(r) && r->slots[pos & r->mask] == t;
+    return (uint32_t)(pos - r->head) < tp__ring_len(r) && r->slots[pos & r->mask].t == t;
 }
 
 /* Remove `t` wherever it is, keeping the order of the others: the entries on
@@ -84,16 +96,16 @@ static inline int tp__ring_remove(tp__ring *r, struct tp__task *t) {
     if (!tp__ring_holds(r, t)) return 0;
     if (pos - r->head < r->tail - 1 - pos) {
         for (uint32_t j = pos; j != r->head; j--) {
-            struct tp__task *s = r->slots[(j - 1) & r->mask];
+            tp__ring_slot s = r->slots[(j - 1) & r->mask];
             r->slots[j & r->mask] = s;
-            s->ring_pos = j;
+            s.t->ring_pos = j;
         }
         r->head++;
     } else {
         for (uint32_t j = pos; j + 1 != r->tail; j++) {
-            struct tp__task *s = r->slots[(j + 1) & r->mask];
+            tp__ring_slot s = r->slots[(j + 1) & r->mask];
             r->slots[j & r->mask] = s;
-            s->ring_pos = j;
+            s.t->ring_pos = j;
         }
         r->tail--;
     }
@@ -106,10 +118,10 @@ static inline int tp__ring_remove(tp__ring *r, struct tp__task *t) {
 static inline uint32_t tp__ring_filter(tp__ring *r, int (*keep)(struct tp__task *, void *), void *arg) {
     uint32_t w = r->head;
     for (uint32_t i = r->head; i != r->tail; i++) {
-        struct tp__task *t = r->slots[i & r->mask];
-        if (keep(t, arg)) {
-            t->ring_pos = w;
-            r->slots[w++ & r->mask] = t;
+        tp__ring_slot s = r->slots[i & r->mask];
+        if (keep(s.t, arg)) {
+            s.t->ring_pos = w;
+            r->slots[w++ & r->mask] = s;
         }
     }
     uint32_t dropped = r->tail - w;

@@ -1,20 +1,26 @@
 /*
- * stats.c -- the statistics snapshot and its text formats.
+ * stats.c -- the lock-free reads of a pool: tp_stats_get, tp_lane_stats_get,
+ * tp_hist_get; and tp_user_active, tp_stats_format.
  *
  * tp_stats_get() reads each atomic with an acquire load (the writers store
- * with release, see internal.h) and never takes the pool lock, so it cannot
- * slow admission. The fields are one table, TP__STATS_FIELDS in internal.h,
+ * with release, see stats.h) and never takes the pool lock, so it cannot
+ * slow admission. The fields are one table, TP__STATS_FIELDS in stats.h,
  * used by the snapshot and both formats; the struct's memory order
  * (TP__STATS_LAYOUT) and the read order below list the same fields again,
  * and their counts are asserted equal (a misspelt name does not compile).
+ * The lanes' figures and oldest_wait_ns come from the scheduler's published
+ * atomics (scheduler.h), the histograms from the worker slots' shards (hist.c).
  *
- * Layer: the public API (2 of 7 in internal.h), next to pool.c; calls only
- * users.c and text.c. Lock: tp_user_active takes the pool lock; nothing else
- * here does.
+ * Layer: the public API (2 in pool.h), next to pool.c; calls users.c,
+ * hist.c, text.c and metrics' writer. Lock: tp_user_active takes the pool
+ * lock; nothing else here does.
  */
-#include "internal.h" /* first: it defines _GNU_SOURCE */
+#include "pool.h"
+
 #include <stdio.h>
 #include <string.h>
+
+#include "text.h"
 
 
 /* The counters, read downstream first. Every task is counted upstream before
@@ -72,6 +78,23 @@ void tp_stats_get(tp_pool *p, tp_stats *out) {
     out->submitted += fast_full;
     out->rejected_full += fast_full;
     out->rejected = out->rejected_full + out->rejected_user + out->rejected_closed + out->rejected_timeout;
+    uint64_t oldest = tp__sched_oldest_at(&p->life.sched);
+    out->oldest_wait_ns = oldest ? tp__hclk_ns(oldest, tp__hclk_now()) : 0;
+}
+
+int tp_lane_stats_get(tp_pool *p, int priority, tp_lane_stats *out) {
+    if (!p || !out || priority < TP_PRIO_MIN || priority > TP_PRIO_MAX) return TP_EINVAL;
+    const tp__lane *l = &p->life.sched.lane[tp__lane_of(priority)];
+    memset(out, 0, sizeof *out);
+    out->started = TP__ACQUIRE(l->started_pub);
+    out->queued = TP__ACQUIRE(l->waiting_pub);
+    out->running = TP__ACQUIRE(l->running_pub);
+    return TP_OK;
+}
+
+int tp_hist_get(tp_pool *p, int which, tp_hist *out) {
+    if (!p || !out) return TP_EINVAL;
+    return tp__hist_snapshot(p->wk.hist, p->cfg.max_workers, which, out);
 }
 
 unsigned tp_user_active(tp_pool *p, const char *user) {
@@ -86,31 +109,24 @@ unsigned tp_user_active(tp_pool *p, const char *user) {
     return n;
 }
 
+/* One pool's statistics for tp__prom_stats: the snapshot itself, no label. */
+static void one_stats(const void *ctx, size_t k, tp_stats *out) {
+    TP__UNUSED(k);
+    *out = *(const tp_stats *)ctx;
+}
+
 int tp_stats_format(const tp_stats *s, int format, char *buf, size_t len) {
     if (!s || (!buf && len > 0)) return TP_EINVAL;
     if (format != TP_FORMAT_JSON && format != TP_FORMAT_PROMETHEUS) return TP_EINVAL;
     tp__outbuf o = {buf, len, 0};
     if (len) buf[0] = '\0';
     if (format == TP_FORMAT_JSON) {
-        const char *sep = "{";
-#define TP__JSON(f, help)                                                                                    \
-    tp__put(&o, "%s\"" #f "\":%llu", sep, (unsigned long long)s->f);                                         \
-    sep = ",";
-        TP__STATS_FIELDS(TP__JSON, TP__JSON, TP__JSON)
-#undef TP__JSON
+        tp__json_stats(&o, s);
         tp__put(&o, "}");
     } else {
-#define TP__PROM_COUNTER(f, help)                                                                            \
-    tp__put(&o,                                                                                              \
-            "# HELP taskpool_" #f "_total " help "\n# TYPE taskpool_" #f "_total counter\ntaskpool_" #f      \
-            "_total %llu\n",                                                                                 \
-            (unsigned long long)s->f);
-#define TP__PROM_GAUGE(f, help)                                                                              \
-    tp__put(&o, "# HELP taskpool_" #f " " help "\n# TYPE taskpool_" #f " gauge\ntaskpool_" #f " %llu\n",     \
-            (unsigned long long)s->f);
-        TP__STATS_FIELDS(TP__PROM_COUNTER, TP__PROM_GAUGE, TP__PROM_COUNTER)
-#undef TP__PROM_COUNTER
-#undef TP__PROM_GAUGE
+        /* the writer of tp_metrics_format, for one pool without a label */
+        tp__stats_src src = {1, one_stats, NULL, s};
+        tp__prom_stats(&o, &src);
     }
     if (o.pos > (size_t)INT_MAX) return TP_ENOMEM;
     return (int)o.pos;

@@ -1,26 +1,20 @@
 /*
- * tasks.c -- task records and the id index.
+ * tasks.c -- task records and the id index (see task.h).
  *
- * Records come from a free list, filled at create time and grown in chunks
- * only when more tasks are in flight than ever before, up to a limit the pool
- * sets (see pool.c). Chunks are freed only with the pool, so in steady state
- * a task costs no allocation.
- *
- * The id index maps a task id to its record for tp_cancel(). Ids are
- * consecutive, so `id & mask` spreads them evenly over power-of-two buckets;
- * the bucket array doubles with the record count (at growth only, here).
- * Its lookups are inline functions in internal.h, so that a cancel runs in
- * pool.c, life.c and one leaf.
+ * Records come from a free list that tp__tasks_init fills (the pool asks for
+ * enough to cover a full queue several times, pool.c) and tp__tasks_get
+ * grows in chunks, up to the limit the caller passes; the bucket array of the
+ * id index doubles with the record count, at growth only.
  *
  * No locking: every call is made with the pool lock held.
  *
- * Layer: a leaf (6 of 7 in internal.h); life.c calls it, pool.c makes and
- * frees it. The id index's lookups are inline in internal.h.
+ * Layer: a leaf (see pool.h); life.c takes and gives back records, pool.c
+ * makes and frees the table.
  */
-#include "internal.h" /* first: it defines _GNU_SOURCE */
+#include "task.h"
+
 #include <stdlib.h>
 #include <string.h>
-
 
 #define TP__CHUNK_MIN 64u
 
@@ -72,11 +66,7 @@ int tp__tasks_init(tp__tasks *ts, unsigned prealloc) {
 }
 
 void tp__tasks_fini(tp__tasks *ts) {
-    while (ts->chunks) {
-        tp__chunk *c = ts->chunks;
-        ts->chunks = c->next;
-        free(c);
-    }
+    tp__chunks_free(&ts->chunks);
     free(ts->index);
     memset(ts, 0, sizeof *ts);
 }

@@ -1,22 +1,20 @@
 /*
- * users.c -- the per-user slot table.
- *
- * A slot is taken at admission and given back when the task is finalised, so
- * an entry lives exactly while its user has accepted, unfinished tasks: a user
- * whose last task ended leaves no entry behind (its record returns to a free
- * list reused by the next new user). The number of entries is bounded by the
- * tasks in flight.
+ * users.c -- the per-user slot table and the weights (see users.h).
  *
  * Chained hashing (FNV-1a) over power-of-two buckets that double when live
  * entries outnumber them. Entries and bucket arrays are allocated only when
- * more distinct users are active at once than ever before.
+ * more distinct users are active at once than ever before, so the number of
+ * entries is bounded by the tasks in flight. The weights are a second,
+ * smaller table of the same kind that only grows (one entry per name ever
+ * given a weight).
  *
  * No locking: every call is made with the pool lock held.
  *
- * Layer: a leaf (6 of 7 in internal.h); called by life.c (slots), pool.c
+ * Layer: a leaf (see pool.h); called by life.c (slots, weights), pool.c
  * (hashing the name at submit) and stats.c (tp_user_active).
  */
-#include "internal.h" /* first: it defines _GNU_SOURCE */
+#include "users.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -78,12 +76,19 @@ int tp__users_init(tp__users *us, unsigned prealloc) {
 }
 
 void tp__users_fini(tp__users *us) {
-    while (us->chunks) {
-        tp__chunk *c = us->chunks;
-        us->chunks = c->next;
-        free(c);
-    }
+    tp__chunks_free(&us->chunks);
     free(us->buckets);
+    if (us->weights) {
+        for (uint32_t b = 0; b <= us->weights_mask; b++) {
+            tp__weight *w = us->weights[b];
+            while (w) {
+                tp__weight *nx = w->next;
+                free(w);
+                w = nx;
+            }
+        }
+        free(us->weights);
+    }
     memset(us, 0, sizeof *us);
 }
 
@@ -111,6 +116,7 @@ tp__user *tp__users_take(tp__users *us, tp__user *found, const char *name, size_
     u->name[len] = '\0';
     u->hash = h;
     u->count = 1;
+    if (us->flows) tp__flow_init(&u->flow, tp__users_weight(us, name, len, h));
     u->next = us->buckets[h & us->mask];
     us->buckets[h & us->mask] = u;
     if (++us->live > us->mask + 1) users_rehash(us);
@@ -130,4 +136,60 @@ void tp__users_release(tp__users *us, tp__user *u) {
     u->next = us->free;
     us->free = u;
     us->live--;
+}
+
+/* ------------------------------------------------------------ weights */
+
+static tp__weight *weight_find(const tp__users *us, const char *name, size_t len, uint32_t h) {
+    if (!us->weights) return NULL;
+    for (tp__weight *w = us->weights[h & us->weights_mask]; w; w = w->next)
+        if (w->hash == h && w->name[len] == '\0' && memcmp(w->name, name, len) == 0) return w;
+    return NULL;
+}
+
+unsigned tp__users_weight(const tp__users *us, const char *name, size_t len, uint32_t h) {
+    const tp__weight *w = weight_find(us, name, len, h);
+    return w ? w->weight : 1;
+}
+
+/* Double the weight buckets (a failure keeps the old ones: longer chains). */
+static void weights_rehash(tp__users *us) {
+    uint32_t want = (us->weights_mask + 1) * 2;
+    tp__weight **nb = (tp__weight **)calloc(want, sizeof *nb);
+    if (!nb) return;
+    for (uint32_t b = 0; b <= us->weights_mask; b++) {
+        tp__weight *w = us->weights[b];
+        while (w) {
+            tp__weight *nx = w->next;
+            w->next = nb[w->hash & (want - 1)];
+            nb[w->hash & (want - 1)] = w;
+            w = nx;
+        }
+    }
+    free(us->weights);
+    us->weights = nb;
+    us->weights_mask = want - 1;
+}
+
+int tp__users_set_weight(tp__users *us, const char *name, size_t len, uint32_t h, unsigned weight) {
+    tp__weight *w = weight_find(us, name, len, h);
+    if (!w) {
+        if (!us->weights) {
+            us->weights = (tp__weight **)calloc(16, sizeof *us->weights);
+            if (!us->weights) return TP_ENOMEM;
+            us->weights_mask = 15;
+        }
+        w = (tp__weight *)malloc(sizeof *w);
+        if (!w) return TP_ENOMEM;
+        memcpy(w->name, name, len);
+        w->name[len] = '\0';
+        w->hash = h;
+        w->next = us->weights[h & us->weights_mask];
+        us->weights[h & us->weights_mask] = w;
+        if (++us->weights_n > us->weights_mask + 1) weights_rehash(us);
+    }
+    w->weight = weight;
+    tp__user *u = tp__users_find(us, name, len, h);
+    if (u) u->flow.weight = weight; /* from its next turn */
+    return TP_OK;
 }

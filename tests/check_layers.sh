@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # check_layers.sh -- src/ calls flow one way: no file calls a tp__ function
 # defined in its own layer's other files or in a layer above it (see the
-# layer table at the top of src/internal.h; group.c and pool.c are at the top).
+# layer table at the top of src/pool.h).
 #
 #   check_layers.sh LIBTASKPOOL_A NM SRC_DIR
 #
@@ -19,14 +19,13 @@ lib=$1 nm=$2 src=$3
 
 # Top to bottom; files in one string share a layer.
 layers=(
-    "compat.c"                     # 0 1.0 entry points (public calls only)
-    "group.c metrics.c"            # 1 groups (on pool.c's admission), metrics
-    "pool.c stats.c default.c"     # 2 the public API
-    "service.c"                    # 3 the service thread
-    "worker.c"                     # 4 worker slots and the worker loop
-    "life.c"                       # 5 the task's life and the queue
-    "ctx.c tasks.c users.c hist.c" # 6 leaves (ring.h is inline)
-    "clock.c error.c text.c"       # 7 the clocks; error table, tp__assert_fail; tp__put
+    "compat.c"                                     # 0 1.0 entry points (public calls only)
+    "group.c metrics.c default.c"                  # 1 groups (on pool.c's admission), metrics, default pool
+    "pool.c stats.c"                               # 2 the public calls of a pool, its reads
+    "engine.c"                                     # 3 threads, the lock, waits, wake-ups
+    "life.c"                                       # 4 the task's life (state machine)
+    "scheduler.c cq.c ctx.c tasks.c users.c hist.c"    # 5 leaves (ring.h is inline)
+    "clock.c error.c text.c"                       # 6 the clocks; error table, tp__assert_fail; text
 )
 declare -A rank=()
 for i in "${!layers[@]}"; do
@@ -37,7 +36,7 @@ status=0
 for f in "$src"/*.c; do
     b=${f##*/}
     if [ -z "${rank[$b]:-}" ]; then
-        echo "check_layers: src/$b has no layer: add it to tests/check_layers.sh and src/internal.h"
+        echo "check_layers: src/$b has no layer: add it to tests/check_layers.sh and src/pool.h"
         status=1
     fi
 done

@@ -166,8 +166,8 @@ static const tp_task_opts NO_OPTS;
     X(submit_null_fn, -1, TP_EINVAL, sub(P, NULL, NO_OPTS, 0))                                               \
     X(submit_null_fn_opts, -1, TP_EINVAL, sub(P, NULL, opts_with(0, "u", "l"), 1))                           \
     X(submit_null_both, -1, TP_EINVAL, sub(NULL, NULL, NO_OPTS, 0))                                          \
-    X(submit_priority_1, -1, TP_EINVAL, sub(P, fn_task, opts_with(1, NULL, NULL), 1))                        \
-    X(submit_priority_m1, -1, TP_EINVAL, sub(P, fn_task, opts_with(-1, NULL, NULL), 1))                      \
+    X(submit_priority_3, -1, TP_EINVAL, sub(P, fn_task, opts_with(3, NULL, NULL), 1))                        \
+    X(submit_priority_m3, -1, TP_EINVAL, sub(P, fn_task, opts_with(-3, NULL, NULL), 1))                      \
     X(submit_priority_max, -1, TP_EINVAL, sub(P, fn_task, opts_with(INT_MAX, NULL, NULL), 1))                \
     X(submit_priority_min, -1, TP_EINVAL, sub(P, fn_task, opts_with(INT_MIN, NULL, NULL), 1))                \
     X(submit_user_128, -1, TP_EINVAL, sub(P, fn_task, opts_with(0, LONG_USER, NULL), 1))                     \
@@ -181,7 +181,7 @@ static const tp_task_opts NO_OPTS;
     X(submitw_null_fn_forever, -1, TP_EINVAL, subw(P, NULL, NO_OPTS, TP_FOREVER))                            \
     X(submitw_priority, -1, TP_EINVAL, subw(P, fn_task, opts_with(7, NULL, NULL), TP_FOREVER))               \
     X(submit_reserved_0, -1, TP_EINVAL, sub(P, fn_task, opts_reserved(0), 1))                                \
-    X(submit_reserved_last, -1, TP_EINVAL, sub(P, fn_task, opts_reserved(3), 1))                             \
+    X(submit_reserved_last, -1, TP_EINVAL, sub(P, fn_task, opts_reserved(2), 1))                             \
     X(submitw_reserved, -1, TP_EINVAL, subw(P, fn_task, opts_reserved(1), TP_FOREVER))                       \
     X(submitw_user_128, -1, TP_EINVAL, subw(P, fn_task, opts_with(0, LONG_USER, NULL), 1))                   \
     X(submitw_log_id_128, -1, TP_EINVAL, subw(P, fn_task, opts_with(0, NULL, LONG_ID), 0))                   \
@@ -227,7 +227,7 @@ static const tp_task_opts NO_OPTS;
     X(strerror_int_min, -1, 1, strerror_unknown(INT_MIN))                                                    \
     X(strerror_int_max, -1, 1, strerror_unknown(INT_MAX))                                                    \
     X(strerror_1, -1, 1, strerror_unknown(1))                                                                \
-    X(strerror_below_last, -1, 1, strerror_unknown(TP_ENODEFAULT - 1))                                       \
+    X(strerror_below_last, -1, 1, strerror_unknown(TP_EBUSY - 1))                                            \
     X(strerror_ok, -1, 1, strcmp(tp_err_name(TP_OK), "TP_OK") == 0)                                          \
     X(version, -1, 1, tp_version() != NULL && tp_version()[0] >= '0')                                        \
     /* log ids: NULL and "" clear, an over-long one is truncated */                                          \
@@ -246,7 +246,7 @@ static const tp_task_opts NO_OPTS;
     /* the default pool: P registered */                                                                     \
     X(default_is_p, 1, 1, tp_default() == P)                                                                 \
     X(default_submit_null_fn, 1, TP_EINVAL, dsub(NULL, NO_OPTS))                                             \
-    X(default_submit_priority, 1, TP_EINVAL, dsub(fn_task, opts_with(1, NULL, NULL)))                        \
+    X(default_submit_priority, 1, TP_EINVAL, dsub(fn_task, opts_with(3, NULL, NULL)))                        \
     X(default_submit_reserved, 1, TP_EINVAL, dsub(fn_task, opts_reserved(2)))                                \
     X(default_submit_user_128, 1, TP_EINVAL, dsub(fn_task, opts_with(0, LONG_USER, NULL)))                   \
     X(default_submit_log_id_128, 1, TP_EINVAL, dsub(fn_task, opts_with(0, NULL, LONG_ID)))                   \
@@ -391,7 +391,15 @@ static void test_bad_configs_table(void **state) {
         {"name TP_NAME_MAX + 1 bytes", {.workers = 1, .name = name32}},
         {"name 4096 bytes", {.workers = 1, .name = HUGE}},
         {"reserved[0] not zero", {.workers = 1, .reserved = {1}}},
-        {"reserved[7] not zero", {.workers = 1, .reserved[7] = UINT64_MAX}},
+        {"reserved[4] not zero", {.workers = 1, .reserved[4] = UINT64_MAX}},
+        {"reserved32 not zero", {.workers = 1, .reserved32 = 1}},
+        {"sched 2", {.workers = 1, .sched = 2}},
+        {"sched UINT_MAX", {.workers = 1, .sched = UINT_MAX}},
+        {"low_prio_max_running > max_workers", {.workers = 2, .max_workers = 3, .low_prio_max_running = 4}},
+        {"low_prio_max_running > default workers", {.low_prio_max_running = W + 1}},
+        {"retry_delay_max_ns < retry_delay_ns",
+         {.workers = 1, .retry_delay_ns = 10, .retry_delay_max_ns = 9}},
+        {"retry_delay_max_ns < the default delay", {.workers = 1, .retry_delay_max_ns = 999999999}},
     };
     assert_null(tp_default());
     int threads = tpt_count_dir("/proc/self/task"), fds = tpt_count_dir("/proc/self/fd");

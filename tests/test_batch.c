@@ -11,7 +11,7 @@
  * Everything a pool thread touches lives in the test's fixture (tp_test.h).
  */
 #define _GNU_SOURCE
-#include "internal.h" /* the service thread's state, for one test */
+#include "pool.h" /* the service thread's state, for one test */
 #include "tpt_alloc.h"
 
 #define SENTINEL 0xdeadbeefcafef00dull
@@ -116,7 +116,7 @@ static void test_einval_first_and_middle(void **state) {
             fill_ids(ids, N);
             size_t bad = where[w];
             if (kind == 0) t[bad].fn = NULL;
-            if (kind == 1) o[bad].priority = 1;
+            if (kind == 1) o[bad].priority = TP_PRIO_MAX + 1;
             if (kind == 2) o[bad].user = long_user;
             if (kind == 3) t[bad].reserved[1] = 1;
             if (kind == 4) o[bad].reserved[0] = 1;

@@ -10,7 +10,7 @@
  * is bracketed: each end is a stamp between two tp_now_ns() reads, so a
  * preemption at an end widens the allowed range instead of failing.
  */
-#include "internal.h" /* first: it defines _GNU_SOURCE */
+#include "pool.h" /* first: it defines _GNU_SOURCE */
 #include "tp_test.h"
 
 /* /proc/cpuinfo's first flags line has both invariant-TSC flags. */

@@ -139,8 +139,8 @@ static void test_submit_bad_args(void **state) {
     ok.on_done = tpt_done_fn;
     tp_task_opts bad[4];
     for (int i = 0; i < 4; i++) bad[i] = ok;
-    bad[0].priority = 1;
-    bad[1].priority = -1;
+    bad[0].priority = TP_PRIO_MAX + 1;
+    bad[1].priority = TP_PRIO_MIN - 1;
     bad[2].user = long_user;
     bad[3].log_id = long_id;
 

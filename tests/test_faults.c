@@ -45,7 +45,7 @@
 #include <poll.h>
 
 #include "tp_test.h"
-#include "internal.h" /* tp__tls_service: which thread a spawn comes from */
+#include "pool.h" /* tp__tls_service: which thread a spawn comes from */
 
 /* ------------------------------------------------------------ the injector */
 

@@ -5,7 +5,7 @@
  */
 #include "tp_test.h"
 
-#include "internal.h" /* TP__DEBUG and its test hook tp__test_attempt_returned */
+#include "pool.h" /* TP__DEBUG and its test hook tp__test_attempt_returned */
 
 /* ------------------------------------------------------------ elastic spawn */
 
@@ -129,7 +129,7 @@ static void test_run_timeout_not_before_admission(void **state) {
     w->pool = p;
     w->rt = rt;
     window_cur = w;
-    tp__test_attempt_returned = window_hook;
+    atomic_store(&tp__test_attempt_returned, window_hook);
     for (int i = 0; i < ROUNDS; i++) {
         memset(&w->r, 0, sizeof w->r);
         atomic_store(&w->armed, 1);
@@ -143,7 +143,7 @@ static void test_run_timeout_not_before_admission(void **state) {
                      (unsigned long long)d, (unsigned long long)(t_sub + rt - d));
         assert_true(d <= atomic_load(&w->r.t_start) + rt);
     }
-    tp__test_attempt_returned = NULL;
+    atomic_store(&tp__test_attempt_returned, (tp__test_hook)NULL);
     tpt_finish(p);
     window_cur = NULL;
     free(w);

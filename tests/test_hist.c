@@ -19,7 +19,7 @@
 #include <math.h>
 
 #include "tp_test.h"
-#include "internal.h" /* tp__hist_index: the recording side of the bounds */
+#include "pool.h" /* tp__hist_index: the recording side of the bounds */
 
 static uint64_t hist_sum(const tp_hist *h) {
     uint64_t n = 0;

@@ -81,11 +81,16 @@ static const char *const families[][2] = {
     {"taskpool_workers", "gauge"},
     {"taskpool_idle", "gauge"},
     {"taskpool_users", "gauge"},
+    {"taskpool_oldest_wait_seconds", "gauge"},
     {"taskpool_workers_max", "gauge"},
     {"taskpool_queue_capacity", "gauge"},
     {"taskpool_max_per_user", "gauge"},
     {"taskpool_queue_wait_seconds", "histogram"},
     {"taskpool_run_seconds", "histogram"},
+    {"taskpool_lane_started_total", "counter"},
+    {"taskpool_lane_queued", "gauge"},
+    {"taskpool_lane_running", "gauge"},
+    {"taskpool_lane_queue_wait_seconds", "histogram"},
     {"taskpool_build_info", "gauge"},
 };
 #define NFAM (sizeof families / sizeof families[0])
@@ -107,7 +112,8 @@ static void family_of(const char *line, char *out, size_t len) {
         size_t k = strlen(suf[i]);
         if (n > k && strcmp(out + n - k, suf[i]) == 0 &&
             (strncmp(out, "taskpool_queue_wait_seconds", 27) == 0 ||
-             strncmp(out, "taskpool_run_seconds", 20) == 0)) {
+             strncmp(out, "taskpool_run_seconds", 20) == 0 ||
+             strncmp(out, "taskpool_lane_queue_wait_seconds", 32) == 0)) {
             out[n - k] = '\0';
             break;
         }
@@ -148,7 +154,7 @@ static void check_prometheus(char *doc, const tp_stats *sa, const tp_stats *sb) 
     size_t nseen = 0;
     double last_le = -1;
     unsigned long long inf = 0, buckets = 0;
-    int pools_in_hist = 0;
+    int pools_in_hist = 0, finite_le = 0;
     for (char *line = strtok(doc, "\n"); line; line = strtok(NULL, "\n")) {
         if (strncmp(line, "# TYPE ", 7) == 0) {
             size_t n = strcspn(line + 7, " ");
@@ -177,7 +183,11 @@ static void check_prometheus(char *doc, const tp_stats *sa, const tp_stats *sb) 
                 inf = v;
                 last_le = -1;
                 pools_in_hist++;
+                /* a fixed subset of the exact bounds, from about 1 us to about 1 h */
+                if (finite_le != 24) fail_msg("%d finite le bounds before: %s", finite_le, line);
+                finite_le = 0;
             } else {
+                finite_le++;
                 double x = strtod(le + 4, NULL);
                 if (!(x > last_le)) fail_msg("le not ascending: %s", line);
                 if (v < buckets) fail_msg("cumulative bucket count decreases: %s", line);
@@ -188,12 +198,15 @@ static void check_prometheus(char *doc, const tp_stats *sa, const tp_stats *sb) 
             unsigned long long v = strtoull(strrchr(line, ' ') + 1, NULL, 10);
             if (v != inf) fail_msg("_count %llu != +Inf bucket %llu: %s", v, inf, line);
             const tp_stats *s = strstr(line, LABEL_A) ? sa : sb;
-            assert_int_equal(v, s->started + s->retried); /* at rest */
+            if (strncmp(line, "taskpool_lane_", 14) != 0 || strstr(line, "priority=\"0\""))
+                assert_int_equal(v, s->started + s->retried); /* at rest; every task of lane 0 */
+            else
+                assert_int_equal(v, 0);
             buckets = 0;
         }
     }
     assert_int_equal(nseen, NFAM);
-    assert_int_equal(pools_in_hist, 4); /* two histograms x two pools */
+    assert_int_equal(pools_in_hist, 14); /* (two histograms + five lanes) x two pools */
 }
 
 static void test_metrics_prometheus(void **state) {
@@ -236,7 +249,11 @@ static void test_metrics_json(void **state) {
         strstr(doc, "\"workers_max\":2,\"queue_capacity\":64,\"max_per_user\":3,\"queue_wait\":{\"count\":"));
     assert_non_null(strstr(doc, "\"max_per_user\":null,"));
     assert_non_null(strstr(doc, "\"run\":{\"count\":"));
-    assert_int_equal(count_occurrences(doc, "\"queue_wait\":"), 2);
+    /* the pool's and each lane's */
+    assert_int_equal(count_occurrences(doc, "\"queue_wait\":"), 2 * (1 + 5));
+    assert_int_equal(count_occurrences(doc, "\"lanes\":{\"-2\":{\"started\":0,\"queued\":0,\"running\":0,"),
+                     2);
+    assert_int_equal(count_occurrences(doc, "\"oldest_wait_ns\":0,"), 2);
     assert_int_equal(doc[strlen(doc) - 1], '}');
     assert_null(strchr(doc, '\n')); /* the raw newline is escaped */
     free(doc);

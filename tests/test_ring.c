@@ -2,7 +2,7 @@
  * test_ring.c -- the bounded FIFO ring, the task records and their id index:
  * data structures that need no threads, tested without them.
  */
-#include "internal.h" /* first: it defines _GNU_SOURCE */
+#include "pool.h" /* first: it defines _GNU_SOURCE */
 #include "tp_test.h"
 
 static void test_ring_fifo_and_wrap(void **state) {

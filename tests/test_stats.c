@@ -522,7 +522,7 @@ static void test_strerror_and_names(void **state) {
 #undef XX
     };
     const size_t n = sizeof tab / sizeof tab[0];
-    assert_int_equal(n, 10);
+    assert_int_equal(n, 11);
     for (size_t i = 0; i < n; i++) {
         const char *m = tp_strerror(tab[i].code);
         const char *nm = tp_err_name(tab[i].code);
@@ -539,9 +539,11 @@ static void test_strerror_and_names(void **state) {
     }
     assert_int_equal(TP_EINVAL, -1);
     assert_int_equal(TP_ENODEFAULT, -10);
+    assert_int_equal(TP_EBUSY, -11);
+    assert_string_equal(tp_strerror(TP_EBUSY), "still in use");
     assert_string_equal(tp_strerror(TP_OK), "success");
     assert_string_equal(tp_err_name(TP_OK), "TP_OK");
-    const int unknown[] = {1, 42, -11, -1000, INT_MIN, INT_MAX};
+    const int unknown[] = {1, 42, -12, -1000, INT_MIN, INT_MAX};
     for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++) {
         assert_non_null(tp_strerror(unknown[i]));
         assert_string_equal(tp_strerror(unknown[i]), "unknown error");

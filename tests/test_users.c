@@ -3,7 +3,7 @@
  * by exact name, entries recycled when a user's last slot is released, and
  * bounded memory under churn of many distinct users.
  */
-#include "internal.h" /* first: it defines _GNU_SOURCE */
+#include "pool.h" /* first: it defines _GNU_SOURCE */
 #include "tp_test.h"
 
 static tp__user *acq(tp__users *us, const char *name) {

@@ -99,7 +99,7 @@ static atomic_ullong fz_ops_total;    /* operations executed */
 static atomic_ullong fz_inputs_total; /* inputs completed */
 static atomic_ullong fz_checked;      /* return codes checked against the model */
 static atomic_ullong fz_exact;        /* ... of which the model allowed exactly one */
-static atomic_ullong fz_exact_rc[11]; /* ... by that code (index -rc) */
+static atomic_ullong fz_exact_rc[12]; /* ... by that code (index -rc) */
 static pthread_t fz_main_thread;
 
 static pthread_mutex_t fz_trace_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -159,7 +159,7 @@ static uint64_t sat_add(uint64_t a, uint64_t b) { return b >= TP_FOREVER - a ? T
 static uint64_t min64(uint64_t a, uint64_t b) { return a < b ? a : b; }
 
 /* Return codes as bits: TP_OK is bit 0, TP_EINVAL bit 1, ... */
-static unsigned bit(int rc) { return rc <= 0 && rc >= TP_ENODEFAULT ? 1u << (unsigned)-rc : 1u << 31; }
+static unsigned bit(int rc) { return rc <= 0 && rc >= TP_EBUSY ? 1u << (unsigned)-rc : 1u << 31; }
 #define B_OK bit(TP_OK)
 
 static const char *rcname(int rc) { return tp_err_name(rc); }
@@ -168,12 +168,12 @@ static void expect_rc(int rc, unsigned allowed, const char *what) {
     atomic_fetch_add(&fz_checked, 1);
     if ((allowed & (allowed - 1)) == 0) {
         atomic_fetch_add(&fz_exact, 1);
-        atomic_fetch_add(&fz_exact_rc[__builtin_ctz(allowed) % 11], 1);
+        atomic_fetch_add(&fz_exact_rc[__builtin_ctz(allowed) % 12], 1);
     }
     if (!(bit(rc) & allowed)) {
         char buf[200] = "";
         size_t n = 0;
-        for (int c = 0; c >= TP_ENODEFAULT; c--)
+        for (int c = 0; c >= TP_EBUSY; c--)
             if (allowed & bit(c)) n += (size_t)snprintf(buf + n, sizeof buf - n, " %s", rcname(c));
         violation("%s returned %s (%d); the model allows:%s", what, rcname(rc), rc, buf);
     }
@@ -1534,7 +1534,7 @@ static void op_invalid(fz_pool *fp, uint8_t what) {
     case 0: rc = tp_submit(NULL, task_main, NULL, NULL, &id); break;
     case 1: rc = tp_submit(fp->p, NULL, NULL, NULL, &id); break;
     case 2:
-        o.priority = 1;
+        o.priority = what & 16 ? TP_PRIO_MAX + 1 : TP_PRIO_MIN - 1;
         rc = tp_submit(fp->p, nop_task, NULL, &o, &id);
         break;
     case 3:
@@ -1558,7 +1558,7 @@ static void op_invalid(fz_pool *fp, uint8_t what) {
         CHECK(tp_user_active(NULL, "u0") == 0 && tp_user_active(fp->p, NULL) == 0 &&
                   tp_user_active(fp->p, "") == 0,
               "tp_user_active of no user is not 0");
-        for (int c = 1; c >= TP_ENODEFAULT - 2; c--)
+        for (int c = 1; c >= TP_EBUSY - 2; c--)
             CHECK(tp_strerror(c) && tp_err_name(c), "tp_strerror/tp_err_name(%d) is NULL", c);
         CHECK(tp_default() == NULL, "a default pool is registered");
         CHECK(tp_default_submit(task_main, NULL, NULL, NULL) == TP_ENODEFAULT,
@@ -1703,8 +1703,13 @@ static void finish_groups(fz_pool *fp) {
         int rc = tp_group_wait(G->g, 1);
         trace("group #%d of destroyed slot %d: wait -> %s", k, fp->slot, rcname(rc));
         group_finished(fp, G, rc, "tp_group_wait on a detached group");
-        expect_rc(tp_group_submit(G->g, nop_task, NULL, NULL, NULL), bit(TP_ECLOSED),
-                  "tp_group_submit, pool destroyed");
+        /* arguments first, then cancelled (tp_group_cancel, or a cancel-on-error
+         * group whose member failed), then closed */
+        expect_rc(tp_group_submit(G->g, NULL, NULL, NULL, NULL), bit(TP_EINVAL),
+                  "tp_group_submit without fn, pool destroyed");
+        bool cancelled = G->cancel_called || (G->coe && rc != TP_OK);
+        expect_rc(tp_group_submit(G->g, nop_task, NULL, NULL, NULL),
+                  bit(cancelled ? TP_ECANCELED : TP_ECLOSED), "tp_group_submit, pool destroyed");
         expect_rc(tp_group_cancel(G->g), B_OK, "tp_group_cancel, pool destroyed");
         expect_rc(tp_group_destroy(G->g), B_OK, "tp_group_destroy, pool destroyed");
         for (int i = 0; i < fp->ntasks; i++) {
@@ -1873,7 +1878,7 @@ static void report_at_exit(void) {
 static void report_exact(void) {
     char buf[400];
     size_t n = 0;
-    for (int c = 0; c >= TP_ENODEFAULT; c--) {
+    for (int c = 0; c >= TP_EBUSY; c--) {
         unsigned long long k = atomic_load(&fz_exact_rc[-c]);
         if (k) n += (size_t)snprintf(buf + n, sizeof buf - n, " %s %llu", tp_err_name(c), k);
     }

@@ -1,0 +1,226 @@
+/*
+ * base.h -- what every file of src/ uses: feature macros, asserts, the atomic
+ * helpers of the statistics, time arithmetic, the lock wrapper and chunked
+ * allocation. No state, no pool: everything here is inline or a macro (and
+ * tp__assert_fail, in error.c).
+ *
+ * The files of src/ and who owns what are listed in pool.h, which also
+ * holds the lock order.
+ */
+#ifndef TP_BASE_H
+#define TP_BASE_H
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE 1
+#endif
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "taskpool.h"
+
+#define TP__UNUSED(x) ((void)(x))
+
+/* ------------------------------------------------------------ asserts */
+
+/*
+ * TP__ASSERT(cond): checked unless NDEBUG is defined. CMake's Release and
+ * RelWithDebInfo define NDEBUG, so an installed library pays nothing; Debug
+ * builds, tests/run.sh (every mode replaces the RelWithDebInfo flags, dropping
+ * -DNDEBUG) and the fuzzer check them. A failed one prints where and aborts:
+ * an invariant of the pool is broken and going on could run a task twice or
+ * lose one.
+ */
+#if !defined(NDEBUG)
+#define TP__DEBUG 1
+#endif
+
+#if defined(TP__DEBUG)
+void tp__assert_fail(const char *cond, const char *file, int line)
+#if defined(__GNUC__)
+    __attribute__((noreturn, cold))
+#endif
+    ;
+#define TP__ASSERT(cond) ((cond) ? (void)0 : tp__assert_fail(#cond, __FILE__, __LINE__))
+#else
+#define TP__ASSERT(cond) ((void)0)
+#endif
+
+/* True when the n words of a public struct's reserved tail are all zero
+ * (taskpool.h, "How the structs grow"). */
+static inline bool tp__reserved_zero(const uint64_t *w, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (w[i] != 0) return false;
+    return true;
+}
+#define TP__RESERVED_ZERO(s) tp__reserved_zero((s)->reserved, sizeof(s)->reserved / sizeof(s)->reserved[0])
+
+/* ------------------------------------------------------------ atomics */
+
+/*
+ * Statistics are written with the pool lock held, one writer at a time, so an
+ * update is a relaxed load plus a release store (no locked read-modify-write);
+ * readers load with acquire (TP__ACQUIRE) and so see every memory effect that
+ * happened before the value they read was stored (taskpool.h, section 8).
+ * TP__LOAD stays relaxed for the library's own polling, which re-checks under
+ * the lock. On x86 all of them are plain moves.
+ */
+#define TP__LOAD(x)    atomic_load_explicit(&(x), memory_order_relaxed)
+#define TP__SET(x, v)  atomic_store_explicit(&(x), (v), memory_order_release)
+#define TP__ACQUIRE(x) atomic_load_explicit(&(x), memory_order_acquire)
+#define TP__INC(x)     TP__SET(x, TP__LOAD(x) + 1)
+#define TP__DEC(x)     TP__SET(x, TP__LOAD(x) - 1)
+
+/* A pause in a spin loop. */
+#if defined(__x86_64__) || defined(__i386__)
+#define tp__cpu_relax() __builtin_ia32_pause()
+#elif defined(__aarch64__)
+#define tp__cpu_relax() __asm__ __volatile__("yield" ::: "memory")
+#else
+#define tp__cpu_relax() ((void)0)
+#endif
+
+/* ------------------------------------------------------------ time */
+
+/* now + ns, saturating; TP_FOREVER stays. */
+static inline uint64_t tp__deadline_after(uint64_t now, uint64_t ns) {
+    if (ns == TP_FOREVER || ns >= TP_FOREVER - now) return TP_FOREVER;
+    return now + ns;
+}
+
+/* ------------------------------------------------------------ the lock */
+
+/*
+ * A mutex that knows, in debug builds, which thread holds it, so that a
+ * function whose name ends in `_locked` can assert that its caller does
+ * (TP__ASSERT_HELD). In release builds these are the bare pthread calls.
+ * Every lock, unlock and condition wait of a pool goes through them.
+ */
+typedef struct tp__mutex {
+    pthread_mutex_t m;
+#if defined(TP__DEBUG)
+    pthread_t owner; /* valid while held */
+    bool held;
+#endif
+} tp__mutex;
+
+static inline void tp__mutex_lock(tp__mutex *mu) {
+    pthread_mutex_lock(&mu->m);
+#if defined(TP__DEBUG)
+    TP__ASSERT(!mu->held);
+    mu->owner = pthread_self();
+    mu->held = true;
+#endif
+}
+
+static inline void tp__mutex_unlock(tp__mutex *mu) {
+#if defined(TP__DEBUG)
+    TP__ASSERT(mu->held && pthread_equal(mu->owner, pthread_self()));
+    mu->held = false;
+#endif
+    pthread_mutex_unlock(&mu->m);
+}
+
+/* Only the holder reads `owner` here, so the check is race-free whenever it
+ * passes. */
+#if defined(TP__DEBUG)
+#define TP__ASSERT_HELD(mu) TP__ASSERT((mu)->held &&pthread_equal((mu)->owner, pthread_self()))
+#else
+#define TP__ASSERT_HELD(mu) ((void)0)
+#endif
+
+/* Wait on cv (a condition of this mutex) until the absolute CLOCK_MONOTONIC
+ * deadline; TP_FOREVER waits unbounded. Returns 0 or ETIMEDOUT (errno value).
+ * The condition variables are made with tp__cond_init (CLOCK_MONOTONIC). */
+static inline int tp__mutex_wait(tp__mutex *mu, pthread_cond_t *cv, uint64_t deadline) {
+    TP__ASSERT_HELD(mu);
+#if defined(TP__DEBUG)
+    mu->held = false;
+#endif
+    int rc;
+    if (deadline == TP_FOREVER) {
+        rc = pthread_cond_wait(cv, &mu->m);
+    } else {
+        struct timespec ts;
+        ts.tv_sec = (time_t)(deadline / 1000000000ull);
+        ts.tv_nsec = (long)(deadline % 1000000000ull);
+        rc = pthread_cond_timedwait(cv, &mu->m, &ts);
+    }
+#if defined(TP__DEBUG)
+    TP__ASSERT(!mu->held);
+    mu->owner = pthread_self();
+    mu->held = true;
+#endif
+    return rc;
+}
+
+/* The mutex spins briefly before it sleeps (glibc's adaptive mutex) where
+ * `adaptive`: the pool's critical sections are a few dozen instructions, and
+ * a futex sleep and wake costs far more than waiting them out. 0 or -1. */
+static inline int tp__mutex_init(tp__mutex *mu, bool adaptive) {
+#if defined(TP__DEBUG)
+    mu->held = false;
+#endif
+#if defined(PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP)
+    if (adaptive) {
+        pthread_mutexattr_t a;
+        if (pthread_mutexattr_init(&a) != 0) return -1;
+        int rc = pthread_mutexattr_settype(&a, PTHREAD_MUTEX_ADAPTIVE_NP);
+        if (rc == 0) rc = pthread_mutex_init(&mu->m, &a);
+        pthread_mutexattr_destroy(&a);
+        return rc == 0 ? 0 : -1;
+    }
+#else
+    (void)adaptive;
+#endif
+    return pthread_mutex_init(&mu->m, NULL) == 0 ? 0 : -1;
+}
+
+static inline void tp__mutex_destroy(tp__mutex *mu) { pthread_mutex_destroy(&mu->m); }
+
+/* A condition variable on CLOCK_MONOTONIC. 0 or -1. */
+static inline int tp__cond_init(pthread_cond_t *cv) {
+    pthread_condattr_t a;
+    if (pthread_condattr_init(&a) != 0) return -1;
+    int rc = pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    if (rc == 0) rc = pthread_cond_init(cv, &a);
+    pthread_condattr_destroy(&a);
+    return rc == 0 ? 0 : -1;
+}
+
+/* ------------------------------------------------------------ chunks */
+
+/* Memory allocated in chunks and freed only with its owner (task records,
+ * user entries). */
+typedef struct tp__chunk {
+    struct tp__chunk *next;
+    max_align_t align_[]; /* items follow */
+} tp__chunk;
+
+/* A chunk for `n` items of `size` bytes starting on an `align` boundary (a
+ * cache line), pushed on `*list`; NULL when out of memory. malloc, not
+ * aligned_alloc, so that every allocation of the library goes through
+ * malloc/calloc (the tests interpose them). *items receives the first item. */
+static inline tp__chunk *tp__chunk_new(tp__chunk **list, size_t n, size_t size, size_t align, void **items) {
+    tp__chunk *c = (tp__chunk *)malloc(sizeof(tp__chunk) + align - 1 + n * size);
+    if (!c) return NULL;
+    c->next = *list;
+    *list = c;
+    *items = (void *)(((uintptr_t)(void *)c->align_ + align - 1) & ~(uintptr_t)(align - 1));
+    return c;
+}
+
+static inline void tp__chunks_free(tp__chunk **list) {
+    while (*list) {
+        tp__chunk *c = *list;
+        *list = c->next;
+        free(c);
+    }
+}
+
+#endif /* TP_BASE_H */

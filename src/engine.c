@@ -1,0 +1,818 @@
+/*
+ * engine.c -- the pool's threads and its lock: the worker loop, the service
+ * loop, spawning, every wait, and acting on what life.c's transitions call
+ * for.
+ *
+ * life.c changes task records and reports, in a tp__fx, what became possible
+ * (work, room, a timer, a drained pool, a group without unfinished members);
+ * this file owns every thread and condition variable and decides whom to
+ * wake (tp__engine_act_locked). Nothing here changes a task's state.
+ *
+ * The worker loop (each turn starts with mu held and no current task):
+ *   1. wait_for_work_locked: until a task may start, or until the worker may
+ *      exit: closed with nothing waiting or delayed (a task still running
+ *      elsewhere keeps its own worker for its retries), or, above
+ *      min_workers, idle for idle_timeout. One idle worker at a time first
+ *      polls for up to TP__SPIN_NS without the lock.
+ *   2. tp__life_take: the next task by the scheduler's rules, started on
+ *      this worker's context (or one whose deadline passed, ended unrun:
+ *      the worker runs its on_done);
+ *   3. run_task_locked: mu released, the function called, mu taken again;
+ *      tp__life_attempt_ended: a retry (the delayed list) or the end; then
+ *      on_done without mu, and tp__life_retire.
+ *
+ * The service thread does what must not need a free worker: the on_done of
+ * tasks that ended without running (life.c's endings list), retry timers and
+ * the deadlines of waiting tasks (tp__life_timers), and a spawn that a worker
+ * exit or a retry backlog calls for. It exits when the pool is closed and
+ * nothing is in flight.
+ *
+ * Elastic workers: a submit that leaves more startable tasks than idle
+ * workers reserves a worker slot under mu (spawn_start_locked) and creates
+ * the thread after unlocking (spawn_finish). A slot whose thread exited is
+ * joined before reuse. If pthread_create fails the reservation is undone; the
+ * tasks are still served by the workers that exist (at least min_workers).
+ *
+ * Shutdown: the first tp_shutdown() fixes `shut.deadline`; every caller waits
+ * on done_cv for the same state change, and the first to wake past the
+ * deadline forces (tp__life_force). The outcome is recorded in `shut.state`
+ * and every later call reports it.
+ *
+ * Lock order: see pool.h. mu is never held across user code (task, on_done,
+ * hooks, the log hook) or pthread_create.
+ */
+#include "pool.h"
+
+#include <errno.h>
+#include <sched.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "group.h"
+
+static void *worker_main(void *arg);
+static void *service_main(void *arg);
+
+#if defined(TP__DEBUG)
+_Atomic(tp__test_hook) tp__test_attempt_returned; /* pool.h */
+#endif
+
+/* ------------------------------------------------------------ acting on transitions */
+
+static void svc_wake_locked(tp_pool *p) {
+    if (p->svc.waiting) pthread_cond_signal(&p->svc_cv);
+}
+
+/* Workers whose threads run (spawns under way excluded). */
+static unsigned running_workers_locked(const tp_pool *p) { return p->wk.live_workers - p->wk.starting; }
+
+/* Should a worker be added? Only while the startable tasks exceed the idle
+ * workers plus those still starting (not yet waiting, but about to take
+ * work), and the pool is below its maximum; a fixed pool never spawns. */
+static bool want_spawn_locked(const tp_pool *p) {
+    return p->wk.live_workers < p->cfg.max_workers &&
+           tp__life_startable(&p->life) > p->wk.idle_waiters + p->wk.spinners + p->wk.starting;
+}
+
+void tp__engine_act_locked(tp_pool *p, tp__fx *fx) {
+    TP__ASSERT_LOCKED(p);
+    /* One signal per startable task, as far as there are sleepers; none while
+     * a worker spins: it takes new work without a wake-up, and wakes a
+     * sleeper itself if more is left (worker_main). */
+    if (fx->work && !p->wk.spinners)
+        for (unsigned i = 0; i < fx->work && i < p->wk.idle_waiters; i++) pthread_cond_signal(&p->work_cv);
+    /* Broadcast: waiters wait for different things (space, their user's
+     * slot), so one wake could go to a caller that still cannot proceed. */
+    if (fx->room && p->room_waiters) pthread_cond_broadcast(&p->room_cv);
+    if (fx->svc || fx->drained || fx->svc_by < p->svc.next) svc_wake_locked(p);
+    if ((fx->exiters || fx->drained) && p->wk.idle_waiters && tp__life_closed(&p->life) &&
+        tp__life_idle(&p->life))
+        pthread_cond_broadcast(&p->work_cv);
+    if (fx->drained) pthread_cond_broadcast(&p->done_cv);
+    if (fx->cancel_running)
+        for (unsigned i = 0; i < p->cfg.max_workers; i++)
+            if (p->wk.workers[i].cur) tp__ctx_cancel_locked(&p->wk.workers[i].ctx);
+    for (struct tp_group *g = fx->groups, *nx; g; g = nx) {
+        nx = g->wake_next;
+        g->wake_next = NULL;
+        g->wake_queued = false;
+        if (g->waiters) pthread_cond_broadcast(&g->cv);
+    }
+    *fx = (tp__fx)TP__FX_INIT;
+}
+
+int tp__engine_wait_locked(tp_pool *p, pthread_cond_t *cv, uint64_t deadline) {
+    return tp__mutex_wait(&p->mu, cv, deadline);
+}
+
+/* ------------------------------------------------------------ spawning */
+
+/* Reserve a worker slot (mu held); the thread is made after unlocking by
+ * spawn_finish. */
+static int spawn_start_locked(tp_pool *p, tp__worker **slot, pthread_t *old, bool *join_old) {
+    *slot = NULL;
+    for (unsigned i = 0; i < p->cfg.max_workers; i++) {
+        tp__worker *w = &p->wk.workers[i];
+        if (w->state == TP__W_LIVE) continue;
+        *join_old = w->state == TP__W_DEAD;
+        *old = w->thread;
+        w->state = TP__W_LIVE;
+        p->wk.live_workers++;
+        p->wk.threads++;
+        p->wk.starting++; /* counted in stats.workers once it runs (worker_enter) */
+        *slot = w;
+        return TP_OK;
+    }
+    /* Every slot is taken: some exiting worker has left the counted set but
+     * still runs its stop hook. Skip this spawn; the next one will find it. */
+    return TP_ENOMEM;
+}
+
+static int spawn_finish(tp_pool *p, tp__worker *w, pthread_t old, bool join_old) {
+    if (!w) return TP_ENOMEM;
+    if (join_old) pthread_join(old, NULL); /* it marked itself DEAD as its last locked act */
+    int rc = pthread_create(&w->thread, NULL, worker_main, w);
+    if (rc == 0) return TP_OK;
+    tp__lock(p);
+    TP__ASSERT(p->wk.live_workers > 0 && p->wk.threads > 0 && p->wk.starting > 0);
+    w->state = TP__W_FREE;
+    p->wk.live_workers--;
+    p->wk.threads--;
+    p->wk.starting--;
+    pthread_cond_broadcast(&p->done_cv);
+    tp__unlock(p);
+    return TP_ENOMEM;
+}
+
+/* A spawn that a submit calls for: reserved under mu, made after. */
+typedef struct spawn {
+    tp__worker *w;
+    pthread_t old;
+    bool join_old;
+} spawn;
+
+static void spawn_if_wanted_locked(tp_pool *p, spawn *sp) {
+    sp->w = NULL;
+    if (want_spawn_locked(p)) spawn_start_locked(p, &sp->w, &sp->old, &sp->join_old);
+    /* A submit spawns one worker itself; should the backlog want more (a
+     * batch), the service thread spawns the rest, one after the other. */
+    if (!tp__life_closed(&p->life) && want_spawn_locked(p)) svc_wake_locked(p);
+}
+
+static void spawn_run(tp_pool *p, spawn *sp) {
+    if (sp->w)
+        (void)spawn_finish(p, sp->w, sp->old, sp->join_old); /* a failure leaves the tasks to the others */
+}
+
+/* "<name>-<what><index>", the name cut so the whole fits Linux's 15 characters. */
+static void set_thread_name(const tp_pool *p, const char *what, unsigned index) {
+#if defined(__linux__)
+    char suffix[16], buf[16];
+    int n = index == UINT_MAX ? snprintf(suffix, sizeof suffix, "-%s", what)
+                              : snprintf(suffix, sizeof suffix, "-%s%u", what, index);
+    if (n < 0 || n >= 15) return;
+    size_t keep = strlen(p->cfg.name);
+    if (keep > (size_t)(15 - n)) keep = (size_t)(15 - n);
+    memcpy(buf, p->cfg.name, keep);
+    memcpy(buf + keep, suffix, (size_t)n + 1);
+    pthread_setname_np(pthread_self(), buf);
+#else
+    (void)p, (void)what, (void)index;
+#endif
+}
+
+/* ------------------------------------------------------------ failures */
+
+/* A duration in the largest unit it reaches (ns, us, ms, s), with up to three
+ * decimals and no trailing zeros: 750 ns, 200 us, 1.5 ms, 2.5 s. */
+static void format_duration(char *buf, size_t len, uint64_t ns) {
+    static const struct {
+        uint64_t div;
+        const char *unit;
+    } units[] = {{1000000000ull, "s"}, {1000000ull, "ms"}, {1000ull, "us"}, {1, "ns"}};
+    size_t i = 0;
+    while (units[i].div > 1 && ns < units[i].div) i++;
+    uint64_t div = units[i].div, whole = ns / div;
+    uint64_t milli = div >= 1000 ? (ns % div + div / 2000) / (div / 1000) : 0; /* thousandths, rounded */
+    if (milli == 1000) {
+        whole++;
+        milli = 0;
+    }
+    if (milli == 0) {
+        snprintf(buf, len, "%llu %s", (unsigned long long)whole, units[i].unit);
+        return;
+    }
+    int digits = 3;
+    while (milli % 10 == 0) {
+        milli /= 10;
+        digits--;
+    }
+    snprintf(buf, len, "%llu.%0*llu %s", (unsigned long long)whole, digits, (unsigned long long)milli,
+             units[i].unit);
+}
+
+/* A failed attempt, as the task looked when it ended (copied under mu: once
+ * a retry is scheduled the record may be cancelled, ended and reused). */
+typedef struct failure {
+    uint64_t id;
+    unsigned attempt;
+    int status;
+    bool retry;
+    uint64_t delay; /* before the retry */
+    char log_id[TP_LOG_ID_MAX + 1];
+} failure;
+
+/* Reported without mu. */
+static void log_failure(tp_pool *p, const failure *f) {
+    char st[48];
+    if (f->status < 0 && f->status >= TP_EBUSY)
+        snprintf(st, sizeof st, "%s", tp_err_name(f->status));
+    else
+        snprintf(st, sizeof st, "status %d", f->status);
+    if (f->retry) {
+        char delay[32];
+        format_duration(delay, sizeof delay, f->delay);
+        tp__log(p->cfg.log, p->cfg.log_arg, p->cfg.name, TP_LOG_WARN, f->log_id,
+                "task %llu attempt %u failed (%s); retry %u of %u in %s", (unsigned long long)f->id,
+                f->attempt, st, f->attempt + 1, p->cfg.max_retries, delay);
+    } else {
+        tp__log(p->cfg.log, p->cfg.log_arg, p->cfg.name, TP_LOG_ERROR, f->log_id,
+                "task %llu attempt %u failed (%s); giving up", (unsigned long long)f->id, f->attempt, st);
+    }
+}
+
+/* ------------------------------------------------------------ the worker loop */
+
+/* How long an idle worker polls for work before it sleeps on work_cv. A
+ * sleep costs the submitter a futex wake (a system call) and the worker a
+ * context switch, together several microseconds; a pool under a steady stream
+ * of tasks finds its next task within this window without either. Only one
+ * worker spins at a time, so idle workers do not eat the CPUs that the
+ * submitters need, and each idle period spins at most once. */
+#define TP__SPIN_NS 20000u
+
+/* stats.idle: workers waiting on work_cv plus the one spinning. */
+static void set_idle_stat_locked(tp_pool *p) { TP__SET(p->st.idle, p->wk.idle_waiters + p->wk.spinners); }
+
+/* stats.workers: threads that run, not spawns under way (which may fail). */
+static void set_workers_stat_locked(tp_pool *p) { TP__SET(p->st.workers, running_workers_locked(p)); }
+
+/* Entered and left with mu held: poll the waiting count (st.queued, stored
+ * with every change) without the lock for up to TP__SPIN_NS. The caller
+ * re-checks under the lock, so a task pushed at any moment is found either
+ * here or there: no wake-up is lost. */
+static void spin_for_work_locked(tp_pool *p, uint64_t since) {
+    p->wk.spinners++;
+    set_idle_stat_locked(p);
+    tp__unlock(p);
+    uint64_t until = since + TP__SPIN_NS;
+    for (unsigned i = 1;; i++) {
+        if (TP__LOAD(p->st.queued) != 0) break;
+        if ((i & 63) == 0) {
+            if (tp_now_ns() >= until) break;
+            sched_yield(); /* let a submitter that shares this CPU run */
+        }
+        tp__cpu_relax();
+    }
+    tp__lock(p);
+    TP__ASSERT(p->wk.spinners > 0);
+    p->wk.spinners--;
+    set_idle_stat_locked(p);
+}
+
+/* The state a worker carries between turns of its loop. */
+typedef struct worker_turn {
+    bool spun; /* spun once already in this idle period */
+    /* The end of the last attempt on the histograms' clock (clock.h), while
+     * this worker has done nothing since but its lock hold (no wait, on_done
+     * or failure log): the next attempt's queue wait ends then, or at the
+     * task's admission if later (hist.h). 0: read the clock afresh. */
+    uint64_t last_end_h;
+} worker_turn;
+
+/* Step 1, mu held, no current task: return when a task may start (true) or
+ * this worker should exit (false). The idle period starts when the worker
+ * first finds nothing to start (the clock is read then, not per task);
+ * wake-ups that bring no work do not restart it. */
+static bool wait_for_work_locked(tp_pool *p, worker_turn *wt) {
+    uint64_t idle_since = 0;
+    while (!tp__life_ready(&p->life)) {
+        wt->last_end_h = 0;
+        if (tp__life_closed(&p->life) && tp__life_idle(&p->life)) return false;
+        if (!idle_since) idle_since = tp_now_ns();
+        if (!wt->spun && p->wk.spinners == 0) {
+            wt->spun = true;
+            spin_for_work_locked(p, idle_since);
+            continue;
+        }
+        /* Above the minimum counting only workers that run: a spawn under
+         * way may still fail, and then this worker is one of the minimum. */
+        bool elastic = running_workers_locked(p) > p->cfg.min_workers && p->cfg.idle_timeout != TP_FOREVER;
+        uint64_t until = elastic ? tp__deadline_after(idle_since, p->cfg.idle_timeout) : TP_FOREVER;
+        p->wk.idle_waiters++;
+        set_idle_stat_locked(p);
+        int e = tp__mutex_wait(&p->mu, &p->work_cv, until);
+        TP__ASSERT(p->wk.idle_waiters > 0);
+        p->wk.idle_waiters--;
+        set_idle_stat_locked(p);
+        if (e == ETIMEDOUT && elastic && !tp__life_ready(&p->life) &&
+            running_workers_locked(p) > p->cfg.min_workers && tp_now_ns() >= until)
+            return false;
+    }
+    wt->spun = false;
+    return true;
+}
+
+/* A finalised task (DONE): its on_done without mu, then retired. Entered and
+ * left with mu held. */
+static void finish_locked(tp_pool *p, tp__task *t) {
+    TP__ASSERT(t->state == TP__DONE);
+    if (t->on_done) {
+        tp__unlock(p);
+        tp__tls_enter_task(t);
+        t->on_done(t->arg, t->status);
+        tp__tls_leave_task();
+        tp__lock(p);
+    }
+    tp__fx fx = TP__FX_INIT;
+    tp__life_retire(&p->life, t, &fx);
+    tp__engine_act_locked(p, &fx);
+}
+
+/* Step 3 for a started task: run it without mu, then retry or end. Entered
+ * and left with mu held. */
+static void run_task_locked(tp_pool *p, tp__worker *w, tp__task *t, worker_turn *wt) {
+    tp__unlock(p);
+    /* The run timeout counts from this attempt's start: CLOCK_MONOTONIC read
+     * now, after the task left the queue, so never before its admission (or
+     * its return to the queue for a retry). Not read without one. The
+     * histograms' clock (clock.h) starts both histograms. */
+    if (t->run_timeout != TP_FOREVER) tp__ctx_arm_run_timeout(&w->ctx, t, tp_now_ns());
+    uint64_t last = wt->last_end_h;
+    uint64_t started_at = !last ? tp__hclk_now() : last > t->queued_at ? last : t->queued_at;
+    tp__hist_shard *h = &p->wk.hist[w->index];
+    tp__hist_attempt_started(h, tp__lane_of(t->prio), t->queued_at, started_at);
+
+    tp__tls_enter_task(t);
+    int rc = t->fn(&w->ctx, t->arg);
+    tp__tls_leave_task();
+    uint64_t ended_at = tp__hclk_now();
+    tp__hist_attempt_ended(h, started_at, ended_at);
+    /* straight on to the next task, if any: nothing to run or log here */
+    bool busy = rc == 0 && (!t->on_done || t->cq);
+    wt->last_end_h = busy ? ended_at : 0;
+#if defined(TP__DEBUG)
+    tp__test_hook hook = atomic_load_explicit(&tp__test_attempt_returned, memory_order_acquire);
+    if (hook) hook(p);
+#endif
+
+    tp__lock(p);
+    failure f;
+    if (rc != 0) {
+        f.id = t->id;
+        f.attempt = t->attempt;
+        f.status = rc;
+        snprintf(f.log_id, sizeof f.log_id, "%s", tp__task_log_id(t));
+    }
+    tp__fx fx = TP__FX_INIT;
+    bool retry = tp__life_attempt_ended(&p->life, t, rc, &fx);
+    w->cur = NULL;
+    /* read now: a task that went to a completion queue is retired already */
+    bool finish = !retry && tp__life_done_here(t);
+    if (retry) f.delay = tp__life_retry_delay(&p->life, t->attempt);
+    tp__engine_act_locked(p, &fx);
+    if (rc != 0) {
+        f.retry = retry;
+        tp__unlock(p);
+        log_failure(p, &f);
+        tp__lock(p);
+    }
+    if (finish) finish_locked(p, t);
+}
+
+/* The thread runs: count it, mu held on return. */
+static void worker_enter(tp_pool *p, tp__worker *w) {
+    tp__tls_pool = p;
+    set_thread_name(p, "w", w->index);
+    if (p->cfg.on_worker_start) p->cfg.on_worker_start(p->cfg.hook_arg);
+    tp__lock(p);
+    TP__ASSERT(p->wk.starting > 0);
+    p->wk.starting--;
+    set_workers_stat_locked(p);
+}
+
+/* Exit, entered with mu held: leave the counted set first (stats, scaling),
+ * run the stop hook without the lock, then report the thread as gone. */
+static void worker_leave_locked(tp_pool *p, tp__worker *w) {
+    TP__ASSERT(p->wk.live_workers > 0);
+    p->wk.live_workers--;
+    set_workers_stat_locked(p);
+    tp__unlock(p);
+    if (p->cfg.on_worker_stop) p->cfg.on_worker_stop(p->cfg.hook_arg);
+    tp__lock(p);
+    TP__ASSERT(p->wk.threads > 0);
+    w->state = TP__W_DEAD;
+    p->wk.threads--;
+    if (p->wk.threads == 0) pthread_cond_broadcast(&p->done_cv);
+    if (tp__life_closed(&p->life) && tp__life_idle(&p->life) && p->wk.idle_waiters)
+        pthread_cond_broadcast(&p->work_cv);
+    /* A spawn skipped while this slot was still taken (spawn_start finds no
+     * free slot) is retried now, by the service thread. */
+    if (!tp__life_closed(&p->life) && want_spawn_locked(p)) svc_wake_locked(p);
+    tp__unlock(p);
+}
+
+static void *worker_main(void *arg) {
+    tp__worker *w = (tp__worker *)arg;
+    tp_pool *p = w->pool;
+    worker_enter(p, w);
+    worker_turn wt = {false, 0};
+    while (wait_for_work_locked(p, &wt)) {
+        tp__fx fx = TP__FX_INIT;
+        tp__task *t = tp__life_take(&p->life, &w->ctx, &fx);
+        /* Submitters do not wake anyone while a worker spins: pass work on. */
+        if (tp__life_ready(&p->life) && p->wk.idle_waiters && !p->wk.spinners)
+            pthread_cond_signal(&p->work_cv);
+        tp__engine_act_locked(p, &fx);
+        if (!t) continue; /* the ready task ended at its deadline, with nothing for this worker to run */
+        if (t->state == TP__DONE) {
+            finish_locked(p, t); /* its deadline passed while it waited */
+            wt.last_end_h = 0;
+            continue;
+        }
+        w->cur = t;
+        run_task_locked(p, w, t, &wt);
+    }
+    worker_leave_locked(p, w);
+    return NULL;
+}
+
+/* ------------------------------------------------------------ the service thread */
+
+/* The on_done calls of tasks that ended without running, in chunks: one lock
+ * round-trip per chunk keeps the service thread ahead of a cancel storm, and
+ * a chunk is short enough not to sit on records that admission may wait for.
+ * Entered and left with mu held. */
+#define TP__ENDINGS_CHUNK 64u
+static void run_endings_locked(tp_pool *p) {
+    tp__task *list = tp__life_take_endings(&p->life);
+    while (list) {
+        tp__task *chunk = list;
+        unsigned n = 0;
+        tp__unlock(p);
+        for (; list && n < TP__ENDINGS_CHUNK; list = list->next, n++) {
+            tp__tls_enter_task(list);
+            list->on_done(list->arg, list->status);
+            tp__tls_leave_task();
+        }
+        tp__lock(p);
+        tp__fx fx = TP__FX_INIT;
+        while (chunk != list) {
+            tp__task *nx = chunk->next;
+            tp__life_retire(&p->life, chunk, &fx);
+            chunk = nx;
+        }
+        tp__engine_act_locked(p, &fx);
+    }
+}
+
+/* Retries came back to a backlog, or a spawn was skipped while an exiting
+ * worker held its slot: grow an elastic pool as a submit would. One attempt
+ * per pass: a failed pthread_create leaves the tasks to the existing workers
+ * instead of spinning. mu is released and taken again. */
+static bool service_spawn_locked(tp_pool *p) {
+    tp__worker *w;
+    pthread_t old;
+    bool join_old = false;
+    if (spawn_start_locked(p, &w, &old, &join_old) != TP_OK) return false;
+    tp__unlock(p);
+    int rc = spawn_finish(p, w, old, join_old);
+    tp__lock(p);
+    return rc == TP_OK;
+}
+
+static void *service_main(void *arg) {
+    tp_pool *p = (tp_pool *)arg;
+    tp__tls_pool = p;
+    tp__tls_service = true;
+    set_thread_name(p, "svc", UINT_MAX);
+    bool tried_spawn = false; /* at most one spawn attempt between two waits */
+    tp__lock(p);
+    for (;;) {
+        if (tp__life_endings_pending(&p->life)) {
+            run_endings_locked(p);
+            tried_spawn = false; /* mu was released: a wake for a spawn may have been missed */
+            continue;
+        }
+        tp__fx fx = TP__FX_INIT;
+        uint64_t next = tp__life_timers(&p->life, tp_now_ns(), &fx);
+        fx.svc = false; /* that is this thread */
+        tp__engine_act_locked(p, &fx);
+        if (tp__life_endings_pending(&p->life)) continue;
+        if (!tried_spawn && !tp__life_closed(&p->life) && want_spawn_locked(p)) {
+            /* Only a failed spawn waits for the next wake-up before trying
+             * again (no busy loop while threads cannot be made); after a
+             * success the backlog may want another worker at once. */
+            tried_spawn = !service_spawn_locked(p);
+            continue; /* mu was released: look at everything again */
+        }
+        if (tp__life_closed(&p->life) && tp__life_inflight(&p->life) == 0) break;
+        p->svc.waiting = true;
+        p->svc.next = next; /* an earlier deadline admitted meanwhile wakes us */
+        tp__mutex_wait(&p->mu, &p->svc_cv, next);
+        p->svc.waiting = false;
+        p->svc.next = TP_FOREVER;
+        tried_spawn = false;
+    }
+    tp__unlock(p);
+    return NULL;
+}
+
+/* ------------------------------------------------------------ admission */
+
+static void count_reject_locked(tp_pool *p, int rc) {
+    switch (rc) {
+    case TP_ECLOSED: TP__INC(p->st.rejected_closed); break;
+    case TP_EUSERLIMIT: TP__INC(p->st.rejected_user); break;
+    case TP_ETIMEDOUT: TP__INC(p->st.rejected_timeout); break;
+    default: TP__INC(p->st.rejected_full); break; /* TP_EFULL, TP_ENOMEM */
+    }
+}
+
+/* Wait for a place of `cq` (mu held on entry and return, released while
+ * waiting), until one may be free, the pool closes or `deadline`. */
+static void wait_cq_place_locked(tp_pool *p, tp_cq *cq, uint64_t deadline) {
+    tp__cq_waiter cw = {cq, false, p->cq_waiters, NULL};
+    if (p->cq_waiters) p->cq_waiters->prev = &cw;
+    p->cq_waiters = &cw;
+    tp__cq_wait_place_begin(&cw); /* the queue's lock, under the pool's (pool.h) */
+    tp__unlock(p);
+    tp__cq_wait_place(&cw, deadline);
+    tp__cq_wait_place_end(&cw);
+    tp__lock(p);
+    if (cw.prev)
+        cw.prev->next = cw.next;
+    else
+        p->cq_waiters = cw.next;
+    if (cw.next) cw.next->prev = cw.prev;
+}
+
+int tp__engine_submit(tp_pool *p, tp__admit_args *a, void *arg, uint64_t *id_out, bool wait,
+                      uint64_t deadline) {
+    /* The admission stamp of the queue-wait histogram (clock.h): taken
+     * before the lock, not under it. A waiting submit takes it under the
+     * lock each turn, after its budget check (which covers the lock
+     * acquisition). */
+    a->now = wait ? 0 : tp__hclk_now();
+    tp__lock(p);
+    if (a->group && a->group->cancelled) { /* a cancelled group: counts nothing */
+        tp__unlock(p);
+        return TP_ECANCELED;
+    }
+    TP__INC(p->st.submitted);
+    int rc;
+    tp__fx fx = TP__FX_INIT;
+    for (;;) {
+        if (tp__life_closed(&p->life)) {
+            rc = TP_ECLOSED;
+            break;
+        }
+        if (wait) {
+            if (tp_now_ns() >= deadline) {
+                rc = TP_ETIMEDOUT;
+                break;
+            }
+            a->now = tp__hclk_now();
+        }
+        rc = tp__life_admit(&p->life, a, arg, id_out, &fx);
+        if (!wait || (rc != TP_EFULL && rc != TP__EFULL_CQ && rc != TP_EUSERLIMIT)) break;
+        if (tp__tls_service && tp__tls_pool == p) {
+            /* An on_done on this pool's service thread: waiting would stall
+             * the retry timers and endings that may be what frees room. */
+            rc = TP_ETIMEDOUT;
+            break;
+        }
+        if (rc == TP__EFULL_CQ) {
+            wait_cq_place_locked(p, a->cq, deadline);
+        } else {
+            p->room_waiters++;
+            tp__mutex_wait(&p->mu, &p->room_cv, deadline); /* the loop re-checks closed and the budget */
+            p->room_waiters--;
+        }
+    }
+    if (rc == TP__EFULL_CQ) rc = TP_EFULL;
+    spawn sp = {NULL, 0, false};
+    if (rc == TP_OK)
+        spawn_if_wanted_locked(p, &sp);
+    else
+        count_reject_locked(p, rc);
+    tp__engine_act_locked(p, &fx);
+    tp__unlock(p);
+    spawn_run(p, &sp);
+    return rc;
+}
+
+int tp__engine_submit_batch(tp_pool *p, const tp_task *tasks, size_t valid, tp__admit_args *a,
+                            size_t nchecked, uint64_t *ids_out, size_t *k_out) {
+    /* The queue wait of every task starts now: one stamp for the batch. */
+    uint64_t now = tp__hclk_now();
+    for (size_t i = 0; i < nchecked; i++) a[i].now = now;
+    size_t k = 0;
+    int rc = TP_OK;
+    tp__fx fx = TP__FX_INIT;
+    tp__lock(p);
+    for (; k < valid; k++) {
+        tp__admit_args spare;
+        const tp__admit_args *ak = &spare;
+        if (k < nchecked) {
+            ak = &a[k];
+        } else {
+            (void)tp__life_args(&p->life, tasks[k].fn, tasks[k].opts, &spare); /* passed before */
+            spare.now = now;
+        }
+        TP__INC(p->st.submitted);
+        rc = tp__life_closed(&p->life)
+                 ? TP_ECLOSED
+                 : tp__life_admit(&p->life, ak, tasks[k].arg, ids_out ? &ids_out[k] : NULL, &fx);
+        if (rc != TP_OK) {
+            if (rc == TP__EFULL_CQ) rc = TP_EFULL;
+            count_reject_locked(p, rc);
+            break;
+        }
+    }
+    spawn sp = {NULL, 0, false};
+    if (k > 0) spawn_if_wanted_locked(p, &sp);
+    tp__engine_act_locked(p, &fx);
+    tp__unlock(p);
+    spawn_run(p, &sp);
+    *k_out = k;
+    return rc;
+}
+
+/* ------------------------------------------------------------ cancel, close, shutdown */
+
+int tp__engine_cancel(tp_pool *p, uint64_t id) {
+    tp__fx fx = TP__FX_INIT;
+    tp__lock(p);
+    int rc = tp__life_cancel(&p->life, id, &fx);
+    tp__engine_act_locked(p, &fx);
+    tp__unlock(p);
+    return rc;
+}
+
+static void close_locked(tp_pool *p) {
+    if (tp__life_closed(&p->life)) return;
+    tp__fx fx = TP__FX_INIT;
+    tp__life_close(&p->life, &fx);
+    tp__engine_act_locked(p, &fx);
+    pthread_cond_broadcast(&p->room_cv); /* a close wakes every waiting submitter at once */
+    pthread_cond_broadcast(&p->work_cv);
+    for (tp__cq_waiter *cw = p->cq_waiters; cw; cw = cw->next) tp__cq_wake_closed(cw);
+}
+
+void tp__engine_close(tp_pool *p) {
+    tp__lock(p);
+    close_locked(p);
+    tp__unlock(p);
+}
+
+int tp__engine_shutdown(tp_pool *p, uint64_t budget_ns) {
+    tp__lock(p);
+    close_locked(p);
+    if (p->shut.state == TP__SHUT_NONE) {
+        p->shut.state = TP__SHUT_RUNNING;
+        p->shut.deadline = tp__deadline_after(tp_now_ns(), budget_ns ? budget_ns : p->cfg.drain_timeout);
+    }
+    while (p->shut.state == TP__SHUT_RUNNING) {
+        if (tp__life_inflight(&p->life) == 0) {
+            p->shut.state = TP__SHUT_OK;
+        } else if (p->shut.deadline != TP_FOREVER && tp_now_ns() >= p->shut.deadline) {
+            p->shut.state = TP__SHUT_FORCED;
+            tp__fx fx = TP__FX_INIT;
+            tp__life_force(&p->life, &fx);
+            tp__engine_act_locked(p, &fx);
+        } else {
+            tp__mutex_wait(&p->mu, &p->done_cv, p->shut.deadline);
+            continue;
+        }
+        pthread_cond_broadcast(&p->done_cv); /* the other shutdown callers */
+    }
+    int rc = p->shut.state == TP__SHUT_OK ? TP_OK : TP_ETIMEDOUT;
+    tp__unlock(p);
+    return rc;
+}
+
+/* Everything accepted has ended and every worker thread is gone. */
+static bool finished_locked(const tp_pool *p) {
+    return tp__life_closed(&p->life) && tp__life_inflight(&p->life) == 0 && p->wk.threads == 0;
+}
+
+int tp__engine_wait(tp_pool *p, uint64_t timeout_ns) {
+    uint64_t deadline = timeout_ns == 0 ? TP_FOREVER : tp__deadline_after(tp_now_ns(), timeout_ns);
+    int rc = TP_OK;
+    tp__lock(p);
+    while (!finished_locked(p)) {
+        if (deadline != TP_FOREVER && tp_now_ns() >= deadline) {
+            rc = TP_ETIMEDOUT;
+            break;
+        }
+        tp__mutex_wait(&p->mu, &p->done_cv, deadline);
+    }
+    if (rc == TP_OK && p->shut.state == TP__SHUT_FORCED) rc = TP_ETIMEDOUT;
+    tp__unlock(p);
+    return rc;
+}
+
+/* ------------------------------------------------------------ start, stop */
+
+/* Join every worker thread that was started, and the service thread. */
+static void join_all(tp_pool *p) {
+    for (unsigned i = 0; i < p->cfg.max_workers; i++) {
+        tp__worker *w = &p->wk.workers[i];
+        if (w->state == TP__W_LIVE || w->state == TP__W_DEAD) {
+            pthread_join(w->thread, NULL);
+            w->state = TP__W_FREE;
+        }
+    }
+    if (p->svc.started) {
+        pthread_join(p->svc.thread, NULL);
+        p->svc.started = false;
+    }
+}
+
+void tp__engine_join(tp_pool *p) {
+    (void)tp__engine_wait(p, TP_FOREVER);
+    join_all(p);
+    tp__life_groups_detach(&p->life); /* groups that outlive their pool (taskpool.h) */
+}
+
+/* How far make_sync got, for tp__engine_free. */
+static int make_sync(tp_pool *p) {
+    if (tp__mutex_init(&p->mu, true) != 0) return -1;
+    pthread_cond_t *cvs[4] = {&p->work_cv, &p->room_cv, &p->done_cv, &p->svc_cv};
+    int n = 0;
+    while (n < 4 && tp__cond_init(cvs[n]) == 0) n++;
+    unsigned i = 0;
+    if (n == 4)
+        for (; i < p->cfg.max_workers; i++)
+            if (tp__ctx_init(&p->wk.workers[i].ctx, &p->mu) != 0) break;
+    if (n == 4 && i == p->cfg.max_workers) return 0;
+    while (i-- > 0) tp__ctx_fini(&p->wk.workers[i].ctx);
+    while (n-- > 0) pthread_cond_destroy(cvs[n]);
+    tp__mutex_destroy(&p->mu);
+    return -1;
+}
+
+int tp__engine_start(tp_pool *p) {
+    p->svc.next = TP_FOREVER;
+    p->shut.deadline = TP_FOREVER;
+    p->wk.workers = (tp__worker *)calloc(p->cfg.max_workers, sizeof *p->wk.workers);
+    p->wk.hist = tp__hist_alloc(p->cfg.max_workers); /* the latency histograms: one shard per slot */
+    if (!p->wk.workers || !p->wk.hist) return TP_ENOMEM;
+    for (unsigned i = 0; i < p->cfg.max_workers; i++) {
+        p->wk.workers[i].pool = p;
+        p->wk.workers[i].index = i;
+    }
+    if (make_sync(p) != 0) return TP_ENOMEM;
+    p->wk.synced = true;
+    int rc = TP_OK;
+    tp__lock(p);
+    p->svc.started = pthread_create(&p->svc.thread, NULL, service_main, p) == 0;
+    if (!p->svc.started) rc = TP_ENOMEM;
+    tp__unlock(p);
+    /* min_workers workers, each reserved under the lock like an elastic one */
+    for (unsigned i = 0; rc == TP_OK && i < p->cfg.min_workers; i++) {
+        spawn sp = {NULL, 0, false};
+        tp__lock(p);
+        spawn_start_locked(p, &sp.w, &sp.old, &sp.join_old);
+        tp__unlock(p);
+        rc = spawn_finish(p, sp.w, sp.old, sp.join_old);
+    }
+    if (rc == TP_OK) return TP_OK;
+    /* Unwind through the normal close path so that the threads already
+     * started exit. */
+    tp__lock(p);
+    close_locked(p);
+    while (p->wk.threads > 0)
+        tp__mutex_wait(&p->mu, &p->done_cv, TP_FOREVER); /* then no thread writes w->state */
+    tp__unlock(p);
+    join_all(p);
+    return TP_ENOMEM;
+}
+
+void tp__engine_free(tp_pool *p) {
+    if (p->wk.synced) {
+        for (unsigned i = 0; i < p->cfg.max_workers; i++) tp__ctx_fini(&p->wk.workers[i].ctx);
+        pthread_cond_destroy(&p->svc_cv);
+        pthread_cond_destroy(&p->done_cv);
+        pthread_cond_destroy(&p->room_cv);
+        pthread_cond_destroy(&p->work_cv);
+        tp__mutex_destroy(&p->mu);
+        p->wk.synced = false;
+    }
+    free(p->wk.workers);
+    p->wk.workers = NULL;
+    tp__hist_free(p->wk.hist);
+    p->wk.hist = NULL;
+}

@@ -1,0 +1,179 @@
+/*
+ * life.h -- the life of a task as a state machine (life.c).
+ *
+ * Every function here is a transition of one or more task records, made with
+ * the pool lock held by the caller (engine.c, pool.c, group.c). life.c knows
+ * no thread, no condition variable and no worker: each transition reports in
+ * a tp__fx what it made possible -- work for a worker, room for a waiting
+ * submitter, a timer or an ending for the service thread, a drained pool, a
+ * group without unfinished members -- and the engine, which owns the threads
+ * and the condition variables, acts on it (tp__engine_act_locked).
+ */
+#ifndef TP_LIFE_H
+#define TP_LIFE_H
+
+#include "base.h"
+#include "cq.h"
+#include "ctx.h"
+#include "scheduler.h"
+#include "stats.h"
+#include "task.h"
+#include "users.h"
+
+/* What a transition made possible: the engine wakes whoever waits for it.
+ * Zero-initialise one per lock hold (TP__FX_INIT) and pass it to every
+ * transition of that hold. */
+typedef struct tp__fx {
+    unsigned work;           /* tasks became startable: wake up to this many idle workers */
+    bool room;               /* space, a user slot or a record was freed: wake waiting submitters */
+    bool svc;                /* an ending or a retry timer for the service thread */
+    uint64_t svc_by;         /* a deadline the service thread must look at by then (TP_FOREVER: none) */
+    bool exiters;            /* idle workers re-check whether they may exit */
+    bool drained;            /* closed and nothing in flight: shutdown and wait callers */
+    bool cancel_running;     /* a forced shutdown: cancel the context of every running task */
+    struct tp_group *groups; /* groups whose last unfinished member retired (linked by wake_next) */
+} tp__fx;
+#define TP__FX_INIT                                                                                          \
+    { 0, false, false, TP_FOREVER, false, false, false, NULL }
+
+/* What the life of a pool's tasks needs of its configuration. */
+typedef struct tp__life_cfg {
+    unsigned capacity, max_per_user, max_retries;
+    unsigned waiting_max;     /* tasks that can wait at once: capacity + max_workers (see pool.c) */
+    unsigned max_records;     /* task records in use at most (see pool.c) */
+    uint64_t run_timeout;     /* the pool's default, resolved */
+    uint64_t retry_delay;     /* resolved */
+    uint64_t retry_delay_max; /* 0: fixed delay */
+    uint32_t serial;          /* process-unique pool number, for generated log ids */
+} tp__life_cfg;
+
+/* A submit's checked arguments (pool.c fills it in before taking the lock). */
+typedef struct tp__admit_args {
+    struct tp_group *group; /* NULL: not a group member */
+    tp_fn fn;
+    tp_done_fn on_done;
+    tp_cq *cq;
+    uint64_t run_timeout, deadline;
+    const char *user;
+    size_t user_len;
+    uint32_t user_hash;
+    int prio;
+    const char *log_src; /* NULL: generate */
+    size_t log_len;
+    uint64_t now; /* clock.h stamp just before admission, where the queue wait starts; 0: take it now */
+} tp__admit_args;
+
+/* The state of a pool's tasks. life.c owns every field. */
+typedef struct tp__life {
+    /* First: what every submit and every start writes. */
+    _Alignas(64) tp__tasks tasks;
+    unsigned active;   /* tasks running */
+    unsigned inflight; /* accepted tasks not yet retired */
+    uint64_t next_id;
+    /* The admission word: what tp__life_full_fast needs to refuse a full
+     * queue without the lock, stored under the lock after every change as
+     * one word, so that one load gives the values of one moment: waiting +
+     * delayed (bits 0-31), users_at_limit (bits 32-62), closed (bit 63). */
+    _Alignas(64) _Atomic uint64_t adm;
+    unsigned delayed;        /* tasks in the delayed list */
+    unsigned with_deadline;  /* unfinished tasks that carry a deadline */
+    unsigned users_at_limit; /* users holding max_per_user slots */
+    bool closed;             /* no more admissions */
+    bool forced;             /* no more retries; waiting tasks were dropped */
+    tp__sched sched;         /* the waiting tasks */
+    /* Then: what a task with a user, a deadline, a group or a retry uses. */
+    _Alignas(64) tp__users users;
+    tp__task *delayed_head, *delayed_tail; /* retries waiting for their delay */
+    tp__task *endings_head, *endings_tail; /* ended unrun, on_done pending (service thread) */
+    uint64_t queued_deadline_min;          /* lower bound of the deadlines of waiting tasks */
+    uint64_t expiry_scan_at;               /* the next expiry scan no earlier */
+    struct tp_group *groups;               /* this pool's groups */
+    struct tp_group *coe_pending;          /* cancel-on-error groups to cancel before the lock is released */
+    tp__stats *st;                         /* the pool's statistics (stats.h) */
+    tp__life_cfg cfg;
+} tp__life;
+
+int tp__life_init(tp__life *L, const tp__life_cfg *cfg, tp__stats *st, unsigned prealloc, bool fair,
+                  unsigned starve_limit, unsigned low_max);
+void tp__life_fini(tp__life *L); /* also after a failed init */
+
+/* ---- admission */
+/* tp__life_admit's refusal for a completion queue whose every place is
+ * taken: TP_EFULL to the caller, but a waiting submit waits on the queue. */
+#define TP__EFULL_CQ (-1000)
+/* A submit's arguments checked and resolved into `a` (run timeout default,
+ * user hash, log id source): TP_OK or TP_EINVAL. No lock needed: it reads
+ * only the read-only configuration. */
+int tp__life_args(const tp__life *L, tp_fn fn, const tp_task_opts *opts, tp__admit_args *a);
+/* The part of those checks that needs no pool (a detached group's submit). */
+int tp__life_args_check(tp_fn fn, const tp_task_opts *opts);
+/* The admission checks after "closed" (the caller checks that first): the
+ * user's limit, space, the completion queue's places; on TP_OK the task
+ * waits in the scheduler and *id_out (if not NULL) holds its id. Refusals:
+ * TP_EUSERLIMIT, TP_EFULL (also when the records are at their cap),
+ * TP__EFULL_CQ, TP_ENOMEM. */
+int tp__life_admit(tp__life *L, const tp__admit_args *a, void *arg, uint64_t *id_out, tp__fx *fx);
+/* Without the lock: true when the locked path would refuse a task (with a
+ * user, or not) with TP_EFULL at the moment of one atomic load; false means
+ * "ask under the lock". */
+bool tp__life_full_fast(tp__life *L, bool has_user);
+/* Stop admission (idempotent). */
+void tp__life_close(tp__life *L, tp__fx *fx);
+/* Forced shutdown: no more retries, waiting and delayed tasks end unrun with
+ * TP_ECANCELED; fx->cancel_running asks the engine to cancel the running
+ * ones. */
+void tp__life_force(tp__life *L, tp__fx *fx);
+
+/* ---- a worker's steps */
+/* The next task to start, started on context `c` (RUNNING), or one whose
+ * deadline had passed, finalised (DONE: the caller runs its on_done and
+ * retires it). NULL when no waiting task may start now. */
+tp__task *tp__life_take(tp__life *L, struct tp_ctx *c, tp__fx *fx);
+/* The attempt returned `rc`: schedule a retry (true: the record belongs to
+ * the delayed list from now on) or finalise (false: DONE; the caller runs
+ * its on_done and retires it, unless it already went to a completion queue:
+ * then it is retired here and the caller must not touch it -- see
+ * tp__life_done_here). */
+bool tp__life_attempt_ended(tp__life *L, tp__task *t, int rc, tp__fx *fx);
+/* Whether the caller runs t's on_done now (DONE with an on_done of its own)
+ * or nothing is left to do (retired already). Read before anything else. */
+static inline bool tp__life_done_here(const tp__task *t) { return t->state == TP__DONE; }
+/* The wait before retry k (k = 1 for the first): the pool's retry delay, or
+ * with retry_delay_max min(retry delay x 2^(k-1), max). */
+uint64_t tp__life_retry_delay(const tp__life *L, unsigned k);
+/* on_done has returned (or there was none): the record is reused. */
+void tp__life_retire(tp__life *L, tp__task *t, tp__fx *fx);
+
+/* ---- cancel */
+int tp__life_cancel(tp__life *L, uint64_t id, tp__fx *fx); /* TP_OK or TP_ENOTFOUND */
+
+/* ---- the service thread's steps */
+/* The tasks that ended without running and whose on_done the service thread
+ * runs, linked through `next`; the list is emptied. */
+tp__task *tp__life_take_endings(tp__life *L);
+/* Due retries go back to the scheduler, retries and waiting tasks whose
+ * deadline passed end. Returns when to look again. */
+uint64_t tp__life_timers(tp__life *L, uint64_t now, tp__fx *fx);
+
+/* ---- groups (group.c owns the group object; its members are life.c's) */
+void tp__life_group_link(tp__life *L, struct tp_group *g);
+void tp__life_group_unlink(tp__life *L, struct tp_group *g);
+void tp__life_group_cancel(tp__life *L, struct tp_group *g, tp__fx *fx);
+/* tp_destroy: every task retired; the pool's groups lose their pool. */
+void tp__life_groups_detach(tp__life *L);
+
+/* ---- weights of a fair pool (tp_user_weight_set) */
+int tp__life_set_weight(tp__life *L, const char *user, size_t len, unsigned weight);
+
+/* ---- what the engine asks */
+static inline bool tp__life_ready(const tp__life *L) { return tp__sched_ready(&L->sched); }
+static inline unsigned tp__life_startable(const tp__life *L) { return tp__sched_startable(&L->sched); }
+/* Nothing waits or waits for a retry (a closed pool's idle workers exit). */
+static inline bool tp__life_idle(const tp__life *L) {
+    return tp__sched_waiting(&L->sched) == 0 && L->delayed == 0;
+}
+static inline bool tp__life_closed(const tp__life *L) { return L->closed; }
+static inline unsigned tp__life_inflight(const tp__life *L) { return L->inflight; }
+static inline bool tp__life_endings_pending(const tp__life *L) { return L->endings_head != NULL; }
+
+#endif /* TP_LIFE_H */

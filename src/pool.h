@@ -1,0 +1,190 @@
+/*
+ * pool.h -- the pool object, the engine's calls, and the map of src/.
+ *
+ * Files, by layer (top to bottom). A file calls only tp__ functions of files
+ * in lower layers, never of its own layer or above; tests/check_layers.sh
+ * checks it on the built library.
+ *
+ *   0  compat.c   the 1.0 entry points of the calls whose structs grew
+ *                 (shared library only; public calls only)
+ *   1  group.c    task groups: the group object and its waiters
+ *      metrics.c  tp_metrics_format, through the public reads
+ *      default.c  the process-wide default pool (public calls only)
+ *   2  pool.c     the public calls of a pool: the resolved configuration,
+ *                 argument checks, then the engine
+ *      stats.c    tp_stats_get, tp_lane_stats_get, tp_user_active,
+ *                 tp_stats_format
+ *   3  engine.c   the pool's threads and its lock: worker loop, service
+ *                 loop, spawning, every wait, and the wake-ups that life.c's
+ *                 transitions call for
+ *   4  life.c     the task's life as a state machine (no threads)
+ *   5  scheduler.c the waiting tasks and which starts next (no threads)
+ *      cq.c       completion queues
+ *      ctx.c      the task context, log ids, logging, thread-locals
+ *      tasks.c    task records and the id index
+ *      users.c    per-user slots and weights
+ *      hist.c     latency histograms: bounds, snapshots, quantiles
+ *   6  clock.c    tp_now_ns and the histograms' clock
+ *      error.c    error table, tp_strerror, version, tp__assert_fail
+ *      text.c     tp__put: snprintf into a running position
+ * Headers: base.h (asserts, atomics, the lock wrapper, chunks), stats.h,
+ * task.h, scheduler.h + ring.h, users.h, cq.h, ctx.h, life.h, group.h, hist.h,
+ * clock.h, and this one.
+ *
+ * A task's way, submit to on_done, on the worker side: engine.c (the worker
+ * loop) -> life.c (take, attempt ended, retire) -> scheduler.c (peek, start).
+ *
+ * Who owns what. Each struct says which file writes each part; other files
+ * read only what is said to be readable (the configuration, the statistics,
+ * the histogram shards, and the inline queries of life.h).
+ *
+ * Locking
+ *   One mutex per pool, `mu`, guards everything in the pool except the
+ *   statistics and the lanes' published figures (atomics, written under mu,
+ *   read without it), the admission word (life.c, likewise), `fast_full`
+ *   (added to without the lock by refused submitters), the histogram shards
+ *   (each written by its worker alone) and a running task's context flag
+ *   (written under mu, read by the task). A function whose name ends in
+ *   `_locked` needs mu held (asserted in debug builds); where it releases it
+ *   around user code it says so.
+ *   Lock order: the default-pool registry lock (default.c) before a pool lock
+ *   (tp_default_create -> tp_create), never inside one; a pool lock before a
+ *   completion queue's lock (cq.h), never the other way; no pool lock is held
+ *   while calling user code (task functions, on_done, the log hook, worker
+ *   hooks) or while taking another pool's lock.
+ *   Condition variables, all on mu, all CLOCK_MONOTONIC: work_cv (idle
+ *   workers), room_cv (tp_submit_wait), done_cv (shutdown, wait), svc_cv (the
+ *   service thread), each context's sleep_cv (ctx.c: tp_ctx_sleep), each
+ *   group's cv (group.c waits, engine.c wakes). Waits for a completion
+ *   queue's place are on that queue's own lock and condition (cq.h).
+ */
+#ifndef TP_POOL_H
+#define TP_POOL_H
+
+#include "base.h"
+#include "ctx.h"
+#include "hist.h"
+#include "life.h"
+#include "stats.h"
+
+/* The resolved configuration: pool.c writes it in tp_create, read-only after. */
+typedef struct tp__config {
+    unsigned min_workers, max_workers, capacity, max_per_user, max_retries;
+    unsigned sched, starve_limit, low_max;
+    uint64_t run_timeout, submit_timeout, drain_timeout, idle_timeout, retry_delay, retry_delay_max;
+    tp_log_fn log;
+    void *log_arg;
+    void (*on_worker_start)(void *);
+    void (*on_worker_stop)(void *);
+    void *hook_arg;
+    char name[TP_NAME_MAX + 1];
+    uint32_t serial; /* process-unique pool number, for generated log ids */
+} tp__config;
+
+enum { TP__W_FREE = 0, TP__W_LIVE, TP__W_DEAD };
+
+/* A worker slot (engine.c). */
+typedef struct tp__worker {
+    struct tp_pool *pool;
+    pthread_t thread;
+    int state; /* TP__W_*: FREE never started, DEAD exited and joinable */
+    unsigned index;
+    tp__task *cur;     /* the running task, NULL between tasks */
+    struct tp_ctx ctx; /* ctx.c's */
+} tp__worker;
+
+enum { TP__SHUT_NONE = 0, TP__SHUT_RUNNING, TP__SHUT_OK, TP__SHUT_FORCED };
+
+struct tp_pool {
+    tp__mutex mu;
+    pthread_cond_t work_cv, room_cv, done_cv, svc_cv; /* see Locking above */
+
+    tp__config cfg; /* pool.c, read-only after tp_create */
+    tp__life life;  /* life.c: the tasks, under mu */
+
+    /* engine.c: worker slots and thread counts, under mu */
+    struct tp__workers {
+        tp__worker *workers;   /* max_workers slots */
+        unsigned live_workers; /* workers counted in stats.workers */
+        unsigned starting;     /* spawned threads that have not yet taken mu */
+        unsigned threads;      /* worker threads not yet finished (incl. stop hook) */
+        unsigned idle_waiters; /* workers in work_cv */
+        unsigned spinners;     /* idle workers polling for work before they wait (0 or 1) */
+        tp__hist_shard *hist;  /* max_workers shards: slot i's worker is the only writer of hist[i] */
+        bool synced;           /* the lock, the conditions and the contexts are made */
+    } wk;
+
+    /* engine.c: the service thread, under mu */
+    struct tp__service {
+        uint64_t next; /* when the waiting service thread wakes by itself */
+        bool waiting;  /* the service thread is in svc_cv */
+        bool started;  /* `thread` is joinable */
+        pthread_t thread;
+    } svc;
+
+    /* engine.c: shutdown and waiting submitters, under mu */
+    struct tp__shutdown {
+        int state;         /* TP__SHUT_* */
+        uint64_t deadline; /* fixed by the first tp_shutdown */
+    } shut;
+    unsigned room_waiters;     /* tp_submit_wait callers in room_cv */
+    tp__cq_waiter *cq_waiters; /* tp_submit_wait callers waiting for a completion queue's place */
+
+    /* statistics: atomics, written under mu by life.c and engine.c (stats.h) */
+    _Alignas(64) tp__stats st;
+    /* pool.c: submits refused without the lock by tp__life_full_fast. Each
+     * counts in both submitted and rejected_full (tp_stats_get adds it in).
+     * A read-modify-write, as no lock orders the writers; its own cache line,
+     * which only refused submitters write. */
+    _Alignas(64) _Atomic uint64_t fast_full;
+};
+
+/* ---- the lock (for pool.c, stats.c and group.c; engine.c's own waits) */
+static inline void tp__lock(tp_pool *p) { tp__mutex_lock(&p->mu); }
+static inline void tp__unlock(tp_pool *p) { tp__mutex_unlock(&p->mu); }
+#define TP__ASSERT_LOCKED(p) TP__ASSERT_HELD(&(p)->mu)
+
+/* ---- pool.c: what group.c builds on */
+/* tp_submit with the task joining group g (NULL: none): pool.c's checks and
+ * the engine's admission. */
+int tp__submit_member(tp_pool *p, struct tp_group *g, tp_fn fn, void *arg, const tp_task_opts *opts,
+                      uint64_t *id_out);
+
+/* ---- engine.c */
+/* Make the worker slots, the histograms, the lock, the conditions and the
+ * slots' contexts, then start the service thread and min_workers workers.
+ * TP_OK, or TP_ENOMEM with every thread joined; tp__engine_free then frees
+ * whatever was made. */
+int tp__engine_start(tp_pool *p);
+/* Free the worker slots' contexts and the synchronisation (threads gone). */
+void tp__engine_free(tp_pool *p);
+/* Admission of checked arguments: tp_submit (wait false) or tp_submit_wait
+ * (until `deadline`). `a->now` is filled in here. */
+int tp__engine_submit(tp_pool *p, tp__admit_args *a, void *arg, uint64_t *id_out, bool wait,
+                      uint64_t deadline);
+/* tp_submit_batch after its own argument checks: a[0..nchecked) hold the
+ * checked arguments of the first tasks; later ones are checked under the
+ * lock. Returns the refusal of task k (TP_OK: all `valid` admitted). */
+int tp__engine_submit_batch(tp_pool *p, const tp_task *tasks, size_t valid, tp__admit_args *a,
+                            size_t nchecked, uint64_t *ids_out, size_t *k_out);
+int tp__engine_cancel(tp_pool *p, uint64_t id);
+void tp__engine_close(tp_pool *p);
+int tp__engine_shutdown(tp_pool *p, uint64_t budget_ns);
+int tp__engine_wait(tp_pool *p, uint64_t timeout_ns);
+/* tp_destroy after a shutdown: wait, join every thread, detach groups. */
+void tp__engine_join(tp_pool *p);
+/* A group's calls: act on what a transition called for (mu held), and wait
+ * on a group's condition. */
+void tp__engine_act_locked(tp_pool *p, tp__fx *fx);
+int tp__engine_wait_locked(tp_pool *p, pthread_cond_t *cv, uint64_t deadline);
+
+#if defined(TP__DEBUG)
+/* A test hook of debug builds (tests/test_fuzz_found.c): when set, a worker
+ * calls it right after an attempt returned, without the lock, before it
+ * takes the lock again to end the attempt. It holds open the window in which
+ * a task can be admitted between one attempt's end and the next start. */
+typedef void (*tp__test_hook)(tp_pool *p);
+extern _Atomic(tp__test_hook) tp__test_attempt_returned;
+#endif
+
+#endif /* TP_POOL_H */

@@ -1,0 +1,367 @@
+/*
+ * scheduler.c -- the scheduler (see scheduler.h for its shapes and what it owns).
+ *
+ * The rules, as taskpool.h section 14 states them:
+ *   - A lane is ready when it has a waiting task that may start now: lanes
+ *     below 0 only while fewer than low_max tasks of priority < 0 run (when
+ *     low_max is set).
+ *   - A start goes to the highest ready lane, unless a ready lane's starvation
+ *     count has reached starve_limit: then to the highest such lane. The
+ *     start adds one to the count of every ready lane below the chosen one
+ *     and sets the chosen lane's count to 0. A lane's count also returns to
+ *     0 when it stops being ready: when its last waiting task leaves
+ *     (started, cancelled, expired) and, for the background lanes, when
+ *     low_max tasks of theirs run. A lane that is not ready counts nothing.
+ *   - Within a lane: the ring or the arrival list (FIFO pools), or the round
+ *     (fair pools): the head user starts up to `weight` tasks in a row (its
+ *     turn's credit, fixed when the turn starts), then goes to the back, or
+ *     leaves as soon as it has no waiting task in the lane. A user that gets
+ *     a waiting task while out of the round joins at the back.
+ *
+ * Publishing: every change of a lane's waiting count, running count, started
+ * count or oldest task is stored into its *_pub atomics (release) before the
+ * pool lock is released, for tp_lane_stats_get and tp_stats_get's
+ * oldest_wait_ns, which read them without the lock.
+ *
+ * Layer: a leaf (see pool.h): life.c calls it; it calls nothing of
+ * libtaskpool's but ring.h's inline functions.
+ */
+#include "scheduler.h"
+
+#include <string.h>
+
+#define RING_LANE 2u /* lane of priority 0: the ring, in a FIFO pool */
+
+static bool is_ring_lane(const tp__sched *s, unsigned li) { return !s->fair && li == RING_LANE; }
+
+/* ------------------------------------------------------------ setup */
+
+int tp__sched_init(tp__sched *s, unsigned capacity, bool fair, unsigned starve_limit, unsigned low_max) {
+    memset(s, 0, sizeof *s);
+    s->fair = fair;
+    s->starve_limit = starve_limit;
+    s->low_max = low_max;
+    tp__flow_init(&s->anon, 1);
+    if (!fair && tp__ring_init(&s->ring, capacity) != 0) return -1;
+    return 0;
+}
+
+void tp__sched_fini(tp__sched *s) {
+    if (s->ring.slots) tp__ring_fini(&s->ring);
+}
+
+/* ------------------------------------------------------------ publishing */
+
+static uint64_t lane_head_at(const tp__sched *s, unsigned li) {
+    if (is_ring_lane(s, li)) return tp__ring_head_at(&s->ring);
+    const tp__task *h = s->lane[li].ahead;
+    return h ? h->queued_at : 0;
+}
+
+/* The lane's waiting count or its head changed. */
+static void lane_waiting_changed(tp__sched *s, unsigned li) {
+    tp__lane *l = &s->lane[li];
+    TP__SET(l->head_at_pub, lane_head_at(s, li));
+    TP__SET(l->waiting_pub, l->waiting);
+}
+
+/* ------------------------------------------------------------ lists */
+
+static void arrival_append(tp__lane *l, tp__task *t) {
+    t->anext = NULL;
+    t->aprev = l->atail;
+    if (l->atail)
+        l->atail->anext = t;
+    else
+        l->ahead = t;
+    l->atail = t;
+}
+
+static void arrival_unlink(tp__lane *l, tp__task *t) {
+    if (t->aprev)
+        t->aprev->anext = t->anext;
+    else
+        l->ahead = t->anext;
+    if (t->anext)
+        t->anext->aprev = t->aprev;
+    else
+        l->atail = t->aprev;
+    t->anext = t->aprev = NULL;
+}
+
+static void round_append(tp__lane *l, tp__flow *f, unsigned li) {
+    struct tp__flow_lane *fl = &f->lane[li];
+    fl->rnext = NULL;
+    fl->rprev = l->rtail;
+    if (l->rtail)
+        l->rtail->lane[li].rnext = f;
+    else
+        l->rhead = f;
+    l->rtail = f;
+    fl->in_round = true;
+    fl->credit = 0; /* its turn starts when it reaches the head */
+}
+
+static void round_unlink(tp__lane *l, tp__flow *f, unsigned li) {
+    struct tp__flow_lane *fl = &f->lane[li];
+    if (fl->rprev)
+        fl->rprev->lane[li].rnext = fl->rnext;
+    else
+        l->rhead = fl->rnext;
+    if (fl->rnext)
+        fl->rnext->lane[li].rprev = fl->rprev;
+    else
+        l->rtail = fl->rprev;
+    fl->rnext = fl->rprev = NULL;
+    fl->in_round = false;
+    fl->credit = 0;
+}
+
+static void flow_append(tp__flow *f, unsigned li, tp__task *t) {
+    struct tp__flow_lane *fl = &f->lane[li];
+    t->next = NULL;
+    t->prev = fl->tail;
+    if (fl->tail)
+        fl->tail->next = t;
+    else
+        fl->head = t;
+    fl->tail = t;
+}
+
+/* Out of its flow's list; the flow leaves the round when that was its last
+ * waiting task in the lane. */
+static void flow_unlink(tp__lane *l, tp__task *t, unsigned li) {
+    tp__flow *f = t->flow;
+    struct tp__flow_lane *fl = &f->lane[li];
+    if (t->prev)
+        t->prev->next = t->next;
+    else
+        fl->head = t->next;
+    if (t->next)
+        t->next->prev = t->prev;
+    else
+        fl->tail = t->prev;
+    t->next = t->prev = NULL;
+    if (!fl->head) round_unlink(l, f, li);
+}
+
+/* ------------------------------------------------------------ push, pop */
+
+void tp__sched_push(tp__sched *s, tp__task *t) {
+    unsigned li = tp__lane_of(t->prio);
+    tp__lane *l = &s->lane[li];
+    TP__ASSERT(li < TP__LANES);
+    if (is_ring_lane(s, li)) {
+        tp__ring_push(&s->ring, t);
+    } else {
+        arrival_append(l, t);
+        if (s->fair) {
+            TP__ASSERT(t->flow);
+            flow_append(t->flow, li, t);
+            if (!t->flow->lane[li].in_round) round_append(l, t->flow, li);
+        }
+        s->in_lists++;
+    }
+    l->waiting++;
+    s->waiting++;
+    if (l->waiting == 1)
+        lane_waiting_changed(s, li); /* a new head */
+    else
+        TP__SET(l->waiting_pub, l->waiting);
+}
+
+/* The task lane li starts next (it has one). */
+static tp__task *lane_head(const tp__sched *s, unsigned li) {
+    const tp__lane *l = &s->lane[li];
+    if (is_ring_lane(s, li)) return tp__ring_at(&s->ring, 0);
+    if (s->fair) return l->rhead->lane[li].head;
+    return l->ahead;
+}
+
+/* Take lane li's head `t` out, as a start: in a fair pool its user's turn
+ * goes on or ends. */
+static void lane_take(tp__sched *s, unsigned li, tp__task *t) {
+    tp__lane *l = &s->lane[li];
+    if (is_ring_lane(s, li)) {
+        tp__task *h = tp__ring_pop(&s->ring);
+        TP__ASSERT(h == t);
+        TP__UNUSED(h);
+        return;
+    }
+    if (s->fair) {
+        tp__flow *f = l->rhead;
+        struct tp__flow_lane *fl = &f->lane[li];
+        TP__ASSERT(t->flow == f && fl->head == t);
+        if (fl->credit == 0) fl->credit = f->weight; /* its turn starts */
+        fl->credit--;
+        bool turn_over = fl->credit == 0;
+        flow_unlink(l, t, li); /* leaves the round if that was its last */
+        if (turn_over && fl->in_round) {
+            round_unlink(l, f, li);
+            round_append(l, f, li); /* to the back, for its next turn */
+        }
+    } else {
+        TP__ASSERT(l->ahead == t);
+    }
+    arrival_unlink(l, t);
+    s->in_lists--;
+}
+
+static bool lane_ready(const tp__sched *s, unsigned li, bool low_ok) {
+    return s->lane[li].waiting > 0 && (li >= RING_LANE || low_ok);
+}
+
+tp__task *tp__sched_peek(const tp__sched *s) {
+    if (s->waiting == 0) return NULL;
+    /* Only the ring holds tasks (a FIFO pool, lane 0): the one ready lane. */
+    if (s->in_lists == 0) return tp__ring_at(&s->ring, 0);
+    bool low_ok = s->low_max == 0 || s->low_running < s->low_max;
+    int top = -1;
+    for (int i = TP__LANES - 1; i >= 0; i--) {
+        if (!lane_ready(s, (unsigned)i, low_ok)) continue;
+        if (s->starve_limit != TP_UNLIMITED && s->lane[i].starve >= s->starve_limit)
+            return lane_head(s, (unsigned)i); /* the highest starved lane */
+        if (top < 0) top = i;
+    }
+    return top < 0 ? NULL : lane_head(s, (unsigned)top);
+}
+
+void tp__sched_start(tp__sched *s, tp__task *t) {
+    unsigned li = tp__lane_of(t->prio);
+    tp__lane *l = &s->lane[li];
+    if (s->in_lists > 0) {
+        /* Every ready lane below counts a start that passed it by; the
+         * starting lane's count returns to 0. (With only the ring in use
+         * every other lane is empty, and an empty lane's count is 0.) */
+        bool low_ok = s->low_max == 0 || s->low_running < s->low_max;
+        for (unsigned i = 0; i < li; i++)
+            if (lane_ready(s, i, low_ok) && s->lane[i].starve < UINT_MAX) s->lane[i].starve++;
+        l->starve = 0;
+    }
+    lane_take(s, li, t);
+    l->waiting--;
+    s->waiting--;
+    l->running++;
+    lane_waiting_changed(s, li);
+    TP__SET(l->running_pub, l->running);
+    TP__INC(l->started_pub);
+    if (li < RING_LANE) {
+        s->low_running++;
+        if (s->low_max && s->low_running >= s->low_max) /* the background lanes stop being ready */
+            s->lane[0].starve = s->lane[1].starve = 0;
+    }
+}
+
+bool tp__sched_done(tp__sched *s, const tp__task *t) {
+    unsigned li = tp__lane_of(t->prio);
+    tp__lane *l = &s->lane[li];
+    TP__ASSERT(l->running > 0);
+    l->running--;
+    TP__SET(l->running_pub, l->running);
+    if (li >= RING_LANE) return false;
+    TP__ASSERT(s->low_running > 0);
+    bool was_full = s->low_max && s->low_running == s->low_max;
+    s->low_running--;
+    return was_full && s->lane[0].waiting + s->lane[1].waiting > 0;
+}
+
+/* ------------------------------------------------------------ removal */
+
+/* Out of lane li's lists (not the ring), counts kept by the caller. */
+static void list_unlink(tp__sched *s, unsigned li, tp__task *t) {
+    tp__lane *l = &s->lane[li];
+    if (s->fair) flow_unlink(l, t, li);
+    arrival_unlink(l, t);
+    s->in_lists--;
+}
+
+/* One task fewer waits in lane li (removed, not started). */
+static void lane_left(tp__sched *s, unsigned li) {
+    tp__lane *l = &s->lane[li];
+    TP__ASSERT(l->waiting > 0 && s->waiting > 0);
+    l->waiting--;
+    s->waiting--;
+    if (l->waiting == 0) l->starve = 0; /* no longer ready */
+    lane_waiting_changed(s, li);
+}
+
+void tp__sched_remove(tp__sched *s, tp__task *t) {
+    unsigned li = tp__lane_of(t->prio);
+    if (is_ring_lane(s, li)) {
+        int found = tp__ring_remove(&s->ring, t);
+        TP__ASSERT(found);
+        TP__UNUSED(found);
+    } else {
+        list_unlink(s, li, t);
+    }
+    lane_left(s, li);
+}
+
+/* A list of taken tasks, linked through `next` in the order taken. */
+typedef struct taken {
+    tp__task **tail; /* where the next one is linked */
+    uint64_t now, next;
+    unsigned n;
+} taken;
+
+static void taken_add(taken *k, tp__task *t) {
+    t->next = NULL;
+    *k->tail = t;
+    k->tail = &t->next;
+    k->n++;
+}
+
+static int keep_ring_task(tp__task *t, void *arg) {
+    taken *k = (taken *)arg;
+    if (k->now >= t->deadline) {
+        taken_add(k, t);
+        return 0;
+    }
+    if (t->deadline < k->next) k->next = t->deadline;
+    return 1;
+}
+
+/* Take out lane li's tasks with deadline <= k->now (every task for
+ * TP_FOREVER), in its order. */
+static void lane_take_expired(tp__sched *s, unsigned li, taken *k) {
+    tp__lane *l = &s->lane[li];
+    unsigned before = k->n;
+    if (is_ring_lane(s, li)) {
+        tp__ring_filter(&s->ring, keep_ring_task, k);
+    } else {
+        tp__task *t = l->ahead;
+        while (t) {
+            tp__task *nx = t->anext;
+            if (k->now >= t->deadline) {
+                list_unlink(s, li, t); /* uses next/prev: before taken_add */
+                taken_add(k, t);
+            } else if (t->deadline < k->next) {
+                k->next = t->deadline;
+            }
+            t = nx;
+        }
+    }
+    unsigned n = k->n - before;
+    if (n == 0) return;
+    TP__ASSERT(l->waiting >= n);
+    l->waiting -= n;
+    s->waiting -= n;
+    if (l->waiting == 0) l->starve = 0;
+    lane_waiting_changed(s, li);
+}
+
+uint64_t tp__sched_take_expired(tp__sched *s, uint64_t now, tp__task **out) {
+    *out = NULL;
+    taken k = {out, now, TP_FOREVER, 0};
+    for (unsigned li = TP__LANES; li-- > 0;)
+        if (s->lane[li].waiting) lane_take_expired(s, li, &k);
+    return k.next;
+}
+
+void tp__sched_take_all(tp__sched *s, tp__task **out) {
+    *out = NULL;
+    taken k = {out, TP_FOREVER, TP_FOREVER, 0}; /* now >= every deadline */
+    for (unsigned li = TP__LANES; li-- > 0;)
+        if (s->lane[li].waiting) lane_take_expired(s, li, &k);
+    TP__ASSERT(s->waiting == 0 && s->in_lists == 0);
+}

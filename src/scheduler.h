@@ -1,0 +1,158 @@
+/*
+ * scheduler.h -- the scheduler: the waiting tasks of a pool, and which one starts
+ * next (taskpool.h, section 14). A plain data structure: no threads, no
+ * locks, no allocation after init (the pool lock guards every call); its unit
+ * tests (tests/test_scheduler.c) drive it without a pool.
+ *
+ * Shapes.
+ *   - Five lanes, one per priority. In a FIFO pool, lane 0 is a ring
+ *     (ring.h: 1.1's queue, unchanged) and the other lanes are lists in
+ *     admission order; a pool that never sees a priority other than 0 only
+ *     ever touches the ring, and each pop costs one test more than 1.1's.
+ *   - In a fair pool every lane is a list, kept twice: once per user (the
+ *     user's flow, in admission order) and once in arrival order (for the
+ *     lane's oldest task and the expiry scan). The users with waiting tasks
+ *     in a lane form its round (deficit round robin, a quantum of `weight`
+ *     tasks, a cost of one task per start).
+ * Every operation is O(1) in the number of waiting tasks and of users, but
+ * the expiry scan and a forced shutdown's take-all, which visit every waiting
+ * task once.
+ *
+ * What it owns: the waiting tasks (their scheduling links: ring_pos, next,
+ * prev, anext, aprev), the rounds and turns (flows), the starvation counts,
+ * and the lane figures (waiting, running, started), which it publishes as
+ * atomics for tp_lane_stats_get and the oldest-wait gauge. It knows nothing
+ * of a task's life: life.c decides when a task is pushed (admitted, or back
+ * from a retry delay), popped (a worker starts it), removed (cancel, expiry,
+ * forced shutdown) or done (an attempt ended).
+ */
+#ifndef TP_SCHED_H
+#define TP_SCHED_H
+
+#include "base.h"
+#include "ring.h"
+#include "task.h"
+
+#define TP__LANES 5 /* TP_PRIO_MIN..TP_PRIO_MAX */
+
+static inline unsigned tp__lane_of(int prio) { return (unsigned)(prio - TP_PRIO_MIN); }
+
+/* A user's place in the rounds of a fair pool: one per user entry (users.h),
+ * plus the anonymous user's in the scheduler. Zero-initialised, weight 1. */
+typedef struct tp__flow {
+    struct tp__flow_lane {
+        tp__task *head, *tail;          /* its waiting tasks in this lane, in admission order */
+        struct tp__flow *rnext, *rprev; /* the lane's round, while in it */
+        unsigned credit;                /* starts left in the turn under way; 0: no turn started */
+        bool in_round;
+    } lane[TP__LANES];
+    unsigned weight; /* the quantum of its next turns, 1..TP_WEIGHT_MAX */
+} tp__flow;
+
+typedef struct tp__lane {
+    /* the writer's side, under the pool lock */
+    tp__task *ahead, *atail;   /* list lanes: every waiting task, in arrival order */
+    tp__flow *rhead, *rtail;   /* fair pools: the round */
+    unsigned waiting, running; /* tasks waiting in / running from this lane */
+    unsigned starve;           /* starts that went to a higher lane while this one stayed ready */
+    /* published for lock-free readers (release stores; see stats.h) */
+    _Atomic uint64_t started_pub; /* attempts started from this lane */
+    _Atomic uint64_t head_at_pub; /* queue stamp of its oldest waiting task, 0 if none */
+    _Atomic uint32_t waiting_pub, running_pub;
+} tp__lane;
+
+typedef struct tp__sched {
+    tp__ring ring;         /* FIFO pools: lane 0 */
+    unsigned waiting;      /* in every lane */
+    unsigned in_lists;     /* waiting outside the ring (FIFO pools: lanes other than 0) */
+    bool fair;             /* TP_SCHED_FAIR */
+    unsigned starve_limit; /* prio_starve_limit, resolved; TP_UNLIMITED: strict */
+    unsigned low_max;      /* low_prio_max_running; 0: no limit */
+    unsigned low_running;  /* running tasks of priority < 0 */
+    tp__flow anon;         /* fair pools: the tasks without a user */
+    tp__lane lane[TP__LANES];
+} tp__sched;
+
+/* `capacity`: the most tasks that can wait at once (sizes the ring of a FIFO
+ * pool). 0 or -1 (out of memory). fini also after a failed init (zeroed). */
+int tp__sched_init(tp__sched *s, unsigned capacity, bool fair, unsigned starve_limit, unsigned low_max);
+void tp__sched_fini(tp__sched *s);
+
+/* `t` waits now, at the back of its lane (t->prio) and, in a fair pool, of
+ * its flow (t->flow, which joins the lane's round at the back if it was not
+ * in it). t->queued_at is its queue stamp. */
+void tp__sched_push(tp__sched *s, tp__task *t);
+
+/* The task that starts next by the rules of section 14, left in place; NULL
+ * when no lane is ready (nothing waits, or only background tasks wait while
+ * low_prio_max_running of them run). The caller then either starts it
+ * (tp__sched_start) or, if it must not run (its deadline passed), removes it
+ * (tp__sched_remove), which is no start: no count moves for it. */
+tp__task *tp__sched_peek(const tp__sched *s);
+
+/* Start `t`, what tp__sched_peek just returned: take it out, count it
+ * started and running in its lane, move the starvation counts and the
+ * lane's round. */
+void tp__sched_start(tp__sched *s, tp__task *t);
+
+/* An attempt of `t` that was started has ended: it no longer runs in its
+ * lane. Returns true when this made a lane ready that was not (a background
+ * task may start again): a worker should be woken. */
+bool tp__sched_done(tp__sched *s, const tp__task *t);
+
+/* Take out waiting task `t` (cancel, group cancel). */
+void tp__sched_remove(tp__sched *s, tp__task *t);
+
+/* Take out every waiting task whose deadline is <= now, linked through `next`
+ * in lane order (each lane oldest first) into *out; returns the earliest
+ * deadline left among the waiting tasks (TP_FOREVER if none). Visits every
+ * waiting task. */
+uint64_t tp__sched_take_expired(tp__sched *s, uint64_t now, tp__task **out);
+
+/* Take out every waiting task, linked through `next` into *out (forced
+ * shutdown). */
+void tp__sched_take_all(tp__sched *s, tp__task **out);
+
+/* How many tasks wait. */
+static inline unsigned tp__sched_waiting(const tp__sched *s) { return s->waiting; }
+
+/* Whether a pop would return a task now. */
+static inline bool tp__sched_ready(const tp__sched *s) {
+    if (s->waiting == 0) return false;
+    if (s->low_max == 0 || s->low_running < s->low_max) return true;
+    return s->lane[2].waiting + s->lane[3].waiting + s->lane[4].waiting > 0;
+}
+
+/* How many of the waiting tasks could start now, one per worker (an elastic
+ * pool grows while this exceeds its idle workers). */
+static inline unsigned tp__sched_startable(const tp__sched *s) {
+    unsigned high = s->waiting - s->lane[0].waiting - s->lane[1].waiting;
+    if (s->low_max == 0) return s->waiting;
+    unsigned low = s->lane[0].waiting + s->lane[1].waiting;
+    unsigned room = s->low_max > s->low_running ? s->low_max - s->low_running : 0;
+    return high + (low < room ? low : room);
+}
+
+/* The queue stamp (clock.h) of the oldest waiting task, 0 if none. Lock-free:
+ * the lanes' published heads. */
+static inline uint64_t tp__sched_oldest_at(tp__sched *s) {
+    uint64_t oldest = 0;
+    for (unsigned i = 0; i < TP__LANES; i++) {
+        uint64_t at = TP__ACQUIRE(s->lane[i].head_at_pub);
+        if (at && (!oldest || at < oldest)) oldest = at;
+    }
+    return oldest;
+}
+
+/* Fair pools: `f` is a new user's flow; weight as set (1 by default). */
+static inline void tp__flow_init(tp__flow *f, unsigned weight) {
+    for (unsigned i = 0; i < TP__LANES; i++) {
+        f->lane[i].head = f->lane[i].tail = NULL;
+        f->lane[i].rnext = f->lane[i].rprev = NULL;
+        f->lane[i].credit = 0;
+        f->lane[i].in_round = false;
+    }
+    f->weight = weight ? weight : 1;
+}
+
+#endif /* TP_SCHED_H */

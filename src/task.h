@@ -1,0 +1,105 @@
+/*
+ * task.h -- the task record, and the table of records with its id index
+ * (tasks.c).
+ *
+ * A record holds one accepted task from admission until its on_done has
+ * returned (or, for a task bound to a completion queue, until its completion
+ * is queued). Its `state` is written only by life.c, which owns the task's
+ * life (see the state graph there); the scheduling links only by scheduler.c
+ * while the task waits; everything else is filled in at admission and read
+ * by the others.
+ *
+ * Records come from a free list, filled at create time and grown in chunks
+ * only when more tasks are in flight than ever before, up to a limit the pool
+ * sets (see pool.c). Chunks are freed only with the pool, so in steady state
+ * a task costs no allocation. The id index maps a task id to its record for
+ * tp_cancel(): ids are consecutive, so `id & mask` spreads them evenly over
+ * power-of-two buckets; the bucket array doubles with the record count (at
+ * growth only). No locking here: the pool lock guards every call.
+ */
+#ifndef TP_TASK_H
+#define TP_TASK_H
+
+#include "base.h"
+
+/* The states of a task record (life.c owns every transition). */
+enum { TP__QUEUED = 1, TP__RUNNING, TP__DELAYED, TP__ENDING, TP__DONE, TP__FREE };
+
+struct tp__user;
+struct tp__flow;
+struct tp_ctx;
+struct tp_group;
+
+typedef struct tp__task {
+    /* First cache line: written by admission, read by the worker. */
+    _Alignas(64) uint64_t id;
+    tp_fn fn;
+    void *arg;
+    tp_done_fn on_done;
+    uint64_t run_timeout;  /* resolved, ns; TP_FOREVER for none */
+    uint64_t deadline;     /* absolute; TP_FOREVER for none */
+    uint64_t queued_at;    /* clock.h stamp: admission, or its return to the queue for a retry */
+    struct tp__user *user; /* slot holder, NULL without a user */
+    /* Second: the links and the state, written on both sides. A task is on
+     * one list at a time: the free list, a flow's list (scheduler.c, waiting),
+     * the delayed list, the endings list or a list being taken apart. */
+    struct tp__task *next, *prev;
+    struct tp__task *id_next; /* id index chain */
+    struct tp_group *group;   /* NULL, or its group until it is retired */
+    struct tp_ctx *ctx;       /* while RUNNING: the context it runs on */
+    uint32_t ring_pos;        /* while in the ring: its index there (ring.h) */
+    uint8_t state;            /* TP__* */
+    int8_t prio;              /* TP_PRIO_MIN..TP_PRIO_MAX: its lane */
+    uint16_t attempt;         /* 0 on the first run, n on the n-th retry */
+    int status;               /* final status once finalised */
+    uint32_t log_gen;         /* non-zero: log_id not yet written; the pool serial to generate it from */
+    /* The rest: scheduling lists, retries, groups, completion queues, log ids. */
+    struct tp__task *anext, *aprev;   /* waiting in a list lane: the lane's arrival order (scheduler.c) */
+    struct tp__flow *flow;            /* fair pools: its user's flow, or the anonymous one */
+    tp_cq *cq;                        /* NULL, or the completion queue its on_done goes to */
+    uint64_t due;                     /* while DELAYED: when the retry is queued */
+    struct tp__task *g_next, *g_prev; /* the group's members not yet finalised */
+    char log_id[TP_LOG_ID_MAX + 1];
+} tp__task;
+
+/* Task records and the id index. */
+typedef struct tp__tasks {
+    tp__task *free;
+    tp__task **index; /* id -> task, chained, power-of-two buckets */
+    uint32_t index_mask;
+    unsigned total; /* records allocated */
+    tp__chunk *chunks;
+} tp__tasks;
+
+int tp__tasks_init(tp__tasks *ts, unsigned prealloc);
+void tp__tasks_fini(tp__tasks *ts);
+/* A free record: TP_OK, TP_EFULL (`limit` records are in use), TP_ENOMEM. */
+int tp__tasks_get(tp__tasks *ts, unsigned limit, tp__task **out);
+void tp__tasks_put(tp__tasks *ts, tp__task *t);
+
+/* The id index: inline, so that the lookups of admission, finalise and
+ * cancel stay in the caller's file. */
+static inline void tp__tasks_index(tp__tasks *ts, tp__task *t) {
+    tp__task **b = &ts->index[t->id & ts->index_mask];
+    t->id_next = *b;
+    *b = t;
+}
+
+static inline void tp__tasks_unindex(tp__tasks *ts, tp__task *t) {
+    for (tp__task **pp = &ts->index[t->id & ts->index_mask]; *pp; pp = &(*pp)->id_next) {
+        if (*pp == t) {
+            *pp = t->id_next;
+            t->id_next = NULL;
+            return;
+        }
+    }
+    TP__ASSERT(!"tp__tasks_unindex: task not in the index");
+}
+
+static inline tp__task *tp__tasks_find(const tp__tasks *ts, uint64_t id) {
+    for (tp__task *t = ts->index[id & ts->index_mask]; t; t = t->id_next)
+        if (t->id == id) return t;
+    return NULL;
+}
+
+#endif /* TP_TASK_H */

@@ -1,0 +1,72 @@
+/*
+ * users.h -- the per-user slot table and the weights of a fair pool
+ * (users.c).
+ *
+ * A slot is taken at admission and given back when the task is finalised, so
+ * an entry lives exactly while its user has accepted, unfinished tasks: a user
+ * whose last task ended leaves no entry behind (its entry returns to a free
+ * list reused by the next new user). In a fair pool the entry carries the
+ * user's flow (scheduler.h): a user with waiting tasks holds slots, so its entry
+ * outlives its place in every round.
+ *
+ * Weights (tp_user_weight_set) live in a table of their own, kept for the
+ * pool's life whether or not the user has tasks; a new entry takes its weight
+ * from there.
+ *
+ * No locking: the pool lock guards every call.
+ */
+#ifndef TP_USERS_H
+#define TP_USERS_H
+
+#include "base.h"
+#include "scheduler.h"
+
+typedef struct tp__user {
+    /* own cache lines: `count` changes with every submit and end of the
+     * user's tasks, on both sides of the queue */
+    _Alignas(64) struct tp__user *next; /* hash chain, or free list */
+    uint32_t hash;
+    unsigned count; /* slots held: accepted, unfinished tasks */
+    char name[TP_USER_MAX + 1];
+    tp__flow flow; /* fair pools: its place in the rounds */
+} tp__user;
+
+typedef struct tp__weight {
+    struct tp__weight *next;
+    uint32_t hash;
+    unsigned weight;
+    char name[TP_USER_MAX + 1];
+} tp__weight;
+
+typedef struct tp__users {
+    tp__user **buckets;
+    uint32_t mask;
+    unsigned live;  /* entries holding at least one slot */
+    unsigned total; /* entries allocated */
+    tp__user *free;
+    tp__chunk *chunks;
+    bool flows;           /* a fair pool: entries carry a flow (set by the owner after init) */
+    tp__weight **weights; /* NULL until the first tp_user_weight_set */
+    uint32_t weights_mask;
+    unsigned weights_n;
+} tp__users;
+
+int tp__users_init(tp__users *us, unsigned prealloc);
+void tp__users_fini(tp__users *us);
+uint32_t tp__users_hash(const char *name, size_t len);
+tp__user *tp__users_find(const tp__users *us, const char *name, size_t len, uint32_t h);
+/* Take one slot for `name`; `found` is what tp__users_find() returned for it
+ * (NULL: no entry, one is made, its flow initialised with the user's weight),
+ * so admission looks the name up once. NULL: out of memory. */
+tp__user *tp__users_take(tp__users *us, tp__user *found, const char *name, size_t len, uint32_t h);
+/* tp__users_take after its own lookup. */
+tp__user *tp__users_acquire(tp__users *us, const char *name, size_t len, uint32_t h);
+/* Give one slot back; the entry is recycled when its count reaches 0. */
+void tp__users_release(tp__users *us, tp__user *u);
+/* The weight set for `name` (1 if none). */
+unsigned tp__users_weight(const tp__users *us, const char *name, size_t len, uint32_t h);
+/* Remember `weight` for `name`; a live entry's flow takes it for its next
+ * turns. TP_OK or TP_ENOMEM. */
+int tp__users_set_weight(tp__users *us, const char *name, size_t len, uint32_t h, unsigned weight);
+
+#endif /* TP_USERS_H */
