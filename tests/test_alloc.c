@@ -97,7 +97,7 @@ static long run_mix(tp_pool *p, int n, long base_completed) {
 }
 
 static void test_alloc_zero_per_task(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     if (!counting_or_skip()) return;
     tp_config cfg = {0};
     cfg.workers = 2;
@@ -106,7 +106,7 @@ static void test_alloc_zero_per_task(void **state) {
     cfg.max_retries = 1;
     cfg.retry_delay_ns = TPT_MS(1);
     cfg.log = tpt_quiet_log;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
     TPT_EVENTUALLY(tpt_stats(p).idle == 2);
 
     /* Warm up: every path once and many times, including a retry per round
@@ -245,13 +245,13 @@ static long churn(tp_pool *p, int n) {
 }
 
 static void test_alloc_zero_with_cancels(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     if (!counting_or_skip()) return;
     tp_config cfg = {0};
     cfg.workers = 2;
     cfg.queue_capacity = 64;
     cfg.log = tpt_quiet_log;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
     assert_int_equal(churn(p, 4000), 0);
     TPT_EVENTUALLY(tpt_stats(p).completed == 4000);
 
@@ -299,14 +299,14 @@ static long group_rounds(tp_group *g, tp_group *coe, int rounds) {
 }
 
 static void test_alloc_zero_per_group_member(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     if (!counting_or_skip()) return;
     tp_config cfg = {0};
     cfg.workers = 2;
     cfg.queue_capacity = 64;
     cfg.max_per_user = TP_UNLIMITED;
     cfg.log = tpt_quiet_log;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
     tp_group *g, *coe[2];
     assert_int_equal(tp_group_create(p, 0, &g), TP_OK);
     assert_int_equal(tp_group_create(p, TP_GROUP_CANCEL_ON_ERROR, &coe[0]), TP_OK);

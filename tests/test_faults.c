@@ -413,7 +413,7 @@ static void test_default_create_faults(void **state) {
 
 #define NREC 4096
 static tpt_done recs[NREC]; /* static: no allocation by the test while armed */
-static tpt_latch svc_gate;
+static tpt_latch *svc_gate; /* the running test's, from its fixture */
 static atomic_int gate_done_calls;
 
 /* on_done of the first cancelled task: holds the service thread, so every
@@ -421,7 +421,7 @@ static atomic_int gate_done_calls;
 static void gate_done(void *arg, int status) {
     (void)arg;
     (void)status;
-    tpt_latch_wait(&svc_gate);
+    tpt_latch_wait(svc_gate);
     atomic_fetch_add(&gate_done_calls, 1);
 }
 
@@ -444,9 +444,9 @@ static void test_submit_record_growth_faults(void **state) {
     tp_config cfg = {0};
     cfg.workers = 1;
     cfg.queue_capacity = 4;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
     tpt_latch *work_gate = tpt_fx_latch(f);
-    tpt_latch_init(&svc_gate);
+    svc_gate = tpt_fx_latch(f);
     tpt_fill_workers(p, work_gate, 1, NULL);
 
     /* Hold the service thread in the first ending's on_done. */
@@ -455,7 +455,7 @@ static void test_submit_record_growth_faults(void **state) {
     uint64_t id = 0;
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, &go, &id), TP_OK);
     assert_int_equal(tp_cancel(p, id), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&svc_gate.waiting) == 1);
+    TPT_EVENTUALLY(atomic_load(&svc_gate->waiting) == 1);
 
     /* Cancelled tasks with an on_done now keep their records. Submit and
      * cancel until the preallocated records run out and the first growth
@@ -511,9 +511,9 @@ static void test_submit_record_growth_faults(void **state) {
     assert_int_equal(tp_cancel(p, ids[3]), TP_OK);
 
     /* Release everything: every accepted task ends exactly once. */
-    tpt_latch_open(&svc_gate);
+    tpt_latch_open(svc_gate);
     tpt_latch_open(work_gate);
-    tp_stats s = tpt_pool_finish(p);
+    tp_stats s = tpt_finish(p);
     assert_int_equal(atomic_load(&gate_done_calls), 1);
     assert_int_equal(count_calls(0, queued_from, 1, TP_ECANCELED), 0);
     assert_int_equal(count_calls(queued_from, queued_from + 1, 1, 0), 0);
@@ -523,8 +523,7 @@ static void test_submit_record_growth_faults(void **state) {
     assert_int_equal(s.rejected_full, 3); /* two ENOMEM, one EFULL */
     assert_int_equal(s.succeeded, 3);     /* the blocker and two queued */
     assert_int_equal(s.cancelled, (uint64_t)queued_from + 1 + 2);
-    assert_int_equal(atomic_load(&work_gate->timeouts) + atomic_load(&svc_gate.timeouts), 0);
-    tpt_latch_destroy(&svc_gate);
+    assert_int_equal(atomic_load(&work_gate->timeouts) + atomic_load(&svc_gate->timeouts), 0);
     assert_back_to(&before, "record growth");
     atomic_store(&tracking, 0);
 }
@@ -546,7 +545,7 @@ static void test_submit_user_growth_faults(void **state) {
     tp_config cfg = {0};
     cfg.workers = 1;
     cfg.queue_capacity = 64;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
     tpt_latch *gate = tpt_fx_latch(f);
     tpt_fill_workers(p, gate, 1, NULL);
 
@@ -611,7 +610,7 @@ static void test_submit_user_growth_faults(void **state) {
     assert_int_equal(tp_submit(p, user_task, NULL, &o, NULL), TP_EUSERLIMIT);
 
     tpt_latch_open(gate);
-    tp_stats s = tpt_pool_finish(p);
+    tp_stats s = tpt_finish(p);
     assert_int_equal(count_calls(0, 32, 1, 0), 0);
     assert_int_equal(atomic_load(&recs[32].calls), 0); /* the refused one */
     assert_int_equal(count_calls(33, 42, 1, 0), 0);
@@ -629,7 +628,7 @@ typedef struct erec {
 } erec;
 
 static erec erecs[512];
-static tpt_latch egate;
+static tpt_latch *egate; /* the running test's, from its fixture */
 
 static tp_pool *epool;
 static atomic_int blocker_rc;
@@ -647,7 +646,7 @@ static int elastic_task(tp_ctx *c, void *arg) {
     erec *r = arg;
     atomic_fetch_add(&r->ran, 1);
     if (r == &erecs[0]) {
-        tpt_latch_wait(&egate);
+        tpt_latch_wait(egate);
     } else if (r == &erecs[1] && tp_ctx_attempt(c) == 0) {
         tp_task_opts o = {0};
         o.on_done = elastic_done;
@@ -675,11 +674,11 @@ static void test_elastic_spawn_faults(void **state) {
     cfg.on_worker_start = on_start;
     cfg.on_worker_stop = on_stop;
     cfg.log = tpt_quiet_log;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
     epool = p;
     atomic_store(&blocker_rc, 1);
     TPT_EVENTUALLY(tpt_stats(p).idle == 1);
-    tpt_latch_init(&egate);
+    egate = tpt_fx_latch(f);
 
     /* From here every pthread_create fails: the service thread (a retry back
      * to a backlog) and submits try to add workers and cannot. */
@@ -690,7 +689,7 @@ static void test_elastic_spawn_faults(void **state) {
     tp_task_opts o = {0};
     o.on_done = elastic_done;
     assert_int_equal(tp_submit(p, elastic_task, &erecs[1], &o, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&egate.waiting) == 1);
+    TPT_EVENTUALLY(atomic_load(&egate->waiting) == 1);
     assert_int_equal(atomic_load(&blocker_rc), TP_OK);
     TPT_EVENTUALLY(atomic_load(&svc_hits) >= 1); /* the retry is back, no worker added */
     TPT_EVENTUALLY(tpt_stats(p).queued == 1);
@@ -703,7 +702,7 @@ static void test_elastic_spawn_faults(void **state) {
     assert_int_equal(s.active, 1);
     assert_int_equal(s.queued, (uint32_t)n - 1);
     /* The single worker drains everything, retries included. */
-    tpt_latch_open(&egate);
+    tpt_latch_open(egate);
     TPT_EVENTUALLY(tpt_stats(p).completed == (uint64_t)n);
     unsigned failed_spawns = atomic_load(&hits[F_THREAD]);
     atomic_store(&armed, 0);
@@ -722,12 +721,11 @@ static void test_elastic_spawn_faults(void **state) {
     tpt_fill_workers(p, gate, 4, NULL);
     assert_int_equal(tpt_stats(p).workers, 4);
     tpt_latch_open(gate);
-    s = tpt_pool_finish(p);
+    s = tpt_finish(p);
     assert_int_equal(s.completed, (uint64_t)n + 4);
     assert_int_equal(s.failed, 0);
     assert_int_equal(atomic_load(&hook_starts), 4);
     assert_int_equal(atomic_load(&hook_stops), 4);
-    tpt_latch_destroy(&egate);
     assert_back_to(&before, "elastic spawn faults");
     atomic_store(&tracking, 0);
     print_message("elastic: %u failed spawns (%u on the service thread), %d tasks on the one "
@@ -753,7 +751,7 @@ static void test_elastic_respawn_fault(void **state) {
     cfg.idle_timeout_ns = TPT_MS(1);
     cfg.on_worker_start = on_start;
     cfg.on_worker_stop = on_stop;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
     tpt_latch *g1 = tpt_fx_latch(f);
     tpt_latch *g2 = tpt_fx_latch(f);
     tpt_fill_workers(p, g1, 2, NULL); /* grows to 2 */
@@ -778,7 +776,7 @@ static void test_elastic_respawn_fault(void **state) {
     TPT_EVENTUALLY(atomic_load(&d[0].calls) == 1 && atomic_load(&d[1].calls) == 1);
     assert_int_equal(atomic_load(&hook_starts), 3);
     tpt_latch_open(g2);
-    s = tpt_pool_finish(p);
+    s = tpt_finish(p);
     assert_int_equal(s.succeeded, 5);
     assert_int_equal(atomic_load(&hook_starts), 3);
     assert_int_equal(atomic_load(&hook_stops), 3);
@@ -857,7 +855,7 @@ static void test_stats_workers_during_spawn(void **state) {
     cfg.workers = 1;
     cfg.max_workers = 2;
     cfg.idle_timeout_ns = TP_FOREVER;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
     tpt_latch *gate = tpt_fx_latch(f);
     tpt_fill_workers(p, gate, 1, NULL);
     stalled_spawn(f, p, 1); /* fails: never a second thread */
@@ -865,7 +863,7 @@ static void test_stats_workers_during_spawn(void **state) {
     stalled_spawn(f, p, 0); /* succeeds: counted once it runs */
     TPT_EVENTUALLY(tpt_stats(p).workers == 2 && tpt_stats(p).completed == 2);
     tpt_latch_open(gate);
-    tp_stats s = tpt_pool_finish(p);
+    tp_stats s = tpt_finish(p);
     assert_int_equal(s.succeeded, 3);
 }
 
@@ -879,7 +877,7 @@ static void test_elastic_min_kept_while_spawn_fails(void **state) {
     cfg.workers = 1;
     cfg.max_workers = 2;
     cfg.idle_timeout_ns = TPT_MS(1); /* an idle elastic worker leaves at once */
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
     tpt_latch *gate = tpt_fx_latch(f);
     tpt_fill_workers(p, gate, 1, NULL); /* worker A busy */
 
@@ -906,7 +904,7 @@ static void test_elastic_min_kept_while_spawn_fails(void **state) {
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_OK);
     TPT_EVENTUALLY(tpt_stats(p).completed == 3);
     assert_int_equal(tpt_stats(p).workers, 1);
-    tp_stats s = tpt_pool_finish(p);
+    tp_stats s = tpt_finish(p);
     assert_int_equal(s.succeeded, 3);
 }
 
@@ -922,7 +920,7 @@ static void test_elastic_spawn_fault_then_shutdown(void **state) {
     tp_config cfg = {0};
     cfg.workers = 1;
     cfg.max_workers = 3;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
     tpt_latch *gate = tpt_fx_latch(f);
     tpt_fill_workers(p, gate, 1, NULL);
     inj_reset();
@@ -942,7 +940,7 @@ static void test_elastic_spawn_fault_then_shutdown(void **state) {
     assert_int_equal(tp_close(p), TP_OK);
     tpt_latch_open(gate);
     assert_int_equal(tp_shutdown(p, TPT_WAIT_NS), TP_OK);
-    tp_stats s = tpt_pool_finish(p);
+    tp_stats s = tpt_finish(p);
     assert_int_equal(s.succeeded, 8);
     for (int i = 0; i < 7; i++) assert_int_equal(atomic_load(&d[i].calls), 1);
     assert_int_equal(atomic_load(&d[7].calls), 0);
@@ -981,7 +979,7 @@ static void test_ctx_fd_faults(void **state) {
     track_begin();
     tp_config cfg = {0};
     cfg.workers = 1;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
     tpt_latch *gate = tpt_fx_latch(f);
     r->gate = gate;
     inj_reset();
@@ -999,7 +997,7 @@ static void test_ctx_fd_faults(void **state) {
     tpt_latch_open(gate);
     TPT_EVENTUALLY(tpt_stats(p).completed == 1);
     assert_int_equal(atomic_load(&r->readable), 1);
-    tpt_pool_finish(p);
+    tpt_finish(p);
     assert_back_to(&before, "tp_ctx_fd faults"); /* the pipe is closed with the pool */
     atomic_store(&tracking, 0);
 }

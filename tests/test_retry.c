@@ -104,14 +104,15 @@ static int rt_task(tp_ctx *c, void *arg) {
     return rc;
 }
 
-static tp_pool *mkpool(unsigned workers, unsigned max_retries, uint64_t delay_ns, unsigned capacity) {
+static tp_pool *mkpool(tpt_fixture *f, unsigned workers, unsigned max_retries, uint64_t delay_ns,
+                       unsigned capacity) {
     tp_config cfg = {0};
     cfg.workers = workers;
     cfg.max_retries = max_retries;
     cfg.retry_delay_ns = delay_ns;
     cfg.queue_capacity = capacity;
     cfg.log = tpt_quiet_log;
-    return tpt_pool_new(&cfg);
+    return tpt_fx_pool(f, &cfg);
 }
 
 static void submit_rt(tp_pool *p, rt *r, const tp_task_opts *base, uint64_t *id) {
@@ -125,7 +126,7 @@ static void submit_rt(tp_pool *p, rt *r, const tp_task_opts *base, uint64_t *id)
 
 static void test_retry_exhausted(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(2, 3, TPT_MS(2), 0);
+    tp_pool *p = mkpool(f, 2, 3, TPT_MS(2), 0);
     rt *r = tpt_fx_new(f, rt);
     r->fail_until = ALWAYS;
     r->fail_status = 42;
@@ -156,7 +157,7 @@ static void test_retry_exhausted(void **state) {
 
 static void test_retry_none_by_default(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(1, 0, 0, 0);
+    tp_pool *p = mkpool(f, 1, 0, 0, 0);
     rt *r = tpt_fx_new(f, rt);
     r->fail_until = ALWAYS;
     r->fail_status = -1000;
@@ -171,7 +172,7 @@ static void test_retry_none_by_default(void **state) {
 
 static void test_retry_max_100(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(1, TP_MAX_RETRIES, TPT_MS(1), 0);
+    tp_pool *p = mkpool(f, 1, TP_MAX_RETRIES, TPT_MS(1), 0);
     rt *r = tpt_fx_new(f, rt);
     r->fail_until = ALWAYS;
     r->fail_status = 3;
@@ -188,7 +189,7 @@ static void test_retry_max_100(void **state) {
 
 static void test_retry_succeeds_on_attempt_k(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(2, 5, TPT_MS(2), 0);
+    tp_pool *p = mkpool(f, 2, 5, TPT_MS(2), 0);
     rt *r = tpt_fx_new(f, rt);
     r->fail_until = 2; /* attempts 0 and 1 fail, 2 succeeds */
     r->fail_status = 9;
@@ -210,7 +211,7 @@ static void test_retry_succeeds_on_attempt_k(void **state) {
 
 static void test_retry_holds_no_worker(void **state) {
     tpt_fixture *fx = tpt_fx(state);
-    tp_pool *p = mkpool(1, 1, TPT_S(60), 0); /* the retry would come in 60 s */
+    tp_pool *p = mkpool(fx, 1, 1, TPT_S(60), 0); /* the retry would come in 60 s */
     rt *f = tpt_fx_new(fx, rt);
     f->fail_until = ALWAYS;
     f->fail_status = 1;
@@ -258,7 +259,7 @@ static void test_retry_holds_no_worker(void **state) {
 
 static void test_retry_cancel_while_waiting_all_workers_busy(void **state) {
     tpt_fixture *fx = tpt_fx(state);
-    tp_pool *p = mkpool(1, 2, TPT_S(60), 0);
+    tp_pool *p = mkpool(fx, 1, 2, TPT_S(60), 0);
     rt *f = tpt_fx_new(fx, rt);
     f->fail_until = ALWAYS;
     f->fail_status = 1;
@@ -287,7 +288,7 @@ static void test_retry_cancel_while_waiting_all_workers_busy(void **state) {
 static void test_retry_goes_to_back_of_queue(void **state) {
     tpt_fixture *fx = tpt_fx(state);
     order_reset();
-    tp_pool *p = mkpool(1, 1, TPT_MS(1), 0);
+    tp_pool *p = mkpool(fx, 1, 1, TPT_MS(1), 0);
     tpt_latch *l0 = tpt_fx_latch(fx);
     tpt_latch *l1 = tpt_fx_latch(fx);
     rt *f = tpt_fx_new(fx, rt);
@@ -331,7 +332,7 @@ static void test_retry_goes_to_back_of_queue(void **state) {
 
 static void test_retry_cut_by_forced_shutdown(void **state) {
     tpt_fixture *fx = tpt_fx(state);
-    tp_pool *p = mkpool(2, 3, TPT_S(60), 0);
+    tp_pool *p = mkpool(fx, 2, 3, TPT_S(60), 0);
     /* f waits for a retry 60 s away; r runs until cancelled, then fails. */
     rt *f = tpt_fx_new(fx, rt);
     rt *r = tpt_fx_new(fx, rt);
@@ -367,8 +368,8 @@ static void test_retry_cut_by_forced_shutdown(void **state) {
 }
 
 static void test_retry_not_after_cancel(void **state) {
-    (void)state;
-    tp_pool *p = mkpool(1, 3, TPT_MS(1), 0);
+    tpt_fixture *f = tpt_fx(state);
+    tp_pool *p = mkpool(f, 1, 3, TPT_MS(1), 0);
     const int after[] = {7, TP_ECANCELED, 0};
     /* Outlives the loop: a wrong late retry must not touch a dead frame. */
     static rt rs[3];
@@ -398,7 +399,7 @@ static void test_retry_not_after_cancel(void **state) {
 
 static void test_retry_deadline_passes_while_waiting(void **state) {
     tpt_fixture *fx = tpt_fx(state);
-    tp_pool *p = mkpool(1, 3, TPT_S(60), 0);
+    tp_pool *p = mkpool(fx, 1, 3, TPT_S(60), 0);
     rt *f = tpt_fx_new(fx, rt);
     f->fail_until = ALWAYS;
     f->fail_status = 1;
@@ -423,7 +424,7 @@ static void test_retry_deadline_passes_while_waiting(void **state) {
 
 static void test_retry_deadline_passes_while_running(void **state) {
     tpt_fixture *fx = tpt_fx(state);
-    tp_pool *p = mkpool(1, 3, TPT_MS(1), 0);
+    tp_pool *p = mkpool(fx, 1, 3, TPT_MS(1), 0);
     /* Sleeps until the deadline, returns TP_ETIMEDOUT: not retried. */
     rt *f = tpt_fx_new(fx, rt);
     f->mode = RT_TIMEOUT;
@@ -465,7 +466,7 @@ static void test_retry_deadline_passes_while_requeued(void **state) {
     /* The retry is back in the queue (behind a blocker) when its deadline
      * passes: it ends TP_ETIMEDOUT without another attempt, cancelled but not
      * expired, since it ran before. */
-    tp_pool *p = mkpool(1, 3, TPT_MS(1), 0);
+    tp_pool *p = mkpool(fx, 1, 3, TPT_MS(1), 0);
     tpt_latch *l0 = tpt_fx_latch(fx);
     tpt_latch *lb = tpt_fx_latch(fx);
     rt *f = tpt_fx_new(fx, rt);
@@ -496,7 +497,7 @@ static void test_retry_deadline_passes_while_requeued(void **state) {
 
 static void test_retry_run_timeout_is_retried(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(1, 2, TPT_MS(2), 0);
+    tp_pool *p = mkpool(f, 1, 2, TPT_MS(2), 0);
     rt *r = tpt_fx_new(f, rt);
     r->mode = RT_TIMEOUT;
     r->fail_until = 2; /* attempts 0 and 1 run into their timeout */
@@ -514,7 +515,7 @@ static void test_retry_run_timeout_is_retried(void **state) {
     assert_int_equal(s.failed, 0);
 
     /* Exhausted by run timeouts: the status is the last attempt's. */
-    p = mkpool(1, 1, TPT_MS(2), 0);
+    p = mkpool(f, 1, 1, TPT_MS(2), 0);
     rt *t = tpt_fx_new(f, rt);
     t->mode = RT_TIMEOUT;
     t->fail_until = ALWAYS;
@@ -534,7 +535,7 @@ static void test_retry_delayed_counts_toward_capacity(void **state) {
     tpt_fixture *fx = tpt_fx(state);
     /* Capacity 1, one task waiting for a retry: the queue is empty and the
      * worker idle, yet there is no space. */
-    tp_pool *p = mkpool(1, 1, TPT_S(60), 1);
+    tp_pool *p = mkpool(fx, 1, 1, TPT_S(60), 1);
     rt *f = tpt_fx_new(fx, rt);
     f->fail_until = ALWAYS;
     f->fail_status = 1;
@@ -556,7 +557,7 @@ static void test_retry_delayed_counts_toward_capacity(void **state) {
     tpt_finish(p);
 
     /* Capacity 2: one delayed + one queued (the worker blocked) is full. */
-    p = mkpool(1, 1, TPT_S(60), 2);
+    p = mkpool(fx, 1, 1, TPT_S(60), 2);
     rt *g = tpt_fx_new(fx, rt);
     g->fail_until = ALWAYS;
     g->fail_status = 1;
@@ -637,7 +638,7 @@ static void test_retry_logging(void **state) {
     cfg.max_retries = 2;
     cfg.retry_delay_ns = TPT_MS(1);
     cfg.log = rec_log;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
 
     rt *a = tpt_fx_new(f, rt);
     rt *b = tpt_fx_new(f, rt);
@@ -660,7 +661,7 @@ static void test_retry_logging(void **state) {
 
     /* A pool without retries: the only failed attempt is the last. */
     cfg.max_retries = 0;
-    p = tpt_pool_new(&cfg);
+    p = tpt_fx_pool(f, &cfg);
     rt *d = tpt_fx_new(f, rt);
     d->fail_until = ALWAYS;
     d->fail_status = 8;
@@ -737,7 +738,7 @@ static void test_retry_log_delay_unit(void **state) {
         cfg.max_retries = 1;
         cfg.retry_delay_ns = cases[i].delay_ns;
         cfg.log = rec_log;
-        tp_pool *p = tpt_pool_new(&cfg);
+        tp_pool *p = tpt_fx_pool(f, &cfg);
         rt *r = tpt_fx_new(f, rt);
         r->fail_until = 1;
         r->fail_status = 5;
@@ -761,7 +762,7 @@ static void test_retry_log_delay_unit(void **state) {
 
 static void test_retry_close_lets_retries_finish(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(1, 3, TPT_MS(100), 0);
+    tp_pool *p = mkpool(f, 1, 3, TPT_MS(100), 0);
     /* Attempt 0 closes the pool, then fails: the retries still come. */
     rt *r = tpt_fx_new(f, rt);
     r->fail_until = 2;
@@ -781,7 +782,7 @@ static void test_retry_close_lets_retries_finish(void **state) {
     assert_int_equal(s.retried, 2);
     assert_int_equal(s.succeeded, 1);
     assert_int_equal(s.rejected_closed, 1);
-    tpt_pool_destroy(p);
+    tpt_destroy(p);
 }
 
 /* An elastic pool grows for a retry that comes back to the queue, as it does
@@ -797,7 +798,7 @@ static void test_retry_grows_elastic_pool(void **state) {
     cfg.max_retries = 1;
     cfg.retry_delay_ns = TPT_MS(100);
     cfg.log = tpt_quiet_log;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
 
     tpt_latch *gate = tpt_fx_latch(f);
     /* The blocker holds the first worker; the failing task gets a second,

@@ -351,7 +351,7 @@ static void *ls_ender(void *a) {
 }
 
 static void test_lifecycle_storm(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     rounds rd = rounds_start(40);
     tpt_tally all = {0};
     unsigned forced_rounds = 0;
@@ -372,7 +372,7 @@ static void test_lifecycle_storm(void **state) {
         assert_non_null(sh);
         assert_non_null(recs);
         sh->recs = recs;
-        sh->p = tpt_pool_new(&c);
+        sh->p = tpt_fx_pool(f, &c);
         /* every other round a drain budget far too short: it may force */
         int tiny = round % 2 == 0;
         sh->budget = tiny ? 20000 + round % 7 * 10000 : TPT_WAIT_NS;
@@ -432,7 +432,7 @@ static void test_lifecycle_storm(void **state) {
         tpt_tally_merge(&all, &t);
         for (int i = 0; i < LS_SUBMITTERS * LS_PER; i++) cancels += atomic_load(&recs[i].cancel_ok) > 0;
         reads += (uint64_t)atomic_load(&sh->reads);
-        tpt_pool_destroy(sh->p);
+        tpt_destroy(sh->p);
         free(recs);
         free(sh);
     }
@@ -480,7 +480,7 @@ static void *to_submitter(void *a) {
 }
 
 static void test_timeout_vs_completion(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     rounds rd = rounds_start(20);
     uint64_t tot = 0, exp = 0, canc = 0, ok = 0, retr = 0;
     while (rounds_next(&rd)) {
@@ -491,7 +491,7 @@ static void test_timeout_vs_completion(void **state) {
         c.max_retries = 1;
         c.retry_delay_ns = 30000;
         c.log = tpt_quiet_log;
-        tp_pool *p = tpt_pool_new(&c);
+        tp_pool *p = tpt_fx_pool(f, &c);
         rec *recs = calloc(TO_SUBMITTERS * TO_PER, sizeof *recs);
         assert_non_null(recs);
         atomic_int go = 0;
@@ -519,7 +519,7 @@ static void test_timeout_vs_completion(void **state) {
         canc += s.cancelled;
         ok += s.succeeded;
         retr += s.retried;
-        tpt_pool_destroy(p);
+        tpt_destroy(p);
         free(recs);
     }
     print_message("timeout vs completion: %u rounds, %llu tasks: %llu succeeded, %llu timed out "
@@ -601,7 +601,7 @@ static void *cc_canceller(void *a) {
 }
 
 static void test_cancel_vs_completion(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     rounds rd = rounds_start(20);
     uint64_t tot = 0, canc = 0, unrun = 0, cancels = 0, ran_cancelled = 0;
     while (rounds_next(&rd)) {
@@ -616,7 +616,7 @@ static void test_cancel_vs_completion(void **state) {
         rec *recs = calloc(CC_SUBMITTERS * CC_PER, sizeof *recs);
         assert_non_null(sh);
         assert_non_null(recs);
-        sh->p = tpt_pool_new(&c);
+        sh->p = tpt_fx_pool(f, &c);
         sh->recs = recs;
         cc_sub subs[CC_SUBMITTERS];
         memset(subs, 0, sizeof subs);
@@ -653,7 +653,7 @@ static void test_cancel_vs_completion(void **state) {
         }
         tot += s.completed;
         canc += s.cancelled;
-        tpt_pool_destroy(sh->p);
+        tpt_destroy(sh->p);
         free(recs);
         free(sh);
     }

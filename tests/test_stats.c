@@ -249,7 +249,7 @@ static void test_live_stats(void **state) {
     cfg.workers = 3;
     cfg.queue_capacity = 10;
     cfg.max_per_user = TP_UNLIMITED;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
     tp_stats s;
     TPT_EVENTUALLY((s = tpt_stats(p)).workers == 3 && s.idle == 3);
     assert_int_equal(s.active, 0);
@@ -314,13 +314,13 @@ static int write_cell_task(tp_ctx *c, void *arg) {
 }
 
 static void test_stats_synchronize(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     enum { ROUNDS = 200 };
     tp_config cfg = {0};
     cfg.workers = 2;
     cfg.queue_capacity = 8;
     cfg.max_per_user = TP_UNLIMITED;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
     static sync_cell cells[ROUNDS];
     for (unsigned i = 0; i < ROUNDS; i++) {
         cells[i].value = 0;
@@ -352,7 +352,7 @@ static void test_mixed_workload_at_rest(void **state) {
     cfg.queue_capacity = 4;
     cfg.max_per_user = 1;
     cfg.log = tpt_quiet_log;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
 
     tpt_latch *gate = tpt_fx_latch(f);
     tpt_done d[7]; /* d[4], d[5]: args of rejected submits, never called; d[6] expires */
@@ -469,13 +469,13 @@ static void *hammer_main(void *arg) {
 }
 
 static void test_concurrent_mix_at_rest(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_config cfg = {0};
     cfg.workers = 2;
     cfg.queue_capacity = 8;
     cfg.max_per_user = 2;
     cfg.log = tpt_quiet_log;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
     enum { T = 4 };
     pthread_t th[T];
     static hammer h[T];
@@ -570,10 +570,10 @@ static void test_version(void **state) {
 /* The reserved tail of tp_stats is written as zero (taskpool.h, "How the
  * structs grow"), whatever the caller's buffer held. */
 static void test_stats_reserved_zeroed(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_config cfg = {0};
     cfg.workers = 1;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
     tp_stats s;
     memset(&s, 0xA5, sizeof s);
     tp_stats_get(p, &s);

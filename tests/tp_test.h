@@ -277,13 +277,11 @@ static inline void tpt_quiet_log(void *arg, int level, const char *log_id, const
  * cmocka reports the test as failed instead of hanging, and later tests run.
  * The teardown may be called again once the task returned.
  *
- * New tests use this style: TPT_TEST() to register, tpt_fx() for the fixture,
- * tpt_fx_latch / tpt_fx_new / tpt_fx_pool for anything the pool touches,
- * tpt_fx_thread / tpt_fx_join for a thread that races the pool.
- * The older names still work on top of it: tpt_pool_new() puts the pool in
- * the fixture of the running test (if it runs under one), tpt_finish(),
- * tpt_pool_finish(), tpt_finish_forced() and tpt_pool_destroy() take it out
- * again, and tpt_guard_setup/teardown are tpt_fixture_setup/teardown.
+ * Every test uses this style: TPT_TEST() to register, tpt_fx() for the
+ * fixture, tpt_fx_latch / tpt_fx_new / tpt_fx_pool for anything the pool
+ * touches, tpt_fx_thread / tpt_fx_join for a thread that races the pool, and
+ * tpt_finish / tpt_finish_forced / tpt_destroy to end a pool (the fixture no
+ * longer owns it then).
  */
 #define TPT_FX_POOLS       8
 #define TPT_FX_LATCHES     8
@@ -316,8 +314,9 @@ typedef struct tpt_fixture {
     uint64_t wait_ns;                  /* teardown's bound on a pool's threads */
 } tpt_fixture;
 
-/* The fixture of the test running now (NULL between tests), for the older
- * helpers that take no fixture. One per executable. */
+/* The fixture of the test running now (NULL between tests): tpt_finish,
+ * tpt_finish_forced and tpt_destroy take their pool out of it, so that ending
+ * a pool needs only the pool. One per executable. */
 static inline tpt_fixture **tpt_fx_current_slot(void) {
     static tpt_fixture *current;
     return &current;
@@ -326,13 +325,6 @@ static inline tpt_fixture **tpt_fx_current_slot(void) {
 /* The fixture cmocka passes to a test registered with TPT_TEST. */
 static inline tpt_fixture *tpt_fx(void **state) {
     tpt_fixture *f = (tpt_fixture *)*state;
-    if (f == NULL) fail_msg("no fixture: register the test with TPT_TEST()");
-    return f;
-}
-
-/* The fixture of the running test, for helpers that are not given one. */
-static inline tpt_fixture *tpt_fx_current(void) {
-    tpt_fixture *f = *tpt_fx_current_slot();
     if (f == NULL) fail_msg("no fixture: register the test with TPT_TEST()");
     return f;
 }
@@ -513,26 +505,9 @@ static inline int tpt_fixture_teardown(void **state) {
 /* Register a test with the fixture. */
 #define TPT_TEST(fn) cmocka_unit_test_setup_teardown(fn, tpt_fixture_setup, tpt_fixture_teardown)
 
-/* Older names (other branches' tests use them): the same fixture. */
-static inline int tpt_guard_setup(void **state) { return tpt_fixture_setup(state); }
-static inline int tpt_guard_teardown(void **state) { return tpt_fixture_teardown(state); }
-
-/* tp_create(cfg) that must succeed; owned by the running test's fixture, if
- * it runs under one, until tpt_finish / tpt_pool_destroy. */
-static inline tp_pool *tpt_pool_new(const tp_config *cfg) {
-    tpt_fixture *f = *tpt_fx_current_slot();
-    if (f != NULL) return tpt_fx_pool(f, cfg);
-    tp_pool *p = NULL;
-    assert_int_equal(tp_create(&p, cfg), TP_OK);
-    assert_non_null(p);
-    return p;
-}
-
-/* tpt_finish() by its older name. */
-static inline tp_stats tpt_pool_finish(tp_pool *p) { return tpt_finish(p); }
-
-/* tp_destroy() that must succeed; the fixture no longer owns `p`. */
-static inline void tpt_pool_destroy(tp_pool *p) {
+/* tp_destroy() that must succeed, for a pool the test ended itself (or one
+ * whose destroy is under test); the fixture no longer owns `p`. */
+static inline void tpt_destroy(tp_pool *p) {
     tpt_fx_forget(p);
     assert_int_equal(tp_destroy(p), TP_OK);
 }
