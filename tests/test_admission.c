@@ -14,15 +14,6 @@
 
 /* ------------------------------------------------------------ helpers */
 
-static tp_pool *mkpool(tpt_fixture *f, unsigned workers, unsigned cap, unsigned per_user) {
-    tp_config c = {0};
-    c.log = tpt_quiet_log; /* cancelled and failed attempts are expected here */
-    c.workers = workers;
-    c.queue_capacity = cap;
-    c.max_per_user = per_user;
-    return tpt_fx_pool(f, &c);
-}
-
 static uint64_t stat_field(const tp_stats *s, size_t off) {
     uint64_t v;
     memcpy(&v, (const char *)s + off, sizeof v);
@@ -62,7 +53,7 @@ static void test_queue_bound_excludes_running(void **state) {
     tpt_fixture *f = tpt_fx(state);
     enum { W = 3, CAP = 4 };
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(f, W, CAP, TP_UNLIMITED);
+    tp_pool *p = tpt_quiet_pool(f, W, CAP, TP_UNLIMITED);
     tpt_fill_workers(p, l, W, NULL);
 
     for (unsigned i = 0; i < CAP; i++) assert_int_equal(tp_submit(p, tpt_block_task, l, NULL, NULL), TP_OK);
@@ -94,7 +85,7 @@ static void test_queue_bound_excludes_running(void **state) {
 static void test_queue_bound_one_slot(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(f, 2, 1, TP_UNLIMITED);
+    tp_pool *p = tpt_quiet_pool(f, 2, 1, TP_UNLIMITED);
     tpt_fill_workers(p, l, 2, NULL);
     assert_int_equal(tp_submit(p, tpt_block_task, l, NULL, NULL), TP_OK);
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_EFULL);
@@ -152,7 +143,7 @@ static char long_name[TP_USER_MAX + 2];
 static void test_refusal_order(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(f, 1, 1, 1);
+    tp_pool *p = tpt_quiet_pool(f, 1, 1, 1);
 
     tpt_fill_workers(p, l, 1, "a"); /* "a" holds its only slot, running */
     tp_task_opts ob = {0};
@@ -230,7 +221,7 @@ static void test_user_name_max_length(void **state) {
     char name[TP_USER_MAX + 1];
     memset(name, 'u', TP_USER_MAX);
     name[TP_USER_MAX] = '\0';
-    tp_pool *p = mkpool(f, 1, 4, 2);
+    tp_pool *p = tpt_quiet_pool(f, 1, 4, 2);
     tp_task_opts o = {0};
     o.user = name;
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, &o, NULL), TP_OK);
@@ -271,7 +262,7 @@ static void test_rejection_leaves_no_trace(void **state) {
     tpt_done *refused = tpt_fx_array(f, tpt_done, 8);
     tpt_done *ok = tpt_fx_array(f, tpt_done, 4);
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(f, 1, 2, 2);
+    tp_pool *p = tpt_quiet_pool(f, 1, 2, 2);
 
     tpt_fill_workers(p, l, 1, "u"); /* u: 1 of 2 */
     tp_task_opts o = {0};
@@ -349,7 +340,7 @@ static void test_fifo_start_order(void **state) {
     atomic_store(&fifo_next, 0);
     for (int i = 0; i < FIFO_N; i++) atomic_store(&fifo_order[i], -1);
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(f, 1, FIFO_N, TP_UNLIMITED);
+    tp_pool *p = tpt_quiet_pool(f, 1, FIFO_N, TP_UNLIMITED);
     tpt_fill_workers(p, l, 1, NULL);
     for (int i = 0; i < FIFO_N; i++) {
         tp_task_opts o = {0};
@@ -368,7 +359,7 @@ static void test_fifo_across_wraparound(void **state) {
     tpt_fixture *f = tpt_fx(state);
     atomic_store(&fifo_next, 0);
     for (int i = 0; i < FIFO_N; i++) atomic_store(&fifo_order[i], -1);
-    tp_pool *p = mkpool(f, 1, 5, TP_UNLIMITED);
+    tp_pool *p = tpt_quiet_pool(f, 1, 5, TP_UNLIMITED);
     for (int i = 0; i < FIFO_N; i++)
         assert_int_equal(tp_submit_wait(p, fifo_task, (void *)(intptr_t)i, NULL, TPT_WAIT_NS, NULL), TP_OK);
     tpt_finish(p);
@@ -458,7 +449,7 @@ static void resubmit_ok(tp_pool *p, const char *user) {
 
 static void test_slot_released_on_success(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(f, 1, 4, 1);
+    tp_pool *p = tpt_quiet_pool(f, 1, 4, 1);
     slot_rec r;
     slot_rec_init(&r, p, "u", M_OK, NULL);
     submit_rec(p, &r, 0, 0);
@@ -471,12 +462,7 @@ static void test_slot_released_on_success(void **state) {
 
 static void test_slot_released_on_failure(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_config c = {0};
-    c.workers = 1;
-    c.queue_capacity = 4;
-    c.max_per_user = 1;
-    c.log = tpt_quiet_log;
-    tp_pool *p = tpt_fx_pool(f, &c);
+    tp_pool *p = tpt_quiet_pool(f, 1, 4, 1);
     slot_rec r;
     slot_rec_init(&r, p, "u", M_FAIL, NULL);
     submit_rec(p, &r, 0, 0);
@@ -512,7 +498,7 @@ static void test_slot_released_after_retries(void **state) {
 static void test_slot_released_on_cancel_queued(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(f, 1, 4, 1);
+    tp_pool *p = tpt_quiet_pool(f, 1, 4, 1);
     tpt_fill_workers(p, l, 1, NULL);
     slot_rec r;
     slot_rec_init(&r, p, "u", M_OK, NULL);
@@ -530,7 +516,7 @@ static void test_slot_released_on_cancel_queued(void **state) {
 
 static void test_slot_released_on_cancel_running(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(f, 1, 4, 1);
+    tp_pool *p = tpt_quiet_pool(f, 1, 4, 1);
     slot_rec r;
     slot_rec_init(&r, p, "u", M_SLEEP, NULL);
     uint64_t id = submit_rec(p, &r, 0, 0);
@@ -545,7 +531,7 @@ static void test_slot_released_on_cancel_running(void **state) {
 
 static void test_slot_released_on_run_timeout(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(f, 1, 4, 1);
+    tp_pool *p = tpt_quiet_pool(f, 1, 4, 1);
     slot_rec r;
     slot_rec_init(&r, p, "u", M_UNTIL_ERR, NULL);
     submit_rec(p, &r, 0, TPT_MS(20));
@@ -559,7 +545,7 @@ static void test_slot_released_on_run_timeout(void **state) {
 static void test_slot_released_on_expiry(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(f, 1, 4, 1);
+    tp_pool *p = tpt_quiet_pool(f, 1, 4, 1);
     tpt_fill_workers(p, l, 1, NULL);
     slot_rec r;
     slot_rec_init(&r, p, "u", M_OK, NULL);
@@ -577,7 +563,7 @@ static void test_slot_released_on_expiry(void **state) {
  * their slots back. */
 static void test_slot_released_on_forced_shutdown(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(f, 1, 4, 1);
+    tp_pool *p = tpt_quiet_pool(f, 1, 4, 1);
     slot_rec run, q;
     slot_rec_init(&run, p, "u", M_SLEEP, NULL);
     slot_rec_init(&q, p, "v", M_OK, NULL);
@@ -665,7 +651,7 @@ static void test_submit_wait_times_out(void **state) {
 static void test_submit_wait_gets_space(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(f, 1, 1, TP_UNLIMITED);
+    tp_pool *p = tpt_quiet_pool(f, 1, 1, TP_UNLIMITED);
     tpt_fill_workers(p, l, 1, NULL);
     assert_int_equal(tp_submit(p, tpt_block_task, l, NULL, NULL), TP_OK);
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_EFULL);
@@ -717,7 +703,7 @@ static void *delayed_cancel_main(void *a) {
 static void test_submit_wait_gets_space_from_cancel(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(f, 1, 1, TP_UNLIMITED);
+    tp_pool *p = tpt_quiet_pool(f, 1, 1, TP_UNLIMITED);
     tpt_fill_workers(p, l, 1, NULL);
     tpt_done *q = tpt_fx_new(f, tpt_done);
     tp_task_opts oq = {0};
@@ -753,7 +739,7 @@ static void test_submit_wait_gets_space_from_cancel(void **state) {
 static void test_submit_wait_gets_user_slot(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(f, 2, 8, 1);
+    tp_pool *p = tpt_quiet_pool(f, 2, 8, 1);
     tpt_fill_workers(p, l, 1, "u");
     tp_task_opts o = {0};
     o.user = "u";
@@ -808,7 +794,7 @@ static void *waiter_main(void *a) {
 static void test_submit_wait_woken_by_close(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(f, 1, 1, 1);
+    tp_pool *p = tpt_quiet_pool(f, 1, 1, 1);
     tpt_fill_workers(p, l, 1, "a");
     tp_task_opts ob = {0};
     ob.user = "b";
@@ -845,7 +831,7 @@ static void test_submit_wait_woken_by_close(void **state) {
 static void test_submit_wait_budget_spent(void **state) {
     tpt_fixture *f = tpt_fx(state);
     enum { N = 20 };
-    tp_pool *p = mkpool(f, 1, 100, TP_UNLIMITED);
+    tp_pool *p = tpt_quiet_pool(f, 1, 100, TP_UNLIMITED);
     tpt_done *d = tpt_fx_new(f, tpt_done);
     tp_task_opts o = {0};
     o.on_done = tpt_done_fn;
@@ -873,7 +859,7 @@ static void test_submit_wait_budget_spent(void **state) {
 static void test_full_refusal_tracks_users_at_limit(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(f, 1, 2, 2);
+    tp_pool *p = tpt_quiet_pool(f, 1, 2, 2);
     tpt_fill_workers(p, l, 1, "x"); /* x holds 1 of 2 */
     tp_task_opts ox = {.user = "x"}, oy = {.user = "y"}, oz = {.user = "z"};
     uint64_t y1 = 0, y2 = 0, plain = 0;
@@ -926,7 +912,7 @@ static void test_ids_unique_nonzero(void **state) {
     enum { N = 2000 };
     uint64_t *ids = calloc(N, sizeof *ids);
     assert_non_null(ids);
-    tp_pool *p = mkpool(f, 2, 16, TP_UNLIMITED);
+    tp_pool *p = tpt_quiet_pool(f, 2, 16, TP_UNLIMITED);
     for (int i = 0; i < N; i++) {
         assert_int_equal(tp_submit_wait(p, tpt_nop_task, NULL, NULL, TPT_WAIT_NS, &ids[i]), TP_OK);
         if (i % 100 == 0) /* a NULL id_out is fine too */

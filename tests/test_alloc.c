@@ -247,11 +247,7 @@ static long churn(tp_pool *p, int n) {
 static void test_alloc_zero_with_cancels(void **state) {
     tpt_fixture *f = tpt_fx(state);
     if (!counting_or_skip()) return;
-    tp_config cfg = {0};
-    cfg.workers = 2;
-    cfg.queue_capacity = 64;
-    cfg.log = tpt_quiet_log;
-    tp_pool *p = tpt_fx_pool(f, &cfg);
+    tp_pool *p = tpt_quiet_pool(f, 2, 64, 0);
     assert_int_equal(churn(p, 4000), 0);
     TPT_EVENTUALLY(tpt_stats(p).completed == 4000);
 
@@ -301,12 +297,7 @@ static long group_rounds(tp_group *g, tp_group *coe, int rounds) {
 static void test_alloc_zero_per_group_member(void **state) {
     tpt_fixture *f = tpt_fx(state);
     if (!counting_or_skip()) return;
-    tp_config cfg = {0};
-    cfg.workers = 2;
-    cfg.queue_capacity = 64;
-    cfg.max_per_user = TP_UNLIMITED;
-    cfg.log = tpt_quiet_log;
-    tp_pool *p = tpt_fx_pool(f, &cfg);
+    tp_pool *p = tpt_quiet_pool(f, 2, 64, TP_UNLIMITED);
     tp_group *g, *coe[2];
     assert_int_equal(tp_group_create(p, 0, &g), TP_OK);
     assert_int_equal(tp_group_create(p, TP_GROUP_CANCEL_ON_ERROR, &coe[0]), TP_OK);

@@ -290,11 +290,7 @@ static void fill_strings(void) {
 }
 
 static tp_pool *settled_pool(tpt_fixture *f) {
-    tp_config cfg = {0};
-    cfg.workers = 1;
-    cfg.queue_capacity = 4;
-    cfg.log = tpt_quiet_log;
-    tp_pool *p = tpt_fx_pool(f, &cfg);
+    tp_pool *p = tpt_quiet_pool(f, 1, 4, 0);
     tp_stats s;
     TPT_EVENTUALLY((s = tpt_stats(p)).workers == 1 && s.idle == 1);
     return p;

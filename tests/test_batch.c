@@ -18,15 +18,6 @@
 
 /* ------------------------------------------------------------ helpers */
 
-static tp_pool *mkpool(tpt_fixture *f, unsigned workers, unsigned cap, unsigned per_user) {
-    tp_config c = {0};
-    c.log = tpt_quiet_log;
-    c.workers = workers;
-    c.queue_capacity = cap;
-    c.max_per_user = per_user;
-    return tpt_fx_pool(f, &c);
-}
-
 /* n tasks of tpt_nop_task whose on_done records into done[i]. */
 static void fill_nop(tp_task *t, tp_task_opts *o, tpt_done *done, size_t n) {
     for (size_t i = 0; i < n; i++) {
@@ -65,7 +56,7 @@ static void assert_done_prefix(tpt_done *done, size_t k, size_t n) {
 
 static void test_bad_batch_arguments(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(f, 1, 8, TP_UNLIMITED);
+    tp_pool *p = tpt_quiet_pool(f, 1, 8, TP_UNLIMITED);
     tp_task t = {.fn = tpt_nop_task};
     uint64_t id = SENTINEL;
     size_t k = 77;
@@ -104,7 +95,7 @@ static void test_einval_first_and_middle(void **state) {
     static const size_t where[] = {0, 3, 40};
     static char long_user[TP_USER_MAX + 2];
     memset(long_user, 'u', sizeof long_user - 1);
-    tp_pool *p = mkpool(f, 2, 256, TP_UNLIMITED);
+    tp_pool *p = tpt_quiet_pool(f, 2, 256, TP_UNLIMITED);
     uint64_t accepted = 0;
     for (size_t w = 0; w < sizeof where / sizeof where[0]; w++) {
         for (int kind = 0; kind < 5; kind++) {
@@ -152,7 +143,7 @@ static void test_efull_first_and_middle(void **state) {
     for (unsigned room = 0; room <= 3; room++) { /* 8 latches, TPT_FX_LATCHES */
         for (int with_user = 0; with_user < 2; with_user++) {
             tpt_latch *l = tpt_fx_latch(f);
-            tp_pool *p = mkpool(f, W, CAP, with_user ? 100 : TP_UNLIMITED);
+            tp_pool *p = tpt_quiet_pool(f, W, CAP, with_user ? 100 : TP_UNLIMITED);
             tpt_fill_workers(p, l, W, NULL);
             for (unsigned i = 0; i < CAP - room; i++)
                 assert_int_equal(tp_submit(p, tpt_block_task, l, NULL, NULL), TP_OK);
@@ -193,7 +184,7 @@ static void test_euserlimit_first_and_middle(void **state) {
     tpt_fixture *f = tpt_fx(state);
     enum { LIMIT = 3, N = 6 };
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(f, LIMIT, 64, LIMIT);
+    tp_pool *p = tpt_quiet_pool(f, LIMIT, 64, LIMIT);
     tpt_fill_workers(p, l, LIMIT, "full");
 
     /* at position 0 */
@@ -249,7 +240,7 @@ static void test_euserlimit_first_and_middle(void **state) {
 static void test_eclosed_first(void **state) {
     tpt_fixture *f = tpt_fx(state);
     enum { N = 5 };
-    tp_pool *p = mkpool(f, 1, 16, TP_UNLIMITED);
+    tp_pool *p = tpt_quiet_pool(f, 1, 16, TP_UNLIMITED);
     assert_int_equal(tp_close(p), TP_OK);
     tp_task t[N];
     tp_task_opts o[N];
@@ -274,7 +265,7 @@ static void test_closed_and_full_is_eclosed(void **state) {
     tpt_fixture *f = tpt_fx(state);
     enum { W = 1, CAP = 2 };
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(f, W, CAP, TP_UNLIMITED);
+    tp_pool *p = tpt_quiet_pool(f, W, CAP, TP_UNLIMITED);
     tpt_fill_workers(p, l, W, NULL);
     for (int i = 0; i < CAP; i++) assert_int_equal(tp_submit(p, tpt_block_task, l, NULL, NULL), TP_OK);
     tp_task t = {.fn = tpt_nop_task};
@@ -346,7 +337,7 @@ static void test_fifo_adjacent_against_single_submitter(void **state) {
     tpt_fixture *f = tpt_fx(state);
     atomic_store(&g_order.n, 0);
     memset(g_call_start, 0, sizeof g_call_start);
-    tp_pool *p = mkpool(f, 1, 64, TP_UNLIMITED);
+    tp_pool *p = tpt_quiet_pool(f, 1, 64, TP_UNLIMITED);
     single_arg *x = tpt_fx_new(f, single_arg);
     x->p = p;
     tpt_fx_thr *th = tpt_fx_thread(f, single_submitter, x);
@@ -405,7 +396,7 @@ static void test_fifo_adjacent_uncut(void **state) {
     enum { B = 16, BATCHES = 100 };
     atomic_store(&g_order.n, 0);
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(f, 1, 8192, TP_UNLIMITED);
+    tp_pool *p = tpt_quiet_pool(f, 1, 8192, TP_UNLIMITED);
     tpt_fill_workers(p, l, 1, NULL);
     single_arg *x = tpt_fx_new(f, single_arg);
     x->p = p;
@@ -471,7 +462,7 @@ static void test_close_never_splits_a_batch(void **state) {
     enum { B = 12 };
     int raced = 0;                             /* rounds where batches went in before the close */
     for (int round = 0; round < 12; round++) { /* one thread each: TPT_FX_THREADS */
-        tp_pool *p = mkpool(f, 2, 1 << 16, TP_UNLIMITED);
+        tp_pool *p = tpt_quiet_pool(f, 2, 1 << 16, TP_UNLIMITED);
         closer_arg *x = tpt_fx_new(f, closer_arg);
         x->p = p;
         tpt_fx_thr *th = tpt_fx_thread(f, closer, x);
@@ -536,7 +527,7 @@ static int opts_task(tp_ctx *c, void *arg) {
 static void test_ids_and_options(void **state) {
     tpt_fixture *f = tpt_fx(state);
     enum { N = 40 }; /* more than the stack-checked prefix */
-    tp_pool *p = mkpool(f, 2, 256, TP_UNLIMITED);
+    tp_pool *p = tpt_quiet_pool(f, 2, 256, TP_UNLIMITED);
     tp_task t[N];
     uint64_t ids[N];
     for (uintptr_t i = 0; i < N; i++) {
@@ -595,7 +586,7 @@ static void test_batch_tasks_cancel_and_force(void **state) {
     tpt_fixture *f = tpt_fx(state);
     enum { N = 10 };
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(f, 1, 32, TP_UNLIMITED);
+    tp_pool *p = tpt_quiet_pool(f, 1, 32, TP_UNLIMITED);
     tpt_fill_workers(p, l, 1, NULL);
     tp_task t[N];
     tp_task_opts o[N];
@@ -708,7 +699,7 @@ static void test_batch_grows_elastic_pool(void **state) {
 static void test_batch_zero_allocations(void **state) {
     tpt_fixture *f = tpt_fx(state);
     if (!counting_or_skip()) return;
-    tp_pool *p = mkpool(f, 2, 256, TP_UNLIMITED);
+    tp_pool *p = tpt_quiet_pool(f, 2, 256, TP_UNLIMITED);
     long completed = 0;
     for (int round = 0; round < 4; round++) {
         assert_int_equal(run_batches(p, 2000, completed), 0);

@@ -21,15 +21,6 @@
 
 /* ------------------------------------------------------------ helpers */
 
-static tp_pool *mkpool(tpt_fixture *f, unsigned workers, unsigned cap) {
-    tp_config c = {0};
-    c.log = tpt_quiet_log; /* cancelled and failed attempts are expected here */
-    c.workers = workers;
-    c.queue_capacity = cap;
-    c.max_per_user = TP_UNLIMITED;
-    return tpt_fx_pool(f, &c);
-}
-
 enum { M_NOP, M_SLEEP, M_UNTIL_ERR_RET0, M_UNTIL_ERR_RET5, M_POLL_FD, M_FAIL, M_RET_ERR };
 
 typedef struct rec {
@@ -124,7 +115,7 @@ static uint64_t submit_rec(tp_pool *p, rec *r) {
 static void test_cancel_storm_no_spurious_full(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(f, 1, 1);
+    tp_pool *p = tpt_quiet_pool(f, 1, 1, TP_UNLIMITED);
     tpt_fill_workers(p, l, 1, NULL);
     enum { N = 20000 };
     tpt_done *d = tpt_fx_new(f, tpt_done);
@@ -154,7 +145,7 @@ static void test_cancel_storm_no_spurious_full(void **state) {
 static void test_cancel_queued(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(f, 1, 1);
+    tp_pool *p = tpt_quiet_pool(f, 1, 1, TP_UNLIMITED);
     tpt_fill_workers(p, l, 1, NULL);
     rec *r = tpt_fx_new(f, rec);
     rec_init(r, M_NOP);
@@ -198,7 +189,7 @@ static void test_cancel_queued_on_done_prompt_when_busy(void **state) {
     tpt_fixture *f = tpt_fx(state);
     enum { W = 2, Q = 6 };
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(f, W, Q);
+    tp_pool *p = tpt_quiet_pool(f, W, Q, TP_UNLIMITED);
     tpt_fill_workers(p, l, W, NULL);
     rec *r = tpt_fx_array(f, rec, Q);
     uint64_t ids[Q];
@@ -270,7 +261,7 @@ static void test_cancel_waiting_for_retry(void **state) {
 
 static void test_cancel_running_sleep(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(f, 1, 4);
+    tp_pool *p = tpt_quiet_pool(f, 1, 4, TP_UNLIMITED);
     rec *r = tpt_fx_new(f, rec);
     rec_init(r, M_SLEEP);
     uint64_t id = submit_rec(p, r);
@@ -291,7 +282,7 @@ static void test_cancel_running_sleep(void **state) {
 
 static void test_cancel_running_fd_readable(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(f, 1, 4);
+    tp_pool *p = tpt_quiet_pool(f, 1, 4, TP_UNLIMITED);
     rec *r = tpt_fx_new(f, rec);
     rec_init(r, M_POLL_FD);
     uint64_t id = submit_rec(p, r);
@@ -308,7 +299,7 @@ static void test_cancel_running_fd_readable(void **state) {
 /* A cancelled task that still returns 0 counts as succeeded. */
 static void test_cancel_running_return_zero(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(f, 1, 4);
+    tp_pool *p = tpt_quiet_pool(f, 1, 4, TP_UNLIMITED);
     rec *r = tpt_fx_new(f, rec);
     rec_init(r, M_UNTIL_ERR_RET0);
     uint64_t id = submit_rec(p, r);
@@ -352,7 +343,7 @@ static void test_cancel_running_not_retried(void **state) {
 
 static void test_cancel_bad_ids(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(f, 1, 4);
+    tp_pool *p = tpt_quiet_pool(f, 1, 4, TP_UNLIMITED);
     assert_int_equal(tp_cancel(p, 0), TP_EINVAL);
     assert_int_equal(tp_cancel(NULL, 1), TP_EINVAL);
     assert_int_equal(tp_cancel(NULL, 0), TP_EINVAL);
@@ -375,7 +366,7 @@ static void test_cancel_bad_ids(void **state) {
 static void test_cancel_after_close(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(f, 1, 4);
+    tp_pool *p = tpt_quiet_pool(f, 1, 4, TP_UNLIMITED);
     tpt_fill_workers(p, l, 1, NULL);
     rec *r = tpt_fx_new(f, rec);
     rec_init(r, M_NOP);
@@ -404,7 +395,7 @@ static void test_cancel_vs_completion_race(void **state) {
     int *crc = calloc(N, sizeof *crc);
     assert_non_null(r);
     assert_non_null(crc);
-    tp_pool *p = mkpool(f, 2, N);
+    tp_pool *p = tpt_quiet_pool(f, 2, N, TP_UNLIMITED);
     for (int i = 0; i < N; i++) {
         rec_init(&r[i], M_RET_ERR);
         uint64_t id = submit_rec(p, &r[i]);
@@ -487,7 +478,7 @@ static void test_cancel_race_other_thread(void **state) {
     assert_non_null(r);
     assert_non_null(ids);
     atomic_int *published = tpt_fx_new(f, atomic_int);
-    tp_pool *p = mkpool(f, 2, N);
+    tp_pool *p = tpt_quiet_pool(f, 2, N, TP_UNLIMITED);
     canceller *c = tpt_fx_new(f, canceller);
     *c = (canceller){p, ids, N, published, 0, 0};
     tpt_fx_thr *th = tpt_fx_thread(f, canceller_main, c);

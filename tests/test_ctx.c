@@ -57,11 +57,10 @@ static void rec_done(void *arg, int status) {
     atomic_fetch_add(&r->done_calls, 1);
 }
 
-static tp_pool *mkpool(tpt_fixture *f, unsigned workers, uint64_t run_timeout_ns) {
-    tp_config cfg = {0};
-    cfg.workers = workers;
+/* A quiet pool whose default run timeout is run_timeout_ns (0: the library's). */
+static tp_pool *timeout_pool(tpt_fixture *f, unsigned workers, uint64_t run_timeout_ns) {
+    tp_config cfg = tpt_quiet_config(workers, 0, 0);
     cfg.run_timeout_ns = run_timeout_ns;
-    cfg.log = tpt_quiet_log;
     return tpt_fx_pool(f, &cfg);
 }
 
@@ -231,7 +230,7 @@ static int task_fd_timeout(tp_ctx *c, void *arg) {
 
 static void test_ctx_id_matches_submitted(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(f, 2, 0);
+    tp_pool *p = timeout_pool(f, 2, 0);
     enum { N = 32 };
     static rec r[N];
     uint64_t ids[N];
@@ -252,7 +251,7 @@ static void test_ctx_id_matches_submitted(void **state) {
 
 static void test_ctx_user_none(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(f, 1, 0);
+    tp_pool *p = timeout_pool(f, 1, 0);
     rec *a = tpt_fx_new(f, rec);
     rec *b = tpt_fx_new(f, rec);
     tp_task_opts o = {0};
@@ -273,7 +272,7 @@ static void test_ctx_user_none(void **state) {
 
 static void test_ctx_user_is_copied(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(f, 1, 0);
+    tp_pool *p = timeout_pool(f, 1, 0);
     tpt_latch *gate = tpt_fx_latch(f);
     /* Hold the only worker so the user task runs after we clobber the buffer. */
     assert_int_equal(tp_submit(p, tpt_block_task, gate, NULL, NULL), TP_OK);
@@ -331,7 +330,7 @@ static void test_ctx_deadline_forever(void **state) {
     tpt_fixture *f = tpt_fx(state);
     uint64_t ts, tst;
     /* Pool without run timeout, task without deadline. */
-    tp_pool *p = mkpool(f, 1, TP_FOREVER);
+    tp_pool *p = timeout_pool(f, 1, TP_FOREVER);
     assert_true(run_deadline(f, p, NULL, &ts, &tst) == TP_FOREVER);
     tp_task_opts o = {0};
     assert_true(run_deadline(f, p, &o, &ts, &tst) == TP_FOREVER);
@@ -341,7 +340,7 @@ static void test_ctx_deadline_forever(void **state) {
     tpt_finish(p);
 
     /* Pool default run timeout, task says TP_FOREVER, no deadline. */
-    p = mkpool(f, 1, 0);
+    p = timeout_pool(f, 1, 0);
     memset(&o, 0, sizeof o);
     o.run_timeout_ns = TP_FOREVER;
     assert_true(run_deadline(f, p, &o, &ts, &tst) == TP_FOREVER);
@@ -371,7 +370,7 @@ static int task_deadline_twice(tp_ctx *c, void *arg) {
 static void test_ctx_deadline_counts_from_start(void **state) {
     tpt_fixture *f = tpt_fx(state);
     const uint64_t rt = TPT_S(30);
-    tp_pool *p = mkpool(f, 1, rt);
+    tp_pool *p = timeout_pool(f, 1, rt);
     enum { N = 64 };
     rec *r[N];
     uint64_t t_sub = tp_now_ns();
@@ -396,7 +395,7 @@ static void test_ctx_deadline_counts_from_start(void **state) {
 static void test_ctx_deadline_earlier_of_two(void **state) {
     tpt_fixture *f = tpt_fx(state);
     uint64_t ts, tst, d;
-    tp_pool *p = mkpool(f, 1, 0); /* default run timeout: 10 min */
+    tp_pool *p = timeout_pool(f, 1, 0); /* default run timeout: 10 min */
     const uint64_t ten_min = TPT_S(600);
 
     /* Pool default run timeout only: start + 10 min. */
@@ -426,7 +425,7 @@ static void test_ctx_deadline_earlier_of_two(void **state) {
     tpt_finish(p);
 
     /* Pool run timeout (not the default) applies when the task says 0. */
-    p = mkpool(f, 1, TPT_S(3));
+    p = timeout_pool(f, 1, TPT_S(3));
     d = run_deadline(f, p, NULL, &ts, &tst);
     assert_true(d >= ts + TPT_S(3));
     assert_true(d <= tst + TPT_S(3));
@@ -437,7 +436,7 @@ static void test_ctx_deadline_earlier_of_two(void **state) {
 
 static void test_ctx_sleep_full_time(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(f, 1, 0);
+    tp_pool *p = timeout_pool(f, 1, 0);
     rec *r = tpt_fx_new(f, rec);
     r->sleep_ns = TPT_MS(30);
     assert_int_equal(tp_submit(p, task_sleep, r, NULL, NULL), TP_OK);
@@ -458,7 +457,7 @@ static void test_ctx_sleep_full_time(void **state) {
 
 static void test_ctx_sleep_cancelled(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(f, 1, 0);
+    tp_pool *p = timeout_pool(f, 1, 0);
     rec *r = tpt_fx_new(f, rec);
     r->sleep_ns = TPT_S(20);
     tp_task_opts o = {0};
@@ -501,7 +500,7 @@ static void sleep_until_timeout(tpt_fixture *f, tp_pool *p, const tp_task_opts *
 
 static void test_ctx_sleep_run_timeout(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(f, 1, 0);
+    tp_pool *p = timeout_pool(f, 1, 0);
     tp_task_opts o = {0};
     o.run_timeout_ns = TPT_MS(50);
     sleep_until_timeout(f, p, &o);
@@ -510,14 +509,14 @@ static void test_ctx_sleep_run_timeout(void **state) {
     assert_int_equal(s.expired, 0);
 
     /* The pool's run timeout works the same. */
-    p = mkpool(f, 1, TPT_MS(50));
+    p = timeout_pool(f, 1, TPT_MS(50));
     sleep_until_timeout(f, p, NULL);
     tpt_finish(p);
 }
 
 static void test_ctx_sleep_deadline(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(f, 1, TP_FOREVER);
+    tp_pool *p = timeout_pool(f, 1, TP_FOREVER);
     tp_task_opts o = {0};
     o.deadline_ns = tp_now_ns() + TPT_MS(300);
     sleep_until_timeout(f, p, &o);
@@ -526,7 +525,7 @@ static void test_ctx_sleep_deadline(void **state) {
 
 static void test_ctx_err_states(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(f, 2, 0);
+    tp_pool *p = timeout_pool(f, 2, 0);
 
     /* Cancelled while running. */
     rec *c = tpt_fx_new(f, rec);
@@ -562,7 +561,7 @@ static void test_ctx_err_states(void **state) {
 
 static void test_ctx_err_cancel_takes_precedence(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(f, 1, 0);
+    tp_pool *p = timeout_pool(f, 1, 0);
     rec *r = tpt_fx_new(f, rec);
     tp_task_opts o = {0};
     o.run_timeout_ns = TPT_MS(30);
@@ -580,7 +579,7 @@ static void test_ctx_err_cancel_takes_precedence(void **state) {
 
 static void test_ctx_fd_cancel_then_clean(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(f, 1, 0); /* one worker: the next task reuses it */
+    tp_pool *p = timeout_pool(f, 1, 0); /* one worker: the next task reuses it */
     rec *r = tpt_fx_new(f, rec);
     uint64_t id = 0;
     assert_int_equal(tp_submit(p, task_fd_wait, r, NULL, &id), TP_OK);
@@ -618,7 +617,7 @@ static void test_ctx_fd_cancel_then_clean(void **state) {
 
 static void test_ctx_fd_forced_shutdown(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(f, 1, 0);
+    tp_pool *p = timeout_pool(f, 1, 0);
     rec *r = tpt_fx_new(f, rec);
     tp_task_opts o = {0};
     o.on_done = rec_done;
@@ -654,7 +653,7 @@ static void fd_not_readable_on_timeout(tpt_fixture *f, tp_pool *p, const tp_task
 
 static void test_ctx_fd_not_readable_on_timeout(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(f, 1, 0);
+    tp_pool *p = timeout_pool(f, 1, 0);
     tp_task_opts o = {0};
     o.run_timeout_ns = TPT_MS(30);
     fd_not_readable_on_timeout(f, p, &o);
@@ -666,7 +665,7 @@ static void test_ctx_fd_not_readable_on_timeout(void **state) {
 
 static void test_ctx_fd_cancelled_before_first_use(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(f, 1, 0); /* fresh worker: no descriptor made yet */
+    tp_pool *p = timeout_pool(f, 1, 0); /* fresh worker: no descriptor made yet */
     rec *r = tpt_fx_new(f, rec);
     uint64_t id = 0;
     assert_int_equal(tp_submit(p, task_cancel_then_fd, r, NULL, &id), TP_OK);
@@ -688,7 +687,7 @@ static void test_ctx_fd_cancelled_before_first_use(void **state) {
 
 static void test_ctx_fd_clean_after_unobserved_cancel(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(f, 1, 0);
+    tp_pool *p = timeout_pool(f, 1, 0);
     /* The worker's descriptor exists... */
     rec *a = tpt_fx_new(f, rec);
     assert_int_equal(tp_submit(p, task_fd_check, a, NULL, NULL), TP_OK);
@@ -714,7 +713,7 @@ static void test_ctx_fd_clean_after_unobserved_cancel(void **state) {
 
 static void test_ctx_run_timeout_excludes_queue_time(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(f, 1, 0);
+    tp_pool *p = timeout_pool(f, 1, 0);
     tpt_latch *gate = tpt_fx_latch(f);
     assert_int_equal(tp_submit(p, tpt_block_task, gate, NULL, NULL), TP_OK);
     TPT_EVENTUALLY(atomic_load(&gate->waiting) == 1);
@@ -748,7 +747,7 @@ static void test_ctx_run_timeout_excludes_queue_time(void **state) {
 
 static void test_ctx_deadline_includes_queue_time(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(f, 1, 0);
+    tp_pool *p = timeout_pool(f, 1, 0);
     tpt_latch *gate = tpt_fx_latch(f);
     assert_int_equal(tp_submit(p, tpt_block_task, gate, NULL, NULL), TP_OK);
     TPT_EVENTUALLY(atomic_load(&gate->waiting) == 1);
@@ -779,7 +778,7 @@ static void test_ctx_deadline_includes_queue_time(void **state) {
 
 static void test_ctx_deadline_already_passed_accepted(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(f, 1, 0);
+    tp_pool *p = timeout_pool(f, 1, 0);
     rec *r = tpt_fx_new(f, rec);
     tp_task_opts o = {0};
     o.deadline_ns = 1; /* long gone */
@@ -800,7 +799,7 @@ static void test_ctx_deadline_already_passed_accepted(void **state) {
  * queue place and user slot freed -- without waiting for a worker. */
 static void test_ctx_expiry_prompt_while_workers_busy(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(f, 1, 0);
+    tp_pool *p = timeout_pool(f, 1, 0);
     tpt_latch *gate = tpt_fx_latch(f);
     assert_int_equal(tp_submit(p, tpt_block_task, gate, NULL, NULL), TP_OK);
     TPT_EVENTUALLY(atomic_load(&gate->waiting) == 1);

@@ -14,12 +14,11 @@
 #define _GNU_SOURCE
 #include "tp_test.h"
 
-static tp_pool *mkpool(tpt_fixture *f, unsigned workers) {
+/* A pool with `workers` workers and the library's defaults otherwise. */
+static tp_pool *plain_pool(tpt_fixture *f, unsigned workers) {
     tp_config cfg = {0};
     cfg.workers = workers;
-    tp_pool *p = tpt_fx_pool(f, &cfg);
-    assert_non_null(p);
-    return p;
+    return tpt_fx_pool(f, &cfg);
 }
 
 
@@ -154,8 +153,8 @@ static void test_default_forced_shutdown(void **state) {
 
 static void test_default_swap(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *a = mkpool(f, 1);
-    tp_pool *b = mkpool(f, 1);
+    tp_pool *a = plain_pool(f, 1);
+    tp_pool *b = plain_pool(f, 1);
 
     assert_null(tp_default_swap(a));
     assert_ptr_equal(tp_default(), a);
@@ -262,7 +261,7 @@ static void test_default_create_does_not_overwrite_swap(void **state) {
     tp_config cfg = {0};
     cfg.workers = 2;
     for (int i = 0; i < 100; i++) {
-        race_q = mkpool(f, 1);
+        race_q = plain_pool(f, 1);
         race_old = NULL;
         race_delay_ns = (uint64_t)(i % 50) * 4000; /* 0..200 us */
         pthread_barrier_init(&race_barrier, NULL, 2);

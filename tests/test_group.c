@@ -79,15 +79,6 @@ static int submit_member(tp_group *g, member *m, const char *user) {
     return tp_group_submit(g, member_task, m, &o, NULL);
 }
 
-static tp_pool *new_pool(tpt_fixture *f, unsigned workers, unsigned queue) {
-    tp_config cfg = {0};
-    cfg.workers = workers;
-    cfg.queue_capacity = queue;
-    cfg.max_per_user = TP_UNLIMITED;
-    cfg.log = tpt_quiet_log;
-    return tpt_fx_pool(f, &cfg);
-}
-
 static void reset_counters(void) {
     atomic_store(&done_seq, 0);
     atomic_store(&done_total, 0);
@@ -126,7 +117,7 @@ static void *waiter_main(void *arg) {
 static void test_group_wait_all_and_on_done(void **state) {
     tpt_fixture *f = tpt_fx(state);
     reset_counters();
-    tp_pool *p = new_pool(f, 2, 64);
+    tp_pool *p = tpt_quiet_pool(f, 2, 64, TP_UNLIMITED);
     tp_group *g = NULL;
     assert_int_equal(tp_group_create(p, 0, &g), TP_OK);
     assert_non_null(g);
@@ -179,7 +170,7 @@ static void test_group_submit_refusals(void **state) {
     tpt_fixture *f = tpt_fx(state);
     reset_counters();
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = new_pool(f, 1, 1);
+    tp_pool *p = tpt_quiet_pool(f, 1, 1, TP_UNLIMITED);
     tp_group *g;
     assert_int_equal(tp_group_create(p, 0, &g), TP_OK);
     static member a, b, c;
@@ -213,7 +204,7 @@ static void test_group_submit_refusals(void **state) {
 static void test_group_first_error_in_order(void **state) {
     tpt_fixture *f = tpt_fx(state);
     reset_counters();
-    tp_pool *p = new_pool(f, 1, 16);
+    tp_pool *p = tpt_quiet_pool(f, 1, 16, TP_UNLIMITED);
     tp_group *g;
     assert_int_equal(tp_group_create(p, 0, &g), TP_OK);
     static member m[6];
@@ -242,7 +233,7 @@ static void test_group_first_error_concurrent(void **state) {
     for (int round = 0; round < 2; round++) {
         reset_counters();
         tpt_latch *l = tpt_fx_latch(f);
-        tp_pool *p = new_pool(f, 4, 64);
+        tp_pool *p = tpt_quiet_pool(f, 4, 64, TP_UNLIMITED);
         tp_group *g;
         assert_int_equal(tp_group_create(p, round ? TP_GROUP_CANCEL_ON_ERROR : 0, &g), TP_OK);
         static member first;
@@ -294,7 +285,7 @@ static void test_group_cancel_on_error_stops_queued(void **state) {
     reset_counters();
     tpt_latch *fail_gate = tpt_fx_latch(f);
     tpt_latch *other = tpt_fx_latch(f);
-    tp_pool *p = new_pool(f, 2, 64);
+    tp_pool *p = tpt_quiet_pool(f, 2, 64, TP_UNLIMITED);
     tp_group *g;
     assert_int_equal(tp_group_create(p, TP_GROUP_CANCEL_ON_ERROR, &g), TP_OK);
     static member failing, running, queued[10], nonmember;
@@ -361,7 +352,7 @@ static void test_group_cancel_on_error_from_service(void **state) {
     tpt_fixture *f = tpt_fx(state);
     reset_counters();
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = new_pool(f, 1, 16);
+    tp_pool *p = tpt_quiet_pool(f, 1, 16, TP_UNLIMITED);
     tp_group *g;
     assert_int_equal(tp_group_create(p, TP_GROUP_CANCEL_ON_ERROR, &g), TP_OK);
     tpt_fill_workers(p, l, 1, NULL); /* not a member */
@@ -444,7 +435,7 @@ static void test_group_cancel(void **state) {
     tpt_fixture *f = tpt_fx(state);
     reset_counters();
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = new_pool(f, 2, 16);
+    tp_pool *p = tpt_quiet_pool(f, 2, 16, TP_UNLIMITED);
     tp_group *g, *other;
     assert_int_equal(tp_group_create(p, 0, &g), TP_OK);
     assert_int_equal(tp_group_create(p, 0, &other), TP_OK);
@@ -491,7 +482,7 @@ static void test_group_several_waiters(void **state) {
     tpt_fixture *f = tpt_fx(state);
     reset_counters();
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = new_pool(f, 2, 64);
+    tp_pool *p = tpt_quiet_pool(f, 2, 64, TP_UNLIMITED);
     tp_group *g;
     assert_int_equal(tp_group_create(p, 0, &g), TP_OK);
     enum { N = 20, W = 6 };
@@ -527,7 +518,7 @@ static void test_group_wait_timeout_leaves_group_intact(void **state) {
     tpt_fixture *f = tpt_fx(state);
     reset_counters();
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = new_pool(f, 2, 16);
+    tp_pool *p = tpt_quiet_pool(f, 2, 16, TP_UNLIMITED);
     tp_group *g;
     assert_int_equal(tp_group_create(p, TP_GROUP_CANCEL_ON_ERROR, &g), TP_OK);
     static member m[4];
@@ -565,7 +556,7 @@ static void test_group_members_added_while_waiting(void **state) {
     reset_counters();
     tpt_latch *l1 = tpt_fx_latch(f);
     tpt_latch *l2 = tpt_fx_latch(f);
-    tp_pool *p = new_pool(f, 2, 16);
+    tp_pool *p = tpt_quiet_pool(f, 2, 16, TP_UNLIMITED);
     tp_group *g;
     assert_int_equal(tp_group_create(p, 0, &g), TP_OK);
     static member a, b;
@@ -622,7 +613,7 @@ static void deadlock_done(void *arg, int status) {
 
 static void test_group_edeadlk(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = new_pool(f, 1, 8), *q = new_pool(f, 1, 8);
+    tp_pool *p = tpt_quiet_pool(f, 1, 8, TP_UNLIMITED), *q = tpt_quiet_pool(f, 1, 8, TP_UNLIMITED);
     static dl_probe d;
     memset(&d, 0, sizeof d);
     assert_int_equal(tp_group_create(p, 0, &d.own), TP_OK);
@@ -700,7 +691,7 @@ static void test_group_racing_shutdown(void **state) {
     tpt_fixture *f = tpt_fx(state);
     for (int forced = 0; forced < 2; forced++) {
         reset_counters();
-        tp_pool *p = new_pool(f, 3, 32);
+        tp_pool *p = tpt_quiet_pool(f, 3, 32, TP_UNLIMITED);
         enum { R = 4 };
         static racer r[R];
         atomic_int *go = tpt_fx_new(f, atomic_int); /* outlives a failed test's threads */
@@ -743,7 +734,7 @@ static void test_group_racing_shutdown(void **state) {
 static void test_group_pool_destroyed_first(void **state) {
     tpt_fixture *f = tpt_fx(state);
     reset_counters();
-    tp_pool *p = new_pool(f, 1, 8);
+    tp_pool *p = tpt_quiet_pool(f, 1, 8, TP_UNLIMITED);
     tp_group *g, *h;
     assert_int_equal(tp_group_create(p, TP_GROUP_CANCEL_ON_ERROR, &g), TP_OK);
     assert_int_equal(tp_group_create(p, 0, &h), TP_OK);
@@ -767,7 +758,7 @@ static void test_group_pool_destroyed_first(void **state) {
 
 static void test_group_invalid(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = new_pool(f, 1, 4);
+    tp_pool *p = tpt_quiet_pool(f, 1, 4, TP_UNLIMITED);
     tp_group *g = (tp_group *)(uintptr_t)1;
     assert_int_equal(tp_group_create(NULL, 0, &g), TP_EINVAL);
     assert_int_equal(tp_group_create(p, 0, NULL), TP_EINVAL);

@@ -15,15 +15,6 @@
 
 /* ------------------------------------------------------------ helpers */
 
-static tp_pool *mkpool(tpt_fixture *f, unsigned workers, unsigned cap) {
-    tp_config c = {0};
-    c.log = tpt_quiet_log; /* cancelled and failed attempts are expected here */
-    c.workers = workers;
-    c.queue_capacity = cap;
-    c.max_per_user = TP_UNLIMITED;
-    return tpt_fx_pool(f, &c);
-}
-
 /* A task record: what ran, what on_done saw. */
 enum { M_NOP, M_BLOCK, M_SLEEP, M_WORK };
 
@@ -100,7 +91,7 @@ static void test_close_stops_admission_and_drains(void **state) {
     tpt_fixture *f = tpt_fx(state);
     enum { W = 2, Q = 10 };
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(f, W, 20);
+    tp_pool *p = tpt_quiet_pool(f, W, 20, TP_UNLIMITED);
     tpt_fill_workers(p, l, W, NULL);
     rec *r = tpt_fx_array(f, rec, Q);
     for (int i = 0; i < Q; i++) {
@@ -137,7 +128,7 @@ static void test_close_stops_admission_and_drains(void **state) {
 /* A pool closed with nothing in it: workers exit, wait gives TP_OK. */
 static void test_close_idle_pool(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(f, 3, 4);
+    tp_pool *p = tpt_quiet_pool(f, 3, 4, TP_UNLIMITED);
     TPT_EVENTUALLY(tpt_stats(p).workers == 3);
     assert_int_equal(tp_close(p), TP_OK);
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK);
@@ -151,7 +142,7 @@ static void test_shutdown_drains_in_time(void **state) {
     tpt_fixture *f = tpt_fx(state);
     enum { W = 2, N = 8 };
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(f, W, 16);
+    tp_pool *p = tpt_quiet_pool(f, W, 16, TP_UNLIMITED);
     atomic_int done = 0;
     rec *r = tpt_fx_array(f, rec, N);
     for (int i = 0; i < N; i++) {
@@ -191,7 +182,7 @@ static void test_forced_shutdown(void **state) {
     enum { Q = 5 };
     const uint64_t budget = TPT_MS(200);
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(f, 2, 10);
+    tp_pool *p = tpt_quiet_pool(f, 2, 10, TP_UNLIMITED);
     rec *blk = tpt_fx_new(f, rec);
     rec *slp = tpt_fx_new(f, rec);
     rec *q = tpt_fx_array(f, rec, Q);
@@ -325,7 +316,7 @@ static void test_shutdown_countdown_not_reset(void **state) {
     tpt_fixture *f = tpt_fx(state);
     const uint64_t budget = TPT_MS(300);
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(f, 1, 4);
+    tp_pool *p = tpt_quiet_pool(f, 1, 4, TP_UNLIMITED);
     tpt_fill_workers(p, l, 1, NULL);
 
     shut_call *first = tpt_fx_new(f, shut_call);
@@ -363,7 +354,7 @@ static void test_shutdown_countdown_not_reset(void **state) {
 static void test_shutdown_countdown_not_shortened(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(f, 1, 4);
+    tp_pool *p = tpt_quiet_pool(f, 1, 4, TP_UNLIMITED);
     tpt_fill_workers(p, l, 1, NULL);
     atomic_int done = 0;
     rec *r = tpt_fx_new(f, rec);
@@ -400,7 +391,7 @@ static void test_concurrent_shutdown_drained(void **state) {
     tpt_fixture *f = tpt_fx(state);
     enum { W = 2, N = 6, T = 6 };
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(f, W, 16);
+    tp_pool *p = tpt_quiet_pool(f, W, 16, TP_UNLIMITED);
     atomic_int done = 0;
     rec *r = tpt_fx_array(f, rec, N);
     for (int i = 0; i < N; i++) {
@@ -442,7 +433,7 @@ static void test_concurrent_shutdown_forced(void **state) {
     enum { T = 6 };
     const uint64_t budget = TPT_MS(150);
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(f, 1, 4);
+    tp_pool *p = tpt_quiet_pool(f, 1, 4, TP_UNLIMITED);
     tpt_fill_workers(p, l, 1, NULL);
     rec *q = tpt_fx_new(f, rec);
     rec_init(q, M_NOP, NULL);
@@ -497,7 +488,7 @@ static void test_concurrent_shutdown_forced(void **state) {
 static void test_task_ignoring_cancellation(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(f, 1, 4);
+    tp_pool *p = tpt_quiet_pool(f, 1, 4, TP_UNLIMITED);
     rec *blk = tpt_fx_new(f, rec);
     rec_init(blk, M_BLOCK, l);
     submit_rec(p, blk);
@@ -548,7 +539,7 @@ static void *wait_main(void *a) {
 static void test_wait_alone_waits_for_close(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(f, 2, 8);
+    tp_pool *p = tpt_quiet_pool(f, 2, 8, TP_UNLIMITED);
     tpt_fill_workers(p, l, 1, NULL);
 
     /* On its own it times out and leaves the pool open and working. */
@@ -583,7 +574,7 @@ static void test_wait_alone_waits_for_close(void **state) {
 static void test_wait_returns_shutdown_result(void **state) {
     tpt_fixture *f = tpt_fx(state);
     /* drained */
-    tp_pool *p = mkpool(f, 2, 8);
+    tp_pool *p = tpt_quiet_pool(f, 2, 8, TP_UNLIMITED);
     for (int i = 0; i < 4; i++) assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_OK);
     assert_int_equal(tp_shutdown(p, TPT_WAIT_NS), TP_OK);
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK);
@@ -591,7 +582,7 @@ static void test_wait_returns_shutdown_result(void **state) {
     tpt_finish(p);
 
     /* forced, the running task cooperates */
-    p = mkpool(f, 1, 8);
+    p = tpt_quiet_pool(f, 1, 8, TP_UNLIMITED);
     rec *r = tpt_fx_new(f, rec);
     rec_init(r, M_SLEEP, NULL);
     submit_rec(p, r);
@@ -667,7 +658,7 @@ static void assert_dl(dl_probe *d) {
 static void test_edeadlk_from_task_and_on_done(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(f, 1, 8);
+    tp_pool *p = tpt_quiet_pool(f, 1, 8, TP_UNLIMITED);
 
     /* inside a task */
     dl_probe *in_task = tpt_fx_new(f, dl_probe);
@@ -795,7 +786,7 @@ static void test_destroy_without_shutdown_drains(void **state) {
     tpt_fixture *f = tpt_fx(state);
     enum { N = 6 };
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(f, 1, 8);
+    tp_pool *p = tpt_quiet_pool(f, 1, 8, TP_UNLIMITED);
     rec *r = tpt_fx_array(f, rec, N);
     for (int i = 0; i < N; i++) {
         rec_init(&r[i], i == 0 ? M_BLOCK : M_WORK, l);
@@ -818,7 +809,7 @@ static void test_destroy_without_shutdown_drains(void **state) {
 /* Destroying an idle, never-used pool is fine too. */
 static void test_destroy_idle_pool(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(f, 2, 2);
+    tp_pool *p = tpt_quiet_pool(f, 2, 2, TP_UNLIMITED);
     tpt_destroy(p);
 }
 
@@ -844,7 +835,7 @@ static void test_create_null_config(void **state) {
 /* stats.workers falls to 0 once tp_wait returned, whichever way it ended. */
 static void test_workers_zero_after_wait(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(f, 4, 8);
+    tp_pool *p = tpt_quiet_pool(f, 4, 8, TP_UNLIMITED);
     TPT_EVENTUALLY(tpt_stats(p).workers == 4);
     for (int i = 0; i < 8; i++) assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_OK);
     assert_int_equal(tp_close(p), TP_OK);

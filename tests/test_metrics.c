@@ -25,14 +25,10 @@ static int flaky(tp_ctx *c, void *arg) {
 }
 
 static tp_pool *named_pool(tpt_fixture *f, const char *name, unsigned max_per_user) {
-    tp_config cfg = {0};
-    cfg.workers = 2;
-    cfg.queue_capacity = 64;
-    cfg.max_per_user = max_per_user;
+    tp_config cfg = tpt_quiet_config(2, 64, max_per_user);
     cfg.max_retries = 1;
     cfg.retry_delay_ns = TPT_MS(1);
     cfg.name = name;
-    cfg.log = tpt_quiet_log;
     return tpt_fx_pool(f, &cfg);
 }
 

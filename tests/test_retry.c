@@ -104,14 +104,12 @@ static int rt_task(tp_ctx *c, void *arg) {
     return rc;
 }
 
-static tp_pool *mkpool(tpt_fixture *f, unsigned workers, unsigned max_retries, uint64_t delay_ns,
-                       unsigned capacity) {
-    tp_config cfg = {0};
-    cfg.workers = workers;
+/* A quiet pool that retries a failed task max_retries times, delay_ns apart. */
+static tp_pool *retry_pool(tpt_fixture *f, unsigned workers, unsigned max_retries, uint64_t delay_ns,
+                           unsigned capacity) {
+    tp_config cfg = tpt_quiet_config(workers, capacity, 0);
     cfg.max_retries = max_retries;
     cfg.retry_delay_ns = delay_ns;
-    cfg.queue_capacity = capacity;
-    cfg.log = tpt_quiet_log;
     return tpt_fx_pool(f, &cfg);
 }
 
@@ -126,7 +124,7 @@ static void submit_rt(tp_pool *p, rt *r, const tp_task_opts *base, uint64_t *id)
 
 static void test_retry_exhausted(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(f, 2, 3, TPT_MS(2), 0);
+    tp_pool *p = retry_pool(f, 2, 3, TPT_MS(2), 0);
     rt *r = tpt_fx_new(f, rt);
     r->fail_until = ALWAYS;
     r->fail_status = 42;
@@ -157,7 +155,7 @@ static void test_retry_exhausted(void **state) {
 
 static void test_retry_none_by_default(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(f, 1, 0, 0, 0);
+    tp_pool *p = retry_pool(f, 1, 0, 0, 0);
     rt *r = tpt_fx_new(f, rt);
     r->fail_until = ALWAYS;
     r->fail_status = -1000;
@@ -172,7 +170,7 @@ static void test_retry_none_by_default(void **state) {
 
 static void test_retry_max_100(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(f, 1, TP_MAX_RETRIES, TPT_MS(1), 0);
+    tp_pool *p = retry_pool(f, 1, TP_MAX_RETRIES, TPT_MS(1), 0);
     rt *r = tpt_fx_new(f, rt);
     r->fail_until = ALWAYS;
     r->fail_status = 3;
@@ -189,7 +187,7 @@ static void test_retry_max_100(void **state) {
 
 static void test_retry_succeeds_on_attempt_k(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(f, 2, 5, TPT_MS(2), 0);
+    tp_pool *p = retry_pool(f, 2, 5, TPT_MS(2), 0);
     rt *r = tpt_fx_new(f, rt);
     r->fail_until = 2; /* attempts 0 and 1 fail, 2 succeeds */
     r->fail_status = 9;
@@ -211,7 +209,7 @@ static void test_retry_succeeds_on_attempt_k(void **state) {
 
 static void test_retry_holds_no_worker(void **state) {
     tpt_fixture *fx = tpt_fx(state);
-    tp_pool *p = mkpool(fx, 1, 1, TPT_S(60), 0); /* the retry would come in 60 s */
+    tp_pool *p = retry_pool(fx, 1, 1, TPT_S(60), 0); /* the retry would come in 60 s */
     rt *f = tpt_fx_new(fx, rt);
     f->fail_until = ALWAYS;
     f->fail_status = 1;
@@ -259,7 +257,7 @@ static void test_retry_holds_no_worker(void **state) {
 
 static void test_retry_cancel_while_waiting_all_workers_busy(void **state) {
     tpt_fixture *fx = tpt_fx(state);
-    tp_pool *p = mkpool(fx, 1, 2, TPT_S(60), 0);
+    tp_pool *p = retry_pool(fx, 1, 2, TPT_S(60), 0);
     rt *f = tpt_fx_new(fx, rt);
     f->fail_until = ALWAYS;
     f->fail_status = 1;
@@ -288,7 +286,7 @@ static void test_retry_cancel_while_waiting_all_workers_busy(void **state) {
 static void test_retry_goes_to_back_of_queue(void **state) {
     tpt_fixture *fx = tpt_fx(state);
     order_reset();
-    tp_pool *p = mkpool(fx, 1, 1, TPT_MS(1), 0);
+    tp_pool *p = retry_pool(fx, 1, 1, TPT_MS(1), 0);
     tpt_latch *l0 = tpt_fx_latch(fx);
     tpt_latch *l1 = tpt_fx_latch(fx);
     rt *f = tpt_fx_new(fx, rt);
@@ -332,7 +330,7 @@ static void test_retry_goes_to_back_of_queue(void **state) {
 
 static void test_retry_cut_by_forced_shutdown(void **state) {
     tpt_fixture *fx = tpt_fx(state);
-    tp_pool *p = mkpool(fx, 2, 3, TPT_S(60), 0);
+    tp_pool *p = retry_pool(fx, 2, 3, TPT_S(60), 0);
     /* f waits for a retry 60 s away; r runs until cancelled, then fails. */
     rt *f = tpt_fx_new(fx, rt);
     rt *r = tpt_fx_new(fx, rt);
@@ -369,7 +367,7 @@ static void test_retry_cut_by_forced_shutdown(void **state) {
 
 static void test_retry_not_after_cancel(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(f, 1, 3, TPT_MS(1), 0);
+    tp_pool *p = retry_pool(f, 1, 3, TPT_MS(1), 0);
     const int after[] = {7, TP_ECANCELED, 0};
     /* Outlives the loop: a wrong late retry must not touch a dead frame. */
     static rt rs[3];
@@ -399,7 +397,7 @@ static void test_retry_not_after_cancel(void **state) {
 
 static void test_retry_deadline_passes_while_waiting(void **state) {
     tpt_fixture *fx = tpt_fx(state);
-    tp_pool *p = mkpool(fx, 1, 3, TPT_S(60), 0);
+    tp_pool *p = retry_pool(fx, 1, 3, TPT_S(60), 0);
     rt *f = tpt_fx_new(fx, rt);
     f->fail_until = ALWAYS;
     f->fail_status = 1;
@@ -424,7 +422,7 @@ static void test_retry_deadline_passes_while_waiting(void **state) {
 
 static void test_retry_deadline_passes_while_running(void **state) {
     tpt_fixture *fx = tpt_fx(state);
-    tp_pool *p = mkpool(fx, 1, 3, TPT_MS(1), 0);
+    tp_pool *p = retry_pool(fx, 1, 3, TPT_MS(1), 0);
     /* Sleeps until the deadline, returns TP_ETIMEDOUT: not retried. */
     rt *f = tpt_fx_new(fx, rt);
     f->mode = RT_TIMEOUT;
@@ -466,7 +464,7 @@ static void test_retry_deadline_passes_while_requeued(void **state) {
     /* The retry is back in the queue (behind a blocker) when its deadline
      * passes: it ends TP_ETIMEDOUT without another attempt, cancelled but not
      * expired, since it ran before. */
-    tp_pool *p = mkpool(fx, 1, 3, TPT_MS(1), 0);
+    tp_pool *p = retry_pool(fx, 1, 3, TPT_MS(1), 0);
     tpt_latch *l0 = tpt_fx_latch(fx);
     tpt_latch *lb = tpt_fx_latch(fx);
     rt *f = tpt_fx_new(fx, rt);
@@ -497,7 +495,7 @@ static void test_retry_deadline_passes_while_requeued(void **state) {
 
 static void test_retry_run_timeout_is_retried(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(f, 1, 2, TPT_MS(2), 0);
+    tp_pool *p = retry_pool(f, 1, 2, TPT_MS(2), 0);
     rt *r = tpt_fx_new(f, rt);
     r->mode = RT_TIMEOUT;
     r->fail_until = 2; /* attempts 0 and 1 run into their timeout */
@@ -515,7 +513,7 @@ static void test_retry_run_timeout_is_retried(void **state) {
     assert_int_equal(s.failed, 0);
 
     /* Exhausted by run timeouts: the status is the last attempt's. */
-    p = mkpool(f, 1, 1, TPT_MS(2), 0);
+    p = retry_pool(f, 1, 1, TPT_MS(2), 0);
     rt *t = tpt_fx_new(f, rt);
     t->mode = RT_TIMEOUT;
     t->fail_until = ALWAYS;
@@ -535,7 +533,7 @@ static void test_retry_delayed_counts_toward_capacity(void **state) {
     tpt_fixture *fx = tpt_fx(state);
     /* Capacity 1, one task waiting for a retry: the queue is empty and the
      * worker idle, yet there is no space. */
-    tp_pool *p = mkpool(fx, 1, 1, TPT_S(60), 1);
+    tp_pool *p = retry_pool(fx, 1, 1, TPT_S(60), 1);
     rt *f = tpt_fx_new(fx, rt);
     f->fail_until = ALWAYS;
     f->fail_status = 1;
@@ -557,7 +555,7 @@ static void test_retry_delayed_counts_toward_capacity(void **state) {
     tpt_finish(p);
 
     /* Capacity 2: one delayed + one queued (the worker blocked) is full. */
-    p = mkpool(fx, 1, 1, TPT_S(60), 2);
+    p = retry_pool(fx, 1, 1, TPT_S(60), 2);
     rt *g = tpt_fx_new(fx, rt);
     g->fail_until = ALWAYS;
     g->fail_status = 1;
@@ -762,7 +760,7 @@ static void test_retry_log_delay_unit(void **state) {
 
 static void test_retry_close_lets_retries_finish(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(f, 1, 3, TPT_MS(100), 0);
+    tp_pool *p = retry_pool(f, 1, 3, TPT_MS(100), 0);
     /* Attempt 0 closes the pool, then fails: the retries still come. */
     rt *r = tpt_fx_new(f, rt);
     r->fail_until = 2;

@@ -347,12 +347,7 @@ static int fail3_task(tp_ctx *c, void *arg) {
 
 static void test_mixed_workload_at_rest(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_config cfg = {0};
-    cfg.workers = 2;
-    cfg.queue_capacity = 4;
-    cfg.max_per_user = 1;
-    cfg.log = tpt_quiet_log;
-    tp_pool *p = tpt_fx_pool(f, &cfg);
+    tp_pool *p = tpt_quiet_pool(f, 2, 4, 1);
 
     tpt_latch *gate = tpt_fx_latch(f);
     tpt_done d[7]; /* d[4], d[5]: args of rejected submits, never called; d[6] expires */
@@ -470,12 +465,7 @@ static void *hammer_main(void *arg) {
 
 static void test_concurrent_mix_at_rest(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_config cfg = {0};
-    cfg.workers = 2;
-    cfg.queue_capacity = 8;
-    cfg.max_per_user = 2;
-    cfg.log = tpt_quiet_log;
-    tp_pool *p = tpt_fx_pool(f, &cfg);
+    tp_pool *p = tpt_quiet_pool(f, 2, 8, 2);
     enum { T = 4 };
     pthread_t th[T];
     static hammer h[T];

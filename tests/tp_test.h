@@ -394,6 +394,24 @@ static inline tp_pool *tpt_fx_pool(tpt_fixture *f, const tp_config *cfg) {
     return p;
 }
 
+/* A configuration whose log hook drops everything (tpt_quiet_log): `workers`
+ * workers, room for `cap` waiting tasks, `per_user` slots per user, each 0
+ * for the library's default. For a test that sets more fields itself. */
+static inline tp_config tpt_quiet_config(unsigned workers, unsigned cap, unsigned per_user) {
+    tp_config c = {0};
+    c.log = tpt_quiet_log; /* cancelled and failed attempts are expected */
+    c.workers = workers;
+    c.queue_capacity = cap;
+    c.max_per_user = per_user;
+    return c;
+}
+
+/* tpt_fx_pool of tpt_quiet_config(workers, cap, per_user). */
+static inline tp_pool *tpt_quiet_pool(tpt_fixture *f, unsigned workers, unsigned cap, unsigned per_user) {
+    tp_config c = tpt_quiet_config(workers, cap, per_user);
+    return tpt_fx_pool(f, &c);
+}
+
 /* The test is about to end `p` itself: the fixture of the running test (if
  * any) no longer owns it. */
 static inline void tpt_fx_forget(tp_pool *p) {
