@@ -40,13 +40,6 @@ static void count_done(void *arg, int status) {
     atomic_fetch_add_explicit(&done_calls, 1, memory_order_relaxed);
 }
 
-/* Fails its first attempt: exercises the retry path during warm-up. */
-static int fail_once_task(tp_ctx *c, void *arg) {
-    (void)arg;
-    atomic_fetch_add_explicit(&ran, 1, memory_order_relaxed);
-    return tp_ctx_attempt(c) == 0 ? 1 : 0;
-}
-
 /* Touches the cancel fd and the context getters. */
 static int ctx_task(tp_ctx *c, void *arg) {
     (void)arg;
@@ -120,7 +113,7 @@ static void test_alloc_zero_per_task(void **state) {
         o.on_done = count_done;
         o.user = users[0];
         for (int k = 0; k < 4; k++)
-            assert_int_equal(tp_submit_wait(p, fail_once_task, NULL, &o, TPT_WAIT_NS, NULL), TP_OK);
+            assert_int_equal(tp_submit_wait(p, tpt_fail_once_task, NULL, &o, TPT_WAIT_NS, NULL), TP_OK);
         completed += 4;
         TPT_EVENTUALLY(tpt_stats(p).completed >= (uint64_t)completed);
     }

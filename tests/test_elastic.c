@@ -22,11 +22,6 @@ static void counting_start(void *arg) {
     }
 }
 
-static int fail_once(tp_ctx *c, void *arg) {
-    (void)arg;
-    return tp_ctx_attempt(c) == 0 ? 1 : 0;
-}
-
 static void test_retry_spawns_one_worker(void **state) {
     tpt_fixture *f = tpt_fx(state);
     atomic_store(&starts, 0);
@@ -50,7 +45,7 @@ static void test_retry_spawns_one_worker(void **state) {
     TPT_EVENTUALLY(atomic_load(&gate->waiting) == 2);
     tpt_done *d = tpt_fx_new(f, tpt_done);
     tp_task_opts o = {.on_done = tpt_done_fn};
-    assert_int_equal(tp_submit(p, fail_once, d, &o, NULL), TP_OK);
+    assert_int_equal(tp_submit(p, tpt_fail_once_task, d, &o, NULL), TP_OK);
     /* Wait for the third worker to be idle again, not only for the retry to
      * be scheduled: a submit that finds it still finishing the failed attempt
      * sees a backlog and no idle worker, and rightly adds a worker itself. */

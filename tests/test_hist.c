@@ -133,11 +133,6 @@ static void test_hist_invalid(void **state) {
 
 /* ------------------------------------------------------------ exact at rest */
 
-static int flaky_task(tp_ctx *c, void *arg) {
-    uintptr_t fails = (uintptr_t)arg;
-    return tp_ctx_attempt(c) < fails ? 1 : 0;
-}
-
 /* At rest both counts equal started + retried, exactly, with retries,
  * cancellations and expiries in the mix (tasks that never ran record
  * nothing). tpt_finish destroys the pool: this one keeps it to read. */
@@ -152,7 +147,8 @@ static void test_hist_exact_after_wait(void **state) {
     cfg.log = tpt_quiet_log;
     tp_pool *p = tpt_fx_pool(f, &cfg);
     for (uintptr_t i = 0; i < 200; i++)
-        assert_int_equal(tp_submit_wait(p, flaky_task, (void *)(i % 4), NULL, TPT_WAIT_NS, NULL), TP_OK);
+        assert_int_equal(tp_submit_wait(p, tpt_fail_attempts_task, (void *)(i % 4), NULL, TPT_WAIT_NS, NULL),
+                         TP_OK);
     TPT_EVENTUALLY(tpt_stats(p).completed == 200); /* retries included: then the queue stays still */
     tpt_fill_workers(p, l, 2, NULL);
     for (int i = 0; i < 30; i++) {
@@ -320,8 +316,9 @@ static void test_hist_snapshot_consistent_while_running(void **state) {
     tpt_fx_thr *th = tpt_fx_thread(f, reader_main, &r);
     int n = TPT_SANITIZED ? 3000 : 20000;
     for (int i = 0; i < n; i++)
-        assert_int_equal(
-            tp_submit_wait(p, flaky_task, (void *)(uintptr_t)(i % 3 == 0), NULL, TPT_WAIT_NS, NULL), TP_OK);
+        assert_int_equal(tp_submit_wait(p, tpt_fail_attempts_task, (void *)(uintptr_t)(i % 3 == 0), NULL,
+                                        TPT_WAIT_NS, NULL),
+                         TP_OK);
     assert_int_equal(tp_shutdown(p, TPT_WAIT_NS), TP_OK);
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK);
     atomic_store(&r.stop, 1);

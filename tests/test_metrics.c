@@ -19,11 +19,6 @@
 #define _GNU_SOURCE
 #include "tp_test.h"
 
-static int flaky(tp_ctx *c, void *arg) {
-    (void)arg;
-    return tp_ctx_attempt(c) == 0 ? 1 : 0;
-}
-
 static tp_pool *named_pool(tpt_fixture *f, const char *name, unsigned max_per_user) {
     tp_config cfg = tpt_quiet_config(2, 64, max_per_user);
     cfg.max_retries = 1;
@@ -34,8 +29,9 @@ static tp_pool *named_pool(tpt_fixture *f, const char *name, unsigned max_per_us
 
 static void run_some(tp_pool *p, int n) {
     for (int i = 0; i < n; i++)
-        assert_int_equal(tp_submit_wait(p, i % 4 ? tpt_nop_task : flaky, NULL, NULL, TPT_WAIT_NS, NULL),
-                         TP_OK);
+        assert_int_equal(
+            tp_submit_wait(p, i % 4 ? tpt_nop_task : tpt_fail_once_task, NULL, NULL, TPT_WAIT_NS, NULL),
+            TP_OK);
     assert_int_equal(tp_shutdown(p, TPT_WAIT_NS), TP_OK);
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK);
 }

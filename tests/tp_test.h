@@ -168,6 +168,19 @@ static inline int tpt_nop_task(tp_ctx *c, void *arg) {
     return 0;
 }
 
+/* A task body whose first n attempts fail (status 1), n = (uintptr_t)arg;
+ * later attempts succeed: with max_retries >= n the task ends with 0. */
+static inline int tpt_fail_attempts_task(tp_ctx *c, void *arg) {
+    return tp_ctx_attempt(c) < (uintptr_t)arg ? 1 : 0;
+}
+
+/* tpt_fail_attempts_task with n = 1, whatever `arg` is: it stays free for
+ * the task's on_done, which gets the same arg. */
+static inline int tpt_fail_once_task(tp_ctx *c, void *arg) {
+    (void)arg;
+    return tpt_fail_attempts_task(c, (void *)(uintptr_t)1);
+}
+
 /* ------------------------------------------------------------ on_done record */
 
 /* Counts on_done calls per task so tests can assert "exactly once". */
