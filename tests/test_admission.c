@@ -68,15 +68,11 @@ static void test_queue_bound_excludes_running(void **state) {
     assert_int_equal(tp_submit(p, tpt_nop_task, d, &o, NULL), TP_EFULL);
     assert_int_equal(tp_submit(p, tpt_nop_task, d, &o, NULL), TP_EFULL);
     s = tpt_stats(p);
-    assert_int_equal(s.rejected_full, 2);
-    assert_int_equal(s.accepted, W + CAP);
-    assert_int_equal(s.queued, CAP);
+    tpt_assert_counts(s, TPT_EQ(rejected_full, 2), TPT_EQ(accepted, W + CAP), TPT_EQ(queued, CAP));
 
     tpt_latch_open(l);
     s = tpt_finish(p);
-    assert_int_equal(s.accepted, W + CAP);
-    assert_int_equal(s.succeeded, W + CAP);
-    assert_int_equal(s.rejected_full, 2);
+    tpt_assert_counts(s, TPT_EQ(accepted, W + CAP), TPT_EQ(succeeded, W + CAP), TPT_EQ(rejected_full, 2));
     assert_int_equal(atomic_load(&d->calls), 0);
     assert_int_equal(atomic_load(&l->timeouts), 0);
 }
@@ -129,9 +125,7 @@ static void test_queue_bound_counts_delayed(void **state) {
     assert_int_equal(atomic_load(&d->status), TP_ECANCELED);
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_OK);
     tp_stats s = tpt_finish(p);
-    assert_int_equal(s.rejected_full, 1);
-    assert_int_equal(s.rejected_timeout, 1);
-    assert_int_equal(s.accepted, 2);
+    tpt_assert_counts(s, TPT_EQ(rejected_full, 1), TPT_EQ(rejected_timeout, 1), TPT_EQ(accepted, 2));
 }
 
 /* ------------------------------------------------------------ refusal order */
@@ -162,9 +156,7 @@ static void test_refusal_order(void **state) {
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, &oc, NULL), TP_EFULL);
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_EFULL);
     tp_stats s = tpt_stats(p);
-    assert_int_equal(s.rejected_user, 2);
-    assert_int_equal(s.rejected_full, 2);
-    assert_int_equal(s.rejected_closed, 0);
+    tpt_assert_counts(s, TPT_EQ(rejected_user, 2), TPT_EQ(rejected_full, 2), TPT_EQ(rejected_closed, 0));
 
     /* bad arguments win over the full queue and the user limit */
     tp_task_opts bad = {0};
@@ -207,11 +199,8 @@ static void test_refusal_order(void **state) {
     tpt_latch_open(l);
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK); /* a close drains */
     s = tpt_finish(p);
-    assert_int_equal(s.accepted, 2);
-    assert_int_equal(s.rejected_user, 2);
-    assert_int_equal(s.rejected_full, 2);
-    assert_int_equal(s.rejected_closed, 4);
-    assert_int_equal(s.rejected_timeout, 0);
+    tpt_assert_counts(s, TPT_EQ(accepted, 2), TPT_EQ(rejected_user, 2), TPT_EQ(rejected_full, 2),
+                      TPT_EQ(rejected_closed, 4), TPT_EQ(rejected_timeout, 0));
     assert_int_equal(atomic_load(&l->timeouts), 0);
 }
 
@@ -243,13 +232,10 @@ static void expect_refused(tp_pool *p, int want, size_t field, const char *user,
                   : tp_submit(p, tpt_nop_task, d, &o, NULL);
     assert_int_equal(rc, want);
     tp_stats a = tpt_stats(p);
-    assert_int_equal(a.submitted, b.submitted + 1);
-    assert_int_equal(a.accepted, b.accepted);
-    assert_int_equal(a.rejected, b.rejected + 1);
+    tpt_assert_counts(a, TPT_EQ(submitted, b.submitted + 1), TPT_EQ(accepted, b.accepted),
+                      TPT_EQ(rejected, b.rejected + 1));
     assert_int_equal(stat_field(&a, field), stat_field(&b, field) + 1);
-    assert_int_equal(a.queued, b.queued);
-    assert_int_equal(a.users, b.users);
-    assert_int_equal(a.completed, b.completed);
+    tpt_assert_counts(a, TPT_EQ(queued, b.queued), TPT_EQ(users, b.users), TPT_EQ(completed, b.completed));
     assert_int_equal(tp_user_active(p, user), ua);
     assert_int_equal(atomic_load(&d->calls), 0);
 }
@@ -314,11 +300,8 @@ static void test_rejection_leaves_no_trace(void **state) {
     assert_int_equal(atomic_load(&ok[0].status), 0);
     assert_int_equal(atomic_load(&ok[2].calls), 1);
     assert_int_equal(atomic_load(&ok[2].status), 0);
-    assert_int_equal(s.accepted, 4);
-    assert_int_equal(s.rejected_user, 1);
-    assert_int_equal(s.rejected_full, 3);
-    assert_int_equal(s.rejected_timeout, 2);
-    assert_int_equal(s.rejected_closed, 2);
+    tpt_assert_counts(s, TPT_EQ(accepted, 4), TPT_EQ(rejected_user, 1), TPT_EQ(rejected_full, 3),
+                      TPT_EQ(rejected_timeout, 2), TPT_EQ(rejected_closed, 2));
     assert_int_equal(atomic_load(&l->timeouts), 0);
 }
 
@@ -635,10 +618,8 @@ static void test_submit_wait_times_out(void **state) {
     assert_true(el < TPT_WAIT_NS);
 
     tp_stats s = tpt_stats(p);
-    assert_int_equal(s.rejected_timeout, 2);
-    assert_int_equal(s.rejected_full, 0); /* never reported as full */
-    assert_int_equal(s.accepted, 2);
-    assert_int_equal(s.users, 0);
+    tpt_assert_counts(s, TPT_EQ(rejected_timeout, 2), TPT_EQ(rejected_full, 0), /* never reported as full */
+                      TPT_EQ(accepted, 2), TPT_EQ(users, 0));
 
     tpt_latch_open(l);
     s = tpt_finish(p);
@@ -764,9 +745,7 @@ static void test_submit_wait_gets_user_slot(void **state) {
 
     tp_stats s = tpt_finish(p);
     assert_int_equal(atomic_load(&d->calls), 1);
-    assert_int_equal(s.rejected_user, 1);
-    assert_int_equal(s.rejected_timeout, 0);
-    assert_int_equal(s.accepted, 3);
+    tpt_assert_counts(s, TPT_EQ(rejected_user, 1), TPT_EQ(rejected_timeout, 0), TPT_EQ(accepted, 3));
 }
 
 typedef struct waiter {
@@ -899,10 +878,8 @@ static void test_full_refusal_tracks_users_at_limit(void **state) {
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, &oy, NULL), TP_EFULL);
     tpt_latch_open(l2);
     s = tpt_finish(p);
-    assert_int_equal(s.rejected_user, 2);
-    assert_int_equal(s.rejected_full, 8);
-    assert_int_equal(s.accepted, 8);
-    assert_int_equal(s.cancelled, 2);
+    tpt_assert_counts(s, TPT_EQ(rejected_user, 2), TPT_EQ(rejected_full, 8), TPT_EQ(accepted, 8),
+                      TPT_EQ(cancelled, 2));
 }
 
 /* ------------------------------------------------------------ ids */

@@ -482,10 +482,8 @@ static void test_own_thread_calls_deadlk(void **state) {
     assert_int_equal(atomic_load(&O.done_destroy_rc), TP_EDEADLK);
     tp_stats after = tpt_stats(p);
     /* only the task's own counters moved: nothing was closed or cancelled */
-    assert_int_equal(after.submitted, before.submitted + 1);
-    assert_int_equal(after.succeeded, before.succeeded + 1);
-    assert_int_equal(after.cancelled, 0);
-    assert_int_equal(after.rejected, 0);
+    tpt_assert_counts(after, TPT_EQ(submitted, before.submitted + 1), TPT_EQ(succeeded, before.succeeded + 1),
+                      TPT_EQ(cancelled, 0), TPT_EQ(rejected, 0));
 
     /* From a worker start hook: make the pool grow by one worker. */
     tpt_latch *gate = tpt_fx_latch(f);

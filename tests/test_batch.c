@@ -222,10 +222,8 @@ static void test_euserlimit_first_and_middle(void **state) {
     assert_int_equal(tp_user_active(p, "b"), 1);
     assert_int_equal(tp_user_active(p, "c"), 0);
     s = tpt_stats(p);
-    assert_int_equal(s.rejected_user, 2);
-    assert_int_equal(s.submitted, LIMIT + 1 + 5);
-    assert_int_equal(s.accepted, LIMIT + 4);
-    assert_int_equal(s.queued, 4);
+    tpt_assert_counts(s, TPT_EQ(rejected_user, 2), TPT_EQ(submitted, LIMIT + 1 + 5),
+                      TPT_EQ(accepted, LIMIT + 4), TPT_EQ(queued, 4));
 
     tpt_latch_open(l);
     s = tpt_finish(p);
@@ -253,9 +251,7 @@ static void test_eclosed_first(void **state) {
     assert_int_equal(k, 0);
     assert_ids(ids, 0, N);
     tp_stats s = tpt_finish(p);
-    assert_int_equal(s.submitted, 1);
-    assert_int_equal(s.rejected_closed, 1);
-    assert_int_equal(s.accepted, 0);
+    tpt_assert_counts(s, TPT_EQ(submitted, 1), TPT_EQ(rejected_closed, 1), TPT_EQ(accepted, 0));
     assert_done_prefix(done, 0, N);
 }
 
@@ -278,9 +274,8 @@ static void test_closed_and_full_is_eclosed(void **state) {
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_ECLOSED);
     tpt_latch_open(l);
     tp_stats s = tpt_finish(p);
-    assert_int_equal(s.rejected_full, 2);
-    assert_int_equal(s.rejected_closed, 2);
-    assert_int_equal(s.submitted, W + CAP + 4);
+    tpt_assert_counts(s, TPT_EQ(rejected_full, 2), TPT_EQ(rejected_closed, 2),
+                      TPT_EQ(submitted, W + CAP + 4));
 }
 
 /* ------------------------------------------------------------ order */
@@ -490,10 +485,8 @@ static void test_close_never_splits_a_batch(void **state) {
         }
         tpt_fx_join(th);
         tp_stats s = tpt_finish(p);
-        assert_int_equal(s.accepted, accepted);
-        assert_int_equal(s.rejected_closed, 1);
-        assert_int_equal(s.rejected_full, full);
-        assert_int_equal(s.submitted, accepted + 1 + full);
+        tpt_assert_counts(s, TPT_EQ(accepted, accepted), TPT_EQ(rejected_closed, 1),
+                          TPT_EQ(rejected_full, full), TPT_EQ(submitted, accepted + 1 + full));
         raced += accepted > 0;
     }
     assert_true(raced > 0); /* else no batch ever met the close */

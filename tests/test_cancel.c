@@ -166,10 +166,8 @@ static void test_cancel_queued(void **state) {
     submit_rec(p, r2);
 
     tp_stats s = tpt_stats(p);
-    assert_int_equal(s.cancelled, 1);
-    assert_int_equal(s.failed, 1);
-    assert_int_equal(s.completed, 1);
-    assert_int_equal(s.started, 1); /* the blocker only */
+    tpt_assert_counts(s, TPT_EQ(cancelled, 1), TPT_EQ(failed, 1), TPT_EQ(completed, 1),
+                      TPT_EQ(started, 1)); /* the blocker only */
 
     tpt_latch_open(l);
     s = tpt_finish(p);
@@ -177,9 +175,7 @@ static void test_cancel_queued(void **state) {
     assert_int_equal(atomic_load(&r->calls), 1);
     assert_int_equal(atomic_load(&r2->calls), 1);
     assert_int_equal(atomic_load(&r2->status), 0);
-    assert_int_equal(s.started, 2);
-    assert_int_equal(s.cancelled, 1);
-    assert_int_equal(s.expired, 0);
+    tpt_assert_counts(s, TPT_EQ(started, 2), TPT_EQ(cancelled, 1), TPT_EQ(expired, 0));
     assert_int_equal(atomic_load(&l->timeouts), 0);
 }
 
@@ -251,10 +247,7 @@ static void test_cancel_waiting_for_retry(void **state) {
 
     tp_stats s = tpt_finish(p);
     assert_int_equal(atomic_load(&r->ran), 1);
-    assert_int_equal(s.retried, 0);
-    assert_int_equal(s.cancelled, 1);
-    assert_int_equal(s.failed, 1);
-    assert_int_equal(s.started, 1);
+    tpt_assert_counts(s, TPT_EQ(retried, 0), TPT_EQ(cancelled, 1), TPT_EQ(failed, 1), TPT_EQ(started, 1));
 }
 
 /* ------------------------------------------------------------ running */
@@ -274,10 +267,7 @@ static void test_cancel_running_sleep(void **state) {
     assert_true(atomic_load(&r->sleep_ns) < TPT_WAIT_NS / 2); /* returned early */
     assert_int_equal(atomic_load(&r->on_caller), 0);
     tp_stats s = tpt_finish(p);
-    assert_int_equal(s.failed, 1);
-    assert_int_equal(s.cancelled, 1);
-    assert_int_equal(s.expired, 0);
-    assert_int_equal(s.succeeded, 0);
+    tpt_assert_counts(s, TPT_EQ(failed, 1), TPT_EQ(cancelled, 1), TPT_EQ(expired, 0), TPT_EQ(succeeded, 0));
 }
 
 static void test_cancel_running_fd_readable(void **state) {
@@ -309,9 +299,7 @@ static void test_cancel_running_return_zero(void **state) {
     assert_int_equal(atomic_load(&r->err_after), TP_ECANCELED);
     assert_int_equal(atomic_load(&r->status), 0);
     tp_stats s = tpt_finish(p);
-    assert_int_equal(s.succeeded, 1);
-    assert_int_equal(s.failed, 0);
-    assert_int_equal(s.cancelled, 0);
+    tpt_assert_counts(s, TPT_EQ(succeeded, 1), TPT_EQ(failed, 0), TPT_EQ(cancelled, 0));
 }
 
 /* A cancelled running task that fails is not retried; its status is its own
@@ -334,9 +322,7 @@ static void test_cancel_running_not_retried(void **state) {
     assert_int_equal(atomic_load(&r->status), 5);
     tp_stats s = tpt_finish(p);
     assert_int_equal(atomic_load(&r->ran), 1);
-    assert_int_equal(s.retried, 0);
-    assert_int_equal(s.failed, 1);
-    assert_int_equal(s.cancelled, 0);
+    tpt_assert_counts(s, TPT_EQ(retried, 0), TPT_EQ(failed, 1), TPT_EQ(cancelled, 0));
 }
 
 /* ------------------------------------------------------------ bad ids */
@@ -426,13 +412,9 @@ static void test_cancel_vs_completion_race(void **state) {
         n_ran += (uint64_t)ran;
         n_cancel_ok += (crc[i] == TP_OK);
     }
-    assert_int_equal(s.accepted, N);
-    assert_int_equal(s.completed, N);
-    assert_int_equal(s.succeeded, n_ok);
-    assert_int_equal(s.cancelled, n_cancelled);
-    assert_int_equal(s.failed, n_cancelled);
-    assert_int_equal(s.started, n_ran);
-    assert_int_equal(s.retried, 0);
+    tpt_assert_counts(s, TPT_EQ(accepted, N), TPT_EQ(completed, N), TPT_EQ(succeeded, n_ok),
+                      TPT_EQ(cancelled, n_cancelled), TPT_EQ(failed, n_cancelled), TPT_EQ(started, n_ran),
+                      TPT_EQ(retried, 0));
     print_message("race: %d tasks, %llu cancels accepted, %llu ended cancelled, %llu ran\n", N,
                   (unsigned long long)n_cancel_ok, (unsigned long long)n_cancelled,
                   (unsigned long long)n_ran);
@@ -500,9 +482,7 @@ static void test_cancel_race_other_thread(void **state) {
         n_ok += (st == 0);
         n_cancelled += (st == TP_ECANCELED);
     }
-    assert_int_equal(s.succeeded, n_ok);
-    assert_int_equal(s.cancelled, n_cancelled);
-    assert_int_equal(s.completed, N);
+    tpt_assert_counts(s, TPT_EQ(succeeded, n_ok), TPT_EQ(cancelled, n_cancelled), TPT_EQ(completed, N));
     free(r);
     free(ids);
 }

@@ -267,10 +267,8 @@ static void test_create_defaults(void **state) {
         assert_true(el < TPT_S(10));
         tpt_latch_open(gate);
         s = tpt_finish(p);
-        assert_int_equal(s.accepted, W + 100);
-        assert_int_equal(s.rejected_user, 1);
-        assert_int_equal(s.rejected_full, 1);
-        assert_int_equal(s.rejected_timeout, 1);
+        tpt_assert_counts(s, TPT_EQ(accepted, W + 100), TPT_EQ(rejected_user, 1), TPT_EQ(rejected_full, 1),
+                          TPT_EQ(rejected_timeout, 1));
         assert_int_equal(atomic_load(&gate->timeouts), 0);
     }
 }

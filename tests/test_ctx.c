@@ -477,10 +477,7 @@ static void test_ctx_sleep_cancelled(void **state) {
     assert_int_equal(atomic_load(&r->done_status), TP_ECANCELED);
     tp_stats s = tpt_finish(p);
     assert_int_equal(atomic_load(&r->done_calls), 1);
-    assert_int_equal(s.started, 1);
-    assert_int_equal(s.failed, 1);
-    assert_int_equal(s.cancelled, 1);
-    assert_int_equal(s.expired, 0);
+    tpt_assert_counts(s, TPT_EQ(started, 1), TPT_EQ(failed, 1), TPT_EQ(cancelled, 1), TPT_EQ(expired, 0));
 }
 
 static void sleep_until_timeout(tpt_fixture *f, tp_pool *p, const tp_task_opts *o) {
@@ -766,13 +763,9 @@ static void test_ctx_deadline_includes_queue_time(void **state) {
     assert_int_equal(atomic_load(&r->ran), 0);
     tp_stats s = tpt_finish(p);
     assert_int_equal(atomic_load(&r->done_calls), 1);
-    assert_int_equal(s.accepted, 2);
-    assert_int_equal(s.started, 1); /* only the blocker */
-    assert_int_equal(s.succeeded, 1);
-    assert_int_equal(s.failed, 1);
-    assert_int_equal(s.cancelled, 1);
-    assert_int_equal(s.expired, 1);
-    assert_int_equal(s.retried, 0);
+    tpt_assert_counts(s, TPT_EQ(accepted, 2), TPT_EQ(started, 1), /* only the blocker */
+                      TPT_EQ(succeeded, 1), TPT_EQ(failed, 1), TPT_EQ(cancelled, 1), TPT_EQ(expired, 1),
+                      TPT_EQ(retried, 0));
     assert_int_equal(atomic_load(&gate->timeouts), 0);
 }
 
@@ -788,10 +781,7 @@ static void test_ctx_deadline_already_passed_accepted(void **state) {
     assert_int_equal(atomic_load(&r->done_status), TP_ETIMEDOUT);
     assert_int_equal(atomic_load(&r->ran), 0);
     tp_stats s = tpt_finish(p);
-    assert_int_equal(s.started, 0);
-    assert_int_equal(s.expired, 1);
-    assert_int_equal(s.cancelled, 1);
-    assert_int_equal(s.failed, 1);
+    tpt_assert_counts(s, TPT_EQ(started, 0), TPT_EQ(expired, 1), TPT_EQ(cancelled, 1), TPT_EQ(failed, 1));
 }
 
 /* A queued task whose deadline passes ends at its deadline even while every
@@ -817,16 +807,13 @@ static void test_ctx_expiry_prompt_while_workers_busy(void **state) {
     assert_int_equal(atomic_load(&r->ran), 0);
     assert_int_equal(tp_user_active(p, "u"), 0);
     tp_stats live = tpt_stats(p);
-    assert_int_equal(live.queued, 0);
-    assert_int_equal(live.expired, 1);
-    assert_int_equal(live.users, 0);
+    tpt_assert_counts(live, TPT_EQ(queued, 0), TPT_EQ(expired, 1), TPT_EQ(users, 0));
 
     tpt_latch_open(gate);
     tp_stats s = tpt_finish(p);
     assert_int_equal(atomic_load(&r->done_calls), 1);
-    assert_int_equal(s.started, 1); /* only the blocker */
-    assert_int_equal(s.expired, 1);
-    assert_int_equal(s.cancelled, 1);
+    tpt_assert_counts(s, TPT_EQ(started, 1), /* only the blocker */
+                      TPT_EQ(expired, 1), TPT_EQ(cancelled, 1));
 }
 
 /* ------------------------------------------------------------ clock */

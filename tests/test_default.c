@@ -88,9 +88,7 @@ static void test_default_create_submit_shutdown(void **state) {
 
     tp_stats s = tpt_stats(p);
     tpt_assert_at_rest(&s);
-    assert_int_equal(s.accepted, N + 1);
-    assert_int_equal(s.rejected_closed, 1);
-    assert_int_equal(s.workers, 0);
+    tpt_assert_counts(s, TPT_EQ(accepted, N + 1), TPT_EQ(rejected_closed, 1), TPT_EQ(workers, 0));
 
     assert_ptr_equal(tp_default_swap(NULL), p);
     assert_null(tp_default());
@@ -142,9 +140,7 @@ static void test_default_forced_shutdown(void **state) {
     assert_int_equal(tp_default_wait(TPT_WAIT_NS), TP_ETIMEDOUT); /* forced */
     tp_stats s = tpt_stats(p);
     tpt_assert_at_rest(&s);
-    assert_int_equal(s.workers, 0);
-    assert_int_equal(s.succeeded, 1);
-    assert_int_equal(s.cancelled, 1);
+    tpt_assert_counts(s, TPT_EQ(workers, 0), TPT_EQ(succeeded, 1), TPT_EQ(cancelled, 1));
 
     assert_ptr_equal(tp_default_swap(NULL), p);
     assert_int_equal(tp_destroy(p), TP_OK);

@@ -476,10 +476,9 @@ static void test_submit_record_growth_faults(void **state) {
     assert_int_equal(atomic_load(&hits[F_ALLOC]), 1);
     assert_true(n >= 60); /* the preallocated records (4 x 5 + 64, less those in use) */
     tp_stats s1 = tpt_stats(p);
-    assert_int_equal(s1.submitted, s0.submitted + (uint64_t)n + 1);
-    assert_int_equal(s1.accepted, s0.accepted + (uint64_t)n);
-    assert_int_equal(s1.rejected_full, s0.rejected_full + 1);
-    assert_int_equal(s1.queued, 0);
+    tpt_assert_counts(s1, TPT_EQ(submitted, s0.submitted + (uint64_t)n + 1),
+                      TPT_EQ(accepted, s0.accepted + (uint64_t)n),
+                      TPT_EQ(rejected_full, s0.rejected_full + 1), TPT_EQ(queued, 0));
     assert_int_equal(atomic_load(&recs[n].calls), 0); /* refused: no on_done, ever */
     /* The same refusal from tp_submit_wait: TP_ENOMEM at once, not a wait. */
     inj_reset();
@@ -520,9 +519,9 @@ static void test_submit_record_growth_faults(void **state) {
     assert_int_equal(count_calls(queued_from + 1, queued_from + 2, 1, TP_ECANCELED), 0);
     assert_int_equal(count_calls(queued_from + 2, queued_from + 3, 1, 0), 0);
     assert_int_equal(count_calls(queued_from + 3, queued_from + 4, 1, TP_ECANCELED), 0);
-    assert_int_equal(s.rejected_full, 3); /* two ENOMEM, one EFULL */
-    assert_int_equal(s.succeeded, 3);     /* the blocker and two queued */
-    assert_int_equal(s.cancelled, (uint64_t)queued_from + 1 + 2);
+    tpt_assert_counts(s, TPT_EQ(rejected_full, 3), /* two ENOMEM, one EFULL */
+                      TPT_EQ(succeeded, 3),        /* the blocker and two queued */
+                      TPT_EQ(cancelled, (uint64_t)queued_from + 1 + 2));
     assert_int_equal(atomic_load(&work_gate->timeouts) + atomic_load(&svc_gate->timeouts), 0);
     assert_back_to(&before, "record growth");
     atomic_store(&tracking, 0);
@@ -571,11 +570,9 @@ static void test_submit_user_growth_faults(void **state) {
     assert_int_equal(rc, TP_ENOMEM);
     assert_int_equal(atomic_load(&hits[F_ALLOC]), 1);
     tp_stats s1 = tpt_stats(p);
-    assert_int_equal(s1.submitted, s0.submitted + 1);
-    assert_int_equal(s1.accepted, s0.accepted);
-    assert_int_equal(s1.rejected_full, s0.rejected_full + 1);
-    assert_int_equal(s1.queued, s0.queued);
-    assert_int_equal(s1.users, 32);
+    tpt_assert_counts(s1, TPT_EQ(submitted, s0.submitted + 1), TPT_EQ(accepted, s0.accepted),
+                      TPT_EQ(rejected_full, s0.rejected_full + 1), TPT_EQ(queued, s0.queued),
+                      TPT_EQ(users, 32));
     assert_int_equal(tp_user_active(p, names[32]), 0);
     /* An existing user needs no allocation: accepted while faults are armed. */
     o.user = names[0];
@@ -614,9 +611,8 @@ static void test_submit_user_growth_faults(void **state) {
     assert_int_equal(count_calls(0, 32, 1, 0), 0);
     assert_int_equal(atomic_load(&recs[32].calls), 0); /* the refused one */
     assert_int_equal(count_calls(33, 42, 1, 0), 0);
-    assert_int_equal(s.succeeded, 1 + 32 + 1 + 1 + 7);
-    assert_int_equal(s.rejected_full, 1);
-    assert_int_equal(s.rejected_user, 1);
+    tpt_assert_counts(s, TPT_EQ(succeeded, 1 + 32 + 1 + 1 + 7), TPT_EQ(rejected_full, 1),
+                      TPT_EQ(rejected_user, 1));
     assert_back_to(&before, "user growth");
     atomic_store(&tracking, 0);
 }
@@ -698,9 +694,7 @@ static void test_elastic_spawn_faults(void **state) {
     for (int i = 2; i < n; i++) assert_int_equal(tp_submit(p, elastic_task, &erecs[i], &o, NULL), TP_OK);
     assert_true(atomic_load(&hits[F_THREAD]) >= before_submits + (unsigned)n - 2);
     tp_stats s = tpt_stats(p);
-    assert_int_equal(s.workers, 1);
-    assert_int_equal(s.active, 1);
-    assert_int_equal(s.queued, (uint32_t)n - 1);
+    tpt_assert_counts(s, TPT_EQ(workers, 1), TPT_EQ(active, 1), TPT_EQ(queued, (uint32_t)n - 1));
     /* The single worker drains everything, retries included. */
     tpt_latch_open(egate);
     TPT_EVENTUALLY(tpt_stats(p).completed == (uint64_t)n);

@@ -533,9 +533,7 @@ static void test_group_wait_timeout_leaves_group_intact(void **state) {
         assert_true(tp_now_ns() - t0 >= TPT_MS(3));
     }
     tp_stats s = tpt_stats(p);
-    assert_int_equal(s.active, 2);
-    assert_int_equal(s.queued, 2);
-    assert_int_equal(s.cancelled, 0);
+    tpt_assert_counts(s, TPT_EQ(active, 2), TPT_EQ(queued, 2), TPT_EQ(cancelled, 0));
     static member more;
     member_init(&more, NULL, 0);
     assert_int_equal(submit_member(g, &more, NULL), TP_OK);

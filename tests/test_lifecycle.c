@@ -225,11 +225,8 @@ static void test_forced_shutdown(void **state) {
     assert_int_equal(atomic_load(&blk->err_after), TP_ECANCELED); /* it was told */
     tp_stats s = tpt_stats(p);
     tpt_assert_at_rest(&s);
-    assert_int_equal(s.workers, 0);
-    assert_int_equal(s.started, 2);
-    assert_int_equal(s.succeeded, 1);
-    assert_int_equal(s.cancelled, Q + 1);
-    assert_int_equal(s.failed, Q + 1);
+    tpt_assert_counts(s, TPT_EQ(workers, 0), TPT_EQ(started, 2), TPT_EQ(succeeded, 1),
+                      TPT_EQ(cancelled, Q + 1), TPT_EQ(failed, Q + 1));
     for (int i = 0; i < Q; i++) {
         assert_int_equal(atomic_load(&q[i].calls), 1);
         assert_int_equal(atomic_load(&q[i].ran), 0);
@@ -275,9 +272,7 @@ static void test_forced_shutdown_drops_retry(void **state) {
     assert_int_equal(atomic_load(&retry_attempts), 1);
     tp_stats s = tpt_stats(p);
     tpt_assert_at_rest(&s);
-    assert_int_equal(s.retried, 0);
-    assert_int_equal(s.cancelled, 1);
-    assert_int_equal(s.workers, 0);
+    tpt_assert_counts(s, TPT_EQ(retried, 0), TPT_EQ(cancelled, 1), TPT_EQ(workers, 0));
     tpt_destroy(p);
     assert_int_equal(atomic_load(&d->calls), 1);
 }

@@ -143,14 +143,8 @@ static void test_retry_exhausted(void **state) {
     assert_int_equal(atomic_load(&r->attempts), 4);
     assert_int_equal(atomic_load(&r->seen), 0xF);
     assert_int_equal(atomic_load(&r->bad_id), 0);
-    assert_int_equal(s.accepted, 1);
-    assert_int_equal(s.started, 1);
-    assert_int_equal(s.retried, 3);
-    assert_int_equal(s.completed, 1);
-    assert_int_equal(s.succeeded, 0);
-    assert_int_equal(s.failed, 1);
-    assert_int_equal(s.cancelled, 0);
-    assert_int_equal(s.expired, 0);
+    tpt_assert_counts(s, TPT_EQ(accepted, 1), TPT_EQ(started, 1), TPT_EQ(retried, 3), TPT_EQ(completed, 1),
+                      TPT_EQ(succeeded, 0), TPT_EQ(failed, 1), TPT_EQ(cancelled, 0), TPT_EQ(expired, 0));
 }
 
 static void test_retry_none_by_default(void **state) {
@@ -199,10 +193,7 @@ static void test_retry_succeeds_on_attempt_k(void **state) {
     assert_int_equal(atomic_load(&r->attempts), 3);
     assert_int_equal(atomic_load(&r->seen), 0x7);
     assert_int_equal(atomic_load(&r->bad_id), 0);
-    assert_int_equal(s.started, 1);
-    assert_int_equal(s.retried, 2);
-    assert_int_equal(s.succeeded, 1);
-    assert_int_equal(s.failed, 0);
+    tpt_assert_counts(s, TPT_EQ(started, 1), TPT_EQ(retried, 2), TPT_EQ(succeeded, 1), TPT_EQ(failed, 0));
 }
 
 /* ------------------------------------------------------------ waiting retries */
@@ -247,12 +238,8 @@ static void test_retry_holds_no_worker(void **state) {
     s = tpt_finish(p);
     assert_int_equal(atomic_load(&f->attempts), 1);
     assert_int_equal(atomic_load(&f->done_calls), 1);
-    assert_int_equal(s.started, 2);
-    assert_int_equal(s.retried, 0);
-    assert_int_equal(s.succeeded, 1);
-    assert_int_equal(s.failed, 1);
-    assert_int_equal(s.cancelled, 1);
-    assert_int_equal(s.expired, 0);
+    tpt_assert_counts(s, TPT_EQ(started, 2), TPT_EQ(retried, 0), TPT_EQ(succeeded, 1), TPT_EQ(failed, 1),
+                      TPT_EQ(cancelled, 1), TPT_EQ(expired, 0));
 }
 
 static void test_retry_cancel_while_waiting_all_workers_busy(void **state) {
@@ -359,10 +346,8 @@ static void test_retry_cut_by_forced_shutdown(void **state) {
     assert_int_equal(atomic_load(&r->attempts), 1);
     assert_int_equal(atomic_load(&f->done_calls), 1);
     assert_int_equal(atomic_load(&r->done_calls), 1);
-    assert_int_equal(s.started, 2);
-    assert_int_equal(s.retried, 0);
-    assert_int_equal(s.failed, 2);
-    assert_int_equal(s.cancelled, 1); /* f; r returned a plain failure */
+    tpt_assert_counts(s, TPT_EQ(started, 2), TPT_EQ(retried, 0), TPT_EQ(failed, 2),
+                      TPT_EQ(cancelled, 1)); /* f; r returned a plain failure */
 }
 
 static void test_retry_not_after_cancel(void **state) {
@@ -388,11 +373,9 @@ static void test_retry_not_after_cancel(void **state) {
         assert_int_equal(atomic_load(&r->done_calls), 1);
     }
     tp_stats s = tpt_finish(p);
-    assert_int_equal(s.started, 3);
-    assert_int_equal(s.retried, 0);
-    assert_int_equal(s.succeeded, 1); /* 0 is success even when cancelled */
-    assert_int_equal(s.failed, 2);
-    assert_int_equal(s.cancelled, 1); /* only the TP_ECANCELED status */
+    tpt_assert_counts(s, TPT_EQ(started, 3), TPT_EQ(retried, 0),
+                      TPT_EQ(succeeded, 1),                     /* 0 is success even when cancelled */
+                      TPT_EQ(failed, 2), TPT_EQ(cancelled, 1)); /* only the TP_ECANCELED status */
 }
 
 static void test_retry_deadline_passes_while_waiting(void **state) {
@@ -413,11 +396,8 @@ static void test_retry_deadline_passes_while_waiting(void **state) {
     /* ...and the task did not end before it. */
     assert_true(atomic_load(&f->t_done) >= o.deadline_ns);
     tp_stats s = tpt_finish(p);
-    assert_int_equal(s.started, 1);
-    assert_int_equal(s.retried, 0);
-    assert_int_equal(s.failed, 1);
-    assert_int_equal(s.cancelled, 1);
-    assert_int_equal(s.expired, 0); /* it ran */
+    tpt_assert_counts(s, TPT_EQ(started, 1), TPT_EQ(retried, 0), TPT_EQ(failed, 1), TPT_EQ(cancelled, 1),
+                      TPT_EQ(expired, 0)); /* it ran */
 }
 
 static void test_retry_deadline_passes_while_running(void **state) {
@@ -453,10 +433,7 @@ static void test_retry_deadline_passes_while_running(void **state) {
     tp_stats s = tpt_finish(p);
     assert_int_equal(atomic_load(&f->attempts), 1);
     assert_int_equal(atomic_load(&g->attempts), 1);
-    assert_int_equal(s.retried, 0);
-    assert_int_equal(s.failed, 2);
-    assert_int_equal(s.cancelled, 1);
-    assert_int_equal(s.expired, 0);
+    tpt_assert_counts(s, TPT_EQ(retried, 0), TPT_EQ(failed, 2), TPT_EQ(cancelled, 1), TPT_EQ(expired, 0));
 }
 
 static void test_retry_deadline_passes_while_requeued(void **state) {
@@ -487,10 +464,7 @@ static void test_retry_deadline_passes_while_requeued(void **state) {
     assert_int_equal(atomic_load(&f->done_status), TP_ETIMEDOUT);
     s = tpt_finish(p);
     assert_int_equal(atomic_load(&f->attempts), 1);
-    assert_int_equal(s.started, 2);
-    assert_int_equal(s.retried, 0);
-    assert_int_equal(s.cancelled, 1);
-    assert_int_equal(s.expired, 0);
+    tpt_assert_counts(s, TPT_EQ(started, 2), TPT_EQ(retried, 0), TPT_EQ(cancelled, 1), TPT_EQ(expired, 0));
 }
 
 static void test_retry_run_timeout_is_retried(void **state) {
@@ -508,9 +482,7 @@ static void test_retry_run_timeout_is_retried(void **state) {
     assert_int_equal(atomic_load(&r->attempts), 3);
     /* Each attempt gets its own run timeout, from its own start. */
     assert_int_equal(atomic_load(&r->err_start_bad), 0);
-    assert_int_equal(s.retried, 2);
-    assert_int_equal(s.succeeded, 1);
-    assert_int_equal(s.failed, 0);
+    tpt_assert_counts(s, TPT_EQ(retried, 2), TPT_EQ(succeeded, 1), TPT_EQ(failed, 0));
 
     /* Exhausted by run timeouts: the status is the last attempt's. */
     p = retry_pool(f, 1, 1, TPT_MS(2), 0);
@@ -522,9 +494,7 @@ static void test_retry_run_timeout_is_retried(void **state) {
     s = tpt_finish(p);
     assert_int_equal(atomic_load(&t->done_status), TP_ETIMEDOUT);
     assert_int_equal(atomic_load(&t->attempts), 2);
-    assert_int_equal(s.retried, 1);
-    assert_int_equal(s.cancelled, 1);
-    assert_int_equal(s.expired, 0);
+    tpt_assert_counts(s, TPT_EQ(retried, 1), TPT_EQ(cancelled, 1), TPT_EQ(expired, 0));
 }
 
 /* ------------------------------------------------------------ capacity */
@@ -545,9 +515,7 @@ static void test_retry_delayed_counts_toward_capacity(void **state) {
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_EFULL);
     assert_int_equal(tp_submit_wait(p, tpt_nop_task, NULL, NULL, TPT_MS(20), NULL), TP_ETIMEDOUT);
     s = tpt_stats(p);
-    assert_int_equal(s.rejected_full, 1);
-    assert_int_equal(s.rejected_timeout, 1);
-    assert_int_equal(s.accepted, 1);
+    tpt_assert_counts(s, TPT_EQ(rejected_full, 1), TPT_EQ(rejected_timeout, 1), TPT_EQ(accepted, 1));
     assert_int_equal(tp_cancel(p, fid), TP_OK);
     TPT_EVENTUALLY(atomic_load(&f->done_calls) == 1);
     TPT_EVENTUALLY(tpt_stats(p).delayed == 0);
@@ -776,10 +744,8 @@ static void test_retry_close_lets_retries_finish(void **state) {
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK);
     tp_stats s = tpt_stats(p);
     tpt_assert_at_rest(&s);
-    assert_int_equal(s.workers, 0);
-    assert_int_equal(s.retried, 2);
-    assert_int_equal(s.succeeded, 1);
-    assert_int_equal(s.rejected_closed, 1);
+    tpt_assert_counts(s, TPT_EQ(workers, 0), TPT_EQ(retried, 2), TPT_EQ(succeeded, 1),
+                      TPT_EQ(rejected_closed, 1));
     tpt_destroy(p);
 }
 

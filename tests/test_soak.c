@@ -137,13 +137,9 @@ static void check_round(const tp_stats *s, const tpt_tally *t, rec *recs, size_t
         fail_msg("%llu unexpected submit results, e.g. %d (%s)", (unsigned long long)t->bad, t->last_bad,
                  tp_err_name(t->last_bad));
     tpt_assert_at_rest(s);
-    assert_int_equal(s->workers, 0);
-    assert_int_equal(s->submitted, t->total);
-    assert_int_equal(s->accepted, t->ok);
-    assert_int_equal(s->rejected_full, t->full);
-    assert_int_equal(s->rejected_user, t->user);
-    assert_int_equal(s->rejected_closed, t->closed);
-    assert_int_equal(s->rejected_timeout, t->timedout);
+    tpt_assert_counts(*s, TPT_EQ(workers, 0), TPT_EQ(submitted, t->total), TPT_EQ(accepted, t->ok),
+                      TPT_EQ(rejected_full, t->full), TPT_EQ(rejected_user, t->user),
+                      TPT_EQ(rejected_closed, t->closed), TPT_EQ(rejected_timeout, t->timedout));
 
     uint64_t ok = 0, fail = 0, canc = 0, started = 0, retried = 0, expired = 0, accepted = 0;
     for (size_t i = 0; i < n; i++) {
@@ -193,13 +189,9 @@ static void check_round(const tp_stats *s, const tpt_tally *t, rec *recs, size_t
         started += ran > 0;
         retried += ran > 1 ? (uint64_t)(ran - 1) : 0;
     }
-    assert_int_equal(s->accepted, accepted);
-    assert_int_equal(s->succeeded, ok);
-    assert_int_equal(s->failed, fail);
-    assert_int_equal(s->cancelled, canc);
-    assert_int_equal(s->started, started);
-    assert_int_equal(s->retried, retried);
-    assert_int_equal(s->expired, expired);
+    tpt_assert_counts(*s, TPT_EQ(accepted, accepted), TPT_EQ(succeeded, ok), TPT_EQ(failed, fail),
+                      TPT_EQ(cancelled, canc), TPT_EQ(started, started), TPT_EQ(retried, retried),
+                      TPT_EQ(expired, expired));
 }
 
 /* ------------------------------------------------------------ lifecycle storm */

@@ -91,12 +91,9 @@ static void assert_counters_match(const tp_stats *s, const tpt_tally *t) {
         fail_msg("%llu unexpected return codes, e.g. %d (%s)", (unsigned long long)t->bad, t->last_bad,
                  tp_err_name(t->last_bad));
     tpt_assert_at_rest(s);
-    assert_int_equal(s->submitted, t->total);
-    assert_int_equal(s->accepted, t->ok);
-    assert_int_equal(s->rejected_full, t->full);
-    assert_int_equal(s->rejected_user, t->user);
-    assert_int_equal(s->rejected_closed, t->closed);
-    assert_int_equal(s->rejected_timeout, t->timedout);
+    tpt_assert_counts(*s, TPT_EQ(submitted, t->total), TPT_EQ(accepted, t->ok),
+                      TPT_EQ(rejected_full, t->full), TPT_EQ(rejected_user, t->user),
+                      TPT_EQ(rejected_closed, t->closed), TPT_EQ(rejected_timeout, t->timedout));
 }
 
 /* Every accepted record: on_done exactly once, ran at most 1 + retries.
@@ -123,12 +120,8 @@ static void assert_records(const tp_stats *s, srec *recs, size_t n, unsigned max
                          ran);
         }
     }
-    assert_int_equal(s->accepted, accepted);
-    assert_int_equal(s->succeeded, ok);
-    assert_int_equal(s->failed, fail);
-    assert_int_equal(s->cancelled, canc);
-    assert_int_equal(s->started, started);
-    assert_int_equal(s->retried, retried);
+    tpt_assert_counts(*s, TPT_EQ(accepted, accepted), TPT_EQ(succeeded, ok), TPT_EQ(failed, fail),
+                      TPT_EQ(cancelled, canc), TPT_EQ(started, started), TPT_EQ(retried, retried));
 }
 
 /* ------------------------------------------------------------ submit + close */

@@ -204,6 +204,51 @@ static inline tp_stats tpt_stats(tp_pool *p) {
     return s;
 }
 
+/* One expected field of a tp_stats, for tpt_assert_counts: TPT_EQ(field, value). */
+typedef struct tpt_count {
+    const char *name; /* the field's name; NULL ends a list */
+    size_t off, size; /* where it is in tp_stats (uint64_t or uint32_t) */
+    uint64_t want;
+} tpt_count;
+
+#define TPT_EQ(field, value)                                                                                 \
+    { #field, offsetof(tp_stats, field), sizeof(((tp_stats *)0)->field), (uint64_t)(value) }
+
+static inline void tpt_assert_counts_(const tp_stats *s, const char *expr, const tpt_count *want,
+                                      const char *file, int line) {
+    int bad = 0;
+    for (; want->name != NULL; want++) {
+        uint64_t v = 0;
+        if (want->size == sizeof(uint32_t)) {
+            uint32_t v32;
+            memcpy(&v32, (const char *)s + want->off, sizeof v32);
+            v = v32;
+        } else if (want->size == sizeof(uint64_t)) {
+            memcpy(&v, (const char *)s + want->off, sizeof v);
+        } else {
+            fail_msg("TPT_EQ(%s, ...): not a counter of tp_stats", want->name);
+        }
+        if (v != want->want) {
+            print_error("%s.%s is %llu, expected %llu\n", expr, want->name, (unsigned long long)v,
+                        (unsigned long long)want->want);
+            bad = 1;
+        }
+    }
+    if (bad) _fail(file, line);
+}
+
+/* Assert several fields of one stats snapshot `s` (a tp_stats value):
+ *   tpt_assert_counts(s, TPT_EQ(accepted, 4), TPT_EQ(succeeded, 3), TPT_EQ(failed, 1));
+ * Fields not named are not checked. Every field that differs is reported by
+ * name with both values, then the test fails at the caller's line. Values
+ * compare as uint64_t, as assert_int_equal compares them. */
+#define tpt_assert_counts(s, ...)                                                                            \
+    do {                                                                                                     \
+        const tp_stats tpt_counts_s_ = (s);                                                                  \
+        tpt_assert_counts_(&tpt_counts_s_, #s, (const tpt_count[]){__VA_ARGS__, {NULL, 0, 0, 0}}, __FILE__,  \
+                           __LINE__);                                                                        \
+    } while (0)
+
 /* The at-rest invariants of SPEC section 7. Call after tp_wait() returned. */
 static inline void tpt_assert_at_rest(const tp_stats *s) {
     assert_int_equal(s->submitted, s->accepted + s->rejected);
