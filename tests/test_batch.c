@@ -691,23 +691,19 @@ static void test_batch_grows_elastic_pool(void **state) {
 
 static void test_batch_zero_allocations(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    if (!counting_or_skip()) return;
+    if (!tpt_alloc_counting_or_skip()) return;
     tp_pool *p = tpt_quiet_pool(f, 2, 256, TP_UNLIMITED);
     long completed = 0;
     for (int round = 0; round < 4; round++) {
         assert_int_equal(run_batches(p, 2000, completed), 0);
         completed += 2000;
     }
-    atomic_store(&n_alloc, 0);
-    atomic_store(&armed, 1);
+    tpt_alloc_arm();
     long bad = run_batches(p, 10000, completed);
-    atomic_store(&armed, 0);
+    tpt_alloc_disarm();
     completed += 10000;
-    long allocs = atomic_load(&n_alloc);
     assert_int_equal(bad, 0);
-    if (allocs != 0)
-        fail_msg("%ld heap allocation(s) during 10000 batched tasks; first: kind %d, %zu bytes, from %p",
-                 allocs, atomic_load(&first_kind), atomic_load(&first_size), atomic_load(&first_caller));
+    tpt_alloc_assert_none("10000 batched tasks");
     tp_stats s = tpt_finish(p);
     assert_int_equal(s.completed, (uint64_t)completed);
     assert_int_equal(atomic_load(&g_ran), completed);
