@@ -1,24 +1,20 @@
 /*
  * allocs.c -- heap allocations per task in steady state (the pool promises 0).
  *
- * Counting: this executable defines malloc, calloc, realloc, free and the
- * aligned variants, forwarding to glibc's __libc_* entry points. The bench
+ * Counting: tests/tpt_alloc_count.h, the malloc interposer the tests use too
+ * (see its top comment for why it lives there). This executable defines
+ * malloc, calloc, realloc, free and the aligned variants with it; the bench
  * links libtaskpool statically, and glibc lets an executable's definitions
- * interpose every caller's (a shared libtaskpool would be counted too), so
- * while `g_armed` is set every allocation in the process is counted, with the
- * size and caller of the first one to help whoever has to find it. The
- * interposer forwards to __libc_malloc directly: no dlsym(), so nothing
- * allocates while resolving the real functions.
+ * interpose every caller's, so while armed every allocation in the process
+ * is counted, with the kind, size and caller of the first one.
  *
  * Where it cannot work the figure is "n/a", never a crash or a false 0:
- * sanitizers own malloc (the interposer is not compiled under them), other
- * C libraries lack __libc_malloc, and valgrind replaces malloc even in the
- * executable. A runtime probe checks that an armed malloc, called through
- * its symbol as the library calls it, is really seen, and that tp_create's
- * allocations are. If not, and none of those reasons applies (valgrind is
- * recognised by its preload library in /proc/self/maps), the interposer is
- * broken: the figure is n/a and the run fails, rather than pass by counting
- * nothing.
+ * sanitizers own malloc, other C libraries lack __libc_malloc, and valgrind
+ * replaces malloc even in the executable (tpt_alloc_unavailable says which).
+ * A runtime probe checks that an armed malloc, called through its symbol as
+ * the library calls it, is really seen, and that tp_create's allocations
+ * are. If not, and none of those reasons applies, the interposer is broken:
+ * the figure is n/a and the run fails, rather than pass by counting nothing.
  *
  * The scenario: a pool warmed up with every kind of task first (plain, named
  * user, on_done, explicit log id, tp_submit_wait, cancelled while queued, the
@@ -28,128 +24,13 @@
  * storm that outruns it grows the records (documented, and not steady state).
  */
 #define _GNU_SOURCE
-#include <errno.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../tests/tpt_alloc_count.h"
 #include "bench.h"
-
-static atomic_int g_armed;
-static atomic_long g_count;
-static _Atomic size_t g_first_size;
-static void *_Atomic g_first_caller;
-
-#if !BENCH_SANITIZED && defined(__GLIBC__)
-#define BENCH_INTERPOSE 1
-extern void *__libc_malloc(size_t);
-extern void *__libc_calloc(size_t, size_t);
-extern void *__libc_realloc(void *, size_t);
-extern void *__libc_memalign(size_t, size_t);
-extern void *__libc_valloc(size_t);
-extern void *__libc_pvalloc(size_t);
-extern void __libc_free(void *);
-
-static inline void count(size_t size, void *caller) {
-    /* relaxed: the arming thread reads the count after the pool's own
-     * synchronisation (every task ended) has ordered the counting threads. */
-    if (atomic_load_explicit(&g_armed, memory_order_relaxed) &&
-        atomic_fetch_add_explicit(&g_count, 1, memory_order_relaxed) == 0) {
-        atomic_store_explicit(&g_first_size, size, memory_order_relaxed);
-        atomic_store_explicit(&g_first_caller, caller, memory_order_relaxed);
-    }
-}
-
-void *malloc(size_t n) {
-    count(n, __builtin_return_address(0));
-    return __libc_malloc(n);
-}
-void *calloc(size_t a, size_t b) {
-    count(a * b, __builtin_return_address(0));
-    return __libc_calloc(a, b);
-}
-void *realloc(void *p, size_t n) {
-    count(n, __builtin_return_address(0));
-    return __libc_realloc(p, n);
-}
-void free(void *p) { __libc_free(p); }
-void *memalign(size_t a, size_t n) {
-    count(n, __builtin_return_address(0));
-    return __libc_memalign(a, n);
-}
-void *aligned_alloc(size_t a, size_t n) {
-    count(n, __builtin_return_address(0));
-    return __libc_memalign(a, n);
-}
-int posix_memalign(void **r, size_t a, size_t n) {
-    if (a < sizeof(void *) || (a & (a - 1)) != 0) return EINVAL;
-    count(n, __builtin_return_address(0));
-    void *p = __libc_memalign(a, n);
-    if (p == NULL) return ENOMEM;
-    *r = p;
-    return 0;
-}
-void *valloc(size_t n) {
-    count(n, __builtin_return_address(0));
-    return __libc_valloc(n);
-}
-void *pvalloc(size_t n) {
-    count(n, __builtin_return_address(0));
-    return __libc_pvalloc(n);
-}
-#else
-#define BENCH_INTERPOSE 0
-#endif
-
-static void arm(void) {
-    atomic_store(&g_count, 0);
-    atomic_store(&g_armed, 1);
-}
-
-static long disarm(void) {
-    atomic_store(&g_armed, 0);
-    return atomic_load(&g_count);
-}
-
-/* The allocation functions as the library reaches them: through the symbol.
- * A direct call from this file may be inlined into the definition above and
- * never reach the symbol (which valgrind, for one, replaces). */
-static void *(*volatile sym_malloc)(size_t) = malloc;
-static void *(*volatile sym_calloc)(size_t, size_t) = calloc;
-static void (*volatile sym_free)(void *) = free;
-
-/* Whether our malloc really is the one called. The volatile pointers keep the
- * compiler from pairing malloc with free and dropping both. */
-static int interposer_active(void) {
-    if (!BENCH_INTERPOSE) return 0;
-    arm();
-    void *volatile x = sym_malloc(40);
-    char *volatile y = sym_calloc(2, 8);
-    long n = disarm();
-    sym_free(x);
-    sym_free(y);
-    return n >= 2;
-}
-
-/* Whether valgrind runs this process: its preload library is mapped. */
-static int under_valgrind(void) {
-    FILE *m = fopen("/proc/self/maps", "r");
-    if (m == NULL) return 0;
-    char line[512];
-    int found = 0;
-    while (!found && fgets(line, sizeof line, m) != NULL) found = strstr(line, "vgpreload") != NULL;
-    fclose(m);
-    return found;
-}
-
-/* Why allocations cannot be counted here, or NULL if they must be. */
-static const char *counting_unavailable(void) {
-    if (BENCH_SANITIZED) return "a sanitizer owns malloc";
-    if (!BENCH_INTERPOSE) return "malloc cannot be interposed here";
-    if (under_valgrind()) return "valgrind replaces malloc";
-    return NULL;
-}
 
 /* The interposer should count and does not: a broken measurement. */
 static int counting_broken(const char *what) {
@@ -253,8 +134,8 @@ static int wait_completed(tp_pool *p, uint64_t want) {
 }
 
 int scenario_allocs(const bench_opts *o, unsigned round) {
-    if (!interposer_active()) {
-        const char *why = counting_unavailable();
+    if (!tpt_alloc_probe()) {
+        const char *why = tpt_alloc_unavailable();
         if (why == NULL) return counting_broken("probe");
         bench_record_na("allocs", "", "allocs/task", why);
         return 0;
@@ -267,9 +148,9 @@ int scenario_allocs(const bench_opts *o, unsigned round) {
         .log = bench_quiet_log,
     };
     tp_pool *p;
-    arm();
+    tpt_alloc_arm();
     int rc = tp_create(&p, &cfg);
-    long by_create = disarm();
+    long by_create = tpt_alloc_disarm();
     if (rc != TP_OK) {
         fprintf(stderr, "tp_bench: tp_create: %s\n", tp_strerror(rc));
         return -1;
@@ -290,12 +171,12 @@ int scenario_allocs(const bench_opts *o, unsigned round) {
     }
     tp_log_id_set(NULL);
 
-    arm();
+    tpt_alloc_arm();
     if (run_mix(p, o->alloc_tasks) != 0 || wait_completed(p, done += o->alloc_tasks) != 0) {
-        disarm();
+        tpt_alloc_disarm();
         return -1;
     }
-    long allocs = disarm();
+    long allocs = tpt_alloc_disarm();
 
     tp_stats s;
     rc = tp_shutdown(p, 60000 * 1000000ull);
@@ -310,10 +191,11 @@ int scenario_allocs(const bench_opts *o, unsigned round) {
 
     bench_record(round, "allocs", "", "allocs/task", (double)allocs / (double)o->alloc_tasks, NULL);
     if (allocs != 0) {
+        tpt_alloc_first first = tpt_alloc_first_get();
         fprintf(stderr,
                 "tp_bench: allocs: %ld heap allocation(s) during %lu steady-state tasks (the "
-                "pool promises none); first: %zu bytes, called from %p\n",
-                allocs, o->alloc_tasks, atomic_load(&g_first_size), atomic_load(&g_first_caller));
+                "pool promises none); first: %s of %zu bytes, called from %p\n",
+                allocs, o->alloc_tasks, tpt_alloc_kind_name(first.kind), first.size, first.caller);
         return 1; /* a broken promise: reported, the run goes on, exit status 1 */
     }
     return 0;

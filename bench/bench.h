@@ -8,7 +8,8 @@
  *                wake, a bare mutex/condvar ring (as the perf harness's limits.c)
  *   scenarios.c  the pool scenarios: throughput (plain, per-user, blocking
  *                submit, batch submit), wake latency, steady load, cancellation
- *   allocs.c     the malloc interposer and the allocations-per-task scenario
+ *   allocs.c     the allocations-per-task scenario, counted by the malloc
+ *                interposer it shares with the tests (tests/tpt_alloc_count.h)
  *   report.c     the figures of every round, and their table and JSON output
  *
  * Measurement model. A run is R rounds; each round measures the machine limits

@@ -14,15 +14,6 @@
 
 /* ------------------------------------------------------------ helpers */
 
-static tp_pool *mkpool(unsigned workers, unsigned cap, unsigned per_user) {
-    tp_config c = {0};
-    c.log = tpt_quiet_log; /* cancelled and failed attempts are expected here */
-    c.workers = workers;
-    c.queue_capacity = cap;
-    c.max_per_user = per_user;
-    return tpt_pool_new(&c);
-}
-
 static uint64_t stat_field(const tp_stats *s, size_t off) {
     uint64_t v;
     memcpy(&v, (const char *)s + off, sizeof v);
@@ -62,7 +53,7 @@ static void test_queue_bound_excludes_running(void **state) {
     tpt_fixture *f = tpt_fx(state);
     enum { W = 3, CAP = 4 };
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(W, CAP, TP_UNLIMITED);
+    tp_pool *p = tpt_quiet_pool(f, W, CAP, TP_UNLIMITED);
     tpt_fill_workers(p, l, W, NULL);
 
     for (unsigned i = 0; i < CAP; i++) assert_int_equal(tp_submit(p, tpt_block_task, l, NULL, NULL), TP_OK);
@@ -77,15 +68,11 @@ static void test_queue_bound_excludes_running(void **state) {
     assert_int_equal(tp_submit(p, tpt_nop_task, d, &o, NULL), TP_EFULL);
     assert_int_equal(tp_submit(p, tpt_nop_task, d, &o, NULL), TP_EFULL);
     s = tpt_stats(p);
-    assert_int_equal(s.rejected_full, 2);
-    assert_int_equal(s.accepted, W + CAP);
-    assert_int_equal(s.queued, CAP);
+    tpt_assert_counts(s, TPT_EQ(rejected_full, 2), TPT_EQ(accepted, W + CAP), TPT_EQ(queued, CAP));
 
     tpt_latch_open(l);
-    s = tpt_pool_finish(p);
-    assert_int_equal(s.accepted, W + CAP);
-    assert_int_equal(s.succeeded, W + CAP);
-    assert_int_equal(s.rejected_full, 2);
+    s = tpt_finish(p);
+    tpt_assert_counts(s, TPT_EQ(accepted, W + CAP), TPT_EQ(succeeded, W + CAP), TPT_EQ(rejected_full, 2));
     assert_int_equal(atomic_load(&d->calls), 0);
     assert_int_equal(atomic_load(&l->timeouts), 0);
 }
@@ -94,7 +81,7 @@ static void test_queue_bound_excludes_running(void **state) {
 static void test_queue_bound_one_slot(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(2, 1, TP_UNLIMITED);
+    tp_pool *p = tpt_quiet_pool(f, 2, 1, TP_UNLIMITED);
     tpt_fill_workers(p, l, 2, NULL);
     assert_int_equal(tp_submit(p, tpt_block_task, l, NULL, NULL), TP_OK);
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_EFULL);
@@ -102,7 +89,7 @@ static void test_queue_bound_one_slot(void **state) {
     /* Once everything ran there is room again. */
     TPT_EVENTUALLY(tpt_stats(p).completed == 3);
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_OK);
-    tp_stats s = tpt_pool_finish(p);
+    tp_stats s = tpt_finish(p);
     assert_int_equal(s.rejected_full, 1);
     assert_int_equal(s.accepted, 4);
 }
@@ -123,7 +110,7 @@ static void test_queue_bound_counts_delayed(void **state) {
     c.max_retries = 1;
     c.retry_delay_ns = TPT_S(60); /* never within the test */
     c.log = tpt_quiet_log;
-    tp_pool *p = tpt_pool_new(&c);
+    tp_pool *p = tpt_fx_pool(f, &c);
     tpt_done *d = tpt_fx_new(f, tpt_done);
     tp_task_opts o = {0};
     o.on_done = tpt_done_fn;
@@ -137,10 +124,8 @@ static void test_queue_bound_counts_delayed(void **state) {
     TPT_EVENTUALLY(atomic_load(&d->calls) == 1);
     assert_int_equal(atomic_load(&d->status), TP_ECANCELED);
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_OK);
-    tp_stats s = tpt_pool_finish(p);
-    assert_int_equal(s.rejected_full, 1);
-    assert_int_equal(s.rejected_timeout, 1);
-    assert_int_equal(s.accepted, 2);
+    tp_stats s = tpt_finish(p);
+    tpt_assert_counts(s, TPT_EQ(rejected_full, 1), TPT_EQ(rejected_timeout, 1), TPT_EQ(accepted, 2));
 }
 
 /* ------------------------------------------------------------ refusal order */
@@ -152,7 +137,7 @@ static char long_name[TP_USER_MAX + 2];
 static void test_refusal_order(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(1, 1, 1);
+    tp_pool *p = tpt_quiet_pool(f, 1, 1, 1);
 
     tpt_fill_workers(p, l, 1, "a"); /* "a" holds its only slot, running */
     tp_task_opts ob = {0};
@@ -171,9 +156,7 @@ static void test_refusal_order(void **state) {
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, &oc, NULL), TP_EFULL);
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_EFULL);
     tp_stats s = tpt_stats(p);
-    assert_int_equal(s.rejected_user, 2);
-    assert_int_equal(s.rejected_full, 2);
-    assert_int_equal(s.rejected_closed, 0);
+    tpt_assert_counts(s, TPT_EQ(rejected_user, 2), TPT_EQ(rejected_full, 2), TPT_EQ(rejected_closed, 0));
 
     /* bad arguments win over the full queue and the user limit */
     tp_task_opts bad = {0};
@@ -215,26 +198,23 @@ static void test_refusal_order(void **state) {
 
     tpt_latch_open(l);
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK); /* a close drains */
-    s = tpt_pool_finish(p);
-    assert_int_equal(s.accepted, 2);
-    assert_int_equal(s.rejected_user, 2);
-    assert_int_equal(s.rejected_full, 2);
-    assert_int_equal(s.rejected_closed, 4);
-    assert_int_equal(s.rejected_timeout, 0);
+    s = tpt_finish(p);
+    tpt_assert_counts(s, TPT_EQ(accepted, 2), TPT_EQ(rejected_user, 2), TPT_EQ(rejected_full, 2),
+                      TPT_EQ(rejected_closed, 4), TPT_EQ(rejected_timeout, 0));
     assert_int_equal(atomic_load(&l->timeouts), 0);
 }
 
 /* A user name of exactly TP_USER_MAX bytes is fine. */
 static void test_user_name_max_length(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     char name[TP_USER_MAX + 1];
     memset(name, 'u', TP_USER_MAX);
     name[TP_USER_MAX] = '\0';
-    tp_pool *p = mkpool(1, 4, 2);
+    tp_pool *p = tpt_quiet_pool(f, 1, 4, 2);
     tp_task_opts o = {0};
     o.user = name;
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, &o, NULL), TP_OK);
-    tpt_pool_finish(p);
+    tpt_finish(p);
 }
 
 /* ------------------------------------------------------------ no trace */
@@ -252,13 +232,10 @@ static void expect_refused(tp_pool *p, int want, size_t field, const char *user,
                   : tp_submit(p, tpt_nop_task, d, &o, NULL);
     assert_int_equal(rc, want);
     tp_stats a = tpt_stats(p);
-    assert_int_equal(a.submitted, b.submitted + 1);
-    assert_int_equal(a.accepted, b.accepted);
-    assert_int_equal(a.rejected, b.rejected + 1);
+    tpt_assert_counts(a, TPT_EQ(submitted, b.submitted + 1), TPT_EQ(accepted, b.accepted),
+                      TPT_EQ(rejected, b.rejected + 1));
     assert_int_equal(stat_field(&a, field), stat_field(&b, field) + 1);
-    assert_int_equal(a.queued, b.queued);
-    assert_int_equal(a.users, b.users);
-    assert_int_equal(a.completed, b.completed);
+    tpt_assert_counts(a, TPT_EQ(queued, b.queued), TPT_EQ(users, b.users), TPT_EQ(completed, b.completed));
     assert_int_equal(tp_user_active(p, user), ua);
     assert_int_equal(atomic_load(&d->calls), 0);
 }
@@ -271,7 +248,7 @@ static void test_rejection_leaves_no_trace(void **state) {
     tpt_done *refused = tpt_fx_array(f, tpt_done, 8);
     tpt_done *ok = tpt_fx_array(f, tpt_done, 4);
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(1, 2, 2);
+    tp_pool *p = tpt_quiet_pool(f, 1, 2, 2);
 
     tpt_fill_workers(p, l, 1, "u"); /* u: 1 of 2 */
     tp_task_opts o = {0};
@@ -316,18 +293,15 @@ static void test_rejection_leaves_no_trace(void **state) {
     assert_int_equal(tp_user_active(p, "x"), 0);
 
     tpt_latch_open(l);
-    tp_stats s = tpt_pool_finish(p);
+    tp_stats s = tpt_finish(p);
     assert_ids_unique(ids, nids);
     for (int i = 0; i < 8; i++) assert_int_equal(atomic_load(&refused[i].calls), 0);
     assert_int_equal(atomic_load(&ok[0].calls), 1);
     assert_int_equal(atomic_load(&ok[0].status), 0);
     assert_int_equal(atomic_load(&ok[2].calls), 1);
     assert_int_equal(atomic_load(&ok[2].status), 0);
-    assert_int_equal(s.accepted, 4);
-    assert_int_equal(s.rejected_user, 1);
-    assert_int_equal(s.rejected_full, 3);
-    assert_int_equal(s.rejected_timeout, 2);
-    assert_int_equal(s.rejected_closed, 2);
+    tpt_assert_counts(s, TPT_EQ(accepted, 4), TPT_EQ(rejected_user, 1), TPT_EQ(rejected_full, 3),
+                      TPT_EQ(rejected_timeout, 2), TPT_EQ(rejected_closed, 2));
     assert_int_equal(atomic_load(&l->timeouts), 0);
 }
 
@@ -349,7 +323,7 @@ static void test_fifo_start_order(void **state) {
     atomic_store(&fifo_next, 0);
     for (int i = 0; i < FIFO_N; i++) atomic_store(&fifo_order[i], -1);
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(1, FIFO_N, TP_UNLIMITED);
+    tp_pool *p = tpt_quiet_pool(f, 1, FIFO_N, TP_UNLIMITED);
     tpt_fill_workers(p, l, 1, NULL);
     for (int i = 0; i < FIFO_N; i++) {
         tp_task_opts o = {0};
@@ -358,20 +332,20 @@ static void test_fifo_start_order(void **state) {
     }
     assert_int_equal(tpt_stats(p).queued, FIFO_N);
     tpt_latch_open(l);
-    tpt_pool_finish(p);
+    tpt_finish(p);
     assert_int_equal(atomic_load(&fifo_next), FIFO_N);
     for (int i = 0; i < FIFO_N; i++) assert_int_equal(atomic_load(&fifo_order[i]), i);
 }
 
 /* FIFO also holds when the queue wraps around several times. */
 static void test_fifo_across_wraparound(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     atomic_store(&fifo_next, 0);
     for (int i = 0; i < FIFO_N; i++) atomic_store(&fifo_order[i], -1);
-    tp_pool *p = mkpool(1, 5, TP_UNLIMITED);
+    tp_pool *p = tpt_quiet_pool(f, 1, 5, TP_UNLIMITED);
     for (int i = 0; i < FIFO_N; i++)
         assert_int_equal(tp_submit_wait(p, fifo_task, (void *)(intptr_t)i, NULL, TPT_WAIT_NS, NULL), TP_OK);
-    tpt_pool_finish(p);
+    tpt_finish(p);
     for (int i = 0; i < FIFO_N; i++) assert_int_equal(atomic_load(&fifo_order[i]), i);
 }
 
@@ -457,39 +431,34 @@ static void resubmit_ok(tp_pool *p, const char *user) {
 }
 
 static void test_slot_released_on_success(void **state) {
-    (void)state;
-    tp_pool *p = mkpool(1, 4, 1);
+    tpt_fixture *f = tpt_fx(state);
+    tp_pool *p = tpt_quiet_pool(f, 1, 4, 1);
     slot_rec r;
     slot_rec_init(&r, p, "u", M_OK, NULL);
     submit_rec(p, &r, 0, 0);
     assert_slot_free_after(p, &r, 0);
     assert_int_equal(atomic_load(&r.users_in_done), 0);
     resubmit_ok(p, "u");
-    tp_stats s = tpt_pool_finish(p);
+    tp_stats s = tpt_finish(p);
     assert_int_equal(s.succeeded, 2);
 }
 
 static void test_slot_released_on_failure(void **state) {
-    (void)state;
-    tp_config c = {0};
-    c.workers = 1;
-    c.queue_capacity = 4;
-    c.max_per_user = 1;
-    c.log = tpt_quiet_log;
-    tp_pool *p = tpt_pool_new(&c);
+    tpt_fixture *f = tpt_fx(state);
+    tp_pool *p = tpt_quiet_pool(f, 1, 4, 1);
     slot_rec r;
     slot_rec_init(&r, p, "u", M_FAIL, NULL);
     submit_rec(p, &r, 0, 0);
     assert_slot_free_after(p, &r, 5);
     resubmit_ok(p, "u");
-    tp_stats s = tpt_pool_finish(p);
+    tp_stats s = tpt_finish(p);
     assert_int_equal(s.failed, 1);
     assert_int_equal(s.cancelled, 0);
 }
 
 /* Retries exhausted: the slot is kept through the retry wait, then released. */
 static void test_slot_released_after_retries(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_config c = {0};
     c.workers = 1;
     c.queue_capacity = 4;
@@ -497,14 +466,14 @@ static void test_slot_released_after_retries(void **state) {
     c.max_retries = 2;
     c.retry_delay_ns = TPT_MS(2);
     c.log = tpt_quiet_log;
-    tp_pool *p = tpt_pool_new(&c);
+    tp_pool *p = tpt_fx_pool(f, &c);
     slot_rec r;
     slot_rec_init(&r, p, "u", M_FAIL, NULL);
     submit_rec(p, &r, 0, 0);
     assert_slot_free_after(p, &r, 5);
     assert_int_equal(atomic_load(&r.ran), 3);
     resubmit_ok(p, "u");
-    tp_stats s = tpt_pool_finish(p);
+    tp_stats s = tpt_finish(p);
     assert_int_equal(s.retried, 2);
     assert_int_equal(s.failed, 1);
 }
@@ -512,7 +481,7 @@ static void test_slot_released_after_retries(void **state) {
 static void test_slot_released_on_cancel_queued(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(1, 4, 1);
+    tp_pool *p = tpt_quiet_pool(f, 1, 4, 1);
     tpt_fill_workers(p, l, 1, NULL);
     slot_rec r;
     slot_rec_init(&r, p, "u", M_OK, NULL);
@@ -523,14 +492,14 @@ static void test_slot_released_on_cancel_queued(void **state) {
     assert_int_equal(atomic_load(&r.ran), 0);
     resubmit_ok(p, "u");
     tpt_latch_open(l);
-    tp_stats s = tpt_pool_finish(p);
+    tp_stats s = tpt_finish(p);
     assert_int_equal(atomic_load(&r.ran), 0);
     assert_int_equal(s.cancelled, 1);
 }
 
 static void test_slot_released_on_cancel_running(void **state) {
-    (void)state;
-    tp_pool *p = mkpool(1, 4, 1);
+    tpt_fixture *f = tpt_fx(state);
+    tp_pool *p = tpt_quiet_pool(f, 1, 4, 1);
     slot_rec r;
     slot_rec_init(&r, p, "u", M_SLEEP, NULL);
     uint64_t id = submit_rec(p, &r, 0, 0);
@@ -539,19 +508,19 @@ static void test_slot_released_on_cancel_running(void **state) {
     assert_int_equal(tp_cancel(p, id), TP_OK);
     assert_slot_free_after(p, &r, TP_ECANCELED);
     resubmit_ok(p, "u");
-    tp_stats s = tpt_pool_finish(p);
+    tp_stats s = tpt_finish(p);
     assert_int_equal(s.cancelled, 1);
 }
 
 static void test_slot_released_on_run_timeout(void **state) {
-    (void)state;
-    tp_pool *p = mkpool(1, 4, 1);
+    tpt_fixture *f = tpt_fx(state);
+    tp_pool *p = tpt_quiet_pool(f, 1, 4, 1);
     slot_rec r;
     slot_rec_init(&r, p, "u", M_UNTIL_ERR, NULL);
     submit_rec(p, &r, 0, TPT_MS(20));
     assert_slot_free_after(p, &r, TP_ETIMEDOUT);
     resubmit_ok(p, "u");
-    tp_stats s = tpt_pool_finish(p);
+    tp_stats s = tpt_finish(p);
     assert_int_equal(s.cancelled, 1);
     assert_int_equal(s.expired, 0);
 }
@@ -559,7 +528,7 @@ static void test_slot_released_on_run_timeout(void **state) {
 static void test_slot_released_on_expiry(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(1, 4, 1);
+    tp_pool *p = tpt_quiet_pool(f, 1, 4, 1);
     tpt_fill_workers(p, l, 1, NULL);
     slot_rec r;
     slot_rec_init(&r, p, "u", M_OK, NULL);
@@ -568,7 +537,7 @@ static void test_slot_released_on_expiry(void **state) {
     assert_slot_free_after(p, &r, TP_ETIMEDOUT);
     assert_int_equal(atomic_load(&r.ran), 0);
     resubmit_ok(p, "u");
-    tp_stats s = tpt_pool_finish(p);
+    tp_stats s = tpt_finish(p);
     assert_int_equal(s.expired, 1);
     assert_int_equal(s.cancelled, 1);
 }
@@ -576,8 +545,8 @@ static void test_slot_released_on_expiry(void **state) {
 /* Forced shutdown: the running one (cooperative) and the queued one both give
  * their slots back. */
 static void test_slot_released_on_forced_shutdown(void **state) {
-    (void)state;
-    tp_pool *p = mkpool(1, 4, 1);
+    tpt_fixture *f = tpt_fx(state);
+    tp_pool *p = tpt_quiet_pool(f, 1, 4, 1);
     slot_rec run, q;
     slot_rec_init(&run, p, "u", M_SLEEP, NULL);
     slot_rec_init(&q, p, "v", M_OK, NULL);
@@ -594,7 +563,7 @@ static void test_slot_released_on_forced_shutdown(void **state) {
     tpt_assert_at_rest(&s);
     assert_int_equal(s.users, 0);
     assert_int_equal(s.cancelled, 2);
-    tpt_pool_destroy(p);
+    tpt_destroy(p);
 }
 
 /* ------------------------------------------------------------ tp_submit_wait */
@@ -626,7 +595,7 @@ static void test_submit_wait_times_out(void **state) {
     c.queue_capacity = 1;
     c.max_per_user = 2;
     c.submit_timeout_ns = TPT_MS(50);
-    tp_pool *p = tpt_pool_new(&c);
+    tp_pool *p = tpt_fx_pool(f, &c);
     tpt_fill_workers(p, l, 1, NULL);
     assert_int_equal(tp_submit(p, tpt_block_task, l, NULL, NULL), TP_OK);
 
@@ -649,13 +618,11 @@ static void test_submit_wait_times_out(void **state) {
     assert_true(el < TPT_WAIT_NS);
 
     tp_stats s = tpt_stats(p);
-    assert_int_equal(s.rejected_timeout, 2);
-    assert_int_equal(s.rejected_full, 0); /* never reported as full */
-    assert_int_equal(s.accepted, 2);
-    assert_int_equal(s.users, 0);
+    tpt_assert_counts(s, TPT_EQ(rejected_timeout, 2), TPT_EQ(rejected_full, 0), /* never reported as full */
+                      TPT_EQ(accepted, 2), TPT_EQ(users, 0));
 
     tpt_latch_open(l);
-    s = tpt_pool_finish(p);
+    s = tpt_finish(p);
     assert_int_equal(s.rejected_timeout, 2);
     assert_int_equal(atomic_load(&d->calls), 0);
 }
@@ -665,7 +632,7 @@ static void test_submit_wait_times_out(void **state) {
 static void test_submit_wait_gets_space(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(1, 1, TP_UNLIMITED);
+    tp_pool *p = tpt_quiet_pool(f, 1, 1, TP_UNLIMITED);
     tpt_fill_workers(p, l, 1, NULL);
     assert_int_equal(tp_submit(p, tpt_block_task, l, NULL, NULL), TP_OK);
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_EFULL);
@@ -686,7 +653,7 @@ static void test_submit_wait_gets_space(void **state) {
     assert_true(id != 0);
     assert_true(ret >= op->opened_at); /* it could only get in after the release */
 
-    tp_stats s = tpt_pool_finish(p);
+    tp_stats s = tpt_finish(p);
     assert_int_equal(atomic_load(&d->calls), 1);
     assert_int_equal(atomic_load(&d->status), 0);
     assert_int_equal(s.accepted, 3);
@@ -717,7 +684,7 @@ static void *delayed_cancel_main(void *a) {
 static void test_submit_wait_gets_space_from_cancel(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(1, 1, TP_UNLIMITED);
+    tp_pool *p = tpt_quiet_pool(f, 1, 1, TP_UNLIMITED);
     tpt_fill_workers(p, l, 1, NULL);
     tpt_done *q = tpt_fx_new(f, tpt_done);
     tp_task_opts oq = {0};
@@ -743,7 +710,7 @@ static void test_submit_wait_gets_space_from_cancel(void **state) {
     assert_int_equal(atomic_load(&q->status), TP_ECANCELED);
 
     tpt_latch_open(l);
-    tp_stats s = tpt_pool_finish(p);
+    tp_stats s = tpt_finish(p);
     assert_int_equal(s.accepted, 3);
     assert_int_equal(s.cancelled, 1);
 }
@@ -753,7 +720,7 @@ static void test_submit_wait_gets_space_from_cancel(void **state) {
 static void test_submit_wait_gets_user_slot(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(2, 8, 1);
+    tp_pool *p = tpt_quiet_pool(f, 2, 8, 1);
     tpt_fill_workers(p, l, 1, "u");
     tp_task_opts o = {0};
     o.user = "u";
@@ -776,11 +743,9 @@ static void test_submit_wait_gets_user_slot(void **state) {
     assert_int_equal(rc, TP_OK);
     assert_true(ret >= op->opened_at);
 
-    tp_stats s = tpt_pool_finish(p);
+    tp_stats s = tpt_finish(p);
     assert_int_equal(atomic_load(&d->calls), 1);
-    assert_int_equal(s.rejected_user, 1);
-    assert_int_equal(s.rejected_timeout, 0);
-    assert_int_equal(s.accepted, 3);
+    tpt_assert_counts(s, TPT_EQ(rejected_user, 1), TPT_EQ(rejected_timeout, 0), TPT_EQ(accepted, 3));
 }
 
 typedef struct waiter {
@@ -808,7 +773,7 @@ static void *waiter_main(void *a) {
 static void test_submit_wait_woken_by_close(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(1, 1, 1);
+    tp_pool *p = tpt_quiet_pool(f, 1, 1, 1);
     tpt_fill_workers(p, l, 1, "a");
     tp_task_opts ob = {0};
     ob.user = "b";
@@ -835,7 +800,7 @@ static void test_submit_wait_woken_by_close(void **state) {
     assert_int_equal(tp_user_active(p, "a"), 1);
 
     tpt_latch_open(l);
-    tp_stats s = tpt_pool_finish(p);
+    tp_stats s = tpt_finish(p);
     assert_int_equal(s.rejected_closed, 2);
     assert_int_equal(s.accepted, 2);
     for (int i = 0; i < 2; i++) assert_int_equal(atomic_load(&w[i].d.calls), 0);
@@ -845,7 +810,7 @@ static void test_submit_wait_woken_by_close(void **state) {
 static void test_submit_wait_budget_spent(void **state) {
     tpt_fixture *f = tpt_fx(state);
     enum { N = 20 };
-    tp_pool *p = mkpool(1, 100, TP_UNLIMITED);
+    tp_pool *p = tpt_quiet_pool(f, 1, 100, TP_UNLIMITED);
     tpt_done *d = tpt_fx_new(f, tpt_done);
     tp_task_opts o = {0};
     o.on_done = tpt_done_fn;
@@ -858,7 +823,7 @@ static void test_submit_wait_budget_spent(void **state) {
     assert_int_equal(tp_user_active(p, "u"), 0);
     /* with a real budget the same call is accepted */
     assert_int_equal(tp_submit_wait(p, tpt_nop_task, d, &o, TPT_WAIT_NS, NULL), TP_OK);
-    s = tpt_pool_finish(p);
+    s = tpt_finish(p);
     assert_int_equal(atomic_load(&d->calls), 1);
     assert_int_equal(s.rejected_timeout, N);
     assert_int_equal(s.accepted, 1);
@@ -873,7 +838,7 @@ static void test_submit_wait_budget_spent(void **state) {
 static void test_full_refusal_tracks_users_at_limit(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(1, 2, 2);
+    tp_pool *p = tpt_quiet_pool(f, 1, 2, 2);
     tpt_fill_workers(p, l, 1, "x"); /* x holds 1 of 2 */
     tp_task_opts ox = {.user = "x"}, oy = {.user = "y"}, oz = {.user = "z"};
     uint64_t y1 = 0, y2 = 0, plain = 0;
@@ -913,10 +878,8 @@ static void test_full_refusal_tracks_users_at_limit(void **state) {
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, &oy, NULL), TP_EFULL);
     tpt_latch_open(l2);
     s = tpt_finish(p);
-    assert_int_equal(s.rejected_user, 2);
-    assert_int_equal(s.rejected_full, 8);
-    assert_int_equal(s.accepted, 8);
-    assert_int_equal(s.cancelled, 2);
+    tpt_assert_counts(s, TPT_EQ(rejected_user, 2), TPT_EQ(rejected_full, 8), TPT_EQ(accepted, 8),
+                      TPT_EQ(cancelled, 2));
 }
 
 /* ------------------------------------------------------------ the lock-free refusal */
@@ -953,17 +916,17 @@ static void test_empty_stats_never_full(void **state) {
 /* ------------------------------------------------------------ ids */
 
 static void test_ids_unique_nonzero(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     enum { N = 2000 };
     uint64_t *ids = calloc(N, sizeof *ids);
     assert_non_null(ids);
-    tp_pool *p = mkpool(2, 16, TP_UNLIMITED);
+    tp_pool *p = tpt_quiet_pool(f, 2, 16, TP_UNLIMITED);
     for (int i = 0; i < N; i++) {
         assert_int_equal(tp_submit_wait(p, tpt_nop_task, NULL, NULL, TPT_WAIT_NS, &ids[i]), TP_OK);
         if (i % 100 == 0) /* a NULL id_out is fine too */
             assert_int_equal(tp_submit_wait(p, tpt_nop_task, NULL, NULL, TPT_WAIT_NS, NULL), TP_OK);
     }
-    tpt_pool_finish(p);
+    tpt_finish(p);
     assert_ids_unique(ids, N);
     free(ids);
 }

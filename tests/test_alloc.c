@@ -2,9 +2,9 @@
  * test_alloc.c -- no heap allocation per task in steady state (SPEC section 1,
  * header "What the pool promises").
  *
- * Allocations are counted by the interposer of tpt_alloc.h (malloc, calloc,
- * realloc, free and the aligned variants, forwarding to glibc's __libc_*
- * entry points). The pool is warmed up first
+ * Allocations are counted by the interposer of tpt_alloc_count.h (malloc,
+ * calloc, realloc, free and the aligned variants, forwarding to glibc's
+ * __libc_* entry points), through tpt_alloc.h. The pool is warmed up first
  * (users, on_done, explicit / inherited / generated log ids, a retry, the
  * cancel fd); then, armed, 10000 tasks of every kind go through submit -> run
  * -> on_done, and the count must be 0. So must group members (submit into a
@@ -38,13 +38,6 @@ static void count_done(void *arg, int status) {
     (void)arg;
     if (status != 0) atomic_fetch_add_explicit(&done_bad, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&done_calls, 1, memory_order_relaxed);
-}
-
-/* Fails its first attempt: exercises the retry path during warm-up. */
-static int fail_once_task(tp_ctx *c, void *arg) {
-    (void)arg;
-    atomic_fetch_add_explicit(&ran, 1, memory_order_relaxed);
-    return tp_ctx_attempt(c) == 0 ? 1 : 0;
 }
 
 /* Touches the cancel fd and the context getters. */
@@ -97,8 +90,8 @@ static long run_mix(tp_pool *p, int n, long base_completed) {
 }
 
 static void test_alloc_zero_per_task(void **state) {
-    (void)state;
-    if (!counting_or_skip()) return;
+    tpt_fixture *f = tpt_fx(state);
+    if (!tpt_alloc_counting_or_skip()) return;
     tp_config cfg = {0};
     cfg.workers = 2;
     cfg.queue_capacity = 256;
@@ -106,7 +99,7 @@ static void test_alloc_zero_per_task(void **state) {
     cfg.max_retries = 1;
     cfg.retry_delay_ns = TPT_MS(1);
     cfg.log = tpt_quiet_log;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
     TPT_EVENTUALLY(tpt_stats(p).idle == 2);
 
     /* Warm up: every path once and many times, including a retry per round
@@ -120,7 +113,7 @@ static void test_alloc_zero_per_task(void **state) {
         o.on_done = count_done;
         o.user = users[0];
         for (int k = 0; k < 4; k++)
-            assert_int_equal(tp_submit_wait(p, fail_once_task, NULL, &o, TPT_WAIT_NS, NULL), TP_OK);
+            assert_int_equal(tp_submit_wait(p, tpt_fail_once_task, NULL, &o, TPT_WAIT_NS, NULL), TP_OK);
         completed += 4;
         TPT_EVENTUALLY(tpt_stats(p).completed >= (uint64_t)completed);
     }
@@ -130,24 +123,20 @@ static void test_alloc_zero_per_task(void **state) {
     /* Measure: 5000 tasks with generated log ids, then (the thread's log id
      * set outside the measured region) 5000 that inherit it. */
     tp_log_id_set(NULL);
-    atomic_store(&n_alloc, 0);
-    atomic_store(&armed, 1);
+    tpt_alloc_arm();
     long failures = run_mix(p, 5000, completed);
-    atomic_store(&armed, 0);
+    tpt_alloc_disarm();
     completed += 5000;
+    assert_int_equal(failures, 0);
+    tpt_alloc_assert_none("5000 steady-state tasks with generated log ids");
     tp_log_id_set("inherited-id");
-    atomic_store(&armed, 1);
-    failures += run_mix(p, 5000, completed);
-    atomic_store(&armed, 0);
+    tpt_alloc_arm();
+    failures = run_mix(p, 5000, completed);
+    tpt_alloc_disarm();
     completed += 5000;
     tp_log_id_set(NULL);
-    long allocs = atomic_load(&n_alloc);
-
     assert_int_equal(failures, 0);
-    if (allocs != 0)
-        fail_msg("%ld heap allocation(s) during 10000 steady-state tasks; first: kind %d "
-                 "(1 malloc 2 calloc 3 realloc 4 aligned), %zu bytes, called from %p",
-                 allocs, atomic_load(&first_kind), atomic_load(&first_size), atomic_load(&first_caller));
+    tpt_alloc_assert_none("5000 steady-state tasks with an inherited log id");
 
     s = tpt_finish(p);
     assert_int_equal(s.completed, (uint64_t)completed);
@@ -160,36 +149,35 @@ static void test_alloc_zero_per_task(void **state) {
  * steady-state count of 0 means something. */
 static void test_alloc_interposer_counts(void **state) {
     (void)state;
-    if (!counting_or_skip()) return;
+    if (!tpt_alloc_counting_or_skip()) return;
     void *volatile a = NULL, *volatile b = NULL, *volatile c = NULL, *volatile d = NULL;
     void *volatile e = NULL, *volatile g = NULL, *pm = NULL;
 
-    atomic_store(&n_alloc, 0);
-    atomic_store(&armed, 1);
-    a = sym_malloc(24);
-    long after_malloc = atomic_load(&n_alloc);
-    b = sym_calloc(3, 16);
-    long after_calloc = atomic_load(&n_alloc);
-    a = sym_realloc(a, 4096);
-    long after_realloc = atomic_load(&n_alloc);
-    c = sym_aligned_alloc(64, 128);
-    long after_aligned = atomic_load(&n_alloc);
-    int pm_rc = sym_posix_memalign(&pm, 64, 100);
+    tpt_alloc_arm();
+    a = tpt_sym_malloc(24);
+    long after_malloc = tpt_alloc_count();
+    b = tpt_sym_calloc(3, 16);
+    long after_calloc = tpt_alloc_count();
+    a = tpt_sym_realloc(a, 4096);
+    long after_realloc = tpt_alloc_count();
+    c = tpt_sym_aligned_alloc(64, 128);
+    long after_aligned = tpt_alloc_count();
+    int pm_rc = tpt_sym_posix_memalign(&pm, 64, 100);
     d = pm;
-    long after_posix = atomic_load(&n_alloc);
-    e = sym_memalign(32, 48);
-    long after_memalign = atomic_load(&n_alloc);
-    sym_free(b);
+    long after_posix = tpt_alloc_count();
+    e = tpt_sym_memalign(32, 48);
+    long after_memalign = tpt_alloc_count();
+    tpt_sym_free(b);
     b = NULL;
-    long after_free = atomic_load(&n_alloc);
-    atomic_store(&armed, 0);
-    g = sym_malloc(8); /* disarmed: not counted */
-    long disarmed = atomic_load(&n_alloc);
-    sym_free(a);
-    sym_free(c);
-    sym_free(d);
-    sym_free(e);
-    sym_free(g);
+    long after_free = tpt_alloc_count();
+    tpt_alloc_disarm();
+    g = tpt_sym_malloc(8); /* disarmed: not counted */
+    long disarmed = tpt_alloc_count();
+    tpt_sym_free(a);
+    tpt_sym_free(c);
+    tpt_sym_free(d);
+    tpt_sym_free(e);
+    tpt_sym_free(g);
 
     assert_int_equal(pm_rc, 0);
     assert_int_equal(after_malloc, 1);
@@ -201,19 +189,18 @@ static void test_alloc_interposer_counts(void **state) {
     assert_int_equal(after_free, 6);
     assert_int_equal(disarmed, 6);
     /* the first armed allocation is the one recorded */
-    assert_int_equal(atomic_load(&first_kind), 1);
-    assert_int_equal(atomic_load(&first_size), 24);
+    tpt_alloc_first first = tpt_alloc_first_get();
+    assert_int_equal(first.kind, TPT_ALLOC_MALLOC);
+    assert_int_equal(first.size, 24);
 
     /* The static library calls the same malloc: creating a pool allocates. */
     tp_config cfg = {0};
     cfg.workers = 1;
     cfg.log = tpt_quiet_log;
     tp_pool *p = NULL;
-    atomic_store(&n_alloc, 0);
-    atomic_store(&armed, 1);
+    tpt_alloc_arm();
     int rc = tp_create(&p, &cfg);
-    atomic_store(&armed, 0);
-    long by_create = atomic_load(&n_alloc);
+    long by_create = tpt_alloc_disarm();
     assert_int_equal(rc, TP_OK);
     tpt_fx_adopt(tpt_fx(state), p);
     if (by_create < 1)
@@ -245,26 +232,17 @@ static long churn(tp_pool *p, int n) {
 }
 
 static void test_alloc_zero_with_cancels(void **state) {
-    (void)state;
-    if (!counting_or_skip()) return;
-    tp_config cfg = {0};
-    cfg.workers = 2;
-    cfg.queue_capacity = 64;
-    cfg.log = tpt_quiet_log;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tpt_fixture *f = tpt_fx(state);
+    if (!tpt_alloc_counting_or_skip()) return;
+    tp_pool *p = tpt_quiet_pool(f, 2, 64, 0);
     assert_int_equal(churn(p, 4000), 0);
     TPT_EVENTUALLY(tpt_stats(p).completed == 4000);
 
-    atomic_store(&n_alloc, 0);
-    atomic_store(&armed, 1);
+    tpt_alloc_arm();
     long bad = churn(p, 20000);
-    atomic_store(&armed, 0);
+    tpt_alloc_disarm();
     assert_int_equal(bad, 0);
-    long allocs = atomic_load(&n_alloc);
-    if (allocs != 0)
-        fail_msg("%ld heap allocation(s) during 20000 tasks with cancels and expiries; first: "
-                 "kind %d, %zu bytes, called from %p",
-                 allocs, atomic_load(&first_kind), atomic_load(&first_size), atomic_load(&first_caller));
+    tpt_alloc_assert_none("20000 tasks with cancels and expiries");
     tp_stats s = tpt_finish(p);
     assert_int_equal(s.completed, 24000);
     assert_true(s.cancelled > 0 && s.expired > 0);
@@ -299,31 +277,21 @@ static long group_rounds(tp_group *g, tp_group *coe, int rounds) {
 }
 
 static void test_alloc_zero_per_group_member(void **state) {
-    (void)state;
-    if (!counting_or_skip()) return;
-    tp_config cfg = {0};
-    cfg.workers = 2;
-    cfg.queue_capacity = 64;
-    cfg.max_per_user = TP_UNLIMITED;
-    cfg.log = tpt_quiet_log;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tpt_fixture *f = tpt_fx(state);
+    if (!tpt_alloc_counting_or_skip()) return;
+    tp_pool *p = tpt_quiet_pool(f, 2, 64, TP_UNLIMITED);
     tp_group *g, *coe[2];
     assert_int_equal(tp_group_create(p, 0, &g), TP_OK);
     assert_int_equal(tp_group_create(p, TP_GROUP_CANCEL_ON_ERROR, &coe[0]), TP_OK);
     assert_int_equal(tp_group_create(p, TP_GROUP_CANCEL_ON_ERROR, &coe[1]), TP_OK);
     assert_int_equal(group_rounds(g, coe[0], 500), 0); /* warm up */
 
-    atomic_store(&n_alloc, 0);
-    atomic_store(&armed, 1);
+    tpt_alloc_arm();
     long bad = group_rounds(g, coe[1], 2000);
     assert_int_equal(tp_group_cancel(g), TP_OK);
-    atomic_store(&armed, 0);
+    tpt_alloc_disarm();
     assert_int_equal(bad, 0);
-    long allocs = atomic_load(&n_alloc);
-    if (allocs != 0)
-        fail_msg("%ld heap allocation(s) during 16000 group members; first: kind %d, %zu bytes, "
-                 "called from %p",
-                 allocs, atomic_load(&first_kind), atomic_load(&first_size), atomic_load(&first_caller));
+    tpt_alloc_assert_none("16000 group members");
     assert_int_equal(tp_group_destroy(g), TP_OK);
     assert_int_equal(tp_group_destroy(coe[0]), TP_OK);
     assert_int_equal(tp_group_destroy(coe[1]), TP_OK);

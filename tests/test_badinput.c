@@ -289,12 +289,8 @@ static void fill_strings(void) {
     HUGE[sizeof HUGE - 1] = '\0';
 }
 
-static tp_pool *settled_pool(void) {
-    tp_config cfg = {0};
-    cfg.workers = 1;
-    cfg.queue_capacity = 4;
-    cfg.log = tpt_quiet_log;
-    tp_pool *p = tpt_pool_new(&cfg);
+static tp_pool *settled_pool(tpt_fixture *f) {
+    tp_pool *p = tpt_quiet_pool(f, 1, 4, 0);
     tp_stats s;
     TPT_EVENTUALLY((s = tpt_stats(p)).workers == 1 && s.idle == 1);
     return p;
@@ -327,7 +323,7 @@ static void test_bad_calls_table(void **state) {
     tpt_fixture *f = tpt_fx(state);
     fill_strings();
     assert_null(tp_default());
-    P = settled_pool();
+    P = settled_pool(f);
     tp_stats_get(P, &S);
     atomic_store(&sideeffects, 0);
 
@@ -347,7 +343,7 @@ static void test_bad_calls_table(void **state) {
     o.on_done = tpt_done_fn;
     assert_int_equal(tp_submit(P, tpt_nop_task, d, &o, NULL), TP_OK);
     TPT_EVENTUALLY(atomic_load(&d->calls) == 1);
-    tp_stats s = tpt_pool_finish(P);
+    tp_stats s = tpt_finish(P);
     assert_int_equal(s.submitted, 1);
     assert_int_equal(s.succeeded, 1);
     P = NULL;
@@ -472,7 +468,7 @@ static void test_own_thread_calls_deadlk(void **state) {
     cfg.idle_timeout_ns = TP_FOREVER;
     cfg.on_worker_start = own_hook;
     cfg.hook_arg = &O;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
     O.p = p;
     atomic_store(&hook_pool, p);
     TPT_EVENTUALLY(tpt_stats(p).idle == 1);
@@ -494,10 +490,8 @@ static void test_own_thread_calls_deadlk(void **state) {
     assert_int_equal(atomic_load(&O.done_destroy_rc), TP_EDEADLK);
     tp_stats after = tpt_stats(p);
     /* only the task's own counters moved: nothing was closed or cancelled */
-    assert_int_equal(after.submitted, before.submitted + 1);
-    assert_int_equal(after.succeeded, before.succeeded + 1);
-    assert_int_equal(after.cancelled, 0);
-    assert_int_equal(after.rejected, 0);
+    tpt_assert_counts(after, TPT_EQ(submitted, before.submitted + 1), TPT_EQ(succeeded, before.succeeded + 1),
+                      TPT_EQ(cancelled, 0), TPT_EQ(rejected, 0));
 
     /* From a worker start hook: make the pool grow by one worker. */
     tpt_latch *gate = tpt_fx_latch(f);
@@ -511,7 +505,7 @@ static void test_own_thread_calls_deadlk(void **state) {
     assert_int_equal(tp_submit(p, tpt_nop_task, d, &od, NULL), TP_OK);
     tpt_latch_open(gate);
     TPT_EVENTUALLY(atomic_load(&d->calls) == 1);
-    tp_stats s = tpt_pool_finish(p);
+    tp_stats s = tpt_finish(p);
     assert_int_equal(s.succeeded, 4);
     assert_int_equal(s.failed, 0);
 }

@@ -18,15 +18,6 @@
 
 /* ------------------------------------------------------------ helpers */
 
-static tp_pool *mkpool(unsigned workers, unsigned cap, unsigned per_user) {
-    tp_config c = {0};
-    c.log = tpt_quiet_log;
-    c.workers = workers;
-    c.queue_capacity = cap;
-    c.max_per_user = per_user;
-    return tpt_pool_new(&c);
-}
-
 /* n tasks of tpt_nop_task whose on_done records into done[i]. */
 static void fill_nop(tp_task *t, tp_task_opts *o, tpt_done *done, size_t n) {
     for (size_t i = 0; i < n; i++) {
@@ -64,8 +55,8 @@ static void assert_done_prefix(tpt_done *done, size_t k, size_t n) {
 /* ------------------------------------------------------------ arguments */
 
 static void test_bad_batch_arguments(void **state) {
-    (void)tpt_fx(state);
-    tp_pool *p = mkpool(1, 8, TP_UNLIMITED);
+    tpt_fixture *f = tpt_fx(state);
+    tp_pool *p = tpt_quiet_pool(f, 1, 8, TP_UNLIMITED);
     tp_task t = {.fn = tpt_nop_task};
     uint64_t id = SENTINEL;
     size_t k = 77;
@@ -104,7 +95,7 @@ static void test_einval_first_and_middle(void **state) {
     static const size_t where[] = {0, 3, 40};
     static char long_user[TP_USER_MAX + 2];
     memset(long_user, 'u', sizeof long_user - 1);
-    tp_pool *p = mkpool(2, 256, TP_UNLIMITED);
+    tp_pool *p = tpt_quiet_pool(f, 2, 256, TP_UNLIMITED);
     uint64_t accepted = 0;
     for (size_t w = 0; w < sizeof where / sizeof where[0]; w++) {
         for (int kind = 0; kind < 5; kind++) {
@@ -192,7 +183,7 @@ static void test_efull_first_and_middle(void **state) {
     for (unsigned room = 0; room <= 3; room++) { /* 8 latches, TPT_FX_LATCHES */
         for (int with_user = 0; with_user < 2; with_user++) {
             tpt_latch *l = tpt_fx_latch(f);
-            tp_pool *p = mkpool(W, CAP, with_user ? 100 : TP_UNLIMITED);
+            tp_pool *p = tpt_quiet_pool(f, W, CAP, with_user ? 100 : TP_UNLIMITED);
             tpt_fill_workers(p, l, W, NULL);
             for (unsigned i = 0; i < CAP - room; i++)
                 assert_int_equal(tp_submit(p, tpt_block_task, l, NULL, NULL), TP_OK);
@@ -233,7 +224,7 @@ static void test_euserlimit_first_and_middle(void **state) {
     tpt_fixture *f = tpt_fx(state);
     enum { LIMIT = 3, N = 6 };
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(LIMIT, 64, LIMIT);
+    tp_pool *p = tpt_quiet_pool(f, LIMIT, 64, LIMIT);
     tpt_fill_workers(p, l, LIMIT, "full");
 
     /* at position 0 */
@@ -271,10 +262,8 @@ static void test_euserlimit_first_and_middle(void **state) {
     assert_int_equal(tp_user_active(p, "b"), 1);
     assert_int_equal(tp_user_active(p, "c"), 0);
     s = tpt_stats(p);
-    assert_int_equal(s.rejected_user, 2);
-    assert_int_equal(s.submitted, LIMIT + 1 + 5);
-    assert_int_equal(s.accepted, LIMIT + 4);
-    assert_int_equal(s.queued, 4);
+    tpt_assert_counts(s, TPT_EQ(rejected_user, 2), TPT_EQ(submitted, LIMIT + 1 + 5),
+                      TPT_EQ(accepted, LIMIT + 4), TPT_EQ(queued, 4));
 
     tpt_latch_open(l);
     s = tpt_finish(p);
@@ -289,7 +278,7 @@ static void test_euserlimit_first_and_middle(void **state) {
 static void test_eclosed_first(void **state) {
     tpt_fixture *f = tpt_fx(state);
     enum { N = 5 };
-    tp_pool *p = mkpool(1, 16, TP_UNLIMITED);
+    tp_pool *p = tpt_quiet_pool(f, 1, 16, TP_UNLIMITED);
     assert_int_equal(tp_close(p), TP_OK);
     tp_task t[N];
     tp_task_opts o[N];
@@ -302,9 +291,7 @@ static void test_eclosed_first(void **state) {
     assert_int_equal(k, 0);
     assert_ids(ids, 0, N);
     tp_stats s = tpt_finish(p);
-    assert_int_equal(s.submitted, 1);
-    assert_int_equal(s.rejected_closed, 1);
-    assert_int_equal(s.accepted, 0);
+    tpt_assert_counts(s, TPT_EQ(submitted, 1), TPT_EQ(rejected_closed, 1), TPT_EQ(accepted, 0));
     assert_done_prefix(done, 0, N);
 }
 
@@ -314,7 +301,7 @@ static void test_closed_and_full_is_eclosed(void **state) {
     tpt_fixture *f = tpt_fx(state);
     enum { W = 1, CAP = 2 };
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(W, CAP, TP_UNLIMITED);
+    tp_pool *p = tpt_quiet_pool(f, W, CAP, TP_UNLIMITED);
     tpt_fill_workers(p, l, W, NULL);
     for (int i = 0; i < CAP; i++) assert_int_equal(tp_submit(p, tpt_block_task, l, NULL, NULL), TP_OK);
     tp_task t = {.fn = tpt_nop_task};
@@ -327,9 +314,8 @@ static void test_closed_and_full_is_eclosed(void **state) {
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_ECLOSED);
     tpt_latch_open(l);
     tp_stats s = tpt_finish(p);
-    assert_int_equal(s.rejected_full, 2);
-    assert_int_equal(s.rejected_closed, 2);
-    assert_int_equal(s.submitted, W + CAP + 4);
+    tpt_assert_counts(s, TPT_EQ(rejected_full, 2), TPT_EQ(rejected_closed, 2),
+                      TPT_EQ(submitted, W + CAP + 4));
 }
 
 /* ------------------------------------------------------------ order */
@@ -386,7 +372,7 @@ static void test_fifo_adjacent_against_single_submitter(void **state) {
     tpt_fixture *f = tpt_fx(state);
     atomic_store(&g_order.n, 0);
     memset(g_call_start, 0, sizeof g_call_start);
-    tp_pool *p = mkpool(1, 64, TP_UNLIMITED);
+    tp_pool *p = tpt_quiet_pool(f, 1, 64, TP_UNLIMITED);
     single_arg *x = tpt_fx_new(f, single_arg);
     x->p = p;
     tpt_fx_thr *th = tpt_fx_thread(f, single_submitter, x);
@@ -445,7 +431,7 @@ static void test_fifo_adjacent_uncut(void **state) {
     enum { B = 16, BATCHES = 100 };
     atomic_store(&g_order.n, 0);
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(1, 8192, TP_UNLIMITED);
+    tp_pool *p = tpt_quiet_pool(f, 1, 8192, TP_UNLIMITED);
     tpt_fill_workers(p, l, 1, NULL);
     single_arg *x = tpt_fx_new(f, single_arg);
     x->p = p;
@@ -511,7 +497,7 @@ static void test_close_never_splits_a_batch(void **state) {
     enum { B = 12 };
     int raced = 0;                             /* rounds where batches went in before the close */
     for (int round = 0; round < 12; round++) { /* one thread each: TPT_FX_THREADS */
-        tp_pool *p = mkpool(2, 1 << 16, TP_UNLIMITED);
+        tp_pool *p = tpt_quiet_pool(f, 2, 1 << 16, TP_UNLIMITED);
         closer_arg *x = tpt_fx_new(f, closer_arg);
         x->p = p;
         tpt_fx_thr *th = tpt_fx_thread(f, closer, x);
@@ -539,10 +525,8 @@ static void test_close_never_splits_a_batch(void **state) {
         }
         tpt_fx_join(th);
         tp_stats s = tpt_finish(p);
-        assert_int_equal(s.accepted, accepted);
-        assert_int_equal(s.rejected_closed, 1);
-        assert_int_equal(s.rejected_full, full);
-        assert_int_equal(s.submitted, accepted + 1 + full);
+        tpt_assert_counts(s, TPT_EQ(accepted, accepted), TPT_EQ(rejected_closed, 1),
+                          TPT_EQ(rejected_full, full), TPT_EQ(submitted, accepted + 1 + full));
         raced += accepted > 0;
     }
     assert_true(raced > 0); /* else no batch ever met the close */
@@ -576,7 +560,7 @@ static int opts_task(tp_ctx *c, void *arg) {
 static void test_ids_and_options(void **state) {
     tpt_fixture *f = tpt_fx(state);
     enum { N = 40 }; /* more than the stack-checked prefix */
-    tp_pool *p = mkpool(2, 256, TP_UNLIMITED);
+    tp_pool *p = tpt_quiet_pool(f, 2, 256, TP_UNLIMITED);
     tp_task t[N];
     uint64_t ids[N];
     for (uintptr_t i = 0; i < N; i++) {
@@ -635,7 +619,7 @@ static void test_batch_tasks_cancel_and_force(void **state) {
     tpt_fixture *f = tpt_fx(state);
     enum { N = 10 };
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(1, 32, TP_UNLIMITED);
+    tp_pool *p = tpt_quiet_pool(f, 1, 32, TP_UNLIMITED);
     tpt_fill_workers(p, l, 1, NULL);
     tp_task t[N];
     tp_task_opts o[N];
@@ -732,7 +716,7 @@ static void test_batch_grows_elastic_pool(void **state) {
     cfg.workers = 1;
     cfg.max_workers = 4;
     cfg.queue_capacity = 16;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
     TPT_EVENTUALLY(service_waiting(p)); /* asleep: only a wake-up brings it to the backlog */
     tp_task t[4];
     for (int i = 0; i < 4; i++) t[i] = (tp_task){.fn = tpt_block_task, .arg = l};
@@ -746,24 +730,20 @@ static void test_batch_grows_elastic_pool(void **state) {
 }
 
 static void test_batch_zero_allocations(void **state) {
-    (void)tpt_fx(state);
-    if (!counting_or_skip()) return;
-    tp_pool *p = mkpool(2, 256, TP_UNLIMITED);
+    tpt_fixture *f = tpt_fx(state);
+    if (!tpt_alloc_counting_or_skip()) return;
+    tp_pool *p = tpt_quiet_pool(f, 2, 256, TP_UNLIMITED);
     long completed = 0;
     for (int round = 0; round < 4; round++) {
         assert_int_equal(run_batches(p, 2000, completed), 0);
         completed += 2000;
     }
-    atomic_store(&n_alloc, 0);
-    atomic_store(&armed, 1);
+    tpt_alloc_arm();
     long bad = run_batches(p, 10000, completed);
-    atomic_store(&armed, 0);
+    tpt_alloc_disarm();
     completed += 10000;
-    long allocs = atomic_load(&n_alloc);
     assert_int_equal(bad, 0);
-    if (allocs != 0)
-        fail_msg("%ld heap allocation(s) during 10000 batched tasks; first: kind %d, %zu bytes, from %p",
-                 allocs, atomic_load(&first_kind), atomic_load(&first_size), atomic_load(&first_caller));
+    tpt_alloc_assert_none("10000 batched tasks");
     tp_stats s = tpt_finish(p);
     assert_int_equal(s.completed, (uint64_t)completed);
     assert_int_equal(atomic_load(&g_ran), completed);

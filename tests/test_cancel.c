@@ -21,15 +21,6 @@
 
 /* ------------------------------------------------------------ helpers */
 
-static tp_pool *mkpool(unsigned workers, unsigned cap) {
-    tp_config c = {0};
-    c.log = tpt_quiet_log; /* cancelled and failed attempts are expected here */
-    c.workers = workers;
-    c.queue_capacity = cap;
-    c.max_per_user = TP_UNLIMITED;
-    return tpt_pool_new(&c);
-}
-
 enum { M_NOP, M_SLEEP, M_UNTIL_ERR_RET0, M_UNTIL_ERR_RET5, M_POLL_FD, M_FAIL, M_RET_ERR };
 
 typedef struct rec {
@@ -124,7 +115,7 @@ static uint64_t submit_rec(tp_pool *p, rec *r) {
 static void test_cancel_storm_no_spurious_full(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(1, 1);
+    tp_pool *p = tpt_quiet_pool(f, 1, 1, TP_UNLIMITED);
     tpt_fill_workers(p, l, 1, NULL);
     enum { N = 20000 };
     tpt_done *d = tpt_fx_new(f, tpt_done);
@@ -143,7 +134,7 @@ static void test_cancel_storm_no_spurious_full(void **state) {
     TPT_EVENTUALLY(atomic_load(&d->calls) == N);
     assert_int_equal(atomic_load(&d->status), TP_ECANCELED);
     tpt_latch_open(l);
-    tp_stats s = tpt_pool_finish(p);
+    tp_stats s = tpt_finish(p);
     assert_int_equal(s.cancelled, N);
     assert_int_equal(s.rejected, 0);
     assert_int_equal(atomic_load(&d->calls), N);
@@ -154,7 +145,7 @@ static void test_cancel_storm_no_spurious_full(void **state) {
 static void test_cancel_queued(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(1, 1);
+    tp_pool *p = tpt_quiet_pool(f, 1, 1, TP_UNLIMITED);
     tpt_fill_workers(p, l, 1, NULL);
     rec *r = tpt_fx_new(f, rec);
     rec_init(r, M_NOP);
@@ -175,20 +166,16 @@ static void test_cancel_queued(void **state) {
     submit_rec(p, r2);
 
     tp_stats s = tpt_stats(p);
-    assert_int_equal(s.cancelled, 1);
-    assert_int_equal(s.failed, 1);
-    assert_int_equal(s.completed, 1);
-    assert_int_equal(s.started, 1); /* the blocker only */
+    tpt_assert_counts(s, TPT_EQ(cancelled, 1), TPT_EQ(failed, 1), TPT_EQ(completed, 1),
+                      TPT_EQ(started, 1)); /* the blocker only */
 
     tpt_latch_open(l);
-    s = tpt_pool_finish(p);
+    s = tpt_finish(p);
     assert_int_equal(atomic_load(&r->ran), 0);
     assert_int_equal(atomic_load(&r->calls), 1);
     assert_int_equal(atomic_load(&r2->calls), 1);
     assert_int_equal(atomic_load(&r2->status), 0);
-    assert_int_equal(s.started, 2);
-    assert_int_equal(s.cancelled, 1);
-    assert_int_equal(s.expired, 0);
+    tpt_assert_counts(s, TPT_EQ(started, 2), TPT_EQ(cancelled, 1), TPT_EQ(expired, 0));
     assert_int_equal(atomic_load(&l->timeouts), 0);
 }
 
@@ -198,7 +185,7 @@ static void test_cancel_queued_on_done_prompt_when_busy(void **state) {
     tpt_fixture *f = tpt_fx(state);
     enum { W = 2, Q = 6 };
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(W, Q);
+    tp_pool *p = tpt_quiet_pool(f, W, Q, TP_UNLIMITED);
     tpt_fill_workers(p, l, W, NULL);
     rec *r = tpt_fx_array(f, rec, Q);
     uint64_t ids[Q];
@@ -219,7 +206,7 @@ static void test_cancel_queued_on_done_prompt_when_busy(void **state) {
         assert_int_equal(atomic_load(&r[i].on_caller), 0);
     }
     tpt_latch_open(l);
-    tp_stats s = tpt_pool_finish(p);
+    tp_stats s = tpt_finish(p);
     for (int i = 0; i < Q; i++) assert_int_equal(atomic_load(&r[i].ran), 0);
     assert_int_equal(s.cancelled, Q);
     assert_int_equal(s.succeeded, W);
@@ -236,7 +223,7 @@ static void test_cancel_waiting_for_retry(void **state) {
     c.max_retries = 3;
     c.retry_delay_ns = TPT_S(60); /* never within the test */
     c.log = tpt_quiet_log;
-    tp_pool *p = tpt_pool_new(&c);
+    tp_pool *p = tpt_fx_pool(f, &c);
     rec *r = tpt_fx_new(f, rec);
     rec_init(r, M_FAIL);
     tp_task_opts o = {0};
@@ -258,19 +245,16 @@ static void test_cancel_waiting_for_retry(void **state) {
     assert_int_equal(tp_cancel(p, id), TP_ENOTFOUND);
     TPT_EVENTUALLY(tpt_stats(p).delayed == 0);
 
-    tp_stats s = tpt_pool_finish(p);
+    tp_stats s = tpt_finish(p);
     assert_int_equal(atomic_load(&r->ran), 1);
-    assert_int_equal(s.retried, 0);
-    assert_int_equal(s.cancelled, 1);
-    assert_int_equal(s.failed, 1);
-    assert_int_equal(s.started, 1);
+    tpt_assert_counts(s, TPT_EQ(retried, 0), TPT_EQ(cancelled, 1), TPT_EQ(failed, 1), TPT_EQ(started, 1));
 }
 
 /* ------------------------------------------------------------ running */
 
 static void test_cancel_running_sleep(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(1, 4);
+    tp_pool *p = tpt_quiet_pool(f, 1, 4, TP_UNLIMITED);
     rec *r = tpt_fx_new(f, rec);
     rec_init(r, M_SLEEP);
     uint64_t id = submit_rec(p, r);
@@ -282,16 +266,13 @@ static void test_cancel_running_sleep(void **state) {
     assert_int_equal(atomic_load(&r->status), TP_ECANCELED);  /* its return value */
     assert_true(atomic_load(&r->sleep_ns) < TPT_WAIT_NS / 2); /* returned early */
     assert_int_equal(atomic_load(&r->on_caller), 0);
-    tp_stats s = tpt_pool_finish(p);
-    assert_int_equal(s.failed, 1);
-    assert_int_equal(s.cancelled, 1);
-    assert_int_equal(s.expired, 0);
-    assert_int_equal(s.succeeded, 0);
+    tp_stats s = tpt_finish(p);
+    tpt_assert_counts(s, TPT_EQ(failed, 1), TPT_EQ(cancelled, 1), TPT_EQ(expired, 0), TPT_EQ(succeeded, 0));
 }
 
 static void test_cancel_running_fd_readable(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(1, 4);
+    tp_pool *p = tpt_quiet_pool(f, 1, 4, TP_UNLIMITED);
     rec *r = tpt_fx_new(f, rec);
     rec_init(r, M_POLL_FD);
     uint64_t id = submit_rec(p, r);
@@ -302,13 +283,13 @@ static void test_cancel_running_fd_readable(void **state) {
     assert_true(atomic_load(&r->revents) & POLLIN);
     assert_int_equal(atomic_load(&r->err_after), TP_ECANCELED);
     assert_int_equal(atomic_load(&r->status), TP_ECANCELED);
-    tpt_pool_finish(p);
+    tpt_finish(p);
 }
 
 /* A cancelled task that still returns 0 counts as succeeded. */
 static void test_cancel_running_return_zero(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(1, 4);
+    tp_pool *p = tpt_quiet_pool(f, 1, 4, TP_UNLIMITED);
     rec *r = tpt_fx_new(f, rec);
     rec_init(r, M_UNTIL_ERR_RET0);
     uint64_t id = submit_rec(p, r);
@@ -317,10 +298,8 @@ static void test_cancel_running_return_zero(void **state) {
     TPT_EVENTUALLY(atomic_load(&r->calls) == 1);
     assert_int_equal(atomic_load(&r->err_after), TP_ECANCELED);
     assert_int_equal(atomic_load(&r->status), 0);
-    tp_stats s = tpt_pool_finish(p);
-    assert_int_equal(s.succeeded, 1);
-    assert_int_equal(s.failed, 0);
-    assert_int_equal(s.cancelled, 0);
+    tp_stats s = tpt_finish(p);
+    tpt_assert_counts(s, TPT_EQ(succeeded, 1), TPT_EQ(failed, 0), TPT_EQ(cancelled, 0));
 }
 
 /* A cancelled running task that fails is not retried; its status is its own
@@ -333,7 +312,7 @@ static void test_cancel_running_not_retried(void **state) {
     c.max_retries = 3;
     c.retry_delay_ns = TPT_MS(1);
     c.log = tpt_quiet_log;
-    tp_pool *p = tpt_pool_new(&c);
+    tp_pool *p = tpt_fx_pool(f, &c);
     rec *r = tpt_fx_new(f, rec);
     rec_init(r, M_UNTIL_ERR_RET5);
     uint64_t id = submit_rec(p, r);
@@ -341,18 +320,16 @@ static void test_cancel_running_not_retried(void **state) {
     assert_int_equal(tp_cancel(p, id), TP_OK);
     TPT_EVENTUALLY(atomic_load(&r->calls) == 1);
     assert_int_equal(atomic_load(&r->status), 5);
-    tp_stats s = tpt_pool_finish(p);
+    tp_stats s = tpt_finish(p);
     assert_int_equal(atomic_load(&r->ran), 1);
-    assert_int_equal(s.retried, 0);
-    assert_int_equal(s.failed, 1);
-    assert_int_equal(s.cancelled, 0);
+    tpt_assert_counts(s, TPT_EQ(retried, 0), TPT_EQ(failed, 1), TPT_EQ(cancelled, 0));
 }
 
 /* ------------------------------------------------------------ bad ids */
 
 static void test_cancel_bad_ids(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(1, 4);
+    tp_pool *p = tpt_quiet_pool(f, 1, 4, TP_UNLIMITED);
     assert_int_equal(tp_cancel(p, 0), TP_EINVAL);
     assert_int_equal(tp_cancel(NULL, 1), TP_EINVAL);
     assert_int_equal(tp_cancel(NULL, 0), TP_EINVAL);
@@ -365,7 +342,7 @@ static void test_cancel_bad_ids(void **state) {
     TPT_EVENTUALLY(atomic_load(&r->calls) == 1); /* ended: on_done ran */
     assert_int_equal(tp_cancel(p, id), TP_ENOTFOUND);
     assert_int_equal(tp_cancel(p, id + 1000000), TP_ENOTFOUND);
-    tp_stats s = tpt_pool_finish(p);
+    tp_stats s = tpt_finish(p);
     assert_int_equal(s.cancelled, 0);
     assert_int_equal(s.succeeded, 1);
     assert_int_equal(atomic_load(&r->status), 0);
@@ -375,7 +352,7 @@ static void test_cancel_bad_ids(void **state) {
 static void test_cancel_after_close(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(1, 4);
+    tp_pool *p = tpt_quiet_pool(f, 1, 4, TP_UNLIMITED);
     tpt_fill_workers(p, l, 1, NULL);
     rec *r = tpt_fx_new(f, rec);
     rec_init(r, M_NOP);
@@ -388,7 +365,7 @@ static void test_cancel_after_close(void **state) {
     tpt_latch_open(l);
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK);
     assert_int_equal(tp_cancel(p, id), TP_ENOTFOUND);
-    tp_stats s = tpt_pool_finish(p);
+    tp_stats s = tpt_finish(p);
     assert_int_equal(atomic_load(&r->ran), 0);
     assert_int_equal(s.cancelled, 1);
 }
@@ -398,13 +375,13 @@ static void test_cancel_after_close(void **state) {
 /* Submit, then cancel at once, many times: the cancel meets the task queued,
  * running or finished. Exactly one outcome, one on_done, consistent counters. */
 static void test_cancel_vs_completion_race(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     enum { N = RACE_ITERS };
     rec *r = calloc(N, sizeof *r);
     int *crc = calloc(N, sizeof *crc);
     assert_non_null(r);
     assert_non_null(crc);
-    tp_pool *p = mkpool(2, N);
+    tp_pool *p = tpt_quiet_pool(f, 2, N, TP_UNLIMITED);
     for (int i = 0; i < N; i++) {
         rec_init(&r[i], M_RET_ERR);
         uint64_t id = submit_rec(p, &r[i]);
@@ -416,7 +393,7 @@ static void test_cancel_vs_completion_race(void **state) {
         crc[i] = tp_cancel(p, id);
         if (crc[i] != TP_OK && crc[i] != TP_ENOTFOUND) break;
     }
-    tp_stats s = tpt_pool_finish(p);
+    tp_stats s = tpt_finish(p);
     uint64_t n_ok = 0, n_cancelled = 0, n_ran = 0, n_cancel_ok = 0;
     for (int i = 0; i < N; i++) {
         if (crc[i] != TP_OK && crc[i] != TP_ENOTFOUND)
@@ -435,13 +412,9 @@ static void test_cancel_vs_completion_race(void **state) {
         n_ran += (uint64_t)ran;
         n_cancel_ok += (crc[i] == TP_OK);
     }
-    assert_int_equal(s.accepted, N);
-    assert_int_equal(s.completed, N);
-    assert_int_equal(s.succeeded, n_ok);
-    assert_int_equal(s.cancelled, n_cancelled);
-    assert_int_equal(s.failed, n_cancelled);
-    assert_int_equal(s.started, n_ran);
-    assert_int_equal(s.retried, 0);
+    tpt_assert_counts(s, TPT_EQ(accepted, N), TPT_EQ(completed, N), TPT_EQ(succeeded, n_ok),
+                      TPT_EQ(cancelled, n_cancelled), TPT_EQ(failed, n_cancelled), TPT_EQ(started, n_ran),
+                      TPT_EQ(retried, 0));
     print_message("race: %d tasks, %llu cancels accepted, %llu ended cancelled, %llu ran\n", N,
                   (unsigned long long)n_cancel_ok, (unsigned long long)n_cancelled,
                   (unsigned long long)n_ran);
@@ -487,7 +460,7 @@ static void test_cancel_race_other_thread(void **state) {
     assert_non_null(r);
     assert_non_null(ids);
     atomic_int *published = tpt_fx_new(f, atomic_int);
-    tp_pool *p = mkpool(2, N);
+    tp_pool *p = tpt_quiet_pool(f, 2, N, TP_UNLIMITED);
     canceller *c = tpt_fx_new(f, canceller);
     *c = (canceller){p, ids, N, published, 0, 0};
     tpt_fx_thr *th = tpt_fx_thread(f, canceller_main, c);
@@ -498,7 +471,7 @@ static void test_cancel_race_other_thread(void **state) {
         atomic_store(published, i + 1);
     }
     tpt_fx_join(th);
-    tp_stats s = tpt_pool_finish(p);
+    tp_stats s = tpt_finish(p);
     assert_int_equal(c->bad, 0);
     uint64_t n_ok = 0, n_cancelled = 0;
     for (int i = 0; i < N; i++) {
@@ -509,9 +482,7 @@ static void test_cancel_race_other_thread(void **state) {
         n_ok += (st == 0);
         n_cancelled += (st == TP_ECANCELED);
     }
-    assert_int_equal(s.succeeded, n_ok);
-    assert_int_equal(s.cancelled, n_cancelled);
-    assert_int_equal(s.completed, N);
+    tpt_assert_counts(s, TPT_EQ(succeeded, n_ok), TPT_EQ(cancelled, n_cancelled), TPT_EQ(completed, N));
     free(r);
     free(ids);
 }

@@ -78,7 +78,7 @@ static void test_create_bad_configs(void **state) {
 }
 
 static void test_create_boundaries_ok(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_config c = {0};
     c.workers = 1;
     c.max_workers = 1;
@@ -91,7 +91,7 @@ static void test_create_boundaries_ok(void **state) {
     c.idle_timeout_ns = TP_FOREVER;
     c.retry_delay_ns = TP_FOREVER;
     c.queue_capacity = 1;
-    tp_pool *p = tpt_pool_new(&c);
+    tp_pool *p = tpt_fx_pool(f, &c);
     assert_non_null(p);
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_OK);
     tpt_finish(p);
@@ -99,7 +99,7 @@ static void test_create_boundaries_ok(void **state) {
     /* Default workers with max_workers exactly 4 x CPUs: a fixed pool. */
     memset(&c, 0, sizeof c);
     c.max_workers = 4 * ncpu();
-    p = tpt_pool_new(&c);
+    p = tpt_fx_pool(f, &c);
     TPT_EVENTUALLY(tpt_stats(p).workers == 4 * ncpu());
     tpt_finish(p);
 }
@@ -123,7 +123,7 @@ static void test_submit_bad_args(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tp_config cfg = {0};
     cfg.workers = 1;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
     TPT_EVENTUALLY(tpt_stats(p).idle == 1);
     tp_stats before = tpt_stats(p);
 
@@ -176,7 +176,7 @@ static void test_submit_user_max_len_ok(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tp_config cfg = {0};
     cfg.workers = 1;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
     char user[TP_USER_MAX + 1];
     memset(user, 'm', TP_USER_MAX);
     user[TP_USER_MAX] = '\0';
@@ -192,7 +192,7 @@ static void test_submit_user_max_len_ok(void **state) {
 /* ------------------------------------------------------------ NULL pool etc. */
 
 static void test_null_pool_everywhere(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     assert_int_equal(tp_close(NULL), TP_EINVAL);
     assert_int_equal(tp_shutdown(NULL, 0), TP_EINVAL);
     assert_int_equal(tp_shutdown(NULL, TPT_MS(1)), TP_EINVAL);
@@ -215,7 +215,7 @@ static void test_null_pool_everywhere(void **state) {
 
     tp_config cfg = {0};
     cfg.workers = 1;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
     TPT_EVENTUALLY(tpt_stats(p).idle == 1);
     tp_stats before = tpt_stats(p);
     tp_stats_get(p, NULL);
@@ -238,7 +238,7 @@ static void test_create_defaults(void **state) {
     for (int variant = 0; variant < 2; variant++) {
         tp_pool *p = NULL;
         tp_config zero = {0};
-        p = tpt_pool_new(variant ? &zero : NULL);
+        p = tpt_fx_pool(f, variant ? &zero : NULL);
         assert_non_null(p);
         tp_stats s;
         TPT_EVENTUALLY((s = tpt_stats(p)).workers == W && s.idle == W);
@@ -267,10 +267,8 @@ static void test_create_defaults(void **state) {
         assert_true(el < TPT_S(10));
         tpt_latch_open(gate);
         s = tpt_finish(p);
-        assert_int_equal(s.accepted, W + 100);
-        assert_int_equal(s.rejected_user, 1);
-        assert_int_equal(s.rejected_full, 1);
-        assert_int_equal(s.rejected_timeout, 1);
+        tpt_assert_counts(s, TPT_EQ(accepted, W + 100), TPT_EQ(rejected_user, 1), TPT_EQ(rejected_full, 1),
+                          TPT_EQ(rejected_timeout, 1));
         assert_int_equal(atomic_load(&gate->timeouts), 0);
     }
 }
@@ -358,7 +356,7 @@ static void test_worker_hooks_once_per_thread(void **state) {
     cfg.on_worker_start = on_start;
     cfg.on_worker_stop = on_stop;
     cfg.hook_arg = &H;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
 
     /* Occupy all three workers at once: each task is on a distinct worker. */
     tpt_latch *gate = tpt_fx_latch(f);
@@ -417,7 +415,7 @@ static void test_elastic_grow_and_shrink(void **state) {
     cfg.on_worker_start = on_start;
     cfg.on_worker_stop = on_stop;
     cfg.hook_arg = &H;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
     tp_stats s;
     TPT_EVENTUALLY((s = observe(p)).workers == 1 && s.idle == 1);
 
@@ -467,7 +465,7 @@ static void test_elastic_idle_forever_keeps_workers(void **state) {
     cfg.workers = 1;
     cfg.max_workers = 2;
     cfg.idle_timeout_ns = TP_FOREVER;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
     tpt_latch *gate = tpt_fx_latch(f);
     for (int i = 0; i < 3; i++) assert_int_equal(tp_submit(p, tpt_block_task, gate, NULL, NULL), TP_OK);
     tp_stats s;
@@ -485,8 +483,7 @@ static void test_elastic_idle_forever_keeps_workers(void **state) {
 
 /* ------------------------------------------------------------ thread names */
 
-static void check_thread_name(const char *name, const char *expect_prefix) {
-    tpt_fixture *f = tpt_fx_current();
+static void check_thread_name(tpt_fixture *f, const char *name, const char *expect_prefix) {
     char buf[TP_NAME_MAX + 1];
     tp_config cfg = {0};
     cfg.workers = 2;
@@ -494,7 +491,7 @@ static void check_thread_name(const char *name, const char *expect_prefix) {
         snprintf(buf, sizeof buf, "%s", name);
         cfg.name = buf;
     }
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
     memset(buf, 'X', sizeof buf - 1); /* the name was copied */
     buf[sizeof buf - 1] = '\0';
     hook_task *t = tpt_fx_new(f, hook_task);
@@ -506,11 +503,11 @@ static void check_thread_name(const char *name, const char *expect_prefix) {
 }
 
 static void test_thread_names(void **state) {
-    (void)state;
-    check_thread_name("cfgpool", "cfgpool");
-    check_thread_name(NULL, "tp");
+    tpt_fixture *f = tpt_fx(state);
+    check_thread_name(f, "cfgpool", "cfgpool");
+    check_thread_name(f, NULL, "tp");
     /* Linux thread names hold 15 bytes: a long prefix is cut, not refused. */
-    check_thread_name("abcdefghijklmnopqrstuvwxyz01234", "abcdefgh");
+    check_thread_name(f, "abcdefghijklmnopqrstuvwxyz01234", "abcdefgh");
 }
 
 int main(void) {

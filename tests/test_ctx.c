@@ -57,12 +57,11 @@ static void rec_done(void *arg, int status) {
     atomic_fetch_add(&r->done_calls, 1);
 }
 
-static tp_pool *mkpool(unsigned workers, uint64_t run_timeout_ns) {
-    tp_config cfg = {0};
-    cfg.workers = workers;
+/* A quiet pool whose default run timeout is run_timeout_ns (0: the library's). */
+static tp_pool *timeout_pool(tpt_fixture *f, unsigned workers, uint64_t run_timeout_ns) {
+    tp_config cfg = tpt_quiet_config(workers, 0, 0);
     cfg.run_timeout_ns = run_timeout_ns;
-    cfg.log = tpt_quiet_log;
-    return tpt_pool_new(&cfg);
+    return tpt_fx_pool(f, &cfg);
 }
 
 static int poll_in(int fd, int timeout_ms, int *revents) {
@@ -230,8 +229,8 @@ static int task_fd_timeout(tp_ctx *c, void *arg) {
 /* ------------------------------------------------------------ id, user, attempt */
 
 static void test_ctx_id_matches_submitted(void **state) {
-    (void)state;
-    tp_pool *p = mkpool(2, 0);
+    tpt_fixture *f = tpt_fx(state);
+    tp_pool *p = timeout_pool(f, 2, 0);
     enum { N = 32 };
     static rec r[N];
     uint64_t ids[N];
@@ -252,7 +251,7 @@ static void test_ctx_id_matches_submitted(void **state) {
 
 static void test_ctx_user_none(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(1, 0);
+    tp_pool *p = timeout_pool(f, 1, 0);
     rec *a = tpt_fx_new(f, rec);
     rec *b = tpt_fx_new(f, rec);
     tp_task_opts o = {0};
@@ -273,7 +272,7 @@ static void test_ctx_user_none(void **state) {
 
 static void test_ctx_user_is_copied(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(1, 0);
+    tp_pool *p = timeout_pool(f, 1, 0);
     tpt_latch *gate = tpt_fx_latch(f);
     /* Hold the only worker so the user task runs after we clobber the buffer. */
     assert_int_equal(tp_submit(p, tpt_block_task, gate, NULL, NULL), TP_OK);
@@ -305,7 +304,7 @@ static void test_ctx_attempt_zero_first_run(void **state) {
     cfg.max_retries = 3; /* retries configured, but the task succeeds */
     cfg.retry_delay_ns = TPT_MS(1);
     cfg.log = tpt_quiet_log;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
     rec *r = tpt_fx_new(f, rec);
     assert_int_equal(tp_submit(p, task_record, r, NULL, NULL), TP_OK);
     TPT_EVENTUALLY(atomic_load(&r->finished));
@@ -317,8 +316,8 @@ static void test_ctx_attempt_zero_first_run(void **state) {
 
 /* ------------------------------------------------------------ deadline */
 
-static uint64_t run_deadline(tp_pool *p, const tp_task_opts *o, uint64_t *t_sub, uint64_t *t_start) {
-    tpt_fixture *f = tpt_fx_current();
+static uint64_t run_deadline(tpt_fixture *f, tp_pool *p, const tp_task_opts *o, uint64_t *t_sub,
+                             uint64_t *t_start) {
     rec *r = tpt_fx_new(f, rec);
     *t_sub = tp_now_ns();
     assert_int_equal(tp_submit(p, task_record, r, o, NULL), TP_OK);
@@ -328,23 +327,23 @@ static uint64_t run_deadline(tp_pool *p, const tp_task_opts *o, uint64_t *t_sub,
 }
 
 static void test_ctx_deadline_forever(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     uint64_t ts, tst;
     /* Pool without run timeout, task without deadline. */
-    tp_pool *p = mkpool(1, TP_FOREVER);
-    assert_true(run_deadline(p, NULL, &ts, &tst) == TP_FOREVER);
+    tp_pool *p = timeout_pool(f, 1, TP_FOREVER);
+    assert_true(run_deadline(f, p, NULL, &ts, &tst) == TP_FOREVER);
     tp_task_opts o = {0};
-    assert_true(run_deadline(p, &o, &ts, &tst) == TP_FOREVER);
+    assert_true(run_deadline(f, p, &o, &ts, &tst) == TP_FOREVER);
     /* Only a task deadline: that is the effective one. */
     o.deadline_ns = tp_now_ns() + TPT_S(60);
-    assert_true(run_deadline(p, &o, &ts, &tst) == o.deadline_ns);
+    assert_true(run_deadline(f, p, &o, &ts, &tst) == o.deadline_ns);
     tpt_finish(p);
 
     /* Pool default run timeout, task says TP_FOREVER, no deadline. */
-    p = mkpool(1, 0);
+    p = timeout_pool(f, 1, 0);
     memset(&o, 0, sizeof o);
     o.run_timeout_ns = TP_FOREVER;
-    assert_true(run_deadline(p, &o, &ts, &tst) == TP_FOREVER);
+    assert_true(run_deadline(f, p, &o, &ts, &tst) == TP_FOREVER);
     tpt_finish(p);
 }
 
@@ -369,10 +368,9 @@ static int task_deadline_twice(tp_ctx *c, void *arg) {
 }
 
 static void test_ctx_deadline_counts_from_start(void **state) {
-    (void)state;
-    tpt_fixture *f = tpt_fx_current();
+    tpt_fixture *f = tpt_fx(state);
     const uint64_t rt = TPT_S(30);
-    tp_pool *p = mkpool(1, rt);
+    tp_pool *p = timeout_pool(f, 1, rt);
     enum { N = 64 };
     rec *r[N];
     uint64_t t_sub = tp_now_ns();
@@ -395,13 +393,13 @@ static void test_ctx_deadline_counts_from_start(void **state) {
 }
 
 static void test_ctx_deadline_earlier_of_two(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     uint64_t ts, tst, d;
-    tp_pool *p = mkpool(1, 0); /* default run timeout: 10 min */
+    tp_pool *p = timeout_pool(f, 1, 0); /* default run timeout: 10 min */
     const uint64_t ten_min = TPT_S(600);
 
     /* Pool default run timeout only: start + 10 min. */
-    d = run_deadline(p, NULL, &ts, &tst);
+    d = run_deadline(f, p, NULL, &ts, &tst);
     assert_true(d >= ts + ten_min);
     assert_true(d <= tst + ten_min);
 
@@ -409,26 +407,26 @@ static void test_ctx_deadline_earlier_of_two(void **state) {
     tp_task_opts o = {0};
     o.run_timeout_ns = TPT_S(5);
     o.deadline_ns = tp_now_ns() + TPT_S(60);
-    d = run_deadline(p, &o, &ts, &tst);
+    d = run_deadline(f, p, &o, &ts, &tst);
     assert_true(d >= ts + TPT_S(5));
     assert_true(d <= tst + TPT_S(5));
 
     /* A deadline 5 s away beats a 60 s run timeout: exactly the deadline. */
     o.run_timeout_ns = TPT_S(60);
     o.deadline_ns = tp_now_ns() + TPT_S(5);
-    d = run_deadline(p, &o, &ts, &tst);
+    d = run_deadline(f, p, &o, &ts, &tst);
     assert_true(d == o.deadline_ns);
 
     /* Task deadline with the pool's 10 min run timeout. */
     o.run_timeout_ns = 0;
     o.deadline_ns = tp_now_ns() + TPT_S(7);
-    d = run_deadline(p, &o, &ts, &tst);
+    d = run_deadline(f, p, &o, &ts, &tst);
     assert_true(d == o.deadline_ns);
     tpt_finish(p);
 
     /* Pool run timeout (not the default) applies when the task says 0. */
-    p = mkpool(1, TPT_S(3));
-    d = run_deadline(p, NULL, &ts, &tst);
+    p = timeout_pool(f, 1, TPT_S(3));
+    d = run_deadline(f, p, NULL, &ts, &tst);
     assert_true(d >= ts + TPT_S(3));
     assert_true(d <= tst + TPT_S(3));
     tpt_finish(p);
@@ -438,7 +436,7 @@ static void test_ctx_deadline_earlier_of_two(void **state) {
 
 static void test_ctx_sleep_full_time(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(1, 0);
+    tp_pool *p = timeout_pool(f, 1, 0);
     rec *r = tpt_fx_new(f, rec);
     r->sleep_ns = TPT_MS(30);
     assert_int_equal(tp_submit(p, task_sleep, r, NULL, NULL), TP_OK);
@@ -459,7 +457,7 @@ static void test_ctx_sleep_full_time(void **state) {
 
 static void test_ctx_sleep_cancelled(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(1, 0);
+    tp_pool *p = timeout_pool(f, 1, 0);
     rec *r = tpt_fx_new(f, rec);
     r->sleep_ns = TPT_S(20);
     tp_task_opts o = {0};
@@ -479,14 +477,10 @@ static void test_ctx_sleep_cancelled(void **state) {
     assert_int_equal(atomic_load(&r->done_status), TP_ECANCELED);
     tp_stats s = tpt_finish(p);
     assert_int_equal(atomic_load(&r->done_calls), 1);
-    assert_int_equal(s.started, 1);
-    assert_int_equal(s.failed, 1);
-    assert_int_equal(s.cancelled, 1);
-    assert_int_equal(s.expired, 0);
+    tpt_assert_counts(s, TPT_EQ(started, 1), TPT_EQ(failed, 1), TPT_EQ(cancelled, 1), TPT_EQ(expired, 0));
 }
 
-static void sleep_until_timeout(tp_pool *p, const tp_task_opts *o) {
-    tpt_fixture *f = tpt_fx_current();
+static void sleep_until_timeout(tpt_fixture *f, tp_pool *p, const tp_task_opts *o) {
     rec *r = tpt_fx_new(f, rec);
     r->sleep_ns = TPT_S(20);
     assert_int_equal(tp_submit(p, task_sleep, r, o, NULL), TP_OK);
@@ -502,33 +496,33 @@ static void sleep_until_timeout(tp_pool *p, const tp_task_opts *o) {
 }
 
 static void test_ctx_sleep_run_timeout(void **state) {
-    (void)state;
-    tp_pool *p = mkpool(1, 0);
+    tpt_fixture *f = tpt_fx(state);
+    tp_pool *p = timeout_pool(f, 1, 0);
     tp_task_opts o = {0};
     o.run_timeout_ns = TPT_MS(50);
-    sleep_until_timeout(p, &o);
+    sleep_until_timeout(f, p, &o);
     tp_stats s = tpt_finish(p);
     assert_int_equal(s.cancelled, 1); /* returned TP_ETIMEDOUT */
     assert_int_equal(s.expired, 0);
 
     /* The pool's run timeout works the same. */
-    p = mkpool(1, TPT_MS(50));
-    sleep_until_timeout(p, NULL);
+    p = timeout_pool(f, 1, TPT_MS(50));
+    sleep_until_timeout(f, p, NULL);
     tpt_finish(p);
 }
 
 static void test_ctx_sleep_deadline(void **state) {
-    (void)state;
-    tp_pool *p = mkpool(1, TP_FOREVER);
+    tpt_fixture *f = tpt_fx(state);
+    tp_pool *p = timeout_pool(f, 1, TP_FOREVER);
     tp_task_opts o = {0};
     o.deadline_ns = tp_now_ns() + TPT_MS(300);
-    sleep_until_timeout(p, &o);
+    sleep_until_timeout(f, p, &o);
     tpt_finish(p);
 }
 
 static void test_ctx_err_states(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(2, 0);
+    tp_pool *p = timeout_pool(f, 2, 0);
 
     /* Cancelled while running. */
     rec *c = tpt_fx_new(f, rec);
@@ -564,7 +558,7 @@ static void test_ctx_err_states(void **state) {
 
 static void test_ctx_err_cancel_takes_precedence(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(1, 0);
+    tp_pool *p = timeout_pool(f, 1, 0);
     rec *r = tpt_fx_new(f, rec);
     tp_task_opts o = {0};
     o.run_timeout_ns = TPT_MS(30);
@@ -582,7 +576,7 @@ static void test_ctx_err_cancel_takes_precedence(void **state) {
 
 static void test_ctx_fd_cancel_then_clean(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(1, 0); /* one worker: the next task reuses it */
+    tp_pool *p = timeout_pool(f, 1, 0); /* one worker: the next task reuses it */
     rec *r = tpt_fx_new(f, rec);
     uint64_t id = 0;
     assert_int_equal(tp_submit(p, task_fd_wait, r, NULL, &id), TP_OK);
@@ -620,7 +614,7 @@ static void test_ctx_fd_cancel_then_clean(void **state) {
 
 static void test_ctx_fd_forced_shutdown(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(1, 0);
+    tp_pool *p = timeout_pool(f, 1, 0);
     rec *r = tpt_fx_new(f, rec);
     tp_task_opts o = {0};
     o.on_done = rec_done;
@@ -638,8 +632,7 @@ static void test_ctx_fd_forced_shutdown(void **state) {
     tpt_finish_forced(p);
 }
 
-static void fd_not_readable_on_timeout(tp_pool *p, const tp_task_opts *o) {
-    tpt_fixture *f = tpt_fx_current();
+static void fd_not_readable_on_timeout(tpt_fixture *f, tp_pool *p, const tp_task_opts *o) {
     rec *r = tpt_fx_new(f, rec);
     assert_int_equal(tp_submit(p, task_fd_timeout, r, o, NULL), TP_OK);
     TPT_EVENTUALLY(atomic_load(&r->finished));
@@ -656,20 +649,20 @@ static void fd_not_readable_on_timeout(tp_pool *p, const tp_task_opts *o) {
 }
 
 static void test_ctx_fd_not_readable_on_timeout(void **state) {
-    (void)state;
-    tp_pool *p = mkpool(1, 0);
+    tpt_fixture *f = tpt_fx(state);
+    tp_pool *p = timeout_pool(f, 1, 0);
     tp_task_opts o = {0};
     o.run_timeout_ns = TPT_MS(30);
-    fd_not_readable_on_timeout(p, &o);
+    fd_not_readable_on_timeout(f, p, &o);
     memset(&o, 0, sizeof o);
     o.deadline_ns = tp_now_ns() + TPT_MS(300);
-    fd_not_readable_on_timeout(p, &o);
+    fd_not_readable_on_timeout(f, p, &o);
     tpt_finish(p);
 }
 
 static void test_ctx_fd_cancelled_before_first_use(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(1, 0); /* fresh worker: no descriptor made yet */
+    tp_pool *p = timeout_pool(f, 1, 0); /* fresh worker: no descriptor made yet */
     rec *r = tpt_fx_new(f, rec);
     uint64_t id = 0;
     assert_int_equal(tp_submit(p, task_cancel_then_fd, r, NULL, &id), TP_OK);
@@ -691,7 +684,7 @@ static void test_ctx_fd_cancelled_before_first_use(void **state) {
 
 static void test_ctx_fd_clean_after_unobserved_cancel(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(1, 0);
+    tp_pool *p = timeout_pool(f, 1, 0);
     /* The worker's descriptor exists... */
     rec *a = tpt_fx_new(f, rec);
     assert_int_equal(tp_submit(p, task_fd_check, a, NULL, NULL), TP_OK);
@@ -717,7 +710,7 @@ static void test_ctx_fd_clean_after_unobserved_cancel(void **state) {
 
 static void test_ctx_run_timeout_excludes_queue_time(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(1, 0);
+    tp_pool *p = timeout_pool(f, 1, 0);
     tpt_latch *gate = tpt_fx_latch(f);
     assert_int_equal(tp_submit(p, tpt_block_task, gate, NULL, NULL), TP_OK);
     TPT_EVENTUALLY(atomic_load(&gate->waiting) == 1);
@@ -751,7 +744,7 @@ static void test_ctx_run_timeout_excludes_queue_time(void **state) {
 
 static void test_ctx_deadline_includes_queue_time(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(1, 0);
+    tp_pool *p = timeout_pool(f, 1, 0);
     tpt_latch *gate = tpt_fx_latch(f);
     assert_int_equal(tp_submit(p, tpt_block_task, gate, NULL, NULL), TP_OK);
     TPT_EVENTUALLY(atomic_load(&gate->waiting) == 1);
@@ -770,19 +763,15 @@ static void test_ctx_deadline_includes_queue_time(void **state) {
     assert_int_equal(atomic_load(&r->ran), 0);
     tp_stats s = tpt_finish(p);
     assert_int_equal(atomic_load(&r->done_calls), 1);
-    assert_int_equal(s.accepted, 2);
-    assert_int_equal(s.started, 1); /* only the blocker */
-    assert_int_equal(s.succeeded, 1);
-    assert_int_equal(s.failed, 1);
-    assert_int_equal(s.cancelled, 1);
-    assert_int_equal(s.expired, 1);
-    assert_int_equal(s.retried, 0);
+    tpt_assert_counts(s, TPT_EQ(accepted, 2), TPT_EQ(started, 1), /* only the blocker */
+                      TPT_EQ(succeeded, 1), TPT_EQ(failed, 1), TPT_EQ(cancelled, 1), TPT_EQ(expired, 1),
+                      TPT_EQ(retried, 0));
     assert_int_equal(atomic_load(&gate->timeouts), 0);
 }
 
 static void test_ctx_deadline_already_passed_accepted(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(1, 0);
+    tp_pool *p = timeout_pool(f, 1, 0);
     rec *r = tpt_fx_new(f, rec);
     tp_task_opts o = {0};
     o.deadline_ns = 1; /* long gone */
@@ -792,10 +781,7 @@ static void test_ctx_deadline_already_passed_accepted(void **state) {
     assert_int_equal(atomic_load(&r->done_status), TP_ETIMEDOUT);
     assert_int_equal(atomic_load(&r->ran), 0);
     tp_stats s = tpt_finish(p);
-    assert_int_equal(s.started, 0);
-    assert_int_equal(s.expired, 1);
-    assert_int_equal(s.cancelled, 1);
-    assert_int_equal(s.failed, 1);
+    tpt_assert_counts(s, TPT_EQ(started, 0), TPT_EQ(expired, 1), TPT_EQ(cancelled, 1), TPT_EQ(failed, 1));
 }
 
 /* A queued task whose deadline passes ends at its deadline even while every
@@ -803,7 +789,7 @@ static void test_ctx_deadline_already_passed_accepted(void **state) {
  * queue place and user slot freed -- without waiting for a worker. */
 static void test_ctx_expiry_prompt_while_workers_busy(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(1, 0);
+    tp_pool *p = timeout_pool(f, 1, 0);
     tpt_latch *gate = tpt_fx_latch(f);
     assert_int_equal(tp_submit(p, tpt_block_task, gate, NULL, NULL), TP_OK);
     TPT_EVENTUALLY(atomic_load(&gate->waiting) == 1);
@@ -821,16 +807,13 @@ static void test_ctx_expiry_prompt_while_workers_busy(void **state) {
     assert_int_equal(atomic_load(&r->ran), 0);
     assert_int_equal(tp_user_active(p, "u"), 0);
     tp_stats live = tpt_stats(p);
-    assert_int_equal(live.queued, 0);
-    assert_int_equal(live.expired, 1);
-    assert_int_equal(live.users, 0);
+    tpt_assert_counts(live, TPT_EQ(queued, 0), TPT_EQ(expired, 1), TPT_EQ(users, 0));
 
     tpt_latch_open(gate);
     tp_stats s = tpt_finish(p);
     assert_int_equal(atomic_load(&r->done_calls), 1);
-    assert_int_equal(s.started, 1); /* only the blocker */
-    assert_int_equal(s.expired, 1);
-    assert_int_equal(s.cancelled, 1);
+    tpt_assert_counts(s, TPT_EQ(started, 1), /* only the blocker */
+                      TPT_EQ(expired, 1), TPT_EQ(cancelled, 1));
 }
 
 /* ------------------------------------------------------------ clock */

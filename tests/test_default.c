@@ -14,12 +14,11 @@
 #define _GNU_SOURCE
 #include "tp_test.h"
 
-static tp_pool *mkpool(unsigned workers) {
+/* A pool with `workers` workers and the library's defaults otherwise. */
+static tp_pool *plain_pool(tpt_fixture *f, unsigned workers) {
     tp_config cfg = {0};
     cfg.workers = workers;
-    tp_pool *p = tpt_pool_new(&cfg);
-    assert_non_null(p);
-    return p;
+    return tpt_fx_pool(f, &cfg);
 }
 
 
@@ -89,9 +88,7 @@ static void test_default_create_submit_shutdown(void **state) {
 
     tp_stats s = tpt_stats(p);
     tpt_assert_at_rest(&s);
-    assert_int_equal(s.accepted, N + 1);
-    assert_int_equal(s.rejected_closed, 1);
-    assert_int_equal(s.workers, 0);
+    tpt_assert_counts(s, TPT_EQ(accepted, N + 1), TPT_EQ(rejected_closed, 1), TPT_EQ(workers, 0));
 
     assert_ptr_equal(tp_default_swap(NULL), p);
     assert_null(tp_default());
@@ -143,9 +140,7 @@ static void test_default_forced_shutdown(void **state) {
     assert_int_equal(tp_default_wait(TPT_WAIT_NS), TP_ETIMEDOUT); /* forced */
     tp_stats s = tpt_stats(p);
     tpt_assert_at_rest(&s);
-    assert_int_equal(s.workers, 0);
-    assert_int_equal(s.succeeded, 1);
-    assert_int_equal(s.cancelled, 1);
+    tpt_assert_counts(s, TPT_EQ(workers, 0), TPT_EQ(succeeded, 1), TPT_EQ(cancelled, 1));
 
     assert_ptr_equal(tp_default_swap(NULL), p);
     assert_int_equal(tp_destroy(p), TP_OK);
@@ -154,8 +149,8 @@ static void test_default_forced_shutdown(void **state) {
 
 static void test_default_swap(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *a = mkpool(1);
-    tp_pool *b = mkpool(1);
+    tp_pool *a = plain_pool(f, 1);
+    tp_pool *b = plain_pool(f, 1);
 
     assert_null(tp_default_swap(a));
     assert_ptr_equal(tp_default(), a);
@@ -258,11 +253,11 @@ static void *race_swap(void *arg) {
 }
 
 static void test_default_create_does_not_overwrite_swap(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_config cfg = {0};
     cfg.workers = 2;
     for (int i = 0; i < 100; i++) {
-        race_q = mkpool(1);
+        race_q = plain_pool(f, 1);
         race_old = NULL;
         race_delay_ns = (uint64_t)(i % 50) * 4000; /* 0..200 us */
         pthread_barrier_init(&race_barrier, NULL, 2);

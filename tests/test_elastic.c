@@ -22,11 +22,6 @@ static void counting_start(void *arg) {
     }
 }
 
-static int fail_once(tp_ctx *c, void *arg) {
-    (void)arg;
-    return tp_ctx_attempt(c) == 0 ? 1 : 0;
-}
-
 static void test_retry_spawns_one_worker(void **state) {
     tpt_fixture *f = tpt_fx(state);
     atomic_store(&starts, 0);
@@ -42,7 +37,7 @@ static void test_retry_spawns_one_worker(void **state) {
     cfg.idle_timeout_ns = TP_FOREVER;
     cfg.on_worker_start = counting_start;
     cfg.log = tpt_quiet_log;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
     TPT_EVENTUALLY(tpt_stats(p).idle == 3);
 
     tpt_latch *gate = tpt_fx_latch(f);
@@ -50,7 +45,7 @@ static void test_retry_spawns_one_worker(void **state) {
     TPT_EVENTUALLY(atomic_load(&gate->waiting) == 2);
     tpt_done *d = tpt_fx_new(f, tpt_done);
     tp_task_opts o = {.on_done = tpt_done_fn};
-    assert_int_equal(tp_submit(p, fail_once, d, &o, NULL), TP_OK);
+    assert_int_equal(tp_submit(p, tpt_fail_once_task, d, &o, NULL), TP_OK);
     /* Wait for the third worker to be idle again, not only for the retry to
      * be scheduled: a submit that finds it still finishing the failed attempt
      * sees a backlog and no idle worker, and rightly adds a worker itself. */
@@ -63,7 +58,7 @@ static void test_retry_spawns_one_worker(void **state) {
     assert_int_equal(atomic_load(&starts), 4); /* exactly one more worker */
     assert_true(tpt_stats(p).workers <= 4);
     tpt_latch_open(gate);
-    tp_stats s = tpt_pool_finish(p);
+    tp_stats s = tpt_finish(p);
     assert_int_equal(s.retried, 1);
     assert_int_equal(atomic_load(&starts), 4);
 }
@@ -88,7 +83,7 @@ static void probe_done(void *arg, int status) {
 static void test_submit_wait_on_service_thread_does_not_wait(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tp_config cfg = {.workers = 1, .max_per_user = 1};
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
     tpt_latch *gate = tpt_fx_latch(f);
     tp_task_opts bo = {.user = "u"};
     assert_int_equal(tp_submit(p, tpt_block_task, gate, &bo, NULL), TP_OK);
@@ -105,7 +100,7 @@ static void test_submit_wait_on_service_thread_does_not_wait(void **state) {
     assert_int_equal(atomic_load(&pr->rc), TP_ETIMEDOUT);
     assert_int_equal(tpt_stats(p).rejected_timeout, 1);
     tpt_latch_open(gate);
-    tpt_pool_finish(p);
+    tpt_finish(p);
 }
 
 int main(void) {

@@ -413,7 +413,7 @@ static void test_default_create_faults(void **state) {
 
 #define NREC 4096
 static tpt_done recs[NREC]; /* static: no allocation by the test while armed */
-static tpt_latch svc_gate;
+static tpt_latch *svc_gate; /* the running test's, from its fixture */
 static atomic_int gate_done_calls;
 
 /* on_done of the first cancelled task: holds the service thread, so every
@@ -421,7 +421,7 @@ static atomic_int gate_done_calls;
 static void gate_done(void *arg, int status) {
     (void)arg;
     (void)status;
-    tpt_latch_wait(&svc_gate);
+    tpt_latch_wait(svc_gate);
     atomic_fetch_add(&gate_done_calls, 1);
 }
 
@@ -444,9 +444,9 @@ static void test_submit_record_growth_faults(void **state) {
     tp_config cfg = {0};
     cfg.workers = 1;
     cfg.queue_capacity = 4;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
     tpt_latch *work_gate = tpt_fx_latch(f);
-    tpt_latch_init(&svc_gate);
+    svc_gate = tpt_fx_latch(f);
     tpt_fill_workers(p, work_gate, 1, NULL);
 
     /* Hold the service thread in the first ending's on_done. */
@@ -455,7 +455,7 @@ static void test_submit_record_growth_faults(void **state) {
     uint64_t id = 0;
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, &go, &id), TP_OK);
     assert_int_equal(tp_cancel(p, id), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&svc_gate.waiting) == 1);
+    TPT_EVENTUALLY(atomic_load(&svc_gate->waiting) == 1);
 
     /* Cancelled tasks with an on_done now keep their records. Submit and
      * cancel until the preallocated records run out and the first growth
@@ -476,10 +476,9 @@ static void test_submit_record_growth_faults(void **state) {
     assert_int_equal(atomic_load(&hits[F_ALLOC]), 1);
     assert_true(n >= 60); /* the preallocated records (4 x 5 + 64, less those in use) */
     tp_stats s1 = tpt_stats(p);
-    assert_int_equal(s1.submitted, s0.submitted + (uint64_t)n + 1);
-    assert_int_equal(s1.accepted, s0.accepted + (uint64_t)n);
-    assert_int_equal(s1.rejected_full, s0.rejected_full + 1);
-    assert_int_equal(s1.queued, 0);
+    tpt_assert_counts(s1, TPT_EQ(submitted, s0.submitted + (uint64_t)n + 1),
+                      TPT_EQ(accepted, s0.accepted + (uint64_t)n),
+                      TPT_EQ(rejected_full, s0.rejected_full + 1), TPT_EQ(queued, 0));
     assert_int_equal(atomic_load(&recs[n].calls), 0); /* refused: no on_done, ever */
     /* The same refusal from tp_submit_wait: TP_ENOMEM at once, not a wait. */
     inj_reset();
@@ -511,20 +510,19 @@ static void test_submit_record_growth_faults(void **state) {
     assert_int_equal(tp_cancel(p, ids[3]), TP_OK);
 
     /* Release everything: every accepted task ends exactly once. */
-    tpt_latch_open(&svc_gate);
+    tpt_latch_open(svc_gate);
     tpt_latch_open(work_gate);
-    tp_stats s = tpt_pool_finish(p);
+    tp_stats s = tpt_finish(p);
     assert_int_equal(atomic_load(&gate_done_calls), 1);
     assert_int_equal(count_calls(0, queued_from, 1, TP_ECANCELED), 0);
     assert_int_equal(count_calls(queued_from, queued_from + 1, 1, 0), 0);
     assert_int_equal(count_calls(queued_from + 1, queued_from + 2, 1, TP_ECANCELED), 0);
     assert_int_equal(count_calls(queued_from + 2, queued_from + 3, 1, 0), 0);
     assert_int_equal(count_calls(queued_from + 3, queued_from + 4, 1, TP_ECANCELED), 0);
-    assert_int_equal(s.rejected_full, 3); /* two ENOMEM, one EFULL */
-    assert_int_equal(s.succeeded, 3);     /* the blocker and two queued */
-    assert_int_equal(s.cancelled, (uint64_t)queued_from + 1 + 2);
-    assert_int_equal(atomic_load(&work_gate->timeouts) + atomic_load(&svc_gate.timeouts), 0);
-    tpt_latch_destroy(&svc_gate);
+    tpt_assert_counts(s, TPT_EQ(rejected_full, 3), /* two ENOMEM, one EFULL */
+                      TPT_EQ(succeeded, 3),        /* the blocker and two queued */
+                      TPT_EQ(cancelled, (uint64_t)queued_from + 1 + 2));
+    assert_int_equal(atomic_load(&work_gate->timeouts) + atomic_load(&svc_gate->timeouts), 0);
     assert_back_to(&before, "record growth");
     atomic_store(&tracking, 0);
 }
@@ -546,7 +544,7 @@ static void test_submit_user_growth_faults(void **state) {
     tp_config cfg = {0};
     cfg.workers = 1;
     cfg.queue_capacity = 64;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
     tpt_latch *gate = tpt_fx_latch(f);
     tpt_fill_workers(p, gate, 1, NULL);
 
@@ -572,11 +570,9 @@ static void test_submit_user_growth_faults(void **state) {
     assert_int_equal(rc, TP_ENOMEM);
     assert_int_equal(atomic_load(&hits[F_ALLOC]), 1);
     tp_stats s1 = tpt_stats(p);
-    assert_int_equal(s1.submitted, s0.submitted + 1);
-    assert_int_equal(s1.accepted, s0.accepted);
-    assert_int_equal(s1.rejected_full, s0.rejected_full + 1);
-    assert_int_equal(s1.queued, s0.queued);
-    assert_int_equal(s1.users, 32);
+    tpt_assert_counts(s1, TPT_EQ(submitted, s0.submitted + 1), TPT_EQ(accepted, s0.accepted),
+                      TPT_EQ(rejected_full, s0.rejected_full + 1), TPT_EQ(queued, s0.queued),
+                      TPT_EQ(users, 32));
     assert_int_equal(tp_user_active(p, names[32]), 0);
     /* An existing user needs no allocation: accepted while faults are armed. */
     o.user = names[0];
@@ -611,13 +607,12 @@ static void test_submit_user_growth_faults(void **state) {
     assert_int_equal(tp_submit(p, user_task, NULL, &o, NULL), TP_EUSERLIMIT);
 
     tpt_latch_open(gate);
-    tp_stats s = tpt_pool_finish(p);
+    tp_stats s = tpt_finish(p);
     assert_int_equal(count_calls(0, 32, 1, 0), 0);
     assert_int_equal(atomic_load(&recs[32].calls), 0); /* the refused one */
     assert_int_equal(count_calls(33, 42, 1, 0), 0);
-    assert_int_equal(s.succeeded, 1 + 32 + 1 + 1 + 7);
-    assert_int_equal(s.rejected_full, 1);
-    assert_int_equal(s.rejected_user, 1);
+    tpt_assert_counts(s, TPT_EQ(succeeded, 1 + 32 + 1 + 1 + 7), TPT_EQ(rejected_full, 1),
+                      TPT_EQ(rejected_user, 1));
     assert_back_to(&before, "user growth");
     atomic_store(&tracking, 0);
 }
@@ -629,7 +624,7 @@ typedef struct erec {
 } erec;
 
 static erec erecs[512];
-static tpt_latch egate;
+static tpt_latch *egate; /* the running test's, from its fixture */
 
 static tp_pool *epool;
 static atomic_int blocker_rc;
@@ -647,7 +642,7 @@ static int elastic_task(tp_ctx *c, void *arg) {
     erec *r = arg;
     atomic_fetch_add(&r->ran, 1);
     if (r == &erecs[0]) {
-        tpt_latch_wait(&egate);
+        tpt_latch_wait(egate);
     } else if (r == &erecs[1] && tp_ctx_attempt(c) == 0) {
         tp_task_opts o = {0};
         o.on_done = elastic_done;
@@ -675,11 +670,11 @@ static void test_elastic_spawn_faults(void **state) {
     cfg.on_worker_start = on_start;
     cfg.on_worker_stop = on_stop;
     cfg.log = tpt_quiet_log;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
     epool = p;
     atomic_store(&blocker_rc, 1);
     TPT_EVENTUALLY(tpt_stats(p).idle == 1);
-    tpt_latch_init(&egate);
+    egate = tpt_fx_latch(f);
 
     /* From here every pthread_create fails: the service thread (a retry back
      * to a backlog) and submits try to add workers and cannot. */
@@ -690,7 +685,7 @@ static void test_elastic_spawn_faults(void **state) {
     tp_task_opts o = {0};
     o.on_done = elastic_done;
     assert_int_equal(tp_submit(p, elastic_task, &erecs[1], &o, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&egate.waiting) == 1);
+    TPT_EVENTUALLY(atomic_load(&egate->waiting) == 1);
     assert_int_equal(atomic_load(&blocker_rc), TP_OK);
     TPT_EVENTUALLY(atomic_load(&svc_hits) >= 1); /* the retry is back, no worker added */
     TPT_EVENTUALLY(tpt_stats(p).queued == 1);
@@ -699,11 +694,9 @@ static void test_elastic_spawn_faults(void **state) {
     for (int i = 2; i < n; i++) assert_int_equal(tp_submit(p, elastic_task, &erecs[i], &o, NULL), TP_OK);
     assert_true(atomic_load(&hits[F_THREAD]) >= before_submits + (unsigned)n - 2);
     tp_stats s = tpt_stats(p);
-    assert_int_equal(s.workers, 1);
-    assert_int_equal(s.active, 1);
-    assert_int_equal(s.queued, (uint32_t)n - 1);
+    tpt_assert_counts(s, TPT_EQ(workers, 1), TPT_EQ(active, 1), TPT_EQ(queued, (uint32_t)n - 1));
     /* The single worker drains everything, retries included. */
-    tpt_latch_open(&egate);
+    tpt_latch_open(egate);
     TPT_EVENTUALLY(tpt_stats(p).completed == (uint64_t)n);
     unsigned failed_spawns = atomic_load(&hits[F_THREAD]);
     atomic_store(&armed, 0);
@@ -722,12 +715,11 @@ static void test_elastic_spawn_faults(void **state) {
     tpt_fill_workers(p, gate, 4, NULL);
     assert_int_equal(tpt_stats(p).workers, 4);
     tpt_latch_open(gate);
-    s = tpt_pool_finish(p);
+    s = tpt_finish(p);
     assert_int_equal(s.completed, (uint64_t)n + 4);
     assert_int_equal(s.failed, 0);
     assert_int_equal(atomic_load(&hook_starts), 4);
     assert_int_equal(atomic_load(&hook_stops), 4);
-    tpt_latch_destroy(&egate);
     assert_back_to(&before, "elastic spawn faults");
     atomic_store(&tracking, 0);
     print_message("elastic: %u failed spawns (%u on the service thread), %d tasks on the one "
@@ -753,7 +745,7 @@ static void test_elastic_respawn_fault(void **state) {
     cfg.idle_timeout_ns = TPT_MS(1);
     cfg.on_worker_start = on_start;
     cfg.on_worker_stop = on_stop;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
     tpt_latch *g1 = tpt_fx_latch(f);
     tpt_latch *g2 = tpt_fx_latch(f);
     tpt_fill_workers(p, g1, 2, NULL); /* grows to 2 */
@@ -778,7 +770,7 @@ static void test_elastic_respawn_fault(void **state) {
     TPT_EVENTUALLY(atomic_load(&d[0].calls) == 1 && atomic_load(&d[1].calls) == 1);
     assert_int_equal(atomic_load(&hook_starts), 3);
     tpt_latch_open(g2);
-    s = tpt_pool_finish(p);
+    s = tpt_finish(p);
     assert_int_equal(s.succeeded, 5);
     assert_int_equal(atomic_load(&hook_starts), 3);
     assert_int_equal(atomic_load(&hook_stops), 3);
@@ -857,7 +849,7 @@ static void test_stats_workers_during_spawn(void **state) {
     cfg.workers = 1;
     cfg.max_workers = 2;
     cfg.idle_timeout_ns = TP_FOREVER;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
     tpt_latch *gate = tpt_fx_latch(f);
     tpt_fill_workers(p, gate, 1, NULL);
     stalled_spawn(f, p, 1); /* fails: never a second thread */
@@ -865,7 +857,7 @@ static void test_stats_workers_during_spawn(void **state) {
     stalled_spawn(f, p, 0); /* succeeds: counted once it runs */
     TPT_EVENTUALLY(tpt_stats(p).workers == 2 && tpt_stats(p).completed == 2);
     tpt_latch_open(gate);
-    tp_stats s = tpt_pool_finish(p);
+    tp_stats s = tpt_finish(p);
     assert_int_equal(s.succeeded, 3);
 }
 
@@ -879,7 +871,7 @@ static void test_elastic_min_kept_while_spawn_fails(void **state) {
     cfg.workers = 1;
     cfg.max_workers = 2;
     cfg.idle_timeout_ns = TPT_MS(1); /* an idle elastic worker leaves at once */
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
     tpt_latch *gate = tpt_fx_latch(f);
     tpt_fill_workers(p, gate, 1, NULL); /* worker A busy */
 
@@ -906,7 +898,7 @@ static void test_elastic_min_kept_while_spawn_fails(void **state) {
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_OK);
     TPT_EVENTUALLY(tpt_stats(p).completed == 3);
     assert_int_equal(tpt_stats(p).workers, 1);
-    tp_stats s = tpt_pool_finish(p);
+    tp_stats s = tpt_finish(p);
     assert_int_equal(s.succeeded, 3);
 }
 
@@ -922,7 +914,7 @@ static void test_elastic_spawn_fault_then_shutdown(void **state) {
     tp_config cfg = {0};
     cfg.workers = 1;
     cfg.max_workers = 3;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
     tpt_latch *gate = tpt_fx_latch(f);
     tpt_fill_workers(p, gate, 1, NULL);
     inj_reset();
@@ -942,7 +934,7 @@ static void test_elastic_spawn_fault_then_shutdown(void **state) {
     assert_int_equal(tp_close(p), TP_OK);
     tpt_latch_open(gate);
     assert_int_equal(tp_shutdown(p, TPT_WAIT_NS), TP_OK);
-    tp_stats s = tpt_pool_finish(p);
+    tp_stats s = tpt_finish(p);
     assert_int_equal(s.succeeded, 8);
     for (int i = 0; i < 7; i++) assert_int_equal(atomic_load(&d[i].calls), 1);
     assert_int_equal(atomic_load(&d[7].calls), 0);
@@ -981,7 +973,7 @@ static void test_ctx_fd_faults(void **state) {
     track_begin();
     tp_config cfg = {0};
     cfg.workers = 1;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
     tpt_latch *gate = tpt_fx_latch(f);
     r->gate = gate;
     inj_reset();
@@ -999,7 +991,7 @@ static void test_ctx_fd_faults(void **state) {
     tpt_latch_open(gate);
     TPT_EVENTUALLY(tpt_stats(p).completed == 1);
     assert_int_equal(atomic_load(&r->readable), 1);
-    tpt_pool_finish(p);
+    tpt_finish(p);
     assert_back_to(&before, "tp_ctx_fd faults"); /* the pipe is closed with the pool */
     atomic_store(&tracking, 0);
 }

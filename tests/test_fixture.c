@@ -223,15 +223,15 @@ static void test_teardown_joins_the_tests_threads(void **state) {
     TPT_EVENTUALLY(pool_threads() == 0);
 }
 
-/* The older helpers work on the fixture of the running test: tpt_pool_new
- * hands it the pool, tpt_finish and tpt_pool_destroy take it back. */
-static void test_old_helpers_use_the_fixture(void **state) {
+/* The fixture owns a pool from tpt_fx_pool until the test ends it itself:
+ * tpt_finish and tpt_destroy take it back. */
+static void test_fixture_owns_pools_until_ended(void **state) {
     tpt_fixture *f = tpt_fx(state);
     assert_ptr_equal(*tpt_fx_current_slot(), f);
     tp_config c = {0};
     c.workers = 1;
-    tp_pool *a = tpt_pool_new(&c);
-    tp_pool *b = tpt_pool_new(&c);
+    tp_pool *a = tpt_fx_pool(f, &c);
+    tp_pool *b = tpt_fx_pool(f, &c);
     int owned_a = 0, owned_b = 0;
     for (int i = 0; i < TPT_FX_POOLS; i++) {
         owned_a += f->pools[i] == a;
@@ -239,9 +239,9 @@ static void test_old_helpers_use_the_fixture(void **state) {
     }
     assert_int_equal(owned_a, 1);
     assert_int_equal(owned_b, 1);
-    tp_stats s = tpt_pool_finish(a);
+    tp_stats s = tpt_finish(a);
     assert_int_equal(s.workers, 0);
-    tpt_pool_destroy(b);
+    tpt_destroy(b);
     for (int i = 0; i < TPT_FX_POOLS; i++) assert_null(f->pools[i]);
 }
 
@@ -249,7 +249,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         TPT_TEST(test_teardown_ends_full_pools),         TPT_TEST(test_teardown_reports_a_stuck_task),
         TPT_TEST(test_teardown_ends_a_leftover_default), TPT_TEST(test_teardown_joins_the_tests_threads),
-        TPT_TEST(test_old_helpers_use_the_fixture),
+        TPT_TEST(test_fixture_owns_pools_until_ended),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

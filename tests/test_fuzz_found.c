@@ -9,7 +9,7 @@
 
 /* ------------------------------------------------------------ elastic spawn */
 
-static tpt_latch stop_gate;
+static tpt_latch *stop_gate; /* the running test's, from its fixture */
 static atomic_int hold_stop; /* while set, the stop hook waits for stop_gate */
 static atomic_int in_stop;   /* stop hooks waiting now */
 
@@ -17,7 +17,7 @@ static void holding_stop(void *arg) {
     (void)arg;
     if (!atomic_load(&hold_stop)) return;
     atomic_fetch_add(&in_stop, 1);
-    tpt_latch_wait(&stop_gate);
+    tpt_latch_wait(stop_gate);
     atomic_fetch_sub(&in_stop, 1);
 }
 
@@ -36,7 +36,7 @@ static void holding_stop(void *arg) {
  */
 static void test_elastic_spawn_skipped_while_a_worker_exits(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tpt_latch_init(&stop_gate);
+    stop_gate = tpt_fx_latch(f);
     atomic_store(&hold_stop, 0);
     atomic_store(&in_stop, 0);
     tp_config cfg = {0};
@@ -45,7 +45,7 @@ static void test_elastic_spawn_skipped_while_a_worker_exits(void **state) {
     cfg.idle_timeout_ns = TPT_MS(1);
     cfg.on_worker_stop = holding_stop;
     cfg.log = tpt_quiet_log;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
 
     tpt_latch *gate = tpt_fx_latch(f);
     tpt_fill_workers(p, gate, 1, NULL); /* the minimum worker is busy */
@@ -63,15 +63,14 @@ static void test_elastic_spawn_skipped_while_a_worker_exits(void **state) {
     atomic_store(&hold_stop, 0);
     tpt_done *second = tpt_fx_new(f, tpt_done);
     assert_int_equal(tp_submit(p, tpt_nop_task, second, &o, NULL), TP_OK);
-    tpt_latch_open(&stop_gate); /* the exiting worker frees its slot */
+    tpt_latch_open(stop_gate); /* the exiting worker frees its slot */
 
     TPT_EVENTUALLY(atomic_load(&second->calls) == 1);
     assert_int_equal(atomic_load(&second->status), 0);
     assert_int_equal(atomic_load(&gate->waiting), 1); /* the busy worker did not run it */
 
     tpt_latch_open(gate);
-    tpt_pool_finish(p);
-    tpt_latch_destroy(&stop_gate);
+    tpt_finish(p);
 }
 
 /* ------------------------------------------------------------ run timeout from the start */

@@ -80,15 +80,6 @@ static int submit_member(tp_group *g, member *m, const char *user) {
     return tp_group_submit(g, member_task, m, &o, NULL);
 }
 
-static tp_pool *new_pool(unsigned workers, unsigned queue) {
-    tp_config cfg = {0};
-    cfg.workers = workers;
-    cfg.queue_capacity = queue;
-    cfg.max_per_user = TP_UNLIMITED;
-    cfg.log = tpt_quiet_log;
-    return tpt_pool_new(&cfg);
-}
-
 static void reset_counters(void) {
     atomic_store(&done_seq, 0);
     atomic_store(&done_total, 0);
@@ -125,9 +116,9 @@ static void *waiter_main(void *arg) {
 }
 
 static void test_group_wait_all_and_on_done(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     reset_counters();
-    tp_pool *p = new_pool(2, 64);
+    tp_pool *p = tpt_quiet_pool(f, 2, 64, TP_UNLIMITED);
     tp_group *g = NULL;
     assert_int_equal(tp_group_create(p, 0, &g), TP_OK);
     assert_non_null(g);
@@ -147,10 +138,10 @@ static void test_group_wait_all_and_on_done(void **state) {
     assert_true(id != 0);
     /* timeout 0: no limit; waited for on a thread of its own, so that this
      * test's wait keeps its bound */
-    waiter *w = tpt_fx_new(tpt_fx(state), waiter);
+    waiter *w = tpt_fx_new(f, waiter);
     w->g = g;
     w->timeout = 0;
-    w->th = tpt_fx_thread(tpt_fx(state), waiter_main, w);
+    w->th = tpt_fx_thread(f, waiter_main, w);
     TPT_EVENTUALLY(atomic_load(&w->returned));
     tpt_fx_join(w->th);
     assert_int_equal(w->rc, TP_OK);
@@ -171,16 +162,16 @@ static void test_group_wait_all_and_on_done(void **state) {
     assert_int_equal(submit_member(g, &m[0], NULL), TP_OK);
     assert_int_equal(tp_group_wait(g, TPT_WAIT_NS), TP_OK);
     assert_int_equal(tp_group_destroy(g), TP_OK);
-    s = tpt_pool_finish(p);
+    s = tpt_finish(p);
     assert_int_equal(s.completed, N + 2);
 }
 
 /* Refusals are tp_submit's, and a refused task is not a member. */
 static void test_group_submit_refusals(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     reset_counters();
-    tpt_latch *l = tpt_fx_latch(tpt_fx(state));
-    tp_pool *p = new_pool(1, 1);
+    tpt_latch *l = tpt_fx_latch(f);
+    tp_pool *p = tpt_quiet_pool(f, 1, 1, TP_UNLIMITED);
     tp_group *g;
     assert_int_equal(tp_group_create(p, 0, &g), TP_OK);
     static member a, b, c;
@@ -204,7 +195,7 @@ static void test_group_submit_refusals(void **state) {
     assert_int_equal(tpt_stats(p).rejected_closed, 1);
     assert_int_equal(tp_group_wait(g, TPT_WAIT_NS), TP_OK);
     assert_int_equal(tp_group_destroy(g), TP_OK);
-    tpt_pool_finish(p);
+    tpt_finish(p);
 }
 
 /* ------------------------------------------------------------ first error */
@@ -212,9 +203,9 @@ static void test_group_submit_refusals(void **state) {
 /* One worker: members end in FIFO order, so the first failing one is known.
  * Later failures do not replace it; the error is sticky across waits. */
 static void test_group_first_error_in_order(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     reset_counters();
-    tp_pool *p = new_pool(1, 16);
+    tp_pool *p = tpt_quiet_pool(f, 1, 16, TP_UNLIMITED);
     tp_group *g;
     assert_int_equal(tp_group_create(p, 0, &g), TP_OK);
     static member m[6];
@@ -229,7 +220,7 @@ static void test_group_first_error_in_order(void **state) {
     assert_int_equal(submit_member(g, &m[0], NULL), TP_OK);
     assert_int_equal(tp_group_wait(g, TPT_WAIT_NS), -11);
     assert_int_equal(tp_group_destroy(g), TP_OK);
-    tp_stats s = tpt_pool_finish(p);
+    tp_stats s = tpt_finish(p);
     assert_int_equal(s.failed, 4);
 }
 
@@ -239,11 +230,11 @@ static void test_group_first_error_in_order(void **state) {
  * status: the group's error is still the first one. Without a first failure,
  * the error is one of the concurrent statuses, never 0 or another value. */
 static void test_group_first_error_concurrent(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     for (int round = 0; round < 2; round++) {
         reset_counters();
-        tpt_latch *l = tpt_fx_latch(tpt_fx(state));
-        tp_pool *p = new_pool(4, 64);
+        tpt_latch *l = tpt_fx_latch(f);
+        tp_pool *p = tpt_quiet_pool(f, 4, 64, TP_UNLIMITED);
         tp_group *g;
         assert_int_equal(tp_group_create(p, round ? TP_GROUP_CANCEL_ON_ERROR : 0, &g), TP_OK);
         static member first;
@@ -284,18 +275,18 @@ static void test_group_first_error_concurrent(void **state) {
         }
         assert_int_equal(tp_group_wait(g, TPT_WAIT_NS), rc); /* sticky */
         assert_int_equal(tp_group_destroy(g), TP_OK);
-        tpt_pool_finish(p);
+        tpt_finish(p);
     }
 }
 
 /* ------------------------------------------------------------ cancel on error */
 
 static void test_group_cancel_on_error_stops_queued(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     reset_counters();
-    tpt_latch *fail_gate = tpt_fx_latch(tpt_fx(state));
-    tpt_latch *other = tpt_fx_latch(tpt_fx(state));
-    tp_pool *p = new_pool(2, 64);
+    tpt_latch *fail_gate = tpt_fx_latch(f);
+    tpt_latch *other = tpt_fx_latch(f);
+    tp_pool *p = tpt_quiet_pool(f, 2, 64, TP_UNLIMITED);
     tp_group *g;
     assert_int_equal(tp_group_create(p, TP_GROUP_CANCEL_ON_ERROR, &g), TP_OK);
     static member failing, running, queued[10], nonmember;
@@ -348,7 +339,7 @@ static void test_group_cancel_on_error_stops_queued(void **state) {
     assert_int_equal(atomic_load(&late.runs), 0);
     assert_int_equal(tp_group_wait(g, TPT_WAIT_NS), -42);
     assert_int_equal(tp_group_destroy(g), TP_OK);
-    tp_stats s = tpt_pool_finish(p);
+    tp_stats s = tpt_finish(p);
     assert_int_equal(s.cancelled, 11); /* ten queued, one running that returned TP_ECANCELED */
     assert_int_equal(s.started, 3);
 }
@@ -359,10 +350,10 @@ static void test_group_cancel_on_error_stops_queued(void **state) {
  * (b) a member's deadline passes while it waits for a retry, next to other
  * members waiting for theirs. */
 static void test_group_cancel_on_error_from_service(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     reset_counters();
-    tpt_latch *l = tpt_fx_latch(tpt_fx(state));
-    tp_pool *p = new_pool(1, 16);
+    tpt_latch *l = tpt_fx_latch(f);
+    tp_pool *p = tpt_quiet_pool(f, 1, 16, TP_UNLIMITED);
     tp_group *g;
     assert_int_equal(tp_group_create(p, TP_GROUP_CANCEL_ON_ERROR, &g), TP_OK);
     tpt_fill_workers(p, l, 1, NULL); /* not a member */
@@ -401,7 +392,7 @@ static void test_group_cancel_on_error_from_service(void **state) {
     }
     assert_int_equal(tp_group_destroy(g), TP_OK);
     tpt_latch_open(l);
-    tp_stats s = tpt_pool_finish(p);
+    tp_stats s = tpt_finish(p);
     assert_int_equal(s.expired, s2 == TP_ETIMEDOUT ? 2 : 1);
 
     /* (b) retries */
@@ -412,7 +403,7 @@ static void test_group_cancel_on_error_from_service(void **state) {
     cfg.max_retries = 3;
     cfg.retry_delay_ns = TPT_S(3600); /* the retries never come back by themselves */
     cfg.log = tpt_quiet_log;
-    p = tpt_pool_new(&cfg);
+    p = tpt_fx_pool(f, &cfg);
     assert_int_equal(tp_group_create(p, TP_GROUP_CANCEL_ON_ERROR, &g), TP_OK);
     static member r[5];
     for (int i = 0; i < 5; i++) {
@@ -434,7 +425,7 @@ static void test_group_cancel_on_error_from_service(void **state) {
         assert_int_equal(atomic_load(&r[i].done_status), i == 2 ? TP_ETIMEDOUT : TP_ECANCELED);
     }
     assert_int_equal(tp_group_destroy(g), TP_OK);
-    s = tpt_pool_finish(p);
+    s = tpt_finish(p);
     assert_int_equal(s.cancelled, 5);
     assert_int_equal(s.expired, 0);
 }
@@ -517,10 +508,10 @@ static void test_group_member_cancelled_by_id(void **state) {
 /* ------------------------------------------------------------ tp_group_cancel */
 
 static void test_group_cancel(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     reset_counters();
-    tpt_latch *l = tpt_fx_latch(tpt_fx(state));
-    tp_pool *p = new_pool(2, 16);
+    tpt_latch *l = tpt_fx_latch(f);
+    tp_pool *p = tpt_quiet_pool(f, 2, 16, TP_UNLIMITED);
     tp_group *g, *other;
     assert_int_equal(tp_group_create(p, 0, &g), TP_OK);
     assert_int_equal(tp_group_create(p, 0, &other), TP_OK);
@@ -558,16 +549,16 @@ static void test_group_cancel(void **state) {
     assert_int_equal(submit_member(g, &o1, NULL), TP_ECANCELED);
     assert_int_equal(tp_group_destroy(g), TP_OK);
     assert_int_equal(tp_group_destroy(other), TP_OK);
-    tpt_pool_finish(p);
+    tpt_finish(p);
 }
 
 /* ------------------------------------------------------------ waiters */
 
 static void test_group_several_waiters(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     reset_counters();
-    tpt_latch *l = tpt_fx_latch(tpt_fx(state));
-    tp_pool *p = new_pool(2, 64);
+    tpt_latch *l = tpt_fx_latch(f);
+    tp_pool *p = tpt_quiet_pool(f, 2, 64, TP_UNLIMITED);
     tp_group *g;
     assert_int_equal(tp_group_create(p, 0, &g), TP_OK);
     enum { N = 20, W = 6 };
@@ -581,7 +572,7 @@ static void test_group_several_waiters(void **state) {
         memset(&w[i], 0, sizeof w[i]);
         w[i].g = g;
         w[i].timeout = i % 2 ? TP_FOREVER : TPT_WAIT_NS;
-        w[i].th = tpt_fx_thread(tpt_fx(state), waiter_main, &w[i]);
+        w[i].th = tpt_fx_thread(f, waiter_main, &w[i]);
     }
     for (int i = 0; i < W; i++) TPT_EVENTUALLY(atomic_load(&w[i].started));
     TPT_EVENTUALLY(atomic_load(&l->waiting) == 2);
@@ -594,16 +585,16 @@ static void test_group_several_waiters(void **state) {
         assert_int_equal(w[i].done_total_seen, N);
     }
     assert_int_equal(tp_group_destroy(g), TP_OK);
-    tpt_pool_finish(p);
+    tpt_finish(p);
 }
 
 /* A wait that times out leaves the group as it was: members keep running
  * uncancelled, the group takes more members and is waited for later. */
 static void test_group_wait_timeout_leaves_group_intact(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     reset_counters();
-    tpt_latch *l = tpt_fx_latch(tpt_fx(state));
-    tp_pool *p = new_pool(2, 16);
+    tpt_latch *l = tpt_fx_latch(f);
+    tp_pool *p = tpt_quiet_pool(f, 2, 16, TP_UNLIMITED);
     tp_group *g;
     assert_int_equal(tp_group_create(p, TP_GROUP_CANCEL_ON_ERROR, &g), TP_OK);
     static member m[4];
@@ -618,9 +609,7 @@ static void test_group_wait_timeout_leaves_group_intact(void **state) {
         assert_true(tp_now_ns() - t0 >= TPT_MS(3));
     }
     tp_stats s = tpt_stats(p);
-    assert_int_equal(s.active, 2);
-    assert_int_equal(s.queued, 2);
-    assert_int_equal(s.cancelled, 0);
+    tpt_assert_counts(s, TPT_EQ(active, 2), TPT_EQ(queued, 2), TPT_EQ(cancelled, 0));
     static member more;
     member_init(&more, NULL, 0);
     assert_int_equal(submit_member(g, &more, NULL), TP_OK);
@@ -632,16 +621,16 @@ static void test_group_wait_timeout_leaves_group_intact(void **state) {
     }
     assert_int_equal(atomic_load(&more.done_status), 0);
     assert_int_equal(tp_group_destroy(g), TP_OK);
-    tpt_pool_finish(p);
+    tpt_finish(p);
 }
 
 /* Members submitted while someone waits are waited for (WaitGroup). */
 static void test_group_members_added_while_waiting(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     reset_counters();
-    tpt_latch *l1 = tpt_fx_latch(tpt_fx(state));
-    tpt_latch *l2 = tpt_fx_latch(tpt_fx(state));
-    tp_pool *p = new_pool(2, 16);
+    tpt_latch *l1 = tpt_fx_latch(f);
+    tpt_latch *l2 = tpt_fx_latch(f);
+    tp_pool *p = tpt_quiet_pool(f, 2, 16, TP_UNLIMITED);
     tp_group *g;
     assert_int_equal(tp_group_create(p, 0, &g), TP_OK);
     static member a, b;
@@ -652,7 +641,7 @@ static void test_group_members_added_while_waiting(void **state) {
     memset(&w, 0, sizeof w);
     w.g = g;
     w.timeout = TPT_WAIT_NS;
-    w.th = tpt_fx_thread(tpt_fx(state), waiter_main, &w);
+    w.th = tpt_fx_thread(f, waiter_main, &w);
     TPT_EVENTUALLY(atomic_load(&w.started) && atomic_load(&l1->waiting) == 1);
     assert_int_equal(submit_member(g, &b, NULL), TP_OK);
     TPT_EVENTUALLY(atomic_load(&l2->waiting) == 1);
@@ -667,7 +656,7 @@ static void test_group_members_added_while_waiting(void **state) {
     assert_int_equal(w.rc, -3);
     assert_int_equal(atomic_load(&b.done_calls), 1);
     assert_int_equal(tp_group_destroy(g), TP_OK);
-    tpt_pool_finish(p);
+    tpt_finish(p);
 }
 
 /* ------------------------------------------------------------ EDEADLK */
@@ -697,8 +686,8 @@ static void deadlock_done(void *arg, int status) {
 }
 
 static void test_group_edeadlk(void **state) {
-    (void)state;
-    tp_pool *p = new_pool(1, 8), *q = new_pool(1, 8);
+    tpt_fixture *f = tpt_fx(state);
+    tp_pool *p = tpt_quiet_pool(f, 1, 8, TP_UNLIMITED), *q = tpt_quiet_pool(f, 1, 8, TP_UNLIMITED);
     static dl_probe d;
     memset(&d, 0, sizeof d);
     assert_int_equal(tp_group_create(p, 0, &d.own), TP_OK);
@@ -718,8 +707,8 @@ static void test_group_edeadlk(void **state) {
     assert_int_equal(tp_group_destroy(d.own), TP_OK);
     assert_int_equal(tp_group_submit(d.other, tpt_nop_task, NULL, NULL, NULL), TP_ECANCELED);
     assert_int_equal(tp_group_destroy(d.other), TP_OK);
-    tpt_pool_finish(p);
-    tpt_pool_finish(q);
+    tpt_finish(p);
+    tpt_finish(q);
 }
 
 /* ------------------------------------------------------------ shutdown races */
@@ -773,20 +762,20 @@ static void *racer_main(void *arg) {
 }
 
 static void test_group_racing_shutdown(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     for (int forced = 0; forced < 2; forced++) {
         reset_counters();
-        tp_pool *p = new_pool(3, 32);
+        tp_pool *p = tpt_quiet_pool(f, 3, 32, TP_UNLIMITED);
         enum { R = 4 };
         static racer r[R];
-        atomic_int *go = tpt_fx_new(tpt_fx(state), atomic_int); /* outlives a failed test's threads */
+        atomic_int *go = tpt_fx_new(f, atomic_int); /* outlives a failed test's threads */
         for (int i = 0; i < R; i++) {
             memset(&r[i], 0, sizeof r[i]);
             r[i].p = p;
             r[i].go = go;
             r[i].seed = 7919u * (unsigned)(i + 1) + (unsigned)forced;
             r[i].flags = i % 2 ? TP_GROUP_CANCEL_ON_ERROR : 0;
-            r[i].th = tpt_fx_thread(tpt_fx(state), racer_main, &r[i]);
+            r[i].th = tpt_fx_thread(f, racer_main, &r[i]);
         }
         atomic_store(go, 1);
         TPT_EVENTUALLY(tpt_stats(p).submitted > 0); /* the race is under way */
@@ -808,7 +797,7 @@ static void test_group_racing_shutdown(void **state) {
         tpt_assert_at_rest(&s);
         assert_int_equal(s.accepted, (uint64_t)accepted);
         assert_int_equal(atomic_load(&done_total), accepted);
-        tpt_pool_destroy(p);
+        tpt_destroy(p);
     }
 }
 
@@ -817,9 +806,9 @@ static void test_group_racing_shutdown(void **state) {
 /* The pool goes first: its groups are detached, and every call on them is
  * defined (ASan checks that nothing touches the freed pool). */
 static void test_group_pool_destroyed_first(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     reset_counters();
-    tp_pool *p = new_pool(1, 8);
+    tp_pool *p = tpt_quiet_pool(f, 1, 8, TP_UNLIMITED);
     tp_group *g, *h;
     assert_int_equal(tp_group_create(p, TP_GROUP_CANCEL_ON_ERROR, &g), TP_OK);
     assert_int_equal(tp_group_create(p, 0, &h), TP_OK);
@@ -828,7 +817,7 @@ static void test_group_pool_destroyed_first(void **state) {
     member_init(&b, NULL, 0);
     assert_int_equal(submit_member(g, &a, NULL), TP_OK);
     assert_int_equal(submit_member(h, &b, NULL), TP_OK);
-    tpt_pool_destroy(p); /* waits for every member, like every task */
+    tpt_destroy(p); /* waits for every member, like every task */
     assert_int_equal(atomic_load(&a.done_calls), 1);
     assert_int_equal(atomic_load(&b.done_calls), 1);
     assert_int_equal(tp_group_wait(g, TPT_WAIT_NS), -9);
@@ -854,8 +843,8 @@ static void test_group_pool_destroyed_first(void **state) {
 }
 
 static void test_group_invalid(void **state) {
-    (void)state;
-    tp_pool *p = new_pool(1, 4);
+    tpt_fixture *f = tpt_fx(state);
+    tp_pool *p = tpt_quiet_pool(f, 1, 4, TP_UNLIMITED);
     tp_group *g = (tp_group *)(uintptr_t)1;
     assert_int_equal(tp_group_create(NULL, 0, &g), TP_EINVAL);
     assert_int_equal(tp_group_create(p, 0, NULL), TP_EINVAL);
@@ -876,7 +865,7 @@ static void test_group_invalid(void **state) {
     assert_int_equal(tp_group_submit(g, NULL, NULL, NULL, NULL), TP_EINVAL);
     assert_int_equal(tpt_stats(p).submitted, 0); /* TP_EINVAL counts nothing */
     assert_int_equal(tp_group_destroy(g), TP_OK);
-    tpt_pool_finish(p);
+    tpt_finish(p);
 }
 
 int main(void) {

@@ -115,10 +115,10 @@ static void test_hist_quantile(void **state) {
 }
 
 static void test_hist_invalid(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_config cfg = {0};
     cfg.workers = 1;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
     static tp_hist h;
     memset(&h, 0x5a, sizeof h);
     assert_int_equal(tp_hist_get(NULL, TP_HIST_RUN, &h), TP_EINVAL);
@@ -128,31 +128,27 @@ static void test_hist_invalid(void **state) {
     assert_true(h.count == 0x5a5a5a5a5a5a5a5aull); /* untouched */
     assert_int_equal(tp_hist_get(p, TP_HIST_QUEUE_WAIT, &h), TP_OK);
     assert_true(h.count == 0 && h.sum_ns == 0 && hist_sum(&h) == 0);
-    tpt_pool_finish(p);
+    tpt_finish(p);
 }
 
 /* ------------------------------------------------------------ exact at rest */
-
-static int flaky_task(tp_ctx *c, void *arg) {
-    uintptr_t fails = (uintptr_t)arg;
-    return tp_ctx_attempt(c) < fails ? 1 : 0;
-}
 
 /* At rest both counts equal started + retried, exactly, with retries,
  * cancellations and expiries in the mix (tasks that never ran record
  * nothing). tpt_finish destroys the pool: this one keeps it to read. */
 static void test_hist_exact_after_wait(void **state) {
-    (void)state;
-    tpt_latch *l = tpt_fx_latch(tpt_fx(state));
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l = tpt_fx_latch(f);
     tp_config cfg = {0};
     cfg.workers = 2;
     cfg.queue_capacity = 256;
     cfg.max_retries = 2;
     cfg.retry_delay_ns = TPT_MS(1);
     cfg.log = tpt_quiet_log;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
     for (uintptr_t i = 0; i < 200; i++)
-        assert_int_equal(tp_submit_wait(p, flaky_task, (void *)(i % 4), NULL, TPT_WAIT_NS, NULL), TP_OK);
+        assert_int_equal(tp_submit_wait(p, tpt_fail_attempts_task, (void *)(i % 4), NULL, TPT_WAIT_NS, NULL),
+                         TP_OK);
     TPT_EVENTUALLY(tpt_stats(p).completed == 200); /* retries included: then the queue stays still */
     tpt_fill_workers(p, l, 2, NULL);
     for (int i = 0; i < 30; i++) {
@@ -178,7 +174,7 @@ static void test_hist_exact_after_wait(void **state) {
     /* the tasks queued behind the latch waited, and the tasks ran: both
      * sums are above zero */
     assert_true(q.sum_ns > 0 && r.sum_ns > 0);
-    tpt_pool_destroy(p);
+    tpt_destroy(p);
 }
 
 /* ------------------------------------------------------------ what is recorded */
@@ -191,12 +187,12 @@ static int sleep_task(tp_ctx *c, void *arg) {
 }
 
 static void test_hist_records_run_and_wait(void **state) {
-    (void)state;
-    tpt_latch *l = tpt_fx_latch(tpt_fx(state));
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l = tpt_fx_latch(f);
     tp_config cfg = {0};
     cfg.workers = 1;
     cfg.queue_capacity = 8;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
     /* run >= 2 ms */
     assert_int_equal(tp_submit(p, sleep_task, NULL, NULL, NULL), TP_OK);
     TPT_EVENTUALLY(tpt_stats(p).completed == 1);
@@ -216,7 +212,7 @@ static void test_hist_records_run_and_wait(void **state) {
     assert_int_equal(h.count, 3);
     assert_true(tp_hist_quantile_ns(&h, 1.0) >= TPT_MS(5));
     assert_true(h.sum_ns >= TPT_MS(5));
-    tpt_pool_finish(p);
+    tpt_finish(p);
 }
 
 /* ------------------------------------------------------------ every submit path */
@@ -229,12 +225,12 @@ static void test_hist_records_run_and_wait(void **state) {
 enum { PATH_SUBMIT, PATH_WAIT, PATH_BATCH, PATH_GROUP, PATHS };
 
 static void test_hist_every_submit_path_on_one_clock(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     for (int path = 0; path < PATHS; path++) {
         tp_config cfg = {0};
         cfg.workers = 1;
         cfg.queue_capacity = 64;
-        tp_pool *p = tpt_pool_new(&cfg);
+        tp_pool *p = tpt_fx_pool(f, &cfg);
         tp_group *g = NULL;
         if (path == PATH_GROUP) assert_int_equal(tp_group_create(p, 0, &g), TP_OK);
         enum { N = 16 };
@@ -269,7 +265,7 @@ static void test_hist_every_submit_path_on_one_clock(void **state) {
             assert_int_equal(tp_group_wait(g, TPT_WAIT_NS), TP_OK);
             assert_int_equal(tp_group_destroy(g), TP_OK);
         }
-        tpt_pool_finish(p);
+        tpt_finish(p);
     }
 }
 
@@ -305,23 +301,24 @@ static void *reader_main(void *arg) {
 }
 
 static void test_hist_snapshot_consistent_while_running(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_config cfg = {0};
     cfg.workers = 2;
     cfg.queue_capacity = 128;
     cfg.max_retries = 1;
     cfg.retry_delay_ns = TPT_MS(1);
     cfg.log = tpt_quiet_log;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
     static reader r;
     memset(&r, 0, sizeof r);
     r.p = p;
     r.until = tp_now_ns() + TPT_WAIT_NS;
-    tpt_fx_thr *th = tpt_fx_thread(tpt_fx(state), reader_main, &r);
+    tpt_fx_thr *th = tpt_fx_thread(f, reader_main, &r);
     int n = TPT_SANITIZED ? 3000 : 20000;
     for (int i = 0; i < n; i++)
-        assert_int_equal(
-            tp_submit_wait(p, flaky_task, (void *)(uintptr_t)(i % 3 == 0), NULL, TPT_WAIT_NS, NULL), TP_OK);
+        assert_int_equal(tp_submit_wait(p, tpt_fail_attempts_task, (void *)(uintptr_t)(i % 3 == 0), NULL,
+                                        TPT_WAIT_NS, NULL),
+                         TP_OK);
     assert_int_equal(tp_shutdown(p, TPT_WAIT_NS), TP_OK);
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK);
     atomic_store(&r.stop, 1);
@@ -335,7 +332,7 @@ static void test_hist_snapshot_consistent_while_running(void **state) {
     assert_int_equal(tp_hist_get(p, TP_HIST_RUN, &h), TP_OK);
     assert_int_equal(h.count, s.started + s.retried);
     assert_int_equal(s.started, (uint64_t)n);
-    tpt_pool_destroy(p);
+    tpt_destroy(p);
 }
 
 int main(void) {

@@ -15,15 +15,6 @@
 
 /* ------------------------------------------------------------ helpers */
 
-static tp_pool *mkpool(unsigned workers, unsigned cap) {
-    tp_config c = {0};
-    c.log = tpt_quiet_log; /* cancelled and failed attempts are expected here */
-    c.workers = workers;
-    c.queue_capacity = cap;
-    c.max_per_user = TP_UNLIMITED;
-    return tpt_pool_new(&c);
-}
-
 /* A task record: what ran, what on_done saw. */
 enum { M_NOP, M_BLOCK, M_SLEEP, M_WORK };
 
@@ -100,7 +91,7 @@ static void test_close_stops_admission_and_drains(void **state) {
     tpt_fixture *f = tpt_fx(state);
     enum { W = 2, Q = 10 };
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(W, 20);
+    tp_pool *p = tpt_quiet_pool(f, W, 20, TP_UNLIMITED);
     tpt_fill_workers(p, l, W, NULL);
     rec *r = tpt_fx_array(f, rec, Q);
     for (int i = 0; i < Q; i++) {
@@ -130,19 +121,19 @@ static void test_close_stops_admission_and_drains(void **state) {
     assert_int_equal(s.rejected_closed, 2);
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK); /* repeatable */
     assert_int_equal(tp_wait(p, 0), TP_OK);           /* 0: no limit, already done */
-    s = tpt_pool_finish(p);
+    s = tpt_finish(p);
     assert_int_equal(s.workers, 0);
 }
 
 /* A pool closed with nothing in it: workers exit, wait gives TP_OK. */
 static void test_close_idle_pool(void **state) {
-    (void)state;
-    tp_pool *p = mkpool(3, 4);
+    tpt_fixture *f = tpt_fx(state);
+    tp_pool *p = tpt_quiet_pool(f, 3, 4, TP_UNLIMITED);
     TPT_EVENTUALLY(tpt_stats(p).workers == 3);
     assert_int_equal(tp_close(p), TP_OK);
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK);
     assert_int_equal(tpt_stats(p).workers, 0);
-    tpt_pool_finish(p);
+    tpt_finish(p);
 }
 
 /* ------------------------------------------------------------ shutdown in time */
@@ -151,7 +142,7 @@ static void test_shutdown_drains_in_time(void **state) {
     tpt_fixture *f = tpt_fx(state);
     enum { W = 2, N = 8 };
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(W, 16);
+    tp_pool *p = tpt_quiet_pool(f, W, 16, TP_UNLIMITED);
     atomic_int done = 0;
     rec *r = tpt_fx_array(f, rec, N);
     for (int i = 0; i < N; i++) {
@@ -179,7 +170,7 @@ static void test_shutdown_drains_in_time(void **state) {
     }
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK);
     assert_int_equal(tp_shutdown(p, TPT_WAIT_NS), TP_OK); /* same result again */
-    tp_stats s = tpt_pool_finish(p);
+    tp_stats s = tpt_finish(p);
     assert_int_equal(s.succeeded, N);
     assert_int_equal(s.cancelled, 0);
 }
@@ -191,7 +182,7 @@ static void test_forced_shutdown(void **state) {
     enum { Q = 5 };
     const uint64_t budget = TPT_MS(200);
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(2, 10);
+    tp_pool *p = tpt_quiet_pool(f, 2, 10, TP_UNLIMITED);
     rec *blk = tpt_fx_new(f, rec);
     rec *slp = tpt_fx_new(f, rec);
     rec *q = tpt_fx_array(f, rec, Q);
@@ -234,17 +225,14 @@ static void test_forced_shutdown(void **state) {
     assert_int_equal(atomic_load(&blk->err_after), TP_ECANCELED); /* it was told */
     tp_stats s = tpt_stats(p);
     tpt_assert_at_rest(&s);
-    assert_int_equal(s.workers, 0);
-    assert_int_equal(s.started, 2);
-    assert_int_equal(s.succeeded, 1);
-    assert_int_equal(s.cancelled, Q + 1);
-    assert_int_equal(s.failed, Q + 1);
+    tpt_assert_counts(s, TPT_EQ(workers, 0), TPT_EQ(started, 2), TPT_EQ(succeeded, 1),
+                      TPT_EQ(cancelled, Q + 1), TPT_EQ(failed, Q + 1));
     for (int i = 0; i < Q; i++) {
         assert_int_equal(atomic_load(&q[i].calls), 1);
         assert_int_equal(atomic_load(&q[i].ran), 0);
     }
     assert_int_equal(atomic_load(&slp->calls), 1);
-    tpt_pool_destroy(p);
+    tpt_destroy(p);
     assert_int_equal(atomic_load(&l->timeouts), 0);
 }
 
@@ -267,7 +255,7 @@ static void test_forced_shutdown_drops_retry(void **state) {
     c.max_retries = 5;
     c.retry_delay_ns = TPT_S(60); /* never within the test */
     c.log = tpt_quiet_log;
-    tp_pool *p = tpt_pool_new(&c);
+    tp_pool *p = tpt_fx_pool(f, &c);
     tpt_done *d = tpt_fx_new(f, tpt_done);
     tp_task_opts o = {0};
     o.on_done = tpt_done_fn;
@@ -284,10 +272,8 @@ static void test_forced_shutdown_drops_retry(void **state) {
     assert_int_equal(atomic_load(&retry_attempts), 1);
     tp_stats s = tpt_stats(p);
     tpt_assert_at_rest(&s);
-    assert_int_equal(s.retried, 0);
-    assert_int_equal(s.cancelled, 1);
-    assert_int_equal(s.workers, 0);
-    tpt_pool_destroy(p);
+    tpt_assert_counts(s, TPT_EQ(retried, 0), TPT_EQ(cancelled, 1), TPT_EQ(workers, 0));
+    tpt_destroy(p);
     assert_int_equal(atomic_load(&d->calls), 1);
 }
 
@@ -325,7 +311,7 @@ static void test_shutdown_countdown_not_reset(void **state) {
     tpt_fixture *f = tpt_fx(state);
     const uint64_t budget = TPT_MS(300);
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(1, 4);
+    tp_pool *p = tpt_quiet_pool(f, 1, 4, TP_UNLIMITED);
     tpt_fill_workers(p, l, 1, NULL);
 
     shut_call *first = tpt_fx_new(f, shut_call);
@@ -356,14 +342,14 @@ static void test_shutdown_countdown_not_reset(void **state) {
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_ETIMEDOUT);
     tp_stats s = tpt_stats(p);
     tpt_assert_at_rest(&s);
-    tpt_pool_destroy(p);
+    tpt_destroy(p);
 }
 
 /* A shorter budget in a later call does not shorten the countdown either. */
 static void test_shutdown_countdown_not_shortened(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(1, 4);
+    tp_pool *p = tpt_quiet_pool(f, 1, 4, TP_UNLIMITED);
     tpt_fill_workers(p, l, 1, NULL);
     atomic_int done = 0;
     rec *r = tpt_fx_new(f, rec);
@@ -390,7 +376,7 @@ static void test_shutdown_countdown_not_shortened(void **state) {
     assert_int_equal(first->rc, TP_OK);
     assert_int_equal(second->rc, TP_OK);
     assert_int_equal(second->done_at_return, 1);
-    tp_stats s = tpt_pool_finish(p);
+    tp_stats s = tpt_finish(p);
     assert_int_equal(s.cancelled, 0);
 }
 
@@ -400,7 +386,7 @@ static void test_concurrent_shutdown_drained(void **state) {
     tpt_fixture *f = tpt_fx(state);
     enum { W = 2, N = 6, T = 6 };
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(W, 16);
+    tp_pool *p = tpt_quiet_pool(f, W, 16, TP_UNLIMITED);
     atomic_int done = 0;
     rec *r = tpt_fx_array(f, rec, N);
     for (int i = 0; i < N; i++) {
@@ -434,7 +420,7 @@ static void test_concurrent_shutdown_drained(void **state) {
         assert_int_equal(c[i].done_at_return, N); /* on_done all returned */
     }
     for (int i = 0; i < N; i++) assert_int_equal(atomic_load(&r[i].calls), 1);
-    tpt_pool_finish(p);
+    tpt_finish(p);
 }
 
 static void test_concurrent_shutdown_forced(void **state) {
@@ -442,7 +428,7 @@ static void test_concurrent_shutdown_forced(void **state) {
     enum { T = 6 };
     const uint64_t budget = TPT_MS(150);
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(1, 4);
+    tp_pool *p = tpt_quiet_pool(f, 1, 4, TP_UNLIMITED);
     tpt_fill_workers(p, l, 1, NULL);
     rec *q = tpt_fx_new(f, rec);
     rec_init(q, M_NOP, NULL);
@@ -489,7 +475,7 @@ static void test_concurrent_shutdown_forced(void **state) {
     tp_stats s = tpt_stats(p);
     tpt_assert_at_rest(&s);
     assert_int_equal(s.workers, 0);
-    tpt_pool_destroy(p);
+    tpt_destroy(p);
 }
 
 /* ------------------------------------------------------------ ignoring task */
@@ -497,7 +483,7 @@ static void test_concurrent_shutdown_forced(void **state) {
 static void test_task_ignoring_cancellation(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(1, 4);
+    tp_pool *p = tpt_quiet_pool(f, 1, 4, TP_UNLIMITED);
     rec *blk = tpt_fx_new(f, rec);
     rec_init(blk, M_BLOCK, l);
     submit_rec(p, blk);
@@ -525,7 +511,7 @@ static void test_task_ignoring_cancellation(void **state) {
     tp_stats s = tpt_stats(p);
     tpt_assert_at_rest(&s);
     assert_int_equal(s.workers, 0);
-    tpt_pool_destroy(p);
+    tpt_destroy(p);
     assert_int_equal(atomic_load(&l->timeouts), 0);
 }
 
@@ -548,7 +534,7 @@ static void *wait_main(void *a) {
 static void test_wait_alone_waits_for_close(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(2, 8);
+    tp_pool *p = tpt_quiet_pool(f, 2, 8, TP_UNLIMITED);
     tpt_fill_workers(p, l, 1, NULL);
 
     /* On its own it times out and leaves the pool open and working. */
@@ -577,21 +563,21 @@ static void test_wait_alone_waits_for_close(void **state) {
     tp_stats s = tpt_stats(p);
     assert_int_equal(s.workers, 0);
     tpt_assert_at_rest(&s);
-    tpt_pool_finish(p);
+    tpt_finish(p);
 }
 
 static void test_wait_returns_shutdown_result(void **state) {
     tpt_fixture *f = tpt_fx(state);
     /* drained */
-    tp_pool *p = mkpool(2, 8);
+    tp_pool *p = tpt_quiet_pool(f, 2, 8, TP_UNLIMITED);
     for (int i = 0; i < 4; i++) assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_OK);
     assert_int_equal(tp_shutdown(p, TPT_WAIT_NS), TP_OK);
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK);
     assert_int_equal(tp_wait(p, TP_FOREVER), TP_OK);
-    tpt_pool_finish(p);
+    tpt_finish(p);
 
     /* forced, the running task cooperates */
-    p = mkpool(1, 8);
+    p = tpt_quiet_pool(f, 1, 8, TP_UNLIMITED);
     rec *r = tpt_fx_new(f, rec);
     rec_init(r, M_SLEEP, NULL);
     submit_rec(p, r);
@@ -604,7 +590,7 @@ static void test_wait_returns_shutdown_result(void **state) {
     tp_stats s = tpt_stats(p);
     tpt_assert_at_rest(&s);
     assert_int_equal(s.workers, 0);
-    tpt_pool_destroy(p);
+    tpt_destroy(p);
 
     assert_int_equal(tp_wait(NULL, 0), TP_EINVAL);
     assert_int_equal(tp_shutdown(NULL, 0), TP_EINVAL);
@@ -667,7 +653,7 @@ static void assert_dl(dl_probe *d) {
 static void test_edeadlk_from_task_and_on_done(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(1, 8);
+    tp_pool *p = tpt_quiet_pool(f, 1, 8, TP_UNLIMITED);
 
     /* inside a task */
     dl_probe *in_task = tpt_fx_new(f, dl_probe);
@@ -709,7 +695,7 @@ static void test_edeadlk_from_task_and_on_done(void **state) {
     assert_int_equal(atomic_load(&closer->close_rc), TP_OK);
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_ECLOSED);
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK);
-    tpt_pool_finish(p);
+    tpt_finish(p);
 }
 
 /* The worker hooks and the log hook are the pool's own threads too. */
@@ -770,7 +756,7 @@ static void test_edeadlk_from_hooks(void **state) {
     c.hook_arg = h;
     c.log = hook_log;
     c.log_arg = h;
-    tp_pool *p = tpt_pool_new(&c);
+    tp_pool *p = tpt_fx_pool(f, &c);
     atomic_store(&h->pool, p);
     tpt_done *d = tpt_fx_new(f, tpt_done);
     tp_task_opts o = {0};
@@ -784,7 +770,7 @@ static void test_edeadlk_from_hooks(void **state) {
     assert_int_equal(atomic_load(&h->log_wrong), 0);
     assert_int_equal(atomic_load(&h->log_on_caller), 0);
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_OK); /* still open */
-    tpt_pool_finish(p);
+    tpt_finish(p);
     assert_int_equal(atomic_load(&h->calls), 2);
     assert_int_equal(atomic_load(&h->wrong), 0);
 }
@@ -795,7 +781,7 @@ static void test_destroy_without_shutdown_drains(void **state) {
     tpt_fixture *f = tpt_fx(state);
     enum { N = 6 };
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = mkpool(1, 8);
+    tp_pool *p = tpt_quiet_pool(f, 1, 8, TP_UNLIMITED);
     rec *r = tpt_fx_array(f, rec, N);
     for (int i = 0; i < N; i++) {
         rec_init(&r[i], i == 0 ? M_BLOCK : M_WORK, l);
@@ -805,7 +791,7 @@ static void test_destroy_without_shutdown_drains(void **state) {
     opener *op = tpt_fx_new(f, opener);
     *op = (opener){l, TPT_MS(50)};
     tpt_fx_thr *th = tpt_fx_thread(f, opener_main, op);
-    tpt_pool_destroy(p);
+    tpt_destroy(p);
     tpt_fx_join(th);
     for (int i = 0; i < N; i++) {
         assert_int_equal(atomic_load(&r[i].ran), 1);
@@ -817,15 +803,15 @@ static void test_destroy_without_shutdown_drains(void **state) {
 
 /* Destroying an idle, never-used pool is fine too. */
 static void test_destroy_idle_pool(void **state) {
-    (void)state;
-    tp_pool *p = mkpool(2, 2);
-    tpt_pool_destroy(p);
+    tpt_fixture *f = tpt_fx(state);
+    tp_pool *p = tpt_quiet_pool(f, 2, 2, TP_UNLIMITED);
+    tpt_destroy(p);
 }
 
 static void test_create_null_config(void **state) {
     tpt_fixture *f = tpt_fx(state);
     assert_int_equal(tp_create(NULL, NULL), TP_EINVAL);
-    tp_pool *p = tpt_pool_new(NULL); /* asserts tp_create(&p, NULL) == TP_OK, p != NULL */
+    tp_pool *p = tpt_fx_pool(f, NULL); /* asserts tp_create(&p, NULL) == TP_OK, p != NULL */
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     if (ncpu > 0) {
         unsigned want = (unsigned)ncpu * 4u;
@@ -836,15 +822,15 @@ static void test_create_null_config(void **state) {
     tp_task_opts o = {0};
     o.on_done = tpt_done_fn;
     assert_int_equal(tp_submit(p, tpt_nop_task, d, &o, NULL), TP_OK);
-    tp_stats s = tpt_pool_finish(p);
+    tp_stats s = tpt_finish(p);
     assert_int_equal(atomic_load(&d->calls), 1);
     assert_int_equal(s.succeeded, 1);
 }
 
 /* stats.workers falls to 0 once tp_wait returned, whichever way it ended. */
 static void test_workers_zero_after_wait(void **state) {
-    (void)state;
-    tp_pool *p = mkpool(4, 8);
+    tpt_fixture *f = tpt_fx(state);
+    tp_pool *p = tpt_quiet_pool(f, 4, 8, TP_UNLIMITED);
     TPT_EVENTUALLY(tpt_stats(p).workers == 4);
     for (int i = 0; i < 8; i++) assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_OK);
     assert_int_equal(tp_close(p), TP_OK);
@@ -852,7 +838,7 @@ static void test_workers_zero_after_wait(void **state) {
     tp_stats s = tpt_stats(p);
     assert_int_equal(s.workers, 0);
     assert_int_equal(s.idle, 0);
-    tpt_pool_finish(p);
+    tpt_finish(p);
 }
 
 int main(void) {

@@ -87,14 +87,6 @@ static int lrec_task(tp_ctx *c, void *arg) {
     return rc;
 }
 
-static tp_pool *mkpool(unsigned workers, unsigned capacity) {
-    tp_config cfg = {0};
-    cfg.workers = workers;
-    cfg.queue_capacity = capacity;
-    cfg.log = tpt_quiet_log;
-    return tpt_pool_new(&cfg);
-}
-
 static void submit_l(tp_pool *p, lrec *r, const char *log_id) {
     tp_task_opts o = {0};
     o.log_id = log_id;
@@ -135,7 +127,7 @@ static int is_generated_format(const char *s) {
 static void test_logid_explicit_copied(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tp_log_id_set(NULL);
-    tp_pool *p = mkpool(1, 0);
+    tp_pool *p = tpt_quiet_pool(f, 1, 0, 0);
     tpt_latch *gate = tpt_fx_latch(f);
     assert_int_equal(tp_submit(p, tpt_block_task, gate, NULL, NULL), TP_OK);
     TPT_EVENTUALLY(atomic_load(&gate->waiting) == 1);
@@ -166,8 +158,8 @@ static void test_logid_explicit_copied(void **state) {
 }
 
 static void test_logid_too_long_einval(void **state) {
-    (void)state;
-    tp_pool *p = mkpool(1, 0);
+    tpt_fixture *f = tpt_fx(state);
+    tp_pool *p = tpt_quiet_pool(f, 1, 0, 0);
     TPT_EVENTUALLY(tpt_stats(p).idle == 1);
     tp_stats before = tpt_stats(p);
     char longid[TP_LOG_ID_MAX + 2];
@@ -218,7 +210,7 @@ static void test_logid_set_get_on_plain_thread(void **state) {
 static void test_logid_inherited_from_submitter(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tp_log_id_set(NULL);
-    tp_pool *p = mkpool(1, 0);
+    tp_pool *p = tpt_quiet_pool(f, 1, 0, 0);
     tpt_latch *gate = tpt_fx_latch(f);
     assert_int_equal(tp_submit(p, tpt_block_task, gate, NULL, NULL), TP_OK);
     TPT_EVENTUALLY(atomic_load(&gate->waiting) == 1);
@@ -276,13 +268,13 @@ static int cmp_str(const void *a, const void *b) {
 }
 
 static void test_logid_generated_unique(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_log_id_set(NULL);
     enum { N = 1000, M = 100 };
     gen_slot *slots = calloc(N + M, sizeof *slots);
     assert_non_null(slots);
-    tp_pool *p = mkpool(2, N);
-    tp_pool *q = mkpool(1, M);
+    tp_pool *p = tpt_quiet_pool(f, 2, N, 0);
+    tp_pool *q = tpt_quiet_pool(f, 1, M, 0);
     for (int i = 0; i < N; i++) assert_int_equal(tp_submit(p, gen_task, &slots[i], NULL, NULL), TP_OK);
     for (int i = 0; i < M; i++) assert_int_equal(tp_submit(q, gen_task, &slots[N + i], NULL, NULL), TP_OK);
     for (int i = 0; i < N + M; i++) TPT_EVENTUALLY(atomic_load(&slots[i].done) == 1);
@@ -324,7 +316,7 @@ static void test_logid_kept_across_retries(void **state) {
     cfg.max_retries = 2;
     cfg.retry_delay_ns = TPT_MS(1);
     cfg.log = tpt_quiet_log;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
 
     lrec *gen = tpt_fx_new(f, lrec);
     lrec *exp = tpt_fx_new(f, lrec);
@@ -358,7 +350,7 @@ static void test_logid_kept_across_retries(void **state) {
 static void test_logid_child_inherits(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tp_log_id_set(NULL);
-    tp_pool *p = mkpool(1, 0); /* one worker: children run after, on it */
+    tp_pool *p = tpt_quiet_pool(f, 1, 0, 0); /* one worker: children run after, on it */
 
     lrec *parent = tpt_fx_new(f, lrec);
     lrec *child = tpt_fx_new(f, lrec);
@@ -405,7 +397,7 @@ static void test_logid_on_done_of_unrun_task(void **state) {
     tp_log_id_set(NULL);
     /* A task cancelled while queued ends on the service thread: its on_done
      * still runs with the task's log id current. */
-    tp_pool *p = mkpool(1, 0);
+    tp_pool *p = tpt_quiet_pool(f, 1, 0, 0);
     tpt_latch *gate = tpt_fx_latch(f);
     assert_int_equal(tp_submit(p, tpt_block_task, gate, NULL, NULL), TP_OK);
     TPT_EVENTUALLY(atomic_load(&gate->waiting) == 1);
@@ -475,7 +467,7 @@ static void test_logid_log_hook_receives_it(void **state) {
     tp_config cfg = {0};
     cfg.workers = 1;
     cfg.log = hook_log;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
     lrec *e = tpt_fx_new(f, lrec);
     lrec *i = tpt_fx_new(f, lrec);
     lrec *g = tpt_fx_new(f, lrec);

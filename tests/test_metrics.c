@@ -19,27 +19,19 @@
 #define _GNU_SOURCE
 #include "tp_test.h"
 
-static int flaky(tp_ctx *c, void *arg) {
-    (void)arg;
-    return tp_ctx_attempt(c) == 0 ? 1 : 0;
-}
-
-static tp_pool *named_pool(const char *name, unsigned max_per_user) {
-    tp_config cfg = {0};
-    cfg.workers = 2;
-    cfg.queue_capacity = 64;
-    cfg.max_per_user = max_per_user;
+static tp_pool *named_pool(tpt_fixture *f, const char *name, unsigned max_per_user) {
+    tp_config cfg = tpt_quiet_config(2, 64, max_per_user);
     cfg.max_retries = 1;
     cfg.retry_delay_ns = TPT_MS(1);
     cfg.name = name;
-    cfg.log = tpt_quiet_log;
-    return tpt_pool_new(&cfg);
+    return tpt_fx_pool(f, &cfg);
 }
 
 static void run_some(tp_pool *p, int n) {
     for (int i = 0; i < n; i++)
-        assert_int_equal(tp_submit_wait(p, i % 4 ? tpt_nop_task : flaky, NULL, NULL, TPT_WAIT_NS, NULL),
-                         TP_OK);
+        assert_int_equal(
+            tp_submit_wait(p, i % 4 ? tpt_nop_task : tpt_fail_once_task, NULL, NULL, TPT_WAIT_NS, NULL),
+            TP_OK);
     assert_int_equal(tp_shutdown(p, TPT_WAIT_NS), TP_OK);
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK);
 }
@@ -210,8 +202,8 @@ static void check_prometheus(char *doc, const tp_stats *sa, const tp_stats *sb) 
 }
 
 static void test_metrics_prometheus(void **state) {
-    (void)state;
-    tp_pool *pools[2] = {named_pool(NAME_A, 3), named_pool(NAME_B, TP_UNLIMITED)};
+    tpt_fixture *f = tpt_fx(state);
+    tp_pool *pools[2] = {named_pool(f, NAME_A, 3), named_pool(f, NAME_B, TP_UNLIMITED)};
     run_some(pools[0], 50);
     run_some(pools[1], 30);
     tp_stats sa = tpt_stats(pools[0]), sb = tpt_stats(pools[1]);
@@ -229,13 +221,13 @@ static void test_metrics_prometheus(void **state) {
     assert_int_equal(one[0], '\0');
     check_prometheus(doc, &sa, &sb);
     free(doc);
-    tpt_pool_destroy(pools[0]);
-    tpt_pool_destroy(pools[1]);
+    tpt_destroy(pools[0]);
+    tpt_destroy(pools[1]);
 }
 
 static void test_metrics_json(void **state) {
-    (void)state;
-    tp_pool *pools[2] = {named_pool(NAME_A, 3), named_pool(NAME_B, TP_UNLIMITED)};
+    tpt_fixture *f = tpt_fx(state);
+    tp_pool *pools[2] = {named_pool(f, NAME_A, 3), named_pool(f, NAME_B, TP_UNLIMITED)};
     run_some(pools[0], 20);
     run_some(pools[1], 10);
     char *doc = format_all(pools, 2, TP_FORMAT_JSON);
@@ -257,12 +249,12 @@ static void test_metrics_json(void **state) {
     assert_int_equal(doc[strlen(doc) - 1], '}');
     assert_null(strchr(doc, '\n')); /* the raw newline is escaped */
     free(doc);
-    tpt_pool_destroy(pools[0]);
-    tpt_pool_destroy(pools[1]);
+    tpt_destroy(pools[0]);
+    tpt_destroy(pools[1]);
 }
 
 static void test_metrics_zero_pools_and_refusals(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     char buf[4096];
     int n = tp_metrics_format(NULL, 0, TP_FORMAT_PROMETHEUS, buf, sizeof buf);
     assert_true(n > 0 && (size_t)n == strlen(buf));
@@ -275,7 +267,7 @@ static void test_metrics_zero_pools_and_refusals(void **state) {
     assert_string_equal(buf, want);
     assert_int_equal(n, (int)strlen(want));
 
-    tp_pool *a = named_pool("same", 0), *b = named_pool("same", 0), *c = named_pool("other", 0);
+    tp_pool *a = named_pool(f, "same", 0), *b = named_pool(f, "same", 0), *c = named_pool(f, "other", 0);
     tp_pool *dup[2] = {a, b}, *twice[2] = {c, c}, *withnull[2] = {c, NULL}, *ok[2] = {a, c};
     memset(buf, 'x', sizeof buf);
     assert_int_equal(tp_metrics_format(dup, 2, TP_FORMAT_PROMETHEUS, buf, sizeof buf), TP_EINVAL);
@@ -288,9 +280,9 @@ static void test_metrics_zero_pools_and_refusals(void **state) {
     assert_int_equal(tp_metrics_format(ok, 2, 7, buf, sizeof buf), TP_EINVAL);
     assert_true(tp_metrics_format(ok, 2, TP_FORMAT_JSON, NULL, 0) > 0);
     assert_true(tp_metrics_format(ok, 1, TP_FORMAT_PROMETHEUS, NULL, 0) > 0);
-    tpt_pool_finish(a);
-    tpt_pool_finish(b);
-    tpt_pool_finish(c);
+    tpt_finish(a);
+    tpt_finish(b);
+    tpt_finish(c);
 }
 
 int main(void) {

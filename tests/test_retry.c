@@ -104,14 +104,13 @@ static int rt_task(tp_ctx *c, void *arg) {
     return rc;
 }
 
-static tp_pool *mkpool(unsigned workers, unsigned max_retries, uint64_t delay_ns, unsigned capacity) {
-    tp_config cfg = {0};
-    cfg.workers = workers;
+/* A quiet pool that retries a failed task max_retries times, delay_ns apart. */
+static tp_pool *retry_pool(tpt_fixture *f, unsigned workers, unsigned max_retries, uint64_t delay_ns,
+                           unsigned capacity) {
+    tp_config cfg = tpt_quiet_config(workers, capacity, 0);
     cfg.max_retries = max_retries;
     cfg.retry_delay_ns = delay_ns;
-    cfg.queue_capacity = capacity;
-    cfg.log = tpt_quiet_log;
-    return tpt_pool_new(&cfg);
+    return tpt_fx_pool(f, &cfg);
 }
 
 static void submit_rt(tp_pool *p, rt *r, const tp_task_opts *base, uint64_t *id) {
@@ -125,7 +124,7 @@ static void submit_rt(tp_pool *p, rt *r, const tp_task_opts *base, uint64_t *id)
 
 static void test_retry_exhausted(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(2, 3, TPT_MS(2), 0);
+    tp_pool *p = retry_pool(f, 2, 3, TPT_MS(2), 0);
     rt *r = tpt_fx_new(f, rt);
     r->fail_until = ALWAYS;
     r->fail_status = 42;
@@ -144,19 +143,13 @@ static void test_retry_exhausted(void **state) {
     assert_int_equal(atomic_load(&r->attempts), 4);
     assert_int_equal(atomic_load(&r->seen), 0xF);
     assert_int_equal(atomic_load(&r->bad_id), 0);
-    assert_int_equal(s.accepted, 1);
-    assert_int_equal(s.started, 1);
-    assert_int_equal(s.retried, 3);
-    assert_int_equal(s.completed, 1);
-    assert_int_equal(s.succeeded, 0);
-    assert_int_equal(s.failed, 1);
-    assert_int_equal(s.cancelled, 0);
-    assert_int_equal(s.expired, 0);
+    tpt_assert_counts(s, TPT_EQ(accepted, 1), TPT_EQ(started, 1), TPT_EQ(retried, 3), TPT_EQ(completed, 1),
+                      TPT_EQ(succeeded, 0), TPT_EQ(failed, 1), TPT_EQ(cancelled, 0), TPT_EQ(expired, 0));
 }
 
 static void test_retry_none_by_default(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(1, 0, 0, 0);
+    tp_pool *p = retry_pool(f, 1, 0, 0, 0);
     rt *r = tpt_fx_new(f, rt);
     r->fail_until = ALWAYS;
     r->fail_status = -1000;
@@ -171,7 +164,7 @@ static void test_retry_none_by_default(void **state) {
 
 static void test_retry_max_100(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(1, TP_MAX_RETRIES, TPT_MS(1), 0);
+    tp_pool *p = retry_pool(f, 1, TP_MAX_RETRIES, TPT_MS(1), 0);
     rt *r = tpt_fx_new(f, rt);
     r->fail_until = ALWAYS;
     r->fail_status = 3;
@@ -188,7 +181,7 @@ static void test_retry_max_100(void **state) {
 
 static void test_retry_succeeds_on_attempt_k(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(2, 5, TPT_MS(2), 0);
+    tp_pool *p = retry_pool(f, 2, 5, TPT_MS(2), 0);
     rt *r = tpt_fx_new(f, rt);
     r->fail_until = 2; /* attempts 0 and 1 fail, 2 succeeds */
     r->fail_status = 9;
@@ -200,17 +193,14 @@ static void test_retry_succeeds_on_attempt_k(void **state) {
     assert_int_equal(atomic_load(&r->attempts), 3);
     assert_int_equal(atomic_load(&r->seen), 0x7);
     assert_int_equal(atomic_load(&r->bad_id), 0);
-    assert_int_equal(s.started, 1);
-    assert_int_equal(s.retried, 2);
-    assert_int_equal(s.succeeded, 1);
-    assert_int_equal(s.failed, 0);
+    tpt_assert_counts(s, TPT_EQ(started, 1), TPT_EQ(retried, 2), TPT_EQ(succeeded, 1), TPT_EQ(failed, 0));
 }
 
 /* ------------------------------------------------------------ waiting retries */
 
 static void test_retry_holds_no_worker(void **state) {
     tpt_fixture *fx = tpt_fx(state);
-    tp_pool *p = mkpool(1, 1, TPT_S(60), 0); /* the retry would come in 60 s */
+    tp_pool *p = retry_pool(fx, 1, 1, TPT_S(60), 0); /* the retry would come in 60 s */
     rt *f = tpt_fx_new(fx, rt);
     f->fail_until = ALWAYS;
     f->fail_status = 1;
@@ -248,17 +238,13 @@ static void test_retry_holds_no_worker(void **state) {
     s = tpt_finish(p);
     assert_int_equal(atomic_load(&f->attempts), 1);
     assert_int_equal(atomic_load(&f->done_calls), 1);
-    assert_int_equal(s.started, 2);
-    assert_int_equal(s.retried, 0);
-    assert_int_equal(s.succeeded, 1);
-    assert_int_equal(s.failed, 1);
-    assert_int_equal(s.cancelled, 1);
-    assert_int_equal(s.expired, 0);
+    tpt_assert_counts(s, TPT_EQ(started, 2), TPT_EQ(retried, 0), TPT_EQ(succeeded, 1), TPT_EQ(failed, 1),
+                      TPT_EQ(cancelled, 1), TPT_EQ(expired, 0));
 }
 
 static void test_retry_cancel_while_waiting_all_workers_busy(void **state) {
     tpt_fixture *fx = tpt_fx(state);
-    tp_pool *p = mkpool(1, 2, TPT_S(60), 0);
+    tp_pool *p = retry_pool(fx, 1, 2, TPT_S(60), 0);
     rt *f = tpt_fx_new(fx, rt);
     f->fail_until = ALWAYS;
     f->fail_status = 1;
@@ -287,7 +273,7 @@ static void test_retry_cancel_while_waiting_all_workers_busy(void **state) {
 static void test_retry_goes_to_back_of_queue(void **state) {
     tpt_fixture *fx = tpt_fx(state);
     order_reset();
-    tp_pool *p = mkpool(1, 1, TPT_MS(1), 0);
+    tp_pool *p = retry_pool(fx, 1, 1, TPT_MS(1), 0);
     tpt_latch *l0 = tpt_fx_latch(fx);
     tpt_latch *l1 = tpt_fx_latch(fx);
     rt *f = tpt_fx_new(fx, rt);
@@ -331,7 +317,7 @@ static void test_retry_goes_to_back_of_queue(void **state) {
 
 static void test_retry_cut_by_forced_shutdown(void **state) {
     tpt_fixture *fx = tpt_fx(state);
-    tp_pool *p = mkpool(2, 3, TPT_S(60), 0);
+    tp_pool *p = retry_pool(fx, 2, 3, TPT_S(60), 0);
     /* f waits for a retry 60 s away; r runs until cancelled, then fails. */
     rt *f = tpt_fx_new(fx, rt);
     rt *r = tpt_fx_new(fx, rt);
@@ -360,15 +346,13 @@ static void test_retry_cut_by_forced_shutdown(void **state) {
     assert_int_equal(atomic_load(&r->attempts), 1);
     assert_int_equal(atomic_load(&f->done_calls), 1);
     assert_int_equal(atomic_load(&r->done_calls), 1);
-    assert_int_equal(s.started, 2);
-    assert_int_equal(s.retried, 0);
-    assert_int_equal(s.failed, 2);
-    assert_int_equal(s.cancelled, 1); /* f; r returned a plain failure */
+    tpt_assert_counts(s, TPT_EQ(started, 2), TPT_EQ(retried, 0), TPT_EQ(failed, 2),
+                      TPT_EQ(cancelled, 1)); /* f; r returned a plain failure */
 }
 
 static void test_retry_not_after_cancel(void **state) {
-    (void)state;
-    tp_pool *p = mkpool(1, 3, TPT_MS(1), 0);
+    tpt_fixture *f = tpt_fx(state);
+    tp_pool *p = retry_pool(f, 1, 3, TPT_MS(1), 0);
     const int after[] = {7, TP_ECANCELED, 0};
     /* Outlives the loop: a wrong late retry must not touch a dead frame. */
     static rt rs[3];
@@ -389,16 +373,14 @@ static void test_retry_not_after_cancel(void **state) {
         assert_int_equal(atomic_load(&r->done_calls), 1);
     }
     tp_stats s = tpt_finish(p);
-    assert_int_equal(s.started, 3);
-    assert_int_equal(s.retried, 0);
-    assert_int_equal(s.succeeded, 1); /* 0 is success even when cancelled */
-    assert_int_equal(s.failed, 2);
-    assert_int_equal(s.cancelled, 1); /* only the TP_ECANCELED status */
+    tpt_assert_counts(s, TPT_EQ(started, 3), TPT_EQ(retried, 0),
+                      TPT_EQ(succeeded, 1),                     /* 0 is success even when cancelled */
+                      TPT_EQ(failed, 2), TPT_EQ(cancelled, 1)); /* only the TP_ECANCELED status */
 }
 
 static void test_retry_deadline_passes_while_waiting(void **state) {
     tpt_fixture *fx = tpt_fx(state);
-    tp_pool *p = mkpool(1, 3, TPT_S(60), 0);
+    tp_pool *p = retry_pool(fx, 1, 3, TPT_S(60), 0);
     rt *f = tpt_fx_new(fx, rt);
     f->fail_until = ALWAYS;
     f->fail_status = 1;
@@ -414,16 +396,13 @@ static void test_retry_deadline_passes_while_waiting(void **state) {
     /* ...and the task did not end before it. */
     assert_true(atomic_load(&f->t_done) >= o.deadline_ns);
     tp_stats s = tpt_finish(p);
-    assert_int_equal(s.started, 1);
-    assert_int_equal(s.retried, 0);
-    assert_int_equal(s.failed, 1);
-    assert_int_equal(s.cancelled, 1);
-    assert_int_equal(s.expired, 0); /* it ran */
+    tpt_assert_counts(s, TPT_EQ(started, 1), TPT_EQ(retried, 0), TPT_EQ(failed, 1), TPT_EQ(cancelled, 1),
+                      TPT_EQ(expired, 0)); /* it ran */
 }
 
 static void test_retry_deadline_passes_while_running(void **state) {
     tpt_fixture *fx = tpt_fx(state);
-    tp_pool *p = mkpool(1, 3, TPT_MS(1), 0);
+    tp_pool *p = retry_pool(fx, 1, 3, TPT_MS(1), 0);
     /* Sleeps until the deadline, returns TP_ETIMEDOUT: not retried. */
     rt *f = tpt_fx_new(fx, rt);
     f->mode = RT_TIMEOUT;
@@ -454,10 +433,7 @@ static void test_retry_deadline_passes_while_running(void **state) {
     tp_stats s = tpt_finish(p);
     assert_int_equal(atomic_load(&f->attempts), 1);
     assert_int_equal(atomic_load(&g->attempts), 1);
-    assert_int_equal(s.retried, 0);
-    assert_int_equal(s.failed, 2);
-    assert_int_equal(s.cancelled, 1);
-    assert_int_equal(s.expired, 0);
+    tpt_assert_counts(s, TPT_EQ(retried, 0), TPT_EQ(failed, 2), TPT_EQ(cancelled, 1), TPT_EQ(expired, 0));
 }
 
 static void test_retry_deadline_passes_while_requeued(void **state) {
@@ -465,7 +441,7 @@ static void test_retry_deadline_passes_while_requeued(void **state) {
     /* The retry is back in the queue (behind a blocker) when its deadline
      * passes: it ends TP_ETIMEDOUT without another attempt, cancelled but not
      * expired, since it ran before. */
-    tp_pool *p = mkpool(1, 3, TPT_MS(1), 0);
+    tp_pool *p = retry_pool(fx, 1, 3, TPT_MS(1), 0);
     tpt_latch *l0 = tpt_fx_latch(fx);
     tpt_latch *lb = tpt_fx_latch(fx);
     rt *f = tpt_fx_new(fx, rt);
@@ -488,15 +464,12 @@ static void test_retry_deadline_passes_while_requeued(void **state) {
     assert_int_equal(atomic_load(&f->done_status), TP_ETIMEDOUT);
     s = tpt_finish(p);
     assert_int_equal(atomic_load(&f->attempts), 1);
-    assert_int_equal(s.started, 2);
-    assert_int_equal(s.retried, 0);
-    assert_int_equal(s.cancelled, 1);
-    assert_int_equal(s.expired, 0);
+    tpt_assert_counts(s, TPT_EQ(started, 2), TPT_EQ(retried, 0), TPT_EQ(cancelled, 1), TPT_EQ(expired, 0));
 }
 
 static void test_retry_run_timeout_is_retried(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(1, 2, TPT_MS(2), 0);
+    tp_pool *p = retry_pool(f, 1, 2, TPT_MS(2), 0);
     rt *r = tpt_fx_new(f, rt);
     r->mode = RT_TIMEOUT;
     r->fail_until = 2; /* attempts 0 and 1 run into their timeout */
@@ -509,12 +482,10 @@ static void test_retry_run_timeout_is_retried(void **state) {
     assert_int_equal(atomic_load(&r->attempts), 3);
     /* Each attempt gets its own run timeout, from its own start. */
     assert_int_equal(atomic_load(&r->err_start_bad), 0);
-    assert_int_equal(s.retried, 2);
-    assert_int_equal(s.succeeded, 1);
-    assert_int_equal(s.failed, 0);
+    tpt_assert_counts(s, TPT_EQ(retried, 2), TPT_EQ(succeeded, 1), TPT_EQ(failed, 0));
 
     /* Exhausted by run timeouts: the status is the last attempt's. */
-    p = mkpool(1, 1, TPT_MS(2), 0);
+    p = retry_pool(f, 1, 1, TPT_MS(2), 0);
     rt *t = tpt_fx_new(f, rt);
     t->mode = RT_TIMEOUT;
     t->fail_until = ALWAYS;
@@ -523,9 +494,7 @@ static void test_retry_run_timeout_is_retried(void **state) {
     s = tpt_finish(p);
     assert_int_equal(atomic_load(&t->done_status), TP_ETIMEDOUT);
     assert_int_equal(atomic_load(&t->attempts), 2);
-    assert_int_equal(s.retried, 1);
-    assert_int_equal(s.cancelled, 1);
-    assert_int_equal(s.expired, 0);
+    tpt_assert_counts(s, TPT_EQ(retried, 1), TPT_EQ(cancelled, 1), TPT_EQ(expired, 0));
 }
 
 /* ------------------------------------------------------------ capacity */
@@ -534,7 +503,7 @@ static void test_retry_delayed_counts_toward_capacity(void **state) {
     tpt_fixture *fx = tpt_fx(state);
     /* Capacity 1, one task waiting for a retry: the queue is empty and the
      * worker idle, yet there is no space. */
-    tp_pool *p = mkpool(1, 1, TPT_S(60), 1);
+    tp_pool *p = retry_pool(fx, 1, 1, TPT_S(60), 1);
     rt *f = tpt_fx_new(fx, rt);
     f->fail_until = ALWAYS;
     f->fail_status = 1;
@@ -546,9 +515,7 @@ static void test_retry_delayed_counts_toward_capacity(void **state) {
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_EFULL);
     assert_int_equal(tp_submit_wait(p, tpt_nop_task, NULL, NULL, TPT_MS(20), NULL), TP_ETIMEDOUT);
     s = tpt_stats(p);
-    assert_int_equal(s.rejected_full, 1);
-    assert_int_equal(s.rejected_timeout, 1);
-    assert_int_equal(s.accepted, 1);
+    tpt_assert_counts(s, TPT_EQ(rejected_full, 1), TPT_EQ(rejected_timeout, 1), TPT_EQ(accepted, 1));
     assert_int_equal(tp_cancel(p, fid), TP_OK);
     TPT_EVENTUALLY(atomic_load(&f->done_calls) == 1);
     TPT_EVENTUALLY(tpt_stats(p).delayed == 0);
@@ -556,7 +523,7 @@ static void test_retry_delayed_counts_toward_capacity(void **state) {
     tpt_finish(p);
 
     /* Capacity 2: one delayed + one queued (the worker blocked) is full. */
-    p = mkpool(1, 1, TPT_S(60), 2);
+    p = retry_pool(fx, 1, 1, TPT_S(60), 2);
     rt *g = tpt_fx_new(fx, rt);
     g->fail_until = ALWAYS;
     g->fail_status = 1;
@@ -637,7 +604,7 @@ static void test_retry_logging(void **state) {
     cfg.max_retries = 2;
     cfg.retry_delay_ns = TPT_MS(1);
     cfg.log = rec_log;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
 
     rt *a = tpt_fx_new(f, rt);
     rt *b = tpt_fx_new(f, rt);
@@ -660,7 +627,7 @@ static void test_retry_logging(void **state) {
 
     /* A pool without retries: the only failed attempt is the last. */
     cfg.max_retries = 0;
-    p = tpt_pool_new(&cfg);
+    p = tpt_fx_pool(f, &cfg);
     rt *d = tpt_fx_new(f, rt);
     d->fail_until = ALWAYS;
     d->fail_status = 8;
@@ -737,7 +704,7 @@ static void test_retry_log_delay_unit(void **state) {
         cfg.max_retries = 1;
         cfg.retry_delay_ns = cases[i].delay_ns;
         cfg.log = rec_log;
-        tp_pool *p = tpt_pool_new(&cfg);
+        tp_pool *p = tpt_fx_pool(f, &cfg);
         rt *r = tpt_fx_new(f, rt);
         r->fail_until = 1;
         r->fail_status = 5;
@@ -761,7 +728,7 @@ static void test_retry_log_delay_unit(void **state) {
 
 static void test_retry_close_lets_retries_finish(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = mkpool(1, 3, TPT_MS(100), 0);
+    tp_pool *p = retry_pool(f, 1, 3, TPT_MS(100), 0);
     /* Attempt 0 closes the pool, then fails: the retries still come. */
     rt *r = tpt_fx_new(f, rt);
     r->fail_until = 2;
@@ -777,11 +744,9 @@ static void test_retry_close_lets_retries_finish(void **state) {
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK);
     tp_stats s = tpt_stats(p);
     tpt_assert_at_rest(&s);
-    assert_int_equal(s.workers, 0);
-    assert_int_equal(s.retried, 2);
-    assert_int_equal(s.succeeded, 1);
-    assert_int_equal(s.rejected_closed, 1);
-    tpt_pool_destroy(p);
+    tpt_assert_counts(s, TPT_EQ(workers, 0), TPT_EQ(retried, 2), TPT_EQ(succeeded, 1),
+                      TPT_EQ(rejected_closed, 1));
+    tpt_destroy(p);
 }
 
 /* An elastic pool grows for a retry that comes back to the queue, as it does
@@ -797,7 +762,7 @@ static void test_retry_grows_elastic_pool(void **state) {
     cfg.max_retries = 1;
     cfg.retry_delay_ns = TPT_MS(100);
     cfg.log = tpt_quiet_log;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
 
     tpt_latch *gate = tpt_fx_latch(f);
     /* The blocker holds the first worker; the failing task gets a second,

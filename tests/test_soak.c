@@ -137,13 +137,9 @@ static void check_round(const tp_stats *s, const tpt_tally *t, rec *recs, size_t
         fail_msg("%llu unexpected submit results, e.g. %d (%s)", (unsigned long long)t->bad, t->last_bad,
                  tp_err_name(t->last_bad));
     tpt_assert_at_rest(s);
-    assert_int_equal(s->workers, 0);
-    assert_int_equal(s->submitted, t->total);
-    assert_int_equal(s->accepted, t->ok);
-    assert_int_equal(s->rejected_full, t->full);
-    assert_int_equal(s->rejected_user, t->user);
-    assert_int_equal(s->rejected_closed, t->closed);
-    assert_int_equal(s->rejected_timeout, t->timedout);
+    tpt_assert_counts(*s, TPT_EQ(workers, 0), TPT_EQ(submitted, t->total), TPT_EQ(accepted, t->ok),
+                      TPT_EQ(rejected_full, t->full), TPT_EQ(rejected_user, t->user),
+                      TPT_EQ(rejected_closed, t->closed), TPT_EQ(rejected_timeout, t->timedout));
 
     uint64_t ok = 0, fail = 0, canc = 0, started = 0, retried = 0, expired = 0, accepted = 0;
     for (size_t i = 0; i < n; i++) {
@@ -193,13 +189,9 @@ static void check_round(const tp_stats *s, const tpt_tally *t, rec *recs, size_t
         started += ran > 0;
         retried += ran > 1 ? (uint64_t)(ran - 1) : 0;
     }
-    assert_int_equal(s->accepted, accepted);
-    assert_int_equal(s->succeeded, ok);
-    assert_int_equal(s->failed, fail);
-    assert_int_equal(s->cancelled, canc);
-    assert_int_equal(s->started, started);
-    assert_int_equal(s->retried, retried);
-    assert_int_equal(s->expired, expired);
+    tpt_assert_counts(*s, TPT_EQ(accepted, accepted), TPT_EQ(succeeded, ok), TPT_EQ(failed, fail),
+                      TPT_EQ(cancelled, canc), TPT_EQ(started, started), TPT_EQ(retried, retried),
+                      TPT_EQ(expired, expired));
 }
 
 /* ------------------------------------------------------------ lifecycle storm */
@@ -351,7 +343,7 @@ static void *ls_ender(void *a) {
 }
 
 static void test_lifecycle_storm(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     rounds rd = rounds_start(40);
     tpt_tally all = {0};
     unsigned forced_rounds = 0;
@@ -372,7 +364,7 @@ static void test_lifecycle_storm(void **state) {
         assert_non_null(sh);
         assert_non_null(recs);
         sh->recs = recs;
-        sh->p = tpt_pool_new(&c);
+        sh->p = tpt_fx_pool(f, &c);
         /* every other round a drain budget far too short: it may force */
         int tiny = round % 2 == 0;
         sh->budget = tiny ? 20000 + round % 7 * 10000 : TPT_WAIT_NS;
@@ -432,7 +424,7 @@ static void test_lifecycle_storm(void **state) {
         tpt_tally_merge(&all, &t);
         for (int i = 0; i < LS_SUBMITTERS * LS_PER; i++) cancels += atomic_load(&recs[i].cancel_ok) > 0;
         reads += (uint64_t)atomic_load(&sh->reads);
-        tpt_pool_destroy(sh->p);
+        tpt_destroy(sh->p);
         free(recs);
         free(sh);
     }
@@ -480,7 +472,7 @@ static void *to_submitter(void *a) {
 }
 
 static void test_timeout_vs_completion(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     rounds rd = rounds_start(20);
     uint64_t tot = 0, exp = 0, canc = 0, ok = 0, retr = 0;
     while (rounds_next(&rd)) {
@@ -491,7 +483,7 @@ static void test_timeout_vs_completion(void **state) {
         c.max_retries = 1;
         c.retry_delay_ns = 30000;
         c.log = tpt_quiet_log;
-        tp_pool *p = tpt_pool_new(&c);
+        tp_pool *p = tpt_fx_pool(f, &c);
         rec *recs = calloc(TO_SUBMITTERS * TO_PER, sizeof *recs);
         assert_non_null(recs);
         atomic_int go = 0;
@@ -519,7 +511,7 @@ static void test_timeout_vs_completion(void **state) {
         canc += s.cancelled;
         ok += s.succeeded;
         retr += s.retried;
-        tpt_pool_destroy(p);
+        tpt_destroy(p);
         free(recs);
     }
     print_message("timeout vs completion: %u rounds, %llu tasks: %llu succeeded, %llu timed out "
@@ -601,7 +593,7 @@ static void *cc_canceller(void *a) {
 }
 
 static void test_cancel_vs_completion(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     rounds rd = rounds_start(20);
     uint64_t tot = 0, canc = 0, unrun = 0, cancels = 0, ran_cancelled = 0;
     while (rounds_next(&rd)) {
@@ -616,7 +608,7 @@ static void test_cancel_vs_completion(void **state) {
         rec *recs = calloc(CC_SUBMITTERS * CC_PER, sizeof *recs);
         assert_non_null(sh);
         assert_non_null(recs);
-        sh->p = tpt_pool_new(&c);
+        sh->p = tpt_fx_pool(f, &c);
         sh->recs = recs;
         cc_sub subs[CC_SUBMITTERS];
         memset(subs, 0, sizeof subs);
@@ -653,7 +645,7 @@ static void test_cancel_vs_completion(void **state) {
         }
         tot += s.completed;
         canc += s.cancelled;
-        tpt_pool_destroy(sh->p);
+        tpt_destroy(sh->p);
         free(recs);
         free(sh);
     }

@@ -32,11 +32,11 @@ static void gap(uint64_t ns) {
 /* One task at a time into an idle pool: each must be picked up whether it
  * arrives while a worker spins, as the spin ends, or after every worker sleeps. */
 static void test_single_tasks_across_the_spin_window(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_config cfg = {0};
     cfg.workers = 2;
     cfg.queue_capacity = 8;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
     atomic_store(&ran, 0);
     const long n = TPT_SANITIZED ? 600 : 3000;
     for (long i = 0; i < n; i++) {
@@ -44,7 +44,7 @@ static void test_single_tasks_across_the_spin_window(void **state) {
         assert_int_equal(tp_submit(p, count_task, NULL, NULL, NULL), TP_OK);
         assert_true(TPT_POLL(atomic_load(&ran) == i + 1, TPT_WAIT_NS));
     }
-    tp_stats s = tpt_pool_finish(p);
+    tp_stats s = tpt_finish(p);
     assert_int_equal(s.succeeded, (uint64_t)n);
 }
 
@@ -75,7 +75,7 @@ static void test_bursts_reach_a_second_worker(void **state) {
     tp_config cfg = {0};
     cfg.workers = 2;
     cfg.queue_capacity = 8;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
     atomic_store(&ran, 0);
     const long n = TPT_SANITIZED ? 300 : 1500;
     pair *pr = tpt_fx_new(f, pair); /* the pool's tasks use it: not on this stack */
@@ -91,16 +91,16 @@ static void test_bursts_reach_a_second_worker(void **state) {
         assert_true(TPT_POLL(atomic_load(&pr->second_ran.waiting) == 0, TPT_WAIT_NS));
         tpt_latch_destroy(&pr->second_ran);
     }
-    tp_stats s = tpt_pool_finish(p);
+    tp_stats s = tpt_finish(p);
     assert_int_equal(s.succeeded, (uint64_t)(2 * n));
 }
 
 /* An idle pool reports every worker idle, the spinning one included. */
 static void test_idle_counts_the_spinner(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_config cfg = {0};
     cfg.workers = 3;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
     for (int round = 0; round < 50; round++) {
         atomic_store(&ran, 0);
         assert_int_equal(tp_submit(p, count_task, NULL, NULL, NULL), TP_OK);
@@ -111,7 +111,7 @@ static void test_idle_counts_the_spinner(void **state) {
         assert_int_equal(s.workers, 3);
         assert_true(s.idle <= s.workers);
     }
-    tpt_pool_finish(p);
+    tpt_finish(p);
 }
 
 int main(void) {

@@ -249,14 +249,11 @@ static void test_live_stats(void **state) {
     cfg.workers = 3;
     cfg.queue_capacity = 10;
     cfg.max_per_user = TP_UNLIMITED;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
     tp_stats s;
     TPT_EVENTUALLY((s = tpt_stats(p)).workers == 3 && s.idle == 3);
-    assert_int_equal(s.active, 0);
-    assert_int_equal(s.queued, 0);
-    assert_int_equal(s.delayed, 0);
-    assert_int_equal(s.users, 0);
-    assert_int_equal(s.submitted, 0);
+    tpt_assert_counts(s, TPT_EQ(active, 0), TPT_EQ(queued, 0), TPT_EQ(delayed, 0), TPT_EQ(users, 0),
+                      TPT_EQ(submitted, 0));
 
     tpt_latch *gate = tpt_fx_latch(f);
     tp_task_opts o = {0};
@@ -276,19 +273,14 @@ static void test_live_stats(void **state) {
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, &o, NULL), TP_OK);
     assert_int_equal(tp_submit(p, tpt_nop_task, NULL, &o, NULL), TP_OK);
     TPT_EVENTUALLY((s = tpt_stats(p)).active == 3 && s.idle == 0 && s.queued == 2);
-    assert_int_equal(s.users, 2);
-    assert_int_equal(s.submitted, 5);
-    assert_int_equal(s.accepted, 5);
-    assert_int_equal(s.started, 3);
+    tpt_assert_counts(s, TPT_EQ(users, 2), TPT_EQ(submitted, 5), TPT_EQ(accepted, 5), TPT_EQ(started, 3));
     assert_int_equal(tp_user_active(p, "a"), 2);
     assert_int_equal(tp_user_active(p, "b"), 1);
     assert_int_equal(tp_user_active(p, "c"), 0);
 
     tpt_latch_open(gate);
     TPT_EVENTUALLY((s = tpt_stats(p)).completed == 5 && s.idle == 3);
-    assert_int_equal(s.active, 0);
-    assert_int_equal(s.queued, 0);
-    assert_int_equal(s.users, 0);
+    tpt_assert_counts(s, TPT_EQ(active, 0), TPT_EQ(queued, 0), TPT_EQ(users, 0));
     assert_int_equal(tp_user_active(p, "a"), 0);
     s = tpt_finish(p);
     assert_int_equal(s.succeeded, 5);
@@ -314,13 +306,13 @@ static int write_cell_task(tp_ctx *c, void *arg) {
 }
 
 static void test_stats_synchronize(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     enum { ROUNDS = 200 };
     tp_config cfg = {0};
     cfg.workers = 2;
     cfg.queue_capacity = 8;
     cfg.max_per_user = TP_UNLIMITED;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
     static sync_cell cells[ROUNDS];
     for (unsigned i = 0; i < ROUNDS; i++) {
         cells[i].value = 0;
@@ -347,12 +339,7 @@ static int fail3_task(tp_ctx *c, void *arg) {
 
 static void test_mixed_workload_at_rest(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    tp_config cfg = {0};
-    cfg.workers = 2;
-    cfg.queue_capacity = 4;
-    cfg.max_per_user = 1;
-    cfg.log = tpt_quiet_log;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_quiet_pool(f, 2, 4, 1);
 
     tpt_latch *gate = tpt_fx_latch(f);
     tpt_done d[7]; /* d[4], d[5]: args of rejected submits, never called; d[6] expires */
@@ -415,22 +402,11 @@ static void test_mixed_workload_at_rest(void **state) {
     for (int i = 0; i < 4; i++) assert_int_equal(atomic_load(&d[i].calls), 1);
     assert_int_equal(atomic_load(&d[6].calls), 1);
 
-    assert_int_equal(s.submitted, 11);
-    assert_int_equal(s.accepted, 7);
-    assert_int_equal(s.rejected, 4);
-    assert_int_equal(s.rejected_full, 1);
-    assert_int_equal(s.rejected_user, 1);
-    assert_int_equal(s.rejected_timeout, 1);
-    assert_int_equal(s.rejected_closed, 1);
-    assert_int_equal(s.started, 5);
-    assert_int_equal(s.retried, 0);
-    assert_int_equal(s.completed, 7);
-    assert_int_equal(s.succeeded, 4);
-    assert_int_equal(s.failed, 3);
-    assert_int_equal(s.cancelled, 2);
-    assert_int_equal(s.expired, 1);
-    assert_int_equal(s.workers, 0);
-    assert_int_equal(s.idle, 0);
+    tpt_assert_counts(s, TPT_EQ(submitted, 11), TPT_EQ(accepted, 7), TPT_EQ(rejected, 4),
+                      TPT_EQ(rejected_full, 1), TPT_EQ(rejected_user, 1), TPT_EQ(rejected_timeout, 1),
+                      TPT_EQ(rejected_closed, 1), TPT_EQ(started, 5), TPT_EQ(retried, 0),
+                      TPT_EQ(completed, 7), TPT_EQ(succeeded, 4), TPT_EQ(failed, 3), TPT_EQ(cancelled, 2),
+                      TPT_EQ(expired, 1), TPT_EQ(workers, 0), TPT_EQ(idle, 0));
     assert_int_equal(atomic_load(&gate->timeouts), 0);
 }
 
@@ -469,13 +445,8 @@ static void *hammer_main(void *arg) {
 }
 
 static void test_concurrent_mix_at_rest(void **state) {
-    (void)state;
-    tp_config cfg = {0};
-    cfg.workers = 2;
-    cfg.queue_capacity = 8;
-    cfg.max_per_user = 2;
-    cfg.log = tpt_quiet_log;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tpt_fixture *f = tpt_fx(state);
+    tp_pool *p = tpt_quiet_pool(f, 2, 8, 2);
     enum { T = 4 };
     pthread_t th[T];
     static hammer h[T];
@@ -572,10 +543,10 @@ static void test_version(void **state) {
 /* The reserved tail of tp_stats is written as zero (taskpool.h, "How the
  * structs grow"), whatever the caller's buffer held. */
 static void test_stats_reserved_zeroed(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     tp_config cfg = {0};
     cfg.workers = 1;
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
     tp_stats s;
     memset(&s, 0xA5, sizeof s);
     tp_stats_get(p, &s);

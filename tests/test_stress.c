@@ -91,12 +91,9 @@ static void assert_counters_match(const tp_stats *s, const tpt_tally *t) {
         fail_msg("%llu unexpected return codes, e.g. %d (%s)", (unsigned long long)t->bad, t->last_bad,
                  tp_err_name(t->last_bad));
     tpt_assert_at_rest(s);
-    assert_int_equal(s->submitted, t->total);
-    assert_int_equal(s->accepted, t->ok);
-    assert_int_equal(s->rejected_full, t->full);
-    assert_int_equal(s->rejected_user, t->user);
-    assert_int_equal(s->rejected_closed, t->closed);
-    assert_int_equal(s->rejected_timeout, t->timedout);
+    tpt_assert_counts(*s, TPT_EQ(submitted, t->total), TPT_EQ(accepted, t->ok),
+                      TPT_EQ(rejected_full, t->full), TPT_EQ(rejected_user, t->user),
+                      TPT_EQ(rejected_closed, t->closed), TPT_EQ(rejected_timeout, t->timedout));
 }
 
 /* Every accepted record: on_done exactly once, ran at most 1 + retries.
@@ -123,12 +120,8 @@ static void assert_records(const tp_stats *s, srec *recs, size_t n, unsigned max
                          ran);
         }
     }
-    assert_int_equal(s->accepted, accepted);
-    assert_int_equal(s->succeeded, ok);
-    assert_int_equal(s->failed, fail);
-    assert_int_equal(s->cancelled, canc);
-    assert_int_equal(s->started, started);
-    assert_int_equal(s->retried, retried);
+    tpt_assert_counts(*s, TPT_EQ(accepted, accepted), TPT_EQ(succeeded, ok), TPT_EQ(failed, fail),
+                      TPT_EQ(cancelled, canc), TPT_EQ(started, started), TPT_EQ(retried, retried));
 }
 
 /* ------------------------------------------------------------ submit + close */
@@ -170,7 +163,7 @@ static void *sc_main(void *a) {
 }
 
 static void test_concurrent_submit_close(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     unsigned rounds = scaled(100);
     tpt_tally all = {0};
     for (unsigned round = 0; round < rounds; round++) {
@@ -178,7 +171,7 @@ static void test_concurrent_submit_close(void **state) {
         c.workers = 2;
         c.queue_capacity = 8;
         c.max_per_user = TP_UNLIMITED;
-        tp_pool *p = tpt_pool_new(&c);
+        tp_pool *p = tpt_fx_pool(f, &c);
         srec *recs = calloc(SC_THREADS * SC_PER, sizeof *recs);
         assert_non_null(recs);
         atomic_int go = 0;
@@ -210,7 +203,7 @@ static void test_concurrent_submit_close(void **state) {
         assert_records(&s, recs, SC_THREADS * SC_PER, 1);
         assert_true(t.closed > 0);
         tpt_tally_merge(&all, &t);
-        tpt_pool_finish(p);
+        tpt_finish(p);
         free(recs);
     }
     print_message("submit+close: %u rounds, %llu ok, %llu full, %llu closed\n", rounds,
@@ -314,7 +307,7 @@ static void *mx_reader(void *a) {
 }
 
 static void test_submit_cancel_stats_shutdown(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     unsigned rounds = scaled(12);
     tpt_tally all = {0};
     uint64_t cancels = 0, reads = 0;
@@ -330,7 +323,7 @@ static void test_submit_cancel_stats_shutdown(void **state) {
         srec *recs = calloc(MX_SUBMITTERS * MX_PER, sizeof *recs);
         assert_non_null(sh);
         assert_non_null(recs);
-        sh->p = tpt_pool_new(&c);
+        sh->p = tpt_fx_pool(f, &c);
         mx_sub subs[MX_SUBMITTERS];
         memset(subs, 0, sizeof subs);
         pthread_t st[MX_SUBMITTERS], ct[MX_CANCELLERS], rt;
@@ -374,7 +367,7 @@ static void test_submit_cancel_stats_shutdown(void **state) {
         tpt_tally_merge(&all, &t);
         cancels += (uint64_t)atomic_load(&sh->cancel_ok);
         reads += (uint64_t)atomic_load(&sh->stat_reads);
-        tpt_pool_finish(sh->p);
+        tpt_finish(sh->p);
         free(recs);
         free(sh);
     }
@@ -442,7 +435,7 @@ static void *uc_checker(void *a) {
 }
 
 static void test_user_slot_churn(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     unsigned rounds = scaled(10);
     tpt_tally all = {0};
     for (unsigned round = 0; round < rounds; round++) {
@@ -454,7 +447,7 @@ static void test_user_slot_churn(void **state) {
         srec *recs = calloc(UC_THREADS * UC_PER, sizeof *recs);
         assert_non_null(u);
         assert_non_null(recs);
-        u->p = tpt_pool_new(&c);
+        u->p = tpt_fx_pool(f, &c);
         uc_arg args[UC_THREADS];
         memset(args, 0, sizeof args);
         pthread_t th[UC_THREADS], ck;
@@ -491,7 +484,7 @@ static void test_user_slot_churn(void **state) {
         }
         assert_int_equal(s.users, 0);
         tpt_tally_merge(&all, &t);
-        tpt_pool_finish(u->p);
+        tpt_finish(u->p);
         free(recs);
         free(u);
     }
@@ -538,7 +531,7 @@ static void *sw_main(void *a) {
 }
 
 static void test_submit_wait_producers_close(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     unsigned rounds = scaled(8);
     tpt_tally all = {0};
     for (unsigned round = 0; round < rounds; round++) {
@@ -546,7 +539,7 @@ static void test_submit_wait_producers_close(void **state) {
         c.workers = SW_W;
         c.queue_capacity = SW_CAP;
         c.max_per_user = 1;
-        tp_pool *p = tpt_pool_new(&c);
+        tp_pool *p = tpt_fx_pool(f, &c);
         srec *recs = calloc((size_t)SW_PRODUCERS * SW_MAXIT, sizeof *recs);
         assert_non_null(recs);
         atomic_int go = 0, closed = 0;
@@ -598,7 +591,7 @@ static void test_submit_wait_producers_close(void **state) {
         }
         assert_int_equal(s.users, 0);
         tpt_tally_merge(&all, &t);
-        tpt_pool_finish(p);
+        tpt_finish(p);
         free(recs);
     }
     print_message("submit_wait producers: %u rounds, %llu ok, %llu timed out, %llu closed\n", rounds,

@@ -168,6 +168,19 @@ static inline int tpt_nop_task(tp_ctx *c, void *arg) {
     return 0;
 }
 
+/* A task body whose first n attempts fail (status 1), n = (uintptr_t)arg;
+ * later attempts succeed: with max_retries >= n the task ends with 0. */
+static inline int tpt_fail_attempts_task(tp_ctx *c, void *arg) {
+    return tp_ctx_attempt(c) < (uintptr_t)arg ? 1 : 0;
+}
+
+/* tpt_fail_attempts_task with n = 1, whatever `arg` is: it stays free for
+ * the task's on_done, which gets the same arg. */
+static inline int tpt_fail_once_task(tp_ctx *c, void *arg) {
+    (void)arg;
+    return tpt_fail_attempts_task(c, (void *)(uintptr_t)1);
+}
+
 /* ------------------------------------------------------------ on_done record */
 
 /* Counts on_done calls per task so tests can assert "exactly once". */
@@ -190,6 +203,51 @@ static inline tp_stats tpt_stats(tp_pool *p) {
     tp_stats_get(p, &s);
     return s;
 }
+
+/* One expected field of a tp_stats, for tpt_assert_counts: TPT_EQ(field, value). */
+typedef struct tpt_count {
+    const char *name; /* the field's name; NULL ends a list */
+    size_t off, size; /* where it is in tp_stats (uint64_t or uint32_t) */
+    uint64_t want;
+} tpt_count;
+
+#define TPT_EQ(field, value)                                                                                 \
+    { #field, offsetof(tp_stats, field), sizeof(((tp_stats *)0)->field), (uint64_t)(value) }
+
+static inline void tpt_assert_counts_(const tp_stats *s, const char *expr, const tpt_count *want,
+                                      const char *file, int line) {
+    int bad = 0;
+    for (; want->name != NULL; want++) {
+        uint64_t v = 0;
+        if (want->size == sizeof(uint32_t)) {
+            uint32_t v32;
+            memcpy(&v32, (const char *)s + want->off, sizeof v32);
+            v = v32;
+        } else if (want->size == sizeof(uint64_t)) {
+            memcpy(&v, (const char *)s + want->off, sizeof v);
+        } else {
+            fail_msg("TPT_EQ(%s, ...): not a counter of tp_stats", want->name);
+        }
+        if (v != want->want) {
+            print_error("%s.%s is %llu, expected %llu\n", expr, want->name, (unsigned long long)v,
+                        (unsigned long long)want->want);
+            bad = 1;
+        }
+    }
+    if (bad) _fail(file, line);
+}
+
+/* Assert several fields of one stats snapshot `s` (a tp_stats value):
+ *   tpt_assert_counts(s, TPT_EQ(accepted, 4), TPT_EQ(succeeded, 3), TPT_EQ(failed, 1));
+ * Fields not named are not checked. Every field that differs is reported by
+ * name with both values, then the test fails at the caller's line. Values
+ * compare as uint64_t, as assert_int_equal compares them. */
+#define tpt_assert_counts(s, ...)                                                                            \
+    do {                                                                                                     \
+        const tp_stats tpt_counts_s_ = (s);                                                                  \
+        tpt_assert_counts_(&tpt_counts_s_, #s, (const tpt_count[]){__VA_ARGS__, {NULL, 0, 0, 0}}, __FILE__,  \
+                           __LINE__);                                                                        \
+    } while (0)
 
 /* The at-rest invariants of SPEC section 7. Call after tp_wait() returned. */
 static inline void tpt_assert_at_rest(const tp_stats *s) {
@@ -277,13 +335,11 @@ static inline void tpt_quiet_log(void *arg, int level, const char *log_id, const
  * cmocka reports the test as failed instead of hanging, and later tests run.
  * The teardown may be called again once the task returned.
  *
- * New tests use this style: TPT_TEST() to register, tpt_fx() for the fixture,
- * tpt_fx_latch / tpt_fx_new / tpt_fx_pool for anything the pool touches,
- * tpt_fx_thread / tpt_fx_join for a thread that races the pool.
- * The older names still work on top of it: tpt_pool_new() puts the pool in
- * the fixture of the running test (if it runs under one), tpt_finish(),
- * tpt_pool_finish(), tpt_finish_forced() and tpt_pool_destroy() take it out
- * again, and tpt_guard_setup/teardown are tpt_fixture_setup/teardown.
+ * Every test uses this style: TPT_TEST() to register, tpt_fx() for the
+ * fixture, tpt_fx_latch / tpt_fx_new / tpt_fx_pool for anything the pool
+ * touches, tpt_fx_thread / tpt_fx_join for a thread that races the pool, and
+ * tpt_finish / tpt_finish_forced / tpt_destroy to end a pool (the fixture no
+ * longer owns it then).
  */
 #define TPT_FX_POOLS       8
 #define TPT_FX_LATCHES     8
@@ -316,8 +372,9 @@ typedef struct tpt_fixture {
     uint64_t wait_ns;                  /* teardown's bound on a pool's threads */
 } tpt_fixture;
 
-/* The fixture of the test running now (NULL between tests), for the older
- * helpers that take no fixture. One per executable. */
+/* The fixture of the test running now (NULL between tests): tpt_finish,
+ * tpt_finish_forced and tpt_destroy take their pool out of it, so that ending
+ * a pool needs only the pool. One per executable. */
 static inline tpt_fixture **tpt_fx_current_slot(void) {
     static tpt_fixture *current;
     return &current;
@@ -326,13 +383,6 @@ static inline tpt_fixture **tpt_fx_current_slot(void) {
 /* The fixture cmocka passes to a test registered with TPT_TEST. */
 static inline tpt_fixture *tpt_fx(void **state) {
     tpt_fixture *f = (tpt_fixture *)*state;
-    if (f == NULL) fail_msg("no fixture: register the test with TPT_TEST()");
-    return f;
-}
-
-/* The fixture of the running test, for helpers that are not given one. */
-static inline tpt_fixture *tpt_fx_current(void) {
-    tpt_fixture *f = *tpt_fx_current_slot();
     if (f == NULL) fail_msg("no fixture: register the test with TPT_TEST()");
     return f;
 }
@@ -400,6 +450,24 @@ static inline tp_pool *tpt_fx_pool(tpt_fixture *f, const tp_config *cfg) {
     assert_non_null(p);
     tpt_fx_adopt(f, p);
     return p;
+}
+
+/* A configuration whose log hook drops everything (tpt_quiet_log): `workers`
+ * workers, room for `cap` waiting tasks, `per_user` slots per user, each 0
+ * for the library's default. For a test that sets more fields itself. */
+static inline tp_config tpt_quiet_config(unsigned workers, unsigned cap, unsigned per_user) {
+    tp_config c = {0};
+    c.log = tpt_quiet_log; /* cancelled and failed attempts are expected */
+    c.workers = workers;
+    c.queue_capacity = cap;
+    c.max_per_user = per_user;
+    return c;
+}
+
+/* tpt_fx_pool of tpt_quiet_config(workers, cap, per_user). */
+static inline tp_pool *tpt_quiet_pool(tpt_fixture *f, unsigned workers, unsigned cap, unsigned per_user) {
+    tp_config c = tpt_quiet_config(workers, cap, per_user);
+    return tpt_fx_pool(f, &c);
 }
 
 /* The test is about to end `p` itself: the fixture of the running test (if
@@ -513,26 +581,9 @@ static inline int tpt_fixture_teardown(void **state) {
 /* Register a test with the fixture. */
 #define TPT_TEST(fn) cmocka_unit_test_setup_teardown(fn, tpt_fixture_setup, tpt_fixture_teardown)
 
-/* Older names (other branches' tests use them): the same fixture. */
-static inline int tpt_guard_setup(void **state) { return tpt_fixture_setup(state); }
-static inline int tpt_guard_teardown(void **state) { return tpt_fixture_teardown(state); }
-
-/* tp_create(cfg) that must succeed; owned by the running test's fixture, if
- * it runs under one, until tpt_finish / tpt_pool_destroy. */
-static inline tp_pool *tpt_pool_new(const tp_config *cfg) {
-    tpt_fixture *f = *tpt_fx_current_slot();
-    if (f != NULL) return tpt_fx_pool(f, cfg);
-    tp_pool *p = NULL;
-    assert_int_equal(tp_create(&p, cfg), TP_OK);
-    assert_non_null(p);
-    return p;
-}
-
-/* tpt_finish() by its older name. */
-static inline tp_stats tpt_pool_finish(tp_pool *p) { return tpt_finish(p); }
-
-/* tp_destroy() that must succeed; the fixture no longer owns `p`. */
-static inline void tpt_pool_destroy(tp_pool *p) {
+/* tp_destroy() that must succeed, for a pool the test ended itself (or one
+ * whose destroy is under test); the fixture no longer owns `p`. */
+static inline void tpt_destroy(tp_pool *p) {
     tpt_fx_forget(p);
     assert_int_equal(tp_destroy(p), TP_OK);
 }
