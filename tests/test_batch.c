@@ -141,7 +141,7 @@ static void test_refusal_before_invalid(void **state) {
     for (int full = 0; full < 2; full++) {
         for (size_t bad = 1; bad < N; bad += 37) {
             tpt_latch *l = tpt_fx_latch(f);
-            tp_pool *p = mkpool(1, 1, TP_UNLIMITED);
+            tp_pool *p = tpt_quiet_pool(f, 1, 1, TP_UNLIMITED);
             tpt_fill_workers(p, l, 1, NULL);
             if (full) assert_int_equal(tp_submit(p, tpt_block_task, l, NULL, NULL), TP_OK);
             tp_task t[N];

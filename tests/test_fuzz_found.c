@@ -117,11 +117,11 @@ static void window_hook(tp_pool *p) {
 #endif
 
 static void test_run_timeout_not_before_admission(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
 #if defined(TP__DEBUG)
     const uint64_t rt = TPT_S(30);
     tp_config cfg = {.workers = 1, .run_timeout_ns = rt, .log = tpt_quiet_log};
-    tp_pool *p = tpt_pool_new(&cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
     enum { ROUNDS = 200 };
     window_round *w = calloc(1, sizeof *w);
     assert_non_null(w);
@@ -147,6 +147,7 @@ static void test_run_timeout_not_before_admission(void **state) {
     window_cur = NULL;
     free(w);
 #else
+    (void)f;
     skip(); /* the hook exists in debug builds only (tests/run.sh builds them) */
 #endif
 }

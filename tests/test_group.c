@@ -435,10 +435,10 @@ static void test_group_cancel_on_error_from_service(void **state) {
  * is its TP_ECANCELED. A running member cancelled by its id fails only if it
  * returns non-zero: returning 0 is a success and cancels nothing. */
 static void test_group_member_cancelled_by_id(void **state) {
-    (void)state;
+    tpt_fixture *f = tpt_fx(state);
     reset_counters();
-    tpt_latch *l = tpt_fx_latch(tpt_fx(state));
-    tp_pool *p = new_pool(1, 16);
+    tpt_latch *l = tpt_fx_latch(f);
+    tp_pool *p = tpt_quiet_pool(f, 1, 16, TP_UNLIMITED);
     tp_group *g;
     assert_int_equal(tp_group_create(p, TP_GROUP_CANCEL_ON_ERROR, &g), TP_OK);
     tpt_fill_workers(p, l, 1, NULL); /* not a member */
@@ -502,7 +502,7 @@ static void test_group_member_cancelled_by_id(void **state) {
         assert_int_equal(atomic_load(&after[i].done_status), TP_ECANCELED);
     }
     assert_int_equal(tp_group_destroy(g), TP_OK);
-    tpt_pool_finish(p);
+    tpt_finish(p);
 }
 
 /* ------------------------------------------------------------ tp_group_cancel */

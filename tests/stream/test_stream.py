@@ -219,7 +219,7 @@ def metrics(p):
     for line in text.splitlines():
         if line and not line.startswith("#"):
             k, v = line.rsplit(" ", 1)
-            out[k] = int(v)
+            out[k] = float(v) if "." in v or "e" in v or "Inf" in v else int(v)
     return out
 
 
