@@ -230,14 +230,14 @@ void tp__sched_start(tp__sched *s, tp__task *t) {
     unsigned li = tp__lane_of(t->prio);
     tp__lane *l = &s->lane[li];
     if (s->in_lists > 0) {
-        /* Every ready lane below counts a start that passed it by; the
-         * starting lane's count returns to 0. (With only the ring in use
-         * every other lane is empty, and an empty lane's count is 0.) */
+        /* Every ready lane below counts a start that passed it by. (With
+         * only the ring in use every other lane is empty, and an empty
+         * lane's count is 0.) */
         bool low_ok = s->low_max == 0 || s->low_running < s->low_max;
         for (unsigned i = 0; i < li; i++)
             if (lane_ready(s, i, low_ok) && s->lane[i].starve < UINT_MAX) s->lane[i].starve++;
-        l->starve = 0;
     }
+    l->starve = 0; /* the starting lane's count returns to 0 */
     lane_take(s, li, t);
     l->waiting--;
     s->waiting--;
