@@ -73,10 +73,12 @@ static void mix_done(void *arg, int status) {
 static const char *const g_mix_users[] = {"alice", "bob", "carol", "dave"};
 static const char *const g_mix_log_ids[] = {"req-1", "req-2", "req-3"};
 
-/* Submits n tasks of the mix; 0 or -1. Refusals are retried. */
-static int run_mix(tp_pool *p, unsigned long n) {
+/* Submits n tasks of the mix (with `lanes`, every priority in turn); 0 or
+ * -1. Refusals are retried. */
+static int run_mix(tp_pool *p, unsigned long n, int lanes) {
     for (unsigned long i = 0; i < n; i++) {
         tp_task_opts o = {0};
+        if (lanes) o.priority = (int)(i % 5) - 2;
         tp_fn fn = mix_task;
         int wait = 0, cancel = 0;
         switch (i % 8) {
@@ -133,20 +135,18 @@ static int wait_completed(tp_pool *p, uint64_t want) {
     }
 }
 
-int scenario_allocs(const bench_opts *o, unsigned round) {
-    if (!tpt_alloc_probe()) {
-        const char *why = tpt_alloc_unavailable();
-        if (why == NULL) return counting_broken("probe");
-        bench_record_na("allocs", "", "allocs/task", why);
-        return 0;
-    }
+/* One pool: FIFO with the 1.1 mix (variant ""), or fair with every lane in
+ * use ("fair"). 0, 1 (allocations seen: reported) or -1. */
+static int allocs_pool(const bench_opts *o, unsigned round, int fair) {
     tp_config cfg = {
         .workers = o->workers,
         .queue_capacity = o->queue,
         .max_per_user = TP_UNLIMITED,
         .name = "bench",
         .log = bench_quiet_log,
+        .sched = fair ? TP_SCHED_FAIR : TP_SCHED_FIFO,
     };
+    const char *variant = fair ? "fair" : "";
     tp_pool *p;
     tpt_alloc_arm();
     int rc = tp_create(&p, &cfg);
@@ -159,6 +159,10 @@ int scenario_allocs(const bench_opts *o, unsigned round) {
         tp_destroy(p);
         return counting_broken("tp_create");
     }
+    if (fair && tp_user_weight_set(p, "alice", 3) != TP_OK) {
+        tp_destroy(p);
+        return -1;
+    }
     atomic_store(&g_mix_done_bad, 0);
 
     /* Warm-up: the mix, with the thread's log id unset and set (generated and
@@ -167,12 +171,12 @@ int scenario_allocs(const bench_opts *o, unsigned round) {
     unsigned long warm = BENCH_WARMUP_TASKS * 2ul;
     for (int k = 0; k < 4; k++) {
         tp_log_id_set(k % 2 ? "inherited" : NULL);
-        if (run_mix(p, warm) != 0 || wait_completed(p, done += warm) != 0) return -1;
+        if (run_mix(p, warm, fair) != 0 || wait_completed(p, done += warm) != 0) return -1;
     }
     tp_log_id_set(NULL);
 
     tpt_alloc_arm();
-    if (run_mix(p, o->alloc_tasks) != 0 || wait_completed(p, done += o->alloc_tasks) != 0) {
+    if (run_mix(p, o->alloc_tasks, fair) != 0 || wait_completed(p, done += o->alloc_tasks) != 0) {
         tpt_alloc_disarm();
         return -1;
     }
@@ -189,14 +193,30 @@ int scenario_allocs(const bench_opts *o, unsigned round) {
         return -1;
     }
 
-    bench_record(round, "allocs", "", "allocs/task", (double)allocs / (double)o->alloc_tasks, NULL);
+    bench_record(round, "allocs", variant, "allocs/task", (double)allocs / (double)o->alloc_tasks, NULL);
     if (allocs != 0) {
         tpt_alloc_first first = tpt_alloc_first_get();
         fprintf(stderr,
-                "tp_bench: allocs: %ld heap allocation(s) during %lu steady-state tasks (the "
+                "tp_bench: allocs%s%s: %ld heap allocation(s) during %lu steady-state tasks (the "
                 "pool promises none); first: %s of %zu bytes, called from %p\n",
-                allocs, o->alloc_tasks, tpt_alloc_kind_name(first.kind), first.size, first.caller);
+                fair ? " " : "", variant, allocs, o->alloc_tasks, tpt_alloc_kind_name(first.kind), first.size,
+                first.caller);
         return 1; /* a broken promise: reported, the run goes on, exit status 1 */
     }
     return 0;
+}
+
+int scenario_allocs(const bench_opts *o, unsigned round) {
+    if (!tpt_alloc_probe()) {
+        const char *why = tpt_alloc_unavailable();
+        if (why == NULL) return counting_broken("probe");
+        bench_record_na("allocs", "", "allocs/task", why);
+        bench_record_na("allocs", "fair", "allocs/task", why);
+        return 0;
+    }
+    int a = allocs_pool(o, round, 0);
+    if (a < 0) return -1;
+    int b = allocs_pool(o, round, 1);
+    if (b < 0) return -1;
+    return a || b;
 }

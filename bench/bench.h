@@ -73,7 +73,8 @@ enum {
     SC_CANCEL = 1 << 5,
     SC_ALLOCS = 1 << 6,
     SC_BATCH = 1 << 7,
-    SC_ALL = (1 << 8) - 1,
+    SC_FAIR = 1 << 8,
+    SC_ALL = (1 << 9) - 1,
 };
 
 typedef struct bench_opts {
@@ -153,7 +154,7 @@ void report_json(const bench_opts *o, int ok);
 
 /* Names of the SC_* bits, bit i -> name i. */
 extern const char *const bench_scenario_names[];
-#define BENCH_N_SCENARIOS 8
+#define BENCH_N_SCENARIOS 9
 
 /* ------------------------------------------------------------ machine facts */
 
@@ -176,6 +177,7 @@ int scenario_wake(const bench_opts *o, unsigned round);
 int scenario_load(const bench_opts *o, unsigned round);
 int scenario_cancel(const bench_opts *o, unsigned round);
 int scenario_allocs(const bench_opts *o, unsigned round);
+int scenario_fair(const bench_opts *o, unsigned round);
 
 /* Buffers sized from the options, made once before the first round. */
 int scenarios_setup(const bench_opts *o);

@@ -50,11 +50,16 @@ static void usage(FILE *f) {
             "  cancel       tp_cancel() of queued tasks (ns each), and a forced shutdown\n"
             "               of a full pool (1 ms budget)\n"
             "  allocs       heap allocations per task in steady state (must be 0;\n"
-            "               n/a under sanitizers)\n"
+            "               n/a under sanitizers), in a FIFO pool and in a fair pool\n"
+            "               with every priority lane in use\n"
             "  batch        the throughput scenario with tp_submit_batch(): each producer\n"
             "               hands in B tasks per call, and on TP_EFULL retries the rest\n"
             "               after sched_yield(): ns/task, also as a ratio to the single\n"
             "               tp_submit() of the same round\n"
+            "  fair         one producer into a fair pool (TP_SCHED_FAIR) of 20000\n"
+            "               places, naming U = 1, 100 and 10000 users in turn, all\n"
+            "               backlogged: ns/task, and as a ratio to U = 1 (the cost of a\n"
+            "               start must not grow with the users)\n"
             "\n"
             "Options (--name=value or --name value):\n"
             "  --scenario=NAME[,NAME...]  scenarios to run (default: all)\n"
@@ -158,8 +163,8 @@ void describe_body(const bench_body *b, char *buf, unsigned len) {
         snprintf(buf, len, "%s:%lluns", kinds[b->kind], (unsigned long long)b->ns);
 }
 
-const char *const bench_scenario_names[BENCH_N_SCENARIOS] = {"throughput", "users",  "submit_wait", "wake",
-                                                             "load",       "cancel", "allocs",      "batch"};
+const char *const bench_scenario_names[BENCH_N_SCENARIOS] = {
+    "throughput", "users", "submit_wait", "wake", "load", "cancel", "allocs", "batch", "fair"};
 #define g_scenarios bench_scenario_names
 #define N_SCENARIOS BENCH_N_SCENARIOS
 
@@ -375,10 +380,9 @@ static int run_round(const bench_opts *o, unsigned r) {
         const char *name;
         int (*fn)(const bench_opts *, unsigned);
     } other[] = {
-        {SC_WAKE, "wake", scenario_wake},
-        {SC_LOAD, "load", scenario_load},
-        {SC_CANCEL, "cancel", scenario_cancel},
-        {SC_ALLOCS, "allocs", scenario_allocs},
+        {SC_WAKE, "wake", scenario_wake},       {SC_LOAD, "load", scenario_load},
+        {SC_CANCEL, "cancel", scenario_cancel}, {SC_ALLOCS, "allocs", scenario_allocs},
+        {SC_FAIR, "fair", scenario_fair},
     };
     int status = 0;
     progress("machine limits", r, o->rounds);

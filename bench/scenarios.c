@@ -40,6 +40,12 @@
  *                the paced run's observations: a snapshot after minus one
  *                before), and whether each lies within one bucket of the
  *                bench's figure ("hist agrees": 1 or 0).
+ *   fair         one producer (the calling thread) submits --tasks tasks to a
+ *                fair pool (TP_SCHED_FAIR), naming U users in turn, for U = 1,
+ *                100 and 10,000; the queue holds 20,000 tasks in every case
+ *                (two per user of the largest U; at least --queue), so every
+ *                user stays backlogged while the producer retries on TP_EFULL. ns/task per U and its ratio to U = 1:
+ *                a start is O(1) in the number of users.
  *   cancel       the workers held by tasks that run until cancelled, the
  *                queue filled; each queued task cancelled with tp_cancel()
  *                (ns per call); the queue filled again and the pool shut down
@@ -774,5 +780,70 @@ int scenario_cancel(const bench_opts *o, unsigned round) {
     bench_record(round, "cancel", "", "shutdown(1ms) us", (double)(t4 - t3) / 1e3, NULL);
     uint64_t drop = t5 - t3 > FORCED_BUDGET_NS ? t5 - t3 - FORCED_BUDGET_NS : 0;
     bench_record(round, "cancel", "", "forced drop ns/task", (double)drop / q, NULL);
+    return 0;
+}
+
+/* ------------------------------------------------------------ fair shares */
+
+#define FAIR_USERS_MAX 10000u
+static char g_fair_names[FAIR_USERS_MAX][16];
+
+int scenario_fair(const bench_opts *o, unsigned round) {
+    static const unsigned users[3] = {1, 100, FAIR_USERS_MAX};
+    for (unsigned i = 0; i < FAIR_USERS_MAX; i++)
+        if (!g_fair_names[i][0]) snprintf(g_fair_names[i], sizeof g_fair_names[i], "fair-%u", i);
+    for (int v = 0; v < 3; v++) {
+        /* one queue size for every U, so that only the users differ */
+        unsigned u = users[v], queue = 2 * FAIR_USERS_MAX > o->queue ? 2 * FAIR_USERS_MAX : o->queue;
+        tp_config cfg = {
+            .workers = o->workers,
+            .queue_capacity = queue,
+            .max_per_user = TP_UNLIMITED,
+            .run_timeout_ns = TP_FOREVER,
+            .name = "bench",
+            .log = bench_quiet_log,
+            .sched = TP_SCHED_FAIR,
+        };
+        tp_pool *pool;
+        int rc = tp_create(&pool, &cfg);
+        if (rc != TP_OK) {
+            fprintf(stderr, "tp_bench: fair: tp_create: %s\n", tp_strerror(rc));
+            return -1;
+        }
+        g_body = o->body;
+        /* warm-up: every user once backlogged (their entries made) */
+        unsigned long warm = BENCH_WARMUP_TASKS > 2ul * u ? BENCH_WARMUP_TASKS : 2ul * u;
+        unsigned long refusals = 0, n = warm + o->tasks;
+        unsigned next = 0;
+        uint64_t t0 = 0;
+        countdown_arm(&g_done, warm);
+        for (unsigned long k = 0; k < n; k++) {
+            if (k == warm) {
+                if (countdown_wait(&g_done, "fair") != 0) return -1;
+                countdown_arm(&g_done, o->tasks);
+                t0 = bench_now();
+            }
+            tp_task_opts opts = {.user = g_fair_names[next]};
+            next = next + 1 == u ? 0 : next + 1;
+            while ((rc = tp_submit(pool, tput_task, NULL, &opts, NULL)) == TP_EFULL) {
+                refusals++;
+                sched_yield();
+            }
+            if (rc != TP_OK) {
+                fprintf(stderr, "tp_bench: fair: submit: %s\n", tp_err_name(rc));
+                return -1;
+            }
+        }
+        if (countdown_wait(&g_done, "fair") != 0) return -1;
+        uint64_t t1 = bench_now();
+        tp_stats s;
+        if (end_pool(pool, TP_OK, &s) != 0 || check_clean(&s, n, refusals, "fair") != 0) return -1;
+        char variant[16];
+        snprintf(variant, sizeof variant, "U=%u", u);
+        double ns = (double)(t1 - t0) / (double)o->tasks;
+        bench_record(round, "fair", variant, "ns/task", ns, NULL);
+        double one = bench_value(round, "fair", "U=1", "ns/task");
+        if (v > 0 && one > 0) bench_record(round, "fair", variant, "ns/task / U=1", ns / one, NULL);
+    }
     return 0;
 }
