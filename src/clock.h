@@ -1,5 +1,5 @@
 /*
- * clock.h -- the clock of the latency histograms (SPEC 11.4): cheap stamps
+ * clock.h -- the clock of the latency histograms (taskpool.h, section 12): cheap stamps
  * whose differences convert to ns. Deadlines, run timeouts, retry delays and
  * the idle clock stay on CLOCK_MONOTONIC (tp_now_ns); only the histogram
  * stamps (task admission, attempt start and end) use this clock, and only

@@ -1,5 +1,5 @@
 /*
- * test_alloc.c -- no heap allocation per task in steady state (SPEC section 1,
+ * test_alloc.c -- no heap allocation per task in steady state (taskpool.h, "What the pool promises",
  * header "What the pool promises").
  *
  * Allocations are counted by the interposer of tpt_alloc_count.h (malloc,

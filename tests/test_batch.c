@@ -1,5 +1,5 @@
 /*
- * test_batch.c -- tp_submit_batch (SPEC section 11.2): prefix admission in
+ * test_batch.c -- tp_submit_batch (taskpool.h section 6): prefix admission in
  * one lock pass, every refusal at the first position and in the middle of a
  * batch, what a refusal leaves behind (counters, ids, on_done, ownership),
  * FIFO adjacency against a concurrent single submitter, a close racing

@@ -1,6 +1,6 @@
 /*
  * test_config.c -- configuration and bad input for every public function
- * (SPEC sections 2, 3, 5; header parts 4-8).
+ * (header sections 2-8).
  *
  * Covers: TP_EINVAL for NULL out / pool / fn, out-of-range config values
  * (max_workers < workers also after defaults, max_retries > 100, counts and

@@ -1,5 +1,5 @@
 /*
- * test_ctx.c -- the running task's context (SPEC section 6, header part 7).
+ * test_ctx.c -- the running task's context (header section 7).
  *
  * Covers tp_ctx_id, tp_ctx_user (copied at submit), tp_ctx_attempt,
  * tp_ctx_deadline (the earlier of start + run timeout and the task deadline),

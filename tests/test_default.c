@@ -1,6 +1,5 @@
 /*
- * test_default.c -- the process-wide default pool (SPEC section 9, header
- * part 10).
+ * test_default.c -- the process-wide default pool (header section 10).
  *
  * Covers: without a registered pool tp_default() is NULL and the default
  * submit/shutdown/wait return TP_ENODEFAULT; tp_default_create registers (a

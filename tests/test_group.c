@@ -1,5 +1,5 @@
 /*
- * test_group.c -- task groups (SPEC 11.3, header section 11).
+ * test_group.c -- task groups (header section 11).
  *
  * Covers: wait returns after every member ended and its on_done returned; the
  * first error, with one worker (order is known) and under concurrent failures

@@ -1,5 +1,5 @@
 /*
- * test_hist.c -- latency histograms (SPEC 11.4, header section 12).
+ * test_hist.c -- latency histograms (header section 12).
  *
  * Covers: the bucket bounds (strictly rising, 128 ns first, at most 12.5 %
  * apart from there to past 1 hour, UINT64_MAX last, 0 out of range) and the

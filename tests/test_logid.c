@@ -1,5 +1,5 @@
 /*
- * test_logid.c -- log ids and logging (SPEC section 8, header part 9).
+ * test_logid.c -- log ids and logging (header section 9).
  *
  * Covers: an explicit log id in opts (copied) is what tp_ctx_log_id and
  * tp_log_id_get return in the task; inherited from the submitting thread's

@@ -1,5 +1,5 @@
 /*
- * test_metrics.c -- tp_metrics_format (SPEC 11.5, header section 13).
+ * test_metrics.c -- tp_metrics_format (header section 13).
  *
  * Covers, on pools with awkward names (a double quote, a backslash, a
  * newline, UTF-8 and a byte that is not UTF-8): snprintf semantics (the

@@ -1,5 +1,5 @@
 /*
- * test_retry.c -- retries (SPEC section 5 "Retries", header parts 4, 6, 9).
+ * test_retry.c -- retries (header sections 4, 6, 9).
  *
  * Covers: retries exhausted (one start, max_retries extra attempts, attempts
  * 0..max seen, one on_done with the last status), success on attempt k, a

@@ -1,6 +1,6 @@
 /*
- * test_stats.c -- statistics, formatting, error strings, version (SPEC
- * sections 2, 7, 10; header parts 1, 2, 8).
+ * test_stats.c -- statistics, formatting, error strings, version (header
+ * sections 1, 2, 8).
  *
  * Covers: tp_stats_format JSON (every field a key with its value) and
  * Prometheus (# HELP / # TYPE, counters taskpool_<f>_total, gauges
@@ -291,7 +291,7 @@ static void test_live_stats(void **state) {
 /* ------------------------------------------------------------ synchronization */
 
 /* Plain (non-atomic) memory written by tasks and read by the main thread after
- * it saw the task counted: SPEC section 7 promises that reading a counter
+ * it saw the task counted: the header (section 8) promises that reading a counter
  * synchronizes with the counting, so ThreadSanitizer must see no race here. */
 typedef struct sync_cell {
     uint64_t value; /* written by the task, read after tp_stats_get */

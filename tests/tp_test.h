@@ -249,7 +249,7 @@ static inline void tpt_assert_counts_(const tp_stats *s, const char *expr, const
                            __LINE__);                                                                        \
     } while (0)
 
-/* The at-rest invariants of SPEC section 7. Call after tp_wait() returned. */
+/* The at-rest invariants of taskpool.h section 8 (tp_stats_get). Call after tp_wait() returned. */
 static inline void tpt_assert_at_rest(const tp_stats *s) {
     assert_int_equal(s->submitted, s->accepted + s->rejected);
     assert_int_equal(s->rejected,
