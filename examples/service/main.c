@@ -4,28 +4,36 @@
  * The example users copy when they embed libtaskpool in a service. Plain C,
  * POSIX sockets and pthreads; nothing else. The pieces:
  *
- *   main.c    configuration, the listening socket, the accept loop, signals
- *             and the shutdown sequence
- *   conn.c    one connection: request loop, routes, background tasks
- *   http.c    request-head parsing and response writing
+ *   main.c    configuration, the pools, signals and the shutdown sequence
+ *   routes.c  the routes and their handlers, background tasks
+ *   tasks.c   the table of recent tasks
  *   config.c  environment settings and the strict duration parser
+ * and, shared with taskpool-stream-worker (examples/common/):
+ *   httpd.c   the HTTP/1.1 server: connections, limits, deadlines, drain
+ *   http.c    request-head parsing and response writing
  *   log.c     one JSON line per event on stdout
  *
- * Threads: the main thread accepts; the connection pool (MAX_CONNS workers)
- * serves connections; the task pool (WORKERS workers, QUEUE_CAPACITY waiting)
- * runs POST /tasks work. SIGTERM and SIGINT are blocked in every pool thread
- * (they inherit the mask from main before it unblocks them) and handled on
- * the main thread by writing to a self-pipe, which wakes the accept loop.
+ * Threads: the main thread runs the server's loop (accepts, reads request
+ * heads, keeps idle connections, answers probes); the connection pool
+ * (MAX_CONNS workers) runs requests; the task pool (WORKERS workers,
+ * QUEUE_CAPACITY waiting) runs POST /tasks work. SIGTERM and SIGINT are
+ * blocked in every pool thread (they inherit the mask from main before it
+ * unblocks them) and handled on the main thread by writing to a self-pipe,
+ * which wakes the loop.
  *
  * Shutdown on SIGTERM/SIGINT, one budget of SHUTDOWN_TIMEOUT for all of it:
- *   1. set `draining`: idle keep-alive connections close, requests in
- *      progress finish and are answered with Connection: close;
- *   2. steps 3 to 5 run on a drain thread while the main thread keeps the
- *      listener open and answers each new connection itself, one request
- *      each, with Connection: close: /readyz, /healthz, POST /tasks and
- *      /work get 503, /stats, /metrics and /tasks/{id} their usual answer.
- *      Probes and clients see "draining" instead of a refused connection.
- *      The listener closes when the drain thread is done;
+ *   1. httpd_drain: connections with no request in progress close at once
+ *      (half a request head is answered 503 first: it has nothing in
+ *      progress either), requests in progress finish and are answered with
+ *      Connection: close;
+ *   2. steps 3 to 5 run on a drain thread while the main thread goes on
+ *      running the server's loop: the listener stays open and each new
+ *      connection gets one request, answered on the loop with Connection:
+ *      close: /readyz, /healthz, POST /tasks and /work get 503, /stats,
+ *      /metrics and /tasks/{id} their usual answer. Probes and clients see
+ *      "draining" instead of a refused connection. When the drain thread
+ *      is done, httpd_finish closes the listener and writes out the answers
+ *      already made (until the budget's end, at least 1 s);
  *   3. tp_shutdown(connection pool, what is left of the budget): waits for
  *      those requests; if the budget runs out it cancels them (GET /work
  *      answers 503 at once);
@@ -40,27 +48,22 @@
  * variable) or an unknown command-line option.
  */
 #define _GNU_SOURCE
-#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include "log.h"
 #include "service.h"
 
-static int sig_pipe[2] = {-1, -1};   /* signal handler -> accept loop */
-static int drain_pipe[2] = {-1, -1}; /* written once at shutdown, never read */
-static int done_pipe[2] = {-1, -1};  /* drain thread -> main thread: finished */
+#define WRITE_TIMEOUT_NS (10 * SVC_NS_PER_S) /* for a client to take one answer */
+
+static int sig_pipe[2] = {-1, -1};  /* signal handler -> the server's loop */
+static int done_pipe[2] = {-1, -1}; /* drain thread -> main thread: finished */
 static volatile sig_atomic_t got_signal;
 
 static void on_signal(int signo) {
@@ -71,104 +74,6 @@ static void on_signal(int signo) {
         /* full pipe: a wake-up is already pending */
     }
     errno = saved;
-}
-
-/* "host:port", "[v6]:port" or ":port" (all interfaces) -> addrinfo list. */
-static int resolve(const char *addr, struct addrinfo **out, char *err, size_t errlen) {
-    char host[256];
-    const char *colon = strrchr(addr, ':');
-    if (colon == NULL) {
-        snprintf(err, errlen, "LISTEN_ADDR=\"%s\": expected host:port", addr);
-        return -1;
-    }
-    size_t hlen = (size_t)(colon - addr);
-    const char *h = addr;
-    if (hlen >= 2 && addr[0] == '[' && addr[hlen - 1] == ']') {
-        h++;
-        hlen -= 2;
-    }
-    if (hlen >= sizeof host) {
-        snprintf(err, errlen, "LISTEN_ADDR=\"%s\": host too long", addr);
-        return -1;
-    }
-    memcpy(host, h, hlen);
-    host[hlen] = '\0';
-    unsigned port;
-    if (svc_parse_uint(colon + 1, 0, 65535, &port) != 0) {
-        snprintf(err, errlen, "LISTEN_ADDR=\"%s\": port must be a number from 0 to 65535", addr);
-        return -1;
-    }
-    char portstr[8];
-    snprintf(portstr, sizeof portstr, "%u", port);
-    struct addrinfo hints = {
-        .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
-    int rc = getaddrinfo(hlen > 0 ? host : NULL, portstr, &hints, out);
-    if (rc != 0) {
-        snprintf(err, errlen, "LISTEN_ADDR=\"%s\": %s", addr, gai_strerror(rc));
-        return -1;
-    }
-    return 0;
-}
-
-static int listen_on(const struct addrinfo *ai, char *err, size_t errlen) {
-    int saved = 0;
-    for (; ai != NULL; ai = ai->ai_next) {
-        int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
-        if (fd < 0) {
-            saved = errno;
-            continue;
-        }
-        int one = 1;
-        (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 256) == 0) return fd;
-        saved = errno;
-        close(fd);
-    }
-    snprintf(err, errlen, "cannot listen: %s", strerror(saved));
-    return -1;
-}
-
-static void format_addr(const struct sockaddr_storage *ss, char *out, size_t len) {
-    char ip[INET6_ADDRSTRLEN] = "?";
-    unsigned port = 0;
-    if (ss->ss_family == AF_INET) {
-        const struct sockaddr_in *a = (const struct sockaddr_in *)ss;
-        inet_ntop(AF_INET, &a->sin_addr, ip, sizeof ip);
-        port = ntohs(a->sin_port);
-        snprintf(out, len, "%s:%u", ip, port);
-    } else if (ss->ss_family == AF_INET6) {
-        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)ss;
-        inet_ntop(AF_INET6, &a->sin6_addr, ip, sizeof ip);
-        port = ntohs(a->sin6_port);
-        snprintf(out, len, "[%s]:%u", ip, port);
-    } else {
-        snprintf(out, len, "?");
-    }
-}
-
-/* Accept everything pending on the listener. */
-static void accept_ready(svc *s, int lfd) {
-    for (;;) {
-        struct sockaddr_storage ss;
-        socklen_t sl = sizeof ss;
-        int fd = accept4(lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0) {
-            if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO) continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-            /* EMFILE, ENFILE, ENOBUFS, ENOMEM: back off instead of spinning. */
-            svc_log ev;
-            svc_log_begin(&ev, "error", "accept_failed");
-            svc_log_str(&ev, "error", strerror(errno));
-            svc_log_end(&ev);
-            (void)poll(NULL, 0, 50);
-            return;
-        }
-        int one = 1;
-        (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        char peer[64];
-        format_addr(&ss, peer, sizeof peer);
-        svc_conn_accept(s, fd, peer);
-    }
 }
 
 /* A budget left until deadline, never 0 (which the library reads as "the
@@ -222,38 +127,22 @@ static void *drain_main(void *arg) {
     return NULL;
 }
 
-/* While the drain runs: answer one pending connection, if any. */
-static void accept_one_draining(svc *s, int lfd) {
-    struct sockaddr_storage ss;
-    socklen_t sl = sizeof ss;
-    int fd = accept4(lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) return; /* EAGAIN, or a failure: the poll loop comes back */
-    int one = 1;
-    (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    char peer[64];
-    format_addr(&ss, peer, sizeof peer);
-    svc_conn_serve_draining(s, fd, peer);
-}
-
-static int run_shutdown(svc *s, int lfd) {
+static int run_shutdown(svc *s) {
     drain_job j = {.s = s, .t0 = tp_now_ns()};
     j.deadline = j.t0 + s->cfg.shutdown_timeout_ns;
     svc_log ev;
     svc_log_begin(&ev, "info", "shutdown_started");
     svc_log_str(&ev, "signal", got_signal == SIGINT ? "SIGINT" : "SIGTERM");
     svc_log_uint(&ev, "budget_ms", s->cfg.shutdown_timeout_ns / SVC_NS_PER_MS);
-    svc_log_uint(&ev, "open_connections", atomic_load(&s->open_conns));
+    svc_log_uint(&ev, "open_connections", httpd_open_conns(s->http));
     log_stats(&ev, "stats", s->tasks);
     svc_log_end(&ev);
 
-    /* 1. idle connections close; requests in progress finish */
-    atomic_store(&s->draining, 1);
-    if (write(drain_pipe[1], "x", 1) < 0) {
-        /* cannot fail on a fresh pipe; connections also re-check the flag within 1 s */
-    }
+    /* 1. connections with nothing in progress close; requests in progress finish */
+    httpd_drain(s->http);
 
     /* 2. the drain thread runs 3 to 5 (signals blocked in it, as in the
-     * pools' threads); this thread answers new connections meanwhile. */
+     * pools' threads); this thread runs the server meanwhile. */
     pthread_t drainer;
     sigset_t term, old;
     sigemptyset(&term);
@@ -263,19 +152,14 @@ static int run_shutdown(svc *s, int lfd) {
     int started = pthread_create(&drainer, NULL, drain_main, &j) == 0;
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (started) {
-        for (;;) {
-            struct pollfd pf[2] = {{.fd = done_pipe[0], .events = POLLIN}, {.fd = lfd, .events = POLLIN}};
-            int n = poll(pf, 2, 1000);
-            if (n < 0 && errno != EINTR) break; /* cannot happen with valid descriptors; join below */
-            if (n > 0 && (pf[0].revents & POLLIN)) break;
-            if (n > 0 && (pf[1].revents & POLLIN)) accept_one_draining(s, lfd);
-        }
-        close(lfd);
+        (void)httpd_run(s->http, &done_pipe[0], 1); /* a poll() failure: join below anyway */
         pthread_join(drainer, NULL);
     } else {
-        close(lfd); /* no thread: drain without answering new connections */
-        drain_main(&j);
+        drain_main(&j); /* no thread: drain without serving new connections */
     }
+    /* The listener closes; answers already made get out (at least 1 s). */
+    uint64_t flush_until = tp_now_ns() + SVC_NS_PER_S;
+    httpd_finish(s->http, j.deadline > flush_until ? j.deadline : flush_until);
 
     /* 6. */
     int code = j.rc_requests == TP_OK && j.rc_tasks == TP_OK && j.all_stopped ? 0 : 1;
@@ -291,8 +175,9 @@ static int run_shutdown(svc *s, int lfd) {
 
     if (j.all_stopped) {
         /* Every thread is gone: freeing cannot block. A stuck thread keeps
-         * its pool (and the task table it may still touch) alive; the
-         * process exit is then the final boundary. */
+         * its pool (and the task table and connection it may still touch)
+         * alive; the process exit is then the final boundary. */
+        httpd_destroy(s->http);
         tp_destroy(s->conns);
         tp_destroy(s->tasks);
         svc_tasks_destroy(&s->table);
@@ -344,7 +229,8 @@ static void usage(FILE *f) {
                "  GET    /metrics    Prometheus text\n"
                "  GET    /healthz    liveness: 200; 503 while draining\n"
                "  GET    /readyz     readiness: 200; 503 while draining\n"
-               "Unknown query parameters and HTTP/1.1 requests without Host get 400.\n"
+               "Unknown query parameters and HTTP/1.1 requests without Host get 400;\n"
+               "unknown methods 501. /healthz and /readyz answer even over MAX_CONNS.\n"
                "\n"
                "Environment (durations like 250ms, 5s, 1m30s; unset or empty = default):\n"
                "  LISTEN_ADDR       host:port, [v6]:port or :port; 0 = any port (127.0.0.1:8080)\n"
@@ -356,7 +242,7 @@ static void usage(FILE *f) {
                "  RETRY_DELAY       wait before each retry (1s)\n"
                "  TASK_HISTORY      finished tasks GET /tasks/{id} still shows, 1..65536 (256)\n"
                "  SHUTDOWN_TIMEOUT  budget for draining requests and tasks (5s)\n"
-               "  MAX_CONNS         open connections, 1..1024 (64)\n"
+               "  MAX_CONNS         open connections (the oldest idle one gives way), 1..1024 (64)\n"
                "  HEADER_TIMEOUT    time to send a request head (5s)\n"
                "  IDLE_TIMEOUT      keep-alive wait for the next request (30s)\n"
                "  LOG_LEVEL         error, warn, info or debug (info)\n"
@@ -390,33 +276,41 @@ static int parse_args(int argc, char **argv) {
 int main(int argc, char **argv) {
     int rc_args = parse_args(argc, argv);
     if (rc_args >= 0) return rc_args;
-    static svc s; /* static: conn tasks point at it until the pools are destroyed */
+    static svc s; /* static: request tasks point at it until the pools are destroyed */
     char err[512];
     const char *var = NULL;
     int loaded = svc_config_load(&s.cfg, err, sizeof err, &var);
     svc_log_set_level(s.cfg.log_level);
     if (loaded != 0) return startup_error("config_error", var, err, 2);
-    struct addrinfo *ai = NULL;
-    if (resolve(s.cfg.listen_addr, &ai, err, sizeof err) != 0)
-        return startup_error("config_error", "LISTEN_ADDR", err, 2);
-    if (pipe2(sig_pipe, O_NONBLOCK | O_CLOEXEC) != 0 || pipe2(drain_pipe, O_NONBLOCK | O_CLOEXEC) != 0 ||
-        pipe2(done_pipe, O_CLOEXEC) != 0) {
+    /* Listening first: a bad address is a configuration error (exit 2),
+     * and connections wait in the backlog until the loop runs. */
+    static httpd_config hcfg;
+    hcfg = (httpd_config){
+        .listen_addr = s.cfg.listen_addr,
+        .addr_name = "LISTEN_ADDR",
+        .max_conns = s.cfg.max_conns,
+        .header_timeout_ns = s.cfg.header_timeout_ns,
+        .idle_timeout_ns = s.cfg.idle_timeout_ns,
+        .write_timeout_ns = WRITE_TIMEOUT_NS,
+        .routes = svc_routes,
+        .nroutes = svc_nroutes,
+        .app = &s,
+        .dispatch = svc_dispatch,
+        .log_level = "info",
+    };
+    char addr[80];
+    int hrc = httpd_create(&s.http, &hcfg, addr, sizeof addr, err, sizeof err);
+    if (hrc == HTTPD_EADDR) return startup_error("config_error", "LISTEN_ADDR", err, 2);
+    if (hrc != HTTPD_OK) return startup_error("listen_failed", "LISTEN_ADDR", err, 1);
+    if (pipe2(sig_pipe, O_NONBLOCK | O_CLOEXEC) != 0 || pipe2(done_pipe, O_CLOEXEC) != 0) {
         snprintf(err, sizeof err, "pipe: %s", strerror(errno));
-        freeaddrinfo(ai);
         return startup_error("startup_failed", NULL, err, 1);
     }
     /* Every task that can be unfinished, every handler that can hold a
      * reservation, and TASK_HISTORY more (tasks.h). */
     size_t entries = (size_t)s.cfg.workers + s.cfg.queue_capacity + s.cfg.max_conns + s.cfg.task_history;
-    if (svc_tasks_init(&s.table, entries) != 0) {
-        freeaddrinfo(ai);
+    if (svc_tasks_init(&s.table, entries) != 0)
         return startup_error("startup_failed", NULL, "out of memory for the task table", 1);
-    }
-    s.drain_fd = drain_pipe[0];
-    atomic_init(&s.draining, 0);
-    atomic_init(&s.open_conns, 0);
-    atomic_init(&s.next_conn, 1);
-    atomic_init(&s.next_req, 1);
 
     /* Peers that vanish must not kill us (sends also use MSG_NOSIGNAL). */
     signal(SIGPIPE, SIG_IGN);
@@ -447,29 +341,16 @@ int main(int argc, char **argv) {
     };
     tp_config ccfg = {
         .workers = s.cfg.max_conns,
-        .queue_capacity = s.cfg.max_conns, /* open_conns is the real cap; this absorbs the
-                                              moment between a task's end and its worker's return */
+        .queue_capacity = s.cfg.max_conns, /* the server's max_conns is the real cap; this absorbs
+                                              the moment between a task's end and its worker's return */
         .max_per_user = TP_UNLIMITED,
-        .run_timeout_ns = TP_FOREVER, /* connections keep their own timeouts */
+        .run_timeout_ns = TP_FOREVER, /* the server keeps its own deadlines */
         .drain_timeout_ns = s.cfg.shutdown_timeout_ns,
         .name = "conn",
         .log = svc_log_hook,
     };
     s.tasks = make_pool(&tcfg, "task");
     s.conns = make_pool(&ccfg, "connection");
-
-    int lfd = listen_on(ai, err, sizeof err);
-    freeaddrinfo(ai);
-    if (lfd < 0) {
-        tp_destroy(s.conns);
-        tp_destroy(s.tasks);
-        svc_tasks_destroy(&s.table);
-        return startup_error("listen_failed", "LISTEN_ADDR", err, 1);
-    }
-    struct sockaddr_storage ss;
-    socklen_t sl = sizeof ss;
-    char addr[80] = "?";
-    if (getsockname(lfd, (struct sockaddr *)&ss, &sl) == 0) format_addr(&ss, addr, sizeof addr);
 
     /* The first line: tests and scripts read the actual address from it. */
     svc_log ev;
@@ -496,21 +377,16 @@ int main(int argc, char **argv) {
 
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     while (!got_signal) {
-        struct pollfd pf[2] = {{.fd = lfd, .events = POLLIN}, {.fd = sig_pipe[0], .events = POLLIN}};
-        int n = poll(pf, 2, 1000);
-        if (n < 0 && errno != EINTR) {
+        if (httpd_run(s.http, &sig_pipe[0], 1) < 0) {
             svc_log_begin(&ev, "error", "poll_failed");
             svc_log_str(&ev, "error", strerror(errno));
             svc_log_end(&ev);
             break;
         }
-        if (n > 0 && (pf[0].revents & POLLIN)) accept_ready(&s, lfd);
     }
-    int code = run_shutdown(&s, lfd);
+    int code = run_shutdown(&s);
     close(sig_pipe[0]);
     close(sig_pipe[1]);
-    close(drain_pipe[0]);
-    close(drain_pipe[1]);
     close(done_pipe[0]);
     close(done_pipe[1]);
     return code;

@@ -1,21 +1,22 @@
 /*
- * service.h -- state shared by the acceptor (main.c) and the connection
- * handlers (conn.c).
+ * service.h -- state shared by main.c and the routes (routes.c).
  *
  * Two pools, one per resource (the book's advice): `tasks` runs the
  * background work admitted by POST /tasks, bounded by WORKERS and
- * QUEUE_CAPACITY; `conns` runs one task per open connection, bounded by
- * MAX_CONNS. A flood of connections therefore cannot take the workers that
- * run accepted tasks, and a flood of tasks cannot stop the service from
- * answering 503 quickly.
+ * QUEUE_CAPACITY; `conns` runs the requests, one task each, bounded by
+ * MAX_CONNS (the server holds at most that many connections, each with at
+ * most one request in progress). A flood of requests therefore cannot take
+ * the workers that run accepted tasks, and a flood of tasks cannot stop the
+ * service from answering 503 quickly. The server (`http`, httpd.h) reads
+ * requests and keeps idle connections on its own thread, at no worker's cost.
  */
 #ifndef SVC_SERVICE_H
 #define SVC_SERVICE_H
 
-#include <stdatomic.h>
-#include <stdint.h>
+#include <stddef.h>
 
 #include "config.h"
+#include "httpd.h"
 #include "taskpool.h"
 #include "tasks.h"
 
@@ -28,26 +29,14 @@ typedef struct svc {
     tp_pool *tasks;
     tp_pool *conns;
     svc_tasks table; /* recent tasks, for GET/DELETE /tasks/{id} */
-    /* Set once by the shutdown; from then on idle keep-alive connections
-     * close and every response carries Connection: close. drain_fd (the read
-     * end of a pipe written once, never read) turns readable at the same
-     * moment so that connections waiting in poll() notice at once. */
-    atomic_int draining;
-    int drain_fd;
-    atomic_uint open_conns;  /* connections accepted and not yet closed */
-    atomic_ullong next_conn; /* connection numbers, for the logs */
-    atomic_ullong next_req;  /* request numbers: generated log ids req-N */
+    httpd *http;     /* the server, for its gauges (open connections, draining) */
 } svc;
 
-/* Serve the accepted, non-blocking socket `fd` on the connection pool. Takes
- * ownership of fd in every case: on refusal (connection limit reached, pool
- * full or closed) it answers 503 and closes it. */
-void svc_conn_accept(svc *s, int fd, const char *peer);
+/* The routes, for httpd_config (routes.c). */
+extern const httpd_route svc_routes[];
+extern const size_t svc_nroutes;
 
-/* During the drain, on the main thread: read one request from `fd` (head
- * timeout min(HEADER_TIMEOUT, 1 s)), answer it with Connection: close --
- * 503 for /readyz, /healthz, POST /tasks and /work; the usual answer for
- * /stats, /metrics and /tasks/{id} -- and close fd. */
-void svc_conn_serve_draining(svc *s, int fd, const char *peer);
+/* httpd_config.dispatch: run the request as a task of the connection pool. */
+int svc_dispatch(void *app, httpd_exchange *x);
 
 #endif

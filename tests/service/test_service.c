@@ -20,6 +20,7 @@
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -400,6 +401,124 @@ static unsigned long long field_in(const char *line, const char *obj, const char
     return strtoull(k + strlen(pat), NULL, 10);
 }
 
+/* ---- JSON and UTF-8 checks of the log (issue 22, finding 3) */
+
+/* Is s[0..n) well-formed UTF-8 (RFC 3629: shortest form, no surrogates,
+ * at most U+10FFFF)? */
+static int utf8_valid(const unsigned char *s, size_t n) {
+    for (size_t i = 0; i < n;) {
+        unsigned c = s[i];
+        size_t k = c < 0x80                 ? 0
+                   : c >= 0xc2 && c <= 0xdf ? 1
+                   : c >= 0xe0 && c <= 0xef ? 2
+                   : c >= 0xf0 && c <= 0xf4 ? 3
+                                            : 9;
+        if (k == 9 || (k > 0 && i + k >= n)) return 0;
+        unsigned lo = 0x80, hi = 0xbf;
+        if (c == 0xe0) lo = 0xa0;
+        if (c == 0xed) hi = 0x9f;
+        if (c == 0xf0) lo = 0x90;
+        if (c == 0xf4) hi = 0x8f;
+        for (size_t j = 1; j <= k; j++) {
+            if (s[i + j] < (j == 1 ? lo : 0x80) || s[i + j] > (j == 1 ? hi : 0xbf)) return 0;
+        }
+        i += k + 1;
+    }
+    return 1;
+}
+
+static const char *json_value(const char *s, int depth);
+
+static const char *json_ws(const char *s) {
+    while (*s == ' ' || *s == '\t' || *s == '\n' || *s == '\r') s++;
+    return s;
+}
+
+static const char *json_string(const char *s) {
+    if (*s++ != '"') return NULL;
+    for (;;) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"') return s + 1;
+        if (c < 0x20) return NULL; /* a raw control character, or the end */
+        if (c == '\\') {
+            s++;
+            if (*s == 'u') {
+                for (int i = 1; i <= 4; i++)
+                    if (!isxdigit((unsigned char)s[i])) return NULL;
+                s += 5;
+            } else if (*s != '\0' && strchr("\"\\/bfnrt", *s) != NULL) {
+                s++;
+            } else {
+                return NULL;
+            }
+            continue;
+        }
+        s++;
+    }
+}
+
+static const char *json_number(const char *s) {
+    if (*s == '-') s++;
+    if (*s == '0')
+        s++;
+    else if (*s >= '1' && *s <= '9')
+        while (isdigit((unsigned char)*s)) s++;
+    else
+        return NULL;
+    if (*s == '.') {
+        if (!isdigit((unsigned char)*++s)) return NULL;
+        while (isdigit((unsigned char)*s)) s++;
+    }
+    if (*s == 'e' || *s == 'E') {
+        s++;
+        if (*s == '+' || *s == '-') s++;
+        if (!isdigit((unsigned char)*s)) return NULL;
+        while (isdigit((unsigned char)*s)) s++;
+    }
+    return s;
+}
+
+/* One JSON value (RFC 8259) at s; the first character after it, or NULL. */
+static const char *json_value(const char *s, int depth) {
+    s = json_ws(s);
+    if (depth > 32) return NULL;
+    if (*s == '"') return json_string(s);
+    if (*s == '{' || *s == '[') {
+        char close = *s == '{' ? '}' : ']';
+        s = json_ws(s + 1);
+        if (*s == close) return s + 1;
+        for (;;) {
+            if (close == '}') {
+                s = json_string(json_ws(s));
+                if (s == NULL || *(s = json_ws(s)) != ':') return NULL;
+                s++;
+            }
+            s = json_value(s, depth + 1);
+            if (s == NULL) return NULL;
+            s = json_ws(s);
+            if (*s == close) return s + 1;
+            if (*s++ != ',') return NULL;
+        }
+    }
+    if (strncmp(s, "true", 4) == 0) return s + 4;
+    if (strncmp(s, "false", 5) == 0) return s + 5;
+    if (strncmp(s, "null", 4) == 0) return s + 4;
+    return json_number(s);
+}
+
+/* Every line of the log is one JSON object, and the log is UTF-8. */
+static void expect_log_json(proc *p) {
+    proc_refresh(p);
+    assert_non_null(p->log);
+    if (!utf8_valid((const unsigned char *)p->log, p->loglen)) fail_msg("the log is not valid UTF-8");
+    for (size_t off = 0; off < p->loglen;) {
+        const char *line = line_at(p, (long)off);
+        const char *end = *line == '{' ? json_value(line, 0) : NULL;
+        if (end == NULL || *json_ws(end) != '\0') fail_msg("not one JSON object: %s", line);
+        off += strcspn(p->log + off, "\n") + 1;
+    }
+}
+
 static int connect_refused(const proc *p) {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     assert_true(fd >= 0);
@@ -663,25 +782,36 @@ static void test_slow_client(void **state) {
     assert_int_equal(proc_wait_exit(p, WAIT_NS), 0);
 }
 
-/* MAX_CONNS: the connection beyond it gets 503 + Retry-After and is closed;
- * once one closes, new connections are served again. Idle keep-alive
- * connections do not hold up the drain. */
+/* MAX_CONNS held by connections that cannot be closed (half-sent heads):
+ * the connection beyond it gets 503 + Retry-After + close for anything but
+ * a probe, while /healthz and /readyz are answered (issue 22, finding 2: a
+ * failing liveness probe gets a healthy process restarted). Once a slot is
+ * free, new connections are served again; the drain answers the half-sent
+ * head still there 503 and exits 0. */
 static void test_connection_limit(void **state) {
     proc *p = *state;
-    const char *env[] = {"MAX_CONNS=2", NULL};
+    const char *env[] = {"MAX_CONNS=2", "HEADER_TIMEOUT=60s", NULL};
     proc_start(p, env);
     response r;
     client *a = client_open(p), *b = client_open(p);
-    client_sends(a, "GET /healthz HTTP/1.1\r\nHost: test\r\n\r\n");
-    client_sends(b, "GET /healthz HTTP/1.1\r\nHost: test\r\n\r\n");
-    assert_int_equal(client_read(a, &r), 0);
-    assert_int_equal(r.status, 200);
-    assert_false(r.closes); /* kept alive: both hold a connection slot */
-    assert_int_equal(client_read(b, &r), 0);
-    assert_int_equal(r.status, 200);
+    client_sends(a, "GET /stats HTTP/1.1\r\nHo");
+    client_sends(b, "GET /stats HTTP/1.1\r\nHo");
 
-    client *c = client_open(p);
-    assert_int_equal(client_read(c, &r), 0); /* answered at once, without a request */
+    for (int i = 0; i < 3; i++) { /* one connection each, over the limit */
+        request(p, "GET", "/healthz", &r);
+        assert_int_equal(r.status, 200);
+        assert_string_equal(r.body, "{\"status\":\"ok\"}\n");
+        request(p, "GET", "/readyz", &r);
+        assert_int_equal(r.status, 200);
+        assert_string_equal(r.body, "{\"status\":\"ready\"}\n");
+    }
+    request(p, "HEAD", "/healthz", &r);
+    assert_int_equal(r.status, 200);
+    assert_true(r.clen > 0);
+
+    client *c = client_open(p); /* anything but a probe: 503 and close */
+    client_sends(c, "GET /stats HTTP/1.1\r\nHost: test\r\n\r\n");
+    assert_int_equal(client_read(c, &r), 0);
     assert_int_equal(r.status, 503);
     assert_true(r.retry_after);
     assert_true(r.closes);
@@ -689,11 +819,11 @@ static void test_connection_limit(void **state) {
     client_close(c);
     wait_line(p, 0, "\"msg\":\"connection_rejected\"", "\"reason\":\"connection limit\"");
 
-    client_close(a); /* frees a slot, asynchronously */
+    client_close(a); /* frees a slot */
     int served =
         TPT_POLL(({
                      client *d = client_open(p);
-                     client_sends(d, "GET /healthz HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+                     client_sends(d, "GET /stats HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
                      response rd;
                      int ok = client_read(d, &rd) == 0 && rd.status == 200;
                      client_close(d);
@@ -702,10 +832,61 @@ static void test_connection_limit(void **state) {
                  WAIT_NS);
     assert_true(served);
 
-    /* b is idle on a keep-alive connection: the drain closes it at once. */
+    /* b still holds half a head: the drain answers it and closes at once. */
     proc_kill(p, SIGTERM);
+    assert_int_equal(client_read(b, &r), 0);
+    assert_int_equal(r.status, 503);
+    assert_true(r.closes);
     assert_true(client_sees_close(b));
     client_close(b);
+    assert_int_equal(proc_wait_exit(p, WAIT_NS), 0);
+}
+
+/* At MAX_CONNS, a new connection closes the oldest idle keep-alive
+ * connection rather than being refused (issue 22, finding 2): idle clients
+ * cannot hold the service for IDLE_TIMEOUT. The younger idle one stays. */
+static void test_limit_evicts_idle(void **state) {
+    proc *p = *state;
+    const char *env[] = {"MAX_CONNS=2", "IDLE_TIMEOUT=60s", NULL};
+    proc_start(p, env);
+    response r;
+    client *a = client_open(p);
+    client_sends(a, "GET /stats HTTP/1.1\r\nHost: test\r\n\r\n");
+    assert_int_equal(client_read(a, &r), 0);
+    assert_int_equal(r.status, 200);
+    assert_false(r.closes);
+    client *b = client_open(p);
+    client_sends(b, "GET /stats HTTP/1.1\r\nHost: test\r\n\r\n");
+    assert_int_equal(client_read(b, &r), 0);
+    assert_int_equal(r.status, 200);
+    assert_false(r.closes);
+
+    /* c takes the slot of a, idle the longest; b, idle since after a, stays. */
+    client *c = client_open(p);
+    client_sends(c, "GET /stats HTTP/1.1\r\nHost: test\r\n\r\n");
+    assert_int_equal(client_read(c, &r), 0);
+    assert_int_equal(r.status, 200);
+    assert_false(r.closes);
+    assert_true(client_sees_close(a));
+    client_close(a);
+    client_sends(b, "GET /healthz HTTP/1.1\r\nHost: test\r\n\r\n");
+    assert_int_equal(client_read(b, &r), 0);
+    assert_int_equal(r.status, 200);
+
+    /* Idle the longest is now c (b was used after it): d takes c's slot. */
+    client *d = client_open(p);
+    client_sends(d, "GET /stats HTTP/1.1\r\nHost: test\r\n\r\n");
+    assert_int_equal(client_read(d, &r), 0);
+    assert_int_equal(r.status, 200);
+    assert_true(client_sees_close(c));
+    client_close(c);
+    client_sends(b, "GET /healthz HTTP/1.1\r\nHost: test\r\n\r\n");
+    assert_int_equal(client_read(b, &r), 0);
+    assert_int_equal(r.status, 200);
+    client_close(d);
+    wait_line(p, 0, "\"msg\":\"connection_evicted\"", NULL);
+    client_close(b);
+    proc_kill(p, SIGTERM);
     assert_int_equal(proc_wait_exit(p, WAIT_NS), 0);
 }
 
@@ -1267,6 +1448,177 @@ static void test_readyz_drain(void **state) {
     assert_int_equal(field_in(line, "stats", "cancelled"), 1);
 }
 
+/* SIGTERM while connections hold half a request head (issue 22, finding
+ * 1): nothing is in progress on them, so they are answered 503 and closed
+ * at once, and a drain whose tasks all succeed exits 0 well within its
+ * budget (HEADER_TIMEOUT is longer than the whole budget here). */
+static void test_drain_unfinished_head(void **state) {
+    proc *p = *state;
+    const char *env[] = {"WORKERS=2",           "QUEUE_CAPACITY=32",  "MAX_PER_USER=unlimited",
+                         "SHUTDOWN_TIMEOUT=3s", "HEADER_TIMEOUT=30s", NULL};
+    proc_start(p, env);
+    enum { SLOW = 30, TASKS = 12 };
+    client *half = client_open(p);
+    client_sends(half, "GET /heal");
+    client *slow[SLOW];
+    for (int i = 0; i < SLOW; i++) {
+        slow[i] = client_open(p);
+        client_sends(slow[i], "POST /tasks?delay=10ms HTTP/1.1\r\nHost: t");
+    }
+    for (int i = 0; i < TASKS; i++) post_task(p, "delay=50ms");
+
+    proc_kill(p, SIGTERM);
+    response r;
+    assert_int_equal(client_read(half, &r), 0);
+    assert_int_equal(r.status, 503);
+    assert_true(r.closes);
+    assert_true(client_sees_close(half));
+    client_close(half);
+    for (int i = 0; i < SLOW; i++) {
+        assert_int_equal(client_read(slow[i], &r), 0);
+        assert_int_equal(r.status, 503);
+        assert_true(client_sees_close(slow[i]));
+        client_close(slow[i]);
+    }
+    assert_int_equal(proc_wait_exit(p, WAIT_NS), 0);
+    proc_refresh(p);
+    assert_true(find_line(p, 0, "\"msg\":\"requests_drained\"", "\"result\":\"TP_OK\"") >= 0);
+    long done = find_line(p, 0, "\"msg\":\"shutdown_complete\"", NULL);
+    assert_true(done >= 0);
+    const char *line = line_at(p, done);
+    assert_non_null(strstr(line, "\"result\":\"drained\""));
+    assert_int_equal(field_in(line, "stats", "accepted"), TASKS);
+    assert_int_equal(field_in(line, "stats", "succeeded"), TASKS);
+}
+
+/* Request targets that are not URI syntax get 400 (RFC 9112 section 3.2,
+ * RFC 3986), and nothing a client sends can make a log line that is not
+ * UTF-8 or not JSON (issue 22, finding 3): the refused target is logged,
+ * escaped, with U+FFFD for bytes that are not UTF-8. */
+static void test_log_encoding(void **state) {
+    proc *p = *state;
+    proc_start(p, NULL);
+    static const char *const bad[] = {
+        "/h\xc3\xa9", /* UTF-8, but not allowed raw in a URI */
+        "/\xff\xfe?x=\x80",
+        "/\xed\xa0\x80",
+        "/\xc0\xaf",
+        "/a\"b",
+        "/a\\b",
+        "/a<b>",
+        "/a{b}",
+        "/a|b",
+        "/a^b",
+        "/a`b",
+        "/%zz",
+        "/%4",
+        "/a%",
+        "/x#frag",
+        "/stats?x=\"",
+        "/stats?\x01",
+        "stats",
+        "//\x7f",
+    };
+    response r;
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char req[256];
+        snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: t\r\nUser-Agent: \xff\xfe\r\n\r\n", bad[i]);
+        request_raw(p, req, 0, &r);
+        if (r.status != 400) fail_msg("target #%zu: %d, expected 400", i, r.status);
+        assert_true(r.closes);
+    }
+    /* Hostile header values the service ignores or replaces. */
+    request_raw(p, "GET /healthz HTTP/1.1\r\nHost: t\r\nX-Request-Id: \xc3\xa9\"\\\r\n\r\n", 0, &r);
+    assert_int_equal(r.status, 200);
+    /* Valid URI syntax in every part is still served. */
+    static const struct {
+        const char *target;
+        int status;
+    } good[] = {
+        {"/stats?", 200},
+        {"/healthz", 200},
+        {"/nope;a=b,c!$&'()*+=:@~-._", 404},
+        {"/%68ealthz", 404}, /* paths are matched as sent */
+        {"/tasks?delay=0&user=a%40b", 202},
+        {"/tasks?delay=0&user=a@b", 202},
+    };
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        const char *method = strncmp(good[i].target, "/tasks", 6) == 0 ? "POST" : "GET";
+        if (status_of(p, method, good[i].target) != good[i].status)
+            fail_msg("%s %s: expected %d", method, good[i].target, good[i].status);
+    }
+    proc_kill(p, SIGTERM);
+    assert_int_equal(proc_wait_exit(p, WAIT_NS), 0);
+    expect_log_json(p);
+    assert_true(find_line(p, 0, "\"status\":400", "\"path\":\"/h\xc3\xa9\"") >= 0);
+    assert_true(find_line(p, 0, "\"status\":400", "\"path\":\"/\\ufffd\\ufffd?x=\\ufffd\"") >= 0);
+    assert_true(find_line(p, 0, "\"status\":400", "\"path\":\"/a\\\"b\"") >= 0);
+}
+
+/* Conformance (issue 22, finding 5): absolute-form targets are served (RFC
+ * 9112 section 3.2.2), a malformed request line is 400 and only a
+ * well-formed other version 505, methods are case-sensitive and unknown
+ * ones get 501 (RFC 9110 sections 9.1, 15.6.2; a known method a route does
+ * not take gets 405), a Host that is not uri-host[:port] gets 400. A 501
+ * leaves the connection usable. */
+static void test_http_conformance(void **state) {
+    proc *p = *state;
+    proc_start(p, NULL);
+    static const struct {
+        const char *raw;
+        int status;
+    } cases[] = {
+        {"GET http://test/healthz HTTP/1.1\r\nHost: test\r\n\r\n", 200},
+        {"GET HTTP://test:8080/readyz HTTP/1.1\r\nHost: test\r\n\r\n", 200},
+        {"GET https://[::1]:8080/healthz HTTP/1.1\r\nHost: x\r\n\r\n", 200},
+        {"GET http://test HTTP/1.1\r\nHost: test\r\n\r\n", 404},
+        {"GET http://test?a=b HTTP/1.1\r\nHost: test\r\n\r\n", 404},
+        {"GET http:///healthz HTTP/1.1\r\nHost: t\r\n\r\n", 400},
+        {"GET http://u@test/healthz HTTP/1.1\r\nHost: t\r\n\r\n", 400},
+        {"GET ftp://test/healthz HTTP/1.1\r\nHost: t\r\n\r\n", 400},
+        {"GET http://test/healthz HTTP/1.1\r\n\r\n", 400},
+        {"GET /healthz HTTP/1.1\nHost: t\r\n\r\n", 400},
+        {"GET /healthz HTTP/1.1\r\nHost: t\nX: y\r\n\r\n", 400},
+        {"GET /healthz HTTP/1.1 \r\nHost: t\r\n\r\n", 400},
+        {"GET /healthz http/1.1\r\nHost: t\r\n\r\n", 400},
+        {"GET /healthz HTTP/1.10\r\nHost: t\r\n\r\n", 400},
+        {"GET /healthz HTTP/2.0\r\nHost: t\r\n\r\n", 505},
+        {"GET /healthz HTTP/1.1\r\nHost: a b\r\n\r\n", 400},
+        {"GET /healthz HTTP/1.1\r\nHost: a@b\r\n\r\n", 400},
+        {"GET /healthz HTTP/1.1\r\nHost: a/b\r\n\r\n", 400},
+        {"GET /healthz HTTP/1.0\r\nHost: a b\r\n\r\n", 400},
+        {"GET /healthz HTTP/1.1\r\nHost: [::1]:8080\r\n\r\n", 200},
+        {"GET /healthz HTTP/1.1\r\nHost: example.com:\r\n\r\n", 200},
+        {"GET /healthz HTTP/1.1\r\nHost:\r\n\r\n", 200},
+        {"get /healthz HTTP/1.1\r\nHost: t\r\n\r\n", 501},
+        {"FOO /healthz HTTP/1.1\r\nHost: t\r\n\r\n", 501},
+        {"PUT /healthz HTTP/1.1\r\nHost: t\r\n\r\n", 405},
+        {"CONNECT test:443 HTTP/1.1\r\nHost: test:443\r\n\r\n", 501},
+        {"OPTIONS * HTTP/1.1\r\nHost: t\r\n\r\n", 404},
+        {"GET * HTTP/1.1\r\nHost: t\r\n\r\n", 400},
+        {"GET test:443 HTTP/1.1\r\nHost: t\r\n\r\n", 400},
+        {"DELETE /healthz HTTP/1.1\r\nHost: t\r\n\r\n", 405},
+    };
+    response r;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        request_raw(p, cases[i].raw, 0, &r);
+        if (r.status != cases[i].status)
+            fail_msg("case %zu (%.40s...): %d, expected %d", i, cases[i].raw, r.status, cases[i].status);
+        if (r.status == 405) assert_string_equal(r.allow, "GET, HEAD");
+    }
+    client *c = client_open(p); /* 501, then the next request on the same connection */
+    client_sends(c, "FOO /healthz HTTP/1.1\r\nHost: t\r\n\r\nGET /healthz HTTP/1.1\r\nHost: t\r\n\r\n");
+    assert_int_equal(client_read(c, &r), 0);
+    assert_int_equal(r.status, 501);
+    assert_false(r.closes);
+    assert_int_equal(client_read(c, &r), 0);
+    assert_int_equal(r.status, 200);
+    client_close(c);
+    proc_kill(p, SIGTERM);
+    assert_int_equal(proc_wait_exit(p, WAIT_NS), 0);
+    expect_log_json(p);
+}
+
 int main(int argc, char **argv) {
     service_bin = argc > 1 ? argv[1] : getenv("TP_SERVICE_BIN");
     if (service_bin == NULL || access(service_bin, X_OK) != 0) {
@@ -1290,6 +1642,10 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(test_log_level, setup, teardown),
         cmocka_unit_test_setup_teardown(test_request_checks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_readyz_drain, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_drain_unfinished_head, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_limit_evicts_idle, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_log_encoding, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_http_conformance, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -543,5 +543,179 @@ def main():
     return 0 if ok else 1
 
 
+
+# ================================================================ /metrics over HTTP (issue 22)
+# The worker's GET /metrics is served by the examples' shared HTTP server
+# (examples/common/httpd.c) from a poll loop: every connection has a total
+# head deadline, and no client can make a scrape wait. Raw sockets, so that
+# every byte on the wire is the test's choice.
+#   metrics_slow  30 clients trickle their heads a byte at a time: scrapes
+#                 are answered meanwhile, each trickler gets 408 at its
+#                 deadline although it never stops sending
+#   metrics_http  conformance: 400 without Host (HTTP/1.1), HEAD = GET
+#                 without a body, 405 + Allow for POST, 501 for an unknown
+#                 method, charset, keep-alive; JSON log lines
+import json as metrics_json
+import threading as metrics_threading
+
+
+class MetricsConn:
+    """One HTTP connection to a worker's /metrics, read response by response."""
+
+    def __init__(self, p, timeout=10.0):
+        host, port = p.metrics.rsplit(":", 1)
+        self.s = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout * SLOW)
+        self.buf = b""
+
+    def send(self, data):
+        self.s.sendall(data)
+
+    def _fill(self):
+        chunk = self.s.recv(65536)
+        self.buf += chunk
+        return chunk
+
+    def read(self, head_only=False):
+        """(status, {lower-case name: value}, body); None if the connection
+        ended before a response began."""
+        while b"\r\n\r\n" not in self.buf:
+            if not self._fill():
+                check(not self.buf, "EOF inside a response head: %r" % self.buf[:200])
+                return None
+        head, self.buf = self.buf.split(b"\r\n\r\n", 1)
+        lines = head.decode("latin-1").split("\r\n")
+        check(lines[0].startswith("HTTP/1.1 "), "status line %r" % lines[0])
+        headers = {}
+        for line in lines[1:]:
+            name, value = line.split(":", 1)
+            check(name.lower() not in headers, "header %s twice" % name)
+            headers[name.lower()] = value.strip()
+        n = 0 if head_only else int(headers["content-length"])
+        while len(self.buf) < n:
+            check(self._fill(), "EOF inside a response body")
+        body, self.buf = self.buf[:n], self.buf[n:]
+        return int(lines[0].split(" ")[1]), headers, body
+
+    def closed(self):
+        """The server closed the connection, with nothing more to read."""
+        try:
+            return not self.buf and not self._fill()
+        except ConnectionResetError:
+            return True
+
+    def close(self):
+        self.s.close()
+
+
+def metrics_one(w, raw, head_only=False):
+    c = MetricsConn(w)
+    try:
+        c.send(raw)
+        r = c.read(head_only)
+    finally:
+        c.close()
+    check(r is not None, "no response to %r" % raw)
+    return r
+
+
+def metrics_slow(env):
+    env.start_redis()
+    w = env.worker("m0")
+    slow = [MetricsConn(w) for _ in range(30)]  # more than the old listen backlog (16)
+    head = b"GET /metrics HTTP/1.1\r\nHost: t\r\nX-Trickle: "
+    stop = metrics_threading.Event()
+
+    def trickle():
+        # one byte on every connection each 50 ms, until the test ends or the
+        # server closes it: a per-byte timeout would never fire
+        i = 0
+        while not stop.is_set():
+            byte = head[i:i + 1] or b"a"
+            for c in slow:
+                try:
+                    c.s.send(byte)
+                except OSError:
+                    pass
+            i += 1
+            stop.wait(0.05)
+
+    t = metrics_threading.Thread(target=trickle, daemon=True)
+    t.start()
+    try:
+        for i in range(5):
+            t0 = time.monotonic()
+            c = None
+            try:
+                c = MetricsConn(w, timeout=3.0)  # a scrape waits for nobody: 3 s is plenty
+                c.send(b"GET /metrics HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+                r = c.read()
+            except socket.timeout:
+                raise Fail("scrape %d got no answer within 3 s while 30 heads trickle in" % i)
+            finally:
+                if c is not None:
+                    c.close()
+            check(r is not None and r[0] == 200 and b"tps_stream_read_total" in r[2], "scrape %d: %r" % (i, r))
+            log("metrics_slow: scrape %d answered in %.0f ms" % (i, (time.monotonic() - t0) * 1000))
+        for i, c in enumerate(slow):
+            c.s.settimeout(20 * SLOW)
+            try:
+                r = c.read()
+            except socket.timeout:
+                raise Fail("trickling client %d was not cut off within 20 s" % i)
+            check(r is not None and r[0] == 408, "trickling client %d: %r, want 408" % (i, r and r[:2]))
+            check(r[1].get("connection") == "close", "408 without Connection: close")
+    finally:
+        stop.set()
+        t.join(timeout=10)
+        for c in slow:
+            c.close()
+    check(metrics(w)["tps_stream_connected"] == 1, "the worker lost Redis")
+    check(env.stop(w) == 0, "worker did not exit 0 after SIGTERM")
+
+
+def metrics_http(env):
+    env.start_redis()
+    w = env.worker("m0", LOG_LEVEL="debug")
+    ctype = "text/plain; version=0.0.4; charset=utf-8"
+    st, h, body = metrics_one(w, b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n")
+    check(st == 200 and h.get("content-type") == ctype, "GET: %d %r" % (st, h))
+    check(b"tps_stream_read_total" in body and b"taskpool_workers" in body, "GET: body %r" % body[:200])
+    check(metrics_one(w, b"GET /metrics HTTP/1.1\r\n\r\n")[0] == 400, "HTTP/1.1 without Host: want 400")
+    check(metrics_one(w, b"GET /metrics HTTP/1.1\r\nHost: a b\r\n\r\n")[0] == 400, "Host: a b: want 400")
+    check(metrics_one(w, b"GET /metrics HTTP/1.0\r\n\r\n")[0] == 200, "HTTP/1.0 without Host: want 200")
+    check(metrics_one(w, b"GET http://t/metrics HTTP/1.1\r\nHost: t\r\n\r\n")[0] == 200, "absolute-form")
+    st, h, body = metrics_one(w, b"POST /metrics HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\n\r\n")
+    check(st == 405 and h.get("allow") == "GET, HEAD", "POST: %d %r" % (st, h))
+    check(metrics_one(w, b"get /metrics HTTP/1.1\r\nHost: t\r\n\r\n")[0] == 501, "get: want 501")
+    check(metrics_one(w, b"GET /nope HTTP/1.1\r\nHost: t\r\n\r\n")[0] == 404, "GET /nope: want 404")
+    check(metrics_one(w, b"GET /metrics?x=1 HTTP/1.1\r\nHost: t\r\n\r\n")[0] == 400, "unknown parameter")
+
+    # HEAD: the GET's headers, no body (the next response follows at once);
+    # then keep-alive until Connection: close.
+    c = MetricsConn(w)
+    c.send(b"HEAD /metrics HTTP/1.1\r\nHost: t\r\n\r\nGET /metrics HTTP/1.1\r\nHost: t\r\n\r\n")
+    st, h, _ = c.read(head_only=True)
+    check(st == 200 and h.get("content-type") == ctype and int(h["content-length"]) > 0, "HEAD: %d %r" % (st, h))
+    st, h, body = c.read()
+    check(st == 200 and body.startswith(b"# HELP") and "connection" not in h, "GET after HEAD: %d %r" % (st, h))
+    c.send(b"GET /metrics HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+    st, h, _ = c.read()
+    check(st == 200 and h.get("connection") == "close", "last GET: %d %r" % (st, h))
+    check(c.closed(), "the connection stayed open after Connection: close")
+    c.close()
+    check(metrics(w)["tps_stream_connected"] == 1, "urllib's scrape")
+    check(env.stop(w) == 0, "worker did not exit 0 after SIGTERM")
+
+    # The worker's log, request lines included, is JSON line by line.
+    requests = 0
+    with open(w.log, encoding="utf-8") as f:
+        for line in f:
+            rec = metrics_json.loads(line)
+            requests += rec.get("msg") == "request"
+    check(requests >= 12, "%d request lines in the worker's log, want every request" % requests)
+
+
+SCENARIOS.update({"metrics_slow": metrics_slow, "metrics_http": metrics_http})
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -7,11 +7,14 @@
  *   svc_log_int(&ev, "status", 200);
  *   svc_log_end(&ev);            -> {"ts":"...","level":"info","msg":"request","path":"/x","status":200}
  *
- * The line is built in a fixed buffer on the caller's stack (no allocation)
- * and written with one write() under a mutex, so lines from different threads
- * never interleave. Strings are JSON-escaped; a line that would not fit is cut
- * at a field boundary and marked "truncated":true, never emitted as invalid
- * JSON. Logging never fails the caller: a write error is ignored.
+ * Shared by both examples (examples/common/). The line is built in a fixed
+ * buffer on the caller's stack (no allocation) and written with one write()
+ * under a mutex, so lines from different threads never interleave. Strings
+ * are JSON-escaped and kept UTF-8 (bytes that are not become U+FFFD), so a
+ * value from a client can neither break a line nor forge one; a line that
+ * would not fit is cut at a field boundary and marked "truncated":true, never
+ * emitted as invalid JSON. Logging never fails the caller: a write error is
+ * ignored.
  *
  * LOG_LEVEL filters by the level given to svc_log_begin(): an event below the
  * threshold is marked `skip` at once and costs one relaxed atomic load.
@@ -51,6 +54,9 @@ void svc_log_begin_always(svc_log *ev, const char *level, const char *msg);
 
 void svc_log_begin(svc_log *ev, const char *level, const char *msg);
 void svc_log_str(svc_log *ev, const char *key, const char *value); /* NULL value -> null */
+/* At most `max` bytes of value (a client's input: a long one must not push
+ * the other fields out of the line). */
+void svc_log_strn(svc_log *ev, const char *key, const char *value, size_t max);
 void svc_log_int(svc_log *ev, const char *key, long long value);
 void svc_log_uint(svc_log *ev, const char *key, unsigned long long value);
 void svc_log_raw(svc_log *ev, const char *key, const char *json); /* already valid JSON */

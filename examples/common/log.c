@@ -2,7 +2,9 @@
  * log.c -- JSON lines on stdout (see log.h).
  *
  * Each field is appended only if it fits whole, leaving room for the closing
- * "}\n" and a "truncated" marker, so every emitted line parses.
+ * "}\n" and a "truncated" marker, so every emitted line parses. Every string
+ * goes through escape(), which also keeps the line UTF-8 when a value holds
+ * bytes from a client that are not.
  */
 #include "log.h"
 
@@ -52,48 +54,53 @@ static int put(svc_log *ev, const char *s, size_t n) {
     return 0;
 }
 
-/* Escape `s` into out (of size cap); returns its length, or (size_t)-1 if it
- * does not fit. */
-static size_t escape(const char *s, char *out, size_t cap) {
+/* Length of the well-formed UTF-8 sequence at p (RFC 3629: shortest form,
+ * no surrogates, at most U+10FFFF; n bytes available), or 0 if there is none. */
+static size_t utf8_seq(const unsigned char *p, size_t n) {
+    unsigned c = p[0];
+    size_t k = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+    if (k == 0 || k > n) return 0;
+    unsigned lo = c == 0xe0 ? 0xa0 : c == 0xf0 ? 0x90 : 0x80;
+    unsigned hi = c == 0xed ? 0x9f : c == 0xf4 ? 0x8f : 0xbf;
+    if (p[1] < lo || p[1] > hi) return 0;
+    for (size_t i = 2; i < k; i++)
+        if (p[i] < 0x80 || p[i] > 0xbf) return 0;
+    return k;
+}
+
+/* Escape the n bytes at s into out (of size cap) as the inside of a JSON
+ * string; returns its length, or (size_t)-1 if it does not fit. The result
+ * is UTF-8 whatever s holds (RFC 8259 section 8.1): well-formed sequences are
+ * copied, every other byte >= 0x80 becomes U+FFFD, control characters and
+ * DEL become escapes. */
+static size_t escape(const char *s, size_t len, char *out, size_t cap) {
     size_t n = 0;
-    for (const unsigned char *p = (const unsigned char *)s; *p != '\0'; p++) {
+    const unsigned char *p = (const unsigned char *)s, *end = p + len;
+    while (p < end) {
         char tmp[8];
         const char *rep = NULL;
-        size_t rn = 1;
+        size_t rn = 1, take = 1;
         switch (*p) {
-        case '"':
-            rep = "\\\"";
-            rn = 2;
-            break;
-        case '\\':
-            rep = "\\\\";
-            rn = 2;
-            break;
-        case '\n':
-            rep = "\\n";
-            rn = 2;
-            break;
-        case '\r':
-            rep = "\\r";
-            rn = 2;
-            break;
-        case '\t':
-            rep = "\\t";
-            rn = 2;
-            break;
+        case '"': rep = "\\\"", rn = 2; break;
+        case '\\': rep = "\\\\", rn = 2; break;
+        case '\n': rep = "\\n", rn = 2; break;
+        case '\r': rep = "\\r", rn = 2; break;
+        case '\t': rep = "\\t", rn = 2; break;
         default:
             if (*p < 0x20 || *p == 0x7f) {
                 snprintf(tmp, sizeof tmp, "\\u%04x", *p);
                 rep = tmp;
                 rn = 6;
+            } else if (*p >= 0x80 && (take = rn = utf8_seq(p, (size_t)(end - p))) == 0) {
+                rep = "\\ufffd";
+                rn = 6;
+                take = 1;
             }
         }
         if (n + rn > cap) return (size_t)-1;
-        if (rep != NULL)
-            memcpy(out + n, rep, rn);
-        else
-            out[n] = (char)*p;
+        memcpy(out + n, rep != NULL ? rep : (const char *)p, rn);
         n += rn;
+        p += take;
     }
     return n;
 }
@@ -106,7 +113,7 @@ static void field(svc_log *ev, const char *key, const char *value, size_t vlen, 
     size_t n = 0, cap = sizeof tmp;
     tmp[n++] = ',';
     tmp[n++] = '"';
-    size_t k = escape(key, tmp + n, cap - n);
+    size_t k = escape(key, strlen(key), tmp + n, cap - n);
     if (k == (size_t)-1) {
         ev->truncated = 1;
         return;
@@ -120,7 +127,7 @@ static void field(svc_log *ev, const char *key, const char *value, size_t vlen, 
     tmp[n++] = ':';
     if (quote) {
         tmp[n++] = '"';
-        size_t v = escape(value, tmp + n, cap - n);
+        size_t v = escape(value, vlen, tmp + n, cap - n);
         if (v == (size_t)-1 || n + v + 1 > cap) {
             ev->truncated = 1;
             return;
@@ -168,7 +175,16 @@ void svc_log_str(svc_log *ev, const char *key, const char *value) {
     if (value == NULL)
         field(ev, key, "null", 4, 0);
     else
-        field(ev, key, value, 0, 1);
+        field(ev, key, value, strlen(value), 1);
+}
+
+void svc_log_strn(svc_log *ev, const char *key, const char *value, size_t max) {
+    if (value == NULL) {
+        field(ev, key, "null", 4, 0);
+        return;
+    }
+    size_t n = strnlen(value, max);
+    field(ev, key, value, n, 1);
 }
 
 void svc_log_int(svc_log *ev, const char *key, long long value) {
