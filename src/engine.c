@@ -77,6 +77,7 @@ static bool want_spawn_locked(const tp_pool *p) {
 
 void tp__engine_act_locked(tp_pool *p, tp__fx *fx) {
     TP__ASSERT_LOCKED(p);
+    unsigned f = fx->flags;
     /* One signal per startable task, as far as there are sleepers; none while
      * a worker spins: it takes new work without a wake-up, and wakes a
      * sleeper itself if more is left (worker_main). */
@@ -84,13 +85,14 @@ void tp__engine_act_locked(tp_pool *p, tp__fx *fx) {
         for (unsigned i = 0; i < fx->work && i < p->wk.idle_waiters; i++) pthread_cond_signal(&p->work_cv);
     /* Broadcast: waiters wait for different things (space, their user's
      * slot), so one wake could go to a caller that still cannot proceed. */
-    if (fx->room && p->room_waiters) pthread_cond_broadcast(&p->room_cv);
-    if (fx->svc || fx->drained || fx->svc_by < p->svc.next) svc_wake_locked(p);
-    if ((fx->exiters || fx->drained) && p->wk.idle_waiters && tp__life_closed(&p->life) &&
+    if ((f & TP__FX_ROOM) && p->room_waiters) pthread_cond_broadcast(&p->room_cv);
+    if ((f & (TP__FX_SVC | TP__FX_DRAINED)) || fx->svc_by < p->svc.next) svc_wake_locked(p);
+    if (!(f & (TP__FX_EXITERS | TP__FX_DRAINED | TP__FX_CANCEL)) && !fx->groups) return; /* the usual case */
+    if ((f & (TP__FX_EXITERS | TP__FX_DRAINED)) && p->wk.idle_waiters && tp__life_closed(&p->life) &&
         tp__life_idle(&p->life))
         pthread_cond_broadcast(&p->work_cv);
-    if (fx->drained) pthread_cond_broadcast(&p->done_cv);
-    if (fx->cancel_running)
+    if (f & TP__FX_DRAINED) pthread_cond_broadcast(&p->done_cv);
+    if (f & TP__FX_CANCEL)
         for (unsigned i = 0; i < p->cfg.max_workers; i++)
             if (p->wk.workers[i].cur) tp__ctx_cancel_locked(&p->wk.workers[i].ctx);
     for (struct tp_group *g = fx->groups, *nx; g; g = nx) {
@@ -99,7 +101,7 @@ void tp__engine_act_locked(tp_pool *p, tp__fx *fx) {
         g->wake_queued = false;
         if (g->waiters) pthread_cond_broadcast(&g->cv);
     }
-    *fx = (tp__fx)TP__FX_INIT;
+    fx->groups = NULL; /* woken: the list is gone */
 }
 
 int tp__engine_wait_locked(tp_pool *p, pthread_cond_t *cv, uint64_t deadline) {
@@ -324,17 +326,15 @@ static bool wait_for_work_locked(tp_pool *p, worker_turn *wt) {
     return true;
 }
 
-/* A finalised task (DONE): its on_done without mu, then retired. Entered and
- * left with mu held. */
+/* A finalised task (DONE, with an on_done): its on_done without mu, then
+ * retired. Entered and left with mu held. */
 static void finish_locked(tp_pool *p, tp__task *t) {
-    TP__ASSERT(t->state == TP__DONE);
-    if (t->on_done) {
-        tp__unlock(p);
-        tp__tls_enter_task(t);
-        t->on_done(t->arg, t->status);
-        tp__tls_leave_task();
-        tp__lock(p);
-    }
+    TP__ASSERT(t->state == TP__DONE && t->on_done);
+    tp__unlock(p);
+    tp__tls_enter_task(t);
+    t->on_done(t->arg, t->status);
+    tp__tls_leave_task();
+    tp__lock(p);
     tp__fx fx = TP__FX_INIT;
     tp__life_retire(&p->life, t, &fx);
     tp__engine_act_locked(p, &fx);
@@ -507,7 +507,7 @@ static void *service_main(void *arg) {
         }
         tp__fx fx = TP__FX_INIT;
         uint64_t next = tp__life_timers(&p->life, tp_now_ns(), &fx);
-        fx.svc = false; /* that is this thread */
+        fx.flags &= ~(unsigned)TP__FX_SVC; /* that is this thread */
         tp__engine_act_locked(p, &fx);
         if (tp__life_endings_pending(&p->life)) continue;
         if (!tried_spawn && !tp__life_closed(&p->life) && want_spawn_locked(p)) {

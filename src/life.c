@@ -124,7 +124,7 @@ static void work_for(const tp__life *L, const tp__task *t, tp__fx *fx) {
 
 /* Closed and nothing waits: idle workers may exit. */
 static void check_exiters(const tp__life *L, tp__fx *fx) {
-    if (L->closed && tp__life_idle(L)) fx->exiters = true;
+    if (L->closed && tp__life_idle(L)) fx->flags |= TP__FX_EXITERS;
 }
 
 /* ------------------------------------------------------------ group members */
@@ -213,14 +213,16 @@ static void retire(tp__life *L, tp__task *t, tp__fx *fx) {
     TP__ASSERT(L->inflight > 0);
     if (t->group) group_member_retired(t, fx);
     t->user = NULL;
-    if (!L->tasks.free) fx->room = true; /* records were at their cap */
+    if (!L->tasks.free) fx->flags |= TP__FX_ROOM; /* records were at their cap */
     tp__tasks_put(&L->tasks, t);
     L->inflight--;
-    if (L->closed && L->inflight == 0) fx->drained = true;
+    if (L->closed && L->inflight == 0) fx->flags |= TP__FX_DRAINED;
 }
 
 /* The task has its final status: counted once. A task bound to a completion
- * queue has its completion queued first, and is retired here. */
+ * queue has its completion queued first, and is retired here; so is a task
+ * without an on_done (nothing is left to run). Else it stays DONE for the
+ * caller, who runs its on_done and retires it. */
 static void finalise(tp__life *L, tp__task *t, int status, bool expired, tp__fx *fx) {
     TP__ASSERT(t->state == TP__QUEUED || t->state == TP__RUNNING || t->state == TP__DELAYED);
     if (t->cq) tp__cq_push(t->cq, t->on_done, t->arg, status); /* before anything counts it */
@@ -242,7 +244,7 @@ static void finalise(tp__life *L, tp__task *t, int status, bool expired, tp__fx 
         }
         /* stored only when it changes: the gauge's cache line stays put */
         if (L->users.live != live) TP__SET(L->st->users, L->users.live);
-        fx->room = true;
+        fx->flags |= TP__FX_ROOM;
     }
     t->status = status;
     t->state = TP__DONE;
@@ -255,7 +257,7 @@ static void finalise(tp__life *L, tp__task *t, int status, bool expired, tp__fx 
         if (expired) TP__INC(L->st->expired);
     }
     if (t->group) group_member_ended(L, t, status);
-    if (t->cq) retire(L, t, fx);
+    if (t->cq || !t->on_done) retire(L, t, fx);
 }
 
 /* A task leaves the scheduler or the delayed list without (another) run:
@@ -263,11 +265,7 @@ static void finalise(tp__life *L, tp__task *t, int status, bool expired, tp__fx 
  * promptly even when every worker is busy. The caller took it off its list. */
 static void end_unrun(tp__life *L, tp__task *t, int status, bool expired, tp__fx *fx) {
     finalise(L, t, status, expired, fx);
-    if (t->cq) return; /* retired: its completion waits in its queue */
-    if (!t->on_done) {
-        retire(L, t, fx); /* nothing to run */
-        return;
-    }
+    if (t->state != TP__DONE) return; /* retired: nothing to run, or its completion waits in its queue */
     t->state = TP__ENDING;
     t->next = NULL;
     if (L->endings_tail)
@@ -275,7 +273,7 @@ static void end_unrun(tp__life *L, tp__task *t, int status, bool expired, tp__fx
     else
         L->endings_head = t;
     L->endings_tail = t;
-    fx->svc = true;
+    fx->flags |= TP__FX_SVC;
 }
 
 tp__task *tp__life_take_endings(tp__life *L) {
@@ -336,13 +334,13 @@ static void cancel_task(tp__life *L, tp__task *t, tp__fx *fx) {
         tp__sched_remove(&L->sched, t);
         queue_changed(L);
         end_unrun(L, t, TP_ECANCELED, false, fx);
-        fx->room = true;
+        fx->flags |= TP__FX_ROOM;
         check_exiters(L, fx);
         break;
     case TP__DELAYED:
         delayed_remove(L, t);
         end_unrun(L, t, TP_ECANCELED, false, fx);
-        fx->room = true;
+        fx->flags |= TP__FX_ROOM;
         check_exiters(L, fx);
         break;
     case TP__RUNNING: tp__ctx_cancel_locked(t->ctx); break;
@@ -506,15 +504,15 @@ void tp__life_close(tp__life *L, tp__fx *fx) {
     if (L->closed) return;
     L->closed = true;
     adm_publish(L);
-    fx->room = true; /* waiting submitters see it */
-    fx->svc = true;
-    fx->exiters = true;
-    if (L->inflight == 0) fx->drained = true;
+    fx->flags |= TP__FX_ROOM; /* waiting submitters see it */
+    fx->flags |= TP__FX_SVC;
+    fx->flags |= TP__FX_EXITERS;
+    if (L->inflight == 0) fx->flags |= TP__FX_DRAINED;
 }
 
 void tp__life_force(tp__life *L, tp__fx *fx) {
     L->forced = true;
-    fx->cancel_running = true;
+    fx->flags |= TP__FX_CANCEL;
     tp__task *list;
     tp__sched_take_all(&L->sched, &list);
     queue_changed(L);
@@ -528,7 +526,7 @@ void tp__life_force(tp__life *L, tp__fx *fx) {
         delayed_remove(L, t);
         end_unrun(L, t, TP_ECANCELED, false, fx);
     }
-    fx->room = true;
+    fx->flags |= TP__FX_ROOM;
     check_exiters(L, fx);
     run_group_cancels(L, fx);
 }
@@ -540,7 +538,7 @@ tp__task *tp__life_take(tp__life *L, struct tp_ctx *c, tp__fx *fx) {
         tp__task *t = tp__sched_peek(&L->sched);
         if (!t) return NULL;
         TP__ASSERT(t->state == TP__QUEUED);
-        fx->room = true; /* a waiting submitter may find space */
+        fx->flags |= TP__FX_ROOM; /* a waiting submitter may find space */
         /* The clock is read under the lock only for a task with a deadline. */
         if (t->deadline != TP_FOREVER && tp_now_ns() >= t->deadline) {
             /* Its deadline passed while it waited: it ends without running
@@ -550,9 +548,7 @@ tp__task *tp__life_take(tp__life *L, struct tp_ctx *c, tp__fx *fx) {
             check_exiters(L, fx);
             finalise(L, t, TP_ETIMEDOUT, t->attempt == 0, fx);
             run_group_cancels(L, fx);
-            if (t->state != TP__DONE) continue; /* retired: it went to a completion queue */
-            if (t->on_done) return t;           /* the caller runs it, then retires */
-            retire(L, t, fx);
+            if (t->state == TP__DONE) return t; /* the caller runs its on_done, then retires it */
             continue;
         }
         tp__sched_start(&L->sched, t);
@@ -585,7 +581,7 @@ bool tp__life_attempt_ended(tp__life *L, tp__task *t, int rc, tp__fx *fx) {
         t->state = TP__DELAYED;
         t->due = tp__deadline_after(now, tp__life_retry_delay(L, t->attempt));
         delayed_push(L, t);
-        fx->svc = true;
+        fx->flags |= TP__FX_SVC;
         return true;
     }
     finalise(L, t, rc, false, fx);
@@ -607,7 +603,7 @@ static uint64_t delayed_run(tp__life *L, uint64_t now, tp__fx *fx) {
         if (now >= t->deadline) {
             delayed_remove(L, t);
             end_unrun(L, t, TP_ETIMEDOUT, false, fx); /* it ran: not expired */
-            fx->room = true;
+            fx->flags |= TP__FX_ROOM;
         } else if (now >= t->due) {
             delayed_remove(L, t); /* asserts DELAYED */
             t->state = TP__QUEUED;
@@ -655,7 +651,7 @@ static uint64_t queue_expire(tp__life *L, uint64_t now, tp__fx *fx) {
             /* never ran: expired; a retry back in the queue ran: cancelled */
             end_unrun(L, t, TP_ETIMEDOUT, t->attempt == 0, fx);
         }
-        fx->room = true;
+        fx->flags |= TP__FX_ROOM;
         check_exiters(L, fx);
     }
     L->queued_deadline_min = next;

@@ -23,18 +23,21 @@
 /* What a transition made possible: the engine wakes whoever waits for it.
  * Zero-initialise one per lock hold (TP__FX_INIT) and pass it to every
  * transition of that hold. */
+enum {
+    TP__FX_ROOM = 1u << 0,    /* space, a user slot or a record was freed: wake waiting submitters */
+    TP__FX_SVC = 1u << 1,     /* an ending or a retry timer for the service thread */
+    TP__FX_EXITERS = 1u << 2, /* idle workers re-check whether they may exit */
+    TP__FX_DRAINED = 1u << 3, /* closed and nothing in flight: shutdown and wait callers */
+    TP__FX_CANCEL = 1u << 4,  /* a forced shutdown: cancel the context of every running task */
+};
 typedef struct tp__fx {
+    unsigned flags;          /* TP__FX_* */
     unsigned work;           /* tasks became startable: wake up to this many idle workers */
-    bool room;               /* space, a user slot or a record was freed: wake waiting submitters */
-    bool svc;                /* an ending or a retry timer for the service thread */
     uint64_t svc_by;         /* a deadline the service thread must look at by then (TP_FOREVER: none) */
-    bool exiters;            /* idle workers re-check whether they may exit */
-    bool drained;            /* closed and nothing in flight: shutdown and wait callers */
-    bool cancel_running;     /* a forced shutdown: cancel the context of every running task */
     struct tp_group *groups; /* groups whose last unfinished member retired (linked by wake_next) */
 } tp__fx;
 #define TP__FX_INIT                                                                                          \
-    { 0, false, false, TP_FOREVER, false, false, false, NULL }
+    { 0, 0, TP_FOREVER, NULL }
 
 /* What the life of a pool's tasks needs of its configuration. */
 typedef struct tp__life_cfg {
@@ -126,17 +129,19 @@ void tp__life_force(tp__life *L, tp__fx *fx);
 
 /* ---- a worker's steps */
 /* The next task to start, started on context `c` (RUNNING), or one whose
- * deadline had passed, finalised (DONE: the caller runs its on_done and
- * retires it). NULL when no waiting task may start now. */
+ * deadline had passed, finalised and DONE (the caller runs its on_done and
+ * retires it; one without an on_done is retired, and the next one taken).
+ * NULL when no waiting task may start now. */
 tp__task *tp__life_take(tp__life *L, struct tp_ctx *c, tp__fx *fx);
 /* The attempt returned `rc`: schedule a retry (true: the record belongs to
- * the delayed list from now on) or finalise (false: DONE; the caller runs
- * its on_done and retires it, unless it already went to a completion queue:
- * then it is retired here and the caller must not touch it -- see
- * tp__life_done_here). */
+ * the delayed list from now on) or finalise (false). A finalised task with
+ * an on_done of its own stays DONE: the caller runs the on_done and retires
+ * it. One without an on_done, or bound to a completion queue, is retired
+ * here, and the caller must not touch it (tp__life_done_here tells). */
 bool tp__life_attempt_ended(tp__life *L, tp__task *t, int rc, tp__fx *fx);
-/* Whether the caller runs t's on_done now (DONE with an on_done of its own)
- * or nothing is left to do (retired already). Read before anything else. */
+/* After a transition that finalised t: whether the caller runs its on_done
+ * and retires it (DONE), or it was retired already. Read before the lock is
+ * released. */
 static inline bool tp__life_done_here(const tp__task *t) { return t->state == TP__DONE; }
 /* The wait before retry k (k = 1 for the first): the pool's retry delay, or
  * with retry_delay_max min(retry delay x 2^(k-1), max). */

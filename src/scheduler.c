@@ -147,7 +147,7 @@ static void flow_unlink(tp__lane *l, tp__task *t, unsigned li) {
 
 /* ------------------------------------------------------------ push, pop */
 
-void tp__sched_push(tp__sched *s, tp__task *t) {
+void tp__sched_push_lanes(tp__sched *s, tp__task *t) {
     unsigned li = tp__lane_of(t->prio);
     tp__lane *l = &s->lane[li];
     TP__ASSERT(li < TP__LANES);
@@ -211,10 +211,8 @@ static bool lane_ready(const tp__sched *s, unsigned li, bool low_ok) {
     return s->lane[li].waiting > 0 && (li >= RING_LANE || low_ok);
 }
 
-tp__task *tp__sched_peek(const tp__sched *s) {
-    if (s->waiting == 0) return NULL;
-    /* Only the ring holds tasks (a FIFO pool, lane 0): the one ready lane. */
-    if (s->in_lists == 0) return tp__ring_at(&s->ring, 0);
+tp__task *tp__sched_peek_lanes(const tp__sched *s) {
+    TP__ASSERT(s->in_lists > 0);
     bool low_ok = s->low_max == 0 || s->low_running < s->low_max;
     int top = -1;
     for (int i = TP__LANES - 1; i >= 0; i--) {
@@ -226,18 +224,15 @@ tp__task *tp__sched_peek(const tp__sched *s) {
     return top < 0 ? NULL : lane_head(s, (unsigned)top);
 }
 
-void tp__sched_start(tp__sched *s, tp__task *t) {
+void tp__sched_start_lanes(tp__sched *s, tp__task *t) {
     unsigned li = tp__lane_of(t->prio);
     tp__lane *l = &s->lane[li];
-    if (s->in_lists > 0) {
-        /* Every ready lane below counts a start that passed it by. (With
-         * only the ring in use every other lane is empty, and an empty
-         * lane's count is 0.) */
-        bool low_ok = s->low_max == 0 || s->low_running < s->low_max;
-        for (unsigned i = 0; i < li; i++)
-            if (lane_ready(s, i, low_ok) && s->lane[i].starve < UINT_MAX) s->lane[i].starve++;
-    }
-    l->starve = 0; /* the starting lane's count returns to 0 */
+    /* Every ready lane below counts a start that passed it by; the starting
+     * lane's count returns to 0. */
+    bool low_ok = s->low_max == 0 || s->low_running < s->low_max;
+    for (unsigned i = 0; i < li; i++)
+        if (lane_ready(s, i, low_ok) && s->lane[i].starve < UINT_MAX) s->lane[i].starve++;
+    l->starve = 0;
     lane_take(s, li, t);
     l->waiting--;
     s->waiting--;
@@ -252,13 +247,12 @@ void tp__sched_start(tp__sched *s, tp__task *t) {
     }
 }
 
-bool tp__sched_done(tp__sched *s, const tp__task *t) {
+bool tp__sched_done_low(tp__sched *s, const tp__task *t) {
     unsigned li = tp__lane_of(t->prio);
     tp__lane *l = &s->lane[li];
-    TP__ASSERT(l->running > 0);
+    TP__ASSERT(li < RING_LANE && l->running > 0);
     l->running--;
     TP__SET(l->running_pub, l->running);
-    if (li >= RING_LANE) return false;
     TP__ASSERT(s->low_running > 0);
     bool was_full = s->low_max && s->low_running == s->low_max;
     s->low_running--;

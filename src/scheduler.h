@@ -81,24 +81,70 @@ void tp__sched_fini(tp__sched *s);
 /* `t` waits now, at the back of its lane (t->prio) and, in a fair pool, of
  * its flow (t->flow, which joins the lane's round at the back if it was not
  * in it). t->queued_at is its queue stamp. */
-void tp__sched_push(tp__sched *s, tp__task *t);
+void tp__sched_push_lanes(tp__sched *s, tp__task *t); /* the general case, in scheduler.c */
+static inline void tp__sched_push(tp__sched *s, tp__task *t) {
+    if (s->fair || t->prio != 0) {
+        tp__sched_push_lanes(s, t);
+        return;
+    }
+    tp__lane *l = &s->lane[2]; /* lane 0 of a FIFO pool: the ring */
+    tp__ring_push(&s->ring, t);
+    l->waiting++;
+    s->waiting++;
+    if (l->waiting == 1) TP__SET(l->head_at_pub, t->queued_at); /* a new head */
+    TP__SET(l->waiting_pub, l->waiting);
+}
 
 /* The task that starts next by the rules of section 14, left in place; NULL
  * when no lane is ready (nothing waits, or only background tasks wait while
  * low_prio_max_running of them run). The caller then either starts it
  * (tp__sched_start) or, if it must not run (its deadline passed), removes it
  * (tp__sched_remove), which is no start: no count moves for it. */
-tp__task *tp__sched_peek(const tp__sched *s);
+tp__task *tp__sched_peek_lanes(const tp__sched *s); /* the general case, below */
+static inline tp__task *tp__sched_peek(const tp__sched *s) {
+    /* Only the ring holds tasks (a FIFO pool, lane 0): the one ready lane. */
+    if (s->in_lists == 0) return s->waiting ? tp__ring_at(&s->ring, 0) : NULL;
+    return tp__sched_peek_lanes(s);
+}
 
 /* Start `t`, what tp__sched_peek just returned: take it out, count it
  * started and running in its lane, move the starvation counts and the
  * lane's round. */
-void tp__sched_start(tp__sched *s, tp__task *t);
+void tp__sched_start_lanes(tp__sched *s, tp__task *t); /* the general case, below */
+static inline void tp__sched_start(tp__sched *s, tp__task *t) {
+    if (s->in_lists > 0) {
+        tp__sched_start_lanes(s, t);
+        return;
+    }
+    /* Only the ring holds tasks (a FIFO pool, lane 0): every other lane is
+     * empty, so no count moves but the ring lane's own, which returns to 0. */
+    tp__lane *l = &s->lane[2];
+    tp__task *h = tp__ring_pop(&s->ring);
+    TP__ASSERT(h == t);
+    TP__UNUSED(h);
+    TP__UNUSED(t);
+    l->starve = 0;
+    l->waiting--;
+    s->waiting--;
+    l->running++;
+    TP__SET(l->head_at_pub, tp__ring_head_at(&s->ring));
+    TP__SET(l->waiting_pub, l->waiting);
+    TP__SET(l->running_pub, l->running);
+    TP__INC(l->started_pub);
+}
 
 /* An attempt of `t` that was started has ended: it no longer runs in its
  * lane. Returns true when this made a lane ready that was not (a background
  * task may start again): a worker should be woken. */
-bool tp__sched_done(tp__sched *s, const tp__task *t);
+bool tp__sched_done_low(tp__sched *s, const tp__task *t); /* a background lane's, in scheduler.c */
+static inline bool tp__sched_done(tp__sched *s, const tp__task *t) {
+    if (t->prio < 0) return tp__sched_done_low(s, t);
+    tp__lane *l = &s->lane[tp__lane_of(t->prio)];
+    TP__ASSERT(l->running > 0);
+    l->running--;
+    TP__SET(l->running_pub, l->running);
+    return false;
+}
 
 /* Take out waiting task `t` (cancel, group cancel). */
 void tp__sched_remove(tp__sched *s, tp__task *t);
