@@ -118,11 +118,17 @@ extern "C" {
  *   a non-zero reserved word with TP_EINVAL, so a program written for a newer
  *   minor version that sets a new field is told clearly when it runs against
  *   an older library that cannot honour it. tp_stats_get() zeroes the
- *   reserved words it does not fill.
+ *   reserved words it does not fill. 1.2 took words of the tails of
+ *   tp_config (sched, prio_starve_limit, low_prio_max_running, reserved32,
+ *   retry_delay_max_ns), tp_task_opts (cq) and tp_stats (oldest_wait_ns):
+ *   a program built against 1.1 passes zero there, which means 1.1's
+ *   behaviour.
  *   The structs of 1.0 had no tail. Programs built against 1.0 are served by
  *   versioned 1.0 entry points (symbol version TASKPOOL_1.0) that read and
- *   write exactly the 1.0 layout; programs built against this header bind to
- *   the TASKPOOL_1.1 ones. Every exported symbol carries a version.
+ *   write exactly the 1.0 layout; programs built against 1.1 or later bind
+ *   to the TASKPOOL_1.1 ones (the layouts of 1.1 and 1.2 are one), and to
+ *   TASKPOOL_1.2 for the calls added in 1.2. Every exported symbol carries a
+ *   version.
  *   Code that looks the calls up by name at run time (dlsym(), language
  *   bindings) gets the newest version: bindings written for the 1.0 layout
  *   must ask for dlvsym(handle, "tp_create", "TASKPOOL_1.0") and the like.
@@ -344,7 +350,9 @@ typedef int (*tp_fn)(tp_ctx *ctx, void *arg);
 
 /* Called exactly once per accepted task, after its final outcome, on a pool
  * thread (a worker or the service thread), never inside tp_cancel() or
- * tp_shutdown() (so never on an application thread). `status`: what the function returned on its last
+ * tp_shutdown() (so never on an application thread) -- except for a task
+ * bound to a completion queue (tp_task_opts.cq), whose on_done runs inside
+ * tp_cq_drain() on the thread that drains it (section 15). `status`: what the function returned on its last
  * attempt (0 is success even if the task was cancelled meanwhile), or
  * TP_ETIMEDOUT / TP_ECANCELED for a task ended without running (expired,
  * cancelled while queued or waiting for a retry, dropped by a forced shutdown;
@@ -459,9 +467,11 @@ typedef struct tp_task {
  *   *accepted_out (if not NULL) is set to k on every return, errors included.
  *   ids_out (if not NULL) must have room for n ids: ids_out[i] is set to the
  *   id of tasks[i] for i < k and left untouched from k on.
- *   Order: the k accepted tasks sit next to each other in the queue, in
- *   array order, with no other submitter's task between them, and start in
- *   that order (FIFO, as for tp_submit). Tasks admitted in one batch count
+ *   Order: the k accepted tasks of each priority sit next to each other in
+ *   their own lane (section 14), in array order, with no other submitter's
+ *   task between them; in a TP_SCHED_FIFO pool those of one lane start in
+ *   that order (in a TP_SCHED_FAIR pool, each user's tasks are adjacent in
+ *   that user's list of the lane). Tasks admitted in one batch count
  *   against the same limits as k calls of tp_submit() would: a batch of
  *   tasks of one user is cut at that user's max_per_user, a batch larger
  *   than the free space is cut at queue_capacity.
@@ -596,7 +606,9 @@ TP_API unsigned tp_user_active(tp_pool *p, const char *user);
 /*
  * tp_stats_format -- write `s` as TP_FORMAT_JSON (one object whose keys are the
  * field names) or TP_FORMAT_PROMETHEUS (text exposition format with # HELP and
- * # TYPE lines; counters taskpool_<field>_total, gauges taskpool_<field>).
+ * # TYPE lines; counters taskpool_<field>_total, gauges taskpool_<field>,
+ * except oldest_wait_ns, written in seconds as the gauge
+ * taskpool_oldest_wait_seconds since 1.2).
  * Behaves like snprintf: returns the length needed, NUL excluded, writes at
  * most `len` bytes and always NUL-terminates a non-empty buffer. buf may be
  * NULL when len is 0. TP_EINVAL: s NULL, buf NULL with len > 0, unknown format.
@@ -653,7 +665,8 @@ TP_API int tp_default_wait(uint64_t timeout_ns);
  * A group is a set of tasks of one pool, in the manner of Go's errgroup: wait
  * for all of them, learn the first failure, cancel the rest. Members are
  * ordinary tasks: every promise of section 6 holds for them (one ending each,
- * on_done exactly once, FIFO among all tasks of the pool, the same counters,
+ * on_done exactly once, the start order of every task of the pool (section
+ * 14: a member waits in the lane of its own priority), the same counters,
  * users and options). A member costs no allocation: the group is allocated
  * once by tp_group_create(), and the links are part of the task record.
  *
@@ -720,8 +733,9 @@ TP_API int tp_group_submit(tp_group *g, tp_fn fn, void *arg, const tp_task_opts 
 
 /*
  * tp_group_wait -- wait until the group has no unfinished member: every
- * member has ended and its on_done has returned, members submitted while it
- * waits included (as Go's WaitGroup). Since 1.1.
+ * member has ended and its on_done has returned (a member bound to a
+ * completion queue: its completion is queued, section 15), members submitted
+ * while it waits included (as Go's WaitGroup). Since 1.1.
  *   timeout_ns: 0 or TP_FOREVER -> no limit. A group with no member returns at
  *   once. Several threads may wait at once; a wait that times out changes
  *   nothing (no member is cancelled, the group stays usable).
@@ -839,8 +853,8 @@ TP_API uint64_t tp_hist_quantile_ns(const tp_hist *h, double q);
 /* ---------------------------------------- 13. metrics for several pools (Since 1.1) */
 
 /*
- * tp_metrics_format -- one document with the statistics, capacity and both
- * histograms of `n` pools. Since 1.1.
+ * tp_metrics_format -- one document with the statistics, capacity, both
+ * histograms and (since 1.2) the priority lanes of `n` pools. Since 1.1.
  *
  * TP_FORMAT_PROMETHEUS (text exposition format 0.0.4): each family has one
  * "# HELP" and one "# TYPE" line, then its samples, one per pool in the order
@@ -848,26 +862,41 @@ TP_API uint64_t tp_hist_quantile_ns(const tp_hist *h, double q);
  * newline escaped as \\, \" and \n; bytes that are not UTF-8 become U+FFFD).
  *   taskpool_<field>_total   counters of section 8 (submitted, ..., expired)
  *   taskpool_<field>         gauges of section 8 (active, ..., users)
+ *   taskpool_oldest_wait_seconds
+ *                            since 1.2: oldest_wait_ns, in seconds
  *   taskpool_workers_max, taskpool_queue_capacity, taskpool_max_per_user
  *                            the resolved configuration (max_per_user of an
  *                            unlimited pool is +Inf)
  *   taskpool_queue_wait_seconds, taskpool_run_seconds
- *                            histograms in seconds: every bucket bound as an
- *                            exact decimal `le`, ascending, then le="+Inf",
- *                            _sum and _count; +Inf equals _count (each is one
- *                            snapshot)
+ *                            histograms in seconds: 24 finite `le` bounds
+ *                            (since 1.2; 1.1 wrote all 281), ascending, then
+ *                            le="+Inf", _sum and _count; +Inf equals _count
+ *                            (each is one snapshot)
+ *   taskpool_lane_started_total, taskpool_lane_queued, taskpool_lane_running,
+ *   taskpool_lane_queue_wait_seconds
+ *                            since 1.2, per pool and lane, labelled also
+ *                            priority="-2".."2": tp_lane_stats_get() and the
+ *                            lane's queue-wait histogram
+ *                            (TP_HIST_QUEUE_WAIT_PRIO)
  *   taskpool_build_info{version="<tp_version()>"} 1   (no pool label)
+ * Every histogram series has the same 24 finite `le` bounds: a fixed subset
+ * of the exact bucket bounds (tp_hist_bound_ns() of buckets 24, 34, 45, ...,
+ * 277), spread evenly on a log scale from 1.024 us to about an hour
+ * (3573.41 s), each with the exact cumulative count up to it.
  * The output passes `promtool check metrics` without findings.
  *
  * TP_FORMAT_JSON: {"version":"<tp_version()>","pools":{"<name>":{...},...}},
  * each pool object holding the section 8 fields by name, "workers_max",
  * "queue_capacity", "max_per_user" (null when unlimited), and
  * "queue_wait" / "run": {"count":N,"sum_ns":S,"buckets":[[bound_ns,count],...]}
- * listing the non-empty buckets in ascending order (non-cumulative counts; the
- * last bound is 18446744073709551615). Names are JSON-escaped.
+ * listing the non-empty buckets in ascending order (non-cumulative counts;
+ * every bucket, not the subset of the Prometheus text; the last bound is
+ * 18446744073709551615). Since 1.2 also "oldest_wait_ns" (with the section 8
+ * fields) and "lanes": {"-2":{"started":N,"queued":N,"running":N,
+ * "queue_wait":{...}},...,"2":{...}}. Names are JSON-escaped.
  *
- * Each pool is read as tp_stats_get() and tp_hist_get() read it, without its
- * lock: while pools run, the figures of one pool are not one instant.
+ * Each pool is read as tp_stats_get(), tp_lane_stats_get() and tp_hist_get()
+ * read it, without its lock: while pools run, the figures of one pool are not one instant.
  * Behaves like snprintf: returns the length needed (NUL excluded), writes at
  * most `len` bytes and NUL-terminates a non-empty buffer; buf may be NULL when
  * len is 0. Since the pools keep running, a second call may need more room
@@ -925,8 +954,8 @@ TP_API int tp_metrics_format(tp_pool *const *pools, size_t n, int format, char *
  * waiting tasks, and nothing is allocated per task. A pool that uses neither
  * lanes nor fair shares keeps 1.1's ring and its costs.
  *
- * Example, one worker, a fair pool, weights alice 2 and bob 1, admitted in
- * this order: a1 a2 a3 a4 (alice) b1 b2 (bob) n1 (no user), all priority 0,
+ * Example, one worker, a fair pool (max_per_user at least 4), weights alice
+ * 2 and bob 1, every task admitted while the worker is busy, in this order: a1 a2 a3 a4 (alice) b1 b2 (bob) n1 (no user), all priority 0,
  * then u1 (priority 2): the worker, once free, starts u1 first, then
  * a1 a2 b1 n1 a3 a4 b2.
  */
