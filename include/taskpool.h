@@ -1026,8 +1026,10 @@ TP_API int tp_lane_stats_get(tp_pool *p, int priority, tp_lane_stats *out);
  * and drain the queue itself.
  *
  * Cost: a completion wakes the descriptor only when the queue goes from
- * empty to non-empty (wake-ups coalesce); one drain of k completions takes
- * the queue's lock once to take them, and once to give their places back.
+ * empty to non-empty (wake-ups coalesce); a drain takes the queue's lock once
+ * per 64 completions it runs (it copies them out, then runs them without the
+ * lock), and once more per 64 only while a tp_submit_wait() caller waits for
+ * a place.
  *
  * Thread-safety: every call may be made from any thread concurrently, except
  * tp_cq_destroy() (no call on the queue may run concurrently with it or

@@ -6,11 +6,14 @@
  * unfinished, plus completions that wait or whose on_done runs now. It is
  * taken at admission (a compare-and-swap below `capacity`, no lock) and
  * given back after a drain ran the on_done. The ring holds `capacity`
- * completions with free-running 64-bit head and tail counters. A drain takes its
- * batch [head, head + k) under the lock, moves head past it and runs the
- * batch without the lock, reading the slots in place: until their places are
- * given back, at most capacity - k completions can be pushed, so no push
- * reaches those slots (tail - head <= capacity - k after the drain).
+ * completions with free-running 64-bit head and tail counters, so it cannot
+ * overflow. A drain copies up to TP__CQ_CHUNK completions out of the ring
+ * under the lock (moving head past them), runs them without the lock, gives
+ * their places back, and goes on with the next chunk, up to what waited
+ * when it began (or `max`). The copy is what makes several drainers safe: a
+ * drainer that finishes first gives places back whose slots the tail may
+ * then reuse, while another drainer's batch, taken earlier, is still being
+ * run -- from its own copy.
  *
  * The descriptor. An eventfd (a pipe elsewhere) holds one wake-up while the
  * ring is not empty: written by the push that finds the ring empty, consumed
@@ -46,6 +49,9 @@ typedef struct tp__completion {
     void *arg;
     int status;
 } tp__completion;
+
+/* Completions a drain takes under one lock hold (copied to its stack). */
+#define TP__CQ_CHUNK 64u
 
 struct tp_cq {
     tp__mutex mu;
@@ -126,19 +132,26 @@ int tp_cq_fd(const tp_cq *cq) { return cq ? cq->fds[0] : TP_EINVAL; }
 
 int tp_cq_drain(tp_cq *cq, unsigned max) {
     if (!cq) return TP_EINVAL;
-    tp__mutex_lock(&cq->mu);
-    unsigned waiting = (unsigned)(cq->tail - cq->head);
-    unsigned k = max == 0 || max > waiting ? waiting : max;
-    uint64_t start = cq->head;
-    cq->head += k;
-    if (k && cq->head == cq->tail && cq->woken) fd_consume(cq);
-    tp__mutex_unlock(&cq->mu);
-    for (unsigned i = 0; i < k; i++) {
-        const tp__completion *c = &cq->ring[(start + i) % cq->capacity];
-        c->fn(c->arg, c->status);
+    tp__completion batch[TP__CQ_CHUNK];
+    unsigned done = 0, want = max; /* 0: what waits now, fixed at the first take */
+    for (;;) {
+        tp__mutex_lock(&cq->mu);
+        unsigned waiting = (unsigned)(cq->tail - cq->head);
+        if (done == 0 && want == 0) want = waiting;
+        unsigned k = want - done;
+        if (k > waiting) k = waiting;
+        if (k > TP__CQ_CHUNK) k = TP__CQ_CHUNK;
+        for (unsigned i = 0; i < k; i++) batch[i] = cq->ring[(cq->head + i) % cq->capacity];
+        cq->head += k;
+        if (k && cq->head == cq->tail && cq->woken) fd_consume(cq);
+        tp__mutex_unlock(&cq->mu);
+        if (k == 0) break;
+        for (unsigned i = 0; i < k; i++) batch[i].fn(batch[i].arg, batch[i].status);
+        tp__cq_release(cq, k);
+        done += k;
+        if (done >= want) break;
     }
-    if (k) tp__cq_release(cq, k);
-    return (int)k;
+    return (int)done;
 }
 
 int tp_cq_wait(tp_cq *cq, uint64_t timeout_ns) {
