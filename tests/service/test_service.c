@@ -535,8 +535,10 @@ static int connect_refused(const proc *p) {
 /* ------------------------------------------------------------ task helpers */
 
 /* SIGTERM a service with nothing left to do: it drains and exits 0; its log
- * is dropped so that `p` can start another. */
+ * is dropped so that `p` can start another. It must be serving first (its
+ * loop running, signals unblocked), as a service that is stopped would be. */
 static void stop_drained(proc *p) {
+    assert_int_equal(status_of(p, "GET", "/healthz"), 200);
     proc_kill(p, SIGTERM);
     assert_int_equal(proc_wait_exit(p, WAIT_NS), 0);
     proc_reset(p);
