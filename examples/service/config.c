@@ -91,7 +91,6 @@ int svc_parse_uint(const char *s, unsigned min, unsigned max, unsigned *out) {
     return 0;
 }
 
-/* The variable's value, or NULL when unset or empty (= use the default). */
 int svc_parse_redis_url(const char *url, char *host, size_t hostlen, int *port, char *err, size_t errlen) {
     static const char expect[] = "expected redis://host:port or unix:///path";
     if (strncmp(url, "unix://", 7) == 0) {
@@ -131,6 +130,87 @@ int svc_parse_redis_url(const char *url, char *host, size_t hostlen, int *port, 
     return 0;
 }
 
+int svc_user_name_ok(const char *s, size_t n) {
+    if (n == 0 || n > SVC_USER_MAX) return 0;
+    for (size_t i = 0; i < n; i++) {
+        char ch = s[i];
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '.' ||
+              ch == '_' || ch == '@' || ch == '-'))
+            return 0;
+    }
+    return 1;
+}
+
+/* One entry of a weight list, s[0..n): its name's length and its weight.
+ * 0, or -1 if it is not user:weight. */
+static int weight_entry(const char *s, size_t n, size_t *name_len, unsigned *weight) {
+    const char *colon = memchr(s, ':', n);
+    if (colon == NULL) return -1;
+    size_t nl = (size_t)(colon - s), wl = n - nl - 1;
+    char w[16];
+    if (!svc_user_name_ok(s, nl) || wl == 0 || wl >= sizeof w) return -1;
+    memcpy(w, colon + 1, wl);
+    w[wl] = '\0';
+    if (svc_parse_uint(w, 1, TP_WEIGHT_MAX, weight) != 0) return -1;
+    *name_len = nl;
+    return 0;
+}
+
+int svc_parse_user_weights(const char *s, svc_weight_fn fn, void *arg, char *err, size_t errlen) {
+    /* First pass: check everything, so that a bad list applies nothing. */
+    size_t count = 0;
+    for (const char *p = s;;) {
+        size_t n = strcspn(p, ","), nl;
+        unsigned w;
+        if (weight_entry(p, n, &nl, &w) != 0) {
+            snprintf(err, errlen,
+                     "USER_WEIGHTS: \"%.*s\" is not user:weight (a user of 1 to %d characters of "
+                     "A-Z a-z 0-9 . _ @ -, a weight from 1 to %u; entries separated by single commas)",
+                     (int)(n < 80 ? n : 80), p, SVC_USER_MAX, TP_WEIGHT_MAX);
+            return -1;
+        }
+        if (++count > SVC_WEIGHTS_MAX) {
+            snprintf(err, errlen, "USER_WEIGHTS: more than %d users", SVC_WEIGHTS_MAX);
+            return -1;
+        }
+        for (const char *q = s; q < p; q += strcspn(q, ",") + 1) /* a name given twice */
+            if (strncmp(q, p, nl + 1) == 0) {
+                snprintf(err, errlen, "USER_WEIGHTS: user \"%.*s\" is given twice", (int)nl, p);
+                return -1;
+            }
+        if (p[n] == '\0') break;
+        p += n + 1;
+    }
+    for (const char *p = s; fn != NULL;) {
+        size_t n = strcspn(p, ","), nl = 0;
+        unsigned w = 0;
+        char name[SVC_USER_MAX + 1];
+        (void)weight_entry(p, n, &nl, &w);
+        memcpy(name, p, nl);
+        name[nl] = '\0';
+        int rc = fn(arg, name, w);
+        if (rc != 0) return rc;
+        if (p[n] == '\0') break;
+        p += n + 1;
+    }
+    return 0;
+}
+
+int svc_load_sched(unsigned *out, char *err, size_t errlen) {
+    const char *v = svc_env("SCHED");
+    if (v == NULL) return 0;
+    if (strcmp(v, "fifo") == 0) {
+        *out = TP_SCHED_FIFO;
+    } else if (strcmp(v, "fair") == 0) {
+        *out = TP_SCHED_FAIR;
+    } else {
+        snprintf(err, errlen, "SCHED=\"%s\": expected fifo or fair", v);
+        return -1;
+    }
+    return 0;
+}
+
+/* The variable's value, or NULL when unset or empty (= use the default). */
 const char *svc_env(const char *name) {
     const char *v = getenv(name);
     return v != NULL && *v != '\0' ? v : NULL;
@@ -181,6 +261,8 @@ int svc_config_load(svc_config *cfg, char *err, size_t errlen, const char **var)
     cfg->task_history = 256;
     cfg->task_retries = 0;
     cfg->retry_delay_ns = 1 * SVC_NS_PER_S;
+    cfg->sched = TP_SCHED_FIFO;
+    cfg->prio_starve_limit = 16; /* the library's default, stated */
 
     /* First, so that the errors below are already logged at the right level. */
     const char *lvl = svc_env("LOG_LEVEL");
@@ -220,6 +302,37 @@ int svc_config_load(svc_config *cfg, char *err, size_t errlen, const char **var)
     CHECK("IDLE_TIMEOUT",
           svc_load_duration("IDLE_TIMEOUT", 1 * ms, hour, &cfg->idle_timeout_ns, err, errlen));
     CHECK("RETRY_DELAY", svc_load_duration("RETRY_DELAY", 1 * ms, hour, &cfg->retry_delay_ns, err, errlen));
+
+    /* Scheduling (taskpool.h section 14). */
+    CHECK("SCHED", svc_load_sched(&cfg->sched, err, errlen));
+    const char *uw = svc_env("USER_WEIGHTS");
+    *var = "USER_WEIGHTS";
+    if (uw != NULL) {
+        if (svc_parse_user_weights(uw, NULL, NULL, err, errlen) != 0) return -1;
+        if (cfg->sched != TP_SCHED_FAIR) {
+            snprintf(err, errlen,
+                     "USER_WEIGHTS is set but SCHED is not fair: weights are shares of a fair pool");
+            return -1;
+        }
+        cfg->user_weights = uw;
+    }
+    const char *low = svc_env("LOW_PRIO_MAX_RUNNING");
+    *var = "LOW_PRIO_MAX_RUNNING";
+    if (low != NULL && svc_parse_uint(low, 0, cfg->workers, &cfg->low_prio_max_running) != 0) {
+        snprintf(err, errlen,
+                 "LOW_PRIO_MAX_RUNNING=\"%s\": expected a whole number from 0 (no limit) to WORKERS (%u)",
+                 low, cfg->workers);
+        return -1;
+    }
+    const char *starve = svc_env("PRIO_STARVE_LIMIT");
+    *var = "PRIO_STARVE_LIMIT";
+    if (starve != NULL && strcmp(starve, "unlimited") == 0) {
+        cfg->prio_starve_limit = TP_UNLIMITED;
+    } else if (starve != NULL && svc_parse_uint(starve, 1, 1000000, &cfg->prio_starve_limit) != 0) {
+        snprintf(err, errlen,
+                 "PRIO_STARVE_LIMIT=\"%s\": expected a whole number from 1 to 1000000, or unlimited", starve);
+        return -1;
+    }
     *var = NULL;
     return 0;
 }

@@ -18,20 +18,29 @@
 #define SVC_NS_PER_MS 1000000ull
 #define SVC_NS_PER_S  1000000000ull
 
+/* A user name (?user=, USER_WEIGHTS): 1 to SVC_USER_MAX of [A-Za-z0-9._@-]. */
+#define SVC_USER_MAX    64
+/* USER_WEIGHTS holds at most this many users. */
+#define SVC_WEIGHTS_MAX 1024
+
 typedef struct svc_config {
-    char listen_addr[256];        /* LISTEN_ADDR, host:port; port 0 picks a free one */
-    unsigned workers;             /* WORKERS: task pool workers */
-    unsigned queue_capacity;      /* QUEUE_CAPACITY: waiting tasks */
-    unsigned max_per_user;        /* MAX_PER_USER: unfinished tasks per user ("unlimited" allowed) */
-    unsigned max_conns;           /* MAX_CONNS: open connections, one connection-pool worker each */
-    uint64_t task_timeout_ns;     /* TASK_TIMEOUT: run timeout of each task */
-    uint64_t shutdown_timeout_ns; /* SHUTDOWN_TIMEOUT: budget for draining requests and tasks */
-    uint64_t header_timeout_ns;   /* HEADER_TIMEOUT: time to send a whole request head */
-    uint64_t idle_timeout_ns;     /* IDLE_TIMEOUT: keep-alive wait for the next request */
-    int log_level;                /* LOG_LEVEL: SVC_LOG_ERROR..SVC_LOG_DEBUG (log.h) */
-    unsigned task_history;        /* TASK_HISTORY: finished tasks GET /tasks/{id} still shows */
-    unsigned task_retries;        /* TASK_RETRIES: max_retries of the task pool */
-    uint64_t retry_delay_ns;      /* RETRY_DELAY: retry_delay_ns of the task pool */
+    char listen_addr[256];         /* LISTEN_ADDR, host:port; port 0 picks a free one */
+    unsigned workers;              /* WORKERS: task pool workers */
+    unsigned queue_capacity;       /* QUEUE_CAPACITY: waiting tasks */
+    unsigned max_per_user;         /* MAX_PER_USER: unfinished tasks per user ("unlimited" allowed) */
+    unsigned max_conns;            /* MAX_CONNS: open connections, one connection-pool worker each */
+    uint64_t task_timeout_ns;      /* TASK_TIMEOUT: run timeout of each task */
+    uint64_t shutdown_timeout_ns;  /* SHUTDOWN_TIMEOUT: budget for draining requests and tasks */
+    uint64_t header_timeout_ns;    /* HEADER_TIMEOUT: time to send a whole request head */
+    uint64_t idle_timeout_ns;      /* IDLE_TIMEOUT: keep-alive wait for the next request */
+    int log_level;                 /* LOG_LEVEL: SVC_LOG_ERROR..SVC_LOG_DEBUG (log.h) */
+    unsigned task_history;         /* TASK_HISTORY: finished tasks GET /tasks/{id} still shows */
+    unsigned task_retries;         /* TASK_RETRIES: max_retries of the task pool */
+    uint64_t retry_delay_ns;       /* RETRY_DELAY: retry_delay_ns of the task pool */
+    unsigned sched;                /* SCHED: TP_SCHED_FIFO ("fifo") or TP_SCHED_FAIR ("fair") */
+    const char *user_weights;      /* USER_WEIGHTS, validated; NULL = none (points into the environment) */
+    unsigned low_prio_max_running; /* LOW_PRIO_MAX_RUNNING: 0 = no limit, else at most WORKERS */
+    unsigned prio_starve_limit;    /* PRIO_STARVE_LIMIT: 1..1000000 or TP_UNLIMITED ("unlimited") */
 } svc_config;
 
 /* Parse a duration into nanoseconds. 0 on success, -1 on any error. */
@@ -45,6 +54,25 @@ int svc_parse_uint(const char *s, unsigned min, unsigned max, unsigned *out);
  * in `host`, *port 0). 0, or -1 with a one-line explanation in `err`. Shared by
  * taskpool-stream-worker and taskpool-enqueue, so both read REDIS_URL alike. */
 int svc_parse_redis_url(const char *url, char *host, size_t hostlen, int *port, char *err, size_t errlen);
+
+/* Is s[0..n) a user name (SVC_USER_MAX above)? 1 or 0. */
+int svc_user_name_ok(const char *s, size_t n);
+
+/* Parse a list of user weights, "alice:3,bob:1": one or more entries
+ * separated by single commas, each a user name (svc_user_name_ok), a colon
+ * and a whole number from 1 to TP_WEIGHT_MAX; at most SVC_WEIGHTS_MAX
+ * entries, no name twice, no spaces. When `fn` is not NULL it is called
+ * for each entry in order (the name NUL-terminated, valid during the call)
+ * once the whole list has been checked; a non-zero return stops the walk
+ * and is returned. 0; -1 with a one-line explanation naming USER_WEIGHTS in
+ * `err` if the list is malformed. Shared with taskpool-stream-worker. */
+typedef int (*svc_weight_fn)(void *arg, const char *user, unsigned weight);
+int svc_parse_user_weights(const char *s, svc_weight_fn fn, void *arg, char *err, size_t errlen);
+
+/* Read SCHED into *out when it is set: "fifo" -> TP_SCHED_FIFO, "fair" ->
+ * TP_SCHED_FAIR (exactly, lower case). 0, or -1 with a one-line explanation
+ * in `err`. Shared with taskpool-stream-worker. */
+int svc_load_sched(unsigned *out, char *err, size_t errlen);
 
 /* An environment variable's value; NULL when unset or empty. */
 const char *svc_env(const char *name);

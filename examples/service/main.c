@@ -16,7 +16,11 @@
  * Threads: the main thread runs the server's loop (accepts, reads request
  * heads, keeps idle connections, answers probes); the connection pool
  * (MAX_CONNS workers) runs requests; the task pool (WORKERS workers,
- * QUEUE_CAPACITY waiting) runs POST /tasks work. SIGTERM and SIGINT are
+ * QUEUE_CAPACITY waiting) runs POST /tasks work, in the order of its
+ * priority lanes and, with SCHED=fair, in turns between users (taskpool.h
+ * section 14: SCHED, USER_WEIGHTS, LOW_PRIO_MAX_RUNNING and
+ * PRIO_STARVE_LIMIT go into its tp_config and tp_user_weight_set, the
+ * lanes into /metrics through tp_metrics_format). SIGTERM and SIGINT are
  * blocked in every pool thread (they inherit the mask from main before it
  * unblocks them) and handled on the main thread by writing to a self-pipe,
  * which wakes the loop.
@@ -197,6 +201,17 @@ static int startup_error(const char *msg, const char *variable, const char *erro
     return code;
 }
 
+/* USER_WEIGHTS, entry by entry (svc_parse_user_weights). */
+static int set_weight(void *arg, const char *user, unsigned weight) {
+    int rc = tp_user_weight_set(arg, user, weight);
+    if (rc != TP_OK) {
+        char err[160];
+        snprintf(err, sizeof err, "cannot set the weight of user %s: %s", user, tp_strerror(rc));
+        exit(startup_error("startup_failed", "USER_WEIGHTS", err, 1));
+    }
+    return 0;
+}
+
 static tp_pool *make_pool(const tp_config *cfg, const char *what) {
     tp_pool *p = NULL;
     int rc = tp_create(&p, cfg);
@@ -216,12 +231,14 @@ static void usage(FILE *f) {
                "drains on SIGTERM or SIGINT within SHUTDOWN_TIMEOUT.\n"
                "\n"
                "Endpoints (every GET endpoint also answers HEAD):\n"
-               "  POST   /tasks?delay=D&user=U&deadline=D&fail=N\n"
+               "  POST   /tasks?delay=D&user=U&deadline=D&fail=N&priority=P\n"
                "                     admit a task that waits D (default 100ms): 202 {\"id\":N};\n"
+               "                     P is -2..2 (default 0; 2 starts first, below 0 is background);\n"
                "                     503 queue full or draining, 429 user limit, 400 bad input\n"
                "  GET    /tasks/{id} the task's state (queued, running, retrying, succeeded,\n"
-               "                     failed, cancelled, expired), status and attempts; 404 if\n"
-               "                     unknown or forgotten, 400 for a malformed id\n"
+               "                     failed, cancelled, expired), status, attempts, priority,\n"
+               "                     wait_ms and started_ahead (tasks started while it waited);\n"
+               "                     404 if unknown or forgotten, 400 for a malformed id\n"
                "  DELETE /tasks/{id} tp_cancel: 200 ended while queued, 202 delivered to the\n"
                "                     running task, 409 already finished, 404, 400\n"
                "  GET    /work?delay=D  wait D inside the request, then 200\n"
@@ -246,6 +263,14 @@ static void usage(FILE *f) {
                "  HEADER_TIMEOUT    time to send a request head (5s)\n"
                "  IDLE_TIMEOUT      keep-alive wait for the next request (30s)\n"
                "  LOG_LEVEL         error, warn, info or debug (info)\n"
+               "  SCHED             fifo: admission order within a priority; fair: users take\n"
+               "                    turns within a priority (fifo)\n"
+               "  USER_WEIGHTS      with SCHED=fair: user:weight,... e.g. alice:3,bob:1, weights\n"
+               "                    1..1000 (every user 1): a turn starts up to weight tasks\n"
+               "  LOW_PRIO_MAX_RUNNING  background tasks (priority < 0) running at once,\n"
+               "                    0..WORKERS; 0 = no limit (0)\n"
+               "  PRIO_STARVE_LIMIT starts a waiting priority lets higher ones take before it\n"
+               "                    gets one, 1..1000000 or unlimited (strict) (16)\n"
                "\n"
                "Exit status: 0 drained in time, 1 drain forced or start failed,\n"
                "2 invalid configuration or command line.\n");
@@ -338,6 +363,9 @@ int main(int argc, char **argv) {
         .retry_delay_ns = s.cfg.retry_delay_ns,
         .name = "task",
         .log = svc_log_hook,
+        .sched = s.cfg.sched,
+        .prio_starve_limit = s.cfg.prio_starve_limit,
+        .low_prio_max_running = s.cfg.low_prio_max_running,
     };
     tp_config ccfg = {
         .workers = s.cfg.max_conns,
@@ -351,6 +379,8 @@ int main(int argc, char **argv) {
     };
     s.tasks = make_pool(&tcfg, "task");
     s.conns = make_pool(&ccfg, "connection");
+    if (s.cfg.user_weights != NULL) /* validated by svc_config_load: only tp_user_weight_set can fail */
+        (void)svc_parse_user_weights(s.cfg.user_weights, set_weight, s.tasks, err, sizeof err);
 
     /* The first line: tests and scripts read the actual address from it. */
     svc_log ev;
@@ -370,9 +400,16 @@ int main(int argc, char **argv) {
     svc_log_uint(&ev, "idle_timeout_ms", s.cfg.idle_timeout_ns / SVC_NS_PER_MS);
     svc_log_uint(&ev, "task_retries", s.cfg.task_retries);
     svc_log_uint(&ev, "task_history", s.cfg.task_history);
+    svc_log_str(&ev, "sched", s.cfg.sched == TP_SCHED_FAIR ? "fair" : "fifo");
+    svc_log_uint(&ev, "low_prio_max_running", s.cfg.low_prio_max_running);
+    if (s.cfg.prio_starve_limit == TP_UNLIMITED)
+        svc_log_str(&ev, "prio_starve_limit", "unlimited");
+    else
+        svc_log_uint(&ev, "prio_starve_limit", s.cfg.prio_starve_limit);
     svc_log_str(&ev, "log_level", (const char *[]){"error", "warn", "info", "debug"}[s.cfg.log_level]);
     svc_log_str(&ev, "service_version", SVC_VERSION);
     svc_log_str(&ev, "taskpool_version", tp_version());
+    svc_log_strn(&ev, "user_weights", s.cfg.user_weights, 512); /* last: a long list is cut, nothing else */
     svc_log_end(&ev);
 
     pthread_sigmask(SIG_SETMASK, &old, NULL);

@@ -13,6 +13,8 @@
  *   POST /tasks        only copies validated values into an entry of the task
  *                      table (tasks.h), which the pool owns from admission
  *                      to on_done, never the request or the connection;
+ *                      ?priority= picks the task's lane (taskpool.h
+ *                      section 14; SCHED, USER_WEIGHTS in main.c);
  *   GET/DELETE /tasks/{id}  read that table; DELETE calls tp_cancel and waits
  *                      (bounded) until the table shows where the cancel landed;
  *   GET /work          waits inside the request, until its client hangs up
@@ -66,6 +68,7 @@ static int run_task(tp_ctx *ctx, void *arg) {
     svc_log_uint(&ev, "task_id", id);
     svc_log_str(&ev, "log_id", tp_ctx_log_id(ctx));
     svc_log_uint(&ev, "attempt", attempt);
+    svc_log_int(&ev, "priority", t->priority);
     svc_log_uint(&ev, "queued_ms", ms_since(t->accepted_ns));
     svc_log_end(&ev);
     /* Returns early with TP_ECANCELED (DELETE, forced shutdown) or
@@ -122,18 +125,24 @@ static int get_delay(const http_request *req, uint64_t *out) {
 /* ?user=: absent or empty -> none; else 1..64 of [A-Za-z0-9._@-]. */
 static int get_user(const http_request *req, char *out, size_t cap) {
     int f = http_query_get(req->query, "user", out, cap);
-    if (f == 0) {
-        out[0] = '\0';
-        return 0;
-    }
+    if (f == 0) out[0] = '\0';
     if (f < 0) return -1;
-    for (const char *p = out; *p != '\0'; p++) {
-        char ch = *p;
-        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '.' ||
-              ch == '_' || ch == '@' || ch == '-'))
-            return -1;
-    }
-    return 0;
+    return out[0] == '\0' || svc_user_name_ok(out, strlen(out)) ? 0 : -1;
+}
+
+/* ?priority=: absent -> 0; else exactly -2, -1, 0, 1 or 2. 0 or -1. */
+static int get_priority(const http_request *req, int *out) {
+    static const char *const names[] = {"-2", "-1", "0", "1", "2"};
+    char v[8];
+    int f = http_query_get(req->query, "priority", v, sizeof v);
+    *out = 0;
+    if (f == 0) return 0;
+    for (int i = 0; f > 0 && i <= TP_PRIO_MAX - TP_PRIO_MIN; i++)
+        if (strcmp(v, names[i]) == 0) {
+            *out = TP_PRIO_MIN + i;
+            return 0;
+        }
+    return -1;
 }
 
 /* ?fail=N: 0..100, default 0. 0 or -1. */
@@ -153,6 +162,7 @@ static void handle_tasks(httpd_exchange *x) {
     const char *log_id = x->log_id;
     uint64_t delay, deadline_in;
     unsigned fail;
+    int priority;
     char user[SVC_USER_MAX + 1];
     if (get_delay(req, &delay) != 0) {
         httpd_reply_error(r, 400, "delay must be a duration from 0 to 30s, like 250ms");
@@ -170,18 +180,29 @@ static void handle_tasks(httpd_exchange *x) {
         httpd_reply_error(r, 400, "fail must be a whole number from 0 to 100");
         return;
     }
+    if (get_priority(req, &priority) != 0) {
+        httpd_reply_error(r, 400, "priority must be -2, -1, 0, 1 or 2 (2 most urgent, below 0 background)");
+        return;
+    }
     if (x->draining) {
         httpd_reply_error(r, 503, "shutting down");
         return;
     }
     /* ?deadline=0 (or absent) means none; else it counts from now, queueing included. */
     uint64_t deadline = deadline_in != 0 ? tp_now_ns() + deadline_in : 0;
-    svc_task *t = svc_tasks_reserve(&s->table, s, delay, deadline, fail, log_id, user);
+    svc_task_spec spec = {.delay_ns = delay,
+                          .deadline_ns = deadline,
+                          .fail_attempts = fail,
+                          .priority = priority,
+                          .log_id = log_id,
+                          .user = user};
+    svc_task *t = svc_tasks_reserve(&s->table, s, &spec);
     if (t == NULL) {
         httpd_reply_error(r, 503, "task table full");
         return;
     }
-    tp_task_opts opts = {.user = user, .on_done = task_done, .log_id = log_id, .deadline_ns = deadline};
+    tp_task_opts opts = {
+        .user = user, .on_done = task_done, .log_id = log_id, .deadline_ns = deadline, .priority = priority};
     uint64_t id = 0;
     int rc = tp_submit(s->tasks, run_task, t, &opts, &id);
     /* On TP_OK the pool owns t until on_done (which may already have run);
@@ -196,6 +217,7 @@ static void handle_tasks(httpd_exchange *x) {
         svc_log_uint(&ev, "task_id", id);
         svc_log_str(&ev, "log_id", log_id);
         svc_log_str(&ev, "user", user[0] != '\0' ? user : NULL);
+        svc_log_int(&ev, "priority", priority);
         svc_log_uint(&ev, "delay_ms", delay / SVC_NS_PER_MS);
         svc_log_end(&ev);
         return;
@@ -224,18 +246,20 @@ static int parse_task_id(const char *s, uint64_t *out) {
 
 static void reply_task(httpd_reply *r, int status, const svc_task_view *v) {
     int final = svc_task_state_final(v->state);
-    char st[48] = "null";
+    char st[48] = "null", wait[24] = "null";
     if (final || v->state == SVC_TASK_RETRYING)
         snprintf(st, sizeof st, "\"%s\"", svc_task_status_name(v->status));
+    if (v->started) snprintf(wait, sizeof wait, "%llu", (unsigned long long)(v->wait_ns / SVC_NS_PER_MS));
     /* log_id and user are validated to JSON-safe characters on the way in. */
     httpd_reply_json(
         r, status,
         "{\"id\":%llu,\"state\":\"%s\",\"finished\":%s,\"status\":%s,\"attempts\":%u,"
-        "\"cancel_requested\":%s,\"delay_ms\":%llu,\"age_ms\":%llu,\"log_id\":\"%s\","
-        "\"user\":%s%s%s}\n",
+        "\"cancel_requested\":%s,\"priority\":%d,\"delay_ms\":%llu,\"age_ms\":%llu,\"wait_ms\":%s,"
+        "\"started_ahead\":%llu,\"log_id\":\"%s\",\"user\":%s%s%s}\n",
         (unsigned long long)v->id, svc_task_state_name(v->state), final ? "true" : "false", st, v->attempts,
-        v->cancel_requested ? "true" : "false", (unsigned long long)(v->delay_ns / SVC_NS_PER_MS),
-        (unsigned long long)(v->age_ns / SVC_NS_PER_MS), v->log_id, v->user[0] != '\0' ? "\"" : "",
+        v->cancel_requested ? "true" : "false", v->priority,
+        (unsigned long long)(v->delay_ns / SVC_NS_PER_MS), (unsigned long long)(v->age_ns / SVC_NS_PER_MS),
+        wait, (unsigned long long)v->started_ahead, v->log_id, v->user[0] != '\0' ? "\"" : "",
         v->user[0] != '\0' ? v->user : "null", v->user[0] != '\0' ? "\"" : "");
 }
 
@@ -368,7 +392,8 @@ static void handle_metrics(httpd_exchange *x) {
     svc *s = x->app;
     httpd_reply *r = &x->reply;
     /* Both pools in one document (tp_metrics_format: pool="task" and
-     * pool="conn" labels, capacity gauges, latency histograms), then the
+     * pool="conn" labels, capacity gauges, latency histograms, the priority
+     * lanes' taskpool_lane_* families, taskpool_oldest_wait_seconds), then the
      * service's own gauges. The document outgrows the fixed body, so it goes
      * on the heap; counters may grow between sizing and writing, so the
      * buffer gets slack and the call is repeated if it still fell short. */
@@ -415,7 +440,7 @@ static void handle_health(httpd_exchange *x) {
 }
 
 static const char *const no_params[] = {NULL};
-static const char *const task_params[] = {"delay", "user", "deadline", "fail", NULL};
+static const char *const task_params[] = {"delay", "user", "deadline", "fail", "priority", NULL};
 static const char *const work_params[] = {"delay", NULL};
 
 /* The routes. A path ending in '/' matches that prefix followed by one

@@ -22,7 +22,7 @@
 
 /* The service's own version (its HTTP interface and settings); --version
  * prints it with the library's, tp_version(). */
-#define SVC_VERSION "1.1.0"
+#define SVC_VERSION "1.2.0"
 
 typedef struct svc {
     svc_config cfg;

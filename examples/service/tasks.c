@@ -9,7 +9,8 @@
  * ended before tp_submit() returned) joins the FIFO only when the handler
  * does, so an entry is never recycled under a handler that still holds it.
  * Lookups by id scan the array: a few hundred entries, under a lock held for
- * nothing else.
+ * nothing else. The same lock orders the count of attempt starts behind
+ * each task's `started_ahead` (tasks.h).
  */
 #include "tasks.h"
 
@@ -64,14 +65,18 @@ const char *svc_task_status_name(int status) {
     return status == SVC_TASK_EFAIL ? "SVC_TASK_EFAIL" : tp_err_name(status);
 }
 
-static void view_locked(const svc_task *e, svc_task_view *out) {
+static void view_locked(const svc_tasks *t, const svc_task *e, svc_task_view *out) {
     out->id = e->id;
     out->state = e->state;
     out->status = e->status;
     out->attempts = e->attempts;
     out->cancel_requested = e->cancel_requested;
+    out->priority = e->priority;
     out->delay_ns = e->delay_ns;
     out->age_ns = tp_now_ns() - e->accepted_ns;
+    out->started = e->attempts > 0;
+    out->wait_ns = out->started ? e->first_start_ns - e->accepted_ns : 0;
+    out->started_ahead = e->ahead_fixed ? e->started_ahead : t->starts - e->starts_base;
     memcpy(out->log_id, e->log_id, sizeof out->log_id);
     memcpy(out->user, e->user, sizeof out->user);
 }
@@ -103,8 +108,14 @@ static void changed_locked(svc_tasks *t) {
     if (t->waiters > 0) pthread_cond_broadcast(&t->cv);
 }
 
-svc_task *svc_tasks_reserve(svc_tasks *t, void *owner, uint64_t delay_ns, uint64_t deadline_ns,
-                            unsigned fail_attempts, const char *log_id, const char *user) {
+/* started_ahead stops counting: the task started, or ended unrun. */
+static void fix_ahead_locked(const svc_tasks *t, svc_task *e) {
+    if (e->ahead_fixed) return;
+    e->started_ahead = t->starts - e->starts_base;
+    e->ahead_fixed = 1;
+}
+
+svc_task *svc_tasks_reserve(svc_tasks *t, void *owner, const svc_task_spec *spec) {
     pthread_mutex_lock(&t->mu);
     svc_task *e = t->empty;
     if (e != NULL) {
@@ -116,12 +127,14 @@ svc_task *svc_tasks_reserve(svc_tasks *t, void *owner, uint64_t delay_ns, uint64
     if (e != NULL) {
         memset(e, 0, sizeof *e);
         e->owner = owner;
-        e->delay_ns = delay_ns;
-        e->deadline_ns = deadline_ns;
+        e->delay_ns = spec->delay_ns;
+        e->deadline_ns = spec->deadline_ns;
         e->accepted_ns = tp_now_ns();
-        e->fail_attempts = fail_attempts;
-        snprintf(e->log_id, sizeof e->log_id, "%s", log_id);
-        snprintf(e->user, sizeof e->user, "%s", user);
+        e->starts_base = t->starts;
+        e->fail_attempts = spec->fail_attempts;
+        e->priority = spec->priority;
+        snprintf(e->log_id, sizeof e->log_id, "%s", spec->log_id);
+        snprintf(e->user, sizeof e->user, "%s", spec->user);
         e->state = SVC_TASK_QUEUED;
         e->submitting = 1;
     }
@@ -146,6 +159,9 @@ void svc_tasks_started(svc_tasks *t, svc_task *e, uint64_t id, unsigned attempt)
     e->id = id;
     e->state = SVC_TASK_RUNNING;
     e->attempts = attempt + 1;
+    if (attempt == 0) e->first_start_ns = tp_now_ns();
+    fix_ahead_locked(t, e);
+    t->starts++;
     changed_locked(t);
     pthread_mutex_unlock(&t->mu);
 }
@@ -171,7 +187,8 @@ void svc_tasks_done(svc_tasks *t, svc_task *e, int status, svc_task_view *out) {
         e->state = SVC_TASK_FAILED;
     e->status = status;
     e->ended_ns = tp_now_ns();
-    view_locked(e, out);
+    fix_ahead_locked(t, e);
+    view_locked(t, e, out);
     if (!e->submitting) make_old_locked(t, e);
     changed_locked(t);
     pthread_mutex_unlock(&t->mu);
@@ -180,7 +197,7 @@ void svc_tasks_done(svc_tasks *t, svc_task *e, int status, svc_task_view *out) {
 int svc_tasks_get(svc_tasks *t, uint64_t id, svc_task_view *out) {
     pthread_mutex_lock(&t->mu);
     svc_task *e = find_locked(t, id);
-    if (e != NULL) view_locked(e, out);
+    if (e != NULL) view_locked(t, e, out);
     pthread_mutex_unlock(&t->mu);
     return e != NULL;
 }
@@ -189,7 +206,7 @@ int svc_tasks_mark_cancel(svc_tasks *t, uint64_t id, svc_task_view *out) {
     pthread_mutex_lock(&t->mu);
     svc_task *e = find_locked(t, id);
     if (e != NULL) {
-        view_locked(e, out);
+        view_locked(t, e, out);
         if (!svc_task_state_final(e->state)) e->cancel_requested = 1;
     }
     pthread_mutex_unlock(&t->mu);
@@ -223,7 +240,7 @@ int svc_tasks_wait_settled(svc_tasks *t, uint64_t id, const svc_task_view *befor
         pthread_cond_timedwait(&t->cv, &t->mu, &ts);
     }
     t->waiters--;
-    if (e != NULL) view_locked(e, out);
+    if (e != NULL) view_locked(t, e, out);
     pthread_mutex_unlock(&t->mu);
     return e != NULL;
 }

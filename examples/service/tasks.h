@@ -35,9 +35,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "config.h"
 #include "http.h"
-
-#define SVC_USER_MAX 64
 
 typedef enum svc_task_state {
     SVC_TASK_FREE = 0,  /* holds nothing */
@@ -53,6 +52,16 @@ typedef enum svc_task_state {
 /* A failed attempt on purpose (?fail=N): not a TP_ code. */
 #define SVC_TASK_EFAIL 1
 
+/* What POST /tasks asks for (validated values). */
+typedef struct svc_task_spec {
+    uint64_t delay_ns;
+    uint64_t deadline_ns;   /* absolute, 0 = none */
+    unsigned fail_attempts; /* the first N attempts fail on purpose */
+    int priority;           /* TP_PRIO_MIN..TP_PRIO_MAX */
+    const char *log_id;
+    const char *user; /* "" = none */
+} svc_task_spec;
+
 /* One entry. The fields under "fixed" are written while the entry is
  * reserved (under mu) and only read afterwards; the rest change under mu. */
 typedef struct svc_task {
@@ -61,7 +70,9 @@ typedef struct svc_task {
     uint64_t delay_ns;
     uint64_t deadline_ns; /* absolute, 0 = none */
     uint64_t accepted_ns;
+    uint64_t starts_base;   /* the table's `starts` when it was accepted */
     unsigned fail_attempts; /* the first N attempts fail on purpose */
+    int priority;
     char log_id[HTTP_REQID_MAX + 16];
     char user[SVC_USER_MAX + 1];
     /* under mu */
@@ -71,6 +82,9 @@ typedef struct svc_task {
     unsigned attempts;    /* attempts started */
     int cancel_requested; /* a DELETE called tp_cancel for it */
     int submitting;       /* reserved; the handler has not recorded the result yet */
+    int ahead_fixed;      /* started_ahead is final (it started, or ended unrun) */
+    uint64_t started_ahead;
+    uint64_t first_start_ns; /* when its first attempt started (valid once attempts > 0) */
     uint64_t ended_ns;
     struct svc_task *next; /* in a free list while recyclable */
 } svc_task;
@@ -82,14 +96,26 @@ typedef struct svc_task_view {
     int status;
     unsigned attempts;
     int cancel_requested;
+    int priority;
     uint64_t delay_ns;
-    uint64_t age_ns; /* since accepted */
+    uint64_t age_ns;        /* since accepted */
+    int started;            /* its first attempt has started */
+    uint64_t wait_ns;       /* from acceptance to its first start (when `started`) */
+    uint64_t started_ahead; /* see svc_tasks below */
     char log_id[HTTP_REQID_MAX + 16];
     char user[SVC_USER_MAX + 1];
 } svc_task_view;
 
+/* `starts` counts the attempts started (every task's, retries included), in
+ * the order the task function reported them. A task's `started_ahead` is
+ * how many of them started after it was accepted and before its own first
+ * attempt: the tasks the scheduler let go first. It grows while the task is
+ * queued and is fixed at its first start (or its end, if it never ran).
+ * With one worker it is exact; with more, starts that happen at the same
+ * moment are counted in the order their workers took the lock. */
 typedef struct svc_tasks {
     pthread_mutex_t mu;
+    uint64_t starts;   /* attempts started (above) */
     pthread_cond_t cv; /* an entry changed state; see `waiters` */
     unsigned waiters;  /* DELETE handlers waiting on cv */
     svc_task *entries;
@@ -104,10 +130,9 @@ int svc_tasks_init(svc_tasks *t, size_t n);
 void svc_tasks_destroy(svc_tasks *t);
 
 /* Take an entry for a new task (fresh before finished; finished oldest
- * first) and fill in its fixed values. NULL when every entry holds an
- * unfinished task. */
-svc_task *svc_tasks_reserve(svc_tasks *t, void *owner, uint64_t delay_ns, uint64_t deadline_ns,
-                            unsigned fail_attempts, const char *log_id, const char *user);
+ * first) and fill in its fixed values from `spec`. NULL when every entry
+ * holds an unfinished task. */
+svc_task *svc_tasks_reserve(svc_tasks *t, void *owner, const svc_task_spec *spec);
 
 /* After tp_submit(): TP_OK with its id, or a refusal (the entry holds
  * nothing again). */

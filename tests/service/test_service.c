@@ -38,6 +38,9 @@
 
 static const char *service_bin;
 
+/* Room for USER_WEIGHTS with 1025 users ("u1024:1," at most 8 bytes each). */
+#define SVC_MANY_WEIGHTS_LEN (1025 * 8 + 1)
+
 /* ------------------------------------------------------------ the child */
 
 typedef struct proc {
@@ -53,9 +56,10 @@ typedef struct proc {
 /* Variables the service reads: cleared in the child so the caller's
  * environment cannot leak into a test. */
 static const char *const service_vars[] = {
-    "LISTEN_ADDR",  "WORKERS",          "QUEUE_CAPACITY", "MAX_PER_USER", "MAX_CONNS",
-    "TASK_TIMEOUT", "SHUTDOWN_TIMEOUT", "HEADER_TIMEOUT", "IDLE_TIMEOUT", "LOG_LEVEL",
-    "TASK_HISTORY", "TASK_RETRIES",     "RETRY_DELAY",
+    "LISTEN_ADDR",          "WORKERS",           "QUEUE_CAPACITY", "MAX_PER_USER", "MAX_CONNS",
+    "TASK_TIMEOUT",         "SHUTDOWN_TIMEOUT",  "HEADER_TIMEOUT", "IDLE_TIMEOUT", "LOG_LEVEL",
+    "TASK_HISTORY",         "TASK_RETRIES",      "RETRY_DELAY",    "SCHED",        "USER_WEIGHTS",
+    "LOW_PRIO_MAX_RUNNING", "PRIO_STARVE_LIMIT",
 };
 
 /* Start the service with `env` ("NAME=value" strings, NULL-terminated) on
@@ -530,6 +534,16 @@ static int connect_refused(const proc *p) {
 
 /* ------------------------------------------------------------ task helpers */
 
+/* SIGTERM a service with nothing left to do: it drains and exits 0; its log
+ * is dropped so that `p` can start another. It must be serving first (its
+ * loop running, signals unblocked), as a service that is stopped would be. */
+static void stop_drained(proc *p) {
+    assert_int_equal(status_of(p, "GET", "/healthz"), 200);
+    proc_kill(p, SIGTERM);
+    assert_int_equal(proc_wait_exit(p, WAIT_NS), 0);
+    proc_reset(p);
+}
+
 /* POST /tasks?<query>: must be accepted; returns the id. */
 static unsigned long long post_task(const proc *p, const char *query) {
     char target[256];
@@ -943,28 +957,64 @@ static void test_keep_alive(void **state) {
 /* Invalid configuration: a clear message on stderr and exit status 2. */
 static void test_bad_config(void **state) {
     proc *p = *state;
-    static const struct {
-        const char *env, *mention;
+    static char many[SVC_MANY_WEIGHTS_LEN]; /* 1025 users: one too many */
+    many[0] = '\0';
+    for (int i = 0; i < 1025; i++)
+        snprintf(many + strlen(many), sizeof many - strlen(many), "%su%d:1", i ? "," : "", i);
+    char many_env[sizeof many + 16];
+    snprintf(many_env, sizeof many_env, "USER_WEIGHTS=%s", many);
+    const struct {
+        const char *env, *mention, *also; /* also: a second variable the case needs, or NULL */
     } cases[] = {
-        {"WORKERS=abc", "WORKERS"},
-        {"WORKERS=0", "WORKERS"},
-        {"QUEUE_CAPACITY=-1", "QUEUE_CAPACITY"},
-        {"MAX_PER_USER=1.5", "MAX_PER_USER"},
-        {"TASK_TIMEOUT=5", "TASK_TIMEOUT"},
-        {"SHUTDOWN_TIMEOUT=-1s", "SHUTDOWN_TIMEOUT"},
-        {"SHUTDOWN_TIMEOUT=1x", "SHUTDOWN_TIMEOUT"},
-        {"HEADER_TIMEOUT=99999999999999999999h", "HEADER_TIMEOUT"},
-        {"LISTEN_ADDR=127.0.0.1:99999", "LISTEN_ADDR"},
-        {"LISTEN_ADDR=nocolon", "LISTEN_ADDR"},
-        {"LOG_LEVEL=verbose", "LOG_LEVEL"},
-        {"LOG_LEVEL=INFO", "LOG_LEVEL"},
-        {"TASK_HISTORY=0", "TASK_HISTORY"},
-        {"TASK_RETRIES=101", "TASK_RETRIES"},
-        {"RETRY_DELAY=5", "RETRY_DELAY"},
-        {"QUEUE_CAPACITY=65537", "QUEUE_CAPACITY"},
+        {"WORKERS=abc", "WORKERS", NULL},
+        {"WORKERS=0", "WORKERS", NULL},
+        {"QUEUE_CAPACITY=-1", "QUEUE_CAPACITY", NULL},
+        {"MAX_PER_USER=1.5", "MAX_PER_USER", NULL},
+        {"TASK_TIMEOUT=5", "TASK_TIMEOUT", NULL},
+        {"SHUTDOWN_TIMEOUT=-1s", "SHUTDOWN_TIMEOUT", NULL},
+        {"SHUTDOWN_TIMEOUT=1x", "SHUTDOWN_TIMEOUT", NULL},
+        {"HEADER_TIMEOUT=99999999999999999999h", "HEADER_TIMEOUT", NULL},
+        {"LISTEN_ADDR=127.0.0.1:99999", "LISTEN_ADDR", NULL},
+        {"LISTEN_ADDR=nocolon", "LISTEN_ADDR", NULL},
+        {"LOG_LEVEL=verbose", "LOG_LEVEL", NULL},
+        {"LOG_LEVEL=INFO", "LOG_LEVEL", NULL},
+        {"TASK_HISTORY=0", "TASK_HISTORY", NULL},
+        {"TASK_RETRIES=101", "TASK_RETRIES", NULL},
+        {"RETRY_DELAY=5", "RETRY_DELAY", NULL},
+        {"QUEUE_CAPACITY=65537", "QUEUE_CAPACITY", NULL},
+        {"SCHED=FAIR", "SCHED", NULL},
+        {"SCHED=drr", "SCHED", NULL},
+        {"SCHED=fair ", "SCHED", NULL},
+        {"USER_WEIGHTS=alice:3", "USER_WEIGHTS", NULL}, /* weights without SCHED=fair */
+        {"USER_WEIGHTS=alice:3", "USER_WEIGHTS", "SCHED=fifo"},
+        {"USER_WEIGHTS=alice", "USER_WEIGHTS", "SCHED=fair"},
+        {"USER_WEIGHTS=alice:", "USER_WEIGHTS", "SCHED=fair"},
+        {"USER_WEIGHTS=:3", "USER_WEIGHTS", "SCHED=fair"},
+        {"USER_WEIGHTS=alice:0", "USER_WEIGHTS", "SCHED=fair"},
+        {"USER_WEIGHTS=alice:1001", "USER_WEIGHTS", "SCHED=fair"},
+        {"USER_WEIGHTS=alice:-1", "USER_WEIGHTS", "SCHED=fair"},
+        {"USER_WEIGHTS=alice:x", "USER_WEIGHTS", "SCHED=fair"},
+        {"USER_WEIGHTS=alice:3:1", "USER_WEIGHTS", "SCHED=fair"},
+        {"USER_WEIGHTS=alice:3,", "USER_WEIGHTS", "SCHED=fair"},
+        {"USER_WEIGHTS=,alice:3", "USER_WEIGHTS", "SCHED=fair"},
+        {"USER_WEIGHTS=alice:3,,bob:1", "USER_WEIGHTS", "SCHED=fair"},
+        {"USER_WEIGHTS=alice:3, bob:1", "USER_WEIGHTS", "SCHED=fair"},
+        {"USER_WEIGHTS=alice:3;bob:1", "USER_WEIGHTS", "SCHED=fair"},
+        {"USER_WEIGHTS=alice:3,alice:1", "USER_WEIGHTS", "SCHED=fair"},
+        {"USER_WEIGHTS=a%b:1", "USER_WEIGHTS", "SCHED=fair"},
+        {"USER_WEIGHTS=aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa:1", "USER_WEIGHTS",
+         "SCHED=fair"}, /* 65 characters */
+        {many_env, "USER_WEIGHTS", "SCHED=fair"},
+        {"LOW_PRIO_MAX_RUNNING=5", "LOW_PRIO_MAX_RUNNING", NULL}, /* over WORKERS (4) */
+        {"LOW_PRIO_MAX_RUNNING=2", "LOW_PRIO_MAX_RUNNING", "WORKERS=1"},
+        {"LOW_PRIO_MAX_RUNNING=-1", "LOW_PRIO_MAX_RUNNING", NULL},
+        {"LOW_PRIO_MAX_RUNNING=none", "LOW_PRIO_MAX_RUNNING", NULL},
+        {"PRIO_STARVE_LIMIT=0", "PRIO_STARVE_LIMIT", NULL},
+        {"PRIO_STARVE_LIMIT=1000001", "PRIO_STARVE_LIMIT", NULL},
+        {"PRIO_STARVE_LIMIT=Unlimited", "PRIO_STARVE_LIMIT", NULL},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        const char *env[] = {cases[i].env, "LOG_LEVEL=error", NULL};
+        const char *env[] = {cases[i].env, "LOG_LEVEL=error", cases[i].also, NULL};
         /* LOG_LEVEL=error must not hide it; the LOG_LEVEL cases put theirs last. */
         const char *env_level[] = {"LOG_LEVEL=error", cases[i].env, NULL};
         proc_spawn(p, strncmp(cases[i].env, "LOG_LEVEL=", 10) == 0 ? env_level : env);
@@ -978,8 +1028,23 @@ static void test_bad_config(void **state) {
             strstr(p->log, "\"msg\":\"config_error\"") == NULL || strstr(p->log, var) == NULL ||
             strstr(p->log, "\"exit_code\":2") == NULL)
             fail_msg("%s: exit %d, output: %s", cases[i].env, code, p->log ? p->log : "");
+        if (cases[i].env == many_env && strstr(p->log, "more than 1024 users") == NULL)
+            fail_msg("1025 users: %s", p->log);
         proc_reset(p);
     }
+    /* The boundaries are accepted: 1024 users, a 64-character name, weights 1 and 1000. */
+    many[strlen(many) - strlen(",u1024:1")] = '\0';
+    snprintf(many_env, sizeof many_env, "USER_WEIGHTS=%s", many);
+    const char *good[] = {many_env, "SCHED=fair", "LOW_PRIO_MAX_RUNNING=4", "PRIO_STARVE_LIMIT=1000000",
+                          NULL};
+    proc_start(p, good);
+    stop_drained(p);
+    const char *edge[] = {
+        "USER_WEIGHTS=aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa:1000,A.b_c@d-e:1",
+        "SCHED=fair", "LOW_PRIO_MAX_RUNNING=0", NULL};
+    proc_start(p, edge);
+    assert_non_null(strstr(line_at(p, 0), ":1000,A.b_c@d-e:1\""));
+    stop_drained(p);
 }
 
 /* --help and --version exit 0 on stdout; anything else is a usage error:
@@ -1000,6 +1065,11 @@ static void test_command_line(void **state) {
         "HEADER_TIMEOUT",
         "IDLE_TIMEOUT",
         "LOG_LEVEL",
+        "SCHED",
+        "USER_WEIGHTS",
+        "LOW_PRIO_MAX_RUNNING",
+        "PRIO_STARVE_LIMIT",
+        "priority=P",
         "POST   /tasks",
         "GET    /tasks/{id}",
         "DELETE /tasks/{id}",
@@ -1082,11 +1152,16 @@ static void test_task_get_delete(void **state) {
     expect_field(&r, "status", "null");
     expect_field(&r, "attempts", "1");
     expect_field(&r, "user", "\"alice\"");
+    expect_field(&r, "priority", "0");
+    expect_field(&r, "started_ahead", "0");
+    assert_false(has_field(&r, "wait_ms", "null")); /* it started */
     task_request(p, "GET", queued, &r);
     assert_int_equal(r.status, 200);
     expect_field(&r, "state", "\"queued\"");
     expect_field(&r, "attempts", "0");
     expect_field(&r, "cancel_requested", "false");
+    expect_field(&r, "wait_ms", "null");
+    expect_field(&r, "started_ahead", "0");
 
     /* Its deadline passes while it waits behind the busy worker. */
     wait_task_state(p, expiring, "expired", &r);
@@ -1619,6 +1694,353 @@ static void test_http_conformance(void **state) {
     expect_log_json(p);
 }
 
+/* ------------------------------------------------------------ scheduling (priorities, fair shares) */
+
+/* How the tests see start order: the service logs task_started from the task
+ * function, and with WORKERS=1 one start follows the end of the previous
+ * task, so the task_started lines are in start order. GET /tasks/{id} agrees:
+ * its started_ahead counts the attempts started between the task's
+ * admission and its own first start. */
+
+/* The ids of first attempts in the task_started lines at or after `from`,
+ * in order. Returns how many (at most max). */
+static size_t started_ids(proc *p, size_t from, unsigned long long *ids, size_t max) {
+    size_t n = 0;
+    for (long off = (long)from;
+         n < max && (off = find_line(p, (size_t)off, "\"msg\":\"task_started\"", "\"attempt\":0,")) >= 0;) {
+        const char *line = line_at(p, off);
+        const char *k = strstr(line, "\"task_id\":");
+        assert_non_null(k);
+        ids[n++] = strtoull(k + strlen("\"task_id\":"), NULL, 10);
+        off += (long)strcspn(p->log + off, "\n") + 1;
+    }
+    return n;
+}
+
+/* The priority a POST query asks for (0 when absent). */
+static int query_priority(const char *query) {
+    const char *q = strstr(query, "priority=");
+    return q != NULL ? atoi(q + strlen("priority=")) : 0;
+}
+
+/* The number after "key": in a JSON body; fails if absent. */
+static unsigned long long body_uint(const response *r, const char *key) {
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    const char *at = strstr(r->body, pat);
+    if (at == NULL || !isdigit((unsigned char)at[strlen(pat)])) fail_msg("no %s number in %s", key, r->body);
+    return strtoull(at + strlen(pat), NULL, 10);
+}
+
+typedef struct sched_task {
+    char label[8];
+    char query[96]; /* POST /tasks?<query>; each has delay=0 */
+} sched_task;
+
+#define SCHED_MAX 24
+
+/* With WORKERS=1 (plus `env`, up to 4 more variables), the only worker held
+ * by a 30 s task: admit `tasks` in order (each must show as queued, with its
+ * priority), free the worker (DELETE), wait until all have succeeded, and
+ * check that they started in the order `expect` (labels separated by
+ * spaces). started_ahead of each must equal its place in that order (every
+ * task was admitted before any of them started). Leaves the service running
+ * with their ids in ids[]. */
+static void expect_start_order(proc *p, const char *const *env, const sched_task *tasks, size_t n,
+                               const char *expect, unsigned long long *ids) {
+    assert_true(n <= SCHED_MAX);
+    const char *all[12] = {"WORKERS=1", "MAX_PER_USER=unlimited", "QUEUE_CAPACITY=32", "SHUTDOWN_TIMEOUT=5s"};
+    size_t k = 4;
+    for (; env != NULL && *env != NULL && k < 11; env++) all[k++] = *env;
+    all[k] = NULL;
+    proc_start(p, all);
+    unsigned long long hold = post_task(p, "delay=30s&user=holder");
+    char id_field[64];
+    snprintf(id_field, sizeof id_field, "\"task_id\":%llu,", hold);
+    wait_line(p, 0, "\"msg\":\"task_started\"", id_field); /* the worker is taken */
+    response r;
+    for (size_t i = 0; i < n; i++) ids[i] = post_task(p, tasks[i].query);
+    for (size_t i = 0; i < n; i++) {
+        task_request(p, "GET", ids[i], &r);
+        assert_int_equal(r.status, 200);
+        expect_field(&r, "state", "\"queued\"");
+        expect_field(&r, "wait_ms", "null");
+        char prio[8];
+        snprintf(prio, sizeof prio, "%d", query_priority(tasks[i].query));
+        expect_field(&r, "priority", prio);
+    }
+    proc_refresh(p);
+    size_t from = p->loglen; /* every task_started line from here on is one of tasks[] */
+    task_request(p, "DELETE", hold, &r);
+    assert_int_equal(r.status, 202);
+    for (size_t i = 0; i < n; i++) wait_task_state(p, ids[i], "succeeded", &r);
+
+    unsigned long long order[SCHED_MAX];
+    proc_refresh(p);
+    assert_int_equal(started_ids(p, from, order, SCHED_MAX), n);
+    char got[SCHED_MAX * 8] = "";
+    for (size_t pos = 0; pos < n; pos++) {
+        size_t i = 0;
+        while (i < n && ids[i] != order[pos]) i++;
+        if (i == n) fail_msg("task %llu started but was not one of the tasks admitted", order[pos]);
+        snprintf(got + strlen(got), sizeof got - strlen(got), "%s%s", pos ? " " : "", tasks[i].label);
+        task_request(p, "GET", ids[i], &r);
+        if (body_uint(&r, "started_ahead") != pos)
+            fail_msg("%s started at place %zu but reports %s", tasks[i].label, pos, r.body);
+        if (has_field(&r, "wait_ms", "null")) fail_msg("%s started but reports %s", tasks[i].label, r.body);
+    }
+    if (strcmp(got, expect) != 0) fail_msg("start order: %s; expected: %s", got, expect);
+}
+
+static void add_task(sched_task *t, size_t *n, const char *label, const char *query) {
+    assert_true(*n < SCHED_MAX);
+    snprintf(t[*n].label, sizeof t[*n].label, "%s", label);
+    snprintf(t[*n].query, sizeof t[*n].query, "delay=0%s%s", *query ? "&" : "", query);
+    (*n)++;
+}
+
+/* A burst of one user against another user's single task, one worker held
+ * busy while they queue up. FIFO (the default): bob's task waits behind all
+ * of alice's. SCHED=fair: it starts right after the first of alice's once
+ * the worker is free (started_ahead 1). USER_WEIGHTS: each turn starts up to
+ * `weight` tasks of its user, the default weight being 1. */
+static void test_sched_fair_burst(void **state) {
+    proc *p = *state;
+    sched_task t[SCHED_MAX];
+    unsigned long long ids[SCHED_MAX];
+    response r;
+    size_t n = 0;
+    for (int i = 1; i <= 8; i++) {
+        char label[8];
+        snprintf(label, sizeof label, "a%d", i);
+        add_task(t, &n, label, "user=alice");
+    }
+    add_task(t, &n, "b1", "user=bob");
+
+    expect_start_order(p, NULL, t, n, "a1 a2 a3 a4 a5 a6 a7 a8 b1", ids);
+    assert_non_null(strstr(line_at(p, 0), "\"sched\":\"fifo\""));
+    task_request(p, "GET", ids[8], &r);
+    assert_int_equal(body_uint(&r, "started_ahead"), 8); /* behind the whole burst */
+    stop_drained(p);
+
+    const char *fair[] = {"SCHED=fair", NULL};
+    expect_start_order(p, fair, t, n, "a1 b1 a2 a3 a4 a5 a6 a7 a8", ids);
+    assert_non_null(strstr(line_at(p, 0), "\"sched\":\"fair\""));
+    task_request(p, "GET", ids[8], &r);
+    assert_int_equal(body_uint(&r, "started_ahead"), 1); /* one of the burst's, then bob's */
+    stop_drained(p);
+
+    /* Weights: alice 3, bob 2, carol the default 1; the round is in the
+     * order the users' first tasks queued. */
+    n = 0;
+    static const char *const wq[][2] = {
+        {"a1", "user=alice"}, {"a2", "user=alice"}, {"a3", "user=alice"}, {"a4", "user=alice"},
+        {"a5", "user=alice"}, {"b1", "user=bob"},   {"b2", "user=bob"},   {"b3", "user=bob"},
+        {"c1", "user=carol"}, {"n1", ""},
+    };
+    for (size_t i = 0; i < sizeof wq / sizeof wq[0]; i++) add_task(t, &n, wq[i][0], wq[i][1]);
+    const char *weights[] = {"SCHED=fair", "USER_WEIGHTS=alice:3,bob:2", NULL};
+    /* n1 has no user: the anonymous user takes its turn like any other. */
+    expect_start_order(p, weights, t, n, "a1 a2 a3 b1 b2 c1 n1 a4 a5 b3", ids);
+    assert_non_null(strstr(line_at(p, 0), "\"user_weights\":\"alice:3,bob:2\""));
+    stop_drained(p);
+}
+
+/* Priority lanes: urgent tasks start before queued normal ones, background
+ * ones last, in FIFO and fair pools alike; PRIO_STARVE_LIMIT lets a waiting
+ * lane take a start after that many starts of higher lanes (16 by default,
+ * never with "unlimited"). The lanes show in /metrics. */
+static void test_sched_priority(void **state) {
+    proc *p = *state;
+    sched_task t[SCHED_MAX];
+    unsigned long long ids[SCHED_MAX];
+    response r;
+    size_t n = 0;
+    static const char *const pq[][2] = {
+        {"n1", ""},           {"n2", "priority=0"}, {"l1", "priority=-2"}, {"m1", "priority=-1"},
+        {"h1", "priority=1"}, {"u1", "priority=2"}, {"u2", "priority=2"},
+    };
+    for (size_t i = 0; i < sizeof pq / sizeof pq[0]; i++) add_task(t, &n, pq[i][0], pq[i][1]);
+    const char *fifo[] = {"SCHED=fifo", NULL};
+    expect_start_order(p, fifo, t, n, "u1 u2 h1 n1 n2 m1 l1", ids);
+    /* Each lane's starts in /metrics (the holder ran in lane 0). */
+    request(p, "GET", "/metrics", &r);
+    assert_int_equal(r.status, 200);
+    static const char *const lanes[] = {
+        "taskpool_lane_started_total{pool=\"task\",priority=\"-2\"} 1\n",
+        "taskpool_lane_started_total{pool=\"task\",priority=\"-1\"} 1\n",
+        "taskpool_lane_started_total{pool=\"task\",priority=\"0\"} 3\n",
+        "taskpool_lane_started_total{pool=\"task\",priority=\"1\"} 1\n",
+        "taskpool_lane_started_total{pool=\"task\",priority=\"2\"} 2\n",
+        "taskpool_lane_queued{pool=\"task\",priority=\"2\"} 0\n",
+        "taskpool_lane_running{pool=\"task\",priority=\"0\"} 0\n",
+        "taskpool_lane_queue_wait_seconds_count{pool=\"task\",priority=\"2\"} 2\n",
+        "taskpool_oldest_wait_seconds{pool=\"task\"} 0\n",
+        "taskpool_lane_started_total{pool=\"conn\",priority=\"0\"} ",
+    };
+    for (size_t i = 0; i < sizeof lanes / sizeof lanes[0]; i++)
+        if (strstr(r.body, lanes[i]) == NULL) fail_msg("/metrics lacks %s", lanes[i]);
+    stop_drained(p);
+
+    /* A fair pool: lanes first, then users' turns within a lane. */
+    n = 0;
+    static const char *const fq[][2] = {
+        {"a1", "user=alice"},
+        {"a2", "user=alice"},
+        {"b1", "user=bob"},
+        {"ub", "user=bob&priority=2"},
+        {"la", "user=alice&priority=-1"},
+    };
+    for (size_t i = 0; i < sizeof fq / sizeof fq[0]; i++) add_task(t, &n, fq[i][0], fq[i][1]);
+    const char *fair[] = {"SCHED=fair", NULL};
+    expect_start_order(p, fair, t, n, "ub a1 b1 a2 la", ids);
+    stop_drained(p);
+
+    /* PRIO_STARVE_LIMIT=1: after one urgent start the waiting normal task
+     * takes the next. */
+    n = 0;
+    add_task(t, &n, "n1", "");
+    add_task(t, &n, "u1", "priority=2");
+    add_task(t, &n, "u2", "priority=2");
+    add_task(t, &n, "u3", "priority=2");
+    const char *starve1[] = {"PRIO_STARVE_LIMIT=1", NULL};
+    expect_start_order(p, starve1, t, n, "u1 n1 u2 u3", ids);
+    stop_drained(p);
+
+    /* 17 urgent tasks queued after a normal one: by default (16) the normal
+     * one starts after 16 of them; with "unlimited" after all. */
+    n = 0;
+    add_task(t, &n, "n1", "");
+    char expect16[SCHED_MAX * 8] = "", expect_strict[SCHED_MAX * 8] = "";
+    for (int i = 1; i <= 17; i++) {
+        char label[8];
+        snprintf(label, sizeof label, "u%d", i);
+        add_task(t, &n, label, "priority=1");
+        snprintf(expect16 + strlen(expect16), sizeof expect16 - strlen(expect16), "%s%s%s", i > 1 ? " " : "",
+                 label, i == 16 ? " n1" : "");
+        snprintf(expect_strict + strlen(expect_strict), sizeof expect_strict - strlen(expect_strict), "%s%s",
+                 i > 1 ? " " : "", label);
+    }
+    strcat(expect_strict, " n1");
+    expect_start_order(p, NULL, t, n, expect16, ids);
+    assert_non_null(strstr(line_at(p, 0), "\"prio_starve_limit\":16,"));
+    stop_drained(p);
+    const char *strict[] = {"PRIO_STARVE_LIMIT=unlimited", NULL};
+    expect_start_order(p, strict, t, n, expect_strict, ids);
+    assert_non_null(strstr(line_at(p, 0), "\"prio_starve_limit\":\"unlimited\""));
+    stop_drained(p);
+
+    /* ?priority= takes exactly -2..2. */
+    proc_start(p, NULL);
+    static const char *const bad[] = {
+        "/tasks?delay=0&priority=3",
+        "/tasks?delay=0&priority=-3",
+        "/tasks?delay=0&priority=%2B1",
+        "/tasks?delay=0&priority=01",
+        "/tasks?delay=0&priority=-0",
+        "/tasks?delay=0&priority=",
+        "/tasks?delay=0&priority",
+        "/tasks?delay=0&priority=1.0",
+        "/tasks?delay=0&priority=high",
+        "/tasks?delay=0&priority=+1",
+        "/tasks?delay=0&priority=1%00",
+        "/tasks?delay=0&priority=99999999999",
+        "/tasks?delay=0&priority=2&priority=2",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        request(p, "POST", bad[i], &r);
+        if (r.status != 400) fail_msg("POST %s: %d, expected 400", bad[i], r.status);
+    }
+    request(p, "POST", "/tasks?delay=0&priority=3", &r);
+    assert_non_null(strstr(r.body, "priority"));
+    for (int prio = TP_PRIO_MIN; prio <= TP_PRIO_MAX; prio++) {
+        char q[48], want[8];
+        snprintf(q, sizeof q, "delay=0&priority=%d", prio);
+        unsigned long long id = post_task(p, q);
+        wait_task_state(p, id, "succeeded", &r);
+        snprintf(want, sizeof want, "%d", prio);
+        expect_field(&r, "priority", want);
+    }
+    request(p, "GET", "/stats", &r);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.body, "\"accepted\":5,")); /* no refused priority was admitted */
+    stop_drained(p);
+}
+
+/* The value of one Prometheus sample (`series` as written, labels included). */
+static double metric(const response *r, const char *series) {
+    char pat[160];
+    snprintf(pat, sizeof pat, "\n%s ", series);
+    const char *at = strstr(r->body, pat);
+    if (at == NULL) fail_msg("/metrics lacks %s", series);
+    return strtod(at + strlen(pat), NULL);
+}
+
+/* LOW_PRIO_MAX_RUNNING=1 with 3 workers: a second background task waits
+ * while two normal tasks admitted after it run, and starts when the first
+ * background task ends. (Without the cap it would have taken an idle
+ * worker at once, and the second normal task could not have started.) */
+static void test_sched_low_prio_cap(void **state) {
+    proc *p = *state;
+    const char *env[] = {"WORKERS=3", "LOW_PRIO_MAX_RUNNING=1", "MAX_PER_USER=unlimited",
+                         "SHUTDOWN_TIMEOUT=5s", NULL};
+    proc_start(p, env);
+    assert_non_null(strstr(line_at(p, 0), "\"low_prio_max_running\":1,"));
+    response r;
+    unsigned long long bg1 = post_task(p, "delay=30s&priority=-1");
+    wait_task_state(p, bg1, "running", &r);
+    unsigned long long bg2 = post_task(p, "delay=30s&priority=-2"); /* the cap counts every lane below 0 */
+    unsigned long long n1 = post_task(p, "delay=30s");
+    unsigned long long n2 = post_task(p, "delay=30s&priority=1");
+    wait_task_state(p, n1, "running", &r);
+    wait_task_state(p, n2, "running", &r);
+    task_request(p, "GET", bg2, &r);
+    expect_field(&r, "state", "\"queued\""); /* bg1, n1, n2 hold the 3 workers: bg2 never started */
+    expect_field(&r, "priority", "-2");
+    expect_field(&r, "started_ahead", "2"); /* n1 and n2 went first */
+
+    request(p, "GET", "/metrics", &r);
+    assert_int_equal(r.status, 200);
+    assert_true(metric(&r, "taskpool_lane_running{pool=\"task\",priority=\"-1\"}") == 1);
+    assert_true(metric(&r, "taskpool_lane_queued{pool=\"task\",priority=\"-2\"}") == 1);
+    assert_true(metric(&r, "taskpool_lane_running{pool=\"task\",priority=\"0\"}") == 1);
+    assert_true(metric(&r, "taskpool_lane_running{pool=\"task\",priority=\"1\"}") == 1);
+    assert_true(metric(&r, "taskpool_queued{pool=\"task\"}") == 1);
+    assert_true(metric(&r, "taskpool_oldest_wait_seconds{pool=\"task\"}") > 0); /* bg2 is waiting */
+    assert_true(metric(&r, "taskpool_lane_queue_wait_seconds_count{pool=\"task\",priority=\"-1\"}") == 1);
+
+    /* bg1 ends: bg2 takes its place under the cap. */
+    task_request(p, "DELETE", bg1, &r);
+    assert_int_equal(r.status, 202);
+    wait_task_state(p, bg2, "running", &r);
+    request(p, "GET", "/metrics", &r);
+    assert_true(metric(&r, "taskpool_lane_running{pool=\"task\",priority=\"-2\"}") == 1);
+    assert_true(metric(&r, "taskpool_lane_started_total{pool=\"task\",priority=\"-2\"}") == 1);
+    assert_true(metric(&r, "taskpool_oldest_wait_seconds{pool=\"task\"}") == 0);
+
+    /* One worker free and a background task admitted: it waits, and a
+     * normal task admitted after it takes the free worker (bg3 queued while
+     * n3 runs is impossible without the cap: bg3 would have taken it). */
+    wait_task_state(p, bg1, "cancelled", &r);
+    task_request(p, "DELETE", n1, &r);
+    assert_int_equal(r.status, 202);
+    wait_task_state(p, n1, "cancelled", &r);
+    unsigned long long bg3 = post_task(p, "delay=30s&priority=-1");
+    unsigned long long n3 = post_task(p, "delay=30s");
+    wait_task_state(p, n3, "running", &r);
+    task_request(p, "GET", bg3, &r);
+    expect_field(&r, "state", "\"queued\"");
+
+    /* Cancel everything; the drain is then immediate. */
+    const unsigned long long all[] = {bg2, bg3, n2, n3};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        task_request(p, "DELETE", all[i], &r);
+        assert_true(r.status == 200 || r.status == 202);
+    }
+    proc_kill(p, SIGTERM);
+    assert_int_equal(proc_wait_exit(p, WAIT_NS), 0);
+}
+
 int main(int argc, char **argv) {
     service_bin = argc > 1 ? argv[1] : getenv("TP_SERVICE_BIN");
     if (service_bin == NULL || access(service_bin, X_OK) != 0) {
@@ -1646,6 +2068,9 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(test_limit_evicts_idle, setup, teardown),
         cmocka_unit_test_setup_teardown(test_log_encoding, setup, teardown),
         cmocka_unit_test_setup_teardown(test_http_conformance, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sched_fair_burst, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sched_priority, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sched_low_prio_cap, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
