@@ -11,12 +11,14 @@
  * and it reads nothing but its request's `ms`, written before tp_submit().
  *
  * Bounded, and allocated up front:
- *   - requests in flight: one record each, from a table of WORKERS +
- *     QUEUE_CAPACITY made at start; that is also the completion queue's
- *     capacity. A record is taken at admission and given back by its
- *     on_done, before the drain gives the queue's place back, so records
- *     in use <= places taken: an empty table means a full queue, and gets
- *     BUSY as tp_submit()'s TP_EFULL does.
+ *   - requests in flight: the completion queue has WORKERS + QUEUE_CAPACITY
+ *     places, as many as the pool can hold unfinished. A request's record
+ *     is taken when tp_submit() accepts it and given back by its on_done,
+ *     before the drain gives the queue's place back, so records in use <=
+ *     places taken. The table has one record more than the queue has
+ *     places: one is always free for the next attempt, and a refusal is
+ *     always the pool's own TP_EFULL (its queue, or the completion queue,
+ *     is full), counted in its rejected_full.
  *   - per client: MAX_LINE + 2 bytes of input and an OUTPUT_LIMIT ring of
  *     output, allocated when it connects; at most MAX_CLIENTS clients.
  *
@@ -195,8 +197,8 @@ static void done(void *arg, int status) {
 static void submit(lp_client *c, uint64_t seq, const lp_request *r) {
     lp_server *s = c->srv;
     lp_job *j = s->free_jobs;
-    /* no record free: every place of the queue is taken */
-    int rc = s->draining ? TP_ECLOSED : TP_EFULL;
+    assert(j != NULL); /* one more record than places (see the top) */
+    int rc = TP_ENOMEM;
     if (j != NULL) {
         char log_id[64];
         snprintf(log_id, sizeof log_id, "c%llu-%llu", (unsigned long long)c->id, (unsigned long long)seq);
@@ -307,7 +309,10 @@ static void refresh(lp_client *c) {
         c->paused = true;
         s->n.paused++;
     }
-    bool want = !c->paused && !c->eof && !c->finish;
+    /* After a protocol error input is still read, and dropped, until the
+     * answers are out: closing with unread input would send a reset that
+     * can destroy them at the peer. */
+    bool want = !c->eof && (c->finish || !c->paused);
     if (want != c->reading) {
         c->reading = want;
         s->ops.set_reading(c, want);
@@ -358,6 +363,7 @@ void lp_client_read_buf(lp_client *c, char **buf, size_t *len) {
 void lp_client_received(lp_client *c, size_t len) {
     if (c->closing) return;
     c->in_len += len;
+    if (c->finish) c->in_len = c->in_off = 0; /* see refresh() */
     refresh(c);
 }
 
@@ -414,7 +420,8 @@ int lp_server_init(lp_server *s, const lp_config *cfg, const lp_ops *ops, char *
     s->cfg = *cfg;
     s->ops = *ops;
     s->next_client = 1;
-    s->njobs = cfg->workers + cfg->queue_capacity;
+    unsigned places = cfg->workers + cfg->queue_capacity;
+    s->njobs = places + 1; /* see the top of the file */
     s->job_table = calloc(s->njobs, sizeof *s->job_table);
     if (s->job_table == NULL) {
         snprintf(err, errlen, "out of memory for %u request records", s->njobs);
@@ -422,7 +429,7 @@ int lp_server_init(lp_server *s, const lp_config *cfg, const lp_ops *ops, char *
     }
     for (unsigned i = 0; i + 1 < s->njobs; i++) s->job_table[i].next = &s->job_table[i + 1];
     s->free_jobs = s->job_table;
-    int rc = tp_cq_create(&s->cq, s->njobs);
+    int rc = tp_cq_create(&s->cq, places);
     if (rc != TP_OK) {
         snprintf(err, errlen, "cannot create the completion queue: %s", tp_strerror(rc));
         free(s->job_table);

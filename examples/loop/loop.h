@@ -164,9 +164,8 @@ struct lp_server {
     lp_counters n;
 };
 
-/* Create the pool and the completion queue (capacity WORKERS +
- * QUEUE_CAPACITY: one place per request that can be in flight) and the
- * request records, all once. SIGTERM and SIGINT are blocked while the pool
+/* Create the pool, the completion queue (WORKERS + QUEUE_CAPACITY places:
+ * one per request the pool can hold) and the request records, all once. SIGTERM and SIGINT are blocked while the pool
  * starts, so that its threads never take them. 0, or -1 with a reason. */
 int lp_server_init(lp_server *s, const lp_config *cfg, const lp_ops *ops, char *err, size_t errlen);
 

@@ -73,7 +73,7 @@ static void on_written(uv_write_t *req, int status) {
     uv_client *u = req->data;
     size_t n = u->writing;
     u->writing = 0;
-    if (status == UV_ECANCELED) return; /* the handle is closing */
+    if (status == UV_ECANCELED || uv_is_closing((uv_handle_t *)&u->tcp)) return; /* see op_close */
     if (status < 0) {
         lp_client_failed(&u->c, uv_strerror(status));
         return;
@@ -114,11 +114,20 @@ static void on_closed(uv_handle_t *h) { lp_client_closed(&((uv_client *)h->data)
 static void op_close(lp_client *c) {
     uv_client *u = (uv_client *)c;
     if (uv_is_closing((uv_handle_t *)&u->tcp)) return;
+    uv_stream_t *s = (uv_stream_t *)&u->tcp;
     const char *p;
     size_t n;
-    while (u->writing == 0 && (n = lp_client_output(c, &p)) > 0) { /* best effort: what fits now */
+    /* Best effort (a forced shutdown): what the socket takes now. A write
+     * in flight that libuv has wholly handed to the kernel counts as sent;
+     * its callback, which comes after this close, is then ignored. */
+    if (u->writing != 0 && uv_stream_get_write_queue_size(s) == 0) {
+        n = u->writing;
+        u->writing = 0;
+        lp_client_sent(c, n);
+    }
+    while (u->writing == 0 && (n = lp_client_output(c, &p)) > 0) {
         uv_buf_t b = uv_buf_init((char *)p, (unsigned)n);
-        int w = uv_try_write((uv_stream_t *)&u->tcp, &b, 1);
+        int w = uv_try_write(s, &b, 1);
         if (w <= 0) break;
         lp_client_sent(c, (size_t)w);
     }
