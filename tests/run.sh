@@ -68,6 +68,11 @@ have_stream_deps() {
     [ -f /usr/include/hiredis/hiredis.h ] && command -v redis-server >/dev/null 2>&1 &&
         command -v python3 >/dev/null 2>&1
 }
+# The event-loop examples (examples/loop/): taskpool-loop-uv needs libuv; the
+# loop_* process tests need python3.
+have_loop_deps() {
+    [ -f /usr/include/uv.h ] && command -v python3 >/dev/null 2>&1
+}
 have_prom_client() {
     local py
     for py in python3 /usr/bin/python3; do
@@ -80,6 +85,7 @@ missing_deps() {
     for c in cmake make gcc pkg-config; do command -v "$c" >/dev/null 2>&1 || return 0; done
     have_cmocka || return 0
     have_stream_deps || return 0
+    have_loop_deps || return 0
     if wants plain; then
         command -v abidw >/dev/null 2>&1 || return 0 # the ABI baseline check
         command -v clang-format >/dev/null 2>&1 || return 0 # the clang_format check
@@ -121,6 +127,8 @@ if missing_deps; then
     wants plain && pkgs+=(man-db dpkg-dev lintian)
     # examples/stream/ and its stream_* tests: hiredis, a real redis-server, python3
     pkgs+=(libhiredis-dev redis-server python3)
+    # examples/loop/ (taskpool-loop-uv) and its loop_* tests: libuv
+    pkgs+=(libuv1-dev)
     # clang's sanitizer runtimes are only "recommended" by clang on Debian 12.
     { wants tsan || wants fuzz; } && pkgs+=(clang libclang-rt-dev)
     wants valgrind && pkgs+=(valgrind)
@@ -312,6 +320,13 @@ run_mode() {
     have=$(cd "$dir" && ctest -N | grep -cE 'Test +#[0-9]+: stream_')
     if [ "$mode" != valgrind ] && [ "$have" -ne 8 ]; then
         result[$mode]="FAIL: $have of the 8 stream_* tests registered with CTest (hiredis or redis-server missing?)"
+        return 1
+    fi
+
+    # Nor the event-loop process tests: 6 scenarios x 2 servers (libuv, python3).
+    have=$(cd "$dir" && ctest -N | grep -cE 'Test +#[0-9]+: loop_(uv|epoll)_')
+    if [ "$mode" != valgrind ] && [ "$have" -ne 12 ]; then
+        result[$mode]="FAIL: $have of the 12 loop_* tests registered with CTest (libuv or python3 missing?)"
         return 1
     fi
 
