@@ -290,7 +290,7 @@ static void random_fair(void **state, unsigned limit, int lanes, int nusers) {
     tpt_fixture *f = tpt_fx(state);
     tpt_latch *l[TPT_PHASES + 1];
     for (int i = 0; i <= TPT_PHASES; i++) l[i] = tpt_fx_latch(f);
-    int seeds = TPT_SANITIZED ? 6 : 15;
+    int seeds = tpt_sched_seeds(TPT_SANITIZED ? 6 : 15);
     for (int s = 1; s <= seeds; s++) {
         tpt_rand_cfg rc = {1, limit, nusers, lanes};
         tpt_sched_random(f, l, &rc, (uint32_t)s * 2246822519u + (uint32_t)nusers);

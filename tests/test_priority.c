@@ -379,7 +379,7 @@ static void random_scenarios(void **state, unsigned limit, int lanes) {
     tpt_fixture *f = tpt_fx(state);
     tpt_latch *l[TPT_PHASES + 1];
     for (int i = 0; i <= TPT_PHASES; i++) l[i] = tpt_fx_latch(f);
-    int seeds = TPT_SANITIZED ? 6 : 15;
+    int seeds = tpt_sched_seeds(TPT_SANITIZED ? 6 : 15);
     for (int s = 1; s <= seeds; s++) {
         tpt_rand_cfg rc = {0, limit, s % 3 ? 3 : 0, lanes};
         tpt_sched_random(f, l, &rc, (uint32_t)s * 2654435761u + limit);
@@ -528,6 +528,35 @@ static void test_low_prio_cap_several_workers(void **state) {
     assert_true(atomic_load(&conc_state.bg_max) <= 2);
     assert_true(atomic_load(&conc_state.bg_max) >= 1);
     tpt_finish(p);
+}
+
+/* An elastic pool grows for tasks that may start, not for capped background
+ * tasks: one worker, up to four, low_prio_max_running 1; six blocked
+ * background tasks hold one worker and add none; two normal tasks add two. */
+static void test_low_prio_cap_elastic_growth(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l = tpt_fx_latch(f);
+    tp_config c = tpt_quiet_config(1, 64, TP_UNLIMITED);
+    c.max_workers = 4;
+    c.low_prio_max_running = 1;
+    tp_pool *p = tpt_fx_pool(f, &c);
+    TPT_EVENTUALLY(tpt_stats(p).workers == 1);
+    tp_task_opts o = {0};
+    o.priority = -1;
+    for (int i = 0; i < 6; i++) assert_int_equal(tp_submit(p, tpt_block_task, l, &o, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&l->waiting) == 1 && tpt_stats(p).queued == 5);
+    tpt_sleep_ns(TPT_MS(20)); /* time for a wrong spawn to show */
+    tp_stats s = tpt_stats(p);
+    tpt_assert_counts(s, TPT_EQ(workers, 1), TPT_EQ(active, 1), TPT_EQ(queued, 5));
+    o.priority = 0;
+    for (int i = 0; i < 2; i++) assert_int_equal(tp_submit(p, tpt_block_task, l, &o, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&l->waiting) == 3);
+    tpt_sleep_ns(TPT_MS(20));
+    s = tpt_stats(p);
+    tpt_assert_counts(s, TPT_EQ(workers, 3), TPT_EQ(active, 3), TPT_EQ(queued, 5));
+    tpt_latch_open(l);
+    s = tpt_finish(p);
+    tpt_assert_counts(s, TPT_EQ(succeeded, 8));
 }
 
 /* ------------------------------------------------------------ batches */
@@ -1078,6 +1107,45 @@ static void test_oldest_wait(void **state) {
     }
 }
 
+static _Atomic uint64_t fail_end_at;
+static int fail_once_stamped(tp_ctx *c, void *arg) {
+    (void)arg;
+    if (tp_ctx_attempt(c) > 0) return 0;
+    atomic_store(&fail_end_at, tp_now_ns());
+    return 1;
+}
+
+/* A retry back in the queue has waited since its return, not since its
+ * admission. */
+static void test_oldest_wait_of_a_retry(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l = tpt_fx_latch(f);
+    const uint64_t delay = TPT_MS(100);
+    tp_config c = tpt_quiet_config(1, 8, TP_UNLIMITED);
+    c.max_retries = 1;
+    c.retry_delay_ns = delay;
+    tp_pool *p = tpt_fx_pool(f, &c);
+    atomic_store(&fail_end_at, 0);
+    uint64_t t0 = tp_now_ns();
+    assert_int_equal(tp_submit(p, fail_once_stamped, NULL, NULL, NULL), TP_OK);
+    TPT_EVENTUALLY(tpt_stats(p).delayed == 1);
+    tpt_fill_workers(p, l, 1, NULL); /* the worker is busy when the retry returns */
+    TPT_EVENTUALLY(tpt_stats(p).queued == 1 && tpt_stats(p).delayed == 0);
+    tpt_sleep_ns(TPT_MS(30));
+    uint64_t r1 = tp_now_ns();
+    tp_stats s = tpt_stats(p);
+    uint64_t back_at = atomic_load(&fail_end_at) + delay; /* the retry returned no earlier */
+    assert_true(s.oldest_wait_ns > 0);
+    if (s.oldest_wait_ns > r1 - back_at + TPT_MS(1))
+        fail_msg("the retry has waited %llu ms by oldest_wait_ns, but it returned %llu ms ago (admitted %llu "
+                 "ms ago)",
+                 (unsigned long long)(s.oldest_wait_ns / 1000000),
+                 (unsigned long long)((r1 - back_at) / 1000000), (unsigned long long)((r1 - t0) / 1000000));
+    tpt_latch_open(l);
+    s = tpt_finish(p);
+    tpt_assert_counts(s, TPT_EQ(retried, 1), TPT_EQ(succeeded, 2));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         TPT_TEST(test_strict_lanes_fifo_within),
@@ -1096,6 +1164,7 @@ int main(void) {
         TPT_TEST(test_random_strict),
         TPT_TEST(test_low_prio_cap_not_ready_counts_reset),
         TPT_TEST(test_low_prio_cap_several_workers),
+        TPT_TEST(test_low_prio_cap_elastic_growth),
         TPT_TEST(test_batch_mixed_priorities),
         TPT_TEST(test_batch_mixed_cut_at_bound),
         TPT_TEST(test_batch_adjacent_in_lanes_concurrent),
@@ -1105,6 +1174,7 @@ int main(void) {
         TPT_TEST(test_lane_stats),
         TPT_TEST(test_lane_stats_at_rest_and_hist),
         TPT_TEST(test_oldest_wait),
+        TPT_TEST(test_oldest_wait_of_a_retry),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -281,6 +281,14 @@ static inline void tpm_weight(tpm *m, int user, unsigned w) { m->weight[user] = 
  */
 #define TPT_PHASES 6
 
+/* How many random scenarios a test runs: `dflt`, or TPT_SCHED_SEEDS from the
+ * environment (for a longer search). */
+static inline int tpt_sched_seeds(int dflt) {
+    const char *e = getenv("TPT_SCHED_SEEDS");
+    int n = e ? atoi(e) : 0;
+    return n > 0 ? n : dflt;
+}
+
 typedef struct tpt_rand_cfg {
     int fair;
     unsigned limit; /* tp_config.prio_starve_limit (0: the default, 16) */
