@@ -259,7 +259,7 @@ static void test_completion_queued_before_counted(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tp_cq *q = cq_new(4);
     tp_pool *p = tpt_quiet_pool(f, 2, 16, TP_UNLIMITED);
-    int rounds = TPT_SANITIZED ? 500 : 3000;
+    int rounds = TPT_SANITIZED || tpt_slowdown() > 1 ? 500 : 3000;
     for (int i = 0; i < rounds; i++) {
         rec *r = &R[i % 2];
         atomic_store(&r->calls, 0);
@@ -728,7 +728,7 @@ static void *md_drainer(void *arg) {
 
 static void test_several_drainers(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    int n = TPT_SANITIZED ? 6000 : MD_MAX;
+    int n = TPT_SANITIZED || tpt_slowdown() > 1 ? 6000 : MD_MAX;
     for (int i = 0; i < n; i++) atomic_store(&md_calls[i], 0);
     atomic_store(&md_total, 0);
     atomic_store(&md_bad_thread, 0);

@@ -559,6 +559,110 @@ static void test_low_prio_cap_elastic_growth(void **state) {
     tpt_assert_counts(s, TPT_EQ(succeeded, 8));
 }
 
+/* Everything at once with several workers: two producers (random lanes and
+ * users, tasks that fail and are retried, deadlines about to pass, cancels
+ * right after the submit), an elastic pool with low_prio_max_running 2, FIFO
+ * and fair; the second round of each ends in a forced shutdown. Background
+ * tasks never run more than two at once; at rest the lanes agree with the
+ * pool's counters and histograms. */
+typedef struct mix {
+    tp_pool *p;
+    int which, per;
+    int bad;
+} mix;
+
+static int mix_task(tp_ctx *c, void *arg) {
+    intptr_t v = (intptr_t)arg; /* bit 0: fails its first attempt; bits 1-: priority + 2 */
+    int bg = (v >> 1) - 2 < 0;
+    if (bg) conc_max(&conc_state.bg_max, atomic_fetch_add(&conc_state.bg_now, 1) + 1);
+    uint64_t end = tp_now_ns() + 5000;
+    while (tp_now_ns() < end) sched_yield();
+    if (bg) atomic_fetch_sub(&conc_state.bg_now, 1);
+    return (v & 1) && tp_ctx_attempt(c) == 0 ? 1 : 0;
+}
+
+static void *mix_producer(void *arg) {
+    mix *x = arg;
+    static const char *const users[] = {NULL, "m0", "m1", "m2", "m3"};
+    uint32_t r = 77u + (uint32_t)x->which;
+    for (int i = 0; i < x->per; i++) {
+        tp_task_opts o = {0};
+        o.priority = (int)(tpt_xorshift(&r) % 5) - 2;
+        o.user = users[tpt_xorshift(&r) % 5];
+        uint32_t dl = tpt_xorshift(&r) % 16;
+        if (dl == 0) o.deadline_ns = 1; /* passed already: expires unrun */
+        if (dl == 1) o.deadline_ns = tp_now_ns() + tpt_xorshift(&r) % 2000000;
+        intptr_t v = (intptr_t)((o.priority + 2) << 1) | (intptr_t)(tpt_xorshift(&r) % 6 == 0);
+        uint64_t id = 0;
+        int rc = tp_submit_wait(x->p, mix_task, (void *)v, &o, TPT_WAIT_NS, &id);
+        if (rc == TP_ECLOSED) break;
+        if (rc != TP_OK) {
+            x->bad++;
+            continue;
+        }
+        if (tpt_xorshift(&r) % 10 == 0) {
+            int crc = tp_cancel(x->p, id);
+            if (crc != TP_OK && crc != TP_ENOTFOUND) x->bad++;
+        }
+    }
+    return NULL;
+}
+
+static void test_lanes_stress_several_workers(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    int per = TPT_SANITIZED || tpt_slowdown() > 1 ? 800 : 3000;
+    for (int round = 0; round < 4; round++) {
+        int fair = round & 1, forced = round >= 2;
+        memset(&conc_state, 0, sizeof conc_state);
+        tp_config c = tpt_quiet_config(4, 64, 3);
+        c.max_workers = 6;
+        c.sched = fair ? TP_SCHED_FAIR : TP_SCHED_FIFO;
+        c.prio_starve_limit = 2;
+        c.low_prio_max_running = 2;
+        c.max_retries = 2;
+        c.retry_delay_ns = TPT_MS(1);
+        tp_pool *p = tpt_fx_pool(f, &c);
+        if (fair) assert_int_equal(tp_user_weight_set(p, "m1", 3), TP_OK);
+        mix *x = tpt_fx_array(f, mix, 2);
+        tpt_fx_thr *th[2];
+        for (int i = 0; i < 2; i++) {
+            x[i] = (mix){p, i, per, 0};
+            th[i] = tpt_fx_thread(f, mix_producer, &x[i]);
+        }
+        int rc = TP_OK;
+        if (forced) {
+            TPT_EVENTUALLY(tpt_stats(p).accepted >= (uint64_t)per / 2);
+            rc = tp_shutdown(p, 1);
+            assert_true(rc == TP_OK || rc == TP_ETIMEDOUT);
+        }
+        for (int i = 0; i < 2; i++) tpt_fx_join(th[i]);
+        for (int i = 0; i < 2; i++) assert_int_equal(x[i].bad, 0);
+        assert_int_equal(tp_shutdown(p, TPT_WAIT_NS), rc);
+        assert_int_equal(tp_wait(p, TPT_WAIT_NS), rc);
+        tp_stats s = tpt_stats(p);
+        tpt_assert_at_rest(&s);
+        uint64_t sum = 0, hsum = 0;
+        tp_hist *h = tpt_fx_new(f, tp_hist);
+        for (int pr = TP_PRIO_MIN; pr <= TP_PRIO_MAX; pr++) {
+            tp_lane_stats ls;
+            assert_int_equal(tp_lane_stats_get(p, pr, &ls), TP_OK);
+            assert_int_equal(ls.queued, 0);
+            assert_int_equal(ls.running, 0);
+            sum += ls.started;
+            assert_int_equal(tp_hist_get(p, TP_HIST_QUEUE_WAIT_PRIO(pr), h), TP_OK);
+            assert_int_equal(h->count, ls.started);
+            hsum += h->count;
+        }
+        assert_int_equal(sum, s.started + s.retried);
+        assert_int_equal(hsum, s.started + s.retried);
+        assert_true(s.oldest_wait_ns == 0);
+        assert_true(atomic_load(&conc_state.bg_max) <= 2);
+        if (!forced) assert_true(s.expired > 0 && s.retried > 0 && s.cancelled > 0);
+        tpt_fx_forget(p);
+        assert_int_equal(tp_destroy(p), TP_OK);
+    }
+}
+
 /* ------------------------------------------------------------ batches */
 
 static void test_batch_mixed_priorities(void **state) {
@@ -903,6 +1007,18 @@ static void test_invalid_priorities_and_configs(void **state) {
     c.workers = 1;
     c.low_prio_max_running = TP_UNLIMITED;
     assert_int_equal(tp_create(&q, &c), TP_EINVAL);
+    /* against the default worker count, 4 x online CPUs */
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cpus >= 1 && 4 * cpus <= (long)TP_MAX_WORKERS) {
+        c.workers = 0;
+        c.low_prio_max_running = (unsigned)(4 * cpus) + 1;
+        assert_int_equal(tp_create(&q, &c), TP_EINVAL);
+        c.low_prio_max_running = (unsigned)(4 * cpus);
+        q = NULL;
+        assert_int_equal(tp_create(&q, &c), TP_OK);
+        tpt_fx_adopt(f, q);
+        tpt_finish(q);
+    }
 
     /* the lane and histogram readers */
     tp_lane_stats ls;
@@ -1165,6 +1281,7 @@ int main(void) {
         TPT_TEST(test_low_prio_cap_not_ready_counts_reset),
         TPT_TEST(test_low_prio_cap_several_workers),
         TPT_TEST(test_low_prio_cap_elastic_growth),
+        TPT_TEST(test_lanes_stress_several_workers),
         TPT_TEST(test_batch_mixed_priorities),
         TPT_TEST(test_batch_mixed_cut_at_bound),
         TPT_TEST(test_batch_adjacent_in_lanes_concurrent),
