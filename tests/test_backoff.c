@@ -257,46 +257,55 @@ static void test_delay_without_overflow(void **state) {
 
 /* A deadline inside a backoff wait: the task ends with TP_ETIMEDOUT at the
  * deadline (not before, and not at the retry's due time); until then it is
- * delayed and keeps its user slot. It ran, so it is cancelled, not expired. */
-static void test_deadline_inside_backoff_wait(void **state) {
-    tpt_fixture *f = tpt_fx(state);
+ * delayed and keeps its user slot. It ran, so it is cancelled, not expired.
+ *
+ * 400 ms doubling: attempt 0 at 0, attempt 1 at 400 ms, then a wait of
+ * 800 ms (a fixed delay would retry at 800 ms); the deadline, at 850 ms, is
+ * inside that wait. Whether it ended "at the deadline" is a bound on
+ * scheduling: a run whose premise (attempt 1 before the deadline) or bound
+ * (ended before the retry's due time) a stalled machine broke is run again,
+ * and the test fails only if three runs in a row do. A wrong status, an end
+ * before the deadline or wrong counters fail at once. */
+static int deadline_run(tpt_fixture *f, int run) {
     const uint64_t S = tpt_slowdown();
-    const uint64_t d = TPT_MS(20) * S, max = TPT_S(10);
+    const uint64_t d = TPT_MS(400) * S, max = TPT_S(60);
     tp_pool *p = bo_pool(f, d, max, 10, NULL);
     bo *b = tpt_fx_new(f, bo);
     b->fail_until = 100;
     tp_task_opts o = {0};
     o.on_done = bo_done;
     o.user = "late";
-    /* attempts near 0, 20, 60, 140, 300, 620 ms; then a wait of 640 ms,
-     * inside which the deadline falls */
-    uint64_t deadline = tp_now_ns() + TPT_MS(1000) * S;
+    uint64_t t0 = tp_now_ns();
+    uint64_t deadline = t0 + TPT_MS(850) * S;
     o.deadline_ns = deadline;
     assert_int_equal(tp_submit(p, bo_task, b, &o, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&b->attempts) >= 3 && tpt_stats(p).delayed == 1);
-    assert_int_equal(tp_user_active(p, "late"), 1);
-    assert_int_equal(atomic_load(&b->done_calls), 0);
+    TPT_EVENTUALLY(atomic_load(&b->attempts) >= 1 && tpt_stats(p).delayed == 1);
+    assert_int_equal(tp_user_active(p, "late"), 1); /* delayed, holding its slot */
     TPT_EVENTUALLY(atomic_load(&b->done_calls) == 1);
     uint64_t t_done = atomic_load(&b->t_done);
     int n = atomic_load(&b->attempts);
-    assert_true(n >= 3 && n < BO_MAX);
-    uint64_t last_end = atomic_load(&b->t_end[n - 1]);
-    uint64_t due = last_end + want_delay(d, max, (unsigned)n); /* the retry that did not happen */
-    /* the premise: the last attempt ended before the deadline, its retry was
-     * due after it */
-    assert_true(last_end < deadline);
-    if (due <= deadline)
-        fail_msg("the deadline was not inside a wait (last attempt %d ended %" PRIu64 " ms before it)", n - 1,
-                 (deadline - last_end) / 1000000);
     assert_int_equal(atomic_load(&b->done_status), TP_ETIMEDOUT);
     assert_true(t_done >= deadline);
-    if (t_done >= due)
-        fail_msg("ended %" PRIu64 " ms after the deadline, at or after the retry's due time",
-                 (t_done - deadline) / 1000000);
+    assert_true(n >= 1 && n <= 2);
     assert_int_equal(tp_user_active(p, "late"), 0);
     tp_stats s = tpt_finish(p);
     tpt_assert_counts(s, TPT_EQ(started, 1), TPT_EQ(retried, (uint64_t)n - 1), TPT_EQ(failed, 1),
                       TPT_EQ(cancelled, 1), TPT_EQ(expired, 0), TPT_EQ(delayed, 0));
+    uint64_t last_end = atomic_load(&b->t_end[n - 1]);
+    uint64_t due = last_end + want_delay(d, max, (unsigned)n); /* the retry that did not happen */
+    if (n == 2 && last_end < deadline && t_done < due) return 1;
+    print_message("run %d: %d attempt(s), the last ended at %" PRIu64 " ms; deadline %" PRIu64
+                  " ms; the next retry due at %" PRIu64 " ms; ended at %" PRIu64 " ms (a stalled machine?)\n",
+                  run, n, (last_end - t0) / 1000000, (deadline - t0) / 1000000, (due - t0) / 1000000,
+                  (t_done - t0) / 1000000);
+    return 0;
+}
+
+static void test_deadline_inside_backoff_wait(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    for (int run = 1; run <= 3; run++)
+        if (deadline_run(f, run)) return;
+    fail_msg("three runs in a row did not end at the deadline inside the 800 ms wait");
 }
 
 /* ------------------------------------------------------------ bad configurations */
