@@ -479,6 +479,51 @@ static void test_submit_wait_for_place(void **state) {
     cq_free(q);
 }
 
+/* An on_done on the pool's service thread (a task cancelled while queued)
+ * never waits in tp_submit_wait, also not for a place of a full queue: it
+ * gets TP_ETIMEDOUT at once instead of its budget. */
+static tp_pool *svc_p;
+static tp_cq *svc_q;
+static atomic_int svc_rc, svc_calls;
+static _Atomic uint64_t svc_took;
+
+static void svc_done(void *arg, int status) {
+    (void)arg;
+    (void)status;
+    tp_task_opts o = bound(svc_q);
+    uint64_t t0 = tp_now_ns();
+    atomic_store(&svc_rc, tp_submit_wait(svc_p, rec_task, &R[9], &o, TPT_S(5), NULL));
+    atomic_store(&svc_took, tp_now_ns() - t0);
+    atomic_fetch_add(&svc_calls, 1);
+}
+
+static void test_submit_wait_on_service_thread(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l = tpt_fx_latch(f);
+    tp_cq *q = cq_new(1);
+    tp_pool *p = tpt_quiet_pool(f, 1, 8, TP_UNLIMITED);
+    svc_p = p;
+    svc_q = q;
+    atomic_store(&svc_rc, 1);
+    atomic_store(&svc_calls, 0);
+    assert_int_equal(submit_rec(p, q, 0, NULL), TP_OK);
+    wait_completed(p, 1); /* the only place is taken */
+    tpt_fill_workers(p, l, 1, NULL);
+    tp_task_opts o = {0};
+    o.on_done = svc_done;
+    uint64_t id = 0;
+    assert_int_equal(tp_submit(p, tpt_nop_task, NULL, &o, &id), TP_OK);
+    assert_int_equal(tp_cancel(p, id), TP_OK); /* its on_done runs on the service thread */
+    TPT_EVENTUALLY(atomic_load(&svc_calls) == 1);
+    assert_int_equal(atomic_load(&svc_rc), TP_ETIMEDOUT);
+    assert_true(atomic_load(&svc_took) < TPT_S(2));
+    tpt_latch_open(l);
+    tpt_finish(p);
+    assert_int_equal(drain(q, 0), 1);
+    assert_int_equal(atomic_load(&R[9].calls), 0);
+    cq_free(q);
+}
+
 /* ------------------------------------------------------------ destroy */
 
 static tp_cq *destroy_inside_q;
@@ -1282,6 +1327,7 @@ int main(void) {
         CQ_TEST(test_drain_max),
         CQ_TEST(test_efull_when_places_taken),
         CQ_TEST(test_submit_wait_for_place),
+        CQ_TEST(test_submit_wait_on_service_thread),
         CQ_TEST(test_destroy_busy),
         CQ_TEST(test_pool_destroyed_before_drain),
         CQ_TEST(test_forced_shutdown_through_queue),

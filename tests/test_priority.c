@@ -1163,7 +1163,10 @@ static void test_lane_stats_at_rest_and_hist(void **state) {
  * task waiting for its retry delay is not queued; 0 at rest. */
 static void test_oldest_wait(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    for (int fair = 0; fair < 2; fair++) {
+    for (int variant = 0; variant < 4; variant++) {
+        /* FIFO and fair; the two tasks in lanes -1 and 2, or both in lane 0
+         * (a FIFO pool's ring) */
+        int fair = variant & 1, same_lane = variant >= 2;
         tpt_latch *l = tpt_fx_latch(f);
         tp_config c = tpt_quiet_config(1, 64, TP_UNLIMITED);
         c.sched = fair ? TP_SCHED_FAIR : TP_SCHED_FIFO;
@@ -1176,13 +1179,13 @@ static void test_oldest_wait(void **state) {
 
         uint64_t before1 = tp_now_ns();
         tp_task_opts o = {0};
-        o.priority = -1;
+        o.priority = same_lane ? 0 : -1;
         uint64_t id1 = 0;
         assert_int_equal(tp_submit(p, tpt_nop_task, NULL, &o, &id1), TP_OK);
         uint64_t after1 = tp_now_ns();
         tpt_sleep_ns(TPT_MS(20));
         uint64_t before2 = tp_now_ns();
-        o.priority = 2;
+        o.priority = same_lane ? 0 : 2;
         o.user = "x";
         assert_int_equal(tp_submit(p, tpt_nop_task, NULL, &o, NULL), TP_OK);
         uint64_t after2 = tp_now_ns();
