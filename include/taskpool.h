@@ -1023,7 +1023,14 @@ TP_API int tp_lane_stats_get(tp_pool *p, int priority, tp_lane_stats *out);
  * A queue may serve several pools and is independent of their lifetimes: a
  * pool may be destroyed while its completions still wait in a queue. A
  * completion's on_done may free `arg`, submit again (also to the same queue)
- * and drain the queue itself.
+ * and drain the queue itself. It runs as application code on the draining
+ * thread: tp_log_id_get() there is that thread's own log id (the task's is
+ * not carried over; pass it in `arg` if you need it), and tp_shutdown() and
+ * friends work there as on any application thread. The places of the
+ * completions a drain is running come back only after their on_done calls
+ * (per chunk of up to 64), so an on_done that calls tp_submit_wait() bound
+ * to its own full queue waits its whole budget: use tp_submit() there, and
+ * retry after the drain.
  *
  * Cost: a completion wakes the descriptor only when the queue goes from
  * empty to non-empty (wake-ups coalesce); a drain takes the queue's lock once

@@ -797,7 +797,7 @@ static void test_several_drainers(void **state) {
         if (atomic_load(&md_calls[i]) == 1) continue;
         if (wrong++ < 8) print_error("task %d: on_done ran %d times\n", i, atomic_load(&md_calls[i]));
     }
-    /* LIBRARY BUG (seen here): see test_drainers_finishing_out_of_order */
+    /* the bug of test_drainers_finishing_out_of_order showed here at random */
     if (wrong) fail_msg("%d tasks did not have exactly one on_done", wrong);
     tp_stats s = tpt_finish(p);
     assert_int_equal(s.completed, (uint64_t)n);
@@ -808,14 +808,14 @@ static void test_several_drainers(void **state) {
 /* ------------------------------------------------------------ drainers out of order */
 
 /*
- * LIBRARY BUG, kept failing on purpose: a completion is overwritten while a
- * drain that took it still runs its batch, so one on_done never runs and
- * another runs twice (exactly-once broken). Taskpool.h section 15 allows
- * several drainers and promises every on_done exactly once; cq.c reads a
- * batch's slots in place after releasing the lock, reasoning that no push
- * can reach them before their places are given back -- true for one
- * drainer, but a later batch given back first frees places whose slots are
- * not next to the tail, and the tail then wraps onto the earlier batch.
+ * Regression (5b07139): a completion was overwritten while a drain that took
+ * it still ran its batch, so one on_done never ran and another ran twice.
+ * Taskpool.h section 15 allows several drainers and promises every on_done
+ * exactly once; cq.c read a batch's slots in place after releasing the lock,
+ * reasoning that no push could reach them before their places were given
+ * back -- true for one drainer, but a later batch given back first freed
+ * places whose slots were not next to the tail, and the tail then wrapped
+ * onto the earlier batch. A drain now copies its batch out first.
  *
  * Capacity 3, deterministic, two drainers:
  *   t1, t2 end (slots 0, 1); drainer A takes both, t1's on_done blocks;
@@ -896,8 +896,8 @@ static void test_drainers_finishing_out_of_order(void **state) {
 }
 
 /*
- * LIBRARY BUG, the same one on a single thread, kept failing on purpose: an
- * on_done may submit to its own queue and drain it (taskpool.h section 15).
+ * The same bug on a single thread (regression test): an on_done may submit
+ * to its own queue and drain it (taskpool.h section 15).
  * Capacity 3: t1 and t2 end, a drain takes both; t1's on_done submits t3,
  * t4, t5 one after the other, each ending and drained by a nested drain
  * before the next: t5's completion lands in t2's slot, which the outer drain
