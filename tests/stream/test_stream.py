@@ -298,8 +298,8 @@ def check_fail_always(r, dead):
 
 def enqueue_5000(env):
     # 4,950 no-op-ish entries (50 of them failing always) and 50 failing once
-    env.enqueue("--count", 4950, "--users", 50, "--delay", "2ms", "--fail", "always", "--fail-every", 99)
-    env.enqueue("--count", 50, "--users", 50, "--delay", "2ms", "--fail", "1")
+    env.enqueue("--count", 4950, "--users", 50, "--work", "2ms", "--fail", "always", "--fail-every", 99)
+    env.enqueue("--count", 50, "--users", 50, "--delay", "2ms", "--fail", "1")  # --delay: --work's alias
 
 
 # ---------------------------------------------------------------- scenarios
@@ -353,7 +353,7 @@ def scenario_crash(env):
 
 def scenario_redis_restart(env):
     r = env.start_redis("--appendonly", "yes", "--appendfsync", "always")
-    env.enqueue("--count", 3000, "--users", 30, "--delay", "3ms")
+    env.enqueue("--count", 3000, "--users", 30, "--work", "3ms")
     expected = {eid for eid, _ in entries(r, "tasks")}
     ws = [env.worker("w%d" % i) for i in range(2)]
     wait_until(lambda: outcome_count(r) >= 600, 60, "600 outcomes")
@@ -378,8 +378,9 @@ def scenario_redis_restart(env):
 
 def scenario_fair(env):
     r = env.start_redis()
-    slow = [r("XADD", "tasks", "*", "user", "slow", "delay", "500ms") for _ in range(20)]
-    env.enqueue("--count", 200, "--users", 10, "--delay", "2ms")
+    r("XGROUP", "CREATE", "tasks", "taskpool", "0", "MKSTREAM")
+    slow = [r("XADD", "tasks", "*", "user", "slow", "work", "500ms") for _ in range(20)]
+    env.enqueue("--count", 200, "--users", 10, "--work", "2ms")
     fast = {eid for eid, f in entries(r, "tasks") if f.get("user") != "slow"}
     w = env.worker("w0", WORKERS=4, QUEUE_CAPACITY=16, MAX_PER_USER=2, LOCAL_BACKLOG=64, CLAIM_IDLE="2s")
 
@@ -441,26 +442,29 @@ def scenario_bad(env):
     r = env.start_redis()
     # A poison entry: already delivered 9 times to a consumer that vanished.
     r("XGROUP", "CREATE", "tasks", "taskpool", "0", "MKSTREAM")
-    poison = r("XADD", "tasks", "*", "user", "p", "delay", "1ms")
+    poison = r("XADD", "tasks", "*", "user", "p", "work", "1ms")
     r("XREADGROUP", "GROUP", "taskpool", "ghost", "COUNT", 1, "STREAMS", "tasks", ">")
     r("XCLAIM", "tasks", "taskpool", "ghost", 0, poison, "IDLE", 600000, "RETRYCOUNT", 9)
     bad = {
-        r("XADD", "tasks", "*", "delay", "abc"): "delay:",
-        r("XADD", "tasks", "*", "delay", "-5ms"): "delay:",
-        r("XADD", "tasks", "*", "delay", "2h"): "delay: over",
+        r("XADD", "tasks", "*", "work", "abc"): "work:",
+        r("XADD", "tasks", "*", "delay", "-5ms"): "work:",
+        r("XADD", "tasks", "*", "work", "2h"): "work: over",
         r("XADD", "tasks", "*", "fail", "sometimes"): "fail:",
         r("XADD", "tasks", "*", "user", "x" * 200): "user:",
         r("XADD", "tasks", "*", "payload", "y" * 2000): "payload:",
-        r("XADD", "tasks", "*", "delay", "1ms", "delay", "2ms"): "delay: repeated",
+        r("XADD", "tasks", "*", "work", "1ms", "delay", "2ms"): "work: repeated",
+        r("XADD", "tasks", "*", "not_before", "soon"): "not_before:",
+        r("XADD", "tasks", "*", "defer", "1s", "not_before", "1"): "not_before: give",
+        r("XADD", "tasks", "*", "attempts", "0"): "attempts:",
         r("XADD", "tasks", "*", "fail", "always"): "failed after 3 attempts",
         poison: "delivered 10 times",
     }
-    good = {r("XADD", "tasks", "*", "user", "g", "delay", "1ms", "trace", "ignored") for _ in range(10)}
+    good = {r("XADD", "tasks", "*", "user", "g", "work", "1ms", "trace", "ignored") for _ in range(10)}
     w = env.worker("w0")
     wait_until(lambda: accounted(r, set(bad) | good), 30, "the bad and the good entries")
     check(w.poll() is None, "the worker died on bad input")
     # it keeps running: more work after the bad entries
-    later = {r("XADD", "tasks", "*", "delay", "1ms") for _ in range(10)}
+    later = {r("XADD", "tasks", "*", "work", "1ms") for _ in range(10)}
     wait_until(lambda: accounted(r, set(bad) | good | later), 30, "entries added after the bad ones")
     done, dead, dups = verify(r, set(bad) | good | later)
     reasons = {f["id"]: f["reason"] for _, f in dead}
@@ -469,8 +473,8 @@ def scenario_bad(env):
         check(reasons[eid].startswith(want), "entry %s: reason %r, want %r..." % (eid, reasons[eid], want))
     check({f["id"] for _, f in done} == good | later, "good entries missing from the results")
     m = metrics(w)
-    check(m["tps_stream_malformed_total"] == 7, "malformed counter %d" % m["tps_stream_malformed_total"])
-    check(m["tps_stream_dead_total"] == 9 and m["tps_stream_claimed_total"] == 1, "dead/claimed counters")
+    check(m["tps_stream_malformed_total"] == 10, "malformed counter %d" % m["tps_stream_malformed_total"])
+    check(m["tps_stream_dead_total"] == 12 and m["tps_stream_claimed_total"] == 1, "dead/claimed counters")
     check(m["taskpool_completed_total"] >= 21, "pool counters missing from /metrics")
     check(env.stop(w) == 0, "worker did not exit 0 after SIGTERM")
     log("bad: reasons %s" % sorted(set(reasons.values())))
@@ -489,13 +493,13 @@ def scenario_drain(env):
     r = env.start_redis()
     # 1. SIGTERM while a task runs: it finishes, is written, exit 0.
     w = env.worker("a", SHUTDOWN_TIMEOUT="10s")
-    e1 = r("XADD", "tasks", "*", "delay", "1s")
+    e1 = r("XADD", "tasks", "*", "work", "1s")
     wait_until(lambda: metrics(w)["taskpool_active"] == 1, 10, "the task to start")
     check(env.stop(w) == 0, "drain: exit code not 0")
     check(accounted(r, {e1}), "drain: the running task's outcome was not written")
     # 2. forced: the budget is shorter than the task; the entry stays pending.
     w = env.worker("b", SHUTDOWN_TIMEOUT="200ms")
-    e2 = r("XADD", "tasks", "*", "delay", "3s")
+    e2 = r("XADD", "tasks", "*", "work", "3s")
     wait_until(lambda: metrics(w)["taskpool_active"] == 1, 10, "the long task to start")
     check(env.stop(w) == 1, "forced shutdown: exit code not 1")
     check(pending(r) == 1 and outcome_count(r) == 1, "forced shutdown: the entry was acknowledged")
