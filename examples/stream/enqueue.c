@@ -415,12 +415,17 @@ int main(int argc, char **argv) {
         return EXIT_USAGE;
     }
     char *payload = NULL;
+    redisContext *c = NULL;
+    int rc = EXIT_OK;
+    idset ids = {0};
     if (payload_bytes > 0) {
         payload = malloc(payload_bytes);
-        if (payload == NULL) return EXIT_REDIS;
+        if (payload == NULL) {
+            rc = EXIT_REDIS;
+            goto out;
+        }
         memset(payload, 'x', payload_bytes);
     }
-    idset ids = {0};
     if (wait) {
         uint32_t t = 16;
         while (t < 2 * count) t <<= 1;
@@ -430,7 +435,8 @@ int main(int argc, char **argv) {
         ids.done = calloc(count > 0 ? count : 1, 1);
         if (ids.tab == NULL || ids.id == NULL || ids.done == NULL) {
             fprintf(stderr, "taskpool-enqueue: out of memory for --wait\n");
-            return EXIT_REDIS;
+            rc = EXIT_REDIS;
+            goto out;
         }
     }
     fields f = {.users = users,
@@ -448,17 +454,20 @@ int main(int argc, char **argv) {
         const char *why = check_fields(&f, i);
         if (why != NULL) {
             fprintf(stderr, "taskpool-enqueue: the worker would dead-letter these entries: %s\n", why);
-            return EXIT_USAGE;
+            rc = EXIT_USAGE;
+            goto out;
         }
     }
-    redisContext *c = connect_env();
+    c = connect_env();
     const char *gav[] = {"XGROUP", "CREATE", stream, group, "$", "MKSTREAM"};
     size_t gal[6];
     for (int k = 0; k < 6; k++) gal[k] = strlen(gav[k]);
     redisReply *g = redisCommandArgv(c, 6, gav, gal);
     if (g == NULL || (g->type == REDIS_REPLY_ERROR && strncmp(g->str, "BUSYGROUP", 9) != 0)) {
         fprintf(stderr, "taskpool-enqueue: XGROUP CREATE: %s\n", g != NULL ? g->str : c->errstr);
-        return EXIT_REDIS;
+        if (g != NULL) freeReplyObject(g);
+        rc = EXIT_REDIS;
+        goto out;
     }
     int group_created = g->type != REDIS_REPLY_ERROR;
     freeReplyObject(g);
@@ -479,20 +488,23 @@ int main(int argc, char **argv) {
             int nf = build_fields(&f, sent + k, av + 3, al + 3);
             if (redisAppendCommandArgv(c, 3 + nf, av, al) != REDIS_OK) {
                 fprintf(stderr, "taskpool-enqueue: %s\n", c->errstr);
-                return EXIT_REDIS;
+                rc = EXIT_REDIS;
+                goto out;
             }
         }
         for (unsigned k = 0; k < n; k++) {
             redisReply *r = NULL;
             if (redisGetReply(c, (void **)&r) != REDIS_OK) {
                 fprintf(stderr, "taskpool-enqueue: %s\n", c->errstr);
-                return EXIT_REDIS;
+                rc = EXIT_REDIS;
+                goto out;
             }
             if (r->type != REDIS_REPLY_STRING) {
                 fprintf(stderr, "taskpool-enqueue: XADD: %s\n",
                         r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply");
                 freeReplyObject(r);
-                return EXIT_REDIS;
+                rc = EXIT_REDIS;
+                goto out;
             }
             if (first[0] == '\0') snprintf(first, sizeof first, "%s", r->str);
             snprintf(last, sizeof last, "%s", r->str);
@@ -507,8 +519,9 @@ int main(int argc, char **argv) {
            stream, count, secs, secs > 0 ? count / secs : 0.0, first, last, group,
            group_created ? "true" : "false");
     fflush(stdout);
-    int rc = wait ? wait_outcomes(c, &ids, results, dead, last_r, last_d, timeout_ns) : EXIT_OK;
-    redisFree(c);
+    if (wait) rc = wait_outcomes(c, &ids, results, dead, last_r, last_d, timeout_ns);
+out:
+    if (c != NULL) redisFree(c);
     free(payload);
     free(ids.tab);
     free(ids.id);
