@@ -4,9 +4,11 @@
  * Ownership, in one place: every field below the "I/O thread only" line is
  * read and written by the I/O thread alone. The pool's threads touch a slot
  * only between tp_submit() and on_done() (the task reads the message, writes
- * `attempts`, `canceled` and `timed_out`; on_done writes `status`), and hand
- * it back through the completion ring, whose mutex orders those writes
- * before the I/O thread's reads. Counters shown in tps_stats are atomics.
+ * `attempts`, `canceled`, `timed_out`, `gave_up`, the times and the result;
+ * on_done writes `status`), and hand it back through the completion ring,
+ * whose mutex orders those writes before the I/O thread's reads. Counters
+ * shown in tps_stats are atomics. The timer heap (timers.h) is the I/O
+ * thread's alone.
  *
  * An entry's life in its slot:
  *   FREE -> (read, claimed, or due) -> [BACKLOG | OVERFLOW] -> POOL -> DONE -> FREE
@@ -36,11 +38,10 @@
 #include "scripts.h"
 
 #define NIL            UINT32_MAX
-#define WRITE_BATCH    256u /* outcomes per MULTI/EXEC */
+#define WRITE_BATCH    256u /* outcomes per script call */
 #define CLAIM_ARGS_MAX 512u /* ids per heartbeat XCLAIM */
 #define DUE_BATCH      256u /* scheduled entries fetched per round */
-#define NUMS_PER_RECORD                                                                                      \
-    5 /* numbers per outcome record: attempts, deliveries, started_ms, finished_ms, pairs */
+#define NUMS_PER_RECORD 5u /* numbers printed per outcome record (write_outcomes) */
 #define BACKOFF_MIN_MS     100
 #define BACKOFF_MAX_MS     2000 /* and at most claim_idle / 4 */
 #define WRITE_RETRY_MIN_MS 200  /* a refused outcome batch is retried after this, */
