@@ -60,7 +60,7 @@ const char tps_script_trim[] =
     "  if minid == nil or less(cand, minid) then minid = cand end\n"
     "end\n"
     "if minid == nil or minid == '0-0' then return {'', 0} end\n"
-    "return {minid, redis.call('XTRIM', KEYS[1], 'MINID', '~', minid)}\n";
+    "return {minid, redis.call('XTRIM', KEYS[1], 'MINID', '~', minid, 'LIMIT', ARGV[1])}\n";
 
 const char tps_script_requeue[] =
     "local out = {}\n"

@@ -30,8 +30,9 @@ extern const char tps_script_outcomes[];
 /*
  * Trim the stream below what every group of it still needs: the oldest
  * pending entry of each group, or, with nothing pending, its last delivered
- * id (entries after it are not read yet). KEYS: stream. Returns {minid,
- * trimmed} ({"", 0} when the stream has no group).
+ * id (entries after it are not read yet). KEYS: stream. ARGV: the most
+ * entries to remove in this call (XTRIM's LIMIT; `~` alone would stop at 100
+ * nodes). Returns {minid, trimmed} ({"", 0} when the stream has no group).
  */
 extern const char tps_script_trim[];
 

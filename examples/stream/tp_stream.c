@@ -37,11 +37,12 @@
 #include "timers.h"
 #include "scripts.h"
 
-#define NIL            UINT32_MAX
-#define WRITE_BATCH    256u /* outcomes per script call */
-#define CLAIM_ARGS_MAX 512u /* ids per heartbeat XCLAIM */
-#define DUE_BATCH      256u /* scheduled entries fetched per round */
-#define NUMS_PER_RECORD 5u /* numbers printed per outcome record (write_outcomes) */
+#define NIL                UINT32_MAX
+#define WRITE_BATCH        256u      /* outcomes per script call */
+#define CLAIM_ARGS_MAX     512u      /* ids per heartbeat XCLAIM */
+#define DUE_BATCH          256u      /* scheduled entries fetched per round */
+#define TRIM_LIMIT         "1000000" /* entries one trim removes at most (about 10,000 nodes, a few ms) */
+#define NUMS_PER_RECORD    5u        /* numbers printed per outcome record (write_outcomes) */
 #define BACKOFF_MIN_MS     100
 #define BACKOFF_MAX_MS     2000 /* and at most claim_idle / 4 */
 #define WRITE_RETRY_MIN_MS 200  /* a refused outcome batch is retried after this, */
@@ -1064,6 +1065,7 @@ static int trim(tps_consumer *c) {
     args(c, &argc, tps_script_trim);
     args(c, &argc, "1");
     args(c, &argc, c->stream);
+    args(c, &argc, TRIM_LIMIT);
     redisReply *r = wr_command(c, argc);
     if (r == NULL) return -1;
     if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 && r->element[0]->type == REDIS_REPLY_STRING &&
@@ -1074,6 +1076,8 @@ static int trim(tps_consumer *c) {
             const char *kv[] = {"count", num, "below", r->element[0]->str};
             logkv(c, TP_LOG_DEBUG, "trimmed", kv, 2);
             cnt_add(&c->n_trimmed, (uint64_t)r->element[1]->integer);
+            /* at the limit: more to trim, go on at the next turn of the loop */
+            if (r->element[1]->integer >= atoll(TRIM_LIMIT) / 2) c->next_trim_ns = tp_now_ns();
         }
     } else {
         log1(c, TP_LOG_WARN, "trim_failed", "error",
@@ -1216,8 +1220,8 @@ static void *io_main(void *arg) {
             }
             if (c->n_done > 0 && fail == NULL && write_outcomes(c) != 0) fail = "writing outcomes";
             if (fail == NULL && c->trim_interval_ns != 0 && now >= c->next_trim_ns) {
-                if (trim(c) != 0) fail = "trimming";
                 c->next_trim_ns = now + c->trim_interval_ns;
+                if (trim(c) != 0) fail = "trimming";
             }
             if (fail == NULL && !stopping && c->rd != NULL && c->read_outstanding == 0) {
                 uint32_t room = read_room(c);
