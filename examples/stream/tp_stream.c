@@ -1045,6 +1045,14 @@ static int dispatch_due(tps_consumer *c) {
                 c->slots[i].deliveries = due[k].deliveries;
                 c->slots[i].due = 1;
                 admit(c, i, perr);
+                if (c->log != NULL) {
+                    char late[24];
+                    uint64_t wall = tps_unix_ms();
+                    snprintf(late, sizeof late, "%llu",
+                             (unsigned long long)(wall > due[k].due_ms ? wall - due[k].due_ms : 0));
+                    const char *kv[] = {"id", due[k].id, "late_ms", late};
+                    logkv(c, TP_LOG_DEBUG, "due", kv, 2);
+                }
             }
         } else {
             log1(c, TP_LOG_WARN, "due_fetch_failed", "error",
@@ -1205,15 +1213,17 @@ static void *io_main(void *arg) {
         }
         if (c->wr != NULL) {
             const char *fail = NULL;
-            if (c->n_done > 0 && write_outcomes(c) != 0) fail = "writing outcomes";
+            /* Due entries first: they are the only work here with a time
+             * to keep; outcomes can wait the few ms a fetch takes. */
+            if (!stopping && c->write_blocked_until == 0 && dispatch_due(c) != 0)
+                fail = "fetching due entries";
+            if (fail == NULL && c->n_done > 0 && write_outcomes(c) != 0) fail = "writing outcomes";
             /* Never starved by a steady stream of outcomes: a held entry whose
              * idle time passed CLAIM_IDLE would be claimed by another worker. */
             if (fail == NULL && now >= c->next_heartbeat_ns) {
                 if (heartbeat(c) != 0) fail = "heartbeat";
                 c->next_heartbeat_ns = now + c->claim_idle_ns / 3;
             }
-            if (fail == NULL && !stopping && c->write_blocked_until == 0 && dispatch_due(c) != 0)
-                fail = "fetching due entries";
             if (fail == NULL && !stopping && now >= c->next_claim_ns && c->write_blocked_until == 0) {
                 if (claim(c) != 0) fail = "claiming";
                 c->next_claim_ns = now + c->claim_idle_ns / 2;
