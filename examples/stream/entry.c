@@ -92,7 +92,8 @@ const char *tps_entry_field(tps_entry *e, const char *name, size_t nlen, const c
         if (cstr(buf, sizeof buf, val, vlen) != 0 ||
             svc_parse_uint(buf, 1, TPS_ATTEMPTS_MAX, &e->attempts) != 0)
             return "attempts: expected a number from 1 to 101";
-    } /* other names: the producer's own fields, ignored */
+    } /* other names: the producer's own fields, ignored; `priority` will be
+       * parsed here once the library has priority lanes */
     return NULL;
 }
 

@@ -456,6 +456,8 @@ static void submit(tps_consumer *c, uint32_t i, int front) {
             return;
         }
     }
+    /* The library's priority lanes will take the entry's `priority` field
+     * (and a due scheduled entry's precedence) here, in o.priority. */
     tp_task_opts o = {.user = s->user[0] != '\0' ? s->user : NULL, .on_done = on_done, .log_id = s->id};
     int rc = tp_submit(c->pool, run_task, s, &o, NULL);
     if (rc == TP_OK) {
