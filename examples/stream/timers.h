@@ -3,7 +3,7 @@
  * `defer`): a bounded min-heap on the due time plus a hash on the entry id.
  *
  * A scheduled entry keeps only its id, due time and delivery count here
- * (about 70 bytes), not a slot, a pool place or a worker: it stays pending in
+ * (about 100 bytes with the heap and index), not a slot, a pool place or a worker: it stays pending in
  * the consumer group (the heartbeat keeps it this worker's) and its fields
  * are read again from the stream when it is due. Capacity is fixed at create.
  *
