@@ -91,45 +91,6 @@ int svc_parse_uint(const char *s, unsigned min, unsigned max, unsigned *out) {
     return 0;
 }
 
-int svc_parse_redis_url(const char *url, char *host, size_t hostlen, int *port, char *err, size_t errlen) {
-    static const char expect[] = "expected redis://host:port or unix:///path";
-    if (strncmp(url, "unix://", 7) == 0) {
-        const char *path = url + 7;
-        if (path[0] != '/' || strlen(path) >= hostlen) {
-            snprintf(err, errlen, "REDIS_URL=\"%s\": expected unix:///absolute/path", url);
-            return -1;
-        }
-        strcpy(host, path);
-        *port = 0;
-        return 0;
-    }
-    if (strncmp(url, "redis://", 8) != 0) {
-        snprintf(err, errlen, "REDIS_URL=\"%s\": %s", url, expect);
-        return -1;
-    }
-    const char *h = url + 8, *end, *rest;
-    if (h[0] == '[') { /* [v6 address] */
-        end = strchr(h, ']');
-        rest = end != NULL ? end + 1 : NULL;
-        h++;
-    } else {
-        end = h + strcspn(h, ":");
-        rest = end;
-    }
-    unsigned p = 6379;
-    size_t hlen = end != NULL ? (size_t)(end - h) : 0;
-    if (rest == NULL || hlen == 0 || hlen >= hostlen || memchr(h, '/', hlen) != NULL ||
-        memchr(h, '@', hlen) != NULL || (rest[0] != '\0' && rest[0] != ':') ||
-        (rest[0] == ':' && svc_parse_uint(rest + 1, 1, 65535, &p) != 0)) {
-        snprintf(err, errlen, "REDIS_URL=\"%s\": %s", url, expect);
-        return -1;
-    }
-    memcpy(host, h, hlen);
-    host[hlen] = '\0';
-    *port = (int)p;
-    return 0;
-}
-
 int svc_user_name_ok(const char *s, size_t n) {
     if (n == 0 || n > SVC_USER_MAX) return 0;
     for (size_t i = 0; i < n; i++) {

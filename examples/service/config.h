@@ -49,12 +49,6 @@ int svc_parse_duration(const char *s, uint64_t *out_ns);
 /* Parse a plain decimal unsigned in [min, max]. 0 on success, -1 on error. */
 int svc_parse_uint(const char *s, unsigned min, unsigned max, unsigned *out);
 
-/* Split a Redis address: "redis://host[:port]" (port 6379 by default; an IPv6
- * host in brackets, "redis://[::1]:6380") or "unix:///absolute/path" (the path
- * in `host`, *port 0). 0, or -1 with a one-line explanation in `err`. Shared by
- * taskpool-stream-worker and taskpool-enqueue, so both read REDIS_URL alike. */
-int svc_parse_redis_url(const char *url, char *host, size_t hostlen, int *port, char *err, size_t errlen);
-
 /* Is s[0..n) a user name (SVC_USER_MAX above)? 1 or 0. */
 int svc_user_name_ok(const char *s, size_t n);
 

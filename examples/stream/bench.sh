@@ -4,15 +4,15 @@
 #
 #   bash examples/stream/bench.sh [BUILD_DIR]     (default: build)
 #
-# Environment: N (entries per worker run, default 200000), BULL_N (BullMQ
-# jobs, default 20000), CONC (concurrencies, default "4 16"), ROUNDS (runs of
-# each configuration, the median is reported; default 3), NO_BULLMQ=1 to
-# skip BullMQ. Needs redis-server, redis-cli, redis-benchmark, and node + npm
+# Environment: N (entries per run, and jobs per BullMQ run: the same number
+# for both systems; default 100000), CONC (concurrencies, default "4 16"),
+# ROUNDS (runs of each configuration, the median is reported; default 3),
+# NO_BULLMQ=1 to skip BullMQ. Needs redis-server, redis-cli, redis-benchmark, and node + npm
 # for BullMQ (installed into a scratch directory under /tmp, never the repo).
 #
 # One redis-server 7 on a unix socket in a temporary directory, no
 # persistence. For each concurrency C (pool WORKERS = C, BullMQ concurrency
-# = C): N no-op entries (no user, delay 0) are enqueued first, then 1 or 2
+# = C): N no-op entries (no user, work 0) are enqueued first, then 1 or 2
 # workers start and the clock runs until the results stream holds N entries.
 # Redis commands per entry come from INFO commandstats over the worker run.
 # Everything runs under nice -n 10.
@@ -22,8 +22,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 build=${1:-build}
 worker=$build/examples/taskpool-stream-worker
 enqueue=$build/examples/taskpool-enqueue
-N=${N:-200000}
-BULL_N=${BULL_N:-20000}
+N=${N:-100000}
 CONC=${CONC:-"4 16"}
 ROUNDS=${ROUNDS:-3}
 median() { sort -n | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
@@ -72,7 +71,7 @@ rc DEL bench >/dev/null
 run_workers() { # $1 = workers, $2 = concurrency -> "entries/s commands/entry"
     local nw=$1 c=$2 t0 t1 i
     rc FLUSHALL >/dev/null
-    REDIS_URL=unix://$sock nice -n 10 "$enqueue" --count "$N" --users 0 --delay 0 >/dev/null
+    REDIS_URL=unix://$sock nice -n 10 "$enqueue" --count "$N" --users 0 --work 0 >/dev/null
     rc CONFIG RESETSTAT >/dev/null
     pids=()
     t0=$(now)
@@ -105,7 +104,7 @@ for c in $CONC; do
     done
 done
 echo
-echo "Commands per entry, last run: $(rc INFO commandstats | tr -d '\r' | grep -E 'cmdstat_x|multi|exec' | sed -E 's/cmdstat_([^:]+):calls=([0-9]+).*/\1=\2/' | paste -sd' ')"
+echo "Commands per entry, last run: $(rc INFO commandstats | tr -d '\r' | grep -E 'cmdstat_(x|eval|type)' | sed -E 's/cmdstat_([^:]+):calls=([0-9]+).*/\1=\2/' | paste -sd' ')"
 
 # ---------------------------------------------------------------- BullMQ
 if [ "${NO_BULLMQ:-0}" != 1 ]; then
@@ -118,20 +117,20 @@ if [ "${NO_BULLMQ:-0}" != 1 ]; then
     cp "$here/bullmq/package.json" "$here/bullmq/bench-bullmq.mjs" "$scratch/"
     [ -d "$scratch/node_modules/bullmq" ] || (cd "$scratch" && npm install --no-audit --no-fund --silent)
     echo
-    echo "| BullMQ $(sed -n 's/.*"version": "\([^"]*\)".*/\1/p' "$scratch/node_modules/bullmq/package.json"), $BULL_N no-op jobs | concurrency | jobs/s | addBulk jobs/s | Redis commands per job |"
+    echo "| BullMQ $(sed -n 's/.*"version": "\([^"]*\)".*/\1/p' "$scratch/node_modules/bullmq/package.json"), $N no-op jobs | concurrency | jobs/s | addBulk jobs/s | Redis commands per job |"
     echo "|---|---:|---:|---:|---:|"
     for c in $CONC; do
         jpss=() apss=()
         for ((r = 0; r < ROUNDS; r++)); do
             rc FLUSHALL >/dev/null
             rc CONFIG RESETSTAT >/dev/null
-            out=$(cd "$scratch" && nice -n 10 node bench-bullmq.mjs "$sock" "$BULL_N" "$c")
+            out=$(cd "$scratch" && nice -n 10 node bench-bullmq.mjs "$sock" "$N" "$c")
             cmds=$(commands)
             jpss+=("$(sed -E 's/.*"jobs_per_s":([0-9]+).*/\1/' <<<"$out")")
             apss+=("$(sed -E 's/.*"add_per_s":([0-9]+).*/\1/' <<<"$out")")
         done
         jps=$(printf '%s\n' "${jpss[@]}" | median)
         aps=$(printf '%s\n' "${apss[@]}" | median)
-        echo "| 1 worker | $c | $jps (runs: ${jpss[*]}) | $aps | $(awk -v k="$cmds" -v n="$BULL_N" 'BEGIN {printf "%.1f", k / n}') (adds included) |"
+        echo "| 1 worker | $c | $jps (runs: ${jpss[*]}) | $aps | $(awk -v k="$cmds" -v n="$N" 'BEGIN {printf "%.1f", k / n}') (adds included) |"
     done
 fi

@@ -1,164 +1,530 @@
 /*
- * enqueue.c -- taskpool-enqueue: add entries to the stream, pipelined.
+ * enqueue.c -- taskpool-enqueue: add entries to the stream (pipelined), wait
+ * for their outcomes, or put dead entries back. See usage() for the options.
  *
- *   taskpool-enqueue [--count N] [--users U] [--delay D] [--fail always|N]
- *                    [--fail-every K] [--payload-bytes B] [--pipeline P]
+ * Every entry is checked with the worker's own field parser (entry.h) before
+ * anything is sent: a value the worker would dead-letter is refused here,
+ * exit 2. The consumer group is created at `$` when it does not exist yet, so
+ * entries added before the first worker starts are not skipped by it.
  *
- * Entry i gets `user u<i % U>` (no user field when U is 0), `delay D`, and,
- * when --fail is given, `fail <value>` on every K-th entry (K = --fail-every,
- * default 1: all of them). The XADDs are sent P at a time (default 256)
- * before the replies are read. REDIS_URL and STREAM as for the worker.
- * Prints one JSON line: count, seconds, entries_per_s, first and last id.
- * Exit 0, or 1 on a Redis error, 2 on bad arguments.
+ * --wait remembers the last ids of the results and dead streams before it
+ * adds anything, then follows both with XREAD BLOCK until every entry it
+ * added has an outcome (the first one counts when an entry ran twice).
+ * --requeue-dead runs one script per batch of dead records (scripts.h), so a
+ * record is requeued at most once even with two operators at it.
  */
 #define _GNU_SOURCE
 #include <hiredis/hiredis.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/time.h>
 
 #include "config.h"
+#include "entry.h"
+#include "redis_conn.h"
+#include "scripts.h"
 #include "taskpool.h"
 
-static void usage(void) {
-    fprintf(stderr, "usage: taskpool-enqueue [--count N] [--users U] [--delay D] [--fail always|N]\n"
-                    "                        [--fail-every K] [--payload-bytes B] [--pipeline P]\n");
+#define WAIT_MAX 1000000u /* entries --wait can follow */
+#define ID_LEN   48       /* an entry id and its NUL */
+#define NFIELDS  7        /* fields of one entry at most */
+
+enum { EXIT_OK = 0, EXIT_REDIS = 1, EXIT_USAGE = 2, EXIT_DEAD = 3, EXIT_TIMEOUT = 4 };
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "Usage: taskpool-enqueue [--count N] [--users U] [--work D] [--fail always|N]\n"
+            "                        [--fail-every K] [--payload-bytes B] [--not-before MS | --defer D]\n"
+            "                        [--attempts N] [--pipeline P] [--wait [--timeout D]]\n"
+            "       taskpool-enqueue --requeue-dead [--since ID]\n"
+            "       taskpool-enqueue --help | --version\n"
+            "\n"
+            "Adds N entries (1000) to STREAM, P at a time (256) before reading the replies.\n"
+            "Entry i gets `user u<i %% U>` (U = 10; none when 0), `work D` (the demo\n"
+            "handler's run time; --delay is an alias), `fail` on every K-th entry (K = 1),\n"
+            "a B-byte `payload`, `not_before MS` (Unix ms) or `defer D` (start no earlier\n"
+            "than D after it was added), `attempts N` (1..101). Values are checked with\n"
+            "the worker's own parser. Prints one JSON line: count, entries/s, first and\n"
+            "last id. Creates GROUP at $ when STREAM has no such group yet.\n"
+            "\n"
+            "  --wait           then wait for every entry's outcome; one JSON line per\n"
+            "                   outcome (id, outcome done|dead, result, reason), then a\n"
+            "                   summary; at most %u entries\n"
+            "  --timeout D      give up waiting after D (default: wait as long as it takes)\n"
+            "  --requeue-dead   add every dead record's entry back to STREAM with its\n"
+            "                   original fields and `requeued_from <old id>`, and delete\n"
+            "                   the dead record, atomically per record\n"
+            "  --since ID       requeue only dead records from this id of DEAD_STREAM on\n"
+            "\n"
+            "Environment (unset or empty = default):\n"
+            "  REDIS_URL       redis://[user[:password]@]host[:port] or\n"
+            "                  unix://[user[:password]@]/path (redis://127.0.0.1:6379)\n"
+            "  REDIS_PASSWORD  the password, kept out of the process listing (unset)\n"
+            "  STREAM          the stream to add to (tasks)\n"
+            "  GROUP           the consumer group created when missing (taskpool)\n"
+            "  RESULTS_STREAM  where --wait looks for successes (tasks:done)\n"
+            "  DEAD_STREAM     where --wait and --requeue-dead look for dead records (tasks:dead)\n"
+            "\n"
+            "Exit status: 0 done (with --wait: every entry succeeded), 1 Redis error,\n"
+            "2 bad arguments, 3 --wait: some entry is dead, 4 --wait: timed out.\n",
+            WAIT_MAX);
 }
 
-static redisContext *connect_url(const char *url) {
-    struct timeval tv = {.tv_sec = 2, .tv_usec = 0};
-    char host[256], err[300];
-    int port;
-    if (svc_parse_redis_url(url, host, sizeof host, &port, err, sizeof err) != 0) {
+static const char *env_or(const char *name, const char *def) {
+    const char *v = svc_env(name);
+    return v != NULL ? v : def;
+}
+
+static redisContext *connect_env(void) {
+    tps_redis_addr a;
+    char err[400];
+    if (tps_redis_parse(svc_env("REDIS_URL"), svc_env("REDIS_PASSWORD"), &a, err, sizeof err) != 0) {
         fprintf(stderr, "taskpool-enqueue: %s\n", err);
-        exit(2);
+        exit(EXIT_USAGE);
     }
-    redisContext *c =
-        port == 0 ? redisConnectUnixWithTimeout(host, tv) : redisConnectWithTimeout(host, port, tv);
-    if (c == NULL || c->err) {
-        fprintf(stderr, "taskpool-enqueue: cannot connect to %s: %s\n", url,
-                c != NULL ? c->errstr : "no memory");
-        exit(1);
+    redisContext *c = tps_redis_connect(&a, 2000, 30000, err, sizeof err);
+    if (c == NULL) {
+        fprintf(stderr, "taskpool-enqueue: cannot connect to %s: %s\n", a.shown, err);
+        exit(EXIT_REDIS);
     }
     return c;
 }
 
+static redisReply *command(redisContext *c, int argc, const char **argv, const size_t *argvlen) {
+    redisReply *r = redisCommandArgv(c, argc, argv, argvlen);
+    if (r == NULL) {
+        fprintf(stderr, "taskpool-enqueue: %s\n", c->errstr);
+        exit(EXIT_REDIS);
+    }
+    if (r->type == REDIS_REPLY_ERROR) {
+        fprintf(stderr, "taskpool-enqueue: %s: %s\n", argv[0], r->str);
+        exit(EXIT_REDIS);
+    }
+    return r;
+}
+
+/* A JSON string of n bytes (control characters, quotes and backslashes escaped). */
+static void json_str(const char *s, size_t n) {
+    putchar('"');
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        if (ch == '"' || ch == '\\')
+            printf("\\%c", ch);
+        else if (ch < 0x20 || ch == 0x7f)
+            printf("\\u%04x", ch);
+        else
+            putchar(ch);
+    }
+    putchar('"');
+}
+
+/* ------------------------------------------------------------------ --wait: the ids we added */
+
+typedef struct idset {
+    char (*id)[ID_LEN];
+    unsigned char *done;
+    uint32_t *tab, mask, n;
+} idset;
+
+static uint32_t hash(const char *s, size_t n) {
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 16777619u;
+    return h;
+}
+
+/* The index of id, or UINT32_MAX; with `add`, adds it when absent. */
+static uint32_t idset_find(idset *s, const char *id, size_t len, int add) {
+    if (len >= ID_LEN) return UINT32_MAX;
+    for (uint32_t i = hash(id, len) & s->mask;; i = (i + 1) & s->mask) {
+        uint32_t v = s->tab[i];
+        if (v == 0) {
+            if (!add) return UINT32_MAX;
+            memcpy(s->id[s->n], id, len);
+            s->id[s->n][len] = '\0';
+            s->tab[i] = ++s->n;
+            return s->n - 1;
+        }
+        if (strncmp(s->id[v - 1], id, len) == 0 && s->id[v - 1][len] == '\0') return v - 1;
+    }
+}
+
+/* The last id of a stream, "0-0" when empty or absent. */
+static void last_id(redisContext *c, const char *key, char *out, size_t cap) {
+    const char *av[] = {"XREVRANGE", key, "+", "-", "COUNT", "1"};
+    size_t al[] = {9, strlen(key), 1, 1, 5, 1};
+    redisReply *r = command(c, 6, av, al);
+    snprintf(out, cap, "0-0");
+    if (r->type == REDIS_REPLY_ARRAY && r->elements == 1 && r->element[0]->type == REDIS_REPLY_ARRAY &&
+        r->element[0]->elements >= 1 && r->element[0]->element[0]->type == REDIS_REPLY_STRING)
+        snprintf(out, cap, "%s", r->element[0]->element[0]->str);
+    freeReplyObject(r);
+}
+
+static const redisReply *field(const redisReply *f, const char *name) {
+    for (size_t k = 0; f != NULL && f->type == REDIS_REPLY_ARRAY && k + 1 < f->elements; k += 2)
+        if (f->element[k]->type == REDIS_REPLY_STRING && strcmp(f->element[k]->str, name) == 0 &&
+            f->element[k + 1]->type == REDIS_REPLY_STRING)
+            return f->element[k + 1];
+    return NULL;
+}
+
+static int wait_outcomes(redisContext *c, idset *ids, const char *results, const char *dead, char *last_r,
+                         char *last_d, uint64_t timeout_ns) {
+    uint64_t deadline = timeout_ns != 0 ? tp_now_ns() + timeout_ns : UINT64_MAX;
+    uint32_t left = ids->n, n_ok = 0, n_dead = 0;
+    uint64_t t0 = tp_now_ns();
+    while (left > 0) {
+        uint64_t now = tp_now_ns();
+        if (now >= deadline) break;
+        uint64_t block = (deadline - now) / 1000000u;
+        if (block > 1000) block = 1000;
+        if (block == 0) block = 1;
+        char bms[24];
+        snprintf(bms, sizeof bms, "%llu", (unsigned long long)block);
+        const char *av[] = {"XREAD", "COUNT", "1000", "BLOCK", bms, "STREAMS", results, dead, last_r, last_d};
+        size_t al[10];
+        for (int k = 0; k < 10; k++) al[k] = strlen(av[k]);
+        redisReply *r = command(c, 10, av, al);
+        for (size_t s = 0; r->type == REDIS_REPLY_ARRAY && s < r->elements; s++) {
+            const redisReply *st = r->element[s];
+            if (st->type != REDIS_REPLY_ARRAY || st->elements < 2 ||
+                st->element[0]->type != REDIS_REPLY_STRING)
+                continue;
+            int is_dead = strcmp(st->element[0]->str, dead) == 0 && strcmp(dead, results) != 0;
+            const redisReply *ents = st->element[1];
+            for (size_t e = 0; ents->type == REDIS_REPLY_ARRAY && e < ents->elements; e++) {
+                const redisReply *ent = ents->element[e];
+                if (ent->type != REDIS_REPLY_ARRAY || ent->elements < 2) continue;
+                snprintf(is_dead ? last_d : last_r, ID_LEN, "%s", ent->element[0]->str);
+                const redisReply *id = field(ent->element[1], "id"),
+                                 *reason = field(ent->element[1], "reason");
+                if (id == NULL) continue;
+                uint32_t k = idset_find(ids, id->str, id->len, 0);
+                if (k == UINT32_MAX || ids->done[k]) continue;
+                ids->done[k] = 1;
+                left--;
+                int this_dead = is_dead || reason != NULL;
+                this_dead ? n_dead++ : n_ok++;
+                const redisReply *res = field(ent->element[1], "result");
+                printf("{\"msg\":\"outcome\",\"id\":");
+                json_str(id->str, id->len);
+                printf(",\"outcome\":\"%s\"", this_dead ? "dead" : "done");
+                if (res != NULL) {
+                    printf(",\"result\":");
+                    json_str(res->str, res->len);
+                }
+                if (reason != NULL) {
+                    printf(",\"reason\":");
+                    json_str(reason->str, reason->len);
+                }
+                printf("}\n");
+            }
+        }
+        freeReplyObject(r);
+    }
+    printf("{\"msg\":\"waited\",\"succeeded\":%u,\"dead\":%u,\"missing\":%u,\"seconds\":%.3f}\n", n_ok,
+           n_dead, left, (double)(tp_now_ns() - t0) / 1e9);
+    fflush(stdout);
+    return left > 0 ? EXIT_TIMEOUT : n_dead > 0 ? EXIT_DEAD : EXIT_OK;
+}
+
+/* ------------------------------------------------------------------ --requeue-dead */
+
+static int requeue_dead(redisContext *c, const char *stream, const char *dead, const char *since) {
+    char start[ID_LEN + 1];
+    snprintf(start, sizeof start, "%s", since != NULL ? since : "-");
+    unsigned requeued = 0, skipped = 0;
+    for (;;) {
+        const char *av[] = {"XRANGE", dead, start, "+", "COUNT", "256"};
+        size_t al[6];
+        for (int k = 0; k < 6; k++) al[k] = strlen(av[k]);
+        redisReply *r = command(c, 6, av, al);
+        if (r->type != REDIS_REPLY_ARRAY || r->elements == 0) {
+            freeReplyObject(r);
+            break;
+        }
+        const char *eav[3 + 2 + 256];
+        size_t eal[3 + 2 + 256];
+        int n = 0;
+        eav[n++] = "EVAL";
+        eav[n++] = tps_script_requeue;
+        eav[n++] = "2";
+        eav[n++] = stream;
+        eav[n++] = dead;
+        for (size_t e = 0; e < r->elements; e++)
+            if (r->element[e]->type == REDIS_REPLY_ARRAY && r->element[e]->elements >= 1)
+                eav[n++] = r->element[e]->element[0]->str;
+        for (int k = 0; k < n; k++) eal[k] = strlen(eav[k]);
+        /* the next page starts after the last record seen ("(" = exclusive) */
+        snprintf(start, sizeof start, "(%s", eav[n - 1]);
+        redisReply *q = command(c, n, eav, eal);
+        for (size_t k = 0; q->type == REDIS_REPLY_ARRAY && k < q->elements; k++) {
+            const redisReply *row = q->element[k];
+            if (row->type != REDIS_REPLY_ARRAY || row->elements != 3) continue;
+            int ok = strcmp(row->element[1]->str, "requeued") == 0;
+            ok ? requeued++ : skipped++;
+            printf("{\"msg\":\"%s\",\"dead_record\":\"%s\",\"status\":\"%s\"", ok ? "requeued" : "skipped",
+                   row->element[0]->str, row->element[1]->str);
+            if (ok) printf(",\"new_id\":\"%s\"", row->element[2]->str);
+            printf("}\n");
+        }
+        freeReplyObject(q);
+        freeReplyObject(r);
+    }
+    printf("{\"msg\":\"requeue_done\",\"stream\":\"%s\",\"dead_stream\":\"%s\",\"requeued\":%u,\"skipped\":%"
+           "u}\n",
+           stream, dead, requeued, skipped);
+    return EXIT_OK;
+}
+
+/* ------------------------------------------------------------------ adding */
+
+typedef struct fields {
+    unsigned users, fail_every, payload_bytes;
+    const char *work, *fail, *payload, *not_before, *defer, *attempts;
+    char user[32];
+} fields;
+
+/* The name/value pairs of entry i; returns their count (names and values). */
+static int build_fields(fields *f, unsigned i, const char **v, size_t *l) {
+    int n = 0;
+#define F(name, val, len) (v[n] = (name), l[n] = strlen(name), v[n + 1] = (val), l[n + 1] = (len), n += 2)
+    if (f->users > 0) F("user", f->user, (size_t)snprintf(f->user, sizeof f->user, "u%u", i % f->users));
+    F("work", f->work, strlen(f->work));
+    if (f->fail != NULL && i % f->fail_every == 0) F("fail", f->fail, strlen(f->fail));
+    if (f->payload != NULL) F("payload", f->payload, f->payload_bytes);
+    if (f->not_before != NULL) F("not_before", f->not_before, strlen(f->not_before));
+    if (f->defer != NULL) F("defer", f->defer, strlen(f->defer));
+    if (f->attempts != NULL) F("attempts", f->attempts, strlen(f->attempts));
+#undef F
+    return n;
+}
+
+/* NULL when the worker accepts entry i, else its reason. */
+static const char *check_fields(fields *f, unsigned i) {
+    const char *v[2 * NFIELDS];
+    size_t l[2 * NFIELDS];
+    int n = build_fields(f, i, v, l);
+    tps_entry e;
+    tps_entry_init(&e);
+    for (int k = 0; k < n; k += 2) {
+        const char *why = tps_entry_field(&e, v[k], l[k], v[k + 1], l[k + 1]);
+        if (why != NULL) return why;
+    }
+    return tps_entry_finish(&e);
+}
+
+static int valid_id(const char *s) { /* <ms>[-<seq>] for --since */
+    size_t n = strspn(s, "0123456789");
+    if (n == 0 || n > 20) return 0;
+    if (s[n] == '\0') return 1;
+    size_t m = strspn(s + n + 1, "0123456789");
+    return s[n] == '-' && m > 0 && m <= 20 && s[n + 1 + m] == '\0';
+}
+
 int main(int argc, char **argv) {
     unsigned count = 1000, users = 10, fail_every = 1, payload_bytes = 0, pipeline = 256;
-    const char *delay = "0", *fail = NULL;
+    const char *work = "0", *fail = NULL, *not_before = NULL, *defer = NULL, *attempts = NULL, *since = NULL;
+    int wait = 0, requeue = 0;
+    uint64_t timeout_ns = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        unsigned *num = NULL, max = 100000000;
-        if (strcmp(a, "--count") == 0)
-            num = &count;
-        else if (strcmp(a, "--users") == 0)
-            num = &users;
-        else if (strcmp(a, "--fail-every") == 0)
-            num = &fail_every;
-        else if (strcmp(a, "--payload-bytes") == 0) {
-            num = &payload_bytes;
-            max = 1 << 20;
-        } else if (strcmp(a, "--pipeline") == 0) {
-            num = &pipeline;
-            max = 100000;
-        } else if (strcmp(a, "--delay") == 0 && v != NULL) {
-            delay = v;
-            i++;
+        unsigned *num = NULL, min = 1, max = 100000000;
+        const char **str = NULL;
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            usage(stdout);
+            return EXIT_OK;
+        } else if (strcmp(a, "--version") == 0 || strcmp(a, "-V") == 0) {
+            printf("taskpool-enqueue (libtaskpool %s)\n", tp_version());
+            return EXIT_OK;
+        } else if (strcmp(a, "--wait") == 0) {
+            wait = 1;
             continue;
-        } else if (strcmp(a, "--fail") == 0 && v != NULL) {
-            fail = v;
+        } else if (strcmp(a, "--requeue-dead") == 0) {
+            requeue = 1;
+            continue;
+        } else if (strcmp(a, "--count") == 0) {
+            num = &count, min = 0;
+        } else if (strcmp(a, "--users") == 0) {
+            num = &users, min = 0;
+        } else if (strcmp(a, "--fail-every") == 0) {
+            num = &fail_every;
+        } else if (strcmp(a, "--payload-bytes") == 0) {
+            num = &payload_bytes, min = 0, max = 1 << 20; /* the entry parser says how much is allowed */
+        } else if (strcmp(a, "--pipeline") == 0) {
+            num = &pipeline, max = 100000;
+        } else if (strcmp(a, "--work") == 0 || strcmp(a, "--delay") == 0) {
+            str = &work;
+        } else if (strcmp(a, "--fail") == 0) {
+            str = &fail;
+        } else if (strcmp(a, "--not-before") == 0) {
+            str = &not_before;
+        } else if (strcmp(a, "--defer") == 0) {
+            str = &defer;
+        } else if (strcmp(a, "--attempts") == 0) {
+            str = &attempts;
+        } else if (strcmp(a, "--since") == 0) {
+            str = &since;
+        } else if (strcmp(a, "--timeout") == 0) {
+            if (v == NULL || svc_parse_duration(v, &timeout_ns) != 0 || timeout_ns == 0) {
+                fprintf(stderr, "taskpool-enqueue: --timeout needs a duration like 30s\n");
+                return EXIT_USAGE;
+            }
             i++;
             continue;
         } else {
-            usage();
-            return 2;
+            fprintf(stderr, "taskpool-enqueue: unknown option or argument '%s' (try --help)\n", a);
+            return EXIT_USAGE;
         }
-        if (v == NULL || svc_parse_uint(v,
-                                        strcmp(a, "--count") == 0 || strcmp(a, "--users") == 0 ||
-                                                strcmp(a, "--payload-bytes") == 0
-                                            ? 0
-                                            : 1,
-                                        max, num) != 0) {
-            fprintf(stderr, "taskpool-enqueue: %s needs a whole number\n", a);
-            return 2;
+        if (v == NULL) {
+            fprintf(stderr, "taskpool-enqueue: %s needs a value (try --help)\n", a);
+            return EXIT_USAGE;
         }
+        if (num != NULL && svc_parse_uint(v, min, max, num) != 0) {
+            fprintf(stderr, "taskpool-enqueue: %s \"%s\": expected a whole number from %u to %u\n", a, v, min,
+                    max);
+            return EXIT_USAGE;
+        }
+        if (str != NULL) *str = v;
         i++;
     }
-    uint64_t ns;
-    if (svc_parse_duration(delay, &ns) != 0) {
-        fprintf(stderr, "taskpool-enqueue: --delay \"%s\": expected a duration like 20ms\n", delay);
-        return 2;
+    const char *stream = env_or("STREAM", "tasks"), *group = env_or("GROUP", "taskpool");
+    const char *results = env_or("RESULTS_STREAM", "tasks:done"), *dead = env_or("DEAD_STREAM", "tasks:dead");
+    if (requeue) {
+        if (since != NULL && !valid_id(since)) {
+            fprintf(stderr, "taskpool-enqueue: --since \"%s\": expected a stream id like 1700000000000-0\n",
+                    since);
+            return EXIT_USAGE;
+        }
+        redisContext *c = connect_env();
+        int rc = requeue_dead(c, stream, dead, since);
+        redisFree(c);
+        return rc;
     }
-    const char *url = getenv("REDIS_URL");
-    const char *stream = getenv("STREAM");
-    if (url == NULL || *url == '\0') url = "redis://127.0.0.1:6379";
-    if (stream == NULL || *stream == '\0') stream = "tasks";
+    if (since != NULL || (timeout_ns != 0 && !wait)) {
+        fprintf(stderr, "taskpool-enqueue: %s goes with %s\n", since != NULL ? "--since" : "--timeout",
+                since != NULL ? "--requeue-dead" : "--wait");
+        return EXIT_USAGE;
+    }
+    if (wait && count > WAIT_MAX) {
+        fprintf(stderr, "taskpool-enqueue: --wait follows at most %u entries\n", WAIT_MAX);
+        return EXIT_USAGE;
+    }
+    if (strcmp(stream, results) == 0 || strcmp(stream, dead) == 0) {
+        fprintf(stderr, "taskpool-enqueue: RESULTS_STREAM and DEAD_STREAM must differ from STREAM\n");
+        return EXIT_USAGE;
+    }
     char *payload = NULL;
+    redisContext *c = NULL;
+    int rc = EXIT_OK;
+    idset ids = {0};
     if (payload_bytes > 0) {
         payload = malloc(payload_bytes);
-        if (payload == NULL) return 1;
+        if (payload == NULL) {
+            rc = EXIT_REDIS;
+            goto out;
+        }
         memset(payload, 'x', payload_bytes);
     }
-    redisContext *c = connect_url(url);
-    char first[64] = "", last[64] = "";
+    if (wait) {
+        uint32_t t = 16;
+        while (t < 2 * count) t <<= 1;
+        ids.mask = t - 1;
+        ids.tab = calloc(t, sizeof *ids.tab);
+        ids.id = calloc(count > 0 ? count : 1, sizeof *ids.id);
+        ids.done = calloc(count > 0 ? count : 1, 1);
+        if (ids.tab == NULL || ids.id == NULL || ids.done == NULL) {
+            fprintf(stderr, "taskpool-enqueue: out of memory for --wait\n");
+            rc = EXIT_REDIS;
+            goto out;
+        }
+    }
+    fields f = {.users = users,
+                .fail_every = fail_every,
+                .work = work,
+                .fail = fail,
+                .payload = payload,
+                .payload_bytes = payload_bytes,
+                .not_before = not_before,
+                .defer = defer,
+                .attempts = attempts};
+    /* Entries differ only in the user's number and whether `fail` is there:
+     * the first two show every shape the worker will see. */
+    for (unsigned i = 0; i < 2; i++) {
+        const char *why = check_fields(&f, i);
+        if (why != NULL) {
+            fprintf(stderr, "taskpool-enqueue: the worker would dead-letter these entries: %s\n", why);
+            rc = EXIT_USAGE;
+            goto out;
+        }
+    }
+    c = connect_env();
+    const char *gav[] = {"XGROUP", "CREATE", stream, group, "$", "MKSTREAM"};
+    size_t gal[6];
+    for (int k = 0; k < 6; k++) gal[k] = strlen(gav[k]);
+    redisReply *g = redisCommandArgv(c, 6, gav, gal);
+    if (g == NULL || (g->type == REDIS_REPLY_ERROR && strncmp(g->str, "BUSYGROUP", 9) != 0)) {
+        fprintf(stderr, "taskpool-enqueue: XGROUP CREATE: %s\n", g != NULL ? g->str : c->errstr);
+        if (g != NULL) freeReplyObject(g);
+        rc = EXIT_REDIS;
+        goto out;
+    }
+    int group_created = g->type != REDIS_REPLY_ERROR;
+    freeReplyObject(g);
+    char first[ID_LEN] = "", last[ID_LEN] = "", last_r[ID_LEN] = "0-0", last_d[ID_LEN] = "0-0";
+    if (wait) {
+        last_id(c, results, last_r, sizeof last_r);
+        last_id(c, dead, last_d, sizeof last_d);
+    }
     uint64_t t0 = tp_now_ns();
     for (unsigned sent = 0; sent < count;) {
         unsigned n = count - sent < pipeline ? count - sent : pipeline;
         for (unsigned k = 0; k < n; k++) {
-            unsigned i = sent + k;
-            const char *av[12];
-            size_t al[12];
-            int ac = 0;
-            char user[32];
-#define A(s, l) (av[ac] = (s), al[ac] = (l), ac++)
-            A("XADD", 4);
-            A(stream, strlen(stream));
-            A("*", 1);
-            if (users > 0) {
-                int ul = snprintf(user, sizeof user, "u%u", i % users);
-                A("user", 4);
-                A(user, (size_t)ul);
-            }
-            A("delay", 5);
-            A(delay, strlen(delay));
-            if (fail != NULL && i % fail_every == 0) {
-                A("fail", 4);
-                A(fail, strlen(fail));
-            }
-            if (payload != NULL) {
-                A("payload", 7);
-                A(payload, payload_bytes);
-            }
-#undef A
-            if (redisAppendCommandArgv(c, ac, av, al) != REDIS_OK) {
+            const char *av[3 + 2 * NFIELDS];
+            size_t al[3 + 2 * NFIELDS];
+            av[0] = "XADD", al[0] = 4;
+            av[1] = stream, al[1] = strlen(stream);
+            av[2] = "*", al[2] = 1;
+            int nf = build_fields(&f, sent + k, av + 3, al + 3);
+            if (redisAppendCommandArgv(c, 3 + nf, av, al) != REDIS_OK) {
                 fprintf(stderr, "taskpool-enqueue: %s\n", c->errstr);
-                return 1;
+                rc = EXIT_REDIS;
+                goto out;
             }
         }
         for (unsigned k = 0; k < n; k++) {
             redisReply *r = NULL;
             if (redisGetReply(c, (void **)&r) != REDIS_OK) {
                 fprintf(stderr, "taskpool-enqueue: %s\n", c->errstr);
-                return 1;
+                rc = EXIT_REDIS;
+                goto out;
             }
             if (r->type != REDIS_REPLY_STRING) {
                 fprintf(stderr, "taskpool-enqueue: XADD: %s\n",
                         r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply");
                 freeReplyObject(r);
-                return 1;
+                rc = EXIT_REDIS;
+                goto out;
             }
             if (first[0] == '\0') snprintf(first, sizeof first, "%s", r->str);
             snprintf(last, sizeof last, "%s", r->str);
+            if (wait) (void)idset_find(&ids, r->str, r->len, 1);
             freeReplyObject(r);
         }
         sent += n;
     }
     double secs = (double)(tp_now_ns() - t0) / 1e9;
     printf("{\"msg\":\"enqueued\",\"stream\":\"%s\",\"count\":%u,\"seconds\":%.3f,\"entries_per_s\":%.0f,"
-           "\"first_id\":\"%s\",\"last_id\":\"%s\"}\n",
-           stream, count, secs, secs > 0 ? count / secs : 0.0, first, last);
-    redisFree(c);
+           "\"first_id\":\"%s\",\"last_id\":\"%s\",\"group\":\"%s\",\"group_created\":%s}\n",
+           stream, count, secs, secs > 0 ? count / secs : 0.0, first, last, group,
+           group_created ? "true" : "false");
+    fflush(stdout);
+    if (wait) rc = wait_outcomes(c, &ids, results, dead, last_r, last_d, timeout_ns);
+out:
+    if (c != NULL) redisFree(c);
     free(payload);
-    return 0;
+    free(ids.tab);
+    free(ids.id);
+    free(ids.done);
+    return rc;
 }

@@ -4,16 +4,19 @@
  * Ownership, in one place: every field below the "I/O thread only" line is
  * read and written by the I/O thread alone. The pool's threads touch a slot
  * only between tp_submit() and on_done() (the task reads the message, writes
- * `attempts`, `canceled` and `timed_out`; on_done writes `status`), and hand
- * it back through the completion ring, whose mutex orders those writes
- * before the I/O thread's reads. Counters shown in tps_stats are atomics.
+ * `attempts`, `canceled`, `timed_out`, `gave_up`, the times and the result;
+ * on_done writes `status`), and hand it back through the completion ring,
+ * whose mutex orders those writes before the I/O thread's reads. Counters
+ * shown in tps_stats are atomics. The timer heap (timers.h) is the I/O
+ * thread's alone.
  *
  * An entry's life in its slot:
- *   FREE -> (read or claimed) -> [BACKLOG | OVERFLOW] -> POOL -> DONE -> FREE
- *   and short cuts: malformed or delivered too often -> DONE (dead);
+ *   FREE -> (read, claimed, or due) -> [BACKLOG | OVERFLOW] -> POOL -> DONE -> FREE
+ *   and short cuts: malformed, delivered too often or deleted -> DONE (dead);
+ *   not due yet -> FREE, its id in the timer heap until due;
  *   cancelled by a forced shutdown, or held in the backlog at stop -> FREE
  *   without an outcome (still pending in the group: another consumer claims it).
- * A slot is FREE again only after its outcome transaction's EXEC succeeded.
+ * A slot is FREE again only after its outcome script succeeded.
  */
 #define _GNU_SOURCE
 #include "tp_stream.h"
@@ -30,16 +33,22 @@
 #include <sys/time.h>
 #include <unistd.h>
 
-#include "config.h" /* svc_parse_duration, svc_parse_uint (examples/service/) */
+#include "redis_conn.h"
+#include "timers.h"
+#include "scripts.h"
 
 #define NIL                UINT32_MAX
-#define WRITE_BATCH        256u /* outcomes per MULTI/EXEC */
-#define CLAIM_ARGS_MAX     512u /* ids per heartbeat XCLAIM */
+#define WRITE_BATCH        256u      /* outcomes per script call */
+#define CLAIM_ARGS_MAX     512u      /* ids per heartbeat XCLAIM */
+#define DUE_BATCH          256u      /* scheduled entries fetched per round */
+#define TRIM_LIMIT         "1000000" /* entries one trim removes at most (about 10,000 nodes, a few ms) */
+#define NUMS_PER_RECORD    5u        /* numbers printed per outcome record (write_outcomes) */
 #define BACKOFF_MIN_MS     100
-#define BACKOFF_MAX_MS     2000
+#define BACKOFF_MAX_MS     2000 /* and at most claim_idle / 4 */
+#define WRITE_RETRY_MIN_MS 200  /* a refused outcome batch is retried after this, */
+#define WRITE_RETRY_MAX_MS 5000 /* doubling up to this */
 #define CONNECT_TIMEOUT_MS 1000
 #define COMMAND_TIMEOUT_MS 5000
-#define DELAY_MAX_NS       (3600ull * 1000000000ull)
 
 enum { S_FREE, S_BACKLOG, S_OVERFLOW, S_POOL, S_DONE };
 enum { OUT_OK, OUT_DEAD };
@@ -51,15 +60,22 @@ typedef struct slot {
     uint8_t outcome;
     uint8_t fresh; /* claimed in the current XAUTOCLAIM batch */
     uint8_t has_payload;
+    uint8_t due;     /* its time has come: not scheduled again */
+    uint8_t no_ack;  /* dead record only: Redis already dropped it from the pending list */
+    uint8_t gave_up; /* the entry's `attempts` ran out before the pool's retries */
     /* written by the task, read after the completion ring */
     unsigned attempts;
     int canceled;
     int timed_out;
     int status;
+    uint64_t started_ms, finished_ms; /* Unix ms: first attempt's start, last attempt's end */
+    size_t result_len;
     /* the message */
     unsigned deliveries;
+    unsigned max_attempts; /* 0: as the pool says */
     uint32_t fail;
-    uint64_t delay_ns;
+    uint64_t work_ns;
+    uint64_t due_ms; /* Unix ms; 0: at once */
     size_t id_len;
     size_t payload_len;
     const char *reason; /* dead: static text, or reason_buf */
@@ -67,7 +83,15 @@ typedef struct slot {
     char id[TPS_ID_MAX + 1];
     char user[TP_USER_MAX + 1];
     char payload[TPS_PAYLOAD_MAX];
+    char result[TPS_RESULT_MAX];
 } slot;
+
+typedef struct due_ent { /* a scheduled entry taken from the heap to be fetched */
+    char id[TPS_SCHED_ID_MAX + 1];
+    size_t len;
+    uint64_t due_ms;
+    unsigned deliveries;
+} due_ent;
 
 typedef struct user_q { /* a user's backlog FIFO; used iff head != NIL */
     uint32_t head, tail;
@@ -78,12 +102,13 @@ struct tps_consumer {
     /* configuration, immutable after tps_create */
     char stream[TPS_NAME_MAX + 1], group[TPS_NAME_MAX + 1], consumer[TPS_NAME_MAX + 1];
     char results[TPS_NAME_MAX + 1], dead[TPS_NAME_MAX + 1];
-    char host[256];
-    int port; /* 0: unix socket at host */
-    char url[300];
+    char group_start[2];
+    char results_maxlen[24], dead_maxlen[24]; /* "0": unbounded */
+    tps_redis_addr addr;
     tp_pool *pool;
-    unsigned pool_capacity, queue_capacity, nslots, max_deliveries, block_ms;
-    uint64_t claim_idle_ns;
+    unsigned pool_capacity, queue_capacity, nslots, max_deliveries, block_ms, max_retries;
+    unsigned backoff_max_ms;
+    uint64_t claim_idle_ns, trim_interval_ns;
     tps_handler handler;
     void *handler_arg;
     tps_log_fn log;
@@ -105,7 +130,8 @@ struct tps_consumer {
 
     /* counters */
     atomic_ullong n_read, n_claimed, n_acked, n_succeeded, n_dead, n_malformed, n_ack_missed, n_abandoned,
-        n_user_waits, n_reconnects, g_held, g_backlog, g_unwritten, g_connected;
+        n_user_waits, n_reconnects, n_deleted, n_scheduled, n_write_failures, n_trimmed, g_held, g_backlog,
+        g_unwritten, g_connected, g_waiting;
 
     /* ---- I/O thread only ---- */
     slot *slots;
@@ -114,15 +140,19 @@ struct tps_consumer {
     uint32_t done_head, done_tail, n_done;
     uint32_t *ids; /* open addressing: slot index + 1, 0 = empty */
     uint32_t ids_mask;
+    tps_sched *sched; /* entries not due yet */
     user_q *users;
     uint32_t users_mask;
     redisContext *rd, *wr;     /* reader, writer */
     unsigned read_outstanding; /* COUNT of the XREADGROUP in flight, 0 if none */
     uint64_t read_sent_ns;
     int connected_once, stopped_applied;
-    unsigned backoff_ms;
-    uint64_t next_connect_ns, next_heartbeat_ns, next_claim_ns;
+    unsigned backoff_ms, write_retry_ms;
+    uint64_t next_connect_ns, next_heartbeat_ns, next_claim_ns, next_trim_ns;
+    uint64_t write_blocked_until; /* 0, or while a refused batch waits for its retry: no reading */
     char claim_cursor[TPS_ID_MAX + 1];
+    due_ent *due_buf;    /* scratch of dispatch_due() */
+    char (*numbuf)[24];  /* scratch of write_outcomes(): numbers of one batch */
     uint32_t *claim_got; /* scratch of claim(): slots claimed in one batch */
     const char **claim_err;
     const char **argv; /* scratch for building commands */
@@ -150,6 +180,7 @@ static void update_gauges(tps_consumer *c) {
     cnt_set(&c->g_held, c->nslots - c->n_free);
     cnt_set(&c->g_backlog, c->n_backlog + c->n_overflow);
     cnt_set(&c->g_unwritten, c->n_done);
+    cnt_set(&c->g_waiting, tps_sched_count(c->sched));
 }
 
 /* ------------------------------------------------------------------ hashing */
@@ -235,11 +266,16 @@ static uint32_t slot_alloc(tps_consumer *c) {
     s->next = NIL;
     s->fresh = 0;
     s->has_payload = 0;
+    s->due = s->no_ack = s->gave_up = 0;
     s->attempts = 0;
     s->canceled = s->timed_out = s->status = 0;
+    s->started_ms = s->finished_ms = 0;
+    s->result_len = 0;
     s->deliveries = 1;
+    s->max_attempts = 0;
     s->fail = 0;
-    s->delay_ns = 0;
+    s->work_ns = 0;
+    s->due_ms = 0;
     s->payload_len = 0;
     s->reason = NULL;
     s->user[0] = '\0';
@@ -287,65 +323,48 @@ static void finish_dead(tps_consumer *c, uint32_t i, const char *reason) {
 int tps_default_handler(tp_ctx *ctx, const tps_msg *msg, void *arg) {
     (void)arg;
     if (msg->fail == TPS_FAIL_ALWAYS || tp_ctx_attempt(ctx) < msg->fail) return TPS_RUN_FAILED;
-    if (msg->delay_ns > 0) {
-        int rc = tp_ctx_sleep(ctx, msg->delay_ns);
+    if (msg->work_ns > 0) {
+        int rc = tp_ctx_sleep(ctx, msg->work_ns);
         if (rc == TP_ETIMEDOUT) return TPS_RUN_TIMEDOUT;
         if (rc != 0) return TPS_RUN_CANCELED;
     }
+    if (msg->payload != NULL) (void)tps_set_result(msg, msg->payload, msg->payload_len);
     return 0;
 }
 
-static int field_is(const redisReply *r, const char *name) {
-    size_t n = strlen(name);
-    return r->len == n && memcmp(r->str, name, n) == 0;
+int tps_set_result(const tps_msg *msg, const void *data, size_t len) {
+    slot *s = msg->internal;
+    if (len > TPS_RESULT_MAX) return -1;
+    memcpy(s->result, data, len);
+    s->result_len = len;
+    return 0;
 }
 
-/* Fill slot i from a fields array [name, value, ...]; NULL on success or a
- * static reason. */
+/* Fill slot s from a fields array [name, value, ...] (entry.h); NULL on
+ * success or a static reason. */
 static const char *parse_fields(slot *s, const redisReply *f) {
     if (f == NULL || f->type != REDIS_REPLY_ARRAY) return "entry: no fields (deleted from the stream?)";
     if (f->elements % 2 != 0) return "entry: odd number of field elements";
-    int seen_user = 0, seen_delay = 0, seen_fail = 0, seen_payload = 0;
+    tps_entry e;
+    tps_entry_init(&e);
     for (size_t k = 0; k + 1 < f->elements; k += 2) {
         const redisReply *name = f->element[k], *val = f->element[k + 1];
         if (name->type != REDIS_REPLY_STRING || val->type != REDIS_REPLY_STRING)
             return "entry: a field is not a string";
-        if (field_is(name, "user")) {
-            if (seen_user++) return "user: repeated";
-            if (val->len > TP_USER_MAX) return "user: longer than 127 bytes";
-            if (memchr(val->str, '\0', val->len) != NULL) return "user: contains a NUL byte";
-            memcpy(s->user, val->str, val->len);
-            s->user[val->len] = '\0';
-        } else if (field_is(name, "delay")) {
-            char buf[64];
-            if (seen_delay++) return "delay: repeated";
-            if (val->len >= sizeof buf) return "delay: not a duration (like 20ms, 1.5s)";
-            memcpy(buf, val->str, val->len);
-            buf[val->len] = '\0';
-            if (memchr(val->str, '\0', val->len) != NULL || svc_parse_duration(buf, &s->delay_ns) != 0)
-                return "delay: not a duration (like 20ms, 1.5s)";
-            if (s->delay_ns > DELAY_MAX_NS) return "delay: over 1h";
-        } else if (field_is(name, "fail")) {
-            char buf[16];
-            if (seen_fail++) return "fail: repeated";
-            if (val->len == 6 && memcmp(val->str, "always", 6) == 0) {
-                s->fail = TPS_FAIL_ALWAYS;
-                continue;
-            }
-            unsigned n;
-            if (val->len >= sizeof buf) return "fail: expected always or a number from 0 to 1000";
-            memcpy(buf, val->str, val->len);
-            buf[val->len] = '\0';
-            if (memchr(val->str, '\0', val->len) != NULL || svc_parse_uint(buf, 0, 1000, &n) != 0)
-                return "fail: expected always or a number from 0 to 1000";
-            s->fail = n;
-        } else if (field_is(name, "payload")) {
-            if (seen_payload++) return "payload: repeated";
-            if (val->len > TPS_PAYLOAD_MAX) return "payload: over 1024 bytes";
-            memcpy(s->payload, val->str, val->len);
-            s->payload_len = val->len;
-            s->has_payload = 1;
-        } /* other field names are ignored */
+        const char *why = tps_entry_field(&e, name->str, name->len, val->str, val->len);
+        if (why != NULL) return why;
+    }
+    const char *why = tps_entry_finish(&e);
+    if (why != NULL) return why;
+    memcpy(s->user, e.user, strlen(e.user) + 1);
+    s->work_ns = e.work_ns;
+    s->fail = e.fail;
+    s->max_attempts = e.attempts;
+    s->due_ms = tps_entry_due_ms(&e, tps_id_ms(s->id, s->id_len));
+    if (e.payload != NULL) {
+        memcpy(s->payload, e.payload, e.payload_len);
+        s->payload_len = e.payload_len;
+        s->has_payload = 1;
     }
     return NULL;
 }
@@ -367,22 +386,42 @@ static void on_done(void *arg, int status) {
     }
 }
 
+/* Attempts an entry may take per delivery: its `attempts` field lowers the
+ * pool's max_retries + 1, never raises it (the pool does the retrying). */
+static unsigned max_attempts(const tps_consumer *c, const slot *s) {
+    unsigned pool = c->max_retries + 1;
+    return s->max_attempts != 0 && s->max_attempts < pool ? s->max_attempts : pool;
+}
+
 static int run_task(tp_ctx *ctx, void *arg) {
     slot *s = arg;
+    tps_consumer *c = s->c;
+    unsigned limit = max_attempts(c, s);
     tps_msg m = {
         .id = s->id,
         .user = s->user[0] != '\0' ? s->user : NULL,
-        .delay_ns = s->delay_ns,
+        .work_ns = s->work_ns,
         .fail = s->fail,
         .payload = s->has_payload ? s->payload : NULL,
         .payload_len = s->payload_len,
         .deliveries = s->deliveries,
+        .max_attempts = limit,
+        .internal = s,
     };
     s->attempts = tp_ctx_attempt(ctx) + 1;
-    int rc = s->c->handler(ctx, &m, s->c->handler_arg);
+    if (s->attempts == 1) s->started_ms = tps_unix_ms();
+    s->result_len = 0;
+    int rc = c->handler(ctx, &m, c->handler_arg);
+    s->finished_ms = tps_unix_ms();
     int err = tp_ctx_err(ctx);
     s->canceled = err == TP_ECANCELED;
     s->timed_out = err == TP_ETIMEDOUT;
+    if (rc != 0 && !s->canceled && s->attempts >= limit && s->attempts < c->max_retries + 1) {
+        /* The entry's own limit: a running task cancelled by itself ends
+         * with what it returns and is not retried. */
+        s->gave_up = 1;
+        (void)tp_cancel(c->pool, tp_ctx_id(ctx));
+    }
     return rc;
 }
 
@@ -417,6 +456,8 @@ static void submit(tps_consumer *c, uint32_t i, int front) {
             return;
         }
     }
+    /* The library's priority lanes will take the entry's `priority` field
+     * (and a due scheduled entry's precedence) here, in o.priority. */
     tp_task_opts o = {.user = s->user[0] != '\0' ? s->user : NULL, .on_done = on_done, .log_id = s->id};
     int rc = tp_submit(c->pool, run_task, s, &o, NULL);
     if (rc == TP_OK) {
@@ -434,7 +475,8 @@ static void submit(tps_consumer *c, uint32_t i, int front) {
     }
 }
 
-/* A new entry in slot i (read or claimed): dead, or into the pool. */
+/* A new entry in slot i (read, claimed or due): dead, waiting for its time,
+ * or into the pool. */
 static void admit(tps_consumer *c, uint32_t i, const char *parse_error) {
     slot *s = &c->slots[i];
     if (s->deliveries > c->max_deliveries) {
@@ -445,6 +487,14 @@ static void admit(tps_consumer *c, uint32_t i, const char *parse_error) {
         cnt_add(&c->n_malformed, 1);
         finish_dead(c, i, parse_error);
     } else if (atomic_load(&c->stop_reading)) {
+        slot_free(c, i);
+    } else if (!s->due && s->due_ms > tps_unix_ms()) {
+        /* read_room() keeps room in the heap for every entry a read or claim
+         * can bring; should it be full all the same, the entry stays pending
+         * unheld and is claimed again after CLAIM_IDLE. */
+        int rc = tps_sched_add(c->sched, s->id, s->id_len, s->due_ms, s->deliveries);
+        if (rc == 0) cnt_add(&c->n_scheduled, 1);
+        if (rc < 0) log1(c, TP_LOG_WARN, "scheduled_full", "id", s->id);
         slot_free(c, i);
     } else {
         submit(c, i, 0);
@@ -492,7 +542,7 @@ static void process_completions(tps_consumer *c) {
             c->n_pool--;
             char user[TP_USER_MAX + 1];
             memcpy(user, s->user, strlen(s->user) + 1);
-            if (s->status < 0 || s->canceled) {
+            if (s->status < 0 || (s->canceled && !s->gave_up)) {
                 cnt_add(&c->n_abandoned, 1); /* forced shutdown: stays pending */
                 slot_free(c, i);
             } else if (s->status == 0) {
@@ -501,8 +551,9 @@ static void process_completions(tps_consumer *c) {
                 list_push(c, &c->done_head, &c->done_tail, i);
                 c->n_done++;
             } else {
-                snprintf(s->reason_buf, sizeof s->reason_buf, "%s after %u attempts (status %d)",
-                         s->timed_out ? "timed out" : "failed", s->attempts, s->status);
+                snprintf(s->reason_buf, sizeof s->reason_buf, "%s after %u attempts (status %d)%s",
+                         s->timed_out ? "timed out" : "failed", s->attempts, s->status,
+                         s->gave_up ? " (the entry's attempts)" : "");
                 finish_dead(c, i, s->reason_buf);
             }
             dispatch_after(c, user);
@@ -536,25 +587,6 @@ static void disconnect(tps_consumer *c, const char *why, const char *detail) {
     c->next_connect_ns = tp_now_ns() + ms_ns(c->backoff_ms);
 }
 
-static redisContext *connect_one(tps_consumer *c, char *err, size_t errlen) {
-    struct timeval tv = {.tv_sec = 0, .tv_usec = CONNECT_TIMEOUT_MS * 1000};
-    redisContext *r = c->port == 0 ? redisConnectUnixWithTimeout(c->host, tv)
-                                   : redisConnectWithTimeout(c->host, c->port, tv);
-    if (r == NULL) {
-        snprintf(err, errlen, "out of memory");
-        return NULL;
-    }
-    if (r->err) {
-        snprintf(err, errlen, "%s", r->errstr);
-        redisFree(r);
-        return NULL;
-    }
-    struct timeval ct = {.tv_sec = COMMAND_TIMEOUT_MS / 1000, .tv_usec = 0};
-    (void)redisSetTimeout(r, ct);
-    if (c->port != 0) (void)redisEnableKeepAlive(r);
-    return r;
-}
-
 /* Run one command on the writer; the reply or NULL (connection failed; an
  * error reply is returned as is). */
 static redisReply *wr_command(tps_consumer *c, size_t argc) {
@@ -565,44 +597,49 @@ static redisReply *wr_command(tps_consumer *c, size_t argc) {
     return r;
 }
 
-static int check_type(tps_consumer *c, const char *key) {
+/* 0 when `key` is a stream or absent; -1 with the reason in err otherwise
+ * (the server's own error text, e.g. NOAUTH, when it refused TYPE). */
+static int check_type(tps_consumer *c, const char *key, char *err, size_t errlen) {
     size_t argc = 0;
     args(c, &argc, "TYPE");
     args(c, &argc, key);
     redisReply *r = wr_command(c, argc);
-    if (r == NULL) return -1;
+    if (r == NULL) {
+        snprintf(err, errlen, "TYPE %s: %s", key, c->wr->errstr);
+        return -1;
+    }
     int ok = r->type == REDIS_REPLY_STATUS && (strcmp(r->str, "stream") == 0 || strcmp(r->str, "none") == 0);
-    if (!ok) {
-        const char *kv[] = {"key", key, "type", r->type == REDIS_REPLY_STATUS ? r->str : "?"};
+    if (!ok && r->type == REDIS_REPLY_STATUS) {
+        snprintf(err, errlen, "key %s holds a %s, not a stream", key, r->str);
+        const char *kv[] = {"key", key, "type", r->str};
         logkv(c, TP_LOG_ERROR, "wrong_key_type", kv, 2);
+    } else if (!ok) {
+        snprintf(err, errlen, "TYPE %s: %s", key, r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply");
     }
     freeReplyObject(r);
-    return ok ? 0 : -2;
+    return ok ? 0 : -1;
 }
 
 static void try_connect(tps_consumer *c) {
-    char err[256];
-    c->wr = connect_one(c, err, sizeof err);
-    if (c->wr != NULL) c->rd = connect_one(c, err, sizeof err);
+    char err[300];
+    c->wr = tps_redis_connect(&c->addr, CONNECT_TIMEOUT_MS, COMMAND_TIMEOUT_MS, err, sizeof err);
+    if (c->wr != NULL)
+        c->rd = tps_redis_connect(&c->addr, CONNECT_TIMEOUT_MS, COMMAND_TIMEOUT_MS, err, sizeof err);
     if (c->rd == NULL) {
         if (c->wr != NULL) redisFree(c->wr);
         c->wr = NULL;
         goto failed;
     }
-    /* Outcomes must never be acknowledged while their XADD fails at run time:
-     * refuse to work while a results or dead key is not a stream. */
-    int t1 = check_type(c, c->results), t2 = t1 == 0 ? check_type(c, c->dead) : t1;
-    if (t1 != 0 || t2 != 0) {
-        snprintf(err, sizeof err,
-                 t1 == -1 || t2 == -1 ? "connection lost" : "results or dead key is not a stream");
+    /* Refuse to work while a results or dead key is not a stream: the outcome
+     * script would refuse every batch anyway. */
+    if (check_type(c, c->results, err, sizeof err) != 0 || check_type(c, c->dead, err, sizeof err) != 0)
         goto failed_free;
-    }
     size_t argc = 0;
     args(c, &argc, "XGROUP");
     args(c, &argc, "CREATE");
     args(c, &argc, c->stream);
     args(c, &argc, c->group);
-    args(c, &argc, "0");
+    args(c, &argc, c->group_start);
     args(c, &argc, "MKSTREAM");
     redisReply *r = wr_command(c, argc);
     if (r == NULL) {
@@ -614,23 +651,29 @@ static void try_connect(tps_consumer *c) {
         freeReplyObject(r);
         goto failed_free;
     }
-    if (r->type != REDIS_REPLY_ERROR) log1(c, TP_LOG_INFO, "group_created", "group", c->group);
+    if (r->type != REDIS_REPLY_ERROR) {
+        const char *kv[] = {"group", c->group, "start", c->group_start};
+        logkv(c, TP_LOG_INFO, "group_created", kv, 2);
+    }
     freeReplyObject(r);
 
+    uint64_t now = tp_now_ns();
+    /* Refresh our entries' idle time before anyone (we included) claims them.
+     * After a reconnect, peers may still be reconnecting: their entries look
+     * idle until their own heartbeat runs, so the first claim waits one
+     * claim_idle (peers retry within backoff_max_ms <= claim_idle / 4). */
+    c->next_heartbeat_ns = now;
+    c->next_claim_ns = c->connected_once ? now + c->claim_idle_ns : now;
     if (c->connected_once) cnt_add(&c->n_reconnects, 1);
     c->connected_once = 1;
     c->backoff_ms = BACKOFF_MIN_MS;
     cnt_set(&c->g_connected, 1);
     {
         char held[24];
-        snprintf(held, sizeof held, "%u", c->nslots - c->n_free);
-        const char *kv[] = {"url", c->url, "consumer", c->consumer, "held", held};
+        snprintf(held, sizeof held, "%u", c->nslots - c->n_free + tps_sched_count(c->sched));
+        const char *kv[] = {"url", c->addr.shown, "consumer", c->consumer, "held", held};
         logkv(c, TP_LOG_INFO, "connected", kv, 3);
     }
-    /* Refresh our entries' idle time before anyone (we included) claims them. */
-    uint64_t now = tp_now_ns();
-    c->next_heartbeat_ns = now;
-    c->next_claim_ns = now;
     return;
 
 failed_free:
@@ -640,33 +683,63 @@ failed_free:
 failed:;
     char ms[24];
     snprintf(ms, sizeof ms, "%u", c->backoff_ms);
-    const char *kv[] = {"url", c->url, "error", err, "retry_in_ms", ms};
+    const char *kv[] = {"url", c->addr.shown, "error", err, "retry_in_ms", ms};
     logkv(c, TP_LOG_WARN, "connect_failed", kv, 3);
     c->next_connect_ns = tp_now_ns() + ms_ns(c->backoff_ms);
-    c->backoff_ms = c->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : c->backoff_ms * 2;
+    c->backoff_ms = c->backoff_ms * 2 > c->backoff_max_ms ? c->backoff_max_ms : c->backoff_ms * 2;
 }
 
 /* ------------------------------------------------------------------ Redis work */
 
-/* One MULTI / XADD... / XACK / EXEC for up to WRITE_BATCH finished entries. */
+/* A refused batch: keep the outcomes, stop reading, retry later, loudly. */
+static void write_refused(tps_consumer *c, const char *error) {
+    char retry[24], n[24];
+    snprintf(retry, sizeof retry, "%u", c->write_retry_ms);
+    snprintf(n, sizeof n, "%u", c->n_done);
+    const char *kv[] = {"error",       error,
+                        "unwritten",   n,
+                        "retry_in_ms", retry,
+                        "effect",      "nothing acknowledged; reading stopped until outcomes can be written"};
+    logkv(c, TP_LOG_ERROR, "outcome_write_failed", kv, 4);
+    cnt_add(&c->n_write_failures, 1);
+    c->write_blocked_until = tp_now_ns() + ms_ns(c->write_retry_ms);
+    c->write_retry_ms =
+        c->write_retry_ms * 2 > WRITE_RETRY_MAX_MS ? WRITE_RETRY_MAX_MS : c->write_retry_ms * 2;
+}
+
+/* One outcome script (scripts.h) per WRITE_BATCH finished entries. -1 when
+ * the connection failed; 0 otherwise, also when the server refused a batch
+ * (then write_blocked_until is set and the outcomes stay). */
 static int write_outcomes(tps_consumer *c) {
+    if (c->write_blocked_until != 0 && tp_now_ns() < c->write_blocked_until) return 0;
     while (c->n_done > 0) {
         uint32_t batch[WRITE_BATCH], n = 0;
         for (uint32_t i = c->done_head; i != NIL && n < WRITE_BATCH; i = c->slots[i].next) batch[n++] = i;
         size_t argc = 0;
-        args(c, &argc, "MULTI");
-        if (redisAppendCommandArgv(c->wr, 1, c->argv, c->argvlen) != REDIS_OK) return -1;
+        args(c, &argc, "EVAL");
+        args(c, &argc, tps_script_outcomes);
+        args(c, &argc, "3");
+        args(c, &argc, c->stream);
+        args(c, &argc, c->results);
+        args(c, &argc, c->dead);
+        args(c, &argc, c->group);
+        args(c, &argc, c->results_maxlen);
+        args(c, &argc, c->dead_maxlen);
         for (uint32_t k = 0; k < n; k++) {
             slot *s = &c->slots[batch[k]];
-            char att[16], del[16];
-            snprintf(att, sizeof att, "%u", s->attempts);
-            snprintf(del, sizeof del, "%u", s->deliveries);
-            argc = 0;
-            args(c, &argc, "XADD");
-            args(c, &argc, s->outcome == OUT_OK ? c->results : c->dead);
-            args(c, &argc, "*");
-            args(c, &argc, "id");
+            char(*num)[24] = &c->numbuf[(size_t)k * NUMS_PER_RECORD];
+            int ran = s->started_ms != 0;
+            unsigned pairs =
+                3 + (s->outcome == OUT_DEAD) + (s->user[0] != '\0') + 2 * ran + (s->result_len > 0);
+            snprintf(num[0], 24, "%u", s->attempts);
+            snprintf(num[1], 24, "%u", s->deliveries);
+            snprintf(num[2], 24, "%llu", (unsigned long long)s->started_ms);
+            snprintf(num[3], 24, "%llu", (unsigned long long)s->finished_ms);
+            args(c, &argc, s->outcome == OUT_OK ? "R" : "D");
+            args(c, &argc, s->no_ack ? "0" : "1");
             arg(c, &argc, s->id, s->id_len);
+            snprintf(num[4], 24, "%u", pairs);
+            args(c, &argc, num[4]);
             if (s->outcome == OUT_DEAD) {
                 args(c, &argc, "reason");
                 args(c, &argc, s->reason);
@@ -674,56 +747,43 @@ static int write_outcomes(tps_consumer *c) {
             args(c, &argc, "consumer");
             args(c, &argc, c->consumer);
             args(c, &argc, "attempts");
-            args(c, &argc, att);
+            args(c, &argc, num[0]);
             args(c, &argc, "deliveries");
-            args(c, &argc, del);
+            args(c, &argc, num[1]);
             if (s->user[0] != '\0') {
                 args(c, &argc, "user");
                 args(c, &argc, s->user);
             }
-            if (redisAppendCommandArgv(c->wr, (int)argc, c->argv, c->argvlen) != REDIS_OK) return -1;
-        }
-        argc = 0;
-        args(c, &argc, "XACK");
-        args(c, &argc, c->stream);
-        args(c, &argc, c->group);
-        for (uint32_t k = 0; k < n; k++) arg(c, &argc, c->slots[batch[k]].id, c->slots[batch[k]].id_len);
-        if (redisAppendCommandArgv(c->wr, (int)argc, c->argv, c->argvlen) != REDIS_OK) return -1;
-        argc = 0;
-        args(c, &argc, "EXEC");
-        if (redisAppendCommandArgv(c->wr, 1, c->argv, c->argvlen) != REDIS_OK) return -1;
-        /* MULTI, n + 1 QUEUED, EXEC */
-        int failed = 0;
-        redisReply *exec = NULL;
-        for (uint32_t k = 0; k < n + 3; k++) {
-            redisReply *r = NULL;
-            if (redisGetReply(c->wr, (void **)&r) != REDIS_OK) return -1;
-            if (k < n + 2) {
-                if (r->type == REDIS_REPLY_ERROR && !failed) {
-                    failed = 1;
-                    log1(c, TP_LOG_ERROR, "outcome_write_failed", "error", r->str);
-                }
-                freeReplyObject(r);
-            } else {
-                exec = r;
+            if (ran) {
+                args(c, &argc, "started_ms");
+                args(c, &argc, num[2]);
+                args(c, &argc, "finished_ms");
+                args(c, &argc, num[3]);
+            }
+            if (s->result_len > 0) {
+                args(c, &argc, "result");
+                arg(c, &argc, s->result, s->result_len);
             }
         }
-        if (exec->type != REDIS_REPLY_ARRAY || exec->elements != n + 1) {
-            if (exec->type == REDIS_REPLY_ERROR)
-                log1(c, TP_LOG_ERROR, "outcome_write_failed", "error", exec->str);
-            freeReplyObject(exec);
-            return -1; /* nothing acknowledged; reconnect and try again */
+        redisReply *r = wr_command(c, argc);
+        if (r == NULL) return -1; /* nothing known: reconnect and write again (at least once) */
+        if (r->type != REDIS_REPLY_INTEGER) {
+            write_refused(c, r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply");
+            freeReplyObject(r);
+            return 0;
         }
-        for (uint32_t k = 0; k < n; k++)
-            if (exec->element[k]->type == REDIS_REPLY_ERROR)
-                log1(c, TP_LOG_ERROR, "outcome_write_failed", "error", exec->element[k]->str);
-        long long acked = exec->element[n]->type == REDIS_REPLY_INTEGER ? exec->element[n]->integer : 0;
-        freeReplyObject(exec);
-        if (acked < (long long)n) cnt_add(&c->n_ack_missed, (uint64_t)((long long)n - acked));
-        uint64_t ok = 0, dead = 0;
+        long long acked = r->integer;
+        freeReplyObject(r);
+        if (c->write_blocked_until != 0) {
+            log1(c, TP_LOG_INFO, "outcome_write_recovered", NULL, NULL);
+            c->write_blocked_until = 0;
+        }
+        c->write_retry_ms = WRITE_RETRY_MIN_MS;
+        uint64_t ok = 0, dead = 0, to_ack = 0;
         for (uint32_t k = 0; k < n; k++) {
             uint32_t i = list_pop(c, &c->done_head, &c->done_tail);
             slot *s = &c->slots[i];
+            to_ack += !s->no_ack;
             if (s->outcome == OUT_OK) {
                 ok++;
             } else {
@@ -733,6 +793,7 @@ static int write_outcomes(tps_consumer *c) {
             }
             slot_free(c, i);
         }
+        if (acked < (long long)to_ack) cnt_add(&c->n_ack_missed, (uint64_t)((long long)to_ack - acked));
         c->n_done -= n;
         cnt_add(&c->n_acked, n);
         cnt_add(&c->n_succeeded, ok);
@@ -745,8 +806,8 @@ static int write_outcomes(tps_consumer *c) {
  * counts no delivery. */
 static int heartbeat(tps_consumer *c) {
     int stopping = atomic_load(&c->stop_reading);
-    uint32_t i = 0, sent = 0;
-    while (i < c->nslots) {
+    uint32_t i = 0, sent = 0, nsched = tps_sched_count(c->sched);
+    while (i < c->nslots + nsched) {
         size_t argc = 0;
         args(c, &argc, "XCLAIM");
         args(c, &argc, c->stream);
@@ -754,7 +815,13 @@ static int heartbeat(tps_consumer *c) {
         args(c, &argc, c->consumer);
         args(c, &argc, "0");
         size_t first = argc;
-        for (; i < c->nslots && argc - first < CLAIM_ARGS_MAX; i++) {
+        for (; i < c->nslots + nsched && argc - first < CLAIM_ARGS_MAX; i++) {
+            if (i >= c->nslots) { /* waiting for its time */
+                size_t len;
+                const char *id = tps_sched_id(c->sched, i - c->nslots, &len);
+                arg(c, &argc, id, len);
+                continue;
+            }
             slot *s = &c->slots[i];
             if (s->state == S_FREE || (stopping && (s->state == S_BACKLOG || s->state == S_OVERFLOW)))
                 continue;
@@ -774,7 +841,11 @@ static int heartbeat(tps_consumer *c) {
     return 0;
 }
 
+/* How many entries a read or claim may bring now: pool room, free slots,
+ * room in the timer heap (any of them may be scheduled); none while a
+ * refused outcome batch waits for its retry. */
 static uint32_t read_room(tps_consumer *c) {
+    if (c->write_blocked_until != 0) return 0;
     uint32_t in = c->n_pool + c->n_overflow;
     uint32_t room = c->pool_capacity > in ? c->pool_capacity - in : 0;
     if (c->queue_capacity != 0 && room > 0) {
@@ -787,7 +858,24 @@ static uint32_t read_room(tps_consumer *c) {
         if (places < room) room = places;
     }
     uint32_t free = c->n_free > c->read_outstanding ? c->n_free - c->read_outstanding : 0;
-    return room < free ? room : free;
+    uint32_t timers = tps_sched_room(c->sched);
+    timers = timers > c->read_outstanding ? timers - c->read_outstanding : 0;
+    if (free < room) room = free;
+    return room < timers ? room : timers;
+}
+
+/* Slot i for an entry deleted from the stream before it ran: a dead record.
+ * `dropped`: Redis already removed it from the pending list (no XACK). */
+static void deleted_entry(tps_consumer *c, uint32_t i, const char *id, size_t len, int dropped) {
+    slot *s = &c->slots[i];
+    memcpy(s->id, id, len);
+    s->id[len] = '\0';
+    s->id_len = len;
+    ids_insert(c, i);
+    s->deliveries = 0; /* unknown: the pending list no longer has it */
+    s->no_ack = (uint8_t)dropped;
+    cnt_add(&c->n_deleted, 1);
+    finish_dead(c, i, "entry deleted before it ran");
 }
 
 /* Take one entry [id, fields] into a fresh slot; NIL when it is held already
@@ -797,7 +885,7 @@ static uint32_t take_entry(tps_consumer *c, const redisReply *e, const char **pe
         e->element[0]->len == 0 || e->element[0]->len > TPS_ID_MAX)
         return NIL;
     const redisReply *id = e->element[0];
-    if (ids_find(c, id->str, id->len) != NIL) return NIL;
+    if (ids_find(c, id->str, id->len) != NIL || tps_sched_has(c->sched, id->str, id->len)) return NIL;
     uint32_t i = slot_alloc(c);
     if (i == NIL) return NIL;
     slot *s = &c->slots[i];
@@ -837,6 +925,29 @@ static int claim(tps_consumer *c) {
     size_t cl = r->element[0]->len < TPS_ID_MAX ? r->element[0]->len : TPS_ID_MAX;
     memcpy(c->claim_cursor, r->element[0]->str, cl);
     c->claim_cursor[cl] = '\0';
+    /* Redis >= 7: ids of pending entries deleted from the stream (XTRIM,
+     * XDEL), which XAUTOCLAIM has just dropped from the pending list. Their
+     * outcome is a dead record; there is nothing left to acknowledge. */
+    if (r->elements >= 3 && r->element[2]->type == REDIS_REPLY_ARRAY) {
+        const redisReply *gone = r->element[2];
+        uint32_t lost = 0;
+        for (size_t k = 0; k < gone->elements; k++) {
+            const redisReply *id = gone->element[k];
+            if (id->type != REDIS_REPLY_STRING || id->len == 0 || id->len > TPS_ID_MAX) continue;
+            if (ids_find(c, id->str, id->len) != NIL) continue;
+            uint32_t i = slot_alloc(c);
+            if (i == NIL) { /* cannot happen: COUNT <= free slots; say so if it does */
+                lost++;
+                continue;
+            }
+            deleted_entry(c, i, id->str, id->len, 1);
+        }
+        if (lost > 0) {
+            char num[16];
+            snprintf(num, sizeof num, "%u", lost);
+            log1(c, TP_LOG_ERROR, "deleted_entries_unrecorded", "count", num);
+        }
+    }
     const redisReply *ents = r->element[1];
     uint32_t *got = c->claim_got, n = 0;
     const char **errs = c->claim_err;
@@ -890,6 +1001,97 @@ static int claim(tps_consumer *c) {
                 s->deliveries = 2; /* not listed (acked meanwhile?): at least the second delivery */
             admit(c, got[k], errs[k]);
         }
+    }
+    freeReplyObject(r);
+    return 0;
+}
+
+/* Scheduled entries whose time has come: read their fields again (XRANGE,
+ * pipelined) and admit them, before anything new is read. An entry gone from
+ * the stream meanwhile gets a dead record. -1 when the connection failed
+ * (the entries not admitted go back into the heap). */
+static int dispatch_due(tps_consumer *c) {
+    uint64_t now_ms = tps_unix_ms();
+    if (tps_sched_next(c->sched) > now_ms) return 0;
+    due_ent *due = c->due_buf;
+    uint32_t n = 0, cap = c->n_free > c->read_outstanding ? c->n_free - c->read_outstanding : 0;
+    if (cap > DUE_BATCH) cap = DUE_BATCH;
+    int failed = 0;
+    while (n < cap &&
+           tps_sched_pop(c->sched, now_ms, due[n].id, &due[n].len, &due[n].due_ms, &due[n].deliveries)) {
+        size_t argc = 0;
+        args(c, &argc, "XRANGE");
+        args(c, &argc, c->stream);
+        arg(c, &argc, due[n].id, due[n].len);
+        arg(c, &argc, due[n].id, due[n].len);
+        n++;
+        if (redisAppendCommandArgv(c->wr, (int)argc, c->argv, c->argvlen) != REDIS_OK) {
+            failed = 1;
+            break;
+        }
+    }
+    uint32_t k = 0;
+    for (; k < n && !failed; k++) {
+        redisReply *r = NULL;
+        if (redisGetReply(c->wr, (void **)&r) != REDIS_OK) {
+            failed = 1;
+            break;
+        }
+        if (r->type == REDIS_REPLY_ARRAY && r->elements == 0) {
+            uint32_t i = slot_alloc(c); /* cap <= free slots */
+            deleted_entry(c, i, due[k].id, due[k].len, 0);
+        } else if (r->type == REDIS_REPLY_ARRAY) {
+            const char *perr = NULL;
+            uint32_t i = take_entry(c, r->element[0], &perr);
+            if (i != NIL) {
+                c->slots[i].deliveries = due[k].deliveries;
+                c->slots[i].due = 1;
+                admit(c, i, perr);
+                if (c->log != NULL) {
+                    char late[24];
+                    uint64_t wall = tps_unix_ms();
+                    snprintf(late, sizeof late, "%llu",
+                             (unsigned long long)(wall > due[k].due_ms ? wall - due[k].due_ms : 0));
+                    const char *kv[] = {"id", due[k].id, "late_ms", late};
+                    logkv(c, TP_LOG_DEBUG, "due", kv, 2);
+                }
+            }
+        } else {
+            log1(c, TP_LOG_WARN, "due_fetch_failed", "error",
+                 r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply");
+            (void)tps_sched_add(c->sched, due[k].id, due[k].len, due[k].due_ms, due[k].deliveries);
+        }
+        freeReplyObject(r);
+    }
+    for (; k < n; k++) (void)tps_sched_add(c->sched, due[k].id, due[k].len, due[k].due_ms, due[k].deliveries);
+    return failed ? -1 : 0;
+}
+
+/* TRIM_DONE: drop the stream's entries below what every group still needs
+ * (scripts.h). -1 when the connection failed. */
+static int trim(tps_consumer *c) {
+    size_t argc = 0;
+    args(c, &argc, "EVAL");
+    args(c, &argc, tps_script_trim);
+    args(c, &argc, "1");
+    args(c, &argc, c->stream);
+    args(c, &argc, TRIM_LIMIT);
+    redisReply *r = wr_command(c, argc);
+    if (r == NULL) return -1;
+    if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 && r->element[0]->type == REDIS_REPLY_STRING &&
+        r->element[1]->type == REDIS_REPLY_INTEGER) {
+        if (r->element[1]->integer > 0) {
+            char num[24];
+            snprintf(num, sizeof num, "%lld", r->element[1]->integer);
+            const char *kv[] = {"count", num, "below", r->element[0]->str};
+            logkv(c, TP_LOG_DEBUG, "trimmed", kv, 2);
+            cnt_add(&c->n_trimmed, (uint64_t)r->element[1]->integer);
+            /* at the limit: more to trim, go on at the next turn of the loop */
+            if (r->element[1]->integer >= atoll(TRIM_LIMIT) / 2) c->next_trim_ns = tp_now_ns();
+        }
+    } else {
+        log1(c, TP_LOG_WARN, "trim_failed", "error",
+             r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply");
     }
     freeReplyObject(r);
     return 0;
@@ -971,6 +1173,8 @@ static void apply_stop(tps_consumer *c) {
         }
     }
     for (uint32_t u = 0; u <= c->users_mask; u++) c->users[u].head = c->users[u].tail = NIL;
+    released += tps_sched_count(c->sched); /* waiting for their time: pending, another worker claims them */
+    tps_sched_clear(c->sched);
     c->n_backlog = c->n_overflow = 0;
     c->overflow_head = c->overflow_tail = NIL;
     char num[16];
@@ -1011,17 +1215,25 @@ static void *io_main(void *arg) {
         }
         if (c->wr != NULL) {
             const char *fail = NULL;
-            if (c->n_done > 0 && write_outcomes(c) != 0) fail = "writing outcomes";
+            /* Due entries first: they are the only work here with a time
+             * to keep; outcomes can wait the few ms a fetch takes. */
+            if (!stopping && c->write_blocked_until == 0 && dispatch_due(c) != 0)
+                fail = "fetching due entries";
+            if (fail == NULL && c->n_done > 0 && write_outcomes(c) != 0) fail = "writing outcomes";
             /* Never starved by a steady stream of outcomes: a held entry whose
              * idle time passed CLAIM_IDLE would be claimed by another worker. */
             if (fail == NULL && now >= c->next_heartbeat_ns) {
                 if (heartbeat(c) != 0) fail = "heartbeat";
                 c->next_heartbeat_ns = now + c->claim_idle_ns / 3;
             }
-            if (fail == NULL && !stopping && now >= c->next_claim_ns) {
+            if (fail == NULL && !stopping && now >= c->next_claim_ns && c->write_blocked_until == 0) {
                 if (claim(c) != 0) fail = "claiming";
                 c->next_claim_ns = now + c->claim_idle_ns / 2;
-                if (c->n_done > 0 && fail == NULL && write_outcomes(c) != 0) fail = "writing outcomes";
+            }
+            if (c->n_done > 0 && fail == NULL && write_outcomes(c) != 0) fail = "writing outcomes";
+            if (fail == NULL && c->trim_interval_ns != 0 && now >= c->next_trim_ns) {
+                c->next_trim_ns = now + c->trim_interval_ns;
+                if (trim(c) != 0) fail = "trimming";
             }
             if (fail == NULL && !stopping && c->rd != NULL && c->read_outstanding == 0) {
                 uint32_t room = read_room(c);
@@ -1046,6 +1258,16 @@ static void *io_main(void *arg) {
         } else {
             if (c->next_heartbeat_ns < due) due = c->next_heartbeat_ns;
             if (!stopping && c->next_claim_ns < due) due = c->next_claim_ns;
+            if (c->trim_interval_ns != 0 && c->next_trim_ns < due) due = c->next_trim_ns;
+            if (c->write_blocked_until != 0) {
+                if (c->write_blocked_until < due) due = c->write_blocked_until;
+            } else if (c->n_done > 0) {
+                due = now; /* e.g. dead records made by the due fetch */
+            } else if (!stopping && tps_sched_count(c->sched) > 0 && c->n_free > c->read_outstanding) {
+                uint64_t next = tps_sched_next(c->sched), wall = tps_unix_ms();
+                uint64_t in = next > wall ? ms_ns(next - wall) : 0;
+                if (now + in < due) due = now + in;
+            }
         }
         if (c->n_overflow > 0 && now + ms_ns(10) < due) due = now + ms_ns(10);
         if (atomic_load(&c->finishing) && atomic_load(&c->finish_deadline) < due)
@@ -1078,15 +1300,6 @@ static int copy_name(char *dst, const char *src, const char *def, const char *wh
     return 0;
 }
 
-static int parse_url(tps_consumer *c, const char *url, char *err, size_t errlen) {
-    if (strlen(url) >= sizeof c->url) {
-        snprintf(err, errlen, "REDIS_URL is too long");
-        return -1;
-    }
-    strcpy(c->url, url);
-    return svc_parse_redis_url(url, c->host, sizeof c->host, &c->port, err, errlen);
-}
-
 static uint32_t pow2_at_least(uint32_t n) {
     uint32_t p = 16;
     while (p < n) p <<= 1;
@@ -1103,6 +1316,9 @@ static void free_buffers(tps_consumer *c) {
     free(c->argvlen);
     free(c->claim_got);
     free(c->claim_err);
+    free(c->due_buf);
+    free(c->numbuf);
+    tps_sched_destroy(c->sched);
 }
 
 int tps_create(tps_consumer **out, const tps_config *cfg, char *err, size_t errlen) {
@@ -1127,8 +1343,7 @@ int tps_create(tps_consumer **out, const tps_config *cfg, char *err, size_t errl
     (void)gethostname(host, sizeof host - 1);
     host[sizeof host - 1] = '\0';
     snprintf(defname, sizeof defname, "%s-%ld", host, (long)getpid());
-    if (parse_url(c, cfg->redis_url != NULL && *cfg->redis_url ? cfg->redis_url : "redis://127.0.0.1:6379",
-                  err, errlen) != 0 ||
+    if (tps_redis_parse(cfg->redis_url, cfg->redis_password, &c->addr, err, errlen) != 0 ||
         copy_name(c->stream, cfg->stream, "tasks", "STREAM", err, errlen) != 0 ||
         copy_name(c->group, cfg->group, "taskpool", "GROUP", err, errlen) != 0 ||
         copy_name(c->consumer, cfg->consumer, defname, "CONSUMER", err, errlen) != 0 ||
@@ -1137,6 +1352,26 @@ int tps_create(tps_consumer **out, const tps_config *cfg, char *err, size_t errl
         free(c);
         return -1;
     }
+    const char *clash = strcmp(c->results, c->stream) == 0 ? "RESULTS_STREAM"
+                        : strcmp(c->dead, c->stream) == 0  ? "DEAD_STREAM"
+                                                           : NULL;
+    if (clash != NULL) { /* every outcome would be read back as a new entry */
+        snprintf(err, errlen, "%s must differ from STREAM (\"%s\")", clash, c->stream);
+        free(c);
+        return -1;
+    }
+    const char *start = cfg->group_start != NULL && *cfg->group_start != '\0' ? cfg->group_start : "$";
+    if (strcmp(start, "$") != 0 && strcmp(start, "0") != 0) {
+        snprintf(err, errlen, "GROUP_START=\"%s\": expected $ (new entries only) or 0 (the whole stream)",
+                 start);
+        free(c);
+        return -1;
+    }
+    strcpy(c->group_start, start);
+    snprintf(c->results_maxlen, sizeof c->results_maxlen, "%llu", (unsigned long long)cfg->results_maxlen);
+    snprintf(c->dead_maxlen, sizeof c->dead_maxlen, "%llu", (unsigned long long)cfg->dead_maxlen);
+    c->trim_interval_ns = cfg->trim_interval_ns;
+    c->max_retries = cfg->max_retries;
     c->pool = cfg->pool;
     c->pool_capacity = cfg->pool_capacity;
     c->queue_capacity = cfg->queue_capacity < cfg->pool_capacity ? cfg->queue_capacity : 0;
@@ -1150,12 +1385,18 @@ int tps_create(tps_consumer **out, const tps_config *cfg, char *err, size_t errl
     c->log_arg = cfg->log_arg;
     strcpy(c->claim_cursor, "0-0");
     c->backoff_ms = BACKOFF_MIN_MS;
+    uint64_t quarter_ms = c->claim_idle_ns / 4 / 1000000u;
+    c->backoff_max_ms = quarter_ms < BACKOFF_MIN_MS   ? BACKOFF_MIN_MS
+                        : quarter_ms > BACKOFF_MAX_MS ? BACKOFF_MAX_MS
+                                                      : (unsigned)quarter_ms;
+    c->write_retry_ms = WRITE_RETRY_MIN_MS;
     c->wake[0] = c->wake[1] = -1;
 
     uint32_t idsz = pow2_at_least(2 * c->nslots);
     c->ids_mask = idsz - 1;
     c->users_mask = idsz - 1;
-    c->argcap = (c->nslots > WRITE_BATCH ? c->nslots : WRITE_BATCH) + CLAIM_ARGS_MAX + 32;
+    /* the largest command: an outcome batch, at most 4 + 2 x 9 arguments per record */
+    c->argcap = (c->nslots > WRITE_BATCH * 22 ? c->nslots : WRITE_BATCH * 22) + CLAIM_ARGS_MAX + 32;
     c->slots = calloc(c->nslots, sizeof *c->slots);
     c->ring = calloc(c->nslots, sizeof *c->ring);
     c->ids = calloc(idsz, sizeof *c->ids);
@@ -1164,9 +1405,13 @@ int tps_create(tps_consumer **out, const tps_config *cfg, char *err, size_t errl
     c->argvlen = calloc(c->argcap, sizeof *c->argvlen);
     c->claim_got = calloc(c->nslots, sizeof *c->claim_got);
     c->claim_err = calloc(c->nslots, sizeof *c->claim_err);
-    if (c->claim_got == NULL || c->claim_err == NULL || c->slots == NULL || c->ring == NULL ||
-        c->ids == NULL || c->users == NULL || c->argv == NULL || c->argvlen == NULL ||
-        pipe2(c->wake, O_NONBLOCK | O_CLOEXEC) != 0 || pthread_mutex_init(&c->ring_mu, NULL) != 0) {
+    c->due_buf = calloc(DUE_BATCH, sizeof *c->due_buf);
+    c->numbuf = calloc((size_t)WRITE_BATCH * NUMS_PER_RECORD, sizeof *c->numbuf);
+    c->sched = tps_sched_create(cfg->scheduled_max != 0 ? cfg->scheduled_max : 10000);
+    if (c->due_buf == NULL || c->numbuf == NULL || c->sched == NULL || c->claim_got == NULL ||
+        c->claim_err == NULL || c->slots == NULL || c->ring == NULL || c->ids == NULL || c->users == NULL ||
+        c->argv == NULL || c->argvlen == NULL || pipe2(c->wake, O_NONBLOCK | O_CLOEXEC) != 0 ||
+        pthread_mutex_init(&c->ring_mu, NULL) != 0) {
         snprintf(err, errlen, "out of memory");
         if (c->wake[0] >= 0) {
             close(c->wake[0]);
@@ -1232,6 +1477,8 @@ void tps_destroy(tps_consumer *c) {
 
 const char *tps_consumer_name(const tps_consumer *c) { return c->consumer; }
 
+const char *tps_redis_shown(const tps_consumer *c) { return c->addr.shown; }
+
 void tps_stats_get(tps_consumer *c, tps_stats *o) {
 #define LD(x) atomic_load_explicit(&c->x, memory_order_relaxed)
     o->read = LD(n_read);
@@ -1244,10 +1491,15 @@ void tps_stats_get(tps_consumer *c, tps_stats *o) {
     o->abandoned = LD(n_abandoned);
     o->user_waits = LD(n_user_waits);
     o->reconnects = LD(n_reconnects);
+    o->deleted = LD(n_deleted);
+    o->scheduled = LD(n_scheduled);
+    o->write_failures = LD(n_write_failures);
+    o->trimmed = LD(n_trimmed);
     o->held = LD(g_held);
     o->backlog = LD(g_backlog);
     o->unwritten = LD(g_unwritten);
     o->connected = LD(g_connected);
+    o->waiting = LD(g_waiting);
 #undef LD
 }
 
@@ -1268,10 +1520,15 @@ int tps_stats_format(const tps_stats *s, char *buf, size_t len) {
         R(abandoned, 1, "Entries cancelled by a forced shutdown, left pending for another consumer."),
         R(user_waits, 1, "Entries that waited in the local backlog for a user slot."),
         R(reconnects, 1, "Connections re-established after a loss."),
+        R(deleted, 1, "Dead entries that were deleted from the stream before they ran."),
+        R(scheduled, 1, "Entries that waited for their time (not_before, defer)."),
+        R(write_failures, 1, "Outcome batches the server refused (kept and retried; nothing acknowledged)."),
+        R(trimmed, 1, "Entries removed from the stream by TRIM_DONE."),
         R(held, 0, "Entries held by this process now."),
         R(backlog, 0, "Entries in the local backlog now."),
         R(unwritten, 0, "Finished entries whose outcome is not written yet."),
         R(connected, 0, "1 while connected to Redis."),
+        R(waiting, 0, "Scheduled entries waiting for their time now."),
 #undef R
     };
     size_t n = 0;

@@ -13,19 +13,33 @@
  *   reader  XREADGROUP ... COUNT <free capacity> BLOCK <ms> STREAMS s >,
  *           sent without waiting for the answer; the thread poll()s its socket
  *           together with a wake-up pipe;
- *   writer  everything else, synchronously: outcome transactions, XAUTOCLAIM,
- *           the idle-time heartbeat (XCLAIM ... JUSTID), XGROUP CREATE.
+ *   writer  everything else, synchronously: outcome scripts, XAUTOCLAIM,
+ *           the idle-time heartbeat (XCLAIM ... JUSTID), XGROUP CREATE, the
+ *           fetch of scheduled entries that came due, the trim.
  * The pool's threads never call Redis: a task's on_done pushes the entry's
  * slot onto a bounded completion ring and wakes the I/O thread, which batches
- * the outcomes into one pipelined transaction
- *     MULTI, XADD <results|dead> * id <entry id> ... (one per entry),
- *     XACK <stream> <group> <every id of the batch>, EXEC
- * so an entry is acknowledged in the same transaction that records its outcome.
+ * the outcomes into one script (scripts.h): XADD <results|dead> ... per entry,
+ * then one XACK for the batch. The script stops at the first failing call, so
+ * an entry is acknowledged only once its outcome is written; when a batch is
+ * refused (say the results key became a string), the outcomes stay in their
+ * slots, reading stops, and the batch is retried with backoff, logged each
+ * time. (The ring and the pipe are the place where the library's completion
+ * queue, tp_cq, will plug in: on_done and process_completions are its two
+ * ends.)
  *
  * Memory is fixed at tps_create(): `pool_capacity + backlog` entry slots
- * (the most entries this process holds at any time), the completion ring and
- * two hash tables (held ids, users with a backlog). Reading, running and
- * writing an entry allocates nothing here (hiredis allocates its replies).
+ * (the most entries this process holds at any time), the completion ring,
+ * two hash tables (held ids, users with a backlog) and the timer heap of
+ * scheduled entries (timers.h). Reading, running and writing an entry
+ * allocates nothing here (hiredis allocates its replies).
+ *
+ * Scheduled entries (`not_before`, `defer`): an entry read before its time
+ * gives its slot back and waits in the timer heap as an id and a due time,
+ * pending in the group (the heartbeat keeps it ours). When it is due, the
+ * I/O thread reads its fields again (XRANGE) and submits it ahead of any new
+ * read; it then waits for a place like any entry. An entry deleted from the
+ * stream meanwhile goes to the dead stream. The heap's capacity caps the
+ * reads: with it full, nothing more is read until one is due.
  *
  * Back-pressure. XREADGROUP's COUNT is the pool's free room
  * (pool_capacity - entries in the pool, and at most the free places in its
@@ -40,17 +54,18 @@
  * than claim_idle from any consumer (dead ones included), and every
  * claim_idle / 3 it resets the idle time of every entry it holds (XCLAIM to
  * itself with JUSTID, which does not count a delivery), so a live but busy
- * consumer is never robbed. An entry delivered more than max_deliveries
- * times goes to the dead stream without running. When a connection fails,
- * both are closed and reopened with exponential backoff (100 ms to 2 s);
- * tasks keep running and their outcomes wait in their slots.
+ * consumer is never robbed. After a reconnect the first claim waits one
+ * claim_idle, so that peers reconnecting a moment later refresh their
+ * entries first (the reconnect backoff is capped at claim_idle / 4 for this).
+ * Entries XAUTOCLAIM reports as deleted from the stream (XTRIM, XDEL) get a
+ * dead record, `entry deleted before it ran`. An entry delivered more than
+ * max_deliveries times goes to the dead stream without running. When a
+ * connection fails, both are closed and reopened with exponential backoff
+ * (100 ms to 2 s); tasks keep running and their outcomes wait in their slots.
  *
- * Messages. Fields `user` (optional, at most TP_USER_MAX bytes), `delay` (a
- * duration such as 20ms, default 0), `fail` (`always`, or N: the first N
- * attempts of this delivery fail), `payload` (opaque, at most TPS_PAYLOAD_MAX
- * bytes). Other field names are ignored. A value that does not parse, a
- * repeated field or an oversized one sends the entry to the dead stream with
- * a reason naming the field.
+ * Messages: the fields of entry.h. A value that does not parse, a repeated
+ * field or an oversized one sends the entry to the dead stream with a reason
+ * naming the field.
  *
  * Shutdown: tps_stop_reading(); tp_shutdown(pool, budget); tps_finish().
  * Tasks that end cancelled (forced shutdown) write nothing and stay pending
@@ -62,12 +77,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "entry.h"
 #include "taskpool.h"
 
-#define TPS_ID_MAX      41   /* "<ms>-<seq>", two 20-digit numbers and a dash */
-#define TPS_PAYLOAD_MAX 1024 /* bytes of a `payload` field */
-#define TPS_FAIL_ALWAYS UINT32_MAX
-#define TPS_NAME_MAX    255 /* bytes of a stream, group or consumer name */
+#define TPS_ID_MAX     41   /* "<ms>-<seq>", two 20-digit numbers and a dash */
+#define TPS_RESULT_MAX 1024 /* bytes a handler may return (tps_set_result) */
+#define TPS_NAME_MAX   255  /* bytes of a stream, group or consumer name */
 
 typedef struct tps_consumer tps_consumer; /* opaque */
 
@@ -75,22 +90,32 @@ typedef struct tps_consumer tps_consumer; /* opaque */
 typedef struct tps_msg {
     const char *id;      /* the stream entry id */
     const char *user;    /* NULL when the entry has none */
-    uint64_t delay_ns;   /* `delay`, 0 when absent */
+    uint64_t work_ns;    /* `work` (alias `delay`), 0 when absent */
     uint32_t fail;       /* `fail`: 0, N, or TPS_FAIL_ALWAYS */
     const char *payload; /* NULL when absent; not NUL-terminated */
     size_t payload_len;
-    unsigned deliveries; /* how often Redis has delivered it, this time included */
+    unsigned deliveries;   /* how often Redis has delivered it, this time included */
+    unsigned max_attempts; /* attempts this delivery may take: the entry's `attempts`, at most the pool's */
+    void *internal;        /* the consumer's; for tps_set_result */
 } tps_msg;
 
 /* The work of one entry, run on a pool worker. Return 0 for success, anything
- * else for a failed attempt (retried as the pool's max_retries says). NULL in
- * tps_config.handler means tps_default_handler. */
+ * else for a failed attempt (retried as the pool's max_retries and the
+ * entry's `attempts` say). NULL in tps_config.handler means
+ * tps_default_handler. */
 typedef int (*tps_handler)(tp_ctx *ctx, const tps_msg *msg, void *arg);
 
-/* The contract's behaviour: fail while tp_ctx_attempt() < msg->fail, else
- * tp_ctx_sleep(delay) and succeed. Returns TPS_RUN_FAILED (an injected failure),
- * TPS_RUN_TIMEDOUT (the run timeout cut the sleep short), TPS_RUN_CANCELED
- * (tp_cancel or a forced shutdown), or 0. */
+/* From a handler, during its call: `len` bytes (at most TPS_RESULT_MAX) to
+ * write into the entry's outcome record as `result` (copied). Each attempt
+ * starts with no result; the last attempt's counts. 0, or -1 when too long
+ * (nothing is kept). */
+int tps_set_result(const tps_msg *msg, const void *data, size_t len);
+
+/* The demo's behaviour: fail while tp_ctx_attempt() < msg->fail, else
+ * tp_ctx_sleep(work) and succeed with the payload as the result (an echo).
+ * Returns TPS_RUN_FAILED (an injected failure), TPS_RUN_TIMEDOUT (the run
+ * timeout cut the sleep short), TPS_RUN_CANCELED (tp_cancel or a forced
+ * shutdown), or 0. */
 enum { TPS_RUN_FAILED = 1, TPS_RUN_TIMEDOUT = 2, TPS_RUN_CANCELED = 3 };
 int tps_default_handler(tp_ctx *ctx, const tps_msg *msg, void *arg);
 
@@ -100,14 +125,21 @@ int tps_default_handler(tp_ctx *ctx, const tps_msg *msg, void *arg);
 typedef void (*tps_log_fn)(void *log_arg, int level, const char *event, const char *const *kv, size_t nkv);
 
 typedef struct tps_config {
-    const char *redis_url;      /* redis://host:port or unix:///path; NULL -> redis://127.0.0.1:6379 */
+    const char *redis_url;      /* redis_conn.h; NULL -> redis://127.0.0.1:6379 */
+    const char *redis_password; /* REDIS_PASSWORD, or NULL */
     const char *stream;         /* NULL -> "tasks" */
     const char *group;          /* NULL -> "taskpool"; created with MKSTREAM when missing */
+    const char *group_start;    /* where a missing group starts: "$" (NULL) or "0" */
     const char *consumer;       /* NULL -> "<hostname>-<pid>" */
-    const char *results_stream; /* NULL -> "tasks:done" */
-    const char *dead_stream;    /* NULL -> "tasks:dead" */
+    const char *results_stream; /* NULL -> "tasks:done"; must differ from stream */
+    const char *dead_stream;    /* NULL -> "tasks:dead"; must differ from stream */
+    uint64_t results_maxlen;    /* 0 -> unbounded; else XADD MAXLEN ~ n */
+    uint64_t dead_maxlen;       /* likewise */
+    uint64_t trim_interval_ns;  /* 0 -> no trim; else trim the stream below what every group needs */
+    unsigned scheduled_max;     /* entries waiting for their time; 0 -> 10000 */
     tp_pool *pool;              /* required; the caller creates and shuts it down */
     unsigned pool_capacity;     /* required: the pool's workers + queue_capacity */
+    unsigned max_retries;       /* the pool's max_retries (an entry's `attempts` can only lower it) */
     unsigned queue_capacity;    /* the pool's queue_capacity; 0 -> unknown. When given, a read never
                                  * asks for more than the queue can take at once, so tp_submit does
                                  * not meet TP_EFULL in the instant before the workers pick up */
@@ -123,26 +155,32 @@ typedef struct tps_config {
 
 /* Counters, monotonic unless marked "now". */
 typedef struct tps_stats {
-    uint64_t read;       /* entries received by XREADGROUP */
-    uint64_t claimed;    /* entries taken over by XAUTOCLAIM */
-    uint64_t acked;      /* entries acknowledged (outcome written), dead included */
-    uint64_t succeeded;  /* ... of which in the results stream */
-    uint64_t dead;       /* ... of which in the dead stream */
-    uint64_t malformed;  /* dead because the entry did not parse */
-    uint64_t ack_missed; /* outcomes written for entries some other consumer had acknowledged */
-    uint64_t abandoned;  /* ended cancelled: left pending for another consumer */
-    uint64_t user_waits; /* entries that went to the local backlog (TP_EUSERLIMIT) */
-    uint64_t reconnects; /* successful connections after the first */
-    uint64_t held;       /* now: entries this process holds (backlog, pool, unwritten) */
-    uint64_t backlog;    /* now: entries in the local backlog */
-    uint64_t unwritten;  /* now: finished entries whose outcome is not written yet */
-    uint64_t connected;  /* now: 1 when both connections are up */
+    uint64_t read;           /* entries received by XREADGROUP */
+    uint64_t claimed;        /* entries taken over by XAUTOCLAIM */
+    uint64_t acked;          /* entries acknowledged (outcome written), dead included */
+    uint64_t succeeded;      /* ... of which in the results stream */
+    uint64_t dead;           /* ... of which in the dead stream */
+    uint64_t malformed;      /* dead because the entry did not parse */
+    uint64_t ack_missed;     /* outcomes written for entries some other consumer had acknowledged */
+    uint64_t abandoned;      /* ended cancelled: left pending for another consumer */
+    uint64_t user_waits;     /* entries that went to the local backlog (TP_EUSERLIMIT) */
+    uint64_t reconnects;     /* successful connections after the first */
+    uint64_t deleted;        /* dead because the entry was deleted from the stream before it ran */
+    uint64_t scheduled;      /* entries that waited for their time (not_before, defer) */
+    uint64_t write_failures; /* outcome batches the server refused (kept, retried) */
+    uint64_t trimmed;        /* entries removed from the stream by the trim */
+    uint64_t held;           /* now: entries this process holds (backlog, pool, unwritten) */
+    uint64_t backlog;        /* now: entries in the local backlog */
+    uint64_t unwritten;      /* now: finished entries whose outcome is not written yet */
+    uint64_t connected;      /* now: 1 when both connections are up */
+    uint64_t waiting;        /* now: scheduled entries waiting for their time */
 } tps_stats;
 
 /*
  * tps_create -- validate `cfg`, allocate every slot and table. Connects
  * nothing yet. 0 on success; -1 with a one-line reason in err otherwise
- * (invalid URL, a name too long, pool NULL, pool_capacity 0, no memory).
+ * (invalid URL, a name too long, results or dead equal to the stream, pool
+ * NULL, pool_capacity 0, no memory).
  */
 int tps_create(tps_consumer **out, const tps_config *cfg, char *err, size_t errlen);
 
@@ -176,5 +214,8 @@ int tps_stats_format(const tps_stats *s, char *buf, size_t len);
 
 /* The consumer name in use (the default one once resolved). */
 const char *tps_consumer_name(const tps_consumer *c);
+
+/* REDIS_URL with the password hidden, for logs. */
+const char *tps_redis_shown(const tps_consumer *c);
 
 #endif

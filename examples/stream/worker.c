@@ -18,7 +18,8 @@
  *   3. up to 1 s for cancelled tasks to return, then what is left of the budget
  *      (at least 2 s) to write the last outcomes;
  *   4. exit 0 when everything drained and was written, 1 otherwise.
- * Exit status 2: invalid configuration (one line on stderr).
+ * Exit status 2: invalid configuration or command line (one line on stderr).
+ * --help and --version print and exit 0 without touching Redis.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -35,16 +36,85 @@
 #include "tp_stream.h"
 
 typedef struct wcfg {
-    const char *redis_url, *stream, *group, *consumer, *results, *dead, *metrics_addr;
-    unsigned workers, queue_capacity, max_per_user, max_retries, max_deliveries, backlog;
-    uint64_t task_timeout_ns, retry_delay_ns, claim_idle_ns, shutdown_timeout_ns;
+    const char *redis_url, *redis_password, *stream, *group, *group_start, *consumer, *results, *dead,
+        *metrics_addr;
+    unsigned workers, queue_capacity, max_per_user, max_retries, max_deliveries, backlog, scheduled_max,
+        trim_done, results_maxlen, dead_maxlen;
+    uint64_t task_timeout_ns, retry_delay_ns, claim_idle_ns, shutdown_timeout_ns, trim_interval_ns;
 } wcfg;
+
+static void usage(FILE *f) {
+    fprintf(f, "Usage: taskpool-stream-worker [--help | --version]\n"
+               "\n"
+               "Runs the entries of a Redis stream, read through a consumer group, on a\n"
+               "libtaskpool pool; writes each outcome to the results or the dead stream and\n"
+               "acknowledges the entry only then. Configured from the environment; logs one\n"
+               "JSON object per line on stdout; drains on SIGTERM or SIGINT.\n"
+               "\n"
+               "Environment (durations like 250ms, 5s, 1m30s; unset or empty = default):\n"
+               "  REDIS_URL         redis://[user[:password]@]host[:port] or\n"
+               "                    unix://[user[:password]@]/path (redis://127.0.0.1:6379)\n"
+               "  REDIS_PASSWORD    the password, kept out of the process listing (unset)\n"
+               "  STREAM            the stream of entries (tasks)\n"
+               "  GROUP             the consumer group (taskpool)\n"
+               "  GROUP_START       where a missing group starts: $ new entries, 0 all ($)\n"
+               "  CONSUMER          this worker's name in the group (<hostname>-<pid>)\n"
+               "  RESULTS_STREAM    successes (tasks:done); must differ from STREAM\n"
+               "  DEAD_STREAM       final failures (tasks:dead); must differ from STREAM\n"
+               "  RESULTS_MAXLEN    keep about this many results, XADD MAXLEN ~ (0 = all)\n"
+               "  DEAD_MAXLEN       keep about this many dead records (0 = all)\n"
+               "  TRIM_DONE         1: trim STREAM below the oldest pending entry (0)\n"
+               "  TRIM_INTERVAL     how often TRIM_DONE trims (5s)\n"
+               "  WORKERS           pool workers, 1..1024 (4)\n"
+               "  QUEUE_CAPACITY    pool queue, 1..65536 (64)\n"
+               "  MAX_PER_USER      running or queued entries per user, or unlimited (2)\n"
+               "  LOCAL_BACKLOG     entries held beyond the pool (WORKERS + QUEUE_CAPACITY)\n"
+               "  SCHEDULED_MAX     entries waiting for not_before/defer, 1..10000000 (10000)\n"
+               "  TASK_TIMEOUT      run timeout of each attempt (60s)\n"
+               "  MAX_RETRIES       extra attempts after a failed one, 0..100 (2)\n"
+               "  RETRY_DELAY       wait before each retry (100ms)\n"
+               "  CLAIM_IDLE        claim entries pending this long elsewhere (30s)\n"
+               "  MAX_DELIVERIES    more deliveries than this: dead stream (5)\n"
+               "  SHUTDOWN_TIMEOUT  drain budget after SIGTERM/SIGINT (10s)\n"
+               "  METRICS_ADDR      host:port of GET /metrics; port 0 = any (unset: none)\n"
+               "  LOG_LEVEL         error, warn, info or debug (info)\n"
+               "\n"
+               "Entry fields: user, work (alias delay), fail, payload, not_before, defer,\n"
+               "attempts; see README.md.\n"
+               "\n"
+               "Exit status: 0 drained and every outcome written, 1 drain forced or\n"
+               "outcomes left pending, 2 invalid configuration or command line.\n");
+}
+
+/* -1: run the worker; otherwise exit with that status. */
+static int parse_args(int argc, char **argv) {
+    if (argc <= 1) return -1;
+    if (argc == 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
+        usage(stdout);
+        return 0;
+    }
+    if (argc == 2 && (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "-V") == 0)) {
+        printf("taskpool-stream-worker (libtaskpool %s)\n", tp_version());
+        return 0;
+    }
+    const char *bad = argv[1];
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--help") != 0 && strcmp(argv[i], "-h") != 0 &&
+            strcmp(argv[i], "--version") != 0 && strcmp(argv[i], "-V") != 0) {
+            bad = argv[i];
+            break;
+        }
+    fprintf(stderr, "taskpool-stream-worker: unknown option or argument '%s' (try --help)\n", bad);
+    return 2;
+}
 
 static int load_config(wcfg *c, char *err, size_t errlen) {
     memset(c, 0, sizeof *c);
     c->redis_url = svc_env("REDIS_URL");
+    c->redis_password = svc_env("REDIS_PASSWORD");
     c->stream = svc_env("STREAM");
     c->group = svc_env("GROUP");
+    c->group_start = svc_env("GROUP_START");
     c->consumer = svc_env("CONSUMER");
     c->results = svc_env("RESULTS_STREAM");
     c->dead = svc_env("DEAD_STREAM");
@@ -58,6 +128,7 @@ static int load_config(wcfg *c, char *err, size_t errlen) {
     c->retry_delay_ns = 100 * SVC_NS_PER_MS;
     c->claim_idle_ns = 30 * SVC_NS_PER_S;
     c->shutdown_timeout_ns = 10 * SVC_NS_PER_S;
+    c->trim_interval_ns = 5 * SVC_NS_PER_S;
     const char *lvl = svc_env("LOG_LEVEL");
     int level = lvl != NULL ? svc_log_parse_level(lvl) : SVC_LOG_INFO;
     if (level < 0) {
@@ -79,8 +150,15 @@ static int load_config(wcfg *c, char *err, size_t errlen) {
         svc_load_duration("TASK_TIMEOUT", 1 * ms, day, &c->task_timeout_ns, err, errlen) != 0 ||
         svc_load_duration("RETRY_DELAY", 1 * ms, 3600 * SVC_NS_PER_S, &c->retry_delay_ns, err, errlen) != 0 ||
         svc_load_duration("CLAIM_IDLE", 10 * ms, day, &c->claim_idle_ns, err, errlen) != 0 ||
-        svc_load_duration("SHUTDOWN_TIMEOUT", 1 * ms, day, &c->shutdown_timeout_ns, err, errlen) != 0)
+        svc_load_duration("SHUTDOWN_TIMEOUT", 1 * ms, day, &c->shutdown_timeout_ns, err, errlen) != 0 ||
+        svc_load_uint("SCHEDULED_MAX", 1, 10000000, &c->scheduled_max, err, errlen) != 0 ||
+        svc_load_uint("TRIM_DONE", 0, 1, &c->trim_done, err, errlen) != 0 ||
+        svc_load_duration("TRIM_INTERVAL", 100 * ms, day, &c->trim_interval_ns, err, errlen) != 0 ||
+        svc_load_uint("RESULTS_MAXLEN", 0, 4000000000u, &c->results_maxlen, err, errlen) != 0 ||
+        svc_load_uint("DEAD_MAXLEN", 0, 4000000000u, &c->dead_maxlen, err, errlen) != 0)
         return -1;
+    /* RETRY_DELAY_MAX (exponential backoff) comes with the library's
+     * tp_config.retry_delay_max_ns: load it here and pass it in main(). */
     if (c->backlog == 0) c->backlog = c->workers + c->queue_capacity;
     return 0;
 }
@@ -128,13 +206,17 @@ static void log_stats(svc_log *ev, worker *w) {
     tps_stats_get(w->consumer, &ss);
     snprintf(json, sizeof json,
              "{\"read\":%llu,\"claimed\":%llu,\"acked\":%llu,\"succeeded\":%llu,\"dead\":%llu,"
-             "\"malformed\":%llu,\"ack_missed\":%llu,\"abandoned\":%llu,\"user_waits\":%llu,"
-             "\"reconnects\":%llu,\"held\":%llu,\"backlog\":%llu,\"unwritten\":%llu}",
+             "\"malformed\":%llu,\"deleted\":%llu,\"ack_missed\":%llu,\"abandoned\":%llu,\"user_waits\":%llu,"
+             "\"reconnects\":%llu,\"scheduled\":%llu,\"write_failures\":%llu,\"trimmed\":%llu,"
+             "\"held\":%llu,\"backlog\":%llu,\"unwritten\":%llu,\"waiting\":%llu}",
              (unsigned long long)ss.read, (unsigned long long)ss.claimed, (unsigned long long)ss.acked,
              (unsigned long long)ss.succeeded, (unsigned long long)ss.dead, (unsigned long long)ss.malformed,
-             (unsigned long long)ss.ack_missed, (unsigned long long)ss.abandoned,
-             (unsigned long long)ss.user_waits, (unsigned long long)ss.reconnects,
-             (unsigned long long)ss.held, (unsigned long long)ss.backlog, (unsigned long long)ss.unwritten);
+             (unsigned long long)ss.deleted, (unsigned long long)ss.ack_missed,
+             (unsigned long long)ss.abandoned, (unsigned long long)ss.user_waits,
+             (unsigned long long)ss.reconnects, (unsigned long long)ss.scheduled,
+             (unsigned long long)ss.write_failures, (unsigned long long)ss.trimmed,
+             (unsigned long long)ss.held, (unsigned long long)ss.backlog, (unsigned long long)ss.unwritten,
+             (unsigned long long)ss.waiting);
     svc_log_raw(ev, "stream", json);
 }
 
@@ -143,7 +225,9 @@ static uint64_t left(uint64_t deadline) {
     return now + 1 >= deadline ? 1 : deadline - now;
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    int rc_args = parse_args(argc, argv);
+    if (rc_args >= 0) return rc_args;
     wcfg cfg;
     char err[512];
     if (load_config(&cfg, err, sizeof err) != 0) {
@@ -165,7 +249,7 @@ int main(void) {
         .run_timeout_ns = cfg.task_timeout_ns,
         .drain_timeout_ns = cfg.shutdown_timeout_ns,
         .max_retries = cfg.max_retries,
-        .retry_delay_ns = cfg.retry_delay_ns,
+        .retry_delay_ns = cfg.retry_delay_ns, /* + .retry_delay_max_ns = RETRY_DELAY_MAX, with SPEC 14 */
         .name = "stream",
         .log = svc_log_hook,
     };
@@ -176,11 +260,18 @@ int main(void) {
     }
     tps_config sc = {
         .redis_url = cfg.redis_url,
+        .redis_password = cfg.redis_password,
         .stream = cfg.stream,
         .group = cfg.group,
+        .group_start = cfg.group_start,
         .consumer = cfg.consumer,
         .results_stream = cfg.results,
         .dead_stream = cfg.dead,
+        .results_maxlen = cfg.results_maxlen,
+        .dead_maxlen = cfg.dead_maxlen,
+        .trim_interval_ns = cfg.trim_done ? cfg.trim_interval_ns : 0,
+        .scheduled_max = cfg.scheduled_max,
+        .max_retries = cfg.max_retries,
         .pool = w.pool,
         .pool_capacity = cfg.workers + cfg.queue_capacity,
         .queue_capacity = cfg.queue_capacity,
@@ -209,9 +300,13 @@ int main(void) {
     svc_log_begin_always(&ev, "info", "started"); /* scripts read the metrics address from it */
     svc_log_int(&ev, "pid", (long long)getpid());
     svc_log_str(&ev, "consumer", tps_consumer_name(w.consumer));
-    svc_log_str(&ev, "redis_url", cfg.redis_url != NULL ? cfg.redis_url : "redis://127.0.0.1:6379");
+    svc_log_str(&ev, "redis_url", tps_redis_shown(w.consumer));
     svc_log_str(&ev, "stream", cfg.stream != NULL ? cfg.stream : "tasks");
     svc_log_str(&ev, "group", cfg.group != NULL ? cfg.group : "taskpool");
+    svc_log_str(&ev, "group_start", cfg.group_start != NULL ? cfg.group_start : "$");
+    svc_log_uint(&ev, "results_maxlen", cfg.results_maxlen);
+    svc_log_uint(&ev, "dead_maxlen", cfg.dead_maxlen);
+    svc_log_uint(&ev, "trim_interval_ms", cfg.trim_done ? cfg.trim_interval_ns / SVC_NS_PER_MS : 0);
     svc_log_uint(&ev, "workers", cfg.workers);
     svc_log_uint(&ev, "queue_capacity", cfg.queue_capacity);
     if (cfg.max_per_user == TP_UNLIMITED)
@@ -221,6 +316,8 @@ int main(void) {
     svc_log_uint(&ev, "local_backlog", cfg.backlog);
     svc_log_uint(&ev, "claim_idle_ms", cfg.claim_idle_ns / SVC_NS_PER_MS);
     svc_log_uint(&ev, "max_deliveries", cfg.max_deliveries);
+    svc_log_uint(&ev, "max_retries", cfg.max_retries);
+    svc_log_uint(&ev, "scheduled_max", cfg.scheduled_max != 0 ? cfg.scheduled_max : 10000);
     svc_log_uint(&ev, "shutdown_timeout_ms", cfg.shutdown_timeout_ns / SVC_NS_PER_MS);
     if (ms != NULL) svc_log_str(&ev, "metrics_address", bound);
     svc_log_str(&ev, "taskpool_version", tp_version());

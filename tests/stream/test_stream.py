@@ -136,7 +136,10 @@ class Env:
                 if r("PING") == "PONG":
                     # AOF replay answers LOADING first
                     return r
-            except (OSError, ConnectionError, RuntimeError):
+            except RuntimeError as e:
+                if str(e).startswith("NOAUTH"):  # up, with requirepass: the caller logs in
+                    return r
+            except (OSError, ConnectionError):
                 pass
             check(time.monotonic() < deadline, "redis-server did not answer PING within 15 s")
             time.sleep(0.05)
@@ -147,7 +150,10 @@ class Env:
             self.redis.wait(timeout=10)
         self.redis = None
 
-    def worker(self, name, **env):
+    def worker(self, name, connect=True, **env):
+        """Start a worker; return once it has connected (its group exists from
+        then on: entries added earlier are not the group's when it starts at
+        $), or, with connect=False, once it has started."""
         e = dict(os.environ)
         e.update({"REDIS_URL": self.url, "CLAIM_IDLE": "1s", "RETRY_DELAY": "10ms", "MAX_RETRIES": "2",
                   "WORKERS": "4", "QUEUE_CAPACITY": "32", "MAX_PER_USER": "2", "SHUTDOWN_TIMEOUT": "10s",
@@ -169,9 +175,10 @@ class Env:
             if '"msg":"started"' in first:
                 import json
                 p.metrics = json.loads(first).get("metrics_address")
-                return p
+                if not connect or '"msg":"connected"' in self.log_of(p):
+                    return p
             check(p.poll() is None, "worker %s exited at start: %s" % (name, open(path).read()[-2000:]))
-            check(time.monotonic() < deadline, "worker %s did not start within 15 s" % name)
+            check(time.monotonic() < deadline, "worker %s did not start and connect within 15 s" % name)
             time.sleep(0.02)
 
     def stop(self, p, sig=signal.SIGTERM, timeout=30):
@@ -189,7 +196,24 @@ class Env:
         r = subprocess.run([self.args.enqueue] + [str(a) for a in argv], env=e, capture_output=True,
                            text=True, timeout=120)
         check(r.returncode == 0, "taskpool-enqueue failed: %s" % r.stderr)
-        log(r.stdout.strip())
+        log(r.stdout.strip().splitlines()[-1] if r.stdout.strip() else "")
+        return r.stdout
+
+    def run(self, prog, *argv, env=None, timeout=60):
+        """Run a program to its end; (exit status, stdout, stderr). A program
+        that does not end within `timeout` is killed and fails the test."""
+        e = dict(os.environ, REDIS_URL=self.url)
+        e.update(env or {})
+        try:
+            r = subprocess.run([prog] + [str(a) for a in argv], env=e, capture_output=True, text=True,
+                               timeout=timeout * SLOW)
+        except subprocess.TimeoutExpired:
+            raise Fail("%s %s did not exit within %d s" % (os.path.basename(prog), " ".join(map(str, argv)), timeout))
+        return r.returncode, r.stdout, r.stderr
+
+    def log_of(self, p):
+        with open(p.log, errors="replace") as f:
+            return f.read()
 
     def cleanup(self, ok):
         for p in self.procs:
@@ -298,8 +322,8 @@ def check_fail_always(r, dead):
 
 def enqueue_5000(env):
     # 4,950 no-op-ish entries (50 of them failing always) and 50 failing once
-    env.enqueue("--count", 4950, "--users", 50, "--delay", "2ms", "--fail", "always", "--fail-every", 99)
-    env.enqueue("--count", 50, "--users", 50, "--delay", "2ms", "--fail", "1")
+    env.enqueue("--count", 4950, "--users", 50, "--work", "2ms", "--fail", "always", "--fail-every", 99)
+    env.enqueue("--count", 50, "--users", 50, "--delay", "2ms", "--fail", "1")  # --delay: --work's alias
 
 
 # ---------------------------------------------------------------- scenarios
@@ -353,7 +377,7 @@ def scenario_crash(env):
 
 def scenario_redis_restart(env):
     r = env.start_redis("--appendonly", "yes", "--appendfsync", "always")
-    env.enqueue("--count", 3000, "--users", 30, "--delay", "3ms")
+    env.enqueue("--count", 3000, "--users", 30, "--work", "3ms")
     expected = {eid for eid, _ in entries(r, "tasks")}
     ws = [env.worker("w%d" % i) for i in range(2)]
     wait_until(lambda: outcome_count(r) >= 600, 60, "600 outcomes")
@@ -378,8 +402,9 @@ def scenario_redis_restart(env):
 
 def scenario_fair(env):
     r = env.start_redis()
-    slow = [r("XADD", "tasks", "*", "user", "slow", "delay", "500ms") for _ in range(20)]
-    env.enqueue("--count", 200, "--users", 10, "--delay", "2ms")
+    r("XGROUP", "CREATE", "tasks", "taskpool", "0", "MKSTREAM")
+    slow = [r("XADD", "tasks", "*", "user", "slow", "work", "500ms") for _ in range(20)]
+    env.enqueue("--count", 200, "--users", 10, "--work", "2ms")
     fast = {eid for eid, f in entries(r, "tasks") if f.get("user") != "slow"}
     w = env.worker("w0", WORKERS=4, QUEUE_CAPACITY=16, MAX_PER_USER=2, LOCAL_BACKLOG=64, CLAIM_IDLE="2s")
 
@@ -441,26 +466,29 @@ def scenario_bad(env):
     r = env.start_redis()
     # A poison entry: already delivered 9 times to a consumer that vanished.
     r("XGROUP", "CREATE", "tasks", "taskpool", "0", "MKSTREAM")
-    poison = r("XADD", "tasks", "*", "user", "p", "delay", "1ms")
+    poison = r("XADD", "tasks", "*", "user", "p", "work", "1ms")
     r("XREADGROUP", "GROUP", "taskpool", "ghost", "COUNT", 1, "STREAMS", "tasks", ">")
     r("XCLAIM", "tasks", "taskpool", "ghost", 0, poison, "IDLE", 600000, "RETRYCOUNT", 9)
     bad = {
-        r("XADD", "tasks", "*", "delay", "abc"): "delay:",
-        r("XADD", "tasks", "*", "delay", "-5ms"): "delay:",
-        r("XADD", "tasks", "*", "delay", "2h"): "delay: over",
+        r("XADD", "tasks", "*", "work", "abc"): "work:",
+        r("XADD", "tasks", "*", "delay", "-5ms"): "work:",
+        r("XADD", "tasks", "*", "work", "2h"): "work: over",
         r("XADD", "tasks", "*", "fail", "sometimes"): "fail:",
         r("XADD", "tasks", "*", "user", "x" * 200): "user:",
         r("XADD", "tasks", "*", "payload", "y" * 2000): "payload:",
-        r("XADD", "tasks", "*", "delay", "1ms", "delay", "2ms"): "delay: repeated",
+        r("XADD", "tasks", "*", "work", "1ms", "delay", "2ms"): "work: repeated",
+        r("XADD", "tasks", "*", "not_before", "soon"): "not_before:",
+        r("XADD", "tasks", "*", "defer", "1s", "not_before", "1"): "not_before: give",
+        r("XADD", "tasks", "*", "attempts", "0"): "attempts:",
         r("XADD", "tasks", "*", "fail", "always"): "failed after 3 attempts",
         poison: "delivered 10 times",
     }
-    good = {r("XADD", "tasks", "*", "user", "g", "delay", "1ms", "trace", "ignored") for _ in range(10)}
+    good = {r("XADD", "tasks", "*", "user", "g", "work", "1ms", "trace", "ignored") for _ in range(10)}
     w = env.worker("w0")
     wait_until(lambda: accounted(r, set(bad) | good), 30, "the bad and the good entries")
     check(w.poll() is None, "the worker died on bad input")
     # it keeps running: more work after the bad entries
-    later = {r("XADD", "tasks", "*", "delay", "1ms") for _ in range(10)}
+    later = {r("XADD", "tasks", "*", "work", "1ms") for _ in range(10)}
     wait_until(lambda: accounted(r, set(bad) | good | later), 30, "entries added after the bad ones")
     done, dead, dups = verify(r, set(bad) | good | later)
     reasons = {f["id"]: f["reason"] for _, f in dead}
@@ -469,8 +497,8 @@ def scenario_bad(env):
         check(reasons[eid].startswith(want), "entry %s: reason %r, want %r..." % (eid, reasons[eid], want))
     check({f["id"] for _, f in done} == good | later, "good entries missing from the results")
     m = metrics(w)
-    check(m["tps_stream_malformed_total"] == 7, "malformed counter %d" % m["tps_stream_malformed_total"])
-    check(m["tps_stream_dead_total"] == 9 and m["tps_stream_claimed_total"] == 1, "dead/claimed counters")
+    check(m["tps_stream_malformed_total"] == 10, "malformed counter %d" % m["tps_stream_malformed_total"])
+    check(m["tps_stream_dead_total"] == 12 and m["tps_stream_claimed_total"] == 1, "dead/claimed counters")
     check(m["taskpool_completed_total"] >= 21, "pool counters missing from /metrics")
     check(env.stop(w) == 0, "worker did not exit 0 after SIGTERM")
     log("bad: reasons %s" % sorted(set(reasons.values())))
@@ -489,13 +517,13 @@ def scenario_drain(env):
     r = env.start_redis()
     # 1. SIGTERM while a task runs: it finishes, is written, exit 0.
     w = env.worker("a", SHUTDOWN_TIMEOUT="10s")
-    e1 = r("XADD", "tasks", "*", "delay", "1s")
+    e1 = r("XADD", "tasks", "*", "work", "1s")
     wait_until(lambda: metrics(w)["taskpool_active"] == 1, 10, "the task to start")
     check(env.stop(w) == 0, "drain: exit code not 0")
     check(accounted(r, {e1}), "drain: the running task's outcome was not written")
     # 2. forced: the budget is shorter than the task; the entry stays pending.
     w = env.worker("b", SHUTDOWN_TIMEOUT="200ms")
-    e2 = r("XADD", "tasks", "*", "delay", "3s")
+    e2 = r("XADD", "tasks", "*", "work", "3s")
     wait_until(lambda: metrics(w)["taskpool_active"] == 1, 10, "the long task to start")
     check(env.stop(w) == 1, "forced shutdown: exit code not 1")
     check(pending(r) == 1 and outcome_count(r) == 1, "forced shutdown: the entry was acknowledged")
@@ -509,6 +537,380 @@ def scenario_drain(env):
     check(dups == 0, "duplicates")
 
 
+# ---------------------------------------------------------------- issue 20: bugs
+def scenario_outcome_key(env):
+    """An outcome is never acknowledged unless its record was written: the
+    results key turned into a string while entries run leaves them pending,
+    the worker says so with the server's error, and writes them once the key
+    is a stream again."""
+    r = env.start_redis()
+    w = env.worker("w0", WORKERS=10, QUEUE_CAPACITY=10)
+    ids = {r("XADD", "tasks", "*", "delay", "3s") for _ in range(10)}  # delay: work's alias
+    wait_until(lambda: metrics(w)["taskpool_started_total"] == 10, 10, "the 10 entries to start")
+    r("DEL", "tasks:done")
+    r("SET", "tasks:done", "oops")
+    check(metrics(w)["taskpool_succeeded_total"] == 0, "setup: an entry ended before the key changed")
+    wait_until(lambda: metrics(w)["taskpool_succeeded_total"] == 10, 20, "the 10 tasks to end")
+    wait_until(lambda: "outcome_write_failed" in env.log_of(w), 10, "outcome_write_failed in the log")
+    m = metrics(w)
+    check(m["tps_stream_acked_total"] == 0,
+          "%d entries acknowledged while no outcome could be written" % m["tps_stream_acked_total"])
+    check(pending(r) == 10, "pending %d, want 10 (unacknowledged)" % pending(r))
+    check(r("XLEN", "tasks:dead") == 0, "records in the dead stream")
+    check("WRONGTYPE" in env.log_of(w), "the server's error text is not in the log")
+    check(m["tps_stream_write_failures_total"] >= 1, "write_failures not counted")
+    check(m["tps_stream_unwritten"] == 10, "unwritten gauge %d, want 10" % m["tps_stream_unwritten"])
+    # No new read while outcomes cannot be written (an XREADGROUP already
+    # waiting in Redis when the first batch was refused may still deliver).
+    extra = {r("XADD", "tasks", "*", "work", "1ms")}
+    failures = metrics(w)["tps_stream_write_failures_total"]
+    wait_until(lambda: metrics(w)["tps_stream_write_failures_total"] > failures, 10, "a retry of the batch")
+    read = metrics(w)["tps_stream_read_total"]
+    extra.add(r("XADD", "tasks", "*", "work", "1ms"))
+    failures = metrics(w)["tps_stream_write_failures_total"]
+    wait_until(lambda: metrics(w)["tps_stream_write_failures_total"] > failures, 10, "another retry of the batch")
+    check(metrics(w)["tps_stream_read_total"] == read, "an entry was read while outcomes could not be written")
+    r("DEL", "tasks:done")
+    wait_until(lambda: accounted(r, ids | extra), 20, "the outcomes once the key is a stream again")
+    wait_until(lambda: "outcome_write_recovered" in env.log_of(w), 10, "an outcome_write_recovered line")
+    check(env.stop(w) == 0, "worker did not exit 0")
+    done, dead, dups = verify(r, ids | extra)
+    check(len(dead) == 0 and dups == 0, "dead %d, duplicates %d" % (len(dead), dups))
+
+
+def scenario_trimmed_pending(env):
+    """Pending entries deleted by XTRIM before they ran get a dead record each."""
+    r = env.start_redis()
+    r("XGROUP", "CREATE", "tasks", "taskpool", "0", "MKSTREAM")
+    ids = {r("XADD", "tasks", "*", "work", "1ms") for _ in range(20)}
+    r("XREADGROUP", "GROUP", "taskpool", "ghost", "COUNT", 100, "STREAMS", "tasks", ">")
+    check(pending(r) == 20, "setup: 20 pending for the dead consumer")
+    r("XTRIM", "tasks", "MAXLEN", 0)
+    w = env.worker("w0", CLAIM_IDLE="300ms")
+    wait_until(lambda: accounted(r, ids), 15, "a dead record for each of the 20 deleted entries")
+    done, dead, dups = verify(r, ids)
+    check(len(done) == 0 and len(dead) == 20 and dups == 0, "done %d dead %d dups %d" % (len(done), len(dead), dups))
+    check(all(f["reason"] == "entry deleted before it ran" for _, f in dead), "reasons: %r" % dead[:2])
+    m = metrics(w)
+    check(m["tps_stream_deleted_total"] == 20 and m["tps_stream_dead_total"] == 20,
+          "deleted %d dead %d" % (m["tps_stream_deleted_total"], m["tps_stream_dead_total"]))
+    check(m["tps_stream_ack_missed_total"] == 0, "deleted entries counted as duplicates")
+    check(env.stop(w) == 0, "worker did not exit 0")
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scenario_auth(env):
+    """requirepass and an ACL user: credentials in the URL (percent-encoded),
+    REDIS_PASSWORD, and the server's own error text when they are wrong."""
+    port = free_port()
+    env.start_redis("--requirepass", "pw0", "--port", str(port), "--bind", "127.0.0.1")
+    r = Redis(env.sock)
+    r("AUTH", "pw0")
+    # the commands the README lists for an ACL user of the worker and producer
+    r("ACL", "SETUSER", "tpworker", "on", ">tp@secret", "~tasks*", "resetchannels", "-@all", "+@stream", "+type",
+      "+eval")
+    sock = env.sock
+
+    # 1. no password: NOAUTH from the server, not a "wrong key type"
+    w = env.worker("noauth", connect=False, REDIS_URL="unix://" + sock)
+    wait_until(lambda: "NOAUTH" in env.log_of(w), 10, "NOAUTH in the log")
+    check("wrong_key_type" not in env.log_of(w), "misleading wrong_key_type line")
+    check(metrics(w)["tps_stream_connected"] == 0, "connected without a password")
+    env.stop(w)
+    # 2. a wrong password: WRONGPASS, and the password is not in the log
+    w = env.worker("wrong", connect=False, REDIS_URL="unix://:nope-xyz@" + sock)
+    wait_until(lambda: "WRONGPASS" in env.log_of(w), 10, "WRONGPASS in the log")
+    check("nope-xyz" not in env.log_of(w), "the password appears in the log")
+    env.stop(w)
+    # 3. password in the URL, default user
+    url = "unix://:pw0@" + sock
+    w = env.worker("url", REDIS_URL=url)
+    rc, out, err = env.run(env.args.enqueue, "--count", 20, "--wait", "--timeout", "20s", env={"REDIS_URL": url})
+    check(rc == 0, "enqueue with the URL's password: exit %d %s" % (rc, err))
+    check("pw0" not in env.log_of(w), "the password appears in the log")
+    env.stop(w)
+    # 4. REDIS_PASSWORD, and both at once refused
+    w = env.worker("envpw", REDIS_URL="unix://" + sock, REDIS_PASSWORD="pw0")
+    rc, out, err = env.run(env.args.enqueue, "--count", 20, "--wait", "--timeout", "20s",
+                           env={"REDIS_URL": "unix://" + sock, "REDIS_PASSWORD": "pw0"})
+    check(rc == 0, "enqueue with REDIS_PASSWORD: exit %d %s" % (rc, err))
+    env.stop(w)
+    rc, out, err = env.run(env.args.worker, env={"REDIS_URL": url, "REDIS_PASSWORD": "pw0"})
+    check(rc == 2 and "REDIS_PASSWORD" in err and "pw0" not in err, "both passwords: exit %d %r" % (rc, err))
+    # 5. the ACL user over TCP, '@' in its password percent-encoded, TRIM_DONE on
+    acl = "redis://tpworker:tp%%40secret@127.0.0.1:%d" % port
+    w = env.worker("acl", REDIS_URL=acl, TRIM_DONE=1, TRIM_INTERVAL="100ms")
+    # 300 entries: XTRIM MINID ~ removes whole stream nodes (100 entries) only
+    rc, out, err = env.run(env.args.enqueue, "--count", 300, "--fail", "always", "--fail-every", 60, "--wait",
+                           "--timeout", "30s", env={"REDIS_URL": acl})
+    check(rc == 3, "ACL user: enqueue --wait exit %d, want 3 (5 dead): %s" % (rc, err))
+    check(rc == 3 and '"dead":5' in out, "ACL user: %s" % out[-300:])
+    rc, out, err = env.run(env.args.enqueue, "--requeue-dead", env={"REDIS_URL": acl})
+    check(rc == 0 and '"requeued":5' in out, "ACL user: requeue exit %d %s %s" % (rc, out[-200:], err))
+    wait_until(lambda: metrics(w)["tps_stream_trimmed_total"] > 0, 10, "a trim by the ACL user")
+    check("NOPERM" not in env.log_of(w), "the ACL user lacks a permission: %s" % env.log_of(w)[-500:])
+    check(env.stop(w) == 0, "ACL worker did not exit 0")
+
+
+def scenario_cli(env):
+    """Command lines that must not start a worker (bug 5), streams that would
+    feed the worker its own outcomes (bug 4), and entries taskpool-enqueue
+    refuses because the worker would dead-letter them (bug 6). Every problem
+    is collected, then reported together."""
+    r = env.start_redis()
+    problems = []
+
+    def want(cond, what):
+        if not cond:
+            problems.append(what)
+
+    r("XADD", "tasks", "*", "work", "1ms")  # an entry a started worker would consume
+    for argv, code in [(["--help"], 0), (["-h"], 0), (["--version"], 0), (["--bogus"], 2), (["run"], 2),
+                       (["--help", "x"], 2)]:
+        try:
+            rc, out, err = env.run(env.args.worker, *argv, env={"GROUP_START": "0"}, timeout=5)
+        except Fail as e:
+            problems.append(str(e))
+            continue
+        want(rc == code, "worker %s: exit %d, want %d" % (argv, rc, code))
+        if argv == ["--help"]:
+            for var in ("REDIS_URL", "REDIS_PASSWORD", "GROUP_START", "TRIM_DONE", "RESULTS_MAXLEN"):
+                want(var in out, "worker --help does not mention %s" % var)
+        if code == 2:
+            want(len(err.strip().splitlines()) == 1, "worker %s: stderr %r" % (argv, err))
+    want(r("XINFO", "GROUPS", "tasks") == [], "a command line that should only print started a worker")
+    rc, out, err = env.run(env.args.enqueue, "--help", timeout=10)
+    want(rc == 0 and "REDIS_URL" in out and "STREAM" in out and "(tasks)" in out and "127.0.0.1:6379" in out,
+         "enqueue --help: exit %d %r" % (rc, (out + err)[:200]))
+    # configuration refused at start: one line, exit 2
+    for var, val in [("RESULTS_STREAM", "tasks"), ("DEAD_STREAM", "tasks"), ("GROUP_START", "1"),
+                     ("TRIM_DONE", "yes"), ("RESULTS_MAXLEN", "-1"), ("REDIS_URL", "redis://a:b:c@")]:
+        try:
+            rc, out, err = env.run(env.args.worker, env={var: val, "GROUP_START": "0"} if var != "GROUP_START"
+                                   else {var: val}, timeout=5)
+        except Fail as e:
+            problems.append("%s=%s: %s" % (var, val, e))
+            continue
+        want(rc == 2, "%s=%s: exit %d, want 2" % (var, val, rc))
+        want(len(err.strip().splitlines()) == 1 and (var in err or var == "REDIS_URL"), "%s: %r" % (var, err))
+    # values the worker would dead-letter: refused before anything is added
+    before = r("XLEN", "tasks")
+    for argv in [["--fail", "sometimes"], ["--payload-bytes", 2000], ["--work", "2h"], ["--delay", "abc"],
+                 ["--defer", "soon"], ["--not-before", "x"], ["--attempts", 0], ["--attempts", 500],
+                 ["--defer", "1s", "--not-before", "1"], ["--count"], ["--since", "1-0"], ["--frobnicate"]]:
+        rc, out, err = env.run(env.args.enqueue, "--count", 3, *argv, timeout=10)
+        want(rc == 2 and err.strip(), "enqueue %s: exit %d, want 2 (%r)" % (argv, rc, err))
+    want(r("XLEN", "tasks") == before, "a refused enqueue added %d entries" % (r("XLEN", "tasks") - before))
+    rc, out, err = env.run(env.args.enqueue, "--count", 3, "--fail", "2", "--delay", "1ms", timeout=10)
+    want(rc == 0, "a valid enqueue failed: %s" % err)
+    for p in problems:
+        log("cli: " + p)
+    check(not problems, "%d problems (listed above)" % len(problems))
+
+
+def scenario_reconnect_claim(env):
+    """After Redis comes back, the first worker to reconnect does not claim the
+    entries of a peer that reconnects a moment later."""
+    r = env.start_redis("--appendonly", "yes", "--appendfsync", "always")
+    r("XGROUP", "CREATE", "tasks", "taskpool", "$", "MKSTREAM")
+    # b holds 3 entries (2 running, 1 queued); a holds none and has room to claim
+    b = env.worker("b", WORKERS=2, QUEUE_CAPACITY=1, LOCAL_BACKLOG=1, CLAIM_IDLE="1s", MAX_PER_USER="unlimited")
+    ids = {r("XADD", "tasks", "*", "delay", "3s") for _ in range(3)}  # delay: work's alias
+    wait_until(lambda: metrics(b)["taskpool_active"] == 2 and pending(r) == 3, 10, "b to hold the 3 entries")
+    a = env.worker("a", WORKERS=4, QUEUE_CAPACITY=4, CLAIM_IDLE="1s", MAX_PER_USER="unlimited")
+    wait_until(lambda: metrics(a)["tps_stream_connected"] == 1, 10, "a to connect")
+    r.close()
+    env.kill_redis()
+    wait_until(lambda: metrics(a)["tps_stream_connected"] == 0 and metrics(b)["tps_stream_connected"] == 0, 10,
+               "both workers to see Redis gone")
+    b.send_signal(signal.SIGSTOP)  # b will reconnect a moment after a
+    try:
+        time.sleep(1.2)  # the outage: b's entries are idle longer than CLAIM_IDLE
+        r = env.start_redis()
+        wait_until(lambda: metrics(a)["tps_stream_connected"] == 1, 10, "a to reconnect")
+        time.sleep(0.3)
+    finally:
+        b.send_signal(signal.SIGCONT)
+    wait_until(lambda: accounted(r, ids), 30, "the 3 outcomes")
+    ma, mb = metrics(a), metrics(b)
+    check(ma["tps_stream_claimed_total"] == 0 and mb["tps_stream_claimed_total"] == 0,
+          "a live worker was robbed after the reconnect: claimed %d / %d" %
+          (ma["tps_stream_claimed_total"], mb["tps_stream_claimed_total"]))
+    done, dead, dups = verify(r, ids)
+    check(dups == 0 and all(f["deliveries"] == "1" for _, f in done), "duplicates %d: %r" % (dups, done))
+    for w in (a, b):
+        check(env.stop(w) == 0, "worker %s did not exit 0" % w.name)
+
+
+def scenario_group_start(env):
+    """A missing group starts at $ (new entries only) unless GROUP_START=0."""
+    r = env.start_redis()
+    history = {r("XADD", "tasks", "*", "work", "1ms") for _ in range(5)}
+    w = env.worker("typo", GROUP="taskpoool")
+    new = {r("XADD", "tasks", "*", "work", "1ms") for _ in range(3)}
+    wait_until(lambda: {f["id"] for _, f in entries(r, "tasks:done")} >= new, 10, "the 3 new entries")
+    check(env.stop(w) == 0, "worker did not exit 0")
+    ran = {f["id"] for _, f in entries(r, "tasks:done")}
+    check(not (ran & history), "a new group re-ran %d entries of the history" % len(ran & history))
+    started = env.log_of(w).splitlines()[0]
+    check('"group_start":"$"' in started, "the started line does not say group_start $: %s" % started)
+    check('"start":"$"' in env.log_of(w), "group_created does not say where it started")
+    r("DEL", "tasks:done")
+    w = env.worker("all", GROUP="replay", GROUP_START="0")
+    wait_until(lambda: {f["id"] for _, f in entries(r, "tasks:done")} >= history | new, 10, "the whole stream")
+    check(env.stop(w) == 0, "worker did not exit 0")
+
+
+# ---------------------------------------------------------------- issue 20: features
+def scenario_scheduled(env):
+    """not_before and defer: no start before the time, and at most 50 ms after
+    it while every worker is busy with other users' entries; a waiting entry
+    holds no pool place."""
+    r = env.start_redis()
+    cfg = dict(WORKERS=4, QUEUE_CAPACITY=4, MAX_PER_USER=4, LOCAL_BACKLOG=16)
+    ws = [env.worker("w%d" % i, **cfg) for i in range(2)]
+    # A scheduled entry is read in stream order and then waits aside, so these
+    # go first; the filler behind them (8 users, ~4 s of work for the 8 pool
+    # threads) keeps every worker busy through all the due times.
+    now = int(time.time() * 1000)
+    due = {}
+    for k in range(30):
+        t = now + 800 + 60 * k
+        due[r("XADD", "tasks", "*", "user", "sched", "work", "1ms", "not_before", t)] = t
+    env.enqueue("--count", 10, "--users", 0, "--work", "1ms", "--defer", "1500ms")
+    for eid, f in entries(r, "tasks"):
+        if f.get("defer") == "1500ms":
+            due[eid] = int(eid.split("-")[0]) + 1500
+    env.enqueue("--count", 6400, "--users", 8, "--work", "5ms")
+    check(len(due) == 40, "40 scheduled entries")
+    waiting = wait_until(lambda: sum(metrics(w)["tps_stream_waiting"] for w in ws) or None, 10,
+                         "scheduled entries to wait in a worker's timer heap")
+    log("scheduled: %d waiting in the timer heaps" % waiting)
+    filler = {eid for eid, f in entries(r, "tasks") if f.get("user", "").startswith("u")}
+    wait_until(lambda: accounted(r, set(due) | filler), 60, "every entry")
+    for w in ws:
+        check(env.stop(w) == 0, "worker %s did not exit 0" % w.name)
+    done, dead, dups = verify(r, set(due) | filler)
+    check(not dead, "dead entries: %r" % dead[:3])
+    started = {f["id"]: int(f["started_ms"]) for _, f in done}
+    late = sorted(started[e] - t for e, t in due.items())
+    log("scheduled: lateness ms min %d median %d max %d" % (late[0], late[len(late) // 2], late[-1]))
+    check(late[0] >= 0, "an entry started %d ms before its time" % -late[0])
+    check(late[-1] <= 50 * SLOW, "an entry started %d ms after its time (bound 50 ms)" % late[-1])
+    last_filler = max(int(f["finished_ms"]) for _, f in done if f["id"] in filler)
+    check(last_filler > max(due.values()), "the workers were not busy with other users until the last due time")
+
+
+def scenario_results(env):
+    """Results in the record, --wait exit codes, and the per-entry attempts."""
+    r = env.start_redis()
+    w = env.worker("w0", MAX_RETRIES=2)
+    rc, out, err = env.run(env.args.enqueue, "--count", 30, "--users", 3, "--work", "2ms", "--payload-bytes", 5,
+                           "--wait", "--timeout", "30s")
+    check(rc == 0, "--wait, all succeed: exit %d (%s)" % (rc, err))
+    lines = [l for l in out.splitlines() if '"msg":"outcome"' in l]
+    check(len(lines) == 30 and all('"result":"xxxxx"' in l for l in lines), "outcome lines: %r" % lines[:2])
+    check(all(f.get("result") == "xxxxx" for _, f in entries(r, "tasks:done")), "result missing from a record")
+    rc, out, err = env.run(env.args.enqueue, "--count", 10, "--fail", "always", "--fail-every", 5, "--wait",
+                           "--timeout", "30s")
+    check(rc == 3 and '"dead":2' in out, "--wait with dead entries: exit %d, want 3: %s" % (rc, out[-200:]))
+    rc, out, err = env.run(env.args.enqueue, "--count", 1, "--work", "3s", "--wait", "--timeout", "300ms")
+    check(rc == 4 and '"missing":1' in out, "--wait timing out: exit %d, want 4: %s" % (rc, out[-200:]))
+    # attempts: 1 stops after the first failure although MAX_RETRIES=2;
+    # 50 gets MAX_RETRIES + 1 = 3 (the pool does the retrying)
+    one = {r("XADD", "tasks", "*", "fail", "always", "attempts", "1") for _ in range(3)}
+    many = {r("XADD", "tasks", "*", "fail", "always", "attempts", "50") for _ in range(3)}
+    two = {r("XADD", "tasks", "*", "fail", "1", "attempts", "2") for _ in range(3)}
+    wait_until(lambda: {f["id"] for _, f in entries(r, "tasks:done") + entries(r, "tasks:dead")} >= one | many | two,
+               30, "the attempts entries")
+    dead = {f["id"]: f for _, f in entries(r, "tasks:dead")}
+    done = {f["id"]: f for _, f in entries(r, "tasks:done")}
+    for e in one:
+        check(dead[e]["attempts"] == "1" and "the entry's attempts" in dead[e]["reason"], "attempts 1: %r" % dead[e])
+    for e in many:
+        check(dead[e]["attempts"] == "3", "attempts 50 with MAX_RETRIES=2: %r" % dead[e])
+    for e in two:
+        check(done[e]["attempts"] == "2", "attempts 2, fail 1: %r" % done.get(e))
+    check(env.stop(w) == 0, "worker did not exit 0")
+    check(pending(r) == 0, "pending after --wait timed out and the worker drained")
+
+
+def scenario_requeue(env):
+    """--requeue-dead puts dead entries back with their fields, even after the
+    originals were trimmed, once each, and --since limits it."""
+    r = env.start_redis()
+    w = env.worker("w0", MAX_RETRIES=0)
+    env.enqueue("--count", 10, "--users", 2, "--work", "1ms", "--fail", "1", "--payload-bytes", 3)
+    orig = {eid: f for eid, f in entries(r, "tasks")}
+    wait_until(lambda: r("XLEN", "tasks:dead") == 10, 20, "10 dead entries")
+    check(env.stop(w) == 0, "worker did not exit 0")
+    r("XTRIM", "tasks", "MAXLEN", 0)  # the originals are gone: the dead records carry their fields
+    dead_ids = [eid for eid, _ in entries(r, "tasks:dead")]
+    rc, out, err = env.run(env.args.enqueue, "--requeue-dead", "--since", dead_ids[6])
+    check(rc == 0 and '"requeued":4' in out, "--since: exit %d %s %s" % (rc, out[-200:], err))
+    rc, out, err = env.run(env.args.enqueue, "--requeue-dead")
+    check(rc == 0 and '"requeued":6' in out, "the rest: exit %d %s" % (rc, out[-200:]))
+    rc, out, err = env.run(env.args.enqueue, "--requeue-dead")
+    check(rc == 0 and '"requeued":0' in out, "a second run requeued again: %s" % out[-200:])
+    check(r("XLEN", "tasks:dead") == 0, "dead records left after requeue")
+    back = {eid: f for eid, f in entries(r, "tasks")}
+    check(len(back) == 10, "requeued entries: %d" % len(back))
+    check({f["requeued_from"] for f in back.values()} == set(orig), "requeued_from does not name the originals")
+    for f in back.values():
+        o = orig[f["requeued_from"]]
+        check(all(f.get(k) == v for k, v in o.items()), "fields changed: %r -> %r" % (o, f))
+    w = env.worker("w1", MAX_RETRIES=1)
+    wait_until(lambda: accounted(r, set(back)), 20, "the requeued entries to succeed")
+    check(env.stop(w) == 0, "worker did not exit 0")
+    done, dead, dups = verify(r, set(back))
+    check(len(done) == 10 and not dead, "requeued: %d done, %d dead" % (len(done), len(dead)))
+
+
+def scenario_trim_load(env):
+    """TRIM_DONE under load with workers SIGKILLed: the stream shrinks, no
+    pending entry is trimmed, nothing is lost; RESULTS_MAXLEN / DEAD_MAXLEN
+    bound their streams."""
+    r = env.start_redis()
+    trim = dict(TRIM_DONE=1, TRIM_INTERVAL="100ms", WORKERS=2)
+    env.enqueue("--count", 6000, "--users", 30, "--work", "1ms", "--fail", "always", "--fail-every", 200)
+    expected = {eid for eid, _ in entries(r, "tasks")}
+    ws = [env.worker("w%d" % i, **trim) for i in range(3)]
+    wait_until(lambda: outcome_count(r) >= 1500, 60, "1500 outcomes")
+    ws[0].kill()
+    ws[0].wait(timeout=10)
+    wait_until(lambda: outcome_count(r) >= 3500, 60, "3500 outcomes")
+    ws[1].kill()
+    ws[1].wait(timeout=10)
+    log("trim_load: SIGKILLed w0 and w1; stream length %d, pending %d" % (r("XLEN", "tasks"), pending(r)))
+    ws[0] = env.worker("w3", **trim)
+    wait_until(lambda: accounted(r, expected), 120, "all 6000 outcomes")
+    wait_until(lambda: r("XLEN", "tasks") < 300, 10, "the trim to catch up")
+    trimmed = sum(metrics(w)["tps_stream_trimmed_total"] for w in (ws[0], ws[2]))
+    deleted = sum(metrics(w)["tps_stream_deleted_total"] for w in (ws[0], ws[2]))
+    for w in (ws[0], ws[2]):
+        check(env.stop(w) == 0, "worker %s did not exit 0" % w.name)
+    done, dead, dups = verify(r, expected)
+    log("trim_load: %d results, %d dead, %d duplicates; stream length %d; trimmed by the survivors %d" %
+        (len(done), len(dead), dups, r("XLEN", "tasks"), trimmed))
+    check(deleted == 0 and all(f["reason"] != "entry deleted before it ran" for _, f in dead),
+          "the trim removed a pending entry")
+    check(len(dead) == 30, "dead %d, want the 30 fail-always" % len(dead))
+    # bounded outcome streams
+    r("DEL", "tasks:done", "tasks:dead")
+    w = env.worker("bounded", RESULTS_MAXLEN=500, DEAD_MAXLEN=50, WORKERS=8)
+    env.enqueue("--count", 3000, "--users", 30, "--work", "0", "--fail", "always", "--fail-every", 10)
+    wait_until(lambda: metrics(w)["tps_stream_acked_total"] == 3000, 60, "3000 outcomes")
+    nr, nd = r("XLEN", "tasks:done"), r("XLEN", "tasks:dead")
+    log("trim_load: RESULTS_MAXLEN=500 -> %d results kept; DEAD_MAXLEN=50 -> %d dead kept" % (nr, nd))
+    check(500 <= nr <= 700 and 50 <= nd <= 250, "MAXLEN ~ not applied: %d results, %d dead" % (nr, nd))
+    check(env.stop(w) == 0, "worker did not exit 0")
+
+
 SCENARIOS = {
     "clean": scenario_clean,
     "crash": scenario_crash,
@@ -516,6 +918,16 @@ SCENARIOS = {
     "fair": scenario_fair,
     "bad": scenario_bad,
     "drain": scenario_drain,
+    "outcome_key": scenario_outcome_key,
+    "trimmed_pending": scenario_trimmed_pending,
+    "auth": scenario_auth,
+    "cli": scenario_cli,
+    "reconnect_claim": scenario_reconnect_claim,
+    "group_start": scenario_group_start,
+    "scheduled": scenario_scheduled,
+    "results": scenario_results,
+    "requeue": scenario_requeue,
+    "trim_load": scenario_trim_load,
 }
 
 

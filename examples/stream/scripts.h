@@ -1,0 +1,48 @@
+/*
+ * scripts.h -- the Lua scripts the stream programs run on the Redis server.
+ *
+ * Why scripts and not MULTI/EXEC: Redis does not roll back a transaction, and
+ * a command that fails inside EXEC does not stop the ones after it, so an XACK
+ * queued after a failing XADD still acknowledges an entry whose outcome was
+ * never written. A script stops at the first failing call: the XACK comes
+ * last, so an entry is acknowledged only after every record of its batch was
+ * added (a batch that fails half-way may leave some records written twice
+ * after the retry -- at least once, never zero times).
+ *
+ * They are sent with EVAL each time (Redis caches the compiled script), so a
+ * Redis restart needs no reload and an ACL user needs +eval, not +script.
+ */
+#ifndef TPS_SCRIPTS_H
+#define TPS_SCRIPTS_H
+
+/*
+ * Outcomes. KEYS: stream, results, dead. ARGV: group, results maxlen, dead
+ * maxlen ("0": unbounded, else XADD MAXLEN ~ n), then per record: "R" or "D"
+ * (results or dead), "1" or "0" (acknowledge the entry or not), entry id,
+ * the number of field pairs, the pairs. A dead record also gets a copy of the
+ * original entry's fields as `entry.<name>` (taskpool-enqueue --requeue-dead
+ * uses them; the entry may have been trimmed by then). Refuses with a
+ * WRONGTYPE error, writing nothing, when results or dead is not a stream.
+ * Returns XACK's count.
+ */
+extern const char tps_script_outcomes[];
+
+/*
+ * Trim the stream below what every group of it still needs: the oldest
+ * pending entry of each group, or, with nothing pending, its last delivered
+ * id (entries after it are not read yet). KEYS: stream. ARGV: the most
+ * entries to remove in this call (XTRIM's LIMIT; `~` alone would stop at 100
+ * nodes). Returns {minid, trimmed} ({"", 0} when the stream has no group).
+ */
+extern const char tps_script_trim[];
+
+/*
+ * Requeue dead records. KEYS: stream, dead. ARGV: dead record ids. For each:
+ * XADD stream * <its entry.* fields> requeued_from <original id>, then XDEL
+ * the dead record, atomically. Returns {dead id, status, new id} per record;
+ * status "requeued", "gone" (no such dead record any more) or "no_fields"
+ * (the original entry was gone when it died: nothing to put back).
+ */
+extern const char tps_script_requeue[];
+
+#endif
