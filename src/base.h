@@ -215,6 +215,15 @@ static inline tp__chunk *tp__chunk_new(tp__chunk **list, size_t n, size_t size, 
     return c;
 }
 
+/* `n` zeroed items of `size` bytes on a cache-line boundary (per-thread
+ * counters that must not share a line): calloc with room to align; *raw
+ * receives what to free. NULL when out of memory. */
+static inline void *tp__calloc_lines(size_t n, size_t size, void **raw) {
+    *raw = calloc(1, n * size + 63);
+    if (!*raw) return NULL;
+    return (void *)(((uintptr_t)*raw + 63) & ~(uintptr_t)63);
+}
+
 static inline void tp__chunks_free(tp__chunk **list) {
     while (*list) {
         tp__chunk *c = *list;

@@ -61,7 +61,7 @@ _Atomic(tp__test_hook) tp__test_attempt_returned; /* pool.h */
 /* ------------------------------------------------------------ acting on transitions */
 
 static void svc_wake_locked(tp_pool *p) {
-    if (p->svc.waiting) pthread_cond_signal(&p->svc_cv);
+    if (p->waiting.svc) pthread_cond_signal(&p->svc_cv);
 }
 
 /* Workers whose threads run (spawns under way excluded). */
@@ -72,7 +72,7 @@ static unsigned running_workers_locked(const tp_pool *p) { return p->wk.live_wor
  * work), and the pool is below its maximum; a fixed pool never spawns. */
 static bool want_spawn_locked(const tp_pool *p) {
     return p->wk.live_workers < p->cfg.max_workers &&
-           tp__life_startable(&p->life) > p->wk.idle_waiters + p->wk.spinners + p->wk.starting;
+           tp__life_startable(&p->life) > p->waiting.idle + p->waiting.spin + p->wk.starting;
 }
 
 void tp__engine_act_locked(tp_pool *p, tp__fx *fx) {
@@ -81,14 +81,15 @@ void tp__engine_act_locked(tp_pool *p, tp__fx *fx) {
     /* One signal per startable task, as far as there are sleepers; none while
      * a worker spins: it takes new work without a wake-up, and wakes a
      * sleeper itself if more is left (worker_main). */
-    if (fx->work && !p->wk.spinners)
-        for (unsigned i = 0; i < fx->work && i < p->wk.idle_waiters; i++) pthread_cond_signal(&p->work_cv);
+    if (fx->work && !p->waiting.spin)
+        for (unsigned i = 0; i < fx->work && i < p->waiting.idle; i++) pthread_cond_signal(&p->work_cv);
     /* Broadcast: waiters wait for different things (space, their user's
      * slot), so one wake could go to a caller that still cannot proceed. */
-    if ((f & TP__FX_ROOM) && p->room_waiters) pthread_cond_broadcast(&p->room_cv);
-    if ((f & (TP__FX_SVC | TP__FX_DRAINED)) || fx->svc_by < p->svc.next) svc_wake_locked(p);
+    if ((f & TP__FX_ROOM) && p->waiting.room) pthread_cond_broadcast(&p->room_cv);
+    if ((f & (TP__FX_SVC | TP__FX_DRAINED)) || (fx->svc_by != TP_FOREVER && fx->svc_by < p->waiting.svc_next))
+        svc_wake_locked(p);
     if (!(f & (TP__FX_EXITERS | TP__FX_DRAINED | TP__FX_CANCEL)) && !fx->groups) return; /* the usual case */
-    if ((f & (TP__FX_EXITERS | TP__FX_DRAINED)) && p->wk.idle_waiters && tp__life_closed(&p->life) &&
+    if ((f & (TP__FX_EXITERS | TP__FX_DRAINED)) && p->waiting.idle && tp__life_closed(&p->life) &&
         tp__life_idle(&p->life))
         pthread_cond_broadcast(&p->work_cv);
     if (f & TP__FX_DRAINED) pthread_cond_broadcast(&p->done_cv);
@@ -255,22 +256,22 @@ static void log_failure(tp_pool *p, const failure *f) {
 #define TP__SPIN_NS 20000u
 
 /* stats.idle: workers waiting on work_cv plus the one spinning. */
-static void set_idle_stat_locked(tp_pool *p) { TP__SET(p->st.idle, p->wk.idle_waiters + p->wk.spinners); }
+static void set_idle_stat_locked(tp_pool *p) { TP__SET(p->gauges.idle, p->waiting.idle + p->waiting.spin); }
 
 /* stats.workers: threads that run, not spawns under way (which may fail). */
-static void set_workers_stat_locked(tp_pool *p) { TP__SET(p->st.workers, running_workers_locked(p)); }
+static void set_workers_stat_locked(tp_pool *p) { TP__SET(p->gauges.workers, running_workers_locked(p)); }
 
-/* Entered and left with mu held: poll the waiting count (st.queued, stored
- * with every change) without the lock for up to TP__SPIN_NS. The caller
+/* Entered and left with mu held: poll the waiting count (life.queued_pub,
+ * stored with every change) without the lock for up to TP__SPIN_NS. The caller
  * re-checks under the lock, so a task pushed at any moment is found either
  * here or there: no wake-up is lost. */
 static void spin_for_work_locked(tp_pool *p, uint64_t since) {
-    p->wk.spinners++;
+    p->waiting.spin++;
     set_idle_stat_locked(p);
     tp__unlock(p);
     uint64_t until = since + TP__SPIN_NS;
     for (unsigned i = 1;; i++) {
-        if (TP__LOAD(p->st.queued) != 0) break;
+        if (TP__LOAD(p->life.queued_pub) != 0) break;
         if ((i & 63) == 0) {
             if (tp_now_ns() >= until) break;
             sched_yield(); /* let a submitter that shares this CPU run */
@@ -278,8 +279,8 @@ static void spin_for_work_locked(tp_pool *p, uint64_t since) {
         tp__cpu_relax();
     }
     tp__lock(p);
-    TP__ASSERT(p->wk.spinners > 0);
-    p->wk.spinners--;
+    TP__ASSERT(p->waiting.spin > 0);
+    p->waiting.spin--;
     set_idle_stat_locked(p);
 }
 
@@ -303,7 +304,7 @@ static bool wait_for_work_locked(tp_pool *p, worker_turn *wt) {
         wt->last_end_h = 0;
         if (tp__life_closed(&p->life) && tp__life_idle(&p->life)) return false;
         if (!idle_since) idle_since = tp_now_ns();
-        if (!wt->spun && p->wk.spinners == 0) {
+        if (!wt->spun && p->waiting.spin == 0) {
             wt->spun = true;
             spin_for_work_locked(p, idle_since);
             continue;
@@ -312,11 +313,11 @@ static bool wait_for_work_locked(tp_pool *p, worker_turn *wt) {
          * way may still fail, and then this worker is one of the minimum. */
         bool elastic = running_workers_locked(p) > p->cfg.min_workers && p->cfg.idle_timeout != TP_FOREVER;
         uint64_t until = elastic ? tp__deadline_after(idle_since, p->cfg.idle_timeout) : TP_FOREVER;
-        p->wk.idle_waiters++;
+        p->waiting.idle++;
         set_idle_stat_locked(p);
         int e = tp__mutex_wait(&p->mu, &p->work_cv, until);
-        TP__ASSERT(p->wk.idle_waiters > 0);
-        p->wk.idle_waiters--;
+        TP__ASSERT(p->waiting.idle > 0);
+        p->waiting.idle--;
         set_idle_stat_locked(p);
         if (e == ETIMEDOUT && elastic && !tp__life_ready(&p->life) &&
             running_workers_locked(p) > p->cfg.min_workers && tp_now_ns() >= until)
@@ -335,7 +336,7 @@ static void finish_locked(tp_pool *p, tp__task *t) {
     t->on_done(t->arg, t->status);
     tp__tls_leave_task();
     tp__lock(p);
-    tp__fx fx = TP__FX_INIT;
+    tp__fx fx = TP__FX_INIT(&p->misc);
     tp__life_retire(&p->life, t, &fx);
     tp__engine_act_locked(p, &fx);
 }
@@ -375,7 +376,7 @@ static void run_task_locked(tp_pool *p, tp__worker *w, tp__task *t, worker_turn 
         f.status = rc;
         snprintf(f.log_id, sizeof f.log_id, "%s", tp__task_log_id(t));
     }
-    tp__fx fx = TP__FX_INIT;
+    tp__fx fx = TP__FX_INIT(&p->wk.runs[w->index]);
     bool retry = tp__life_attempt_ended(&p->life, t, rc, &fx);
     w->cur = NULL;
     /* read now: a task that went to a completion queue is retired already */
@@ -415,7 +416,7 @@ static void worker_leave_locked(tp_pool *p, tp__worker *w) {
     w->state = TP__W_DEAD;
     p->wk.threads--;
     if (p->wk.threads == 0) pthread_cond_broadcast(&p->done_cv);
-    if (tp__life_closed(&p->life) && tp__life_idle(&p->life) && p->wk.idle_waiters)
+    if (tp__life_closed(&p->life) && tp__life_idle(&p->life) && p->waiting.idle)
         pthread_cond_broadcast(&p->work_cv);
     /* A spawn skipped while this slot was still taken (spawn_start finds no
      * free slot) is retried now, by the service thread. */
@@ -429,11 +430,10 @@ static void *worker_main(void *arg) {
     worker_enter(p, w);
     worker_turn wt = {false, 0};
     while (wait_for_work_locked(p, &wt)) {
-        tp__fx fx = TP__FX_INIT;
+        tp__fx fx = TP__FX_INIT(&p->wk.runs[w->index]);
         tp__task *t = tp__life_take(&p->life, &w->ctx, &fx);
         /* Submitters do not wake anyone while a worker spins: pass work on. */
-        if (tp__life_ready(&p->life) && p->wk.idle_waiters && !p->wk.spinners)
-            pthread_cond_signal(&p->work_cv);
+        if (tp__life_ready(&p->life) && p->waiting.idle && !p->waiting.spin) pthread_cond_signal(&p->work_cv);
         tp__engine_act_locked(p, &fx);
         if (!t) continue; /* the ready task ended at its deadline, with nothing for this worker to run */
         if (t->state == TP__DONE) {
@@ -467,7 +467,7 @@ static void run_endings_locked(tp_pool *p) {
             tp__tls_leave_task();
         }
         tp__lock(p);
-        tp__fx fx = TP__FX_INIT;
+        tp__fx fx = TP__FX_INIT(&p->misc);
         while (chunk != list) {
             tp__task *nx = chunk->next;
             tp__life_retire(&p->life, chunk, &fx);
@@ -505,7 +505,7 @@ static void *service_main(void *arg) {
             tried_spawn = false; /* mu was released: a wake for a spawn may have been missed */
             continue;
         }
-        tp__fx fx = TP__FX_INIT;
+        tp__fx fx = TP__FX_INIT(&p->misc);
         uint64_t next = tp__life_timers(&p->life, tp_now_ns(), &fx);
         fx.flags &= ~(unsigned)TP__FX_SVC; /* that is this thread */
         tp__engine_act_locked(p, &fx);
@@ -518,11 +518,11 @@ static void *service_main(void *arg) {
             continue; /* mu was released: look at everything again */
         }
         if (tp__life_closed(&p->life) && tp__life_inflight(&p->life) == 0) break;
-        p->svc.waiting = true;
-        p->svc.next = next; /* an earlier deadline admitted meanwhile wakes us */
+        p->waiting.svc = true;
+        p->waiting.svc_next = next; /* an earlier deadline admitted meanwhile wakes us */
         tp__mutex_wait(&p->mu, &p->svc_cv, next);
-        p->svc.waiting = false;
-        p->svc.next = TP_FOREVER;
+        p->waiting.svc = false;
+        p->waiting.svc_next = TP_FOREVER;
         tried_spawn = false;
     }
     tp__unlock(p);
@@ -533,10 +533,10 @@ static void *service_main(void *arg) {
 
 static void count_reject_locked(tp_pool *p, int rc) {
     switch (rc) {
-    case TP_ECLOSED: TP__INC(p->st.rejected_closed); break;
-    case TP_EUSERLIMIT: TP__INC(p->st.rejected_user); break;
-    case TP_ETIMEDOUT: TP__INC(p->st.rejected_timeout); break;
-    default: TP__INC(p->st.rejected_full); break; /* TP_EFULL, TP_ENOMEM */
+    case TP_ECLOSED: TP__INC(p->calls.rejected_closed); break;
+    case TP_EUSERLIMIT: TP__INC(p->calls.rejected_user); break;
+    case TP_ETIMEDOUT: TP__INC(p->calls.rejected_timeout); break;
+    default: TP__INC(p->calls.rejected_full); break; /* TP_EFULL, TP_ENOMEM */
     }
 }
 
@@ -570,9 +570,9 @@ int tp__engine_submit(tp_pool *p, tp__admit_args *a, void *arg, uint64_t *id_out
         tp__unlock(p);
         return TP_ECANCELED;
     }
-    TP__INC(p->st.submitted);
+    TP__INC(p->calls.submitted);
     int rc;
-    tp__fx fx = TP__FX_INIT;
+    tp__fx fx = TP__FX_INIT(&p->misc);
     for (;;) {
         if (tp__life_closed(&p->life)) {
             rc = TP_ECLOSED;
@@ -596,9 +596,9 @@ int tp__engine_submit(tp_pool *p, tp__admit_args *a, void *arg, uint64_t *id_out
         if (rc == TP__EFULL_CQ) {
             wait_cq_place_locked(p, a->cq, deadline);
         } else {
-            p->room_waiters++;
+            p->waiting.room++;
             tp__mutex_wait(&p->mu, &p->room_cv, deadline); /* the loop re-checks closed and the budget */
-            p->room_waiters--;
+            p->waiting.room--;
         }
     }
     if (rc == TP__EFULL_CQ) rc = TP_EFULL;
@@ -620,7 +620,7 @@ int tp__engine_submit_batch(tp_pool *p, const tp_task *tasks, size_t valid, tp__
     for (size_t i = 0; i < nchecked; i++) a[i].now = now;
     size_t k = 0;
     int rc = TP_OK;
-    tp__fx fx = TP__FX_INIT;
+    tp__fx fx = TP__FX_INIT(&p->misc);
     tp__lock(p);
     for (; k < valid; k++) {
         tp__admit_args spare;
@@ -631,7 +631,7 @@ int tp__engine_submit_batch(tp_pool *p, const tp_task *tasks, size_t valid, tp__
             (void)tp__life_args(&p->life, tasks[k].fn, tasks[k].opts, &spare); /* passed before */
             spare.now = now;
         }
-        TP__INC(p->st.submitted);
+        TP__INC(p->calls.submitted);
         rc = tp__life_closed(&p->life)
                  ? TP_ECLOSED
                  : tp__life_admit(&p->life, ak, tasks[k].arg, ids_out ? &ids_out[k] : NULL, &fx);
@@ -653,7 +653,7 @@ int tp__engine_submit_batch(tp_pool *p, const tp_task *tasks, size_t valid, tp__
 /* ------------------------------------------------------------ cancel, close, shutdown */
 
 int tp__engine_cancel(tp_pool *p, uint64_t id) {
-    tp__fx fx = TP__FX_INIT;
+    tp__fx fx = TP__FX_INIT(&p->misc);
     tp__lock(p);
     int rc = tp__life_cancel(&p->life, id, &fx);
     tp__engine_act_locked(p, &fx);
@@ -663,7 +663,7 @@ int tp__engine_cancel(tp_pool *p, uint64_t id) {
 
 static void close_locked(tp_pool *p) {
     if (tp__life_closed(&p->life)) return;
-    tp__fx fx = TP__FX_INIT;
+    tp__fx fx = TP__FX_INIT(&p->misc);
     tp__life_close(&p->life, &fx);
     tp__engine_act_locked(p, &fx);
     pthread_cond_broadcast(&p->room_cv); /* a close wakes every waiting submitter at once */
@@ -689,7 +689,7 @@ int tp__engine_shutdown(tp_pool *p, uint64_t budget_ns) {
             p->shut.state = TP__SHUT_OK;
         } else if (p->shut.deadline != TP_FOREVER && tp_now_ns() >= p->shut.deadline) {
             p->shut.state = TP__SHUT_FORCED;
-            tp__fx fx = TP__FX_INIT;
+            tp__fx fx = TP__FX_INIT(&p->misc);
             tp__life_force(&p->life, &fx);
             tp__engine_act_locked(p, &fx);
         } else {
@@ -765,11 +765,12 @@ static int make_sync(tp_pool *p) {
 }
 
 int tp__engine_start(tp_pool *p) {
-    p->svc.next = TP_FOREVER;
+    p->waiting.svc_next = TP_FOREVER;
     p->shut.deadline = TP_FOREVER;
     p->wk.workers = (tp__worker *)calloc(p->cfg.max_workers, sizeof *p->wk.workers);
     p->wk.hist = tp__hist_alloc(p->cfg.max_workers); /* the latency histograms: one shard per slot */
-    if (!p->wk.workers || !p->wk.hist) return TP_ENOMEM;
+    p->wk.runs = (tp__st_runs *)tp__calloc_lines(p->cfg.max_workers, sizeof(tp__st_runs), &p->wk.runs_mem);
+    if (!p->wk.workers || !p->wk.hist || !p->wk.runs) return TP_ENOMEM;
     for (unsigned i = 0; i < p->cfg.max_workers; i++) {
         p->wk.workers[i].pool = p;
         p->wk.workers[i].index = i;
@@ -815,4 +816,7 @@ void tp__engine_free(tp_pool *p) {
     p->wk.workers = NULL;
     tp__hist_free(p->wk.hist);
     p->wk.hist = NULL;
+    free(p->wk.runs_mem);
+    p->wk.runs_mem = NULL;
+    p->wk.runs = NULL;
 }

@@ -90,7 +90,7 @@ int tp_group_cancel(tp_group *g) {
     if (!g) return TP_EINVAL;
     tp_pool *p = g->pool;
     if (!p) return TP_OK;
-    tp__fx fx = TP__FX_INIT;
+    tp__fx fx = TP__FX_INIT(&p->misc);
     tp__lock(p);
     tp__life_group_cancel(&p->life, g, &fx);
     tp__engine_act_locked(p, &fx);

@@ -53,10 +53,11 @@
 
 /* ------------------------------------------------------------ setup */
 
-int tp__life_init(tp__life *L, const tp__life_cfg *cfg, tp__stats *st, unsigned prealloc, bool fair,
-                  unsigned starve_limit, unsigned low_max) {
+int tp__life_init(tp__life *L, const tp__life_cfg *cfg, tp__st_calls *calls, tp__st_gauges *gauges,
+                  unsigned prealloc, bool fair, unsigned starve_limit, unsigned low_max) {
     L->cfg = *cfg;
-    L->st = st;
+    L->calls = calls;
+    L->gauges = gauges;
     L->queued_deadline_min = TP_FOREVER;
     if (tp__sched_init(&L->sched, cfg->waiting_max, fair, starve_limit, low_max) != 0 ||
         tp__tasks_init(&L->tasks, prealloc) != 0 || tp__users_init(&L->users, 32) != 0)
@@ -80,8 +81,8 @@ void tp__life_fini(tp__life *L) {
  * that moment, so a lock-free reader sees that state or an older one, never
  * one the pool has not reached.
  *
- * And before the statistics of the same change (st.queued, st.delayed,
- * st.users): tp_stats_get reads those with acquire, so a thread that has seen
+ * And before the statistics of the same change (queued_pub, the delayed and
+ * users gauges): tp_stats_get reads those with acquire, so a thread that has seen
  * queued + delayed below the capacity then sees this word too, and is not
  * refused for space by an older one (release here, acquire in
  * tp__life_full_fast). */
@@ -112,7 +113,7 @@ bool tp__life_full_fast(tp__life *L, bool has_user) {
 /* The waiting set changed: publish the admission word, then the gauge. */
 static void queue_changed(tp__life *L) {
     adm_publish(L);
-    TP__SET(L->st->queued, tp__sched_waiting(&L->sched));
+    TP__SET(L->queued_pub, tp__sched_waiting(&L->sched));
 }
 
 /* One more task waits and may start now (a background task may not, while
@@ -226,7 +227,7 @@ static void retire(tp__life *L, tp__task *t, tp__fx *fx) {
 static void finalise(tp__life *L, tp__task *t, int status, bool expired, tp__fx *fx) {
     TP__ASSERT(t->state == TP__QUEUED || t->state == TP__RUNNING || t->state == TP__DELAYED);
     if (t->cq) tp__cq_push(t->cq, t->on_done, t->arg, status); /* before anything counts it */
-    tp__tasks_unindex(&L->tasks, t);
+    /* (it stays in the id index until its record is reused: task.h) */
     if (t->deadline != TP_FOREVER) {
         TP__ASSERT(L->with_deadline > 0);
         L->with_deadline--;
@@ -243,18 +244,19 @@ static void finalise(tp__life *L, tp__task *t, int status, bool expired, tp__fx 
             adm_publish(L);
         }
         /* stored only when it changes: the gauge's cache line stays put */
-        if (L->users.live != live) TP__SET(L->st->users, L->users.live);
+        if (L->users.live != live) TP__SET(L->gauges->users, L->users.live);
         fx->flags |= TP__FX_ROOM;
     }
     t->status = status;
     t->state = TP__DONE;
-    TP__INC(L->st->completed);
+    tp__st_runs *r = fx->runs;
+    TP__INC(r->completed);
     if (status == 0) {
-        TP__INC(L->st->succeeded);
+        TP__INC(r->succeeded);
     } else {
-        TP__INC(L->st->failed);
-        if (is_cancel_status(status)) TP__INC(L->st->cancelled);
-        if (expired) TP__INC(L->st->expired);
+        TP__INC(r->failed);
+        if (is_cancel_status(status)) TP__INC(r->cancelled);
+        if (expired) TP__INC(r->expired);
     }
     if (t->group) group_member_ended(L, t, status);
     if (t->cq || !t->on_done) retire(L, t, fx);
@@ -296,7 +298,7 @@ static void delayed_push(tp__life *L, tp__task *t) {
     L->delayed_tail = t;
     L->delayed++;
     adm_publish(L);
-    TP__SET(L->st->delayed, L->delayed);
+    TP__SET(L->gauges->delayed, L->delayed);
 }
 
 static void delayed_remove(tp__life *L, tp__task *t) {
@@ -312,7 +314,7 @@ static void delayed_remove(tp__life *L, tp__task *t) {
     t->next = t->prev = NULL;
     L->delayed--;
     adm_publish(L);
-    TP__SET(L->st->delayed, L->delayed);
+    TP__SET(L->gauges->delayed, L->delayed);
 }
 
 /* Computed without overflow: a shift that would pass the maximum gives it. */
@@ -382,7 +384,8 @@ void tp__life_group_cancel(tp__life *L, struct tp_group *g, tp__fx *fx) {
 
 int tp__life_cancel(tp__life *L, uint64_t id, tp__fx *fx) {
     tp__task *t = tp__tasks_find(&L->tasks, id);
-    if (!t) return TP_ENOTFOUND; /* finalised tasks leave the index */
+    if (!t || (t->state != TP__QUEUED && t->state != TP__DELAYED && t->state != TP__RUNNING))
+        return TP_ENOTFOUND; /* unknown, or ended (its record may wait for its on_done, or be free) */
     cancel_task(L, t, fx);
     run_group_cancels(L, fx);
     return TP_OK;
@@ -453,7 +456,7 @@ int tp__life_admit(tp__life *L, const tp__admit_args *a, void *arg, uint64_t *id
         return rc;
     }
     if (u) {
-        if (!found) TP__SET(L->st->users, L->users.live);         /* a new entry: one more user */
+        if (!found) TP__SET(L->gauges->users, L->users.live);     /* a new entry: one more user */
         if (u->count == L->cfg.max_per_user) L->users_at_limit++; /* published with the queue below */
     }
     t->fn = a->fn;
@@ -463,7 +466,7 @@ int tp__life_admit(tp__life *L, const tp__admit_args *a, void *arg, uint64_t *id
     t->run_timeout = a->run_timeout;
     t->deadline = a->deadline;
     t->user = u;
-    t->flow = L->sched.fair ? (u ? &u->flow : &L->sched.anon) : NULL;
+    if (L->sched.fair) t->flow = u ? &u->flow : &L->sched.anon; /* read in fair pools only */
     t->group = a->group;
     t->ctx = NULL;
     t->attempt = 0;
@@ -492,7 +495,7 @@ int tp__life_admit(tp__life *L, const tp__admit_args *a, void *arg, uint64_t *id
     }
     L->inflight++;
     if (t->group) group_join(t);
-    TP__INC(L->st->accepted);
+    TP__INC(L->calls->accepted);
     tp__sched_push(&L->sched, t);
     queue_changed(L);
     work_for(L, t, fx);
@@ -556,24 +559,23 @@ tp__task *tp__life_take(tp__life *L, struct tp_ctx *c, tp__fx *fx) {
         check_exiters(L, fx);
         t->state = TP__RUNNING;
         t->ctx = c;
-        L->active++;
-        TP__SET(L->st->active, L->active);
+        tp__st_runs *r = fx->runs;
+        TP__INC(r->active);
         if (t->attempt == 0)
-            TP__INC(L->st->started);
+            TP__INC(r->started);
         else
-            TP__INC(L->st->retried);
+            TP__INC(r->retried);
         tp__ctx_begin(c, t);
         return t;
     }
 }
 
 bool tp__life_attempt_ended(tp__life *L, tp__task *t, int rc, tp__fx *fx) {
-    TP__ASSERT(t->state == TP__RUNNING && L->active > 0);
+    TP__ASSERT(t->state == TP__RUNNING && TP__LOAD(fx->runs->active) > 0);
     bool cancelled = tp__ctx_end_locked(t->ctx);
     t->ctx = NULL;
     if (tp__sched_done(&L->sched, t)) fx->work++; /* a background lane may start again */
-    L->active--;
-    TP__SET(L->st->active, L->active);
+    TP__DEC(fx->runs->active);                    /* the set its start counted in: the same worker's */
     bool may_retry = rc != 0 && !cancelled && !L->forced && t->attempt < L->cfg.max_retries;
     uint64_t now = may_retry ? tp_now_ns() : 0; /* no clock read on success */
     if (may_retry && now < t->deadline) {

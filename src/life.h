@@ -35,9 +35,12 @@ typedef struct tp__fx {
     unsigned work;           /* tasks became startable: wake up to this many idle workers */
     uint64_t svc_by;         /* a deadline the service thread must look at by then (TP_FOREVER: none) */
     struct tp_group *groups; /* groups whose last unfinished member retired (linked by wake_next) */
+    tp__st_runs *runs;       /* where this thread counts starts and endings (stats.h) */
 } tp__fx;
-#define TP__FX_INIT                                                                                          \
-    { 0, 0, TP_FOREVER, NULL }
+/* A tp__fx for a thread that counts into `runs` (a worker's set, or the
+ * pool's `misc` set for every other thread). */
+#define TP__FX_INIT(runs)                                                                                    \
+    { 0, 0, TP_FOREVER, NULL, (runs) }
 
 /* What the life of a pool's tasks needs of its configuration. */
 typedef struct tp__life_cfg {
@@ -68,22 +71,23 @@ typedef struct tp__admit_args {
 
 /* The state of a pool's tasks. life.c owns every field. */
 typedef struct tp__life {
-    /* First: what every submit and every start writes. */
+    /* First: the one cache line that every submit and every start writes
+     * (the scheduler's ring fills the next; engine.c's lock comes before). */
     _Alignas(64) tp__tasks tasks;
-    unsigned active;   /* tasks running */
-    unsigned inflight; /* accepted tasks not yet retired */
     uint64_t next_id;
+    unsigned inflight; /* accepted tasks not yet retired */
+    unsigned delayed;  /* tasks in the delayed list */
     /* The admission word: what tp__life_full_fast needs to refuse a full
      * queue without the lock, stored under the lock after every change as
      * one word, so that one load gives the values of one moment: waiting +
      * delayed (bits 0-31), users_at_limit (bits 32-62), closed (bit 63). */
-    _Alignas(64) _Atomic uint64_t adm;
-    unsigned delayed;        /* tasks in the delayed list */
-    unsigned with_deadline;  /* unfinished tasks that carry a deadline */
-    unsigned users_at_limit; /* users holding max_per_user slots */
-    bool closed;             /* no more admissions */
-    bool forced;             /* no more retries; waiting tasks were dropped */
-    tp__sched sched;         /* the waiting tasks */
+    _Atomic uint64_t adm;
+    _Atomic uint32_t queued_pub; /* tasks waiting, for lock-free readers (stats, a spinning worker) */
+    bool closed;                 /* no more admissions */
+    bool forced;                 /* no more retries; waiting tasks were dropped */
+    tp__sched sched;             /* the waiting tasks (its hot fields: one line) */
+    unsigned with_deadline;      /* unfinished tasks that carry a deadline */
+    unsigned users_at_limit;     /* users holding max_per_user slots */
     /* Then: what a task with a user, a deadline, a group or a retry uses. */
     _Alignas(64) tp__users users;
     tp__task *delayed_head, *delayed_tail; /* retries waiting for their delay */
@@ -92,12 +96,13 @@ typedef struct tp__life {
     uint64_t expiry_scan_at;               /* the next expiry scan no earlier */
     struct tp_group *groups;               /* this pool's groups */
     struct tp_group *coe_pending;          /* cancel-on-error groups to cancel before the lock is released */
-    tp__stats *st;                         /* the pool's statistics (stats.h) */
+    tp__st_calls *calls;                   /* the pool's call counters (stats.h): `accepted` */
+    tp__st_gauges *gauges;                 /* the pool's gauges (stats.h): delayed, users */
     tp__life_cfg cfg;
 } tp__life;
 
-int tp__life_init(tp__life *L, const tp__life_cfg *cfg, tp__stats *st, unsigned prealloc, bool fair,
-                  unsigned starve_limit, unsigned low_max);
+int tp__life_init(tp__life *L, const tp__life_cfg *cfg, tp__st_calls *calls, tp__st_gauges *gauges,
+                  unsigned prealloc, bool fair, unsigned starve_limit, unsigned low_max);
 void tp__life_fini(tp__life *L); /* also after a failed init */
 
 /* ---- admission */

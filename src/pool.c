@@ -119,8 +119,8 @@ static int make_life(tp_pool *p) {
                        .retry_delay = c->retry_delay,
                        .retry_delay_max = c->retry_delay_max,
                        .serial = c->serial};
-    return tp__life_init(&p->life, &lc, &p->st, prealloc, c->sched == TP_SCHED_FAIR, c->starve_limit,
-                         c->low_max);
+    return tp__life_init(&p->life, &lc, &p->calls, &p->gauges, prealloc, c->sched == TP_SCHED_FAIR,
+                         c->starve_limit, c->low_max);
 }
 
 int tp_create(tp_pool **out, const tp_config *cfg) {

@@ -41,7 +41,7 @@
  * Locking
  *   One mutex per pool, `mu`, guards everything in the pool except the
  *   statistics and the lanes' published figures (atomics, written under mu,
- *   read without it), the admission word (life.c, likewise), `fast_full`
+ *   read without it), the admission word and queued_pub (life.c, likewise), `fast_full`
  *   (added to without the lock by refused submitters), the histogram shards
  *   (each written by its worker alone) and a running task's context flag
  *   (written under mu, read by the task). A function whose name ends in
@@ -97,7 +97,17 @@ enum { TP__SHUT_NONE = 0, TP__SHUT_RUNNING, TP__SHUT_OK, TP__SHUT_FORCED };
 
 struct tp_pool {
     tp__mutex mu;
-    pthread_cond_t work_cv, room_cv, done_cv, svc_cv; /* see Locking above */
+    pthread_cond_t work_cv; /* see Locking above */
+    /* engine.c, under mu: who waits, read by every submit and start (so next
+     * to the lock, and written only when a thread goes to sleep or wakes) */
+    struct tp__waiters {
+        unsigned idle;     /* workers in work_cv */
+        unsigned spin;     /* idle workers polling for work before they wait (0 or 1) */
+        unsigned room;     /* tp_submit_wait callers in room_cv */
+        bool svc;          /* the service thread is in svc_cv */
+        uint64_t svc_next; /* when the waiting service thread wakes by itself */
+    } waiting;
+    pthread_cond_t room_cv, done_cv, svc_cv; /* see Locking above */
 
     tp__config cfg; /* pool.c, read-only after tp_create */
     tp__life life;  /* life.c: the tasks, under mu */
@@ -108,17 +118,16 @@ struct tp_pool {
         unsigned live_workers; /* workers counted in stats.workers */
         unsigned starting;     /* spawned threads that have not yet taken mu */
         unsigned threads;      /* worker threads not yet finished (incl. stop hook) */
-        unsigned idle_waiters; /* workers in work_cv */
-        unsigned spinners;     /* idle workers polling for work before they wait (0 or 1) */
         tp__hist_shard *hist;  /* max_workers shards: slot i's worker is the only writer of hist[i] */
-        bool synced;           /* the lock, the conditions and the contexts are made */
+        tp__st_runs
+            *runs; /* max_workers counter sets (stats.h): slot i's worker is the only writer of runs[i] */
+        void *runs_mem; /* what to free for runs */
+        bool synced;    /* the lock, the conditions and the contexts are made */
     } wk;
 
     /* engine.c: the service thread, under mu */
     struct tp__service {
-        uint64_t next; /* when the waiting service thread wakes by itself */
-        bool waiting;  /* the service thread is in svc_cv */
-        bool started;  /* `thread` is joinable */
+        bool started; /* `thread` is joinable */
         pthread_t thread;
     } svc;
 
@@ -127,11 +136,13 @@ struct tp_pool {
         int state;         /* TP__SHUT_* */
         uint64_t deadline; /* fixed by the first tp_shutdown */
     } shut;
-    unsigned room_waiters;     /* tp_submit_wait callers in room_cv */
     tp__cq_waiter *cq_waiters; /* tp_submit_wait callers waiting for a completion queue's place */
 
-    /* statistics: atomics, written under mu by life.c and engine.c (stats.h) */
-    _Alignas(64) tp__stats st;
+    /* statistics (stats.h): atomics written under mu, each set on its own
+     * cache line; the worker slots' sets are in wk.runs */
+    tp__st_calls calls;   /* engine.c (submitted, rejected_*), life.c (accepted) */
+    tp__st_gauges gauges; /* life.c (delayed, users), engine.c (workers, idle) */
+    tp__st_runs misc;     /* starts and endings counted by threads that are not workers */
     /* pool.c: submits refused without the lock by tp__life_full_fast. Each
      * counts in both submitted and rejected_full (tp_stats_get adds it in).
      * A read-modify-write, as no lock orders the writers; its own cache line,

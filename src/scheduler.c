@@ -21,7 +21,10 @@
  * Publishing: every change of a lane's waiting count, running count, started
  * count or oldest task is stored into its *_pub atomics (release) before the
  * pool lock is released, for tp_lane_stats_get and tp_stats_get's
- * oldest_wait_ns, which read them without the lock.
+ * oldest_wait_ns, which read them without the lock -- except the ring lane
+ * of a FIFO pool (lane 0), which publishes only its oldest task's stamp
+ * (ring_head_at): its counts are the pool's totals less the other lanes',
+ * so the hot path stores nothing more than 1.1 did.
  *
  * Layer: a leaf (see pool.h): life.c calls it; it calls nothing of
  * libtaskpool's but ring.h's inline functions.
@@ -58,9 +61,14 @@ static uint64_t lane_head_at(const tp__sched *s, unsigned li) {
     return h ? h->queued_at : 0;
 }
 
-/* The lane's waiting count or its head changed. */
+/* The lane's waiting count or its head changed. The ring lane publishes
+ * only its head's stamp (see tp__sched). */
 static void lane_waiting_changed(tp__sched *s, unsigned li) {
     tp__lane *l = &s->lane[li];
+    if (is_ring_lane(s, li)) {
+        TP__SET(s->ring_head_at, tp__ring_head_at(&s->ring));
+        return;
+    }
     TP__SET(l->head_at_pub, lane_head_at(s, li));
     TP__SET(l->waiting_pub, l->waiting);
 }
@@ -166,7 +174,7 @@ void tp__sched_push_lanes(tp__sched *s, tp__task *t) {
     s->waiting++;
     if (l->waiting == 1)
         lane_waiting_changed(s, li); /* a new head */
-    else
+    else if (!is_ring_lane(s, li))
         TP__SET(l->waiting_pub, l->waiting);
 }
 
@@ -236,10 +244,12 @@ void tp__sched_start_lanes(tp__sched *s, tp__task *t) {
     lane_take(s, li, t);
     l->waiting--;
     s->waiting--;
-    l->running++;
     lane_waiting_changed(s, li);
-    TP__SET(l->running_pub, l->running);
-    TP__INC(l->started_pub);
+    if (!is_ring_lane(s, li)) { /* the ring lane's are the pool's totals less the others' */
+        l->running++;
+        TP__SET(l->running_pub, l->running);
+        TP__INC(l->started_pub);
+    }
     if (li < RING_LANE) {
         s->low_running++;
         if (s->low_max && s->low_running >= s->low_max) /* the background lanes stop being ready */

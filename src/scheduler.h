@@ -62,14 +62,20 @@ typedef struct tp__lane {
 } tp__lane;
 
 typedef struct tp__sched {
-    tp__ring ring;         /* FIFO pools: lane 0 */
-    unsigned waiting;      /* in every lane */
-    unsigned in_lists;     /* waiting outside the ring (FIFO pools: lanes other than 0) */
-    bool fair;             /* TP_SCHED_FAIR */
-    unsigned starve_limit; /* prio_starve_limit, resolved; TP_UNLIMITED: strict */
-    unsigned low_max;      /* low_prio_max_running; 0: no limit */
-    unsigned low_running;  /* running tasks of priority < 0 */
-    tp__flow anon;         /* fair pools: the tasks without a user */
+    /* One cache line: what every push and every start of a FIFO pool's
+     * lane 0 touches. That lane (the ring) publishes only its oldest task's
+     * stamp; its other figures are the pool's totals less the other lanes'
+     * (stats.c). */
+    _Alignas(64) tp__ring ring;    /* FIFO pools: lane 0 */
+    _Atomic uint64_t ring_head_at; /* FIFO pools: queue stamp of the ring's head, 0 if empty */
+    unsigned waiting;              /* in every lane */
+    unsigned in_lists;             /* waiting outside the ring (FIFO pools: lanes other than 0) */
+    unsigned starve_limit;         /* prio_starve_limit, resolved; TP_UNLIMITED: strict */
+    unsigned low_max;              /* low_prio_max_running; 0: no limit */
+    unsigned low_running;          /* running tasks of priority < 0 */
+    bool fair;                     /* TP_SCHED_FAIR */
+    /* The rest: lanes other than a FIFO pool's lane 0, and fair rounds. */
+    tp__flow anon; /* fair pools: the tasks without a user */
     tp__lane lane[TP__LANES];
 } tp__sched;
 
@@ -89,10 +95,8 @@ static inline void tp__sched_push(tp__sched *s, tp__task *t) {
     }
     tp__lane *l = &s->lane[2]; /* lane 0 of a FIFO pool: the ring */
     tp__ring_push(&s->ring, t);
-    l->waiting++;
+    if (l->waiting++ == 0) TP__SET(s->ring_head_at, t->queued_at); /* a new head */
     s->waiting++;
-    if (l->waiting == 1) TP__SET(l->head_at_pub, t->queued_at); /* a new head */
-    TP__SET(l->waiting_pub, l->waiting);
 }
 
 /* The task that starts next by the rules of section 14, left in place; NULL
@@ -117,7 +121,8 @@ static inline void tp__sched_start(tp__sched *s, tp__task *t) {
         return;
     }
     /* Only the ring holds tasks (a FIFO pool, lane 0): every other lane is
-     * empty, so no count moves but the ring lane's own, which returns to 0. */
+     * empty, so no count moves but the ring lane's own, which returns to 0.
+     * The ring lane publishes only its head's stamp (see tp__sched). */
     tp__lane *l = &s->lane[2];
     tp__task *h = tp__ring_pop(&s->ring);
     TP__ASSERT(h == t);
@@ -126,11 +131,7 @@ static inline void tp__sched_start(tp__sched *s, tp__task *t) {
     l->starve = 0;
     l->waiting--;
     s->waiting--;
-    l->running++;
-    TP__SET(l->head_at_pub, tp__ring_head_at(&s->ring));
-    TP__SET(l->waiting_pub, l->waiting);
-    TP__SET(l->running_pub, l->running);
-    TP__INC(l->started_pub);
+    TP__SET(s->ring_head_at, tp__ring_head_at(&s->ring));
 }
 
 /* An attempt of `t` that was started has ended: it no longer runs in its
@@ -139,6 +140,7 @@ static inline void tp__sched_start(tp__sched *s, tp__task *t) {
 bool tp__sched_done_low(tp__sched *s, const tp__task *t); /* a background lane's, in scheduler.c */
 static inline bool tp__sched_done(tp__sched *s, const tp__task *t) {
     if (t->prio < 0) return tp__sched_done_low(s, t);
+    if (t->prio == 0 && !s->fair) return false; /* the ring lane counts no running tasks */
     tp__lane *l = &s->lane[tp__lane_of(t->prio)];
     TP__ASSERT(l->running > 0);
     l->running--;
@@ -182,7 +184,7 @@ static inline unsigned tp__sched_startable(const tp__sched *s) {
 /* The queue stamp (clock.h) of the oldest waiting task, 0 if none. Lock-free:
  * the lanes' published heads. */
 static inline uint64_t tp__sched_oldest_at(tp__sched *s) {
-    uint64_t oldest = 0;
+    uint64_t oldest = TP__ACQUIRE(s->ring_head_at);
     for (unsigned i = 0; i < TP__LANES; i++) {
         uint64_t at = TP__ACQUIRE(s->lane[i].head_at_pub);
         if (at && (!oldest || at < oldest)) oldest = at;

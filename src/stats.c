@@ -50,6 +50,22 @@
     X(submitted)
 /* clang-format on */
 
+/* Where each counter is kept: TP__STATS_IS_RUN_<f>(RUN, CALL, f) expands to
+ * RUN(f) for the per-worker sets, CALL(f) for the calls set (stats.h). */
+#define TP__STATS_IS_RUN_expired(R, C, f)          R(f)
+#define TP__STATS_IS_RUN_cancelled(R, C, f)        R(f)
+#define TP__STATS_IS_RUN_failed(R, C, f)           R(f)
+#define TP__STATS_IS_RUN_succeeded(R, C, f)        R(f)
+#define TP__STATS_IS_RUN_completed(R, C, f)        R(f)
+#define TP__STATS_IS_RUN_retried(R, C, f)          R(f)
+#define TP__STATS_IS_RUN_started(R, C, f)          R(f)
+#define TP__STATS_IS_RUN_rejected_timeout(R, C, f) C(f)
+#define TP__STATS_IS_RUN_rejected_closed(R, C, f)  C(f)
+#define TP__STATS_IS_RUN_rejected_user(R, C, f)    C(f)
+#define TP__STATS_IS_RUN_rejected_full(R, C, f)    C(f)
+#define TP__STATS_IS_RUN_accepted(R, C, f)         C(f)
+#define TP__STATS_IS_RUN_submitted(R, C, f)        C(f)
+
 /* Every counter of TP__STATS_FIELDS is in the read order exactly once. */
 #define TP__ONE(f, help) +1
 #define TP__NONE(f, help)
@@ -60,18 +76,39 @@ _Static_assert(0 TP__STATS_FIELDS(TP__ONE, TP__NONE, TP__NONE) == 0 TP__STATS_RE
 #undef TP__NONE
 #undef TP__ONE_READ
 
+/* A run counter summed over every set (the misc set and each worker
+ * slot's), each load an acquire. */
+static uint64_t sum_runs(const tp_pool *p, size_t off) {
+    uint64_t v = TP__ACQUIRE(*(const _Atomic uint64_t *)((const char *)&p->misc + off));
+    for (unsigned i = 0; i < p->cfg.max_workers; i++)
+        v += TP__ACQUIRE(*(const _Atomic uint64_t *)((const char *)&p->wk.runs[i] + off));
+    return v;
+}
+
+/* Running attempts: the sets' `active` summed (every attempt starts and
+ * ends in its worker's set). */
+static uint32_t sum_active(const tp_pool *p) {
+    uint32_t v = TP__ACQUIRE(p->misc.active);
+    for (unsigned i = 0; i < p->cfg.max_workers; i++) v += TP__ACQUIRE(p->wk.runs[i].active);
+    return v;
+}
+
 void tp_stats_get(tp_pool *p, tp_stats *out) {
     if (!p || !out) return;
-    const tp__stats *s = &p->st;
     memset(out, 0, sizeof *out);
-#define TP__GET_COUNTER(f) out->f = TP__ACQUIRE(s->f);
+#define TP__GET_RUNS(f)    out->f = sum_runs(p, offsetof(tp__st_runs, f));
+#define TP__GET_CALLS(f)   out->f = TP__ACQUIRE(p->calls.f);
+#define TP__GET_COUNTER(f) TP__STATS_IS_RUN_##f(TP__GET_RUNS, TP__GET_CALLS, f)
     TP__STATS_READ_ORDER(TP__GET_COUNTER)
 #undef TP__GET_COUNTER
-#define TP__GET(f, help) out->f = TP__ACQUIRE(s->f);
-#define TP__SKIP(f, help)
-    TP__STATS_FIELDS(TP__SKIP, TP__GET, TP__SKIP)
-#undef TP__GET
-#undef TP__SKIP
+#undef TP__GET_RUNS
+#undef TP__GET_CALLS
+    out->active = sum_active(p);
+    out->queued = TP__ACQUIRE(p->life.queued_pub);
+    out->delayed = TP__ACQUIRE(p->gauges.delayed);
+    out->workers = TP__ACQUIRE(p->gauges.workers);
+    out->idle = TP__ACQUIRE(p->gauges.idle);
+    out->users = TP__ACQUIRE(p->gauges.users);
     /* Submits refused without the lock (pool.c) count in two fields: one load,
      * added to both, so the inequalities above still hold. */
     uint64_t fast_full = TP__ACQUIRE(p->fast_full);
@@ -84,11 +121,34 @@ void tp_stats_get(tp_pool *p, tp_stats *out) {
 
 int tp_lane_stats_get(tp_pool *p, int priority, tp_lane_stats *out) {
     if (!p || !out || priority < TP_PRIO_MIN || priority > TP_PRIO_MAX) return TP_EINVAL;
-    const tp__lane *l = &p->life.sched.lane[tp__lane_of(priority)];
+    const tp__sched *s = &p->life.sched;
     memset(out, 0, sizeof *out);
-    out->started = TP__ACQUIRE(l->started_pub);
-    out->queued = TP__ACQUIRE(l->waiting_pub);
-    out->running = TP__ACQUIRE(l->running_pub);
+    if (priority != 0 || s->fair) {
+        const tp__lane *l = &s->lane[tp__lane_of(priority)];
+        out->started = TP__ACQUIRE(l->started_pub);
+        out->queued = TP__ACQUIRE(l->waiting_pub);
+        out->running = TP__ACQUIRE(l->running_pub);
+        return TP_OK;
+    }
+    /* Lane 0 of a FIFO pool (the ring) publishes no counts of its own (so
+     * that its hot path stores no more than 1.1's): they are the pool's
+     * totals less the other lanes'. Exact at rest; while tasks move the two
+     * reads are not one instant, and a difference below 0 reads 0. */
+    uint64_t started = 0;
+    uint32_t queued = 0, running = 0;
+    for (int prio = TP_PRIO_MIN; prio <= TP_PRIO_MAX; prio++) {
+        if (prio == 0) continue;
+        const tp__lane *l = &s->lane[tp__lane_of(prio)];
+        started += TP__ACQUIRE(l->started_pub);
+        queued += TP__ACQUIRE(l->waiting_pub);
+        running += TP__ACQUIRE(l->running_pub);
+    }
+    uint64_t all_started =
+        sum_runs(p, offsetof(tp__st_runs, started)) + sum_runs(p, offsetof(tp__st_runs, retried));
+    uint32_t all_queued = TP__ACQUIRE(p->life.queued_pub), all_running = sum_active(p);
+    out->started = all_started > started ? all_started - started : 0;
+    out->queued = all_queued > queued ? all_queued - queued : 0;
+    out->running = all_running > running ? all_running - running : 0;
     return TP_OK;
 }
 

@@ -3,10 +3,8 @@
  * atomics that hold them.
  *
  * Writers and readers. Every field is written with the pool lock held, by the
- * file that owns the change it counts: engine.c the calls (submitted and the
- * rejected_* counters) and the workers / idle gauges, life.c every other
- * counter and the queued / delayed / active / users gauges. stats.c reads them all without the lock (tp_stats_get) and
- * metrics.c through it. Updates are a relaxed load and a release store (one
+ * file that owns the change it counts (below); stats.c reads them all
+ * without the lock (tp_stats_get) and metrics.c through it. Updates are a relaxed load and a release store (one
  * writer at a time: no read-modify-write); reads are acquire loads, so a
  * reader that sees a counted value also sees what happened before it was
  * counted (taskpool.h, section 8).
@@ -22,12 +20,11 @@
  *   G(name, help)  a gauge: _Atomic uint32_t, the current value
  *   D(name, help)  a counter derived by tp_stats_get from the others (not stored)
  * Used by tp_stats_get(), tp_stats_format() (stats.c) and tp_metrics_format()
- * (metrics.c); struct tp__stats below lays the stored ones out in
- * TP__STATS_LAYOUT's order. A new field is one line here, one in
- * TP__STATS_LAYOUT, one in TP__STATS_READ_ORDER (stats.c) and its member in
- * tp_stats (the counts of the lists are asserted to match). oldest_wait_ns
- * (since 1.2) is no counter: stats.c computes it from the scheduler's lane
- * heads and writes it apart.
+ * (metrics.c). A new counter is one line here, one in TP__STATS_CALLS or
+ * TP__STATS_RUNS below, one in TP__STATS_READ_ORDER (stats.c) and its member
+ * in tp_stats (the counts of the lists are asserted to match).
+ * oldest_wait_ns (since 1.2) is no counter: stats.c computes it from the
+ * scheduler's lane heads and writes it apart.
  */
 #define TP__STATS_FIELDS(C, G, D)                                                                            \
     C(submitted, "Submit calls that passed argument checks.")                                                \
@@ -51,43 +48,55 @@
     G(idle, "Workers waiting for work.")                                                                     \
     G(users, "Users holding at least one slot.")
 
-#define TP__ST_NONE(f, help)
-/* Memory order, not text order: the fields that change with every task
- * first, in one cache line. Same fields as TP__STATS_FIELDS (asserted). */
-#define TP__STATS_LAYOUT(C, G)                                                                               \
-    C(submitted)                                                                                             \
-    C(accepted)                                                                                              \
-    C(started)                                                                                               \
-    C(completed)                                                                                             \
-    C(succeeded)                                                                                             \
-    C(retried)                                                                                               \
-    G(active)                                                                                                \
-    G(queued)                                                                                                \
-    G(delayed)                                                                                               \
-    G(workers)                                                                                               \
-    C(rejected_full)                                                                                         \
-    C(rejected_user)                                                                                         \
-    C(rejected_closed)                                                                                       \
-    C(rejected_timeout)                                                                                      \
-    C(failed)                                                                                                \
-    C(cancelled)                                                                                             \
-    C(expired)                                                                                               \
-    G(idle)                                                                                                  \
-    G(users)
-#define TP__STL_COUNTER(f) _Atomic uint64_t f;
-#define TP__STL_GAUGE(f)   _Atomic uint32_t f;
-typedef struct tp__stats {
-    TP__STATS_LAYOUT(TP__STL_COUNTER, TP__STL_GAUGE)
-} tp__stats;
-#undef TP__STL_COUNTER
-#undef TP__STL_GAUGE
+/* Where the stored fields live, by writer, so that a task's submitter and
+ * its worker do not write one cache line of counters between them:
+ *   calls   the submitting threads (engine.c; life.c for `accepted`): one
+ *           set per pool, on its own line;
+ *   runs    what happens to tasks once accepted: one set per worker slot,
+ *           written only by that slot's worker, plus one set (`misc`) for
+ *           every other thread that ends tasks (tp_cancel's caller, the
+ *           service thread, a forced shutdown) -- each on its own line; the
+ *           reader sums them. `active` is per set too (a worker's is 0 or
+ *           1: an attempt starts and ends on the same worker);
+ *   gauges  delayed, users (life.c) and workers, idle (engine.c): one set.
+ * `queued` is life.c's count of waiting tasks, published next to the
+ * admission word (life.h). */
+#define TP__STATS_CALLS(X)                                                                                   \
+    X(submitted)                                                                                             \
+    X(accepted)                                                                                              \
+    X(rejected_full)                                                                                         \
+    X(rejected_user)                                                                                         \
+    X(rejected_closed)                                                                                       \
+    X(rejected_timeout)
+#define TP__STATS_RUNS(X)                                                                                    \
+    X(started)                                                                                               \
+    X(retried)                                                                                               \
+    X(completed)                                                                                             \
+    X(succeeded)                                                                                             \
+    X(failed)                                                                                                \
+    X(cancelled)                                                                                             \
+    X(expired)
+
+#define TP__ST_COUNTER(f) _Atomic uint64_t f;
+typedef struct tp__st_calls {
+    _Alignas(64) TP__STATS_CALLS(TP__ST_COUNTER)
+} tp__st_calls;
+typedef struct tp__st_runs {
+    _Alignas(64) TP__STATS_RUNS(TP__ST_COUNTER) _Atomic uint32_t active; /* attempts running now */
+} tp__st_runs;
+#undef TP__ST_COUNTER
+typedef struct tp__st_gauges {
+    _Alignas(64) _Atomic uint32_t delayed, users, workers, idle;
+} tp__st_gauges;
+
 #define TP__ST_ONE(f, help) +1
-#define TP__ST_ONE_L(f)     +1
-_Static_assert(0 TP__STATS_FIELDS(TP__ST_ONE, TP__ST_ONE, TP__ST_NONE) ==
-                   0 TP__STATS_LAYOUT(TP__ST_ONE_L, TP__ST_ONE_L),
-               "TP__STATS_LAYOUT must list every stored field of TP__STATS_FIELDS");
+#define TP__ST_NONE(f, help)
+#define TP__ST_ONE_X(f) +1
+_Static_assert(0 TP__STATS_FIELDS(TP__ST_ONE, TP__ST_NONE, TP__ST_NONE) == 0 TP__STATS_CALLS(TP__ST_ONE_X)
+                                                                               TP__STATS_RUNS(TP__ST_ONE_X),
+               "every counter of TP__STATS_FIELDS is in TP__STATS_CALLS or TP__STATS_RUNS");
 #undef TP__ST_ONE
-#undef TP__ST_ONE_L
 #undef TP__ST_NONE
+#undef TP__ST_ONE_X
 
 #endif /* TP_STATS_H */

@@ -15,7 +15,11 @@
  * a task costs no allocation. The id index maps a task id to its record for
  * tp_cancel(): ids are consecutive, so `id & mask` spreads them evenly over
  * power-of-two buckets; the bucket array doubles with the record count (at
- * growth only). No locking here: the pool lock guards every call.
+ * growth only). A record enters the index at admission and leaves it only
+ * when it is taken again for a new task (tp__tasks_get): a lookup can find a
+ * task that has ended, so its caller checks the state. That keeps the index
+ * on the submitting side: the thread that ends a task never writes it. No
+ * locking here: the pool lock guards every call.
  */
 #ifndef TP_TASK_H
 #define TP_TASK_H
@@ -53,10 +57,11 @@ typedef struct tp__task {
     uint16_t attempt;         /* 0 on the first run, n on the n-th retry */
     int status;               /* final status once finalised */
     uint32_t log_gen;         /* non-zero: log_id not yet written; the pool serial to generate it from */
-    /* The rest: scheduling lists, retries, groups, completion queues, log ids. */
+    tp_cq *cq;                /* NULL, or the completion queue its on_done goes to */
+    /* The rest: scheduling lists, retries, groups, log ids -- written only
+     * for the tasks that use them. */
     struct tp__task *anext, *aprev;   /* waiting in a list lane: the lane's arrival order (scheduler.c) */
-    struct tp__flow *flow;            /* fair pools: its user's flow, or the anonymous one */
-    tp_cq *cq;                        /* NULL, or the completion queue its on_done goes to */
+    struct tp__flow *flow;            /* fair pools only: its user's flow, or the anonymous one */
     uint64_t due;                     /* while DELAYED: when the retry is queued */
     struct tp__task *g_next, *g_prev; /* the group's members not yet finalised */
     char log_id[TP_LOG_ID_MAX + 1];
@@ -73,7 +78,8 @@ typedef struct tp__tasks {
 
 int tp__tasks_init(tp__tasks *ts, unsigned prealloc);
 void tp__tasks_fini(tp__tasks *ts);
-/* A free record: TP_OK, TP_EFULL (`limit` records are in use), TP_ENOMEM. */
+/* A free record, out of the id index: TP_OK, TP_EFULL (`limit` records are
+ * in use), TP_ENOMEM. */
 int tp__tasks_get(tp__tasks *ts, unsigned limit, tp__task **out);
 void tp__tasks_put(tp__tasks *ts, tp__task *t);
 
@@ -85,17 +91,22 @@ static inline void tp__tasks_index(tp__tasks *ts, tp__task *t) {
     *b = t;
 }
 
+/* Out of the index; its id becomes 0 (a record's id is non-zero exactly
+ * while it is in the index). */
 static inline void tp__tasks_unindex(tp__tasks *ts, tp__task *t) {
     for (tp__task **pp = &ts->index[t->id & ts->index_mask]; *pp; pp = &(*pp)->id_next) {
         if (*pp == t) {
             *pp = t->id_next;
             t->id_next = NULL;
+            t->id = 0;
             return;
         }
     }
     TP__ASSERT(!"tp__tasks_unindex: task not in the index");
 }
 
+/* The record that last held `id`, if it has not been reused since: the task
+ * may have ended (check its state). */
 static inline tp__task *tp__tasks_find(const tp__tasks *ts, uint64_t id) {
     for (tp__task *t = ts->index[id & ts->index_mask]; t; t = t->id_next)
         if (t->id == id) return t;

@@ -25,6 +25,7 @@ static int tasks_grow(tp__tasks *ts, unsigned n) {
     if (!tp__chunk_new(&ts->chunks, n, sizeof(tp__task), _Alignof(tp__task), &at)) return -1;
     tp__task *recs = (tp__task *)at;
     for (unsigned i = n; i-- > 0;) {
+        recs[i].id = 0; /* not in the id index */
         recs[i].state = TP__FREE;
         recs[i].next = ts->free;
         ts->free = &recs[i];
@@ -80,7 +81,11 @@ int tp__tasks_get(tp__tasks *ts, unsigned limit, tp__task **out) {
     }
     tp__task *t = ts->free;
     ts->free = t->next;
-    t->next = t->prev = t->id_next = NULL;
+    /* A record stays in the id index under its last id until it is reused
+     * (task.h): out now, on the submitting side, so that the worker that
+     * ended it never writes the index. */
+    if (t->id) tp__tasks_unindex(ts, t);
+    t->next = t->prev = NULL;
     *out = t;
     return TP_OK;
 }

@@ -704,7 +704,7 @@ static long run_batches(tp_pool *p, int n, long base) {
  * latch, so all four can only run at once on four workers. */
 static bool service_waiting(tp_pool *p) {
     tp__lock(p);
-    bool w = p->svc.waiting;
+    bool w = p->waiting.svc;
     tp__unlock(p);
     return w;
 }

@@ -100,6 +100,13 @@ static void test_tasks_index_and_growth(void **state) {
         else
             assert_ptr_equal(tp__tasks_find(&ts, (uint64_t)i + 1), got[i]);
     }
+    /* A record put back stays findable under its id (its task has ended: the
+     * caller checks the state) until it is taken again, which takes it out
+     * of the index. */
+    for (int i = 1; i < N; i += 2) tp__tasks_put(&ts, got[i]);
+    for (int i = 1; i < N; i += 2) assert_ptr_equal(tp__tasks_find(&ts, (uint64_t)i + 1), got[i]);
+    for (int i = 1; i < N; i += 2) assert_int_equal(tp__tasks_get(&ts, 100000, &got[i]), TP_OK);
+    for (int i = 0; i < N; i++) assert_null(tp__tasks_find(&ts, (uint64_t)i + 1));
     /* Records come back from the free list: no growth in steady state. */
     unsigned total = ts.total;
     for (int round = 0; round < 10; round++) {

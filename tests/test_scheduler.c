@@ -72,8 +72,10 @@ static void test_fifo_lane_zero_is_the_ring(void **state) {
     assert_true(tp__sched_oldest_at(&s) == 100);
     ORDER(&s, true, "lane 0 in admission order", 1, 2, 3, 4, 5, 6);
     assert_true(tp__sched_oldest_at(&s) == 0);
-    assert_true(atomic_load(&s.lane[2].started_pub) == 6);
-    assert_true(atomic_load(&s.lane[2].running_pub) == 0);
+    /* the ring lane publishes only its head's stamp: its counts are the
+     * pool's totals less the other lanes' (stats.c) */
+    assert_true(atomic_load(&s.lane[2].started_pub) == 0);
+    assert_true(atomic_load(&s.ring_head_at) == 0);
     tp__sched_fini(&s);
 }
 
@@ -526,6 +528,7 @@ static void differential(bool fair, unsigned limit, unsigned low_max, uint32_t s
             if (s.lane[l].starve != m.starve[l])
                 fail_msg("seed %u step %d: lane %u counts %u, the model %u", seed, step, l, s.lane[l].starve,
                          m.starve[l]);
+            if (!fair && l == 2) continue; /* the ring lane publishes no counts */
             assert_int_equal(atomic_load(&s.lane[l].waiting_pub), m_lane_waiting(&m, l));
             assert_int_equal(atomic_load(&s.lane[l].running_pub), m.running[l]);
         }
