@@ -40,6 +40,31 @@
  *
  * Lock order: see pool.h. mu is never held across user code (task, on_done,
  * hooks, the log hook) or pthread_create.
+ *
+ * The cache lines of one task (a FIFO pool, no user, deadline, group or
+ * on_done), from tp_submit (S) to the end of its attempt on a worker (W).
+ * Where a line that one thread writes is next touched by another, it moves
+ * between their CPUs: that move is what a task costs where moving lines is
+ * expensive, so this is the budget to keep in review.
+ *   written by S and W (each moves once or twice per task):
+ *     1  the lock, work_cv and the waiter counts (tp_pool.mu .. waiting)
+ *     2  life's hot line: free records, next id, inflight, admission word,
+ *        queued_pub (life.h)
+ *     3  the scheduler's hot line: the ring's head and tail, its head's
+ *        stamp, the waiting count (scheduler.h)
+ *     4  the task record's second line: its state, links, context (S fills
+ *        it at admission, W changes its state and gives it back)
+ *   written by S, read by W:
+ *     5  the task record's first line: fn, arg, on_done, timeouts, stamp
+ *     6  the ring slot
+ *   written by one side only (stay in its cache):
+ *     S: the calls' counters, the id index; W: its runs' counters, its
+ *     histogram shard, its context.
+ * Before this layout (right after the core was reshaped for 1.2) S and W
+ * both wrote nine lines per task: the lock, life's first line, the admission
+ * word and ring, lane 0's published counts, the statistics line, the three
+ * lines of the record and the id index bucket (removed at the end of the
+ * task); 1.1 had eight.
  */
 #include "pool.h"
 
