@@ -47,7 +47,7 @@
  * between their CPUs: that move is what a task costs where moving lines is
  * expensive, so this is the budget to keep in review.
  *   written by S and W (each moves once or twice per task):
- *     1  the lock, work_cv and the waiter counts (tp_pool.mu .. waiting)
+ *     1  the lock and the waiter counts (tp_pool.mu, waiting)
  *     2  life's hot line: free records, next id, inflight, admission word,
  *        queued_pub (life.h)
  *     3  the scheduler's hot line: the ring's head and tail, its head's

@@ -96,10 +96,10 @@ typedef struct tp__worker {
 enum { TP__SHUT_NONE = 0, TP__SHUT_RUNNING, TP__SHUT_OK, TP__SHUT_FORCED };
 
 struct tp_pool {
-    tp__mutex mu;
-    pthread_cond_t work_cv; /* see Locking above */
-    /* engine.c, under mu: who waits, read by every submit and start (so next
-     * to the lock, and written only when a thread goes to sleep or wakes) */
+    /* One cache line (without debug fields): the lock, and who waits --
+     * read by every submit and start, written only when a thread goes to
+     * sleep or wakes (engine.c, under mu). */
+    _Alignas(64) tp__mutex mu;
     struct tp__waiters {
         unsigned idle;     /* workers in work_cv */
         unsigned spin;     /* idle workers polling for work before they wait (0 or 1) */
@@ -107,7 +107,7 @@ struct tp_pool {
         bool svc;          /* the service thread is in svc_cv */
         uint64_t svc_next; /* when the waiting service thread wakes by itself */
     } waiting;
-    pthread_cond_t room_cv, done_cv, svc_cv; /* see Locking above */
+    pthread_cond_t work_cv, room_cv, done_cv, svc_cv; /* see Locking above */
 
     tp__config cfg; /* pool.c, read-only after tp_create */
     tp__life life;  /* life.c: the tasks, under mu */
