@@ -28,8 +28,11 @@
  * by sequentially consistent atomics, so one of them always sees the other.
  *
  * Lock order: a pool lock, then the queue's lock (tp__cq_push is called with
- * the pool lock held); the queue's lock is never held while a pool lock is
- * taken, and never around an on_done.
+ * the pool lock held when a task ends without a successful attempt; a worker
+ * queues a success before it takes the pool lock); the queue's lock is never
+ * held while a pool lock is taken, and never around an on_done. It spins
+ * briefly before it sleeps (adaptive), as the pool's does: it is held for a
+ * few stores.
  *
  * Layer: a leaf (see pool.h): life.c reserves, pushes and releases; engine.c
  * waits for places; the rest is the public API.
@@ -111,7 +114,7 @@ int tp_cq_create(tp_cq **out, unsigned capacity) {
     cq->fds[0] = cq->fds[1] = -1;
     cq->ring = (tp__completion *)calloc(capacity, sizeof *cq->ring);
     int made = 0;
-    if (cq->ring && tp__mutex_init(&cq->mu, false) == 0) {
+    if (cq->ring && tp__mutex_init(&cq->mu, true) == 0) {
         made = 1;
         if (tp__cond_init(&cq->cv) == 0) {
             made = 2;

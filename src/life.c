@@ -221,12 +221,13 @@ static void retire(tp__life *L, tp__task *t, tp__fx *fx) {
 }
 
 /* The task has its final status: counted once. A task bound to a completion
- * queue has its completion queued first, and is retired here; so is a task
- * without an on_done (nothing is left to run). Else it stays DONE for the
- * caller, who runs its on_done and retires it. */
-static void finalise(tp__life *L, tp__task *t, int status, bool expired, tp__fx *fx) {
+ * queue has its completion queued first (unless its worker queued it before
+ * it took the lock: `queued`), and is retired here; so is a task without an
+ * on_done (nothing is left to run). Else it stays DONE for the caller, who
+ * runs its on_done and retires it. */
+static void finalise_q(tp__life *L, tp__task *t, int status, bool expired, bool queued, tp__fx *fx) {
     TP__ASSERT(t->state == TP__QUEUED || t->state == TP__RUNNING || t->state == TP__DELAYED);
-    if (t->cq) tp__cq_push(t->cq, t->on_done, t->arg, status); /* before anything counts it */
+    if (t->cq && !queued) tp__cq_push(t->cq, t->on_done, t->arg, status); /* before anything counts it */
     /* (it stays in the id index until its record is reused: task.h) */
     if (t->deadline != TP_FOREVER) {
         TP__ASSERT(L->with_deadline > 0);
@@ -260,6 +261,10 @@ static void finalise(tp__life *L, tp__task *t, int status, bool expired, tp__fx 
     }
     if (t->group) group_member_ended(L, t, status);
     if (t->cq || !t->on_done) retire(L, t, fx);
+}
+
+static void finalise(tp__life *L, tp__task *t, int status, bool expired, tp__fx *fx) {
+    finalise_q(L, t, status, expired, false, fx);
 }
 
 /* A task leaves the scheduler or the delayed list without (another) run:
@@ -570,7 +575,8 @@ tp__task *tp__life_take(tp__life *L, struct tp_ctx *c, tp__fx *fx) {
     }
 }
 
-bool tp__life_attempt_ended(tp__life *L, tp__task *t, int rc, tp__fx *fx) {
+bool tp__life_attempt_ended(tp__life *L, tp__task *t, int rc, bool queued, tp__fx *fx) {
+    TP__ASSERT(!queued || (rc == 0 && t->cq));
     TP__ASSERT(t->state == TP__RUNNING && TP__LOAD(fx->runs->active) > 0);
     bool cancelled = tp__ctx_end_locked(t->ctx);
     t->ctx = NULL;
@@ -586,7 +592,7 @@ bool tp__life_attempt_ended(tp__life *L, tp__task *t, int rc, tp__fx *fx) {
         fx->flags |= TP__FX_SVC;
         return true;
     }
-    finalise(L, t, rc, false, fx);
+    finalise_q(L, t, rc, false, queued, fx);
     run_group_cancels(L, fx);
     return false;
 }
