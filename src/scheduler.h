@@ -132,6 +132,13 @@ static inline void tp__sched_start(tp__sched *s, tp__task *t) {
     l->waiting--;
     s->waiting--;
     TP__SET(s->ring_head_at, tp__ring_head_at(&s->ring));
+    if (s->waiting) {
+        /* The next start's record, most likely written on another CPU: start
+         * moving its two hot lines here now, while this task runs. */
+        const char *nx = (const char *)tp__ring_at(&s->ring, 0);
+        __builtin_prefetch(nx, 1);
+        __builtin_prefetch(nx + 64, 1);
+    }
 }
 
 /* An attempt of `t` that was started has ended: it no longer runs in its
