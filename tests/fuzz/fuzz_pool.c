@@ -2,12 +2,16 @@
  * fuzz_pool.c -- model-based fuzzing of libtaskpool.
  *
  * Each input is a short program (at most FZ_MAX_OPS operations) on two pool
- * slots: create with a varied config, submit / submit_wait (users, deadlines,
- * run timeouts, retries, the default pool), cancel, open a gate, settle, close,
- * shutdown, wait, read statistics, destroy, invalid calls, the caller's log id,
- * and task groups (two per slot: create with or without cancel on error,
- * submit into one, wait with a timeout, cancel, destroy; groups outliving
- * their pool).
+ * slots: create with a varied config (1.2: FIFO or fair, prio_starve_limit,
+ * low_prio_max_running, retry backoff), submit / submit_wait (priorities,
+ * users, deadlines, run timeouts, retries, the default pool, completion
+ * queues), cancel, open a gate, settle, close, shutdown, wait, read
+ * statistics and lane figures, user weights, destroy, invalid calls, the
+ * caller's log id, task groups (two per slot: create with or without cancel
+ * on error, submit into one, wait with a timeout, cancel, destroy; groups
+ * outliving their pool), and two completion queues shared by the slots
+ * (create, drain with a max, drain from inside an on_done, tp_cq_wait, poll
+ * the descriptor, destroy; a second thread draining too).
  * Tasks succeed, fail, fail a few times then succeed, sleep, block on a
  * harness gate (ignoring cancellation, or cooperating through tp_ctx_sleep or
  * tp_ctx_fd), or call the pool on themselves (EDEADLK, self-cancel).
@@ -40,13 +44,32 @@
  *     of a cancelled or cancel-on-error group may end cancelled (the model's
  *     tolerance); waiting or destroying from a member is TP_EDEADLK; a group
  *     whose pool was destroyed answers TP_ECLOSED, its result, and frees.
+ *   - The exact model (section "exact order model"): in pools made for it,
+ *     the harness holds the scheduler's whole state in a reference scheduler
+ *     (fz_sched.c, taskpool.h section 14 as written) and predicts every
+ *     start -- priorities, starvation counts, low_prio_max_running, FIFO or
+ *     fair order with weights, where retries, cancels and expiry leave the
+ *     others -- and the pool's start tickets must match; admission, cancel
+ *     and lane figures are then exact too. It gives up where timing decides
+ *     and takes over again when every task has ended or is stuck.
+ *   - Completion queues (section "completion queues"): places, TP_EFULL and
+ *     TP_EBUSY exact; every bound task's on_done exactly once, inside a
+ *     tp_cq_drain of its queue on the draining thread, with a status its
+ *     history allows (TP_ECANCELED when a forced shutdown dropped it); a
+ *     drain's count, tp_cq_wait and the descriptor within what the model
+ *     knows waits; completions in the order their tasks ended where the model
+ *     knows that order; pools destroyed before their completions are drained.
+ *   - Retry backoff: attempt k starts no earlier than the end of attempt
+ *     k - 1 plus min(retry_delay x 2^(k-1), retry_delay_max).
  * At the end of every input all gates open, every pool is shut down, waited
  * for and checked at rest: the SPEC invariants, each counter against what the
  * tasks observed (started, retried, succeeded, failed, cancelled, expired),
- * on_done exactly once per accepted task with a status the task's history
- * allows, never for a refused one, worker hooks paired, one log line per failed
- * attempt. Every wait in the harness is bounded; a violation prints the
- * operations of the input and aborts (libFuzzer keeps the input as a crash).
+ * each lane's starts (and its queue-wait histogram) against its tasks'
+ * attempts, on_done exactly once per accepted task with a status the task's
+ * history allows, never for a refused one, worker hooks paired, one log line
+ * per failed attempt; then every queue is drained and destroyed. Every wait
+ * in the harness is bounded; a violation prints the operations of the input
+ * and aborts (libFuzzer keeps the input as a crash).
  *
  * Built two ways:
  *   - with -fsanitize=fuzzer: libFuzzer calls LLVMFuzzerTestOneInput;
@@ -831,7 +854,9 @@ static void check_running(fz_pool *fp, bool with_users) {
         int r = atomic_load(&t->runs);
         runs_seen += r > 0;
         retries_seen += r > 1 ? r - 1 : 0;
-        done_seen += atomic_load(&t->done_calls) > 0;
+        /* a bound task's completion is queued before its counters count it:
+         * a drain may run its on_done first */
+        done_seen += t->cqi < 0 && atomic_load(&t->done_calls) > 0;
     }
     fz_scan sc;
     model_scan(fp, &sc);
@@ -1440,11 +1465,18 @@ static int ex_outcome(fz_task *t, int attempt, int *rv) {
     }
 }
 
-/* An attempt of `t` ended with rv: it waits for a retry, or it ended. */
-static void ex_end_attempt(fz_pool *fp, fz_task *t, int rv) {
+/* An attempt of `t` ended with rv: it waits for a retry, or it ended.
+ * False when that depends on timing: a failure with retries left and a
+ * deadline still ahead but near (no retry is scheduled past it). */
+static bool ex_end_attempt(fz_pool *fp, fz_task *t, int rv) {
     fzs_done(&fp->sim, lane_of(t));
     int a = t->xattempt - 1;
-    if (rv != 0 && !t->xcancel && a < (int)t->max_retries) {
+    bool retry = rv != 0 && !t->xcancel && a < (int)t->max_retries;
+    if (retry && (t->dl_class == DL_PAST || t->dl_class == DL_NEAR)) {
+        if (tp_now_ns() < t->deadline) return false; /* it may end before or after its deadline */
+        retry = false;                               /* it ends after now: past its deadline */
+    }
+    if (retry) {
         t->xs = X_RETRY;
         t->xpush_hi = 0;
         fp->pend[fp->npend++] = t->index;
@@ -1452,6 +1484,7 @@ static void ex_end_attempt(fz_pool *fp, fz_task *t, int rv) {
         t->xs = X_END;
         fp->xended++;
     }
+    return true;
 }
 
 static uint64_t pend_delay(const fz_task *t) { return t->delay[t->xattempt]; }
@@ -1513,15 +1546,18 @@ static void ex_run(fz_pool *fp, fz_task **agents, int n) {
         for (int i = 0; i < n; i++) {
             const fz_task *t = agents[i];
             if (t->xrv != 0 && !t->xcancel && t->xattempt - 1 < (int)t->max_retries) {
-                ex_lose(fp, "blocked tasks end at once and one retries");
+                ex_lose(fp, "blocked tasks end at once and one may retry");
                 return;
             }
         }
-        for (int i = 0; i < n; i++) ex_end_attempt(fp, agents[i], agents[i]->xrv);
+        for (int i = 0; i < n; i++) ex_end_attempt(fp, agents[i], agents[i]->xrv); /* none retries */
         if (fzs_startable(&fp->sim) > 0) ex_lose(fp, "workers freed at once while tasks wait");
         return;
     }
-    if (n == 1) ex_end_attempt(fp, agents[0], agents[0]->xrv);
+    if (n == 1 && !ex_end_attempt(fp, agents[0], agents[0]->xrv)) {
+        ex_lose(fp, "a failure that may retry or not, its deadline near");
+        return;
+    }
     static fzs next;
     for (;;) {
         int free = W - fp->xstuck;
@@ -1563,7 +1599,12 @@ static void ex_run(fz_pool *fp, fz_task **agents, int n) {
             t->xs = X_STUCK;
             fp->xstuck++;
             break;
-        case O_RV: ex_end_attempt(fp, t, rv); break;
+        case O_RV:
+            if (!ex_end_attempt(fp, t, rv)) {
+                ex_lose(fp, "a failure that may retry or not, its deadline near");
+                return;
+            }
+            break;
         default: ex_lose(fp, "an attempt whose result timing decides"); return;
         }
     }
