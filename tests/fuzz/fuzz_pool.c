@@ -308,8 +308,10 @@ static const char *const fz_users[FZ_USERS] = {NULL, "", "u0", "u1", "u2"};
 struct fz_pool;
 struct fz_group;
 
-/* The exact model's view of a task (see "exact order model" below). */
-enum { X_END, X_WAIT, X_STUCK, X_RETRY, X_GHOST };
+/* The exact model's view of a task (see "exact order model" below): ended;
+ * waiting; running, blocked on its closed gate; leaving its gate (its
+ * attempt ends now); waiting for a retry; expiring unrun. */
+enum { X_END, X_WAIT, X_STUCK, X_LEAVING, X_RETRY, X_GHOST };
 
 typedef struct fz_task {
     /* Written by the harness before the submit; read-only afterwards (the
@@ -1648,7 +1650,7 @@ static void ex_gate(fz_pool *fp, int g) {
         fz_task *t = fp->tasks[i];
         if (!t->accepted || t->xs != X_STUCK || t->gate != g) continue;
         t->xrv = t->result;
-        t->xs = X_RETRY; /* leaving: ex_end_attempt decides */
+        t->xs = X_LEAVING;
         fp->xstuck--;
         agents[n++] = t;
     }
@@ -1678,7 +1680,7 @@ static void ex_cancelled(fz_pool *fp, fz_task *t, fz_task **agents, int *n) {
         t->xcancel = true;
         if (coop_kind(t)) {
             t->xrv = TP_ECANCELED;
-            t->xs = X_RETRY;
+            t->xs = X_LEAVING;
             fp->xstuck--;
             agents[(*n)++] = t;
         }
@@ -2144,7 +2146,7 @@ static void op_cancel(fz_pool *fp, uint8_t sel, uint8_t extra) {
         fz_task *agents[1];
         int na = 0;
         ex_cancelled(fp, t, agents, &na);
-        ex_run(fp, agents, na);
+        if (na) ex_run(fp, agents, na);
     }
     if (parked) {
         /* Queued or waiting for a retry while every worker is busy: it ends
@@ -2657,7 +2659,7 @@ static bool cq_task_unfinished(fz_task *t, fz_scan *sc, const bool *scanned) {
     fz_pool *fp = t->fp;
     if (!fp->live || fp->gen != t->pool_gen) return false;
     if (scanned[fp->slot] && (sc[fp->slot].stuck[t->pidx] || sc[fp->slot].parked[t->pidx])) return true;
-    return fp->exact && (t->xs == X_WAIT || t->xs == X_STUCK || t->xs == X_RETRY);
+    return fp->exact && t->xs != X_END && t->xs != X_GHOST;
 }
 
 /* How many completions wait in queue k: at least *lo, at most *hi; known[i]
