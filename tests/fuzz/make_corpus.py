@@ -480,6 +480,9 @@ FOUND = {
     # gate with a passed deadline was expected to retry (none past a deadline).
     "cq_drain_before_count": "FAACAYEACQABAgpm5ubm5ubm5j8B5ubm5ubm5ubm5gIBgQAJAAECCmZsYXMAywARANaezyhjZXB0ZWQiKwA=",
     "stuck_near_deadline_retry": "AAjb29vb29vb29vb23Z2dnZ2dgFsAAAKZmFncwCAAAEAAAGAAAMAAAAUAAYBBgAAgAAFAAEAFAgA",
+    # And: a submit_wait with a 1 ms budget, room in the pool, timed out (its
+    # budget covers taking the lock); the exact model had allowed TP_OK only.
+    "exact_wait_budget": "AAJRAAABAAIAAAAAAAAAf569rteCJwAAAAAAAAAFAAkAGwQCzs7Ozs7Ozs7Ozs7Ozs7Ozs6+vr6+vv7///oqvr6+vjy+vr6+vgYAANrgADCiAADgQQBifr6+vr7Ozs4FAA==",
 }
 
 # Inputs that fail on the library as it is, each with its report; written to
