@@ -2,12 +2,16 @@
  * fuzz_pool.c -- model-based fuzzing of libtaskpool.
  *
  * Each input is a short program (at most FZ_MAX_OPS operations) on two pool
- * slots: create with a varied config, submit / submit_wait (users, deadlines,
- * run timeouts, retries, the default pool), cancel, open a gate, settle, close,
- * shutdown, wait, read statistics, destroy, invalid calls, the caller's log id,
- * and task groups (two per slot: create with or without cancel on error,
- * submit into one, wait with a timeout, cancel, destroy; groups outliving
- * their pool).
+ * slots: create with a varied config (1.2: FIFO or fair, prio_starve_limit,
+ * low_prio_max_running, retry backoff), submit / submit_wait (priorities,
+ * users, deadlines, run timeouts, retries, the default pool, completion
+ * queues), cancel, open a gate, settle, close, shutdown, wait, read
+ * statistics and lane figures, user weights, destroy, invalid calls, the
+ * caller's log id, task groups (two per slot: create with or without cancel
+ * on error, submit into one, wait with a timeout, cancel, destroy; groups
+ * outliving their pool), and two completion queues shared by the slots
+ * (create, drain with a max, drain from inside an on_done, tp_cq_wait, poll
+ * the descriptor, destroy; a second thread draining too).
  * Tasks succeed, fail, fail a few times then succeed, sleep, block on a
  * harness gate (ignoring cancellation, or cooperating through tp_ctx_sleep or
  * tp_ctx_fd), or call the pool on themselves (EDEADLK, self-cancel).
@@ -40,13 +44,32 @@
  *     of a cancelled or cancel-on-error group may end cancelled (the model's
  *     tolerance); waiting or destroying from a member is TP_EDEADLK; a group
  *     whose pool was destroyed answers TP_ECLOSED, its result, and frees.
+ *   - The exact model (section "exact order model"): in pools made for it,
+ *     the harness holds the scheduler's whole state in a reference scheduler
+ *     (fz_sched.c, taskpool.h section 14 as written) and predicts every
+ *     start -- priorities, starvation counts, low_prio_max_running, FIFO or
+ *     fair order with weights, where retries, cancels and expiry leave the
+ *     others -- and the pool's start tickets must match; admission, cancel
+ *     and lane figures are then exact too. It gives up where timing decides
+ *     and takes over again when every task has ended or is stuck.
+ *   - Completion queues (section "completion queues"): places, TP_EFULL and
+ *     TP_EBUSY exact; every bound task's on_done exactly once, inside a
+ *     tp_cq_drain of its queue on the draining thread, with a status its
+ *     history allows (TP_ECANCELED when a forced shutdown dropped it); a
+ *     drain's count, tp_cq_wait and the descriptor within what the model
+ *     knows waits; completions in the order their tasks ended where the model
+ *     knows that order; pools destroyed before their completions are drained.
+ *   - Retry backoff: attempt k starts no earlier than the end of attempt
+ *     k - 1 plus min(retry_delay x 2^(k-1), retry_delay_max).
  * At the end of every input all gates open, every pool is shut down, waited
  * for and checked at rest: the SPEC invariants, each counter against what the
  * tasks observed (started, retried, succeeded, failed, cancelled, expired),
- * on_done exactly once per accepted task with a status the task's history
- * allows, never for a refused one, worker hooks paired, one log line per failed
- * attempt. Every wait in the harness is bounded; a violation prints the
- * operations of the input and aborts (libFuzzer keeps the input as a crash).
+ * each lane's starts (and its queue-wait histogram) against its tasks'
+ * attempts, on_done exactly once per accepted task with a status the task's
+ * history allows, never for a refused one, worker hooks paired, one log line
+ * per failed attempt; then every queue is drained and destroyed. Every wait
+ * in the harness is bounded; a violation prints the operations of the input
+ * and aborts (libFuzzer keeps the input as a crash).
  *
  * Built two ways:
  *   - with -fsanitize=fuzzer: libFuzzer calls LLVMFuzzerTestOneInput;
@@ -79,12 +102,17 @@
 
 #include "taskpool.h"
 
+#include "fz_sched.h"
+
 #define FZ_SLOTS     2
 #define FZ_GATES     4
 #define FZ_MAX_OPS   64
 #define FZ_MAX_TASKS (2 * FZ_MAX_OPS)
 #define FZ_USERS     5
 #define FZ_GROUPS    2 /* per pool slot */
+#define FZ_CQS       2 /* completion queues, shared by both pool slots */
+#define FZ_ATTEMPTS  4 /* max_retries is at most 3 in a valid config */
+#define FZ_MAX_TICKS (FZ_MAX_TASKS * FZ_ATTEMPTS)
 
 #define MS          1000000ull
 #define SEC         1000000000ull
@@ -95,15 +123,17 @@
 
 /* ------------------------------------------------------------ bookkeeping */
 
-static atomic_ullong fz_ops_total;    /* operations executed */
-static atomic_ullong fz_inputs_total; /* inputs completed */
-static atomic_ullong fz_checked;      /* return codes checked against the model */
-static atomic_ullong fz_exact;        /* ... of which the model allowed exactly one */
-static atomic_ullong fz_exact_rc[12]; /* ... by that code (index -rc) */
+static atomic_ullong fz_ops_total;        /* operations executed */
+static atomic_ullong fz_inputs_total;     /* inputs completed */
+static atomic_ullong fz_checked;          /* return codes checked against the model */
+static atomic_ullong fz_exact;            /* ... of which the model allowed exactly one */
+static atomic_ullong fz_exact_rc[12];     /* ... by that code (index -rc) */
+static atomic_ullong fz_starts_predicted; /* starts the exact model predicted and saw happen as predicted */
+static atomic_ullong fz_drained;          /* completions run by tp_cq_drain */
 static pthread_t fz_main_thread;
 
 static pthread_mutex_t fz_trace_mu = PTHREAD_MUTEX_INITIALIZER;
-static char fz_trace[FZ_MAX_OPS + 16][120];
+static char fz_trace[4 * FZ_MAX_OPS + 32][120];
 static int fz_ntrace;
 
 static void trace(const char *fmt, ...)
@@ -267,10 +297,21 @@ static const char *const kind_name[K_COUNT] = {"succeed",    "fail",    "flaky",
                                                "gate-sleep", "gate-fd", "sleep", "self"};
 
 enum { DL_NONE, DL_PAST, DL_NEAR, DL_FAR };
+
+/* Statuses a task's history allows for its on_done. */
+typedef struct fz_allowed {
+    int n;
+    int v[4];
+} fz_allowed;
 static const char *const fz_users[FZ_USERS] = {NULL, "", "u0", "u1", "u2"};
 
 struct fz_pool;
 struct fz_group;
+
+/* The exact model's view of a task (see "exact order model" below): ended;
+ * waiting; running, blocked on its closed gate; leaving its gate (its
+ * attempt ends now); waiting for a retry; expiring unrun. */
+enum { X_END, X_WAIT, X_STUCK, X_LEAVING, X_RETRY, X_GHOST };
 
 typedef struct fz_task {
     /* Written by the harness before the submit; read-only afterwards (the
@@ -280,9 +321,15 @@ typedef struct fz_task {
     struct fz_group *grp; /* NULL, or the group it was submitted into */
     tp_group *group;      /* grp's handle, for the task itself */
     int index, kind, gate, result, fail_k, user, dl_class;
+    int prio;                                 /* TP_PRIO_MIN..TP_PRIO_MAX */
+    int cqi;                                  /* the completion queue it is bound to, -1 for none */
+    int cq_gen;                               /* which queue in slot cqi (slots are reused): fz_cq.gen */
+    bool nest;                                /* bound: its on_done drains its queue once more (max 1) */
+    int pool_gen;                             /* which pool (slots are reused): fz_pool.gen */
     uint64_t sleep_ns, deadline, run_timeout; /* run_timeout: resolved */
     uint64_t submit_ns;
     unsigned max_retries;
+    uint64_t delay[FZ_ATTEMPTS]; /* delay[k]: the wait before retry k (taskpool.h: backoff) */
     bool has_done;
     char expect_log[TP_LOG_ID_MAX + 1]; /* "" -> a generated one ("tp-...") */
     char opt_log[24];
@@ -294,12 +341,30 @@ typedef struct fz_task {
     atomic_int last_rv;
     atomic_int nonzero; /* attempts that returned non-zero */
     atomic_int done_enter, done_calls, done_status;
-    atomic_int first_start; /* the pool's start ticket of attempt 0, 0 if never */
+    atomic_int first_start;              /* the pool's start ticket of attempt 0, 0 if never */
+    atomic_int tick[FZ_ATTEMPTS];        /* the pool's start ticket of each attempt, 0 if never */
+    _Atomic uint64_t t_end[FZ_ATTEMPTS]; /* tp_now_ns() just before each attempt returned */
     /* Written by the harness, read by the task. */
     atomic_int cancel_ok; /* a tp_cancel of it returned TP_OK */
+    /* Written inside tp_cq_drain (bound tasks). */
+    int drain_call, drain_idx; /* the drain call that ran its on_done, its place in that call */
+    int pidx;                  /* its place in its pool's tasks[] */
+    bool w1;                   /* its pool has a single worker */
     /* Harness only. */
     uint64_t id;
     bool accepted, cancel_requested, finalised_known;
+    /* Completion order knowledge (fz_obs ticks): last seen certainly
+     * unfinished, first known finalised (0: never). */
+    uint64_t obs_unfin, obs_fin;
+    bool fin_allowed_set; /* fin_allowed: its statuses, fixed when its pool went away */
+    fz_allowed fin_allowed;
+    int must_status; /* INT_MIN, or the status its on_done must get */
+    int qpos;        /* bound: its place in its queue's completion order, -1 unknown */
+    /* The exact model (X_*): its state, the next attempt, cancelled. */
+    int xs, xattempt;
+    bool xcancel;
+    int xrv;           /* an agent's attempt result */
+    uint64_t xpush_hi; /* the latest moment its last push into the queue can have been */
 } fz_task;
 
 typedef struct fz_group {
@@ -315,8 +380,14 @@ typedef struct fz_pool {
     fz_group grp[FZ_GROUPS]; /* kept across pool_reset: see finish_groups */
     tp_pool *p;
     bool live;
+    int gen; /* a number per created pool, unique in the input */
     unsigned workers, max_workers, cap, max_per_user, max_retries;
     uint64_t retry_delay, run_timeout, drain_timeout, submit_timeout;
+    /* 1.2 configuration, resolved */
+    bool fair;
+    unsigned starve_limit, low_max;
+    uint64_t retry_delay_max;
+    unsigned weight[FZS_FLOWS]; /* tp_user_weight_set calls that returned TP_OK */
     bool closed, shut_called, maybe_forced;
     bool slow_hooks; /* set before tp_create, read-only while it lives */
     bool slow_done;  /* on_done takes 1 ms (set before tp_create) */
@@ -327,12 +398,51 @@ typedef struct fz_pool {
     fz_task *tasks[FZ_MAX_TASKS];
     atomic_int hook_start, hook_stop, log_warn, log_error, log_other, done_total;
     atomic_int start_seq; /* tickets for first attempts, in the order they start */
+    atomic_int tick_seq;  /* tickets for every attempt, in the order they start */
     tp_stats last;
+    tp_lane_stats last_lane[FZS_LANES];
+    /* The exact model: while `exact`, the model knows every waiting task and
+     * the scheduler's whole state (sim), and predicts each start. */
+    bool exact;
+    bool exact_wanted; /* OP_CREATE2 without its "racy" bit: the model syncs (see below) */
+    fzs sim;
+    int xstuck;    /* tasks the model holds running and blocked */
+    int xended;    /* accepted tasks the model holds ended */
+    int pred_base; /* tickets up to this one are not predicted */
+    int pred_n;    /* predicted tickets: pred_base + 1 .. pred_n */
+    int16_t pred_task[FZ_MAX_TICKS + 1];
+    int8_t pred_att[FZ_MAX_TICKS + 1];
+    int npend; /* retries waiting for their delay, in the order they failed */
+    int pend[FZ_MAX_TASKS];
 } fz_pool;
 
 static fz_pool fz_pools[FZ_SLOTS];
 static fz_task fz_tasks[FZ_MAX_TASKS];
 static int fz_ntasks;
+static int fz_pool_gens; /* pools created in this input */
+
+/* Completion queues: places taken, calls, the order of completions. */
+typedef struct fz_cq {
+    tp_cq *q;
+    bool live;
+    unsigned cap;
+    int gen;           /* a number per created queue, unique in the input */
+    int taken;         /* accepted bound tasks whose on_done has not run: the queue's places in use */
+    atomic_int calls;  /* tp_cq_drain calls so far (nested ones included) */
+    int ndone;         /* completions drained so far: their queue positions are 0..ndone-1 */
+    bool unordered_op; /* the drains of this op ran concurrently: no position is known */
+} fz_cq;
+static fz_cq fz_cqs[FZ_CQS];
+
+/* A logical clock of the model's observations (completion order). */
+static uint64_t fz_obs;
+
+/* The thread's drains under way (tp_cq_drain calls it makes, innermost
+ * last): a bound task's on_done must run inside one of its queue. */
+static _Thread_local int fz_drain_depth;
+static _Thread_local int fz_drain_cq[16];
+static _Thread_local int fz_drain_call[16];
+static _Thread_local int fz_drain_runs[16];
 static char fz_main_log[16]; /* the harness thread's log id, "" for none */
 
 /* ------------------------------------------------------------ hooks */
@@ -380,6 +490,17 @@ static void attempt_checks(tp_ctx *c, fz_task *t, int attempt) {
     if (atomic_load(&t->cancel_ok) || atomic_load(&fp->forced))
         CHECK(tp_ctx_err(c) == TP_ECANCELED,
               "task %d: attempt %d started after a successful cancel / forced shutdown", t->index, attempt);
+    /* Retry backoff: attempt k starts no earlier than the end of attempt
+     * k - 1 plus min(retry_delay x 2^(k-1), retry_delay_max) (or the fixed
+     * delay): the pool reads its clock after the attempt returned, and the
+     * retry is due only then. */
+    if (attempt > 0 && attempt < FZ_ATTEMPTS) {
+        uint64_t prev_end = atomic_load(&t->t_end[attempt - 1]), now0 = tp_now_ns();
+        CHECK(prev_end != 0 && now0 - prev_end >= t->delay[attempt],
+              "task %d: retry %d started %llu ns after attempt %d returned; its delay is %llu ns", t->index,
+              attempt, (unsigned long long)(now0 - prev_end), attempt - 1,
+              (unsigned long long)t->delay[attempt]);
+    }
     uint64_t id = tp_ctx_id(c);
     uint64_t seen = 0;
     if (!atomic_compare_exchange_strong(&t->ctx_id, &seen, id))
@@ -472,6 +593,8 @@ static int self_task(tp_ctx *c, fz_task *t) {
 static int task_main(tp_ctx *c, void *arg) {
     fz_task *t = (fz_task *)arg;
     int attempt = atomic_fetch_add(&t->runs, 1);
+    int tick = atomic_fetch_add(&t->fp->tick_seq, 1) + 1;
+    if (attempt < FZ_ATTEMPTS) atomic_store(&t->tick[attempt], tick);
     if (attempt == 0) atomic_store(&t->first_start, atomic_fetch_add(&t->fp->start_seq, 1) + 1);
     attempt_checks(c, t, attempt);
     atomic_store(&t->inside, 1);
@@ -502,10 +625,30 @@ static int task_main(tp_ctx *c, void *arg) {
     default: violation("harness: bad kind");
     }
     if (rv != 0) atomic_fetch_add(&t->nonzero, 1);
+    if (attempt < FZ_ATTEMPTS) atomic_store(&t->t_end[attempt], tp_now_ns());
     atomic_store(&t->last_rv, rv);
     atomic_store(&t->inside, 0);
     atomic_fetch_add(&t->returns, 1);
     return rv;
+}
+
+static int cq_drain_call(int k, unsigned max);
+
+/* on_done of a task bound to a completion queue: only inside tp_cq_drain of
+ * that queue, on the thread that drains (the harness's), never on a pool
+ * thread; its pool may be gone by then, so it touches only the task. */
+static void bound_done(fz_task *t, int status) {
+    int d = fz_drain_depth;
+    CHECK(d > 0 && fz_drain_cq[d - 1] == t->cqi,
+          "task %d: bound to queue %d, its on_done ran outside a tp_cq_drain of that queue (drains under "
+          "way on this thread: %d)",
+          t->index, t->cqi, d);
+    atomic_store(&t->done_status, status);
+    t->drain_call = fz_drain_call[d - 1];
+    t->drain_idx = fz_drain_runs[d - 1]++;
+    /* "It may be called from inside an on_done it runs": one more. */
+    if (t->nest && d < 15) cq_drain_call(t->cqi, 1);
+    atomic_fetch_add(&t->done_calls, 1);
 }
 
 static void task_done(void *arg, int status) {
@@ -513,9 +656,14 @@ static void task_done(void *arg, int status) {
     fz_pool *fp = t->fp;
     CHECK(atomic_fetch_add(&t->done_enter, 1) == 0, "task %d (id %llu): on_done called twice", t->index,
           (unsigned long long)t->id);
+    CHECK(atomic_load(&t->inside) == 0, "task %d: on_done while its function runs", t->index);
+    if (t->cqi >= 0) {
+        bound_done(t, status);
+        return;
+    }
     CHECK(!pthread_equal(pthread_self(), fz_main_thread), "task %d: on_done ran on the harness thread",
           t->index);
-    CHECK(atomic_load(&t->inside) == 0, "task %d: on_done while its function runs", t->index);
+    CHECK(fz_drain_depth == 0, "task %d: on_done of a task without a queue ran inside tp_cq_drain", t->index);
     atomic_store(&t->done_status, status);
     /* The task's counters are updated before on_done, and so are those of
      * every task whose on_done ran before. */
@@ -543,6 +691,21 @@ static void task_done(void *arg, int status) {
 static bool grp_may_cancel(const fz_task *t) { return t->grp && (t->grp->cancel_called || t->grp->coe); }
 
 static bool task_ended(const fz_task *t) { return atomic_load(&t->done_calls) > 0 || t->finalised_known; }
+
+/* Completion order knowledge: the model saw `t` certainly unfinished, or
+ * learnt that it has ended, at this tick of fz_obs. A task known ended at a
+ * tick before another one was seen unfinished ended first, so its completion
+ * is first in a queue they share. */
+static void note_unfinished(fz_task *t) { t->obs_unfin = ++fz_obs; }
+static void note_finished(fz_task *t) {
+    if (!t->obs_fin) t->obs_fin = ++fz_obs;
+}
+static void set_finalised(fz_task *t) {
+    t->finalised_known = true;
+    note_finished(t);
+}
+/* Its on_done has run and the model may read its status. */
+static bool done_known(const fz_task *t) { return t->has_done && atomic_load(&t->done_calls) > 0; }
 
 /* No attempt will start any more: one returned 0, or the last one allowed has
  * returned, or it was cancelled (by itself or by a forced shutdown) and has
@@ -598,19 +761,31 @@ static void model_scan(const fz_pool *fp, fz_scan *s) {
     }
     s->q1 = s->nstuck >= (int)fp->max_workers;
     bool q1_now = s->nstuck_now >= (int)fp->max_workers;
+    /* low_prio_max_running: with that many background tasks stuck, no
+     * other background task can start */
+    int bg_stuck = 0, bg_now = 0;
+    for (int i = 0; i < fp->ntasks; i++)
+        if (fp->tasks[i]->accepted && fp->tasks[i]->prio < 0) {
+            bg_stuck += s->stuck[i];
+            bg_now += s->settled[i];
+        }
+    bool bg_blocked = fp->low_max && bg_stuck >= (int)fp->low_max;
+    bool bg_blocked_now = fp->low_max && bg_now >= (int)fp->low_max;
     for (int i = 0; i < fp->ntasks; i++) {
         const fz_task *t = fp->tasks[i];
         if (!t->accepted || task_ended(t)) continue;
         s->unfinished++;
         bool gone = no_more_runs(t);
+        bool q1 = s->q1 || (t->prio < 0 && bg_blocked);
         /* Parked: with every worker stuck, an unfinished task that no timer
          * or earlier cancel can end is waiting in the queue or for a retry. */
-        s->parked[i] = s->q1 && !s->stuck[i] && !gone && !near_deadline(t) && !atomic_load(&t->cancel_ok) &&
+        s->parked[i] = q1 && !s->stuck[i] && !gone && !near_deadline(t) && !atomic_load(&t->cancel_ok) &&
                        !fp->maybe_forced && !grp_may_cancel(t);
         if (!s->settled[i])
-            s->settled[i] =
-                q1_now && !gone && !near_deadline(t) && !atomic_load(&t->cancel_ok) && !fp->maybe_forced;
+            s->settled[i] = (q1_now || (t->prio < 0 && bg_blocked_now)) && !gone && !near_deadline(t) &&
+                            !atomic_load(&t->cancel_ok) && !fp->maybe_forced;
         s->nparked += s->parked[i];
+        if (s->stuck[i] || s->parked[i]) note_unfinished(fp->tasks[i]);
         if (s->stuck[i] || s->parked[i]) s->ulo[t->user]++;
         if (s->parked[i]) s->occ_lo++;
         if (!s->stuck[i] && !gone) s->occ_hi++;
@@ -648,6 +823,30 @@ static void check_format(const tp_stats *s) {
     CHECK(tp_stats_format(s, 7, big, sizeof big) == TP_EINVAL, "tp_stats_format of an unknown format");
 }
 
+static tp_lane_stats lane_stats(const fz_pool *fp, int prio);
+
+/* Lanes while the pool runs: each lane's `started` is monotonic and counts
+ * at least the attempts its tasks have entered (read first); gauges bounded. */
+static void check_lanes_running(fz_pool *fp) {
+    uint64_t runs[FZS_LANES] = {0};
+    for (int i = 0; i < fp->ntasks; i++)
+        if (fp->tasks[i]->accepted)
+            runs[fp->tasks[i]->prio - TP_PRIO_MIN] += (uint64_t)atomic_load(&fp->tasks[i]->runs);
+    for (int lane = 0; lane < FZS_LANES; lane++) {
+        tp_lane_stats l = lane_stats(fp, lane + TP_PRIO_MIN);
+        CHECK(l.started >= runs[lane] && l.started >= fp->last_lane[lane].started,
+              "pool %d: lane %d started %llu, its tasks entered %llu attempts, earlier read %llu", fp->slot,
+              lane + TP_PRIO_MIN, (unsigned long long)l.started, (unsigned long long)runs[lane],
+              (unsigned long long)fp->last_lane[lane].started);
+        CHECK(l.running <= fp->max_workers && l.queued <= fp->cap + fp->max_workers + (unsigned)fp->ntasks,
+              "pool %d: lane %d running %u queued %u", fp->slot, lane + TP_PRIO_MIN, l.running, l.queued);
+        if (fp->low_max && lane < 2)
+            CHECK(l.running <= fp->low_max, "pool %d: lane %d runs %u tasks, low_prio_max_running is %u",
+                  fp->slot, lane + TP_PRIO_MIN, l.running, fp->low_max);
+        fp->last_lane[lane] = l;
+    }
+}
+
 /* While the pool runs: admission counters exact, the others bounded by what
  * the tasks have shown, every counter monotonic. */
 static void check_running(fz_pool *fp, bool with_users) {
@@ -657,7 +856,9 @@ static void check_running(fz_pool *fp, bool with_users) {
         int r = atomic_load(&t->runs);
         runs_seen += r > 0;
         retries_seen += r > 1 ? r - 1 : 0;
-        done_seen += atomic_load(&t->done_calls) > 0;
+        /* a bound task's completion is queued before its counters count it:
+         * a drain may run its on_done first */
+        done_seen += t->cqi < 0 && atomic_load(&t->done_calls) > 0;
     }
     fz_scan sc;
     model_scan(fp, &sc);
@@ -702,6 +903,7 @@ static void check_running(fz_pool *fp, bool with_users) {
 #undef GE
 #undef LE
     fp->last = s;
+    check_lanes_running(fp);
     if (with_users) {
         /* Bounds taken before the call hold at its instant: stuck and parked
          * tasks stay so while the harness does nothing, and a task seen ended
@@ -716,11 +918,6 @@ static void check_running(fz_pool *fp, bool with_users) {
     }
 }
 
-/* Statuses a task's history allows for its on_done. */
-typedef struct fz_allowed {
-    int n;
-    int v[4];
-} fz_allowed;
 
 static void allow(fz_allowed *a, int st) {
     for (int i = 0; i < a->n; i++)
@@ -779,21 +976,58 @@ static void print_allowed(char *buf, size_t len, const fz_allowed *a) {
     if (a->n == 0) snprintf(buf, len, " (none: it should not have ended)");
 }
 
-/* FIFO: with one worker, tasks start in admission order (a retry goes to the
- * back, but never ahead of a first attempt admitted before it). With more
- * workers two starts race, so only one worker is checked. */
+/* The statuses `t` may end with: from its pool's model while the pool lives,
+ * else as fixed when the pool went away (its history was final then). */
+static fz_allowed task_allowed(const fz_pool *fp, const fz_task *t) {
+    if (t->fin_allowed_set) return t->fin_allowed;
+    return final_allowed(fp, t);
+}
+
+/* The status its on_done got (which has run) is one its history allows. */
+static void check_status(const fz_pool *fp, const fz_task *t) {
+    int st = atomic_load(&t->done_status);
+    fz_allowed a = task_allowed(fp, t);
+    if (t->must_status != INT_MIN) {
+        a.n = 1;
+        a.v[0] = t->must_status;
+    }
+    if (!allowed_has(&a, st)) {
+        char buf[80];
+        print_allowed(buf, sizeof buf, &a);
+        violation("task %d (id %llu, %s, runs %d, last rv %d, max_retries %u, cancel_ok %d, deadline class "
+                  "%d, queue %d): on_done status %d, allowed:%s",
+                  t->index, (unsigned long long)t->id, kind_name[t->kind], atomic_load(&t->runs),
+                  atomic_load(&t->last_rv), t->max_retries, atomic_load(&t->cancel_ok), t->dl_class, t->cqi,
+                  st, buf);
+    }
+}
+
+static int flow_of(const fz_task *t) { return t->user <= 1 ? 0 : t->user - 1; } /* NULL and "": anonymous */
+
+/* FIFO within a lane (and, in a fair pool, within a user's list there): with
+ * one worker, the first attempts of a lane's tasks start in admission order
+ * (a retry goes to the back, but never ahead of a first attempt admitted
+ * before it), whatever the other lanes do. With more workers two starts race,
+ * so only one worker is checked. Holds through every timing, unlike the exact
+ * model, which predicts only where it knows the whole state. */
 static void check_fifo(const fz_pool *fp) {
     if (fp->max_workers != 1) return;
-    int last = 0, last_index = -1;
-    for (int i = 0; i < fp->ntasks; i++) {
-        const fz_task *t = fp->tasks[i];
-        int seq = atomic_load(&t->first_start);
-        if (!t->accepted || seq == 0) continue;
-        CHECK(seq > last, "pool %d: task %d was admitted after task %d but started before it (FIFO)",
-              fp->slot, t->index, last_index);
-        last = seq;
-        last_index = t->index;
-    }
+    for (int lane = TP_PRIO_MIN; lane <= TP_PRIO_MAX; lane++)
+        for (int f = 0; f < (fp->fair ? FZS_FLOWS : 1); f++) {
+            int last = 0, last_index = -1;
+            for (int i = 0; i < fp->ntasks; i++) {
+                const fz_task *t = fp->tasks[i];
+                int seq = atomic_load(&t->first_start);
+                if (!t->accepted || seq == 0 || t->prio != lane || (fp->fair && flow_of(t) != f)) continue;
+                CHECK(seq > last,
+                      "pool %d: task %d was admitted after task %d (priority %d%s) but started before it "
+                      "(FIFO within a lane%s)",
+                      fp->slot, t->index, last_index, lane, fp->fair ? ", same user" : "",
+                      fp->fair ? " and user" : "");
+                last = seq;
+                last_index = t->index;
+            }
+        }
 }
 
 /* Every task of the pool has ended and every on_done has returned. */
@@ -816,20 +1050,67 @@ static void check_tasks_ended(const fz_pool *fp) {
               fp->slot, t->index, (unsigned long long)cid, (unsigned long long)t->id);
         if (!t->has_done) continue;
         int calls = atomic_load(&t->done_calls), enter = atomic_load(&t->done_enter);
+        if (t->cqi >= 0 && calls == 0 && enter == 0) {
+            set_finalised((fz_task *)t); /* ended: its completion waits in its queue */
+            continue;
+        }
         CHECK(calls == 1 && enter == 1, "pool %d task %d (id %llu, %s): on_done ran %d times at rest",
               fp->slot, t->index, (unsigned long long)t->id, kind_name[t->kind], calls);
-        int st = atomic_load(&t->done_status);
-        fz_allowed a = final_allowed(fp, t);
-        if (!allowed_has(&a, st)) {
-            char buf[80];
-            print_allowed(buf, sizeof buf, &a);
-            violation("pool %d task %d (id %llu, %s, runs %d, last rv %d, max_retries %u, cancel_ok %d, "
-                      "deadline class %d): on_done status %d, allowed:%s",
-                      fp->slot, t->index, (unsigned long long)t->id, kind_name[t->kind],
-                      atomic_load(&t->runs), atomic_load(&t->last_rv), t->max_retries,
-                      atomic_load(&t->cancel_ok), t->dl_class, st, buf);
-        }
+        check_status(fp, t);
     }
+}
+
+static tp_hist fz_hist; /* big: one for every check, on the harness thread */
+
+static uint64_t hist_count(const fz_pool *fp, int which) {
+    memset(&fz_hist, 0xab, sizeof fz_hist);
+    int rc = tp_hist_get(fp->p, which, &fz_hist);
+    CHECK(rc == TP_OK, "tp_hist_get(%d) returned %s", which, rcname(rc));
+    uint64_t sum = 0;
+    for (unsigned b = 0; b < TP_HIST_BUCKETS; b++) sum += fz_hist.buckets[b];
+    CHECK(sum == fz_hist.count, "tp_hist_get(%d): count %llu, buckets sum to %llu", which,
+          (unsigned long long)fz_hist.count, (unsigned long long)sum);
+    return fz_hist.count;
+}
+
+static tp_lane_stats lane_stats(const fz_pool *fp, int prio) {
+    tp_lane_stats l;
+    memset(&l, 0xab, sizeof l);
+    int rc = tp_lane_stats_get(fp->p, prio, &l);
+    CHECK(rc == TP_OK, "tp_lane_stats_get(%d) returned %s", prio, rcname(rc));
+    for (int k = 0; k < 6; k++)
+        CHECK(l.reserved[k] == 0, "tp_lane_stats_get(%d): reserved[%d] not zero", prio, k);
+    return l;
+}
+
+/* At rest (taskpool.h section 14): the lanes' `started` sum to started +
+ * retried, queued == running == 0; each lane's queue-wait histogram counts
+ * one observation per start in it, and the five sum to TP_HIST_QUEUE_WAIT's.
+ * The model knows each lane's starts exactly: its tasks' attempts. */
+static void check_lanes_at_rest(const fz_pool *fp, const tp_stats *s) {
+    uint64_t sum = 0, hsum = 0;
+    for (int prio = TP_PRIO_MIN; prio <= TP_PRIO_MAX; prio++) {
+        tp_lane_stats l = lane_stats(fp, prio);
+        uint64_t runs = 0;
+        for (int i = 0; i < fp->ntasks; i++)
+            if (fp->tasks[i]->accepted && fp->tasks[i]->prio == prio)
+                runs += (uint64_t)atomic_load(&fp->tasks[i]->runs);
+        CHECK(l.started == runs && l.queued == 0 && l.running == 0,
+              "at rest: lane %d started %llu queued %u running %u; its tasks ran %llu attempts", prio,
+              (unsigned long long)l.started, l.queued, l.running, (unsigned long long)runs);
+        uint64_t h = hist_count(fp, TP_HIST_QUEUE_WAIT_PRIO(prio));
+        CHECK(h == l.started, "at rest: lane %d's queue-wait histogram counts %llu, the lane started %llu",
+              prio, (unsigned long long)h, (unsigned long long)l.started);
+        sum += l.started;
+        hsum += h;
+    }
+    CHECK(sum == s->started + s->retried, "at rest: the lanes started %llu, stats.started + retried = %llu",
+          (unsigned long long)sum, (unsigned long long)(s->started + s->retried));
+    uint64_t all = hist_count(fp, TP_HIST_QUEUE_WAIT);
+    CHECK(hsum == all, "at rest: the lanes' queue-wait histograms count %llu, TP_HIST_QUEUE_WAIT %llu",
+          (unsigned long long)hsum, (unsigned long long)all);
+    CHECK(s->oldest_wait_ns == 0, "at rest: oldest_wait_ns %llu with nothing queued",
+          (unsigned long long)s->oldest_wait_ns);
 }
 
 /* After tp_wait returned with the pool drained: SPEC section 7 exactly, and
@@ -856,7 +1137,7 @@ static void check_at_rest(fz_pool *fp) {
         retried += r > 1 ? (uint64_t)(r - 1) : 0;
         nonzero += (uint64_t)atomic_load(&t->nonzero);
         fz_allowed a;
-        if (t->has_done) {
+        if (done_known(t)) {
             a.n = 1;
             a.v[0] = atomic_load(&t->done_status);
         } else {
@@ -894,6 +1175,516 @@ static void check_at_rest(fz_pool *fp) {
           (unsigned long long)nonzero, (unsigned long long)warn, (unsigned long long)err);
     CHECK(warn >= s.retried, "at rest: %llu retries but only %llu WARN lines", (unsigned long long)s.retried,
           (unsigned long long)warn);
+    check_lanes_at_rest(fp, &s);
+}
+
+/* ------------------------------------------------------------ exact order model */
+
+/*
+ * While a pool is `exact`, the model knows its whole scheduler state (fp->sim:
+ * fz_sched.c, taskpool.h section 14 as written) and which tasks run blocked
+ * on a closed gate (X_STUCK), and predicts every start. A worker that becomes
+ * free (a gate opens, a cancel frees a cooperating task, a submit finds an
+ * idle worker) takes the task fz_sched picks and runs it: the task's kind
+ * says whether it returns at once (and with what) or blocks; a failed attempt
+ * waits for its retry, or the task ends; then the worker takes the next one,
+ * until every worker is blocked or nothing may start. Each start is a
+ * predicted ticket; the pool's actual tickets (task_main) must match, which
+ * checks priorities, the starvation counts, low_prio_max_running, FIFO and
+ * fair order, weights, and where retries, cancels and expiry put tasks.
+ *
+ * Before an operation that changes what waits (a submit, a cancel, a gate, a
+ * weight, a group cancel, close, shutdown, destroy) the harness syncs: it
+ * waits until the pool has done what the model predicted -- every predicted
+ * start happened and no other, every task the model ended is counted
+ * completed, each lane's queued and running figures equal the model's, no
+ * retry waits for its delay -- and checks the tickets. So every operation
+ * acts on a state the model holds exactly.
+ *
+ * The model is exact only where the contract is: it gives up (exact = false)
+ * at the first thing timing decides -- two workers that could start tasks at
+ * once, a retry whose return could fall before a start and change it, an
+ * attempt whose result timing decides, a near deadline that a free worker
+ * could beat, a cancel-on-error group, a forced shutdown, an elastic pool
+ * after close -- once the starts it predicted before that point have happened
+ * and match. It takes over again whenever every accepted task has ended or is
+ * blocked on a closed gate (the counters say so): the scheduler is then empty,
+ * and an empty scheduler's state is known.
+ *
+ * Syncing takes away the races between the harness and the workers, so the
+ * model runs only in pools made by OP_CREATE2 without its "racy" bit; the
+ * others (and every OP_CREATE pool) keep the tolerant model alone.
+ */
+
+static fz_task *xtask(int index) { return &fz_tasks[index]; }
+static int lane_of(const fz_task *t) { return t->prio - TP_PRIO_MIN; }
+
+static fzs_ent ent_of(const fz_pool *fp, const fz_task *t) {
+    fzs_ent e = {(int16_t)t->index, (int8_t)t->xattempt, (int8_t)(fp->fair ? flow_of(t) : 0)};
+    return e;
+}
+
+static bool coop_kind(const fz_task *t) { return t->kind == K_GATE_SLEEP || t->kind == K_GATE_FD; }
+
+/* What the model and the pool did, for a violation report. */
+static void ex_report(const fz_pool *fp, const char *what) {
+    static char buf[4096];
+    fzs_describe(&fp->sim, buf, sizeof buf);
+    fprintf(stderr, "\nfuzz_pool: exact model of pool %d (%s, %u workers, starve limit %u, low max %u): %s\n",
+            fp->slot, fp->fair ? "fair" : "fifo", fp->max_workers, fp->starve_limit, fp->low_max, what);
+    fprintf(stderr, "  model (task.attempt): %s\n  model stuck:", buf);
+    for (int i = 0; i < fp->ntasks; i++)
+        if (fp->tasks[i]->xs == X_STUCK) fprintf(stderr, " %d", fp->tasks[i]->index);
+    fprintf(stderr, "\n  predicted starts:");
+    for (int n = fp->pred_base + 1; n <= fp->pred_n; n++)
+        fprintf(stderr, " #%d=%d.%d", n, fp->pred_task[n], fp->pred_att[n]);
+    fprintf(stderr, "\n  actual starts:   ");
+    int ticks = atomic_load(&fp->tick_seq);
+    for (int n = fp->pred_base + 1; n <= ticks; n++)
+        for (int i = 0; i < fp->ntasks; i++)
+            for (int a = 0; a < FZ_ATTEMPTS; a++)
+                if (atomic_load(&fp->tasks[i]->tick[a]) == n)
+                    fprintf(stderr, " #%d=%d.%d", n, fp->tasks[i]->index, a);
+    fprintf(stderr, "\n  tasks (index: priority user kind):");
+    for (int i = 0; i < fp->ntasks; i++) {
+        const fz_task *t = fp->tasks[i];
+        if (t->accepted)
+            fprintf(stderr, " %d:%+d/%s/%s", t->index, t->prio, fz_users[t->user] ? fz_users[t->user] : "-",
+                    kind_name[t->kind]);
+    }
+    fprintf(stderr, "\n");
+}
+
+/* Every predicted start not yet checked has happened, as the ticket the
+ * model gave it (waiting for each, bounded). */
+static void ex_verify(fz_pool *fp) {
+    uint64_t end = tp_now_ns() + FZ_BOUND_NS;
+    for (int n = fp->pred_base + 1; n <= fp->pred_n; n++) {
+        fz_task *t = xtask(fp->pred_task[n]);
+        int a = fp->pred_att[n], got;
+        while ((got = atomic_load(&t->tick[a])) == 0) {
+            if (tp_now_ns() > end) {
+                ex_report(fp, "a predicted start did not happen");
+                violation("pool %d: start #%d should be task %d attempt %d, which did not start in %llu s",
+                          fp->slot, n, t->index, a, (unsigned long long)(FZ_BOUND_NS / SEC));
+            }
+            sleep_ns(100000);
+        }
+        if (got == n) atomic_fetch_add(&fz_starts_predicted, 1);
+        if (got != n) {
+            ex_report(fp, "start order");
+            violation(
+                "pool %d: start #%d should be task %d attempt %d (taskpool.h section 14), which started "
+                "as #%d",
+                fp->slot, n, t->index, a, got);
+        }
+    }
+    if (fp->pred_n > fp->pred_base) {
+        char buf[100];
+        int k = 0;
+        for (int n = fp->pred_base + 1; n <= fp->pred_n && k < (int)sizeof buf - 12; n++)
+            k += snprintf(buf + k, sizeof buf - (size_t)k, " %d.%d", fp->pred_task[n], fp->pred_att[n]);
+        trace("  (slot %d started as predicted, #%d on (task.attempt):%s)", fp->slot, fp->pred_base + 1, buf);
+    }
+    fp->pred_base = fp->pred_n;
+}
+
+/* Why the exact model gave up, how often (reported at exit). */
+static struct {
+    const char *why;
+    unsigned long long n;
+} fz_lost[24];
+
+static void ex_lose(fz_pool *fp, const char *why) {
+    if (!fp->exact) return;
+    for (int i = 0; i < 24; i++)
+        if (!fz_lost[i].why || fz_lost[i].why == why) {
+            fz_lost[i].why = why;
+            fz_lost[i].n++;
+            break;
+        }
+    ex_verify(fp);
+    fp->exact = false;
+    trace("  (exact model of slot %d off: %s)", fp->slot, why);
+}
+
+/* The pool has done what the model predicted (see above); then what the
+ * model holds is known: ended tasks are finalised, waiting ones unfinished. */
+static void ex_sync(fz_pool *fp) {
+    if (!fp->live || !fp->exact) return;
+    uint64_t t0 = tp_now_ns(), end = t0 + FZ_BOUND_NS;
+    int stuck[FZS_LANES];
+    for (;;) {
+        memset(stuck, 0, sizeof stuck);
+        for (int i = 0; i < fp->ntasks; i++)
+            if (fp->tasks[i]->accepted && fp->tasks[i]->xs == X_STUCK) stuck[lane_of(fp->tasks[i])]++;
+        int ticks = atomic_load(&fp->tick_seq);
+        if (ticks > fp->pred_n) {
+            ex_report(fp, "a start the model did not predict");
+            violation("pool %d: %d starts, the exact model predicted %d", fp->slot, ticks, fp->pred_n);
+        }
+        tp_stats s = get_stats(fp);
+        if (s.completed > (uint64_t)fp->xended) {
+            ex_report(fp, "a task ended that the model holds unfinished");
+            violation("pool %d: %llu tasks completed, the exact model ended %d", fp->slot,
+                      (unsigned long long)s.completed, fp->xended);
+        }
+        bool ok = ticks == fp->pred_n && s.completed == (uint64_t)fp->xended && s.delayed == 0 &&
+                  s.active == (uint32_t)fp->xstuck;
+        tp_lane_stats l[FZS_LANES];
+        for (int lane = 0; lane < FZS_LANES; lane++) {
+            l[lane] = lane_stats(fp, lane + TP_PRIO_MIN);
+            ok =
+                ok && l[lane].queued == (uint32_t)fp->sim.n[lane] && l[lane].running == (uint32_t)stuck[lane];
+        }
+        if (ok) break;
+        if (tp_now_ns() > end) {
+            ex_report(fp, "the pool did not reach the predicted state");
+            fprintf(stderr,
+                    "  pool: %d starts (model %d), completed %llu (model %d), delayed %u, active %u "
+                    "(model %d)\n  lanes queued/running (model):",
+                    ticks, fp->pred_n, (unsigned long long)s.completed, fp->xended, s.delayed, s.active,
+                    fp->xstuck);
+            for (int lane = 0; lane < FZS_LANES; lane++)
+                fprintf(stderr, " %u/%u (%d/%d)", l[lane].queued, l[lane].running, fp->sim.n[lane],
+                        stuck[lane]);
+            fprintf(stderr, "\n");
+            violation("pool %d: not in the state the exact model predicted after %llu s", fp->slot,
+                      (unsigned long long)(FZ_BOUND_NS / SEC));
+        }
+        sleep_ns(100000);
+    }
+    ex_verify(fp);
+    uint64_t now = tp_now_ns(), oldest_hi = 0;
+    bool any = false;
+    for (int i = 0; i < fp->ntasks; i++) {
+        fz_task *t = fp->tasks[i];
+        if (!t->accepted) continue;
+        if (t->xs == X_GHOST) t->xs = X_END;
+        if (t->xs == X_END && !task_ended(t)) set_finalised(t);
+        if (t->xs == X_WAIT || t->xs == X_STUCK) note_unfinished(t);
+        if (t->xs == X_WAIT) {
+            if (!t->xpush_hi) t->xpush_hi = now; /* a retry: back in the queue by now */
+            if (!any || t->xpush_hi < oldest_hi) oldest_hi = t->xpush_hi;
+            any = true;
+        }
+    }
+    /* oldest_wait_ns: 0 with nothing queued; else at least the time since
+     * the push of any waiting task (halved: the histogram clock is
+     * calibrated, not exact). */
+    uint64_t before = tp_now_ns();
+    tp_stats s = get_stats(fp);
+    if (!any)
+        CHECK(s.oldest_wait_ns == 0, "pool %d: oldest_wait_ns %llu with nothing queued", fp->slot,
+              (unsigned long long)s.oldest_wait_ns);
+    else if (before - oldest_hi > 4 * MS)
+        CHECK(s.oldest_wait_ns >= (before - oldest_hi) / 2,
+              "pool %d: oldest_wait_ns %llu, but a task has waited since %llu ns ago", fp->slot,
+              (unsigned long long)s.oldest_wait_ns, (unsigned long long)(before - oldest_hi));
+}
+
+/* The model takes over: every accepted task has ended or is stuck, which the
+ * counters confirm (completed == accepted - stuck, nothing queued, delayed
+ * or running but the stuck ones), so the scheduler is empty. */
+static void ex_enter(fz_pool *fp) {
+    if (fp->exact || !fp->exact_wanted || !fp->live || fp->maybe_forced || atomic_load(&fp->forced)) return;
+    if (fp->closed && fp->max_workers > fp->workers) return; /* elastic, closed: workers may be missing */
+    for (int k = 0; k < FZ_GROUPS; k++)
+        if (fp->grp[k].live && fp->grp[k].coe) return; /* its members may be cancelled at any moment */
+    fz_scan sc;
+    model_scan(fp, &sc);
+    int nstuck = 0, runs = 0;
+    for (int i = 0; i < fp->ntasks; i++) {
+        fz_task *t = fp->tasks[i];
+        if (!t->accepted) continue;
+        runs += atomic_load(&t->runs);
+        if (sc.stuck[i]) {
+            nstuck++;
+            continue;
+        }
+        if (atomic_load(&t->inside)) return;
+    }
+    tp_stats s = get_stats(fp);
+    if (s.completed + (uint64_t)nstuck != fp->accepted || s.queued || s.delayed ||
+        s.active != (uint32_t)nstuck)
+        return;
+    if (atomic_load(&fp->tick_seq) != runs) return;
+    fzs_init(&fp->sim, fp->fair, fp->starve_limit, fp->low_max);
+    for (int f = 0; f < FZS_FLOWS; f++) fzs_set_weight(&fp->sim, f, fp->weight[f]);
+    for (int i = 0; i < fp->ntasks; i++) {
+        fz_task *t = fp->tasks[i];
+        if (!t->accepted) continue;
+        t->xattempt = atomic_load(&t->runs);
+        t->xcancel = t->cancel_requested || atomic_load(&t->cancel_ok) || t->kind == K_SELF;
+        if (sc.stuck[i]) {
+            t->xs = X_STUCK;
+            if (t->prio < 0) fp->sim.low_running++;
+        } else {
+            t->xs = X_END;
+            if (!task_ended(t)) set_finalised(t);
+        }
+    }
+    fp->xstuck = nstuck;
+    fp->xended = (int)fp->accepted - nstuck;
+    fp->pred_base = fp->pred_n = runs;
+    fp->npend = 0;
+    fp->exact = true;
+    trace("  (exact model of slot %d on: %d stuck)", fp->slot, nstuck);
+}
+
+enum { O_STUCK, O_RV, O_UNKNOWN };
+
+/* What attempt `attempt` of `t` does once started, as its kind says. */
+static int ex_outcome(fz_task *t, int attempt, int *rv) {
+    bool retry_possible = attempt < (int)t->max_retries;
+    switch (t->kind) {
+    case K_SUCCEED: *rv = 0; return O_RV;
+    case K_FAIL: *rv = t->result; return O_RV;
+    case K_FLAKY: *rv = attempt < t->fail_k ? t->result : 0; return O_RV;
+    case K_SELF: /* cancels itself: never retried */
+        *rv = t->result;
+        t->xcancel = true;
+        return O_RV;
+    case K_SLEEP: /* a short run timeout races with the sleep: matters only if a retry can follow */
+        *rv = 0;
+        return short_timeout(t) && retry_possible ? O_UNKNOWN : O_RV;
+    case K_GATE_IGNORE:
+        if (gate_is_open(t->gate)) {
+            *rv = t->result;
+            return O_RV;
+        }
+        return O_STUCK;
+    default: /* K_GATE_SLEEP, K_GATE_FD: leave on the run timeout */
+        if (gate_is_open(t->gate)) {
+            *rv = t->result;
+            return O_RV;
+        }
+        if (short_timeout(t)) {
+            *rv = TP_ETIMEDOUT;
+            return O_RV;
+        }
+        return O_STUCK;
+    }
+}
+
+/* An attempt of `t` ended with rv: it waits for a retry, or it ended.
+ * False when that depends on timing: a failure with retries left and a
+ * deadline still ahead but near (no retry is scheduled past it). */
+static bool ex_end_attempt(fz_pool *fp, fz_task *t, int rv) {
+    fzs_done(&fp->sim, lane_of(t));
+    int a = t->xattempt - 1;
+    bool retry = rv != 0 && !t->xcancel && a < (int)t->max_retries;
+    if (retry && (t->dl_class == DL_PAST || t->dl_class == DL_NEAR)) {
+        if (tp_now_ns() < t->deadline) return false; /* it may end before or after its deadline */
+        retry = false;                               /* it ends after now: past its deadline */
+    }
+    if (retry) {
+        t->xs = X_RETRY;
+        t->xpush_hi = 0;
+        fp->pend[fp->npend++] = t->index;
+    } else {
+        t->xs = X_END;
+        fp->xended++;
+    }
+    return true;
+}
+
+static uint64_t pend_delay(const fz_task *t) { return t->delay[t->xattempt]; }
+
+/* Retry pend[k] is back: it waits at the back of its lane. */
+static void ex_push_pending(fz_pool *fp, int k) {
+    fz_task *t = xtask(fp->pend[k]);
+    memmove(&fp->pend[k], &fp->pend[k + 1], (size_t)(fp->npend - k - 1) * sizeof fp->pend[0]);
+    fp->npend--;
+    t->xs = X_WAIT;
+    fzs_push(&fp->sim, lane_of(t), ent_of(fp, t));
+}
+
+/* Retries come back when due: failed earlier with a delay no longer than a
+ * later one's, a retry is due first (and the pool's delayed list, in the
+ * order they failed, agrees); otherwise their order is timing's. */
+static bool ex_first_pending_is_first(const fz_pool *fp) {
+    for (int j = 1; j < fp->npend; j++)
+        if (pend_delay(xtask(fp->pend[0])) > pend_delay(xtask(fp->pend[j]))) return false;
+    return true;
+}
+
+/* Every worker is blocked: the retries come back, in the order they are due
+ * (an order only matters within a lane). */
+static void ex_flush_pending(fz_pool *fp) {
+    for (int i = 0; i < fp->npend; i++)
+        for (int j = i + 1; j < fp->npend; j++) {
+            const fz_task *a = xtask(fp->pend[i]), *b = xtask(fp->pend[j]);
+            if (lane_of(a) == lane_of(b) && pend_delay(a) > pend_delay(b)) {
+                ex_lose(fp, "two retries of a lane may come back in either order");
+                return;
+            }
+        }
+    while (fp->npend) ex_push_pending(fp, 0);
+}
+
+/* Whether retry `r` coming back before the start from lane `li` or after it
+ * makes no difference: the same task starts and the states are equal. */
+static bool ex_commutes(const fz_pool *fp, int li, const fz_task *r) {
+    static fzs a, b;
+    a = fp->sim;
+    fzs_push(&a, lane_of(r), ent_of(fp, r));
+    int la = fzs_pick(&a);
+    if (la < 0) return false;
+    fzs_ent ea = fzs_start(&a, la);
+    b = fp->sim;
+    fzs_ent eb = fzs_start(&b, li);
+    fzs_push(&b, lane_of(r), ent_of(fp, r));
+    return ea.task == eb.task && ea.attempt == eb.attempt && fzs_equal(&a, &b);
+}
+
+/* Workers are free: the `n` agents (blocked tasks now returning xrv) end
+ * their attempts, then free workers take tasks until every worker is blocked
+ * or nothing may start. */
+static void ex_run(fz_pool *fp, fz_task **agents, int n) {
+    if (!fp->exact) return;
+    int W = (int)fp->max_workers;
+    if (n >= 2) {
+        for (int i = 0; i < n; i++) {
+            const fz_task *t = agents[i];
+            if (t->xrv != 0 && !t->xcancel && t->xattempt - 1 < (int)t->max_retries) {
+                ex_lose(fp, "blocked tasks end at once and one may retry");
+                return;
+            }
+        }
+        for (int i = 0; i < n; i++) ex_end_attempt(fp, agents[i], agents[i]->xrv); /* none retries */
+        if (fzs_startable(&fp->sim) > 0) ex_lose(fp, "workers freed at once while tasks wait");
+        return;
+    }
+    if (n == 1 && !ex_end_attempt(fp, agents[0], agents[0]->xrv)) {
+        ex_lose(fp, "a failure that may retry or not, its deadline near");
+        return;
+    }
+    static fzs next;
+    for (;;) {
+        int free = W - fp->xstuck;
+        if (free <= 0) {
+            ex_flush_pending(fp);
+            return;
+        }
+        int li = fzs_pick(&fp->sim);
+        if (li < 0) {
+            if (fp->npend == 0) return; /* idle */
+            if (!ex_first_pending_is_first(fp)) {
+                ex_lose(fp, "retries that may come back in either order");
+                return;
+            }
+            ex_push_pending(fp, 0);
+            continue;
+        }
+        for (int i = 0; i < fp->npend; i++)
+            if (!ex_commutes(fp, li, xtask(fp->pend[i]))) {
+                ex_lose(fp, "a retry could come back before a start and change it");
+                return;
+            }
+        next = fp->sim;
+        fzs_ent e = fzs_start(&next, li);
+        if (free >= 2 && (fzs_startable(&next) > 0 || fp->npend > 0)) {
+            ex_lose(fp, "two free workers could start tasks at once");
+            return;
+        }
+        fp->sim = next;
+        fz_task *t = xtask(e.task);
+        CHECK(fp->pred_n < FZ_MAX_TICKS && e.attempt < FZ_ATTEMPTS, "harness: too many predicted starts");
+        fp->pred_n++;
+        fp->pred_task[fp->pred_n] = e.task;
+        fp->pred_att[fp->pred_n] = e.attempt;
+        t->xattempt = e.attempt + 1;
+        int rv = 0;
+        switch (ex_outcome(t, e.attempt, &rv)) {
+        case O_STUCK:
+            t->xs = X_STUCK;
+            fp->xstuck++;
+            break;
+        case O_RV:
+            if (!ex_end_attempt(fp, t, rv)) {
+                ex_lose(fp, "a failure that may retry or not, its deadline near");
+                return;
+            }
+            break;
+        default: ex_lose(fp, "an attempt whose result timing decides"); return;
+        }
+    }
+}
+
+/* An accepted submit: the task waits now (or, with a deadline that has
+ * passed or soon will while every worker is blocked, it will expire unrun:
+ * a ghost the next sync waits out, which changes nothing the model holds). */
+static void ex_push(fz_pool *fp, fz_task *t) {
+    if (!fp->exact) return;
+    if (t->grp && t->grp->coe) {
+        ex_lose(fp, "a cancel-on-error group");
+        return;
+    }
+    int free = (int)fp->max_workers - fp->xstuck;
+    int lane = lane_of(t);
+    t->xattempt = 0;
+    t->xcancel = false;
+    if (t->dl_class == DL_PAST || t->dl_class == DL_NEAR) {
+        bool startable = lane >= 2 || fp->sim.low_max == 0 || fp->sim.low_running < fp->sim.low_max;
+        if (t->dl_class == DL_NEAR && free > 0 && startable) {
+            ex_lose(fp, "a near deadline and a free worker");
+            return;
+        }
+        t->xs = X_GHOST;
+        fp->xended++;
+        return;
+    }
+    t->xs = X_WAIT;
+    t->xpush_hi = tp_now_ns();
+    fzs_push(&fp->sim, lane, ent_of(fp, t));
+    if (free > 0) ex_run(fp, NULL, 0);
+}
+
+/* Gate g opened: the tasks blocked on it return their result. */
+static void ex_gate(fz_pool *fp, int g) {
+    if (!fp->live || !fp->exact) return;
+    fz_task *agents[FZ_MAX_TASKS];
+    int n = 0;
+    for (int i = 0; i < fp->ntasks; i++) {
+        fz_task *t = fp->tasks[i];
+        if (!t->accepted || t->xs != X_STUCK || t->gate != g) continue;
+        t->xrv = t->result;
+        t->xs = X_LEAVING;
+        fp->xstuck--;
+        agents[n++] = t;
+    }
+    if (n) ex_run(fp, agents, n);
+}
+
+/* Open gate g with the model watching: every exact pool is synced first (a
+ * gate changes what its blocked tasks do), then told. */
+static void harness_open_gate(int g) {
+    if (gate_is_open(g)) return;
+    for (int s = 0; s < FZ_SLOTS; s++) ex_sync(&fz_pools[s]);
+    gate_open(g);
+    for (int s = 0; s < FZ_SLOTS; s++) ex_gate(&fz_pools[s], g);
+}
+
+/* A cancel (or group cancel) reached `t`, which the model holds waiting or
+ * blocked: waiting, it ends unrun; blocked and cooperating, it returns
+ * TP_ECANCELED at once (collected in agents); blocked and deaf, it is not
+ * retried when its gate opens. */
+static void ex_cancelled(fz_pool *fp, fz_task *t, fz_task **agents, int *n) {
+    if (!fp->exact) return;
+    if (t->xs == X_WAIT) {
+        fzs_remove(&fp->sim, t->index);
+        t->xs = X_END;
+        fp->xended++;
+    } else if (t->xs == X_STUCK) {
+        t->xcancel = true;
+        if (coop_kind(t)) {
+            t->xrv = TP_ECANCELED;
+            t->xs = X_LEAVING;
+            fp->xstuck--;
+            agents[(*n)++] = t;
+        }
+    }
 }
 
 /* ------------------------------------------------------------ input decoding */
@@ -942,6 +1733,9 @@ static bool decode_config(fz_pool *fp, const uint8_t b[4], tp_config *c) {
     if (b[3] & 4) c->queue_capacity *= 2;
     fp->slow_hooks = (b[3] & 8) != 0;
     fp->slow_done = (b[3] & 16) != 0;
+    /* bit 7 (without bits 5 and 6: an invalid config): the exact model
+     * (OP_CREATE2 sets it again) */
+    fp->exact_wanted = (b[3] & 0x80) != 0;
     c->log = log_hook;
     c->log_arg = fp;
     c->on_worker_start = hook_start;
@@ -966,18 +1760,63 @@ static bool decode_config(fz_pool *fp, const uint8_t b[4], tp_config *c) {
     fp->run_timeout = c->run_timeout_ns ? c->run_timeout_ns : 600 * SEC;
     fp->drain_timeout = c->drain_timeout_ns;
     fp->submit_timeout = c->submit_timeout_ns ? c->submit_timeout_ns : SEC;
+    fp->fair = false;
+    fp->starve_limit = 16;
+    fp->low_max = 0;
+    fp->retry_delay_max = 0;
+    for (int f = 0; f < FZS_FLOWS; f++) fp->weight[f] = 1;
     return true;
+}
+
+/* The 1.2 fields from 3 more bytes (OP_CREATE2): the scheduler, the
+ * starvation limit, low_prio_max_running, retry backoff; or one of the
+ * invalid 1.2 configs. Called after decode_config accepted b[]. */
+static const unsigned starve_of[5] = {0, 1, 2, 3, TP_UNLIMITED};
+static bool decode_config12(fz_pool *fp, const uint8_t e[3], tp_config *c) {
+    c->sched = (e[0] & 1) ? TP_SCHED_FAIR : TP_SCHED_FIFO;
+    c->prio_starve_limit = starve_of[(e[0] >> 1) % 5u];
+    c->low_prio_max_running = (e[0] >> 4) % (fp->max_workers + 1);
+    static const uint64_t mult[6] = {0, 1, 2, 4, 16, 64}; /* retry_delay_max_ns = retry_delay_ns x this */
+    c->retry_delay_max_ns = c->retry_delay_ns * mult[e[1] % 6u];
+    if ((e[2] & 0xf0) == 0xf0) {
+        switch (e[2] % 5u) {
+        case 0: c->sched = 2; break;
+        case 1: c->low_prio_max_running = fp->max_workers + 1; break;
+        case 2: c->retry_delay_max_ns = c->retry_delay_ns - 1; break;
+        case 3: c->reserved32 = 1; break;
+        default: c->reserved[4] = 1; break;
+        }
+        return false;
+    }
+    fp->fair = c->sched == TP_SCHED_FAIR;
+    /* Bit 0 of e[2]: no exact model, so nothing waits for the pool (submits
+     * race with the workers as in a 1.1 pool). */
+    fp->exact_wanted = !(e[2] & 1);
+    fp->starve_limit = c->prio_starve_limit ? c->prio_starve_limit : 16;
+    fp->low_max = c->low_prio_max_running;
+    fp->retry_delay_max = c->retry_delay_max_ns;
+    return true;
+}
+
+/* The wait before retry k (k >= 1), as taskpool.h states it. */
+static uint64_t retry_delay_k(const fz_pool *fp, unsigned k) {
+    if (!fp->retry_delay_max) return fp->retry_delay;
+    uint64_t d = fp->retry_delay;
+    for (unsigned i = 1; i < k && d < fp->retry_delay_max; i++) d *= 2;
+    return d < fp->retry_delay_max ? d : fp->retry_delay_max;
 }
 
 static void finish_pool(fz_pool *fp, bool full);
 static void op_group_destroy(fz_pool *fp, fz_group *G);
 static void finish_groups(fz_pool *fp);
 
-static void op_create(fz_pool *fp, const uint8_t b[4]) {
+/* e: NULL for a 1.1 config (OP_CREATE), else the 1.2 bytes (OP_CREATE2). */
+static void op_create(fz_pool *fp, const uint8_t b[4], const uint8_t *e) {
     if (fp->live) finish_pool(fp, true);
     pool_reset(fp);
     tp_config c;
     bool valid = decode_config(fp, b, &c);
+    if (valid && e) valid = decode_config12(fp, e, &c);
     tp_pool *p = (tp_pool *)(uintptr_t)0x1;
     int rc = tp_create(&p, &c);
     trace("create slot %d: workers %u max %u cap %u mpu %u retries %u retry %llums rt %llu drain %llums "
@@ -986,6 +1825,10 @@ static void op_create(fz_pool *fp, const uint8_t b[4]) {
           (unsigned long long)(c.retry_delay_ns / MS), (unsigned long long)c.run_timeout_ns,
           (unsigned long long)(c.drain_timeout_ns / MS), (unsigned long long)c.idle_timeout_ns,
           fp->slow_hooks ? " slow-hooks" : "", rcname(rc));
+    if (e)
+        trace("  %s starve %u low_max %u retry max %lluus%s", c.sched == TP_SCHED_FAIR ? "fair" : "fifo",
+              c.prio_starve_limit, c.low_prio_max_running, (unsigned long long)(c.retry_delay_max_ns / 1000),
+              c.sched > 1 || c.reserved32 || c.reserved[4] ? " (invalid)" : "");
     if (fp->slow_done) trace("  (slow on_done)");
     if (!valid) {
         CHECK(rc == TP_EINVAL && p == (tp_pool *)(uintptr_t)0x1, "tp_create of an invalid config returned %s",
@@ -995,12 +1838,16 @@ static void op_create(fz_pool *fp, const uint8_t b[4]) {
     CHECK(rc == TP_OK && p != NULL && p != (tp_pool *)(uintptr_t)0x1, "tp_create returned %s", rcname(rc));
     fp->p = p;
     fp->live = true;
+    fp->gen = ++fz_pool_gens;
+    fzs_init(&fp->sim, fp->fair, fp->starve_limit, fp->low_max);
+    fp->exact = fp->exact_wanted; /* an empty pool: the model knows everything */
+    if (fp->exact) trace("  (exact model of slot %d on)", fp->slot);
 }
 
 static void ensure_pool(fz_pool *fp) {
     if (fp->live) return;
     static const uint8_t zero[4];
-    op_create(fp, zero);
+    op_create(fp, zero, NULL);
 }
 
 /* VIA_BATCH: tp_submit_batch with this one task, which must answer exactly
@@ -1009,15 +1856,39 @@ enum { VIA_SUBMIT, VIA_WAIT, VIA_DEFAULT, VIA_GROUP, VIA_BATCH };
 
 static fz_group *ensure_group(fz_pool *fp, int k, bool coe);
 
-static void op_submit(fz_pool *fp, const uint8_t b[5], int via) {
-    ensure_pool(fp);
-    fz_group *G = via == VIA_GROUP ? ensure_group(fp, (b[4] >> 6) & 1, (b[4] >> 7) & 1) : NULL;
+static fz_cq *ensure_cq(int k, uint8_t b);
+static void cq_check_fd(int k, const char *when);
+
+static const int prio_of[8] = {0, 1, -1, 2, -2, 0, 1, -1};
+
+/* A new task of pool fp, in its list, with the pool's defaults. */
+static fz_task *task_new(fz_pool *fp) {
     CHECK(fz_ntasks < FZ_MAX_TASKS, "harness: too many tasks");
     fz_task *t = &fz_tasks[fz_ntasks];
     memset(t, 0, sizeof *t);
     t->index = fz_ntasks++;
     t->fp = fp;
     t->pool = fp->p;
+    t->pool_gen = fp->gen;
+    t->cqi = -1;
+    t->must_status = INT_MIN;
+    t->qpos = -1;
+    t->max_retries = fp->max_retries;
+    t->run_timeout = fp->run_timeout;
+    for (unsigned k = 1; k < FZ_ATTEMPTS; k++) t->delay[k] = retry_delay_k(fp, k);
+    atomic_store(&t->last_rv, INT_MIN);
+    t->pidx = fp->ntasks;
+    t->w1 = fp->max_workers == 1;
+    fp->tasks[fp->ntasks++] = t;
+    return t;
+}
+
+static void op_submit(fz_pool *fp, const uint8_t b[5], int via) {
+    ensure_pool(fp);
+    ex_sync(fp);
+    ex_enter(fp);
+    fz_group *G = via == VIA_GROUP ? ensure_group(fp, (b[4] >> 6) & 1, (b[4] >> 7) & 1) : NULL;
+    fz_task *t = task_new(fp);
     t->grp = G;
     t->group = G ? G->g : NULL;
     t->kind = (b[0] >> 1) % K_COUNT;
@@ -1032,13 +1903,20 @@ static void op_submit(fz_pool *fp, const uint8_t b[5], int via) {
     if (t->kind == K_FAIL || t->kind == K_FLAKY) t->result = t->result ? t->result : 1;
     t->sleep_ns = (1 + b[4] % 3) * MS;
     t->has_done = (b[3] & 7) != 7;
-    t->max_retries = fp->max_retries;
     t->run_timeout = rt ? rt : fp->run_timeout;
-    atomic_store(&t->last_rv, INT_MIN);
+    t->prio = prio_of[(b[0] >> 4) & 7];
+    t->cqi = (b[3] & 0x80) ? (b[0] >> 7) & 1 : -1;
+    t->nest = (b[4] >> 5) & 1;
     tp_task_opts o;
     memset(&o, 0, sizeof o);
     o.user = fz_users[t->user];
     o.run_timeout_ns = rt;
+    o.priority = t->prio;
+    if (t->cqi >= 0) {
+        fz_cq *C = ensure_cq(t->cqi, b[4]);
+        o.cq = C->q;
+        t->cq_gen = C->gen;
+    }
     if (t->has_done) o.on_done = task_done;
     if (b[3] & 8) {
         snprintf(t->opt_log, sizeof t->opt_log, "L%d", t->index);
@@ -1055,7 +1933,6 @@ static void op_submit(fz_pool *fp, const uint8_t b[5], int via) {
     default: t->deadline = 0;
     }
     o.deadline_ns = t->deadline;
-    fp->tasks[fp->ntasks++] = t;
 
     /* prediction */
     fz_scan sc;
@@ -1066,6 +1943,10 @@ static void op_submit(fz_pool *fp, const uint8_t b[5], int via) {
         ul_possible = sc.uhi[t->user] >= (int)fp->max_per_user;
     }
     bool full_certain = sc.occ_lo >= (int)fp->cap, full_possible = sc.occ_hi >= (int)fp->cap;
+    /* A bound task also needs a place of its queue (after the user's limit
+     * and the queue's space): the harness knows them exactly. */
+    bool cq_full = t->cqi >= 0 && fz_cqs[t->cqi].taken >= (int)fz_cqs[t->cqi].cap;
+    if (cq_full) full_certain = full_possible = true;
     bool blocked_certain = ul_certain || full_certain, blocked_possible = ul_possible || full_possible;
     unsigned allowed;
     uint64_t budget = 0, resolved = 0;
@@ -1099,6 +1980,36 @@ static void op_submit(fz_pool *fp, const uint8_t b[5], int via) {
         allowed = bit(TP_ECANCELED);
     else if (G && G->coe)
         allowed |= bit(TP_ECANCELED);
+    /* The exact model knows what waits and every user's slots. */
+    if (fp->exact) {
+        int x;
+        if (G && G->refusing) {
+            x = TP_ECANCELED;
+        } else if (fp->closed) {
+            x = TP_ECLOSED;
+        } else {
+            int slots = 0;
+            for (int i = 0; i < fp->ntasks; i++)
+                if (fp->tasks[i]->accepted && fp->tasks[i]->user == t->user && fp->tasks[i]->xs != X_END)
+                    slots++;
+            if (t->user >= 2 && fp->max_per_user != TP_UNLIMITED && slots >= (int)fp->max_per_user)
+                x = TP_EUSERLIMIT;
+            else if (fzs_total(&fp->sim) >= (int)fp->cap || cq_full)
+                x = TP_EFULL;
+            else
+                x = TP_OK;
+            if (via == VIA_WAIT && x != TP_OK) x = TP_ETIMEDOUT;
+        }
+        CHECK(allowed & bit(x),
+              "harness: the exact model predicts %s for this submit, the other model disallows it",
+              rcname(x));
+        /* a short budget may run out before the lock is taken, room or not */
+        allowed = via == VIA_WAIT && x == TP_OK && resolved < SEC ? B_OK | bit(TP_ETIMEDOUT) : bit(x);
+    }
+    /* A bound task without an on_done is a bad argument: first, counted nowhere. */
+    bool einval = t->cqi >= 0 && !t->has_done;
+    if (einval) allowed = bit(TP_EINVAL);
+    t->obs_unfin = ++fz_obs; /* not admitted yet: certainly unfinished now */
 
     uint64_t id = 0, t0 = tp_now_ns();
     int rc;
@@ -1121,19 +2032,21 @@ static void op_submit(fz_pool *fp, const uint8_t b[5], int via) {
         rc = tp_submit(fp->p, task_main, t, &o, &id);
     }
     uint64_t elapsed = tp_now_ns() - t0;
-    trace("%s slot %d task %d %s user %s gate %d dl %d rt %llu res %d done %d log %s budget %llu "
-          "[occ %d..%d user %d..%d stuck %d] -> %s id %llu",
-          via == VIA_WAIT      ? "submit_wait"
-          : via == VIA_DEFAULT ? "default_submit"
-          : via == VIA_GROUP   ? "group_submit"
-          : via == VIA_BATCH   ? "submit_batch"
-                               : "submit",
-          fp->slot, t->index, kind_name[t->kind], fz_users[t->user] ? fz_users[t->user] : "NULL", t->gate,
-          t->dl_class, (unsigned long long)rt, t->result, t->has_done, o.log_id ? o.log_id : "-",
-          (unsigned long long)budget, sc.occ_lo, sc.occ_hi, sc.ulo[t->user], sc.uhi[t->user], sc.nstuck,
-          rcname(rc), (unsigned long long)id);
+    trace(
+        "%s slot %d task %d %s prio %d cq %d user %s gate %d dl %d rt %llu res %d done %d log %s budget %llu "
+        "[occ %d..%d user %d..%d stuck %d] -> %s id %llu",
+        via == VIA_WAIT      ? "submit_wait"
+        : via == VIA_DEFAULT ? "default_submit"
+        : via == VIA_GROUP   ? "group_submit"
+        : via == VIA_BATCH   ? "submit_batch"
+                             : "submit",
+        fp->slot, t->index, kind_name[t->kind], t->prio, t->cqi,
+        fz_users[t->user] ? fz_users[t->user] : "NULL", t->gate, t->dl_class, (unsigned long long)rt,
+        t->result, t->has_done, o.log_id ? o.log_id : "-", (unsigned long long)budget, sc.occ_lo, sc.occ_hi,
+        sc.ulo[t->user], sc.uhi[t->user], sc.nstuck, rcname(rc), (unsigned long long)id);
     expect_rc(rc, allowed, "submit");
-    if (rc == TP_ECANCELED) { /* a cancelled group: not counted, not a member */
+    if (rc == TP_EINVAL) return; /* counts nothing */
+    if (rc == TP_ECANCELED) {    /* a cancelled group: not counted, not a member */
         CHECK(G != NULL, "submit: TP_ECANCELED without a group");
         G->refusing = true; /* cancelled groups stay so */
         return;
@@ -1148,6 +2061,8 @@ static void op_submit(fz_pool *fp, const uint8_t b[5], int via) {
         t->id = id;
         t->accepted = true;
         fp->accepted++;
+        if (t->cqi >= 0) fz_cqs[t->cqi].taken++;
+        ex_push(fp, t);
         break;
     case TP_EFULL: fp->rej_full++; break;
     case TP_EUSERLIMIT: fp->rej_user++; break;
@@ -1174,6 +2089,8 @@ static void await_done(const fz_task *t, const char *why) {
 
 static void op_cancel(fz_pool *fp, uint8_t sel, uint8_t extra) {
     ensure_pool(fp);
+    ex_sync(fp);
+    ex_enter(fp);
     fz_task *acc[FZ_MAX_TASKS];
     int n = 0;
     uint64_t max_id = 0;
@@ -1210,6 +2127,14 @@ static void op_cancel(fz_pool *fp, uint8_t sel, uint8_t extra) {
         allowed = B_OK;
     else
         allowed = B_OK | bit(TP_ENOTFOUND);
+    if (fp->exact) { /* synced: the model knows where the task is */
+        unsigned x = t->xs == X_END ? bit(TP_ENOTFOUND) : B_OK;
+        CHECK(allowed & x,
+              "harness: the exact model predicts %s for this cancel, the other model disallows it",
+              rcname(t->xs == X_END ? TP_ENOTFOUND : TP_OK));
+        allowed = x;
+        parked = t->xs == X_WAIT; /* queued for certain: it ends now */
+    }
     t->cancel_requested = true;
     int runs_before = atomic_load(&t->runs);
     int rc = tp_cancel(fp->p, t->id);
@@ -1218,11 +2143,19 @@ static void op_cancel(fz_pool *fp, uint8_t sel, uint8_t extra) {
     expect_rc(rc, allowed, "tp_cancel");
     if (rc != TP_OK) return;
     atomic_store(&t->cancel_ok, 1);
+    if (fp->exact) {
+        fz_task *agents[1];
+        int na = 0;
+        ex_cancelled(fp, t, agents, &na);
+        if (na) ex_run(fp, agents, na);
+    }
     if (parked) {
         /* Queued or waiting for a retry while every worker is busy: it ends
          * now, unrun, and its on_done runs promptly on the service thread. */
-        t->finalised_known = true;
-        if (t->has_done) {
+        set_finalised(t);
+        if (t->has_done && t->cqi >= 0) {
+            t->must_status = TP_ECANCELED; /* its completion waits in its queue */
+        } else if (t->has_done) {
             await_done(t, "cancelling it while every worker was busy");
             CHECK(atomic_load(&t->done_status) == TP_ECANCELED, "task %d: cancelled while queued, status %d",
                   t->index, atomic_load(&t->done_status));
@@ -1236,23 +2169,54 @@ static void op_cancel(fz_pool *fp, uint8_t sel, uint8_t extra) {
  * stuck, or is parked behind stuck workers. Tasks without on_done are not
  * observable and do not count. A pool that does not get there is a lost
  * wake-up or a lost task. */
-static bool quiescent(const fz_pool *fp) {
-    fz_scan sc;
-    model_scan(fp, &sc);
+/* Every accepted task that is not certainly unfinished (stuck, parked) has
+ * ended, when stats.completed says so: then they are all finalised. The only
+ * way to see that a bound task ended without draining its queue. */
+static bool count_rule(fz_pool *fp, const fz_scan *sc) {
+    int certain = 0;
     for (int i = 0; i < fp->ntasks; i++) {
         const fz_task *t = fp->tasks[i];
-        if (!t->accepted || !t->has_done || task_ended(t) || sc.stuck[i] || sc.parked[i] || sc.settled[i])
-            continue;
-        /* Closed: an elastic pool starts no worker any more, so a task may
-         * wait behind its stuck minimum workers. */
-        if (fp->closed && sc.nstuck_now >= (int)fp->workers) continue;
-        return false;
+        if (t->accepted && !task_ended(t) && (sc->stuck[i] || sc->parked[i])) certain++;
+    }
+    tp_stats s = get_stats(fp);
+    CHECK(s.completed + (uint64_t)certain <= fp->accepted,
+          "pool %d: stats.completed %llu, yet %d of the %llu accepted tasks are certainly unfinished",
+          fp->slot, (unsigned long long)s.completed, certain, (unsigned long long)fp->accepted);
+    if (s.completed + (uint64_t)certain < fp->accepted) return false;
+    for (int i = 0; i < fp->ntasks; i++) {
+        fz_task *t = fp->tasks[i];
+        if (t->accepted && !task_ended(t) && !sc->stuck[i] && !sc->parked[i]) set_finalised(t);
     }
     return true;
 }
 
+static bool quiescent(fz_pool *fp) {
+    fz_scan sc;
+    model_scan(fp, &sc);
+    bool need_count = false, tolerant = false;
+    for (int i = 0; i < fp->ntasks; i++) {
+        const fz_task *t = fp->tasks[i];
+        if (!t->accepted || task_ended(t) || sc.stuck[i] || sc.parked[i]) continue;
+        if (sc.settled[i]) { /* stuck or parked for now: its group may still cancel it */
+            tolerant = true;
+            continue;
+        }
+        /* Closed: an elastic pool starts no worker any more, so a task may
+         * wait behind its stuck minimum workers. */
+        if (fp->closed && sc.nstuck_now >= (int)fp->workers) {
+            tolerant = true;
+            continue;
+        }
+        if (t->has_done && t->cqi < 0) return false; /* its on_done will show it */
+        if (t->cqi >= 0) need_count = true;          /* only the counters show that it ended */
+    }
+    if (!need_count || tolerant) return true;
+    return count_rule(fp, &sc);
+}
+
 static void settle(fz_pool *fp) {
     if (!fp->live) return;
+    ex_sync(fp);
     uint64_t end = tp_now_ns() + FZ_BOUND_NS;
     while (!quiescent(fp)) {
         if (tp_now_ns() > end) {
@@ -1270,21 +2234,32 @@ static void settle(fz_pool *fp) {
         }
         sleep_ns(100000);
     }
+    ex_enter(fp);
 }
 
 static void mark_forced(fz_pool *fp, const fz_scan *before) {
     /* Forced: queued and retry-waiting tasks were ended unrun (parked ones for
      * certain); running ones see cancellation. */
     for (int i = 0; i < fp->ntasks; i++)
-        if (before->parked[i]) fp->tasks[i]->finalised_known = true;
+        if (before->parked[i]) {
+            /* queued or waiting for a retry: TP_ECANCELED, unrun (through
+             * its queue for a bound task) */
+            set_finalised(fp->tasks[i]);
+            fp->tasks[i]->must_status = TP_ECANCELED;
+        }
     fp->maybe_forced = true;
     atomic_store(&fp->forced, 1);
 }
 
+/* tp_shutdown returned TP_OK or tp_wait returned: every on_done has returned
+ * -- or, for a bound task, its completion is in its queue. */
 static void check_all_done_now(const fz_pool *fp, const char *after) {
     for (int i = 0; i < fp->ntasks; i++) {
-        const fz_task *t = fp->tasks[i];
-        if (t->accepted && t->has_done)
+        fz_task *t = fp->tasks[i];
+        if (!t->accepted) continue;
+        if (t->cqi >= 0)
+            set_finalised(t);
+        else if (t->has_done)
             CHECK(atomic_load(&t->done_calls) == 1,
                   "pool %d task %d: on_done has not returned when %s returned", fp->slot, t->index, after);
     }
@@ -1292,6 +2267,8 @@ static void check_all_done_now(const fz_pool *fp, const char *after) {
 
 static void op_shutdown(fz_pool *fp, uint8_t cls) {
     ensure_pool(fp);
+    ex_sync(fp);
+    if (fp->xstuck > 0 || fp->max_workers > fp->workers) ex_lose(fp, "a shutdown");
     fz_scan sc;
     model_scan(fp, &sc);
     static const uint64_t budgets[4] = {0, 1 * MS, 5 * MS, FZ_LONG_NS};
@@ -1317,6 +2294,7 @@ static void op_shutdown(fz_pool *fp, uint8_t cls) {
         CHECK(elapsed >= resolved, "tp_shutdown: TP_ETIMEDOUT after %llu ns, budget %llu ns",
               (unsigned long long)elapsed, (unsigned long long)resolved);
     if (!fp->shut_called && rc == TP_ETIMEDOUT) mark_forced(fp, &sc);
+    if (rc != TP_OK) ex_lose(fp, "a forced shutdown");
     fp->closed = true;
     fp->shut_called = true;
     fp->shut_rc = rc;
@@ -1366,10 +2344,12 @@ static void op_stats(fz_pool *fp) {
  * that would keep tp_destroy waiting forever are opened first. */
 static void finish_pool(fz_pool *fp, bool full) {
     if (!fp->live) return;
+    ex_sync(fp);
+    ex_lose(fp, "the pool is finished");
     for (int i = 0; i < fp->ntasks; i++) {
         fz_task *t = fp->tasks[i];
         if (!t->accepted || task_ended(t)) continue;
-        if (full || t->kind == K_GATE_IGNORE) gate_open(t->gate);
+        if (full || t->kind == K_GATE_IGNORE) harness_open_gate(t->gate);
     }
     if (full) {
         /* groups first (their members drain: every gate is open) */
@@ -1396,8 +2376,19 @@ static void finish_pool(fz_pool *fp, bool full) {
         check_tasks_ended(fp);
         finish_groups(fp); /* they outlived their pool */
     }
+    /* Completions of this pool may still wait in their queues: their
+     * statuses are fixed now, for the drain after the pool is gone. */
+    for (int i = 0; i < fp->ntasks; i++) {
+        fz_task *t = fp->tasks[i];
+        if (t->accepted && t->cqi >= 0 && !t->fin_allowed_set) {
+            t->fin_allowed = final_allowed(fp, t);
+            t->fin_allowed_set = true;
+        }
+    }
     fp->live = false;
     fp->p = NULL;
+    for (int k = 0; k < FZ_CQS; k++)
+        if (fz_cqs[k].live) cq_check_fd(k, "after its pool was destroyed");
 }
 
 /* A second application thread: after 2 ms it closes or shuts down the pool
@@ -1416,9 +2407,17 @@ static void *helper_main(void *arg) {
     return NULL;
 }
 
+static void op_concurrent_drain(fz_pool *fp, int mode, uint8_t b1);
+
 static void op_concurrent(fz_pool *fp, const uint8_t b[5]) {
     ensure_pool(fp);
-    int mode = (b[0] >> 1) % 3;
+    int mode = (b[0] >> 1) % 5;
+    if (mode == 4) {
+        op_concurrent_drain(fp, mode, b[1]); /* queues only: the pool is not touched */
+        return;
+    }
+    ex_sync(fp);
+    ex_lose(fp, "a second thread");
     fz_scan sc;
     model_scan(fp, &sc);
     fz_helper h = {fp->p, mode == 2, 3 * MS, 99};
@@ -1426,20 +2425,13 @@ static void op_concurrent(fz_pool *fp, const uint8_t b[5]) {
     if (mode == 0) {
         /* submit_wait blocked for room when the close comes: TP_ECLOSED at
          * once; with room it may be accepted first. */
-        fz_task *t = &fz_tasks[fz_ntasks];
-        CHECK(fz_ntasks < FZ_MAX_TASKS, "harness: too many tasks");
-        memset(t, 0, sizeof *t);
-        t->index = fz_ntasks++;
-        t->fp = fp;
-        t->pool = fp->p;
+        fz_task *t = task_new(fp);
         t->kind = K_SUCCEED;
         t->user = b[1] % FZ_USERS;
         t->has_done = true;
-        t->max_retries = fp->max_retries;
-        t->run_timeout = fp->run_timeout;
-        atomic_store(&t->last_rv, INT_MIN);
         if (fz_main_log[0]) snprintf(t->expect_log, sizeof t->expect_log, "%s", fz_main_log);
-        fp->tasks[fp->ntasks++] = t;
+        /* bit 7: bound to a queue (a full queue's place is waited for too) */
+        if (b[1] & 0x80) t->cqi = (b[1] >> 6) & 1;
         bool ul_certain =
             t->user >= 2 && fp->max_per_user != TP_UNLIMITED && sc.ulo[t->user] >= (int)fp->max_per_user;
         bool blocked = ul_certain || sc.occ_lo >= (int)fp->cap;
@@ -1447,9 +2439,16 @@ static void op_concurrent(fz_pool *fp, const uint8_t b[5]) {
         memset(&o, 0, sizeof o);
         o.user = fz_users[t->user];
         o.on_done = task_done;
+        if (t->cqi >= 0) {
+            fz_cq *C = ensure_cq(t->cqi, b[1]);
+            o.cq = C->q;
+            t->cq_gen = C->gen;
+            blocked = blocked || C->taken >= (int)C->cap;
+        }
         t->submit_ns = tp_now_ns();
         CHECK(pthread_create(&th, NULL, helper_main, &h) == 0, "harness: pthread_create");
         uint64_t id = 0, t0 = tp_now_ns();
+        t->obs_unfin = ++fz_obs;
         int rc = tp_submit_wait(fp->p, task_main, t, &o, FZ_LONG_NS, &id);
         uint64_t el = tp_now_ns() - t0;
         pthread_join(th, NULL);
@@ -1465,10 +2464,15 @@ static void op_concurrent(fz_pool *fp, const uint8_t b[5]) {
             t->id = id;
             t->accepted = true;
             fp->accepted++;
+            if (t->cqi >= 0) fz_cqs[t->cqi].taken++;
         } else {
             fp->rej_closed++;
         }
         fp->closed = true;
+        return;
+    }
+    if (mode == 3) {
+        op_concurrent_drain(fp, mode, b[1]);
         return;
     }
     if (mode == 1) {
@@ -1529,7 +2533,8 @@ static void op_invalid(fz_pool *fp, uint8_t what) {
     memset(longs, 'x', sizeof longs - 1);
     longs[sizeof longs - 1] = '\0';
     uint64_t id = 42;
-    int rc = 0, w = what % 12;
+    int rc = 0, w = what % 18;
+    tp_cq *q = (tp_cq *)(uintptr_t)0x1;
     switch (w) {
     case 0: rc = tp_submit(NULL, task_main, NULL, NULL, &id); break;
     case 1: rc = tp_submit(fp->p, NULL, NULL, NULL, &id); break;
@@ -1551,6 +2556,30 @@ static void op_invalid(fz_pool *fp, uint8_t what) {
     case 8: rc = tp_shutdown(NULL, 1); break;
     case 9: rc = tp_wait(NULL, 1); break;
     case 10: rc = tp_destroy(NULL); break;
+    case 12:
+        rc = tp_cq_create(&q, (what / 18) & 1 ? TP_MAX_QUEUE_CAPACITY + 1 : 0);
+        CHECK(q == (tp_cq *)(uintptr_t)0x1, "tp_cq_create wrote *out on TP_EINVAL");
+        break;
+    case 13: rc = tp_cq_create(NULL, 1); break;
+    case 14:
+        CHECK(tp_cq_fd(NULL) == TP_EINVAL && tp_cq_drain(NULL, 0) == TP_EINVAL &&
+                  tp_cq_wait(NULL, 0) == TP_EINVAL,
+              "tp_cq_fd/drain/wait(NULL) is not TP_EINVAL");
+        rc = tp_cq_destroy(NULL);
+        break;
+    case 15: rc = tp_user_weight_set(NULL, "u0", 2); break;
+    case 16: rc = tp_lane_stats_get(fp->p, (what / 18) & 1 ? 3 : -3, NULL); break;
+    case 17: { /* a bound task without an on_done, in a batch of two: the first is cut */
+        tp_cq *cq = ensure_cq(0, 0)->q;
+        tp_task_opts bad;
+        memset(&bad, 0, sizeof bad);
+        bad.cq = cq;
+        tp_task tasks[2] = {{.fn = nop_task, .opts = &bad}, {.fn = nop_task}};
+        size_t k = 7;
+        rc = tp_submit_batch(fp->p, tasks, 2, NULL, &k);
+        CHECK(k == 0, "tp_submit_batch: accepted_out %zu for a first task without on_done", k);
+        break;
+    }
     default:
         rc = TP_EINVAL;
         tp_stats_get(NULL, NULL);
@@ -1571,11 +2600,431 @@ static void op_invalid(fz_pool *fp, uint8_t what) {
     expect_rc(rc, bit(TP_EINVAL), "an invalid call");
 }
 
+/* ------------------------------------------------------------ completion queues */
+
+/*
+ * The model of a completion queue (taskpool.h section 15): its places are
+ * exactly the accepted bound tasks whose on_done has not run (the harness is
+ * the only drainer), so TP_EFULL for want of a place and TP_EBUSY are exact.
+ * A completion is in the queue from the task's end to its drain; the model
+ * knows a bound task has ended when its pool said so (a cancel while it was
+ * queued, a forced shutdown that dropped it, tp_wait, the counters: see
+ * count_rule, the exact model's sync) and that it has not when it is stuck or
+ * parked. That bounds how many completions wait ([lo, hi]), which a drain's
+ * count, the descriptor and tp_cq_wait must agree with. Order: a task known
+ * ended before another was seen unfinished is drained first; in a pool with
+ * one worker, tasks that ended by running end in the order their last
+ * attempts started.
+ */
+
+static fz_cq *ensure_cq(int k, uint8_t b) {
+    fz_cq *C = &fz_cqs[k];
+    if (C->live) return C;
+    unsigned cap = 1 + (b >> 1) % 4u;
+    tp_cq *q = (tp_cq *)(uintptr_t)0x1;
+    int rc = tp_cq_create(&q, cap);
+    trace("cq create #%d capacity %u -> %s", k, cap, rcname(rc));
+    CHECK(rc == TP_OK && q != NULL && q != (tp_cq *)(uintptr_t)0x1, "tp_cq_create(%u) returned %s", cap,
+          rcname(rc));
+    int fd = tp_cq_fd(q);
+    CHECK(fd >= 0, "tp_cq_fd of a new queue returned %d", fd);
+    static int gens;
+    memset(C, 0, sizeof *C);
+    C->q = q;
+    C->live = true;
+    C->cap = cap;
+    C->gen = ++gens;
+    return C;
+}
+
+/* tp_cq_drain on this thread, recorded so that bound_done can tell it runs
+ * inside it and in which call. */
+static int cq_drain_call(int k, unsigned max) {
+    fz_cq *C = &fz_cqs[k];
+    int d = fz_drain_depth;
+    fz_drain_cq[d] = k;
+    fz_drain_call[d] = atomic_fetch_add(&C->calls, 1) + 1;
+    fz_drain_runs[d] = 0;
+    fz_drain_depth = d + 1;
+    int rc = tp_cq_drain(C->q, max);
+    fz_drain_depth = d;
+    CHECK(rc >= 0 && rc == fz_drain_runs[d] && (max == 0 || rc <= (int)max),
+          "tp_cq_drain(#%d, max %u) returned %d after %d on_done calls", k, max, rc, fz_drain_runs[d]);
+    return rc;
+}
+
+/* Whether the model knows `t` (bound, accepted, not drained) is unfinished:
+ * stuck or parked, or held waiting, blocked or retrying by the exact model
+ * (whose predictions hold whatever a queue does). */
+static bool cq_task_unfinished(fz_task *t, fz_scan *sc, const bool *scanned) {
+    fz_pool *fp = t->fp;
+    if (!fp->live || fp->gen != t->pool_gen) return false;
+    if (scanned[fp->slot] && (sc[fp->slot].stuck[t->pidx] || sc[fp->slot].parked[t->pidx])) return true;
+    return fp->exact && t->xs != X_END && t->xs != X_GHOST;
+}
+
+/* How many completions wait in queue k: at least *lo, at most *hi; known[i]
+ * marks the tasks whose completion certainly waits. */
+static void cq_bounds(int k, int *lo, int *hi, bool *known) {
+    fz_scan sc[FZ_SLOTS];
+    bool scanned[FZ_SLOTS] = {false};
+    for (int s = 0; s < FZ_SLOTS; s++)
+        if (fz_pools[s].live) {
+            model_scan(&fz_pools[s], &sc[s]);
+            scanned[s] = true;
+        }
+    *lo = *hi = 0;
+    for (int i = 0; i < fz_ntasks; i++) {
+        fz_task *t = &fz_tasks[i];
+        if (known) known[i] = false;
+        if (t->cqi != k || !t->accepted || atomic_load(&t->done_enter)) continue;
+        if (task_ended(t)) {
+            ++*lo;
+            ++*hi;
+            if (known) known[i] = true;
+        } else if (!cq_task_unfinished(t, sc, scanned)) {
+            ++*hi;
+        }
+    }
+}
+
+static bool cq_readable(const fz_cq *C) {
+    struct pollfd pf = {tp_cq_fd(C->q), POLLIN, 0};
+    int n = poll(&pf, 1, 0);
+    CHECK(n >= 0, "poll on tp_cq_fd failed: %s", strerror(errno));
+    return n == 1 && (pf.revents & POLLIN);
+}
+
+/* The descriptor is readable iff completions wait. */
+static void cq_check_fd(int k, const char *when) {
+    fz_cq *C = &fz_cqs[k];
+    int lo, hi;
+    cq_bounds(k, &lo, &hi, NULL);
+    bool r = cq_readable(C);
+    CHECK(!(lo > 0 && !r), "cq #%d %s: %d completions wait, yet tp_cq_fd is not readable", k, when, lo);
+    CHECK(!(hi == 0 && r), "cq #%d %s: no completion can wait, yet tp_cq_fd is readable", k, when);
+}
+
+static bool order_known(const fz_task *a, const fz_task *b); /* a certainly ended before b */
+
+/* The tasks drained since `since_call` (drain calls of queue k): their
+ * statuses, their places back, their positions in the queue's order, and the
+ * order against what the model knows. */
+static int cq_account(int k, bool ordered) {
+    fz_cq *C = &fz_cqs[k];
+    fz_task *got[FZ_MAX_TASKS];
+    int n = 0;
+    for (int i = 0; i < fz_ntasks; i++) {
+        fz_task *t = &fz_tasks[i];
+        if (t->cqi != k || !t->accepted || t->qpos >= 0 || atomic_load(&t->done_calls) == 0) continue;
+        CHECK(atomic_load(&t->done_calls) == 1 && atomic_load(&t->done_enter) == 1,
+              "task %d: its on_done ran %d times", t->index, atomic_load(&t->done_enter));
+        got[n++] = t;
+        check_status(t->fp->live && t->fp->gen == t->pool_gen ? t->fp : NULL, t);
+        note_finished(t);
+    }
+    /* queue order: the drain calls in the order they took their batches,
+     * each batch in the order it ran */
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0; j--) {
+            fz_task *a = got[j - 1], *b = got[j];
+            if (a->drain_call < b->drain_call ||
+                (a->drain_call == b->drain_call && a->drain_idx < b->drain_idx))
+                break;
+            got[j - 1] = b;
+            got[j] = a;
+        }
+    for (int i = 0; i < n; i++) got[i]->qpos = ordered ? C->ndone + i : C->ndone;
+    atomic_fetch_add(&fz_drained, (unsigned long long)n);
+    C->ndone += n;
+    C->taken -= n;
+    CHECK(C->taken >= 0, "harness: cq #%d places below 0", k);
+    /* every pair drained so far, against what the model knows */
+    for (int i = 0; i < fz_ntasks; i++) {
+        const fz_task *a = &fz_tasks[i];
+        if (a->cqi != k || a->cq_gen != C->gen || a->qpos < 0) continue;
+        for (int j = 0; j < fz_ntasks; j++) {
+            const fz_task *b = &fz_tasks[j];
+            if (b->cqi != k || b->cq_gen != C->gen || b->qpos < 0 || b->qpos <= a->qpos) continue;
+            /* a came out first: b must not have ended before a for certain */
+            if (order_known(b, a))
+                violation("cq #%d: task %d's completion came before task %d's, but task %d ended first "
+                          "(completions come in the order the tasks ended)",
+                          k, a->index, b->index, b->index);
+        }
+    }
+    return n;
+}
+
+/* The end of task `t` (bound, drained) before the end of `u`, for certain:
+ * known ended at an observation before one that saw `u` unfinished; or, in
+ * the same pool with a single worker, both ended by running (the ending
+ * attempt was the last: it succeeded, none was left, or it cancelled
+ * itself) and t's last attempt started first (the worker finalises a task
+ * before it takes the next). */
+static bool ended_by_running(const fz_task *t) {
+    int runs = atomic_load(&t->runs);
+    if (runs == 0) return false;
+    return atomic_load(&t->last_rv) == 0 || runs == (int)t->max_retries + 1 || t->kind == K_SELF;
+}
+
+static bool order_known(const fz_task *t, const fz_task *u) {
+    if (t->obs_fin && u->obs_unfin && t->obs_fin < u->obs_unfin) return true;
+    if (t->pool_gen == u->pool_gen && t->w1 && ended_by_running(t) && ended_by_running(u)) {
+        int rt = atomic_load(&t->runs), ru = atomic_load(&u->runs);
+        if (rt > FZ_ATTEMPTS || ru > FZ_ATTEMPTS) return false;
+        int kt = atomic_load(&t->tick[rt - 1]), ku = atomic_load(&u->tick[ru - 1]);
+        return kt && ku && kt < ku;
+    }
+    return false;
+}
+
+/* tp_cq_drain(max) on the harness thread. */
+static void op_cq_drain(int k, unsigned max) {
+    fz_cq *C = &fz_cqs[k];
+    bool known[FZ_MAX_TASKS];
+    int lo, hi;
+    cq_bounds(k, &lo, &hi, known);
+    int first_call = atomic_load(&C->calls) + 1;
+    int rc = cq_drain_call(k, max);
+    trace("cq drain #%d max %u [waiting %d..%d] -> %d", k, max, lo, hi, rc);
+    unsigned m = max ? max : UINT_MAX;
+    CHECK((unsigned)rc >= (m < (unsigned)lo ? m : (unsigned)lo) &&
+              (unsigned)rc <= (m < (unsigned)hi ? m : (unsigned)hi),
+          "tp_cq_drain(#%d, max %u) returned %d; between %d and %d completions waited", k, max, rc, lo, hi);
+    int n = cq_account(k, true);
+    CHECK(n >= rc, "tp_cq_drain(#%d) returned %d, %d on_done calls seen", k, rc, n);
+    if (max == 0) /* the first call takes all that wait: the known ones among them */
+        for (int i = 0; i < fz_ntasks; i++)
+            if (known[i])
+                CHECK(fz_tasks[i].drain_call == first_call,
+                      "tp_cq_drain(#%d, all): task %d's completion waited, yet it was not drained", k, i);
+    cq_check_fd(k, "after a drain");
+}
+
+static void op_cq(uint8_t a0, uint8_t b1) {
+    int k = a0 & 1;
+    fz_cq *C = &fz_cqs[k];
+    int what = (a0 >> 1) % 8;
+    if (!C->live) {
+        ensure_cq(k, b1);
+        if (what == 0) return;
+    }
+    switch (what) {
+    case 0:
+    case 5:
+        trace("cq poll #%d", k);
+        cq_check_fd(k, "polled");
+        break;
+    case 1: op_cq_drain(k, b1 % 4u); break;
+    case 2: op_cq_drain(k, 0); break;
+    case 6: op_cq_drain(k, 1); break;
+    case 3: {
+        int lo, hi;
+        cq_bounds(k, &lo, &hi, NULL);
+        static const uint64_t tos[4] = {0, 1 * MS, 3 * MS, TP_FOREVER};
+        uint64_t to = tos[b1 % 4u];
+        if (to == TP_FOREVER && lo == 0) to = 2 * MS;
+        uint64_t t0 = tp_now_ns();
+        int rc = tp_cq_wait(C->q, to);
+        uint64_t el = tp_now_ns() - t0;
+        trace("cq wait #%d timeout %llu [waiting %d..%d] -> %s", k, (unsigned long long)to, lo, hi,
+              rcname(rc));
+        expect_rc(rc, lo > 0 ? B_OK : hi == 0 ? bit(TP_ETIMEDOUT) : B_OK | bit(TP_ETIMEDOUT), "tp_cq_wait");
+        if (rc == TP_ETIMEDOUT)
+            CHECK(el >= to, "tp_cq_wait: TP_ETIMEDOUT after %llu ns, timeout %llu", (unsigned long long)el,
+                  (unsigned long long)to);
+        break;
+    }
+    default: { /* 4, 7: destroy; TP_EBUSY exactly while a place is taken */
+        int rc = tp_cq_destroy(C->q);
+        trace("cq destroy #%d [places %d] -> %s", k, C->taken, rcname(rc));
+        expect_rc(rc, C->taken > 0 ? bit(TP_EBUSY) : B_OK, "tp_cq_destroy");
+        if (rc == TP_OK) C->live = false;
+        break;
+    }
+    }
+}
+
+/* A drain on a second thread: mode 3, while the harness waits in
+ * tp_submit_wait for a place of the full queue (the drain gives places back:
+ * TP_OK when a completion certainly waited); mode 4, while the harness drains
+ * the same queue (each completion runs once; their order is then unknown). */
+typedef struct fz_drainer {
+    int k;
+    int rc;
+} fz_drainer;
+
+static void *drainer_main(void *arg) {
+    fz_drainer *d = (fz_drainer *)arg;
+    sleep_ns(2 * MS);
+    d->rc = cq_drain_call(d->k, 0);
+    return NULL;
+}
+
+static void op_concurrent_drain(fz_pool *fp, int mode, uint8_t b1) {
+    int k = b1 & 1;
+    fz_cq *C = ensure_cq(k, b1);
+    int lo, hi;
+    cq_bounds(k, &lo, &hi, NULL);
+    fz_drainer d = {k, -1};
+    pthread_t th;
+    fz_scan sc;
+    model_scan(fp, &sc);
+    bool room = !fp->closed && sc.occ_hi < (int)fp->cap; /* a task without a user is admitted */
+    if (mode == 3 && C->taken >= (int)C->cap && room) {
+        fz_task *t = task_new(fp);
+        t->kind = K_SUCCEED;
+        t->has_done = true;
+        t->cqi = k;
+        t->cq_gen = C->gen;
+        if (fz_main_log[0]) snprintf(t->expect_log, sizeof t->expect_log, "%s", fz_main_log);
+        tp_task_opts o;
+        memset(&o, 0, sizeof o);
+        o.on_done = task_done;
+        o.cq = C->q;
+        t->submit_ns = tp_now_ns();
+        t->obs_unfin = ++fz_obs;
+        CHECK(pthread_create(&th, NULL, drainer_main, &d) == 0, "harness: pthread_create");
+        uint64_t id = 0, budget = lo > 0 ? FZ_LONG_NS : 10 * MS, t0 = tp_now_ns();
+        int rc = tp_submit_wait(fp->p, task_main, t, &o, budget, &id);
+        uint64_t el = tp_now_ns() - t0;
+        pthread_join(th, NULL);
+        trace("concurrent slot %d: submit_wait task %d for a place of cq #%d [waiting %d..%d] while another "
+              "thread drains -> %s (%llu us), drained %d",
+              fp->slot, t->index, k, lo, hi, rcname(rc), (unsigned long long)(el / 1000), d.rc);
+        expect_rc(rc, lo > 0 ? B_OK : B_OK | bit(TP_ETIMEDOUT), "submit_wait for a queue place");
+        fp->submitted++;
+        if (rc == TP_OK) {
+            t->id = id;
+            t->accepted = true;
+            fp->accepted++;
+        } else {
+            fp->rej_timeout++;
+        }
+        cq_account(k, true); /* one drainer: its order is known */
+        if (rc == TP_OK) C->taken++;
+        return;
+    }
+    CHECK(pthread_create(&th, NULL, drainer_main, &d) == 0, "harness: pthread_create");
+    sleep_ns(2 * MS);
+    int rc = cq_drain_call(k, 0);
+    pthread_join(th, NULL);
+    trace("concurrent: cq #%d drained by two threads [waiting %d..%d] -> %d and %d", k, lo, hi, rc, d.rc);
+    CHECK(rc + d.rc >= lo, "two drains of cq #%d ran %d completions, %d waited", k, rc + d.rc, lo);
+    int n = cq_account(k, false);
+    CHECK(n == rc + d.rc, "two drains of cq #%d returned %d + %d, %d on_done calls seen", k, rc, d.rc, n);
+    cq_check_fd(k, "after two drains");
+}
+
+/* The end of an input: every pool is gone, so every completion waits; one
+ * drain runs them all, each once, and the queues are destroyed. */
+static void finish_cqs(void) {
+    for (int k = 0; k < FZ_CQS; k++) {
+        fz_cq *C = &fz_cqs[k];
+        if (!C->live) continue;
+        int lo, hi;
+        cq_bounds(k, &lo, &hi, NULL);
+        CHECK(lo == hi && lo == C->taken, "harness: cq #%d at the end: waiting %d..%d, places %d", k, lo, hi,
+              C->taken);
+        cq_check_fd(k, "at the end");
+        op_cq_drain(k, 0);
+        CHECK(C->taken == 0, "cq #%d: %d completions were not drained", k, C->taken);
+        int rc = tp_cq_destroy(C->q);
+        trace("cq destroy #%d -> %s", k, rcname(rc));
+        expect_rc(rc, B_OK, "tp_cq_destroy at the end");
+        C->live = false;
+    }
+    for (int i = 0; i < fz_ntasks; i++) {
+        const fz_task *t = &fz_tasks[i];
+        if (t->cqi < 0) continue;
+        CHECK(atomic_load(&t->done_enter) == (t->accepted && t->has_done ? 1 : 0),
+              "task %d bound to cq #%d (accepted %d): its on_done ran %d times", t->index, t->cqi,
+              t->accepted, atomic_load(&t->done_enter));
+    }
+}
+
+/* ------------------------------------------------------------ weights, lanes */
+
+/* tp_user_weight_set: TP_EINVAL in a FIFO pool, for a weight out of
+ * 1..TP_WEIGHT_MAX or a name too long; else TP_OK, and the user's next turns
+ * take that quantum (the exact model's sim learns it: a turn under way keeps
+ * its credit). */
+static void op_weight(fz_pool *fp, uint8_t b1) {
+    ensure_pool(fp);
+    ex_sync(fp);
+    ex_enter(fp);
+    static const unsigned weights[8] = {1, 2, 3, 4, TP_WEIGHT_MAX, 0, TP_WEIGHT_MAX + 1, 2};
+    int user = b1 % FZ_USERS;
+    unsigned w = weights[(b1 >> 3) % 8];
+    bool long_name = (b1 >> 6) == 3;
+    char longs[TP_USER_MAX + 2];
+    memset(longs, 'w', sizeof longs - 1);
+    longs[sizeof longs - 1] = '\0';
+    const char *name = long_name ? longs : fz_users[user];
+    bool valid = fp->fair && w >= 1 && w <= TP_WEIGHT_MAX && !long_name;
+    int rc = tp_user_weight_set(fp->p, name, w);
+    trace("weight slot %d user %s = %u -> %s", fp->slot,
+          long_name ? "(too long)"
+          : name    ? name
+                    : "NULL",
+          w, rcname(rc));
+    expect_rc(rc, valid ? B_OK : bit(TP_EINVAL), "tp_user_weight_set");
+    if (rc != TP_OK) return;
+    int flow = user <= 1 ? 0 : user - 1;
+    fp->weight[flow] = w;
+    if (fp->exact) fzs_set_weight(&fp->sim, flow, w);
+}
+
+/* Lane figures and the lanes' queue-wait histograms while the pool runs,
+ * plus the invalid calls; exact where the model is (after a sync). */
+static void op_lanes(fz_pool *fp, uint8_t a0) {
+    ensure_pool(fp);
+    trace("lanes slot %d%s", fp->slot, (a0 & 2) ? " (synced)" : "");
+    if (a0 & 2) ex_sync(fp); /* the exact model's figures are exact only at a sync */
+    tp_lane_stats l;
+    memset(&l, 0x5a, sizeof l);
+    tp_lane_stats keep = l;
+    expect_rc(tp_lane_stats_get(fp->p, TP_PRIO_MAX + 1, &l), bit(TP_EINVAL), "tp_lane_stats_get(priority 3)");
+    expect_rc(tp_lane_stats_get(fp->p, TP_PRIO_MIN - 1, &l), bit(TP_EINVAL),
+              "tp_lane_stats_get(priority -3)");
+    expect_rc(tp_lane_stats_get(NULL, 0, &l), bit(TP_EINVAL), "tp_lane_stats_get(NULL pool)");
+    expect_rc(tp_lane_stats_get(fp->p, 0, NULL), bit(TP_EINVAL), "tp_lane_stats_get(NULL out)");
+    CHECK(memcmp(&l, &keep, sizeof l) == 0, "tp_lane_stats_get wrote *out on TP_EINVAL");
+    expect_rc(tp_hist_get(fp->p, TP_HIST_QUEUE_WAIT_PRIO(TP_PRIO_MAX + 1), &fz_hist), bit(TP_EINVAL),
+              "tp_hist_get(queue wait of priority 3)");
+    expect_rc(tp_hist_get(fp->p, 2, &fz_hist), bit(TP_EINVAL), "tp_hist_get(2)");
+    check_lanes_running(fp);
+    for (int prio = TP_PRIO_MIN; prio <= TP_PRIO_MAX; prio++) {
+        uint64_t h = hist_count(fp, TP_HIST_QUEUE_WAIT_PRIO(prio));
+        tp_lane_stats ls = lane_stats(fp, prio);
+        if (fp->exact && (a0 & 2)) {
+            /* synced: every predicted start happened and the model knows every task's place */
+            uint64_t runs = 0;
+            int stuck = 0;
+            for (int i = 0; i < fp->ntasks; i++) {
+                const fz_task *t = fp->tasks[i];
+                if (!t->accepted || t->prio != prio) continue;
+                runs += (uint64_t)atomic_load(&t->runs);
+                stuck += t->xs == X_STUCK;
+            }
+            CHECK(
+                ls.started == runs && ls.queued == (uint32_t)fp->sim.n[prio - TP_PRIO_MIN] &&
+                    ls.running == (uint32_t)stuck && h == runs,
+                "pool %d: lane %d started %llu queued %u running %u, histogram %llu; the exact model: %llu, "
+                "%d, %d",
+                fp->slot, prio, (unsigned long long)ls.started, ls.queued, ls.running, (unsigned long long)h,
+                (unsigned long long)runs, fp->sim.n[prio - TP_PRIO_MIN], stuck);
+        }
+    }
+}
+
 /* ------------------------------------------------------------ groups */
 
 static fz_group *ensure_group(fz_pool *fp, int k, bool coe) {
     fz_group *G = &fp->grp[k];
     if (G->live) return G;
+    if (coe) ex_lose(fp, "a cancel-on-error group");
     memset(G, 0, sizeof *G);
     tp_group *g = (tp_group *)(uintptr_t)0x1;
     int rc = tp_group_create(fp->p, coe ? TP_GROUP_CANCEL_ON_ERROR : 0, &g);
@@ -1595,10 +3044,11 @@ static void group_finished(fz_pool *fp, fz_group *G, int rc, const char *after) 
     for (int i = 0; i < fp->ntasks; i++) {
         fz_task *t = fp->tasks[i];
         if (t->grp != G || !t->accepted) continue;
-        t->finalised_known = true; /* retired: ended, on_done returned */
-        if (t->has_done) {
+        set_finalised(t); /* retired: ended, on_done returned (or its completion is queued) */
+        if (t->has_done && t->cqi < 0)
             CHECK(atomic_load(&t->done_calls) == 1, "group: member task %d has no on_done when %s returned",
                   t->index, after);
+        if (done_known(t)) {
             int st = atomic_load(&t->done_status);
             if (st != 0) any_fail = true, all_ok_known = false;
             if (st == rc) rc_possible = true;
@@ -1648,25 +3098,33 @@ static void op_group_wait(fz_pool *fp, fz_group *G, int cls) {
 }
 
 static void op_group_cancel(fz_pool *fp, fz_group *G) {
+    ex_sync(fp);
     fz_scan sc;
     model_scan(fp, &sc);
+    bool member[FZ_MAX_TASKS] = {false}; /* unfinished before the cancel (its on_done may run at once) */
     for (int i = 0; i < fp->ntasks; i++) {
         fz_task *t = fp->tasks[i];
-        if (t->grp == G && t->accepted && !task_ended(t)) t->cancel_requested = true;
+        if (t->grp == G && t->accepted && !task_ended(t)) t->cancel_requested = member[i] = true;
     }
     int rc = tp_group_cancel(G->g);
     trace("group cancel slot %d -> %s", fp->slot, rcname(rc));
     expect_rc(rc, B_OK, "tp_group_cancel");
     G->cancel_called = G->refusing = true;
+    fz_task *agents[FZ_MAX_TASKS];
+    int na = 0;
     for (int i = 0; i < fp->ntasks; i++) {
         fz_task *t = fp->tasks[i];
-        if (t->grp != G || !t->accepted || task_ended(t)) continue;
+        if (!member[i]) continue;
         int runs_before = atomic_load(&t->runs);
         atomic_store(&t->cancel_ok, 1);
-        if (!sc.parked[i]) continue;
+        bool parked = sc.parked[i] || (fp->exact && t->xs == X_WAIT);
+        ex_cancelled(fp, t, agents, &na);
+        if (!parked) continue;
         /* parked while every worker is busy: it ends now, unrun, promptly */
-        t->finalised_known = true;
-        if (t->has_done) {
+        set_finalised(t);
+        if (t->has_done && t->cqi >= 0) {
+            t->must_status = TP_ECANCELED; /* its completion waits in its queue */
+        } else if (t->has_done) {
             await_done(t, "tp_group_cancel while every worker was busy");
             CHECK(atomic_load(&t->done_status) == TP_ECANCELED,
                   "task %d: cancelled with its group while queued, status %d", t->index,
@@ -1674,19 +3132,20 @@ static void op_group_cancel(fz_pool *fp, fz_group *G) {
         }
         CHECK(atomic_load(&t->runs) == runs_before, "task %d ran after its group was cancelled", t->index);
     }
+    ex_run(fp, agents, na);
 }
 
 /* Every gate opens first: tp_group_destroy waits without a limit. */
 static void op_group_destroy(fz_pool *fp, fz_group *G) {
-    for (int g = 0; g < FZ_GATES; g++) gate_open(g);
+    for (int g = 0; g < FZ_GATES; g++) harness_open_gate(g);
     int rc = tp_group_destroy(G->g);
     trace("group destroy slot %d -> %s", fp->slot, rcname(rc));
     expect_rc(rc, B_OK, "tp_group_destroy");
     for (int i = 0; i < fp->ntasks; i++) {
         fz_task *t = fp->tasks[i];
         if (t->grp != G || !t->accepted) continue;
-        t->finalised_known = true;
-        if (t->has_done)
+        set_finalised(t);
+        if (t->has_done && t->cqi < 0)
             CHECK(atomic_load(&t->done_calls) == 1,
                   "group: member task %d has no on_done after tp_group_destroy", t->index);
         t->grp = NULL; /* the model keeps its tolerance through cancel_ok */
@@ -1762,6 +3221,10 @@ enum {
     OP_CONCURRENT,
     OP_GROUP,
     OP_GSUBMIT,
+    OP_CREATE2, /* 1.2: priorities, fair shares, retry backoff */
+    OP_WEIGHT,
+    OP_LANES,
+    OP_CQ,
     OP_COUNT
 };
 
@@ -1774,6 +3237,9 @@ static void run_input(const uint8_t *data, size_t size) {
     memset(fz_tasks, 0, sizeof fz_tasks);
     fz_ntasks = 0;
     fz_ntrace = 0;
+    fz_pool_gens = 0;
+    for (int k = 0; k < FZ_CQS; k++) CHECK(!fz_cqs[k].live, "harness: a queue outlived its input");
+    memset(fz_cqs, 0, sizeof fz_cqs);
     gates_reset();
     fz_main_log[0] = '\0';
     tp_log_id_set(NULL);
@@ -1784,9 +3250,18 @@ static void run_input(const uint8_t *data, size_t size) {
         switch (op) {
         case OP_CREATE: {
             uint8_t b[4] = {a0, take(&in), take(&in), take(&in)};
-            op_create(fp, b);
+            op_create(fp, b, NULL);
             break;
         }
+        case OP_CREATE2: {
+            uint8_t b[4] = {a0, take(&in), take(&in), take(&in)};
+            uint8_t e[3] = {take(&in), take(&in), take(&in)};
+            op_create(fp, b, e);
+            break;
+        }
+        case OP_WEIGHT: op_weight(fp, take(&in)); break;
+        case OP_LANES: op_lanes(fp, a0); break;
+        case OP_CQ: op_cq(a0, take(&in)); break;
         case OP_SUBMIT:
         case OP_SUBMIT2:
         case OP_DEFAULT:
@@ -1815,7 +3290,7 @@ static void run_input(const uint8_t *data, size_t size) {
         }
         case OP_GATE:
             trace("open gate %d", (a0 >> 1) % FZ_GATES);
-            gate_open((a0 >> 1) % FZ_GATES);
+            harness_open_gate((a0 >> 1) % FZ_GATES);
             break;
         case OP_SETTLE:
             switch ((a0 >> 1) % 4) {
@@ -1838,9 +3313,13 @@ static void run_input(const uint8_t *data, size_t size) {
             break;
         case OP_CLOSE:
             ensure_pool(fp);
+            ex_sync(fp);
             trace("close slot %d", fp->slot);
             expect_rc(tp_close(fp->p), B_OK, "tp_close");
             fp->closed = true;
+            /* an elastic pool adds no worker after close: a free one may be missing */
+            if (fp->max_workers > fp->workers && (fp->xstuck > 0 || fzs_total(&fp->sim) > 0))
+                ex_lose(fp, "an elastic pool closed");
             break;
         case OP_SHUTDOWN: op_shutdown(fp, a0 >> 1); break;
         case OP_WAIT: op_wait(fp, a0 >> 1); break;
@@ -1853,9 +3332,11 @@ static void run_input(const uint8_t *data, size_t size) {
         if (fp->live && op != OP_STATS) check_running(fp, false);
         atomic_fetch_add(&fz_ops_total, 1);
     }
-    /* The end: everything opens, every pool drains and is checked at rest. */
-    for (int g = 0; g < FZ_GATES; g++) gate_open(g);
+    /* The end: everything opens, every pool drains and is checked at rest,
+     * then every completion queue is drained and destroyed. */
+    for (int g = 0; g < FZ_GATES; g++) harness_open_gate(g);
     for (int s = 0; s < FZ_SLOTS; s++) finish_pool(&fz_pools[s], true);
+    finish_cqs();
     CHECK(tp_default() == NULL, "a default pool is still registered");
     tp_log_id_set(NULL);
     atomic_fetch_add(&fz_inputs_total, 1);
@@ -1876,6 +3357,13 @@ static void report_at_exit(void) {
 }
 
 static void report_exact(void) {
+    fprintf(stderr,
+            "fuzz_pool: %llu starts predicted exactly (taskpool.h section 14), %llu completions drained\n",
+            (unsigned long long)atomic_load(&fz_starts_predicted),
+            (unsigned long long)atomic_load(&fz_drained));
+    if (getenv("TP_FUZZ_STATS"))
+        for (int i = 0; i < 24 && fz_lost[i].why; i++)
+            fprintf(stderr, "fuzz_pool: exact model given up %llu times: %s\n", fz_lost[i].n, fz_lost[i].why);
     char buf[400];
     size_t n = 0;
     for (int c = 0; c >= TP_EBUSY; c--) {

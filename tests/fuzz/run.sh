@@ -32,7 +32,7 @@ flags=(-std=gnu11 -g -O1 -fno-omit-frame-pointer -Wall -Wextra -Wpedantic -Werro
     -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
     -I"$root/include" -I"$root/src")
 echo "fuzz: building $dir/fuzz_pool"
-clang "${flags[@]}" "$root"/src/*.c "$here/fuzz_pool.c" -o "$dir/fuzz_pool" -pthread ||
+clang "${flags[@]}" "$root"/src/*.c "$here/fuzz_pool.c" "$here/fz_sched.c" -o "$dir/fuzz_pool" -pthread ||
     fail "build (is libclang-rt-dev, with libclang_rt.fuzzer, installed?)"
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
