@@ -100,6 +100,19 @@ static bool want_spawn_locked(const tp_pool *p) {
            tp__life_startable(&p->life) > p->waiting.idle + p->waiting.spin + p->wk.starting;
 }
 
+/* Whether a transition's report asks for anything at all: the usual case of
+ * a busy pool is "nothing" (no thread sleeps that it would wake), answered
+ * inline, without the call. */
+static inline bool act_needed(const tp_pool *p, const tp__fx *fx) {
+    unsigned f = fx->flags;
+    return (fx->work && p->waiting.idle && !p->waiting.spin) || ((f & TP__FX_ROOM) && p->waiting.room) ||
+           (f & ~(unsigned)TP__FX_ROOM) || fx->svc_by != TP_FOREVER || fx->groups;
+}
+#define ACT_LOCKED(p, fx)                                                                                    \
+    do {                                                                                                     \
+        if (act_needed((p), (fx))) tp__engine_act_locked((p), (fx));                                         \
+    } while (0)
+
 void tp__engine_act_locked(tp_pool *p, tp__fx *fx) {
     TP__ASSERT_LOCKED(p);
     unsigned f = fx->flags;
@@ -363,7 +376,7 @@ static void finish_locked(tp_pool *p, tp__task *t) {
     tp__lock(p);
     tp__fx fx = TP__FX_INIT(&p->misc);
     tp__life_retire(&p->life, t, &fx);
-    tp__engine_act_locked(p, &fx);
+    ACT_LOCKED(p, &fx);
 }
 
 /* Step 3 for a started task: run it without mu, then retry or end. Entered
@@ -414,7 +427,7 @@ static void run_task_locked(tp_pool *p, tp__worker *w, tp__task *t, worker_turn 
     /* read now: a task that went to a completion queue is retired already */
     bool finish = !retry && tp__life_done_here(t);
     if (retry) f.delay = tp__life_retry_delay(&p->life, t->attempt);
-    tp__engine_act_locked(p, &fx);
+    ACT_LOCKED(p, &fx);
     if (rc != 0) {
         f.retry = retry;
         tp__unlock(p);
@@ -466,7 +479,7 @@ static void *worker_main(void *arg) {
         tp__task *t = tp__life_take(&p->life, &w->ctx, &fx);
         /* Submitters do not wake anyone while a worker spins: pass work on. */
         if (tp__life_ready(&p->life) && p->waiting.idle && !p->waiting.spin) pthread_cond_signal(&p->work_cv);
-        tp__engine_act_locked(p, &fx);
+        ACT_LOCKED(p, &fx);
         if (!t) continue; /* the ready task ended at its deadline, with nothing for this worker to run */
         if (t->state == TP__DONE) {
             finish_locked(p, t); /* its deadline passed while it waited */
@@ -505,7 +518,7 @@ static void run_endings_locked(tp_pool *p) {
             tp__life_retire(&p->life, chunk, &fx);
             chunk = nx;
         }
-        tp__engine_act_locked(p, &fx);
+        ACT_LOCKED(p, &fx);
     }
 }
 
@@ -540,7 +553,7 @@ static void *service_main(void *arg) {
         tp__fx fx = TP__FX_INIT(&p->misc);
         uint64_t next = tp__life_timers(&p->life, tp_now_ns(), &fx);
         fx.flags &= ~(unsigned)TP__FX_SVC; /* that is this thread */
-        tp__engine_act_locked(p, &fx);
+        ACT_LOCKED(p, &fx);
         if (tp__life_endings_pending(&p->life)) continue;
         if (!tried_spawn && !tp__life_closed(&p->life) && want_spawn_locked(p)) {
             /* Only a failed spawn waits for the next wake-up before trying
@@ -639,7 +652,7 @@ int tp__engine_submit(tp_pool *p, tp__admit_args *a, void *arg, uint64_t *id_out
         spawn_if_wanted_locked(p, &sp);
     else
         count_reject_locked(p, rc);
-    tp__engine_act_locked(p, &fx);
+    ACT_LOCKED(p, &fx);
     tp__unlock(p);
     spawn_run(p, &sp);
     return rc;
@@ -675,7 +688,7 @@ int tp__engine_submit_batch(tp_pool *p, const tp_task *tasks, size_t valid, tp__
     }
     spawn sp = {NULL, 0, false};
     if (k > 0) spawn_if_wanted_locked(p, &sp);
-    tp__engine_act_locked(p, &fx);
+    ACT_LOCKED(p, &fx);
     tp__unlock(p);
     spawn_run(p, &sp);
     *k_out = k;
@@ -688,7 +701,7 @@ int tp__engine_cancel(tp_pool *p, uint64_t id) {
     tp__fx fx = TP__FX_INIT(&p->misc);
     tp__lock(p);
     int rc = tp__life_cancel(&p->life, id, &fx);
-    tp__engine_act_locked(p, &fx);
+    ACT_LOCKED(p, &fx);
     tp__unlock(p);
     return rc;
 }
@@ -697,7 +710,7 @@ static void close_locked(tp_pool *p) {
     if (tp__life_closed(&p->life)) return;
     tp__fx fx = TP__FX_INIT(&p->misc);
     tp__life_close(&p->life, &fx);
-    tp__engine_act_locked(p, &fx);
+    ACT_LOCKED(p, &fx);
     pthread_cond_broadcast(&p->room_cv); /* a close wakes every waiting submitter at once */
     pthread_cond_broadcast(&p->work_cv);
     for (tp__cq_waiter *cw = p->cq_waiters; cw; cw = cw->next) tp__cq_wake_closed(cw);
@@ -723,7 +736,7 @@ int tp__engine_shutdown(tp_pool *p, uint64_t budget_ns) {
             p->shut.state = TP__SHUT_FORCED;
             tp__fx fx = TP__FX_INIT(&p->misc);
             tp__life_force(&p->life, &fx);
-            tp__engine_act_locked(p, &fx);
+            ACT_LOCKED(p, &fx);
         } else {
             tp__mutex_wait(&p->mu, &p->done_cv, p->shut.deadline);
             continue;
