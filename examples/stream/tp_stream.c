@@ -16,7 +16,8 @@
  *   not due yet -> FREE, its id in the timer heap until due;
  *   cancelled by a forced shutdown, or held in the backlog at stop -> FREE
  *   without an outcome (still pending in the group: another consumer claims it).
- * A slot is FREE again only after its outcome script succeeded.
+ * A slot is FREE again only after its outcome record was written and the
+ * entry acknowledged (write_outcomes).
  *
  * The backlog (entries read but not in the pool) is kept per user and, within
  * a user, per priority lane; what each held entry waits for is stated at
@@ -45,7 +46,7 @@
 #define NIL                UINT32_MAX
 #define LANES              (TP_PRIO_MAX - TP_PRIO_MIN + 1)
 #define LANE_NORMAL        (0 - TP_PRIO_MIN) /* the lane of priority 0; lower lanes are background */
-#define WRITE_BATCH        256u              /* outcomes per script call */
+#define WRITE_BATCH        256u              /* outcomes per write round */
 #define CLAIM_ARGS_MAX     512u              /* ids per heartbeat XCLAIM */
 #define DUE_BATCH          256u              /* scheduled entries fetched per round */
 #define TRIM_LIMIT         "1000000" /* entries one trim removes at most (about 10,000 nodes, a few ms) */
@@ -71,6 +72,7 @@ typedef struct slot {
     uint8_t due;     /* its time has come: not scheduled again */
     uint8_t no_ack;  /* dead record only: Redis already dropped it from the pending list */
     uint8_t gave_up; /* the entry's `attempts` ran out before the pool's retries */
+    uint8_t written; /* result record written, acknowledgement still to do (write_outcomes) */
     int8_t prio;     /* the entry's `priority` */
     /* written by the task, read in on_done (after the completion queue) */
     unsigned attempts;
@@ -332,7 +334,7 @@ static uint32_t slot_alloc(tps_consumer *c) {
     s->next = NIL;
     s->fresh = 0;
     s->has_payload = 0;
-    s->due = s->no_ack = s->gave_up = 0;
+    s->due = s->no_ack = s->gave_up = s->written = 0;
     s->prio = 0;
     s->attempts = 0;
     s->canceled = s->timed_out = 0;
@@ -843,15 +845,17 @@ failed:;
 
 /* ------------------------------------------------------------------ Redis work */
 
-/* A refused batch: keep the outcomes, stop reading, retry later, loudly. */
+/* A refused record or acknowledgement: keep those outcomes, stop reading,
+ * retry later, loudly. */
 static void write_refused(tps_consumer *c, const char *error) {
     char retry[24], n[24];
     snprintf(retry, sizeof retry, "%u", c->write_retry_ms);
     snprintf(n, sizeof n, "%u", c->n_done);
-    const char *kv[] = {"error",       error,
-                        "unwritten",   n,
-                        "retry_in_ms", retry,
-                        "effect",      "nothing acknowledged; reading stopped until outcomes can be written"};
+    const char *kv[] = {
+        "error",       error,
+        "unwritten",   n,
+        "retry_in_ms", retry,
+        "effect",      "those entries stay unacknowledged; reading stopped until they can be written"};
     logkv(c, TP_LOG_ERROR, "outcome_write_failed", kv, 4);
     cnt_add(&c->n_write_failures, 1);
     c->write_blocked_until = tp_now_ns() + ms_ns(c->write_retry_ms);
@@ -859,97 +863,213 @@ static void write_refused(tps_consumer *c, const char *error) {
         c->write_retry_ms * 2 > WRITE_RETRY_MAX_MS ? WRITE_RETRY_MAX_MS : c->write_retry_ms * 2;
 }
 
-/* One outcome script (scripts.h) per WRITE_BATCH finished entries. -1 when
- * the connection failed; 0 otherwise, also when the server refused a batch
- * (then write_blocked_until is set and the outcomes stay). */
+/* Append the field pairs of slot s's record, in the README's order:
+ * [reason], consumer, attempts, deliveries, [user], [started_ms,
+ * finished_ms], [result]; `num` holds NUMS_PER_RECORD numbers for it, the
+ * last one the pair count (for the outcome script). Returns the pair count. */
+static unsigned record_fields(tps_consumer *c, size_t *argc, const slot *s, char (*num)[24]) {
+    int ran = s->started_ms != 0;
+    unsigned pairs = 3 + (s->outcome == OUT_DEAD) + (s->user[0] != '\0') + 2 * ran + (s->result_len > 0);
+    snprintf(num[0], 24, "%u", s->attempts);
+    snprintf(num[1], 24, "%u", s->deliveries);
+    snprintf(num[2], 24, "%llu", (unsigned long long)s->started_ms);
+    snprintf(num[3], 24, "%llu", (unsigned long long)s->finished_ms);
+    snprintf(num[4], 24, "%u", pairs);
+    if (s->outcome == OUT_DEAD) {
+        args(c, argc, "reason");
+        args(c, argc, s->reason);
+    }
+    args(c, argc, "consumer");
+    args(c, argc, c->consumer);
+    args(c, argc, "attempts");
+    args(c, argc, num[0]);
+    args(c, argc, "deliveries");
+    args(c, argc, num[1]);
+    if (s->user[0] != '\0') {
+        args(c, argc, "user");
+        args(c, argc, s->user);
+    }
+    if (ran) {
+        args(c, argc, "started_ms");
+        args(c, argc, num[2]);
+        args(c, argc, "finished_ms");
+        args(c, argc, num[3]);
+    }
+    if (s->result_len > 0) {
+        args(c, argc, "result");
+        arg(c, argc, s->result, s->result_len);
+    }
+    return pairs;
+}
+
+/* The reply's error text (copied: the reply is freed), for write_refused. */
+static void refusal(char *buf, size_t len, const redisReply *r) {
+    if (buf[0] == '\0') snprintf(buf, len, "%s", r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply");
+}
+
+/*
+ * Write the finished entries' outcomes, WRITE_BATCH at a time, and
+ * acknowledge an entry only once its record is in Redis:
+ *   1. pipelined, one XADD to the results stream per success whose record is
+ *      not written yet (plain commands: no script on the hot path), and one
+ *      outcome script (scripts.h) for the batch's dead records, which copies
+ *      each entry's fields into its record and acknowledges it last;
+ *   2. with the XADD replies in: one XACK for the successes whose record
+ *      was written -- never for one whose XADD was refused.
+ * What was refused stays in the done list in its order (a success whose
+ * record is written keeps `written`, so only its XACK is sent again), reading
+ * stops and the write is retried later (write_refused). -1 when the
+ * connection failed (the outcomes stay; what was written is remembered);
+ * 0 otherwise.
+ */
 static int write_outcomes(tps_consumer *c) {
     if (c->write_blocked_until != 0 && tp_now_ns() < c->write_blocked_until) return 0;
     while (c->n_done > 0) {
-        uint32_t batch[WRITE_BATCH], n = 0;
+        uint32_t batch[WRITE_BATCH], n = 0, n_xadd = 0, n_dead = 0;
         for (uint32_t i = c->done_head; i != NIL && n < WRITE_BATCH; i = c->slots[i].next) batch[n++] = i;
-        size_t argc = 0;
-        args(c, &argc, "EVAL");
-        args(c, &argc, tps_script_outcomes);
-        args(c, &argc, "3");
-        args(c, &argc, c->stream);
-        args(c, &argc, c->results);
-        args(c, &argc, c->dead);
-        args(c, &argc, c->group);
-        args(c, &argc, c->results_maxlen);
-        args(c, &argc, c->dead_maxlen);
+        char refused[200] = "";
+        /* 1. the records */
         for (uint32_t k = 0; k < n; k++) {
             slot *s = &c->slots[batch[k]];
-            char(*num)[24] = &c->numbuf[(size_t)k * NUMS_PER_RECORD];
-            int ran = s->started_ms != 0;
-            unsigned pairs =
-                3 + (s->outcome == OUT_DEAD) + (s->user[0] != '\0') + 2 * ran + (s->result_len > 0);
-            snprintf(num[0], 24, "%u", s->attempts);
-            snprintf(num[1], 24, "%u", s->deliveries);
-            snprintf(num[2], 24, "%llu", (unsigned long long)s->started_ms);
-            snprintf(num[3], 24, "%llu", (unsigned long long)s->finished_ms);
-            args(c, &argc, s->outcome == OUT_OK ? "R" : "D");
-            args(c, &argc, s->no_ack ? "0" : "1");
+            if (s->outcome != OUT_OK) {
+                n_dead++;
+                continue;
+            }
+            if (s->written) continue;
+            size_t argc = 0;
+            args(c, &argc, "XADD");
+            args(c, &argc, c->results);
+            if (strcmp(c->results_maxlen, "0") != 0) {
+                args(c, &argc, "MAXLEN");
+                args(c, &argc, "~");
+                args(c, &argc, c->results_maxlen);
+            }
+            args(c, &argc, "*");
+            args(c, &argc, "id");
             arg(c, &argc, s->id, s->id_len);
-            snprintf(num[4], 24, "%u", pairs);
-            args(c, &argc, num[4]);
-            if (s->outcome == OUT_DEAD) {
-                args(c, &argc, "reason");
-                args(c, &argc, s->reason);
-            }
-            args(c, &argc, "consumer");
-            args(c, &argc, c->consumer);
-            args(c, &argc, "attempts");
-            args(c, &argc, num[0]);
-            args(c, &argc, "deliveries");
-            args(c, &argc, num[1]);
-            if (s->user[0] != '\0') {
-                args(c, &argc, "user");
-                args(c, &argc, s->user);
-            }
-            if (ran) {
-                args(c, &argc, "started_ms");
-                args(c, &argc, num[2]);
-                args(c, &argc, "finished_ms");
-                args(c, &argc, num[3]);
-            }
-            if (s->result_len > 0) {
-                args(c, &argc, "result");
-                arg(c, &argc, s->result, s->result_len);
-            }
+            (void)record_fields(c, &argc, s, &c->numbuf[(size_t)k * NUMS_PER_RECORD]);
+            if (redisAppendCommandArgv(c->wr, (int)argc, c->argv, c->argvlen) != REDIS_OK) return -1;
+            n_xadd++;
         }
-        redisReply *r = wr_command(c, argc);
-        if (r == NULL) return -1; /* nothing known: reconnect and write again (at least once) */
-        if (r->type != REDIS_REPLY_INTEGER) {
-            write_refused(c, r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply");
+        if (n_dead > 0) {
+            size_t argc = 0;
+            args(c, &argc, "EVAL");
+            args(c, &argc, tps_script_outcomes);
+            args(c, &argc, "3");
+            args(c, &argc, c->stream);
+            args(c, &argc, c->results);
+            args(c, &argc, c->dead);
+            args(c, &argc, c->group);
+            args(c, &argc, c->results_maxlen);
+            args(c, &argc, c->dead_maxlen);
+            for (uint32_t k = 0; k < n; k++) {
+                slot *s = &c->slots[batch[k]];
+                if (s->outcome != OUT_DEAD) continue;
+                char(*num)[24] = &c->numbuf[(size_t)k * NUMS_PER_RECORD];
+                args(c, &argc, "D");
+                args(c, &argc, s->no_ack ? "0" : "1");
+                arg(c, &argc, s->id, s->id_len);
+                size_t at = argc;
+                args(c, &argc, ""); /* the pair count, known below */
+                (void)record_fields(c, &argc, s, num);
+                c->argv[at] = num[4];
+                c->argvlen[at] = strlen(num[4]);
+            }
+            if (redisAppendCommandArgv(c->wr, (int)argc, c->argv, c->argvlen) != REDIS_OK) return -1;
+        }
+        for (uint32_t k = 0; k < n && n_xadd > 0; k++) { /* the XADD replies, in the order sent */
+            slot *s = &c->slots[batch[k]];
+            if (s->outcome != OUT_OK || s->written) continue;
+            redisReply *r = NULL;
+            if (redisGetReply(c->wr, (void **)&r) != REDIS_OK) return -1;
+            if (r->type == REDIS_REPLY_STRING)
+                s->written = 1;
+            else
+                refusal(refused, sizeof refused, r);
             freeReplyObject(r);
-            return 0;
+            n_xadd--;
         }
-        long long acked = r->integer;
-        freeReplyObject(r);
-        if (c->write_blocked_until != 0) {
-            log1(c, TP_LOG_INFO, "outcome_write_recovered", NULL, NULL);
-            c->write_blocked_until = 0;
+        int dead_ok = 0;
+        long long dead_acked = 0;
+        if (n_dead > 0) {
+            redisReply *r = NULL;
+            if (redisGetReply(c->wr, (void **)&r) != REDIS_OK) return -1;
+            if (r->type == REDIS_REPLY_INTEGER) {
+                dead_ok = 1;
+                dead_acked = r->integer;
+            } else {
+                refusal(refused, sizeof refused, r);
+            }
+            freeReplyObject(r);
         }
-        c->write_retry_ms = WRITE_RETRY_MIN_MS;
-        uint64_t ok = 0, dead = 0, to_ack = 0;
+        /* 2. the acknowledgements of the written successes */
+        size_t argc = 0;
+        args(c, &argc, "XACK");
+        args(c, &argc, c->stream);
+        args(c, &argc, c->group);
+        size_t first = argc;
+        for (uint32_t k = 0; k < n; k++) {
+            slot *s = &c->slots[batch[k]];
+            if (s->outcome == OUT_OK && s->written && !s->no_ack) arg(c, &argc, s->id, s->id_len);
+        }
+        int ack_ok = 1;
+        long long acked = 0;
+        if (argc > first) {
+            redisReply *r = wr_command(c, argc);
+            if (r == NULL) return -1; /* the records stay written; the XACK is sent again */
+            if (r->type == REDIS_REPLY_INTEGER) {
+                acked = r->integer;
+            } else {
+                ack_ok = 0;
+                refusal(refused, sizeof refused, r);
+            }
+            freeReplyObject(r);
+        }
+        /* 3. free what is done; the rest stays at the head of the list, in order */
+        uint32_t keep_head = NIL, keep_tail = NIL, kept = 0;
+        uint64_t ok = 0, dead = 0, dead_to_ack = 0;
         for (uint32_t k = 0; k < n; k++) {
             uint32_t i = list_pop(c, &c->done_head, &c->done_tail);
             slot *s = &c->slots[i];
-            to_ack += !s->no_ack;
+            int done = s->outcome == OUT_OK ? s->written && (ack_ok || s->no_ack) : dead_ok;
+            if (!done) {
+                list_push(c, &keep_head, &keep_tail, i);
+                kept++;
+                continue;
+            }
             if (s->outcome == OUT_OK) {
                 ok++;
             } else {
                 dead++;
+                dead_to_ack += !s->no_ack;
                 const char *kv[] = {"id", s->id, "reason", s->reason, "user", s->user};
                 logkv(c, TP_LOG_WARN, "dead", kv, s->user[0] != '\0' ? 3 : 2);
             }
             slot_free(c, i);
         }
-        if (acked < (long long)to_ack) cnt_add(&c->n_ack_missed, (uint64_t)((long long)to_ack - acked));
-        c->n_done -= n;
-        cnt_add(&c->n_acked, n);
+        if (keep_head != NIL) {
+            c->slots[keep_tail].next = c->done_head;
+            if (c->done_head == NIL) c->done_tail = keep_tail;
+            c->done_head = keep_head;
+        }
+        uint64_t ok_to_ack = ack_ok ? (uint64_t)(argc - first) : 0;
+        if (ack_ok && acked < (long long)ok_to_ack)
+            cnt_add(&c->n_ack_missed, (uint64_t)((long long)ok_to_ack - acked));
+        if (dead_ok && dead_acked < (long long)dead_to_ack)
+            cnt_add(&c->n_ack_missed, (uint64_t)((long long)dead_to_ack - dead_acked));
+        c->n_done -= n - kept;
+        cnt_add(&c->n_acked, ok + dead);
         cnt_add(&c->n_succeeded, ok);
         cnt_add(&c->n_dead, dead);
+        if (refused[0] != '\0') {
+            write_refused(c, refused);
+            return 0;
+        }
+        if (c->write_blocked_until != 0) {
+            log1(c, TP_LOG_INFO, "outcome_write_recovered", NULL, NULL);
+            c->write_blocked_until = 0;
+        }
+        c->write_retry_ms = WRITE_RETRY_MIN_MS;
     }
     return 0;
 }

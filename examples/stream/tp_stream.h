@@ -23,13 +23,15 @@
  * tp_cq_fd() polls readable. The queue has a place for every slot, so it
  * never refuses; a forced shutdown's TP_ECANCELED endings arrive through it
  * too. on_done files the outcome and submits what the end lets go in (the
- * user's next held entry, a background entry, an overflow). The I/O thread
- * batches the outcomes into one script (scripts.h): XADD <results|dead> ...
- * per entry, then one XACK for the batch. The script stops at the first
- * failing call, so an entry is acknowledged only once its outcome is written;
- * when a batch is refused (say the results key became a string), the
- * outcomes stay in their slots, reading stops, and the batch is retried with
- * backoff, logged each time.
+ * user's next held entry, a background entry, an overflow). The outcomes are
+ * written in batches: one pipelined XADD to the results stream per success,
+ * one outcome script (scripts.h) for the batch's dead records, then, with
+ * the replies in, one XACK for the successes whose record was written. So an
+ * entry is acknowledged only once its record is written; when a record is
+ * refused (say the results key became a string), its outcome stays in its
+ * slot, reading stops, and the write is retried with backoff, logged each
+ * time. A record written whose XACK failed is not written again: only the
+ * XACK is retried.
  *
  * Memory is fixed at tps_create(): `pool_capacity + backlog` entry slots
  * (the most entries this process holds at any time), the completion queue's
