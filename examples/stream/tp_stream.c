@@ -167,6 +167,7 @@ struct tps_consumer {
     unsigned read_outstanding;         /* COUNT of the XREADGROUP in flight, 0 if none */
     uint64_t read_sent_ns;
     int connected_once, stopped_applied;
+    int read_failed; /* receive_read failed inside write_outcomes: io_main disconnects */
     unsigned backoff_ms, write_retry_ms;
     uint64_t next_connect_ns, next_heartbeat_ns, next_claim_ns, next_trim_ns;
     uint64_t write_blocked_until; /* 0, or while a refused batch waits for its retry: no reading */
@@ -733,6 +734,7 @@ static void disconnect(tps_consumer *c, const char *why, const char *detail) {
     if (c->wr != NULL) redisFree(c->wr);
     c->rd = c->wr = NULL;
     c->read_outstanding = 0;
+    c->read_failed = 0;
     cnt_set(&c->g_connected, 0);
     char ms[24];
     snprintf(ms, sizeof ms, "%u", c->backoff_ms);
@@ -902,9 +904,99 @@ static unsigned record_fields(tps_consumer *c, size_t *argc, const slot *s, char
     return pairs;
 }
 
+/* RESP written by hand for the results' XADDs: hiredis's formatter (a
+ * printf-like call per argument) cost the I/O thread about as much as all
+ * the rest it does per record. A record's command is at most RECORD_MAX
+ * bytes: names of at most TPS_NAME_MAX, an id, a user, a result and four
+ * numbers with their headers. */
+#define RECORD_MAX (4 * TPS_NAME_MAX + TPS_ID_MAX + TP_USER_MAX + TPS_RESULT_MAX + 512)
+
+static char *resp_num(char *p, uint64_t v) {
+    char tmp[20];
+    int n = 0;
+    do tmp[n++] = (char)('0' + v % 10);
+    while ((v /= 10) != 0);
+    while (n > 0) *p++ = tmp[--n];
+    return p;
+}
+
+static char *resp_head(char *p, char type, size_t n) {
+    *p++ = type;
+    p = resp_num(p, n);
+    *p++ = '\r';
+    *p++ = '\n';
+    return p;
+}
+
+static char *resp_arg(char *p, const char *s, size_t n) {
+    p = resp_head(p, '$', n);
+    memcpy(p, s, n);
+    p += n;
+    *p++ = '\r';
+    *p++ = '\n';
+    return p;
+}
+
+static char *resp_str(char *p, const char *s) { return resp_arg(p, s, strlen(s)); }
+
+static char *resp_u64(char *p, uint64_t v) {
+    char tmp[20];
+    return resp_arg(p, tmp, (size_t)(resp_num(tmp, v) - tmp));
+}
+
+/* XADD <results> [MAXLEN ~ n] * id <id> <the record's fields> into buf (of
+ * RECORD_MAX bytes); its length. The fields as record_fields() has them. */
+static size_t format_result(const tps_consumer *c, const slot *s, char *buf) {
+    int capped = strcmp(c->results_maxlen, "0") != 0, ran = s->started_ms != 0;
+    size_t pairs = 4 + (s->user[0] != '\0') + 2 * (size_t)ran + (s->result_len > 0); /* id included */
+    char *p = resp_head(buf, '*', 3 + 3 * (size_t)capped + 2 * pairs);
+    p = resp_arg(p, "XADD", 4);
+    p = resp_str(p, c->results);
+    if (capped) {
+        p = resp_arg(p, "MAXLEN", 6);
+        p = resp_arg(p, "~", 1);
+        p = resp_str(p, c->results_maxlen);
+    }
+    p = resp_arg(p, "*", 1);
+    p = resp_arg(p, "id", 2);
+    p = resp_arg(p, s->id, s->id_len);
+    p = resp_arg(p, "consumer", 8);
+    p = resp_str(p, c->consumer);
+    p = resp_arg(p, "attempts", 8);
+    p = resp_u64(p, s->attempts);
+    p = resp_arg(p, "deliveries", 10);
+    p = resp_u64(p, s->deliveries);
+    if (s->user[0] != '\0') {
+        p = resp_arg(p, "user", 4);
+        p = resp_str(p, s->user);
+    }
+    if (ran) {
+        p = resp_arg(p, "started_ms", 10);
+        p = resp_u64(p, s->started_ms);
+        p = resp_arg(p, "finished_ms", 11);
+        p = resp_u64(p, s->finished_ms);
+    }
+    if (s->result_len > 0) {
+        p = resp_arg(p, "result", 6);
+        p = resp_arg(p, s->result, s->result_len);
+    }
+    return (size_t)(p - buf);
+}
+
 /* The reply's error text (copied: the reply is freed), for write_refused. */
 static void refusal(char *buf, size_t len, const redisReply *r) {
     if (buf[0] == '\0') snprintf(buf, len, "%s", r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply");
+}
+
+static int receive_read(tps_consumer *c);
+
+/* While the writer waits for Redis: take in a read reply that has arrived,
+ * so that its entries run in the pool meanwhile. A failure is left to
+ * io_main (the writer is in use here). */
+static void read_meanwhile(tps_consumer *c) {
+    if (c->rd == NULL || c->read_outstanding == 0 || c->read_failed) return;
+    struct pollfd pf = {.fd = c->rd->fd, .events = POLLIN};
+    if (poll(&pf, 1, 0) > 0 && receive_read(c) != 0) c->read_failed = 1;
 }
 
 /*
@@ -936,19 +1028,8 @@ static int write_outcomes(tps_consumer *c) {
                 continue;
             }
             if (s->written) continue;
-            size_t argc = 0;
-            args(c, &argc, "XADD");
-            args(c, &argc, c->results);
-            if (strcmp(c->results_maxlen, "0") != 0) {
-                args(c, &argc, "MAXLEN");
-                args(c, &argc, "~");
-                args(c, &argc, c->results_maxlen);
-            }
-            args(c, &argc, "*");
-            args(c, &argc, "id");
-            arg(c, &argc, s->id, s->id_len);
-            (void)record_fields(c, &argc, s, &c->numbuf[(size_t)k * NUMS_PER_RECORD]);
-            if (redisAppendCommandArgv(c->wr, (int)argc, c->argv, c->argvlen) != REDIS_OK) return -1;
+            char cmd[RECORD_MAX];
+            if (redisAppendFormattedCommand(c->wr, cmd, format_result(c, s, cmd)) != REDIS_OK) return -1;
             n_xadd++;
         }
         if (n_dead > 0) {
@@ -977,6 +1058,12 @@ static int write_outcomes(tps_consumer *c) {
             }
             if (redisAppendCommandArgv(c->wr, (int)argc, c->argv, c->argvlen) != REDIS_OK) return -1;
         }
+        /* Send it all, then let the entries of a read that came in run while
+         * Redis adds the records (admit() may append dead records to the done
+         * list: behind this batch, which stays at its head). */
+        for (int sent = 0; !sent;)
+            if (redisBufferWrite(c->wr, &sent) != REDIS_OK) return -1;
+        read_meanwhile(c);
         for (uint32_t k = 0; k < n && n_xadd > 0; k++) { /* the XADD replies, in the order sent */
             slot *s = &c->slots[batch[k]];
             if (s->outcome != OUT_OK || s->written) continue;
@@ -1157,7 +1244,9 @@ static uint32_t take_entry(tps_consumer *c, const redisReply *e, const char **pe
         e->element[0]->len == 0 || e->element[0]->len > TPS_ID_MAX)
         return NIL;
     const redisReply *id = e->element[0];
-    if (ids_find(c, id->str, id->len) != NIL || tps_sched_has(c->sched, id->str, id->len)) return NIL;
+    if (ids_find(c, id->str, id->len) != NIL ||
+        (tps_sched_count(c->sched) > 0 && tps_sched_has(c->sched, id->str, id->len)))
+        return NIL;
     uint32_t i = slot_alloc(c);
     if (i == NIL) return NIL;
     slot *s = &c->slots[i];
@@ -1499,6 +1588,13 @@ static void *io_main(void *arg) {
              * to keep; outcomes can wait the few ms a fetch takes. */
             if (!stopping && c->write_blocked_until == 0 && dispatch_due(c) != 0)
                 fail = "fetching due entries";
+            /* The next read goes out before the outcomes are written (when
+             * there is room already), so that Redis serves it while this
+             * thread formats the records, and its reply waits in the socket. */
+            if (fail == NULL && !stopping && c->rd != NULL && c->read_outstanding == 0) {
+                uint32_t room = read_room(c);
+                if (room > 0 && send_read(c, room) != 0) fail = "reading";
+            }
             if (fail == NULL && c->n_done > 0 && write_outcomes(c) != 0) fail = "writing outcomes";
             /* Never starved by a steady stream of outcomes: a held entry whose
              * idle time passed CLAIM_IDLE would be claimed by another worker. */
@@ -1519,6 +1615,7 @@ static void *io_main(void *arg) {
                 uint32_t room = read_room(c);
                 if (room > 0 && send_read(c, room) != 0) fail = "reading";
             }
+            if (fail == NULL && c->read_failed) fail = "reading";
             if (fail == NULL && c->read_outstanding > 0 &&
                 now > c->read_sent_ns + ms_ns(c->block_ms) + ms_ns(COMMAND_TIMEOUT_MS))
                 fail = "read timed out";
