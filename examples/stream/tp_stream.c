@@ -663,7 +663,9 @@ static void release_low(tps_consumer *c) {
         if (q->at_limit || held_from(q, LANE_NORMAL)) continue;
         unsigned l = LANE_NORMAL - 1;
         while (q->head[l] == NIL) l--; /* n_low > 0: some background lane holds one */
-        submit(c, unhold(c, q, l), SUB_AGAIN);
+        uint32_t i = unhold(c, q, l);
+        submit(c, i, SUB_AGAIN);
+        if (c->slots[i].state == S_OVERFLOW) return; /* the pool is full: the overflow goes first */
     }
 }
 

@@ -25,7 +25,8 @@ Scenarios (one CTest test each):
   ... and those of issue 20 and the metrics ones (see SCENARIOS below), then:
   priority       the exact start order of one worker: urgent entries before
                  queued normal ones, background last; PRIO_STARVE_LIMIT; an
-                 urgent entry passes its user's held normal backlog;
+                 urgent entry passes its user's held normal backlog, and so
+                 does an entry that came due;
                  LOW_PRIO_MAX_RUNNING does not let background entries fill the
                  queue, and their users take turns
   fair_share     SCHED=fair: one user's burst delays another's single entry by
@@ -989,8 +990,9 @@ def blocker_fields(user="z"):
 def scenario_priority(env):
     """Urgent entries start before queued normal ones, background ones last;
     PRIO_STARVE_LIMIT lets a waiting lane in; an urgent entry passes its own
-    user's held normal backlog; LOW_PRIO_MAX_RUNNING keeps background entries
-    from filling the pool's queue, and its held entries take turns by user."""
+    user's held normal backlog, and so does a scheduled entry that came due;
+    LOW_PRIO_MAX_RUNNING keeps background entries from filling the pool's
+    queue, and its held entries take turns by user."""
     r = env.start_redis()
     ent = lambda user, prio, work="20ms": {"user": user, "work": work, "priority": prio}
     # 1. lanes, one worker held busy: u* (2) first, then n* (0), b* (-1) last
@@ -1024,7 +1026,18 @@ def scenario_priority(env):
     check(order == want, "backlog: start order %s, want %s" % (order, want))
     check(m["tps_stream_user_waits_total"] >= 5, "backlog: user_waits %d" % m["tps_stream_user_waits_total"])
 
-    # 4. LOW_PRIO_MAX_RUNNING=1 on 2 workers, a 4-place queue: 12 background
+    # 4. a scheduled entry that comes due while its user's normal entries are
+    # held (MAX_PER_USER=1, the blocker is alice's) goes before them: it was
+    # read first and has waited for its time already
+    due_at = int(time.time() * 1000) + int(300 * SLOW)
+    order, m = one_worker_order(env, r, "due", blocker_fields("alice"), [
+        [("n%d" % i, ent("alice", 0)) for i in range(1, 4)],
+        [("d1", {"user": "alice", "work": "20ms", "not_before": due_at})]], MAX_PER_USER=1)
+    want = ["blocker", "d1", "n1", "n2", "n3"]
+    check(order == want, "due: start order %s, want %s" % (order, want))
+    check(m["tps_stream_scheduled_total"] == 1, "due: d1 did not wait for its time")
+
+    # 5. LOW_PRIO_MAX_RUNNING=1 on 2 workers, a 4-place queue: 12 background
     # entries of two users, then 6 normal ones. The normal ones are read and
     # run on the free worker at once (not after the background ones, which
     # would fill the queue); one background entry runs at a time; the two
