@@ -601,7 +601,12 @@ def scenario_outcome_key(env):
     r("ACL", "SETUSER", "noack", "on", ">pw", "~tasks*", "resetchannels", "-@all", "+@stream", "-xack", "+type",
       "+eval")
     w = env.worker("noack", REDIS_URL="unix://noack:pw@" + env.sock)
-    ids = {r("XADD", "tasks", "*", "work", "1ms") for _ in range(5)}
+    # in one transaction, so that one read takes all five (reading stops at
+    # the first refusal)
+    r("MULTI")
+    for _ in range(5):
+        r("XADD", "tasks", "*", "work", "1ms")
+    ids = set(r("EXEC"))
     wait_until(lambda: r("XLEN", "tasks:done") == 5, 10, "the 5 records")
     wait_until(lambda: metrics(w)["tps_stream_write_failures_total"] >= 2, 10, "two refused acknowledgements")
     check("NOPERM" in env.log_of(w), "the server's NOPERM is not in the log")
