@@ -194,21 +194,9 @@ static int load_config(wcfg *c, char *err, size_t errlen) {
             return -1;
         }
     }
-    const char *low = svc_env("LOW_PRIO_MAX_RUNNING");
-    if (low != NULL && svc_parse_uint(low, 0, c->workers, &c->low_prio_max_running) != 0) {
-        snprintf(err, errlen,
-                 "LOW_PRIO_MAX_RUNNING=\"%s\": expected a whole number from 0 (no limit) to WORKERS (%u)",
-                 low, c->workers);
+    if (svc_load_low_prio_max_running(c->workers, &c->low_prio_max_running, err, errlen) != 0 ||
+        svc_load_prio_starve_limit(&c->prio_starve_limit, err, errlen) != 0)
         return -1;
-    }
-    const char *starve = svc_env("PRIO_STARVE_LIMIT");
-    if (starve != NULL && strcmp(starve, "unlimited") == 0) {
-        c->prio_starve_limit = TP_UNLIMITED;
-    } else if (starve != NULL && svc_parse_uint(starve, 1, 1000000, &c->prio_starve_limit) != 0) {
-        snprintf(err, errlen,
-                 "PRIO_STARVE_LIMIT=\"%s\": expected a whole number from 1 to 1000000, or unlimited", starve);
-        return -1;
-    }
     if (c->backlog == 0) c->backlog = c->workers + c->queue_capacity;
     return 0;
 }
