@@ -171,6 +171,29 @@ int svc_load_sched(unsigned *out, char *err, size_t errlen) {
     return 0;
 }
 
+int svc_load_low_prio_max_running(unsigned workers, unsigned *out, char *err, size_t errlen) {
+    const char *v = svc_env("LOW_PRIO_MAX_RUNNING");
+    if (v != NULL && svc_parse_uint(v, 0, workers, out) != 0) {
+        snprintf(err, errlen,
+                 "LOW_PRIO_MAX_RUNNING=\"%s\": expected a whole number from 0 (no limit) to WORKERS (%u)", v,
+                 workers);
+        return -1;
+    }
+    return 0;
+}
+
+int svc_load_prio_starve_limit(unsigned *out, char *err, size_t errlen) {
+    const char *v = svc_env("PRIO_STARVE_LIMIT");
+    if (v != NULL && strcmp(v, "unlimited") == 0) {
+        *out = TP_UNLIMITED;
+    } else if (v != NULL && svc_parse_uint(v, 1, 1000000, out) != 0) {
+        snprintf(err, errlen,
+                 "PRIO_STARVE_LIMIT=\"%s\": expected a whole number from 1 to 1000000, or unlimited", v);
+        return -1;
+    }
+    return 0;
+}
+
 /* The variable's value, or NULL when unset or empty (= use the default). */
 const char *svc_env(const char *name) {
     const char *v = getenv(name);
@@ -277,23 +300,9 @@ int svc_config_load(svc_config *cfg, char *err, size_t errlen, const char **var)
         }
         cfg->user_weights = uw;
     }
-    const char *low = svc_env("LOW_PRIO_MAX_RUNNING");
-    *var = "LOW_PRIO_MAX_RUNNING";
-    if (low != NULL && svc_parse_uint(low, 0, cfg->workers, &cfg->low_prio_max_running) != 0) {
-        snprintf(err, errlen,
-                 "LOW_PRIO_MAX_RUNNING=\"%s\": expected a whole number from 0 (no limit) to WORKERS (%u)",
-                 low, cfg->workers);
-        return -1;
-    }
-    const char *starve = svc_env("PRIO_STARVE_LIMIT");
-    *var = "PRIO_STARVE_LIMIT";
-    if (starve != NULL && strcmp(starve, "unlimited") == 0) {
-        cfg->prio_starve_limit = TP_UNLIMITED;
-    } else if (starve != NULL && svc_parse_uint(starve, 1, 1000000, &cfg->prio_starve_limit) != 0) {
-        snprintf(err, errlen,
-                 "PRIO_STARVE_LIMIT=\"%s\": expected a whole number from 1 to 1000000, or unlimited", starve);
-        return -1;
-    }
+    CHECK("LOW_PRIO_MAX_RUNNING",
+          svc_load_low_prio_max_running(cfg->workers, &cfg->low_prio_max_running, err, errlen));
+    CHECK("PRIO_STARVE_LIMIT", svc_load_prio_starve_limit(&cfg->prio_starve_limit, err, errlen));
     *var = NULL;
     return 0;
 }

@@ -68,6 +68,13 @@ int svc_parse_user_weights(const char *s, svc_weight_fn fn, void *arg, char *err
  * in `err`. Shared with taskpool-stream-worker. */
 int svc_load_sched(unsigned *out, char *err, size_t errlen);
 
+/* Read LOW_PRIO_MAX_RUNNING (0..workers; 0 = no limit) and PRIO_STARVE_LIMIT
+ * (1..1000000, or "unlimited" -> TP_UNLIMITED) into *out when set. 0, or -1
+ * with a one-line explanation naming the variable in `err`. Shared with
+ * taskpool-stream-worker. */
+int svc_load_low_prio_max_running(unsigned workers, unsigned *out, char *err, size_t errlen);
+int svc_load_prio_starve_limit(unsigned *out, char *err, size_t errlen);
+
 /* An environment variable's value; NULL when unset or empty. */
 const char *svc_env(const char *name);
 

@@ -27,7 +27,7 @@
 
 #define WAIT_MAX 1000000u /* entries --wait can follow */
 #define ID_LEN   48       /* an entry id and its NUL */
-#define NFIELDS  7        /* fields of one entry at most */
+#define NFIELDS  8        /* fields of one entry at most */
 
 enum { EXIT_OK = 0, EXIT_REDIS = 1, EXIT_USAGE = 2, EXIT_DEAD = 3, EXIT_TIMEOUT = 4 };
 
@@ -35,7 +35,8 @@ static void usage(FILE *f) {
     fprintf(f,
             "Usage: taskpool-enqueue [--count N] [--users U] [--work D] [--fail always|N]\n"
             "                        [--fail-every K] [--payload-bytes B] [--not-before MS | --defer D]\n"
-            "                        [--attempts N] [--pipeline P] [--wait [--timeout D]]\n"
+            "                        [--attempts N] [--priority PRIO] [--pipeline P]\n"
+            "                        [--wait [--timeout D]]\n"
             "       taskpool-enqueue --requeue-dead [--since ID]\n"
             "       taskpool-enqueue --help | --version\n"
             "\n"
@@ -43,7 +44,8 @@ static void usage(FILE *f) {
             "Entry i gets `user u<i %% U>` (U = 10; none when 0), `work D` (the demo\n"
             "handler's run time; --delay is an alias), `fail` on every K-th entry (K = 1),\n"
             "a B-byte `payload`, `not_before MS` (Unix ms) or `defer D` (start no earlier\n"
-            "than D after it was added), `attempts N` (1..101). Values are checked with\n"
+            "than D after it was added), `attempts N` (1..101), `priority PRIO` (-2..2: 2\n"
+            "urgent, 0 normal, below 0 background; absent = 0). Values are checked with\n"
             "the worker's own parser. Prints one JSON line: count, entries/s, first and\n"
             "last id. Creates GROUP at $ when STREAM has no such group yet.\n"
             "\n"
@@ -281,7 +283,7 @@ static int requeue_dead(redisContext *c, const char *stream, const char *dead, c
 
 typedef struct fields {
     unsigned users, fail_every, payload_bytes;
-    const char *work, *fail, *payload, *not_before, *defer, *attempts;
+    const char *work, *fail, *payload, *not_before, *defer, *attempts, *priority;
     char user[32];
 } fields;
 
@@ -296,6 +298,7 @@ static int build_fields(fields *f, unsigned i, const char **v, size_t *l) {
     if (f->not_before != NULL) F("not_before", f->not_before, strlen(f->not_before));
     if (f->defer != NULL) F("defer", f->defer, strlen(f->defer));
     if (f->attempts != NULL) F("attempts", f->attempts, strlen(f->attempts));
+    if (f->priority != NULL) F("priority", f->priority, strlen(f->priority));
 #undef F
     return n;
 }
@@ -324,7 +327,8 @@ static int valid_id(const char *s) { /* <ms>[-<seq>] for --since */
 
 int main(int argc, char **argv) {
     unsigned count = 1000, users = 10, fail_every = 1, payload_bytes = 0, pipeline = 256;
-    const char *work = "0", *fail = NULL, *not_before = NULL, *defer = NULL, *attempts = NULL, *since = NULL;
+    const char *work = "0", *fail = NULL, *not_before = NULL, *defer = NULL, *attempts = NULL, *since = NULL,
+               *priority = NULL;
     int wait = 0, requeue = 0;
     uint64_t timeout_ns = 0;
     for (int i = 1; i < argc; i++) {
@@ -363,6 +367,8 @@ int main(int argc, char **argv) {
             str = &defer;
         } else if (strcmp(a, "--attempts") == 0) {
             str = &attempts;
+        } else if (strcmp(a, "--priority") == 0) {
+            str = &priority;
         } else if (strcmp(a, "--since") == 0) {
             str = &since;
         } else if (strcmp(a, "--timeout") == 0) {
@@ -447,7 +453,8 @@ int main(int argc, char **argv) {
                 .payload_bytes = payload_bytes,
                 .not_before = not_before,
                 .defer = defer,
-                .attempts = attempts};
+                .attempts = attempts,
+                .priority = priority};
     /* Entries differ only in the user's number and whether `fail` is there:
      * the first two show every shape the worker will see. */
     for (unsigned i = 0; i < 2; i++) {

@@ -13,7 +13,16 @@
 
 #include "config.h" /* svc_parse_duration, svc_parse_uint */
 
-enum { F_USER = 1, F_WORK = 2, F_FAIL = 4, F_PAYLOAD = 8, F_NOT_BEFORE = 16, F_DEFER = 32, F_ATTEMPTS = 64 };
+enum {
+    F_USER = 1,
+    F_WORK = 2,
+    F_FAIL = 4,
+    F_PAYLOAD = 8,
+    F_NOT_BEFORE = 16,
+    F_DEFER = 32,
+    F_ATTEMPTS = 64,
+    F_PRIORITY = 128
+};
 
 void tps_entry_init(tps_entry *e) { memset(e, 0, sizeof *e); }
 
@@ -38,6 +47,17 @@ static int parse_u64(const char *s, uint64_t *out) {
         v = v * 10 + (uint64_t)(*s - '0');
     }
     *out = v;
+    return 0;
+}
+
+/* "-2" .. "2": an optional minus and one digit, nothing else ("+1", "01",
+ * "-0" and " 1" are refused, so a value reads one way only). */
+static int parse_priority(const char *val, size_t len, int *out) {
+    int neg = len == 2 && val[0] == '-';
+    if (len != 1u + (unsigned)neg) return -1;
+    char d = val[neg];
+    if (d < '0' || d > '0' + TP_PRIO_MAX || (neg && d == '0')) return -1;
+    *out = neg ? -(d - '0') : d - '0';
     return 0;
 }
 
@@ -92,8 +112,12 @@ const char *tps_entry_field(tps_entry *e, const char *name, size_t nlen, const c
         if (cstr(buf, sizeof buf, val, vlen) != 0 ||
             svc_parse_uint(buf, 1, TPS_ATTEMPTS_MAX, &e->attempts) != 0)
             return "attempts: expected a number from 1 to 101";
-    } /* other names: the producer's own fields, ignored; `priority` will be
-       * parsed here once the library has priority lanes */
+    } else if (is(name, nlen, "priority")) {
+        if (e->seen & F_PRIORITY) return "priority: repeated";
+        e->seen |= F_PRIORITY;
+        if (parse_priority(val, vlen, &e->priority) != 0)
+            return "priority: expected a whole number from -2 to 2";
+    } /* other names: the producer's own fields, ignored */
     return NULL;
 }
 

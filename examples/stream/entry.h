@@ -15,6 +15,8 @@
  *               entry's enqueue time (the ms part of its id) plus this
  *   attempts    1..TP_MAX_RETRIES + 1: attempts of this entry per delivery,
  *               at most the pool's MAX_RETRIES + 1
+ *   priority    TP_PRIO_MIN..TP_PRIO_MAX (-2..2): the pool's priority lane;
+ *               0 normal, above urgent, below background
  * A field given twice, a value that does not parse or is too long is an error
  * whose text starts with the field's name ("work: not a duration ...").
  *
@@ -40,6 +42,7 @@ typedef struct tps_entry {
     uint64_t work_ns;
     uint32_t fail;       /* 0, N, or TPS_FAIL_ALWAYS */
     unsigned attempts;   /* 0 when absent */
+    int priority;        /* 0 when absent */
     uint64_t not_before; /* Unix ms, 0 when absent */
     uint64_t defer_ms;   /* 0 when absent */
     const char *payload; /* NULL when absent; points into the parsed value */

@@ -3,12 +3,12 @@
  *
  * Ownership, in one place: every field below the "I/O thread only" line is
  * read and written by the I/O thread alone. The pool's threads touch a slot
- * only between tp_submit() and on_done() (the task reads the message, writes
- * `attempts`, `canceled`, `timed_out`, `gave_up`, the times and the result;
- * on_done writes `status`), and hand it back through the completion ring,
- * whose mutex orders those writes before the I/O thread's reads. Counters
- * shown in tps_stats are atomics. The timer heap (timers.h) is the I/O
- * thread's alone.
+ * only between tp_submit() and the end of the task (the task reads the
+ * message, writes `attempts`, `canceled`, `timed_out`, `gave_up`, the times
+ * and the result); every task is bound to the consumer's completion queue
+ * (tp_cq), so its on_done runs on the I/O thread inside tp_cq_drain(), and
+ * the queue's lock orders the task's writes before it. Counters shown in
+ * tps_stats are atomics. The timer heap (timers.h) is the I/O thread's alone.
  *
  * An entry's life in its slot:
  *   FREE -> (read, claimed, or due) -> [BACKLOG | OVERFLOW] -> POOL -> DONE -> FREE
@@ -16,7 +16,12 @@
  *   not due yet -> FREE, its id in the timer heap until due;
  *   cancelled by a forced shutdown, or held in the backlog at stop -> FREE
  *   without an outcome (still pending in the group: another consumer claims it).
- * A slot is FREE again only after its outcome script succeeded.
+ * A slot is FREE again only after its outcome record was written and the
+ * entry acknowledged (write_outcomes).
+ *
+ * The backlog (entries read but not in the pool) is kept per user and, within
+ * a user, per priority lane; what each held entry waits for is stated at
+ * hold() and is always an event that will come (see tp_stream.h).
  */
 #define _GNU_SOURCE
 #include "tp_stream.h"
@@ -30,17 +35,20 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/time.h>
 #include <unistd.h>
 
 #include "redis_conn.h"
-#include "timers.h"
 #include "scripts.h"
+#include "timers.h"
 
 #define NIL                UINT32_MAX
-#define WRITE_BATCH        256u      /* outcomes per script call */
-#define CLAIM_ARGS_MAX     512u      /* ids per heartbeat XCLAIM */
-#define DUE_BATCH          256u      /* scheduled entries fetched per round */
+#define LANES              (TP_PRIO_MAX - TP_PRIO_MIN + 1)
+#define LANE_NORMAL        (0 - TP_PRIO_MIN) /* the lane of priority 0; lower lanes are background */
+#define WRITE_BATCH        256u              /* outcomes per write round */
+#define CLAIM_ARGS_MAX     512u              /* ids per heartbeat XCLAIM */
+#define DUE_BATCH          256u              /* scheduled entries fetched per round */
 #define TRIM_LIMIT         "1000000" /* entries one trim removes at most (about 10,000 nodes, a few ms) */
 #define NUMS_PER_RECORD    5u        /* numbers printed per outcome record (write_outcomes) */
 #define BACKOFF_MIN_MS     100
@@ -52,10 +60,11 @@
 
 enum { S_FREE, S_BACKLOG, S_OVERFLOW, S_POOL, S_DONE };
 enum { OUT_OK, OUT_DEAD };
+enum { SUB_NEW, SUB_DUE, SUB_AGAIN }; /* submit(): read or claimed, came due, from the backlog or overflow */
 
 typedef struct slot {
     struct tps_consumer *c;
-    uint32_t next; /* free list, a user's backlog, overflow or done list */
+    uint32_t next; /* free list, a user's lane in the backlog, an overflow lane or the done list */
     uint8_t state;
     uint8_t outcome;
     uint8_t fresh; /* claimed in the current XAUTOCLAIM batch */
@@ -63,11 +72,12 @@ typedef struct slot {
     uint8_t due;     /* its time has come: not scheduled again */
     uint8_t no_ack;  /* dead record only: Redis already dropped it from the pending list */
     uint8_t gave_up; /* the entry's `attempts` ran out before the pool's retries */
-    /* written by the task, read after the completion ring */
+    uint8_t written; /* result record written, acknowledgement still to do (write_outcomes) */
+    int8_t prio;     /* the entry's `priority` */
+    /* written by the task, read in on_done (after the completion queue) */
     unsigned attempts;
     int canceled;
     int timed_out;
-    int status;
     uint64_t started_ms, finished_ms; /* Unix ms: first attempt's start, last attempt's end */
     size_t result_len;
     /* the message */
@@ -93,8 +103,15 @@ typedef struct due_ent { /* a scheduled entry taken from the heap to be fetched 
     unsigned deliveries;
 } due_ent;
 
-typedef struct user_q { /* a user's backlog FIFO; used iff head != NIL */
-    uint32_t head, tail;
+/* A user's held entries (user "" for entries without one), in a record that
+ * stays put while it is in use (n_held > 0): records are linked into the
+ * background round by index. */
+typedef struct user_q {
+    uint32_t head[LANES], tail[LANES]; /* FIFO per lane (priority - TP_PRIO_MIN) */
+    uint32_t n_held, n_low;            /* held entries; of which in background lanes */
+    uint32_t rr_prev, rr_next;         /* the background round, while n_low > 0 */
+    uint32_t next_free;
+    uint8_t at_limit; /* a submit met TP_EUSERLIMIT since the user's last completion */
     char user[TP_USER_MAX + 1];
 } user_q;
 
@@ -107,6 +124,7 @@ struct tps_consumer {
     tps_redis_addr addr;
     tp_pool *pool;
     unsigned pool_capacity, queue_capacity, nslots, max_deliveries, block_ms, max_retries;
+    unsigned low_cap; /* background entries in the pool at most; 0: no limit */
     unsigned backoff_max_ms;
     uint64_t claim_idle_ns, trim_interval_ns;
     tps_handler handler;
@@ -114,39 +132,42 @@ struct tps_consumer {
     tps_log_fn log;
     void *log_arg;
 
-    /* completion ring: pool threads -> I/O thread */
-    pthread_mutex_t ring_mu;
-    uint32_t *ring;
-    uint32_t ring_head, ring_count;
-    atomic_int wake_pending;
-    int wake[2];
+    /* completions: pool threads -> I/O thread (on_done runs in tp_cq_drain) */
+    tp_cq *cq;
 
     /* control: application thread -> I/O thread */
+    int ctl_fd; /* an eventfd: tps_stop_reading and tps_finish wake the I/O thread with it */
+    atomic_int ctl_pending;
     atomic_int stop_reading, finishing;
     atomic_ullong finish_deadline;
     int finish_result;
+    int destroying; /* tps_destroy drains the queue: on_done submits nothing more */
     pthread_t thread;
     int started;
 
     /* counters */
     atomic_ullong n_read, n_claimed, n_acked, n_succeeded, n_dead, n_malformed, n_ack_missed, n_abandoned,
-        n_user_waits, n_reconnects, n_deleted, n_scheduled, n_write_failures, n_trimmed, g_held, g_backlog,
-        g_unwritten, g_connected, g_waiting;
+        n_user_waits, n_low_prio_waits, n_reconnects, n_deleted, n_scheduled, n_write_failures, n_trimmed,
+        g_held, g_backlog, g_unwritten, g_connected, g_waiting;
 
     /* ---- I/O thread only ---- */
     slot *slots;
     uint32_t free_head, n_free, n_pool, n_backlog;
-    uint32_t overflow_head, overflow_tail, n_overflow;
+    uint32_t n_low_admitted; /* background entries in the pool or the overflow lists */
+    uint32_t overflow_head[LANES], overflow_tail[LANES], n_overflow;
     uint32_t done_head, done_tail, n_done;
     uint32_t *ids; /* open addressing: slot index + 1, 0 = empty */
     uint32_t ids_mask;
     tps_sched *sched; /* entries not due yet */
-    user_q *users;
-    uint32_t users_mask;
-    redisContext *rd, *wr;     /* reader, writer */
-    unsigned read_outstanding; /* COUNT of the XREADGROUP in flight, 0 if none */
+    user_q *users;    /* nslots records: no more users than held entries */
+    uint32_t *uidx;   /* open addressing over the records in use: record index + 1, 0 = empty */
+    uint32_t uidx_mask, users_free;
+    uint32_t rr_head, rr_tail, rr_len; /* the background round: users with held background entries */
+    redisContext *rd, *wr;             /* reader, writer */
+    unsigned read_outstanding;         /* COUNT of the XREADGROUP in flight, 0 if none */
     uint64_t read_sent_ns;
     int connected_once, stopped_applied;
+    int read_failed; /* receive_read failed inside write_outcomes: io_main disconnects */
     unsigned backoff_ms, write_retry_ms;
     uint64_t next_connect_ns, next_heartbeat_ns, next_claim_ns, next_trim_ns;
     uint64_t write_blocked_until; /* 0, or while a refused batch waits for its retry: no reading */
@@ -227,32 +248,80 @@ static void ids_remove(tps_consumer *c, uint32_t idx) {
     c->ids[i] = 0;
 }
 
-/* The user's queue, creating it when `create`; NULL when absent. */
+/* The user's record, taking a free one when `create`; NULL when absent. */
 static user_q *users_get(tps_consumer *c, const char *user, int create) {
     size_t len = strlen(user);
-    for (uint32_t i = hash_bytes(user, len) & c->users_mask;; i = (i + 1) & c->users_mask) {
-        user_q *q = &c->users[i];
-        if (q->head == NIL) {
+    for (uint32_t i = hash_bytes(user, len) & c->uidx_mask;; i = (i + 1) & c->uidx_mask) {
+        uint32_t v = c->uidx[i];
+        if (v == 0) {
             if (!create) return NULL;
+            uint32_t r = c->users_free; /* never NIL: a record per held entry at most */
+            user_q *q = &c->users[r];
+            c->users_free = q->next_free;
             memcpy(q->user, user, len + 1);
+            for (int l = 0; l < LANES; l++) q->head[l] = q->tail[l] = NIL;
+            q->n_held = q->n_low = 0;
+            q->rr_prev = q->rr_next = NIL;
+            q->at_limit = 0;
+            c->uidx[i] = r + 1;
             return q;
         }
-        if (strcmp(q->user, user) == 0) return q;
+        if (strcmp(c->users[v - 1].user, user) == 0) return &c->users[v - 1];
     }
 }
 
-static void users_remove(tps_consumer *c, user_q *q) {
-    uint32_t i = (uint32_t)(q - c->users);
-    for (uint32_t j = (i + 1) & c->users_mask; c->users[j].head != NIL; j = (j + 1) & c->users_mask) {
-        user_q *o = &c->users[j];
-        uint32_t home = hash_bytes(o->user, strlen(o->user)) & c->users_mask;
-        if (((j - home) & c->users_mask) >= ((j - i) & c->users_mask)) {
-            c->users[i] = *o;
+/* The record holds nothing any more: out of the index, back to the free list. */
+static void users_release(tps_consumer *c, user_q *q) {
+    uint32_t r = (uint32_t)(q - c->users);
+    uint32_t i = hash_bytes(q->user, strlen(q->user)) & c->uidx_mask;
+    while (c->uidx[i] != r + 1) i = (i + 1) & c->uidx_mask;
+    for (uint32_t j = (i + 1) & c->uidx_mask; c->uidx[j] != 0; j = (j + 1) & c->uidx_mask) {
+        const char *name = c->users[c->uidx[j] - 1].user;
+        uint32_t home = hash_bytes(name, strlen(name)) & c->uidx_mask;
+        if (((j - home) & c->uidx_mask) >= ((j - i) & c->uidx_mask)) {
+            c->uidx[i] = c->uidx[j];
             i = j;
         }
     }
-    c->users[i].head = NIL;
-    c->users[i].tail = NIL;
+    c->uidx[i] = 0;
+    q->next_free = c->users_free;
+    c->users_free = r;
+}
+
+/* Every record free again (tps_create, apply_stop). */
+static void users_reset(tps_consumer *c) {
+    memset(c->uidx, 0, (size_t)(c->uidx_mask + 1) * sizeof *c->uidx);
+    for (uint32_t r = 0; r < c->nslots; r++) c->users[r].next_free = r + 1 < c->nslots ? r + 1 : NIL;
+    c->users_free = 0;
+    c->rr_head = c->rr_tail = NIL;
+    c->rr_len = 0;
+}
+
+/* The background round: a FIFO of records, each user with held background
+ * entries once. */
+static void round_append(tps_consumer *c, user_q *q) {
+    uint32_t r = (uint32_t)(q - c->users);
+    q->rr_next = NIL;
+    q->rr_prev = c->rr_tail;
+    if (c->rr_tail != NIL)
+        c->users[c->rr_tail].rr_next = r;
+    else
+        c->rr_head = r;
+    c->rr_tail = r;
+    c->rr_len++;
+}
+
+static void round_remove(tps_consumer *c, user_q *q) {
+    if (q->rr_prev != NIL)
+        c->users[q->rr_prev].rr_next = q->rr_next;
+    else
+        c->rr_head = q->rr_next;
+    if (q->rr_next != NIL)
+        c->users[q->rr_next].rr_prev = q->rr_prev;
+    else
+        c->rr_tail = q->rr_prev;
+    q->rr_prev = q->rr_next = NIL;
+    c->rr_len--;
 }
 
 /* ------------------------------------------------------------------ slots and lists */
@@ -266,9 +335,10 @@ static uint32_t slot_alloc(tps_consumer *c) {
     s->next = NIL;
     s->fresh = 0;
     s->has_payload = 0;
-    s->due = s->no_ack = s->gave_up = 0;
+    s->due = s->no_ack = s->gave_up = s->written = 0;
+    s->prio = 0;
     s->attempts = 0;
-    s->canceled = s->timed_out = s->status = 0;
+    s->canceled = s->timed_out = 0;
     s->started_ms = s->finished_ms = 0;
     s->result_len = 0;
     s->deliveries = 1;
@@ -300,6 +370,12 @@ static void list_push(tps_consumer *c, uint32_t *head, uint32_t *tail, uint32_t 
     *tail = i;
 }
 
+static void list_push_front(tps_consumer *c, uint32_t *head, uint32_t *tail, uint32_t i) {
+    c->slots[i].next = *head;
+    *head = i;
+    if (*tail == NIL) *tail = i;
+}
+
 static uint32_t list_pop(tps_consumer *c, uint32_t *head, uint32_t *tail) {
     uint32_t i = *head;
     if (i != NIL) {
@@ -317,6 +393,8 @@ static void finish_dead(tps_consumer *c, uint32_t i, const char *reason) {
     list_push(c, &c->done_head, &c->done_tail, i);
     c->n_done++;
 }
+
+static unsigned lane_of(const slot *s) { return (unsigned)(s->prio - TP_PRIO_MIN); }
 
 /* ------------------------------------------------------------------ message parsing */
 
@@ -360,6 +438,7 @@ static const char *parse_fields(slot *s, const redisReply *f) {
     s->work_ns = e.work_ns;
     s->fail = e.fail;
     s->max_attempts = e.attempts;
+    s->prio = (int8_t)e.priority;
     s->due_ms = tps_entry_due_ms(&e, tps_id_ms(s->id, s->id_len));
     if (e.payload != NULL) {
         memcpy(s->payload, e.payload, e.payload_len);
@@ -370,21 +449,6 @@ static const char *parse_fields(slot *s, const redisReply *f) {
 }
 
 /* ------------------------------------------------------------------ the task */
-
-static void on_done(void *arg, int status) {
-    slot *s = arg;
-    tps_consumer *c = s->c;
-    s->status = status;
-    pthread_mutex_lock(&c->ring_mu);
-    c->ring[(c->ring_head + c->ring_count) % c->nslots] = (uint32_t)(s - c->slots);
-    c->ring_count++;
-    pthread_mutex_unlock(&c->ring_mu);
-    if (atomic_exchange(&c->wake_pending, 1) == 0) {
-        if (write(c->wake[1], "w", 1) < 0) {
-            /* a full pipe already wakes the thread */
-        }
-    }
-}
 
 /* Attempts an entry may take per delivery: its `attempts` field lowers the
  * pool's max_retries + 1, never raises it (the pool does the retrying). */
@@ -402,6 +466,7 @@ static int run_task(tp_ctx *ctx, void *arg) {
         .user = s->user[0] != '\0' ? s->user : NULL,
         .work_ns = s->work_ns,
         .fail = s->fail,
+        .priority = s->prio,
         .payload = s->has_payload ? s->payload : NULL,
         .payload_len = s->payload_len,
         .deliveries = s->deliveries,
@@ -425,52 +490,120 @@ static int run_task(tp_ctx *ctx, void *arg) {
     return rc;
 }
 
-static void user_wait(tps_consumer *c, uint32_t i, int front) {
+/* ------------------------------------------------------------------ the backlog
+ *
+ * An entry that is read (or claimed, or came due) but cannot go into the pool
+ * now is *held* in its user's record, in the FIFO of its priority lane. Two
+ * reasons, each with the event that ends the wait:
+ *   the user is at MAX_PER_USER (tp_submit said TP_EUSERLIMIT, or an earlier
+ *     entry of the user in the same or a higher lane is held): one of the
+ *     user's entries is in the pool (or the overflow lists), and its end
+ *     submits the user's best held entry of a lane >= 0 (dispatch_user);
+ *   a background entry (priority < 0) while low_cap of them are in the pool:
+ *     one of those ends, and the background round submits the next held
+ *     background entry, one user after the other (release_low).
+ * An entry never waits behind held entries of a lower lane: an urgent entry
+ * of a user passes the user's held normal entries, and goes into the pool at
+ * once unless the user is at its limit (then it is the next of the user's
+ * entries to start). Within a lane, a held entry keeps its read order, except
+ * that an entry that came due goes before the lane's entries that did not
+ * (it was read earlier and has waited for its time already).
+ */
+
+enum { HOLD_BACK, HOLD_FRONT, HOLD_DUE };
+
+/* Is any entry of a lane >= `lane` held for this user? */
+static int held_from(const user_q *q, unsigned lane) {
+    for (unsigned l = lane; l < LANES; l++)
+        if (q->head[l] != NIL) return 1;
+    return 0;
+}
+
+static void hold(tps_consumer *c, uint32_t i, int where) {
     slot *s = &c->slots[i];
     user_q *q = users_get(c, s->user, 1);
+    unsigned l = lane_of(s);
     s->state = S_BACKLOG;
-    if (front && q->head != NIL) {
-        s->next = q->head;
-        q->head = i;
+    if (where == HOLD_FRONT) {
+        list_push_front(c, &q->head[l], &q->tail[l], i);
+    } else if (where == HOLD_DUE && q->head[l] != NIL && c->slots[q->head[l]].due) {
+        uint32_t k = q->head[l]; /* after the lane's due entries, before the others */
+        while (c->slots[k].next != NIL && c->slots[c->slots[k].next].due) k = c->slots[k].next;
+        s->next = c->slots[k].next;
+        c->slots[k].next = i;
+        if (s->next == NIL) q->tail[l] = i;
+    } else if (where == HOLD_DUE) {
+        list_push_front(c, &q->head[l], &q->tail[l], i);
     } else {
-        list_push(c, &q->head, &q->tail, i);
+        list_push(c, &q->head[l], &q->tail[l], i);
     }
+    q->n_held++;
+    if (s->prio < 0 && q->n_low++ == 0) round_append(c, q);
     c->n_backlog++;
 }
 
-/* Submit, or park in the user's backlog / the overflow list. `front`: the
- * entry comes from the head of its user's backlog (or from the overflow list)
- * and goes back to the head if the user is still at its limit.
- * Invariant: a user's backlog is non-empty only while one of the user's
- * entries is in the pool or in the overflow list, so a completion of that
- * user (which dispatches the head) is always still to come. */
-static void submit(tps_consumer *c, uint32_t i, int front) {
+/* Take the head of lane l of q; q may be released. */
+static uint32_t unhold(tps_consumer *c, user_q *q, unsigned l) {
+    uint32_t i = list_pop(c, &q->head[l], &q->tail[l]);
+    q->n_held--;
+    if (l < LANE_NORMAL && --q->n_low == 0) round_remove(c, q);
+    if (q->n_held == 0) users_release(c, q);
+    c->n_backlog--;
+    return i;
+}
+
+static int low_capped(const tps_consumer *c, const slot *s) {
+    return s->prio < 0 && c->low_cap != 0 && c->n_low_admitted >= c->low_cap;
+}
+
+static void on_done(void *arg, int status);
+
+/*
+ * Submit slot i, or hold it. SUB_NEW / SUB_DUE: a new entry (read, claimed,
+ * or came due), held when an entry of its user in the same or a higher lane
+ * is held already (their order is kept), or when it is a background entry
+ * and low_cap of them are in the pool. SUB_AGAIN: an entry taken from the
+ * head of a held lane or of an overflow lane, submitted as it is, and put back
+ * at the head of its list when refused again.
+ */
+static void submit(tps_consumer *c, uint32_t i, int how) {
     slot *s = &c->slots[i];
-    if (!front && s->user[0] != '\0') {
+    int counted = s->state == S_OVERFLOW; /* in n_low_admitted already */
+    if (how != SUB_AGAIN) {
         user_q *q = users_get(c, s->user, 0);
-        if (q != NULL) { /* keep the user's order: behind those already waiting */
-            s->state = S_BACKLOG;
-            list_push(c, &q->head, &q->tail, i);
-            c->n_backlog++;
-            cnt_add(&c->n_user_waits, 1);
+        int capped = low_capped(c, s);
+        if (capped || (q != NULL && held_from(q, lane_of(s)))) {
+            hold(c, i, how == SUB_DUE ? HOLD_DUE : HOLD_BACK);
+            cnt_add(capped ? &c->n_low_prio_waits : &c->n_user_waits, 1);
             return;
         }
     }
-    /* The library's priority lanes will take the entry's `priority` field
-     * (and a due scheduled entry's precedence) here, in o.priority. */
-    tp_task_opts o = {.user = s->user[0] != '\0' ? s->user : NULL, .on_done = on_done, .log_id = s->id};
+    tp_task_opts o = {.user = s->user[0] != '\0' ? s->user : NULL,
+                      .on_done = on_done,
+                      .log_id = s->id,
+                      .priority = s->prio,
+                      .cq = c->cq};
     int rc = tp_submit(c->pool, run_task, s, &o, NULL);
     if (rc == TP_OK) {
         s->state = S_POOL;
         c->n_pool++;
+        if (s->prio < 0 && !counted) c->n_low_admitted++;
     } else if (rc == TP_EUSERLIMIT) {
-        user_wait(c, i, front);
-        if (!front) cnt_add(&c->n_user_waits, 1);
+        if (counted) c->n_low_admitted--;
+        hold(c, i, how == SUB_AGAIN ? HOLD_FRONT : HOLD_BACK); /* SUB_NEW: its lane is empty */
+        users_get(c, s->user, 0)->at_limit = 1;
+        if (how != SUB_AGAIN) cnt_add(&c->n_user_waits, 1);
     } else if (rc == TP_ECLOSED) {
+        if (counted) c->n_low_admitted--;
         slot_free(c, i); /* shutting down: left pending for another consumer */
     } else {             /* TP_EFULL (a moment before a worker picks), TP_ENOMEM */
+        unsigned l = lane_of(s);
+        if (s->prio < 0 && !counted) c->n_low_admitted++;
         s->state = S_OVERFLOW;
-        list_push(c, &c->overflow_head, &c->overflow_tail, i);
+        if (how == SUB_AGAIN)
+            list_push_front(c, &c->overflow_head[l], &c->overflow_tail[l], i);
+        else
+            list_push(c, &c->overflow_head[l], &c->overflow_tail[l], i);
         c->n_overflow++;
     }
 }
@@ -497,68 +630,92 @@ static void admit(tps_consumer *c, uint32_t i, const char *parse_error) {
         if (rc < 0) log1(c, TP_LOG_WARN, "scheduled_full", "id", s->id);
         slot_free(c, i);
     } else {
-        submit(c, i, 0);
+        submit(c, i, s->due ? SUB_DUE : SUB_NEW);
     }
 }
 
-/* Submissions that failed for lack of room, then the next of this user. */
-static void dispatch_after(tps_consumer *c, const char *user) {
-    if (user != NULL && user[0] != '\0') {
-        user_q *q = users_get(c, user, 0);
-        if (q != NULL) {
-            uint32_t i = list_pop(c, &q->head, &q->tail);
-            c->n_backlog--;
-            if (q->head == NIL) users_remove(c, q);
-            submit(c, i, 1);
-        }
+/* One of the user's entries ended, so the user has a free place in the
+ * pool: its best held entry of a lane >= 0 goes in. With only background
+ * entries held, one goes in if low_cap still allows after the round had its
+ * go (release_low), i.e. when every other user of the round is blocked too;
+ * else they wait for their turn in the round. */
+static void dispatch_user(tps_consumer *c, const char *user) {
+    user_q *q = users_get(c, user, 0);
+    if (q == NULL) return;
+    q->at_limit = 0;
+    for (int l = LANES - 1; l >= 0; l--) {
+        if (q->head[l] == NIL) continue;
+        if (l < LANE_NORMAL && c->low_cap != 0 && c->n_low_admitted >= c->low_cap) return;
+        submit(c, unhold(c, q, (unsigned)l), SUB_AGAIN);
+        return;
     }
+}
+
+/* Room for background entries: the users of the round, in turn, each submit
+ * their best held background entry, skipping users at their limit (whose own
+ * completions come first) and users with held entries of a lane >= 0 (those
+ * go first). Each user is visited at most once per call. */
+static void release_low(tps_consumer *c) {
+    for (uint32_t n = c->rr_len; n > 0 && c->rr_head != NIL && c->n_low_admitted < c->low_cap; n--) {
+        user_q *q = &c->users[c->rr_head];
+        round_remove(c, q); /* to the back of the round */
+        round_append(c, q);
+        if (q->at_limit || held_from(q, LANE_NORMAL)) continue;
+        unsigned l = LANE_NORMAL - 1;
+        while (q->head[l] == NIL) l--; /* n_low > 0: some background lane holds one */
+        uint32_t i = unhold(c, q, l);
+        submit(c, i, SUB_AGAIN);
+        if (c->slots[i].state == S_OVERFLOW) return; /* the pool is full: the overflow goes first */
+    }
+}
+
+/* After an entry of `user` ended: the background round when a background
+ * place freed (first, so that the user whose entry ended takes its turn like
+ * any other), then the user's next, then what the pool refused for room,
+ * highest lane first. */
+static void dispatch_after(tps_consumer *c, const char *user, int was_low) {
+    if (was_low && c->low_cap != 0) release_low(c);
+    if (user != NULL) dispatch_user(c, user);
     uint32_t n = c->n_overflow;
-    while (n-- > 0) {
-        uint32_t i = list_pop(c, &c->overflow_head, &c->overflow_tail);
-        c->n_overflow--;
-        /* It already passed its user's queue when it was first submitted:
-         * going to the back of that queue now could leave it behind entries
-         * that wait for a completion which will never come. */
-        submit(c, i, 1);
-        if (c->slots[i].state == S_OVERFLOW) break; /* still full: wait for the next completion */
+    for (int l = LANES - 1; l >= 0 && n > 0; l--) {
+        while (c->overflow_head[l] != NIL && n-- > 0) {
+            uint32_t i = list_pop(c, &c->overflow_head[l], &c->overflow_tail[l]);
+            c->n_overflow--;
+            /* It already passed its user's lane when it was first submitted:
+             * going to the back of that lane now could leave it behind
+             * entries that wait for a completion which will never come. */
+            submit(c, i, SUB_AGAIN);
+            if (c->slots[i].state == S_OVERFLOW) return; /* still full: wait for the next completion */
+        }
     }
 }
 
-static void process_completions(tps_consumer *c) {
-    uint32_t batch[256];
-    for (;;) {
-        uint32_t n = 0;
-        pthread_mutex_lock(&c->ring_mu);
-        while (c->ring_count > 0 && n < 256) {
-            batch[n++] = c->ring[c->ring_head];
-            c->ring_head = (c->ring_head + 1) % c->nslots;
-            c->ring_count--;
-        }
-        pthread_mutex_unlock(&c->ring_mu);
-        if (n == 0) return;
-        for (uint32_t k = 0; k < n; k++) {
-            uint32_t i = batch[k];
-            slot *s = &c->slots[i];
-            c->n_pool--;
-            char user[TP_USER_MAX + 1];
-            memcpy(user, s->user, strlen(s->user) + 1);
-            if (s->status < 0 || (s->canceled && !s->gave_up)) {
-                cnt_add(&c->n_abandoned, 1); /* forced shutdown: stays pending */
-                slot_free(c, i);
-            } else if (s->status == 0) {
-                s->state = S_DONE;
-                s->outcome = OUT_OK;
-                list_push(c, &c->done_head, &c->done_tail, i);
-                c->n_done++;
-            } else {
-                snprintf(s->reason_buf, sizeof s->reason_buf, "%s after %u attempts (status %d)%s",
-                         s->timed_out ? "timed out" : "failed", s->attempts, s->status,
-                         s->gave_up ? " (the entry's attempts)" : "");
-                finish_dead(c, i, s->reason_buf);
-            }
-            dispatch_after(c, user);
-        }
+/* A task's end, on the I/O thread inside tp_cq_drain (the completion queue
+ * orders the task's writes to the slot before this). */
+static void on_done(void *arg, int status) {
+    slot *s = arg;
+    tps_consumer *c = s->c;
+    uint32_t i = (uint32_t)(s - c->slots);
+    int was_low = s->prio < 0;
+    c->n_pool--;
+    if (was_low) c->n_low_admitted--;
+    char user[TP_USER_MAX + 1];
+    memcpy(user, s->user, strlen(s->user) + 1);
+    if (status < 0 || (s->canceled && !s->gave_up)) {
+        cnt_add(&c->n_abandoned, 1); /* forced shutdown: stays pending */
+        slot_free(c, i);
+    } else if (status == 0) {
+        s->state = S_DONE;
+        s->outcome = OUT_OK;
+        list_push(c, &c->done_head, &c->done_tail, i);
+        c->n_done++;
+    } else {
+        snprintf(s->reason_buf, sizeof s->reason_buf, "%s after %u attempts (status %d)%s",
+                 s->timed_out ? "timed out" : "failed", s->attempts, status,
+                 s->gave_up ? " (the entry's attempts)" : "");
+        finish_dead(c, i, s->reason_buf);
     }
+    if (!c->destroying) dispatch_after(c, user, was_low);
 }
 
 /* ------------------------------------------------------------------ connections */
@@ -579,6 +736,7 @@ static void disconnect(tps_consumer *c, const char *why, const char *detail) {
     if (c->wr != NULL) redisFree(c->wr);
     c->rd = c->wr = NULL;
     c->read_outstanding = 0;
+    c->read_failed = 0;
     cnt_set(&c->g_connected, 0);
     char ms[24];
     snprintf(ms, sizeof ms, "%u", c->backoff_ms);
@@ -691,15 +849,17 @@ failed:;
 
 /* ------------------------------------------------------------------ Redis work */
 
-/* A refused batch: keep the outcomes, stop reading, retry later, loudly. */
+/* A refused record or acknowledgement: keep those outcomes, stop reading,
+ * retry later, loudly. */
 static void write_refused(tps_consumer *c, const char *error) {
     char retry[24], n[24];
     snprintf(retry, sizeof retry, "%u", c->write_retry_ms);
     snprintf(n, sizeof n, "%u", c->n_done);
-    const char *kv[] = {"error",       error,
-                        "unwritten",   n,
-                        "retry_in_ms", retry,
-                        "effect",      "nothing acknowledged; reading stopped until outcomes can be written"};
+    const char *kv[] = {
+        "error",       error,
+        "unwritten",   n,
+        "retry_in_ms", retry,
+        "effect",      "those entries stay unacknowledged; reading stopped until they can be written"};
     logkv(c, TP_LOG_ERROR, "outcome_write_failed", kv, 4);
     cnt_add(&c->n_write_failures, 1);
     c->write_blocked_until = tp_now_ns() + ms_ns(c->write_retry_ms);
@@ -707,97 +867,298 @@ static void write_refused(tps_consumer *c, const char *error) {
         c->write_retry_ms * 2 > WRITE_RETRY_MAX_MS ? WRITE_RETRY_MAX_MS : c->write_retry_ms * 2;
 }
 
-/* One outcome script (scripts.h) per WRITE_BATCH finished entries. -1 when
- * the connection failed; 0 otherwise, also when the server refused a batch
- * (then write_blocked_until is set and the outcomes stay). */
+/* Append the field pairs of slot s's record, in the README's order:
+ * [reason], consumer, attempts, deliveries, [user], [started_ms,
+ * finished_ms], [result]; `num` holds NUMS_PER_RECORD numbers for it, the
+ * last one the pair count (for the outcome script). Returns the pair count. */
+static unsigned record_fields(tps_consumer *c, size_t *argc, const slot *s, char (*num)[24]) {
+    int ran = s->started_ms != 0;
+    unsigned pairs = 3 + (s->outcome == OUT_DEAD) + (s->user[0] != '\0') + 2 * ran + (s->result_len > 0);
+    snprintf(num[0], 24, "%u", s->attempts);
+    snprintf(num[1], 24, "%u", s->deliveries);
+    snprintf(num[2], 24, "%llu", (unsigned long long)s->started_ms);
+    snprintf(num[3], 24, "%llu", (unsigned long long)s->finished_ms);
+    snprintf(num[4], 24, "%u", pairs);
+    if (s->outcome == OUT_DEAD) {
+        args(c, argc, "reason");
+        args(c, argc, s->reason);
+    }
+    args(c, argc, "consumer");
+    args(c, argc, c->consumer);
+    args(c, argc, "attempts");
+    args(c, argc, num[0]);
+    args(c, argc, "deliveries");
+    args(c, argc, num[1]);
+    if (s->user[0] != '\0') {
+        args(c, argc, "user");
+        args(c, argc, s->user);
+    }
+    if (ran) {
+        args(c, argc, "started_ms");
+        args(c, argc, num[2]);
+        args(c, argc, "finished_ms");
+        args(c, argc, num[3]);
+    }
+    if (s->result_len > 0) {
+        args(c, argc, "result");
+        arg(c, argc, s->result, s->result_len);
+    }
+    return pairs;
+}
+
+/* RESP written by hand for the results' XADDs: hiredis's formatter (a
+ * printf-like call per argument) cost the I/O thread about as much as all
+ * the rest it does per record. A record's command is at most RECORD_MAX
+ * bytes: names of at most TPS_NAME_MAX, an id, a user, a result and four
+ * numbers with their headers. */
+#define RECORD_MAX (4 * TPS_NAME_MAX + TPS_ID_MAX + TP_USER_MAX + TPS_RESULT_MAX + 512)
+
+static char *resp_num(char *p, uint64_t v) {
+    char tmp[20];
+    int n = 0;
+    do tmp[n++] = (char)('0' + v % 10);
+    while ((v /= 10) != 0);
+    while (n > 0) *p++ = tmp[--n];
+    return p;
+}
+
+static char *resp_head(char *p, char type, size_t n) {
+    *p++ = type;
+    p = resp_num(p, n);
+    *p++ = '\r';
+    *p++ = '\n';
+    return p;
+}
+
+static char *resp_arg(char *p, const char *s, size_t n) {
+    p = resp_head(p, '$', n);
+    memcpy(p, s, n);
+    p += n;
+    *p++ = '\r';
+    *p++ = '\n';
+    return p;
+}
+
+static char *resp_str(char *p, const char *s) { return resp_arg(p, s, strlen(s)); }
+
+static char *resp_u64(char *p, uint64_t v) {
+    char tmp[20];
+    return resp_arg(p, tmp, (size_t)(resp_num(tmp, v) - tmp));
+}
+
+/* XADD <results> [MAXLEN ~ n] * id <id> <the record's fields> into buf (of
+ * RECORD_MAX bytes); its length. The fields as record_fields() has them. */
+static size_t format_result(const tps_consumer *c, const slot *s, char *buf) {
+    int capped = strcmp(c->results_maxlen, "0") != 0, ran = s->started_ms != 0;
+    size_t pairs = 4 + (s->user[0] != '\0') + 2 * (size_t)ran + (s->result_len > 0); /* id included */
+    char *p = resp_head(buf, '*', 3 + 3 * (size_t)capped + 2 * pairs);
+    p = resp_arg(p, "XADD", 4);
+    p = resp_str(p, c->results);
+    if (capped) {
+        p = resp_arg(p, "MAXLEN", 6);
+        p = resp_arg(p, "~", 1);
+        p = resp_str(p, c->results_maxlen);
+    }
+    p = resp_arg(p, "*", 1);
+    p = resp_arg(p, "id", 2);
+    p = resp_arg(p, s->id, s->id_len);
+    p = resp_arg(p, "consumer", 8);
+    p = resp_str(p, c->consumer);
+    p = resp_arg(p, "attempts", 8);
+    p = resp_u64(p, s->attempts);
+    p = resp_arg(p, "deliveries", 10);
+    p = resp_u64(p, s->deliveries);
+    if (s->user[0] != '\0') {
+        p = resp_arg(p, "user", 4);
+        p = resp_str(p, s->user);
+    }
+    if (ran) {
+        p = resp_arg(p, "started_ms", 10);
+        p = resp_u64(p, s->started_ms);
+        p = resp_arg(p, "finished_ms", 11);
+        p = resp_u64(p, s->finished_ms);
+    }
+    if (s->result_len > 0) {
+        p = resp_arg(p, "result", 6);
+        p = resp_arg(p, s->result, s->result_len);
+    }
+    return (size_t)(p - buf);
+}
+
+/* The reply's error text (copied: the reply is freed), for write_refused. */
+static void refusal(char *buf, size_t len, const redisReply *r) {
+    if (buf[0] == '\0') snprintf(buf, len, "%s", r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply");
+}
+
+static int receive_read(tps_consumer *c);
+
+/* While the writer waits for Redis: take in a read reply that has arrived,
+ * so that its entries run in the pool meanwhile. A failure is left to
+ * io_main (the writer is in use here). */
+static void read_meanwhile(tps_consumer *c) {
+    if (c->rd == NULL || c->read_outstanding == 0 || c->read_failed) return;
+    struct pollfd pf = {.fd = c->rd->fd, .events = POLLIN};
+    if (poll(&pf, 1, 0) > 0 && receive_read(c) != 0) c->read_failed = 1;
+}
+
+/*
+ * Write the finished entries' outcomes, WRITE_BATCH at a time, and
+ * acknowledge an entry only once its record is in Redis:
+ *   1. pipelined, one XADD to the results stream per success whose record is
+ *      not written yet (plain commands: no script on the hot path), and one
+ *      outcome script (scripts.h) for the batch's dead records, which copies
+ *      each entry's fields into its record and acknowledges it last;
+ *   2. with the XADD replies in: one XACK for the successes whose record
+ *      was written -- never for one whose XADD was refused.
+ * What was refused stays in the done list in its order (a success whose
+ * record is written keeps `written`, so only its XACK is sent again), reading
+ * stops and the write is retried later (write_refused). -1 when the
+ * connection failed (the outcomes stay; what was written is remembered);
+ * 0 otherwise.
+ */
 static int write_outcomes(tps_consumer *c) {
     if (c->write_blocked_until != 0 && tp_now_ns() < c->write_blocked_until) return 0;
     while (c->n_done > 0) {
-        uint32_t batch[WRITE_BATCH], n = 0;
+        uint32_t batch[WRITE_BATCH], n = 0, n_xadd = 0, n_dead = 0;
         for (uint32_t i = c->done_head; i != NIL && n < WRITE_BATCH; i = c->slots[i].next) batch[n++] = i;
-        size_t argc = 0;
-        args(c, &argc, "EVAL");
-        args(c, &argc, tps_script_outcomes);
-        args(c, &argc, "3");
-        args(c, &argc, c->stream);
-        args(c, &argc, c->results);
-        args(c, &argc, c->dead);
-        args(c, &argc, c->group);
-        args(c, &argc, c->results_maxlen);
-        args(c, &argc, c->dead_maxlen);
+        char refused[200] = "";
+        /* 1. the records */
         for (uint32_t k = 0; k < n; k++) {
             slot *s = &c->slots[batch[k]];
-            char(*num)[24] = &c->numbuf[(size_t)k * NUMS_PER_RECORD];
-            int ran = s->started_ms != 0;
-            unsigned pairs =
-                3 + (s->outcome == OUT_DEAD) + (s->user[0] != '\0') + 2 * ran + (s->result_len > 0);
-            snprintf(num[0], 24, "%u", s->attempts);
-            snprintf(num[1], 24, "%u", s->deliveries);
-            snprintf(num[2], 24, "%llu", (unsigned long long)s->started_ms);
-            snprintf(num[3], 24, "%llu", (unsigned long long)s->finished_ms);
-            args(c, &argc, s->outcome == OUT_OK ? "R" : "D");
-            args(c, &argc, s->no_ack ? "0" : "1");
-            arg(c, &argc, s->id, s->id_len);
-            snprintf(num[4], 24, "%u", pairs);
-            args(c, &argc, num[4]);
-            if (s->outcome == OUT_DEAD) {
-                args(c, &argc, "reason");
-                args(c, &argc, s->reason);
+            if (s->outcome != OUT_OK) {
+                n_dead++;
+                continue;
             }
-            args(c, &argc, "consumer");
-            args(c, &argc, c->consumer);
-            args(c, &argc, "attempts");
-            args(c, &argc, num[0]);
-            args(c, &argc, "deliveries");
-            args(c, &argc, num[1]);
-            if (s->user[0] != '\0') {
-                args(c, &argc, "user");
-                args(c, &argc, s->user);
-            }
-            if (ran) {
-                args(c, &argc, "started_ms");
-                args(c, &argc, num[2]);
-                args(c, &argc, "finished_ms");
-                args(c, &argc, num[3]);
-            }
-            if (s->result_len > 0) {
-                args(c, &argc, "result");
-                arg(c, &argc, s->result, s->result_len);
-            }
+            if (s->written) continue;
+            char cmd[RECORD_MAX];
+            if (redisAppendFormattedCommand(c->wr, cmd, format_result(c, s, cmd)) != REDIS_OK) return -1;
+            n_xadd++;
         }
-        redisReply *r = wr_command(c, argc);
-        if (r == NULL) return -1; /* nothing known: reconnect and write again (at least once) */
-        if (r->type != REDIS_REPLY_INTEGER) {
-            write_refused(c, r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply");
+        if (n_dead > 0) {
+            size_t argc = 0;
+            args(c, &argc, "EVAL");
+            args(c, &argc, tps_script_outcomes);
+            args(c, &argc, "3");
+            args(c, &argc, c->stream);
+            args(c, &argc, c->results);
+            args(c, &argc, c->dead);
+            args(c, &argc, c->group);
+            args(c, &argc, c->results_maxlen);
+            args(c, &argc, c->dead_maxlen);
+            for (uint32_t k = 0; k < n; k++) {
+                slot *s = &c->slots[batch[k]];
+                if (s->outcome != OUT_DEAD) continue;
+                char(*num)[24] = &c->numbuf[(size_t)k * NUMS_PER_RECORD];
+                args(c, &argc, "D");
+                args(c, &argc, s->no_ack ? "0" : "1");
+                arg(c, &argc, s->id, s->id_len);
+                size_t at = argc;
+                args(c, &argc, ""); /* the pair count, known below */
+                (void)record_fields(c, &argc, s, num);
+                c->argv[at] = num[4];
+                c->argvlen[at] = strlen(num[4]);
+            }
+            if (redisAppendCommandArgv(c->wr, (int)argc, c->argv, c->argvlen) != REDIS_OK) return -1;
+        }
+        /* Send it all, then let the entries of a read that came in run while
+         * Redis adds the records (admit() may append dead records to the done
+         * list: behind this batch, which stays at its head). */
+        for (int sent = 0; !sent;)
+            if (redisBufferWrite(c->wr, &sent) != REDIS_OK) return -1;
+        read_meanwhile(c);
+        for (uint32_t k = 0; k < n && n_xadd > 0; k++) { /* the XADD replies, in the order sent */
+            slot *s = &c->slots[batch[k]];
+            if (s->outcome != OUT_OK || s->written) continue;
+            redisReply *r = NULL;
+            if (redisGetReply(c->wr, (void **)&r) != REDIS_OK) return -1;
+            if (r->type == REDIS_REPLY_STRING)
+                s->written = 1;
+            else
+                refusal(refused, sizeof refused, r);
             freeReplyObject(r);
-            return 0;
+            n_xadd--;
         }
-        long long acked = r->integer;
-        freeReplyObject(r);
-        if (c->write_blocked_until != 0) {
-            log1(c, TP_LOG_INFO, "outcome_write_recovered", NULL, NULL);
-            c->write_blocked_until = 0;
+        int dead_ok = 0;
+        long long dead_acked = 0;
+        if (n_dead > 0) {
+            redisReply *r = NULL;
+            if (redisGetReply(c->wr, (void **)&r) != REDIS_OK) return -1;
+            if (r->type == REDIS_REPLY_INTEGER) {
+                dead_ok = 1;
+                dead_acked = r->integer;
+            } else {
+                refusal(refused, sizeof refused, r);
+            }
+            freeReplyObject(r);
         }
-        c->write_retry_ms = WRITE_RETRY_MIN_MS;
-        uint64_t ok = 0, dead = 0, to_ack = 0;
+        /* 2. the acknowledgements of the written successes */
+        size_t argc = 0;
+        args(c, &argc, "XACK");
+        args(c, &argc, c->stream);
+        args(c, &argc, c->group);
+        size_t first = argc;
+        for (uint32_t k = 0; k < n; k++) {
+            slot *s = &c->slots[batch[k]];
+            if (s->outcome == OUT_OK && s->written && !s->no_ack) arg(c, &argc, s->id, s->id_len);
+        }
+        int ack_ok = 1;
+        long long acked = 0;
+        if (argc > first) {
+            redisReply *r = wr_command(c, argc);
+            if (r == NULL) return -1; /* the records stay written; the XACK is sent again */
+            if (r->type == REDIS_REPLY_INTEGER) {
+                acked = r->integer;
+            } else {
+                ack_ok = 0;
+                refusal(refused, sizeof refused, r);
+            }
+            freeReplyObject(r);
+        }
+        /* 3. free what is done; the rest stays at the head of the list, in order */
+        uint32_t keep_head = NIL, keep_tail = NIL, kept = 0;
+        uint64_t ok = 0, dead = 0, dead_to_ack = 0;
         for (uint32_t k = 0; k < n; k++) {
             uint32_t i = list_pop(c, &c->done_head, &c->done_tail);
             slot *s = &c->slots[i];
-            to_ack += !s->no_ack;
+            int done = s->outcome == OUT_OK ? s->written && (ack_ok || s->no_ack) : dead_ok;
+            if (!done) {
+                list_push(c, &keep_head, &keep_tail, i);
+                kept++;
+                continue;
+            }
             if (s->outcome == OUT_OK) {
                 ok++;
             } else {
                 dead++;
+                dead_to_ack += !s->no_ack;
                 const char *kv[] = {"id", s->id, "reason", s->reason, "user", s->user};
                 logkv(c, TP_LOG_WARN, "dead", kv, s->user[0] != '\0' ? 3 : 2);
             }
             slot_free(c, i);
         }
-        if (acked < (long long)to_ack) cnt_add(&c->n_ack_missed, (uint64_t)((long long)to_ack - acked));
-        c->n_done -= n;
-        cnt_add(&c->n_acked, n);
+        if (keep_head != NIL) {
+            c->slots[keep_tail].next = c->done_head;
+            if (c->done_head == NIL) c->done_tail = keep_tail;
+            c->done_head = keep_head;
+        }
+        uint64_t ok_to_ack = ack_ok ? (uint64_t)(argc - first) : 0;
+        if (ack_ok && acked < (long long)ok_to_ack)
+            cnt_add(&c->n_ack_missed, (uint64_t)((long long)ok_to_ack - acked));
+        if (dead_ok && dead_acked < (long long)dead_to_ack)
+            cnt_add(&c->n_ack_missed, (uint64_t)((long long)dead_to_ack - dead_acked));
+        c->n_done -= n - kept;
+        cnt_add(&c->n_acked, ok + dead);
         cnt_add(&c->n_succeeded, ok);
         cnt_add(&c->n_dead, dead);
+        if (refused[0] != '\0') {
+            write_refused(c, refused);
+            return 0;
+        }
+        if (c->write_blocked_until != 0) {
+            log1(c, TP_LOG_INFO, "outcome_write_recovered", NULL, NULL);
+            c->write_blocked_until = 0;
+        }
+        c->write_retry_ms = WRITE_RETRY_MIN_MS;
     }
     return 0;
 }
@@ -885,7 +1246,9 @@ static uint32_t take_entry(tps_consumer *c, const redisReply *e, const char **pe
         e->element[0]->len == 0 || e->element[0]->len > TPS_ID_MAX)
         return NIL;
     const redisReply *id = e->element[0];
-    if (ids_find(c, id->str, id->len) != NIL || tps_sched_has(c->sched, id->str, id->len)) return NIL;
+    if (ids_find(c, id->str, id->len) != NIL ||
+        (tps_sched_count(c->sched) > 0 && tps_sched_has(c->sched, id->str, id->len)))
+        return NIL;
     uint32_t i = slot_alloc(c);
     if (i == NIL) return NIL;
     slot *s = &c->slots[i];
@@ -1165,27 +1528,30 @@ static void apply_stop(tps_consumer *c) {
         c->read_outstanding = 0;
     }
     uint32_t released = 0;
+    c->n_low_admitted = 0;
     for (uint32_t i = 0; i < c->nslots; i++) {
         slot *s = &c->slots[i];
         if (s->state == S_BACKLOG || s->state == S_OVERFLOW) {
             slot_free(c, i);
             released++;
+        } else if (s->state == S_POOL && s->prio < 0) {
+            c->n_low_admitted++;
         }
     }
-    for (uint32_t u = 0; u <= c->users_mask; u++) c->users[u].head = c->users[u].tail = NIL;
+    users_reset(c);
     released += tps_sched_count(c->sched); /* waiting for their time: pending, another worker claims them */
     tps_sched_clear(c->sched);
     c->n_backlog = c->n_overflow = 0;
-    c->overflow_head = c->overflow_tail = NIL;
+    for (int l = 0; l < LANES; l++) c->overflow_head[l] = c->overflow_tail[l] = NIL;
     char num[16];
     snprintf(num, sizeof num, "%u", released);
     log1(c, TP_LOG_INFO, "reading_stopped", "released", num);
 }
 
-static void drain_wake(tps_consumer *c) {
-    atomic_store(&c->wake_pending, 0);
-    char buf[64];
-    while (read(c->wake[0], buf, sizeof buf) > 0) {
+static void drain_ctl(tps_consumer *c) {
+    atomic_store(&c->ctl_pending, 0);
+    uint64_t v;
+    while (read(c->ctl_fd, &v, sizeof v) > 0) {
     }
 }
 
@@ -1193,19 +1559,24 @@ static void *io_main(void *arg) {
     tps_consumer *c = arg;
     c->next_connect_ns = tp_now_ns();
     for (;;) {
-        drain_wake(c);
-        process_completions(c);
-        if (c->n_overflow > 0) dispatch_after(c, NULL); /* room may have appeared without a completion */
+        drain_ctl(c);
+        (void)tp_cq_drain(c->cq, 0);                       /* the tasks' ends: on_done, here */
+        if (c->n_overflow > 0) dispatch_after(c, NULL, 0); /* room may have appeared without a completion */
         int stopping = atomic_load(&c->stop_reading);
         if (stopping && !c->stopped_applied) apply_stop(c);
         uint64_t now = tp_now_ns();
         if (atomic_load(&c->finishing)) {
-            int ring_empty;
-            pthread_mutex_lock(&c->ring_mu);
-            ring_empty = c->ring_count == 0;
-            pthread_mutex_unlock(&c->ring_mu);
-            if ((c->n_done == 0 && ring_empty) || now >= atomic_load(&c->finish_deadline)) {
-                c->finish_result = c->n_done == 0 && ring_empty ? 0 : -1;
+            /* The pool has drained (or its shutdown was forced and its
+             * workers had their second to return): every completion of a
+             * task that ended is in the queue. Nothing is left when a drain
+             * finds none and every outcome is written. */
+            int more = tp_cq_drain(c->cq, 0) > 0;
+            if (c->n_done == 0 && !more) {
+                c->finish_result = 0;
+                break;
+            }
+            if (now >= atomic_load(&c->finish_deadline)) {
+                c->finish_result = c->n_done == 0 ? 0 : -1;
                 break;
             }
         }
@@ -1219,6 +1590,13 @@ static void *io_main(void *arg) {
              * to keep; outcomes can wait the few ms a fetch takes. */
             if (!stopping && c->write_blocked_until == 0 && dispatch_due(c) != 0)
                 fail = "fetching due entries";
+            /* The next read goes out before the outcomes are written (when
+             * there is room already), so that Redis serves it while this
+             * thread formats the records, and its reply waits in the socket. */
+            if (fail == NULL && !stopping && c->rd != NULL && c->read_outstanding == 0) {
+                uint32_t room = read_room(c);
+                if (room > 0 && send_read(c, room) != 0) fail = "reading";
+            }
             if (fail == NULL && c->n_done > 0 && write_outcomes(c) != 0) fail = "writing outcomes";
             /* Never starved by a steady stream of outcomes: a held entry whose
              * idle time passed CLAIM_IDLE would be claimed by another worker. */
@@ -1239,6 +1617,7 @@ static void *io_main(void *arg) {
                 uint32_t room = read_room(c);
                 if (room > 0 && send_read(c, room) != 0) fail = "reading";
             }
+            if (fail == NULL && c->read_failed) fail = "reading";
             if (fail == NULL && c->read_outstanding > 0 &&
                 now > c->read_sent_ns + ms_ns(c->block_ms) + ms_ns(COMMAND_TIMEOUT_MS))
                 fail = "read timed out";
@@ -1273,10 +1652,12 @@ static void *io_main(void *arg) {
         if (atomic_load(&c->finishing) && atomic_load(&c->finish_deadline) < due)
             due = atomic_load(&c->finish_deadline);
         int timeout = due > now ? (int)((due - now + 999999) / 1000000) : 0;
-        struct pollfd pf[2] = {{.fd = c->wake[0], .events = POLLIN}, {.fd = -1, .events = POLLIN}};
-        if (c->rd != NULL && c->read_outstanding > 0) pf[1].fd = c->rd->fd;
-        int n = poll(pf, 2, timeout);
-        if (n > 0 && (pf[1].revents & (POLLIN | POLLHUP | POLLERR)) && c->rd != NULL && receive_read(c) != 0)
+        struct pollfd pf[3] = {{.fd = tp_cq_fd(c->cq), .events = POLLIN},
+                               {.fd = c->ctl_fd, .events = POLLIN},
+                               {.fd = -1, .events = POLLIN}};
+        if (c->rd != NULL && c->read_outstanding > 0) pf[2].fd = c->rd->fd;
+        int n = poll(pf, 3, timeout);
+        if (n > 0 && (pf[2].revents & (POLLIN | POLLHUP | POLLERR)) && c->rd != NULL && receive_read(c) != 0)
             disconnect(c, "reading", c->rd != NULL && c->rd->err ? c->rd->errstr : NULL);
     }
     if (c->rd != NULL) redisFree(c->rd);
@@ -1309,9 +1690,9 @@ static uint32_t pow2_at_least(uint32_t n) {
 /* The consumer's arrays, allocated at create; each may be NULL. */
 static void free_buffers(tps_consumer *c) {
     free(c->slots);
-    free(c->ring);
     free(c->ids);
     free(c->users);
+    free(c->uidx);
     free(c->argv);
     free(c->argvlen);
     free(c->claim_got);
@@ -1372,6 +1753,9 @@ int tps_create(tps_consumer **out, const tps_config *cfg, char *err, size_t errl
     snprintf(c->dead_maxlen, sizeof c->dead_maxlen, "%llu", (unsigned long long)cfg->dead_maxlen);
     c->trim_interval_ns = cfg->trim_interval_ns;
     c->max_retries = cfg->max_retries;
+    /* Background entries in the pool: those that may run, and as many
+     * queued behind them, so a worker finds the next one at once. */
+    c->low_cap = 2 * cfg->low_prio_max_running;
     c->pool = cfg->pool;
     c->pool_capacity = cfg->pool_capacity;
     c->queue_capacity = cfg->queue_capacity < cfg->pool_capacity ? cfg->queue_capacity : 0;
@@ -1390,17 +1774,17 @@ int tps_create(tps_consumer **out, const tps_config *cfg, char *err, size_t errl
                         : quarter_ms > BACKOFF_MAX_MS ? BACKOFF_MAX_MS
                                                       : (unsigned)quarter_ms;
     c->write_retry_ms = WRITE_RETRY_MIN_MS;
-    c->wake[0] = c->wake[1] = -1;
+    c->ctl_fd = -1;
 
     uint32_t idsz = pow2_at_least(2 * c->nslots);
     c->ids_mask = idsz - 1;
-    c->users_mask = idsz - 1;
+    c->uidx_mask = idsz - 1;
     /* the largest command: an outcome batch, at most 4 + 2 x 9 arguments per record */
     c->argcap = (c->nslots > WRITE_BATCH * 22 ? c->nslots : WRITE_BATCH * 22) + CLAIM_ARGS_MAX + 32;
     c->slots = calloc(c->nslots, sizeof *c->slots);
-    c->ring = calloc(c->nslots, sizeof *c->ring);
     c->ids = calloc(idsz, sizeof *c->ids);
-    c->users = calloc(idsz, sizeof *c->users);
+    c->users = calloc(c->nslots, sizeof *c->users);
+    c->uidx = calloc(idsz, sizeof *c->uidx);
     c->argv = calloc(c->argcap, sizeof *c->argv);
     c->argvlen = calloc(c->argcap, sizeof *c->argvlen);
     c->claim_got = calloc(c->nslots, sizeof *c->claim_got);
@@ -1408,15 +1792,17 @@ int tps_create(tps_consumer **out, const tps_config *cfg, char *err, size_t errl
     c->due_buf = calloc(DUE_BATCH, sizeof *c->due_buf);
     c->numbuf = calloc((size_t)WRITE_BATCH * NUMS_PER_RECORD, sizeof *c->numbuf);
     c->sched = tps_sched_create(cfg->scheduled_max != 0 ? cfg->scheduled_max : 10000);
+    /* Every task is bound to the completion queue. Its places are taken by
+     * entries in the pool and by completions not drained yet, each a slot of
+     * its own: nslots places are never all taken (a refusal would only send
+     * the entry to the overflow list). */
+    unsigned cq_places = c->nslots < TP_MAX_QUEUE_CAPACITY ? c->nslots : TP_MAX_QUEUE_CAPACITY;
     if (c->due_buf == NULL || c->numbuf == NULL || c->sched == NULL || c->claim_got == NULL ||
-        c->claim_err == NULL || c->slots == NULL || c->ring == NULL || c->ids == NULL || c->users == NULL ||
-        c->argv == NULL || c->argvlen == NULL || pipe2(c->wake, O_NONBLOCK | O_CLOEXEC) != 0 ||
-        pthread_mutex_init(&c->ring_mu, NULL) != 0) {
+        c->claim_err == NULL || c->slots == NULL || c->ids == NULL || c->users == NULL || c->uidx == NULL ||
+        c->argv == NULL || c->argvlen == NULL || (c->ctl_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0 ||
+        tp_cq_create(&c->cq, cq_places) != TP_OK) {
         snprintf(err, errlen, "out of memory");
-        if (c->wake[0] >= 0) {
-            close(c->wake[0]);
-            close(c->wake[1]);
-        }
+        if (c->ctl_fd >= 0) close(c->ctl_fd);
         free_buffers(c);
         free(c);
         return -1;
@@ -1426,10 +1812,11 @@ int tps_create(tps_consumer **out, const tps_config *cfg, char *err, size_t errl
         c->slots[i].state = S_FREE;
         c->slots[i].next = i + 1 < c->nslots ? i + 1 : NIL;
     }
-    for (uint32_t u = 0; u < idsz; u++) c->users[u].head = c->users[u].tail = NIL;
+    users_reset(c);
     c->free_head = 0;
     c->n_free = c->nslots;
-    c->overflow_head = c->overflow_tail = c->done_head = c->done_tail = NIL;
+    for (int l = 0; l < LANES; l++) c->overflow_head[l] = c->overflow_tail[l] = NIL;
+    c->done_head = c->done_tail = NIL;
     *out = c;
     return 0;
 }
@@ -1441,9 +1828,10 @@ int tps_start(tps_consumer *c) {
 }
 
 static void wake(tps_consumer *c) {
-    if (atomic_exchange(&c->wake_pending, 1) == 0) {
-        if (write(c->wake[1], "w", 1) < 0) {
-            /* full pipe: already awake */
+    if (atomic_exchange(&c->ctl_pending, 1) == 0) {
+        uint64_t one = 1;
+        if (write(c->ctl_fd, &one, sizeof one) < 0) {
+            /* EAGAIN: the counter is full, so the thread is awake anyway */
         }
     }
 }
@@ -1468,9 +1856,14 @@ int tps_finish(tps_consumer *c, uint64_t budget_ns) {
 void tps_destroy(tps_consumer *c) {
     if (c == NULL) return;
     if (c->started) (void)tps_finish(c, 0);
-    close(c->wake[0]);
-    close(c->wake[1]);
-    pthread_mutex_destroy(&c->ring_mu);
+    /* Completions that came after the I/O thread stopped: their entries are
+     * forgotten (still pending in the group) without a submit. */
+    c->destroying = 1;
+    while (tp_cq_drain(c->cq, 0) > 0) {
+    }
+    if (tp_cq_destroy(c->cq) != TP_OK) /* a task still runs: the caller broke the contract */
+        log1(c, TP_LOG_ERROR, "completion_queue_busy", "effect", "the queue is not freed");
+    close(c->ctl_fd);
     free_buffers(c);
     free(c);
 }
@@ -1490,6 +1883,7 @@ void tps_stats_get(tps_consumer *c, tps_stats *o) {
     o->ack_missed = LD(n_ack_missed);
     o->abandoned = LD(n_abandoned);
     o->user_waits = LD(n_user_waits);
+    o->low_prio_waits = LD(n_low_prio_waits);
     o->reconnects = LD(n_reconnects);
     o->deleted = LD(n_deleted);
     o->scheduled = LD(n_scheduled);
@@ -1519,6 +1913,7 @@ int tps_stats_format(const tps_stats *s, char *buf, size_t len) {
         R(ack_missed, 1, "Outcomes written for entries another consumer had acknowledged (duplicates)."),
         R(abandoned, 1, "Entries cancelled by a forced shutdown, left pending for another consumer."),
         R(user_waits, 1, "Entries that waited in the local backlog for a user slot."),
+        R(low_prio_waits, 1, "Background entries that waited in the local backlog for LOW_PRIO_MAX_RUNNING."),
         R(reconnects, 1, "Connections re-established after a loss."),
         R(deleted, 1, "Dead entries that were deleted from the stream before they ran."),
         R(scheduled, 1, "Entries that waited for their time (not_before, defer)."),

@@ -12,43 +12,79 @@
  * connections to the same server:
  *   reader  XREADGROUP ... COUNT <free capacity> BLOCK <ms> STREAMS s >,
  *           sent without waiting for the answer; the thread poll()s its socket
- *           together with a wake-up pipe;
- *   writer  everything else, synchronously: outcome scripts, XAUTOCLAIM,
+ *           together with the completion queue's descriptor and a control
+ *           eventfd (tps_stop_reading, tps_finish);
+ *   writer  everything else, synchronously: outcome records, XAUTOCLAIM,
  *           the idle-time heartbeat (XCLAIM ... JUSTID), XGROUP CREATE, the
  *           fetch of scheduled entries that came due, the trim.
- * The pool's threads never call Redis: a task's on_done pushes the entry's
- * slot onto a bounded completion ring and wakes the I/O thread, which batches
- * the outcomes into one script (scripts.h): XADD <results|dead> ... per entry,
- * then one XACK for the batch. The script stops at the first failing call, so
- * an entry is acknowledged only once its outcome is written; when a batch is
- * refused (say the results key became a string), the outcomes stay in their
- * slots, reading stops, and the batch is retried with backoff, logged each
- * time. (The ring and the pipe are the place where the library's completion
- * queue, tp_cq, will plug in: on_done and process_completions are its two
- * ends.)
+ * The pool's threads never call Redis, nor anything of the consumer: every
+ * task is bound to the consumer's completion queue (tp_cq, taskpool.h section
+ * 15), so its on_done runs on the I/O thread, inside tp_cq_drain(), when
+ * tp_cq_fd() polls readable. The queue has a place for every slot, so it
+ * never refuses; a forced shutdown's TP_ECANCELED endings arrive through it
+ * too. on_done files the outcome and submits what the end lets go in (the
+ * user's next held entry, a background entry, an overflow). The outcomes are
+ * written in batches: one pipelined XADD to the results stream per success,
+ * one outcome script (scripts.h) for the batch's dead records, then, with
+ * the replies in, one XACK for the successes whose record was written. So an
+ * entry is acknowledged only once its record is written; when a record is
+ * refused (say the results key became a string), its outcome stays in its
+ * slot, reading stops, and the write is retried with backoff, logged each
+ * time. A record written whose XACK failed is not written again: only the
+ * XACK is retried.
  *
  * Memory is fixed at tps_create(): `pool_capacity + backlog` entry slots
- * (the most entries this process holds at any time), the completion ring,
- * two hash tables (held ids, users with a backlog) and the timer heap of
- * scheduled entries (timers.h). Reading, running and writing an entry
- * allocates nothing here (hiredis allocates its replies).
+ * (the most entries this process holds at any time), the completion queue's
+ * ring, as many user records, two hash tables (held ids, users with held
+ * entries) and the timer heap of scheduled entries (timers.h). Reading,
+ * running and writing an entry allocates nothing here (hiredis allocates its
+ * replies).
  *
  * Scheduled entries (`not_before`, `defer`): an entry read before its time
  * gives its slot back and waits in the timer heap as an id and a due time,
  * pending in the group (the heartbeat keeps it ours). When it is due, the
  * I/O thread reads its fields again (XRANGE) and submits it ahead of any new
- * read; it then waits for a place like any entry. An entry deleted from the
- * stream meanwhile goes to the dead stream. The heap's capacity caps the
- * reads: with it full, nothing more is read until one is due.
+ * read, in its own priority lane (a due entry is not raised: give entries
+ * that must start on time a priority above the work that fills the queue).
+ * If it must be held (below), it goes before the held entries of its user
+ * and lane that did not wait for a time, since it was read before them. An
+ * entry deleted from the stream meanwhile goes to the dead stream. The heap's
+ * capacity caps the reads: with it full, nothing more is read until one is
+ * due.
  *
- * Back-pressure. XREADGROUP's COUNT is the pool's free room
- * (pool_capacity - entries in the pool, and at most the free places in its
- * queue when queue_capacity is given), capped by the free slots; with no
- * room, nothing is read, and the thread sleeps in poll(). An entry whose
- * user is at the pool's max_per_user (tp_submit -> TP_EUSERLIMIT) waits in
- * that user's FIFO in the local backlog and is submitted when one of the
- * user's tasks ends -- never retried in a loop. When slots run out (outcomes
- * not yet written count too, e.g. while Redis is away), reading stops.
+ * Priorities and fair shares are the pool's (taskpool.h section 14): an
+ * entry's `priority` is its tp_task_opts.priority, its `user` its user, and
+ * the pool picks the next start among the entries in its queue (lanes, the
+ * round of a fair pool, weights). The consumer only keeps out of the pool
+ * what could not start there anyway, so the pool's queue holds startable
+ * entries and reading goes on past entries that must wait:
+ *
+ * Back-pressure and the local backlog. XREADGROUP's COUNT is the pool's free
+ * room (pool_capacity - entries in the pool, and at most the free places in
+ * its queue when queue_capacity is given), capped by the free slots; with no
+ * room, nothing is read, and the thread sleeps in poll(). An entry that cannot
+ * start is held in the local backlog, in its user's record, in the FIFO of its
+ * priority lane, and submitted when the event it waits for comes -- never
+ * retried in a loop:
+ *   - its user is at the pool's max_per_user (tp_submit -> TP_EUSERLIMIT), or
+ *     an entry of its user in the same or a higher lane is held already:
+ *     when one of the user's tasks ends, the user's best held entry (highest
+ *     lane first, then read order) goes in. An urgent entry thus never waits
+ *     behind its user's held normal entries: it goes into the pool at once if
+ *     the user has a free place, else it is the user's next;
+ *   - a background entry (priority < 0) while 2 x low_prio_max_running of
+ *     them are in the pool (that many may run, as many wait behind them):
+ *     when one of those ends, the users with held background entries take
+ *     turns (one entry each, users at their limit skipped), so a user's
+ *     background burst does not hold up another user's either. Without this,
+ *     background entries that may not start would fill the pool's queue and
+ *     stop the reading of the normal entries behind them while workers idle.
+ * Priorities and fairness therefore act on what this process holds: the pool
+ * plus the local backlog. The stream is read in order, so an entry behind
+ * more unread entries than that waits until the reading reaches it; size
+ * QUEUE_CAPACITY and LOCAL_BACKLOG for the bursts to be fair across. When
+ * slots run out (outcomes not yet written count too, e.g. while Redis is
+ * away), reading stops.
  *
  * Recovery. Every claim_idle / 2 the thread XAUTOCLAIMs entries idle longer
  * than claim_idle from any consumer (dead ones included), and every
@@ -68,8 +104,10 @@
  * naming the field.
  *
  * Shutdown: tps_stop_reading(); tp_shutdown(pool, budget); tps_finish().
- * Tasks that end cancelled (forced shutdown) write nothing and stay pending
- * in the group, so another consumer claims them after claim_idle.
+ * tps_finish drains the completion queue until a drain finds none and every
+ * outcome is written (or its budget runs out). Tasks that end cancelled
+ * (forced shutdown: TP_ECANCELED through the queue) write nothing and stay
+ * pending in the group, so another consumer claims them after claim_idle.
  */
 #ifndef TP_STREAM_H
 #define TP_STREAM_H
@@ -92,6 +130,7 @@ typedef struct tps_msg {
     const char *user;    /* NULL when the entry has none */
     uint64_t work_ns;    /* `work` (alias `delay`), 0 when absent */
     uint32_t fail;       /* `fail`: 0, N, or TPS_FAIL_ALWAYS */
+    int priority;        /* `priority`, TP_PRIO_MIN..TP_PRIO_MAX (0 when absent) */
     const char *payload; /* NULL when absent; not NUL-terminated */
     size_t payload_len;
     unsigned deliveries;   /* how often Redis has delivered it, this time included */
@@ -125,29 +164,31 @@ int tps_default_handler(tp_ctx *ctx, const tps_msg *msg, void *arg);
 typedef void (*tps_log_fn)(void *log_arg, int level, const char *event, const char *const *kv, size_t nkv);
 
 typedef struct tps_config {
-    const char *redis_url;      /* redis_conn.h; NULL -> redis://127.0.0.1:6379 */
-    const char *redis_password; /* REDIS_PASSWORD, or NULL */
-    const char *stream;         /* NULL -> "tasks" */
-    const char *group;          /* NULL -> "taskpool"; created with MKSTREAM when missing */
-    const char *group_start;    /* where a missing group starts: "$" (NULL) or "0" */
-    const char *consumer;       /* NULL -> "<hostname>-<pid>" */
-    const char *results_stream; /* NULL -> "tasks:done"; must differ from stream */
-    const char *dead_stream;    /* NULL -> "tasks:dead"; must differ from stream */
-    uint64_t results_maxlen;    /* 0 -> unbounded; else XADD MAXLEN ~ n */
-    uint64_t dead_maxlen;       /* likewise */
-    uint64_t trim_interval_ns;  /* 0 -> no trim; else trim the stream below what every group needs */
-    unsigned scheduled_max;     /* entries waiting for their time; 0 -> 10000 */
-    tp_pool *pool;              /* required; the caller creates and shuts it down */
-    unsigned pool_capacity;     /* required: the pool's workers + queue_capacity */
-    unsigned max_retries;       /* the pool's max_retries (an entry's `attempts` can only lower it) */
-    unsigned queue_capacity;    /* the pool's queue_capacity; 0 -> unknown. When given, a read never
+    const char *redis_url;         /* redis_conn.h; NULL -> redis://127.0.0.1:6379 */
+    const char *redis_password;    /* REDIS_PASSWORD, or NULL */
+    const char *stream;            /* NULL -> "tasks" */
+    const char *group;             /* NULL -> "taskpool"; created with MKSTREAM when missing */
+    const char *group_start;       /* where a missing group starts: "$" (NULL) or "0" */
+    const char *consumer;          /* NULL -> "<hostname>-<pid>" */
+    const char *results_stream;    /* NULL -> "tasks:done"; must differ from stream */
+    const char *dead_stream;       /* NULL -> "tasks:dead"; must differ from stream */
+    uint64_t results_maxlen;       /* 0 -> unbounded; else XADD MAXLEN ~ n */
+    uint64_t dead_maxlen;          /* likewise */
+    uint64_t trim_interval_ns;     /* 0 -> no trim; else trim the stream below what every group needs */
+    unsigned scheduled_max;        /* entries waiting for their time; 0 -> 10000 */
+    tp_pool *pool;                 /* required; the caller creates and shuts it down */
+    unsigned pool_capacity;        /* required: the pool's workers + queue_capacity */
+    unsigned max_retries;          /* the pool's max_retries (an entry's `attempts` can only lower it) */
+    unsigned queue_capacity;       /* the pool's queue_capacity; 0 -> unknown. When given, a read never
                                  * asks for more than the queue can take at once, so tp_submit does
                                  * not meet TP_EFULL in the instant before the workers pick up */
-    unsigned backlog;           /* entries held locally beyond the pool; 0 -> pool_capacity */
-    uint64_t claim_idle_ns;     /* 0 -> 30 s; at least 10 ms */
-    unsigned max_deliveries;    /* 0 -> 5 */
-    unsigned block_ms;          /* XREADGROUP BLOCK; 0 -> 1000 */
-    tps_handler handler;        /* NULL -> tps_default_handler */
+    unsigned backlog;              /* entries held locally beyond the pool; 0 -> pool_capacity */
+    unsigned low_prio_max_running; /* the pool's low_prio_max_running (0: none): background
+                                    * entries beyond twice this wait in the local backlog */
+    uint64_t claim_idle_ns;        /* 0 -> 30 s; at least 10 ms */
+    unsigned max_deliveries;       /* 0 -> 5 */
+    unsigned block_ms;             /* XREADGROUP BLOCK; 0 -> 1000 */
+    tps_handler handler;           /* NULL -> tps_default_handler */
     void *handler_arg;
     tps_log_fn log; /* NULL -> no logging */
     void *log_arg;
@@ -164,6 +205,7 @@ typedef struct tps_stats {
     uint64_t ack_missed;     /* outcomes written for entries some other consumer had acknowledged */
     uint64_t abandoned;      /* ended cancelled: left pending for another consumer */
     uint64_t user_waits;     /* entries that went to the local backlog (TP_EUSERLIMIT) */
+    uint64_t low_prio_waits; /* background entries that went to the local backlog (low_prio_max_running) */
     uint64_t reconnects;     /* successful connections after the first */
     uint64_t deleted;        /* dead because the entry was deleted from the stream before it ran */
     uint64_t scheduled;      /* entries that waited for their time (not_before, defer) */
@@ -202,8 +244,10 @@ void tps_stop_reading(tps_consumer *c);
  */
 int tps_finish(tps_consumer *c, uint64_t budget_ns);
 
-/* Free everything. Only after tps_finish(), and only if no task of the pool
- * can still run (tp_wait returned with the workers gone). */
+/* Free everything (completions still queued are drained first, submitting
+ * nothing, so the pool may be destroyed already). Only after tps_finish(),
+ * and only if no task of the pool can still run (tp_wait returned with the
+ * workers gone). */
 void tps_destroy(tps_consumer *c);
 
 void tps_stats_get(tps_consumer *c, tps_stats *out);

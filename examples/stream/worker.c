@@ -38,9 +38,12 @@
 typedef struct wcfg {
     const char *redis_url, *redis_password, *stream, *group, *group_start, *consumer, *results, *dead,
         *metrics_addr;
+    const char *user_weights; /* USER_WEIGHTS, validated; NULL = none */
     unsigned workers, queue_capacity, max_per_user, max_retries, max_deliveries, backlog, scheduled_max,
         trim_done, results_maxlen, dead_maxlen;
-    uint64_t task_timeout_ns, retry_delay_ns, claim_idle_ns, shutdown_timeout_ns, trim_interval_ns;
+    unsigned sched, low_prio_max_running, prio_starve_limit; /* taskpool.h section 14 */
+    uint64_t task_timeout_ns, retry_delay_ns, retry_delay_max_ns, claim_idle_ns, shutdown_timeout_ns,
+        trim_interval_ns;
 } wcfg;
 
 static void usage(FILE *f) {
@@ -72,7 +75,18 @@ static void usage(FILE *f) {
                "  SCHEDULED_MAX     entries waiting for not_before/defer, 1..10000000 (10000)\n"
                "  TASK_TIMEOUT      run timeout of each attempt (60s)\n"
                "  MAX_RETRIES       extra attempts after a failed one, 0..100 (2)\n"
-               "  RETRY_DELAY       wait before each retry (100ms)\n"
+               "  RETRY_DELAY       wait before each retry (100ms); the first one with\n"
+               "                    RETRY_DELAY_MAX\n"
+               "  RETRY_DELAY_MAX   exponential backoff: retry k waits RETRY_DELAY x 2^(k-1),\n"
+               "                    at most this; at least RETRY_DELAY (0 = a fixed delay)\n"
+               "  SCHED             fifo: read order within a priority; fair: users take\n"
+               "                    turns within a priority (fifo)\n"
+               "  USER_WEIGHTS      with SCHED=fair: user:weight,... e.g. alice:3,bob:1, weights\n"
+               "                    1..1000 (every user 1): a turn starts up to weight entries\n"
+               "  LOW_PRIO_MAX_RUNNING  background entries (priority < 0) running at once,\n"
+               "                    0..WORKERS; 0 = no limit (0)\n"
+               "  PRIO_STARVE_LIMIT starts a waiting priority lets higher ones take before it\n"
+               "                    gets one, 1..1000000 or unlimited (strict) (16)\n"
                "  CLAIM_IDLE        claim entries pending this long elsewhere (30s)\n"
                "  MAX_DELIVERIES    more deliveries than this: dead stream (5)\n"
                "  SHUTDOWN_TIMEOUT  drain budget after SIGTERM/SIGINT (10s)\n"
@@ -80,7 +94,7 @@ static void usage(FILE *f) {
                "  LOG_LEVEL         error, warn, info or debug (info)\n"
                "\n"
                "Entry fields: user, work (alias delay), fail, payload, not_before, defer,\n"
-               "attempts; see README.md.\n"
+               "attempts, priority (-2..2, 0 when absent); see README.md.\n"
                "\n"
                "Exit status: 0 drained and every outcome written, 1 drain forced or\n"
                "outcomes left pending, 2 invalid configuration or command line.\n");
@@ -129,6 +143,8 @@ static int load_config(wcfg *c, char *err, size_t errlen) {
     c->claim_idle_ns = 30 * SVC_NS_PER_S;
     c->shutdown_timeout_ns = 10 * SVC_NS_PER_S;
     c->trim_interval_ns = 5 * SVC_NS_PER_S;
+    c->sched = TP_SCHED_FIFO;
+    c->prio_starve_limit = 16; /* the library's default, stated */
     const char *lvl = svc_env("LOG_LEVEL");
     int level = lvl != NULL ? svc_log_parse_level(lvl) : SVC_LOG_INFO;
     if (level < 0) {
@@ -157,8 +173,30 @@ static int load_config(wcfg *c, char *err, size_t errlen) {
         svc_load_uint("RESULTS_MAXLEN", 0, 4000000000u, &c->results_maxlen, err, errlen) != 0 ||
         svc_load_uint("DEAD_MAXLEN", 0, 4000000000u, &c->dead_maxlen, err, errlen) != 0)
         return -1;
-    /* RETRY_DELAY_MAX (exponential backoff) comes with the library's
-     * tp_config.retry_delay_max_ns: load it here and pass it in main(). */
+    /* Exponential backoff (tp_config.retry_delay_max_ns): 0 keeps the fixed
+     * RETRY_DELAY; anything else must be at least RETRY_DELAY, as the pool
+     * requires. */
+    if (svc_load_duration("RETRY_DELAY_MAX", 0, day, &c->retry_delay_max_ns, err, errlen) != 0) return -1;
+    if (c->retry_delay_max_ns != 0 && c->retry_delay_max_ns < c->retry_delay_ns) {
+        snprintf(err, errlen,
+                 "RETRY_DELAY_MAX=\"%s\": must be at least RETRY_DELAY (%llu ms), or 0 for a fixed delay",
+                 svc_env("RETRY_DELAY_MAX"), (unsigned long long)(c->retry_delay_ns / ms));
+        return -1;
+    }
+    /* Scheduling (taskpool.h section 14), read as taskpool-service reads it. */
+    if (svc_load_sched(&c->sched, err, errlen) != 0) return -1;
+    c->user_weights = svc_env("USER_WEIGHTS");
+    if (c->user_weights != NULL) {
+        if (svc_parse_user_weights(c->user_weights, NULL, NULL, err, errlen) != 0) return -1;
+        if (c->sched != TP_SCHED_FAIR) {
+            snprintf(err, errlen,
+                     "USER_WEIGHTS is set but SCHED is not fair: weights are shares of a fair pool");
+            return -1;
+        }
+    }
+    if (svc_load_low_prio_max_running(c->workers, &c->low_prio_max_running, err, errlen) != 0 ||
+        svc_load_prio_starve_limit(&c->prio_starve_limit, err, errlen) != 0)
+        return -1;
     if (c->backlog == 0) c->backlog = c->workers + c->queue_capacity;
     return 0;
 }
@@ -207,17 +245,27 @@ static void log_stats(svc_log *ev, worker *w) {
     snprintf(json, sizeof json,
              "{\"read\":%llu,\"claimed\":%llu,\"acked\":%llu,\"succeeded\":%llu,\"dead\":%llu,"
              "\"malformed\":%llu,\"deleted\":%llu,\"ack_missed\":%llu,\"abandoned\":%llu,\"user_waits\":%llu,"
+             "\"low_prio_waits\":%llu,"
              "\"reconnects\":%llu,\"scheduled\":%llu,\"write_failures\":%llu,\"trimmed\":%llu,"
              "\"held\":%llu,\"backlog\":%llu,\"unwritten\":%llu,\"waiting\":%llu}",
              (unsigned long long)ss.read, (unsigned long long)ss.claimed, (unsigned long long)ss.acked,
              (unsigned long long)ss.succeeded, (unsigned long long)ss.dead, (unsigned long long)ss.malformed,
              (unsigned long long)ss.deleted, (unsigned long long)ss.ack_missed,
              (unsigned long long)ss.abandoned, (unsigned long long)ss.user_waits,
-             (unsigned long long)ss.reconnects, (unsigned long long)ss.scheduled,
-             (unsigned long long)ss.write_failures, (unsigned long long)ss.trimmed,
-             (unsigned long long)ss.held, (unsigned long long)ss.backlog, (unsigned long long)ss.unwritten,
-             (unsigned long long)ss.waiting);
+             (unsigned long long)ss.low_prio_waits, (unsigned long long)ss.reconnects,
+             (unsigned long long)ss.scheduled, (unsigned long long)ss.write_failures,
+             (unsigned long long)ss.trimmed, (unsigned long long)ss.held, (unsigned long long)ss.backlog,
+             (unsigned long long)ss.unwritten, (unsigned long long)ss.waiting);
     svc_log_raw(ev, "stream", json);
+}
+
+/* USER_WEIGHTS, entry by entry (svc_parse_user_weights calls it). */
+static int set_weight(void *arg, const char *user, unsigned weight) {
+    int rc = tp_user_weight_set(arg, user, weight);
+    if (rc != TP_OK)
+        fprintf(stderr, "taskpool-stream-worker: cannot set the weight of user %s: %s\n", user,
+                tp_strerror(rc));
+    return rc;
 }
 
 static uint64_t left(uint64_t deadline) {
@@ -249,7 +297,11 @@ int main(int argc, char **argv) {
         .run_timeout_ns = cfg.task_timeout_ns,
         .drain_timeout_ns = cfg.shutdown_timeout_ns,
         .max_retries = cfg.max_retries,
-        .retry_delay_ns = cfg.retry_delay_ns, /* + .retry_delay_max_ns = RETRY_DELAY_MAX, with SPEC 14 */
+        .retry_delay_ns = cfg.retry_delay_ns,
+        .retry_delay_max_ns = cfg.retry_delay_max_ns,
+        .sched = cfg.sched,
+        .prio_starve_limit = cfg.prio_starve_limit,
+        .low_prio_max_running = cfg.low_prio_max_running,
         .name = "stream",
         .log = svc_log_hook,
     };
@@ -257,6 +309,12 @@ int main(int argc, char **argv) {
     if (rc != TP_OK) {
         fprintf(stderr, "taskpool-stream-worker: cannot create the pool: %s\n", tp_strerror(rc));
         return rc == TP_EINVAL ? 2 : 1;
+    }
+    /* validated by load_config: only tp_user_weight_set's memory can fail */
+    if (cfg.user_weights != NULL &&
+        svc_parse_user_weights(cfg.user_weights, set_weight, w.pool, err, sizeof err) != 0) {
+        tp_destroy(w.pool);
+        return 1;
     }
     tps_config sc = {
         .redis_url = cfg.redis_url,
@@ -276,6 +334,7 @@ int main(int argc, char **argv) {
         .pool_capacity = cfg.workers + cfg.queue_capacity,
         .queue_capacity = cfg.queue_capacity,
         .backlog = cfg.backlog,
+        .low_prio_max_running = cfg.low_prio_max_running,
         .claim_idle_ns = cfg.claim_idle_ns,
         .max_deliveries = cfg.max_deliveries,
         .log = stream_log,
@@ -317,6 +376,15 @@ int main(int argc, char **argv) {
     svc_log_uint(&ev, "claim_idle_ms", cfg.claim_idle_ns / SVC_NS_PER_MS);
     svc_log_uint(&ev, "max_deliveries", cfg.max_deliveries);
     svc_log_uint(&ev, "max_retries", cfg.max_retries);
+    svc_log_uint(&ev, "retry_delay_ms", cfg.retry_delay_ns / SVC_NS_PER_MS);
+    svc_log_uint(&ev, "retry_delay_max_ms", cfg.retry_delay_max_ns / SVC_NS_PER_MS);
+    svc_log_str(&ev, "sched", cfg.sched == TP_SCHED_FAIR ? "fair" : "fifo");
+    if (cfg.user_weights != NULL) svc_log_str(&ev, "user_weights", cfg.user_weights);
+    svc_log_uint(&ev, "low_prio_max_running", cfg.low_prio_max_running);
+    if (cfg.prio_starve_limit == TP_UNLIMITED)
+        svc_log_str(&ev, "prio_starve_limit", "unlimited");
+    else
+        svc_log_uint(&ev, "prio_starve_limit", cfg.prio_starve_limit);
     svc_log_uint(&ev, "scheduled_max", cfg.scheduled_max != 0 ? cfg.scheduled_max : 10000);
     svc_log_uint(&ev, "shutdown_timeout_ms", cfg.shutdown_timeout_ns / SVC_NS_PER_MS);
     if (ms != NULL) svc_log_str(&ev, "metrics_address", bound);

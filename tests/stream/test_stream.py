@@ -22,8 +22,24 @@ Scenarios (one CTest test each):
                  a reason; the worker keeps running; invalid configuration -> exit 2
   drain          SIGTERM drains a running task (exit 0); a forced shutdown
                  (exit 1) leaves its entry pending, and another worker runs it
+  ... and those of issue 20 and the metrics ones (see SCENARIOS below), then:
+  priority       the exact start order of one worker: urgent entries before
+                 queued normal ones, background last; PRIO_STARVE_LIMIT; an
+                 urgent entry passes its user's held normal backlog, and so
+                 does an entry that came due;
+                 LOW_PRIO_MAX_RUNNING does not let background entries fill the
+                 queue, and their users take turns
+  fair_share     SCHED=fair: one user's burst delays another's single entry by
+                 one round at most (SCHED=fifo, the control, by all of it),
+                 also through the per-user backlog; USER_WEIGHTS
+  backoff        RETRY_DELAY_MAX: the delays in the pool's log lines and the
+                 records' times; a fixed delay without it
+  sched_config   the scheduling variables: --help, exit 2 on bad values, the
+                 started line; a bad `priority` field dead-lettered and
+                 refused by taskpool-enqueue
 """
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -577,6 +593,31 @@ def scenario_outcome_key(env):
     done, dead, dups = verify(r, ids | extra)
     check(len(dead) == 0 and dups == 0, "dead %d, duplicates %d" % (len(dead), dups))
 
+    # The records are written but XACK is refused (an ACL user without it):
+    # the entries stay pending, the records are not written again while the
+    # XACK is retried, and they are acknowledged once it is allowed.
+    for key in ("tasks", "tasks:done"):
+        r("DEL", key)
+    r("ACL", "SETUSER", "noack", "on", ">pw", "~tasks*", "resetchannels", "-@all", "+@stream", "-xack", "+type",
+      "+eval")
+    w = env.worker("noack", REDIS_URL="unix://noack:pw@" + env.sock)
+    # in one transaction, so that one read takes all five (reading stops at
+    # the first refusal)
+    r("MULTI")
+    for _ in range(5):
+        r("XADD", "tasks", "*", "work", "1ms")
+    ids = set(r("EXEC"))
+    wait_until(lambda: r("XLEN", "tasks:done") == 5, 10, "the 5 records")
+    wait_until(lambda: metrics(w)["tps_stream_write_failures_total"] >= 2, 10, "two refused acknowledgements")
+    check("NOPERM" in env.log_of(w), "the server's NOPERM is not in the log")
+    check(pending(r) == 5 and metrics(w)["tps_stream_acked_total"] == 0, "acknowledged without XACK")
+    check(r("XLEN", "tasks:done") == 5, "records written again while only the XACK was refused")
+    r("ACL", "SETUSER", "noack", "+xack")
+    wait_until(lambda: accounted(r, ids), 20, "the acknowledgements once XACK is allowed")
+    check(env.stop(w) == 0, "noack: worker did not exit 0")
+    done, dead, dups = verify(r, ids)
+    check(len(done) == 5 and dups == 0, "noack: %d records, %d duplicates" % (len(done), dups))
+
 
 def scenario_trimmed_pending(env):
     """Pending entries deleted by XTRIM before they ran get a dead record each."""
@@ -911,6 +952,264 @@ def scenario_trim_load(env):
     check(env.stop(w) == 0, "worker did not exit 0")
 
 
+# ---------------------------------------------------------------- issue 18/20: priorities, fair shares, backoff
+def one_worker_order(env, r, name, blocker, batches, **cfg):
+    """Start one worker (WORKERS=1 unless cfg says), hold it busy with the
+    entry `blocker` (a dict of fields), add the entries of `batches` (lists of
+    (label, fields) pairs) while it runs, and return the labels in the order
+    they started. The results stream is in end order, which with one worker
+    is the start order; started_ms must agree with it."""
+    env_cfg = dict(WORKERS=1, QUEUE_CAPACITY=64, MAX_PER_USER="unlimited")
+    env_cfg.update(cfg)
+    w = env.worker(name, **env_cfg)
+    label = {}
+    flat = lambda f: [x for kv in f.items() for x in kv]
+    label[r("XADD", "tasks", "*", *flat(blocker))] = "blocker"
+    wait_until(lambda: metrics(w)["taskpool_active"] == 1, 10, "%s: the blocker to start" % name)
+    n = 1
+    for batch in batches:
+        for lab, fields in batch:
+            label[r("XADD", "tasks", "*", *flat(fields))] = lab
+            n += 1
+    wait_until(lambda: metrics(w)["tps_stream_read_total"] == n, 10, "%s: the worker to read all %d entries" % (name, n))
+    check(metrics(w)["taskpool_succeeded_total"] == 0,
+          "%s: setup: the blocker ended before every entry was read (machine too slow?)" % name)
+    wait_until(lambda: accounted(r, set(label)), 60, "%s: every outcome" % name)
+    m = metrics(w)
+    check(env.stop(w) == 0, "%s: worker did not exit 0" % name)
+    done, dead, dups = verify(r, set(label))
+    check(not dead and dups == 0, "%s: dead %r, duplicates %d" % (name, dead[:2], dups))
+    order = [label[f["id"]] for _, f in done]
+    starts = [int(f["started_ms"]) for _, f in done]
+    check(starts == sorted(starts), "%s: results not in start order: %r" % (name, list(zip(order, starts))))
+    for key in ("tasks", "tasks:done", "tasks:dead"):
+        r("DEL", key)
+    log("%s: %s" % (name, " ".join(order)))
+    return order, m
+
+
+def blocker_fields(user="z"):
+    return {"user": user, "work": "%dms" % int(700 * SLOW)}
+
+
+def scenario_priority(env):
+    """Urgent entries start before queued normal ones, background ones last;
+    PRIO_STARVE_LIMIT lets a waiting lane in; an urgent entry passes its own
+    user's held normal backlog, and so does a scheduled entry that came due;
+    LOW_PRIO_MAX_RUNNING keeps background entries from filling the pool's
+    queue, and its held entries take turns by user."""
+    r = env.start_redis()
+    ent = lambda user, prio, work="20ms": {"user": user, "work": work, "priority": prio}
+    # 1. lanes, one worker held busy: u* (2) first, then n* (0), b* (-1) last
+    order, _ = one_worker_order(env, r, "lanes", blocker_fields(), [
+        [("n%d" % i, ent("n", 0)) for i in range(1, 7)],
+        [("b%d" % i, ent("b", -1)) for i in range(1, 3)],
+        [("u%d" % i, ent("u", 2)) for i in range(1, 4)]])
+    want = ["blocker", "u1", "u2", "u3"] + ["n%d" % i for i in range(1, 7)] + ["b1", "b2"]
+    check(order == want, "lanes: start order %s, want %s" % (order, want))
+
+    # 2. PRIO_STARVE_LIMIT=2: a waiting normal lane gets a start after at most 2 urgent ones
+    order, _ = one_worker_order(env, r, "starve", blocker_fields(), [
+        [("n%d" % i, ent("n", 0)) for i in range(1, 4)],
+        [("u%d" % i, ent("u", 1)) for i in range(1, 9)]], PRIO_STARVE_LIMIT=2)
+    run = longest = 0
+    for lab in order[1:]:
+        n_left = any(x.startswith("n") for x in order[order.index(lab):])
+        run = run + 1 if lab.startswith("u") and n_left else 0
+        longest = max(longest, run)
+    check(longest <= 2, "starve: %d urgent starts in a row while normal entries waited: %s" % (longest, order))
+    check(order.index("n1") <= 3, "starve: n1 started %dth: %s" % (order.index("n1"), order))
+
+    # 3. the local backlog: alice at MAX_PER_USER=2 (a0 runs, n1 queued, n2..n5
+    # held); her urgent u1 goes before her held normal entries, bob's urgent
+    # v1 before every queued normal one
+    order, m = one_worker_order(env, r, "backlog", blocker_fields("alice"), [
+        [("n%d" % i, ent("alice", 0)) for i in range(1, 6)],
+        [("u1", ent("alice", 2)), ("v1", ent("bob", 2, "300ms")), ("c1", ent("carol", 0))]],
+        MAX_PER_USER=2, LOCAL_BACKLOG=16)
+    want = ["blocker", "v1", "u1", "n1", "c1", "n2", "n3", "n4", "n5"]
+    check(order == want, "backlog: start order %s, want %s" % (order, want))
+    check(m["tps_stream_user_waits_total"] >= 5, "backlog: user_waits %d" % m["tps_stream_user_waits_total"])
+
+    # 4. a scheduled entry that comes due while its user's normal entries are
+    # held (MAX_PER_USER=1, the blocker is alice's) goes before them: it was
+    # read first and has waited for its time already
+    due_at = int(time.time() * 1000) + int(300 * SLOW)
+    order, m = one_worker_order(env, r, "due", blocker_fields("alice"), [
+        [("n%d" % i, ent("alice", 0)) for i in range(1, 4)],
+        [("d1", {"user": "alice", "work": "20ms", "not_before": due_at})]], MAX_PER_USER=1)
+    want = ["blocker", "d1", "n1", "n2", "n3"]
+    check(order == want, "due: start order %s, want %s" % (order, want))
+    check(m["tps_stream_scheduled_total"] == 1, "due: d1 did not wait for its time")
+
+    # 5. LOW_PRIO_MAX_RUNNING=1 on 2 workers, a 4-place queue: 12 background
+    # entries of two users, then 6 normal ones. The normal ones are read and
+    # run on the free worker at once (not after the background ones, which
+    # would fill the queue); one background entry runs at a time; the two
+    # background users take turns.
+    w = env.worker("low", WORKERS=2, QUEUE_CAPACITY=4, LOCAL_BACKLOG=32, MAX_PER_USER="unlimited",
+                   LOW_PRIO_MAX_RUNNING=1)
+    label = {}
+    bg_work = "%dms" % int(150 * SLOW)
+    for user in ("bgA", "bgB"):
+        for i in range(1, 7):
+            label[r("XADD", "tasks", "*", "user", user, "work", bg_work, "priority", -1)] = "%s%d" % (user, i)
+    t_normal = int(time.time() * 1000)
+    for i in range(1, 7):
+        label[r("XADD", "tasks", "*", "user", "n", "work", "20ms")] = "n%d" % i
+    wait_until(lambda: accounted(r, set(label)), 60, "low: every outcome")
+    m = metrics(w)
+    check(env.stop(w) == 0, "low: worker did not exit 0")
+    done, dead, dups = verify(r, set(label))
+    check(not dead and dups == 0, "low: dead %d, duplicates %d" % (len(dead), dups))
+    rec = {label[f["id"]]: (int(f["started_ms"]), int(f["finished_ms"])) for _, f in done}
+    bg = sorted((v, k) for k, v in rec.items() if k.startswith("bg"))
+    for (a, ka), (b, kb) in zip(bg, bg[1:]):
+        check(b[0] >= a[1], "low: background %s and %s ran at once: %r %r" % (ka, kb, a, b))
+    normal_end = max(v[1] for k, v in rec.items() if k.startswith("n"))
+    third_bg_end = bg[2][0][1]
+    log("low: normal entries done %d ms after they were added; background start order %s" %
+        (normal_end - t_normal, " ".join(k for _, k in bg)))
+    check(normal_end < third_bg_end, "low: the normal entries waited behind the background ones "
+          "(done at %d, third background entry done at %d)" % (normal_end, third_bg_end))
+    bg_order = [k for _, k in bg]
+    check(bg_order.index("bgB1") < bg_order.index("bgA5"),
+          "low: bgB waited behind bgA's burst: %s" % bg_order)
+    check(m["tps_stream_low_prio_waits_total"] >= 8, "low: low_prio_waits %d" % m["tps_stream_low_prio_waits_total"])
+
+
+def scenario_fair_share(env):
+    """SCHED=fair: a user's burst does not delay another user's single entry
+    beyond one round (SCHED=fifo, the control, does); the per-user backlog
+    (MAX_PER_USER) keeps working in a fair pool; USER_WEIGHTS sets the turns."""
+    r = env.start_redis()
+    alice = lambda k: [("a%d" % i, {"user": "alice", "work": "20ms"}) for i in range(1, k + 1)]
+    bob = lambda k: [("b%d" % i, {"user": "bob", "work": "20ms"}) for i in range(1, k + 1)]
+    order, _ = one_worker_order(env, r, "fifo", blocker_fields(), [alice(10), bob(1)], SCHED="fifo")
+    check(order.index("b1") == 11, "fifo (control): bob started %dth, want after all of alice's: %s" %
+          (order.index("b1"), order))
+    order, _ = one_worker_order(env, r, "fair", blocker_fields(), [alice(10), bob(1)], SCHED="fair")
+    check(order.index("b1") <= 2, "fair: bob waited %d of alice's entries: %s" % (order.index("b1") - 1, order))
+    # the per-user backlog in a fair pool: alice over MAX_PER_USER, her burst held locally
+    order, m = one_worker_order(env, r, "fair_backlog", blocker_fields(), [alice(30), bob(1)], SCHED="fair",
+                                MAX_PER_USER=2, LOCAL_BACKLOG=40)
+    check(order.index("b1") <= 2, "fair_backlog: bob waited %d of alice's entries: %s" %
+          (order.index("b1") - 1, order))
+    check(m["tps_stream_user_waits_total"] >= 28, "fair_backlog: alice's burst was not held locally (user_waits %d)"
+          % m["tps_stream_user_waits_total"])
+    check(order[1:] == ["a1", "b1"] + ["a%d" % i for i in range(2, 31)], "fair_backlog: order %s" % order)
+    # weights: alice 3 turns, bob 1
+    order, _ = one_worker_order(env, r, "weights", blocker_fields(), [alice(9), bob(3)], SCHED="fair",
+                                USER_WEIGHTS="alice:3,bob:1")
+    want = ["blocker", "a1", "a2", "a3", "b1", "a4", "a5", "a6", "b2", "a7", "a8", "a9", "b3"]
+    check(order == want, "weights: order %s, want %s" % (order, want))
+
+
+def retry_delays(env, w, eid):
+    """The retry delays the pool logged for entry `eid` (log_id), in ms."""
+    out = []
+    for line in env.log_of(w).splitlines():
+        if '"log_id":"%s"' % eid in line and "; retry " in line:
+            num, unit = json.loads(line)["detail"].rsplit(" in ", 1)[1].split()  # "40 ms", "1.5 s"
+            out.append(float(num) * {"s": 1000, "ms": 1, "us": 1e-3, "ns": 1e-6}[unit])
+    return out
+
+
+def scenario_backoff(env):
+    """RETRY_DELAY_MAX: retry k waits RETRY_DELAY x 2^(k-1), at most
+    RETRY_DELAY_MAX, seen in the pool's log lines and in the records' times;
+    without it the delay is fixed."""
+    r = env.start_redis()
+    # fail 5: attempts 6, 5 retries: 40 80 160 200 200 ms = 680 ms
+    w = env.worker("exp", MAX_RETRIES=5, RETRY_DELAY="40ms", RETRY_DELAY_MAX="200ms")
+    ok = r("XADD", "tasks", "*", "fail", 5, "work", "1ms")
+    bad = r("XADD", "tasks", "*", "fail", "always")
+    wait_until(lambda: accounted(r, {ok, bad}), 30, "the two entries")
+    check(env.stop(w) == 0, "exp: worker did not exit 0")
+    done = {f["id"]: f for _, f in entries(r, "tasks:done")}
+    dead = {f["id"]: f for _, f in entries(r, "tasks:dead")}
+    check(done[ok]["attempts"] == "6" and dead[bad]["attempts"] == "6", "attempts: %r %r" % (done[ok], dead[bad]))
+    for eid, f in ((ok, done[ok]), (bad, dead[bad])):
+        delays = retry_delays(env, w, eid)
+        check(delays == [40, 80, 160, 200, 200], "exp: logged retry delays %r, want 40 80 160 200 200" % delays)
+        span = int(f["finished_ms"]) - int(f["started_ms"])
+        log("backoff: %s took %d ms over 6 attempts (delays 680 ms)" % (eid, span))
+        check(680 <= span <= 680 + 400 * SLOW, "exp: first start to last end %d ms, want 680 ms and a little" % span)
+    check('"retry_delay_max_ms":200' in env.log_of(w).splitlines()[0], "started line lacks retry_delay_max_ms")
+    for key in ("tasks", "tasks:done", "tasks:dead"):
+        r("DEL", key)
+    # fixed: 5 x 40 ms
+    w = env.worker("fixed", MAX_RETRIES=5, RETRY_DELAY="40ms")
+    ok = r("XADD", "tasks", "*", "fail", 5)
+    wait_until(lambda: accounted(r, {ok}), 30, "the fixed-delay entry")
+    check(env.stop(w) == 0, "fixed: worker did not exit 0")
+    f = entries(r, "tasks:done")[0][1]
+    delays = retry_delays(env, w, ok)
+    check(delays == [40] * 5, "fixed: logged retry delays %r, want 5 x 40" % delays)
+    span = int(f["finished_ms"]) - int(f["started_ms"])
+    check(200 <= span <= 200 + 400 * SLOW, "fixed: first start to last end %d ms, want 200 ms and a little" % span)
+
+
+def scenario_sched_config(env):
+    """SCHED, USER_WEIGHTS, LOW_PRIO_MAX_RUNNING, PRIO_STARVE_LIMIT and
+    RETRY_DELAY_MAX: --help lists them, bad values exit 2 with one line naming
+    the variable, good ones are logged at start; a bad `priority` field is
+    dead-lettered with its reason and refused by taskpool-enqueue."""
+    r = env.start_redis()
+    problems = []
+    want = lambda cond, what: cond or problems.append(what)
+    rc, out, err = env.run(env.args.worker, "--help", timeout=5)
+    for var in ("SCHED", "USER_WEIGHTS", "LOW_PRIO_MAX_RUNNING", "PRIO_STARVE_LIMIT", "RETRY_DELAY_MAX", "priority"):
+        want(var in out, "worker --help does not mention %s" % var)
+    for env_bad, var in [({"SCHED": "round"}, "SCHED"), ({"SCHED": "FAIR"}, "SCHED"),
+                         ({"USER_WEIGHTS": "alice:2"}, "USER_WEIGHTS"),  # SCHED is fifo
+                         ({"SCHED": "fair", "USER_WEIGHTS": "alice"}, "USER_WEIGHTS"),
+                         ({"SCHED": "fair", "USER_WEIGHTS": "alice:0"}, "USER_WEIGHTS"),
+                         ({"SCHED": "fair", "USER_WEIGHTS": "alice:1001"}, "USER_WEIGHTS"),
+                         ({"SCHED": "fair", "USER_WEIGHTS": "alice:1,alice:2"}, "USER_WEIGHTS"),
+                         ({"SCHED": "fair", "USER_WEIGHTS": "alice:1,,bob:2"}, "USER_WEIGHTS"),
+                         ({"WORKERS": "4", "LOW_PRIO_MAX_RUNNING": "5"}, "LOW_PRIO_MAX_RUNNING"),
+                         ({"LOW_PRIO_MAX_RUNNING": "-1"}, "LOW_PRIO_MAX_RUNNING"),
+                         ({"PRIO_STARVE_LIMIT": "0"}, "PRIO_STARVE_LIMIT"),
+                         ({"PRIO_STARVE_LIMIT": "always"}, "PRIO_STARVE_LIMIT"),
+                         ({"RETRY_DELAY": "100ms", "RETRY_DELAY_MAX": "50ms"}, "RETRY_DELAY_MAX"),
+                         ({"RETRY_DELAY_MAX": "soon"}, "RETRY_DELAY_MAX")]:
+        e = dict(env_bad, GROUP_START="0")
+        try:
+            rc, out, err = env.run(env.args.worker, env=e, timeout=5)
+        except Fail as ex:
+            problems.append("%r: %s" % (env_bad, ex))
+            continue
+        want(rc == 2, "%r: exit %d, want 2" % (env_bad, rc))
+        want(len(err.strip().splitlines()) == 1 and var in err, "%r: stderr %r" % (env_bad, err))
+    want(r("EXISTS", "tasks") == 0, "a refused configuration touched the stream")
+    for argv in [["--priority", "3"], ["--priority", "-3"], ["--priority", "x"], ["--priority", "+1"],
+                 ["--priority", "01"], ["--priority", ""], ["--priority"]]:
+        rc, out, err = env.run(env.args.enqueue, "--count", 2, *argv, timeout=10)
+        want(rc == 2 and err.strip(), "enqueue %s: exit %d, want 2 (%r)" % (argv, rc, err))
+    want(r("EXISTS", "tasks") == 0, "a refused enqueue added entries")
+    check(not problems, "; ".join(problems))
+    w = env.worker("good", SCHED="fair", USER_WEIGHTS="alice:3,bob.b@x:1000", LOW_PRIO_MAX_RUNNING=2,
+                   PRIO_STARVE_LIMIT="unlimited", RETRY_DELAY="50ms", RETRY_DELAY_MAX="1s")
+    started = json.loads(env.log_of(w).splitlines()[0])
+    for k, v in [("sched", "fair"), ("user_weights", "alice:3,bob.b@x:1000"), ("low_prio_max_running", 2),
+                 ("prio_starve_limit", "unlimited"), ("retry_delay_ms", 50), ("retry_delay_max_ms", 1000)]:
+        check(started.get(k) == v, "started line: %s = %r, want %r" % (k, started.get(k), v))
+    bad = {r("XADD", "tasks", "*", "priority", v): v for v in ("3", "-3", "high", "+1", "1.0", " 1", "")}
+    rep = r("XADD", "tasks", "*", "priority", "1", "priority", "1")
+    good = {r("XADD", "tasks", "*", "priority", v, "work", "1ms"): v for v in ("-2", "-1", "0", "1", "2")}
+    rc, out, err = env.run(env.args.enqueue, "--count", 4, "--priority", "-2", "--wait", "--timeout", "20s")
+    check(rc == 0, "enqueue --priority -2 --wait: exit %d %s" % (rc, err))
+    wait_until(lambda: accounted(r, set(bad) | set(good) | {rep}), 20, "the priority entries")
+    check(env.stop(w) == 0, "worker did not exit 0")
+    dead = {f["id"]: f["reason"] for _, f in entries(r, "tasks:dead")}
+    for eid, v in bad.items():
+        check(dead.get(eid, "").startswith("priority: expected"), "priority %r: reason %r" % (v, dead.get(eid)))
+    check(dead.get(rep) == "priority: repeated", "repeated priority: %r" % dead.get(rep))
+    check(not (set(good) & set(dead)), "a valid priority was dead-lettered")
+    check(all(f.get("entry.priority") is not None for _, f in entries(r, "tasks:dead")),
+          "the dead records lack the entry's priority field")
+
 SCENARIOS = {
     "clean": scenario_clean,
     "crash": scenario_crash,
@@ -928,6 +1227,10 @@ SCENARIOS = {
     "results": scenario_results,
     "requeue": scenario_requeue,
     "trim_load": scenario_trim_load,
+    "priority": scenario_priority,
+    "fair_share": scenario_fair_share,
+    "backoff": scenario_backoff,
+    "sched_config": scenario_sched_config,
 }
 
 
