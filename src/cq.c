@@ -28,8 +28,8 @@
  * by sequentially consistent atomics, so one of them always sees the other.
  *
  * Lock order: a pool lock, then the queue's lock (tp__cq_push is called with
- * the pool lock held when a task ends without a successful attempt; a worker
- * queues a success before it takes the pool lock); the queue's lock is never
+ * the pool lock held, in the section that counts the task and frees its user
+ * slot: life.c finalise); the queue's lock is never
  * held while a pool lock is taken, and never around an on_done. It spins
  * briefly before it sleeps (adaptive), as the pool's does: it is held for a
  * few stores.

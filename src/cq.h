@@ -26,8 +26,7 @@ bool tp__cq_reserve(tp_cq *cq);
 void tp__cq_release(tp_cq *cq, unsigned n);
 /* Queue the completion of a bound task (its place stays taken until a drain
  * has run it): takes the queue's lock; the descriptor is woken when the
- * queue was empty. Called with the pool lock held (life.c), or by a worker
- * without it for a successful attempt (engine.c). */
+ * queue was empty. Called with the pool lock held (life.c). */
 void tp__cq_push(tp_cq *cq, tp_done_fn fn, void *arg, int status);
 
 /*

@@ -406,13 +406,6 @@ static void run_task_locked(tp_pool *p, tp__worker *w, tp__task *t, worker_turn 
     if (hook) hook(p);
 #endif
 
-    /* A success is final whatever else happened: a task bound to a completion
-     * queue has its completion queued now, before the pool's lock is taken
-     * (the record is this worker's while the task runs), so that the two
-     * locks are not held together on the hot path. */
-    bool queued = rc == 0 && t->cq;
-    if (queued) tp__cq_push(t->cq, t->on_done, t->arg, 0);
-
     tp__lock(p);
     failure f;
     if (rc != 0) {
@@ -422,7 +415,7 @@ static void run_task_locked(tp_pool *p, tp__worker *w, tp__task *t, worker_turn 
         snprintf(f.log_id, sizeof f.log_id, "%s", tp__task_log_id(t));
     }
     tp__fx fx = TP__FX_INIT(&p->wk.runs[w->index]);
-    bool retry = tp__life_attempt_ended(&p->life, t, rc, queued, &fx);
+    bool retry = tp__life_attempt_ended(&p->life, t, rc, &fx);
     w->cur = NULL;
     /* read now: a task that went to a completion queue is retired already */
     bool finish = !retry && tp__life_done_here(t);

@@ -221,13 +221,20 @@ static void retire(tp__life *L, tp__task *t, tp__fx *fx) {
 }
 
 /* The task has its final status: counted once. A task bound to a completion
- * queue has its completion queued first (unless its worker queued it before
- * it took the lock: `queued`), and is retired here; so is a task without an
- * on_done (nothing is left to run). Else it stays DONE for the caller, who
- * runs its on_done and retires it. */
-static void finalise_q(tp__life *L, tp__task *t, int status, bool expired, bool queued, tp__fx *fx) {
+ * queue has its completion queued first, and is retired here; so is a task
+ * without an on_done (nothing is left to run). Else it stays DONE for the
+ * caller, who runs its on_done and retires it.
+ *
+ * The completion is queued under the pool's lock, in the same critical
+ * section that counts the task and releases its user slot: a drained on_done
+ * may run before this section ends, but any call it makes that takes the
+ * pool's lock (tp_submit*, tp_user_active, tp_cancel, tp_wait) sees the task
+ * ended and its slot free (§5). Queuing it before the lock was taken (a
+ * success is final) saved a little CPU but let an on_done resubmitting for
+ * its own user meet TP_EUSER from the slot it had not given back yet. */
+static void finalise(tp__life *L, tp__task *t, int status, bool expired, tp__fx *fx) {
     TP__ASSERT(t->state == TP__QUEUED || t->state == TP__RUNNING || t->state == TP__DELAYED);
-    if (t->cq && !queued) tp__cq_push(t->cq, t->on_done, t->arg, status); /* before anything counts it */
+    if (t->cq) tp__cq_push(t->cq, t->on_done, t->arg, status); /* before anything counts it */
     /* (it stays in the id index until its record is reused: task.h) */
     if (t->deadline != TP_FOREVER) {
         TP__ASSERT(L->with_deadline > 0);
@@ -261,10 +268,6 @@ static void finalise_q(tp__life *L, tp__task *t, int status, bool expired, bool 
     }
     if (t->group) group_member_ended(L, t, status);
     if (t->cq || !t->on_done) retire(L, t, fx);
-}
-
-static void finalise(tp__life *L, tp__task *t, int status, bool expired, tp__fx *fx) {
-    finalise_q(L, t, status, expired, false, fx);
 }
 
 /* A task leaves the scheduler or the delayed list without (another) run:
@@ -575,8 +578,7 @@ tp__task *tp__life_take(tp__life *L, struct tp_ctx *c, tp__fx *fx) {
     }
 }
 
-bool tp__life_attempt_ended(tp__life *L, tp__task *t, int rc, bool queued, tp__fx *fx) {
-    TP__ASSERT(!queued || (rc == 0 && t->cq));
+bool tp__life_attempt_ended(tp__life *L, tp__task *t, int rc, tp__fx *fx) {
     TP__ASSERT(t->state == TP__RUNNING && TP__LOAD(fx->runs->active) > 0);
     bool cancelled = tp__ctx_end_locked(t->ctx);
     t->ctx = NULL;
@@ -592,7 +594,7 @@ bool tp__life_attempt_ended(tp__life *L, tp__task *t, int rc, bool queued, tp__f
         fx->flags |= TP__FX_SVC;
         return true;
     }
-    finalise_q(L, t, rc, false, queued, fx);
+    finalise(L, t, rc, false, fx);
     run_group_cancels(L, fx);
     return false;
 }

@@ -139,14 +139,11 @@ void tp__life_force(tp__life *L, tp__fx *fx);
  * NULL when no waiting task may start now. */
 tp__task *tp__life_take(tp__life *L, struct tp_ctx *c, tp__fx *fx);
 /* The attempt returned `rc`: schedule a retry (true: the record belongs to
- * the delayed list from now on) or finalise (false). `queued`: the attempt
- * succeeded and its worker has already queued the completion of a task
- * bound to a completion queue (a success is final: no lock is needed to know
- * it), so that the queue's lock is not taken inside the pool's. A finalised task with
+ * the delayed list from now on) or finalise (false). A finalised task with
  * an on_done of its own stays DONE: the caller runs the on_done and retires
  * it. One without an on_done, or bound to a completion queue, is retired
  * here, and the caller must not touch it (tp__life_done_here tells). */
-bool tp__life_attempt_ended(tp__life *L, tp__task *t, int rc, bool queued, tp__fx *fx);
+bool tp__life_attempt_ended(tp__life *L, tp__task *t, int rc, tp__fx *fx);
 /* After a transition that finalised t: whether the caller runs its on_done
  * and retires it (DONE), or it was retired already. Read before the lock is
  * released. */

@@ -954,6 +954,76 @@ static void test_nested_drain_then_submit(void **state) {
     cq_free(q);
 }
 
+/* ------------------------------------------------------------ the slot is free in on_done */
+
+/*
+ * The pattern of an event loop that feeds a pool one task per user at a
+ * time: MAX_PER_USER=1, and each drained on_done submits the user's next
+ * task. SPEC section 5 (unchanged by section 13): before on_done runs, the
+ * task's user slot is released, so that submit must never meet TP_EUSER.
+ * (A worker that queued a success's completion before it took the pool's
+ * lock broke this: the stream worker then held entries nobody released.)
+ */
+static tp_pool *chain_p;
+static tp_cq *chain_q;
+static atomic_int chain_left, chain_ended, chain_refused, chain_last_rc; /* chain_left: submits still to make */
+static atomic_int chain_open; /* 0: the test is over (a teardown drain must not submit) */
+
+static int chain_task(tp_ctx *c, void *arg) {
+    (void)c;
+    (void)arg;
+    return 0;
+}
+
+static void chain_done(void *arg, int status) {
+    (void)status;
+    atomic_fetch_add(&chain_ended, 1);
+    if (!atomic_load(&chain_open) || atomic_fetch_sub(&chain_left, 1) <= 0) return;
+    tp_task_opts o = {0};
+    o.cq = chain_q;
+    o.on_done = chain_done;
+    o.user = arg;
+    int rc = tp_submit(chain_p, chain_task, arg, &o, NULL);
+    if (rc != TP_OK) {
+        atomic_fetch_add(&chain_refused, 1);
+        atomic_store(&chain_last_rc, rc);
+    }
+}
+
+static void test_on_done_resubmits_its_user(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    static char users[2][2] = {"a", "b"};
+    int per_user = TPT_SANITIZED || tpt_slowdown() > 1 ? 2000 : 20000;
+    tp_cq *q = cq_new(4);
+    tp_pool *p = tpt_quiet_pool(f, 2, 16, 1);
+    chain_p = p;
+    chain_q = q;
+    atomic_store(&chain_left, 2 * per_user - 2);
+    atomic_store(&chain_ended, 0);
+    atomic_store(&chain_refused, 0);
+    atomic_store(&chain_open, 1);
+    for (int u = 0; u < 2; u++) {
+        tp_task_opts o = {0};
+        o.cq = q;
+        o.on_done = chain_done;
+        o.user = users[u];
+        assert_int_equal(tp_submit(p, chain_task, users[u], &o, NULL), TP_OK);
+    }
+    /* each chain ends when a submit is refused, or when the count runs out */
+    uint64_t until = tp_now_ns() + 4 * TPT_WAIT_NS;
+    while (atomic_load(&chain_refused) == 0 && atomic_load(&chain_ended) < 2 * per_user && tp_now_ns() < until) {
+        tp_cq_wait(q, 100 * 1000000ull);
+        drain(q, 0);
+    }
+    atomic_store(&chain_open, 0);
+    if (atomic_load(&chain_refused))
+        fail_msg("an on_done resubmitting its own user met %s after %d completions: the slot was not free yet",
+                 tp_strerror(atomic_load(&chain_last_rc)), atomic_load(&chain_ended));
+    assert_int_equal(atomic_load(&chain_ended), 2 * per_user);
+    tpt_finish(p);
+    cq_free(q);
+}
+
 /* ------------------------------------------------------------ a race of everything */
 
 /*
@@ -1337,6 +1407,7 @@ int main(void) {
         CQ_TEST(test_several_drainers),
         CQ_TEST(test_drainers_finishing_out_of_order),
         CQ_TEST(test_nested_drain_then_submit),
+        CQ_TEST(test_on_done_resubmits_its_user),
         CQ_TEST(test_race_submit_drain_close),
         CQ_TEST(test_drain_inside_on_done),
         CQ_TEST(test_cq_wait_timeout_and_wake),
