@@ -1811,7 +1811,7 @@ static void test_sched_fair_burst(void **state) {
     response r;
     size_t n = 0;
     for (int i = 1; i <= 8; i++) {
-        char label[8];
+        char label[16];
         snprintf(label, sizeof label, "a%d", i);
         add_task(t, &n, label, "user=alice");
     }
@@ -1913,7 +1913,7 @@ static void test_sched_priority(void **state) {
     add_task(t, &n, "n1", "");
     char expect16[SCHED_MAX * 8] = "", expect_strict[SCHED_MAX * 8] = "";
     for (int i = 1; i <= 17; i++) {
-        char label[8];
+        char label[16];
         snprintf(label, sizeof label, "u%d", i);
         add_task(t, &n, label, "priority=1");
         snprintf(expect16 + strlen(expect16), sizeof expect16 - strlen(expect16), "%s%s%s", i > 1 ? " " : "",
@@ -1954,7 +1954,7 @@ static void test_sched_priority(void **state) {
     request(p, "POST", "/tasks?delay=0&priority=3", &r);
     assert_non_null(strstr(r.body, "priority"));
     for (int prio = TP_PRIO_MIN; prio <= TP_PRIO_MAX; prio++) {
-        char q[48], want[8];
+        char q[48], want[16];
         snprintf(q, sizeof q, "delay=0&priority=%d", prio);
         unsigned long long id = post_task(p, q);
         wait_task_state(p, id, "succeeded", &r);
