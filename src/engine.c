@@ -58,8 +58,8 @@
  *     5  the task record's first line: fn, arg, on_done, timeouts, stamp
  *     6  the ring slot
  *   written by one side only (stay in its cache):
- *     S: the calls' counters, the id index; W: its runs' counters, its
- *     histogram shard, its context.
+ *     S: the calls' counters, the id index; W: its runs' counters (one line;
+ *     lane 0's start count is on it too), its histogram shard, its context.
  * Before this layout (right after the core was reshaped for 1.2) S and W
  * both wrote nine lines per task: the lock, life's first line, the admission
  * word and ring, lane 0's published counts, the statistics line, the three

@@ -573,6 +573,7 @@ tp__task *tp__life_take(tp__life *L, struct tp_ctx *c, tp__fx *fx) {
             TP__INC(r->started);
         else
             TP__INC(r->retried);
+        if (t->prio == 0 && !L->sched.fair) TP__INC(r->ring_started); /* lane 0's own count (stats.c) */
         tp__ctx_begin(c, t);
         return t;
     }

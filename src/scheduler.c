@@ -23,8 +23,9 @@
  * pool lock is released, for tp_lane_stats_get and tp_stats_get's
  * oldest_wait_ns, which read them without the lock -- except the ring lane
  * of a FIFO pool (lane 0), which publishes only its oldest task's stamp
- * (ring_head_at): its counts are the pool's totals less the other lanes',
- * so the hot path stores nothing more than 1.1 did.
+ * (ring_head_at): its gauges are the pool's totals less the other lanes',
+ * and its starts are counted on the starting worker's own counter line
+ * (ring_started, life.c), so the hot path stores to no line 1.1 did not.
  *
  * Layer: a leaf (see pool.h): life.c calls it; it calls nothing of
  * libtaskpool's but ring.h's inline functions.
@@ -245,7 +246,7 @@ void tp__sched_start_lanes(tp__sched *s, tp__task *t) {
     l->waiting--;
     s->waiting--;
     lane_waiting_changed(s, li);
-    if (!is_ring_lane(s, li)) { /* the ring lane's are the pool's totals less the others' */
+    if (!is_ring_lane(s, li)) { /* the ring lane's: stats.c, from the totals */
         l->running++;
         TP__SET(l->running_pub, l->running);
         TP__INC(l->started_pub);

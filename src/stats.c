@@ -130,23 +130,22 @@ int tp_lane_stats_get(tp_pool *p, int priority, tp_lane_stats *out) {
         out->running = TP__ACQUIRE(l->running_pub);
         return TP_OK;
     }
-    /* Lane 0 of a FIFO pool (the ring) publishes no counts of its own (so
+    /* Lane 0 of a FIFO pool (the ring) publishes no gauges of its own (so
      * that its hot path stores no more than 1.1's): they are the pool's
      * totals less the other lanes'. Exact at rest; while tasks move the two
-     * reads are not one instant, and a difference below 0 reads 0. */
-    uint64_t started = 0;
+     * reads are not one instant, and a difference below 0 reads 0. Its
+     * `started` is a counter (taskpool_lane_started_total) and must never go
+     * back: each worker counts the ring's starts on its own line
+     * (ring_started), and the sum of those is read, as tp_stats_get() reads. */
     uint32_t queued = 0, running = 0;
     for (int prio = TP_PRIO_MIN; prio <= TP_PRIO_MAX; prio++) {
         if (prio == 0) continue;
         const tp__lane *l = &s->lane[tp__lane_of(prio)];
-        started += TP__ACQUIRE(l->started_pub);
         queued += TP__ACQUIRE(l->waiting_pub);
         running += TP__ACQUIRE(l->running_pub);
     }
-    uint64_t all_started =
-        sum_runs(p, offsetof(tp__st_runs, started)) + sum_runs(p, offsetof(tp__st_runs, retried));
     uint32_t all_queued = TP__ACQUIRE(p->life.queued_pub), all_running = sum_active(p);
-    out->started = all_started > started ? all_started - started : 0;
+    out->started = sum_runs(p, offsetof(tp__st_runs, ring_started));
     out->queued = all_queued > queued ? all_queued - queued : 0;
     out->running = all_running > running ? all_running - running : 0;
     return TP_OK;

@@ -82,8 +82,16 @@ typedef struct tp__st_calls {
     _Alignas(64) TP__STATS_CALLS(TP__ST_COUNTER)
 } tp__st_calls;
 typedef struct tp__st_runs {
-    _Alignas(64) TP__STATS_RUNS(TP__ST_COUNTER) _Atomic uint32_t active; /* attempts running now */
+    /* the line its worker writes for every task */
+    _Alignas(64) _Atomic uint64_t started, retried, completed, succeeded, failed;
+    _Atomic uint64_t ring_started; /* FIFO pools: attempts started from lane 0, the ring (tp_lane_stats) */
+    _Atomic uint32_t active;       /* attempts running now */
+    /* a line written only when a task is cancelled or expires */
+    _Alignas(64) _Atomic uint64_t cancelled, expired;
 } tp__st_runs;
+#define TP__ST_IN_RUNS(f) _Static_assert(offsetof(tp__st_runs, f) < sizeof(tp__st_runs), #f " is a member");
+TP__STATS_RUNS(TP__ST_IN_RUNS)
+#undef TP__ST_IN_RUNS
 #undef TP__ST_COUNTER
 typedef struct tp__st_gauges {
     _Alignas(64) _Atomic uint32_t delayed, users, workers, idle;

@@ -966,7 +966,8 @@ static void test_nested_drain_then_submit(void **state) {
  */
 static tp_pool *chain_p;
 static tp_cq *chain_q;
-static atomic_int chain_left, chain_ended, chain_refused, chain_last_rc; /* chain_left: submits still to make */
+static atomic_int chain_left, chain_ended, chain_refused,
+    chain_last_rc;            /* chain_left: submits still to make */
 static atomic_int chain_open; /* 0: the test is over (a teardown drain must not submit) */
 
 static int chain_task(tp_ctx *c, void *arg) {
@@ -1011,14 +1012,16 @@ static void test_on_done_resubmits_its_user(void **state) {
     }
     /* each chain ends when a submit is refused, or when the count runs out */
     uint64_t until = tp_now_ns() + 4 * TPT_WAIT_NS;
-    while (atomic_load(&chain_refused) == 0 && atomic_load(&chain_ended) < 2 * per_user && tp_now_ns() < until) {
+    while (atomic_load(&chain_refused) == 0 && atomic_load(&chain_ended) < 2 * per_user &&
+           tp_now_ns() < until) {
         tp_cq_wait(q, 100 * 1000000ull);
         drain(q, 0);
     }
     atomic_store(&chain_open, 0);
     if (atomic_load(&chain_refused))
-        fail_msg("an on_done resubmitting its own user met %s after %d completions: the slot was not free yet",
-                 tp_strerror(atomic_load(&chain_last_rc)), atomic_load(&chain_ended));
+        fail_msg(
+            "an on_done resubmitting its own user met %s after %d completions: the slot was not free yet",
+            tp_strerror(atomic_load(&chain_last_rc)), atomic_load(&chain_ended));
     assert_int_equal(atomic_load(&chain_ended), 2 * per_user);
     tpt_finish(p);
     cq_free(q);

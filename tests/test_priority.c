@@ -1099,6 +1099,46 @@ static void test_lane_stats(void **state) {
     tpt_finish(p);
 }
 
+/*
+ * Lane 0's `started` of a FIFO pool is a counter (taskpool_lane_started_total):
+ * it never goes back and never misses a start, while other lanes' tasks start
+ * on another worker. One lane-0 task holds a worker; lane-1 tasks run on the
+ * other; a reader sees lane 0 at exactly 1 start throughout. It was once
+ * derived as the pool's starts less the other lanes', and a lane-1 start
+ * that had reached its lane's count but not yet the pool's read as 0 (the
+ * model fuzzer's "lane 0 started 0, its tasks entered 1 attempts").
+ */
+static void test_lane0_started_is_a_counter(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l = tpt_fx_latch(f);
+    tp_config c = tpt_quiet_config(2, 64, TP_UNLIMITED);
+    tp_pool *p = tpt_fx_pool(f, &c);
+    tpt_fill_workers(p, l, 1, NULL); /* lane 0: one start */
+    tp_task_opts o = {0};
+    o.priority = 1;
+    enum { TASKS = 20000 };
+    unsigned submitted = 0, bad = 0;
+    uint64_t lowest = 1, highest = 1;
+    while (submitted < TASKS) {
+        if (tp_submit(p, tpt_nop_task, NULL, &o, NULL) == TP_OK) submitted++;
+        for (int r = 0; r < 4; r++) {
+            tp_lane_stats ls;
+            assert_int_equal(tp_lane_stats_get(p, 0, &ls), TP_OK);
+            if (ls.started != 1) bad++;
+            if (ls.started < lowest) lowest = ls.started;
+            if (ls.started > highest) highest = ls.started;
+        }
+    }
+    TPT_EVENTUALLY(tpt_stats(p).completed == TASKS);
+    if (bad)
+        fail_msg("lane 0 read %u times as other than 1 start (lowest %llu, highest %llu)", bad,
+                 (unsigned long long)lowest, (unsigned long long)highest);
+    tp_lane_stats ls;
+    assert_int_equal(tp_lane_stats_get(p, 1, &ls), TP_OK);
+    assert_int_equal(ls.started, TASKS);
+    tpt_finish(p);
+}
+
 /* Lane figures at rest, read from a pool that is still alive. */
 static void test_lane_stats_at_rest_and_hist(void **state) {
     tpt_fixture *f = tpt_fx(state);
@@ -1292,6 +1332,7 @@ int main(void) {
         TPT_TEST(test_group_cancel_on_error_mixed_lanes),
         TPT_TEST(test_invalid_priorities_and_configs),
         TPT_TEST(test_lane_stats),
+        TPT_TEST(test_lane0_started_is_a_counter),
         TPT_TEST(test_lane_stats_at_rest_and_hist),
         TPT_TEST(test_oldest_wait),
         TPT_TEST(test_oldest_wait_of_a_retry),

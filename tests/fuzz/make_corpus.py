@@ -483,6 +483,13 @@ FOUND = {
     # And: a submit_wait with a 1 ms budget, room in the pool, timed out (its
     # budget covers taking the lock); the exact model had allowed TP_OK only.
     "exact_wait_budget": "AAJRAAABAAIAAAAAAAAAf569rteCJwAAAAAAAAAFAAkAGwQCzs7Ozs7Ozs7Ozs7Ozs7Ozs6+vr6+vv7///oqvr6+vjy+vr6+vgYAANrgADCiAADgQQBifr6+vr7Ozs4FAA==",
+    # tests/test_priority.c: test_lane0_started_is_a_counter. Lane 0 of a FIFO
+    # pool counted its starts as the pool's less the other lanes'; a lane-1
+    # start seen in its lane's count before the pool's read lane 0 one short
+    # ("lane 0 started 0, its tasks entered 1 attempts"). Found by the hour run
+    # and by CI's 600 s run.
+    "lane0_started_counter": "AAJRAAABAAIAAAAAAAAAf569rteCJwAAAAAAAAAFgKwCAGBgAAAACQAbBALOzs7Ozs7Ozs7Ozs7Ozs7Ozr6+vr6+/v//+iq+vr6+PL6+vr6+BgAA2uAAMKIAAOBBAGJ+vr6+vs7OzgUA",
+    "lane0_started_counter_ci": "Ef////////////////////////////////////////////8NDQ0NDQ0NDQ0NDQ0NDQ0NDQ0NDQ3/////////////////////////////////BBMABAAAAAEyAAAAAAFGAAAAAAEmAAAAAAUAATUBAAAAKhwCAAAUAgIEAAUAEwIBGggAAAAEAgUAAgwEACAABP8FABQEAA==",
 }
 
 # One worker, prio_starve_limit 2. Lane 0 (the FIFO pool's ring) waits
