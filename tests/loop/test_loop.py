@@ -483,13 +483,35 @@ def scenario_hangup(env):
     check(ps["cancelled"] == 60 and ps["succeeded"] == 20, "pool statistics %r" % ps)
 
 
+def pings_past_kernel_buffers():
+    """How many PINGs make more answers than the kernel can hold for a client
+    that reads nothing. The server's send buffer grows by itself up to
+    tcp_wmem's maximum (4 MiB on Debian; on loopback it reaches over 1 MiB
+    within a few round trips), and only answers beyond it are left to the
+    server's own OUTPUT_LIMIT: 100,000 answers (1.2 MB) were sometimes all
+    taken by the kernel, and the server never had a reason to pause."""
+    try:
+        with open("/proc/sys/net/ipv4/tcp_wmem") as f:
+            wmem_max = int(f.read().split()[2])
+    except (OSError, ValueError, IndexError):
+        wmem_max = 4 << 20
+    want = min(wmem_max, 64 << 20) + (1 << 20)  # and 1 MiB more for the receiving side and the sockets' overhead
+    n, size = 0, 0
+    while size <= want or n < 100000:
+        n += 1
+        size += len("PONG %d\n" % n)
+    return n
+
+
 def scenario_slow(env):
     srv = env.server("slow", WORKERS=128, QUEUE_CAPACITY=256, OUTPUT_LIMIT=2048)
     ctl = srv.connect()
 
-    # A. Sends 100,000 requests and reads nothing: the server stops reading
-    # it, serves the others, and later delivers every answer in order.
-    n = 100000
+    # A. Sends more requests than the kernel's buffers hold answers for and
+    # reads nothing: the server stops reading it, serves the others, and
+    # later delivers every answer in order.
+    n = pings_past_kernel_buffers()
+    log("slow: %d requests from the slow reader" % n)
     s = srv.connect(rcvbuf=4096, timeout=60)
     sent = {}
 
