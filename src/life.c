@@ -229,9 +229,9 @@ static void retire(tp__life *L, tp__task *t, tp__fx *fx) {
  * section that counts the task and releases its user slot: a drained on_done
  * may run before this section ends, but any call it makes that takes the
  * pool's lock (tp_submit*, tp_user_active, tp_cancel, tp_wait) sees the task
- * ended and its slot free (§5). Queuing it before the lock was taken (a
- * success is final) saved a little CPU but let an on_done resubmitting for
- * its own user meet TP_EUSER from the slot it had not given back yet. */
+ * ended and its slot free (taskpool.h, section 15): an on_done that submits
+ * its own user's next task is not refused TP_EUSERLIMIT by the slot of the
+ * task it reports. */
 static void finalise(tp__life *L, tp__task *t, int status, bool expired, tp__fx *fx) {
     TP__ASSERT(t->state == TP__QUEUED || t->state == TP__RUNNING || t->state == TP__DELAYED);
     if (t->cq) tp__cq_push(t->cq, t->on_done, t->arg, status); /* before anything counts it */
@@ -573,7 +573,7 @@ tp__task *tp__life_take(tp__life *L, struct tp_ctx *c, tp__fx *fx) {
             TP__INC(r->started);
         else
             TP__INC(r->retried);
-        if (t->prio == 0 && !L->sched.fair) TP__INC(r->ring_started); /* lane 0's own count (stats.c) */
+        if (tp__sched_from_ring(&L->sched, t)) TP__INC(r->ring_started); /* lane 0's own count (stats.c) */
         tp__ctx_begin(c, t);
         return t;
     }

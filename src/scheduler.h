@@ -111,6 +111,12 @@ static inline tp__task *tp__sched_peek(const tp__sched *s) {
     return tp__sched_peek_lanes(s);
 }
 
+/* Whether `t` starts from the ring (lane 0 of a FIFO pool), whose start count
+ * its worker keeps (tp__st_runs.ring_started) instead of the lane. */
+static inline bool tp__sched_from_ring(const tp__sched *s, const tp__task *t) {
+    return !s->fair && t->prio == 0;
+}
+
 /* Start `t`, what tp__sched_peek just returned: take it out, count it
  * started and running in its lane, move the starvation counts and the
  * lane's round. */
