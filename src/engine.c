@@ -302,7 +302,8 @@ static void set_workers_stat_locked(tp_pool *p) { TP__SET(p->gauges.workers, run
 /* Entered and left with mu held: poll the waiting count (life.queued_pub,
  * stored with every change) without the lock for up to TP__SPIN_NS. The caller
  * re-checks under the lock, so a task pushed at any moment is found either
- * here or there: no wake-up is lost. */
+ * here or there: no wake-up is lost. The idle gauge still counts this worker
+ * when it returns: the caller stores it once it knows what comes next. */
 static void spin_for_work_locked(tp_pool *p, uint64_t since) {
     p->waiting.spin++;
     set_idle_stat_locked(p);
@@ -319,7 +320,6 @@ static void spin_for_work_locked(tp_pool *p, uint64_t since) {
     tp__lock(p);
     TP__ASSERT(p->waiting.spin > 0);
     p->waiting.spin--;
-    set_idle_stat_locked(p);
 }
 
 /* The state a worker carries between turns of its loop. */
@@ -338,13 +338,22 @@ typedef struct worker_turn {
  * wake-ups that bring no work do not restart it. */
 static bool wait_for_work_locked(tp_pool *p, worker_turn *wt) {
     uint64_t idle_since = 0;
+    /* The idle gauge still counts this worker (after a spin or a wait): it
+     * is stored when the worker leaves, or again when it waits once more, so
+     * a lock-free reader never sees an idle worker dip out of it. */
+    bool stale = false;
+    bool go = true;
     while (!tp__life_ready(&p->life)) {
         wt->last_end_h = 0;
-        if (tp__life_closed(&p->life) && tp__life_idle(&p->life)) return false;
+        if (tp__life_closed(&p->life) && tp__life_idle(&p->life)) {
+            go = false;
+            break;
+        }
         if (!idle_since) idle_since = tp_now_ns();
         if (!wt->spun && p->waiting.spin == 0) {
             wt->spun = true;
             spin_for_work_locked(p, idle_since);
+            stale = true;
             continue;
         }
         /* Above the minimum counting only workers that run: a spawn under
@@ -356,13 +365,16 @@ static bool wait_for_work_locked(tp_pool *p, worker_turn *wt) {
         int e = tp__mutex_wait(&p->mu, &p->work_cv, until);
         TP__ASSERT(p->waiting.idle > 0);
         p->waiting.idle--;
-        set_idle_stat_locked(p);
+        stale = true;
         if (e == ETIMEDOUT && elastic && !tp__life_ready(&p->life) &&
-            running_workers_locked(p) > p->cfg.min_workers && tp_now_ns() >= until)
-            return false;
+            running_workers_locked(p) > p->cfg.min_workers && tp_now_ns() >= until) {
+            go = false;
+            break;
+        }
     }
-    wt->spun = false;
-    return true;
+    if (stale) set_idle_stat_locked(p);
+    if (go) wt->spun = false;
+    return go;
 }
 
 /* A finalised task (DONE, with an on_done): its on_done without mu, then
