@@ -46,12 +46,18 @@
  */
 #include "life.h"
 
+#include <stddef.h>
 #include <string.h>
 
 #include "clock.h"
 #include "group.h"
 
 /* ------------------------------------------------------------ setup */
+
+/* The published words and the scheduler's hot fields share one line (life.h). */
+_Static_assert(offsetof(tp__life, sched) + offsetof(tp__sched, in_lists) + sizeof(unsigned) <=
+                   offsetof(tp__life, adm) + 64,
+               "the scheduler's hot fields leave the published words' line");
 
 int tp__life_init(tp__life *L, const tp__life_cfg *cfg, tp__st_calls *calls, tp__st_gauges *gauges,
                   unsigned prealloc, bool fair, unsigned starve_limit, unsigned low_max) {
@@ -211,13 +217,16 @@ static bool is_cancel_status(int status) { return status == TP_ECANCELED || stat
  * went to a completion queue. */
 static void retire(tp__life *L, tp__task *t, tp__fx *fx) {
     TP__ASSERT(t->state == TP__DONE || t->state == TP__ENDING);
-    TP__ASSERT(L->inflight > 0);
+    TP__ASSERT(tp__life_inflight(L) > 0);
     if (t->group) group_member_retired(t, fx);
     t->user = NULL;
-    if (!L->tasks.free) fx->flags |= TP__FX_ROOM; /* records were at their cap */
-    tp__tasks_put(&L->tasks, t);
-    L->inflight--;
-    if (L->closed && L->inflight == 0) fx->flags |= TP__FX_DRAINED;
+    /* Records may have been at their cap: a waiting submitter looks again.
+     * (Told on every retire: whether admission's own list is empty is the
+     * submitter's line, not read here per task.) */
+    fx->flags |= TP__FX_ROOM;
+    tp__tasks_give(&L->given, t);
+    L->retired++;
+    if (L->closed && tp__life_inflight(L) == 0) fx->flags |= TP__FX_DRAINED;
 }
 
 /* The task has its final status: counted once. A task bound to a completion
@@ -450,7 +459,7 @@ int tp__life_admit(tp__life *L, const tp__admit_args *a, void *arg, uint64_t *id
     /* Reserve. Refused with nothing reserved when the records are at their
      * cap (TP_EFULL) or cannot grow (TP_ENOMEM); see pool.c. */
     tp__task *t = NULL;
-    int rc = tp__tasks_get(&L->tasks, L->cfg.max_records, &t);
+    int rc = tp__tasks_get(&L->tasks, &L->given, L->cfg.max_records, &t);
     tp__user *u = NULL;
     if (rc == TP_OK && a->user) {
         u = tp__users_take(&L->users, found, a->user, a->user_len, a->user_hash);
@@ -489,7 +498,8 @@ int tp__life_admit(tp__life *L, const tp__admit_args *a, void *arg, uint64_t *id
         t->log_id[a->log_len] = '\0';
         t->log_gen = 0;
     } else {
-        t->log_id[0] = '\0';
+        /* log_id is written only when someone asks for it (tp__task_log_id):
+         * its cache line is not touched per task */
         t->log_gen = L->cfg.serial; /* non-zero: generate from pool serial + id */
     }
     t->id = ++L->next_id;
@@ -501,7 +511,7 @@ int tp__life_admit(tp__life *L, const tp__admit_args *a, void *arg, uint64_t *id
         if (t->deadline < L->queued_deadline_min) L->queued_deadline_min = t->deadline;
         if (t->deadline < fx->svc_by) fx->svc_by = t->deadline;
     }
-    L->inflight++;
+    L->admitted++;
     if (t->group) group_join(t);
     TP__INC(L->calls->accepted);
     tp__sched_push(&L->sched, t);
@@ -518,7 +528,7 @@ void tp__life_close(tp__life *L, tp__fx *fx) {
     fx->flags |= TP__FX_ROOM; /* waiting submitters see it */
     fx->flags |= TP__FX_SVC;
     fx->flags |= TP__FX_EXITERS;
-    if (L->inflight == 0) fx->flags |= TP__FX_DRAINED;
+    if (tp__life_inflight(L) == 0) fx->flags |= TP__FX_DRAINED;
 }
 
 void tp__life_force(tp__life *L, tp__fx *fx) {

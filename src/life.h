@@ -71,23 +71,31 @@ typedef struct tp__admit_args {
 
 /* The state of a pool's tasks. life.c owns every field. */
 typedef struct tp__life {
-    /* First: the one cache line that every submit and every start writes
-     * (the scheduler's ring fills the next; engine.c's lock comes before). */
-    _Alignas(64) tp__tasks tasks;
+    /* First: the submitter's line, which every submit writes and nothing
+     * else writes per task (engine.c's lock comes before). */
+    _Alignas(64) tp__tasks tasks; /* its free list is admission's own */
     uint64_t next_id;
-    unsigned inflight; /* accepted tasks not yet retired */
+    unsigned admitted; /* tasks accepted; in flight: admitted - retired (wraps) */
     unsigned delayed;  /* tasks in the delayed list */
+    bool closed;       /* no more admissions */
+    bool forced;       /* no more retries; waiting tasks were dropped */
+    /* Second: the one line that every push and every start writes, the
+     * submitter's and the workers' alike: the two words published for
+     * lock-free readers, then the scheduler's hot fields (static assertion
+     * in life.c). */
     /* The admission word: what tp__life_full_fast needs to refuse a full
      * queue without the lock, stored under the lock after every change as
      * one word, so that one load gives the values of one moment: waiting +
      * delayed (bits 0-31), users_at_limit (bits 32-62), closed (bit 63). */
-    _Atomic uint64_t adm;
+    _Alignas(64) _Atomic uint64_t adm;
     _Atomic uint32_t queued_pub; /* tasks waiting, for lock-free readers (stats, a spinning worker) */
-    bool closed;                 /* no more admissions */
-    bool forced;                 /* no more retries; waiting tasks were dropped */
-    tp__sched sched;             /* the waiting tasks (its hot fields: one line) */
-    unsigned with_deadline;      /* unfinished tasks that carry a deadline */
-    unsigned users_at_limit;     /* users holding max_per_user slots */
+    tp__sched sched;             /* the waiting tasks (its hot fields first: they end this line) */
+    /* What retiring a task writes, on the retiring side's line: the
+     * submitter does not touch it per task. */
+    _Alignas(64) tp__task *given; /* retired records (tasks.h), taken over by admission */
+    unsigned retired;             /* tasks retired */
+    unsigned with_deadline;       /* unfinished tasks that carry a deadline */
+    unsigned users_at_limit;      /* users holding max_per_user slots */
     /* Then: what a task with a user, a deadline, a group or a retry uses. */
     _Alignas(64) tp__users users;
     tp__task *delayed_head, *delayed_tail; /* retries waiting for their delay */
@@ -183,7 +191,8 @@ static inline bool tp__life_idle(const tp__life *L) {
     return tp__sched_waiting(&L->sched) == 0 && L->delayed == 0;
 }
 static inline bool tp__life_closed(const tp__life *L) { return L->closed; }
-static inline unsigned tp__life_inflight(const tp__life *L) { return L->inflight; }
+/* Accepted tasks not yet retired. */
+static inline unsigned tp__life_inflight(const tp__life *L) { return L->admitted - L->retired; }
 static inline bool tp__life_endings_pending(const tp__life *L) { return L->endings_head != NULL; }
 
 #endif /* TP_LIFE_H */

@@ -38,6 +38,13 @@
 
 static bool is_ring_lane(const tp__sched *s, unsigned li) { return !s->fair && li == RING_LANE; }
 
+/* Tasks waiting in lane li. The ring lane's count is the ring's length:
+ * its tp__lane.waiting stays 0, so that a push or a start of a FIFO pool
+ * writes no line of the lane (scheduler.h). */
+static unsigned lane_waiting(const tp__sched *s, unsigned li) {
+    return is_ring_lane(s, li) ? tp__ring_len(&s->ring) : s->lane[li].waiting;
+}
+
 /* ------------------------------------------------------------ setup */
 
 int tp__sched_init(tp__sched *s, unsigned capacity, bool fair, unsigned starve_limit, unsigned low_max) {
@@ -170,10 +177,10 @@ void tp__sched_push_lanes(tp__sched *s, tp__task *t) {
             if (!t->flow->lane[li].in_round) round_append(l, t->flow, li);
         }
         s->in_lists++;
+        l->waiting++;
     }
-    l->waiting++;
     s->waiting++;
-    if (l->waiting == 1)
+    if (lane_waiting(s, li) == 1)
         lane_waiting_changed(s, li); /* a new head */
     else if (!is_ring_lane(s, li))
         TP__SET(l->waiting_pub, l->waiting);
@@ -217,7 +224,7 @@ static void lane_take(tp__sched *s, unsigned li, tp__task *t) {
 }
 
 static bool lane_ready(const tp__sched *s, unsigned li, bool low_ok) {
-    return s->lane[li].waiting > 0 && (li >= RING_LANE || low_ok);
+    return lane_waiting(s, li) > 0 && (li >= RING_LANE || low_ok);
 }
 
 tp__task *tp__sched_peek_lanes(const tp__sched *s) {
@@ -243,7 +250,7 @@ void tp__sched_start_lanes(tp__sched *s, tp__task *t) {
         if (lane_ready(s, i, low_ok) && s->lane[i].starve < UINT_MAX) s->lane[i].starve++;
     l->starve = 0;
     lane_take(s, li, t);
-    l->waiting--;
+    if (!is_ring_lane(s, li)) l->waiting--;
     s->waiting--;
     lane_waiting_changed(s, li);
     if (!is_ring_lane(s, li)) { /* the ring lane's: stats.c, from the totals */
@@ -283,10 +290,13 @@ static void list_unlink(tp__sched *s, unsigned li, tp__task *t) {
 /* One task fewer waits in lane li (removed, not started). */
 static void lane_left(tp__sched *s, unsigned li) {
     tp__lane *l = &s->lane[li];
-    TP__ASSERT(l->waiting > 0 && s->waiting > 0);
-    l->waiting--;
+    TP__ASSERT(s->waiting > 0);
+    if (!is_ring_lane(s, li)) { /* the ring's length is its count */
+        TP__ASSERT(l->waiting > 0);
+        l->waiting--;
+    }
     s->waiting--;
-    if (l->waiting == 0) l->starve = 0; /* no longer ready */
+    if (lane_waiting(s, li) == 0) l->starve = 0; /* no longer ready */
     lane_waiting_changed(s, li);
 }
 
@@ -348,10 +358,12 @@ static void lane_take_expired(tp__sched *s, unsigned li, taken *k) {
     }
     unsigned n = k->n - before;
     if (n == 0) return;
-    TP__ASSERT(l->waiting >= n);
-    l->waiting -= n;
+    if (!is_ring_lane(s, li)) { /* the ring's length is its count */
+        TP__ASSERT(l->waiting >= n);
+        l->waiting -= n;
+    }
     s->waiting -= n;
-    if (l->waiting == 0) l->starve = 0;
+    if (lane_waiting(s, li) == 0) l->starve = 0;
     lane_waiting_changed(s, li);
 }
 
@@ -359,7 +371,7 @@ uint64_t tp__sched_take_expired(tp__sched *s, uint64_t now, tp__task **out) {
     *out = NULL;
     taken k = {out, now, TP_FOREVER, 0};
     for (unsigned li = TP__LANES; li-- > 0;)
-        if (s->lane[li].waiting) lane_take_expired(s, li, &k);
+        if (lane_waiting(s, li)) lane_take_expired(s, li, &k);
     return k.next;
 }
 
@@ -367,6 +379,6 @@ void tp__sched_take_all(tp__sched *s, tp__task **out) {
     *out = NULL;
     taken k = {out, TP_FOREVER, TP_FOREVER, 0}; /* now >= every deadline */
     for (unsigned li = TP__LANES; li-- > 0;)
-        if (s->lane[li].waiting) lane_take_expired(s, li, &k);
+        if (lane_waiting(s, li)) lane_take_expired(s, li, &k);
     TP__ASSERT(s->waiting == 0 && s->in_lists == 0);
 }

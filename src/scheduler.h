@@ -51,10 +51,11 @@ typedef struct tp__flow {
 
 typedef struct tp__lane {
     /* the writer's side, under the pool lock */
-    tp__task *ahead, *atail;   /* list lanes: every waiting task, in arrival order */
-    tp__flow *rhead, *rtail;   /* fair pools: the round */
-    unsigned waiting, running; /* tasks waiting in / running from this lane */
-    unsigned starve;           /* starts that went to a higher lane while this one stayed ready */
+    tp__task *ahead, *atail; /* list lanes: every waiting task, in arrival order */
+    tp__flow *rhead, *rtail; /* fair pools: the round */
+    unsigned waiting,
+        running; /* tasks waiting in / running from this lane (not kept for a FIFO pool's ring lane: its length) */
+    unsigned starve; /* starts that went to a higher lane while this one stayed ready */
     /* published for lock-free readers (release stores; see stats.h) */
     _Atomic uint64_t started_pub; /* attempts started from this lane */
     _Atomic uint64_t head_at_pub; /* queue stamp of its oldest waiting task, 0 if none */
@@ -62,11 +63,12 @@ typedef struct tp__lane {
 } tp__lane;
 
 typedef struct tp__sched {
-    /* One cache line: what every push and every start of a FIFO pool's
-     * lane 0 touches. That lane (the ring) publishes only its oldest task's
-     * stamp; its other figures are the pool's totals less the other lanes'
-     * (stats.c). */
-    _Alignas(64) tp__ring ring;    /* FIFO pools: lane 0 */
+    /* First: what every push and every start of a FIFO pool's lane 0
+     * writes. The owner (life.h) puts it on one cache line with the words it
+     * publishes at every push and start. That lane (the ring) publishes only
+     * its oldest task's stamp; its other figures are the pool's totals less
+     * the other lanes' (stats.c). */
+    tp__ring ring;                 /* FIFO pools: lane 0 */
     _Atomic uint64_t ring_head_at; /* FIFO pools: queue stamp of the ring's head, 0 if empty */
     unsigned waiting;              /* in every lane */
     unsigned in_lists;             /* waiting outside the ring (FIFO pools: lanes other than 0) */
@@ -93,9 +95,9 @@ static inline void tp__sched_push(tp__sched *s, tp__task *t) {
         tp__sched_push_lanes(s, t);
         return;
     }
-    tp__lane *l = &s->lane[2]; /* lane 0 of a FIFO pool: the ring */
+    /* lane 0 of a FIFO pool: the ring, whose length is the lane's count */
     tp__ring_push(&s->ring, t);
-    if (l->waiting++ == 0) TP__SET(s->ring_head_at, t->queued_at); /* a new head */
+    if (tp__ring_len(&s->ring) == 1) TP__SET(s->ring_head_at, t->queued_at); /* a new head */
     s->waiting++;
 }
 
@@ -127,15 +129,16 @@ static inline void tp__sched_start(tp__sched *s, tp__task *t) {
         return;
     }
     /* Only the ring holds tasks (a FIFO pool, lane 0): every other lane is
-     * empty, so no count moves but the ring lane's own, which returns to 0.
-     * The ring lane publishes only its head's stamp (see tp__sched). */
+     * empty, so no count moves but the ring lane's starvation count, which
+     * returns to 0 (stored only if it was not: the lane's line is not
+     * written per start). The ring lane publishes only its head's stamp
+     * (see tp__sched). */
     tp__lane *l = &s->lane[2];
     tp__task *h = tp__ring_pop(&s->ring);
     TP__ASSERT(h == t);
     TP__UNUSED(h);
     TP__UNUSED(t);
-    l->starve = 0;
-    l->waiting--;
+    if (l->starve) l->starve = 0;
     s->waiting--;
     TP__SET(s->ring_head_at, tp__ring_head_at(&s->ring));
     if (s->waiting) {
@@ -181,7 +184,9 @@ static inline unsigned tp__sched_waiting(const tp__sched *s) { return s->waiting
 static inline bool tp__sched_ready(const tp__sched *s) {
     if (s->waiting == 0) return false;
     if (s->low_max == 0 || s->low_running < s->low_max) return true;
-    return s->lane[2].waiting + s->lane[3].waiting + s->lane[4].waiting > 0;
+    /* lane 0 of a FIFO pool keeps its count as the ring's length */
+    return (s->fair ? s->lane[2].waiting : tp__ring_len(&s->ring)) + s->lane[3].waiting + s->lane[4].waiting >
+           0;
 }
 
 /* How many of the waiting tasks could start now, one per worker (an elastic

@@ -67,9 +67,13 @@ typedef struct tp__task {
     char log_id[TP_LOG_ID_MAX + 1];
 } tp__task;
 
-/* Task records and the id index. */
+/* Task records and the id index. Two free lists: admission takes from
+ * `free`; retiring gives records to a list of the caller's (life.h keeps it
+ * on the retiring side's cache line), which admission takes over whole when
+ * `free` runs dry. So the submitter and the workers do not write one list
+ * head per task. */
 typedef struct tp__tasks {
-    tp__task *free;
+    tp__task *free;   /* admission's own */
     tp__task **index; /* id -> task, chained, power-of-two buckets */
     uint32_t index_mask;
     unsigned total; /* records allocated */
@@ -79,9 +83,17 @@ typedef struct tp__tasks {
 int tp__tasks_init(tp__tasks *ts, unsigned prealloc);
 void tp__tasks_fini(tp__tasks *ts);
 /* A free record, out of the id index: TP_OK, TP_EFULL (`limit` records are
- * in use), TP_ENOMEM. */
-int tp__tasks_get(tp__tasks *ts, unsigned limit, tp__task **out);
+ * in use), TP_ENOMEM. `*given`, the retired records, becomes admission's
+ * list when its own is empty. */
+int tp__tasks_get(tp__tasks *ts, tp__task **given, unsigned limit, tp__task **out);
+/* Back to admission's own list: a record just taken and not used. */
 void tp__tasks_put(tp__tasks *ts, tp__task *t);
+/* A retired record onto the list `*given` (tp__tasks_get takes it over). */
+static inline void tp__tasks_give(tp__task **given, tp__task *t) {
+    t->state = TP__FREE;
+    t->next = *given;
+    *given = t;
+}
 
 /* The id index: inline, so that the lookups of admission, finalise and
  * cancel stay in the caller's file. */

@@ -72,7 +72,13 @@ void tp__tasks_fini(tp__tasks *ts) {
     memset(ts, 0, sizeof *ts);
 }
 
-int tp__tasks_get(tp__tasks *ts, unsigned limit, tp__task **out) {
+int tp__tasks_get(tp__tasks *ts, tp__task **given, unsigned limit, tp__task **out) {
+    if (!ts->free) {
+        /* The records retired since the last time, all at once: one look at
+         * the retiring side's list head, not one per record. */
+        ts->free = *given;
+        *given = NULL;
+    }
     if (!ts->free) {
         if (ts->total >= limit) return TP_EFULL;
         unsigned n = ts->total / 2 > TP__CHUNK_MIN ? ts->total / 2 : TP__CHUNK_MIN;
@@ -81,6 +87,14 @@ int tp__tasks_get(tp__tasks *ts, unsigned limit, tp__task **out) {
     }
     tp__task *t = ts->free;
     ts->free = t->next;
+    /* The next admission's record, given back by a worker whose cache
+     * holds its lines: fetched now, for writing, they arrive while this
+     * task is admitted and its submitter runs, not under the next lock
+     * hold. (It stays on this list: a worker never writes it again.) */
+    if (ts->free) {
+        __builtin_prefetch(ts->free, 1, 3);
+        __builtin_prefetch((char *)ts->free + 64, 1, 3);
+    }
     /* A record stays in the id index under its last id until it is reused
      * (task.h): out now, on the submitting side, so that the worker that
      * ended it never writes the index. */

@@ -80,12 +80,13 @@ static void test_ring_remove_every_position(void **state) {
 static void test_tasks_index_and_growth(void **state) {
     (void)state;
     tp__tasks ts;
+    tp__task *given = NULL; /* the retiring side's list */
     assert_int_equal(tp__tasks_init(&ts, 4), 0);
     unsigned first_total = ts.total;
     enum { N = 1000 };
     tp__task *got[N];
     for (int i = 0; i < N; i++) {
-        assert_int_equal(tp__tasks_get(&ts, 100000, &got[i]), TP_OK);
+        assert_int_equal(tp__tasks_get(&ts, &given, 100000, &got[i]), TP_OK);
         assert_non_null(got[i]);
         got[i]->id = (uint64_t)i + 1;
         tp__tasks_index(&ts, got[i]);
@@ -105,13 +106,24 @@ static void test_tasks_index_and_growth(void **state) {
      * of the index. */
     for (int i = 1; i < N; i += 2) tp__tasks_put(&ts, got[i]);
     for (int i = 1; i < N; i += 2) assert_ptr_equal(tp__tasks_find(&ts, (uint64_t)i + 1), got[i]);
-    for (int i = 1; i < N; i += 2) assert_int_equal(tp__tasks_get(&ts, 100000, &got[i]), TP_OK);
+    for (int i = 1; i < N; i += 2) assert_int_equal(tp__tasks_get(&ts, &given, 100000, &got[i]), TP_OK);
     for (int i = 0; i < N; i++) assert_null(tp__tasks_find(&ts, (uint64_t)i + 1));
-    /* Records come back from the free list: no growth in steady state. */
+    /* Records come back from the free lists: no growth in steady state.
+     * Retired ones (given) are taken over once admission's own list is dry,
+     * and given records keep their ids in the index until taken again. */
     unsigned total = ts.total;
     for (int round = 0; round < 10; round++) {
-        for (int i = 0; i < N; i++) tp__tasks_put(&ts, got[i]);
-        for (int i = 0; i < N; i++) assert_int_equal(tp__tasks_get(&ts, 100000, &got[i]), TP_OK);
+        if (round % 2)
+            for (int i = 0; i < N; i++) tp__tasks_put(&ts, got[i]);
+        else
+            for (int i = 0; i < N; i++) {
+                got[i]->id = (uint64_t)(round * N + i + 1);
+                tp__tasks_index(&ts, got[i]);
+                tp__tasks_give(&given, got[i]);
+                assert_int_equal(got[i]->state, TP__FREE);
+            }
+        for (int i = 0; i < N; i++) assert_int_equal(tp__tasks_get(&ts, &given, 100000, &got[i]), TP_OK);
+        for (int i = 0; i < N; i++) assert_int_equal(got[i]->id, 0); /* out of the index */
     }
     assert_int_equal(ts.total, total);
     tp__tasks_fini(&ts);
@@ -121,14 +133,23 @@ static void test_tasks_index_and_growth(void **state) {
 static void test_tasks_limit(void **state) {
     (void)state;
     tp__tasks ts;
+    tp__task *given = NULL;
     assert_int_equal(tp__tasks_init(&ts, 8), 0);
     unsigned limit = ts.total + 100;
     tp__task *t = NULL;
-    for (unsigned i = 0; i < limit; i++) assert_int_equal(tp__tasks_get(&ts, limit, &t), TP_OK);
+    for (unsigned i = 0; i < limit; i++) assert_int_equal(tp__tasks_get(&ts, &given, limit, &t), TP_OK);
     assert_int_equal(ts.total, limit);
-    assert_int_equal(tp__tasks_get(&ts, limit, &t), TP_EFULL);
+    assert_int_equal(tp__tasks_get(&ts, &given, limit, &t), TP_EFULL);
     tp__tasks_put(&ts, t);
-    assert_int_equal(tp__tasks_get(&ts, limit, &t), TP_OK);
+    assert_int_equal(tp__tasks_get(&ts, &given, limit, &t), TP_OK);
+    /* a retired record is what the next admission at the limit gets */
+    tp__task *back = t;
+    tp__tasks_give(&given, t);
+    assert_int_equal(tp__tasks_get(&ts, &given, limit, &t), TP_OK);
+    assert_ptr_equal(t, back);
+    assert_null(given);
+    assert_int_equal(tp__tasks_get(&ts, &given, limit, &t), TP_EFULL);
+    assert_int_equal(ts.total, limit);
     tp__tasks_fini(&ts);
 }
 
