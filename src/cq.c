@@ -56,18 +56,24 @@ typedef struct tp__completion {
 /* Completions a drain takes under one lock hold (copied to its stack). */
 #define TP__CQ_CHUNK 64u
 
+/* Three cache lines, by who writes them per task: the places (the
+ * submitter takes one per task; the drainer gives them back per chunk), the
+ * lock and the tail (the pushing worker, per task), the head (the drainer,
+ * per chunk). */
 struct tp_cq {
-    tp__mutex mu;
-    pthread_cond_t cv; /* a completion waits (tp_cq_wait); a place may be free (submitters) */
+    _Alignas(64) _Atomic unsigned places; /* taken: unfinished bound tasks + completions waiting or running */
+    _Atomic unsigned place_waiters;       /* submitters waiting for a place */
     unsigned capacity;
-    _Atomic unsigned places;        /* taken: unfinished bound tasks + completions waiting or running */
-    _Atomic unsigned place_waiters; /* submitters waiting for a place */
+    _Alignas(64) tp__mutex mu;
     /* under mu */
     tp__completion *ring;
-    uint64_t head, tail; /* free-running (never wrap); slot = index % capacity */
-    unsigned waiters;    /* tp_cq_wait callers in cv */
-    bool woken;          /* the descriptor holds a wake-up */
-    int fds[2];          /* eventfd: fds[0] == fds[1]; pipe: read end, write end */
+    uint64_t tail;              /* free-running (never wraps); slot = index % capacity */
+    unsigned waiters;           /* tp_cq_wait callers in cv */
+    bool woken;                 /* the descriptor holds a wake-up */
+    int fds[2];                 /* eventfd: fds[0] == fds[1]; pipe: read end, write end */
+    _Alignas(64) uint64_t head; /* under mu: free-running, as tail */
+    pthread_cond_t cv;          /* a completion waits (tp_cq_wait); a place may be free (submitters) */
+    void *mem;                  /* what calloc returned: the queue is aligned to a cache line within it */
 };
 
 /* ------------------------------------------------------------ the descriptor */
@@ -108,8 +114,10 @@ static void fd_consume(tp_cq *cq) {
 
 int tp_cq_create(tp_cq **out, unsigned capacity) {
     if (!out || capacity == 0 || capacity > TP_MAX_QUEUE_CAPACITY) return TP_EINVAL;
-    tp_cq *cq = (tp_cq *)calloc(1, sizeof *cq);
+    void *mem;
+    tp_cq *cq = (tp_cq *)tp__calloc_lines(1, sizeof *cq, &mem);
     if (!cq) return TP_ENOMEM;
+    cq->mem = mem;
     cq->capacity = capacity;
     cq->fds[0] = cq->fds[1] = -1;
     cq->ring = (tp__completion *)calloc(capacity, sizeof *cq->ring);
@@ -127,7 +135,7 @@ int tp_cq_create(tp_cq **out, unsigned capacity) {
     if (made == 2) pthread_cond_destroy(&cq->cv);
     if (made >= 1) tp__mutex_destroy(&cq->mu);
     free(cq->ring);
-    free(cq);
+    free(cq->mem);
     return TP_ENOMEM;
 }
 
@@ -187,7 +195,7 @@ int tp_cq_destroy(tp_cq *cq) {
     pthread_cond_destroy(&cq->cv);
     tp__mutex_destroy(&cq->mu);
     free(cq->ring);
-    free(cq);
+    free(cq->mem);
     return TP_OK;
 }
 

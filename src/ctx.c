@@ -153,7 +153,7 @@ static void make_tag(void) {
 const char *tp__task_log_id(tp__task *t) {
     if (t->log_gen) {
         pthread_once(&tag_once, make_tag);
-        snprintf(t->log_id, sizeof t->log_id, "tp-%08x-%x-%llx", process_tag, (unsigned)t->log_gen,
+        snprintf(t->log_id, TP__LOG_BUF, "tp-%08x-%x-%llx", process_tag, (unsigned)t->log_gen,
                  (unsigned long long)t->id);
         t->log_gen = 0;
     }

@@ -54,7 +54,11 @@
 
 /* ------------------------------------------------------------ setup */
 
-/* The published words and the scheduler's hot fields share one line (life.h). */
+/* The submitter's hot fields fill its line; the published words and the
+ * scheduler's hot fields share the next (life.h). */
+_Static_assert(offsetof(tp__life, tasks) + offsetof(tp__tasks, index_mask) + sizeof(uint32_t) <=
+                   offsetof(tp__life, next_id) + 64,
+               "admission's fields leave the submitter's line");
 _Static_assert(offsetof(tp__life, sched) + offsetof(tp__sched, in_lists) + sizeof(unsigned) <=
                    offsetof(tp__life, adm) + 64,
                "the scheduler's hot fields leave the published words' line");
@@ -66,7 +70,7 @@ int tp__life_init(tp__life *L, const tp__life_cfg *cfg, tp__st_calls *calls, tp_
     L->gauges = gauges;
     L->queued_deadline_min = TP_FOREVER;
     if (tp__sched_init(&L->sched, cfg->waiting_max, fair, starve_limit, low_max) != 0 ||
-        tp__tasks_init(&L->tasks, prealloc) != 0 || tp__users_init(&L->users, 32) != 0)
+        tp__tasks_init(&L->tasks, prealloc, cfg->waiting_max) != 0 || tp__users_init(&L->users, 32) != 0)
         return -1;
     L->users.flows = fair;
     return 0;

@@ -72,13 +72,18 @@ typedef struct tp__admit_args {
 /* The state of a pool's tasks. life.c owns every field. */
 typedef struct tp__life {
     /* First: the submitter's line, which every submit writes and nothing
-     * else writes per task (engine.c's lock comes before). */
-    _Alignas(64) tp__tasks tasks; /* its free list is admission's own */
-    uint64_t next_id;
+     * else touches per task (engine.c's lock comes before; static assertion
+     * in life.c). */
+    _Alignas(64) uint64_t next_id;
     unsigned admitted; /* tasks accepted; in flight: admitted - retired (wraps) */
-    unsigned delayed;  /* tasks in the delayed list */
-    bool closed;       /* no more admissions */
-    bool forced;       /* no more retries; waiting tasks were dropped */
+    tp__tasks tasks;   /* its free list is admission's own; its growth fields spill over */
+    /* Read by every push and start (the admission word is made of them),
+     * written only by retries, users reaching or leaving their limit, and
+     * close: no thread moves this line per task. */
+    unsigned delayed;        /* tasks in the delayed list */
+    unsigned users_at_limit; /* users holding max_per_user slots */
+    bool closed;             /* no more admissions */
+    bool forced;             /* no more retries; waiting tasks were dropped */
     /* Second: the one line that every push and every start writes, the
      * submitter's and the workers' alike: the two words published for
      * lock-free readers, then the scheduler's hot fields (static assertion
@@ -95,7 +100,6 @@ typedef struct tp__life {
     _Alignas(64) tp__task *given; /* retired records (tasks.h), taken over by admission */
     unsigned retired;             /* tasks retired */
     unsigned with_deadline;       /* unfinished tasks that carry a deadline */
-    unsigned users_at_limit;      /* users holding max_per_user slots */
     /* Then: what a task with a user, a deadline, a group or a retry uses. */
     _Alignas(64) tp__users users;
     tp__task *delayed_head, *delayed_tail; /* retries waiting for their delay */

@@ -93,7 +93,7 @@ static int resolve_config(tp__config *c, const tp_config *cfg) {
 static void pool_free(tp_pool *p) {
     tp__engine_free(p);
     tp__life_fini(&p->life);
-    free(p);
+    free(p->mem);
 }
 
 /* Records: a full pool holds `full` tasks. Tasks that ended without running
@@ -126,11 +126,14 @@ static int make_life(tp_pool *p) {
 int tp_create(tp_pool **out, const tp_config *cfg) {
     if (!out) return TP_EINVAL;
     tp__hclk_init(); /* the histograms' clock, once per process (clock.h) */
-    tp_pool *p = (tp_pool *)calloc(1, sizeof *p);
+    /* On a cache-line boundary, as its layout assumes (calloc gives 16 bytes) */
+    void *mem;
+    tp_pool *p = (tp_pool *)tp__calloc_lines(1, sizeof *p, &mem);
     if (!p) return TP_ENOMEM;
+    p->mem = mem;
     int rc = resolve_config(&p->cfg, cfg);
     if (rc != TP_OK) {
-        free(p);
+        free(p->mem);
         return rc;
     }
     do /* never 0: 0 marks a log id already written */

@@ -84,8 +84,9 @@ typedef struct tp__config {
 enum { TP__W_FREE = 0, TP__W_LIVE, TP__W_DEAD };
 
 /* A worker slot (engine.c). */
+/* A worker slot: its own cache lines (each worker writes its slot per task). */
 typedef struct tp__worker {
-    struct tp_pool *pool;
+    _Alignas(64) struct tp_pool *pool;
     pthread_t thread;
     int state; /* TP__W_*: FREE never started, DEAD exited and joinable */
     unsigned index;
@@ -114,7 +115,8 @@ struct tp_pool {
 
     /* engine.c: worker slots and thread counts, under mu */
     struct tp__workers {
-        tp__worker *workers;   /* max_workers slots */
+        tp__worker *workers;   /* max_workers slots (in workers_mem) */
+        void *workers_mem;     /* what to free for workers */
         unsigned live_workers; /* workers counted in stats.workers */
         unsigned starting;     /* spawned threads that have not yet taken mu */
         unsigned threads;      /* worker threads not yet finished (incl. stop hook) */
@@ -148,6 +150,8 @@ struct tp_pool {
      * A read-modify-write, as no lock orders the writers; its own cache line,
      * which only refused submitters write. */
     _Alignas(64) _Atomic uint64_t fast_full;
+
+    void *mem; /* what calloc returned: the pool is aligned to a cache line within it (pool.c) */
 };
 
 /* ---- the lock (for pool.c, stats.c and group.c; engine.c's own waits) */

@@ -64,8 +64,13 @@ typedef struct tp__task {
     struct tp__flow *flow;            /* fair pools only: its user's flow, or the anonymous one */
     uint64_t due;                     /* while DELAYED: when the retry is queued */
     struct tp__task *g_next, *g_prev; /* the group's members not yet finalised */
-    char log_id[TP_LOG_ID_MAX + 1];
+    char *log_id;                     /* its buffer of TP__LOG_BUF bytes, kept beside the records (tasks.c) */
 } tp__task;
+
+/* Three cache lines: the log id's buffer lives outside the record, so that
+ * a record that never needs one never touches its memory. */
+#define TP__LOG_BUF (TP_LOG_ID_MAX + 1)
+_Static_assert(sizeof(tp__task) == 192, "a task record is three cache lines");
 
 /* Task records and the id index. Two free lists: admission takes from
  * `free`; retiring gives records to a list of the caller's (life.h keeps it
@@ -73,14 +78,21 @@ typedef struct tp__task {
  * `free` runs dry. So the submitter and the workers do not write one list
  * head per task. */
 typedef struct tp__tasks {
-    tp__task *free;   /* admission's own */
-    tp__task **index; /* id -> task, chained, power-of-two buckets */
+    /* what every admission reads or writes */
+    tp__task *free;              /* admission's own */
+    tp__task *fresh, *fresh_end; /* the newest chunk's records never used yet (tasks.c) */
+    tp__task **index;            /* id -> task, chained, power-of-two buckets */
     uint32_t index_mask;
-    unsigned total; /* records allocated */
+    /* growth only */
+    unsigned total;  /* records allocated */
+    char *fresh_log; /* the log id buffer of `fresh` */
     tp__chunk *chunks;
+    unsigned index_min; /* buckets at least */
 } tp__tasks;
 
-int tp__tasks_init(tp__tasks *ts, unsigned prealloc);
+/* `prealloc` records made (and touched) now; an index of at least
+ * `index_min` buckets. 0 or -1 (out of memory). */
+int tp__tasks_init(tp__tasks *ts, unsigned prealloc, unsigned index_min);
 void tp__tasks_fini(tp__tasks *ts);
 /* A free record, out of the id index: TP_OK, TP_EFULL (`limit` records are
  * in use), TP_ENOMEM. `*given`, the retired records, becomes admission's

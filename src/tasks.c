@@ -18,24 +18,39 @@
 
 #define TP__CHUNK_MIN 64u
 
-static int tasks_grow(tp__tasks *ts, unsigned n) {
+/* `n` more records. At create (`now`) they are made free at once, so their
+ * memory is touched before the first task; a chunk grown later is handed out
+ * from `fresh` as admission needs its records (tp__tasks_get), so growing
+ * costs no pass over the chunk under the pool lock, and the pages of records
+ * never used are never touched. */
+static int tasks_grow(tp__tasks *ts, unsigned n, bool now) {
     /* Records start on a cache-line boundary: their hot fields are the
      * first two lines (see tp__task). */
     void *at;
-    if (!tp__chunk_new(&ts->chunks, n, sizeof(tp__task), _Alignof(tp__task), &at)) return -1;
+    if (!tp__chunk_new(&ts->chunks, n, sizeof(tp__task) + TP__LOG_BUF, _Alignof(tp__task), &at)) return -1;
     tp__task *recs = (tp__task *)at;
-    for (unsigned i = n; i-- > 0;) {
-        recs[i].id = 0; /* not in the id index */
-        recs[i].state = TP__FREE;
-        recs[i].next = ts->free;
-        ts->free = &recs[i];
+    char *logs = (char *)(recs + n); /* then the records' log id buffers, in the same order */
+    if (now) {
+        for (unsigned i = n; i-- > 0;) {
+            recs[i].id = 0; /* not in the id index */
+            recs[i].state = TP__FREE;
+            recs[i].log_id = logs + (size_t)i * TP__LOG_BUF;
+            recs[i].next = ts->free;
+            ts->free = &recs[i];
+        }
+    } else {
+        TP__ASSERT(ts->fresh == ts->fresh_end);
+        ts->fresh = recs;
+        ts->fresh_end = recs + n;
+        ts->fresh_log = logs;
     }
     ts->total += n;
 
-    /* Keep about one bucket per record. A failed resize keeps the old buckets:
-     * chains get longer, lookups stay correct. */
+    /* At least one bucket per record (the pool sizes the index for its
+     * records in use at create: a full queue's worth). A failed resize
+     * keeps the old buckets: chains get longer, lookups stay correct. */
     uint32_t want = ts->index_mask + 1;
-    while (want < ts->total && want < (1u << 30)) want <<= 1;
+    while ((want < ts->total || want < ts->index_min) && want < (1u << 30)) want <<= 1;
     if (want != ts->index_mask + 1 || !ts->index) {
         tp__task **nb = (tp__task **)calloc(want, sizeof *nb);
         if (nb) {
@@ -61,9 +76,10 @@ static int tasks_grow(tp__tasks *ts, unsigned n) {
     return 0;
 }
 
-int tp__tasks_init(tp__tasks *ts, unsigned prealloc) {
+int tp__tasks_init(tp__tasks *ts, unsigned prealloc, unsigned index_min) {
     memset(ts, 0, sizeof *ts);
-    return tasks_grow(ts, prealloc ? prealloc : 1);
+    ts->index_min = index_min;
+    return tasks_grow(ts, prealloc ? prealloc : 1, true);
 }
 
 void tp__tasks_fini(tp__tasks *ts) {
@@ -80,10 +96,20 @@ int tp__tasks_get(tp__tasks *ts, tp__task **given, unsigned limit, tp__task **ou
         *given = NULL;
     }
     if (!ts->free) {
-        if (ts->total >= limit) return TP_EFULL;
-        unsigned n = ts->total / 2 > TP__CHUNK_MIN ? ts->total / 2 : TP__CHUNK_MIN;
-        if (n > limit - ts->total) n = limit - ts->total;
-        if (tasks_grow(ts, n) != 0) return TP_ENOMEM;
+        if (ts->fresh == ts->fresh_end) {
+            if (ts->total >= limit) return TP_EFULL;
+            unsigned n = ts->total / 2 > TP__CHUNK_MIN ? ts->total / 2 : TP__CHUNK_MIN;
+            if (n > limit - ts->total) n = limit - ts->total;
+            if (tasks_grow(ts, n, false) != 0) return TP_ENOMEM;
+        }
+        /* A record never used: zeroed (not in the index, no links), with
+         * its log id buffer; admission fills the rest. */
+        tp__task *t = ts->fresh++;
+        memset(t, 0, sizeof *t);
+        t->log_id = ts->fresh_log;
+        ts->fresh_log += TP__LOG_BUF;
+        *out = t;
+        return TP_OK;
     }
     tp__task *t = ts->free;
     ts->free = t->next;
