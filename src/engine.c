@@ -48,23 +48,34 @@
  * expensive, so this is the budget to keep in review.
  *   written by S and W (each moves once or twice per task):
  *     1  the lock and the waiter counts (tp_pool.mu, waiting)
- *     2  life's hot line: free records, next id, inflight, admission word,
- *        queued_pub (life.h)
- *     3  the scheduler's hot line: the ring's head and tail, its head's
- *        stamp, the waiting count (scheduler.h)
- *     4  the task record's second line: its state, links, context (S fills
+ *     2  the published line: the admission word and the waiting count for
+ *        lock-free readers, then the scheduler's hot fields: the ring's
+ *        head and tail, its head's stamp, the waiting count (life.h)
+ *     3  the task record's second line: its state, links, context (S fills
  *        it at admission, W changes its state and gives it back)
  *   written by S, read by W:
- *     5  the task record's first line: fn, arg, on_done, timeouts, stamp
- *     6  the ring slot
+ *     4  the task record's first line: fn, arg, on_done, timeouts, stamp
+ *     5  the ring slot
+ *   written by workers only (moves between workers, never to S): the
+ *     retiring line (life.h: retired records, the retired count)
  *   written by one side only (stay in its cache):
- *     S: the calls' counters, the id index; W: its runs' counters (one line;
- *     lane 0's start count is on it too), its histogram shard, its context.
- * Before this layout (right after the core was reshaped for 1.2) S and W
- * both wrote nine lines per task: the lock, life's first line, the admission
- * word and ring, lane 0's published counts, the statistics line, the three
- * lines of the record and the id index bucket (removed at the end of the
- * task); 1.1 had eight.
+ *     S: the submitter's line (life.h: its free list, the next id, the
+ *     admitted count, the id index's head), the calls' counters, the id
+ *     index bucket; W: its slot and context (pool.h: a line of their own),
+ *     its runs' counters (one line; lane 0's start count is on it too), its
+ *     histogram shard.
+ *   read by both, written only on rare events: life.h's line of delayed,
+ *     users at their limit, closed.
+ * History: right after the core was reshaped for 1.2, S and W both wrote
+ * nine lines per task: the lock, life's first line, the admission word and
+ * ring, lane 0's published counts, the statistics line, the three lines of
+ * the record and the id index bucket; 1.1 had eight. Before 1.2's hot path
+ * pass, seven: the lock, life's hot line (free list, inflight and the
+ * published words, which S and W both wrote), the scheduler's line, the
+ * ring lane's line (its waiting count), the record's two lines and the
+ * ring slot; and as the pool and the worker slots were allocated with
+ * calloc (16-byte aligned), every one of those lines straddled two, and
+ * two workers' slots shared one.
  */
 #include "pool.h"
 
