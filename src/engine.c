@@ -310,7 +310,7 @@ static void set_idle_stat_locked(tp_pool *p) { TP__SET(p->gauges.idle, p->waitin
 /* stats.workers: threads that run, not spawns under way (which may fail). */
 static void set_workers_stat_locked(tp_pool *p) { TP__SET(p->gauges.workers, running_workers_locked(p)); }
 
-/* Entered and left with mu held: poll the waiting count (life.queued_pub,
+/* Entered and left with mu held: poll the waiting count (life.sched.pub.count,
  * stored with every change) without the lock for up to TP__SPIN_NS. The caller
  * re-checks under the lock, so a task pushed at any moment is found either
  * here or there: no wake-up is lost. The idle gauge still counts this worker
@@ -321,7 +321,7 @@ static void spin_for_work_locked(tp_pool *p, uint64_t since) {
     tp__unlock(p);
     uint64_t until = since + TP__SPIN_NS;
     for (unsigned i = 1;; i++) {
-        if (TP__LOAD(p->life.queued_pub) != 0) break;
+        if (TP__LOAD(p->life.sched.pub.count) != 0) break;
         if ((i & 63) == 0) {
             if (tp_now_ns() >= until) break;
             sched_yield(); /* let a submitter that shares this CPU run */

@@ -55,12 +55,11 @@
 /* ------------------------------------------------------------ setup */
 
 /* The submitter's hot fields fill its line; the published words and the
- * scheduler's hot fields share the next (life.h). */
+ * scheduler's hot fields share the scheduler's first (life.h). */
 _Static_assert(offsetof(tp__life, tasks) + offsetof(tp__tasks, index_mask) + sizeof(uint32_t) <=
                    offsetof(tp__life, next_id) + 64,
                "admission's fields leave the submitter's line");
-_Static_assert(offsetof(tp__life, sched) + offsetof(tp__sched, in_lists) + sizeof(unsigned) <=
-                   offsetof(tp__life, adm) + 64,
+_Static_assert(offsetof(tp__sched, in_lists) + sizeof(unsigned) <= 64,
                "the scheduler's hot fields leave the published words' line");
 
 int tp__life_init(tp__life *L, const tp__life_cfg *cfg, tp__st_calls *calls, tp__st_gauges *gauges,
@@ -91,7 +90,7 @@ void tp__life_fini(tp__life *L) {
  * that moment, so a lock-free reader sees that state or an older one, never
  * one the pool has not reached.
  *
- * And before the statistics of the same change (queued_pub, the delayed and
+ * And before the statistics of the same change (the published waiting count, the delayed and
  * users gauges): tp_stats_get reads those with acquire, so a thread that has seen
  * queued + delayed below the capacity then sees this word too, and is not
  * refused for space by an older one (release here, acquire in
@@ -99,7 +98,7 @@ void tp__life_fini(tp__life *L) {
 static void adm_publish(tp__life *L) {
     uint64_t w = (uint64_t)(tp__sched_waiting(&L->sched) + L->delayed) |
                  (uint64_t)(L->users_at_limit & 0x7fffffffu) << 32 | (uint64_t)L->closed << 63;
-    atomic_store_explicit(&L->adm, w, memory_order_release);
+    atomic_store_explicit(&L->sched.pub.word, w, memory_order_release);
 }
 
 /*
@@ -115,7 +114,7 @@ static void adm_publish(tp__life *L) {
  * path, which decides exactly.
  */
 bool tp__life_full_fast(tp__life *L, bool has_user) {
-    uint64_t w = atomic_load_explicit(&L->adm, memory_order_acquire);
+    uint64_t w = atomic_load_explicit(&L->sched.pub.word, memory_order_acquire);
     if ((uint32_t)w < L->cfg.capacity || (w >> 63) != 0) return false;
     return !has_user || ((w >> 32) & 0x7fffffffu) == 0;
 }
@@ -123,7 +122,7 @@ bool tp__life_full_fast(tp__life *L, bool has_user) {
 /* The waiting set changed: publish the admission word, then the gauge. */
 static void queue_changed(tp__life *L) {
     adm_publish(L);
-    TP__SET(L->queued_pub, tp__sched_waiting(&L->sched));
+    TP__SET(L->sched.pub.count, tp__sched_waiting(&L->sched));
 }
 
 /* One more task waits and may start now (a background task may not, while

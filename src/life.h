@@ -84,17 +84,17 @@ typedef struct tp__life {
     unsigned users_at_limit; /* users holding max_per_user slots */
     bool closed;             /* no more admissions */
     bool forced;             /* no more retries; waiting tasks were dropped */
-    /* Second: the one line that every push and every start writes, the
-     * submitter's and the workers' alike: the two words published for
-     * lock-free readers, then the scheduler's hot fields (static assertion
-     * in life.c). */
-    /* The admission word: what tp__life_full_fast needs to refuse a full
-     * queue without the lock, stored under the lock after every change as
-     * one word, so that one load gives the values of one moment: waiting +
-     * delayed (bits 0-31), users_at_limit (bits 32-62), closed (bit 63). */
-    _Alignas(64) _Atomic uint64_t adm;
-    _Atomic uint32_t queued_pub; /* tasks waiting, for lock-free readers (stats, a spinning worker) */
-    tp__sched sched;             /* the waiting tasks (its hot fields first: they end this line) */
+    /* Then the waiting tasks. The first line of the scheduler is the one
+     * line that every push and every start writes, the submitter's and the
+     * workers' alike; it carries the two words this file publishes for
+     * lock-free readers (sched.pub, static assertion in life.c):
+     *   - pub.word, the admission word: what tp__life_full_fast needs to
+     *     refuse a full queue without the lock, stored under the lock after
+     *     every change as one word, so that one load gives the values of one
+     *     moment: waiting + delayed (bits 0-31), users_at_limit (bits
+     *     32-62), closed (bit 63);
+     *   - pub.count: the tasks waiting (stats, a spinning worker). */
+    tp__sched sched;
     /* What retiring a task writes, on the retiring side's line: the
      * submitter does not touch it per task. */
     _Alignas(64) tp__task *given; /* retired records (tasks.h), taken over by admission */
@@ -195,6 +195,8 @@ static inline bool tp__life_idle(const tp__life *L) {
     return tp__sched_waiting(&L->sched) == 0 && L->delayed == 0;
 }
 static inline bool tp__life_closed(const tp__life *L) { return L->closed; }
+/* The tasks waiting, lock-free (acquire; see adm_publish in life.c). */
+static inline uint32_t tp__life_queued(tp__life *L) { return TP__ACQUIRE(L->sched.pub.count); }
 /* Accepted tasks not yet retired. */
 static inline unsigned tp__life_inflight(const tp__life *L) { return L->admitted - L->retired; }
 static inline bool tp__life_endings_pending(const tp__life *L) { return L->endings_head != NULL; }

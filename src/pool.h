@@ -41,7 +41,7 @@
  * Locking
  *   One mutex per pool, `mu`, guards everything in the pool except the
  *   statistics and the lanes' published figures (atomics, written under mu,
- *   read without it), the admission word and queued_pub (life.c, likewise), `fast_full`
+ *   read without it), the admission word and the published waiting count (life.c, likewise), `fast_full`
  *   (added to without the lock by refused submitters), the histogram shards
  *   (each written by its worker alone) and a running task's context flag
  *   (written under mu, read by the task). A function whose name ends in

@@ -49,33 +49,48 @@ typedef struct tp__flow {
     unsigned weight; /* the quantum of its next turns, 1..TP_WEIGHT_MAX */
 } tp__flow;
 
+/* A lane: what a push, a start and an end in it write is its first cache
+ * line, which it shares with no other lane; its starvation count (written
+ * only while several lanes are ready) is on the second. */
 typedef struct tp__lane {
     /* the writer's side, under the pool lock */
-    tp__task *ahead, *atail; /* list lanes: every waiting task, in arrival order */
+    _Alignas(64) tp__task *ahead; /* list lanes: every waiting task, in arrival order */
+    tp__task *atail;
     tp__flow *rhead, *rtail; /* fair pools: the round */
-    unsigned waiting,
-        running; /* tasks waiting in / running from this lane (not kept for a FIFO pool's ring lane: its length) */
-    unsigned starve; /* starts that went to a higher lane while this one stayed ready */
+    /* tasks waiting in / running from this lane (a FIFO pool's ring lane
+     * keeps neither: its length is its waiting count) */
+    unsigned waiting, running;
     /* published for lock-free readers (release stores; see stats.h) */
-    _Atomic uint64_t started_pub; /* attempts started from this lane */
-    _Atomic uint64_t head_at_pub; /* queue stamp of its oldest waiting task, 0 if none */
     _Atomic uint32_t waiting_pub, running_pub;
+    _Atomic uint64_t head_at_pub; /* queue stamp of its oldest waiting task, 0 if none */
+    _Atomic uint64_t started_pub; /* attempts started from this lane */
+    _Alignas(64) unsigned starve; /* starts that went to a higher lane while this one stayed ready */
 } tp__lane;
 
+/* Two words that the scheduler's owner publishes for lock-free readers at
+ * every push and start (life.c: the admission word and the waiting count).
+ * They live on the line that every push and start writes anyway, so that
+ * publishing them moves no line of its own; the scheduler never touches
+ * them. */
+typedef struct tp__sched_pub {
+    _Atomic uint64_t word;
+    _Atomic uint32_t count;
+} tp__sched_pub;
+
 typedef struct tp__sched {
-    /* First: what every push and every start of a FIFO pool's lane 0
-     * writes. The owner (life.h) puts it on one cache line with the words it
-     * publishes at every push and start. That lane (the ring) publishes only
-     * its oldest task's stamp; its other figures are the pool's totals less
-     * the other lanes' (stats.c). */
-    tp__ring ring;                 /* FIFO pools: lane 0 */
-    _Atomic uint64_t ring_head_at; /* FIFO pools: queue stamp of the ring's head, 0 if empty */
-    unsigned waiting;              /* in every lane */
-    unsigned in_lists;             /* waiting outside the ring (FIFO pools: lanes other than 0) */
-    unsigned starve_limit;         /* prio_starve_limit, resolved; TP_UNLIMITED: strict */
-    unsigned low_max;              /* low_prio_max_running; 0: no limit */
-    unsigned low_running;          /* running tasks of priority < 0 */
-    bool fair;                     /* TP_SCHED_FAIR */
+    /* First, one cache line: what every push and every start of a FIFO
+     * pool's lane 0 writes, after the owner's published words. That lane
+     * (the ring) publishes only its oldest task's stamp; its other figures
+     * are the pool's totals less the other lanes' (stats.c). */
+    _Alignas(64) tp__sched_pub pub; /* the owner's (see tp__sched_pub) */
+    tp__ring ring;                  /* FIFO pools: lane 0 */
+    _Atomic uint64_t ring_head_at;  /* FIFO pools: queue stamp of the ring's head, 0 if empty */
+    unsigned waiting;               /* in every lane */
+    unsigned in_lists;              /* waiting outside the ring (FIFO pools: lanes other than 0) */
+    unsigned starve_limit;          /* prio_starve_limit, resolved; TP_UNLIMITED: strict */
+    unsigned low_max;               /* low_prio_max_running; 0: no limit */
+    unsigned low_running;           /* running tasks of priority < 0 */
+    bool fair;                      /* TP_SCHED_FAIR */
     /* The rest: lanes other than a FIFO pool's lane 0, and fair rounds. */
     tp__flow anon; /* fair pools: the tasks without a user */
     tp__lane lane[TP__LANES];

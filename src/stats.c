@@ -104,7 +104,7 @@ void tp_stats_get(tp_pool *p, tp_stats *out) {
 #undef TP__GET_RUNS
 #undef TP__GET_CALLS
     out->active = sum_active(p);
-    out->queued = TP__ACQUIRE(p->life.queued_pub);
+    out->queued = tp__life_queued(&p->life);
     out->delayed = TP__ACQUIRE(p->gauges.delayed);
     out->workers = TP__ACQUIRE(p->gauges.workers);
     out->idle = TP__ACQUIRE(p->gauges.idle);
@@ -144,7 +144,7 @@ int tp_lane_stats_get(tp_pool *p, int priority, tp_lane_stats *out) {
         queued += TP__ACQUIRE(l->waiting_pub);
         running += TP__ACQUIRE(l->running_pub);
     }
-    uint32_t all_queued = TP__ACQUIRE(p->life.queued_pub), all_running = sum_active(p);
+    uint32_t all_queued = tp__life_queued(&p->life), all_running = sum_active(p);
     out->started = sum_runs(p, offsetof(tp__st_runs, ring_started));
     out->queued = all_queued > queued ? all_queued - queued : 0;
     out->running = all_running > running ? all_running - running : 0;
