@@ -153,6 +153,68 @@ static void test_tasks_limit(void **state) {
     tp__tasks_fini(&ts);
 }
 
+/* Every record, made at create or handed out later from a grown chunk, has a
+ * log id buffer of its own, TP__LOG_BUF bytes long: fill them all to the
+ * brim, then read them all back (AddressSanitizer sees an overrun). */
+static void test_tasks_log_buffers(void **state) {
+    (void)state;
+    tp__tasks ts;
+    tp__task *given = NULL;
+    assert_int_equal(tp__tasks_init(&ts, 8, 0), 0);
+    enum { N = 600 };
+    tp__task *got[N];
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(tp__tasks_get(&ts, &given, 100000, &got[i]), TP_OK);
+        assert_non_null(got[i]->log_id);
+        memset(got[i]->log_id, 'a' + i % 26, TP__LOG_BUF - 1);
+        got[i]->log_id[TP__LOG_BUF - 1] = '\0';
+    }
+    assert_true(ts.total >= N);
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(strlen(got[i]->log_id), TP__LOG_BUF - 1);
+        for (int k = 0; k < TP__LOG_BUF - 1; k++) assert_int_equal(got[i]->log_id[k], 'a' + i % 26);
+    }
+    /* given back and taken again: the same buffers */
+    for (int i = 0; i < N; i++) tp__tasks_give(&given, got[i]);
+    for (int i = 0; i < N; i++) {
+        tp__task *t = NULL;
+        assert_int_equal(tp__tasks_get(&ts, &given, 100000, &t), TP_OK);
+        assert_non_null(t->log_id);
+    }
+    tp__tasks_fini(&ts);
+}
+
+/* The pool's hot structures sit on cache-line boundaries, as their layout
+ * comments assume: the pool itself, each worker slot, the scheduler and
+ * each of its lanes, the retiring side's line. */
+static void test_layout_on_cache_lines(void **state) {
+    (void)state;
+    for (int fair = 0; fair < 2; fair++) {
+        for (int round = 0; round < 8; round++) {
+            tp_config cfg = {0};
+            cfg.workers = 1 + (unsigned)round % 3;
+            cfg.max_workers = cfg.workers + 2;
+            cfg.queue_capacity = 16;
+            cfg.sched = fair ? TP_SCHED_FAIR : TP_SCHED_FIFO;
+            tp_pool *p = NULL;
+            assert_int_equal(tp_create(&p, &cfg), TP_OK);
+            assert_int_equal((uintptr_t)p % 64, 0);
+            assert_int_equal((uintptr_t)&p->mu % 64, 0);
+            assert_int_equal((uintptr_t)&p->life % 64, 0);
+            assert_int_equal((uintptr_t)&p->life.sched % 64, 0);
+            assert_int_equal((uintptr_t)&p->life.given % 64, 0);
+            for (unsigned i = 0; i < TP__LANES; i++)
+                assert_int_equal((uintptr_t)&p->life.sched.lane[i] % 64, 0);
+            for (unsigned i = 0; i < p->cfg.max_workers; i++) {
+                assert_int_equal((uintptr_t)&p->wk.workers[i] % 64, 0);
+                assert_int_equal((uintptr_t)&p->wk.runs[i] % 64, 0);
+            }
+            assert_int_equal(tp_shutdown(p, TP_FOREVER), TP_OK);
+            tp_destroy(p);
+        }
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         TPT_TEST(test_ring_fifo_and_wrap),
@@ -160,6 +222,8 @@ int main(void) {
         TPT_TEST(test_ring_remove_every_position),
         TPT_TEST(test_tasks_index_and_growth),
         TPT_TEST(test_tasks_limit),
+        TPT_TEST(test_tasks_log_buffers),
+        TPT_TEST(test_layout_on_cache_lines),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
