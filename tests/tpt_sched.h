@@ -35,6 +35,7 @@
 
 typedef struct tpt_ord {
     atomic_int n;                          /* starts so far */
+    atomic_int recorded;                   /* starts whose tag is stored (n counts a start before) */
     atomic_int tag[TPT_ORD_MAX];           /* the tag of the i-th start */
     tpt_latch *_Atomic at[TPT_ORD_MAX];    /* the i-th start waits on it (NULL: no) */
     atomic_int fail_at[TPT_ORD_MAX];       /* the i-th start fails (returns 1) */
@@ -62,6 +63,7 @@ static inline int tpt_otask_fn(tp_ctx *c, void *arg) {
     if (i >= 0 && i < TPT_ORD_MAX) {
         atomic_store(&t->o->t_start[i], tp_now_ns());
         atomic_store(&t->o->tag[i], t->tag + (int)a * TPT_RETRY_TAG);
+        atomic_fetch_add(&t->o->recorded, 1); /* after the tag: see tpt_assert_order_ */
         if (atomic_load(&t->o->fail_at[i])) fail = 1;
         tpt_latch *l = atomic_load(&t->o->at[i]);
         tp_pool *p = atomic_load(&t->o->pool);
@@ -99,6 +101,11 @@ static inline void tpt_assert_order_(const tpt_ord *o, int from, const int *want
                                      const char *file, int line) {
     char got[1024] = "", exp[1024] = "";
     int bad = 0;
+    /* A start claims its index (o->n) before it stores its tag: a caller
+     * that waited for n starts waits here for their tags too (bounded; a
+     * start that never comes shows as a wrong order below). */
+    int need = from + n < TPT_ORD_MAX ? from + n : TPT_ORD_MAX;
+    (void)TPT_POLL(atomic_load(&o->recorded) >= need, TPT_WAIT_NS);
     for (int i = 0; i < n; i++) {
         int g = atomic_load(&o->tag[from + i]);
         if (g != want[i]) bad = 1;
