@@ -1538,6 +1538,44 @@ static bool ex_commutes(const fz_pool *fp, int li, const fz_task *r) {
     return ea.task == eb.task && ea.attempt == eb.attempt && fzs_equal(&a, &b);
 }
 
+static void push_pend(const fz_pool *fp, fzs *s, int from, int to) {
+    for (int i = from; i < to; i++) {
+        const fz_task *r = xtask(fp->pend[i]);
+        fzs_push(s, lane_of(r), ent_of(fp, r));
+    }
+}
+
+/* Several retries wait for their delay, all of one length: they come back in
+ * the order they failed, and the service thread may queue several in one
+ * pass (a late wake-up), so the ones back by the start from lane `li` are a
+ * prefix of the pending list. Whatever prefix it is, the same task must
+ * start and the state once all are back must be the same. (Each retry
+ * commuting alone is not enough: a retry of a user and one of another user
+ * can each come back after a start without changing it, while both back
+ * first reorder the fair round.) */
+static bool ex_prefixes_commute(const fz_pool *fp, int li) {
+    static fzs a, b;
+    b = fp->sim;
+    fzs_ent eb = fzs_start(&b, li);
+    push_pend(fp, &b, 0, fp->npend);
+    for (int p = 2; p <= fp->npend; p++) {
+        a = fp->sim;
+        push_pend(fp, &a, 0, p);
+        int la = fzs_pick(&a);
+        if (la < 0) return false;
+        fzs_ent ea = fzs_start(&a, la);
+        push_pend(fp, &a, p, fp->npend);
+        if (ea.task != eb.task || ea.attempt != eb.attempt || !fzs_equal(&a, &b)) return false;
+    }
+    return true;
+}
+
+static bool pend_delays_equal(const fz_pool *fp) {
+    for (int j = 1; j < fp->npend; j++)
+        if (pend_delay(xtask(fp->pend[0])) != pend_delay(xtask(fp->pend[j]))) return false;
+    return true;
+}
+
 /* Workers are free: the `n` agents (blocked tasks now returning xrv) end
  * their attempts, then free workers take tasks until every worker is blocked
  * or nothing may start. */
@@ -1582,6 +1620,14 @@ static void ex_run(fz_pool *fp, fz_task **agents, int n) {
                 ex_lose(fp, "a retry could come back before a start and change it");
                 return;
             }
+        if (fp->npend >= 2 && !pend_delays_equal(fp)) {
+            ex_lose(fp, "retries of different delays could come back together before a start");
+            return;
+        }
+        if (fp->npend >= 2 && !ex_prefixes_commute(fp, li)) {
+            ex_lose(fp, "retries coming back together could change a start");
+            return;
+        }
         next = fp->sim;
         fzs_ent e = fzs_start(&next, li);
         if (free >= 2 && (fzs_startable(&next) > 0 || fp->npend > 0)) {
