@@ -224,9 +224,10 @@ static void retire(tp__life *L, tp__task *t, tp__fx *fx) {
     if (t->group) group_member_retired(t, fx);
     t->user = NULL;
     /* Records may have been at their cap: a waiting submitter looks again.
-     * (Told on every retire: whether admission's own list is empty is the
-     * submitter's line, not read here per task.) */
-    fx->flags |= TP__FX_ROOM;
+     * A submitter refused for records found both free lists empty; the
+     * first record given back after that finds `given` empty and tells it.
+     * (Admission's own list is the submitter's line, not read here.) */
+    if (!L->given) fx->flags |= TP__FX_ROOM;
     tp__tasks_give(&L->given, t);
     L->retired++;
     if (L->closed && tp__life_inflight(L) == 0) fx->flags |= TP__FX_DRAINED;
