@@ -56,7 +56,7 @@
 
 /* The submitter's hot fields fill its line; the published words and the
  * scheduler's hot fields share the scheduler's first (life.h). */
-_Static_assert(offsetof(tp__life, tasks) + offsetof(tp__tasks, index_mask) + sizeof(uint32_t) <=
+_Static_assert(offsetof(tp__life, tasks) + offsetof(tp__tasks, warm_lines) + sizeof(uint32_t) <=
                    offsetof(tp__life, next_id) + 64,
                "admission's fields leave the submitter's line");
 _Static_assert(offsetof(tp__sched, in_lists) + sizeof(unsigned) <= 64,
@@ -69,7 +69,8 @@ int tp__life_init(tp__life *L, const tp__life_cfg *cfg, tp__st_calls *calls, tp_
     L->gauges = gauges;
     L->queued_deadline_min = TP_FOREVER;
     if (tp__sched_init(&L->sched, cfg->waiting_max, fair, starve_limit, low_max) != 0 ||
-        tp__tasks_init(&L->tasks, prealloc, cfg->waiting_max) != 0 || tp__users_init(&L->users, 32) != 0)
+        tp__tasks_init(&L->tasks, prealloc, cfg->waiting_max, fair ? 3 : 2) != 0 ||
+        tp__users_init(&L->users, 32) != 0)
         return -1;
     L->users.flows = fair;
     return 0;

@@ -106,11 +106,11 @@ static void arrival_unlink(tp__lane *l, tp__task *t) {
 }
 
 static void round_append(tp__lane *l, tp__flow *f, unsigned li) {
-    struct tp__flow_lane *fl = &f->lane[li];
+    struct tp__flow_lane *fl = tp__flow_lane(f, li);
     fl->rnext = NULL;
     fl->rprev = l->rtail;
     if (l->rtail)
-        l->rtail->lane[li].rnext = f;
+        tp__flow_lane(l->rtail, li)->rnext = f;
     else
         l->rhead = f;
     l->rtail = f;
@@ -119,13 +119,13 @@ static void round_append(tp__lane *l, tp__flow *f, unsigned li) {
 }
 
 static void round_unlink(tp__lane *l, tp__flow *f, unsigned li) {
-    struct tp__flow_lane *fl = &f->lane[li];
+    struct tp__flow_lane *fl = tp__flow_lane(f, li);
     if (fl->rprev)
-        fl->rprev->lane[li].rnext = fl->rnext;
+        tp__flow_lane(fl->rprev, li)->rnext = fl->rnext;
     else
         l->rhead = fl->rnext;
     if (fl->rnext)
-        fl->rnext->lane[li].rprev = fl->rprev;
+        tp__flow_lane(fl->rnext, li)->rprev = fl->rprev;
     else
         l->rtail = fl->rprev;
     fl->rnext = fl->rprev = NULL;
@@ -134,7 +134,7 @@ static void round_unlink(tp__lane *l, tp__flow *f, unsigned li) {
 }
 
 static void flow_append(tp__flow *f, unsigned li, tp__task *t) {
-    struct tp__flow_lane *fl = &f->lane[li];
+    struct tp__flow_lane *fl = tp__flow_lane(f, li);
     t->next = NULL;
     t->prev = fl->tail;
     if (fl->tail)
@@ -148,7 +148,7 @@ static void flow_append(tp__flow *f, unsigned li, tp__task *t) {
  * waiting task in the lane. */
 static void flow_unlink(tp__lane *l, tp__task *t, unsigned li) {
     tp__flow *f = t->flow;
-    struct tp__flow_lane *fl = &f->lane[li];
+    struct tp__flow_lane *fl = tp__flow_lane(f, li);
     if (t->prev)
         t->prev->next = t->next;
     else
@@ -174,7 +174,7 @@ void tp__sched_push_lanes(tp__sched *s, tp__task *t) {
         if (s->fair) {
             TP__ASSERT(t->flow);
             flow_append(t->flow, li, t);
-            if (!t->flow->lane[li].in_round) round_append(l, t->flow, li);
+            if (!tp__flow_lane(t->flow, li)->in_round) round_append(l, t->flow, li);
         }
         s->in_lists++;
         l->waiting++;
@@ -190,7 +190,7 @@ void tp__sched_push_lanes(tp__sched *s, tp__task *t) {
 static tp__task *lane_head(const tp__sched *s, unsigned li) {
     const tp__lane *l = &s->lane[li];
     if (is_ring_lane(s, li)) return tp__ring_at(&s->ring, 0);
-    if (s->fair) return l->rhead->lane[li].head;
+    if (s->fair) return tp__flow_lane(l->rhead, li)->head;
     return l->ahead;
 }
 
@@ -206,7 +206,7 @@ static void lane_take(tp__sched *s, unsigned li, tp__task *t) {
     }
     if (s->fair) {
         tp__flow *f = l->rhead;
-        struct tp__flow_lane *fl = &f->lane[li];
+        struct tp__flow_lane *fl = tp__flow_lane(f, li);
         TP__ASSERT(t->flow == f && fl->head == t);
         if (fl->credit == 0) fl->credit = f->weight; /* its turn starts */
         fl->credit--;

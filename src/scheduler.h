@@ -38,16 +38,25 @@
 static inline unsigned tp__lane_of(int prio) { return (unsigned)(prio - TP_PRIO_MIN); }
 
 /* A user's place in the rounds of a fair pool: one per user entry (users.h),
- * plus the anonymous user's in the scheduler. Zero-initialised, weight 1. */
+ * plus the anonymous user's in the scheduler. Zero-initialised, weight 1.
+ * Its lanes are stored priority 0 first (tp__flow_lane): the default lane's
+ * fields are the flow's first 40 bytes, which users.h keeps on the line of
+ * the user's slot count, so a task of priority 0 moves one line of its
+ * user's entry per push and per start. */
 typedef struct tp__flow {
     struct tp__flow_lane {
         tp__task *head, *tail;          /* its waiting tasks in this lane, in admission order */
         struct tp__flow *rnext, *rprev; /* the lane's round, while in it */
         unsigned credit;                /* starts left in the turn under way; 0: no turn started */
         bool in_round;
-    } lane[TP__LANES];
-    unsigned weight; /* the quantum of its next turns, 1..TP_WEIGHT_MAX */
+    } lane_[TP__LANES]; /* by tp__flow_lane: priority 0, 1, 2, -2, -1 */
+    unsigned weight;    /* the quantum of its next turns, 1..TP_WEIGHT_MAX */
 } tp__flow;
+
+/* Lane li's part of flow f (li = tp__lane_of(priority)). */
+static inline struct tp__flow_lane *tp__flow_lane(tp__flow *f, unsigned li) {
+    return &f->lane_[(li + TP__LANES - 2) % TP__LANES];
+}
 
 /* A lane: what a push, a start and an end in it write is its first cache
  * line, which it shares with no other lane; its starvation count (written
@@ -228,10 +237,10 @@ static inline uint64_t tp__sched_oldest_at(tp__sched *s) {
 /* Fair pools: `f` is a new user's flow; weight as set (1 by default). */
 static inline void tp__flow_init(tp__flow *f, unsigned weight) {
     for (unsigned i = 0; i < TP__LANES; i++) {
-        f->lane[i].head = f->lane[i].tail = NULL;
-        f->lane[i].rnext = f->lane[i].rprev = NULL;
-        f->lane[i].credit = 0;
-        f->lane[i].in_round = false;
+        f->lane_[i].head = f->lane_[i].tail = NULL;
+        f->lane_[i].rnext = f->lane_[i].rprev = NULL;
+        f->lane_[i].credit = 0;
+        f->lane_[i].in_round = false;
     }
     f->weight = weight ? weight : 1;
 }

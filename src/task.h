@@ -83,6 +83,7 @@ typedef struct tp__tasks {
     tp__task *fresh, *fresh_end; /* the newest chunk's records never used yet (tasks.c) */
     tp__task **index;            /* id -> task, chained, power-of-two buckets */
     uint32_t index_mask;
+    uint32_t warm_lines; /* of the next free record, fetched ahead for admission: 2, or 3 (fair pools) */
     /* growth only */
     unsigned total;  /* records allocated */
     char *fresh_log; /* the log id buffer of `fresh` */
@@ -91,8 +92,10 @@ typedef struct tp__tasks {
 } tp__tasks;
 
 /* `prealloc` records made (and touched) now; an index of at least
- * `index_min` buckets. 0 or -1 (out of memory). */
-int tp__tasks_init(tp__tasks *ts, unsigned prealloc, unsigned index_min);
+ * `index_min` buckets. `warm_lines`: how many of a record's cache lines
+ * admission writes (2; 3 when it links the task in a fair pool's lists),
+ * which tp__tasks_get fetches ahead. 0 or -1 (out of memory). */
+int tp__tasks_init(tp__tasks *ts, unsigned prealloc, unsigned index_min, unsigned warm_lines);
 void tp__tasks_fini(tp__tasks *ts);
 /* A free record, out of the id index: TP_OK, TP_EFULL (`limit` records are
  * in use), TP_ENOMEM. `*given`, the retired records, becomes admission's

@@ -76,9 +76,10 @@ static int tasks_grow(tp__tasks *ts, unsigned n, bool now) {
     return 0;
 }
 
-int tp__tasks_init(tp__tasks *ts, unsigned prealloc, unsigned index_min) {
+int tp__tasks_init(tp__tasks *ts, unsigned prealloc, unsigned index_min, unsigned warm_lines) {
     memset(ts, 0, sizeof *ts);
     ts->index_min = index_min;
+    ts->warm_lines = warm_lines;
     return tasks_grow(ts, prealloc ? prealloc : 1, true);
 }
 
@@ -120,6 +121,7 @@ int tp__tasks_get(tp__tasks *ts, tp__task **given, unsigned limit, tp__task **ou
     if (ts->free) {
         __builtin_prefetch(ts->free, 1, 3);
         __builtin_prefetch((char *)ts->free + 64, 1, 3);
+        if (ts->warm_lines > 2) __builtin_prefetch((char *)ts->free + 128, 1, 3);
     }
     /* A record stays in the id index under its last id until it is reused
      * (task.h): out now, on the submitting side, so that the worker that

@@ -23,13 +23,16 @@
 
 typedef struct tp__user {
     /* own cache lines: `count` changes with every submit and end of the
-     * user's tasks, on both sides of the queue */
+     * user's tasks, on both sides of the queue, and so does the flow's
+     * priority-0 part (scheduler.h) in a fair pool: both on the first line */
     _Alignas(64) struct tp__user *next; /* hash chain, or free list */
     uint32_t hash;
     unsigned count; /* slots held: accepted, unfinished tasks */
+    tp__flow flow;  /* fair pools: its place in the rounds */
     char name[TP_USER_MAX + 1];
-    tp__flow flow; /* fair pools: its place in the rounds */
 } tp__user;
+_Static_assert(offsetof(tp__user, flow) + sizeof(struct tp__flow_lane) <= 64,
+               "a user's count and its priority-0 flow share one cache line");
 
 typedef struct tp__weight {
     struct tp__weight *next;

@@ -81,7 +81,7 @@ static void test_tasks_index_and_growth(void **state) {
     (void)state;
     tp__tasks ts;
     tp__task *given = NULL; /* the retiring side's list */
-    assert_int_equal(tp__tasks_init(&ts, 4, 0), 0);
+    assert_int_equal(tp__tasks_init(&ts, 4, 0, 2), 0);
     unsigned first_total = ts.total;
     enum { N = 1000 };
     tp__task *got[N];
@@ -134,7 +134,7 @@ static void test_tasks_limit(void **state) {
     (void)state;
     tp__tasks ts;
     tp__task *given = NULL;
-    assert_int_equal(tp__tasks_init(&ts, 8, 0), 0);
+    assert_int_equal(tp__tasks_init(&ts, 8, 0, 2), 0);
     unsigned limit = ts.total + 100;
     tp__task *t = NULL;
     for (unsigned i = 0; i < limit; i++) assert_int_equal(tp__tasks_get(&ts, &given, limit, &t), TP_OK);
@@ -160,7 +160,7 @@ static void test_tasks_log_buffers(void **state) {
     (void)state;
     tp__tasks ts;
     tp__task *given = NULL;
-    assert_int_equal(tp__tasks_init(&ts, 8, 0), 0);
+    assert_int_equal(tp__tasks_init(&ts, 8, 0, 2), 0);
     enum { N = 600 };
     tp__task *got[N];
     for (int i = 0; i < N; i++) {

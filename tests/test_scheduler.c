@@ -259,7 +259,7 @@ static void test_fair_round_leave_rejoin_weight(void **state) {
     tp__task *p = tp__sched_peek(&s);
     assert_ptr_equal(p, &t[0]);
     tp__sched_start(&s, p);
-    assert_false(x.lane[2].in_round);
+    assert_false(tp__flow_lane(&x, 2)->in_round);
     mk(&t[4], 5, 0, &x, 1); /* x rejoins at the back: y z x */
     tp__sched_push(&s, &t[4]);
     /* y's turn under way? no: y (weight 1) starts 2, goes back: z x y */
@@ -294,7 +294,7 @@ static void test_fair_remove_and_retry(void **state) {
     for (int i = 0; i < 4; i++) tp__sched_push(&s, &t[i]);
     tp__sched_remove(&s, &t[0]); /* x's head: its turn has not started */
     tp__sched_remove(&s, &t[2]); /* y's last: y leaves */
-    assert_false(y.lane[2].in_round);
+    assert_false(tp__flow_lane(&y, 2)->in_round);
     assert_int_equal(tp__sched_waiting(&s), 2);
     tp__task *p = tp__sched_peek(&s);
     assert_ptr_equal(p, &t[1]);
