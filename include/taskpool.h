@@ -1036,11 +1036,12 @@ TP_API int tp_lane_stats_get(tp_pool *p, int priority, tp_lane_stats *out);
  * to its own full queue waits its whole budget: use tp_submit() there, and
  * retry after the drain.
  *
- * Cost: a completion wakes the descriptor only when the queue goes from
- * empty to non-empty (wake-ups coalesce); a drain takes the queue's lock once
- * per 64 completions it runs (it copies them out, then runs them without the
- * lock), and once more per 64 only while a tp_submit_wait() caller waits for
- * a place.
+ * Cost: a worker queues a completion without a lock (an atomic add and a
+ * store) and wakes the descriptor only when the queue goes from empty to
+ * non-empty (wake-ups coalesce); a drain takes the queue's lock once per 64
+ * completions it runs (it copies them out, then runs them without the lock),
+ * and once more per 64 only while a tp_submit_wait() caller waits for a
+ * place.
  *
  * Thread-safety: every call may be made from any thread concurrently, except
  * tp_cq_destroy() (no call on the queue may run concurrently with it or

@@ -2,16 +2,18 @@
  * cq.h -- completion queues (taskpool.h, section 15): the pool's side of
  * them (cq.c also holds the public calls).
  *
- * A queue is a bounded ring of completions (on_done, arg, status) with its
- * own lock, an eventfd (a pipe where there is none) that is readable exactly
- * while completions wait, and a count of taken places. A place is taken at
+ * A queue is a bounded ring of completions (on_done, arg, status), which
+ * workers push into without a lock and drainers empty under the queue's own
+ * lock; an eventfd (a pipe where there is none) that is readable exactly
+ * while completions wait; and a count of taken places. A place is taken at
  * admission (tp__cq_reserve, by life.c, with the pool lock held) and given
  * back after the task's on_done ran in a drain, so the ring, sized for every
  * place, can never overflow.
  *
  * Lock order: a pool lock, then a queue's lock; never the other way (a drain
- * holds no pool lock and takes none; a pool's close takes the locks of the
- * queues its waiting submitters wait on, with its own held).
+ * holds no pool lock and takes none; a push takes the queue's lock, with the
+ * pool's held, only to wake; a pool's close takes the locks of the queues
+ * its waiting submitters wait on, with its own held).
  */
 #ifndef TP_CQ_H
 #define TP_CQ_H
@@ -25,8 +27,9 @@ bool tp__cq_reserve(tp_cq *cq);
  * it reserved), waking submitters that wait for one. */
 void tp__cq_release(tp_cq *cq, unsigned n);
 /* Queue the completion of a bound task (its place stays taken until a drain
- * has run it): takes the queue's lock; the descriptor is woken when the
- * queue was empty. Called with the pool lock held (life.c). */
+ * has run it): one atomic add and a published slot; the queue's lock only
+ * when the descriptor must be woken (the queue was drained empty) or a
+ * tp_cq_wait caller waits. Called with the pool lock held (life.c). */
 void tp__cq_push(tp_cq *cq, tp_done_fn fn, void *arg, int status);
 
 /*

@@ -805,6 +805,72 @@ static void test_several_drainers(void **state) {
     cq_free(q);
 }
 
+/* ------------------------------------------------------------ an event loop's drainer */
+
+/*
+ * Workers push without the queue's lock (cq.c): four of them race to push
+ * into a small queue while one thread drains it the way an event loop does
+ * (poll the descriptor, drain all when it is readable). Every on_done runs
+ * once; the descriptor never says readable when nothing waits for the one
+ * drainer (a push that finds its completion drained meanwhile owes no
+ * wake-up, and a drain that empties the queue consumes it); and after the
+ * last drain it is quiet.
+ */
+static atomic_int el_stop, el_empty, el_polls;
+
+static void *el_drainer(void *arg) {
+    tp_cq *q = arg;
+    struct pollfd pfd = {tp_cq_fd(q), POLLIN, 0};
+    md_in_drainer = 1;
+    while (!atomic_load(&el_stop)) {
+        pfd.revents = 0;
+        if (poll(&pfd, 1, 10) != 1 || !(pfd.revents & POLLIN)) continue;
+        atomic_fetch_add(&el_polls, 1);
+        if (tp_cq_drain(q, 0) == 0) atomic_fetch_add(&el_empty, 1);
+    }
+    md_in_drainer = 0;
+    return NULL;
+}
+
+static void test_event_loop_drainer_and_racing_pushes(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    int n = TPT_SANITIZED || tpt_slowdown() > 1 ? 6000 : MD_MAX;
+    for (int i = 0; i < n; i++) atomic_store(&md_calls[i], 0);
+    atomic_store(&md_total, 0);
+    atomic_store(&md_bad_thread, 0);
+    atomic_store(&el_stop, 0);
+    atomic_store(&el_empty, 0);
+    atomic_store(&el_polls, 0);
+    tp_cq *q = cq_new(16);
+    tp_pool *p = tpt_quiet_pool(f, 4, 256, TP_UNLIMITED);
+    tpt_fx_thr *th = tpt_fx_thread(f, el_drainer, q);
+    tp_task_opts o = {0};
+    o.cq = q;
+    o.on_done = md_done;
+    for (int i = 0; i < n; i++)
+        assert_int_equal(tp_submit_wait(p, md_task, (void *)(intptr_t)i, &o, TPT_WAIT_NS, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&md_total) == n);
+    atomic_store(&el_stop, 1);
+    tpt_fx_join(th);
+    assert_int_equal(atomic_load(&md_bad_thread), 0);
+    int wrong = 0;
+    for (int i = 0; i < n; i++) {
+        if (atomic_load(&md_calls[i]) == 1) continue;
+        if (wrong++ < 8) print_error("task %d: on_done ran %d times\n", i, atomic_load(&md_calls[i]));
+    }
+    if (wrong) fail_msg("%d tasks did not have exactly one on_done", wrong);
+    assert_true(atomic_load(&el_polls) > 0);
+    if (atomic_load(&el_empty))
+        fail_msg("the descriptor was readable with nothing waiting %d times in %d", atomic_load(&el_empty),
+                 atomic_load(&el_polls));
+    tp_stats s = tpt_finish(p);
+    assert_int_equal(s.completed, (uint64_t)n);
+    assert_false(readable(q));
+    assert_int_equal(tp_cq_wait(q, 0), TP_ETIMEDOUT);
+    assert_int_equal(tp_cq_drain(q, 0), 0);
+    cq_free(q);
+}
+
 /* ------------------------------------------------------------ drainers out of order */
 
 /*
@@ -1408,6 +1474,7 @@ int main(void) {
         CQ_TEST(test_groups_with_bound_members),
         CQ_TEST(test_batch_with_bound_tasks),
         CQ_TEST(test_several_drainers),
+        CQ_TEST(test_event_loop_drainer_and_racing_pushes),
         CQ_TEST(test_drainers_finishing_out_of_order),
         CQ_TEST(test_nested_drain_then_submit),
         CQ_TEST(test_on_done_resubmits_its_user),
