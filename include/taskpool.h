@@ -501,6 +501,9 @@ TP_API int tp_submit_batch(tp_pool *p, const tp_task *tasks, size_t n, uint64_t 
  *   TP_OK; TP_ENOTFOUND (unknown id, already ended, or already cancelled while
  *   queued); TP_EINVAL (p NULL or id 0). Never blocks beyond the pool lock.
  *   Thread-safe; may be called from a task.
+ *   Cost: O(1), but the first call on a pool, which makes the pool index its
+ *   task ids from then on (a pass over its task records, with the pool lock
+ *   held); a pool that never calls it keeps no index.
  */
 TP_API int tp_cancel(tp_pool *p, uint64_t id);
 

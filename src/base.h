@@ -199,6 +199,8 @@ static inline int tp__cond_init(pthread_cond_t *cv) {
  * user entries). */
 typedef struct tp__chunk {
     struct tp__chunk *next;
+    void *items;          /* the first item */
+    size_t n;             /* items */
     max_align_t align_[]; /* items follow */
 } tp__chunk;
 
@@ -211,7 +213,9 @@ static inline tp__chunk *tp__chunk_new(tp__chunk **list, size_t n, size_t size, 
     if (!c) return NULL;
     c->next = *list;
     *list = c;
-    *items = (void *)(((uintptr_t)(void *)c->align_ + align - 1) & ~(uintptr_t)(align - 1));
+    c->items = (void *)(((uintptr_t)(void *)c->align_ + align - 1) & ~(uintptr_t)(align - 1));
+    c->n = n;
+    *items = c->items;
     return c;
 }
 

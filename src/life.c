@@ -56,7 +56,7 @@
 
 /* The submitter's hot fields fill its line; the published words and the
  * scheduler's hot fields share the scheduler's first (life.h). */
-_Static_assert(offsetof(tp__life, tasks) + offsetof(tp__tasks, warm_lines) + sizeof(uint32_t) <=
+_Static_assert(offsetof(tp__life, tasks) + offsetof(tp__tasks, indexed) + sizeof(bool) <=
                    offsetof(tp__life, next_id) + 64,
                "admission's fields leave the submitter's line");
 _Static_assert(offsetof(tp__sched, in_lists) + sizeof(unsigned) <= 64,
@@ -405,6 +405,7 @@ void tp__life_group_cancel(tp__life *L, struct tp_group *g, tp__fx *fx) {
 }
 
 int tp__life_cancel(tp__life *L, uint64_t id, tp__fx *fx) {
+    if (!L->tasks.indexed) tp__tasks_index_all(&L->tasks); /* once: the pool's first cancel by id */
     tp__task *t = tp__tasks_find(&L->tasks, id);
     if (!t || (t->state != TP__QUEUED && t->state != TP__DELAYED && t->state != TP__RUNNING))
         return TP_ENOTFOUND; /* unknown, or ended (its record may wait for its on_done, or be free) */
@@ -508,7 +509,7 @@ int tp__life_admit(tp__life *L, const tp__admit_args *a, void *arg, uint64_t *id
         t->log_gen = L->cfg.serial; /* non-zero: generate from pool serial + id */
     }
     t->id = ++L->next_id;
-    tp__tasks_index(&L->tasks, t);
+    if (L->tasks.indexed) tp__tasks_index(&L->tasks, t); /* from the pool's first cancel by id (task.h) */
     if (t->deadline != TP_FOREVER) {
         /* The service thread ends it at its deadline if no worker took it
          * by then: it must look no later than that. */

@@ -13,13 +13,16 @@
  * only when more tasks are in flight than ever before, up to a limit the pool
  * sets (see pool.c). Chunks are freed only with the pool, so in steady state
  * a task costs no allocation. The id index maps a task id to its record for
- * tp_cancel(): ids are consecutive, so `id & mask` spreads them evenly over
- * power-of-two buckets; the bucket array doubles with the record count (at
- * growth only). A record enters the index at admission and leaves it only
- * when it is taken again for a new task (tp__tasks_get): a lookup can find a
- * task that has ended, so its caller checks the state. That keeps the index
- * on the submitting side: the thread that ends a task never writes it. No
- * locking here: the pool lock guards every call.
+ * tp_cancel(), the one caller that needs it: ids are consecutive, so
+ * `id & mask` spreads them evenly over power-of-two buckets; the bucket array
+ * doubles with the record count (at growth only). A pool keeps it from its
+ * first tp_cancel() on (tp__tasks_index_all: one pass over the records, which
+ * indexes every record in use), so a pool that never cancels by id writes no
+ * bucket per task. Once kept, a record enters the index at admission and
+ * leaves it only when it is taken again for a new task (tp__tasks_get): a
+ * lookup can find a task that has ended, so its caller checks the state. That
+ * keeps the index on the submitting side: the thread that ends a task never
+ * writes it. No locking here: the pool lock guards every call.
  */
 #ifndef TP_TASK_H
 #define TP_TASK_H
@@ -84,6 +87,7 @@ typedef struct tp__tasks {
     tp__task **index;            /* id -> task, chained, power-of-two buckets */
     uint32_t index_mask;
     uint32_t warm_lines; /* of the next free record, fetched ahead for admission: 2, or 3 (fair pools) */
+    bool indexed;        /* the id index is kept (from the first tp__tasks_index_all) */
     /* growth only */
     unsigned total;  /* records allocated */
     char *fresh_log; /* the log id buffer of `fresh` */
@@ -110,8 +114,13 @@ static inline void tp__tasks_give(tp__task **given, tp__task *t) {
     *given = t;
 }
 
-/* The id index: inline, so that the lookups of admission, finalise and
- * cancel stay in the caller's file. */
+/* Keep the id index from now on: every record in use enters it (records
+ * free or never used get id 0). One pass over every record; then
+ * tp__tasks_indexed() is true. */
+void tp__tasks_index_all(tp__tasks *ts);
+
+/* The id index: inline, so that admission's and cancel's calls stay in the
+ * caller's file. Only while ts->indexed. */
 static inline void tp__tasks_index(tp__tasks *ts, tp__task *t) {
     tp__task **b = &ts->index[t->id & ts->index_mask];
     t->id_next = *b;

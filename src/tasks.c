@@ -4,7 +4,8 @@
  * Records come from a free list that tp__tasks_init fills (the pool asks for
  * enough to cover a full queue several times, pool.c) and tp__tasks_get
  * grows in chunks, up to the limit the caller passes; the bucket array of the
- * id index doubles with the record count, at growth only.
+ * id index doubles with the record count, at growth only, and is filled from
+ * the first tp__tasks_index_all on (task.h).
  *
  * No locking: every call is made with the pool lock held.
  *
@@ -126,7 +127,7 @@ int tp__tasks_get(tp__tasks *ts, tp__task **given, unsigned limit, tp__task **ou
     /* A record stays in the id index under its last id until it is reused
      * (task.h): out now, on the submitting side, so that the worker that
      * ended it never writes the index. */
-    if (t->id) tp__tasks_unindex(ts, t);
+    if (ts->indexed && t->id) tp__tasks_unindex(ts, t);
     t->next = t->prev = NULL;
     *out = t;
     return TP_OK;
@@ -136,4 +137,22 @@ void tp__tasks_put(tp__tasks *ts, tp__task *t) {
     t->state = TP__FREE;
     t->next = ts->free;
     ts->free = t;
+}
+
+void tp__tasks_index_all(tp__tasks *ts) {
+    TP__ASSERT(!ts->indexed);
+    for (tp__chunk *c = ts->chunks; c; c = c->next) {
+        tp__task *recs = (tp__task *)c->items;
+        for (size_t i = 0; i < c->n; i++) {
+            tp__task *t = &recs[i];
+            if (t >= ts->fresh && t < ts->fresh_end) continue; /* never used: not even initialised */
+            if (t->state == TP__FREE) {
+                t->id = 0; /* (its last id, if any, is not indexed) */
+            } else {
+                TP__ASSERT(t->id != 0);
+                tp__tasks_index(ts, t);
+            }
+        }
+    }
+    ts->indexed = true;
 }

@@ -82,6 +82,8 @@ static void test_tasks_index_and_growth(void **state) {
     tp__tasks ts;
     tp__task *given = NULL; /* the retiring side's list */
     assert_int_equal(tp__tasks_init(&ts, 4, 0, 2), 0);
+    tp__tasks_index_all(&ts); /* kept from the start: every record is free */
+    assert_true(ts.indexed);
     unsigned first_total = ts.total;
     enum { N = 1000 };
     tp__task *got[N];
@@ -126,6 +128,66 @@ static void test_tasks_index_and_growth(void **state) {
         for (int i = 0; i < N; i++) assert_int_equal(got[i]->id, 0); /* out of the index */
     }
     assert_int_equal(ts.total, total);
+    tp__tasks_fini(&ts);
+}
+
+/* The id index is kept from a pool's first cancel by id: until then
+ * admission indexes nothing, and tp__tasks_index_all then indexes exactly the
+ * records in use -- not the free ones (put back, or retired onto the given
+ * list), whose ids become 0, and not a grown chunk's records never handed
+ * out (uninitialised memory: AddressSanitizer and valgrind would see a read
+ * of them). After it, records move in and out of the index as usual. */
+static void test_tasks_index_all(void **state) {
+    (void)state;
+    tp__tasks ts;
+    tp__task *given = NULL;
+    assert_int_equal(tp__tasks_init(&ts, 8, 0, 2), 0);
+    assert_false(ts.indexed);
+    enum { N = 300 };
+    tp__task *got[N];
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(tp__tasks_get(&ts, &given, 100000, &got[i]), TP_OK);
+        got[i]->id = (uint64_t)i + 1; /* as admission does; not indexed */
+        got[i]->state = TP__QUEUED;
+    }
+    assert_true(ts.fresh < ts.fresh_end); /* a grown chunk with records never handed out */
+    for (int i = 0; i < N; i += 3) tp__tasks_put(&ts, got[i]);     /* free: admission's list */
+    for (int i = 1; i < N; i += 3) tp__tasks_give(&given, got[i]); /* free: retired */
+    for (int i = 2; i < N; i += 3) got[i]->state = i % 2 ? TP__RUNNING : TP__DONE; /* in use */
+    tp__tasks_index_all(&ts);
+    assert_true(ts.indexed);
+    for (int i = 0; i < N; i++) {
+        if (i % 3 == 2) {
+            assert_ptr_equal(tp__tasks_find(&ts, (uint64_t)i + 1), got[i]);
+        } else {
+            assert_null(tp__tasks_find(&ts, (uint64_t)i + 1));
+            assert_int_equal(got[i]->id, 0);
+        }
+    }
+    /* from now on: in at admission, out when taken again */
+    tp__task *t = NULL;
+    for (int k = 0; k < 2 * N; k++) {
+        assert_int_equal(tp__tasks_get(&ts, &given, 100000, &t), TP_OK);
+        assert_int_equal(t->id, 0);
+        t->id = 100000u + (uint64_t)k;
+        t->state = TP__QUEUED;
+        tp__tasks_index(&ts, t);
+        assert_ptr_equal(tp__tasks_find(&ts, t->id), t);
+    }
+    for (int i = 2; i < N; i += 3) {
+        tp__tasks_give(&given, got[i]); /* retired: findable until taken again */
+        assert_ptr_equal(tp__tasks_find(&ts, (uint64_t)i + 1), got[i]);
+    }
+    /* take records until every one of them has come back (admission's own
+     * list first, then the given list, taken over whole) */
+    int left = N / 3;
+    for (int guard = 0; left > 0 && guard < 4 * N; guard++) {
+        assert_int_equal(tp__tasks_get(&ts, &given, 100000, &t), TP_OK);
+        for (int i = 2; i < N; i += 3)
+            if (t == got[i]) left--;
+    }
+    assert_int_equal(left, 0);
+    for (int i = 2; i < N; i += 3) assert_null(tp__tasks_find(&ts, (uint64_t)i + 1));
     tp__tasks_fini(&ts);
 }
 
@@ -221,6 +283,7 @@ int main(void) {
         TPT_TEST(test_ring_remove_keeps_order),
         TPT_TEST(test_ring_remove_every_position),
         TPT_TEST(test_tasks_index_and_growth),
+        TPT_TEST(test_tasks_index_all),
         TPT_TEST(test_tasks_limit),
         TPT_TEST(test_tasks_log_buffers),
         TPT_TEST(test_layout_on_cache_lines),
