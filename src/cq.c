@@ -4,53 +4,56 @@
  *
  * Shape. `places` counts what is in use: tasks bound to the queue that are
  * unfinished, plus completions that wait or whose on_done runs now. It is
- * taken at admission (a compare-and-swap below `capacity`, no lock) and
- * given back after a drain ran the on_done. The ring holds `capacity`
- * completions; a place is what lets a completion into it, so it never
- * overflows.
+ * taken at admission (a compare-and-swap below `capacity`, no lock) and given
+ * back after a drain ran the on_done. The ring holds `capacity` completions;
+ * a place is what lets a completion into it, so it never overflows.
  *
- * The ring (a bounded queue in the manner of D. Vyukov's): `tail` is a
- * free-running ticket counter; a push takes ticket T with one atomic add,
- * writes slot T % capacity and publishes it by storing the slot's `seq` =
- * T + 1 (release). A drain, under the queue's lock (drainers take turns),
- * copies the slots from `head` on while their seq says they are published
- * (acquire), hands each slot back for ticket T + capacity (seq, release) and
- * moves head past them. A push waits for its slot's seq to say T before it
- * writes: the places make that wait empty (the completion that held the
- * slot `capacity` tickets earlier was copied out before its place came
- * back), the seq makes it so without an argument across two counters. So
- * pushes, made by workers with their pool's lock held, take no lock of the
- * queue and never wait for a drainer. The drain copies up to TP__CQ_CHUNK
- * completions at a time, runs them without the lock, gives their places
- * back, and goes on with the next chunk, up to what waited when it began
- * (or `max`); the copy is what makes several drainers safe.
+ * The ring (a bounded queue in the manner of D. Vyukov's): `word` holds a
+ * free-running ticket counter (word >> 1) and one flag, LOOK (bit 0); a push
+ * takes ticket T with one atomic add, writes slot T % capacity and publishes
+ * it through the slot's `seq` (release; see tp__slot). A drain, under the
+ * queue's lock (drainers take turns), copies the slots from `head` on while
+ * their seq says they are published (acquire), hands each slot back for
+ * ticket T + capacity (seq, release) and moves head past them. A push waits
+ * for its slot's seq to name its ticket before it writes: the places make
+ * that wait empty (the completion that held the slot `capacity` tickets
+ * earlier was copied out before its place came back), the seq makes it so
+ * without an argument across two counters. The drain copies up to
+ * TP__CQ_CHUNK completions at a time, runs them without the lock, gives their
+ * places back, and goes on with the next chunk, up to what waited when it
+ * began (or `max`); the copy is what makes several drainers safe.
  *
- * The descriptor. An eventfd (a pipe elsewhere) holds one wake-up while
- * completions wait; `woken` says it does, and changes only together with
- * the descriptor, under the lock. A push that publishes and then finds woken
- * false takes the lock and, if woken is still false and its completion has
- * not been drained meanwhile, sets it and writes the descriptor; a drain that has taken everything published consumes the
- * descriptor, clears woken, and looks once more: a completion published
- * meanwhile is woken for by the drain or by its push (a sequentially
- * consistent fence on each side, between its store and its load, makes one
- * of them see the other). So the descriptor is readable while completions
- * wait and quiet after a drain that took them all, and a burst of
- * completions costs one write and one lock.
+ * Wake-ups. A push takes the slow way when its ticket came with LOOK set, or
+ * when its slot says SLOT_FREE_WAKE as it publishes (it publishes with a
+ * compare-and-swap from SLOT_FREE): under the queue's lock it clears LOOK
+ * (the first case), publishes, and wakes the descriptor if it is quiet
+ * (`woken` false) and tp_cq_wait callers if any wait. Every other push takes
+ * no lock and touches nothing of the queue after its publishing swap -- so a
+ * tp_cq_destroy that finds every place given back never frees a queue a push
+ * still uses (a slow push publishes with the lock held that destroy takes).
+ * Under the lock, these ask for the slow way:
+ *   - a drain that has taken everything published: it sets LOOK (an atomic
+ *     or, which also tells it which tickets were taken by then) and, if the
+ *     push of the ticket at head is under way, marks that slot
+ *     SLOT_FREE_WAKE; then it consumes the descriptor and clears woken: the
+ *     next completion wakes it. (If that push has published meanwhile, the
+ *     descriptor stays readable: its completion waits.)
+ *   - tp_cq_wait, the same way, before it sleeps.
+ * `woken` changes only together with the descriptor, under the lock: the
+ * descriptor is readable while completions wait and quiet after a drain that
+ * took them all, and a burst of completions costs one write and one lock.
  *
- * Waiting. tp_cq_wait sleeps on `cv` until the slot at head is published; a
- * push looks at `waiters` after its fence and, if one waits, broadcasts with
- * the queue's lock held (the waiter registers, then looks, under that lock:
- * it sees the completion or gets the broadcast). A tp_submit_wait caller
- * that found every place taken sleeps on the same `cv` (cq.h); a drain that
- * gives places back wakes it only when one waits (`place_waiters`): the
- * drain's release and the waiter's check are ordered by sequentially
- * consistent atomics, so one of them always sees the other.
+ * Places. A tp_submit_wait caller that found every place taken sleeps on the
+ * same `cv` (cq.h); a drain that gives places back wakes it only when one
+ * waits (`place_waiters`): the drain's release and the waiter's check are
+ * ordered by sequentially consistent atomics, so one of them always sees the
+ * other.
  *
  * Lock order: a pool lock, then the queue's lock (a push, made with the pool
- * lock held, takes the queue's lock only to wake the descriptor or a
- * tp_cq_wait caller; a pool's close wakes place waiters); the queue's lock is never held while a
- * pool lock is taken, and never around an on_done. It spins briefly before
- * it sleeps (adaptive), as the pool's does: it is held for a few stores.
+ * lock held, takes the queue's lock only the slow way; a pool's close wakes
+ * place waiters); the queue's lock is never held while a pool lock is taken,
+ * and never around an on_done. It spins briefly before it sleeps (adaptive),
+ * as the pool's does: it is held for a few stores.
  *
  * Layer: a leaf (see pool.h): life.c reserves, pushes and releases; engine.c
  * waits for places; the rest is the public API.
@@ -66,8 +69,12 @@
 #include <sys/eventfd.h>
 #endif
 
-/* A slot of the ring; `seq` is T when the slot is free for ticket T, T + 1
- * when ticket T's completion is in it. */
+/* A slot of the ring. `seq` is T << 2 | state, for ticket T: SLOT_FREE (the
+ * slot waits for ticket T's completion), SLOT_FREE_WAKE (the same, and the
+ * push of ticket T must take the slow way: a drainer or a tp_cq_wait caller
+ * asked, see the top of the file), SLOT_FULL (ticket T's completion is in
+ * it). */
+enum { SLOT_FREE = 0, SLOT_FREE_WAKE = 1, SLOT_FULL = 2 };
 typedef struct tp__slot {
     _Atomic uint64_t seq;
     tp_done_fn fn;
@@ -84,21 +91,23 @@ typedef struct tp__completion {
 /* Completions a drain takes under one lock hold (copied to its stack). */
 #define TP__CQ_CHUNK 64u
 
+#define TP__CQ_LOOK 1u /* bit 0 of `word`: the next push takes the slow way */
+
 /* Three cache lines, by who writes them per task: the places (the
  * submitter takes one per task; the drainer gives them back per chunk), the
- * tail (the pushing worker, per task), the lock and the head (the drainer,
- * per chunk). */
+ * ticket word (the pushing worker, per task), the lock and the head (the
+ * drainer, per chunk). */
 struct tp_cq {
     _Alignas(64) _Atomic unsigned places; /* taken: unfinished bound tasks + completions waiting or running */
     _Atomic unsigned place_waiters;       /* submitters waiting for a place */
     unsigned capacity;
     tp__slot *ring;                     /* capacity slots */
     int fds[2];                         /* eventfd: fds[0] == fds[1]; pipe: read end, write end */
-    _Alignas(64) _Atomic uint64_t tail; /* the next ticket: free-running (never wraps) */
-    _Atomic bool woken;                 /* the descriptor holds a wake-up */
-    _Atomic unsigned waiters;           /* tp_cq_wait callers (registered under mu) */
-    _Alignas(64) tp__mutex mu;          /* drainers, and the condition variable */
+    _Alignas(64) _Atomic uint64_t word; /* next ticket << 1 | TP__CQ_LOOK */
+    _Alignas(64) tp__mutex mu;          /* drainers, slow pushes, the condition variable */
     uint64_t head;                      /* under mu: the next ticket to drain */
+    unsigned waiters;                   /* under mu: tp_cq_wait callers */
+    bool woken;                         /* under mu: the descriptor holds a wake-up */
     pthread_cond_t cv; /* a completion waits (tp_cq_wait); a place may be free (submitters) */
     void *mem;         /* what calloc returned: the queue is aligned to a cache line within it */
 };
@@ -142,7 +151,15 @@ static tp__slot *slot_of(const tp_cq *cq, uint64_t ticket) { return &cq->ring[ti
 
 /* Whether ticket `t`'s completion is in its slot. */
 static bool published(const tp_cq *cq, uint64_t t) {
-    return atomic_load_explicit(&slot_of(cq, t)->seq, memory_order_acquire) == t + 1;
+    return atomic_load_explicit(&slot_of(cq, t)->seq, memory_order_acquire) == (t << 2 | SLOT_FULL);
+}
+
+/* Ask the push of ticket `t` (taken, mu held) to take the slow way: false
+ * if it has published already. */
+static bool ask_slow(tp_cq *cq, uint64_t t) {
+    uint64_t seq = t << 2 | SLOT_FREE;
+    if (atomic_compare_exchange_strong(&slot_of(cq, t)->seq, &seq, t << 2 | SLOT_FREE_WAKE)) return true;
+    return seq == (t << 2 | SLOT_FREE_WAKE);
 }
 
 /* ------------------------------------------------------------ public calls */
@@ -154,10 +171,11 @@ int tp_cq_create(tp_cq **out, unsigned capacity) {
     if (!cq) return TP_ENOMEM;
     cq->mem = mem;
     cq->capacity = capacity;
+    atomic_init(&cq->word, TP__CQ_LOOK); /* the descriptor is quiet: the first push wakes it */
     cq->fds[0] = cq->fds[1] = -1;
     cq->ring = (tp__slot *)calloc(capacity, sizeof *cq->ring);
     if (cq->ring)
-        for (unsigned i = 0; i < capacity; i++) atomic_init(&cq->ring[i].seq, i); /* free for ticket i */
+        for (unsigned i = 0; i < capacity; i++) atomic_init(&cq->ring[i].seq, (uint64_t)i << 2 | SLOT_FREE);
     int made = 0;
     if (cq->ring && tp__mutex_init(&cq->mu, true) == 0) {
         made = 1;
@@ -178,6 +196,9 @@ int tp_cq_create(tp_cq **out, unsigned capacity) {
 
 int tp_cq_fd(const tp_cq *cq) { return cq ? cq->fds[0] : TP_EINVAL; }
 
+/* Tickets taken beyond head (published or about to be); mu held. */
+static uint64_t taken_beyond_head(const tp_cq *cq, uint64_t word) { return (word >> 1) - cq->head; }
+
 int tp_cq_drain(tp_cq *cq, unsigned max) {
     if (!cq) return TP_EINVAL;
     tp__completion batch[TP__CQ_CHUNK];
@@ -185,8 +206,7 @@ int tp_cq_drain(tp_cq *cq, unsigned max) {
     for (;;) {
         tp__mutex_lock(&cq->mu);
         if (done == 0 && want == 0) {
-            /* tickets taken: published, or about to be (a push under way) */
-            uint64_t taken = atomic_load_explicit(&cq->tail, memory_order_relaxed) - cq->head;
+            uint64_t taken = taken_beyond_head(cq, atomic_load_explicit(&cq->word, memory_order_relaxed));
             want = taken > UINT_MAX ? UINT_MAX : (unsigned)taken;
         }
         unsigned k = want - done;
@@ -196,21 +216,20 @@ int tp_cq_drain(tp_cq *cq, unsigned max) {
             uint64_t t = cq->head + got;
             tp__slot *sl = slot_of(cq, t);
             batch[got] = (tp__completion){sl->fn, sl->arg, sl->status};
-            atomic_store_explicit(&sl->seq, t + cq->capacity,
+            atomic_store_explicit(&sl->seq, (t + cq->capacity) << 2 | SLOT_FREE,
                                   memory_order_release); /* free for that ticket */
         }
         cq->head += got;
-        bool more = got == k && published(cq, cq->head);
-        if (!more && atomic_load_explicit(&cq->woken, memory_order_relaxed)) {
-            /* Taken all that is published: the descriptor goes quiet, unless
-             * a completion was published meanwhile (see the top of the file). */
-            fd_consume(cq);
-            atomic_store_explicit(&cq->woken, false, memory_order_relaxed);
-            atomic_thread_fence(memory_order_seq_cst);
-            if (published(cq, cq->head)) {
-                atomic_store_explicit(&cq->woken, true, memory_order_relaxed);
-                fd_wake(cq);
-            }
+        if (cq->woken && !published(cq, cq->head)) {
+            /* Taken all that is published: the descriptor goes quiet, and
+             * the next push wakes it: a push that takes its ticket from now
+             * on sees LOOK; the one of ticket head, if taken already, is
+             * asked through its slot (see the top of the file). */
+            uint64_t w = atomic_fetch_or(&cq->word, TP__CQ_LOOK);
+            if (taken_beyond_head(cq, w) == 0 || ask_slow(cq, cq->head)) {
+                fd_consume(cq);
+                cq->woken = false;
+            } /* else it has just published: it waits, the descriptor says so */
         }
         tp__mutex_unlock(&cq->mu);
         if (got == 0) break;
@@ -227,16 +246,20 @@ int tp_cq_wait(tp_cq *cq, uint64_t timeout_ns) {
     uint64_t deadline = timeout_ns == TP_FOREVER ? TP_FOREVER : tp__deadline_after(tp_now_ns(), timeout_ns);
     int rc = TP_OK;
     tp__mutex_lock(&cq->mu);
-    atomic_fetch_add(&cq->waiters, 1);
-    atomic_thread_fence(memory_order_seq_cst); /* before the look below (see the top of the file) */
-    while (!published(cq, cq->head)) {
+    cq->waiters++;
+    for (;;) {
+        /* a push that takes its ticket from now on sees LOOK and wakes us;
+         * one that took it already is asked through its slot */
+        uint64_t w = atomic_fetch_or(&cq->word, TP__CQ_LOOK);
+        if (published(cq, cq->head)) break;
         if (deadline != TP_FOREVER && tp_now_ns() >= deadline) {
             rc = TP_ETIMEDOUT;
             break;
         }
+        if (taken_beyond_head(cq, w) > 0 && !ask_slow(cq, cq->head)) continue; /* published meanwhile */
         tp__mutex_wait(&cq->mu, &cq->cv, deadline);
     }
-    atomic_fetch_sub(&cq->waiters, 1);
+    cq->waiters--;
     tp__mutex_unlock(&cq->mu);
     return rc;
 }
@@ -278,31 +301,50 @@ void tp__cq_release(tp_cq *cq, unsigned n) {
     tp__mutex_unlock(&cq->mu);
 }
 
-void tp__cq_push(tp_cq *cq, tp_done_fn fn, void *arg, int status) {
-    uint64_t t = atomic_fetch_add_explicit(&cq->tail, 1, memory_order_relaxed);
+/* Ticket t's completion into its slot. */
+static tp__slot *slot_fill(tp_cq *cq, uint64_t t, tp_done_fn fn, void *arg, int status) {
     tp__slot *sl = slot_of(cq, t);
     /* Free at once: its last completion was copied out before its place
      * came back (see the top of the file). */
-    while (atomic_load_explicit(&sl->seq, memory_order_acquire) != t) tp__cpu_relax();
+    while ((atomic_load_explicit(&sl->seq, memory_order_acquire) >> 2) != t) tp__cpu_relax();
     sl->fn = fn;
     sl->arg = arg;
     sl->status = status;
-    atomic_store_explicit(&sl->seq, t + 1, memory_order_release);
-    atomic_thread_fence(memory_order_seq_cst); /* the store above, before the loads below */
-    if (!atomic_load_explicit(&cq->woken, memory_order_relaxed) ||
-        atomic_load_explicit(&cq->waiters, memory_order_relaxed)) {
-        /* The queue may have been empty, or someone waits in tp_cq_wait:
-         * wake both under the lock (see the top of the file). */
+    return sl;
+}
+
+#if defined(TP__DEBUG)
+_Atomic(tp__cq_test_hook) tp__test_cq_ticket_taken; /* cq.h */
+#endif
+
+void tp__cq_push(tp_cq *cq, tp_done_fn fn, void *arg, int status) {
+    uint64_t w = atomic_fetch_add_explicit(&cq->word, 2, memory_order_relaxed);
+    uint64_t t = w >> 1;
+#if defined(TP__DEBUG)
+    tp__cq_test_hook hook = atomic_load_explicit(&tp__test_cq_ticket_taken, memory_order_acquire);
+    if (hook) hook(cq);
+#endif
+    if (!(w & TP__CQ_LOOK)) {
+        tp__slot *sl = slot_fill(cq, t, fn, arg, status);
+        uint64_t seq = t << 2 | SLOT_FREE;
+        if (atomic_compare_exchange_strong_explicit(&sl->seq, &seq, t << 2 | SLOT_FULL, memory_order_release,
+                                                    memory_order_relaxed))
+            return; /* published; nothing of cq is touched after it */
+        /* SLOT_FREE_WAKE: asked to take the slow way; not published yet */
         tp__mutex_lock(&cq->mu);
-        if (!atomic_load_explicit(&cq->woken, memory_order_relaxed) && cq->head <= t) {
-            /* (a drain that took this completion meanwhile found it without
-             * the descriptor: no wake-up is owed for it) */
-            atomic_store_explicit(&cq->woken, true, memory_order_relaxed);
-            fd_wake(cq);
-        }
-        if (atomic_load_explicit(&cq->waiters, memory_order_relaxed)) pthread_cond_broadcast(&cq->cv);
-        tp__mutex_unlock(&cq->mu);
+    } else {
+        /* The slow way (see the top of the file). */
+        tp__mutex_lock(&cq->mu);
+        atomic_fetch_and(&cq->word, ~(uint64_t)TP__CQ_LOOK);
+        slot_fill(cq, t, fn, arg, status);
     }
+    atomic_store_explicit(&slot_of(cq, t)->seq, t << 2 | SLOT_FULL, memory_order_release);
+    if (!cq->woken) {
+        cq->woken = true;
+        fd_wake(cq);
+    }
+    if (cq->waiters) pthread_cond_broadcast(&cq->cv);
+    tp__mutex_unlock(&cq->mu);
 }
 
 void tp__cq_wait_place_begin(tp__cq_waiter *w) {

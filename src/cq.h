@@ -53,4 +53,12 @@ void tp__cq_wait_place(tp__cq_waiter *w, uint64_t deadline);
 void tp__cq_wait_place_end(tp__cq_waiter *w);
 void tp__cq_wake_closed(tp__cq_waiter *w);
 
+#if defined(TP__DEBUG)
+/* A test hook of debug builds (tests/test_cq.c): when set, a push calls it
+ * right after it took its ticket, before it publishes, so that a test can
+ * hold a push under way while it drains or waits. */
+typedef void (*tp__cq_test_hook)(tp_cq *cq);
+extern _Atomic(tp__cq_test_hook) tp__test_cq_ticket_taken;
+#endif
+
 #endif /* TP_CQ_H */

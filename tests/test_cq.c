@@ -32,6 +32,7 @@
 #define _GNU_SOURCE
 #include <poll.h>
 
+#include "cq.h" /* TP__DEBUG and its test hook tp__test_cq_ticket_taken */
 #include "tpt_alloc.h"
 
 /* ------------------------------------------------------------ records */
@@ -871,6 +872,93 @@ static void test_event_loop_drainer_and_racing_pushes(void **state) {
     cq_free(q);
 }
 
+/* ------------------------------------------------------------ a push under way */
+
+/*
+ * A push publishes without the queue's lock; one that took its ticket but has
+ * not published yet when a drain empties the queue (or when tp_cq_wait goes
+ * to sleep) must still wake the descriptor (the waiter) once it publishes:
+ * the drain marks its slot, and it takes the slow way. The debug-build hook
+ * tp__test_cq_ticket_taken holds the push there, deterministically:
+ *   1. task Z completes: the descriptor is readable;
+ *   2. task A's push takes its ticket and stops in the hook;
+ *   3. the main thread drains (Z runs) -- or, second round, calls
+ *      tp_cq_wait after draining Z;
+ *   4. the hook lets A's push go on: A's completion waits, so the
+ *      descriptor must be readable (and tp_cq_wait must return TP_OK).
+ */
+#if defined(TP__DEBUG)
+static tp_cq *held_q;
+static atomic_int held_arm, held_in, held_go;
+
+static void hold_push_hook(tp_cq *q) {
+    if (q != held_q || !atomic_exchange(&held_arm, 0)) return;
+    atomic_store(&held_in, 1);
+    uint64_t end = tp_now_ns() + TPT_WAIT_NS;
+    while (!atomic_load(&held_go) && tp_now_ns() < end) tpt_sleep_ns(TPT_MS(1));
+}
+
+typedef struct waiter_arg {
+    tp_cq *q;
+    atomic_int rc, done;
+} waiter_arg;
+
+static void *held_waiter(void *arg) {
+    waiter_arg *w = arg;
+    atomic_store(&w->rc, tp_cq_wait(w->q, TPT_WAIT_NS));
+    atomic_store(&w->done, 1);
+    return NULL;
+}
+#endif
+
+static void test_push_under_way_when_drained(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+#if defined(TP__DEBUG)
+    tp_cq *q = cq_new(8);
+    tp_pool *p = tpt_quiet_pool(f, 1, 16, TP_UNLIMITED);
+    held_q = q;
+    atomic_store(&tp__test_cq_ticket_taken, hold_push_hook);
+    uint64_t completed = 0;
+    for (int round = 0; round < 2; round++) {
+        atomic_store(&held_in, 0);
+        atomic_store(&held_go, 0);
+        assert_int_equal(submit_rec(p, q, 0, NULL), TP_OK); /* Z */
+        wait_completed(p, ++completed);
+        assert_true(readable(q));
+        atomic_store(&held_arm, 1);
+        assert_int_equal(submit_rec(p, q, 1, NULL), TP_OK); /* A */
+        TPT_EVENTUALLY(atomic_load(&held_in));
+        assert_int_equal(drain(q, 0), 1); /* Z; A is under way */
+        assert_false(readable(q));        /* the drain took all that was published */
+        waiter_arg w = {q, 0, 0};
+        tpt_fx_thr *th = NULL;
+        if (round == 1) {
+            th = tpt_fx_thread(f, held_waiter, &w);
+            tpt_sleep_ns(TPT_MS(20)); /* (not needed for the check: gives it time to sleep) */
+            assert_false(atomic_load(&w.done));
+        }
+        atomic_store(&held_go, 1);
+        wait_completed(p, ++completed);
+        if (th) {
+            tpt_fx_join(th);
+            assert_int_equal(atomic_load(&w.rc), TP_OK);
+        }
+        if (!readable(q)) fail_msg("round %d: A's completion waits, the descriptor is quiet", round);
+        assert_int_equal(drain(q, 0), 1);
+        assert_false(readable(q));
+    }
+    atomic_store(&tp__test_cq_ticket_taken, (tp__cq_test_hook)NULL);
+    held_q = NULL;
+    assert_int_equal(atomic_load(&R[0].calls), 2);
+    assert_int_equal(atomic_load(&R[1].calls), 2);
+    tpt_finish(p);
+    cq_free(q);
+#else
+    (void)f;
+    skip();
+#endif
+}
+
 /* ------------------------------------------------------------ drainers out of order */
 
 /*
@@ -1475,6 +1563,7 @@ int main(void) {
         CQ_TEST(test_batch_with_bound_tasks),
         CQ_TEST(test_several_drainers),
         CQ_TEST(test_event_loop_drainer_and_racing_pushes),
+        CQ_TEST(test_push_under_way_when_drained),
         CQ_TEST(test_drainers_finishing_out_of_order),
         CQ_TEST(test_nested_drain_then_submit),
         CQ_TEST(test_on_done_resubmits_its_user),
