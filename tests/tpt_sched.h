@@ -328,7 +328,7 @@ static inline void tpt_sched_random(tpt_fixture *f, tpt_latch *const *latch, con
 
     /* the gate: start 0 */
     tpm_push(m, 0, 0, TPM_ANON);
-    tpm_entry e;
+    tpm_entry e = {0, 0, 0}; /* (filled by tpm_pop; initialised for gcc -O3's flow analysis) */
     assert_true(tpm_pop(m, &e));
     want[0] = 0;
     atomic_store(&o->pool, p);

@@ -1733,7 +1733,7 @@ static unsigned long long body_uint(const response *r, const char *key) {
 }
 
 typedef struct sched_task {
-    char label[8];
+    char label[16];
     char query[96]; /* POST /tasks?<query>; each has delay=0 */
 } sched_task;
 
