@@ -759,6 +759,37 @@ static int md_task(tp_ctx *c, void *arg) {
     return 0;
 }
 
+/* The tasks of a run: how many (fewer under sanitizers), their on_done
+ * counts reset. */
+static int md_reset(void) {
+    int n = TPT_SANITIZED || tpt_slowdown() > 1 ? 6000 : MD_MAX;
+    for (int i = 0; i < n; i++) atomic_store(&md_calls[i], 0);
+    atomic_store(&md_total, 0);
+    atomic_store(&md_bad_thread, 0);
+    return n;
+}
+
+/* Submit tasks 0..n-1 bound to q, each waiting for a place. */
+static void md_submit_all(tp_pool *p, tp_cq *q, int n) {
+    tp_task_opts o = {0};
+    o.cq = q;
+    o.on_done = md_done;
+    for (int i = 0; i < n; i++)
+        assert_int_equal(tp_submit_wait(p, md_task, (void *)(intptr_t)i, &o, TPT_WAIT_NS, NULL), TP_OK);
+}
+
+/* Every on_done of tasks 0..n-1 ran exactly once, on a drainer. */
+static void md_check_once(int n) {
+    assert_int_equal(atomic_load(&md_total), n);
+    assert_int_equal(atomic_load(&md_bad_thread), 0);
+    int wrong = 0;
+    for (int i = 0; i < n; i++) {
+        if (atomic_load(&md_calls[i]) == 1) continue;
+        if (wrong++ < 8) print_error("task %d: on_done ran %d times\n", i, atomic_load(&md_calls[i]));
+    }
+    if (wrong) fail_msg("%d tasks did not have exactly one on_done", wrong);
+}
+
 static void *md_drainer(void *arg) {
     tp_cq *q = arg;
     uint32_t r = (uint32_t)(uintptr_t)&r | 1u;
@@ -774,32 +805,18 @@ static void *md_drainer(void *arg) {
 
 static void test_several_drainers(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    int n = TPT_SANITIZED || tpt_slowdown() > 1 ? 6000 : MD_MAX;
-    for (int i = 0; i < n; i++) atomic_store(&md_calls[i], 0);
-    atomic_store(&md_total, 0);
-    atomic_store(&md_bad_thread, 0);
+    int n = md_reset();
     atomic_store(&md_stop, 0);
     tp_cq *q = cq_new(64);
     tp_pool *p = tpt_quiet_pool(f, 2, 256, TP_UNLIMITED);
     tpt_fx_thr *th[3];
     for (int i = 0; i < 3; i++) th[i] = tpt_fx_thread(f, md_drainer, q);
-    tp_task_opts o = {0};
-    o.cq = q;
-    o.on_done = md_done;
-    for (int i = 0; i < n; i++)
-        assert_int_equal(tp_submit_wait(p, md_task, (void *)(intptr_t)i, &o, TPT_WAIT_NS, NULL), TP_OK);
+    md_submit_all(p, q, n);
     TPT_EVENTUALLY(atomic_load(&md_total) == n);
     atomic_store(&md_stop, 1);
     for (int i = 0; i < 3; i++) tpt_fx_join(th[i]);
-    assert_int_equal(atomic_load(&md_total), n);
-    assert_int_equal(atomic_load(&md_bad_thread), 0);
-    int wrong = 0;
-    for (int i = 0; i < n; i++) {
-        if (atomic_load(&md_calls[i]) == 1) continue;
-        if (wrong++ < 8) print_error("task %d: on_done ran %d times\n", i, atomic_load(&md_calls[i]));
-    }
     /* the bug of test_drainers_finishing_out_of_order showed here at random */
-    if (wrong) fail_msg("%d tasks did not have exactly one on_done", wrong);
+    md_check_once(n);
     tp_stats s = tpt_finish(p);
     assert_int_equal(s.completed, (uint64_t)n);
     assert_false(readable(q));
@@ -813,9 +830,8 @@ static void test_several_drainers(void **state) {
  * into a small queue while one thread drains it the way an event loop does
  * (poll the descriptor, drain all when it is readable). Every on_done runs
  * once; the descriptor never says readable when nothing waits for the one
- * drainer (a push that finds its completion drained meanwhile owes no
- * wake-up, and a drain that empties the queue consumes it); and after the
- * last drain it is quiet.
+ * drainer (a drain that takes all that is published consumes it, and asks a
+ * push under way to wake it again); and after the last drain it is quiet.
  */
 static atomic_int el_stop, el_empty, el_polls;
 
@@ -835,31 +851,18 @@ static void *el_drainer(void *arg) {
 
 static void test_event_loop_drainer_and_racing_pushes(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    int n = TPT_SANITIZED || tpt_slowdown() > 1 ? 6000 : MD_MAX;
-    for (int i = 0; i < n; i++) atomic_store(&md_calls[i], 0);
-    atomic_store(&md_total, 0);
-    atomic_store(&md_bad_thread, 0);
+    int n = md_reset();
     atomic_store(&el_stop, 0);
     atomic_store(&el_empty, 0);
     atomic_store(&el_polls, 0);
     tp_cq *q = cq_new(16);
     tp_pool *p = tpt_quiet_pool(f, 4, 256, TP_UNLIMITED);
     tpt_fx_thr *th = tpt_fx_thread(f, el_drainer, q);
-    tp_task_opts o = {0};
-    o.cq = q;
-    o.on_done = md_done;
-    for (int i = 0; i < n; i++)
-        assert_int_equal(tp_submit_wait(p, md_task, (void *)(intptr_t)i, &o, TPT_WAIT_NS, NULL), TP_OK);
+    md_submit_all(p, q, n);
     TPT_EVENTUALLY(atomic_load(&md_total) == n);
     atomic_store(&el_stop, 1);
     tpt_fx_join(th);
-    assert_int_equal(atomic_load(&md_bad_thread), 0);
-    int wrong = 0;
-    for (int i = 0; i < n; i++) {
-        if (atomic_load(&md_calls[i]) == 1) continue;
-        if (wrong++ < 8) print_error("task %d: on_done ran %d times\n", i, atomic_load(&md_calls[i]));
-    }
-    if (wrong) fail_msg("%d tasks did not have exactly one on_done", wrong);
+    md_check_once(n);
     assert_true(atomic_load(&el_polls) > 0);
     if (atomic_load(&el_empty))
         fail_msg("the descriptor was readable with nothing waiting %d times in %d", atomic_load(&el_empty),
