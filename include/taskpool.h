@@ -1028,7 +1028,13 @@ TP_API int tp_lane_stats_get(tp_pool *p, int priority, tp_lane_stats *out);
  * overflows, and nothing is allocated per task.
  *
  * A queue may serve several pools and is independent of their lifetimes: a
- * pool may be destroyed while its completions still wait in a queue. A
+ * pool may be destroyed while its completions still wait in a queue. Its
+ * order is the order in which workers queued the completions, and a drain
+ * stops at one whose queuing is still under way: with several pools on one
+ * queue, a completion of one pool can wait behind one that a worker of
+ * another pool is queuing at that moment (it is in the queue once tp_wait()
+ * returned, but neither a drain nor the descriptor sees it until the other
+ * completion is in too, a moment later; the descriptor then wakes). A
  * completion's on_done may free `arg`, submit again (also to the same queue)
  * and drain the queue itself. It runs as application code on the draining
  * thread: tp_log_id_get() there is that thread's own log id (the task's is

@@ -62,7 +62,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <limits.h>
 #include <string.h>
 #include <unistd.h>
 #if defined(__linux__)
@@ -202,12 +201,16 @@ static uint64_t taken_beyond_head(const tp_cq *cq, uint64_t word) { return (word
 int tp_cq_drain(tp_cq *cq, unsigned max) {
     if (!cq) return TP_EINVAL;
     tp__completion batch[TP__CQ_CHUNK];
-    unsigned done = 0, want = max; /* 0: what waits now, fixed at the first take */
+    /* What waits at the first take, at most `max`: completions that arrive
+     * later (an on_done may submit and wait for more) are the next call's,
+     * so one call runs a bounded number of on_done. */
+    unsigned done = 0, want = 0;
     for (;;) {
         tp__mutex_lock(&cq->mu);
         if (done == 0 && want == 0) {
             uint64_t taken = taken_beyond_head(cq, atomic_load_explicit(&cq->word, memory_order_relaxed));
-            want = taken > UINT_MAX ? UINT_MAX : (unsigned)taken;
+            if (max != 0 && taken > max) taken = max;
+            want = (unsigned)taken; /* <= capacity: every ticket beyond head holds a place */
         }
         unsigned k = want - done;
         if (k > TP__CQ_CHUNK) k = TP__CQ_CHUNK;
@@ -306,7 +309,7 @@ static tp__slot *slot_fill(tp_cq *cq, uint64_t t, tp_done_fn fn, void *arg, int 
     tp__slot *sl = slot_of(cq, t);
     /* Free at once: its last completion was copied out before its place
      * came back (see the top of the file). */
-    while ((atomic_load_explicit(&sl->seq, memory_order_acquire) >> 2) != t) tp__cpu_relax();
+    while ((atomic_load_explicit(&sl->seq, memory_order_acquire) & ~(uint64_t)3) != t << 2) tp__cpu_relax();
     sl->fn = fn;
     sl->arg = arg;
     sl->status = status;

@@ -1497,6 +1497,52 @@ static void test_one_queue_two_pools(void **state) {
     cq_free(q);
 }
 
+/* A drain runs what waited when it began, at most max: completions that
+ * arrive while it runs are the next call's, whatever max is (an on_done that
+ * submits more and waits for them to end must not keep its drain going). */
+static atomic_int wb_calls;
+static void wb_done(void *arg, int status);
+static tp_pool *wb_pool;
+static tp_cq *wb_q;
+static int wb_submit(int n) {
+    tp_task_opts o = {0};
+    o.cq = wb_q;
+    o.on_done = wb_done;
+    for (int i = 0; i < n; i++)
+        if (tp_submit(wb_pool, tpt_nop_task, NULL, &o, NULL) != TP_OK) return -1;
+    return 0;
+}
+static void wb_done(void *arg, int status) {
+    (void)arg;
+    (void)status;
+    if (atomic_fetch_add(&wb_calls, 1) == 0) { /* the first: 64 more end while its drain runs */
+        uint64_t before = tpt_stats(wb_pool).completed;
+        assert_int_equal(wb_submit(64), 0);
+        TPT_EVENTUALLY(tpt_stats(wb_pool).completed == before + 64); /* queued: counted after */
+    }
+}
+
+static void test_drain_runs_only_what_waited_at_its_start(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    const unsigned maxes[] = {0, 1000, 64, 10};
+    for (unsigned m = 0; m < sizeof maxes / sizeof maxes[0]; m++) {
+        wb_q = cq_new(256);
+        wb_pool = tpt_quiet_pool(f, 2, 256, TP_UNLIMITED);
+        atomic_store(&wb_calls, 0);
+        assert_int_equal(wb_submit(64), 0);
+        wait_completed(wb_pool, 64);
+        int want = maxes[m] && maxes[m] < 64 ? (int)maxes[m] : 64;
+        assert_int_equal(tp_cq_drain(wb_q, maxes[m]), want);
+        assert_int_equal(atomic_load(&wb_calls), want);
+        /* the rest, and the 64 that came in during the first drain */
+        assert_int_equal(tp_cq_drain(wb_q, 0), 128 - want);
+        assert_int_equal(tp_cq_drain(wb_q, 0), 0);
+        assert_int_equal(atomic_load(&wb_calls), 128);
+        tpt_finish(wb_pool);
+        cq_free(wb_q);
+    }
+}
+
 /* ------------------------------------------------------------ allocations */
 
 static atomic_long za_done;
@@ -1575,6 +1621,7 @@ int main(void) {
         CQ_TEST(test_cq_wait_timeout_and_wake),
         CQ_TEST(test_invalid_arguments),
         CQ_TEST(test_one_queue_two_pools),
+        CQ_TEST(test_drain_runs_only_what_waited_at_its_start),
         CQ_TEST(test_zero_alloc_per_task_with_cq),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
