@@ -94,6 +94,106 @@ static void *service_main(void *arg);
 _Atomic(tp__test_hook) tp__test_attempt_returned; /* pool.h */
 #endif
 
+/* ------------------------------------------------------------ parking */
+
+/*
+ * An idle worker parks: it pushes itself on the pool's stack of parked
+ * workers (wk.parked) under mu, releases mu and sleeps on its own semaphore,
+ * `wake`. Whoever wakes one pops the top of the stack under mu (the worker
+ * that parked last: its cache is the warmest, and the ones below it are
+ * those an elastic pool lets time out) and posts its semaphore, under mu or
+ * right after releasing it (a submit: the woken worker then finds mu free).
+ * A popped worker is woken exactly once, so a task never wakes two, and a
+ * post never goes to a worker that runs.
+ *
+ * Why not a condition variable on mu: a thread woken in pthread_cond_wait
+ * takes the mutex back marked as contended (glibc cannot know whether others
+ * wait), so the woken worker's first unlock is a futex wake system call that
+ * wakes nobody, on the path of every wake-up; and a signal reaches any
+ * waiter, not a chosen one. A semaphore wakes the worker without the mutex,
+ * which it then takes as any thread does.
+ *
+ * A worker that timed out (an elastic pool's idle timeout) takes itself off
+ * the stack. If it was popped while timing out, its post is still to come or
+ * pending in the semaphore: its next park then returns at once, finds it was
+ * not popped, and parks again -- one spare turn, never a lost wake-up.
+ * `waiting.idle` counts parked workers and popped ones that have not yet
+ * taken mu back (each takes itself out of the count).
+ */
+
+/* Wait on `sem` until it is posted (0) or CLOCK_MONOTONIC reaches `deadline`
+ * in ns (ETIMEDOUT; TP_FOREVER: no limit). Signals do not end the wait. */
+static int sem_wait_until(sem_t *sem, uint64_t deadline) {
+    for (;;) {
+        int r;
+        if (deadline == TP_FOREVER) {
+            r = sem_wait(sem);
+        } else {
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 30))
+            struct timespec ts;
+            ts.tv_sec = (time_t)(deadline / 1000000000ull);
+            ts.tv_nsec = (long)(deadline % 1000000000ull);
+            r = sem_clockwait(sem, CLOCK_MONOTONIC, &ts);
+#else /* sem_timedwait's clock is CLOCK_REALTIME: the time left, from now on it */
+            uint64_t now = tp_now_ns();
+            if (now >= deadline) return ETIMEDOUT;
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            uint64_t at = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec + (deadline - now);
+            ts.tv_sec = (time_t)(at / 1000000000ull);
+            ts.tv_nsec = (long)(at % 1000000000ull);
+            r = sem_timedwait(sem, &ts);
+#endif
+        }
+        if (r == 0) return 0;
+        if (errno != EINTR) return ETIMEDOUT; /* ETIMEDOUT (anything else: as if timed out) */
+    }
+}
+
+/* Pop the top parked worker, its post left to the caller; NULL if none. */
+static tp__worker *unpark_take_locked(tp_pool *p) {
+    tp__worker *w = p->wk.parked;
+    if (!w) return NULL;
+    p->wk.parked = w->park_next;
+    w->park_next = NULL;
+    w->parked = false;
+    return w;
+}
+
+static bool unpark_one_locked(tp_pool *p) {
+    tp__worker *w = unpark_take_locked(p);
+    if (w) sem_post(&w->wake);
+    return w != NULL;
+}
+
+static void unpark_all_locked(tp_pool *p) {
+    while (unpark_one_locked(p)) {
+    }
+}
+
+/* Park `w` until it is woken or `until` passes (ETIMEDOUT; TP_FOREVER: no
+ * limit); mu released meanwhile, held on return. 0 means popped: woken. */
+static int park_locked(tp_pool *p, tp__worker *w, uint64_t until) {
+    TP__ASSERT(!w->parked);
+    w->parked = true;
+    w->park_next = p->wk.parked;
+    p->wk.parked = w;
+    tp__unlock(p);
+    int e = sem_wait_until(&w->wake, until);
+    tp__lock(p);
+    if (!w->parked) return 0; /* popped: woken, whatever the wait said */
+    /* timed out, or an earlier post was pending: take itself off */
+    for (tp__worker **pp = &p->wk.parked; *pp; pp = &(*pp)->park_next) {
+        if (*pp == w) {
+            *pp = w->park_next;
+            break;
+        }
+    }
+    w->park_next = NULL;
+    w->parked = false;
+    return e == 0 ? EAGAIN : e; /* EAGAIN: a spare turn (see above) */
+}
+
 /* ------------------------------------------------------------ acting on transitions */
 
 static void svc_wake_locked(tp_pool *p) {
@@ -131,7 +231,8 @@ void tp__engine_act_locked(tp_pool *p, tp__fx *fx) {
      * a worker spins: it takes new work without a wake-up, and wakes a
      * sleeper itself if more is left (worker_main). */
     if (fx->work && !p->waiting.spin)
-        for (unsigned i = 0; i < fx->work && i < p->waiting.idle; i++) pthread_cond_signal(&p->work_cv);
+        for (unsigned i = 0; i < fx->work && unpark_one_locked(p); i++) {
+        }
     /* Broadcast: waiters wait for different things (space, their user's
      * slot), so one wake could go to a caller that still cannot proceed. */
     if ((f & TP__FX_ROOM) && p->waiting.room) pthread_cond_broadcast(&p->room_cv);
@@ -140,7 +241,7 @@ void tp__engine_act_locked(tp_pool *p, tp__fx *fx) {
     if (!(f & (TP__FX_EXITERS | TP__FX_DRAINED | TP__FX_CANCEL)) && !fx->groups) return; /* the usual case */
     if ((f & (TP__FX_EXITERS | TP__FX_DRAINED)) && p->waiting.idle && tp__life_closed(&p->life) &&
         tp__life_idle(&p->life))
-        pthread_cond_broadcast(&p->work_cv);
+        unpark_all_locked(p);
     if (f & TP__FX_DRAINED) pthread_cond_broadcast(&p->done_cv);
     if (f & TP__FX_CANCEL)
         for (unsigned i = 0; i < p->cfg.max_workers; i++)
@@ -296,7 +397,7 @@ static void log_failure(tp_pool *p, const failure *f) {
 
 /* ------------------------------------------------------------ the worker loop */
 
-/* How long an idle worker polls for work before it sleeps on work_cv. A
+/* How long an idle worker polls for work before it parks. A
  * sleep costs the submitter a futex wake (a system call) and the worker a
  * context switch, together several microseconds; a pool under a steady stream
  * of tasks finds its next task within this window without either. Only one
@@ -304,7 +405,7 @@ static void log_failure(tp_pool *p, const failure *f) {
  * submitters need, and each idle period spins at most once. */
 #define TP__SPIN_NS 20000u
 
-/* stats.idle: workers waiting on work_cv plus the one spinning. */
+/* stats.idle: workers parked (or woken, not yet running) plus the one spinning. */
 static void set_idle_stat_locked(tp_pool *p) { TP__SET(p->gauges.idle, p->waiting.idle + p->waiting.spin); }
 
 /* stats.workers: threads that run, not spawns under way (which may fail). */
@@ -347,7 +448,7 @@ typedef struct worker_turn {
  * this worker should exit (false). The idle period starts when the worker
  * first finds nothing to start (the clock is read then, not per task);
  * wake-ups that bring no work do not restart it. */
-static bool wait_for_work_locked(tp_pool *p, worker_turn *wt) {
+static bool wait_for_work_locked(tp_pool *p, tp__worker *w, worker_turn *wt) {
     uint64_t idle_since = 0;
     /* The idle gauge still counts this worker (after a spin or a wait): it
      * is stored when the worker leaves, or again when it waits once more, so
@@ -373,7 +474,7 @@ static bool wait_for_work_locked(tp_pool *p, worker_turn *wt) {
         uint64_t until = elastic ? tp__deadline_after(idle_since, p->cfg.idle_timeout) : TP_FOREVER;
         p->waiting.idle++;
         set_idle_stat_locked(p);
-        int e = tp__mutex_wait(&p->mu, &p->work_cv, until);
+        int e = park_locked(p, w, until);
         TP__ASSERT(p->waiting.idle > 0);
         p->waiting.idle--;
         stale = true;
@@ -477,8 +578,7 @@ static void worker_leave_locked(tp_pool *p, tp__worker *w) {
     w->state = TP__W_DEAD;
     p->wk.threads--;
     if (p->wk.threads == 0) pthread_cond_broadcast(&p->done_cv);
-    if (tp__life_closed(&p->life) && tp__life_idle(&p->life) && p->waiting.idle)
-        pthread_cond_broadcast(&p->work_cv);
+    if (tp__life_closed(&p->life) && tp__life_idle(&p->life) && p->waiting.idle) unpark_all_locked(p);
     /* A spawn skipped while this slot was still taken (spawn_start finds no
      * free slot) is retried now, by the service thread. */
     if (!tp__life_closed(&p->life) && want_spawn_locked(p)) svc_wake_locked(p);
@@ -490,11 +590,11 @@ static void *worker_main(void *arg) {
     tp_pool *p = w->pool;
     worker_enter(p, w);
     worker_turn wt = {false, 0};
-    while (wait_for_work_locked(p, &wt)) {
+    while (wait_for_work_locked(p, w, &wt)) {
         tp__fx fx = TP__FX_INIT(&p->wk.runs[w->index]);
         tp__task *t = tp__life_take(&p->life, &w->ctx, &fx);
         /* Submitters do not wake anyone while a worker spins: pass work on. */
-        if (tp__life_ready(&p->life) && p->waiting.idle && !p->waiting.spin) pthread_cond_signal(&p->work_cv);
+        if (tp__life_ready(&p->life) && p->waiting.idle && !p->waiting.spin) unpark_one_locked(p);
         ACT_LOCKED(p, &fx);
         if (!t) continue; /* the ready task ended at its deadline, with nothing for this worker to run */
         if (t->state == TP__DONE) {
@@ -668,8 +768,13 @@ int tp__engine_submit(tp_pool *p, tp__admit_args *a, void *arg, uint64_t *id_out
         spawn_if_wanted_locked(p, &sp);
     else
         count_reject_locked(p, rc);
+    /* The worker this task wakes, if one is parked, is posted after mu is
+     * released: it then finds mu free (see parking). */
+    tp__worker *wake = NULL;
+    if (fx.work && !p->waiting.spin && p->waiting.idle && (wake = unpark_take_locked(p)) != NULL) fx.work--;
     ACT_LOCKED(p, &fx);
     tp__unlock(p);
+    if (wake) sem_post(&wake->wake);
     spawn_run(p, &sp);
     return rc;
 }
@@ -728,7 +833,7 @@ static void close_locked(tp_pool *p) {
     tp__life_close(&p->life, &fx);
     ACT_LOCKED(p, &fx);
     pthread_cond_broadcast(&p->room_cv); /* a close wakes every waiting submitter at once */
-    pthread_cond_broadcast(&p->work_cv);
+    unpark_all_locked(p);
     for (tp__cq_waiter *cw = p->cq_waiters; cw; cw = cw->next) tp__cq_wake_closed(cw);
 }
 
@@ -811,15 +916,23 @@ void tp__engine_join(tp_pool *p) {
 /* How far make_sync got, for tp__engine_free. */
 static int make_sync(tp_pool *p) {
     if (tp__mutex_init(&p->mu, true) != 0) return -1;
-    pthread_cond_t *cvs[4] = {&p->work_cv, &p->room_cv, &p->done_cv, &p->svc_cv};
+    pthread_cond_t *cvs[3] = {&p->room_cv, &p->done_cv, &p->svc_cv};
     int n = 0;
-    while (n < 4 && tp__cond_init(cvs[n]) == 0) n++;
+    while (n < 3 && tp__cond_init(cvs[n]) == 0) n++;
     unsigned i = 0;
-    if (n == 4)
-        for (; i < p->cfg.max_workers; i++)
-            if (tp__ctx_init(&p->wk.workers[i].ctx, &p->mu) != 0) break;
-    if (n == 4 && i == p->cfg.max_workers) return 0;
-    while (i-- > 0) tp__ctx_fini(&p->wk.workers[i].ctx);
+    if (n == 3)
+        for (; i < p->cfg.max_workers; i++) {
+            if (sem_init(&p->wk.workers[i].wake, 0, 0) != 0) break;
+            if (tp__ctx_init(&p->wk.workers[i].ctx, &p->mu) != 0) {
+                sem_destroy(&p->wk.workers[i].wake);
+                break;
+            }
+        }
+    if (n == 3 && i == p->cfg.max_workers) return 0;
+    while (i-- > 0) {
+        tp__ctx_fini(&p->wk.workers[i].ctx);
+        sem_destroy(&p->wk.workers[i].wake);
+    }
     while (n-- > 0) pthread_cond_destroy(cvs[n]);
     tp__mutex_destroy(&p->mu);
     return -1;
@@ -866,11 +979,13 @@ int tp__engine_start(tp_pool *p) {
 
 void tp__engine_free(tp_pool *p) {
     if (p->wk.synced) {
-        for (unsigned i = 0; i < p->cfg.max_workers; i++) tp__ctx_fini(&p->wk.workers[i].ctx);
+        for (unsigned i = 0; i < p->cfg.max_workers; i++) {
+            tp__ctx_fini(&p->wk.workers[i].ctx);
+            sem_destroy(&p->wk.workers[i].wake);
+        }
         pthread_cond_destroy(&p->svc_cv);
         pthread_cond_destroy(&p->done_cv);
         pthread_cond_destroy(&p->room_cv);
-        pthread_cond_destroy(&p->work_cv);
         tp__mutex_destroy(&p->mu);
         p->wk.synced = false;
     }

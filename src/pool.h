@@ -52,9 +52,10 @@
  *   completion queue's lock (cq.h), never the other way; no pool lock is held
  *   while calling user code (task functions, on_done, the log hook, worker
  *   hooks) or while taking another pool's lock.
- *   Condition variables, all on mu, all CLOCK_MONOTONIC: work_cv (idle
- *   workers), room_cv (tp_submit_wait), done_cv (shutdown, wait), svc_cv (the
- *   service thread), each context's sleep_cv (ctx.c: tp_ctx_sleep), each
+ *   Idle workers sleep on a semaphore each (engine.c: parking), not on a
+ *   condition variable. Condition variables, all on mu, all CLOCK_MONOTONIC:
+ *   room_cv (tp_submit_wait), done_cv (shutdown, wait), svc_cv (the service
+ *   thread), each context's sleep_cv (ctx.c: tp_ctx_sleep), each
  *   group's cv (group.c waits, engine.c wakes). Waits for a completion
  *   queue's place are on that queue's own lock and condition (cq.h).
  */
@@ -92,6 +93,12 @@ typedef struct tp__worker {
     unsigned index;
     tp__task *cur;     /* the running task, NULL between tasks */
     struct tp_ctx ctx; /* ctx.c's */
+    /* Parking (engine.c): an idle worker sleeps on its own semaphore, on
+     * the pool's stack of parked workers (wk.parked); `parked` and
+     * `park_next` under mu. */
+    sem_t wake;
+    bool parked;
+    struct tp__worker *park_next;
 } tp__worker;
 
 enum { TP__SHUT_NONE = 0, TP__SHUT_RUNNING, TP__SHUT_OK, TP__SHUT_FORCED };
@@ -102,13 +109,13 @@ struct tp_pool {
      * sleep or wakes (engine.c, under mu). */
     _Alignas(64) tp__mutex mu;
     struct tp__waiters {
-        unsigned idle;     /* workers in work_cv */
+        unsigned idle;     /* workers parked or woken but not yet running (engine.c) */
         unsigned spin;     /* idle workers polling for work before they wait (0 or 1) */
         unsigned room;     /* tp_submit_wait callers in room_cv */
         bool svc;          /* the service thread is in svc_cv */
         uint64_t svc_next; /* when the waiting service thread wakes by itself */
     } waiting;
-    pthread_cond_t work_cv, room_cv, done_cv, svc_cv; /* see Locking above */
+    pthread_cond_t room_cv, done_cv, svc_cv; /* see Locking above */
 
     tp__config cfg; /* pool.c, read-only after tp_create */
     tp__life life;  /* life.c: the tasks, under mu */
@@ -120,6 +127,7 @@ struct tp_pool {
         unsigned live_workers; /* workers counted in stats.workers */
         unsigned starting;     /* spawned threads that have not yet taken mu */
         unsigned threads;      /* worker threads not yet finished (incl. stop hook) */
+        tp__worker *parked;    /* idle workers asleep, the last to park on top (engine.c) */
         tp__hist_shard *hist;  /* max_workers shards: slot i's worker is the only writer of hist[i] */
         tp__st_runs
             *runs; /* max_workers counter sets (stats.h): slot i's worker is the only writer of runs[i] */

@@ -1,9 +1,10 @@
 /*
- * test_spin.c -- the idle worker that polls for work before it sleeps.
+ * test_spin.c -- the idle worker that polls for work before it sleeps, and
+ * which sleeping worker a task wakes.
  *
- * One idle worker at a time spins for a few microseconds before it waits on
- * the work condition variable, and a submitter does not signal while it
- * spins (worker.c). The risk of that shortcut is a lost wake-up: a task
+ * One idle worker at a time spins for a few microseconds before it parks
+ * (engine.c: on its own semaphore, on a stack of parked workers), and a
+ * submitter does not wake anyone while it spins. The risk of that shortcut is a lost wake-up: a task
  * pushed just as the spinner gives up, or a second task pushed while the
  * spinner takes the first, with the other workers asleep. These tests submit
  * with gaps spread across the spin window (0 to ~60 us) so submits land
@@ -114,11 +115,43 @@ static void test_idle_counts_the_spinner(void **state) {
     tpt_finish(p);
 }
 
+/* One task at a time into an idle pool runs on the worker that went idle
+ * last, whether it still spins or has parked (the top of the stack): the
+ * warm worker, and one wake-up per task, not a different sleeper each time.
+ * The first task only settles the pool (at start one worker may spin while
+ * another runs, and the spinner takes the next task); after it, every
+ * worker parks (1 ms), and from then on the gaps put each submit inside the
+ * spin window or well after it. */
+static pthread_t ran_on[64];
+static int where_task(tp_ctx *c, void *arg) {
+    (void)c;
+    ran_on[(intptr_t)arg] = pthread_self();
+    atomic_fetch_add(&ran, 1);
+    return 0;
+}
+
+static void test_single_tasks_run_on_the_last_idle_worker(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    tp_config cfg = {0};
+    cfg.workers = 4;
+    tp_pool *p = tpt_fx_pool(f, &cfg);
+    atomic_store(&ran, 0);
+    for (intptr_t i = 0; i < 64; i++) {
+        assert_int_equal(tp_submit(p, where_task, (void *)i, NULL, NULL), TP_OK);
+        assert_true(TPT_POLL(atomic_load(&ran) == i + 1, TPT_WAIT_NS));
+        assert_true(TPT_POLL(tpt_stats(p).idle == 4 && tpt_stats(p).active == 0, TPT_WAIT_NS));
+        gap(i == 0 || i % 4 == 3 ? TPT_MS(1) : (uint64_t)(i % 4) * 10000); /* 1 ms, or 10 or 20 us */
+    }
+    for (int i = 2; i < 64; i++) assert_true(pthread_equal(ran_on[i], ran_on[1]));
+    tpt_finish(p);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         TPT_TEST(test_single_tasks_across_the_spin_window),
         TPT_TEST(test_bursts_reach_a_second_worker),
         TPT_TEST(test_idle_counts_the_spinner),
+        TPT_TEST(test_single_tasks_run_on_the_last_idle_worker),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
