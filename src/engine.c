@@ -5,8 +5,9 @@
  *
  * life.c changes task records and reports, in a tp__fx, what became possible
  * (work, room, a timer, a drained pool, a group without unfinished members);
- * this file owns every thread and condition variable and decides whom to
- * wake (tp__engine_act_locked). Nothing here changes a task's state.
+ * this file owns every thread, condition variable and worker semaphore and
+ * decides whom to wake (tp__engine_act_locked; idle workers park, see
+ * "parking"). Nothing here changes a task's state.
  *
  * The worker loop (each turn starts with mu held and no current task):
  *   1. wait_for_work_locked: until a task may start, or until the worker may
