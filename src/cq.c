@@ -100,7 +100,8 @@ struct tp_cq {
     _Alignas(64) _Atomic unsigned places; /* taken: unfinished bound tasks + completions waiting or running */
     _Atomic unsigned place_waiters;       /* submitters waiting for a place */
     unsigned capacity;
-    tp__slot *ring;                     /* capacity slots */
+    tp__slot *ring; /* capacity slots, aligned within ring_raw (base.h, large arrays) */
+    void *ring_raw;
     int fds[2];                         /* eventfd: fds[0] == fds[1]; pipe: read end, write end */
     _Alignas(64) _Atomic uint64_t word; /* next ticket << 1 | TP__CQ_LOOK */
     _Alignas(64) tp__mutex mu;          /* drainers, slow pushes, the condition variable */
@@ -172,7 +173,7 @@ int tp_cq_create(tp_cq **out, unsigned capacity) {
     cq->capacity = capacity;
     atomic_init(&cq->word, TP__CQ_LOOK); /* the descriptor is quiet: the first push wakes it */
     cq->fds[0] = cq->fds[1] = -1;
-    cq->ring = (tp__slot *)calloc(capacity, sizeof *cq->ring);
+    cq->ring = (tp__slot *)tp__calloc_big(capacity, sizeof *cq->ring, &cq->ring_raw);
     if (cq->ring)
         for (unsigned i = 0; i < capacity; i++) atomic_init(&cq->ring[i].seq, (uint64_t)i << 2 | SLOT_FREE);
     int made = 0;
@@ -188,7 +189,7 @@ int tp_cq_create(tp_cq **out, unsigned capacity) {
     }
     if (made == 2) pthread_cond_destroy(&cq->cv);
     if (made >= 1) tp__mutex_destroy(&cq->mu);
-    free(cq->ring);
+    free(cq->ring_raw);
     free(cq->mem);
     return TP_ENOMEM;
 }
@@ -278,7 +279,7 @@ int tp_cq_destroy(tp_cq *cq) {
     fd_close(cq->fds);
     pthread_cond_destroy(&cq->cv);
     tp__mutex_destroy(&cq->mu);
-    free(cq->ring);
+    free(cq->ring_raw);
     free(cq->mem);
     return TP_OK;
 }

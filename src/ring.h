@@ -13,7 +13,8 @@
  * finds it at once and closes the gap from the nearer end: removing the head
  * (or the tail) costs O(1), any other O(min(distance to either end)).
  *
- * No locking and no allocation after init: the pool lock guards every call.
+ * No locking and no allocation after init (a large ring starts on a huge
+ * page: base.h, large arrays): the pool lock guards every call.
  * The pool sizes it for queue_capacity + max_workers, the most tasks that can
  * ever be queued at once (a failed attempt may enter the retry wait, and later
  * the queue, while the queue is full; see pool.c).
@@ -27,6 +28,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "base.h"
 #include "task.h"
 
 typedef struct tp__ring_slot {
@@ -36,6 +38,7 @@ typedef struct tp__ring_slot {
 
 typedef struct tp__ring {
     tp__ring_slot *slots;
+    void *raw; /* what to free (slots is aligned within it: base.h, large arrays) */
     uint32_t mask;
     uint32_t head; /* next to pop */
     uint32_t tail; /* next free */
@@ -45,15 +48,16 @@ typedef struct tp__ring {
 static inline int tp__ring_init(tp__ring *r, uint32_t n) {
     uint32_t size = 1;
     while (size < n) size <<= 1;
-    r->slots = (tp__ring_slot *)calloc(size, sizeof *r->slots);
+    r->slots = (tp__ring_slot *)tp__calloc_big(size, sizeof *r->slots, &r->raw);
     r->mask = size - 1;
     r->head = r->tail = 0;
     return r->slots ? 0 : -1;
 }
 
 static inline void tp__ring_fini(tp__ring *r) {
-    free(r->slots);
+    free(r->raw);
     r->slots = NULL;
+    r->raw = NULL;
 }
 
 static inline uint32_t tp__ring_len(const tp__ring *r) { return r->tail - r->head; }

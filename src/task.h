@@ -91,6 +91,7 @@ typedef struct tp__tasks {
     /* growth only */
     unsigned total;  /* records allocated */
     char *fresh_log; /* the log id buffer of `fresh` */
+    void *index_raw; /* what to free: `index` is aligned within it (base.h, large arrays) */
     tp__chunk *chunks;
     unsigned index_min; /* buckets at least */
 } tp__tasks;

@@ -5,7 +5,8 @@
  * enough to cover a full queue several times, pool.c) and tp__tasks_get
  * grows in chunks, up to the limit the caller passes; the bucket array of the
  * id index doubles with the record count, at growth only, and is filled from
- * the first tp__tasks_index_all on (task.h).
+ * the first tp__tasks_index_all on (task.h). A large chunk and a large
+ * index start on a huge page (base.h, large arrays).
  *
  * No locking: every call is made with the pool lock held.
  *
@@ -53,7 +54,8 @@ static int tasks_grow(tp__tasks *ts, unsigned n, bool now) {
     uint32_t want = ts->index_mask + 1;
     while ((want < ts->total || want < ts->index_min) && want < (1u << 30)) want <<= 1;
     if (want != ts->index_mask + 1 || !ts->index) {
-        tp__task **nb = (tp__task **)calloc(want, sizeof *nb);
+        void *raw;
+        tp__task **nb = (tp__task **)tp__calloc_big(want, sizeof *nb, &raw);
         if (nb) {
             uint32_t nmask = want - 1;
             if (ts->index) {
@@ -66,9 +68,10 @@ static int tasks_grow(tp__tasks *ts, unsigned n, bool now) {
                         t = nx;
                     }
                 }
-                free(ts->index);
+                free(ts->index_raw);
             }
             ts->index = nb;
+            ts->index_raw = raw;
             ts->index_mask = nmask;
         } else if (!ts->index) {
             return -1;
@@ -86,7 +89,7 @@ int tp__tasks_init(tp__tasks *ts, unsigned prealloc, unsigned index_min, unsigne
 
 void tp__tasks_fini(tp__tasks *ts) {
     tp__chunks_free(&ts->chunks);
-    free(ts->index);
+    free(ts->index_raw);
     memset(ts, 0, sizeof *ts);
 }
 

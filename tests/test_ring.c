@@ -277,6 +277,55 @@ static void test_layout_on_cache_lines(void **state) {
     }
 }
 
+/* Large arrays (a big queue's ring, record chunks and id index) start on a
+ * 2 MiB boundary so that they can take transparent huge pages; small ones on
+ * a cache line. Every byte is usable (AddressSanitizer and valgrind see an
+ * overrun), the zeroed ones read zero, and a size that would overflow is
+ * refused, not wrapped. */
+static void test_large_arrays_start_on_a_huge_page(void **state) {
+    (void)state;
+    tp__ring r;
+    assert_int_equal(tp__ring_init(&r, 1u << 18), 0); /* 4 MiB of slots */
+    assert_int_equal((uintptr_t)r.slots % TP__HUGE, 0);
+    tp__task t[3];
+    for (uint32_t i = 0; i <= r.mask; i++) assert_null(r.slots[i].t);
+    for (uint32_t i = 0; i < 2 * (r.mask + 1); i++) { /* every slot written, twice round */
+        tp__ring_push(&r, &t[i % 3]);
+        assert_ptr_equal(tp__ring_pop(&r), &t[i % 3]);
+    }
+    tp__ring_fini(&r);
+    assert_int_equal(tp__ring_init(&r, 100), 0);
+    assert_int_equal((uintptr_t)r.slots % 64, 0);
+    tp__ring_fini(&r);
+
+    void *raw = &raw;
+    assert_null(tp__calloc_big(SIZE_MAX / 2, 4, &raw));
+    assert_null(raw);
+    tp__chunk *list = NULL;
+    void *items = NULL;
+    assert_null(tp__chunk_new(&list, SIZE_MAX / 2, 4, 64, &items));
+    assert_null(list);
+    const size_t big = 3 * TP__HUGE / 256 + 7; /* items of 256 bytes: a little over 3 MiB */
+    assert_non_null(tp__chunk_new(&list, big, 256, 64, &items));
+    assert_int_equal((uintptr_t)items % TP__HUGE, 0);
+    memset(items, 0xa5, big * 256);
+    assert_non_null(tp__chunk_new(&list, 10, 256, 64, &items));
+    assert_int_equal((uintptr_t)items % 64, 0);
+    memset(items, 0x5a, 10 * 256);
+    tp__chunks_free(&list);
+    assert_null(list);
+
+    /* a pool's records and id index: made at init, large */
+    tp__tasks ts;
+    assert_int_equal(tp__tasks_init(&ts, 20000, 1u << 19, 2), 0);
+    assert_int_equal((uintptr_t)ts.chunks->items % TP__HUGE, 0);
+    assert_int_equal((uintptr_t)ts.index % TP__HUGE, 0);
+    for (uint32_t b = 0; b <= ts.index_mask; b++) assert_null(ts.index[b]);
+    tp__task *given = NULL, *got = NULL;
+    for (int i = 0; i < 20000; i++) assert_int_equal(tp__tasks_get(&ts, &given, 40000, &got), TP_OK);
+    tp__tasks_fini(&ts);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         TPT_TEST(test_ring_fifo_and_wrap),
@@ -287,6 +336,7 @@ int main(void) {
         TPT_TEST(test_tasks_limit),
         TPT_TEST(test_tasks_log_buffers),
         TPT_TEST(test_layout_on_cache_lines),
+        TPT_TEST(test_large_arrays_start_on_a_huge_page),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
