@@ -414,6 +414,8 @@ typedef struct tp_task_opts {
  *   bounds memory if the service thread is stuck in a blocking on_done: past
  *   it, tp_submit refuses with TP_EFULL even below queue_capacity
  *   (tp_submit_wait waits). Both refusals are counted in rejected_full.
+ *   Arrays of 2 MiB or more (the ring, grown records, the id index) are
+ *   2 MiB-aligned and marked for transparent huge pages (madvise, a hint).
  *   On TP_OK `arg` belongs to the pool until on_done(arg, status) and
  *   *id_out (if not NULL) holds the task id: unique in this pool, never 0.
  *   A deadline already passed is accepted; the task then expires unrun.
