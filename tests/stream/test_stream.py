@@ -958,7 +958,8 @@ def one_worker_order(env, r, name, blocker, batches, **cfg):
     entry `blocker` (a dict of fields), add the entries of `batches` (lists of
     (label, fields) pairs) while it runs, and return the labels in the order
     they started. The results stream is in end order, which with one worker
-    is the start order; started_ms must agree with it."""
+    is the start order; started_ms must agree with it. `fields` may be a
+    function, called when its entry is added (for times relative to then)."""
     env_cfg = dict(WORKERS=1, QUEUE_CAPACITY=64, MAX_PER_USER="unlimited")
     env_cfg.update(cfg)
     w = env.worker(name, **env_cfg)
@@ -969,6 +970,8 @@ def one_worker_order(env, r, name, blocker, batches, **cfg):
     n = 1
     for batch in batches:
         for lab, fields in batch:
+            if callable(fields):
+                fields = fields()
             label[r("XADD", "tasks", "*", *flat(fields))] = lab
             n += 1
     wait_until(lambda: metrics(w)["tps_stream_read_total"] == n, 10, "%s: the worker to read all %d entries" % (name, n))
@@ -1033,11 +1036,13 @@ def scenario_priority(env):
 
     # 4. a scheduled entry that comes due while its user's normal entries are
     # held (MAX_PER_USER=1, the blocker is alice's) goes before them: it was
-    # read first and has waited for its time already
-    due_at = int(time.time() * 1000) + int(300 * SLOW)
+    # read first and has waited for its time already. Its time is set when it
+    # is added, once the blocker runs: 300 ms to read it, 400 ms to spare
+    # before the blocker ends (a slow worker start no longer eats the margin)
+    due_in = lambda: {"user": "alice", "work": "20ms", "not_before": int(time.time() * 1000) + int(300 * SLOW)}
     order, m = one_worker_order(env, r, "due", blocker_fields("alice"), [
         [("n%d" % i, ent("alice", 0)) for i in range(1, 4)],
-        [("d1", {"user": "alice", "work": "20ms", "not_before": due_at})]], MAX_PER_USER=1)
+        [("d1", due_in)]], MAX_PER_USER=1)
     want = ["blocker", "d1", "n1", "n2", "n3"]
     check(order == want, "due: start order %s, want %s" % (order, want))
     check(m["tps_stream_scheduled_total"] == 1, "due: d1 did not wait for its time")
