@@ -479,8 +479,8 @@ int tp__life_admit(tp__life *L, const tp__admit_args *a, void *arg, uint64_t *id
         return rc;
     }
     if (u) {
-        if (!found) TP__SET(L->gauges->users, L->users.live);     /* a new entry: one more user */
-        if (u->count == L->cfg.max_per_user) L->users_at_limit++; /* published with the queue below */
+        if (u->count == 1) TP__SET(L->gauges->users, L->users.live); /* one more user */
+        if (u->count == L->cfg.max_per_user) L->users_at_limit++;    /* published with the queue below */
     }
     t->fn = a->fn;
     t->arg = arg;

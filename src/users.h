@@ -2,12 +2,16 @@
  * users.h -- the per-user slot table and the weights of a fair pool
  * (users.c).
  *
- * A slot is taken at admission and given back when the task is finalised, so
- * an entry lives exactly while its user has accepted, unfinished tasks: a user
- * whose last task ended leaves no entry behind (its entry returns to a free
- * list reused by the next new user). In a fair pool the entry carries the
- * user's flow (scheduler.h): a user with waiting tasks holds slots, so its entry
- * outlives its place in every round.
+ * A slot is taken at admission and given back when the task is finalised.
+ * An entry is live while its user has accepted, unfinished tasks (`count` >
+ * 0). A user whose last task ended keeps its entry, idle (`count` 0), until
+ * a new user needs one and no entry was ever left unused: then the oldest
+ * idle entry is taken over (users.c). So a user who comes back soon finds
+ * its entry as it left it, and the table never holds more entries than the
+ * most users ever live at once (it grows only when every entry is live). In
+ * a fair pool the entry carries the user's flow (scheduler.h): a user with
+ * waiting tasks holds slots, so its entry outlives its place in every round,
+ * and an idle entry's flow is in no round and has no credit -- as a new one.
  *
  * Weights (tp_user_weight_set) live in a table of their own, kept for the
  * pool's life whether or not the user has tasks; a new entry takes its weight
@@ -30,6 +34,10 @@ typedef struct tp__user {
     unsigned count; /* slots held: accepted, unfinished tasks */
     tp__flow flow;  /* fair pools: its place in the rounds */
     char name[TP_USER_MAX + 1];
+    /* the idle queue (users.c): touched only when the count reaches 0 and
+     * when a new user needs an entry */
+    struct tp__user *inext;
+    bool idle_q; /* on the idle queue (its count may have risen since) */
 } tp__user;
 _Static_assert(offsetof(tp__user, flow) + sizeof(struct tp__flow_lane) <= 64,
                "a user's count and its priority-0 flow share one cache line");
@@ -44,9 +52,11 @@ typedef struct tp__weight {
 typedef struct tp__users {
     tp__user **buckets;
     uint32_t mask;
-    unsigned live;  /* entries holding at least one slot */
-    unsigned total; /* entries allocated */
-    tp__user *free;
+    unsigned live;                   /* entries holding at least one slot */
+    unsigned in_table;               /* entries in the buckets: live ones and idle ones */
+    unsigned total;                  /* entries allocated */
+    tp__user *free;                  /* entries never used */
+    tp__user *idle_head, *idle_tail; /* the idle queue, oldest first */
     tp__chunk *chunks;
     bool flows;           /* a fair pool: entries carry a flow (set by the owner after init) */
     tp__weight **weights; /* NULL until the first tp_user_weight_set */
@@ -57,14 +67,16 @@ typedef struct tp__users {
 int tp__users_init(tp__users *us, unsigned prealloc);
 void tp__users_fini(tp__users *us);
 uint32_t tp__users_hash(const char *name, size_t len);
+/* The entry of `name`, live or idle (count 0), or NULL. */
 tp__user *tp__users_find(const tp__users *us, const char *name, size_t len, uint32_t h);
 /* Take one slot for `name`; `found` is what tp__users_find() returned for it
- * (NULL: no entry, one is made, its flow initialised with the user's weight),
- * so admission looks the name up once. NULL: out of memory. */
+ * (an idle entry becomes live as it was; NULL: an entry is made, its flow
+ * initialised with the user's weight), so admission looks the name up once.
+ * NULL: out of memory. */
 tp__user *tp__users_take(tp__users *us, tp__user *found, const char *name, size_t len, uint32_t h);
 /* tp__users_take after its own lookup. */
 tp__user *tp__users_acquire(tp__users *us, const char *name, size_t len, uint32_t h);
-/* Give one slot back; the entry is recycled when its count reaches 0. */
+/* Give one slot back; at count 0 the entry becomes idle (see the top). */
 void tp__users_release(tp__users *us, tp__user *u);
 /* The weight set for `name` (1 if none). */
 unsigned tp__users_weight(const tp__users *us, const char *name, size_t len, uint32_t h);

@@ -1,7 +1,8 @@
 /*
  * test_users.c -- the per-user slot table without threads: counting, lookup
- * by exact name, entries recycled when a user's last slot is released, and
- * bounded memory under churn of many distinct users.
+ * by exact name, idle entries (a user whose last slot was released keeps its
+ * entry until a new user needs one), and bounded memory under churn of many
+ * distinct users.
  */
 #include "pool.h" /* first: it defines _GNU_SOURCE */
 #include "tp_test.h"
@@ -34,10 +35,88 @@ static void test_users_count_and_release(void **state) {
     tp__users_release(&us, a1);
     assert_ptr_equal(find(&us, "alice"), a1);
     tp__users_release(&us, a1);
-    assert_null(find(&us, "alice"));
+    /* idle: still found, holding nothing, not live */
+    assert_ptr_equal(find(&us, "alice"), a1);
+    assert_int_equal(a1->count, 0);
     assert_int_equal(us.live, 1);
     tp__users_release(&us, b);
     assert_int_equal(us.live, 0);
+    /* back again: the same entry, live again, nothing allocated */
+    unsigned total = us.total;
+    assert_ptr_equal(acq(&us, "alice"), a1);
+    assert_int_equal(a1->count, 1);
+    assert_int_equal(us.live, 1);
+    assert_int_equal(us.total, total);
+    tp__users_release(&us, a1);
+    assert_int_equal(us.live, 0);
+    tp__users_fini(&us);
+}
+
+/* With every never-used entry taken, a new user takes over the oldest idle
+ * entry (the one idle longest), not one that became live again since it
+ * went idle, and the table does not grow while an idle entry exists. */
+static void test_users_idle_entries_taken_over_oldest_first(void **state) {
+    (void)state;
+    tp__users us;
+    assert_int_equal(tp__users_init(&us, 4), 0);
+    unsigned total = us.total;
+    char name[32];
+    tp__user *e[64];
+    for (unsigned i = 0; i < total; i++) {
+        snprintf(name, sizeof name, "first-%u", i);
+        e[i] = acq(&us, name);
+        assert_non_null(e[i]);
+    }
+    assert_int_equal(us.total, total); /* every entry live, none left unused */
+    for (unsigned i = 0; i < total; i++) tp__users_release(&us, e[i]); /* idle in order 0, 1, ... */
+    assert_int_equal(us.live, 0);
+    /* entry 0 comes back (live again while still queued), then leaves again:
+     * it keeps its place at the head of the queue, but is live for now */
+    assert_ptr_equal(acq(&us, "first-0"), e[0]);
+    /* a new user: entry 0 is live, so entry 1 is the oldest idle one */
+    tp__user *n1 = acq(&us, "new-1");
+    assert_ptr_equal(n1, e[1]);
+    assert_string_equal(n1->name, "new-1");
+    assert_int_equal(n1->count, 1);
+    assert_null(find(&us, "first-1")); /* taken over: its old name is gone */
+    assert_ptr_equal(find(&us, "first-2"), e[2]);
+    assert_ptr_equal(find(&us, "first-0"), e[0]);
+    assert_int_equal(us.total, total);
+    /* entry 0 goes idle again: queued again, behind 2..total-1 */
+    tp__users_release(&us, e[0]);
+    for (unsigned i = 2; i < total; i++) {
+        snprintf(name, sizeof name, "next-%u", i);
+        assert_ptr_equal(acq(&us, name), e[i]);
+    }
+    assert_ptr_equal(acq(&us, "last"), e[0]);
+    assert_int_equal(us.total, total);
+    assert_int_equal(us.live, total);
+    /* every entry live: the next new user grows the table */
+    assert_non_null(acq(&us, "grown"));
+    assert_true(us.total > total);
+    assert_int_equal(us.live, total + 1);
+    tp__users_fini(&us);
+}
+
+/* A fair table: an idle entry's flow is as a new one's, with the weight set
+ * meanwhile (tp_user_weight_set reaches idle entries too). */
+static void test_users_idle_entry_keeps_weight(void **state) {
+    (void)state;
+    tp__users us;
+    assert_int_equal(tp__users_init(&us, 4), 0);
+    us.flows = true;
+    tp__user *a = acq(&us, "alice");
+    assert_int_equal(a->flow.weight, 1);
+    tp__users_release(&us, a);
+    assert_int_equal(tp__users_set_weight(&us, "alice", 5, tp__users_hash("alice", 5), 3), TP_OK);
+    assert_ptr_equal(acq(&us, "alice"), a);
+    assert_int_equal(a->flow.weight, 3);
+    for (unsigned i = 0; i < TP__LANES; i++) {
+        assert_null(a->flow.lane_[i].head);
+        assert_false(a->flow.lane_[i].in_round);
+        assert_int_equal(a->flow.lane_[i].credit, 0);
+    }
+    tp__users_release(&us, a);
     tp__users_fini(&us);
 }
 
@@ -93,6 +172,8 @@ static void test_users_max_length_name(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         TPT_TEST(test_users_count_and_release),
+        TPT_TEST(test_users_idle_entries_taken_over_oldest_first),
+        TPT_TEST(test_users_idle_entry_keeps_weight),
         TPT_TEST(test_users_churn_bounded),
         TPT_TEST(test_users_max_length_name),
     };
