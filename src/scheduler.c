@@ -65,8 +65,7 @@ void tp__sched_fini(tp__sched *s) {
 
 static uint64_t lane_head_at(const tp__sched *s, unsigned li) {
     if (is_ring_lane(s, li)) return tp__ring_head_at(&s->ring);
-    const tp__task *h = s->lane[li].ahead;
-    return h ? h->queued_at : 0;
+    return s->lane[li].ahead_at;
 }
 
 /* The lane's waiting count or its head changed. The ring lane publishes
@@ -83,25 +82,40 @@ static void lane_waiting_changed(tp__sched *s, unsigned li) {
 
 /* ------------------------------------------------------------ lists */
 
+/* The arrival list. Each task keeps its successor's stamp (anext_at), and
+ * the lane its head's (ahead_at); a head's `aprev` is never read (it is
+ * left as it was when the task before it left). So a start, which takes
+ * the head off, learns the new head's stamp from the task it takes and
+ * writes nothing of the new head -- in a fair pool that task may be far
+ * from starting, its lines still in the submitter's cache. */
 static void arrival_append(tp__lane *l, tp__task *t) {
     t->anext = NULL;
+    t->anext_at = 0;
     t->aprev = l->atail;
-    if (l->atail)
+    if (l->atail) {
         l->atail->anext = t;
-    else
+        l->atail->anext_at = t->queued_at;
+    } else {
         l->ahead = t;
+        l->ahead_at = t->queued_at;
+    }
     l->atail = t;
 }
 
 static void arrival_unlink(tp__lane *l, tp__task *t) {
-    if (t->aprev)
-        t->aprev->anext = t->anext;
-    else
+    bool head = l->ahead == t;
+    if (head) {
         l->ahead = t->anext;
-    if (t->anext)
-        t->anext->aprev = t->aprev;
-    else
-        l->atail = t->aprev;
+        l->ahead_at = t->anext_at;
+    } else {
+        t->aprev->anext = t->anext;
+        t->aprev->anext_at = t->anext_at;
+    }
+    if (t->anext) {
+        if (!head) t->anext->aprev = t->aprev;
+    } else {
+        l->atail = head ? NULL : t->aprev;
+    }
     t->anext = t->aprev = NULL;
 }
 
@@ -133,6 +147,8 @@ static void round_unlink(tp__lane *l, tp__flow *f, unsigned li) {
     fl->credit = 0;
 }
 
+/* A flow's list: as the arrival list, a head's `prev` is never read, so
+ * taking the head off writes nothing of the next task. */
 static void flow_append(tp__flow *f, unsigned li, tp__task *t) {
     struct tp__flow_lane *fl = tp__flow_lane(f, li);
     t->next = NULL;
@@ -149,14 +165,16 @@ static void flow_append(tp__flow *f, unsigned li, tp__task *t) {
 static void flow_unlink(tp__lane *l, tp__task *t, unsigned li) {
     tp__flow *f = t->flow;
     struct tp__flow_lane *fl = tp__flow_lane(f, li);
-    if (t->prev)
-        t->prev->next = t->next;
-    else
+    bool head = fl->head == t;
+    if (head)
         fl->head = t->next;
-    if (t->next)
-        t->next->prev = t->prev;
     else
-        fl->tail = t->prev;
+        t->prev->next = t->next;
+    if (t->next) {
+        if (!head) t->next->prev = t->prev;
+    } else {
+        fl->tail = head ? NULL : t->prev;
+    }
     t->next = t->prev = NULL;
     if (!fl->head) round_unlink(l, f, li);
 }

@@ -74,6 +74,7 @@ typedef struct tp__lane {
     _Atomic uint64_t head_at_pub; /* queue stamp of its oldest waiting task, 0 if none */
     _Atomic uint64_t started_pub; /* attempts started from this lane */
     _Alignas(64) unsigned starve; /* starts that went to a higher lane while this one stayed ready */
+    uint64_t ahead_at; /* list lanes: `ahead`'s queue stamp (0 if none): its line is not read for it */
 } tp__lane;
 
 /* Two words that the scheduler's owner publishes for lock-free readers at

@@ -68,6 +68,7 @@ typedef struct tp__task {
     uint64_t due;                     /* while DELAYED: when the retry is queued */
     struct tp__task *g_next, *g_prev; /* the group's members not yet finalised */
     char *log_id;                     /* its buffer of TP__LOG_BUF bytes, kept beside the records (tasks.c) */
+    uint64_t anext_at; /* waiting in a list lane: anext's queued_at, 0 without one (scheduler.c) */
 } tp__task;
 
 /* Three cache lines: the log id's buffer lives outside the record, so that
