@@ -281,6 +281,18 @@ void tp__sched_start_lanes(tp__sched *s, tp__task *t) {
         if (s->low_max && s->low_running >= s->low_max) /* the background lanes stop being ready */
             s->lane[0].starve = s->lane[1].starve = 0;
     }
+    if (!is_ring_lane(s, li) && l->ahead) {
+        /* As the ring's start does (scheduler.h): the lines of the record
+         * that most likely starts next, written on another CPU, start
+         * moving here while this task runs. The lane's oldest task: exactly
+         * the next in a FIFO list lane; in a fair pool, the next as often as
+         * users are served in the order they sent (the round's head would
+         * cost a load of another user's line to find). */
+        const char *nx = (const char *)l->ahead;
+        __builtin_prefetch(nx, 1);
+        __builtin_prefetch(nx + 64, 1);
+        __builtin_prefetch(nx + 128, 1);
+    }
 }
 
 bool tp__sched_done_low(tp__sched *s, const tp__task *t) {
