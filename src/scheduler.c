@@ -132,16 +132,20 @@ static void round_append(tp__lane *l, tp__flow *f, unsigned li) {
     fl->credit = 0; /* its turn starts when it reaches the head */
 }
 
+/* As in the arrival list above, the head's `rprev` is never read: a turn that
+ * ends writes nothing of the next user's flow. */
 static void round_unlink(tp__lane *l, tp__flow *f, unsigned li) {
     struct tp__flow_lane *fl = tp__flow_lane(f, li);
-    if (fl->rprev)
-        tp__flow_lane(fl->rprev, li)->rnext = fl->rnext;
-    else
+    bool head = l->rhead == f;
+    if (head)
         l->rhead = fl->rnext;
-    if (fl->rnext)
-        tp__flow_lane(fl->rnext, li)->rprev = fl->rprev;
     else
-        l->rtail = fl->rprev;
+        tp__flow_lane(fl->rprev, li)->rnext = fl->rnext;
+    if (fl->rnext) {
+        if (!head) tp__flow_lane(fl->rnext, li)->rprev = fl->rprev;
+    } else {
+        l->rtail = head ? NULL : fl->rprev;
+    }
     fl->rnext = fl->rprev = NULL;
     fl->in_round = false;
     fl->credit = 0;
@@ -291,7 +295,6 @@ void tp__sched_start_lanes(tp__sched *s, tp__task *t) {
         const char *nx = (const char *)l->ahead;
         __builtin_prefetch(nx, 1);
         __builtin_prefetch(nx + 64, 1);
-        __builtin_prefetch(nx + 128, 1);
     }
 }
 
