@@ -257,7 +257,7 @@ static void finalise(tp__life *L, tp__task *t, int status, bool expired, tp__fx 
     if (t->user) {
         bool was_at_limit = t->user->count == L->cfg.max_per_user;
         unsigned live = L->users.live;
-        tp__users_release(&L->users, t->user); /* may recycle the entry: not read again */
+        tp__users_release(&L->users, t->user); /* the entry may go idle (users.h): not read again */
         if (was_at_limit) {
             /* Published after the release, never before: the word may lag
              * the pool but never show a state it has not reached yet. */
