@@ -119,14 +119,24 @@ static void arrival_unlink(tp__lane *l, tp__task *t) {
     t->anext = t->aprev = NULL;
 }
 
+/* The round. Who points at a flow in it (its predecessor, or the lane for
+ * the head) also keeps that flow's head task (rnext_head, rhead_head), so
+ * that the start, which finds the next user in the lane's line, knows the
+ * next task too without a load of that user's line. */
 static void round_append(tp__lane *l, tp__flow *f, unsigned li) {
     struct tp__flow_lane *fl = tp__flow_lane(f, li);
+    TP__ASSERT(fl->head);
     fl->rnext = NULL;
+    fl->rnext_head = NULL;
     fl->rprev = l->rtail;
-    if (l->rtail)
-        tp__flow_lane(l->rtail, li)->rnext = f;
-    else
+    if (l->rtail) {
+        struct tp__flow_lane *tl = tp__flow_lane(l->rtail, li);
+        tl->rnext = f;
+        tl->rnext_head = fl->head;
+    } else {
         l->rhead = f;
+        l->rhead_head = fl->head;
+    }
     l->rtail = f;
     fl->in_round = true;
     fl->credit = 0; /* its turn starts when it reaches the head */
@@ -137,16 +147,21 @@ static void round_append(tp__lane *l, tp__flow *f, unsigned li) {
 static void round_unlink(tp__lane *l, tp__flow *f, unsigned li) {
     struct tp__flow_lane *fl = tp__flow_lane(f, li);
     bool head = l->rhead == f;
-    if (head)
+    if (head) {
         l->rhead = fl->rnext;
-    else
-        tp__flow_lane(fl->rprev, li)->rnext = fl->rnext;
+        l->rhead_head = fl->rnext_head;
+    } else {
+        struct tp__flow_lane *pl = tp__flow_lane(fl->rprev, li);
+        pl->rnext = fl->rnext;
+        pl->rnext_head = fl->rnext_head;
+    }
     if (fl->rnext) {
         if (!head) tp__flow_lane(fl->rnext, li)->rprev = fl->rprev;
     } else {
         l->rtail = head ? NULL : fl->rprev;
     }
     fl->rnext = fl->rprev = NULL;
+    fl->rnext_head = NULL;
     fl->in_round = false;
     fl->credit = 0;
 }
@@ -180,7 +195,14 @@ static void flow_unlink(tp__lane *l, tp__task *t, unsigned li) {
         fl->tail = head ? NULL : t->prev;
     }
     t->next = t->prev = NULL;
-    if (!fl->head) round_unlink(l, f, li);
+    if (!fl->head) {
+        round_unlink(l, f, li);
+    } else if (head) { /* a new head: the copy of the pointer to it too */
+        if (l->rhead == f)
+            l->rhead_head = fl->head;
+        else
+            tp__flow_lane(fl->rprev, li)->rnext_head = fl->head;
+    }
 }
 
 /* ------------------------------------------------------------ push, pop */
@@ -212,7 +234,10 @@ void tp__sched_push_lanes(tp__sched *s, tp__task *t) {
 static tp__task *lane_head(const tp__sched *s, unsigned li) {
     const tp__lane *l = &s->lane[li];
     if (is_ring_lane(s, li)) return tp__ring_at(&s->ring, 0);
-    if (s->fair) return tp__flow_lane(l->rhead, li)->head;
+    if (s->fair) {
+        TP__ASSERT(l->rhead_head == tp__flow_lane(l->rhead, li)->head);
+        return l->rhead_head;
+    }
     return l->ahead;
 }
 
@@ -287,12 +312,15 @@ void tp__sched_start_lanes(tp__sched *s, tp__task *t) {
     }
     if (!is_ring_lane(s, li) && l->ahead) {
         /* As the ring's start does (scheduler.h): the lines of the record
-         * that most likely starts next, written on another CPU, start
-         * moving here while this task runs. The lane's oldest task: exactly
-         * the next in a FIFO list lane; in a fair pool, the next as often as
-         * users are served in the order they sent (the round's head would
-         * cost a load of another user's line to find). */
+         * that starts next from this lane, written on another CPU, start
+         * moving here while this task runs: the lane's oldest task in a FIFO
+         * list lane, the round head's in a fair pool, with that user's line,
+         * which the next start reads and writes. */
         const char *nx = (const char *)l->ahead;
+        if (s->fair) {
+            nx = (const char *)l->rhead_head;
+            __builtin_prefetch(tp__flow_lane(l->rhead, li), 1);
+        }
         __builtin_prefetch(nx, 1);
         __builtin_prefetch(nx + 64, 1);
     }

@@ -47,6 +47,7 @@ typedef struct tp__flow {
     struct tp__flow_lane {
         tp__task *head, *tail;          /* its waiting tasks in this lane, in admission order */
         struct tp__flow *rnext, *rprev; /* the lane's round, while in it */
+        tp__task *rnext_head;           /* in the round, not its tail: rnext's head (see tp__lane) */
         unsigned credit;                /* starts left in the turn under way; 0: no turn started */
         bool in_round;
     } lane_[TP__LANES]; /* by tp__flow_lane: priority 0, 1, 2, -2, -1 */
@@ -75,6 +76,12 @@ typedef struct tp__lane {
     _Atomic uint64_t started_pub; /* attempts started from this lane */
     _Alignas(64) unsigned starve; /* starts that went to a higher lane while this one stayed ready */
     uint64_t ahead_at; /* list lanes: `ahead`'s queue stamp (0 if none): its line is not read for it */
+    /* Fair pools: the round's head user's oldest task here (NULL: empty
+     * round), the task that starts next from this lane. It and each flow's
+     * rnext_head copy a head pointer from another user's line, so that the
+     * start knows the next task without a load of that line: it fetches the
+     * task ahead, exactly, as the ring's start does. */
+    tp__task *rhead_head;
 } tp__lane;
 
 /* Two words that the scheduler's owner publishes for lock-free readers at
@@ -240,6 +247,7 @@ static inline void tp__flow_init(tp__flow *f, unsigned weight) {
     for (unsigned i = 0; i < TP__LANES; i++) {
         f->lane_[i].head = f->lane_[i].tail = NULL;
         f->lane_[i].rnext = f->lane_[i].rprev = NULL;
+        f->lane_[i].rnext_head = NULL;
         f->lane_[i].credit = 0;
         f->lane_[i].in_round = false;
     }

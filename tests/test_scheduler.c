@@ -470,6 +470,27 @@ static void m_remove(model *m, tp__task *t, tp__flow *flows, tp__flow *anon) {
     if (m_lane_waiting(m, li) == 0) m->starve[li] = 0;
 }
 
+/* A fair lane's round is the model's, in order, and every copy of a head
+ * pointer (the lane's rhead_head, each flow's rnext_head) is that flow's
+ * head: the start fetches ahead the task they name. */
+static void check_round(const tp__sched *s, const model *m, unsigned li, uint32_t seed, int step) {
+    const tp__lane *l = &s->lane[li];
+    tp__task *want_head = l->rhead ? tp__flow_lane(l->rhead, li)->head : NULL;
+    if (l->rhead_head != want_head)
+        fail_msg("seed %u step %d: lane %u's rhead_head is stale", seed, step, li);
+    int n = 0;
+    for (tp__flow *f = l->rhead; f; f = tp__flow_lane(f, li)->rnext, n++) {
+        const struct tp__flow_lane *fl = tp__flow_lane(f, li);
+        assert_true(n < m->nround[li] && m->round[li][n] == f);
+        assert_non_null(fl->head);
+        tp__task *next_head = fl->rnext ? tp__flow_lane(fl->rnext, li)->head : NULL;
+        if (fl->rnext_head != next_head)
+            fail_msg("seed %u step %d: lane %u, flow %d of the round: rnext_head is stale", seed, step, li,
+                     n);
+    }
+    assert_int_equal(n, m->nround[li]);
+}
+
 static void differential(bool fair, unsigned limit, unsigned low_max, uint32_t seed) {
     tp__sched s;
     assert_int_equal(tp__sched_init(&s, 4 * M_TASKS, fair, limit, low_max), 0);
@@ -528,6 +549,7 @@ static void differential(bool fair, unsigned limit, unsigned low_max, uint32_t s
             if (s.lane[l].starve != m.starve[l])
                 fail_msg("seed %u step %d: lane %u counts %u, the model %u", seed, step, l, s.lane[l].starve,
                          m.starve[l]);
+            if (fair) check_round(&s, &m, l, seed, step);
             if (!fair && l == 2) continue; /* the ring lane publishes no counts */
             assert_int_equal(atomic_load(&s.lane[l].waiting_pub), m_lane_waiting(&m, l));
             assert_int_equal(atomic_load(&s.lane[l].running_pub), m.running[l]);
