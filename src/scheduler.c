@@ -211,23 +211,23 @@ void tp__sched_push_lanes(tp__sched *s, tp__task *t) {
     unsigned li = tp__lane_of(t->prio);
     tp__lane *l = &s->lane[li];
     TP__ASSERT(li < TP__LANES);
+    s->waiting++;
     if (is_ring_lane(s, li)) {
         tp__ring_push(&s->ring, t);
-    } else {
-        arrival_append(l, t);
-        if (s->fair) {
-            TP__ASSERT(t->flow);
-            flow_append(t->flow, li, t);
-            if (!tp__flow_lane(t->flow, li)->in_round) round_append(l, t->flow, li);
-        }
-        s->in_lists++;
-        l->waiting++;
+        if (tp__ring_len(&s->ring) == 1) TP__SET(s->ring_head_at, t->queued_at); /* a new head */
+        return;
     }
-    s->waiting++;
-    if (lane_waiting(s, li) == 1)
-        lane_waiting_changed(s, li); /* a new head */
-    else if (!is_ring_lane(s, li))
-        TP__SET(l->waiting_pub, l->waiting);
+    arrival_append(l, t);
+    if (s->fair) {
+        TP__ASSERT(t->flow);
+        struct tp__flow_lane *fl = tp__flow_lane(t->flow, li);
+        flow_append(t->flow, li, t);
+        if (!fl->in_round) round_append(l, t->flow, li);
+    }
+    s->in_lists++;
+    l->waiting++;
+    if (l->waiting == 1) TP__SET(l->head_at_pub, l->ahead_at); /* a new head */
+    TP__SET(l->waiting_pub, l->waiting);
 }
 
 /* The task lane li starts next (it has one). */
@@ -241,6 +241,41 @@ static tp__task *lane_head(const tp__sched *s, unsigned li) {
     return l->ahead;
 }
 
+/* A fair lane's start: `t` is the head of the round's head flow, whose
+ * turn goes on or ends. What flow_unlink, then round_unlink and
+ * round_append for a turn that ends, would do, for the one case a start is:
+ * the head of the round's head. */
+static void fair_take(tp__lane *l, unsigned li, tp__task *t) {
+    tp__flow *f = l->rhead;
+    struct tp__flow_lane *fl = tp__flow_lane(f, li);
+    TP__ASSERT(t->flow == f && fl->head == t && fl->in_round);
+    unsigned credit = (fl->credit ? fl->credit : f->weight) - 1; /* a turn starts at 0 */
+    tp__task *nx = t->next;
+    t->next = t->prev = NULL;
+    fl->head = nx;
+    if (!nx) { /* its last task here: it leaves the round */
+        fl->tail = NULL;
+        round_unlink(l, f, li);
+    } else if (credit > 0) { /* its turn goes on */
+        fl->credit = credit;
+        l->rhead_head = nx;
+    } else if (!fl->rnext) { /* its turn ends, alone in the round: the next turn is its own */
+        fl->credit = 0;
+        l->rhead_head = nx;
+    } else { /* its turn ends: to the back of the round */
+        struct tp__flow_lane *tl = tp__flow_lane(l->rtail, li);
+        l->rhead = fl->rnext;
+        l->rhead_head = fl->rnext_head;
+        tl->rnext = f;
+        tl->rnext_head = nx;
+        fl->rprev = l->rtail;
+        fl->rnext = NULL;
+        fl->rnext_head = NULL;
+        fl->credit = 0;
+        l->rtail = f;
+    }
+}
+
 /* Take lane li's head `t` out, as a start: in a fair pool its user's turn
  * goes on or ends. */
 static void lane_take(tp__sched *s, unsigned li, tp__task *t) {
@@ -252,17 +287,7 @@ static void lane_take(tp__sched *s, unsigned li, tp__task *t) {
         return;
     }
     if (s->fair) {
-        tp__flow *f = l->rhead;
-        struct tp__flow_lane *fl = tp__flow_lane(f, li);
-        TP__ASSERT(t->flow == f && fl->head == t);
-        if (fl->credit == 0) fl->credit = f->weight; /* its turn starts */
-        fl->credit--;
-        bool turn_over = fl->credit == 0;
-        flow_unlink(l, t, li); /* leaves the round if that was its last */
-        if (turn_over && fl->in_round) {
-            round_unlink(l, f, li);
-            round_append(l, f, li); /* to the back, for its next turn */
-        }
+        fair_take(l, li, t);
     } else {
         TP__ASSERT(l->ahead == t);
     }
@@ -276,6 +301,9 @@ static bool lane_ready(const tp__sched *s, unsigned li, bool low_ok) {
 
 tp__task *tp__sched_peek_lanes(const tp__sched *s) {
     TP__ASSERT(s->in_lists > 0);
+    /* Every waiting task in the default lane (a fair pool's usual case): it
+     * is the one ready lane, and starvation counts choose nothing. */
+    if (lane_waiting(s, RING_LANE) == s->waiting) return lane_head(s, RING_LANE);
     bool low_ok = s->low_max == 0 || s->low_running < s->low_max;
     int top = -1;
     for (int i = TP__LANES - 1; i >= 0; i--) {
@@ -291,26 +319,32 @@ void tp__sched_start_lanes(tp__sched *s, tp__task *t) {
     unsigned li = tp__lane_of(t->prio);
     tp__lane *l = &s->lane[li];
     /* Every ready lane below counts a start that passed it by; the starting
-     * lane's count returns to 0. */
-    bool low_ok = s->low_max == 0 || s->low_running < s->low_max;
-    for (unsigned i = 0; i < li; i++)
-        if (lane_ready(s, i, low_ok) && s->lane[i].starve < UINT_MAX) s->lane[i].starve++;
-    l->starve = 0;
-    lane_take(s, li, t);
-    if (!is_ring_lane(s, li)) l->waiting--;
-    s->waiting--;
-    lane_waiting_changed(s, li);
-    if (!is_ring_lane(s, li)) { /* the ring lane's: stats.c, from the totals */
-        l->running++;
-        TP__SET(l->running_pub, l->running);
-        TP__INC(l->started_pub);
+     * lane's count returns to 0. Only a lane with waiting tasks can be
+     * ready: none other has any when every waiting task is in this one. */
+    if (li > 0 && s->waiting != lane_waiting(s, li)) {
+        bool low_ok = s->low_max == 0 || s->low_running < s->low_max;
+        for (unsigned i = 0; i < li; i++)
+            if (lane_ready(s, i, low_ok) && s->lane[i].starve < UINT_MAX) s->lane[i].starve++;
     }
+    if (l->starve) l->starve = 0;
+    lane_take(s, li, t);
+    s->waiting--;
     if (li < RING_LANE) {
         s->low_running++;
         if (s->low_max && s->low_running >= s->low_max) /* the background lanes stop being ready */
             s->lane[0].starve = s->lane[1].starve = 0;
     }
-    if (!is_ring_lane(s, li) && l->ahead) {
+    if (is_ring_lane(s, li)) { /* its other figures: stats.c, from the totals */
+        TP__SET(s->ring_head_at, tp__ring_head_at(&s->ring));
+        return;
+    }
+    l->waiting--;
+    l->running++;
+    TP__SET(l->head_at_pub, l->ahead_at);
+    TP__SET(l->waiting_pub, l->waiting);
+    TP__SET(l->running_pub, l->running);
+    TP__INC(l->started_pub);
+    if (l->ahead) {
         /* As the ring's start does (scheduler.h): the lines of the record
          * that starts next from this lane, written on another CPU, start
          * moving here while this task runs: the lane's oldest task in a FIFO

@@ -56,7 +56,7 @@ typedef struct tp__flow {
 
 /* Lane li's part of flow f (li = tp__lane_of(priority)). */
 static inline struct tp__flow_lane *tp__flow_lane(tp__flow *f, unsigned li) {
-    return &f->lane_[(li + TP__LANES - 2) % TP__LANES];
+    return &f->lane_[li >= 2 ? li - 2 : li + TP__LANES - 2]; /* (li + 3) % 5, without the division */
 }
 
 /* A lane: what a push, a start and an end in it write is its first cache
