@@ -416,19 +416,26 @@ int tp__life_cancel(tp__life *L, uint64_t id, tp__fx *fx) {
 
 /* ------------------------------------------------------------ admission */
 
-int tp__life_args_check(tp_fn fn, const tp_task_opts *opts) {
+/* The checks of tp__life_args_check but the user name's length. */
+static int args_check_but_user(tp_fn fn, const tp_task_opts *opts) {
     if (!fn) return TP_EINVAL;
     if (!opts) return TP_OK;
     if (opts->priority < TP_PRIO_MIN || opts->priority > TP_PRIO_MAX || !TP__RESERVED_ZERO(opts))
         return TP_EINVAL;
     if (opts->cq && !opts->on_done) return TP_EINVAL;
-    if (opts->user && strnlen(opts->user, TP_USER_MAX + 1) > TP_USER_MAX) return TP_EINVAL;
     if (opts->log_id && strnlen(opts->log_id, TP_LOG_ID_MAX + 1) > TP_LOG_ID_MAX) return TP_EINVAL;
     return TP_OK;
 }
 
+int tp__life_args_check(tp_fn fn, const tp_task_opts *opts) {
+    int rc = args_check_but_user(fn, opts);
+    if (rc == TP_OK && opts && opts->user && strnlen(opts->user, TP_USER_MAX + 1) > TP_USER_MAX)
+        rc = TP_EINVAL;
+    return rc;
+}
+
 int tp__life_args(const tp__life *L, tp_fn fn, const tp_task_opts *opts, tp__admit_args *a) {
-    int rc = tp__life_args_check(fn, opts);
+    int rc = args_check_but_user(fn, opts);
     if (rc != TP_OK) return rc;
     memset(a, 0, sizeof *a);
     a->fn = fn;
@@ -437,9 +444,10 @@ int tp__life_args(const tp__life *L, tp_fn fn, const tp_task_opts *opts, tp__adm
     const char *explicit_log = NULL;
     if (opts) {
         if (opts->user && opts->user[0]) {
+            /* the name is read once: its length checked and its hash taken */
+            a->user_len = tp__users_scan(opts->user, &a->user_hash);
+            if (a->user_len > TP_USER_MAX) return TP_EINVAL;
             a->user = opts->user;
-            a->user_len = strlen(opts->user); /* at most TP_USER_MAX: checked above */
-            a->user_hash = tp__users_hash(a->user, a->user_len);
         }
         if (opts->run_timeout_ns) a->run_timeout = opts->run_timeout_ns;
         if (opts->deadline_ns) a->deadline = opts->deadline_ns;

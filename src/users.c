@@ -31,17 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-
 #define TP__USERS_CHUNK 32u
-
-uint32_t tp__users_hash(const char *name, size_t len) {
-    uint32_t h = 2166136261u;
-    for (size_t i = 0; i < len; i++) {
-        h ^= (unsigned char)name[i];
-        h *= 16777619u;
-    }
-    return h;
-}
 
 static int users_grow(tp__users *us, unsigned n) {
     void *at; /* entries start on a cache line, as records do (tasks.c) */

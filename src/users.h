@@ -66,7 +66,27 @@ typedef struct tp__users {
 
 int tp__users_init(tp__users *us, unsigned prealloc);
 void tp__users_fini(tp__users *us);
-uint32_t tp__users_hash(const char *name, size_t len);
+/* A name's hash (FNV-1a over its `len` bytes). */
+static inline uint32_t tp__users_hash(const char *name, size_t len) {
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < len; i++) {
+        h ^= (unsigned char)name[i];
+        h *= 16777619u;
+    }
+    return h;
+}
+/* A submitted name, read once: its length, or TP_USER_MAX + 1 when it is
+ * longer (then *hash is meaningless), and its hash (tp__users_hash). */
+static inline size_t tp__users_scan(const char *name, uint32_t *hash) {
+    uint32_t h = 2166136261u;
+    size_t n = 0;
+    for (; n <= TP_USER_MAX && name[n]; n++) {
+        h ^= (unsigned char)name[n];
+        h *= 16777619u;
+    }
+    *hash = h;
+    return n;
+}
 /* The entry of `name`, live or idle (count 0), or NULL. */
 tp__user *tp__users_find(const tp__users *us, const char *name, size_t len, uint32_t h);
 /* Take one slot for `name`; `found` is what tp__users_find() returned for it

@@ -169,6 +169,30 @@ static void test_users_max_length_name(void **state) {
     tp__users_fini(&us);
 }
 
+/* tp__users_scan reads a submitted name once: its length up to TP_USER_MAX,
+ * TP_USER_MAX + 1 for anything longer (without reading past that), and the
+ * hash tp__users_hash gives. */
+static void test_users_scan(void **state) {
+    (void)state;
+    char name[TP_USER_MAX + 8];
+    uint32_t h = 0;
+    assert_int_equal(tp__users_scan("alice", &h), 5);
+    assert_int_equal(h, tp__users_hash("alice", 5));
+    assert_int_equal(tp__users_scan("", &h), 0);
+    assert_int_equal(h, tp__users_hash("", 0));
+    memset(name, 'u', TP_USER_MAX);
+    name[TP_USER_MAX] = '\0';
+    assert_int_equal(tp__users_scan(name, &h), TP_USER_MAX);
+    assert_int_equal(h, tp__users_hash(name, TP_USER_MAX));
+    /* one byte too long: the scan stops at TP_USER_MAX + 1 (no terminator
+     * needed after it) */
+    char *tight = malloc(TP_USER_MAX + 1);
+    assert_non_null(tight);
+    memset(tight, 'v', TP_USER_MAX + 1);
+    assert_int_equal(tp__users_scan(tight, &h), TP_USER_MAX + 1);
+    free(tight);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         TPT_TEST(test_users_count_and_release),
@@ -176,6 +200,7 @@ int main(void) {
         TPT_TEST(test_users_idle_entry_keeps_weight),
         TPT_TEST(test_users_churn_bounded),
         TPT_TEST(test_users_max_length_name),
+        TPT_TEST(test_users_scan),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
