@@ -1095,6 +1095,8 @@ TP_API int tp_cq_drain(tp_cq *cq, unsigned max);
  * tp_cq_wait -- block until at least one completion waits in `cq`, or
  * `timeout_ns` passes (0 -> return at once; TP_FOREVER -> no limit). It runs
  * nothing: call tp_cq_drain() after it. For threads without an event loop.
+ * Only a call that sleeps asks the next completion to wake it: a poll (0), or
+ * a call that finds one waiting, leaves the workers' pushes lock-free.
  * Since 1.2.
  *   TP_OK (a completion waits, possibly already taken by another drainer);
  *   TP_ETIMEDOUT; TP_EINVAL (cq NULL).

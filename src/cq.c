@@ -167,7 +167,7 @@ static bool ask_slow(tp_cq *cq, uint64_t t) {
 int tp_cq_create(tp_cq **out, unsigned capacity) {
     if (!out || capacity == 0 || capacity > TP_MAX_QUEUE_CAPACITY) return TP_EINVAL;
     void *mem;
-    tp_cq *cq = (tp_cq *)tp__calloc_lines(1, sizeof *cq, &mem);
+    tp_cq *cq = (tp_cq *)tp__calloc_big(1, sizeof *cq, &mem);
     if (!cq) return TP_ENOMEM;
     cq->mem = mem;
     cq->capacity = capacity;
@@ -252,14 +252,17 @@ int tp_cq_wait(tp_cq *cq, uint64_t timeout_ns) {
     tp__mutex_lock(&cq->mu);
     cq->waiters++;
     for (;;) {
-        /* a push that takes its ticket from now on sees LOOK and wakes us;
-         * one that took it already is asked through its slot */
-        uint64_t w = atomic_fetch_or(&cq->word, TP__CQ_LOOK);
         if (published(cq, cq->head)) break;
         if (deadline != TP_FOREVER && tp_now_ns() >= deadline) {
             rc = TP_ETIMEDOUT;
             break;
         }
+        /* About to sleep (only then: a poll, or a wait that finds a
+         * completion, leaves the next push its fast way): a push that takes
+         * its ticket from now on sees LOOK and wakes us; one that took it
+         * already is asked through its slot. */
+        uint64_t w = atomic_fetch_or(&cq->word, TP__CQ_LOOK);
+        if (published(cq, cq->head)) break;
         if (taken_beyond_head(cq, w) > 0 && !ask_slow(cq, cq->head)) continue; /* published meanwhile */
         tp__mutex_wait(&cq->mu, &cq->cv, deadline);
     }
@@ -319,6 +322,7 @@ static tp__slot *slot_fill(tp_cq *cq, uint64_t t, tp_done_fn fn, void *arg, int 
 
 #if defined(TP__DEBUG)
 _Atomic(tp__cq_test_hook) tp__test_cq_ticket_taken; /* cq.h */
+_Atomic unsigned long tp__test_cq_slow_pushes;      /* cq.h */
 #endif
 
 void tp__cq_push(tp_cq *cq, tp_done_fn fn, void *arg, int status) {
@@ -334,8 +338,12 @@ void tp__cq_push(tp_cq *cq, tp_done_fn fn, void *arg, int status) {
         if (atomic_compare_exchange_strong_explicit(&sl->seq, &seq, t << 2 | SLOT_FULL, memory_order_release,
                                                     memory_order_relaxed))
             return; /* published; nothing of cq is touched after it */
-        /* SLOT_FREE_WAKE: asked to take the slow way; not published yet */
+        /* SLOT_FREE_WAKE: asked to take the slow way; not published yet.
+         * Whoever asked set LOOK too (under the lock, after this ticket was
+         * taken): this push wakes them, so it clears LOOK as the other slow
+         * way does, and the next push goes the fast way. */
         tp__mutex_lock(&cq->mu);
+        atomic_fetch_and(&cq->word, ~(uint64_t)TP__CQ_LOOK);
     } else {
         /* The slow way (see the top of the file). */
         tp__mutex_lock(&cq->mu);
@@ -343,6 +351,9 @@ void tp__cq_push(tp_cq *cq, tp_done_fn fn, void *arg, int status) {
         slot_fill(cq, t, fn, arg, status);
     }
     atomic_store_explicit(&slot_of(cq, t)->seq, t << 2 | SLOT_FULL, memory_order_release);
+#if defined(TP__DEBUG)
+    atomic_fetch_add(&tp__test_cq_slow_pushes, 1);
+#endif
     if (!cq->woken) {
         cq->woken = true;
         fd_wake(cq);

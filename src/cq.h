@@ -59,6 +59,9 @@ void tp__cq_wake_closed(tp__cq_waiter *w);
  * hold a push under way while it drains or waits. */
 typedef void (*tp__cq_test_hook)(tp_cq *cq);
 extern _Atomic(tp__cq_test_hook) tp__test_cq_ticket_taken;
+/* Pushes that took the slow way (the queue's lock), for tests that check a
+ * push goes the fast way when nobody needs waking. */
+extern _Atomic unsigned long tp__test_cq_slow_pushes;
 #endif
 
 #endif /* TP_CQ_H */

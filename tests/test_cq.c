@@ -940,6 +940,7 @@ static void test_push_under_way_when_drained(void **state) {
             tpt_sleep_ns(TPT_MS(20)); /* (not needed for the check: gives it time to sleep) */
             assert_false(atomic_load(&w.done));
         }
+        unsigned long slow = atomic_load(&tp__test_cq_slow_pushes);
         atomic_store(&held_go, 1);
         wait_completed(p, ++completed);
         if (th) {
@@ -947,13 +948,65 @@ static void test_push_under_way_when_drained(void **state) {
             assert_int_equal(atomic_load(&w.rc), TP_OK);
         }
         if (!readable(q)) fail_msg("round %d: A's completion waits, the descriptor is quiet", round);
-        assert_int_equal(drain(q, 0), 1);
+        /* A took the slow way and woke the descriptor: the next push (B,
+         * with A's completion still waiting) has nobody to wake and goes the
+         * fast way -- A cleared the LOOK its asker set. */
+        assert_int_equal(submit_rec(p, q, 2, NULL), TP_OK); /* B */
+        wait_completed(p, ++completed);
+        assert_int_equal(atomic_load(&tp__test_cq_slow_pushes) - slow, 1);
+        assert_int_equal(drain(q, 0), 2);
         assert_false(readable(q));
     }
     atomic_store(&tp__test_cq_ticket_taken, (tp__cq_test_hook)NULL);
     held_q = NULL;
     assert_int_equal(atomic_load(&R[0].calls), 2);
     assert_int_equal(atomic_load(&R[1].calls), 2);
+    assert_int_equal(atomic_load(&R[2].calls), 2);
+    tpt_finish(p);
+    cq_free(q);
+#else
+    (void)f;
+    skip();
+#endif
+}
+
+/*
+ * A poll (tp_cq_wait with a 0 timeout), or a wait that finds a completion
+ * waiting, does not sleep, so it asks no push to wake it: the next push goes
+ * the fast way (no lock of the queue). Only a push that must wake something
+ * takes the slow way: the first after a drain that took everything (the
+ * descriptor is quiet), or one a sleeping tp_cq_wait asked. Counted by the
+ * debug builds' tp__test_cq_slow_pushes; one worker, so pushes come one at
+ * a time and each is counted before its task (wait_completed).
+ */
+static void test_poll_leaves_push_fast(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+#if defined(TP__DEBUG)
+    tp_cq *q = cq_new(8);
+    tp_pool *p = tpt_quiet_pool(f, 1, 16, TP_UNLIMITED);
+    uint64_t completed = 0;
+    for (int round = 0; round < 3; round++) {
+        /* quiet descriptor: the first push wakes it, the slow way */
+        assert_int_equal(tp_cq_wait(q, 0), TP_ETIMEDOUT);
+        unsigned long slow = atomic_load(&tp__test_cq_slow_pushes);
+        assert_int_equal(submit_rec(p, q, 3 * round, NULL), TP_OK);
+        wait_completed(p, ++completed);
+        assert_int_equal(atomic_load(&tp__test_cq_slow_pushes) - slow, 1);
+        assert_true(readable(q));
+        /* polls that find it waiting: the next pushes need wake nobody */
+        for (int i = 1; i < 3; i++) {
+            assert_int_equal(tp_cq_wait(q, 0), TP_OK);
+            assert_int_equal(tp_cq_wait(q, TPT_MS(1)), TP_OK);
+            assert_int_equal(submit_rec(p, q, 3 * round + i, NULL), TP_OK);
+            wait_completed(p, ++completed);
+            if (atomic_load(&tp__test_cq_slow_pushes) - slow != 1)
+                fail_msg("round %d: push %d after a poll that found a completion took the slow way", round,
+                         i);
+        }
+        assert_int_equal(drain(q, 0), 3);
+        assert_false(readable(q));
+    }
+    for (int i = 0; i < 9; i++) assert_int_equal(atomic_load(&R[i].calls), 1);
     tpt_finish(p);
     cq_free(q);
 #else
@@ -1613,6 +1666,7 @@ int main(void) {
         CQ_TEST(test_several_drainers),
         CQ_TEST(test_event_loop_drainer_and_racing_pushes),
         CQ_TEST(test_push_under_way_when_drained),
+        CQ_TEST(test_poll_leaves_push_fast),
         CQ_TEST(test_drainers_finishing_out_of_order),
         CQ_TEST(test_nested_drain_then_submit),
         CQ_TEST(test_on_done_resubmits_its_user),
