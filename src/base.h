@@ -230,8 +230,9 @@ static inline void *tp__big_place(void *raw, size_t len, size_t align) {
     return (void *)at;
 }
 
-/* `n` zeroed items of `size` bytes, on a cache line (2 MiB when large);
- * *raw receives what to free. NULL when out of memory. */
+/* `n` zeroed items of `size` bytes, on a cache line (2 MiB when large): the
+ * pool, a queue, per-worker lines that must not share one, rings; *raw
+ * receives what to free. NULL when out of memory (or n * size overflows). */
 static inline void *tp__calloc_big(size_t n, size_t size, void **raw) {
     if (size && n > (SIZE_MAX - TP__HUGE) / size) return *raw = NULL;
     size_t len = n * size;
@@ -266,15 +267,6 @@ static inline tp__chunk *tp__chunk_new(tp__chunk **list, size_t n, size_t size, 
     c->n = n;
     *items = c->items;
     return c;
-}
-
-/* `n` zeroed items of `size` bytes on a cache-line boundary (per-thread
- * counters that must not share a line): calloc with room to align; *raw
- * receives what to free. NULL when out of memory. */
-static inline void *tp__calloc_lines(size_t n, size_t size, void **raw) {
-    *raw = calloc(1, n * size + 63);
-    if (!*raw) return NULL;
-    return (void *)(((uintptr_t)*raw + 63) & ~(uintptr_t)63);
 }
 
 static inline void tp__chunks_free(tp__chunk **list) {

@@ -942,10 +942,9 @@ static int make_sync(tp_pool *p) {
 int tp__engine_start(tp_pool *p) {
     p->waiting.svc_next = TP_FOREVER;
     p->shut.deadline = TP_FOREVER;
-    p->wk.workers =
-        (tp__worker *)tp__calloc_lines(p->cfg.max_workers, sizeof(tp__worker), &p->wk.workers_mem);
+    p->wk.workers = (tp__worker *)tp__calloc_big(p->cfg.max_workers, sizeof(tp__worker), &p->wk.workers_mem);
     p->wk.hist = tp__hist_alloc(p->cfg.max_workers); /* the latency histograms: one shard per slot */
-    p->wk.runs = (tp__st_runs *)tp__calloc_lines(p->cfg.max_workers, sizeof(tp__st_runs), &p->wk.runs_mem);
+    p->wk.runs = (tp__st_runs *)tp__calloc_big(p->cfg.max_workers, sizeof(tp__st_runs), &p->wk.runs_mem);
     if (!p->wk.workers || !p->wk.hist || !p->wk.runs) return TP_ENOMEM;
     for (unsigned i = 0; i < p->cfg.max_workers; i++) {
         p->wk.workers[i].pool = p;

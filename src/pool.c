@@ -128,7 +128,7 @@ int tp_create(tp_pool **out, const tp_config *cfg) {
     tp__hclk_init(); /* the histograms' clock, once per process (clock.h) */
     /* On a cache-line boundary, as its layout assumes (calloc gives 16 bytes) */
     void *mem;
-    tp_pool *p = (tp_pool *)tp__calloc_lines(1, sizeof *p, &mem);
+    tp_pool *p = (tp_pool *)tp__calloc_big(1, sizeof *p, &mem);
     if (!p) return TP_ENOMEM;
     p->mem = mem;
     int rc = resolve_config(&p->cfg, cfg);

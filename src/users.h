@@ -66,24 +66,21 @@ typedef struct tp__users {
 
 int tp__users_init(tp__users *us, unsigned prealloc);
 void tp__users_fini(tp__users *us);
+/* FNV-1a, one byte at a time, from TP__FNV_BASIS. */
+#define TP__FNV_BASIS 2166136261u
+static inline uint32_t tp__fnv_step(uint32_t h, char c) { return (h ^ (unsigned char)c) * 16777619u; }
 /* A name's hash (FNV-1a over its `len` bytes). */
 static inline uint32_t tp__users_hash(const char *name, size_t len) {
-    uint32_t h = 2166136261u;
-    for (size_t i = 0; i < len; i++) {
-        h ^= (unsigned char)name[i];
-        h *= 16777619u;
-    }
+    uint32_t h = TP__FNV_BASIS;
+    for (size_t i = 0; i < len; i++) h = tp__fnv_step(h, name[i]);
     return h;
 }
 /* A submitted name, read once: its length, or TP_USER_MAX + 1 when it is
  * longer (then *hash is meaningless), and its hash (tp__users_hash). */
 static inline size_t tp__users_scan(const char *name, uint32_t *hash) {
-    uint32_t h = 2166136261u;
+    uint32_t h = TP__FNV_BASIS;
     size_t n = 0;
-    for (; n <= TP_USER_MAX && name[n]; n++) {
-        h ^= (unsigned char)name[n];
-        h *= 16777619u;
-    }
+    for (; n <= TP_USER_MAX && name[n]; n++) h = tp__fnv_step(h, name[n]);
     *hash = h;
     return n;
 }
