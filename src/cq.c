@@ -26,7 +26,8 @@
  * Wake-ups. A push takes the slow way when its ticket came with LOOK set, or
  * when its slot says SLOT_FREE_WAKE as it publishes (it publishes with a
  * compare-and-swap from SLOT_FREE): under the queue's lock it clears LOOK
- * (the first case), publishes, and wakes the descriptor if it is quiet
+ * (in both cases: it wakes whoever set it, who looks again and sets it
+ * again if it must sleep on), publishes, and wakes the descriptor if it is quiet
  * (`woken` false) and tp_cq_wait callers if any wait. Every other push takes
  * no lock and touches nothing of the queue after its publishing swap -- so a
  * tp_cq_destroy that finds every place given back never frees a queue a push
