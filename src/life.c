@@ -437,10 +437,22 @@ int tp__life_args_check(tp_fn fn, const tp_task_opts *opts) {
 int tp__life_args(const tp__life *L, tp_fn fn, const tp_task_opts *opts, tp__admit_args *a) {
     int rc = args_check_but_user(fn, opts);
     if (rc != TP_OK) return rc;
-    memset(a, 0, sizeof *a);
+    /* Field by field: compilers make a memset (or a compound literal) of
+     * this size a string instruction (rep stos), whose start-up cost the
+     * submitter more per task than these stores (docs/performance.md). */
+    a->group = NULL;
     a->fn = fn;
+    a->on_done = NULL;
+    a->cq = NULL;
     a->run_timeout = L->cfg.run_timeout;
     a->deadline = TP_FOREVER;
+    a->user = NULL;
+    a->user_len = 0;
+    a->user_hash = 0;
+    a->prio = 0;
+    a->log_src = NULL;
+    a->log_len = 0;
+    a->now = 0;
     const char *explicit_log = NULL;
     if (opts) {
         if (opts->user && opts->user[0]) {

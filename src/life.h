@@ -68,6 +68,9 @@ typedef struct tp__admit_args {
     size_t log_len;
     uint64_t now; /* clock.h stamp just before admission, where the queue wait starts; 0: take it now */
 } tp__admit_args;
+/* tp__life_args sets every field one by one (life.c): a new field must be
+ * set there too, which this size check recalls on LP64 targets. */
+_Static_assert(sizeof(void *) != 8 || sizeof(tp__admit_args) == 96, "a new field: set it in tp__life_args");
 
 /* The state of a pool's tasks. life.c owns every field. */
 typedef struct tp__life {
