@@ -2738,7 +2738,9 @@ static void cq_bounds(int k, int *lo, int *hi, bool *known) {
 
 static bool cq_readable(const fz_cq *C) {
     struct pollfd pf = {tp_cq_fd(C->q), POLLIN, 0};
-    int n = poll(&pf, 1, 0);
+    int n;
+    do n = poll(&pf, 1, 0); /* a signal (libFuzzer's timers) may interrupt even a 0 timeout */
+    while (n < 0 && errno == EINTR);
     CHECK(n >= 0, "poll on tp_cq_fd failed: %s", strerror(errno));
     return n == 1 && (pf.revents & POLLIN);
 }
