@@ -281,9 +281,12 @@ typedef struct tp_config {
 /*
  * tp_create -- make a pool and start its `workers` threads and service thread.
  *   out: receives the pool; written only on TP_OK. cfg: NULL -> all defaults.
- *   Blocks only while threads start, and the first call of a process for
- *   about 1 ms more (it reads /proc/cpuinfo and calibrates the latency
- *   histograms' clock against CLOCK_MONOTONIC, section 12). Thread-safe.
+ *   Blocks only while threads start, while it touches the memory of a full
+ *   queue (about 220 bytes per task of queue_capacity + max_workers; see
+ *   tp_submit, "Memory": a few ms for 100,000 tasks), and the first call of
+ *   a process for about 1 ms more (it reads /proc/cpuinfo and calibrates the
+ *   latency histograms' clock against CLOCK_MONOTONIC, section 12).
+ *   Thread-safe.
  *   TP_OK; TP_EINVAL (out NULL, a value out of range, max_workers < workers
  *   after defaults are resolved, name too long, a reserved word not zero,
  *   sched not a TP_SCHED_* value, low_prio_max_running > max_workers,
@@ -408,14 +411,20 @@ typedef struct tp_task_opts {
  *   Memory: a task that ended without running and has an on_done keeps its
  *   record until the service thread has run that on_done. Records for
  *   4 x (queue_capacity + max_workers) + 64 tasks are preallocated (at most
- *   16384); a cancel storm that outruns the service thread grows them in
- *   chunks, kept for reuse (a failed allocation refuses with TP_ENOMEM). A
+ *   16384, but never fewer than queue_capacity + max_workers + 64: a full
+ *   pool never allocates); a cancel storm that outruns the service thread
+ *   grows them in chunks, kept for reuse (a failed allocation refuses with
+ *   TP_ENOMEM). A
  *   hard cap of queue_capacity + max_workers + max(3 x that, 65536) records
  *   bounds memory if the service thread is stuck in a blocking on_done: past
  *   it, tp_submit refuses with TP_EFULL even below queue_capacity
  *   (tp_submit_wait waits). Both refusals are counted in rejected_full.
  *   Arrays of 2 MiB or more (the ring, grown records, the id index) are
  *   2 MiB-aligned and marked for transparent huge pages (madvise, a hint).
+ *   tp_create touches the preallocated records and the ring (about 192 +
+ *   16..32 bytes per task of queue_capacity + max_workers: 235 MB at
+ *   TP_MAX_QUEUE_CAPACITY), so that the first burst that fills the queue
+ *   takes no page fault under the pool lock.
  *   On TP_OK `arg` belongs to the pool until on_done(arg, status) and
  *   *id_out (if not NULL) holds the task id: unique in this pool, never 0.
  *   A deadline already passed is accepted; the task then expires unrun.

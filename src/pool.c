@@ -33,7 +33,7 @@
 
 #include "group.h"
 
-#define TP__PREALLOC_MAX 16384u /* records made at create, at most (~5 MB) */
+#define TP__PREALLOC_MAX 16384u /* records made at create beyond a full pool's, at most (~5 MB) */
 #define TP__RECORD_SLACK 65536u /* records for ended tasks awaiting on_done, at least */
 #define TP__STARVE_LIMIT 16u    /* prio_starve_limit's default */
 
@@ -100,8 +100,11 @@ static void pool_free(tp_pool *p) {
  * (cancelled, dropped, expired) and have an on_done keep theirs until the
  * service thread has run it. Four pools' worth is preallocated (up to a
  * size), which covers a service thread lagging behind ordinary cancellations,
- * so steady state allocates nothing; a cancel storm that outruns the service
- * thread grows records in chunks (kept for reuse). A hard cap far above that
+ * so steady state allocates nothing; and never less than a full pool's worth,
+ * so that a burst that fills a large queue for the first time allocates
+ * nothing and takes no page fault under the pool lock (the records are
+ * touched here; the ring's pages too, ring.h). A cancel storm that outruns
+ * the service thread grows records in chunks (kept for reuse). A hard cap far above that
  * keeps memory bounded if the service thread is stuck (an on_done that
  * blocks): admission then refuses (TP_EFULL; tp_submit_wait waits) rather
  * than grow without end. */
@@ -110,6 +113,7 @@ static int make_life(tp_pool *p) {
     unsigned full = c->capacity + c->max_workers;
     unsigned slack = 3 * full > TP__RECORD_SLACK ? 3 * full : TP__RECORD_SLACK;
     unsigned prealloc = 4 * full + 64 < TP__PREALLOC_MAX ? 4 * full + 64 : TP__PREALLOC_MAX;
+    if (prealloc < full + 64) prealloc = full + 64; /* a full pool never grows */
     tp__life_cfg lc = {.capacity = c->capacity,
                        .max_per_user = c->max_per_user,
                        .max_retries = c->max_retries,

@@ -14,7 +14,10 @@
  * (or the tail) costs O(1), any other O(min(distance to either end)).
  *
  * No locking and no allocation after init (a large ring starts on a huge
- * page: base.h, large arrays): the pool lock guards every call.
+ * page: base.h, large arrays), and no page fault either: init touches every
+ * slot, as the first lap would, so that a burst filling the queue for the
+ * first time does not fault under the pool lock. The pool lock guards every
+ * call.
  * The pool sizes it for queue_capacity + max_workers, the most tasks that can
  * ever be queued at once (a failed attempt may enter the retry wait, and later
  * the queue, while the queue is full; see pool.c).
@@ -27,6 +30,7 @@
 
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "base.h"
 #include "task.h"
@@ -49,6 +53,7 @@ static inline int tp__ring_init(tp__ring *r, uint32_t n) {
     uint32_t size = 1;
     while (size < n) size <<= 1;
     r->slots = (tp__ring_slot *)tp__calloc_big(size, sizeof *r->slots, &r->raw);
+    if (r->slots) memset(r->slots, 0, (size_t)size * sizeof *r->slots); /* touched now (see above) */
     r->mask = size - 1;
     r->head = r->tail = 0;
     return r->slots ? 0 : -1;

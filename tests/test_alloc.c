@@ -8,7 +8,8 @@
  * (users, on_done, explicit / inherited / generated log ids, a retry, the
  * cancel fd); then, armed, 10000 tasks of every kind go through submit -> run
  * -> on_done, and the count must be 0. So must group members (submit into a
- * group, wait, cancel on error, tp_group_cancel).
+ * group, wait, cancel on error, tp_group_cancel), and the first fill of a
+ * queue of 20000 tasks.
  *
  * The counting must not silently stop working: the checks are skipped only
  * where something else is known to own malloc -- a sanitizer (ASan/TSan/MSan:
@@ -248,6 +249,37 @@ static void test_alloc_zero_with_cancels(void **state) {
     assert_true(s.cancelled > 0 && s.expired > 0);
 }
 
+/* A queue of more than 16384 tasks (the cap on the four pools' worth of
+ * records made at create): its first fill allocates nothing either
+ * (taskpool.h, tp_submit, "Memory": tp_create makes at least a full pool's
+ * records). The one worker is held on a latch, so every admitted task waits
+ * in the queue at once. */
+static void test_alloc_none_filling_a_large_queue(void **state) {
+    enum { CAP = 20000 };
+    tpt_fixture *f = tpt_fx(state);
+    if (!tpt_alloc_counting_or_skip()) return;
+    tp_pool *p = tpt_quiet_pool(f, 1, CAP, TP_UNLIMITED);
+    tpt_latch *gate = tpt_fx_latch(f);
+    assert_int_equal(tp_submit(p, tpt_block_task, gate, NULL, NULL), TP_OK);
+    TPT_EVENTUALLY(tpt_stats(p).active == 1);
+
+    tpt_alloc_arm();
+    long refused = 0;
+    for (int i = 0; i < CAP; i++)
+        if (tp_submit(p, count_task, NULL, NULL, NULL) != TP_OK) refused++;
+    int over = tp_submit(p, count_task, NULL, NULL, NULL); /* one more: the queue is full */
+    tpt_alloc_disarm();
+    assert_int_equal(refused, 0);
+    assert_int_equal(over, TP_EFULL);
+    assert_int_equal(tpt_stats(p).queued, CAP);
+    tpt_alloc_assert_none("a first fill of a 20000-task queue");
+
+    tpt_latch_open(gate);
+    tp_stats s = tpt_finish(p);
+    assert_int_equal(s.completed, CAP + 1);
+    assert_int_equal(s.rejected_full, 1);
+}
+
 /* Group members in steady state: submitting into a group, waiting for it,
  * cancel on error cancelling queued members, tp_group_cancel -- nothing is
  * allocated per member (the group itself is made once, before). */
@@ -300,10 +332,9 @@ static void test_alloc_zero_per_group_member(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        TPT_TEST(test_alloc_interposer_counts),
-        TPT_TEST(test_alloc_zero_per_task),
-        TPT_TEST(test_alloc_zero_with_cancels),
-        TPT_TEST(test_alloc_zero_per_group_member),
+        TPT_TEST(test_alloc_interposer_counts),          TPT_TEST(test_alloc_zero_per_task),
+        TPT_TEST(test_alloc_zero_with_cancels),          TPT_TEST(test_alloc_zero_per_group_member),
+        TPT_TEST(test_alloc_none_filling_a_large_queue),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
