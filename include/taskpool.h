@@ -414,13 +414,13 @@ typedef struct tp_task_opts {
  *   16384, but never fewer than queue_capacity + max_workers + 64: a full
  *   pool never allocates); a cancel storm that outruns the service thread
  *   grows them in chunks, kept for reuse (a failed allocation refuses with
- *   TP_ENOMEM). A
- *   hard cap of queue_capacity + max_workers + max(3 x that, 65536) records
- *   bounds memory if the service thread is stuck in a blocking on_done: past
- *   it, tp_submit refuses with TP_EFULL even below queue_capacity
- *   (tp_submit_wait waits). Both refusals are counted in rejected_full.
- *   Arrays of 2 MiB or more (the ring, grown records, the id index) are
- *   2 MiB-aligned and marked for transparent huge pages (madvise, a hint).
+ *   TP_ENOMEM). A hard cap of queue_capacity + max_workers + max(3 x that,
+ *   65536) records bounds memory if the service thread is stuck in a
+ *   blocking on_done: past it, tp_submit refuses with TP_EFULL even below
+ *   queue_capacity (tp_submit_wait waits). Both refusals are counted in
+ *   rejected_full. Arrays of 2 MiB or more (the ring, the records, the id
+ *   index) are 2 MiB-aligned and marked for transparent huge pages
+ *   (madvise, a hint).
  *   tp_create touches the preallocated records and the ring (about 192 +
  *   16..32 bytes per task of queue_capacity + max_workers: 235 MB at
  *   TP_MAX_QUEUE_CAPACITY), so that the first burst that fills the queue
