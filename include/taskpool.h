@@ -969,8 +969,9 @@ TP_API int tp_metrics_format(tp_pool *const *pools, size_t n, int format, char *
  * lanes nor fair shares keeps 1.1's ring and its costs.
  *
  * Example, one worker, a fair pool (max_per_user at least 4), weights alice
- * 2 and bob 1, every task admitted while the worker is busy, in this order: a1 a2 a3 a4 (alice) b1 b2 (bob) n1 (no user), all priority 0,
- * then u1 (priority 2): the worker, once free, starts u1 first, then
+ * 2 and bob 1, every task admitted while the worker is busy, in this order:
+ * a1 a2 a3 a4 (alice) b1 b2 (bob) n1 (no user), all priority 0, then u1
+ * (priority 2): the worker, once free, starts u1 first, then
  * a1 a2 b1 n1 a3 a4 b2.
  */
 

@@ -33,7 +33,7 @@
 
 #include "group.h"
 
-#define TP__PREALLOC_MAX 16384u /* records made at create beyond a full pool's, at most (~5 MB) */
+#define TP__PREALLOC_MAX 16384u /* caps the four pools' worth made at create (~5 MB), not a full pool's */
 #define TP__RECORD_SLACK 65536u /* records for ended tasks awaiting on_done, at least */
 #define TP__STARVE_LIMIT 16u    /* prio_starve_limit's default */
 
@@ -104,10 +104,10 @@ static void pool_free(tp_pool *p) {
  * so that a burst that fills a large queue for the first time allocates
  * nothing and takes no page fault under the pool lock (the records are
  * touched here; the ring's pages too, ring.h). A cancel storm that outruns
- * the service thread grows records in chunks (kept for reuse). A hard cap far above that
- * keeps memory bounded if the service thread is stuck (an on_done that
- * blocks): admission then refuses (TP_EFULL; tp_submit_wait waits) rather
- * than grow without end. */
+ * the service thread grows records in chunks (kept for reuse). A hard cap
+ * far above that keeps memory bounded if the service thread is stuck (an
+ * on_done that blocks): admission then refuses (TP_EFULL; tp_submit_wait
+ * waits) rather than grow without end. */
 static int make_life(tp_pool *p) {
     const tp__config *c = &p->cfg;
     unsigned full = c->capacity + c->max_workers;
