@@ -1051,18 +1051,19 @@ TP_API int tp_lane_stats_get(tp_pool *p, int priority, tp_lane_stats *out);
  * and drain the queue itself. It runs as application code on the draining
  * thread: tp_log_id_get() there is that thread's own log id (the task's is
  * not carried over; pass it in `arg` if you need it), and tp_shutdown() and
- * friends work there as on any application thread. The places of the
- * completions a drain is running come back only after their on_done calls
- * (per chunk of up to 64), so an on_done that calls tp_submit_wait() bound
- * to its own full queue waits its whole budget: use tp_submit() there, and
- * retry after the drain.
+ * friends work there as on any application thread. A completion's place
+ * comes back as soon as its on_done has returned (the next on_done of the
+ * same drain may submit into it), not while it runs: so an on_done that
+ * calls tp_submit_wait() bound to its own full queue waits its whole budget
+ * unless another thread drains; use tp_submit() there, and retry after the
+ * drain.
  *
  * Cost: a worker queues a completion without a lock (an atomic add and a
  * store) and wakes the descriptor only when the queue goes from empty to
  * non-empty (wake-ups coalesce); a drain takes the queue's lock once per 64
  * completions it runs (it copies them out, then runs them without the lock),
- * and once more per 64 only while a tp_submit_wait() caller waits for a
- * place.
+ * and, only while a tp_submit_wait() caller waits for a place, once more per
+ * place it gives back.
  *
  * Thread-safety: every call may be made from any thread concurrently, except
  * tp_cq_destroy() (no call on the queue may run concurrently with it or
@@ -1096,7 +1097,9 @@ TP_API int tp_cq_fd(const tp_cq *cq);
  *   Never blocks (beyond the queue's lock and the on_done calls themselves).
  *   Several threads may drain one queue at once; each completion runs once.
  *   It may be called from inside an on_done it runs (that call drains what
- *   waits then). Completions that arrive while it runs wait for the next call.
+ *   waits then). Completions that arrive while it runs wait for the next
+ *   call, also when another drain took some of those that waited at its
+ *   start (it does not run later ones in their stead).
  *   >= 0, the number of on_done calls made (0..max); TP_EINVAL (cq NULL).
  */
 TP_API int tp_cq_drain(tp_cq *cq, unsigned max);

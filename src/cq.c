@@ -19,9 +19,11 @@
  * that wait empty (the completion that held the slot `capacity` tickets
  * earlier was copied out before its place came back), the seq makes it so
  * without an argument across two counters. The drain copies up to
- * TP__CQ_CHUNK completions at a time, runs them without the lock, gives their
- * places back, and goes on with the next chunk, up to what waited when it
- * began (or `max`); the copy is what makes several drainers safe.
+ * TP__CQ_CHUNK completions at a time, runs them without the lock, giving
+ * each one's place back as soon as its on_done returned, and goes on with
+ * the next chunk, up to the tickets that were taken when it began (at most
+ * `max`), even when another drainer took some of them meanwhile; the copy is
+ * what makes several drainers safe.
  *
  * Wake-ups. A push takes the slow way when its ticket came with LOOK set, or
  * when its slot says SLOT_FREE_WAKE as it publishes (it publishes with a
@@ -94,7 +96,7 @@ typedef struct tp__completion {
 #define TP__CQ_LOOK 1u /* bit 0 of `word`: the next push takes the slow way */
 
 /* Three cache lines, by who writes them per task: the places (the
- * submitter takes one per task; the drainer gives them back per chunk), the
+ * submitter takes one per task; the drainer gives each back), the
  * ticket word (the pushing worker, per task), the lock and the head (the
  * drainer, per chunk). */
 struct tp_cq {
@@ -203,19 +205,25 @@ static uint64_t taken_beyond_head(const tp_cq *cq, uint64_t word) { return (word
 int tp_cq_drain(tp_cq *cq, unsigned max) {
     if (!cq) return TP_EINVAL;
     tp__completion batch[TP__CQ_CHUNK];
-    /* What waits at the first take, at most `max`: completions that arrive
-     * later (an on_done may submit and wait for more) are the next call's,
-     * so one call runs a bounded number of on_done. */
-    unsigned done = 0, want = 0;
+    /* What waits at the first take, at most `max`: the tickets below `stop`.
+     * Completions that arrive later (an on_done may submit and wait for
+     * more) are the next call's, so one call runs a bounded number of
+     * on_done; and a ticket, not a count, bounds it: when another drainer
+     * (or one nested in an on_done) takes some of them meanwhile, this call
+     * does not make up for them with later ones. */
+    unsigned done = 0;
+    uint64_t stop = 0;
+    bool first = true;
     for (;;) {
         tp__mutex_lock(&cq->mu);
-        if (done == 0 && want == 0) {
+        if (first) {
             uint64_t taken = taken_beyond_head(cq, atomic_load_explicit(&cq->word, memory_order_relaxed));
             if (max != 0 && taken > max) taken = max;
-            want = (unsigned)taken; /* <= capacity: every ticket beyond head holds a place */
+            stop = cq->head + taken; /* taken <= capacity: every ticket beyond head holds a place */
+            first = false;
         }
-        unsigned k = want - done;
-        if (k > TP__CQ_CHUNK) k = TP__CQ_CHUNK;
+        uint64_t left = stop > cq->head ? stop - cq->head : 0;
+        unsigned k = left < TP__CQ_CHUNK ? (unsigned)left : TP__CQ_CHUNK;
         unsigned got = 0;
         for (; got < k && published(cq, cq->head + got); got++) {
             uint64_t t = cq->head + got;
@@ -237,11 +245,14 @@ int tp_cq_drain(tp_cq *cq, unsigned max) {
             } /* else it has just published: it waits, the descriptor says so */
         }
         tp__mutex_unlock(&cq->mu);
-        if (got == 0) break;
-        for (unsigned i = 0; i < got; i++) batch[i].fn(batch[i].arg, batch[i].status);
-        tp__cq_release(cq, got);
+        /* Each place comes back as soon as its own on_done has returned:
+         * the next on_done of this chunk may submit into it. */
+        for (unsigned i = 0; i < got; i++) {
+            batch[i].fn(batch[i].arg, batch[i].status);
+            tp__cq_release(cq, 1);
+        }
         done += got;
-        if (done >= want || got < k) break;
+        if (got < k || got == 0) break;
     }
     return (int)done;
 }

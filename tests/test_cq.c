@@ -1596,6 +1596,109 @@ static void test_drain_runs_only_what_waited_at_its_start(void **state) {
     }
 }
 
+/* A drain is bounded by the tickets taken when it began, not by their
+ * count: here its first on_done drains the rest of them itself (a nested
+ * drain), then lets 36 new completions in. The outer call must not run
+ * those in place of the ones the nested drain took: they are the next
+ * call's. (Two threads would do the same: a drain's later chunks start
+ * wherever the other drainer left the head.) */
+static atomic_int nb_calls, nb_new_in_outer, nb_nested, nb_depth;
+static tp_pool *nb_pool;
+static tp_cq *nb_q;
+static void nb_new_done(void *arg, int status) {
+    (void)arg;
+    (void)status;
+    atomic_fetch_add(&nb_calls, 1);
+    if (atomic_load(&nb_depth) == 1) atomic_fetch_add(&nb_new_in_outer, 1);
+}
+static void nb_done(void *arg, int status) {
+    (void)arg;
+    (void)status;
+    if (atomic_fetch_add(&nb_calls, 1) != 0) return;
+    atomic_fetch_add(&nb_depth, 1);
+    atomic_store(&nb_nested, tp_cq_drain(nb_q, 0)); /* the 36 beyond the outer call's first chunk */
+    atomic_fetch_sub(&nb_depth, 1);
+    uint64_t before = tpt_stats(nb_pool).completed;
+    tp_task_opts o = {0};
+    o.cq = nb_q;
+    o.on_done = nb_new_done;
+    for (int i = 0; i < 36; i++) assert_int_equal(tp_submit(nb_pool, tpt_nop_task, NULL, &o, NULL), TP_OK);
+    TPT_EVENTUALLY(tpt_stats(nb_pool).completed == before + 36); /* queued: counted after */
+}
+
+static void test_drain_bounded_by_tickets_not_count(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    const unsigned maxes[] = {0, 80, 100};
+    for (unsigned m = 0; m < sizeof maxes / sizeof maxes[0]; m++) {
+        nb_q = cq_new(256);
+        nb_pool = tpt_quiet_pool(f, 2, 256, TP_UNLIMITED);
+        atomic_store(&nb_calls, 0);
+        atomic_store(&nb_new_in_outer, 0);
+        tp_task_opts o = {0};
+        o.cq = nb_q;
+        o.on_done = nb_done;
+        for (int i = 0; i < 100; i++)
+            assert_int_equal(tp_submit(nb_pool, tpt_nop_task, NULL, &o, NULL), TP_OK);
+        wait_completed(nb_pool, 100);
+        atomic_store(&nb_depth, 1);
+        assert_int_equal(tp_cq_drain(nb_q, maxes[m]), 64); /* its first chunk, no more */
+        atomic_store(&nb_depth, 0);
+        assert_int_equal(atomic_load(&nb_nested), 36);
+        assert_int_equal(atomic_load(&nb_new_in_outer), 0);
+        assert_int_equal(tp_cq_drain(nb_q, 0), 36);
+        assert_int_equal(tp_cq_drain(nb_q, 0), 0);
+        assert_int_equal(atomic_load(&nb_calls), 136);
+        tpt_finish(nb_pool);
+        cq_free(nb_q);
+    }
+}
+
+/* A place comes back as soon as its own on_done has returned, within one
+ * drain: with two places, the second on_done of a drain finds the first's
+ * place free; the first on_done, whose own place is still taken, finds
+ * none. */
+static tp_pool *pb_pool;
+static tp_cq *pb_q;
+static atomic_int pb_calls, pb_rc[2], pb_later;
+static void pb_later_done(void *arg, int status) {
+    (void)arg;
+    (void)status;
+    atomic_fetch_add(&pb_later, 1);
+}
+static void pb_done(void *arg, int status) {
+    (void)arg;
+    (void)status;
+    int k = atomic_fetch_add(&pb_calls, 1);
+    if (k > 1) return;
+    tp_task_opts o = {0};
+    o.cq = pb_q;
+    o.on_done = pb_later_done;
+    o.user = "pb";
+    atomic_store(&pb_rc[k], tp_submit(pb_pool, tpt_nop_task, NULL, &o, NULL));
+}
+
+static void test_place_back_after_each_on_done(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    pb_q = cq_new(2);
+    pb_pool = tpt_quiet_pool(f, 1, 16, 2);
+    tp_task_opts o = {0};
+    o.cq = pb_q;
+    o.on_done = pb_done;
+    o.user = "pb";
+    assert_int_equal(tp_submit(pb_pool, tpt_nop_task, NULL, &o, NULL), TP_OK);
+    assert_int_equal(tp_submit(pb_pool, tpt_nop_task, NULL, &o, NULL), TP_OK);
+    wait_completed(pb_pool, 2);
+    assert_int_equal(tp_cq_drain(pb_q, 0), 2);
+    assert_int_equal(atomic_load(&pb_rc[0]), TP_EFULL); /* its own place and the second's: taken */
+    assert_int_equal(atomic_load(&pb_rc[1]), TP_OK);    /* the first's place: back */
+    wait_completed(pb_pool, 3);
+    assert_int_equal(tp_cq_drain(pb_q, 0), 1);
+    assert_int_equal(atomic_load(&pb_later), 1);
+    tp_stats st = tpt_finish(pb_pool);
+    assert_int_equal(st.rejected_full, 1);
+    cq_free(pb_q);
+}
+
 /* ------------------------------------------------------------ allocations */
 
 static atomic_long za_done;
@@ -1676,6 +1779,8 @@ int main(void) {
         CQ_TEST(test_invalid_arguments),
         CQ_TEST(test_one_queue_two_pools),
         CQ_TEST(test_drain_runs_only_what_waited_at_its_start),
+        CQ_TEST(test_drain_bounded_by_tickets_not_count),
+        CQ_TEST(test_place_back_after_each_on_done),
         CQ_TEST(test_zero_alloc_per_task_with_cq),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
