@@ -41,6 +41,17 @@
  * Drain. lp_server_begin_drain() closes the pool (later WORK gets CLOSED)
  * and a client closes once nothing of it is in flight or unwritten. When
  * the last record is back, every task has ended and the pool stops at once.
+ *
+ * Lingering close. A server that closes a socket whose peer has sent more
+ * than it read (a client that pipelines requests past a protocol error or
+ * into a drain) makes the kernel answer with a reset, and a reset can
+ * destroy the replies at the peer before it read them: "written" only means
+ * handed to the kernel. So a close the client did not ask for (a protocol
+ * error, the drain) first ends the server's output (a FIN after the
+ * replies), then reads and drops input until the client closes too, for
+ * LINGER_NS at most (and, while draining, never past nine tenths of the
+ * drain's budget, so that a client that never closes cannot turn a drain
+ * into a forced one).
  */
 #include <assert.h>
 #include <pthread.h>
@@ -59,6 +70,9 @@
  * for the next loop iteration (the descriptor stays readable), so a burst
  * of answers cannot starve the sockets. */
 #define DRAIN_BATCH 256
+
+/* The longest lingering close (see the top of the file). */
+#define LINGER_NS (2 * SVC_NS_PER_S)
 
 struct lp_job {
     lp_client *client;   /* NULL while free */
@@ -273,7 +287,7 @@ static void handle_line(lp_client *c, const char *line, size_t len) {
 
 /* Parse the complete lines received, while the output has room. */
 static void process_lines(lp_client *c) {
-    while (!c->closing && !c->finish && !paused_by_output(c)) {
+    while (!c->closing && !c->finish && !c->lingering && !paused_by_output(c)) {
         char *line = c->in + c->in_off;
         size_t avail = c->in_len - c->in_off, len;
         char *nl = memchr(line, '\n', avail);
@@ -298,6 +312,22 @@ static void process_lines(lp_client *c) {
     c->in_off = 0;
 }
 
+/* Output ended (ops.half_close); input read and dropped until the peer
+ * closes, or until linger_until (lp_server_linger). */
+static void begin_linger(lp_client *c, const char *why) {
+    lp_server *s = c->srv;
+    uint64_t now = tp_now_ns();
+    c->linger_until = now + LINGER_NS;
+    if (s->draining) {
+        uint64_t end = s->drain_started_ns + s->cfg.shutdown_timeout_ns / 10 * 9;
+        if (end < c->linger_until) c->linger_until = end > now ? end : now;
+    }
+    c->lingering = true;
+    c->in_len = c->in_off = 0;
+    log_client("debug", "client_done", c, why);
+    s->ops.half_close(c);
+}
+
 /* After every change: pause or resume, parse, read or not, close when done. */
 static void refresh(lp_client *c) {
     lp_server *s = c->srv;
@@ -309,21 +339,23 @@ static void refresh(lp_client *c) {
         c->paused = true;
         s->n.paused++;
     }
-    /* After a protocol error input is still read, and dropped, until the
-     * answers are out: closing with unread input would send a reset that
-     * can destroy them at the peer. */
-    bool want = !c->eof && (c->finish || !c->paused);
+    /* Everything answered and written: close after end of input; after a
+     * protocol error or during the drain, close lingering (see the top of
+     * the file): output ends now, the socket closes at the peer's end of
+     * input or when the lingering runs out. */
+    bool done = c->inflight == 0 && c->out_len == 0 && (c->eof || c->finish || s->draining);
+    if (done && !c->eof && !c->lingering) begin_linger(c, c->finish ? "protocol error" : "drain");
+    /* After a protocol error, and while lingering, input is still read, and
+     * dropped: closing with unread input would send a reset that can
+     * destroy the answers at the peer. */
+    bool want = !c->eof && (c->finish || c->lingering || !c->paused);
     if (want != c->reading) {
         c->reading = want;
         s->ops.set_reading(c, want);
+        if (c->closing) return; /* the loop could not (lp_client_failed) */
     }
-    /* Everything answered and written: close after end of input, a
-     * protocol error, or during the drain. */
-    if (c->inflight == 0 && c->out_len == 0 && (c->eof || c->finish || s->draining)) {
-        log_client("debug", "client_done", c,
-                   c->eof      ? "end of input"
-                   : c->finish ? "protocol error"
-                               : "drain");
+    if (done && c->eof) {
+        if (!c->lingering) log_client("debug", "client_done", c, "end of input");
         close_now(c);
     }
 }
@@ -363,7 +395,7 @@ void lp_client_read_buf(lp_client *c, char **buf, size_t *len) {
 void lp_client_received(lp_client *c, size_t len) {
     if (c->closing) return;
     c->in_len += len;
-    if (c->finish) c->in_len = c->in_off = 0; /* see refresh() */
+    if (c->finish || c->lingering) c->in_len = c->in_off = 0; /* see refresh() */
     refresh(c);
 }
 
@@ -512,6 +544,20 @@ void lp_server_begin_drain(lp_server *s, const char *signal_name) {
     svc_log_end(&ev);
     /* closes the idle ones; close is deferred, so the list stays intact */
     for (lp_client *c = s->clients; c != NULL; c = c->next) refresh(c);
+}
+
+uint64_t lp_server_linger(lp_server *s, uint64_t now) {
+    uint64_t next = 0;
+    for (lp_client *c = s->clients; c != NULL; c = c->next) { /* close is deferred: the list stays intact */
+        if (!c->lingering || c->closing) continue;
+        if (now >= c->linger_until) {
+            log_client("debug", "client_linger_ended", c, NULL);
+            close_now(c);
+        } else if (next == 0 || c->linger_until < next) {
+            next = c->linger_until;
+        }
+    }
+    return next;
 }
 
 bool lp_server_drained(const lp_server *s) {

@@ -15,6 +15,10 @@
  * core is told then), so no event of the same epoll_wait() batch can meet a
  * freed client: an event for a closed one finds fd -1 and is skipped.
  *
+ * A close the client did not ask for lingers (core.c): op_half_close ends
+ * the output with shutdown(SHUT_WR), and the loop's timeout covers the
+ * earliest end of a lingering close (lp_server_linger).
+ *
  * Shutdown: on the signal the listener closes and the core drains
  * (lp_server_begin_drain); the loop ends when the core says drained (exit
  * 0), or when SHUTDOWN_TIMEOUT has passed (lp_server_force, exit 1).
@@ -88,6 +92,11 @@ static void op_close(lp_client *c) {
     e->fd = -1;
     e->next_closed = closed_list;
     closed_list = e;
+}
+
+static void op_half_close(lp_client *c) {
+    ep_client *e = (ep_client *)c;
+    if (e->fd >= 0) (void)shutdown(e->fd, SHUT_WR); /* on failure, the next read reports it */
 }
 
 static void op_release(lp_client *c) { free((ep_client *)c); }
@@ -165,6 +174,7 @@ static void on_client_event(ep_client *e, uint32_t events) {
 }
 
 static void on_listener(void) {
+    if (lfd < 0) return; /* closed by a signal earlier in this batch */
     for (int i = 0; i < 64; i++) {
         int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
@@ -236,7 +246,7 @@ int main(int argc, char **argv) {
     sfd = signalfd(-1, &term, SFD_NONBLOCK | SFD_CLOEXEC);
     ep = epoll_create1(EPOLL_CLOEXEC);
     if (sfd < 0 || ep < 0) return fatal("startup_failed", strerror(errno));
-    static const lp_ops ops = {op_want_write, op_set_reading, op_close, op_release};
+    static const lp_ops ops = {op_want_write, op_set_reading, op_close, op_half_close, op_release};
     char err[256];
     if (lp_server_init(&srv, &cfg, &ops, err, sizeof err) != 0) return fatal("startup_failed", err);
     if (add_fixed(lfd, &tag_listen) != 0 || add_fixed(sfd, &tag_signal) != 0 ||
@@ -244,13 +254,17 @@ int main(int argc, char **argv) {
         return fatal("startup_failed", strerror(errno));
     lp_server_log_listening(&srv, lfd, "epoll");
 
-    uint64_t deadline = 0;
+    uint64_t deadline = 0, linger_next = 0;
     bool forced = false;
     for (;;) {
         uint64_t now = tp_now_ns();
         int timeout = srv.draining ? ms_until(deadline, now) : -1;
         if (listen_resume_ns != 0) {
             int t = ms_until(listen_resume_ns, now);
+            if (timeout < 0 || t < timeout) timeout = t;
+        }
+        if (linger_next != 0) {
+            int t = ms_until(linger_next, now);
             if (timeout < 0 || t < timeout) timeout = t;
         }
         struct epoll_event evs[64];
@@ -280,6 +294,9 @@ int main(int argc, char **argv) {
             }
         }
         end_iteration();
+        /* after every change of this iteration (a flush may begin one) */
+        linger_next = lp_server_linger(&srv, tp_now_ns()); /* closes those whose time is up */
+        end_iteration();                                   /* and finishes those closes */
         if (listen_resume_ns != 0 && tp_now_ns() >= listen_resume_ns) {
             listen_resume_ns = 0;
             (void)add_fixed(lfd, &tag_listen);

@@ -30,7 +30,9 @@
  *   PING  -> PONG <n>
  *   STATS -> STATS <n> {json}  the server's counters
  *   anything else -> ERR <n> <reason>; a line longer than MAX_LINE bytes gets
- *   "ERR <n> line too long" and then the connection closes.
+ *   "ERR <n> line too long" and then the connection closes (lingering: the
+ *   server's output ends first, and what the client sends meanwhile is read
+ *   and dropped until it closes too, for 2 s at most; core.c).
  * A connection over MAX_CLIENTS gets "BUSY 0 too many clients" and is closed.
  * End of input (a half-close) means "no more requests": the work in flight is
  * answered, then the connection closes.
@@ -108,6 +110,9 @@ typedef struct lp_ops {
     /* Close the client's socket now. Its pending output is best effort. The
      * loop calls lp_client_closed() later, never from inside this call. */
     void (*close)(lp_client *c);
+    /* All output is written: end the sending side (shutdown(SHUT_WR), a FIN
+     * after the replies) and keep the socket open for reading. */
+    void (*half_close)(lp_client *c);
     /* Free the loop's structure that holds `c`: its socket is closed and no
      * request of it is in flight any more. `c` is not used after this. */
     void (*release)(lp_client *c);
@@ -127,12 +132,14 @@ struct lp_client {
     uint64_t seq; /* request lines seen */
     lp_job *jobs; /* requests in flight */
     unsigned inflight;
-    bool reading; /* what the loop was last told (set_reading) */
-    bool paused;  /* too much output unread: not parsing, not reading */
-    bool eof;     /* no more input: answer what is in flight, then close */
-    bool finish;  /* like eof, after a protocol error */
-    bool closing; /* ops.close was called */
-    bool closed;  /* lp_client_closed was called */
+    bool reading;          /* what the loop was last told (set_reading) */
+    bool paused;           /* too much output unread: not parsing, not reading */
+    bool eof;              /* no more input: answer what is in flight, then close */
+    bool finish;           /* like eof, after a protocol error */
+    bool lingering;        /* ops.half_close was called: input is read and dropped until the peer closes */
+    uint64_t linger_until; /* then closed at this time (tp_now_ns) at the latest */
+    bool closing;          /* ops.close was called */
+    bool closed;           /* lp_client_closed was called */
 };
 
 /* The server's counters (STATS and the final log line). */
@@ -188,6 +195,11 @@ void lp_server_log_listening(const lp_server *s, int lfd, const char *loop);
 /* SIGTERM: the loop has closed its listener; admission stops (WORK gets
  * CLOSED), idle clients close, the others once their work is answered. */
 void lp_server_begin_drain(lp_server *s, const char *signal_name);
+
+/* Close the clients whose lingering close (core.c, refresh) has run out of
+ * time. Returns the earliest time (tp_now_ns) at which another one will,
+ * 0 if none lingers: the loop must call again by then. */
+uint64_t lp_server_linger(lp_server *s, uint64_t now);
 
 /* Draining, and every client closed and every request freed. */
 bool lp_server_drained(const lp_server *s);

@@ -11,9 +11,11 @@
  *
  * Handles: the listener (a uv_tcp_t adopting the socket config.c made), the
  * uv_poll_t of the completion queue, a uv_signal_t each for SIGTERM and
- * SIGINT, the drain budget's uv_timer_t, a uv_prepare_t that ends the loop
- * once the drain is complete (it runs before each poll, so after the close
- * callbacks of the iteration before), and one uv_tcp_t per client. A
+ * SIGINT, the drain budget's uv_timer_t, a uv_prepare_t that ends lingering
+ * closes whose time is up (core.c; a uv_timer_t wakes the loop for the
+ * next one) and ends the loop once the drain is complete (it runs before
+ * each poll, so after the close callbacks of the iteration before), and one
+ * uv_tcp_t per client. A
  * client's output goes out of the core's ring with one uv_write() at a
  * time; libuv does not copy it, and the ring never overwrites bytes that a
  * write still holds (it only appends into free space).
@@ -31,7 +33,8 @@ typedef struct uv_client {
     lp_client c; /* first: the core's lp_client * is a uv_client * */
     uv_tcp_t tcp;
     uv_write_t wr;
-    size_t writing; /* bytes of the write in flight; 0: none */
+    uv_shutdown_t sh; /* op_half_close */
+    size_t writing;   /* bytes of the write in flight; 0: none */
 } uv_client;
 
 static uv_loop_t *loop;
@@ -39,7 +42,7 @@ static lp_server srv;
 static uv_tcp_t listener;
 static uv_poll_t cq_watch;
 static uv_signal_t sig_term, sig_int;
-static uv_timer_t budget;
+static uv_timer_t budget, linger_timer;
 static uv_prepare_t finisher;
 static bool forced, stopping;
 
@@ -134,6 +137,17 @@ static void op_close(lp_client *c) {
     uv_close((uv_handle_t *)&u->tcp, on_closed);
 }
 
+static void on_shutdown(uv_shutdown_t *req, int status) {
+    (void)req;
+    (void)status; /* a failure shows in the next read; UV_ECANCELED: closed meanwhile */
+}
+
+static void op_half_close(lp_client *c) {
+    uv_client *u = (uv_client *)c;
+    if (uv_is_closing((uv_handle_t *)&u->tcp)) return;
+    (void)uv_shutdown(&u->sh, (uv_stream_t *)&u->tcp, on_shutdown); /* after the writes in flight */
+}
+
 static void op_release(lp_client *c) { free((uv_client *)c); }
 
 /* ------------------------------------------------------------------ connections */
@@ -180,8 +194,9 @@ static void on_connection(uv_stream_t *server, int status) {
 static void stop_loop(void) {
     if (stopping) return;
     stopping = true;
-    uv_handle_t *hs[] = {(uv_handle_t *)&listener, (uv_handle_t *)&cq_watch, (uv_handle_t *)&sig_term,
-                         (uv_handle_t *)&sig_int,  (uv_handle_t *)&budget,   (uv_handle_t *)&finisher};
+    uv_handle_t *hs[] = {(uv_handle_t *)&listener,    (uv_handle_t *)&cq_watch, (uv_handle_t *)&sig_term,
+                         (uv_handle_t *)&sig_int,     (uv_handle_t *)&budget,   (uv_handle_t *)&finisher,
+                         (uv_handle_t *)&linger_timer};
     for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++)
         if (!uv_is_closing(hs[i])) uv_close(hs[i], NULL);
     /* uv_run() returns once the client handles have closed too */
@@ -203,8 +218,18 @@ static void on_signal(uv_signal_t *h, int signum) {
     lp_server_begin_drain(&srv, signum == SIGINT ? "SIGINT" : "SIGTERM");
 }
 
+static void on_linger(uv_timer_t *t) { (void)t; /* on_prepare runs next and closes them */ }
+
 static void on_prepare(uv_prepare_t *h) {
     (void)h;
+    if (stopping) return;
+    /* Lingering closes (core.c): those whose time is up close now; the
+     * timer keeps the loop from sleeping past the next one's. */
+    uint64_t now = tp_now_ns(), next = lp_server_linger(&srv, now);
+    if (next != 0)
+        uv_timer_start(&linger_timer, on_linger, (next - now + SVC_NS_PER_MS - 1) / SVC_NS_PER_MS, 0);
+    else
+        uv_timer_stop(&linger_timer);
     if (lp_server_drained(&srv)) stop_loop();
 }
 
@@ -227,7 +252,7 @@ int main(int argc, char **argv) {
     int rc = lp_startup(argc, argv, "taskpool-loop-uv", loop_name, &cfg, &lfd);
     if (rc >= 0) return rc;
     loop = uv_default_loop();
-    static const lp_ops ops = {op_want_write, op_set_reading, op_close, op_release};
+    static const lp_ops ops = {op_want_write, op_set_reading, op_close, op_half_close, op_release};
     char err[256];
     if (lp_server_init(&srv, &cfg, &ops, err, sizeof err) != 0) return fatal("startup_failed", err);
     if ((rc = uv_tcp_init(loop, &listener)) < 0 || (rc = uv_tcp_open(&listener, lfd)) < 0 ||
@@ -238,7 +263,8 @@ int main(int argc, char **argv) {
         (rc = uv_signal_start(&sig_term, on_signal, SIGTERM)) < 0 ||
         (rc = uv_signal_init(loop, &sig_int)) < 0 ||
         (rc = uv_signal_start(&sig_int, on_signal, SIGINT)) < 0 || (rc = uv_timer_init(loop, &budget)) < 0 ||
-        (rc = uv_prepare_init(loop, &finisher)) < 0 || (rc = uv_prepare_start(&finisher, on_prepare)) < 0)
+        (rc = uv_timer_init(loop, &linger_timer)) < 0 || (rc = uv_prepare_init(loop, &finisher)) < 0 ||
+        (rc = uv_prepare_start(&finisher, on_prepare)) < 0)
         return fatal("startup_failed", uv_strerror(rc));
     lp_server_log_listening(&srv, lfd, loop_name);
 

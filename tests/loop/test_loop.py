@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import random
+import select
 import selectors
 import shutil
 import signal
@@ -137,6 +138,46 @@ class Client:
         self.buf = bytearray()
         check(lines[-1] == "" or not whole, "a partial last line %r" % lines[-1])
         return lines[:-1]
+
+    def pipeline_until_eof(self, line, timeout=10):
+        """Keep sending `line` without pause while reading, until the server
+        closes. Returns (reply lines, "eof" or "reset"): a server that closes
+        with our requests unread makes its kernel send a reset, which can
+        destroy replies before we read them; a lingering close ends with a
+        clean end of stream."""
+        data = (line * 2000).encode()  # more than the server reads per turn: input always waits unread
+        self.sock.setblocking(False)
+        deadline = time.monotonic() + timeout * SLOW
+        end = None
+        try:
+            while end is None:
+                check(time.monotonic() < deadline, "the server did not close within %.0f s" % (timeout * SLOW))
+                r, w, _ = select.select([self.sock], [self.sock], [], 0.05)
+                if w:
+                    try:
+                        self.sock.send(data)
+                    except (BlockingIOError, InterruptedError):
+                        pass
+                    except (BrokenPipeError, ConnectionResetError):
+                        end = "reset"  # (the send took the error a read would have reported)
+                        break
+                if r:
+                    try:
+                        chunk = self.sock.recv(65536)
+                    except (BlockingIOError, InterruptedError):
+                        continue
+                    except ConnectionResetError:
+                        end = "reset"
+                        break
+                    if not chunk:
+                        end = "eof"
+                        break
+                    self.buf += chunk
+        finally:
+            self.sock.setblocking(True)
+        lines = bytes(self.buf).decode().split("\n")
+        self.buf = bytearray()
+        return lines[:-1], end
 
     def reset(self):
         """Hang up abruptly: close with SO_LINGER 0, which sends a reset."""
@@ -626,6 +667,40 @@ def scenario_drain(env):
     check(len(started) == 1 and started[0]["signal"] == "SIGINT", "shutdown_started %r" % started)
 
 
+def scenario_linger(env):
+    # A client that goes on sending after the server decided to close (a
+    # protocol error; the drain) still gets every answer, then a clean end
+    # of stream: the server ends its output and reads and drops input until
+    # the client closes, instead of closing with input unread (a reset).
+    srv = env.server("linger", WORKERS=2, QUEUE_CAPACITY=8, MAX_LINE=64, SHUTDOWN_TIMEOUT="30s")
+    c = srv.connect()
+    c.send("PING\n" + "x" * 100 + "\n" + "PING\n" * 2000)  # unread input when the server is done
+    got, end = c.pipeline_until_eof("PING\n")
+    check(got == ["PONG 1", "ERR 2 line too long"] and end == "eof",
+          "after a protocol error: %r, ended by %s" % (got, end))
+    c.close()
+    wait_until(lambda: srv.stats()["clients"] == 1, 10, "the client to leave once it closed")
+    fin_ev = [e for e in srv.events() if e.get("msg") == "client_linger_ended"]
+    check(fin_ev == [], "a client that closed must not wait for the lingering to run out: %r" % fin_ev)
+
+    # The drain: work in flight, the client pipelines PINGs throughout.
+    a = srv.connect()
+    a.send("WORK 500\n")
+    wait_until(lambda: srv.stats()["active"] == 1, 10, "the work to run")
+    srv.ctl.close()
+    srv.ctl = None
+    srv.send_signal(signal.SIGTERM)
+    got, end = a.pipeline_until_eof("PING\n", timeout=20)
+    check("OK 1 TP_OK" in got and end == "eof", "during the drain: %d lines, %r, ended by %s"
+          % (len(got), [g for g in got if not g.startswith("PONG") and not g.startswith("CLOSED")], end))
+    check(all(g == "OK 1 TP_OK" or g.startswith("PONG ") for g in got), "during the drain: %r" % got[:5])
+    a.close()
+    rc = srv.wait(15)
+    check(rc == 0, "exit %d after the drain, want 0" % rc)
+    fin = srv.final()
+    check(fin["result"] == "drained" and fin["counters"]["answered"] == 1, "final line %r" % fin)
+
+
 SCENARIOS = {
     "protocol": scenario_protocol,
     "load": scenario_load,
@@ -633,6 +708,7 @@ SCENARIOS = {
     "hangup": scenario_hangup,
     "slow": scenario_slow,
     "drain": scenario_drain,
+    "linger": scenario_linger,
 }
 
 
