@@ -7,11 +7,22 @@
  *   BUSY   an exchange runs off the loop: the connection is its own until
  *          httpd_exchange_done, and the loop neither polls nor touches it;
  *   WRITE  the loop writes an answer it made itself;
- *   BODY   the loop drops the rest of a request body.
+ *   BODY   the loop drops the rest of a request body;
+ *   LINGER the answer is out and the connection ends (see below).
  * After an exchange the connection closes (no keep-alive, a one-request
  * connection, the drain) or goes on: the body is dropped (the buffered part
  * at once, the rest in BODY, never a byte past it), and HEAD resumes on the
  * bytes that followed, which may already hold the next, pipelined, head.
+ *
+ * Lingering close. Closing a socket whose client has sent more than the
+ * server read (the rest of a refused head or body, a pipelined request)
+ * makes the kernel send a reset, which can destroy the answer at the client
+ * before it read it: "sent" only means handed to the kernel. So a
+ * connection that ends after an answer first ends its output
+ * (shutdown(SHUT_WR): a FIN after the answer), then reads and drops what
+ * comes until the client closes too, for LINGER_NS at most. It gives its
+ * slot back at once (it no longer counts against max_conns), and at most
+ * max_conns connections linger; one more closes at once.
  *
  * Invariants: a connection is on the idle list iff it is in HEAD with no byte
  * buffered, has answered a request and may be kept (oldest first: the one
@@ -52,9 +63,10 @@
 #define SHORT_NS       NS_PER_S /* head and write deadline of a spare or drain-time connection */
 #define ACCEPT_BATCH   64       /* connections accepted per round, so that the others are served too */
 #define MAX_APP_FDS    4
-#define LOG_TARGET_MAX 256 /* bytes of a client's target in a log line */
+#define LOG_TARGET_MAX 256            /* bytes of a client's target in a log line */
+#define LINGER_NS      (2 * NS_PER_S) /* the longest lingering close */
 
-typedef enum { C_HEAD, C_BUSY, C_WRITE, C_BODY } cstate;
+typedef enum { C_HEAD, C_BUSY, C_WRITE, C_BODY, C_LINGER } cstate;
 
 typedef struct hconn hconn;
 struct hconn {
@@ -100,7 +112,7 @@ struct httpd {
     /* Loop thread only from here. */
     hconn **conns;
     size_t n, cap;
-    unsigned normal, spares;
+    unsigned normal, spares, lingering; /* connections in each kind of slot; lingering ones hold none */
     clist idle, spare_list;
     uint64_t next_conn, next_req;
     uint64_t accept_pause_until, accept_logged_ns;
@@ -236,12 +248,31 @@ static void conn_close(httpd *h, hconn *c) {
     free(c->x.reply.big);
     h->conns[c->slot] = h->conns[--h->n];
     h->conns[c->slot]->slot = c->slot;
-    if (c->spare)
+    if (c->state == C_LINGER)
+        h->lingering--;
+    else if (c->spare)
         h->spares--;
     else
         h->normal--;
     atomic_fetch_sub(&h->open, 1);
     free(c);
+}
+
+/* The answer is out and c ends: its output ends now, and it is closed when
+ * the client closes too, or at its deadline (see the top of the file). */
+static void linger(httpd *h, hconn *c) {
+    unlist(h, c);
+    if (h->lingering >= h->cfg->max_conns || shutdown(c->fd, SHUT_WR) != 0) {
+        conn_close(h, c);
+        return;
+    }
+    if (c->spare)
+        h->spares--;
+    else
+        h->normal--;
+    h->lingering++;
+    c->state = C_LINGER;
+    c->deadline_ns = tp_now_ns() + LINGER_NS;
 }
 
 /* HEAD again after an exchange or a body: idle if nothing is buffered. */
@@ -260,7 +291,7 @@ static int after_exchange(httpd *h, hconn *c, int keep) {
     free(c->out);
     c->out = NULL;
     if (!keep || c->one_shot || atomic_load(&h->draining)) {
-        conn_close(h, c);
+        linger(h, c);
         return 0;
     }
     /* The parsed request points into buf: only now may its bytes move. */
@@ -506,6 +537,12 @@ static void on_event(httpd *h, hconn *c, short revents) {
         return;
     }
     char scratch[4096];
+    if (c->state == C_LINGER) {
+        ssize_t got = recv(c->fd, scratch, sizeof scratch, 0); /* dropped */
+        if (got < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) return;
+        if (got <= 0) conn_close(h, c); /* the client closed too (or failed) */
+        return;
+    }
     char *dst = c->state == C_BODY ? scratch : c->buf + c->len;
     size_t room = c->state == C_BODY ? (size_t)min_u64(c->body_left, sizeof scratch) : sizeof c->buf - c->len;
     if (room == 0) return; /* cannot happen: a full buffer was answered 431 */
@@ -740,8 +777,8 @@ void httpd_finish(httpd *h, uint64_t deadline_ns) {
             hconn *c = h->conns[i];
             if (c->state == C_HEAD || c->state == C_BODY)
                 conn_close(h, c); /* accepted during the drain, no head yet */
-            else if (c->state == C_WRITE)
-                writing = 1;
+            else if (c->state == C_WRITE || c->state == C_LINGER)
+                writing = 1; /* (a lingering one ends by its own deadline) */
         }
         if (!writing || tp_now_ns() >= deadline_ns || round_once(h, NULL, 0, deadline_ns) == -1) return;
     }

@@ -32,6 +32,12 @@
  *     anything else gets 503 + Retry-After. Liveness probes keep working
  *     while clients hold every slot.
  *
+ * A connection that ends after an answer (408, 431, 400, Connection: close,
+ * the drain) closes lingering: its output ends with the answer, and what the
+ * client still sends is read and dropped until it closes too, for 2 s at
+ * most, so that unread input cannot turn the close into a reset that
+ * destroys the answer (httpd.c). A lingering connection holds no slot.
+ *
  * Drain (httpd_drain): from then on every answer carries Connection: close.
  * A connection with nothing in progress closes at once; one with part of a
  * head is answered 503 first. Requests in progress run to their end. The

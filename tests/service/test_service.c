@@ -796,6 +796,69 @@ static void test_slow_client(void **state) {
     assert_int_equal(proc_wait_exit(p, WAIT_NS), 0);
 }
 
+/* Keep sending `junk` without pause while reading, until the server ends
+ * the connection: 0 if it ended with a clean end of stream, -1 if with a
+ * reset (ECONNRESET or EPIPE on a read or a send). What arrived is in
+ * c->buf, c->len. Bounded by WAIT_NS. */
+static int client_push_until_close(client *c, const char *junk, size_t len) {
+    int fl = fcntl(c->fd, F_GETFL);
+    fcntl(c->fd, F_SETFL, fl | O_NONBLOCK);
+    uint64_t end = tp_now_ns() + WAIT_NS;
+    int rc = 1;
+    while (rc == 1) {
+        if (tp_now_ns() >= end) fail_msg("the server did not end the connection in time");
+        struct pollfd pf = {.fd = c->fd, .events = POLLIN | POLLOUT};
+        if (poll(&pf, 1, 50) <= 0) continue;
+        if (pf.revents & POLLOUT) {
+            ssize_t n = send(c->fd, junk, len, MSG_NOSIGNAL);
+            if (n < 0 && (errno == ECONNRESET || errno == EPIPE)) rc = -1; /* the send took the reset */
+        }
+        if (rc == 1 && (pf.revents & (POLLIN | POLLHUP | POLLERR))) {
+            if (c->len == sizeof c->buf) fail_msg("response too large for the test client");
+            ssize_t n = recv(c->fd, c->buf + c->len, sizeof c->buf - c->len, 0);
+            if (n > 0)
+                c->len += (size_t)n;
+            else if (n == 0)
+                rc = 0;
+            else if (errno == ECONNRESET)
+                rc = -1;
+        }
+    }
+    fcntl(c->fd, F_SETFL, fl);
+    return rc;
+}
+
+/* A client that goes on sending after the server decided to end the
+ * connection (a head over 16 KiB, a body over the limit, the drain) gets the
+ * answer and then a clean end of stream: the server ends its output and
+ * reads and drops input until the client closes, instead of closing with
+ * input unread, which sends a reset that can destroy the answer. */
+static void test_lingering_close(void **state) {
+    proc *p = *state;
+    proc_start(p, NULL);
+    static char junk[16384];
+    memset(junk, 'x', sizeof junk);
+    for (int round = 0; round < 3; round++) {
+        client *c = client_open(p);
+        int rc;
+        if (round == 0) {
+            rc = client_push_until_close(c, junk, sizeof junk); /* a head that never ends: 431 */
+        } else if (round == 1) {
+            client_sends(c, "POST /tasks HTTP/1.1\r\nHost: test\r\nContent-Length: 100000000\r\n\r\n");
+            rc = client_push_until_close(c, junk, sizeof junk); /* a body over the limit: 413 */
+        } else {
+            client_sends(c, "GET /healthz HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+            rc = client_push_until_close(c, junk, sizeof junk); /* pipelined junk after a last request */
+        }
+        assert_int_equal(rc, 0);
+        const char *want = round == 0 ? "HTTP/1.1 431 " : round == 1 ? "HTTP/1.1 413 " : "HTTP/1.1 200 ";
+        assert_true(c->len > strlen(want) && memcmp(c->buf, want, strlen(want)) == 0);
+        client_close(c);
+    }
+    assert_int_equal(status_of(p, "GET", "/healthz"), 200);
+    stop_drained(p);
+}
+
 /* MAX_CONNS held by connections that cannot be closed (half-sent heads):
  * the connection beyond it gets 503 + Retry-After + close for anything but
  * a probe, while /healthz and /readyz are answered (issue 22, finding 2: a
@@ -2068,6 +2131,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(test_limit_evicts_idle, setup, teardown),
         cmocka_unit_test_setup_teardown(test_log_encoding, setup, teardown),
         cmocka_unit_test_setup_teardown(test_http_conformance, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_lingering_close, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sched_fair_burst, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sched_priority, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sched_low_prio_cap, setup, teardown),
