@@ -22,7 +22,8 @@
  * (shutdown(SHUT_WR): a FIN after the answer), then reads and drops what
  * comes until the client closes too, for LINGER_NS at most. It gives its
  * slot back at once (it no longer counts against max_conns), and at most
- * max_conns connections linger; one more closes at once.
+ * max_conns connections linger; one more closes at once (so h->conns holds
+ * 2 x max_conns + HTTPD_SPARE).
  *
  * Invariants: a connection is on the idle list iff it is in HEAD with no byte
  * buffered, has answered a request and may be kept (oldest first: the one
@@ -889,7 +890,7 @@ int httpd_create(httpd **out, const httpd_config *cfg, char *bound, size_t bound
     }
     h->cfg = cfg;
     h->lfd = h->wake[0] = h->wake[1] = -1;
-    h->cap = (size_t)cfg->max_conns + HTTPD_SPARE;
+    h->cap = 2 * (size_t)cfg->max_conns + HTTPD_SPARE; /* slots, spare slots, and as many lingering */
     h->conns = calloc(h->cap, sizeof *h->conns);
     h->pconn = calloc(h->cap, sizeof *h->pconn);
     h->pfd = calloc(h->cap + MAX_APP_FDS + 2, sizeof *h->pfd);

@@ -859,6 +859,45 @@ static void test_lingering_close(void **state) {
     stop_drained(p);
 }
 
+/* Lingering connections hold no slot, and the server's tables hold them on
+ * top of every slot: with MAX_CONNS=2, two connections linger (400, the
+ * clients keep their sockets open), two hold the slots with half a head and
+ * every spare slot is taken too; more connections still come and go, and
+ * a probe is answered. */
+static void test_lingering_holds_no_slot(void **state) {
+    proc *p = *state;
+    const char *env[] = {"MAX_CONNS=2", "HEADER_TIMEOUT=60s", NULL};
+    proc_start(p, env);
+    response r;
+    client *lg[3], *held[2], *spare[16];
+    for (int i = 0; i < 3; i++) { /* the third is over the lingering bound: closed at once */
+        lg[i] = client_open(p);
+        client_send(lg[i], "GET /\0 HTTP/1.1\r\n\r\n", 19); /* a NUL in the head */
+        assert_int_equal(client_read(lg[i], &r), 0);
+        assert_int_equal(r.status, 400);
+    }
+    for (int i = 0; i < 2; i++) {
+        held[i] = client_open(p);
+        client_sends(held[i], "GET /stats HTTP/1.1\r\nHo");
+    }
+    for (int i = 0; i < 16; i++) {
+        spare[i] = client_open(p);
+        client_sends(spare[i], "GET /stats HTTP/1.1\r\nHo");
+    }
+    for (int i = 0; i < 4; i++) { /* each takes the oldest spare's place */
+        request(p, "GET", "/healthz", &r);
+        assert_int_equal(r.status, 200);
+    }
+    for (int i = 0; i < 3; i++) {
+        assert_true(client_sees_close(lg[i])); /* after the 400: a clean end, never a reset */
+        client_close(lg[i]);
+    }
+    for (int i = 0; i < 2; i++) client_close(held[i]);
+    for (int i = 0; i < 16; i++) client_close(spare[i]);
+    assert_int_equal(status_of(p, "GET", "/healthz"), 200);
+    stop_drained(p);
+}
+
 /* MAX_CONNS held by connections that cannot be closed (half-sent heads):
  * the connection beyond it gets 503 + Retry-After + close for anything but
  * a probe, while /healthz and /readyz are answered (issue 22, finding 2: a
@@ -2132,6 +2171,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(test_log_encoding, setup, teardown),
         cmocka_unit_test_setup_teardown(test_http_conformance, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lingering_close, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_lingering_holds_no_slot, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sched_fair_burst, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sched_priority, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sched_low_prio_cap, setup, teardown),
