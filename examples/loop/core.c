@@ -51,7 +51,8 @@
  * replies), then reads and drops input until the client closes too, for
  * LINGER_NS at most (and, while draining, never past nine tenths of the
  * drain's budget, so that a client that never closes cannot turn a drain
- * into a forced one).
+ * into a forced one). A lingering client holds no MAX_CLIENTS place; at
+ * most MAX_CLIENTS linger (one more closes at once).
  */
 #include <assert.h>
 #include <pthread.h>
@@ -314,14 +315,24 @@ static void process_lines(lp_client *c) {
 
 /* Output ended (ops.half_close); input read and dropped until the peer
  * closes, or until linger_until (lp_server_linger). */
+/* While draining, a lingering close ends by nine tenths of the budget. */
+static void linger_within_drain(lp_client *c, uint64_t now) {
+    const lp_server *s = c->srv;
+    uint64_t end = s->drain_started_ns + s->cfg.shutdown_timeout_ns / 10 * 9;
+    if (end < c->linger_until) c->linger_until = end > now ? end : now;
+}
+
 static void begin_linger(lp_client *c, const char *why) {
     lp_server *s = c->srv;
+    if (s->lingering >= s->cfg.max_clients) {
+        log_client("debug", "client_done", c, why);
+        close_now(c); /* too many linger already */
+        return;
+    }
     uint64_t now = tp_now_ns();
     c->linger_until = now + LINGER_NS;
-    if (s->draining) {
-        uint64_t end = s->drain_started_ns + s->cfg.shutdown_timeout_ns / 10 * 9;
-        if (end < c->linger_until) c->linger_until = end > now ? end : now;
-    }
+    if (s->draining) linger_within_drain(c, now);
+    s->lingering++;
     c->lingering = true;
     c->in_len = c->in_off = 0;
     log_client("debug", "client_done", c, why);
@@ -344,7 +355,10 @@ static void refresh(lp_client *c) {
      * the file): output ends now, the socket closes at the peer's end of
      * input or when the lingering runs out. */
     bool done = c->inflight == 0 && c->out_len == 0 && (c->eof || c->finish || s->draining);
-    if (done && !c->eof && !c->lingering) begin_linger(c, c->finish ? "protocol error" : "drain");
+    if (done && !c->eof && !c->lingering) {
+        begin_linger(c, c->finish ? "protocol error" : "drain");
+        if (c->closing) return;
+    }
     /* After a protocol error, and while lingering, input is still read, and
      * dropped: closing with unread input would send a reset that can
      * destroy the answers at the peer. */
@@ -436,6 +450,7 @@ void lp_client_closed(lp_client *c) {
     c->in = c->out = NULL;
     c->in_len = c->in_off = c->out_len = 0;
     s->open_clients--;
+    if (c->lingering) s->lingering--;
     log_client("debug", "client_closed", c, NULL);
     if (c->inflight > 0) { /* released by the last done() */
         s->waiting_clients++;
@@ -496,7 +511,9 @@ int lp_server_cq_fd(const lp_server *s) { return tp_cq_fd(s->cq); }
 
 void lp_server_complete(lp_server *s) { (void)tp_cq_drain(s->cq, DRAIN_BATCH); }
 
-bool lp_server_has_room(const lp_server *s) { return !s->draining && s->open_clients < s->cfg.max_clients; }
+bool lp_server_has_room(const lp_server *s) {
+    return !s->draining && s->open_clients - s->lingering < s->cfg.max_clients;
+}
 
 void lp_server_refused(lp_server *s) { s->n.refused++; }
 
@@ -542,8 +559,13 @@ void lp_server_begin_drain(lp_server *s, const char *signal_name) {
     svc_log_uint(&ev, "budget_ms", s->cfg.shutdown_timeout_ns / SVC_NS_PER_MS);
     log_counters(&ev, s);
     svc_log_end(&ev);
-    /* closes the idle ones; close is deferred, so the list stays intact */
-    for (lp_client *c = s->clients; c != NULL; c = c->next) refresh(c);
+    /* closes the idle ones (lingering); close is deferred, so the list
+     * stays intact. Those that linger already end within the budget too. */
+    uint64_t now = tp_now_ns();
+    for (lp_client *c = s->clients; c != NULL; c = c->next) {
+        if (c->lingering && !c->closing) linger_within_drain(c, now);
+        refresh(c);
+    }
 }
 
 uint64_t lp_server_linger(lp_server *s, uint64_t now) {

@@ -163,7 +163,8 @@ struct lp_server {
     lp_job *job_table, *free_jobs;
     unsigned njobs, jobs_in_use;
     lp_client *clients;
-    unsigned open_clients;    /* sockets open */
+    unsigned open_clients;    /* sockets open, lingering ones included */
+    unsigned lingering;       /* of those, lingering (core.c): they hold no MAX_CLIENTS place */
     unsigned waiting_clients; /* sockets closed, work still in flight */
     uint64_t next_client;
     bool draining;
