@@ -2952,8 +2952,12 @@ static void op_concurrent_drain(fz_pool *fp, int mode, uint8_t b1) {
         } else {
             fp->rej_timeout++;
         }
-        cq_account(k, true); /* one drainer: its order is known */
+        /* Its place counts before the account: the drain gives each place
+         * back as soon as that on_done returned, so the submit may have been
+         * admitted mid-drain, and a drain nested in a later on_done of the
+         * same drain may already have run its completion. */
         if (rc == TP_OK) C->taken++;
+        cq_account(k, true); /* one drainer: its order is known */
         return;
     }
     int ran0 = atomic_load(&C->ran);
