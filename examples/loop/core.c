@@ -313,8 +313,6 @@ static void process_lines(lp_client *c) {
     c->in_off = 0;
 }
 
-/* Output ended (ops.half_close); input read and dropped until the peer
- * closes, or until linger_until (lp_server_linger). */
 /* While draining, a lingering close ends by nine tenths of the budget. */
 static void linger_within_drain(lp_client *c, uint64_t now) {
     const lp_server *s = c->srv;
@@ -322,6 +320,8 @@ static void linger_within_drain(lp_client *c, uint64_t now) {
     if (end < c->linger_until) c->linger_until = end > now ? end : now;
 }
 
+/* Output ended (ops.half_close); input read and dropped until the peer
+ * closes, or until linger_until (lp_server_linger). */
 static void begin_linger(lp_client *c, const char *why) {
     lp_server *s = c->srv;
     if (s->lingering >= s->cfg.max_clients) {
