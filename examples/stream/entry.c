@@ -144,6 +144,11 @@ uint64_t tps_id_ms(const char *id, size_t len) {
     return i > 0 && i < len && id[i] == '-' ? v : 0;
 }
 
+uint64_t tps_enqueued_ms(const char *id, size_t len, uint64_t now_ms) {
+    uint64_t at = tps_id_ms(id, len);
+    return at == 0 || at > now_ms ? now_ms : at;
+}
+
 uint64_t tps_unix_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);

@@ -12,7 +12,8 @@
  *   payload     opaque, at most TPS_PAYLOAD_MAX bytes
  *   not_before  Unix time in ms: do not start earlier
  *   defer       a duration up to 366 days: do not start earlier than the
- *               entry's enqueue time (the ms part of its id) plus this
+ *               entry's enqueue time (the ms part of its id, or the time it
+ *               was read if its id is ahead of the clock) plus this
  *   attempts    1..TP_MAX_RETRIES + 1: attempts of this entry per delivery,
  *               at most the pool's MAX_RETRIES + 1
  *   priority    TP_PRIO_MIN..TP_PRIO_MAX (-2..2): the pool's priority lane;
@@ -65,6 +66,14 @@ uint64_t tps_entry_due_ms(const tps_entry *e, uint64_t enqueued_ms);
 
 /* The ms part of an entry id "<ms>-<seq>"; 0 when it does not parse. */
 uint64_t tps_id_ms(const char *id, size_t len);
+
+/* When entry `id` was enqueued, for `defer`: the ms part of its id, but never
+ * later than now_ms (the reader's clock). An id ahead of the clock (an
+ * explicit id, e.g. 9999999999999-0, makes every later `*` id inherit it; or
+ * a Redis server whose clock runs ahead) counts from when the entry was read:
+ * it was enqueued before that, so the entry still waits at least its `defer`,
+ * instead of centuries. An id that does not parse counts from now_ms too. */
+uint64_t tps_enqueued_ms(const char *id, size_t len, uint64_t now_ms);
 
 /* Unix time now, in ms. */
 uint64_t tps_unix_ms(void);

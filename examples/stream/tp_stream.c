@@ -67,7 +67,8 @@ typedef struct slot {
     uint32_t next; /* free list, a user's lane in the backlog, an overflow lane or the done list */
     uint8_t state;
     uint8_t outcome;
-    uint8_t fresh; /* claimed in the current XAUTOCLAIM batch */
+    uint8_t fresh;   /* claimed in the current XAUTOCLAIM batch */
+    uint8_t claimed; /* came by XAUTOCLAIM (its delivery count is Redis's, see uncount) */
     uint8_t has_payload;
     uint8_t due;     /* its time has come: not scheduled again */
     uint8_t no_ack;  /* dead record only: Redis already dropped it from the pending list */
@@ -165,6 +166,7 @@ struct tps_consumer {
     uint32_t rr_head, rr_tail, rr_len; /* the background round: users with held background entries */
     redisContext *rd, *wr;             /* reader, writer */
     unsigned read_outstanding;         /* COUNT of the XREADGROUP in flight, 0 if none */
+    uint32_t uncount_replies;          /* writer replies pipelined by uncount(), read by claim() */
     uint64_t read_sent_ns;
     int connected_once, stopped_applied;
     int read_failed; /* receive_read failed inside write_outcomes: io_main disconnects */
@@ -333,7 +335,7 @@ static uint32_t slot_alloc(tps_consumer *c) {
     c->n_free--;
     slot *s = &c->slots[i];
     s->next = NIL;
-    s->fresh = 0;
+    s->fresh = s->claimed = 0;
     s->has_payload = 0;
     s->due = s->no_ack = s->gave_up = s->written = 0;
     s->prio = 0;
@@ -439,7 +441,7 @@ static const char *parse_fields(slot *s, const redisReply *f) {
     s->fail = e.fail;
     s->max_attempts = e.attempts;
     s->prio = (int8_t)e.priority;
-    s->due_ms = tps_entry_due_ms(&e, tps_id_ms(s->id, s->id_len));
+    s->due_ms = tps_entry_due_ms(&e, tps_enqueued_ms(s->id, s->id_len, tps_unix_ms()));
     if (e.payload != NULL) {
         memcpy(s->payload, e.payload, e.payload_len);
         s->payload_len = e.payload_len;
@@ -608,6 +610,36 @@ static void submit(tps_consumer *c, uint32_t i, int how) {
     }
 }
 
+/* A claimed entry that is not due yet: XAUTOCLAIM counted a delivery, but
+ * nothing will run until it is due, so its count in Redis goes back by one
+ * (XCLAIM to ourselves with RETRYCOUNT, which sets the count; JUSTID; the
+ * reply is read at the end of claim()). Without it, a worker restarted
+ * MAX_DELIVERIES times before an entry's time (each restart drops the timer
+ * heap and a peer or successor claims the entry again) sent the entry to
+ * the dead stream without ever running it. Only runs count: an entry that
+ * kills its worker while running is claimed when due and counted. If the
+ * XCLAIM is lost (connection, crash) the count stays one higher: never
+ * lower than the deliveries that could run. */
+static void arg(tps_consumer *c, size_t *argc, const char *s, size_t len);
+static void args(tps_consumer *c, size_t *argc, const char *s);
+
+static void uncount(tps_consumer *c, slot *s) {
+    char n[16];
+    s->deliveries--;
+    snprintf(n, sizeof n, "%u", s->deliveries);
+    size_t argc = 0;
+    args(c, &argc, "XCLAIM");
+    args(c, &argc, c->stream);
+    args(c, &argc, c->group);
+    args(c, &argc, c->consumer);
+    args(c, &argc, "0");
+    arg(c, &argc, s->id, s->id_len);
+    args(c, &argc, "RETRYCOUNT");
+    args(c, &argc, n);
+    args(c, &argc, "JUSTID");
+    if (redisAppendCommandArgv(c->wr, (int)argc, c->argv, c->argvlen) == REDIS_OK) c->uncount_replies++;
+}
+
 /* A new entry in slot i (read, claimed or due): dead, waiting for its time,
  * or into the pool. */
 static void admit(tps_consumer *c, uint32_t i, const char *parse_error) {
@@ -622,9 +654,11 @@ static void admit(tps_consumer *c, uint32_t i, const char *parse_error) {
     } else if (atomic_load(&c->stop_reading)) {
         slot_free(c, i);
     } else if (!s->due && s->due_ms > tps_unix_ms()) {
-        /* read_room() keeps room in the heap for every entry a read or claim
+        /* Not due: nothing runs, so a claim is not a delivery (uncount).
+         * read_room() keeps room in the heap for every entry a read or claim
          * can bring; should it be full all the same, the entry stays pending
          * unheld and is claimed again after CLAIM_IDLE. */
+        if (s->claimed && s->deliveries > 1) uncount(c, s);
         int rc = tps_sched_add(c->sched, s->id, s->id_len, s->due_ms, s->deliveries);
         if (rc == 0) cnt_add(&c->n_scheduled, 1);
         if (rc < 0) log1(c, TP_LOG_WARN, "scheduled_full", "id", s->id);
@@ -1360,13 +1394,24 @@ static int claim(tps_consumer *c) {
         for (uint32_t k = 0; k < n; k++) {
             slot *s = &c->slots[got[k]];
             s->fresh = 0;
+            s->claimed = 1;
             if (s->deliveries == 0)
                 s->deliveries = 2; /* not listed (acked meanwhile?): at least the second delivery */
             admit(c, got[k], errs[k]);
         }
     }
     freeReplyObject(r);
-    return 0;
+    int rc = 0;
+    for (; c->uncount_replies > 0; c->uncount_replies--) { /* admit() -> uncount() */
+        redisReply *u = NULL;
+        if (rc != 0 || redisGetReply(c->wr, (void **)&u) != REDIS_OK) {
+            rc = -1; /* the connection is lost: the counts stay one higher */
+            continue;
+        }
+        if (u->type == REDIS_REPLY_ERROR) log1(c, TP_LOG_WARN, "uncount_failed", "error", u->str);
+        freeReplyObject(u);
+    }
+    return rc;
 }
 
 /* Scheduled entries whose time has come: read their fields again (XRANGE,

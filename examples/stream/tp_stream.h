@@ -95,7 +95,10 @@
  * entries first (the reconnect backoff is capped at claim_idle / 4 for this).
  * Entries XAUTOCLAIM reports as deleted from the stream (XTRIM, XDEL) get a
  * dead record, `entry deleted before it ran`. An entry delivered more than
- * max_deliveries times goes to the dead stream without running. When a
+ * max_deliveries times goes to the dead stream without running; a claim of
+ * an entry that is not due yet does not count (the claimer sets Redis's
+ * count back with XCLAIM RETRYCOUNT), so restarts before its time cannot
+ * kill a scheduled entry. When a
  * connection fails, both are closed and reopened with exponential backoff
  * (100 ms to 2 s); tasks keep running and their outcomes wait in their slots.
  *

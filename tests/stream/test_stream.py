@@ -847,6 +847,60 @@ def scenario_scheduled(env):
     check(last_filler > max(due.values()), "the workers were not busy with other users until the last due time")
 
 
+def pending_count(r, eid):
+    """Redis's delivery count of a pending entry, 0 when it is not pending."""
+    rows = r("XPENDING", "tasks", "taskpool", eid, eid, 1)
+    return int(rows[0][3]) if rows else 0
+
+
+def scenario_scheduled_restarts(env):
+    """A scheduled entry outlives more worker restarts before its time than
+    MAX_DELIVERIES allows deliveries (a claim of an entry that is not due is
+    no delivery: the worker sets Redis's count back), then runs once, on time.
+    And an entry whose id is ahead of the clock waits its defer from when it
+    was read, not from its id's time (centuries ahead)."""
+    r = env.start_redis()
+    cfg = dict(CLAIM_IDLE="200ms", MAX_DELIVERIES=2)
+    w = env.worker("w0", **cfg)
+    defer_ms, restarts = 20000, 5
+    a = r("XADD", "tasks", "*", "user", "a", "work", "1ms", "defer", "%dms" % defer_ms)
+    due = int(a.split("-")[0]) + defer_ms
+    counts = []
+    for k in range(restarts + 1):
+        wait_until(lambda: metrics(w)["tps_stream_waiting"] == 1 or r("XLEN", "tasks:dead") > 0, 10,
+                   "worker %s to hold the entry in its timer heap" % w.name)
+        check(r("XLEN", "tasks:dead") == 0,
+              "the entry went to the dead stream after %d restarts: %r" % (k, entries(r, "tasks:dead")))
+        counts.append(pending_count(r, a))
+        if k == restarts:
+            break
+        check(env.stop(w) == 0, "worker %s did not exit 0" % w.name)
+        w = env.worker("w%d" % (k + 1), **cfg)  # claims it after CLAIM_IDLE
+    log("scheduled_restarts: delivery counts while it waited %r" % counts)
+    check(time.time() * 1000 < due, "the restarts took longer than the defer (%d ms): inconclusive" % defer_ms)
+    check(all(1 <= n <= 2 for n in counts), "delivery counts grew with the restarts: %r" % counts)
+    check(metrics(w)["tps_stream_claimed_total"] == 1, "the last worker claimed it more than once")
+    wait_until(lambda: r("XLEN", "tasks:done") == 1, (due - time.time() * 1000) / 1000 + 10, "its result")
+    done, dead, dups = verify(r, {a})
+    check(not dead and dups == 0, "dead %r, duplicates %d" % (dead, dups))
+    f = done[0][1]
+    check(int(f["started_ms"]) >= due, "it started %d ms before its time" % (due - int(f["started_ms"])))
+    check(int(f["deliveries"]) <= 2 and f["attempts"] == "1", "its record: %r" % f)
+
+    # An explicit id far ahead: every later `*` id inherits its time.
+    r("XADD", "tasks", "9999999999999-0", "user", "b", "work", "1ms")
+    read_after = int(time.time() * 1000)
+    g = r("XADD", "tasks", "*", "user", "b", "work", "1ms", "defer", "300ms")
+    check(g.startswith("9999999999999-"), "Redis gave %s" % g)
+    wait_until(lambda: r("XLEN", "tasks:done") == 3, 15, "the entry with an id ahead of the clock")
+    done, dead, dups = verify(r, {a, "9999999999999-0", g})
+    check(not dead and dups == 0, "dead %r, duplicates %d" % (dead, dups))
+    started = {f["id"]: int(f["started_ms"]) for _, f in done}
+    check(started[g] >= read_after + 300, "the deferred entry started %d ms after it was added (defer 300 ms)" %
+          (started[g] - read_after))
+    check(env.stop(w) == 0, "worker %s did not exit 0" % w.name)
+
+
 def scenario_results(env):
     """Results in the record, --wait exit codes, and the per-entry attempts."""
     r = env.start_redis()
@@ -1229,6 +1283,7 @@ SCENARIOS = {
     "reconnect_claim": scenario_reconnect_claim,
     "group_start": scenario_group_start,
     "scheduled": scenario_scheduled,
+    "scheduled_restarts": scenario_scheduled_restarts,
     "results": scenario_results,
     "requeue": scenario_requeue,
     "trim_load": scenario_trim_load,
