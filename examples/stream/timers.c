@@ -178,8 +178,9 @@ int tps_sched_pop(tps_sched *s, uint64_t now_ms, char *id, size_t *len, uint64_t
     return 1;
 }
 
-const char *tps_sched_id(const tps_sched *s, uint32_t i, size_t *len) {
+const char *tps_sched_id(const tps_sched *s, uint32_t i, size_t *len, unsigned *deliveries) {
     const ent *e = &s->e[s->heap[i]];
     *len = e->len;
+    if (deliveries != NULL) *deliveries = e->deliveries;
     return e->id;
 }

@@ -39,8 +39,9 @@ uint64_t tps_sched_next(const tps_sched *s);
 int tps_sched_pop(tps_sched *s, uint64_t now_ms, char *id, size_t *len, uint64_t *due_ms,
                   unsigned *deliveries);
 
-/* The i-th held id (0 <= i < count), in no particular order. */
-const char *tps_sched_id(const tps_sched *s, uint32_t i, size_t *len);
+/* The i-th held id (0 <= i < count), in no particular order, and its
+ * delivery count if `deliveries` is not NULL. */
+const char *tps_sched_id(const tps_sched *s, uint32_t i, size_t *len, unsigned *deliveries);
 
 void tps_sched_clear(tps_sched *s);
 

@@ -15,7 +15,8 @@
  *   and short cuts: malformed, delivered too often or deleted -> DONE (dead);
  *   not due yet -> FREE, its id in the timer heap until due;
  *   cancelled by a forced shutdown, or held in the backlog at stop -> FREE
- *   without an outcome (still pending in the group: another consumer claims it).
+ *   without an outcome (still pending in the group: another consumer claims it;
+ *   held at stop, it never ran, and give_back_unrun undoes its delivery).
  * A slot is FREE again only after its outcome record was written and the
  * entry acknowledged (write_outcomes).
  *
@@ -1213,7 +1214,7 @@ static int heartbeat(tps_consumer *c) {
         for (; i < c->nslots + nsched && argc - first < CLAIM_ARGS_MAX; i++) {
             if (i >= c->nslots) { /* waiting for its time */
                 size_t len;
-                const char *id = tps_sched_id(c->sched, i - c->nslots, &len);
+                const char *id = tps_sched_id(c->sched, i - c->nslots, &len, NULL);
                 arg(c, &argc, id, len);
                 continue;
             }
@@ -1564,7 +1565,65 @@ static int receive_read(tps_consumer *c) {
     return 0;
 }
 
-/* Stop: forget what has not entered the pool (it stays pending in Redis). */
+/* The i-th entry this worker holds that never ran (held in the backlog or
+ * the overflow, or waiting for its time), i from 0 to nslots + the heap's
+ * count; NULL for a slot that holds none. */
+static const char *unrun_entry(const tps_consumer *c, uint32_t i, size_t *len, unsigned *deliveries) {
+    if (i >= c->nslots) return tps_sched_id(c->sched, i - c->nslots, len, deliveries);
+    const slot *s = &c->slots[i];
+    if (s->state != S_BACKLOG && s->state != S_OVERFLOW) return NULL;
+    *len = s->id_len;
+    *deliveries = s->deliveries;
+    return s->id;
+}
+
+/* At a stop, entries that never ran go back pending without the delivery
+ * that brought them here (XCLAIM to ourselves with RETRYCOUNT one lower,
+ * JUSTID): a stop is no crash, and counting it sent an entry held through
+ * MAX_DELIVERIES restarts (waiting for its user's place, or for its time)
+ * to the dead stream unrun. One XCLAIM per CLAIM_ARGS_MAX entries read
+ * once (count 0), one per entry claimed before; pipelined. Best effort:
+ * without a connection, or if it fails now, the counts stay one higher
+ * (never lower than the deliveries that could have run). */
+static void give_back_unrun(tps_consumer *c) {
+    if (c->wr == NULL) return;
+    uint32_t total = c->nslots + tps_sched_count(c->sched), sent = 0;
+    for (int pass = 0; pass < 2; pass++) { /* 0: read once, batched; 1: claimed, one by one */
+        uint32_t i = 0;
+        while (i < total) {
+            char n[16];
+            size_t argc = 0, first;
+            args(c, &argc, "XCLAIM");
+            args(c, &argc, c->stream);
+            args(c, &argc, c->group);
+            args(c, &argc, c->consumer);
+            args(c, &argc, "0");
+            first = argc;
+            unsigned d = 1;
+            for (; i < total && argc - first < (pass == 0 ? CLAIM_ARGS_MAX : 1); i++) {
+                size_t len;
+                const char *id = unrun_entry(c, i, &len, &d);
+                if (id != NULL && (pass == 0) == (d <= 1)) arg(c, &argc, id, len);
+            }
+            if (argc == first) continue;
+            snprintf(n, sizeof n, "%u", pass == 0 ? 0u : d - 1);
+            args(c, &argc, "RETRYCOUNT");
+            args(c, &argc, n);
+            args(c, &argc, "JUSTID");
+            if (redisAppendCommandArgv(c->wr, (int)argc, c->argv, c->argvlen) != REDIS_OK) break;
+            sent++;
+        }
+    }
+    for (; sent > 0; sent--) {
+        redisReply *r = NULL;
+        if (redisGetReply(c->wr, (void **)&r) != REDIS_OK) return; /* the loop sees the connection fail */
+        if (r->type == REDIS_REPLY_ERROR) log1(c, TP_LOG_WARN, "give_back_failed", "error", r->str);
+        freeReplyObject(r);
+    }
+}
+
+/* Stop: forget what has not entered the pool (it stays pending in Redis,
+ * its delivery undone: give_back_unrun). */
 static void apply_stop(tps_consumer *c) {
     c->stopped_applied = 1;
     if (c->rd != NULL) { /* an XREADGROUP in flight may deliver more: drop the reader */
@@ -1572,6 +1631,7 @@ static void apply_stop(tps_consumer *c) {
         c->rd = NULL;
         c->read_outstanding = 0;
     }
+    give_back_unrun(c);
     uint32_t released = 0;
     c->n_low_admitted = 0;
     for (uint32_t i = 0; i < c->nslots; i++) {

@@ -95,10 +95,12 @@
  * entries first (the reconnect backoff is capped at claim_idle / 4 for this).
  * Entries XAUTOCLAIM reports as deleted from the stream (XTRIM, XDEL) get a
  * dead record, `entry deleted before it ran`. An entry delivered more than
- * max_deliveries times goes to the dead stream without running; a claim of
- * an entry that is not due yet does not count (the claimer sets Redis's
- * count back with XCLAIM RETRYCOUNT), so restarts before its time cannot
- * kill a scheduled entry. When a
+ * max_deliveries times goes to the dead stream without running. Only
+ * deliveries that could run count: a claim of an entry that is not due yet
+ * is set back (the claimer XCLAIMs it to itself with RETRYCOUNT), and so are
+ * the entries a stop releases unrun (tps_stop_reading), so restarts and
+ * crashes before an entry's time, or while it waits in a backlog, cannot
+ * send it to the dead stream. When a
  * connection fails, both are closed and reopened with exponential backoff
  * (100 ms to 2 s); tasks keep running and their outcomes wait in their slots.
  *
@@ -233,9 +235,13 @@ int tps_create(tps_consumer **out, const tps_config *cfg, char *err, size_t errl
  * SIGTERM/SIGINT before calling if the caller wants them on its own thread. */
 int tps_start(tps_consumer *c);
 
-/* Stop reading and claiming new entries; entries in the local backlog are
- * released (left pending for others). Tasks in the pool keep running and
- * their outcomes keep being written. Never blocks. Idempotent. */
+/* Stop reading and claiming new entries; entries in the local backlog and
+ * those waiting for their time are released (left pending for others, with
+ * the delivery that brought them here undone: they never ran, so a stop
+ * does not bring them closer to max_deliveries). Tasks in the pool keep
+ * running and their outcomes keep being written. Does not block on the
+ * pool; sends the releases to Redis and reads their replies (a few ms; with
+ * no connection, the counts stay as they are). Idempotent. */
 void tps_stop_reading(tps_consumer *c);
 
 /*

@@ -854,7 +854,7 @@ def pending_count(r, eid):
 
 
 def scenario_scheduled_restarts(env):
-    """A scheduled entry outlives more worker restarts before its time than
+    """A scheduled entry outlives more worker crashes before its time than
     MAX_DELIVERIES allows deliveries (a claim of an entry that is not due is
     no delivery: the worker sets Redis's count back), then runs once, on time.
     And an entry whose id is ahead of the clock waits its defer from when it
@@ -874,7 +874,9 @@ def scenario_scheduled_restarts(env):
         counts.append(pending_count(r, a))
         if k == restarts:
             break
-        check(env.stop(w) == 0, "worker %s did not exit 0" % w.name)
+        # killed: no stop gives the delivery back (backlog_restarts), the
+        # claim that finds it not due does
+        env.stop(w, signal.SIGKILL)
         w = env.worker("w%d" % (k + 1), **cfg)  # claims it after CLAIM_IDLE
     log("scheduled_restarts: delivery counts while it waited %r" % counts)
     check(time.time() * 1000 < due, "the restarts took longer than the defer (%d ms): inconclusive" % defer_ms)
@@ -898,6 +900,41 @@ def scenario_scheduled_restarts(env):
     started = {f["id"]: int(f["started_ms"]) for _, f in done}
     check(started[g] >= read_after + 300, "the deferred entry started %d ms after it was added (defer 300 ms)" %
           (started[g] - read_after))
+    check(env.stop(w) == 0, "worker %s did not exit 0" % w.name)
+
+
+def scenario_backlog_restarts(env):
+    """An entry held in a worker's backlog (its user at MAX_PER_USER) through
+    more restarts than MAX_DELIVERIES allows deliveries never ran: each stop
+    gives it back without the delivery (XCLAIM RETRYCOUNT). The blocker,
+    forced to stop while running every time, is counted and goes dead."""
+    r = env.start_redis()
+    cfg = dict(CLAIM_IDLE="200ms", MAX_DELIVERIES=3, WORKERS=1, MAX_PER_USER=1, SHUTDOWN_TIMEOUT="200ms")
+    w = env.worker("w0", **cfg)
+    b = r("XADD", "tasks", "*", "user", "a", "work", "1h")
+    h = r("XADD", "tasks", "*", "user", "a", "work", "1ms")
+    counts = []
+    for k in range(3):
+        # w0 reads both; each later worker claims both (b first: ids in order)
+        wait_until(lambda: r("XLEN", "tasks:dead") > 0 or
+                   (metrics(w)["taskpool_active"] == 1 and metrics(w)["tps_stream_backlog"] == 1), 10,
+                   "worker %s to run the blocker and hold the other entry" % w.name)
+        check(r("XLEN", "tasks:dead") == 0, "an entry went dead after %d restarts: %r" % (k, entries(r, "tasks:dead")))
+        counts.append((pending_count(r, b), pending_count(r, h)))
+        check(env.stop(w) == 1, "worker %s: a forced drain exits 1" % w.name)
+        # both idle past CLAIM_IDLE, so that the next worker claims them in one
+        # batch, in id order: the blocker runs, the other is held again
+        wait_until(lambda: all(row[2] >= 300 for row in r("XPENDING", "tasks", "taskpool", "-", "+", 10)), 10,
+                   "both entries to be idle")
+        w = env.worker("w%d" % (k + 1), **cfg)
+    # w3 claims the blocker a 4th time: dead (delivered 4 times); the held one runs
+    log("backlog_restarts: delivery counts (blocker, held) while held %r" % counts)
+    wait_until(lambda: outcome_count(r) == 2, 15, "both outcomes")
+    done, dead, dups = verify(r, {b, h})
+    check([f["id"] for _, f in done] == [h], "results %r" % done)
+    check([f["id"] for _, f in dead] == [b] and dead[0][1]["reason"].startswith("delivered 4 times"),
+          "dead %r" % dead)
+    check(int(done[0][1]["deliveries"]) == 1, "the held entry's record says deliveries %s" % done[0][1]["deliveries"])
     check(env.stop(w) == 0, "worker %s did not exit 0" % w.name)
 
 
@@ -1284,6 +1321,7 @@ SCENARIOS = {
     "group_start": scenario_group_start,
     "scheduled": scenario_scheduled,
     "scheduled_restarts": scenario_scheduled_restarts,
+    "backlog_restarts": scenario_backlog_restarts,
     "results": scenario_results,
     "requeue": scenario_requeue,
     "trim_load": scenario_trim_load,
