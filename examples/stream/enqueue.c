@@ -29,7 +29,7 @@
 #define ID_LEN   48       /* an entry id and its NUL */
 #define NFIELDS  8        /* fields of one entry at most */
 
-enum { EXIT_OK = 0, EXIT_REDIS = 1, EXIT_USAGE = 2, EXIT_DEAD = 3, EXIT_TIMEOUT = 4 };
+enum { EXIT_OK = 0, EXIT_REDIS = 1, EXIT_USAGE = 2, EXIT_DEAD = 3, EXIT_TIMEOUT = 4, EXIT_UNKNOWN = 5 };
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -42,20 +42,23 @@ static void usage(FILE *f) {
             "\n"
             "Adds N entries (1000) to STREAM, P at a time (256) before reading the replies.\n"
             "Entry i gets `user u<i %% U>` (U = 10; none when 0), `work D` (the demo\n"
-            "handler's run time; --delay is an alias), `fail` on every K-th entry (K = 1),\n"
-            "a B-byte `payload`, `not_before MS` (Unix ms) or `defer D` (start no earlier\n"
-            "than D after it was added), `attempts N` (1..101), `priority PRIO` (-2..2: 2\n"
-            "urgent, 0 normal, below 0 background; absent = 0). Values are checked with\n"
-            "the worker's own parser. Prints one JSON line: count, entries/s, first and\n"
-            "last id. Creates GROUP at $ when STREAM has no such group yet.\n"
+            "handler's run time; --delay is an alias), `fail` on every K-th entry (K = 1;\n"
+            "--fail-every needs --fail), a B-byte `payload`, `not_before MS` (Unix ms) or\n"
+            "`defer D` (start no earlier than D after it was added), `attempts N`\n"
+            "(1..101), `priority PRIO` (-2..2: 2 urgent, 0 normal, below 0 background;\n"
+            "absent = 0). Values are checked with the worker's own parser. Prints one\n"
+            "JSON line: count, entries/s, first and last id. Creates GROUP at $ when\n"
+            "STREAM has no such group yet.\n"
             "\n"
             "  --wait           then wait for every entry's outcome; one JSON line per\n"
-            "                   outcome (id, outcome done|dead, result, reason), then a\n"
-            "                   summary; at most %u entries\n"
+            "                   outcome (id, outcome done|dead|unknown, result, reason),\n"
+            "                   then a summary; at most %u entries\n"
             "  --timeout D      give up waiting after D (default: wait as long as it takes)\n"
             "  --requeue-dead   add every dead record's entry back to STREAM with its\n"
             "                   original fields and `requeued_from <old id>`, and delete\n"
-            "                   the dead record, atomically per record\n"
+            "                   the dead record, atomically per record; only the records\n"
+            "                   there when it starts, and not those the worker would\n"
+            "                   refuse again (listed as skipped); takes no add option\n"
             "  --since ID       requeue only dead records from this id of DEAD_STREAM on\n"
             "\n"
             "Environment (unset or empty = default):\n"
@@ -67,8 +70,10 @@ static void usage(FILE *f) {
             "  RESULTS_STREAM  where --wait looks for successes (tasks:done)\n"
             "  DEAD_STREAM     where --wait and --requeue-dead look for dead records (tasks:dead)\n"
             "\n"
-            "Exit status: 0 done (with --wait: every entry succeeded), 1 Redis error,\n"
-            "2 bad arguments, 3 --wait: some entry is dead, 4 --wait: timed out.\n",
+            "Exit status: 0 done (with --wait: every entry succeeded), 1 Redis error (an\n"
+            "add that failed part way prints what it added), 2 bad arguments, 3 --wait:\n"
+            "some entry is dead, 4 --wait: timed out, 5 --wait: some outcome records were\n"
+            "trimmed or deleted before they were read (outcome \"unknown\").\n",
             WAIT_MAX);
 }
 
@@ -170,74 +175,290 @@ static const redisReply *field(const redisReply *f, const char *name) {
     return NULL;
 }
 
-static int wait_outcomes(redisContext *c, idset *ids, const char *results, const char *dead, char *last_r,
-                         char *last_d, uint64_t timeout_ns) {
-    uint64_t deadline = timeout_ns != 0 ? tp_now_ns() + timeout_ns : UINT64_MAX;
-    uint32_t left = ids->n, n_ok = 0, n_dead = 0;
-    uint64_t t0 = tp_now_ns();
-    while (left > 0) {
+/* What XINFO STREAM says of a stream (Redis >= 7 for entries-added and
+ * max-deleted-entry-id; -1 and "" when not said). exists 0: no such key. */
+typedef struct stream_state {
+    int exists;
+    long long length, added;
+    char last_generated[ID_LEN], first[ID_LEN], max_deleted[ID_LEN];
+} stream_state;
+
+static void stream_get(redisContext *c, const char *key, stream_state *st) {
+    const char *av[] = {"XINFO", "STREAM", key};
+    size_t al[] = {5, 6, strlen(key)};
+    redisReply *r = redisCommandArgv(c, 3, av, al);
+    if (r == NULL) {
+        fprintf(stderr, "taskpool-enqueue: %s\n", c->errstr);
+        exit(EXIT_REDIS);
+    }
+    memset(st, 0, sizeof *st);
+    st->length = st->added = -1;
+    st->exists = r->type == REDIS_REPLY_ARRAY;
+    for (size_t k = 0; st->exists && k + 1 < r->elements; k += 2) {
+        const redisReply *n = r->element[k], *v = r->element[k + 1];
+        if (n->type != REDIS_REPLY_STRING) continue;
+        if (strcmp(n->str, "length") == 0 && v->type == REDIS_REPLY_INTEGER)
+            st->length = v->integer;
+        else if (strcmp(n->str, "entries-added") == 0 && v->type == REDIS_REPLY_INTEGER)
+            st->added = v->integer;
+        else if (strcmp(n->str, "last-generated-id") == 0 && v->type == REDIS_REPLY_STRING)
+            snprintf(st->last_generated, ID_LEN, "%s", v->str);
+        else if (strcmp(n->str, "max-deleted-entry-id") == 0 && v->type == REDIS_REPLY_STRING)
+            snprintf(st->max_deleted, ID_LEN, "%s", v->str);
+        else if (strcmp(n->str, "first-entry") == 0 && v->type == REDIS_REPLY_ARRAY && v->elements >= 1 &&
+                 v->element[0]->type == REDIS_REPLY_STRING)
+            snprintf(st->first, ID_LEN, "%s", v->element[0]->str);
+    }
+    freeReplyObject(r);
+}
+
+/* One outcome stream that --wait reads. */
+typedef struct follow {
+    const char *key;
+    char last[ID_LEN];     /* the last record read: XREAD goes on after it */
+    long long added0;      /* entries-added when reading began; -1 unknown */
+    long long n_read;      /* records read since */
+    long long lost_seen;   /* unread records known lost, at the last reconcile() */
+    char del_seen[ID_LEN]; /* max-deleted-entry-id at the last reconcile() */
+} follow;
+
+/* Reading starts after the last id the stream ever generated (an emptied
+ * stream's too), or at 0-0 when there is no such stream yet. */
+static void follow_start(redisContext *c, follow *f, const char *key) {
+    stream_state st;
+    stream_get(c, key, &st);
+    memset(f, 0, sizeof *f);
+    f->key = key;
+    snprintf(f->last, ID_LEN, "%s", st.exists && st.last_generated[0] ? st.last_generated : "0-0");
+    f->added0 = st.exists ? st.added : 0;
+}
+
+/* "<ms>-<seq>" (or "<ms>") into two numbers; 0 when it does not parse. */
+static int parse_id(const char *s, uint64_t *ms, uint64_t *seq) {
+    char *end;
+    *ms = strtoull(s, &end, 10);
+    *seq = 0;
+    if (end == s) return 0;
+    if (*end == '-') *seq = strtoull(end + 1, &end, 10);
+    return *end == '\0';
+}
+
+static int id_after(const char *a, const char *b) { /* a > b */
+    uint64_t am, as, bm, bs;
+    if (!parse_id(a, &am, &as) || !parse_id(b, &bm, &bs)) return 0;
+    return am > bm || (am == bm && as > bs);
+}
+
+/* Were records added after reading began removed before they were read,
+ * since the last time this said so? A trim (MAXLEN) removes the oldest:
+ * when the stream's first record is past the last one read, every record
+ * added since that is neither read nor still there was trimmed unread
+ * (entries-added counts them). XDEL shows in max-deleted-entry-id. Both
+ * need Redis >= 7; an older server cannot tell (0). */
+static int overtaken(redisContext *c, follow *f) {
+    stream_state st;
+    stream_get(c, f->key, &st);
+    if (!st.exists) return 0;
+    long long lost = 0;
+    if (st.added >= 0 && f->added0 >= 0 && st.length >= 0 && (st.length == 0 || id_after(st.first, f->last)))
+        lost = st.added - f->added0 - f->n_read - st.length;
+    int deleted = st.max_deleted[0] != '\0' && id_after(st.max_deleted, f->last) &&
+                  strcmp(st.max_deleted, f->del_seen) != 0;
+    if (lost <= f->lost_seen && !deleted) return 0;
+    if (lost > f->lost_seen) f->lost_seen = lost;
+    snprintf(f->del_seen, ID_LEN, "%s", st.max_deleted);
+    return 1;
+}
+
+/* What --wait follows. done[k]: 0 no outcome yet, 1 seen, 2 candidate of
+ * reconcile() (acknowledged, its record not seen yet). `one`: the results
+ * and dead streams are the same stream (read as res). */
+typedef struct waiter {
+    redisContext *c;
+    idset *ids;
+    const char *stream, *group;
+    follow res, dead;
+    int one;
+    uint32_t left, n_ok, n_dead, n_unknown;
+} waiter;
+
+static void print_outcome(const char *id, size_t id_len, const char *outcome, const redisReply *res,
+                          const char *reason, size_t reason_len) {
+    printf("{\"msg\":\"outcome\",\"id\":");
+    json_str(id, id_len);
+    printf(",\"outcome\":\"%s\"", outcome);
+    if (res != NULL) {
+        printf(",\"result\":");
+        json_str(res->str, res->len);
+    }
+    if (reason != NULL) {
+        printf(",\"reason\":");
+        json_str(reason, reason_len);
+    }
+    printf("}\n");
+}
+
+/* One XREAD of the outcome streams (block_ms 0: do not block); the number
+ * of records it returned. */
+static size_t read_outcomes(waiter *w, uint64_t block_ms) {
+    char bms[24];
+    snprintf(bms, sizeof bms, "%llu", (unsigned long long)block_ms);
+    const char *av[10] = {"XREAD", "COUNT", "1000"};
+    int ac = 3;
+    if (block_ms > 0) av[ac++] = "BLOCK", av[ac++] = bms;
+    av[ac++] = "STREAMS";
+    av[ac++] = w->res.key;
+    if (!w->one) av[ac++] = w->dead.key;
+    av[ac++] = w->res.last;
+    if (!w->one) av[ac++] = w->dead.last;
+    size_t al[10];
+    for (int k = 0; k < ac; k++) al[k] = strlen(av[k]);
+    redisReply *r = command(w->c, ac, av, al);
+    size_t n = 0;
+    for (size_t s = 0; r->type == REDIS_REPLY_ARRAY && s < r->elements; s++) {
+        const redisReply *st = r->element[s];
+        if (st->type != REDIS_REPLY_ARRAY || st->elements < 2 || st->element[0]->type != REDIS_REPLY_STRING)
+            continue;
+        int is_dead = !w->one && strcmp(st->element[0]->str, w->dead.key) == 0;
+        follow *f = is_dead ? &w->dead : &w->res;
+        const redisReply *ents = st->element[1];
+        for (size_t e = 0; ents->type == REDIS_REPLY_ARRAY && e < ents->elements; e++) {
+            const redisReply *ent = ents->element[e];
+            if (ent->type != REDIS_REPLY_ARRAY || ent->elements < 2) continue;
+            n++;
+            f->n_read++;
+            snprintf(f->last, ID_LEN, "%s", ent->element[0]->str);
+            const redisReply *id = field(ent->element[1], "id"), *reason = field(ent->element[1], "reason");
+            if (id == NULL) continue;
+            uint32_t k = idset_find(w->ids, id->str, id->len, 0);
+            if (k == UINT32_MAX || w->ids->done[k] == 1) continue;
+            w->ids->done[k] = 1;
+            w->left--;
+            int this_dead = is_dead || reason != NULL;
+            this_dead ? w->n_dead++ : w->n_ok++;
+            print_outcome(id->str, id->len, this_dead ? "dead" : "done", field(ent->element[1], "result"),
+                          reason != NULL ? reason->str : NULL, reason != NULL ? reason->len : 0);
+        }
+    }
+    freeReplyObject(r);
+    fflush(stdout); /* a reader on a pipe sees each batch as it comes */
+    return n;
+}
+
+/* Outcome records were removed before they were read: an entry that is
+ * acknowledged (delivered, and no longer pending in the group) had its
+ * record written first (the worker's rule), so if no read finds it now, it
+ * was among the removed ones. Such entries end as "unknown". */
+static void reconcile(waiter *w) {
+    char delivered[ID_LEN] = "";
+    const char *gav[] = {"XINFO", "GROUPS", w->stream};
+    size_t gal[] = {5, 6, strlen(w->stream)};
+    redisReply *g = redisCommandArgv(w->c, 3, gav, gal); /* an error (no stream): nothing to tell */
+    if (g == NULL) {
+        fprintf(stderr, "taskpool-enqueue: %s\n", w->c->errstr);
+        exit(EXIT_REDIS);
+    }
+    for (size_t k = 0; g->type == REDIS_REPLY_ARRAY && k < g->elements; k++) {
+        const redisReply *name = field(g->element[k], "name"),
+                         *last = field(g->element[k], "last-delivered-id");
+        if (name != NULL && last != NULL && strcmp(name->str, w->group) == 0)
+            snprintf(delivered, sizeof delivered, "%s", last->str);
+    }
+    freeReplyObject(g);
+    if (delivered[0] == '\0') return;
+    /* Candidates: delivered and not pending, asked in pipelined batches. */
+    idset *ids = w->ids;
+    for (uint32_t k = 0; k < ids->n;) {
+        uint32_t asked[1000], n = 0;
+        for (; k < ids->n && n < 1000; k++) {
+            if (ids->done[k] != 0 || id_after(ids->id[k], delivered)) continue;
+            const char *av[] = {"XPENDING", w->stream, w->group, ids->id[k], ids->id[k], "1"};
+            size_t al[6];
+            for (int a = 0; a < 6; a++) al[a] = strlen(av[a]);
+            if (redisAppendCommandArgv(w->c, 6, av, al) != REDIS_OK) break;
+            asked[n++] = k;
+        }
+        for (uint32_t a = 0; a < n; a++) {
+            redisReply *r = NULL;
+            if (redisGetReply(w->c, (void **)&r) != REDIS_OK) {
+                fprintf(stderr, "taskpool-enqueue: %s\n", w->c->errstr);
+                exit(EXIT_REDIS);
+            }
+            if (r->type == REDIS_REPLY_ARRAY && r->elements == 0) ids->done[asked[a]] = 2;
+            freeReplyObject(r);
+        }
+    }
+    /* Records written before those acknowledgements are readable now, unless removed. */
+    while (read_outcomes(w, 0) > 0) {
+    }
+    static const char why[] = "its outcome record was trimmed or deleted before --wait read it";
+    for (uint32_t k = 0; k < ids->n; k++) {
+        if (ids->done[k] != 2) continue;
+        ids->done[k] = 1;
+        w->left--;
+        w->n_unknown++;
+        print_outcome(ids->id[k], strlen(ids->id[k]), "unknown", NULL, why, sizeof why - 1);
+    }
+    fflush(stdout);
+}
+
+static int wait_outcomes(waiter *w, uint64_t timeout_ns) {
+    uint64_t t0 = tp_now_ns(), next_check = 0;
+    uint64_t deadline = timeout_ns != 0 && timeout_ns < UINT64_MAX - t0 ? t0 + timeout_ns : UINT64_MAX;
+    w->left = w->ids->n;
+    while (w->left > 0) {
         uint64_t now = tp_now_ns();
         if (now >= deadline) break;
         uint64_t block = (deadline - now) / 1000000u;
         if (block > 1000) block = 1000;
         if (block == 0) block = 1;
-        char bms[24];
-        snprintf(bms, sizeof bms, "%llu", (unsigned long long)block);
-        const char *av[] = {"XREAD", "COUNT", "1000", "BLOCK", bms, "STREAMS", results, dead, last_r, last_d};
-        size_t al[10];
-        for (int k = 0; k < 10; k++) al[k] = strlen(av[k]);
-        redisReply *r = command(c, 10, av, al);
-        for (size_t s = 0; r->type == REDIS_REPLY_ARRAY && s < r->elements; s++) {
-            const redisReply *st = r->element[s];
-            if (st->type != REDIS_REPLY_ARRAY || st->elements < 2 ||
-                st->element[0]->type != REDIS_REPLY_STRING)
-                continue;
-            int is_dead = strcmp(st->element[0]->str, dead) == 0 && strcmp(dead, results) != 0;
-            const redisReply *ents = st->element[1];
-            for (size_t e = 0; ents->type == REDIS_REPLY_ARRAY && e < ents->elements; e++) {
-                const redisReply *ent = ents->element[e];
-                if (ent->type != REDIS_REPLY_ARRAY || ent->elements < 2) continue;
-                snprintf(is_dead ? last_d : last_r, ID_LEN, "%s", ent->element[0]->str);
-                const redisReply *id = field(ent->element[1], "id"),
-                                 *reason = field(ent->element[1], "reason");
-                if (id == NULL) continue;
-                uint32_t k = idset_find(ids, id->str, id->len, 0);
-                if (k == UINT32_MAX || ids->done[k]) continue;
-                ids->done[k] = 1;
-                left--;
-                int this_dead = is_dead || reason != NULL;
-                this_dead ? n_dead++ : n_ok++;
-                const redisReply *res = field(ent->element[1], "result");
-                printf("{\"msg\":\"outcome\",\"id\":");
-                json_str(id->str, id->len);
-                printf(",\"outcome\":\"%s\"", this_dead ? "dead" : "done");
-                if (res != NULL) {
-                    printf(",\"result\":");
-                    json_str(res->str, res->len);
-                }
-                if (reason != NULL) {
-                    printf(",\"reason\":");
-                    json_str(reason->str, reason->len);
-                }
-                printf("}\n");
-            }
+        (void)read_outcomes(w, block);
+        now = tp_now_ns();
+        if (w->left > 0 && now >= next_check) { /* twice a second at most */
+            next_check = now + 500000000u;
+            int lost = overtaken(w->c, &w->res);
+            if (!w->one && overtaken(w->c, &w->dead)) lost = 1;
+            if (lost) reconcile(w);
         }
-        freeReplyObject(r);
     }
-    printf("{\"msg\":\"waited\",\"succeeded\":%u,\"dead\":%u,\"missing\":%u,\"seconds\":%.3f}\n", n_ok,
-           n_dead, left, (double)(tp_now_ns() - t0) / 1e9);
+    printf(
+        "{\"msg\":\"waited\",\"succeeded\":%u,\"dead\":%u,\"unknown\":%u,\"missing\":%u,\"seconds\":%.3f}\n",
+        w->n_ok, w->n_dead, w->n_unknown, w->left, (double)(tp_now_ns() - t0) / 1e9);
     fflush(stdout);
-    return left > 0 ? EXIT_TIMEOUT : n_dead > 0 ? EXIT_DEAD : EXIT_OK;
+    return w->left > 0 ? EXIT_TIMEOUT : w->n_dead > 0 ? EXIT_DEAD : w->n_unknown > 0 ? EXIT_UNKNOWN : EXIT_OK;
 }
 
 /* ------------------------------------------------------------------ --requeue-dead */
 
+/* NULL when the fields of dead record `rec` (its `entry.<name>` copies) make
+ * an entry the worker accepts, else the reason (static or in buf). */
+static const char *requeue_check(const redisReply *rec) {
+    if (rec->type != REDIS_REPLY_ARRAY || rec->elements < 2 || rec->element[1]->type != REDIS_REPLY_ARRAY)
+        return NULL; /* the script says what it is */
+    const redisReply *f = rec->element[1];
+    tps_entry e;
+    tps_entry_init(&e);
+    for (size_t k = 0; k + 1 < f->elements; k += 2) {
+        const redisReply *name = f->element[k], *val = f->element[k + 1];
+        if (name->type != REDIS_REPLY_STRING || val->type != REDIS_REPLY_STRING || name->len <= 6 ||
+            memcmp(name->str, "entry.", 6) != 0)
+            continue;
+        const char *why = tps_entry_field(&e, name->str + 6, name->len - 6, val->str, val->len);
+        if (why != NULL) return why;
+    }
+    return tps_entry_finish(&e);
+}
+
+/* Requeue the dead records that exist when it starts (up to the dead
+ * stream's last id then: a requeued entry that dies again while this runs
+ * is not requeued again by the same run). */
 static int requeue_dead(redisContext *c, const char *stream, const char *dead, const char *since) {
-    char start[ID_LEN + 1];
+    char start[ID_LEN + 1], end[ID_LEN];
     snprintf(start, sizeof start, "%s", since != NULL ? since : "-");
+    last_id(c, dead, end, sizeof end);
     unsigned requeued = 0, skipped = 0;
-    for (;;) {
-        const char *av[] = {"XRANGE", dead, start, "+", "COUNT", "256"};
+    while (strcmp(end, "0-0") != 0) {
+        const char *av[] = {"XRANGE", dead, start, end, "COUNT", "256"};
         size_t al[6];
         for (int k = 0; k < 6; k++) al[k] = strlen(av[k]);
         redisReply *r = command(c, 6, av, al);
@@ -253,29 +474,48 @@ static int requeue_dead(redisContext *c, const char *stream, const char *dead, c
         eav[n++] = "2";
         eav[n++] = stream;
         eav[n++] = dead;
-        for (size_t e = 0; e < r->elements; e++)
-            if (r->element[e]->type == REDIS_REPLY_ARRAY && r->element[e]->elements >= 1)
-                eav[n++] = r->element[e]->element[0]->str;
-        for (int k = 0; k < n; k++) eal[k] = strlen(eav[k]);
-        /* the next page starts after the last record seen ("(" = exclusive) */
-        snprintf(start, sizeof start, "(%s", eav[n - 1]);
-        redisReply *q = command(c, n, eav, eal);
-        for (size_t k = 0; q->type == REDIS_REPLY_ARRAY && k < q->elements; k++) {
-            const redisReply *row = q->element[k];
-            if (row->type != REDIS_REPLY_ARRAY || row->elements != 3) continue;
-            int ok = strcmp(row->element[1]->str, "requeued") == 0;
-            ok ? requeued++ : skipped++;
-            printf("{\"msg\":\"%s\",\"dead_record\":\"%s\",\"status\":\"%s\"", ok ? "requeued" : "skipped",
-                   row->element[0]->str, row->element[1]->str);
-            if (ok) printf(",\"new_id\":\"%s\"", row->element[2]->str);
+        for (size_t e = 0; e < r->elements; e++) {
+            const redisReply *rec = r->element[e];
+            if (rec->type != REDIS_REPLY_ARRAY || rec->elements < 1 ||
+                rec->element[0]->type != REDIS_REPLY_STRING)
+                continue;
+            /* the next page starts after the last record seen ("(" = exclusive) */
+            snprintf(start, sizeof start, "(%s", rec->element[0]->str);
+            const char *why = requeue_check(rec);
+            if (why == NULL) {
+                eav[n++] = rec->element[0]->str;
+                continue;
+            }
+            skipped++; /* it would die again at once */
+            printf("{\"msg\":\"skipped\",\"dead_record\":\"%s\",\"status\":\"malformed\",\"reason\":",
+                   rec->element[0]->str);
+            json_str(why, strlen(why));
             printf("}\n");
         }
-        freeReplyObject(q);
+        if (n > 5) {
+            for (int k = 0; k < n; k++) eal[k] = strlen(eav[k]);
+            redisReply *q = command(c, n, eav, eal);
+            for (size_t k = 0; q->type == REDIS_REPLY_ARRAY && k < q->elements; k++) {
+                const redisReply *row = q->element[k];
+                if (row->type != REDIS_REPLY_ARRAY || row->elements != 3) continue;
+                int ok = strcmp(row->element[1]->str, "requeued") == 0;
+                ok ? requeued++ : skipped++;
+                printf("{\"msg\":\"%s\",\"dead_record\":\"%s\",\"status\":\"%s\"",
+                       ok ? "requeued" : "skipped", row->element[0]->str, row->element[1]->str);
+                if (ok) printf(",\"new_id\":\"%s\"", row->element[2]->str);
+                printf("}\n");
+            }
+            freeReplyObject(q);
+        }
         freeReplyObject(r);
+        fflush(stdout);
     }
-    printf("{\"msg\":\"requeue_done\",\"stream\":\"%s\",\"dead_stream\":\"%s\",\"requeued\":%u,\"skipped\":%"
-           "u}\n",
-           stream, dead, requeued, skipped);
+    printf("{\"msg\":\"requeue_done\",\"stream\":");
+    json_str(stream, strlen(stream));
+    printf(",\"dead_stream\":");
+    json_str(dead, strlen(dead));
+    printf(",\"requeued\":%u,\"skipped\":%u}\n", requeued, skipped);
+    fflush(stdout);
     return EXIT_OK;
 }
 
@@ -317,19 +557,44 @@ static const char *check_fields(fields *f, unsigned i) {
     return tps_entry_finish(&e);
 }
 
-static int valid_id(const char *s) { /* <ms>[-<seq>] for --since */
+/* A run of decimal digits of length n that fits in 64 bits. */
+static int u64_digits(const char *s, size_t n) {
+    static const char max[] = "18446744073709551615";
+    return n > 0 && (n < sizeof max - 1 || (n == sizeof max - 1 && strncmp(s, max, n) <= 0));
+}
+
+static int valid_id(const char *s) { /* <ms>[-<seq>] for --since, each part 64 bits */
     size_t n = strspn(s, "0123456789");
-    if (n == 0 || n > 20) return 0;
+    if (!u64_digits(s, n)) return 0;
     if (s[n] == '\0') return 1;
     size_t m = strspn(s + n + 1, "0123456789");
-    return s[n] == '-' && m > 0 && m <= 20 && s[n + 1 + m] == '\0';
+    return s[n] == '-' && u64_digits(s + n + 1, m) && s[n + 1 + m] == '\0';
+}
+
+/* Create the consumer group at `$` when the stream has none of that name
+ * yet (MKSTREAM), so that entries added before the first worker starts are
+ * not skipped by it. 1 created, 0 it existed, -1 error (printed). */
+static int ensure_group(redisContext *c, const char *stream, const char *group) {
+    const char *gav[] = {"XGROUP", "CREATE", stream, group, "$", "MKSTREAM"};
+    size_t gal[6];
+    for (int k = 0; k < 6; k++) gal[k] = strlen(gav[k]);
+    redisReply *g = redisCommandArgv(c, 6, gav, gal);
+    if (g == NULL || (g->type == REDIS_REPLY_ERROR && strncmp(g->str, "BUSYGROUP", 9) != 0)) {
+        fprintf(stderr, "taskpool-enqueue: XGROUP CREATE: %s\n", g != NULL ? g->str : c->errstr);
+        if (g != NULL) freeReplyObject(g);
+        return -1;
+    }
+    int created = g->type != REDIS_REPLY_ERROR;
+    freeReplyObject(g);
+    return created;
 }
 
 int main(int argc, char **argv) {
     unsigned count = 1000, users = 10, fail_every = 1, payload_bytes = 0, pipeline = 256;
     const char *work = "0", *fail = NULL, *not_before = NULL, *defer = NULL, *attempts = NULL, *since = NULL,
                *priority = NULL;
-    int wait = 0, requeue = 0;
+    int wait = 0, requeue = 0, fail_every_given = 0;
+    const char *add_opt = NULL; /* an option of adding or waiting, for --requeue-dead's check */
     uint64_t timeout_ns = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -343,6 +608,7 @@ int main(int argc, char **argv) {
             return EXIT_OK;
         } else if (strcmp(a, "--wait") == 0) {
             wait = 1;
+            add_opt = a;
             continue;
         } else if (strcmp(a, "--requeue-dead") == 0) {
             requeue = 1;
@@ -372,6 +638,7 @@ int main(int argc, char **argv) {
         } else if (strcmp(a, "--since") == 0) {
             str = &since;
         } else if (strcmp(a, "--timeout") == 0) {
+            add_opt = a;
             if (v == NULL || svc_parse_duration(v, &timeout_ns) != 0 || timeout_ns == 0) {
                 fprintf(stderr, "taskpool-enqueue: --timeout needs a duration like 30s\n");
                 return EXIT_USAGE;
@@ -382,10 +649,12 @@ int main(int argc, char **argv) {
             fprintf(stderr, "taskpool-enqueue: unknown option or argument '%s' (try --help)\n", a);
             return EXIT_USAGE;
         }
-        if (v == NULL) {
+        if (v == NULL || strncmp(v, "--", 2) == 0) { /* no value is an option's name */
             fprintf(stderr, "taskpool-enqueue: %s needs a value (try --help)\n", a);
             return EXIT_USAGE;
         }
+        if (str != &since) add_opt = a;
+        if (num == &fail_every) fail_every_given = 1;
         if (num != NULL && svc_parse_uint(v, min, max, num) != 0) {
             fprintf(stderr, "taskpool-enqueue: %s \"%s\": expected a whole number from %u to %u\n", a, v, min,
                     max);
@@ -396,16 +665,28 @@ int main(int argc, char **argv) {
     }
     const char *stream = env_or("STREAM", "tasks"), *group = env_or("GROUP", "taskpool");
     const char *results = env_or("RESULTS_STREAM", "tasks:done"), *dead = env_or("DEAD_STREAM", "tasks:dead");
+    if (strcmp(stream, results) == 0 || strcmp(stream, dead) == 0) {
+        fprintf(stderr, "taskpool-enqueue: RESULTS_STREAM and DEAD_STREAM must differ from STREAM\n");
+        return EXIT_USAGE;
+    }
     if (requeue) {
+        if (add_opt != NULL) {
+            fprintf(stderr, "taskpool-enqueue: %s does not go with --requeue-dead\n", add_opt);
+            return EXIT_USAGE;
+        }
         if (since != NULL && !valid_id(since)) {
             fprintf(stderr, "taskpool-enqueue: --since \"%s\": expected a stream id like 1700000000000-0\n",
                     since);
             return EXIT_USAGE;
         }
         redisContext *c = connect_env();
-        int rc = requeue_dead(c, stream, dead, since);
+        int rc = ensure_group(c, stream, group) < 0 ? EXIT_REDIS : requeue_dead(c, stream, dead, since);
         redisFree(c);
         return rc;
+    }
+    if (fail_every_given && fail == NULL) {
+        fprintf(stderr, "taskpool-enqueue: --fail-every goes with --fail\n");
+        return EXIT_USAGE;
     }
     if (since != NULL || (timeout_ns != 0 && !wait)) {
         fprintf(stderr, "taskpool-enqueue: %s goes with %s\n", since != NULL ? "--since" : "--timeout",
@@ -414,10 +695,6 @@ int main(int argc, char **argv) {
     }
     if (wait && count > WAIT_MAX) {
         fprintf(stderr, "taskpool-enqueue: --wait follows at most %u entries\n", WAIT_MAX);
-        return EXIT_USAGE;
-    }
-    if (strcmp(stream, results) == 0 || strcmp(stream, dead) == 0) {
-        fprintf(stderr, "taskpool-enqueue: RESULTS_STREAM and DEAD_STREAM must differ from STREAM\n");
         return EXIT_USAGE;
     }
     char *payload = NULL;
@@ -466,25 +743,21 @@ int main(int argc, char **argv) {
         }
     }
     c = connect_env();
-    const char *gav[] = {"XGROUP", "CREATE", stream, group, "$", "MKSTREAM"};
-    size_t gal[6];
-    for (int k = 0; k < 6; k++) gal[k] = strlen(gav[k]);
-    redisReply *g = redisCommandArgv(c, 6, gav, gal);
-    if (g == NULL || (g->type == REDIS_REPLY_ERROR && strncmp(g->str, "BUSYGROUP", 9) != 0)) {
-        fprintf(stderr, "taskpool-enqueue: XGROUP CREATE: %s\n", g != NULL ? g->str : c->errstr);
-        if (g != NULL) freeReplyObject(g);
+    int group_created = ensure_group(c, stream, group);
+    if (group_created < 0) {
         rc = EXIT_REDIS;
         goto out;
     }
-    int group_created = g->type != REDIS_REPLY_ERROR;
-    freeReplyObject(g);
-    char first[ID_LEN] = "", last[ID_LEN] = "", last_r[ID_LEN] = "0-0", last_d[ID_LEN] = "0-0";
-    if (wait) {
-        last_id(c, results, last_r, sizeof last_r);
-        last_id(c, dead, last_d, sizeof last_d);
+    char first[ID_LEN] = "", last[ID_LEN] = "";
+    waiter w = {.c = c, .ids = &ids, .stream = stream, .group = group, .one = strcmp(results, dead) == 0};
+    if (wait) { /* where the outcome streams end before anything is added */
+        follow_start(c, &w.res, results);
+        follow_start(c, &w.dead, dead);
     }
     uint64_t t0 = tp_now_ns();
-    for (unsigned sent = 0; sent < count;) {
+    unsigned added = 0;
+    int failed = 0, lost = 0; /* an XADD refused; the connection lost (replies unknown) */
+    for (unsigned sent = 0; sent < count && !failed;) {
         unsigned n = count - sent < pipeline ? count - sent : pipeline;
         for (unsigned k = 0; k < n; k++) {
             const char *av[3 + 2 * NFIELDS];
@@ -496,23 +769,27 @@ int main(int argc, char **argv) {
             if (redisAppendCommandArgv(c, 3 + nf, av, al) != REDIS_OK) {
                 fprintf(stderr, "taskpool-enqueue: %s\n", c->errstr);
                 rc = EXIT_REDIS;
-                goto out;
+                goto out; /* nothing of this batch was sent */
             }
         }
-        for (unsigned k = 0; k < n; k++) {
+        /* Every reply of the batch is read, even after a refusal (e.g. OOM),
+         * so that the report names exactly what was added. */
+        for (unsigned k = 0; k < n && !lost; k++) {
             redisReply *r = NULL;
             if (redisGetReply(c, (void **)&r) != REDIS_OK) {
                 fprintf(stderr, "taskpool-enqueue: %s\n", c->errstr);
-                rc = EXIT_REDIS;
-                goto out;
+                failed = lost = 1;
+                break;
             }
             if (r->type != REDIS_REPLY_STRING) {
-                fprintf(stderr, "taskpool-enqueue: XADD: %s\n",
-                        r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply");
+                if (!failed)
+                    fprintf(stderr, "taskpool-enqueue: XADD: %s\n",
+                            r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply");
+                failed = 1;
                 freeReplyObject(r);
-                rc = EXIT_REDIS;
-                goto out;
+                continue;
             }
+            added++;
             if (first[0] == '\0') snprintf(first, sizeof first, "%s", r->str);
             snprintf(last, sizeof last, "%s", r->str);
             if (wait) (void)idset_find(&ids, r->str, r->len, 1);
@@ -520,13 +797,25 @@ int main(int argc, char **argv) {
         }
         sent += n;
     }
+    if (failed) { /* say what is in the stream now, for whoever retries */
+        printf("{\"msg\":\"enqueue_failed\",\"stream\":");
+        json_str(stream, strlen(stream));
+        printf(",\"%s\":%u,\"first_id\":\"%s\",\"last_id\":\"%s\"}\n", lost ? "added_at_least" : "added",
+               added, first, last);
+        fflush(stdout);
+        rc = EXIT_REDIS;
+        goto out;
+    }
     double secs = (double)(tp_now_ns() - t0) / 1e9;
-    printf("{\"msg\":\"enqueued\",\"stream\":\"%s\",\"count\":%u,\"seconds\":%.3f,\"entries_per_s\":%.0f,"
-           "\"first_id\":\"%s\",\"last_id\":\"%s\",\"group\":\"%s\",\"group_created\":%s}\n",
-           stream, count, secs, secs > 0 ? count / secs : 0.0, first, last, group,
-           group_created ? "true" : "false");
+    printf("{\"msg\":\"enqueued\",\"stream\":");
+    json_str(stream, strlen(stream));
+    printf(",\"count\":%u,\"seconds\":%.3f,\"entries_per_s\":%.0f,\"first_id\":\"%s\",\"last_id\":\"%s\","
+           "\"group\":",
+           count, secs, secs > 0 ? count / secs : 0.0, first, last);
+    json_str(group, strlen(group));
+    printf(",\"group_created\":%s}\n", group_created ? "true" : "false");
     fflush(stdout);
-    if (wait) rc = wait_outcomes(c, &ids, results, dead, last_r, last_d, timeout_ns);
+    if (wait) rc = wait_outcomes(&w, timeout_ns);
 out:
     if (c != NULL) redisFree(c);
     free(payload);

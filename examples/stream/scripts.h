@@ -31,7 +31,10 @@
  * (results or dead), "1" or "0" (acknowledge the entry or not), entry id,
  * the number of field pairs, the pairs. A dead record also gets a copy of the
  * original entry's fields as `entry.<name>` (taskpool-enqueue --requeue-dead
- * uses them; the entry may have been trimmed by then). Refuses with a
+ * uses them; the entry may have been trimmed by then), unless the entry has
+ * more than 1000 fields: then `entry_not_copied <number of fields>` instead
+ * (Lua's unpack() takes about 8000 values at most: one wide entry's record
+ * would fail its whole batch, and with it every outcome after it). Refuses with a
  * WRONGTYPE error, writing nothing, when results or dead is not a stream.
  * Returns XACK's count.
  */
@@ -50,8 +53,9 @@ extern const char tps_script_trim[];
  * Requeue dead records. KEYS: stream, dead. ARGV: dead record ids. For each:
  * XADD stream * <its entry.* fields> requeued_from <original id>, then XDEL
  * the dead record, atomically. Returns {dead id, status, new id} per record;
- * status "requeued", "gone" (no such dead record any more) or "no_fields"
- * (the original entry was gone when it died: nothing to put back).
+ * status "requeued", "gone" (no such dead record any more), "no_fields"
+ * (the original entry was gone when it died: nothing to put back) or
+ * "not_copied" (the entry was too wide to copy: see above).
  */
 extern const char tps_script_requeue[];
 

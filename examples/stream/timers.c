@@ -121,6 +121,14 @@ int tps_sched_has(const tps_sched *s, const char *id, size_t len) {
     return len <= TPS_SCHED_ID_MAX && s->tab[find_slot(s, id, len)] != 0;
 }
 
+int tps_sched_get(const tps_sched *s, const char *id, size_t len, unsigned *deliveries) {
+    if (len > TPS_SCHED_ID_MAX) return 0;
+    uint32_t v = s->tab[find_slot(s, id, len)];
+    if (v == 0) return 0;
+    *deliveries = s->e[v - 1].deliveries;
+    return 1;
+}
+
 int tps_sched_add(tps_sched *s, const char *id, size_t len, uint64_t due_ms, unsigned deliveries) {
     if (len == 0 || len > TPS_SCHED_ID_MAX) return -1;
     uint32_t t = find_slot(s, id, len);
@@ -174,6 +182,25 @@ int tps_sched_pop(tps_sched *s, uint64_t now_ms, char *id, size_t *len, uint64_t
     if (s->n > 0) {
         place(s, 0, s->heap[s->n]);
         sift_down(s, 0);
+    }
+    return 1;
+}
+
+int tps_sched_remove(tps_sched *s, const char *id, size_t len) {
+    if (len > TPS_SCHED_ID_MAX) return 0;
+    uint32_t v = s->tab[find_slot(s, id, len)];
+    if (v == 0) return 0;
+    uint32_t idx = v - 1, pos = s->e[idx].pos;
+    tab_remove(s, idx);
+    s->freel[s->nfree++] = idx;
+    s->n--;
+    if (pos < s->n) { /* the last one fills the hole, then finds its place */
+        uint32_t moved = s->heap[s->n];
+        place(s, pos, moved);
+        if (pos > 0 && before(s, moved, s->heap[(pos - 1) / 2]))
+            sift_up(s, pos);
+        else
+            sift_down(s, pos);
     }
     return 1;
 }

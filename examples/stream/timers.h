@@ -29,6 +29,11 @@ uint32_t tps_sched_room(const tps_sched *s);
 /* 0 added; 1 already held (nothing changed); -1 full or id too long. */
 int tps_sched_add(tps_sched *s, const char *id, size_t len, uint64_t due_ms, unsigned deliveries);
 int tps_sched_has(const tps_sched *s, const char *id, size_t len);
+/* 1 with the entry's delivery count when id is held, else 0. */
+int tps_sched_get(const tps_sched *s, const char *id, size_t len, unsigned *deliveries);
+
+/* Forget id: 1 removed, 0 not held. */
+int tps_sched_remove(tps_sched *s, const char *id, size_t len);
 
 /* The earliest due time, UINT64_MAX when empty. */
 uint64_t tps_sched_next(const tps_sched *s);

@@ -68,8 +68,9 @@ typedef struct slot {
     uint32_t next; /* free list, a user's lane in the backlog, an overflow lane or the done list */
     uint8_t state;
     uint8_t outcome;
-    uint8_t fresh;   /* claimed in the current XAUTOCLAIM batch */
-    uint8_t claimed; /* came by XAUTOCLAIM (its delivery count is Redis's, see uncount) */
+    uint8_t fresh;     /* claimed in the current XAUTOCLAIM batch */
+    uint8_t claimed;   /* came by XAUTOCLAIM (its delivery count is Redis's, see uncount) */
+    uint8_t due_guess; /* due_ms counts `defer` from when it was read: its id is ahead of the clock */
     uint8_t has_payload;
     uint8_t due;     /* its time has come: not scheduled again */
     uint8_t no_ack;  /* dead record only: Redis already dropped it from the pending list */
@@ -103,6 +104,7 @@ typedef struct due_ent { /* a scheduled entry taken from the heap to be fetched 
     size_t len;
     uint64_t due_ms;
     unsigned deliveries;
+    int gone; /* deleted from the stream: a dead record if it is still ours */
 } due_ent;
 
 /* A user's held entries (user "" for entries without one), in a record that
@@ -167,7 +169,7 @@ struct tps_consumer {
     uint32_t rr_head, rr_tail, rr_len; /* the background round: users with held background entries */
     redisContext *rd, *wr;             /* reader, writer */
     unsigned read_outstanding;         /* COUNT of the XREADGROUP in flight, 0 if none */
-    uint32_t uncount_replies;          /* writer replies pipelined by uncount(), read by claim() */
+    uint32_t count_replies;            /* writer replies pipelined by set_count(), read by claim() */
     uint64_t read_sent_ns;
     int connected_once, stopped_applied;
     int read_failed; /* receive_read failed inside write_outcomes: io_main disconnects */
@@ -336,7 +338,7 @@ static uint32_t slot_alloc(tps_consumer *c) {
     c->n_free--;
     slot *s = &c->slots[i];
     s->next = NIL;
-    s->fresh = s->claimed = 0;
+    s->fresh = s->claimed = s->due_guess = 0;
     s->has_payload = 0;
     s->due = s->no_ack = s->gave_up = s->written = 0;
     s->prio = 0;
@@ -442,7 +444,11 @@ static const char *parse_fields(slot *s, const redisReply *f) {
     s->fail = e.fail;
     s->max_attempts = e.attempts;
     s->prio = (int8_t)e.priority;
-    s->due_ms = tps_entry_due_ms(&e, tps_enqueued_ms(s->id, s->id_len, tps_unix_ms()));
+    uint64_t now = tps_unix_ms(), at = tps_enqueued_ms(s->id, s->id_len, now);
+    s->due_ms = tps_entry_due_ms(&e, at);
+    /* A due time counted from this read is no evidence that the entry never
+     * ran before (each claim puts it off again): never uncounted. */
+    s->due_guess = (uint8_t)(e.defer_ms != 0 && e.not_before == 0 && at != tps_id_ms(s->id, s->id_len));
     if (e.payload != NULL) {
         memcpy(s->payload, e.payload, e.payload_len);
         s->payload_len = e.payload_len;
@@ -611,40 +617,52 @@ static void submit(tps_consumer *c, uint32_t i, int how) {
     }
 }
 
-/* A claimed entry that is not due yet: XAUTOCLAIM counted a delivery, but
- * nothing will run until it is due, so its count in Redis goes back by one
- * (XCLAIM to ourselves with RETRYCOUNT, which sets the count; JUSTID; the
- * reply is read at the end of claim()). Without it, a worker restarted
- * MAX_DELIVERIES times before an entry's time (each restart drops the timer
- * heap and a peer or successor claims the entry again) sent the entry to
- * the dead stream without ever running it. Only runs count: an entry that
- * kills its worker while running is claimed when due and counted. If the
- * XCLAIM is lost (connection, crash) the count stays one higher: never
- * lower than the deliveries that could run. */
 static void arg(tps_consumer *c, size_t *argc, const char *s, size_t len);
 static void args(tps_consumer *c, size_t *argc, const char *s);
 
-static void uncount(tps_consumer *c, slot *s) {
+/* Set an entry's delivery count in Redis (XCLAIM to ourselves with
+ * RETRYCOUNT, JUSTID), pipelined on the writer: claim() alone calls it,
+ * and reads the replies at its end (count_replies). */
+static void set_count(tps_consumer *c, const char *id, size_t len, unsigned deliveries) {
     char n[16];
-    s->deliveries--;
-    snprintf(n, sizeof n, "%u", s->deliveries);
+    snprintf(n, sizeof n, "%u", deliveries);
     size_t argc = 0;
     args(c, &argc, "XCLAIM");
     args(c, &argc, c->stream);
     args(c, &argc, c->group);
     args(c, &argc, c->consumer);
     args(c, &argc, "0");
-    arg(c, &argc, s->id, s->id_len);
+    arg(c, &argc, id, len);
     args(c, &argc, "RETRYCOUNT");
     args(c, &argc, n);
     args(c, &argc, "JUSTID");
-    if (redisAppendCommandArgv(c->wr, (int)argc, c->argv, c->argvlen) == REDIS_OK) c->uncount_replies++;
+    if (redisAppendCommandArgv(c->wr, (int)argc, c->argv, c->argvlen) == REDIS_OK) c->count_replies++;
+}
+
+/* A claimed entry that will not run now: XAUTOCLAIM counted a delivery, so
+ * its count goes back by one. Only deliveries that could run count (Redis's
+ * count is what MAX_DELIVERIES judges): without this, a worker restarted
+ * MAX_DELIVERIES times before an entry's time (each restart drops the timer
+ * heap and a peer or successor claims the entry again) sent the entry to the
+ * dead stream without ever running it. An entry that kills its worker while
+ * running is claimed when due and counted. If the XCLAIM is lost
+ * (connection, crash) the count stays one higher: never lower than the
+ * deliveries that could run. */
+static void uncount(tps_consumer *c, slot *s) {
+    s->deliveries--;
+    set_count(c, s->id, s->id_len, s->deliveries);
 }
 
 /* A new entry in slot i (read, claimed or due): dead, waiting for its time,
- * or into the pool. */
+ * or into the pool. A claimed entry that is not due, or that a stop leaves,
+ * is uncounted first (so MAX_DELIVERIES judges the deliveries that could
+ * run), unless its due time was a guess (see due_guess). */
 static void admit(tps_consumer *c, uint32_t i, const char *parse_error) {
     slot *s = &c->slots[i];
+    int not_due = parse_error == NULL && !s->due && s->due_ms > tps_unix_ms();
+    int stop = atomic_load(&c->stop_reading);
+    if (s->claimed && s->deliveries > 0 && parse_error == NULL && (stop || (not_due && !s->due_guess)))
+        uncount(c, s);
     if (s->deliveries > c->max_deliveries) {
         snprintf(s->reason_buf, sizeof s->reason_buf, "delivered %u times (MAX_DELIVERIES %u)", s->deliveries,
                  c->max_deliveries);
@@ -652,14 +670,12 @@ static void admit(tps_consumer *c, uint32_t i, const char *parse_error) {
     } else if (parse_error != NULL) {
         cnt_add(&c->n_malformed, 1);
         finish_dead(c, i, parse_error);
-    } else if (atomic_load(&c->stop_reading)) {
+    } else if (stop) {
         slot_free(c, i);
-    } else if (!s->due && s->due_ms > tps_unix_ms()) {
-        /* Not due: nothing runs, so a claim is not a delivery (uncount).
-         * read_room() keeps room in the heap for every entry a read or claim
-         * can bring; should it be full all the same, the entry stays pending
-         * unheld and is claimed again after CLAIM_IDLE. */
-        if (s->claimed && s->deliveries > 1) uncount(c, s);
+    } else if (not_due) {
+        /* The heap has room for every entry a read can bring (read_room); a
+         * claim may find it full: then the entry stays pending unheld and is
+         * claimed again after CLAIM_IDLE. */
         int rc = tps_sched_add(c->sched, s->id, s->id_len, s->due_ms, s->deliveries);
         if (rc == 0) cnt_add(&c->n_scheduled, 1);
         if (rc < 0) log1(c, TP_LOG_WARN, "scheduled_full", "id", s->id);
@@ -1198,49 +1214,104 @@ static int write_outcomes(tps_consumer *c) {
     return 0;
 }
 
+static void deleted_entry(tps_consumer *c, uint32_t i, const char *id, size_t len, int dropped);
+
+/* The id of held entry i for the heartbeat (slots, then the timer heap),
+ * NULL when slot i holds none (or, while stopping, only a released one). */
+static const char *held_id(tps_consumer *c, uint32_t i, int stopping, size_t *len) {
+    if (i >= c->nslots) return tps_sched_id(c->sched, i - c->nslots, len, NULL); /* waiting for its time */
+    const slot *s = &c->slots[i];
+    if (s->state == S_FREE || (stopping && (s->state == S_BACKLOG || s->state == S_OVERFLOW))) return NULL;
+    *len = s->id_len;
+    return s->id;
+}
+
+/* Entries of the timer heap that the heartbeat's XCLAIM did not return
+ * (c->due_buf[0..n)): an id that is gone from the stream too was deleted
+ * while it waited, and Redis >= 7's XCLAIM has just dropped it from the
+ * pending list: its dead record is written now (nothing to acknowledge). An
+ * id still in the stream stays in the heap (not pending any more: the
+ * group was reset, say) and runs at its time as before. */
+static int heartbeat_missing(tps_consumer *c, uint32_t n) {
+    due_ent *m = c->due_buf;
+    for (uint32_t k = 0; k < n; k++) {
+        size_t argc = 0;
+        args(c, &argc, "XRANGE");
+        args(c, &argc, c->stream);
+        arg(c, &argc, m[k].id, m[k].len);
+        arg(c, &argc, m[k].id, m[k].len);
+        if (redisAppendCommandArgv(c->wr, (int)argc, c->argv, c->argvlen) != REDIS_OK) return -1;
+    }
+    for (uint32_t k = 0; k < n; k++) {
+        redisReply *r = NULL;
+        if (redisGetReply(c->wr, (void **)&r) != REDIS_OK) return -1;
+        if (r->type == REDIS_REPLY_ARRAY && r->elements == 0 && c->n_free > c->read_outstanding) {
+            (void)tps_sched_remove(c->sched, m[k].id, m[k].len);
+            deleted_entry(c, slot_alloc(c), m[k].id, m[k].len, 1);
+        }
+        freeReplyObject(r);
+    }
+    return 0;
+}
+
 /* XCLAIM <every held id> to ourselves with JUSTID: resets their idle time,
- * counts no delivery. */
+ * counts no delivery. The replies list what was claimed, in the order
+ * asked: a waiting entry missing from them is no longer pending (see
+ * heartbeat_missing). */
 static int heartbeat(tps_consumer *c) {
     int stopping = atomic_load(&c->stop_reading);
-    uint32_t i = 0, sent = 0, nsched = tps_sched_count(c->sched);
-    while (i < c->nslots + nsched) {
-        size_t argc = 0;
+    uint32_t i = 0, sent = 0, nheld = c->nslots + tps_sched_count(c->sched);
+    while (i < nheld) {
+        size_t argc = 0, len;
         args(c, &argc, "XCLAIM");
         args(c, &argc, c->stream);
         args(c, &argc, c->group);
         args(c, &argc, c->consumer);
         args(c, &argc, "0");
         size_t first = argc;
-        for (; i < c->nslots + nsched && argc - first < CLAIM_ARGS_MAX; i++) {
-            if (i >= c->nslots) { /* waiting for its time */
-                size_t len;
-                const char *id = tps_sched_id(c->sched, i - c->nslots, &len, NULL);
-                arg(c, &argc, id, len);
-                continue;
-            }
-            slot *s = &c->slots[i];
-            if (s->state == S_FREE || (stopping && (s->state == S_BACKLOG || s->state == S_OVERFLOW)))
-                continue;
-            arg(c, &argc, s->id, s->id_len);
+        for (; i < nheld && argc - first < CLAIM_ARGS_MAX; i++) {
+            const char *id = held_id(c, i, stopping, &len);
+            if (id != NULL) arg(c, &argc, id, len);
         }
         if (argc == first) break;
         args(c, &argc, "JUSTID");
         if (redisAppendCommandArgv(c->wr, (int)argc, c->argv, c->argvlen) != REDIS_OK) return -1;
         sent++;
     }
-    for (; sent > 0; sent--) {
+    /* The same walk again (nothing changed meanwhile), against the replies. */
+    uint32_t nmissing = 0;
+    for (i = 0; sent > 0; sent--) {
         redisReply *r = NULL;
         if (redisGetReply(c->wr, (void **)&r) != REDIS_OK) return -1;
-        if (r->type == REDIS_REPLY_ERROR) log1(c, TP_LOG_WARN, "heartbeat_failed", "error", r->str);
+        int ok = r->type == REDIS_REPLY_ARRAY;
+        if (!ok)
+            log1(c, TP_LOG_WARN, "heartbeat_failed", "error", r->type == REDIS_REPLY_ERROR ? r->str : "?");
+        size_t j = 0, asked = 0, len;
+        for (; i < nheld && asked < CLAIM_ARGS_MAX; i++) {
+            const char *id = held_id(c, i, stopping, &len);
+            if (id == NULL) continue;
+            asked++;
+            const redisReply *got = ok && j < r->elements ? r->element[j] : NULL;
+            if (got != NULL && got->type == REDIS_REPLY_STRING && got->len == len &&
+                memcmp(got->str, id, len) == 0)
+                j++;
+            else if (ok && i >= c->nslots && nmissing < DUE_BATCH) {
+                memcpy(c->due_buf[nmissing].id, id, len + 1);
+                c->due_buf[nmissing++].len = len;
+            }
+        }
         freeReplyObject(r);
     }
-    return 0;
+    return nmissing > 0 ? heartbeat_missing(c, nmissing) : 0;
 }
 
 /* How many entries a read or claim may bring now: pool room, free slots,
- * room in the timer heap (any of them may be scheduled); none while a
- * refused outcome batch waits for its retry. */
-static uint32_t read_room(tps_consumer *c) {
+ * and for a read (`timers`) room in the timer heap (any of them may be
+ * scheduled); none while a refused outcome batch waits for its retry. A
+ * claim does not wait for the heap: a dead peer's entries must be recovered
+ * even while it is full (a claimed entry that finds no room stays pending
+ * unheld, its delivery undone, and is claimed again later). */
+static uint32_t read_room(tps_consumer *c, int timers_too) {
     if (c->write_blocked_until != 0) return 0;
     uint32_t in = c->n_pool + c->n_overflow;
     uint32_t room = c->pool_capacity > in ? c->pool_capacity - in : 0;
@@ -1257,7 +1328,7 @@ static uint32_t read_room(tps_consumer *c) {
     uint32_t timers = tps_sched_room(c->sched);
     timers = timers > c->read_outstanding ? timers - c->read_outstanding : 0;
     if (free < room) room = free;
-    return room < timers ? room : timers;
+    return !timers_too || room < timers ? room : timers;
 }
 
 /* Slot i for an entry deleted from the stream before it ran: a dead record.
@@ -1297,7 +1368,7 @@ static uint32_t take_entry(tps_consumer *c, const redisReply *e, const char **pe
 
 /* XAUTOCLAIM, then XPENDING over the claimed range for their delivery counts. */
 static int claim(tps_consumer *c) {
-    uint32_t room = read_room(c);
+    uint32_t room = read_room(c, 0);
     if (room == 0) return 0;
     char idle[24], count[16];
     snprintf(idle, sizeof idle, "%llu", (unsigned long long)(c->claim_idle_ns / 1000000ull));
@@ -1332,12 +1403,13 @@ static int claim(tps_consumer *c) {
         for (size_t k = 0; k < gone->elements; k++) {
             const redisReply *id = gone->element[k];
             if (id->type != REDIS_REPLY_STRING || id->len == 0 || id->len > TPS_ID_MAX) continue;
-            if (ids_find(c, id->str, id->len) != NIL) continue;
+            if (ids_find(c, id->str, id->len) != NIL) continue; /* its task writes its outcome */
             uint32_t i = slot_alloc(c);
             if (i == NIL) { /* cannot happen: COUNT <= free slots; say so if it does */
                 lost++;
                 continue;
             }
+            (void)tps_sched_remove(c->sched, id->str, id->len); /* if it waited here: this is its record */
             deleted_entry(c, i, id->str, id->len, 1);
         }
         if (lost > 0) {
@@ -1352,64 +1424,80 @@ static int claim(tps_consumer *c) {
     for (size_t k = 0; k < ents->elements; k++) {
         const char *perr = NULL;
         uint32_t i = take_entry(c, ents->element[k], &perr);
-        if (i == NIL) continue; /* held already, or no free slot */
+        if (i == NIL) continue; /* held already (below), malformed beyond an id, or no free slot */
         c->slots[i].fresh = 1;
-        c->slots[i].deliveries = 0; /* known after XPENDING */
         errs[n] = perr;
         got[n++] = i;
     }
-    if (n > 0) {
-        char cnt[16];
-        snprintf(cnt, sizeof cnt, "%u", 2 * c->nslots + n);
+    /* Their delivery counts: one XPENDING per entry, pipelined (a range
+     * would also list what this consumer holds in between). */
+    uint32_t asked = 0;
+    for (; asked < n; asked++) {
+        const slot *s = &c->slots[got[asked]];
         argc = 0;
         args(c, &argc, "XPENDING");
         args(c, &argc, c->stream);
         args(c, &argc, c->group);
-        arg(c, &argc, c->slots[got[0]].id, c->slots[got[0]].id_len);
-        arg(c, &argc, c->slots[got[n - 1]].id, c->slots[got[n - 1]].id_len);
-        args(c, &argc, cnt);
-        args(c, &argc, c->consumer);
-        redisReply *p = wr_command(c, argc);
-        if (p == NULL) {
-            freeReplyObject(r);
-            for (uint32_t k = 0; k < n; k++) slot_free(c, got[k]); /* still pending: claimed again later */
-            return -1;
+        arg(c, &argc, s->id, s->id_len);
+        arg(c, &argc, s->id, s->id_len);
+        args(c, &argc, "1");
+        if (redisAppendCommandArgv(c->wr, (int)argc, c->argv, c->argvlen) != REDIS_OK) break;
+    }
+    int rc = 0;
+    for (uint32_t k = 0; k < n; k++) {
+        slot *s = &c->slots[got[k]];
+        s->deliveries = 0;
+        redisReply *p = NULL;
+        if (k >= asked || rc != 0 || redisGetReply(c->wr, (void **)&p) != REDIS_OK) {
+            rc = -1;
+            continue;
         }
-        if (p->type == REDIS_REPLY_ARRAY) {
-            for (size_t k = 0; k < p->elements; k++) {
-                const redisReply *row = p->element[k];
-                if (row->type != REDIS_REPLY_ARRAY || row->elements < 4 ||
-                    row->element[0]->type != REDIS_REPLY_STRING ||
-                    row->element[3]->type != REDIS_REPLY_INTEGER)
-                    continue;
-                uint32_t i = ids_find(c, row->element[0]->str, row->element[0]->len);
-                if (i != NIL && c->slots[i].fresh)
-                    c->slots[i].deliveries = (unsigned)row->element[3]->integer;
-            }
-        }
+        if (p->type == REDIS_REPLY_ARRAY && p->elements == 1 && p->element[0]->type == REDIS_REPLY_ARRAY &&
+            p->element[0]->elements >= 4 && p->element[0]->element[3]->type == REDIS_REPLY_INTEGER)
+            s->deliveries = (unsigned)p->element[0]->element[3]->integer;
         freeReplyObject(p);
+    }
+    if (rc != 0) { /* the connection failed: still pending, claimed again later */
+        freeReplyObject(r);
+        for (uint32_t k = 0; k < n; k++) slot_free(c, got[k]);
+        return -1;
+    }
+    /* Entries that were ours already (a heartbeat came late): XAUTOCLAIM
+     * counted a delivery that is none; put back the count we hold. */
+    for (size_t k = 0; k < ents->elements; k++) {
+        const redisReply *e = ents->element[k];
+        if (e->type != REDIS_REPLY_ARRAY || e->elements < 1 || e->element[0]->type != REDIS_REPLY_STRING)
+            continue;
+        const redisReply *id = e->element[0];
+        uint32_t held = ids_find(c, id->str, id->len);
+        unsigned d;
+        if (held != NIL && !c->slots[held].fresh)
+            set_count(c, id->str, id->len, c->slots[held].deliveries);
+        else if (held == NIL && tps_sched_get(c->sched, id->str, id->len, &d))
+            set_count(c, id->str, id->len, d);
+    }
+    if (n > 0) {
         char num[16];
         snprintf(num, sizeof num, "%u", n);
         log1(c, TP_LOG_INFO, "claimed", "count", num);
         cnt_add(&c->n_claimed, n);
-        for (uint32_t k = 0; k < n; k++) {
-            slot *s = &c->slots[got[k]];
-            s->fresh = 0;
-            s->claimed = 1;
-            if (s->deliveries == 0)
-                s->deliveries = 2; /* not listed (acked meanwhile?): at least the second delivery */
-            admit(c, got[k], errs[k]);
-        }
+    }
+    for (uint32_t k = 0; k < n; k++) {
+        slot *s = &c->slots[got[k]];
+        s->fresh = 0;
+        s->claimed = 1;
+        if (s->deliveries == 0)
+            s->deliveries = 2; /* not listed (acked meanwhile?): at least the second delivery */
+        admit(c, got[k], errs[k]);
     }
     freeReplyObject(r);
-    int rc = 0;
-    for (; c->uncount_replies > 0; c->uncount_replies--) { /* admit() -> uncount() */
+    for (; c->count_replies > 0; c->count_replies--) { /* set_count(), from here and admit() */
         redisReply *u = NULL;
         if (rc != 0 || redisGetReply(c->wr, (void **)&u) != REDIS_OK) {
             rc = -1; /* the connection is lost: the counts stay one higher */
             continue;
         }
-        if (u->type == REDIS_REPLY_ERROR) log1(c, TP_LOG_WARN, "uncount_failed", "error", u->str);
+        if (u->type == REDIS_REPLY_ERROR) log1(c, TP_LOG_WARN, "set_count_failed", "error", u->str);
         freeReplyObject(u);
     }
     return rc;
@@ -1417,17 +1505,19 @@ static int claim(tps_consumer *c) {
 
 /* Scheduled entries whose time has come: read their fields again (XRANGE,
  * pipelined) and admit them, before anything new is read. An entry gone from
- * the stream meanwhile gets a dead record. -1 when the connection failed
+ * the stream meanwhile gets a dead record (if it is still pending as ours;
+ * else whoever dropped it wrote one). -1 when the connection failed
  * (the entries not admitted go back into the heap). */
 static int dispatch_due(tps_consumer *c) {
     uint64_t now_ms = tps_unix_ms();
     if (tps_sched_next(c->sched) > now_ms) return 0;
     due_ent *due = c->due_buf;
-    uint32_t n = 0, cap = c->n_free > c->read_outstanding ? c->n_free - c->read_outstanding : 0;
+    uint32_t n = 0, ngone = 0, cap = c->n_free > c->read_outstanding ? c->n_free - c->read_outstanding : 0;
     if (cap > DUE_BATCH) cap = DUE_BATCH;
     int failed = 0;
     while (n < cap &&
            tps_sched_pop(c->sched, now_ms, due[n].id, &due[n].len, &due[n].due_ms, &due[n].deliveries)) {
+        due[n].gone = 0;
         size_t argc = 0;
         args(c, &argc, "XRANGE");
         args(c, &argc, c->stream);
@@ -1446,9 +1536,9 @@ static int dispatch_due(tps_consumer *c) {
             failed = 1;
             break;
         }
-        if (r->type == REDIS_REPLY_ARRAY && r->elements == 0) {
-            uint32_t i = slot_alloc(c); /* cap <= free slots */
-            deleted_entry(c, i, due[k].id, due[k].len, 0);
+        due[k].gone = r->type == REDIS_REPLY_ARRAY && r->elements == 0;
+        if (due[k].gone) {
+            ngone++;
         } else if (r->type == REDIS_REPLY_ARRAY) {
             const char *perr = NULL;
             uint32_t i = take_entry(c, r->element[0], &perr);
@@ -1473,6 +1563,43 @@ static int dispatch_due(tps_consumer *c) {
         freeReplyObject(r);
     }
     for (; k < n; k++) (void)tps_sched_add(c->sched, due[k].id, due[k].len, due[k].due_ms, due[k].deliveries);
+    /* Deleted while it waited: a dead record, unless it is no longer pending
+     * as ours (XAUTOCLAIM, ours or a peer's, has dropped it and written its
+     * record already; or a peer has it): one record per entry. */
+    uint32_t asked = 0;
+    for (k = 0; k < n && !failed && ngone > 0; k++) {
+        if (!due[k].gone) continue;
+        size_t argc = 0;
+        args(c, &argc, "XPENDING");
+        args(c, &argc, c->stream);
+        args(c, &argc, c->group);
+        arg(c, &argc, due[k].id, due[k].len);
+        arg(c, &argc, due[k].id, due[k].len);
+        args(c, &argc, "1");
+        if (redisAppendCommandArgv(c->wr, (int)argc, c->argv, c->argvlen) != REDIS_OK) {
+            failed = 1; /* the entry stays pending: a claim finds it deleted */
+            break;
+        }
+        asked++;
+    }
+    for (k = 0; k < n && asked > 0; k++) {
+        if (!due[k].gone) continue;
+        asked--;
+        redisReply *p = NULL;
+        if (failed || redisGetReply(c->wr, (void **)&p) != REDIS_OK) {
+            failed = 1;
+            continue;
+        }
+        const redisReply *row = p->type == REDIS_REPLY_ARRAY && p->elements == 1 ? p->element[0] : NULL;
+        if (row != NULL && row->type == REDIS_REPLY_ARRAY && row->elements >= 2 &&
+            row->element[1]->type == REDIS_REPLY_STRING && strcmp(row->element[1]->str, c->consumer) == 0)
+            deleted_entry(c, slot_alloc(c), due[k].id, due[k].len, 0); /* cap <= free slots */
+        due[k].gone = 0;
+        freeReplyObject(p);
+    }
+    for (k = 0; k < n && failed; k++) /* not settled: back into the heap, to be fetched again */
+        if (due[k].gone)
+            (void)tps_sched_add(c->sched, due[k].id, due[k].len, due[k].due_ms, due[k].deliveries);
     return failed ? -1 : 0;
 }
 
@@ -1699,7 +1826,7 @@ static void *io_main(void *arg) {
              * there is room already), so that Redis serves it while this
              * thread formats the records, and its reply waits in the socket. */
             if (fail == NULL && !stopping && c->rd != NULL && c->read_outstanding == 0) {
-                uint32_t room = read_room(c);
+                uint32_t room = read_room(c, 1);
                 if (room > 0 && send_read(c, room) != 0) fail = "reading";
             }
             if (fail == NULL && c->n_done > 0 && write_outcomes(c) != 0) fail = "writing outcomes";
@@ -1719,7 +1846,7 @@ static void *io_main(void *arg) {
                 if (trim(c) != 0) fail = "trimming";
             }
             if (fail == NULL && !stopping && c->rd != NULL && c->read_outstanding == 0) {
-                uint32_t room = read_room(c);
+                uint32_t room = read_room(c, 1);
                 if (room > 0 && send_read(c, room) != 0) fail = "reading";
             }
             if (fail == NULL && c->read_failed) fail = "reading";

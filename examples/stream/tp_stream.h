@@ -48,9 +48,13 @@
  * that must start on time a priority above the work that fills the queue).
  * If it must be held (below), it goes before the held entries of its user
  * and lane that did not wait for a time, since it was read before them. An
- * entry deleted from the stream meanwhile goes to the dead stream. The heap's
- * capacity caps the reads: with it full, nothing more is read until one is
- * due.
+ * entry deleted from the stream meanwhile goes to the dead stream (when the
+ * heartbeat or a claim finds it gone, or at its time); with several workers
+ * it may get two such records (a peer's XAUTOCLAIM drops any deleted pending
+ * entry, and its holder cannot tell that from its own XCLAIM dropping it).
+ * The heap's capacity caps the reads: with it full, nothing more is read
+ * until one is due (claims go on: a claimed entry that finds no room stays
+ * pending, its delivery undone, and is claimed again later).
  *
  * Priorities and fair shares are the pool's (taskpool.h section 14): an
  * entry's `priority` is its tp_task_opts.priority, its `user` its user, and
@@ -96,11 +100,15 @@
  * Entries XAUTOCLAIM reports as deleted from the stream (XTRIM, XDEL) get a
  * dead record, `entry deleted before it ran`. An entry delivered more than
  * max_deliveries times goes to the dead stream without running. Only
- * deliveries that could run count: a claim of an entry that is not due yet
- * is set back (the claimer XCLAIMs it to itself with RETRYCOUNT), and so are
- * the entries a stop releases unrun (tps_stop_reading), so restarts and
- * crashes before an entry's time, or while it waits in a backlog, cannot
- * send it to the dead stream. When a
+ * deliveries that could run count (Redis's count, read per claimed entry
+ * with XPENDING): a claim of an entry that is not due yet is set back (the
+ * claimer XCLAIMs it to itself with RETRYCOUNT), and so are the entries a
+ * stop releases unrun (tps_stop_reading) and a claim of an entry
+ * this consumer holds already (a late heartbeat), so restarts and crashes
+ * before an entry's time, or while it waits in a backlog, cannot send it to
+ * the dead stream. Not set back: an entry whose id is ahead of the clock
+ * (its `defer` counts from each claim, so its time says nothing about
+ * whether it ran), and entries a forced shutdown cancels. When a
  * connection fails, both are closed and reopened with exponential backoff
  * (100 ms to 2 s); tasks keep running and their outcomes wait in their slots.
  *

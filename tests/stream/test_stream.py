@@ -938,6 +938,229 @@ def scenario_backlog_restarts(env):
     check(env.stop(w) == 0, "worker %s did not exit 0" % w.name)
 
 
+def dead_reasons(r):
+    return {f["id"]: f["reason"] for _, f in entries(r, "tasks:dead")}
+
+
+def scenario_delivery_counts(env):
+    """Redis's delivery count, which MAX_DELIVERIES judges, counts the
+    deliveries that could run, exactly, and each entry gets one outcome:
+    (a) a crash before a scheduled entry's time does not count even with
+        MAX_DELIVERIES 1;
+    (b) a claim reads each claimed entry's own count, however many entries
+        this worker holds in between;
+    (c) an entry deleted while it waits for its time gets one dead record;
+    (d) a worker whose timer heap is full still recovers a dead peer's entries;
+    (e) an entry whose id is ahead of the clock and that kills its worker
+        every time it runs is counted and goes dead (its due time, counted
+        from each claim, is no evidence that it never ran)."""
+    r = env.start_redis()
+    # (a)
+    w = env.worker("a1", CLAIM_IDLE="200ms", MAX_DELIVERIES=1)
+    a = r("XADD", "tasks", "*", "work", "1ms", "defer", "3s")
+    wait_until(lambda: metrics(w)["tps_stream_waiting"] == 1, 10, "a1 to hold the entry until its time")
+    env.stop(w, signal.SIGKILL)
+    w = env.worker("a2", CLAIM_IDLE="200ms", MAX_DELIVERIES=1)
+    wait_until(lambda: outcome_count(r) == 1, 15, "its outcome")
+    check(a not in dead_reasons(r), "a crash before its time killed it: %r" % dead_reasons(r))
+    check(env.stop(w) == 0, "worker a2 did not exit 0")
+
+    # (b) two entries delivered 10 times to a dead consumer, 12 that this
+    # worker holds until their time in between (its XPENDING used to be a
+    # range capped at 2 x its slots: the second one's count was not listed)
+    cfg = dict(CLAIM_IDLE="1s", WORKERS=2, QUEUE_CAPACITY=2, LOCAL_BACKLOG=1, MAX_DELIVERIES=5)
+    w = env.worker("b1", **cfg)
+    ghost = ("local id = redis.call('XADD', KEYS[1], '*', 'work', '1ms') "
+             "redis.call('XREADGROUP', 'GROUP', 'taskpool', 'ghost', 'COUNT', 1, 'STREAMS', KEYS[1], '>') "
+             "redis.call('XCLAIM', KEYS[1], 'taskpool', 'ghost', 0, id, 'RETRYCOUNT', 10, 'JUSTID') return id")
+    poison = [r("EVAL", ghost, 1, "tasks")]  # atomic: b1's blocked read cannot take it
+    for _ in range(12):
+        r("XADD", "tasks", "*", "work", "1ms", "defer", "1h")
+    wait_until(lambda: metrics(w)["tps_stream_waiting"] == 12, 10, "b1 to hold 12 entries until their time")
+    poison.append(r("EVAL", ghost, 1, "tasks"))
+    wait_until(lambda: all(e in dead_reasons(r) for e in poison), 15, "both to be claimed")
+    reasons = dead_reasons(r)
+    check(all(reasons[e].startswith("delivered 11 times") for e in poison), "reasons %r" % reasons)
+    check(not any(f["id"] in poison for _, f in entries(r, "tasks:done")), "a poison entry ran")
+
+    # (c) deleted while b1 holds it until its time: b1's heartbeat (Redis 7's
+    # XCLAIM) or its own XAUTOCLAIM drops it from the pending list, and b1
+    # writes its record then, once; the fetch at its time writes no other
+    c = r("XADD", "tasks", "*", "work", "1ms", "defer", "3s")
+    wait_until(lambda: metrics(w)["tps_stream_waiting"] == 13, 10, "b1 to hold the entry until its time")
+    r("XDEL", "tasks", c)
+    due = int(c.split("-")[0]) + 3000
+    wait_until(lambda: time.time() * 1000 > due + 1500, 10, "its time to pass")
+    recs = [f for _, f in entries(r, "tasks:dead") if f["id"] == c]
+    check(len(recs) == 1 and recs[0]["reason"] == "entry deleted before it ran", "its dead records: %r" % recs)
+    check(env.stop(w) == 0, "worker b1 did not exit 0")
+
+    # (d) h1's heap is full (SCHEDULED_MAX=2): it reads nothing, but claims
+    r("DEL", "tasks")
+    r("XGROUP", "CREATE", "tasks", "taskpool", "$", "MKSTREAM")
+    h1 = env.worker("h1", CLAIM_IDLE="500ms", SCHEDULED_MAX=2)
+    for _ in range(2):
+        r("XADD", "tasks", "*", "work", "1ms", "defer", "1h")
+    wait_until(lambda: metrics(h1)["tps_stream_waiting"] == 2, 10, "h1's heap to fill")
+    h2 = env.worker("h2", CLAIM_IDLE="500ms")
+    d = r("XADD", "tasks", "*", "work", "1s")
+    wait_until(lambda: metrics(h2)["taskpool_active"] == 1, 10, "h2 to run the entry")
+    env.stop(h2, signal.SIGKILL)
+    wait_until(lambda: any(f["id"] == d for _, f in entries(r, "tasks:done")), 10,
+               "h1 to claim and run the dead peer's entry")
+    check(env.stop(h1) == 0, "worker h1 did not exit 0")
+
+    # (e) last: every later `*` id inherits this one's time
+    e = r("XADD", "tasks", "9999999999999-0", "work", "1h", "defer", "200ms")
+    for k in range(4):
+        w = env.worker("e%d" % k, CLAIM_IDLE="200ms", MAX_DELIVERIES=2)
+        wait_until(lambda: e in dead_reasons(r) or metrics(w)["taskpool_active"] == 1, 10,
+                   "e%d to run the entry or send it to the dead stream" % k)
+        if e in dead_reasons(r):
+            break
+        env.stop(w, signal.SIGKILL)  # it "crashes" its worker
+    check(k == 2 and dead_reasons(r).get(e, "").startswith("delivered 3 times"),
+          "after %d crashes: %r" % (k, dead_reasons(r).get(e)))
+    check(env.stop(w) == 0, "the last worker did not exit 0")
+
+
+def scenario_enqueue_edges(env):
+    """taskpool-enqueue at its edges: command lines it must refuse, names that
+    need escaping, an add that fails part way, a wide entry that must not
+    block the outcomes behind it, and --requeue-dead taking only the records
+    there when it starts, skipping what would die again, creating the group."""
+    r = env.start_redis()
+    problems = []
+
+    def want(cond, what):
+        if not cond:
+            problems.append(what)
+
+    for argv, extra in [(["--requeue-dead", "--wait"], {}), (["--requeue-dead", "--count", 5], {}),
+                        (["--timeout", "1s", "--requeue-dead"], {}), (["--fail-every", 3], {}),
+                        (["--since", "--requeue-dead"], {}), (["--requeue-dead", "--since", "99999999999999999999-0"], {}),
+                        (["--requeue-dead", "--since", "1-18446744073709551616"], {}),
+                        (["--requeue-dead"], {"STREAM": "tasks:dead"})]:
+        rc, out, err = env.run(env.args.enqueue, *argv, env=extra, timeout=10)
+        want(rc == 2 and len(err.strip().splitlines()) == 1, "enqueue %s %s: exit %d %r" % (argv, extra, rc, err))
+    want(r("EXISTS", "tasks", "tasks:dead") == 0, "a refused command line touched Redis")
+
+    rc, out, err = env.run(env.args.enqueue, "--count", 1, env={"STREAM": 't"x\\', "GROUP": 'g"'}, timeout=10)
+    try:
+        line = json.loads(out.strip().splitlines()[-1])
+        want(rc == 0 and line["stream"] == 't"x\\' and line["group"] == 'g"', "escaped names: %r" % line)
+    except ValueError:
+        problems.append("the enqueued line is not JSON: %r" % out)
+
+    r("CONFIG", "SET", "maxmemory-policy", "noeviction")
+    r("CONFIG", "SET", "maxmemory", "4mb")
+    rc, out, err = env.run(env.args.enqueue, "--count", 5000, "--payload-bytes", 1024, env={"STREAM": "big"},
+                           timeout=60)
+    r("CONFIG", "SET", "maxmemory", "0")
+    try:
+        line = json.loads(out.strip().splitlines()[-1])
+        want(rc == 1 and line["msg"] == "enqueue_failed" and line["added"] == r("XLEN", "big") and
+             0 < line["added"] < 5000, "a partial add: exit %d %r (XLEN %d)" % (rc, line, r("XLEN", "big")))
+    except (ValueError, IndexError):
+        problems.append("a partial add printed no JSON: exit %d %r %r" % (rc, out, err))
+    r("DEL", "big")
+
+    w = env.worker("w0", MAX_RETRIES=0)
+    rc, out, err = env.run(env.args.enqueue, "--count", 1, "--work", "1ms", "--wait", "--timeout", "5124095h",
+                           timeout=20)
+    want(rc == 0, "--timeout 5124095h: exit %d %s" % (rc, out[-200:]))
+    # 1100 fields: its dead record cannot copy them all (Lua unpack), and
+    # must not hold up the outcomes of the entries behind it
+    flat = []
+    for k in range(1100):
+        flat += ["pad%d" % k, "x"]
+    wide = r("XADD", "tasks", "*", "priority", "9", *flat)
+    bad = r("XADD", "tasks", "*", "priority", "9")
+    rc, out, err = env.run(env.args.enqueue, "--count", 3, "--work", "1ms", "--wait", "--timeout", "20s", timeout=30)
+    want(rc == 0, "entries behind a wide dead one: exit %d %s" % (rc, out[-300:]))
+    wait_until(lambda: {f["id"] for _, f in entries(r, "tasks:dead")} >= {wide, bad}, 10, "both dead records")
+    rec = {f["id"]: f for _, f in entries(r, "tasks:dead")}
+    want(rec[wide].get("entry_not_copied") == "1101" and "entry.pad0" not in rec[wide],
+         "the wide entry's record: %r" % {k: v for k, v in rec[wide].items() if not k.startswith("entry.")})
+    # 50 entries die; requeued while the worker runs, they die again at once:
+    # one run requeues each once, and skips what cannot or would die again
+    rc, out, err = env.run(env.args.enqueue, "--count", 50, "--users", 0, "--fail", "always", "--wait",
+                           "--timeout", "30s", timeout=40)
+    want(rc == 3, "50 failing entries: exit %d" % rc)
+    rc, out, err = env.run(env.args.enqueue, "--requeue-dead", timeout=60)
+    done = json.loads(out.strip().splitlines()[-1])
+    want(rc == 0 and done["requeued"] == 50 and done["skipped"] == 2, "requeue under a running worker: %r" % done)
+    skipped = [json.loads(l) for l in out.splitlines() if '"msg":"skipped"' in l]
+    want(sorted(x["status"] for x in skipped) == ["malformed", "not_copied"], "skipped %r" % skipped)
+    wait_until(lambda: r("XLEN", "tasks:dead") == 52 and pending(r) == 0, 30, "the requeued entries to die again")
+    check(env.stop(w) == 0, "worker did not exit 0")
+    # without the group, --requeue-dead creates it (at $) before adding
+    r("XGROUP", "DESTROY", "tasks", "taskpool")
+    rc, out, err = env.run(env.args.enqueue, "--requeue-dead", timeout=60)
+    want(rc == 0 and '"requeued":50' in out, "requeue without a group: exit %d %s" % (rc, out[-200:]))
+    w = env.worker("w1", MAX_RETRIES=0)
+    wait_until(lambda: r("XLEN", "tasks:dead") == 52 and pending(r) == 0, 30,
+               "the entries requeued into a new group to run")
+    check(env.stop(w) == 0, "worker did not exit 0")
+    for p in problems:
+        log("enqueue_edges: " + p)
+    check(not problems, "%d problems (listed above)" % len(problems))
+
+
+def scenario_wait_edges(env):
+    """--wait writes each outcome as it comes, reads one stream when results
+    and dead are the same (without spinning), and reports outcome records
+    trimmed before it read them instead of waiting for them forever."""
+    r = env.start_redis()
+    one = {"RESULTS_STREAM": "out", "DEAD_STREAM": "out"}
+    w = env.worker("w0", WORKERS=1, MAX_PER_USER=1, **one)
+    calls = lambda: int(dict(l.split(":", 1) for l in r("INFO", "commandstats").splitlines()
+                             if l.startswith("cmdstat_xread:"))["cmdstat_xread"].split(",")[0].split("=")[1]) \
+        if "cmdstat_xread:" in r("INFO", "commandstats") else 0
+    before = calls()
+    p = subprocess.Popen([env.args.enqueue, "--count", "2", "--users", "1", "--work", "1500ms", "--wait",
+                          "--timeout", "30s"], env=dict(os.environ, REDIS_URL=env.url, **one), stdout=subprocess.PIPE,
+                         text=True)
+    first = None
+    try:
+        for line in p.stdout:
+            if '"msg":"outcome"' in line:
+                first = p.poll()  # None: still waiting for the second one
+                break
+        rest = p.stdout.read()
+        rc = p.wait(timeout=30 * SLOW)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    check(first is None, "the first outcome line came only at exit")
+    check(rc == 0 and '"succeeded":2' in rest, "one stream for both: exit %s %s" % (rc, rest[-200:]))
+    n = calls() - before
+    check(n < 40, "--wait ran %d XREADs in about 3 s (spinning)" % n)
+    check(env.stop(w) == 0, "worker did not exit 0")
+
+    w = env.worker("w1", RESULTS_MAXLEN=10, MAX_PER_USER="unlimited")
+    p = subprocess.Popen([env.args.enqueue, "--count", "300", "--work", "1ms", "--wait", "--timeout", "60s"],
+                         env=dict(os.environ, REDIS_URL=env.url), stdout=subprocess.PIPE, text=True)
+    try:
+        line = p.stdout.readline()
+        check('"msg":"enqueued"' in line, "enqueue: %r" % line)
+        p.send_signal(signal.SIGSTOP)  # the worker writes all 300 meanwhile; MAXLEN ~ 10 trims most
+        try:
+            wait_until(lambda: metrics(w)["tps_stream_succeeded_total"] >= 300 and pending(r) == 0, 30,
+                       "the worker to finish the 300")
+        finally:
+            p.send_signal(signal.SIGCONT)
+        rest = p.stdout.read()
+        rc = p.wait(timeout=30 * SLOW)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    summary = json.loads(rest.strip().splitlines()[-1])
+    check(rc == 5 and summary["missing"] == 0 and summary["unknown"] > 0 and
+          summary["succeeded"] + summary["unknown"] == 300, "trimmed outcomes: exit %d %r" % (rc, summary))
+    check(env.stop(w) == 0, "worker did not exit 0")
+
+
 def scenario_results(env):
     """Results in the record, --wait exit codes, and the per-entry attempts."""
     r = env.start_redis()
@@ -1322,6 +1545,9 @@ SCENARIOS = {
     "scheduled": scenario_scheduled,
     "scheduled_restarts": scenario_scheduled_restarts,
     "backlog_restarts": scenario_backlog_restarts,
+    "delivery_counts": scenario_delivery_counts,
+    "enqueue_edges": scenario_enqueue_edges,
+    "wait_edges": scenario_wait_edges,
     "results": scenario_results,
     "requeue": scenario_requeue,
     "trim_load": scenario_trim_load,
