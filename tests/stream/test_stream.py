@@ -37,6 +37,17 @@ Scenarios (one CTest test each):
   sched_config   the scheduling variables: --help, exit 2 on bad values, the
                  started line; a bad `priority` field dead-lettered and
                  refused by taskpool-enqueue
+  scheduled_restarts  a deferred entry outlives more crashes before its time
+                 than MAX_DELIVERIES; an id ahead of the clock defers from the read
+  backlog_restarts    an entry held in a backlog through restarts never ran:
+                 each stop gives its delivery back
+  delivery_counts     exact counts per claimed entry, one record for a deleted
+                 waiting entry, claims with a full timer heap, poison with a
+                 future id still dies
+  enqueue_edges  refused command lines, escaped names, partial adds, a wide
+                 entry, --requeue-dead under a running worker and without a group
+  wait_edges     --wait: each outcome as it comes, one stream for both, outcome
+                 records trimmed before they were read (exit 5)
 """
 import argparse
 import json
