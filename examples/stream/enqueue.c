@@ -280,6 +280,10 @@ typedef struct waiter {
     follow res, dead;
     int one;
     uint32_t left, n_ok, n_dead, n_unknown;
+    uint64_t t0;               /* when waiting began */
+    char delivered[ID_LEN];    /* the group's last delivered id, for reconcile() */
+    uint32_t *ambiguous_since; /* per id, s after t0 (reconcile(); allocated when first needed) */
+    uint32_t n_ambiguous;      /* ids reconcile() is giving their grace */
 } waiter;
 
 static void print_outcome(const char *id, size_t id_len, const char *outcome, const redisReply *res,
@@ -331,7 +335,7 @@ static size_t read_outcomes(waiter *w, uint64_t block_ms) {
             const redisReply *id = field(ent->element[1], "id"), *reason = field(ent->element[1], "reason");
             if (id == NULL) continue;
             uint32_t k = idset_find(w->ids, id->str, id->len, 0);
-            if (k == UINT32_MAX || w->ids->done[k] == 1) continue;
+            if (k == UINT32_MAX || w->ids->done[k] == 1) continue; /* 0, or reconcile()'s 2 and 3 */
             w->ids->done[k] = 1;
             w->left--;
             int this_dead = is_dead || reason != NULL;
@@ -345,12 +349,77 @@ static size_t read_outcomes(waiter *w, uint64_t block_ms) {
     return n;
 }
 
-/* Outcome records were removed before they were read: an entry that is
- * acknowledged (delivered, and no longer pending in the group) had its
- * record written first (the worker's rule), so if no read finds it now, it
- * was among the removed ones. Such entries end as "unknown". */
+/* Pipeline one command per id of `pick` (argv built by `build`), then
+ * hand each reply to `take`; in batches of 1000. Exits on a lost connection. */
+static void per_id(waiter *w, int (*pick)(waiter *, uint32_t),
+                   void (*build)(waiter *, uint32_t, const char **), int argc,
+                   void (*take)(waiter *, uint32_t, const redisReply *)) {
+    idset *ids = w->ids;
+    for (uint32_t k = 0; k < ids->n;) {
+        uint32_t asked[1000], n = 0;
+        for (; k < ids->n && n < 1000; k++) {
+            if (!pick(w, k)) continue;
+            const char *av[8];
+            size_t al[8];
+            build(w, k, av);
+            for (int a = 0; a < argc; a++) al[a] = strlen(av[a]);
+            if (redisAppendCommandArgv(w->c, argc, av, al) != REDIS_OK) {
+                fprintf(stderr, "taskpool-enqueue: %s\n", w->c->errstr[0] ? w->c->errstr : "out of memory");
+                exit(EXIT_REDIS);
+            }
+            asked[n++] = k;
+        }
+        for (uint32_t a = 0; a < n; a++) {
+            redisReply *r = NULL;
+            if (redisGetReply(w->c, (void **)&r) != REDIS_OK) {
+                fprintf(stderr, "taskpool-enqueue: %s\n", w->c->errstr);
+                exit(EXIT_REDIS);
+            }
+            take(w, asked[a], r);
+            freeReplyObject(r);
+        }
+    }
+}
+
+/* reconcile()'s states of ids->done (0 no outcome yet, 1 seen): */
+enum { W_CANDIDATE = 2, W_AMBIGUOUS = 3 };
+#define AMBIGUOUS_GRACE_S 10u
+
+static int pick_undelivered(waiter *w, uint32_t k) {
+    unsigned char d = w->ids->done[k];
+    return (d == 0 || d == W_AMBIGUOUS) && !id_after(w->ids->id[k], w->delivered);
+}
+static void build_xpending(waiter *w, uint32_t k, const char **av) {
+    const char *a[] = {"XPENDING", w->stream, w->group, w->ids->id[k], w->ids->id[k], "1"};
+    memcpy(av, a, sizeof a);
+}
+static void take_xpending(waiter *w, uint32_t k, const redisReply *r) {
+    if (r->type == REDIS_REPLY_ARRAY && r->elements == 0 && w->ids->done[k] == 0)
+        w->ids->done[k] = W_CANDIDATE;
+}
+static int pick_candidate(waiter *w, uint32_t k) { return w->ids->done[k] == W_CANDIDATE; }
+static void build_xrange(waiter *w, uint32_t k, const char **av) {
+    const char *a[] = {"XRANGE", w->stream, w->ids->id[k], w->ids->id[k]};
+    memcpy(av, a, sizeof a);
+}
+static void take_xrange(waiter *w, uint32_t k, const redisReply *r) {
+    if (r->type == REDIS_REPLY_ARRAY && r->elements == 0) { /* gone from the stream too: ambiguous */
+        w->ids->done[k] = W_AMBIGUOUS;
+        w->ambiguous_since[k] = (uint32_t)((tp_now_ns() - w->t0) / 1000000000u);
+    }
+}
+
+/* Outcome records were removed before they were read. An entry that is
+ * delivered and no longer pending in the group was acknowledged, and the
+ * worker writes an entry's record before acknowledging it, so if no read
+ * finds the record now, it was among the removed ones: the entry ends as
+ * "unknown". Unless the entry is gone from the stream too: then Redis may
+ * have dropped it from the pending list unacknowledged (deleted while it
+ * ran or waited; its record comes when it ends), or TRIM_DONE removed it
+ * after its acknowledgement; such an entry is "unknown" only when no record
+ * came within AMBIGUOUS_GRACE_S (wait_outcomes looks again meanwhile). */
 static void reconcile(waiter *w) {
-    char delivered[ID_LEN] = "";
+    w->delivered[0] = '\0';
     const char *gav[] = {"XINFO", "GROUPS", w->stream};
     size_t gal[] = {5, 6, strlen(w->stream)};
     redisReply *g = redisCommandArgv(w->c, 3, gav, gal); /* an error (no stream): nothing to tell */
@@ -362,38 +431,31 @@ static void reconcile(waiter *w) {
         const redisReply *name = field(g->element[k], "name"),
                          *last = field(g->element[k], "last-delivered-id");
         if (name != NULL && last != NULL && strcmp(name->str, w->group) == 0)
-            snprintf(delivered, sizeof delivered, "%s", last->str);
+            snprintf(w->delivered, sizeof w->delivered, "%s", last->str);
     }
     freeReplyObject(g);
-    if (delivered[0] == '\0') return;
-    /* Candidates: delivered and not pending, asked in pipelined batches. */
+    if (w->delivered[0] == '\0') return;
     idset *ids = w->ids;
-    for (uint32_t k = 0; k < ids->n;) {
-        uint32_t asked[1000], n = 0;
-        for (; k < ids->n && n < 1000; k++) {
-            if (ids->done[k] != 0 || id_after(ids->id[k], delivered)) continue;
-            const char *av[] = {"XPENDING", w->stream, w->group, ids->id[k], ids->id[k], "1"};
-            size_t al[6];
-            for (int a = 0; a < 6; a++) al[a] = strlen(av[a]);
-            if (redisAppendCommandArgv(w->c, 6, av, al) != REDIS_OK) break;
-            asked[n++] = k;
-        }
-        for (uint32_t a = 0; a < n; a++) {
-            redisReply *r = NULL;
-            if (redisGetReply(w->c, (void **)&r) != REDIS_OK) {
-                fprintf(stderr, "taskpool-enqueue: %s\n", w->c->errstr);
-                exit(EXIT_REDIS);
-            }
-            if (r->type == REDIS_REPLY_ARRAY && r->elements == 0) ids->done[asked[a]] = 2;
-            freeReplyObject(r);
-        }
+    if (w->ambiguous_since == NULL &&
+        (w->ambiguous_since = calloc(ids->n, sizeof *w->ambiguous_since)) == NULL) {
+        fprintf(stderr, "taskpool-enqueue: out of memory\n");
+        exit(EXIT_REDIS);
     }
+    per_id(w, pick_undelivered, build_xpending, 6, take_xpending);
+    per_id(w, pick_candidate, build_xrange, 4, take_xrange);
     /* Records written before those acknowledgements are readable now, unless removed. */
     while (read_outcomes(w, 0) > 0) {
     }
     static const char why[] = "its outcome record was trimmed or deleted before --wait read it";
+    uint32_t now_s = (uint32_t)((tp_now_ns() - w->t0) / 1000000000u);
+    w->n_ambiguous = 0;
     for (uint32_t k = 0; k < ids->n; k++) {
-        if (ids->done[k] != 2) continue;
+        unsigned char d = ids->done[k];
+        if (d == W_AMBIGUOUS && now_s - w->ambiguous_since[k] < AMBIGUOUS_GRACE_S) {
+            w->n_ambiguous++;
+            continue;
+        }
+        if (d != W_CANDIDATE && d != W_AMBIGUOUS) continue;
         ids->done[k] = 1;
         w->left--;
         w->n_unknown++;
@@ -403,8 +465,9 @@ static void reconcile(waiter *w) {
 }
 
 static int wait_outcomes(waiter *w, uint64_t timeout_ns) {
-    uint64_t t0 = tp_now_ns(), next_check = 0;
+    uint64_t t0 = tp_now_ns(), next_check = 0, next_ambiguous = 0;
     uint64_t deadline = timeout_ns != 0 && timeout_ns < UINT64_MAX - t0 ? t0 + timeout_ns : UINT64_MAX;
+    w->t0 = t0;
     w->left = w->ids->n;
     while (w->left > 0) {
         uint64_t now = tp_now_ns();
@@ -418,7 +481,10 @@ static int wait_outcomes(waiter *w, uint64_t timeout_ns) {
             next_check = now + 500000000u;
             int lost = overtaken(w->c, &w->res);
             if (!w->one && overtaken(w->c, &w->dead)) lost = 1;
-            if (lost) reconcile(w);
+            if (lost || (w->n_ambiguous > 0 && now >= next_ambiguous)) {
+                reconcile(w);
+                next_ambiguous = now + 2000000000u; /* entries in their grace: looked at every 2 s */
+            }
         }
     }
     printf(
@@ -816,6 +882,7 @@ int main(int argc, char **argv) {
     printf(",\"group_created\":%s}\n", group_created ? "true" : "false");
     fflush(stdout);
     if (wait) rc = wait_outcomes(&w, timeout_ns);
+    free(w.ambiguous_since);
 out:
     if (c != NULL) redisFree(c);
     free(payload);

@@ -16,6 +16,7 @@ typedef struct ent {
     unsigned deliveries;
     uint32_t pos; /* index in heap */
     uint8_t len;
+    uint8_t flags; /* TPS_SCHED_MISSING, TPS_SCHED_DROPPED */
     char id[TPS_SCHED_ID_MAX + 1];
 } ent;
 
@@ -129,7 +130,8 @@ int tps_sched_get(const tps_sched *s, const char *id, size_t len, unsigned *deli
     return 1;
 }
 
-int tps_sched_add(tps_sched *s, const char *id, size_t len, uint64_t due_ms, unsigned deliveries) {
+int tps_sched_add(tps_sched *s, const char *id, size_t len, uint64_t due_ms, unsigned deliveries,
+                  unsigned flags) {
     if (len == 0 || len > TPS_SCHED_ID_MAX) return -1;
     uint32_t t = find_slot(s, id, len);
     if (s->tab[t] != 0) return 1;
@@ -139,6 +141,7 @@ int tps_sched_add(tps_sched *s, const char *id, size_t len, uint64_t due_ms, uns
     e->due_ms = due_ms;
     e->seq = s->seq++;
     e->deliveries = deliveries;
+    e->flags = (uint8_t)flags;
     e->len = (uint8_t)len;
     memcpy(e->id, id, len);
     e->id[len] = '\0';
@@ -167,7 +170,7 @@ static void tab_remove(tps_sched *s, uint32_t idx) {
 }
 
 int tps_sched_pop(tps_sched *s, uint64_t now_ms, char *id, size_t *len, uint64_t *due_ms,
-                  unsigned *deliveries) {
+                  unsigned *deliveries, unsigned *flags) {
     if (s->n == 0) return 0;
     uint32_t idx = s->heap[0];
     ent *e = &s->e[idx];
@@ -176,6 +179,7 @@ int tps_sched_pop(tps_sched *s, uint64_t now_ms, char *id, size_t *len, uint64_t
     *len = e->len;
     *due_ms = e->due_ms;
     *deliveries = e->deliveries;
+    *flags = e->flags;
     tab_remove(s, idx);
     s->freel[s->nfree++] = idx;
     s->n--;
@@ -185,6 +189,22 @@ int tps_sched_pop(tps_sched *s, uint64_t now_ms, char *id, size_t *len, uint64_t
     }
     return 1;
 }
+
+int tps_sched_mark(tps_sched *s, const char *id, size_t len, unsigned set, unsigned clear,
+                   uint64_t due_at_most) {
+    if (len > TPS_SCHED_ID_MAX) return 0;
+    uint32_t v = s->tab[find_slot(s, id, len)];
+    if (v == 0) return 0;
+    ent *e = &s->e[v - 1];
+    e->flags = (uint8_t)((e->flags | set) & ~clear);
+    if (due_at_most < e->due_ms) {
+        e->due_ms = due_at_most;
+        sift_up(s, e->pos);
+    }
+    return 1;
+}
+
+unsigned tps_sched_flags(const tps_sched *s, uint32_t i) { return s->e[s->heap[i]].flags; }
 
 int tps_sched_remove(tps_sched *s, const char *id, size_t len) {
     if (len > TPS_SCHED_ID_MAX) return 0;

@@ -26,11 +26,24 @@ void tps_sched_destroy(tps_sched *s);
 uint32_t tps_sched_count(const tps_sched *s);
 uint32_t tps_sched_room(const tps_sched *s);
 
+/* Flags the consumer keeps with an entry. */
+#define TPS_SCHED_MISSING 1u /* the heartbeat's XCLAIM did not return it: to be looked at */
+#define TPS_SCHED_DROPPED 2u /* deleted from the stream, and Redis dropped it from the pending list */
+
 /* 0 added; 1 already held (nothing changed); -1 full or id too long. */
-int tps_sched_add(tps_sched *s, const char *id, size_t len, uint64_t due_ms, unsigned deliveries);
+int tps_sched_add(tps_sched *s, const char *id, size_t len, uint64_t due_ms, unsigned deliveries,
+                  unsigned flags);
 int tps_sched_has(const tps_sched *s, const char *id, size_t len);
 /* 1 with the entry's delivery count when id is held, else 0. */
 int tps_sched_get(const tps_sched *s, const char *id, size_t len, unsigned *deliveries);
+
+/* Set then clear flags of id, and bring its due time forward to
+ * due_at_most if that is earlier (UINT64_MAX: keep it). 1 done, 0 not held. */
+int tps_sched_mark(tps_sched *s, const char *id, size_t len, unsigned set, unsigned clear,
+                   uint64_t due_at_most);
+
+/* The flags of the i-th held id (0 <= i < count; the order of tps_sched_id). */
+unsigned tps_sched_flags(const tps_sched *s, uint32_t i);
 
 /* Forget id: 1 removed, 0 not held. */
 int tps_sched_remove(tps_sched *s, const char *id, size_t len);
@@ -39,10 +52,10 @@ int tps_sched_remove(tps_sched *s, const char *id, size_t len);
 uint64_t tps_sched_next(const tps_sched *s);
 
 /* Remove the earliest entry if it is due at now_ms: 1 with its id (NUL-
- * terminated, id must hold TPS_SCHED_ID_MAX + 1 bytes), length, due time and
- * deliveries; 0 when nothing is due. */
+ * terminated, id must hold TPS_SCHED_ID_MAX + 1 bytes), length, due time,
+ * deliveries and flags; 0 when nothing is due. */
 int tps_sched_pop(tps_sched *s, uint64_t now_ms, char *id, size_t *len, uint64_t *due_ms,
-                  unsigned *deliveries);
+                  unsigned *deliveries, unsigned *flags);
 
 /* The i-th held id (0 <= i < count), in no particular order, and its
  * delivery count if `deliveries` is not NULL. */

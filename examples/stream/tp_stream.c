@@ -104,7 +104,8 @@ typedef struct due_ent { /* a scheduled entry taken from the heap to be fetched 
     size_t len;
     uint64_t due_ms;
     unsigned deliveries;
-    int gone; /* deleted from the stream: a dead record if it is still ours */
+    unsigned flags; /* TPS_SCHED_* */
+    int gone;       /* deleted from the stream: a dead record if it is still ours */
 } due_ent;
 
 /* A user's held entries (user "" for entries without one), in a record that
@@ -661,8 +662,9 @@ static void admit(tps_consumer *c, uint32_t i, const char *parse_error) {
     slot *s = &c->slots[i];
     int not_due = parse_error == NULL && !s->due && s->due_ms > tps_unix_ms();
     int stop = atomic_load(&c->stop_reading);
-    if (s->claimed && s->deliveries > 0 && parse_error == NULL && (stop || (not_due && !s->due_guess)))
-        uncount(c, s);
+    int uncounted =
+        s->claimed && s->deliveries > 0 && parse_error == NULL && (stop || (not_due && !s->due_guess));
+    if (uncounted) uncount(c, s);
     if (s->deliveries > c->max_deliveries) {
         snprintf(s->reason_buf, sizeof s->reason_buf, "delivered %u times (MAX_DELIVERIES %u)", s->deliveries,
                  c->max_deliveries);
@@ -676,9 +678,12 @@ static void admit(tps_consumer *c, uint32_t i, const char *parse_error) {
         /* The heap has room for every entry a read can bring (read_room); a
          * claim may find it full: then the entry stays pending unheld and is
          * claimed again after CLAIM_IDLE. */
-        int rc = tps_sched_add(c->sched, s->id, s->id_len, s->due_ms, s->deliveries);
+        int rc = tps_sched_add(c->sched, s->id, s->id_len, s->due_ms, s->deliveries, 0);
         if (rc == 0) cnt_add(&c->n_scheduled, 1);
-        if (rc < 0) log1(c, TP_LOG_WARN, "scheduled_full", "id", s->id);
+        if (rc < 0) {
+            log1(c, TP_LOG_WARN, "scheduled_full", "id", s->id);
+            if (s->claimed && !uncounted && s->deliveries > 0) uncount(c, s); /* it surely did not run now */
+        }
         slot_free(c, i);
     } else {
         submit(c, i, s->due ? SUB_DUE : SUB_NEW);
@@ -1227,31 +1232,50 @@ static const char *held_id(tps_consumer *c, uint32_t i, int stopping, size_t *le
 }
 
 /* Entries of the timer heap that the heartbeat's XCLAIM did not return
- * (c->due_buf[0..n)): an id that is gone from the stream too was deleted
- * while it waited, and Redis >= 7's XCLAIM has just dropped it from the
- * pending list: its dead record is written now (nothing to acknowledge). An
- * id still in the stream stays in the heap (not pending any more: the
- * group was reset, say) and runs at its time as before. */
-static int heartbeat_missing(tps_consumer *c, uint32_t n) {
+ * (flagged TPS_SCHED_MISSING), looked at in rounds of DUE_BATCH: an id that
+ * is gone from the stream too was deleted while it waited, and Redis >= 7's
+ * XCLAIM has just dropped it from the pending list, so this worker alone
+ * knows: its dead record is written now (nothing to acknowledge), or, with
+ * no slot free, it is flagged TPS_SCHED_DROPPED and made due, and
+ * dispatch_due writes it. An id still in the stream stays (not pending any
+ * more: the group was reset, say) and runs at its time as before. */
+static int heartbeat_missing(tps_consumer *c) {
     due_ent *m = c->due_buf;
-    for (uint32_t k = 0; k < n; k++) {
-        size_t argc = 0;
-        args(c, &argc, "XRANGE");
-        args(c, &argc, c->stream);
-        arg(c, &argc, m[k].id, m[k].len);
-        arg(c, &argc, m[k].id, m[k].len);
-        if (redisAppendCommandArgv(c->wr, (int)argc, c->argv, c->argvlen) != REDIS_OK) return -1;
-    }
-    for (uint32_t k = 0; k < n; k++) {
-        redisReply *r = NULL;
-        if (redisGetReply(c->wr, (void **)&r) != REDIS_OK) return -1;
-        if (r->type == REDIS_REPLY_ARRAY && r->elements == 0 && c->n_free > c->read_outstanding) {
-            (void)tps_sched_remove(c->sched, m[k].id, m[k].len);
-            deleted_entry(c, slot_alloc(c), m[k].id, m[k].len, 1);
+    for (;;) {
+        uint32_t n = 0, count = tps_sched_count(c->sched);
+        for (uint32_t i = 0; i < count && n < DUE_BATCH; i++) {
+            if (!(tps_sched_flags(c->sched, i) & TPS_SCHED_MISSING)) continue;
+            size_t len;
+            const char *id = tps_sched_id(c->sched, i, &len, NULL);
+            memcpy(m[n].id, id, len + 1);
+            m[n++].len = len;
         }
-        freeReplyObject(r);
+        if (n == 0) return 0;
+        for (uint32_t k = 0; k < n; k++) {
+            size_t argc = 0;
+            args(c, &argc, "XRANGE");
+            args(c, &argc, c->stream);
+            arg(c, &argc, m[k].id, m[k].len);
+            arg(c, &argc, m[k].id, m[k].len);
+            if (redisAppendCommandArgv(c->wr, (int)argc, c->argv, c->argvlen) != REDIS_OK) return -1;
+        }
+        for (uint32_t k = 0; k < n; k++) {
+            redisReply *r = NULL;
+            if (redisGetReply(c->wr, (void **)&r) != REDIS_OK) return -1; /* flags stay: the next heartbeat */
+            if (r->type == REDIS_REPLY_ARRAY && r->elements == 0) {
+                if (c->n_free > c->read_outstanding) {
+                    (void)tps_sched_remove(c->sched, m[k].id, m[k].len);
+                    deleted_entry(c, slot_alloc(c), m[k].id, m[k].len, 1);
+                } else {
+                    (void)tps_sched_mark(c->sched, m[k].id, m[k].len, TPS_SCHED_DROPPED, TPS_SCHED_MISSING,
+                                         tps_unix_ms());
+                }
+            } else {
+                (void)tps_sched_mark(c->sched, m[k].id, m[k].len, 0, TPS_SCHED_MISSING, UINT64_MAX);
+            }
+            freeReplyObject(r);
+        }
     }
-    return 0;
 }
 
 /* XCLAIM <every held id> to ourselves with JUSTID: resets their idle time,
@@ -1295,14 +1319,14 @@ static int heartbeat(tps_consumer *c) {
             if (got != NULL && got->type == REDIS_REPLY_STRING && got->len == len &&
                 memcmp(got->str, id, len) == 0)
                 j++;
-            else if (ok && i >= c->nslots && nmissing < DUE_BATCH) {
-                memcpy(c->due_buf[nmissing].id, id, len + 1);
-                c->due_buf[nmissing++].len = len;
+            else if (ok && i >= c->nslots) {
+                (void)tps_sched_mark(c->sched, id, len, TPS_SCHED_MISSING, 0, UINT64_MAX);
+                nmissing++;
             }
         }
         freeReplyObject(r);
     }
-    return nmissing > 0 ? heartbeat_missing(c, nmissing) : 0;
+    return nmissing > 0 ? heartbeat_missing(c) : 0;
 }
 
 /* How many entries a read or claim may bring now: pool room, free slots,
@@ -1515,8 +1539,8 @@ static int dispatch_due(tps_consumer *c) {
     uint32_t n = 0, ngone = 0, cap = c->n_free > c->read_outstanding ? c->n_free - c->read_outstanding : 0;
     if (cap > DUE_BATCH) cap = DUE_BATCH;
     int failed = 0;
-    while (n < cap &&
-           tps_sched_pop(c->sched, now_ms, due[n].id, &due[n].len, &due[n].due_ms, &due[n].deliveries)) {
+    while (n < cap && tps_sched_pop(c->sched, now_ms, due[n].id, &due[n].len, &due[n].due_ms,
+                                    &due[n].deliveries, &due[n].flags)) {
         due[n].gone = 0;
         size_t argc = 0;
         args(c, &argc, "XRANGE");
@@ -1537,7 +1561,10 @@ static int dispatch_due(tps_consumer *c) {
             break;
         }
         due[k].gone = r->type == REDIS_REPLY_ARRAY && r->elements == 0;
-        if (due[k].gone) {
+        if (due[k].gone && (due[k].flags & TPS_SCHED_DROPPED)) {       /* the heartbeat saw Redis drop it */
+            deleted_entry(c, slot_alloc(c), due[k].id, due[k].len, 1); /* cap <= free slots */
+            due[k].gone = 0;
+        } else if (due[k].gone) {
             ngone++;
         } else if (r->type == REDIS_REPLY_ARRAY) {
             const char *perr = NULL;
@@ -1558,11 +1585,13 @@ static int dispatch_due(tps_consumer *c) {
         } else {
             log1(c, TP_LOG_WARN, "due_fetch_failed", "error",
                  r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply");
-            (void)tps_sched_add(c->sched, due[k].id, due[k].len, due[k].due_ms, due[k].deliveries);
+            (void)tps_sched_add(c->sched, due[k].id, due[k].len, due[k].due_ms, due[k].deliveries,
+                                due[k].flags);
         }
         freeReplyObject(r);
     }
-    for (; k < n; k++) (void)tps_sched_add(c->sched, due[k].id, due[k].len, due[k].due_ms, due[k].deliveries);
+    for (; k < n; k++)
+        (void)tps_sched_add(c->sched, due[k].id, due[k].len, due[k].due_ms, due[k].deliveries, due[k].flags);
     /* Deleted while it waited: a dead record, unless it is no longer pending
      * as ours (XAUTOCLAIM, ours or a peer's, has dropped it and written its
      * record already; or a peer has it): one record per entry. */
@@ -1599,7 +1628,8 @@ static int dispatch_due(tps_consumer *c) {
     }
     for (k = 0; k < n && failed; k++) /* not settled: back into the heap, to be fetched again */
         if (due[k].gone)
-            (void)tps_sched_add(c->sched, due[k].id, due[k].len, due[k].due_ms, due[k].deliveries);
+            (void)tps_sched_add(c->sched, due[k].id, due[k].len, due[k].due_ms, due[k].deliveries,
+                                due[k].flags);
     return failed ? -1 : 0;
 }
 
@@ -1692,11 +1722,9 @@ static int receive_read(tps_consumer *c) {
     return 0;
 }
 
-/* The i-th entry this worker holds that never ran (held in the backlog or
- * the overflow, or waiting for its time), i from 0 to nslots + the heap's
- * count; NULL for a slot that holds none. */
+/* The entry slot i holds if it never ran (held in the backlog or the
+ * overflow), else NULL. */
 static const char *unrun_entry(const tps_consumer *c, uint32_t i, size_t *len, unsigned *deliveries) {
-    if (i >= c->nslots) return tps_sched_id(c->sched, i - c->nslots, len, deliveries);
     const slot *s = &c->slots[i];
     if (s->state != S_BACKLOG && s->state != S_OVERFLOW) return NULL;
     *len = s->id_len;
@@ -1704,20 +1732,27 @@ static const char *unrun_entry(const tps_consumer *c, uint32_t i, size_t *len, u
     return s->id;
 }
 
-/* At a stop, entries that never ran go back pending without the delivery
- * that brought them here (XCLAIM to ourselves with RETRYCOUNT one lower,
- * JUSTID): a stop is no crash, and counting it sent an entry held through
- * MAX_DELIVERIES restarts (waiting for its user's place, or for its time)
- * to the dead stream unrun. One XCLAIM per CLAIM_ARGS_MAX entries read
- * once (count 0), one per entry claimed before; pipelined. Best effort:
- * without a connection, or if it fails now, the counts stay one higher
- * (never lower than the deliveries that could have run). */
+/* At a stop, the entries held in the backlog or the overflow (they never
+ * ran) go back pending without the delivery that brought them here (XCLAIM
+ * to ourselves with RETRYCOUNT one lower, JUSTID; the claim that takes them
+ * next counts it again), and idle for claim_idle already (IDLE), so that a
+ * peer takes them at its next claim instead of a claim_idle later. A stop is
+ * no crash: counting it sent an entry held through MAX_DELIVERIES restarts
+ * to the dead stream unrun. Entries waiting for their time keep their count:
+ * it holds the delivery of their coming run (a claim before their time
+ * counts nothing), so setting it back would let a poison entry run once too
+ * often. One XCLAIM per CLAIM_ARGS_MAX entries read once (count 0), one per
+ * entry claimed before; pipelined. Best effort: without a connection, or if
+ * it fails now, the counts stay one higher (never lower than the deliveries
+ * that could have run). */
 static void give_back_unrun(tps_consumer *c) {
     if (c->wr == NULL) return;
-    uint32_t total = c->nslots + tps_sched_count(c->sched), sent = 0;
+    char idle[24];
+    snprintf(idle, sizeof idle, "%llu", (unsigned long long)(c->claim_idle_ns / 1000000ull));
+    uint32_t sent = 0;
     for (int pass = 0; pass < 2; pass++) { /* 0: read once, batched; 1: claimed, one by one */
         uint32_t i = 0;
-        while (i < total) {
+        while (i < c->nslots) {
             char n[16];
             size_t argc = 0, first;
             args(c, &argc, "XCLAIM");
@@ -1727,13 +1762,15 @@ static void give_back_unrun(tps_consumer *c) {
             args(c, &argc, "0");
             first = argc;
             unsigned d = 1;
-            for (; i < total && argc - first < (pass == 0 ? CLAIM_ARGS_MAX : 1); i++) {
+            for (; i < c->nslots && argc - first < (pass == 0 ? CLAIM_ARGS_MAX : 1); i++) {
                 size_t len;
                 const char *id = unrun_entry(c, i, &len, &d);
                 if (id != NULL && (pass == 0) == (d <= 1)) arg(c, &argc, id, len);
             }
             if (argc == first) continue;
             snprintf(n, sizeof n, "%u", pass == 0 ? 0u : d - 1);
+            args(c, &argc, "IDLE");
+            args(c, &argc, idle);
             args(c, &argc, "RETRYCOUNT");
             args(c, &argc, n);
             args(c, &argc, "JUSTID");

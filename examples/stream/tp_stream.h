@@ -102,13 +102,15 @@
  * max_deliveries times goes to the dead stream without running. Only
  * deliveries that could run count (Redis's count, read per claimed entry
  * with XPENDING): a claim of an entry that is not due yet is set back (the
- * claimer XCLAIMs it to itself with RETRYCOUNT), and so are the entries a
- * stop releases unrun (tps_stop_reading) and a claim of an entry
- * this consumer holds already (a late heartbeat), so restarts and crashes
- * before an entry's time, or while it waits in a backlog, cannot send it to
- * the dead stream. Not set back: an entry whose id is ahead of the clock
- * (its `defer` counts from each claim, so its time says nothing about
- * whether it ran), and entries a forced shutdown cancels. When a
+ * claimer XCLAIMs it to itself with RETRYCOUNT; its count already holds
+ * its coming run), and so are the backlog entries a stop releases unrun
+ * (tps_stop_reading) and a claim of an entry this consumer holds already (a
+ * late heartbeat), so restarts and crashes before an entry's time, or while
+ * it waits in a backlog, cannot send it to the dead stream, and a poison
+ * entry still runs at most max_deliveries times. Not set back: an entry
+ * whose id is ahead of the clock (its `defer` counts from each claim, so its
+ * time says nothing about whether it ran) unless the timer heap refuses it,
+ * and entries a forced shutdown cancels. When a
  * connection fails, both are closed and reopened with exponential backoff
  * (100 ms to 2 s); tasks keep running and their outcomes wait in their slots.
  *
@@ -243,13 +245,14 @@ int tps_create(tps_consumer **out, const tps_config *cfg, char *err, size_t errl
  * SIGTERM/SIGINT before calling if the caller wants them on its own thread. */
 int tps_start(tps_consumer *c);
 
-/* Stop reading and claiming new entries; entries in the local backlog and
- * those waiting for their time are released (left pending for others, with
- * the delivery that brought them here undone: they never ran, so a stop
- * does not bring them closer to max_deliveries). Tasks in the pool keep
- * running and their outcomes keep being written. Does not block on the
- * pool; sends the releases to Redis and reads their replies (a few ms; with
- * no connection, the counts stay as they are). Idempotent. */
+/* Stop reading and claiming new entries; entries in the local backlog are
+ * released (left pending for others, with the delivery that brought them
+ * here undone, since they never ran, and idle for claim_idle already, so a
+ * peer takes them at its next claim); entries waiting for their time are
+ * left pending with their count (which holds their coming run). Tasks in
+ * the pool keep running and their outcomes keep being written. Does not
+ * block on the pool; sends the releases to Redis and reads their replies
+ * (a few ms; with no connection, the counts stay as they are). Idempotent. */
 void tps_stop_reading(tps_consumer *c);
 
 /*

@@ -949,6 +949,14 @@ def scenario_backlog_restarts(env):
     check(env.stop(w) == 0, "worker %s did not exit 0" % w.name)
 
 
+# Add an entry (ARGV[2..]: its fields) delivered to a consumer "ghost" that
+# never comes back, with delivery count ARGV[1], atomically (a worker's
+# blocked XREADGROUP cannot take it first).
+GHOST = ("local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 2)) "
+         "redis.call('XREADGROUP', 'GROUP', 'taskpool', 'ghost', 'COUNT', 1, 'STREAMS', KEYS[1], '>') "
+         "redis.call('XCLAIM', KEYS[1], 'taskpool', 'ghost', 0, id, 'RETRYCOUNT', ARGV[1], 'JUSTID') return id")
+
+
 def dead_reasons(r):
     return {f["id"]: f["reason"] for _, f in entries(r, "tasks:dead")}
 
@@ -964,7 +972,10 @@ def scenario_delivery_counts(env):
     (d) a worker whose timer heap is full still recovers a dead peer's entries;
     (e) an entry whose id is ahead of the clock and that kills its worker
         every time it runs is counted and goes dead (its due time, counted
-        from each claim, is no evidence that it never ran)."""
+        from each claim, is no evidence that it never ran), (f) unless the
+        claims found the timer heap full (then it surely did not run);
+    (a2) a poison entry waiting through a graceful stop still runs at most
+        MAX_DELIVERIES times; (c2) 300 deleted waiting entries, 300 records."""
     r = env.start_redis()
     # (a)
     w = env.worker("a1", CLAIM_IDLE="200ms", MAX_DELIVERIES=1)
@@ -981,14 +992,11 @@ def scenario_delivery_counts(env):
     # range capped at 2 x its slots: the second one's count was not listed)
     cfg = dict(CLAIM_IDLE="1s", WORKERS=2, QUEUE_CAPACITY=2, LOCAL_BACKLOG=1, MAX_DELIVERIES=5)
     w = env.worker("b1", **cfg)
-    ghost = ("local id = redis.call('XADD', KEYS[1], '*', 'work', '1ms') "
-             "redis.call('XREADGROUP', 'GROUP', 'taskpool', 'ghost', 'COUNT', 1, 'STREAMS', KEYS[1], '>') "
-             "redis.call('XCLAIM', KEYS[1], 'taskpool', 'ghost', 0, id, 'RETRYCOUNT', 10, 'JUSTID') return id")
-    poison = [r("EVAL", ghost, 1, "tasks")]  # atomic: b1's blocked read cannot take it
+    poison = [r("EVAL", GHOST, 1, "tasks", 10, "work", "1ms")]  # atomic: b1's blocked read cannot take it
     for _ in range(12):
         r("XADD", "tasks", "*", "work", "1ms", "defer", "1h")
     wait_until(lambda: metrics(w)["tps_stream_waiting"] == 12, 10, "b1 to hold 12 entries until their time")
-    poison.append(r("EVAL", ghost, 1, "tasks"))
+    poison.append(r("EVAL", GHOST, 1, "tasks", 10, "work", "1ms"))
     wait_until(lambda: all(e in dead_reasons(r) for e in poison), 15, "both to be claimed")
     reasons = dead_reasons(r)
     check(all(reasons[e].startswith("delivered 11 times") for e in poison), "reasons %r" % reasons)
@@ -1005,6 +1013,39 @@ def scenario_delivery_counts(env):
     recs = [f for _, f in entries(r, "tasks:dead") if f["id"] == c]
     check(len(recs) == 1 and recs[0]["reason"] == "entry deleted before it ran", "its dead records: %r" % recs)
     check(env.stop(w) == 0, "worker b1 did not exit 0")
+
+    # (c2) 300 of them, more than a round of DUE_BATCH and than the slots
+    # free, due before the heartbeat after next (CLAIM_IDLE 9 s: one every
+    # 3 s): every one gets its record, once
+    w = env.worker("c1", CLAIM_IDLE="9s")
+    before = set(dead_reasons(r))
+    env.enqueue("--count", 300, "--users", 0, "--work", "1ms", "--defer", "4s")
+    many = {eid for eid, f in entries(r, "tasks") if f.get("defer") == "4s"}
+    wait_until(lambda: metrics(w)["tps_stream_waiting"] == 300, 10, "c1 to hold 300 entries until their time")
+    for eid in many:
+        r("XDEL", "tasks", eid)
+    wait_until(lambda: set(dead_reasons(r)) - before >= many, 20, "300 dead records")
+    recs = [f["id"] for _, f in entries(r, "tasks:dead") if f["id"] in many]
+    check(len(recs) == 300, "%d dead records for 300 deleted entries" % len(recs))
+    still = [row[0] for row in r("XPENDING", "tasks", "taskpool", "-", "+", 1000) if row[0] in many]
+    check(not still, "%d deleted entries still pending" % len(still))
+    check(env.stop(w) == 0, "worker c1 did not exit 0")
+
+    # (a2) a poison entry waiting for its time through a graceful stop runs
+    # at most MAX_DELIVERIES (1) times: the stop keeps its count
+    r("DEL", "tasks")  # b1's twelve entries of an hour stay out of the counts below
+    r("XGROUP", "CREATE", "tasks", "taskpool", "$", "MKSTREAM")
+    p = r("XADD", "tasks", "*", "work", "1h", "defer", "2s")
+    w = env.worker("p1", CLAIM_IDLE="300ms", MAX_DELIVERIES=1)
+    wait_until(lambda: metrics(w)["tps_stream_waiting"] == 1, 10, "p1 to hold it until its time")
+    check(env.stop(w) == 0, "worker p1 did not exit 0")
+    w = env.worker("p2", CLAIM_IDLE="300ms", MAX_DELIVERIES=1)
+    wait_until(lambda: metrics(w)["taskpool_active"] == 1, 10, "p2 to run it at its time")
+    env.stop(w, signal.SIGKILL)  # it "crashes" its worker
+    w = env.worker("p3", CLAIM_IDLE="300ms", MAX_DELIVERIES=1)
+    wait_until(lambda: p in dead_reasons(r), 10, "p3 to send it to the dead stream")
+    check(metrics(w)["taskpool_started_total"] == 0, "the poison entry ran twice with MAX_DELIVERIES 1")
+    check(env.stop(w) == 0, "worker p3 did not exit 0")
 
     # (d) h1's heap is full (SCHEDULED_MAX=2): it reads nothing, but claims
     r("DEL", "tasks")
@@ -1033,6 +1074,17 @@ def scenario_delivery_counts(env):
     check(k == 2 and dead_reasons(r).get(e, "").startswith("delivered 3 times"),
           "after %d crashes: %r" % (k, dead_reasons(r).get(e)))
     check(env.stop(w) == 0, "the last worker did not exit 0")
+
+    # (f) such an entry, claimed again and again by a worker whose heap is
+    # full, never ran: it is not counted towards MAX_DELIVERIES
+    w = env.worker("f1", CLAIM_IDLE="300ms", SCHEDULED_MAX=1, MAX_DELIVERIES=2)
+    r("XADD", "tasks", "*", "work", "1ms", "defer", "1h")
+    wait_until(lambda: metrics(w)["tps_stream_waiting"] == 1, 10, "f1's heap to fill")
+    f = r("EVAL", GHOST, 1, "tasks", 1, "work", "1ms", "defer", "1h")
+    wait_until(lambda: metrics(w)["tps_stream_claimed_total"] >= 5, 15, "five claims of it")
+    check(f not in dead_reasons(r) and pending_count(r, f) <= 2,
+          "claims that found the heap full counted: %r, count %d" % (dead_reasons(r).get(f), pending_count(r, f)))
+    check(env.stop(w) == 0, "worker f1 did not exit 0")
 
 
 def scenario_enqueue_edges(env):
@@ -1169,6 +1221,28 @@ def scenario_wait_edges(env):
     summary = json.loads(rest.strip().splitlines()[-1])
     check(rc == 5 and summary["missing"] == 0 and summary["unknown"] > 0 and
           summary["succeeded"] + summary["unknown"] == 300, "trimmed outcomes: exit %d %r" % (rc, summary))
+    check(env.stop(w) == 0, "worker did not exit 0")
+
+    # An entry deleted while it runs is dropped from the pending list without
+    # an acknowledgement; its record comes when it ends. A trim meanwhile
+    # must not make --wait call it unknown.
+    w = env.worker("w2", CLAIM_IDLE="1s")
+    p = subprocess.Popen([env.args.enqueue, "--count", "1", "--users", "0", "--work", "4s", "--wait", "--timeout",
+                          "30s"], env=dict(os.environ, REDIS_URL=env.url), stdout=subprocess.PIPE, text=True)
+    try:
+        line = json.loads(p.stdout.readline())
+        wait_until(lambda: metrics(w)["taskpool_active"] == 1, 10, "the entry to run")
+        r("XDEL", "tasks", line["first_id"])
+        wait_until(lambda: pending(r) == 0, 5, "the heartbeat to drop it from the pending list")
+        # an outcome record --wait cannot read: added and trimmed at once
+        r("EVAL", "redis.call('XADD', KEYS[1], '*', 'id', '0-1') return redis.call('XTRIM', KEYS[1], 'MAXLEN', 0)",
+          1, "tasks:done")
+        rest = p.stdout.read()
+        rc = p.wait(timeout=30 * SLOW)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    check(rc == 0 and '"outcome":"done"' in rest, "a deleted running entry: exit %d %s" % (rc, rest[-300:]))
     check(env.stop(w) == 0, "worker did not exit 0")
 
 
