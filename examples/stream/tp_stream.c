@@ -621,18 +621,25 @@ static void submit(tps_consumer *c, uint32_t i, int how) {
 static void arg(tps_consumer *c, size_t *argc, const char *s, size_t len);
 static void args(tps_consumer *c, size_t *argc, const char *s);
 
-/* Set an entry's delivery count in Redis (XCLAIM to ourselves with
- * RETRYCOUNT, JUSTID), pipelined on the writer: claim() alone calls it,
- * and reads the replies at its end (count_replies). */
-static void set_count(tps_consumer *c, const char *id, size_t len, unsigned deliveries) {
-    char n[16];
-    snprintf(n, sizeof n, "%u", deliveries);
+/* The start of an XCLAIM of ids to ourselves, min-idle 0 (the ids and
+ * options follow); the argument count. */
+static size_t xclaim_begin(tps_consumer *c) {
     size_t argc = 0;
     args(c, &argc, "XCLAIM");
     args(c, &argc, c->stream);
     args(c, &argc, c->group);
     args(c, &argc, c->consumer);
     args(c, &argc, "0");
+    return argc;
+}
+
+/* Set an entry's delivery count in Redis (XCLAIM to ourselves with
+ * RETRYCOUNT, JUSTID), pipelined on the writer: claim() alone calls it,
+ * and reads the replies at its end (count_replies). */
+static void set_count(tps_consumer *c, const char *id, size_t len, unsigned deliveries) {
+    char n[16];
+    snprintf(n, sizeof n, "%u", deliveries);
+    size_t argc = xclaim_begin(c);
     arg(c, &argc, id, len);
     args(c, &argc, "RETRYCOUNT");
     args(c, &argc, n);
@@ -1286,12 +1293,7 @@ static int heartbeat(tps_consumer *c) {
     int stopping = atomic_load(&c->stop_reading);
     uint32_t i = 0, sent = 0, nheld = c->nslots + tps_sched_count(c->sched);
     while (i < nheld) {
-        size_t argc = 0, len;
-        args(c, &argc, "XCLAIM");
-        args(c, &argc, c->stream);
-        args(c, &argc, c->group);
-        args(c, &argc, c->consumer);
-        args(c, &argc, "0");
+        size_t argc = xclaim_begin(c), len;
         size_t first = argc;
         for (; i < nheld && argc - first < CLAIM_ARGS_MAX; i++) {
             const char *id = held_id(c, i, stopping, &len);
@@ -1390,7 +1392,7 @@ static uint32_t take_entry(tps_consumer *c, const redisReply *e, const char **pe
     return i;
 }
 
-/* XAUTOCLAIM, then XPENDING over the claimed range for their delivery counts. */
+/* XAUTOCLAIM, then one XPENDING per claimed entry for its delivery count. */
 static int claim(tps_consumer *c) {
     uint32_t room = read_room(c, 0);
     if (room == 0) return 0;
@@ -1754,13 +1756,7 @@ static void give_back_unrun(tps_consumer *c) {
         uint32_t i = 0;
         while (i < c->nslots) {
             char n[16];
-            size_t argc = 0, first;
-            args(c, &argc, "XCLAIM");
-            args(c, &argc, c->stream);
-            args(c, &argc, c->group);
-            args(c, &argc, c->consumer);
-            args(c, &argc, "0");
-            first = argc;
+            size_t argc = xclaim_begin(c), first = argc;
             unsigned d = 1;
             for (; i < c->nslots && argc - first < (pass == 0 ? CLAIM_ARGS_MAX : 1); i++) {
                 size_t len;
