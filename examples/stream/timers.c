@@ -122,11 +122,12 @@ int tps_sched_has(const tps_sched *s, const char *id, size_t len) {
     return len <= TPS_SCHED_ID_MAX && s->tab[find_slot(s, id, len)] != 0;
 }
 
-int tps_sched_get(const tps_sched *s, const char *id, size_t len, unsigned *deliveries) {
+int tps_sched_get(const tps_sched *s, const char *id, size_t len, unsigned *deliveries, unsigned *flags) {
     if (len > TPS_SCHED_ID_MAX) return 0;
     uint32_t v = s->tab[find_slot(s, id, len)];
     if (v == 0) return 0;
     *deliveries = s->e[v - 1].deliveries;
+    *flags = s->e[v - 1].flags;
     return 1;
 }
 

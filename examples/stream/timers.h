@@ -29,13 +29,15 @@ uint32_t tps_sched_room(const tps_sched *s);
 /* Flags the consumer keeps with an entry. */
 #define TPS_SCHED_MISSING 1u /* the heartbeat's XCLAIM did not return it: to be looked at */
 #define TPS_SCHED_DROPPED 2u /* deleted from the stream, and Redis dropped it from the pending list */
+#define TPS_SCHED_LOWER   4u /* Redis's delivery count is one above the entry's: to be set (read entries) */
+#define TPS_SCHED_RAISED  8u /* Redis's count is one above, and stays: it counts the coming run already */
 
 /* 0 added; 1 already held (nothing changed); -1 full or id too long. */
 int tps_sched_add(tps_sched *s, const char *id, size_t len, uint64_t due_ms, unsigned deliveries,
                   unsigned flags);
 int tps_sched_has(const tps_sched *s, const char *id, size_t len);
-/* 1 with the entry's delivery count when id is held, else 0. */
-int tps_sched_get(const tps_sched *s, const char *id, size_t len, unsigned *deliveries);
+/* 1 with the entry's delivery count and flags when id is held, else 0. */
+int tps_sched_get(const tps_sched *s, const char *id, size_t len, unsigned *deliveries, unsigned *flags);
 
 /* Set then clear flags of id, and bring its due time forward to
  * due_at_most if that is earlier (UINT64_MAX: keep it). 1 done, 0 not held. */

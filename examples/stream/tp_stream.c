@@ -71,6 +71,7 @@ typedef struct slot {
     uint8_t fresh;     /* claimed in the current XAUTOCLAIM batch */
     uint8_t claimed;   /* came by XAUTOCLAIM (its delivery count is Redis's, see uncount) */
     uint8_t due_guess; /* due_ms counts `defer` from when it was read: its id is ahead of the clock */
+    uint8_t gone;      /* held at a stop, and deleted from the stream meanwhile (apply_stop) */
     uint8_t has_payload;
     uint8_t due;     /* its time has come: not scheduled again */
     uint8_t no_ack;  /* dead record only: Redis already dropped it from the pending list */
@@ -106,6 +107,7 @@ typedef struct due_ent { /* a scheduled entry taken from the heap to be fetched 
     unsigned deliveries;
     unsigned flags; /* TPS_SCHED_* */
     int gone;       /* deleted from the stream: a dead record if it is still ours */
+    uint32_t slot;  /* the slot it was admitted in, or NIL */
 } due_ent;
 
 /* A user's held entries (user "" for entries without one), in a record that
@@ -170,9 +172,10 @@ struct tps_consumer {
     uint32_t rr_head, rr_tail, rr_len; /* the background round: users with held background entries */
     redisContext *rd, *wr;             /* reader, writer */
     unsigned read_outstanding;         /* COUNT of the XREADGROUP in flight, 0 if none */
-    uint32_t count_replies;            /* writer replies pipelined by set_count(), read by claim() */
+    uint32_t count_replies;            /* writer replies pipelined by set_count() (read_count_replies) */
+    uint32_t n_lower;                  /* heap entries flagged TPS_SCHED_LOWER since lower_waiting() */
     uint64_t read_sent_ns;
-    int connected_once, stopped_applied;
+    int connected_once, connect_failed, stopped_applied;
     int read_failed; /* receive_read failed inside write_outcomes: io_main disconnects */
     unsigned backoff_ms, write_retry_ms;
     uint64_t next_connect_ns, next_heartbeat_ns, next_claim_ns, next_trim_ns;
@@ -339,7 +342,7 @@ static uint32_t slot_alloc(tps_consumer *c) {
     c->n_free--;
     slot *s = &c->slots[i];
     s->next = NIL;
-    s->fresh = s->claimed = s->due_guess = 0;
+    s->fresh = s->claimed = s->due_guess = s->gone = 0;
     s->has_payload = 0;
     s->due = s->no_ack = s->gave_up = s->written = 0;
     s->prio = 0;
@@ -634,8 +637,10 @@ static size_t xclaim_begin(tps_consumer *c) {
 }
 
 /* Set an entry's delivery count in Redis (XCLAIM to ourselves with
- * RETRYCOUNT, JUSTID), pipelined on the writer: claim() alone calls it,
- * and reads the replies at its end (count_replies). */
+ * RETRYCOUNT, JUSTID), pipelined on the writer: called from claim() (and
+ * admit() under it), dispatch_due() and lower_waiting(), which read the
+ * replies at their end (read_count_replies), never while the writer has
+ * other commands in flight. */
 static void set_count(tps_consumer *c, const char *id, size_t len, unsigned deliveries) {
     char n[16];
     snprintf(n, sizeof n, "%u", deliveries);
@@ -645,6 +650,22 @@ static void set_count(tps_consumer *c, const char *id, size_t len, unsigned deli
     args(c, &argc, n);
     args(c, &argc, "JUSTID");
     if (redisAppendCommandArgv(c->wr, (int)argc, c->argv, c->argvlen) == REDIS_OK) c->count_replies++;
+}
+
+/* Read the replies of set_count(); -1 when the connection failed (the
+ * counts stay one higher: never lower than the runs). */
+static int read_count_replies(tps_consumer *c) {
+    int rc = 0;
+    for (; c->count_replies > 0; c->count_replies--) {
+        redisReply *u = NULL;
+        if (rc != 0 || redisGetReply(c->wr, (void **)&u) != REDIS_OK) {
+            rc = -1;
+            continue;
+        }
+        if (u->type == REDIS_REPLY_ERROR) log1(c, TP_LOG_WARN, "set_count_failed", "error", u->str);
+        freeReplyObject(u);
+    }
+    return rc;
 }
 
 /* A claimed entry that will not run now: XAUTOCLAIM counted a delivery, so
@@ -685,7 +706,18 @@ static void admit(tps_consumer *c, uint32_t i, const char *parse_error) {
         /* The heap has room for every entry a read can bring (read_room); a
          * claim may find it full: then the entry stays pending unheld and is
          * claimed again after CLAIM_IDLE. */
-        int rc = tps_sched_add(c->sched, s->id, s->id_len, s->due_ms, s->deliveries, 0);
+        /* The heap keeps the runs so far; its coming run is counted when it
+         * is due (dispatch_due). A read brought it with Redis's count 1:
+         * lowered soon (lower_waiting). A claim with a guessed time was
+         * counted as a run (uncounted above otherwise): it stays, and
+         * stands for the coming run. */
+        int read = !s->claimed && s->deliveries > 0, guess = s->claimed && !uncounted && s->deliveries > 0;
+        int rc =
+            tps_sched_add(c->sched, s->id, s->id_len, s->due_ms, s->deliveries - (read || guess ? 1u : 0u),
+                          read    ? TPS_SCHED_LOWER
+                          : guess ? TPS_SCHED_RAISED
+                                  : 0u);
+        if (rc == 0 && read) c->n_lower++;
         if (rc == 0) cnt_add(&c->n_scheduled, 1);
         if (rc < 0) {
             log1(c, TP_LOG_WARN, "scheduled_full", "id", s->id);
@@ -882,9 +914,11 @@ static void try_connect(tps_consumer *c) {
     /* Refresh our entries' idle time before anyone (we included) claims them.
      * After a reconnect, peers may still be reconnecting: their entries look
      * idle until their own heartbeat runs, so the first claim waits one
-     * claim_idle (peers retry within backoff_max_ms <= claim_idle / 4). */
+     * claim_idle (peers retry within backoff_max_ms <= claim_idle / 4). So
+     * does the first claim of a worker whose first connection failed: Redis
+     * was away, and the live peers' entries look idle for the outage. */
     c->next_heartbeat_ns = now;
-    c->next_claim_ns = c->connected_once ? now + c->claim_idle_ns : now;
+    c->next_claim_ns = c->connected_once || c->connect_failed ? now + c->claim_idle_ns : now;
     if (c->connected_once) cnt_add(&c->n_reconnects, 1);
     c->connected_once = 1;
     c->backoff_ms = BACKOFF_MIN_MS;
@@ -906,6 +940,7 @@ failed:;
     snprintf(ms, sizeof ms, "%u", c->backoff_ms);
     const char *kv[] = {"url", c->addr.shown, "error", err, "retry_in_ms", ms};
     logkv(c, TP_LOG_WARN, "connect_failed", kv, 3);
+    c->connect_failed = 1;
     c->next_connect_ns = tp_now_ns() + ms_ns(c->backoff_ms);
     c->backoff_ms = c->backoff_ms * 2 > c->backoff_max_ms ? c->backoff_max_ms : c->backoff_ms * 2;
 }
@@ -1285,11 +1320,54 @@ static int heartbeat_missing(tps_consumer *c) {
     }
 }
 
+/* Entries read and put in the heap still show Redis's count 1 for a run
+ * that has not happened (TPS_SCHED_LOWER): set it to what the heap keeps
+ * (0 for all of them: one XCLAIM per CLAIM_ARGS_MAX ids). Until then a
+ * crash only counts one delivery too many. */
+static int lower_waiting(tps_consumer *c) {
+    if (c->n_lower == 0) return 0;
+    uint32_t count = tps_sched_count(c->sched), i = 0, sent = 0;
+    while (i < count) {
+        size_t argc = xclaim_begin(c), first = argc, len;
+        for (; i < count && argc - first < CLAIM_ARGS_MAX; i++) {
+            if (!(tps_sched_flags(c->sched, i) & TPS_SCHED_LOWER)) continue;
+            unsigned d;
+            const char *id = tps_sched_id(c->sched, i, &len, &d);
+            if (d != 0) { /* a read entry keeps 0 */
+                set_count(c, id, len, d);
+                continue;
+            }
+            arg(c, &argc, id, len);
+        }
+        if (argc == first) continue;
+        args(c, &argc, "RETRYCOUNT");
+        args(c, &argc, "0");
+        args(c, &argc, "JUSTID");
+        if (redisAppendCommandArgv(c->wr, (int)argc, c->argv, c->argvlen) != REDIS_OK) return -1;
+        sent++;
+    }
+    for (; sent > 0; sent--) {
+        redisReply *r = NULL;
+        if (redisGetReply(c->wr, (void **)&r) != REDIS_OK) return -1;
+        freeReplyObject(r);
+    }
+    if (read_count_replies(c) != 0) return -1;
+    for (i = 0; i < count; i++) {
+        if (!(tps_sched_flags(c->sched, i) & TPS_SCHED_LOWER)) continue;
+        size_t len;
+        const char *id = tps_sched_id(c->sched, i, &len, NULL);
+        (void)tps_sched_mark(c->sched, id, len, 0, TPS_SCHED_LOWER, UINT64_MAX);
+    }
+    c->n_lower = 0;
+    return 0;
+}
+
 /* XCLAIM <every held id> to ourselves with JUSTID: resets their idle time,
  * counts no delivery. The replies list what was claimed, in the order
  * asked: a waiting entry missing from them is no longer pending (see
  * heartbeat_missing). */
 static int heartbeat(tps_consumer *c) {
+    if (lower_waiting(c) != 0) return -1;
     int stopping = atomic_load(&c->stop_reading);
     uint32_t i = 0, sent = 0, nheld = c->nslots + tps_sched_count(c->sched);
     while (i < nheld) {
@@ -1496,11 +1574,13 @@ static int claim(tps_consumer *c) {
             continue;
         const redisReply *id = e->element[0];
         uint32_t held = ids_find(c, id->str, id->len);
-        unsigned d;
+        unsigned d, fl;
         if (held != NIL && !c->slots[held].fresh)
             set_count(c, id->str, id->len, c->slots[held].deliveries);
-        else if (held == NIL && tps_sched_get(c->sched, id->str, id->len, &d))
-            set_count(c, id->str, id->len, d);
+        else if (held == NIL && tps_sched_get(c->sched, id->str, id->len, &d, &fl)) {
+            set_count(c, id->str, id->len, d + (fl & TPS_SCHED_RAISED ? 1u : 0u));
+            (void)tps_sched_mark(c->sched, id->str, id->len, 0, TPS_SCHED_LOWER, UINT64_MAX);
+        }
     }
     if (n > 0) {
         char num[16];
@@ -1517,16 +1597,7 @@ static int claim(tps_consumer *c) {
         admit(c, got[k], errs[k]);
     }
     freeReplyObject(r);
-    for (; c->count_replies > 0; c->count_replies--) { /* set_count(), from here and admit() */
-        redisReply *u = NULL;
-        if (rc != 0 || redisGetReply(c->wr, (void **)&u) != REDIS_OK) {
-            rc = -1; /* the connection is lost: the counts stay one higher */
-            continue;
-        }
-        if (u->type == REDIS_REPLY_ERROR) log1(c, TP_LOG_WARN, "set_count_failed", "error", u->str);
-        freeReplyObject(u);
-    }
-    return rc;
+    return read_count_replies(c); /* set_count(), from here and admit() */
 }
 
 /* Scheduled entries whose time has come: read their fields again (XRANGE,
@@ -1544,6 +1615,7 @@ static int dispatch_due(tps_consumer *c) {
     while (n < cap && tps_sched_pop(c->sched, now_ms, due[n].id, &due[n].len, &due[n].due_ms,
                                     &due[n].deliveries, &due[n].flags)) {
         due[n].gone = 0;
+        due[n].slot = NIL;
         size_t argc = 0;
         args(c, &argc, "XRANGE");
         args(c, &argc, c->stream);
@@ -1571,8 +1643,9 @@ static int dispatch_due(tps_consumer *c) {
         } else if (r->type == REDIS_REPLY_ARRAY) {
             const char *perr = NULL;
             uint32_t i = take_entry(c, r->element[0], &perr);
+            due[k].slot = i;
             if (i != NIL) {
-                c->slots[i].deliveries = due[k].deliveries;
+                c->slots[i].deliveries = due[k].deliveries + 1; /* this run counts */
                 c->slots[i].due = 1;
                 admit(c, i, perr);
                 if (c->log != NULL) {
@@ -1632,6 +1705,16 @@ static int dispatch_due(tps_consumer *c) {
         if (due[k].gone)
             (void)tps_sched_add(c->sched, due[k].id, due[k].len, due[k].due_ms, due[k].deliveries,
                                 due[k].flags);
+    /* Each one admitted to run now counts this run in Redis too (unless
+     * Redis shows it already: TPS_SCHED_LOWER not yet done, or RAISED). */
+    for (k = 0; k < n && !failed; k++) {
+        const slot *s = due[k].slot != NIL ? &c->slots[due[k].slot] : NULL;
+        if (s == NULL || (due[k].flags & (TPS_SCHED_LOWER | TPS_SCHED_RAISED)) ||
+            (s->state != S_POOL && s->state != S_BACKLOG && s->state != S_OVERFLOW))
+            continue;
+        set_count(c, due[k].id, due[k].len, due[k].deliveries + 1);
+    }
+    if (read_count_replies(c) != 0) failed = 1;
     return failed ? -1 : 0;
 }
 
@@ -1728,7 +1811,7 @@ static int receive_read(tps_consumer *c) {
  * overflow), else NULL. */
 static const char *unrun_entry(const tps_consumer *c, uint32_t i, size_t *len, unsigned *deliveries) {
     const slot *s = &c->slots[i];
-    if (s->state != S_BACKLOG && s->state != S_OVERFLOW) return NULL;
+    if ((s->state != S_BACKLOG && s->state != S_OVERFLOW) || s->gone) return NULL;
     *len = s->id_len;
     *deliveries = s->deliveries;
     return s->id;
@@ -1782,8 +1865,39 @@ static void give_back_unrun(tps_consumer *c) {
     }
 }
 
+/* At a stop, which held entries (backlog, overflow) were deleted from the
+ * stream: Redis >= 7's XCLAIM (our heartbeat) drops a deleted entry from the
+ * pending list, so releasing it would leave it without a record forever.
+ * They are marked `gone` (one XRANGE each, pipelined; best effort). */
+static void find_gone(tps_consumer *c) {
+    if (c->wr == NULL) return;
+    uint32_t sent = 0;
+    for (uint32_t i = 0; i < c->nslots; i++) {
+        slot *s = &c->slots[i];
+        if (s->state != S_BACKLOG && s->state != S_OVERFLOW) continue;
+        size_t argc = 0;
+        args(c, &argc, "XRANGE");
+        args(c, &argc, c->stream);
+        arg(c, &argc, s->id, s->id_len);
+        arg(c, &argc, s->id, s->id_len);
+        if (redisAppendCommandArgv(c->wr, (int)argc, c->argv, c->argvlen) != REDIS_OK) break;
+        sent++;
+    }
+    for (uint32_t i = 0; i < c->nslots && sent > 0; i++) {
+        slot *s = &c->slots[i];
+        if (s->state != S_BACKLOG && s->state != S_OVERFLOW) continue;
+        sent--;
+        redisReply *r = NULL;
+        if (redisGetReply(c->wr, (void **)&r) != REDIS_OK) return; /* the loop sees the connection fail */
+        s->gone = r->type == REDIS_REPLY_ARRAY && r->elements == 0;
+        freeReplyObject(r);
+    }
+}
+
 /* Stop: forget what has not entered the pool (it stays pending in Redis,
- * its delivery undone: give_back_unrun). */
+ * its delivery undone: give_back_unrun), but write the dead records of held
+ * entries deleted from the stream, and of waiting ones the heartbeat saw
+ * deleted (TPS_SCHED_DROPPED): nobody else knows of them any more. */
 static void apply_stop(tps_consumer *c) {
     c->stopped_applied = 1;
     if (c->rd != NULL) { /* an XREADGROUP in flight may deliver more: drop the reader */
@@ -1791,12 +1905,17 @@ static void apply_stop(tps_consumer *c) {
         c->rd = NULL;
         c->read_outstanding = 0;
     }
+    find_gone(c);
     give_back_unrun(c);
-    uint32_t released = 0;
+    if (c->wr != NULL) (void)lower_waiting(c); /* the heap is forgotten below: its counts go right now */
+    uint32_t released = 0, lost = 0;
     c->n_low_admitted = 0;
     for (uint32_t i = 0; i < c->nslots; i++) {
         slot *s = &c->slots[i];
-        if (s->state == S_BACKLOG || s->state == S_OVERFLOW) {
+        if ((s->state == S_BACKLOG || s->state == S_OVERFLOW) && s->gone) {
+            cnt_add(&c->n_deleted, 1); /* its list is dropped below: the done list may take it */
+            finish_dead(c, i, "entry deleted before it ran");
+        } else if (s->state == S_BACKLOG || s->state == S_OVERFLOW) {
             slot_free(c, i);
             released++;
         } else if (s->state == S_POOL && s->prio < 0) {
@@ -1804,8 +1923,28 @@ static void apply_stop(tps_consumer *c) {
         }
     }
     users_reset(c);
+    for (;;) { /* a removal reorders the heap: look again from the start each time */
+        uint32_t k = 0, count = tps_sched_count(c->sched);
+        while (k < count && !(tps_sched_flags(c->sched, k) & TPS_SCHED_DROPPED)) k++;
+        if (k == count) break;
+        size_t len;
+        char id[TPS_SCHED_ID_MAX + 1];
+        memcpy(id, tps_sched_id(c->sched, k, &len, NULL), len + 1);
+        (void)tps_sched_remove(c->sched, id, len);
+        uint32_t i = slot_alloc(c);
+        if (i == NIL)
+            lost++;
+        else
+            deleted_entry(c, i, id, len, 1);
+    }
+    if (lost > 0) {
+        char num[16];
+        snprintf(num, sizeof num, "%u", lost);
+        log1(c, TP_LOG_ERROR, "deleted_entries_unrecorded", "count", num);
+    }
     released += tps_sched_count(c->sched); /* waiting for their time: pending, another worker claims them */
     tps_sched_clear(c->sched);
+    c->n_lower = 0;
     c->n_backlog = c->n_overflow = 0;
     for (int l = 0; l < LANES; l++) c->overflow_head[l] = c->overflow_tail[l] = NIL;
     char num[16];
@@ -1853,7 +1992,8 @@ static void *io_main(void *arg) {
             const char *fail = NULL;
             /* Due entries first: they are the only work here with a time
              * to keep; outcomes can wait the few ms a fetch takes. */
-            if (!stopping && c->write_blocked_until == 0 && dispatch_due(c) != 0)
+            if (lower_waiting(c) != 0) fail = "setting delivery counts";
+            if (fail == NULL && !stopping && c->write_blocked_until == 0 && dispatch_due(c) != 0)
                 fail = "fetching due entries";
             /* The next read goes out before the outcomes are written (when
              * there is room already), so that Redis serves it while this

@@ -100,17 +100,20 @@
  * Entries XAUTOCLAIM reports as deleted from the stream (XTRIM, XDEL) get a
  * dead record, `entry deleted before it ran`. An entry delivered more than
  * max_deliveries times goes to the dead stream without running. Only
- * deliveries that could run count (Redis's count, read per claimed entry
- * with XPENDING): a claim of an entry that is not due yet is set back (the
- * claimer XCLAIMs it to itself with RETRYCOUNT; its count already holds
- * its coming run), and so are the backlog entries a stop releases unrun
- * (tps_stop_reading) and a claim of an entry this consumer holds already (a
- * late heartbeat), so restarts and crashes before an entry's time, or while
- * it waits in a backlog, cannot send it to the dead stream, and a poison
- * entry still runs at most max_deliveries times. Not set back: an entry
- * whose id is ahead of the clock (its `defer` counts from each claim, so its
- * time says nothing about whether it ran) unless the timer heap refuses it,
- * and entries a forced shutdown cancels. When a
+ * deliveries that could run count (Redis's count, set with XCLAIM ...
+ * RETRYCOUNT and read per claimed entry with XPENDING): while an entry waits
+ * for its time its count is its runs so far (a read's 1 is lowered to 0 at
+ * once; a claim before its time is set back), and it is raised when the
+ * entry comes due and runs; a stop sets back the backlog entries it
+ * releases unrun (tps_stop_reading), and a claim of an entry this consumer
+ * holds already (a late heartbeat) is set back too. So restarts and crashes
+ * before an entry's time, or while it waits in a backlog, cannot send it to
+ * the dead stream, and a poison entry still runs at most max_deliveries
+ * times. An entry whose id is ahead of the clock (its `defer` counts from
+ * each claim, so its time says nothing about whether it ran) counts each
+ * claim as a run, unless the timer heap refuses it; entries a forced
+ * shutdown cancels keep their count; a crash moments after a read may count
+ * one delivery too many. When a
  * connection fails, both are closed and reopened with exponential backoff
  * (100 ms to 2 s); tasks keep running and their outcomes wait in their slots.
  *
@@ -249,7 +252,8 @@ int tps_start(tps_consumer *c);
  * released (left pending for others, with the delivery that brought them
  * here undone, since they never ran, and idle for claim_idle already, so a
  * peer takes them at its next claim); entries waiting for their time are
- * left pending with their count (which holds their coming run). Tasks in
+ * left pending with their count (their runs so far); held entries deleted
+ * from the stream meanwhile get their dead record here. Tasks in
  * the pool keep running and their outcomes keep being written. Does not
  * block on the pool; sends the releases to Redis and reads their replies
  * (a few ms; with no connection, the counts stay as they are). Idempotent. */
