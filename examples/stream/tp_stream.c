@@ -105,9 +105,10 @@ typedef struct due_ent { /* a scheduled entry taken from the heap to be fetched 
     size_t len;
     uint64_t due_ms;
     unsigned deliveries;
-    unsigned flags; /* TPS_SCHED_* */
-    int gone;       /* deleted from the stream: a dead record if it is still ours */
-    uint32_t slot;  /* the slot it was admitted in, or NIL */
+    unsigned flags;   /* TPS_SCHED_* */
+    int gone;         /* deleted from the stream: a dead record if it is still ours */
+    uint32_t slot;    /* the slot it was fetched into (admitted at the end), or NIL */
+    const char *perr; /* its fields' error, if any */
 } due_ent;
 
 /* A user's held entries (user "" for entries without one), in a record that
@@ -638,9 +639,9 @@ static size_t xclaim_begin(tps_consumer *c) {
 
 /* Set an entry's delivery count in Redis (XCLAIM to ourselves with
  * RETRYCOUNT, JUSTID), pipelined on the writer: called from claim() (and
- * admit() under it), dispatch_due() and lower_waiting(), which read the
- * replies at their end (read_count_replies), never while the writer has
- * other commands in flight. */
+ * admit() under it) and dispatch_due(), which read the replies
+ * (read_count_replies) before anything else is sent; never while the
+ * writer has other commands in flight (write_outcomes). */
 static void set_count(tps_consumer *c, const char *id, size_t len, unsigned deliveries) {
     char n[16];
     snprintf(n, sizeof n, "%u", deliveries);
@@ -832,6 +833,7 @@ static void disconnect(tps_consumer *c, const char *why, const char *detail) {
     c->rd = c->wr = NULL;
     c->read_outstanding = 0;
     c->read_failed = 0;
+    c->count_replies = 0; /* replies of the closed writer */
     cnt_set(&c->g_connected, 0);
     char ms[24];
     snprintf(ms, sizeof ms, "%u", c->backoff_ms);
@@ -1331,12 +1333,7 @@ static int lower_waiting(tps_consumer *c) {
         size_t argc = xclaim_begin(c), first = argc, len;
         for (; i < count && argc - first < CLAIM_ARGS_MAX; i++) {
             if (!(tps_sched_flags(c->sched, i) & TPS_SCHED_LOWER)) continue;
-            unsigned d;
-            const char *id = tps_sched_id(c->sched, i, &len, &d);
-            if (d != 0) { /* a read entry keeps 0 */
-                set_count(c, id, len, d);
-                continue;
-            }
+            const char *id = tps_sched_id(c->sched, i, &len, NULL); /* a read entry: 0 runs */
             arg(c, &argc, id, len);
         }
         if (argc == first) continue;
@@ -1351,7 +1348,6 @@ static int lower_waiting(tps_consumer *c) {
         if (redisGetReply(c->wr, (void **)&r) != REDIS_OK) return -1;
         freeReplyObject(r);
     }
-    if (read_count_replies(c) != 0) return -1;
     for (i = 0; i < count; i++) {
         if (!(tps_sched_flags(c->sched, i) & TPS_SCHED_LOWER)) continue;
         size_t len;
@@ -1641,21 +1637,12 @@ static int dispatch_due(tps_consumer *c) {
         } else if (due[k].gone) {
             ngone++;
         } else if (r->type == REDIS_REPLY_ARRAY) {
-            const char *perr = NULL;
-            uint32_t i = take_entry(c, r->element[0], &perr);
-            due[k].slot = i;
+            due[k].perr = NULL;
+            uint32_t i = take_entry(c, r->element[0], &due[k].perr);
+            due[k].slot = i; /* admitted below, once Redis counts its run */
             if (i != NIL) {
                 c->slots[i].deliveries = due[k].deliveries + 1; /* this run counts */
                 c->slots[i].due = 1;
-                admit(c, i, perr);
-                if (c->log != NULL) {
-                    char late[24];
-                    uint64_t wall = tps_unix_ms();
-                    snprintf(late, sizeof late, "%llu",
-                             (unsigned long long)(wall > due[k].due_ms ? wall - due[k].due_ms : 0));
-                    const char *kv[] = {"id", due[k].id, "late_ms", late};
-                    logkv(c, TP_LOG_DEBUG, "due", kv, 2);
-                }
             }
         } else {
             log1(c, TP_LOG_WARN, "due_fetch_failed", "error",
@@ -1705,16 +1692,34 @@ static int dispatch_due(tps_consumer *c) {
         if (due[k].gone)
             (void)tps_sched_add(c->sched, due[k].id, due[k].len, due[k].due_ms, due[k].deliveries,
                                 due[k].flags);
-    /* Each one admitted to run now counts this run in Redis too (unless
-     * Redis shows it already: TPS_SCHED_LOWER not yet done, or RAISED). */
-    for (k = 0; k < n && !failed; k++) {
-        const slot *s = due[k].slot != NIL ? &c->slots[due[k].slot] : NULL;
-        if (s == NULL || (due[k].flags & (TPS_SCHED_LOWER | TPS_SCHED_RAISED)) ||
-            (s->state != S_POOL && s->state != S_BACKLOG && s->state != S_OVERFLOW))
-            continue;
-        set_count(c, due[k].id, due[k].len, due[k].deliveries + 1);
-    }
+    /* Redis counts each one's run before it can start (a handler that
+     * crashes at once must still be counted), unless it shows it already
+     * (TPS_SCHED_LOWER not yet done, or RAISED); then they are admitted. An
+     * entry that does not run after all (dead, or a stop) stays one high.
+     * Without a connection they are not admitted: still pending, one claim
+     * brings them back. */
+    for (k = 0; k < n && !failed; k++)
+        if (due[k].slot != NIL && due[k].perr == NULL &&
+            !(due[k].flags & (TPS_SCHED_LOWER | TPS_SCHED_RAISED)))
+            set_count(c, due[k].id, due[k].len, due[k].deliveries + 1);
     if (read_count_replies(c) != 0) failed = 1;
+    for (k = 0; k < n; k++) {
+        uint32_t i = due[k].slot;
+        if (i == NIL) continue;
+        if (failed) {
+            slot_free(c, i);
+            continue;
+        }
+        admit(c, i, due[k].perr);
+        if (c->log != NULL) {
+            char late[24];
+            uint64_t wall = tps_unix_ms();
+            snprintf(late, sizeof late, "%llu",
+                     (unsigned long long)(wall > due[k].due_ms ? wall - due[k].due_ms : 0));
+            const char *kv[] = {"id", due[k].id, "late_ms", late};
+            logkv(c, TP_LOG_DEBUG, "due", kv, 2);
+        }
+    }
     return failed ? -1 : 0;
 }
 

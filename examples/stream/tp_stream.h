@@ -107,13 +107,16 @@
  * entry comes due and runs; a stop sets back the backlog entries it
  * releases unrun (tps_stop_reading), and a claim of an entry this consumer
  * holds already (a late heartbeat) is set back too. So restarts and crashes
- * before an entry's time, or while it waits in a backlog, cannot send it to
- * the dead stream, and a poison entry still runs at most max_deliveries
- * times. An entry whose id is ahead of the clock (its `defer` counts from
- * each claim, so its time says nothing about whether it ran) counts each
- * claim as a run, unless the timer heap refuses it; entries a forced
- * shutdown cancels keep their count; a crash moments after a read may count
- * one delivery too many. When a
+ * before an entry's time, and stops while it waits in a backlog, cannot
+ * send it to the dead stream, and a poison entry still runs at most
+ * max_deliveries times (its run is counted before it starts). Counted all
+ * the same: what a crash finds in the backlog or the pool's queue, what a
+ * forced shutdown cancels before it started, each claim of an entry whose
+ * id is ahead of the clock (its `defer` counts from each claim, so its time
+ * says nothing about whether it ran; unless the timer heap refuses it), and
+ * a read moments before a crash. A held entry deleted from the stream gets
+ * its dead record at a stop, or when it runs; a crash before either loses
+ * it (Redis 7's XCLAIM has dropped it from the pending list). When a
  * connection fails, both are closed and reopened with exponential backoff
  * (100 ms to 2 s); tasks keep running and their outcomes wait in their slots.
  *
