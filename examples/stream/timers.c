@@ -207,6 +207,10 @@ int tps_sched_mark(tps_sched *s, const char *id, size_t len, unsigned set, unsig
 
 unsigned tps_sched_flags(const tps_sched *s, uint32_t i) { return s->e[s->heap[i]].flags; }
 
+void tps_sched_unflag(tps_sched *s, unsigned flag) {
+    for (uint32_t i = 0; i < s->n; i++) s->e[s->heap[i]].flags &= (uint8_t)~flag;
+}
+
 int tps_sched_remove(tps_sched *s, const char *id, size_t len) {
     if (len > TPS_SCHED_ID_MAX) return 0;
     uint32_t v = s->tab[find_slot(s, id, len)];

@@ -44,6 +44,9 @@ int tps_sched_get(const tps_sched *s, const char *id, size_t len, unsigned *deli
 int tps_sched_mark(tps_sched *s, const char *id, size_t len, unsigned set, unsigned clear,
                    uint64_t due_at_most);
 
+/* Clear `flag` on every held id. */
+void tps_sched_unflag(tps_sched *s, unsigned flag);
+
 /* The flags of the i-th held id (0 <= i < count; the order of tps_sched_id). */
 unsigned tps_sched_flags(const tps_sched *s, uint32_t i);
 

@@ -691,9 +691,8 @@ static void admit(tps_consumer *c, uint32_t i, const char *parse_error) {
     slot *s = &c->slots[i];
     int not_due = parse_error == NULL && !s->due && s->due_ms > tps_unix_ms();
     int stop = atomic_load(&c->stop_reading);
-    int uncounted =
-        s->claimed && s->deliveries > 0 && parse_error == NULL && (stop || (not_due && !s->due_guess));
-    if (uncounted) uncount(c, s);
+    if (s->claimed && s->deliveries > 0 && parse_error == NULL && (stop || (not_due && !s->due_guess)))
+        uncount(c, s);
     if (s->deliveries > c->max_deliveries) {
         snprintf(s->reason_buf, sizeof s->reason_buf, "delivered %u times (MAX_DELIVERIES %u)", s->deliveries,
                  c->max_deliveries);
@@ -704,15 +703,14 @@ static void admit(tps_consumer *c, uint32_t i, const char *parse_error) {
     } else if (stop) {
         slot_free(c, i);
     } else if (not_due) {
-        /* The heap has room for every entry a read can bring (read_room); a
-         * claim may find it full: then the entry stays pending unheld and is
-         * claimed again after CLAIM_IDLE. */
         /* The heap keeps the runs so far; its coming run is counted when it
          * is due (dispatch_due). A read brought it with Redis's count 1:
          * lowered soon (lower_waiting). A claim with a guessed time was
-         * counted as a run (uncounted above otherwise): it stays, and
-         * stands for the coming run. */
-        int read = !s->claimed && s->deliveries > 0, guess = s->claimed && !uncounted && s->deliveries > 0;
+         * counted as a run (not uncounted above): it stays, and stands for
+         * the coming run. The heap has room for every entry a read can bring
+         * (read_room); a claim may find it full: then the entry stays
+         * pending unheld, is uncounted, and is claimed again later. */
+        int read = !s->claimed && s->deliveries > 0, guess = s->claimed && s->due_guess && s->deliveries > 0;
         int rc =
             tps_sched_add(c->sched, s->id, s->id_len, s->due_ms, s->deliveries - (read || guess ? 1u : 0u),
                           read    ? TPS_SCHED_LOWER
@@ -722,7 +720,7 @@ static void admit(tps_consumer *c, uint32_t i, const char *parse_error) {
         if (rc == 0) cnt_add(&c->n_scheduled, 1);
         if (rc < 0) {
             log1(c, TP_LOG_WARN, "scheduled_full", "id", s->id);
-            if (s->claimed && !uncounted && s->deliveries > 0) uncount(c, s); /* it surely did not run now */
+            if (guess) uncount(c, s); /* it surely did not run now */
         }
         slot_free(c, i);
     } else {
@@ -1348,12 +1346,7 @@ static int lower_waiting(tps_consumer *c) {
         if (redisGetReply(c->wr, (void **)&r) != REDIS_OK) return -1;
         freeReplyObject(r);
     }
-    for (i = 0; i < count; i++) {
-        if (!(tps_sched_flags(c->sched, i) & TPS_SCHED_LOWER)) continue;
-        size_t len;
-        const char *id = tps_sched_id(c->sched, i, &len, NULL);
-        (void)tps_sched_mark(c->sched, id, len, 0, TPS_SCHED_LOWER, UINT64_MAX);
-    }
+    tps_sched_unflag(c->sched, TPS_SCHED_LOWER);
     c->n_lower = 0;
     return 0;
 }
@@ -1363,7 +1356,6 @@ static int lower_waiting(tps_consumer *c) {
  * asked: a waiting entry missing from them is no longer pending (see
  * heartbeat_missing). */
 static int heartbeat(tps_consumer *c) {
-    if (lower_waiting(c) != 0) return -1;
     int stopping = atomic_load(&c->stop_reading);
     uint32_t i = 0, sent = 0, nheld = c->nslots + tps_sched_count(c->sched);
     while (i < nheld) {
@@ -1599,8 +1591,9 @@ static int claim(tps_consumer *c) {
 /* Scheduled entries whose time has come: read their fields again (XRANGE,
  * pipelined) and admit them, before anything new is read. An entry gone from
  * the stream meanwhile gets a dead record (if it is still pending as ours;
- * else whoever dropped it wrote one). -1 when the connection failed
- * (the entries not admitted go back into the heap). */
+ * else whoever dropped it wrote one). -1 when the connection failed (the
+ * entries not fetched go back into the heap; those fetched stay pending
+ * unheld, and a claim brings them back). */
 static int dispatch_due(tps_consumer *c) {
     uint64_t now_ms = tps_unix_ms();
     if (tps_sched_next(c->sched) > now_ms) return 0;
