@@ -20,6 +20,10 @@
  * A slot is FREE again only after its outcome record was written and the
  * entry acknowledged (write_outcomes).
  *
+ * Delivery counts: what Redis's count of a held entry must be at each step
+ * is counts.h's table (pure rules); this file asks it at each step (admit,
+ * claim, dispatch_due, give_back_unrun) and sends the XCLAIMs it calls for.
+ *
  * The backlog (entries read but not in the pool) is kept per user and, within
  * a user, per priority lane; what each held entry waits for is stated at
  * hold() and is always an event that will come (see tp_stream.h).
@@ -41,6 +45,7 @@
 #include <unistd.h>
 
 #include "redis_conn.h"
+#include "counts.h"
 #include "scripts.h"
 #include "timers.h"
 
@@ -69,7 +74,7 @@ typedef struct slot {
     uint8_t state;
     uint8_t outcome;
     uint8_t fresh;     /* claimed in the current XAUTOCLAIM batch */
-    uint8_t claimed;   /* came by XAUTOCLAIM (its delivery count is Redis's, see uncount) */
+    uint8_t claimed;   /* came by XAUTOCLAIM (its delivery count is XPENDING's, see counts.h) */
     uint8_t due_guess; /* due_ms counts `defer` from when it was read: its id is ahead of the clock */
     uint8_t gone;      /* held at a stop, and deleted from the stream meanwhile (apply_stop) */
     uint8_t has_payload;
@@ -108,6 +113,7 @@ typedef struct due_ent { /* a scheduled entry taken from the heap to be fetched 
     unsigned flags;   /* TPS_SCHED_* */
     int gone;         /* deleted from the stream: a dead record if it is still ours */
     uint32_t slot;    /* the slot it was fetched into (admitted at the end), or NIL */
+    int tell;         /* Redis must be told its run's count before it is admitted (counts.h) */
     const char *perr; /* its fields' error, if any */
 } due_ent;
 
@@ -452,7 +458,7 @@ static const char *parse_fields(slot *s, const redisReply *f) {
     uint64_t now = tps_unix_ms(), at = tps_enqueued_ms(s->id, s->id_len, now);
     s->due_ms = tps_entry_due_ms(&e, at);
     /* A due time counted from this read is no evidence that the entry never
-     * ran before (each claim puts it off again): never uncounted. */
+     * ran before (each claim puts it off again): never set back (counts.h). */
     s->due_guess = (uint8_t)(e.defer_ms != 0 && e.not_before == 0 && at != tps_id_ms(s->id, s->id_len));
     if (e.payload != NULL) {
         memcpy(s->payload, e.payload, e.payload_len);
@@ -669,62 +675,55 @@ static int read_count_replies(tps_consumer *c) {
     return rc;
 }
 
-/* A claimed entry that will not run now: XAUTOCLAIM counted a delivery, so
- * its count goes back by one. Only deliveries that could run count (Redis's
- * count is what MAX_DELIVERIES judges): without this, a worker restarted
- * MAX_DELIVERIES times before an entry's time (each restart drops the timer
- * heap and a peer or successor claims the entry again) sent the entry to the
- * dead stream without ever running it. An entry that kills its worker while
- * running is claimed when due and counted. If the XCLAIM is lost
- * (connection, crash) the count stays one higher: never lower than the
- * deliveries that could run. */
-static void uncount(tps_consumer *c, slot *s) {
-    s->deliveries--;
-    set_count(c, s->id, s->id_len, s->deliveries);
-}
-
 /* A new entry in slot i (read, claimed or due): dead, waiting for its time,
- * or into the pool. A claimed entry that is not due, or that a stop leaves,
- * is uncounted first (so MAX_DELIVERIES judges the deliveries that could
- * run), unless its due time was a guess (see due_guess). */
+ * or into the pool, with the delivery count that counts.h's rules give it
+ * (a claim that will not run now is set back: MAX_DELIVERIES judges the
+ * deliveries that could run). A set-back or the count of a guessed-time
+ * claim that finds the heap full is an XCLAIM with RETRYCOUNT (set_count);
+ * if it is lost (connection, crash) the count stays one higher: never
+ * lower than the deliveries that could run. */
 static void admit(tps_consumer *c, uint32_t i, const char *parse_error) {
     slot *s = &c->slots[i];
-    int not_due = parse_error == NULL && !s->due && s->due_ms > tps_unix_ms();
-    int stop = atomic_load(&c->stop_reading);
-    if (s->claimed && s->deliveries > 0 && parse_error == NULL && (stop || (not_due && !s->due_guess)))
-        uncount(c, s);
-    if (s->deliveries > c->max_deliveries) {
+    tps_admit_in in = {
+        .from = s->due       ? TPS_FROM_DUE
+                : s->claimed ? TPS_FROM_CLAIM
+                             : TPS_FROM_READ,
+        .deliveries = s->deliveries,
+        .malformed = parse_error != NULL,
+        .stopping = atomic_load(&c->stop_reading),
+        .not_due = parse_error == NULL && !s->due && s->due_ms > tps_unix_ms(),
+        .due_guess = s->due_guess,
+    };
+    tps_admit_plan p = tps_counts_admit(&in, c->max_deliveries);
+    s->deliveries = p.deliveries;
+    if (p.set_back) set_count(c, s->id, s->id_len, s->deliveries);
+    switch (p.verdict) {
+    case TPS_ADMIT_DEAD_COUNT:
         snprintf(s->reason_buf, sizeof s->reason_buf, "delivered %u times (MAX_DELIVERIES %u)", s->deliveries,
                  c->max_deliveries);
         finish_dead(c, i, s->reason_buf);
-    } else if (parse_error != NULL) {
+        break;
+    case TPS_ADMIT_DEAD_MALFORMED:
         cnt_add(&c->n_malformed, 1);
         finish_dead(c, i, parse_error);
-    } else if (stop) {
-        slot_free(c, i);
-    } else if (not_due) {
-        /* The heap keeps the runs so far; its coming run is counted when it
-         * is due (dispatch_due). A read brought it with Redis's count 1:
-         * lowered soon (lower_waiting). A claim with a guessed time was
-         * counted as a run (not uncounted above): it stays, and stands for
-         * the coming run. The heap has room for every entry a read can bring
-         * (read_room); a claim may find it full: then the entry stays
-         * pending unheld, is uncounted, and is claimed again later. */
-        int read = !s->claimed && s->deliveries > 0, guess = s->claimed && s->due_guess && s->deliveries > 0;
-        int rc =
-            tps_sched_add(c->sched, s->id, s->id_len, s->due_ms, s->deliveries - (read || guess ? 1u : 0u),
-                          read    ? TPS_SCHED_LOWER
-                          : guess ? TPS_SCHED_RAISED
-                                  : 0u);
-        if (rc == 0 && read) c->n_lower++;
+        break;
+    case TPS_ADMIT_RELEASE: slot_free(c, i); break;
+    case TPS_ADMIT_WAIT: {
+        /* The heap has room for every entry a read can bring (read_room); a
+         * claim may find it full: then the entry stays pending unheld and is
+         * claimed again later. */
+        int rc = tps_sched_add(c->sched, s->id, s->id_len, s->due_ms, p.heap_runs, p.heap_flags);
+        if (rc == 0 && (p.heap_flags & TPS_SCHED_LOWER)) c->n_lower++;
         if (rc == 0) cnt_add(&c->n_scheduled, 1);
         if (rc < 0) {
             log1(c, TP_LOG_WARN, "scheduled_full", "id", s->id);
-            if (guess) uncount(c, s); /* it surely did not run now */
+            if (p.set_back_if_full)
+                set_count(c, s->id, s->id_len, s->deliveries - 1); /* it surely did not run */
         }
         slot_free(c, i);
-    } else {
-        submit(c, i, s->due ? SUB_DUE : SUB_NEW);
+        break;
+    }
+    case TPS_ADMIT_RUN: submit(c, i, s->due ? SUB_DUE : SUB_NEW); break;
     }
 }
 
@@ -1566,7 +1565,7 @@ static int claim(tps_consumer *c) {
         if (held != NIL && !c->slots[held].fresh)
             set_count(c, id->str, id->len, c->slots[held].deliveries);
         else if (held == NIL && tps_sched_get(c->sched, id->str, id->len, &d, &fl)) {
-            set_count(c, id->str, id->len, d + (fl & TPS_SCHED_RAISED ? 1u : 0u));
+            set_count(c, id->str, id->len, tps_counts_put_back(d, fl));
             (void)tps_sched_mark(c->sched, id->str, id->len, 0, TPS_SCHED_LOWER, UINT64_MAX);
         }
     }
@@ -1580,8 +1579,7 @@ static int claim(tps_consumer *c) {
         slot *s = &c->slots[got[k]];
         s->fresh = 0;
         s->claimed = 1;
-        if (s->deliveries == 0)
-            s->deliveries = 2; /* not listed (acked meanwhile?): at least the second delivery */
+        s->deliveries = tps_counts_claimed(s->deliveries); /* 0: not listed (acked meanwhile?) */
         admit(c, got[k], errs[k]);
     }
     freeReplyObject(r);
@@ -1605,6 +1603,7 @@ static int dispatch_due(tps_consumer *c) {
                                     &due[n].deliveries, &due[n].flags)) {
         due[n].gone = 0;
         due[n].slot = NIL;
+        due[n].tell = 0;
         size_t argc = 0;
         args(c, &argc, "XRANGE");
         args(c, &argc, c->stream);
@@ -1633,8 +1632,8 @@ static int dispatch_due(tps_consumer *c) {
             due[k].perr = NULL;
             uint32_t i = take_entry(c, r->element[0], &due[k].perr);
             due[k].slot = i; /* admitted below, once Redis counts its run */
-            if (i != NIL) {
-                c->slots[i].deliveries = due[k].deliveries + 1; /* this run counts */
+            if (i != NIL) {  /* this run counts */
+                c->slots[i].deliveries = tps_counts_due(due[k].deliveries, due[k].flags, &due[k].tell);
                 c->slots[i].due = 1;
             }
         } else {
@@ -1692,9 +1691,8 @@ static int dispatch_due(tps_consumer *c) {
      * Without a connection they are not admitted: still pending, one claim
      * brings them back. */
     for (k = 0; k < n && !failed; k++)
-        if (due[k].slot != NIL && due[k].perr == NULL &&
-            !(due[k].flags & (TPS_SCHED_LOWER | TPS_SCHED_RAISED)))
-            set_count(c, due[k].id, due[k].len, due[k].deliveries + 1);
+        if (due[k].slot != NIL && due[k].perr == NULL && due[k].tell)
+            set_count(c, due[k].id, due[k].len, c->slots[due[k].slot].deliveries);
     if (read_count_replies(c) != 0) failed = 1;
     for (k = 0; k < n; k++) {
         uint32_t i = due[k].slot;
@@ -1845,7 +1843,7 @@ static void give_back_unrun(tps_consumer *c) {
                 if (id != NULL && (pass == 0) == (d <= 1)) arg(c, &argc, id, len);
             }
             if (argc == first) continue;
-            snprintf(n, sizeof n, "%u", pass == 0 ? 0u : d - 1);
+            snprintf(n, sizeof n, "%u", pass == 0 ? 0u : tps_counts_given_back(d));
             args(c, &argc, "IDLE");
             args(c, &argc, idle);
             args(c, &argc, "RETRYCOUNT");

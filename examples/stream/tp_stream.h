@@ -109,7 +109,9 @@
  * holds already (a late heartbeat) is set back too. So restarts and crashes
  * before an entry's time, and stops while it waits in a backlog, cannot
  * send it to the dead stream, and a poison entry still runs at most
- * max_deliveries times (its run is counted before it starts). Counted all
+ * max_deliveries times (its run is counted before it starts). The rules,
+ * step by step, are one table in counts.h (unit-tested without Redis in
+ * tests/test_stream_units.c). Counted all
  * the same: what a crash finds in the backlog or the pool's queue, what a
  * forced shutdown cancels before it started, each claim of an entry whose
  * id is ahead of the clock (its `defer` counts from each claim, so its time
