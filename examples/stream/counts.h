@@ -27,6 +27,7 @@
  *   claimed, held here already          put back what we keep      unchanged
  *     (a late heartbeat)                (slot; heap + RAISED)      (LOWER done)
  *   held unrun at a stop (backlog)      n - 1, idle CLAIM_IDLE     (released)
+ *   cancelled unstarted (forced stop)   n - 1, idle CLAIM_IDLE     (released)
  *   waiting at a stop                   unchanged (LOWER sent)     (released)
  *   crash                               unchanged                  (lost)
  *
@@ -92,8 +93,9 @@ unsigned tps_counts_due(unsigned heap_runs, unsigned heap_flags, int *set);
  * to put back. The LOWER flag is done by it. */
 unsigned tps_counts_put_back(unsigned heap_runs, unsigned heap_flags);
 
-/* An entry held unrun in the backlog at a stop, that came with `deliveries`:
- * the count to give it back with. */
+/* An entry that never ran, held in the backlog at a stop or cancelled in the
+ * pool's queue by a forced shutdown, that came with `deliveries`: the count
+ * to give it back with. */
 unsigned tps_counts_given_back(unsigned deliveries);
 
 #endif

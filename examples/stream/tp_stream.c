@@ -16,7 +16,9 @@
  *   not due yet -> FREE, its id in the timer heap until due;
  *   cancelled by a forced shutdown, or held in the backlog at stop -> FREE
  *   without an outcome (still pending in the group: another consumer claims it;
- *   held at stop, it never ran, and give_back_unrun undoes its delivery).
+ *   held at stop, it never ran, and give_back_unrun undoes its delivery;
+ *   cancelled before it started: POOL -> UNRUN -> FREE, and
+ *   give_back_cancelled undoes it).
  * A slot is FREE again only after its outcome record was written and the
  * entry acknowledged (write_outcomes).
  *
@@ -64,7 +66,7 @@
 #define CONNECT_TIMEOUT_MS 1000
 #define COMMAND_TIMEOUT_MS 5000
 
-enum { S_FREE, S_BACKLOG, S_OVERFLOW, S_POOL, S_DONE };
+enum { S_FREE, S_BACKLOG, S_OVERFLOW, S_POOL, S_DONE, S_UNRUN };
 enum { OUT_OK, OUT_DEAD };
 enum { SUB_NEW, SUB_DUE, SUB_AGAIN }; /* submit(): read or claimed, came due, from the backlog or overflow */
 
@@ -170,6 +172,8 @@ struct tps_consumer {
     uint32_t n_low_admitted; /* background entries in the pool or the overflow lists */
     uint32_t overflow_head[LANES], overflow_tail[LANES], n_overflow;
     uint32_t done_head, done_tail, n_done;
+    uint32_t unrun_head, unrun_tail,
+        n_unrun;   /* S_UNRUN: cancelled before they started (give_back_cancelled) */
     uint32_t *ids; /* open addressing: slot index + 1, 0 = empty */
     uint32_t ids_mask;
     tps_sched *sched; /* entries not due yet */
@@ -795,8 +799,14 @@ static void on_done(void *arg, int status) {
     char user[TP_USER_MAX + 1];
     memcpy(user, s->user, strlen(s->user) + 1);
     if (status < 0 || (s->canceled && !s->gave_up)) {
-        cnt_add(&c->n_abandoned, 1); /* forced shutdown: stays pending */
-        slot_free(c, i);
+        cnt_add(&c->n_abandoned, 1);              /* forced shutdown: stays pending */
+        if (s->attempts == 0 && !c->destroying) { /* it never started: its delivery is given back */
+            s->state = S_UNRUN;
+            list_push(c, &c->unrun_head, &c->unrun_tail, i);
+            c->n_unrun++;
+        } else {
+            slot_free(c, i);
+        }
     } else if (status == 0) {
         s->state = S_DONE;
         s->outcome = OUT_OK;
@@ -1861,6 +1871,44 @@ static void give_back_unrun(tps_consumer *c) {
     }
 }
 
+/* Tasks that a forced shutdown cancelled before they started (S_UNRUN, put
+ * there by on_done) go back pending without the delivery that brought them,
+ * as give_back_unrun does for the backlog (counts.h; IDLE claim_idle, so a
+ * peer takes them at its next claim), and their slots are free. Without a
+ * connection they are freed as they are: their counts stay one
+ * higher (never lower than the deliveries that could have run). Called
+ * where the writer has nothing in flight (after tp_cq_drain in io_main). */
+static void give_back_cancelled(tps_consumer *c) {
+    if (c->n_unrun == 0) return;
+    if (c->wr != NULL) {
+        char idle[24];
+        snprintf(idle, sizeof idle, "%llu", (unsigned long long)(c->claim_idle_ns / 1000000ull));
+        uint32_t sent = 0;
+        for (uint32_t i = c->unrun_head; i != NIL; i = c->slots[i].next) {
+            const slot *s = &c->slots[i];
+            char n[16];
+            snprintf(n, sizeof n, "%u", tps_counts_given_back(s->deliveries));
+            size_t argc = xclaim_begin(c);
+            arg(c, &argc, s->id, s->id_len);
+            args(c, &argc, "IDLE");
+            args(c, &argc, idle);
+            args(c, &argc, "RETRYCOUNT");
+            args(c, &argc, n);
+            args(c, &argc, "JUSTID");
+            if (redisAppendCommandArgv(c->wr, (int)argc, c->argv, c->argvlen) != REDIS_OK) break;
+            sent++;
+        }
+        for (; sent > 0; sent--) {
+            redisReply *r = NULL;
+            if (redisGetReply(c->wr, (void **)&r) != REDIS_OK) break; /* the loop sees the connection fail */
+            if (r->type == REDIS_REPLY_ERROR) log1(c, TP_LOG_WARN, "give_back_failed", "error", r->str);
+            freeReplyObject(r);
+        }
+    }
+    for (uint32_t i; (i = list_pop(c, &c->unrun_head, &c->unrun_tail)) != NIL;) slot_free(c, i);
+    c->n_unrun = 0;
+}
+
 /* At a stop, which held entries (backlog, overflow) were deleted from the
  * stream: Redis >= 7's XCLAIM (our heartbeat) drops a deleted entry from the
  * pending list, so releasing it would leave it without a record forever.
@@ -1961,6 +2009,7 @@ static void *io_main(void *arg) {
     for (;;) {
         drain_ctl(c);
         (void)tp_cq_drain(c->cq, 0);                       /* the tasks' ends: on_done, here */
+        give_back_cancelled(c);                            /* what on_done found cancelled unrun */
         if (c->n_overflow > 0) dispatch_after(c, NULL, 0); /* room may have appeared without a completion */
         int stopping = atomic_load(&c->stop_reading);
         if (stopping && !c->stopped_applied) apply_stop(c);
@@ -2218,6 +2267,7 @@ int tps_create(tps_consumer **out, const tps_config *cfg, char *err, size_t errl
     c->n_free = c->nslots;
     for (int l = 0; l < LANES; l++) c->overflow_head[l] = c->overflow_tail[l] = NIL;
     c->done_head = c->done_tail = NIL;
+    c->unrun_head = c->unrun_tail = NIL;
     *out = c;
     return 0;
 }

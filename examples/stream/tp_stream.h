@@ -112,8 +112,8 @@
  * max_deliveries times (its run is counted before it starts). The rules,
  * step by step, are one table in counts.h (unit-tested without Redis in
  * tests/test_stream_units.c). Counted all
- * the same: what a crash finds in the backlog or the pool's queue, what a
- * forced shutdown cancels before it started, each claim of an entry whose
+ * the same: what a crash finds in the backlog or the pool's queue, each
+ * claim of an entry whose
  * id is ahead of the clock (its `defer` counts from each claim, so its time
  * says nothing about whether it ran; unless the timer heap refuses it), and
  * a read moments before a crash. A held entry deleted from the stream gets
@@ -130,7 +130,9 @@
  * tps_finish drains the completion queue until a drain finds none and every
  * outcome is written (or its budget runs out). Tasks that end cancelled
  * (forced shutdown: TP_ECANCELED through the queue) write nothing and stay
- * pending in the group, so another consumer claims them after claim_idle.
+ * pending in the group, so another consumer claims them after claim_idle;
+ * those that never started go back without the delivery that brought them,
+ * idle for claim_idle already (a peer takes them at its next claim).
  */
 #ifndef TP_STREAM_H
 #define TP_STREAM_H

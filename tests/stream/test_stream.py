@@ -964,6 +964,35 @@ def scenario_backlog_restarts(env):
     check(env.stop(w) == 0, "worker %s did not exit 0" % w.name)
 
 
+
+def scenario_cancelled_unrun(env):
+    """Entries that a forced shutdown cancels in the pool's queue never ran:
+    they go back pending without the delivery that brought them, so with
+    MAX_DELIVERIES 1 the next worker runs them (before the fix each was
+    claimed as its second delivery and went dead unrun). The blocker, which
+    was running when the shutdown forced it, is counted and goes dead."""
+    r = env.start_redis()
+    cfg = dict(CLAIM_IDLE="300ms", MAX_DELIVERIES=1, WORKERS=1, QUEUE_CAPACITY=8, SHUTDOWN_TIMEOUT="200ms")
+    w = env.worker("u0", **cfg)
+    b = r("XADD", "tasks", "*", "work", "1h")
+    wait_until(lambda: metrics(w)["taskpool_active"] == 1, 10, "u0 to run the blocker")
+    queued = [r("XADD", "tasks", "*", "work", "1ms", "n", str(k)) for k in range(3)]
+    wait_until(lambda: metrics(w)["taskpool_queued"] == 3, 10, "the three entries to wait in u0's pool queue")
+    check(env.stop(w) == 1, "worker u0: a forced drain exits 1")
+    rows = {row[0]: int(row[3]) for row in r("XPENDING", "tasks", "taskpool", "-", "+", 10)}
+    log("cancelled_unrun: delivery counts after the forced stop %r" % rows)
+    check(rows.get(b) == 1, "the blocker ran once: count %r" % rows.get(b))
+    for q in queued:
+        check(rows.get(q) == 0, "entry %s never ran but counts %r deliveries" % (q, rows.get(q)))
+    w = env.worker("u1", **cfg)
+    wait_until(lambda: outcome_count(r) == 4, 15, "four outcomes")
+    done, dead, dups = verify(r, {b} | set(queued))
+    check(sorted(f["id"] for _, f in done) == sorted(queued), "results %r" % done)
+    check([f["id"] for _, f in dead] == [b] and dead[0][1]["reason"].startswith("delivered 2 times"),
+          "dead %r" % dead)
+    check(all(int(f["deliveries"]) == 1 for _, f in done), "deliveries %r" % [f["deliveries"] for _, f in done])
+    check(env.stop(w) == 0, "worker u1 did not exit 0")
+
 # Add an entry (ARGV[2..]: its fields) delivered to a consumer "ghost" that
 # never comes back, with delivery count ARGV[1], atomically (a worker's
 # blocked XREADGROUP cannot take it first).
@@ -1667,6 +1696,7 @@ SCENARIOS = {
     "scheduled": scenario_scheduled,
     "scheduled_restarts": scenario_scheduled_restarts,
     "backlog_restarts": scenario_backlog_restarts,
+    "cancelled_unrun": scenario_cancelled_unrun,
     "delivery_counts": scenario_delivery_counts,
     "enqueue_edges": scenario_enqueue_edges,
     "wait_edges": scenario_wait_edges,
