@@ -46,8 +46,8 @@
 #include <sys/time.h>
 #include <unistd.h>
 
-#include "redis_conn.h"
 #include "counts.h"
+#include "redis_conn.h"
 #include "scripts.h"
 #include "timers.h"
 
@@ -172,9 +172,8 @@ struct tps_consumer {
     uint32_t n_low_admitted; /* background entries in the pool or the overflow lists */
     uint32_t overflow_head[LANES], overflow_tail[LANES], n_overflow;
     uint32_t done_head, done_tail, n_done;
-    uint32_t unrun_head, unrun_tail,
-        n_unrun;   /* S_UNRUN: cancelled before they started (give_back_cancelled) */
-    uint32_t *ids; /* open addressing: slot index + 1, 0 = empty */
+    uint32_t unrun_head, unrun_tail, n_unrun; /* S_UNRUN, for give_back_cancelled */
+    uint32_t *ids;                            /* open addressing: slot index + 1, 0 = empty */
     uint32_t ids_mask;
     tps_sched *sched; /* entries not due yet */
     user_q *users;    /* nslots records: no more users than held entries */
@@ -1875,9 +1874,9 @@ static void give_back_unrun(tps_consumer *c) {
  * there by on_done) go back pending without the delivery that brought them,
  * as give_back_unrun does for the backlog (counts.h; IDLE claim_idle, so a
  * peer takes them at its next claim), and their slots are free. Without a
- * connection they are freed as they are: their counts stay one
- * higher (never lower than the deliveries that could have run). Called
- * where the writer has nothing in flight (after tp_cq_drain in io_main). */
+ * connection they are freed as they are: their counts stay one higher
+ * (never lower than the deliveries that could have run). Called where the
+ * writer has nothing in flight (after tp_cq_drain in io_main). */
 static void give_back_cancelled(tps_consumer *c) {
     if (c->n_unrun == 0) return;
     if (c->wr != NULL) {
