@@ -41,6 +41,8 @@ Scenarios (one CTest test each):
                  than MAX_DELIVERIES; an id ahead of the clock defers from the read
   backlog_restarts    an entry held in a backlog through restarts never ran:
                  each stop gives its delivery back
+  cancelled_unrun     entries a forced shutdown cancels in the pool's queue
+                 never ran: given back, the next worker runs them
   delivery_counts     exact counts per claimed entry, one record for a deleted
                  waiting entry, claims with a full timer heap, poison with a
                  future id still dies
