@@ -89,7 +89,12 @@ void tp__life_fini(tp__life *L) {
  * only once the change itself is made (a user's slot given back before the
  * count of users at their limit drops): each store is the pool's state at
  * that moment, so a lock-free reader sees that state or an older one, never
- * one the pool has not reached.
+ * one the pool has not reached. One exception, on the safe side: delayed_run
+ * moves a due retry from the delayed list to the queue in two steps
+ * (delayed_remove stores the word before the push, queue_changed after the
+ * pass), so a reader may meanwhile see queued + delayed lower by the retries
+ * moved so far in that pass. A lower count never refuses (the fast path
+ * refuses only a word that says full; the locked path decides the rest).
  *
  * And before the statistics of the same change (the published waiting count, the delayed and
  * users gauges): tp_stats_get reads those with acquire, so a thread that has seen
