@@ -183,14 +183,7 @@ typedef struct stream_state {
     char last_generated[ID_LEN], first[ID_LEN], max_deleted[ID_LEN];
 } stream_state;
 
-static void stream_get(redisContext *c, const char *key, stream_state *st) {
-    const char *av[] = {"XINFO", "STREAM", key};
-    size_t al[] = {5, 6, strlen(key)};
-    redisReply *r = redisCommandArgv(c, 3, av, al);
-    if (r == NULL) {
-        fprintf(stderr, "taskpool-enqueue: %s\n", c->errstr);
-        exit(EXIT_REDIS);
-    }
+static void stream_parse(const redisReply *r, stream_state *st) {
     memset(st, 0, sizeof *st);
     st->length = st->added = -1;
     st->exists = r->type == REDIS_REPLY_ARRAY;
@@ -208,6 +201,60 @@ static void stream_get(redisContext *c, const char *key, stream_state *st) {
         else if (strcmp(n->str, "first-entry") == 0 && v->type == REDIS_REPLY_ARRAY && v->elements >= 1 &&
                  v->element[0]->type == REDIS_REPLY_STRING)
             snprintf(st->first, ID_LEN, "%s", v->element[0]->str);
+    }
+}
+
+static redisReply *reply_or_exit(redisContext *c, redisReply *r) {
+    if (r == NULL) {
+        fprintf(stderr, "taskpool-enqueue: %s\n", c->errstr);
+        exit(EXIT_REDIS);
+    }
+    return r;
+}
+
+static void stream_get(redisContext *c, const char *key, stream_state *st) {
+    const char *av[] = {"XINFO", "STREAM", key};
+    size_t al[] = {5, 6, strlen(key)};
+    redisReply *r = reply_or_exit(c, redisCommandArgv(c, 3, av, al));
+    stream_parse(r, st);
+    freeReplyObject(r);
+}
+
+#define UNREAD_COUNT_MAX 1000 /* counted exactly up to this many; more: -1 */
+
+/* stream_get, and in the same moment (MULTI) how many records the stream
+ * holds after id `after` (*unread; -1 when more than UNREAD_COUNT_MAX). */
+static void stream_get_unread(redisContext *c, const char *key, const char *after, stream_state *st,
+                              long long *unread) {
+    char from[ID_LEN + 1], count[16];
+    snprintf(from, sizeof from, "(%s", after);
+    snprintf(count, sizeof count, "%d", UNREAD_COUNT_MAX + 1);
+    const char *multi[] = {"MULTI"}, *exec[] = {"EXEC"};
+    const char *info[] = {"XINFO", "STREAM", key};
+    const char *range[] = {"XRANGE", key, from, "+", "COUNT", count};
+    size_t ml[] = {5}, el[] = {4}, il[] = {5, 6, strlen(key)},
+           rl[] = {6, strlen(key), strlen(from), 1, 5, strlen(count)};
+    if (redisAppendCommandArgv(c, 1, multi, ml) != REDIS_OK ||
+        redisAppendCommandArgv(c, 3, info, il) != REDIS_OK ||
+        redisAppendCommandArgv(c, 6, range, rl) != REDIS_OK ||
+        redisAppendCommandArgv(c, 1, exec, el) != REDIS_OK) {
+        fprintf(stderr, "taskpool-enqueue: %s\n", c->errstr[0] ? c->errstr : "out of memory");
+        exit(EXIT_REDIS);
+    }
+    redisReply *r = NULL;
+    for (int k = 0; k < 3; k++) { /* +OK, +QUEUED, +QUEUED */
+        if (redisGetReply(c, (void **)&r) != REDIS_OK) (void)reply_or_exit(c, NULL);
+        freeReplyObject(r);
+    }
+    if (redisGetReply(c, (void **)&r) != REDIS_OK) (void)reply_or_exit(c, NULL);
+    *unread = -1;
+    if (r->type == REDIS_REPLY_ARRAY && r->elements == 2) {
+        stream_parse(r->element[0], st); /* an error reply (no such key): exists 0 */
+        const redisReply *g = r->element[1];
+        if (g->type == REDIS_REPLY_ARRAY && g->elements <= UNREAD_COUNT_MAX) *unread = (long long)g->elements;
+    } else {
+        memset(st, 0, sizeof *st);
+        st->length = st->added = -1;
     }
     freeReplyObject(r);
 }
@@ -250,18 +297,22 @@ static int id_after(const char *a, const char *b) { /* a > b */
 }
 
 /* Were records added after reading began removed before they were read,
- * since the last time this said so? A trim (MAXLEN) removes the oldest:
- * when the stream's first record is past the last one read, every record
- * added since that is neither read nor still there was trimmed unread
- * (entries-added counts them). XDEL shows in max-deleted-entry-id. Both
- * need Redis >= 7; an older server cannot tell (0). */
+ * since the last time this said so? Every record added since (entries-added
+ * counts them) was read, or is still there after the last one read, or was
+ * removed unread (a trim, MAXLEN, or XDEL); the stream's state and the count
+ * after the last record read are taken in one moment (MULTI), so this holds
+ * exactly, however far reading has got since the removal (it used to look
+ * only while the stream's first record was past the last one read, and a
+ * reader that caught up in one read after a trim never saw it). XDEL shows
+ * in max-deleted-entry-id too. Both need Redis >= 7; an older server cannot
+ * tell (0). */
 static int overtaken(redisContext *c, follow *f) {
     stream_state st;
-    stream_get(c, f->key, &st);
+    long long unread;
+    stream_get_unread(c, f->key, f->last, &st, &unread);
     if (!st.exists) return 0;
     long long lost = 0;
-    if (st.added >= 0 && f->added0 >= 0 && st.length >= 0 && (st.length == 0 || id_after(st.first, f->last)))
-        lost = st.added - f->added0 - f->n_read - st.length;
+    if (st.added >= 0 && f->added0 >= 0 && unread >= 0) lost = st.added - f->added0 - f->n_read - unread;
     int deleted = st.max_deleted[0] != '\0' && id_after(st.max_deleted, f->last) &&
                   strcmp(st.max_deleted, f->del_seen) != 0;
     if (lost <= f->lost_seen && !deleted) return 0;
