@@ -302,11 +302,18 @@ static void test_counts_read(void **state) {
     p = plan(TPS_FROM_READ, 1, 1, 0, 0, 0, 5);
     assert_int_equal(p.verdict, TPS_ADMIT_DEAD_MALFORMED);
     assert_false(p.set_back);
-    /* read while stopping: released with its count (nothing ran, a read's 1
-     * is the one Redis has counted, and the next claim sees it) */
+    /* read while stopping: released unrun, its delivery given back when it
+     * is let go (not now: a read may come inside another pipeline) */
     p = plan(TPS_FROM_READ, 1, 0, 1, 0, 0, 5);
     assert_int_equal(p.verdict, TPS_ADMIT_RELEASE);
     assert_false(p.set_back);
+    assert_true(p.let_go_back);
+    assert_int_equal(p.deliveries, 1);
+    /* so is an entry that came due (its run was counted before admit) */
+    p = plan(TPS_FROM_DUE, 3, 0, 1, 0, 0, 5);
+    assert_int_equal(p.verdict, TPS_ADMIT_RELEASE);
+    assert_false(p.set_back);
+    assert_true(p.let_go_back);
 }
 
 /* Rows "claimed, due now", "claimed, not due" (known and guessed time),
@@ -340,6 +347,7 @@ static void test_counts_claim(void **state) {
         p = plan(TPS_FROM_CLAIM, 4, 0, 1, nd, 0, 5);
         assert_int_equal(p.verdict, TPS_ADMIT_RELEASE);
         assert_true(p.set_back);
+        assert_false(p.let_go_back); /* set back already */
         assert_int_equal(p.deliveries, 3);
     }
     /* MAX_DELIVERIES judges the count after the set-back */

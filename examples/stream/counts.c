@@ -18,9 +18,12 @@ tps_admit_plan tps_counts_admit(const tps_admit_in *in, unsigned max_deliveries)
         p.verdict = TPS_ADMIT_DEAD_COUNT;
     else if (in->malformed)
         p.verdict = TPS_ADMIT_DEAD_MALFORMED;
-    else if (in->stopping)
+    else if (in->stopping) {
+        /* Released unrun: a claim was set back above; a read's or a due
+         * entry's delivery is given back when it is let go. */
         p.verdict = TPS_ADMIT_RELEASE;
-    else if (in->not_due) {
+        p.let_go_back = in->from != TPS_FROM_CLAIM && p.deliveries > 0;
+    } else if (in->not_due) {
         /* The heap keeps the runs so far. A read's 1 is lowered soon
          * (LOWER); a guessed-time claim's stands for the coming run (RAISED). */
         int read = in->from == TPS_FROM_READ && p.deliveries > 0;

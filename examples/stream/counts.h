@@ -22,16 +22,24 @@
  *   claimed, not due (time a guess)     n: its coming run          heap: n - 1, RAISED
  *     and the heap is full              n - 1: set back now        (not held)
  *   claimed while stopping              n - 1: set back now        (not held)
+ *   read or due while stopping          n - 1: let go (below)      (released)
  *   waiting, comes due                  heap + 1: set, unless      slot: heap + 1
  *                                       LOWER or RAISED (shown)
  *   claimed, held here already          put back what we keep      unchanged
  *     (a late heartbeat)                (slot; heap + RAISED)      (LOWER done)
- *   held unrun at a stop (backlog)      n - 1, idle CLAIM_IDLE     (released)
- *   cancelled unstarted (forced stop)   n - 1, idle CLAIM_IDLE     (released)
+ *   held unrun at a stop (backlog)      n - 1: let go              (released)
+ *   cancelled unstarted (forced stop),  n - 1: let go              (released)
+ *     or refused by a closed pool
+ *   cancelled after it started          unchanged (it ran)         (released)
  *   waiting at a stop                   unchanged (LOWER sent)     (released)
  *   crash                               unchanged                  (lost)
  *
  * "n" is the count XPENDING reports after the claim (2 if it lists none).
+ * "Let go" is tp_stream.c's let_go, at the top of its loop: a script
+ * (scripts.h, tps_script_let_go) sets the count and an idle time of
+ * CLAIM_IDLE (a peer claims it at its next claim) only if the entry is still
+ * pending as this worker's with the count it holds, so a live peer that
+ * claimed it meanwhile keeps its count; a deleted entry gets its dead record.
  * A time is a guess when the entry's id is ahead of the clock (due_guess in
  * tp_stream.c): each claim then counts as its run, since the run may have
  * happened. An entry judged (dead, or a run) always holds what it runs with,
@@ -75,6 +83,7 @@ typedef struct tps_admit_plan {
     unsigned heap_flags;  /* TPS_ADMIT_WAIT: TPS_SCHED_LOWER or TPS_SCHED_RAISED, or 0 */
     int set_back_if_full; /* TPS_ADMIT_WAIT: if the heap has no room, set Redis's count to
                              deliveries - 1 (the claim counted a run that did not happen) */
+    int let_go_back;      /* TPS_ADMIT_RELEASE: give back its delivery (let go, checked) */
 } tps_admit_plan;
 
 /* The plan for an entry that came (read, claimed, or due). */

@@ -94,3 +94,21 @@ const char tps_script_requeue[] =
     "  end\n"
     "end\n"
     "return out\n";
+
+const char tps_script_let_go[] =
+    "local out, call = {}, redis.call\n"
+    "for i = 4, #ARGV, 3 do\n"
+    "  local id, held, new = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2]\n"
+    "  local p = call('XPENDING', KEYS[1], ARGV[1], id, id, 1)[1]\n"
+    "  local ours = p and p[2] == ARGV[2]\n"
+    "  if #call('XRANGE', KEYS[1], id, id) == 0 then\n"
+    "    if ours then out[#out + 1] = 'gone' elseif p then out[#out + 1] = 'other'\n"
+    "    else out[#out + 1] = 'dropped' end\n"
+    "  elseif ours and p[4] == held then\n"
+    "    call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, id, 'IDLE', ARGV[3], 'RETRYCOUNT', new, 'JUSTID')\n"
+    "    out[#out + 1] = 'given'\n"
+    "  else\n"
+    "    out[#out + 1] = 'other'\n"
+    "  end\n"
+    "end\n"
+    "return out\n";

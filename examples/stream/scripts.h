@@ -59,4 +59,20 @@ extern const char tps_script_trim[];
  */
 extern const char tps_script_requeue[];
 
+/*
+ * Let go of entries a worker holds without writing their outcome (a stop, a
+ * forced shutdown), checking each against Redis first. KEYS: stream. ARGV:
+ * group, consumer, idle ms, then per entry: id, the delivery count the
+ * worker holds, and the count to leave it with.
+ * Per entry, in order: "given" (pending as this consumer's with the count
+ * held: count set, idle set, so a peer claims it at its next claim); "gone"
+ * (deleted from the stream, still pending as ours: the worker writes its
+ * dead record and acknowledges it); "dropped" (deleted and no longer pending:
+ * Redis 7's XCLAIM, our heartbeat, dropped it; the record is the worker's to
+ * write, with nothing to acknowledge); "other" (pending as another
+ * consumer's, or with another count, or not pending: left as it is, so a
+ * live peer that claimed it meanwhile keeps its count).
+ */
+extern const char tps_script_let_go[];
+
 #endif

@@ -14,17 +14,17 @@
  *   FREE -> (read, claimed, or due) -> [BACKLOG | OVERFLOW] -> POOL -> DONE -> FREE
  *   and short cuts: malformed, delivered too often or deleted -> DONE (dead);
  *   not due yet -> FREE, its id in the timer heap until due;
- *   cancelled by a forced shutdown, or held in the backlog at stop -> FREE
- *   without an outcome (still pending in the group: another consumer claims it;
- *   held at stop, it never ran, and give_back_unrun undoes its delivery;
- *   cancelled before it started: POOL -> UNRUN -> FREE, and
- *   give_back_cancelled undoes it).
+ *   held in the backlog at a stop, cancelled by a forced shutdown, refused
+ *   by a closed pool, or read while stopping -> UNRUN -> FREE without an
+ *   outcome: let_go leaves it pending in the group for another consumer,
+ *   its delivery given back if it never ran, or writes its dead record if it
+ *   was deleted from the stream meanwhile (UNRUN -> DONE).
  * A slot is FREE again only after its outcome record was written and the
- * entry acknowledged (write_outcomes).
+ * entry acknowledged (write_outcomes), or after let_go.
  *
  * Delivery counts: what Redis's count of a held entry must be at each step
  * is counts.h's table (pure rules); this file asks it at each step (admit,
- * claim, dispatch_due, give_back_unrun) and sends the XCLAIMs it calls for.
+ * claim, dispatch_due, let_go) and sends the XCLAIMs it calls for.
  *
  * The backlog (entries read but not in the pool) is kept per user and, within
  * a user, per priority lane; what each held entry waits for is stated at
@@ -57,6 +57,7 @@
 #define WRITE_BATCH        256u              /* outcomes per write round */
 #define CLAIM_ARGS_MAX     512u              /* ids per heartbeat XCLAIM */
 #define DUE_BATCH          256u              /* scheduled entries fetched per round */
+#define LET_GO_BATCH       128u              /* entries per let-go script call */
 #define TRIM_LIMIT         "1000000" /* entries one trim removes at most (about 10,000 nodes, a few ms) */
 #define NUMS_PER_RECORD    5u        /* numbers printed per outcome record (write_outcomes) */
 #define BACKOFF_MIN_MS     100
@@ -78,7 +79,7 @@ typedef struct slot {
     uint8_t fresh;     /* claimed in the current XAUTOCLAIM batch */
     uint8_t claimed;   /* came by XAUTOCLAIM (its delivery count is XPENDING's, see counts.h) */
     uint8_t due_guess; /* due_ms counts `defer` from when it was read: its id is ahead of the clock */
-    uint8_t gone;      /* held at a stop, and deleted from the stream meanwhile (apply_stop) */
+    uint8_t back;      /* S_UNRUN: give its delivery back when it is let go (let_go) */
     uint8_t has_payload;
     uint8_t due;     /* its time has come: not scheduled again */
     uint8_t no_ack;  /* dead record only: Redis already dropped it from the pending list */
@@ -172,7 +173,7 @@ struct tps_consumer {
     uint32_t n_low_admitted; /* background entries in the pool or the overflow lists */
     uint32_t overflow_head[LANES], overflow_tail[LANES], n_overflow;
     uint32_t done_head, done_tail, n_done;
-    uint32_t unrun_head, unrun_tail, n_unrun; /* S_UNRUN, for give_back_cancelled */
+    uint32_t unrun_head, unrun_tail, n_unrun; /* S_UNRUN: to let go (let_go) */
     uint32_t *ids;                            /* open addressing: slot index + 1, 0 = empty */
     uint32_t ids_mask;
     tps_sched *sched; /* entries not due yet */
@@ -352,7 +353,7 @@ static uint32_t slot_alloc(tps_consumer *c) {
     c->n_free--;
     slot *s = &c->slots[i];
     s->next = NIL;
-    s->fresh = s->claimed = s->due_guess = s->gone = 0;
+    s->fresh = s->claimed = s->due_guess = s->back = 0;
     s->has_payload = 0;
     s->due = s->no_ack = s->gave_up = s->written = 0;
     s->prio = 0;
@@ -411,6 +412,16 @@ static void finish_dead(tps_consumer *c, uint32_t i, const char *reason) {
     s->reason = reason;
     list_push(c, &c->done_head, &c->done_tail, i);
     c->n_done++;
+}
+
+/* Slot i is let go without an outcome of ours (a stop, a forced shutdown, a
+ * closed pool): S_UNRUN until let_go() has looked at it in Redis (a deleted
+ * entry gets its dead record) and, with `back`, given its delivery back. */
+static void let_go_later(tps_consumer *c, uint32_t i, int back) {
+    c->slots[i].state = S_UNRUN;
+    c->slots[i].back = (uint8_t)back;
+    list_push(c, &c->unrun_head, &c->unrun_tail, i);
+    c->n_unrun++;
 }
 
 static unsigned lane_of(const slot *s) { return (unsigned)(s->prio - TP_PRIO_MIN); }
@@ -618,8 +629,8 @@ static void submit(tps_consumer *c, uint32_t i, int how) {
         if (how != SUB_AGAIN) cnt_add(&c->n_user_waits, 1);
     } else if (rc == TP_ECLOSED) {
         if (counted) c->n_low_admitted--;
-        slot_free(c, i); /* shutting down: left pending for another consumer */
-    } else {             /* TP_EFULL (a moment before a worker picks), TP_ENOMEM */
+        let_go_later(c, i, 1); /* shutting down: it never ran, left pending for another consumer */
+    } else {                   /* TP_EFULL (a moment before a worker picks), TP_ENOMEM */
         unsigned l = lane_of(s);
         if (s->prio < 0 && !counted) c->n_low_admitted++;
         s->state = S_OVERFLOW;
@@ -710,7 +721,12 @@ static void admit(tps_consumer *c, uint32_t i, const char *parse_error) {
         cnt_add(&c->n_malformed, 1);
         finish_dead(c, i, parse_error);
         break;
-    case TPS_ADMIT_RELEASE: slot_free(c, i); break;
+    case TPS_ADMIT_RELEASE:
+        if (p.let_go_back)
+            let_go_later(c, i, 1);
+        else
+            slot_free(c, i);
+        break;
     case TPS_ADMIT_WAIT: {
         /* The heap has room for every entry a read can bring (read_room); a
          * claim may find it full: then the entry stays pending unheld and is
@@ -798,14 +814,11 @@ static void on_done(void *arg, int status) {
     char user[TP_USER_MAX + 1];
     memcpy(user, s->user, strlen(s->user) + 1);
     if (status < 0 || (s->canceled && !s->gave_up)) {
-        cnt_add(&c->n_abandoned, 1);              /* forced shutdown: stays pending */
-        if (s->attempts == 0 && !c->destroying) { /* it never started: its delivery is given back */
-            s->state = S_UNRUN;
-            list_push(c, &c->unrun_head, &c->unrun_tail, i);
-            c->n_unrun++;
-        } else {
+        cnt_add(&c->n_abandoned, 1); /* forced shutdown: stays pending */
+        if (c->destroying)
             slot_free(c, i);
-        }
+        else
+            let_go_later(c, i, s->attempts == 0); /* never started: its delivery is given back */
     } else if (status == 0) {
         s->state = S_DONE;
         s->outcome = OUT_OK;
@@ -1812,134 +1825,72 @@ static int receive_read(tps_consumer *c) {
     return 0;
 }
 
-/* The entry slot i holds if it never ran (held in the backlog or the
- * overflow), else NULL. */
-static const char *unrun_entry(const tps_consumer *c, uint32_t i, size_t *len, unsigned *deliveries) {
-    const slot *s = &c->slots[i];
-    if ((s->state != S_BACKLOG && s->state != S_OVERFLOW) || s->gone) return NULL;
-    *len = s->id_len;
-    *deliveries = s->deliveries;
-    return s->id;
-}
-
-/* At a stop, the entries held in the backlog or the overflow (they never
- * ran) go back pending without the delivery that brought them here (XCLAIM
- * to ourselves with RETRYCOUNT one lower, JUSTID; the claim that takes them
- * next counts it again), and idle for claim_idle already (IDLE), so that a
- * peer takes them at its next claim instead of a claim_idle later. A stop is
- * no crash: counting it sent an entry held through MAX_DELIVERIES restarts
- * to the dead stream unrun. Entries waiting for their time keep their count:
- * it holds the delivery of their coming run (a claim before their time
- * counts nothing), so setting it back would let a poison entry run once too
- * often. One XCLAIM per CLAIM_ARGS_MAX entries read once (count 0), one per
- * entry claimed before; pipelined. Best effort: without a connection, or if
- * it fails now, the counts stay one higher (never lower than the deliveries
- * that could have run). */
-static void give_back_unrun(tps_consumer *c) {
-    if (c->wr == NULL) return;
-    char idle[24];
+/* Let go of the S_UNRUN slots (let_go_later), LET_GO_BATCH per script call
+ * (scripts.h, tps_script_let_go): each entry still pending as ours with the
+ * count we hold gets the count counts.h gives it back with (when `back`)
+ * and an idle time of claim_idle, so a peer takes it at its next claim; a
+ * deleted one gets its dead record (Redis 7's XCLAIM, our heartbeat, may have
+ * dropped it from the pending list already: nobody else would write it); one
+ * that a peer claimed meanwhile (we stalled) is left as it is. Called where
+ * the writer has nothing in flight (the top of io_main, apply_stop). Without
+ * a connection the slots wait for the next one (the heartbeat keeps them
+ * ours); a refused script frees them as they are (counts one higher: never
+ * lower than the deliveries that could have run). */
+static void let_go(tps_consumer *c) {
+    char idle[24], held[LET_GO_BATCH][16], give[LET_GO_BATCH][16];
     snprintf(idle, sizeof idle, "%llu", (unsigned long long)(c->claim_idle_ns / 1000000ull));
-    uint32_t sent = 0;
-    for (int pass = 0; pass < 2; pass++) { /* 0: read once, batched; 1: claimed, one by one */
-        uint32_t i = 0;
-        while (i < c->nslots) {
-            char n[16];
-            size_t argc = xclaim_begin(c), first = argc;
-            unsigned d = 1;
-            for (; i < c->nslots && argc - first < (pass == 0 ? CLAIM_ARGS_MAX : 1); i++) {
-                size_t len;
-                const char *id = unrun_entry(c, i, &len, &d);
-                if (id != NULL && (pass == 0) == (d <= 1)) arg(c, &argc, id, len);
-            }
-            if (argc == first) continue;
-            snprintf(n, sizeof n, "%u", pass == 0 ? 0u : tps_counts_given_back(d));
-            args(c, &argc, "IDLE");
-            args(c, &argc, idle);
-            args(c, &argc, "RETRYCOUNT");
-            args(c, &argc, n);
-            args(c, &argc, "JUSTID");
-            if (redisAppendCommandArgv(c->wr, (int)argc, c->argv, c->argvlen) != REDIS_OK) break;
-            sent++;
-        }
-    }
-    for (; sent > 0; sent--) {
-        redisReply *r = NULL;
-        if (redisGetReply(c->wr, (void **)&r) != REDIS_OK) return; /* the loop sees the connection fail */
-        if (r->type == REDIS_REPLY_ERROR) log1(c, TP_LOG_WARN, "give_back_failed", "error", r->str);
-        freeReplyObject(r);
-    }
-}
-
-/* Tasks that a forced shutdown cancelled before they started (S_UNRUN, put
- * there by on_done) go back pending without the delivery that brought them,
- * as give_back_unrun does for the backlog (counts.h; IDLE claim_idle, so a
- * peer takes them at its next claim), and their slots are free. Without a
- * connection they are freed as they are: their counts stay one higher
- * (never lower than the deliveries that could have run). Called where the
- * writer has nothing in flight (after tp_cq_drain in io_main). */
-static void give_back_cancelled(tps_consumer *c) {
-    if (c->n_unrun == 0) return;
-    if (c->wr != NULL) {
-        char idle[24];
-        snprintf(idle, sizeof idle, "%llu", (unsigned long long)(c->claim_idle_ns / 1000000ull));
-        uint32_t sent = 0;
-        for (uint32_t i = c->unrun_head; i != NIL; i = c->slots[i].next) {
-            const slot *s = &c->slots[i];
-            char n[16];
-            snprintf(n, sizeof n, "%u", tps_counts_given_back(s->deliveries));
-            size_t argc = xclaim_begin(c);
-            arg(c, &argc, s->id, s->id_len);
-            args(c, &argc, "IDLE");
-            args(c, &argc, idle);
-            args(c, &argc, "RETRYCOUNT");
-            args(c, &argc, n);
-            args(c, &argc, "JUSTID");
-            if (redisAppendCommandArgv(c->wr, (int)argc, c->argv, c->argvlen) != REDIS_OK) break;
-            sent++;
-        }
-        for (; sent > 0; sent--) {
-            redisReply *r = NULL;
-            if (redisGetReply(c->wr, (void **)&r) != REDIS_OK) break; /* the loop sees the connection fail */
-            if (r->type == REDIS_REPLY_ERROR) log1(c, TP_LOG_WARN, "give_back_failed", "error", r->str);
-            freeReplyObject(r);
-        }
-    }
-    for (uint32_t i; (i = list_pop(c, &c->unrun_head, &c->unrun_tail)) != NIL;) slot_free(c, i);
-    c->n_unrun = 0;
-}
-
-/* At a stop, which held entries (backlog, overflow) were deleted from the
- * stream: Redis >= 7's XCLAIM (our heartbeat) drops a deleted entry from the
- * pending list, so releasing it would leave it without a record forever.
- * They are marked `gone` (one XRANGE each, pipelined; best effort). */
-static void find_gone(tps_consumer *c) {
-    if (c->wr == NULL) return;
-    uint32_t sent = 0;
-    for (uint32_t i = 0; i < c->nslots; i++) {
-        slot *s = &c->slots[i];
-        if (s->state != S_BACKLOG && s->state != S_OVERFLOW) continue;
+    while (c->n_unrun > 0 && c->wr != NULL) {
         size_t argc = 0;
-        args(c, &argc, "XRANGE");
+        args(c, &argc, "EVAL");
+        args(c, &argc, tps_script_let_go);
+        args(c, &argc, "1");
         args(c, &argc, c->stream);
-        arg(c, &argc, s->id, s->id_len);
-        arg(c, &argc, s->id, s->id_len);
-        if (redisAppendCommandArgv(c->wr, (int)argc, c->argv, c->argvlen) != REDIS_OK) break;
-        sent++;
-    }
-    for (uint32_t i = 0; i < c->nslots && sent > 0; i++) {
-        slot *s = &c->slots[i];
-        if (s->state != S_BACKLOG && s->state != S_OVERFLOW) continue;
-        sent--;
-        redisReply *r = NULL;
-        if (redisGetReply(c->wr, (void **)&r) != REDIS_OK) return; /* the loop sees the connection fail */
-        s->gone = r->type == REDIS_REPLY_ARRAY && r->elements == 0;
+        args(c, &argc, c->group);
+        args(c, &argc, c->consumer);
+        args(c, &argc, idle);
+        uint32_t n = 0;
+        for (uint32_t i = c->unrun_head; i != NIL && n < LET_GO_BATCH; i = c->slots[i].next, n++) {
+            const slot *s = &c->slots[i];
+            snprintf(held[n], sizeof held[n], "%u", s->deliveries);
+            /* it ran (cancelled while it ran): its count stays, and so it idles too */
+            snprintf(give[n], sizeof give[n], "%u",
+                     s->back ? tps_counts_given_back(s->deliveries) : s->deliveries);
+            arg(c, &argc, s->id, s->id_len);
+            args(c, &argc, held[n]);
+            args(c, &argc, give[n]);
+        }
+        redisReply *r = wr_command(c, argc);
+        if (r == NULL) { /* kept: let go after a reconnect */
+            disconnect(c, "letting go", c->wr->errstr);
+            return;
+        }
+        int ok = r->type == REDIS_REPLY_ARRAY && r->elements == n;
+        if (!ok)
+            log1(c, TP_LOG_WARN, "let_go_failed", "error",
+                 r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply");
+        for (uint32_t k = 0; k < n; k++) {
+            uint32_t i = list_pop(c, &c->unrun_head, &c->unrun_tail);
+            c->n_unrun--;
+            const redisReply *e = ok ? r->element[k] : NULL;
+            const char *st = e != NULL && e->type == REDIS_REPLY_STRING ? e->str : "other";
+            slot *s = &c->slots[i];
+            if (strcmp(st, "gone") == 0 || strcmp(st, "dropped") == 0) {
+                s->no_ack = st[0] == 'd'; /* nothing left to acknowledge */
+                cnt_add(&c->n_deleted, 1);
+                finish_dead(c, i,
+                            s->attempts == 0 ? "entry deleted before it ran"
+                                             : "entry deleted before its run ended");
+            } else {
+                slot_free(c, i);
+            }
+        }
         freeReplyObject(r);
     }
 }
 
-/* Stop: forget what has not entered the pool (it stays pending in Redis,
- * its delivery undone: give_back_unrun), but write the dead records of held
- * entries deleted from the stream, and of waiting ones the heartbeat saw
+/* Stop: let go of what has not entered the pool (it stays pending in Redis,
+ * its delivery given back, or its dead record written if it was deleted:
+ * let_go), and write the dead records of waiting entries the heartbeat saw
  * deleted (TPS_SCHED_DROPPED): nobody else knows of them any more. */
 static void apply_stop(tps_consumer *c) {
     c->stopped_applied = 1;
@@ -1948,24 +1899,22 @@ static void apply_stop(tps_consumer *c) {
         c->rd = NULL;
         c->read_outstanding = 0;
     }
-    find_gone(c);
-    give_back_unrun(c);
     if (c->wr != NULL) (void)lower_waiting(c); /* the heap is forgotten below: its counts go right now */
     uint32_t released = 0, lost = 0;
     c->n_low_admitted = 0;
-    for (uint32_t i = 0; i < c->nslots; i++) {
+    for (uint32_t i = 0; i < c->nslots; i++) { /* their lists are dropped below */
         slot *s = &c->slots[i];
-        if ((s->state == S_BACKLOG || s->state == S_OVERFLOW) && s->gone) {
-            cnt_add(&c->n_deleted, 1); /* its list is dropped below: the done list may take it */
-            finish_dead(c, i, "entry deleted before it ran");
-        } else if (s->state == S_BACKLOG || s->state == S_OVERFLOW) {
-            slot_free(c, i);
+        if (s->state == S_BACKLOG || s->state == S_OVERFLOW) {
+            let_go_later(c, i, 1);
             released++;
         } else if (s->state == S_POOL && s->prio < 0) {
             c->n_low_admitted++;
         }
     }
     users_reset(c);
+    c->n_backlog = c->n_overflow = 0;
+    for (int l = 0; l < LANES; l++) c->overflow_head[l] = c->overflow_tail[l] = NIL;
+    let_go(c);
     for (;;) { /* a removal reorders the heap: look again from the start each time */
         uint32_t k = 0, count = tps_sched_count(c->sched);
         while (k < count && !(tps_sched_flags(c->sched, k) & TPS_SCHED_DROPPED)) k++;
@@ -1988,8 +1937,6 @@ static void apply_stop(tps_consumer *c) {
     released += tps_sched_count(c->sched); /* waiting for their time: pending, another worker claims them */
     tps_sched_clear(c->sched);
     c->n_lower = 0;
-    c->n_backlog = c->n_overflow = 0;
-    for (int l = 0; l < LANES; l++) c->overflow_head[l] = c->overflow_tail[l] = NIL;
     char num[16];
     snprintf(num, sizeof num, "%u", released);
     log1(c, TP_LOG_INFO, "reading_stopped", "released", num);
@@ -2008,7 +1955,7 @@ static void *io_main(void *arg) {
     for (;;) {
         drain_ctl(c);
         (void)tp_cq_drain(c->cq, 0);                       /* the tasks' ends: on_done, here */
-        give_back_cancelled(c);                            /* what on_done found cancelled unrun */
+        let_go(c);                                         /* what was let go meanwhile (S_UNRUN) */
         if (c->n_overflow > 0) dispatch_after(c, NULL, 0); /* room may have appeared without a completion */
         int stopping = atomic_load(&c->stop_reading);
         if (stopping && !c->stopped_applied) apply_stop(c);
@@ -2019,12 +1966,17 @@ static void *io_main(void *arg) {
              * task that ended is in the queue. Nothing is left when a drain
              * finds none and every outcome is written. */
             int more = tp_cq_drain(c->cq, 0) > 0;
-            if (c->n_done == 0 && !more) {
+            if (c->n_done == 0 && c->n_unrun == 0 && !more) {
                 c->finish_result = 0;
                 break;
             }
             if (now >= atomic_load(&c->finish_deadline)) {
                 c->finish_result = c->n_done == 0 ? 0 : -1;
+                if (c->n_unrun > 0) { /* pending as they are: their counts stay one higher */
+                    char num[16];
+                    snprintf(num, sizeof num, "%u", c->n_unrun);
+                    log1(c, TP_LOG_WARN, "let_go_unfinished", "count", num);
+                }
                 break;
             }
         }

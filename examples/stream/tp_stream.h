@@ -104,18 +104,25 @@
  * RETRYCOUNT and read per claimed entry with XPENDING): while an entry waits
  * for its time its count is its runs so far (a read's 1 is lowered to 0 at
  * once; a claim before its time is set back), and it is raised when the
- * entry comes due and runs; a stop sets back the backlog entries it
- * releases unrun (tps_stop_reading), and a claim of an entry this consumer
- * holds already (a late heartbeat) is set back too. So restarts and crashes
- * before an entry's time, and stops while it waits in a backlog, cannot
- * send it to the dead stream, and a poison entry still runs at most
- * max_deliveries times (its run is counted before it starts). The rules,
- * step by step, are one table in counts.h (unit-tested without Redis in
- * tests/test_stream_units.c). Counted all
- * the same: what a crash finds in the backlog or the pool's queue, each
- * claim of an entry whose
- * id is ahead of the clock (its `defer` counts from each claim, so its time
- * says nothing about whether it ran; unless the timer heap refuses it), and
+ * entry comes due and runs; what a stop or a forced shutdown lets go of
+ * unrun (entries in the backlog, tasks cancelled before they started, a
+ * read that came while stopping) is given back with its delivery undone,
+ * and a claim of an entry this consumer holds already (a late heartbeat) is
+ * set back too. A give-back goes through a script that changes nothing
+ * unless the entry is still pending as this consumer's with the count it
+ * holds (a peer that claimed it meanwhile keeps its count), and a let-go
+ * entry deleted from the stream gets its dead record then. So restarts and
+ * crashes before an entry's time, and stops (even forced) while it waits in
+ * a backlog or the pool's queue, cannot send it to the dead stream, and a
+ * poison entry still runs at most max_deliveries times (its run is counted
+ * before it starts). The rules, step by step, are one table in counts.h
+ * (unit-tested without Redis in tests/test_stream_units.c). Counted all the
+ * same: what a crash finds in the backlog or the pool's queue; what a forced
+ * shutdown lets go of when Redis stays away through tps_finish's budget (it
+ * waits for a reconnection until then, and logs `let_go_unfinished`); each
+ * claim of an entry whose id is ahead of the clock (its `defer` counts from
+ * each claim, so its time says nothing about whether it ran; unless the
+ * timer heap refuses it); a read in flight when a stop drops the reader, and
  * a read moments before a crash. A held entry deleted from the stream gets
  * its dead record at a stop, or when it runs; a crash before either loses
  * it (Redis 7's XCLAIM has dropped it from the pending list). When a
@@ -128,11 +135,12 @@
  *
  * Shutdown: tps_stop_reading(); tp_shutdown(pool, budget); tps_finish().
  * tps_finish drains the completion queue until a drain finds none and every
- * outcome is written (or its budget runs out). Tasks that end cancelled
- * (forced shutdown: TP_ECANCELED through the queue) write nothing and stay
- * pending in the group, so another consumer claims them after claim_idle;
- * those that never started go back without the delivery that brought them,
- * idle for claim_idle already (a peer takes them at its next claim).
+ * outcome is written and everything let go of is given back (or its
+ * budget runs out). Tasks that end cancelled (forced shutdown: TP_ECANCELED
+ * through the queue) write nothing and stay pending in the group, idle for
+ * claim_idle already, so a peer takes them at its next claim; those that
+ * never started without the delivery that brought them; one deleted from
+ * the stream meanwhile gets its dead record instead.
  */
 #ifndef TP_STREAM_H
 #define TP_STREAM_H

@@ -968,32 +968,110 @@ def scenario_backlog_restarts(env):
 
 
 def scenario_cancelled_unrun(env):
-    """Entries that a forced shutdown cancels in the pool's queue never ran:
-    they go back pending without the delivery that brought them, so with
-    MAX_DELIVERIES 1 the next worker runs them (before the fix each was
-    claimed as its second delivery and went dead unrun). The blocker, which
-    was running when the shutdown forced it, is counted and goes dead."""
-    r = env.start_redis()
+    """What a forced shutdown lets go of without an outcome (let_go):
+    (a) entries cancelled in the pool's queue never ran: given back with
+        count 0, so with MAX_DELIVERIES 1 the next worker runs them; the
+        blocker, running, is counted and goes dead;
+    (b) an entry deleted while it waits in the queue, and one deleted while it
+        runs, get their dead records from the stopping worker (Redis 7's
+        XCLAIM, the heartbeat, had dropped them from the pending list);
+    (c) Redis is down when the shutdown cancels: the worker reconnects within
+        its write budget and gives the deliveries back then;
+    (d) an entry a live peer claimed while this worker stalled keeps the
+        peer's count (nothing is given back that is not pending as ours with
+        the count this worker holds)."""
+    r = env.start_redis("--appendonly", "yes", "--appendfsync", "always")
     cfg = dict(CLAIM_IDLE="300ms", MAX_DELIVERIES=1, WORKERS=1, QUEUE_CAPACITY=8, SHUTDOWN_TIMEOUT="200ms")
+
+    def counts():
+        return {row[0]: (row[1], int(row[3])) for row in r("XPENDING", "tasks", "taskpool", "-", "+", 100)}
+
+    def blocker_and_queued(w, n, work="1ms"):
+        b = r("XADD", "tasks", "*", "work", "1h")
+        wait_until(lambda: metrics(w)["taskpool_active"] == 1, 10, "%s to run the blocker" % w.name)
+        q = [r("XADD", "tasks", "*", "work", work, "n", str(k)) for k in range(n)]
+        wait_until(lambda: metrics(w)["taskpool_queued"] == n, 10, "%d entries to wait in %s's queue" % (n, w.name))
+        return b, q
+
+    # (a)
     w = env.worker("u0", **cfg)
-    b = r("XADD", "tasks", "*", "work", "1h")
-    wait_until(lambda: metrics(w)["taskpool_active"] == 1, 10, "u0 to run the blocker")
-    queued = [r("XADD", "tasks", "*", "work", "1ms", "n", str(k)) for k in range(3)]
-    wait_until(lambda: metrics(w)["taskpool_queued"] == 3, 10, "the three entries to wait in u0's pool queue")
+    b, queued = blocker_and_queued(w, 3)
     check(env.stop(w) == 1, "worker u0: a forced drain exits 1")
-    rows = {row[0]: int(row[3]) for row in r("XPENDING", "tasks", "taskpool", "-", "+", 10)}
-    log("cancelled_unrun: delivery counts after the forced stop %r" % rows)
-    check(rows.get(b) == 1, "the blocker ran once: count %r" % rows.get(b))
+    rows = counts()
+    log("cancelled_unrun (a): delivery counts after the forced stop %r" % rows)
+    check(rows.get(b, (None, 0))[1] == 1, "the blocker ran once: %r" % (rows.get(b),))
     for q in queued:
-        check(rows.get(q) == 0, "entry %s never ran but counts %r deliveries" % (q, rows.get(q)))
+        check(rows.get(q, (None, None))[1] == 0, "entry %s never ran but counts %r" % (q, rows.get(q)))
     w = env.worker("u1", **cfg)
     wait_until(lambda: outcome_count(r) == 4, 15, "four outcomes")
+    check(env.stop(w) == 0, "worker u1 did not exit 0")
     done, dead, dups = verify(r, {b} | set(queued))
     check(sorted(f["id"] for _, f in done) == sorted(queued), "results %r" % done)
     check([f["id"] for _, f in dead] == [b] and dead[0][1]["reason"].startswith("delivered 2 times"),
           "dead %r" % dead)
     check(all(int(f["deliveries"]) == 1 for _, f in done), "deliveries %r" % [f["deliveries"] for _, f in done])
-    check(env.stop(w) == 0, "worker u1 did not exit 0")
+    expected = {b} | set(queued)
+
+    # (b)
+    w = env.worker("v0", **cfg)
+    b2, (q2,) = blocker_and_queued(w, 1)
+    r("XDEL", "tasks", b2, q2)
+    check(env.stop(w) == 1, "worker v0: a forced drain exits 1")
+    reasons = dead_reasons(r)
+    check(reasons.get(q2) == "entry deleted before it ran", "the deleted queued entry: %r" % reasons.get(q2))
+    check(reasons.get(b2) == "entry deleted before its run ended", "the deleted running one: %r" % reasons.get(b2))
+    expected |= {b2, q2}
+    verify(r, expected)
+
+    # (c)
+    w = env.worker("d0", **cfg)
+    b3, queued3 = blocker_and_queued(w, 3)
+    r.close()
+    env.kill_redis()
+    wait_until(lambda: metrics(w)["tps_stream_connected"] == 0, 10, "d0 to see Redis gone")
+    w.send_signal(signal.SIGTERM)
+
+    def abandoned():
+        if w.poll() is not None:  # gone already (the code before the fix freed them and left)
+            return True
+        try:
+            return metrics(w)["tps_stream_abandoned_total"] == 4
+        except OSError:
+            return False
+    # the four let go of (the blocker cancelled running, three unstarted) while Redis is away
+    wait_until(abandoned, 10, "d0's forced shutdown to cancel all four")
+    r = env.start_redis()
+    code = w.wait(timeout=30 * SLOW)
+    check(code == 1, "worker d0: a forced drain exits 1 (got %r)" % code)
+    rows = counts()
+    log("cancelled_unrun (c): delivery counts after a forced stop with Redis restarted %r" % rows)
+    check(rows.get(b3, (None, 0))[1] == 1, "the blocker ran once: %r" % (rows.get(b3),))
+    for q in queued3:
+        check(rows.get(q, (None, None))[1] == 0, "entry %s never ran but counts %r" % (q, rows.get(q)))
+    w = env.worker("d1", **cfg)
+    expected |= {b3} | set(queued3)
+    wait_until(lambda: accounted(r, expected), 15, "d1 to run the given-back entries")
+    check(env.stop(w) == 0, "worker d1 did not exit 0")
+    verify(r, expected)
+    check(dead_reasons(r)[b3].startswith("delivered 2 times"), "the blocker: %r" % dead_reasons(r)[b3])
+
+    # (d)
+    w = env.worker("s0", **dict(cfg, MAX_DELIVERIES=5))
+    b4, (e4,) = blocker_and_queued(w, 1, work="1h")
+    w.send_signal(signal.SIGSTOP)
+    peer = env.worker("s1", **dict(cfg, MAX_DELIVERIES=5, WORKERS=2))
+    wait_until(lambda: metrics(peer)["taskpool_active"] == 2, 15, "the peer to claim and run both")
+    before = counts()
+    w.send_signal(signal.SIGCONT)
+    check(env.stop(w) == 1, "worker s0: a forced drain exits 1")
+    after = counts()
+    log("cancelled_unrun (d): the peer's entries before and after s0's stop %r %r" % (before, after))
+    # s0's late heartbeat may take them back (XCLAIM JUSTID, the documented
+    # at-least-once case), which keeps the count; its let-go must not lower it
+    check(after.get(e4, (None, 0))[1] == 2 and after.get(b4, (None, 0))[1] == 2,
+          "s0's stop lowered what its live peer claimed: %r -> %r" % (before, after))
+    env.stop(peer, signal.SIGKILL)
+
 
 # Add an entry (ARGV[2..]: its fields) delivered to a consumer "ghost" that
 # never comes back, with delivery count ARGV[1], atomically (a worker's
