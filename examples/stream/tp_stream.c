@@ -80,6 +80,7 @@ typedef struct slot {
     uint8_t claimed;   /* came by XAUTOCLAIM (its delivery count is XPENDING's, see counts.h) */
     uint8_t due_guess; /* due_ms counts `defer` from when it was read: its id is ahead of the clock */
     uint8_t back;      /* S_UNRUN: give its delivery back when it is let go (let_go) */
+    uint8_t unpended;  /* our heartbeat or claim saw it leave the pending list while we held it */
     uint8_t has_payload;
     uint8_t due;     /* its time has come: not scheduled again */
     uint8_t no_ack;  /* dead record only: Redis already dropped it from the pending list */
@@ -353,7 +354,7 @@ static uint32_t slot_alloc(tps_consumer *c) {
     c->n_free--;
     slot *s = &c->slots[i];
     s->next = NIL;
-    s->fresh = s->claimed = s->due_guess = s->back = 0;
+    s->fresh = s->claimed = s->due_guess = s->back = s->unpended = 0;
     s->has_payload = 0;
     s->due = s->no_ack = s->gave_up = s->written = 0;
     s->prio = 0;
@@ -1289,7 +1290,11 @@ static void deleted_entry(tps_consumer *c, uint32_t i, const char *id, size_t le
 static const char *held_id(tps_consumer *c, uint32_t i, int stopping, size_t *len) {
     if (i >= c->nslots) return tps_sched_id(c->sched, i - c->nslots, len, NULL); /* waiting for its time */
     const slot *s = &c->slots[i];
-    if (s->state == S_FREE || (stopping && (s->state == S_BACKLOG || s->state == S_OVERFLOW))) return NULL;
+    /* S_UNRUN: let go already (its script checks whose it is; taking it
+     * back from a peer that claimed it meanwhile would be wrong) */
+    if (s->state == S_FREE || s->state == S_UNRUN ||
+        (stopping && (s->state == S_BACKLOG || s->state == S_OVERFLOW)))
+        return NULL;
     *len = s->id_len;
     return s->id;
 }
@@ -1411,6 +1416,8 @@ static int heartbeat(tps_consumer *c) {
             else if (ok && i >= c->nslots) {
                 (void)tps_sched_mark(c->sched, id, len, TPS_SCHED_MISSING, 0, UINT64_MAX);
                 nmissing++;
+            } else if (ok) {
+                c->slots[i].unpended = 1; /* deleted (Redis 7 dropped it), or acknowledged by a peer */
             }
         }
         freeReplyObject(r);
@@ -1516,7 +1523,11 @@ static int claim(tps_consumer *c) {
         for (size_t k = 0; k < gone->elements; k++) {
             const redisReply *id = gone->element[k];
             if (id->type != REDIS_REPLY_STRING || id->len == 0 || id->len > TPS_ID_MAX) continue;
-            if (ids_find(c, id->str, id->len) != NIL) continue; /* its task writes its outcome */
+            uint32_t held = ids_find(c, id->str, id->len);
+            if (held != NIL) { /* its task writes its outcome, or let_go its dead record */
+                c->slots[held].unpended = 1;
+                continue;
+            }
             uint32_t i = slot_alloc(c);
             if (i == NIL) { /* cannot happen: COUNT <= free slots; say so if it does */
                 lost++;
@@ -1584,8 +1595,9 @@ static int claim(tps_consumer *c) {
         const redisReply *id = e->element[0];
         uint32_t held = ids_find(c, id->str, id->len);
         unsigned d, fl;
-        if (held != NIL && !c->slots[held].fresh)
-            set_count(c, id->str, id->len, c->slots[held].deliveries);
+        if (held != NIL && !c->slots[held].fresh && c->slots[held].state != S_UNRUN)
+            set_count(c, id->str, id->len,
+                      c->slots[held].deliveries); /* S_UNRUN: let_go sees another count */
         else if (held == NIL && tps_sched_get(c->sched, id->str, id->len, &d, &fl)) {
             set_count(c, id->str, id->len, tps_counts_put_back(d, fl));
             (void)tps_sched_mark(c->sched, id->str, id->len, 0, TPS_SCHED_LOWER, UINT64_MAX);
@@ -1829,9 +1841,11 @@ static int receive_read(tps_consumer *c) {
  * (scripts.h, tps_script_let_go): each entry still pending as ours with the
  * count we hold gets the count counts.h gives it back with (when `back`)
  * and an idle time of claim_idle, so a peer takes it at its next claim; a
- * deleted one gets its dead record (Redis 7's XCLAIM, our heartbeat, may have
- * dropped it from the pending list already: nobody else would write it); one
- * that a peer claimed meanwhile (we stalled) is left as it is. Called where
+ * deleted one gets its dead record if it is still pending as ours, or if our
+ * own heartbeat or claim dropped it from the pending list (Redis 7's XCLAIM
+ * drops a deleted id: `unpended`; nobody else would write it); one that a
+ * peer claimed or ended meanwhile is left as it is. S_UNRUN slots are not
+ * in the heartbeat (held_id). Called where
  * the writer has nothing in flight (the top of io_main, apply_stop). Without
  * a connection the slots wait for the next one (the heartbeat keeps them
  * ours); a refused script frees them as they are (counts one higher: never
@@ -1874,7 +1888,10 @@ static void let_go(tps_consumer *c) {
             const redisReply *e = ok ? r->element[k] : NULL;
             const char *st = e != NULL && e->type == REDIS_REPLY_STRING ? e->str : "other";
             slot *s = &c->slots[i];
-            if (strcmp(st, "gone") == 0 || strcmp(st, "dropped") == 0) {
+            /* dropped: deleted and not pending. Its record is ours only if our
+             * own heartbeat or claim saw it go (else a peer's claim dropped
+             * it and wrote one, or a peer ran and acknowledged it) */
+            if (strcmp(st, "gone") == 0 || (strcmp(st, "dropped") == 0 && s->unpended)) {
                 s->no_ack = st[0] == 'd'; /* nothing left to acknowledge */
                 cnt_add(&c->n_deleted, 1);
                 finish_dead(c, i,
@@ -1899,7 +1916,8 @@ static void apply_stop(tps_consumer *c) {
         c->rd = NULL;
         c->read_outstanding = 0;
     }
-    if (c->wr != NULL) (void)lower_waiting(c); /* the heap is forgotten below: its counts go right now */
+    if (c->wr != NULL && lower_waiting(c) != 0) /* the heap is forgotten below: its counts go right now */
+        disconnect(c, "setting delivery counts", c->wr->errstr);
     uint32_t released = 0, lost = 0;
     c->n_low_admitted = 0;
     for (uint32_t i = 0; i < c->nslots; i++) { /* their lists are dropped below */
@@ -1924,6 +1942,12 @@ static void apply_stop(tps_consumer *c) {
         memcpy(id, tps_sched_id(c->sched, k, &len, NULL), len + 1);
         (void)tps_sched_remove(c->sched, id, len);
         uint32_t i = slot_alloc(c);
+        if (i == NIL && c->n_unrun > 0) { /* no connection to let go: one of those gives way (its
+                                            count stays one high; this record has no one else) */
+            slot_free(c, list_pop(c, &c->unrun_head, &c->unrun_tail));
+            c->n_unrun--;
+            i = slot_alloc(c);
+        }
         if (i == NIL)
             lost++;
         else
@@ -2041,8 +2065,8 @@ static void *io_main(void *arg) {
             if (c->trim_interval_ns != 0 && c->next_trim_ns < due) due = c->next_trim_ns;
             if (c->write_blocked_until != 0) {
                 if (c->write_blocked_until < due) due = c->write_blocked_until;
-            } else if (c->n_done > 0) {
-                due = now; /* e.g. dead records made by the due fetch */
+            } else if (c->n_done > 0 || c->n_unrun > 0) {
+                due = now; /* e.g. dead records made by the due fetch; slots to let go */
             } else if (!stopping && tps_sched_count(c->sched) > 0 && c->n_free > c->read_outstanding) {
                 uint64_t next = tps_sched_next(c->sched), wall = tps_unix_ms();
                 uint64_t in = next > wall ? ms_ns(next - wall) : 0;

@@ -979,7 +979,9 @@ def scenario_cancelled_unrun(env):
         its write budget and gives the deliveries back then;
     (d) an entry a live peer claimed while this worker stalled keeps the
         peer's count (nothing is given back that is not pending as ours with
-        the count this worker holds)."""
+        the count this worker holds);
+    (e) an entry that a peer ran, recorded, acknowledged and that was then
+        deleted while this worker waited to let it go gets no second record."""
     r = env.start_redis("--appendonly", "yes", "--appendfsync", "always")
     cfg = dict(CLAIM_IDLE="300ms", MAX_DELIVERIES=1, WORKERS=1, QUEUE_CAPACITY=8, SHUTDOWN_TIMEOUT="200ms")
 
@@ -1054,6 +1056,28 @@ def scenario_cancelled_unrun(env):
     check(env.stop(w) == 0, "worker d1 did not exit 0")
     verify(r, expected)
     check(dead_reasons(r)[b3].startswith("delivered 2 times"), "the blocker: %r" % dead_reasons(r)[b3])
+
+    # (e): d0's situation again, but while it is stopped (SIGSTOP) with Redis
+    # back, "a peer" ends the entry (record, XACK) and it is deleted
+    w = env.worker("e0", **cfg)
+    b5, (e5,) = blocker_and_queued(w, 1)
+    r.close()
+    env.kill_redis()
+    wait_until(lambda: metrics(w)["tps_stream_connected"] == 0, 10, "e0 to see Redis gone")
+    w.send_signal(signal.SIGTERM)
+    wait_until(lambda: metrics(w)["tps_stream_abandoned_total"] == 2, 10, "e0's forced shutdown to cancel both")
+    w.send_signal(signal.SIGSTOP)
+    r = env.start_redis()
+    r("XCLAIM", "tasks", "taskpool", "peer", 0, e5, "JUSTID")
+    r("XADD", "tasks:done", "*", "id", e5, "consumer", "peer", "attempts", 1, "deliveries", 2)
+    r("XACK", "tasks", "taskpool", e5)
+    r("XDEL", "tasks", e5)
+    w.send_signal(signal.SIGCONT)
+    code = w.wait(timeout=30 * SLOW)
+    check(code == 1, "worker e0: a forced drain exits 1 (got %r)" % code)
+    outs = [f for _, f in entries(r, "tasks:done") + entries(r, "tasks:dead") if f["id"] == e5]
+    check(len(outs) == 1 and outs[0]["consumer"] == "peer", "the peer's entry got records %r" % outs)
+    r("XACK", "tasks", "taskpool", b5)  # the blocker: not this part's subject
 
     # (d)
     w = env.worker("s0", **dict(cfg, MAX_DELIVERIES=5))
