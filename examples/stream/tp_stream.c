@@ -1847,8 +1847,9 @@ static int receive_read(tps_consumer *c) {
  * peer claimed or ended meanwhile is left as it is. S_UNRUN slots are not
  * in the heartbeat (held_id). Called where
  * the writer has nothing in flight (the top of io_main, apply_stop). Without
- * a connection the slots wait for the next one (the heartbeat keeps them
- * ours); a refused script frees them as they are (counts one higher: never
+ * a connection the slots wait for the next one (not heartbeated: a peer may
+ * claim them meanwhile, and the script then leaves them to it); a refused
+ * script frees them as they are (counts one higher: never
  * lower than the deliveries that could have run). */
 static void let_go(tps_consumer *c) {
     char idle[24], held[LET_GO_BATCH][16], give[LET_GO_BATCH][16];
@@ -1905,6 +1906,30 @@ static void let_go(tps_consumer *c) {
     }
 }
 
+/* A slot to take off the let-go list unchecked, when a record needs its
+ * place: one whose entry our own commands never saw leave the pending list
+ * if there is one (still pending, a later claim records it if it was
+ * deleted; its count stays one high), else the first. */
+static uint32_t unrun_evict(tps_consumer *c) {
+    uint32_t prev = NIL, i = c->unrun_head;
+    while (i != NIL && c->slots[i].unpended) {
+        prev = i;
+        i = c->slots[i].next;
+    }
+    if (i == NIL) {
+        prev = NIL;
+        i = c->unrun_head;
+    }
+    uint32_t next = c->slots[i].next;
+    if (prev == NIL)
+        c->unrun_head = next;
+    else
+        c->slots[prev].next = next;
+    if (c->unrun_tail == i) c->unrun_tail = prev;
+    c->n_unrun--;
+    return i;
+}
+
 /* Stop: let go of what has not entered the pool (it stays pending in Redis,
  * its delivery given back, or its dead record written if it was deleted:
  * let_go), and write the dead records of waiting entries the heartbeat saw
@@ -1942,10 +1967,8 @@ static void apply_stop(tps_consumer *c) {
         memcpy(id, tps_sched_id(c->sched, k, &len, NULL), len + 1);
         (void)tps_sched_remove(c->sched, id, len);
         uint32_t i = slot_alloc(c);
-        if (i == NIL && c->n_unrun > 0) { /* no connection to let go: one of those gives way (its
-                                            count stays one high; this record has no one else) */
-            slot_free(c, list_pop(c, &c->unrun_head, &c->unrun_tail));
-            c->n_unrun--;
+        if (i == NIL && c->n_unrun > 0) { /* no connection to let go: one of those gives way */
+            slot_free(c, unrun_evict(c));
             i = slot_alloc(c);
         }
         if (i == NIL)
@@ -2063,10 +2086,12 @@ static void *io_main(void *arg) {
             if (c->next_heartbeat_ns < due) due = c->next_heartbeat_ns;
             if (!stopping && c->next_claim_ns < due) due = c->next_claim_ns;
             if (c->trim_interval_ns != 0 && c->next_trim_ns < due) due = c->next_trim_ns;
-            if (c->write_blocked_until != 0) {
+            if (c->n_unrun > 0) {
+                due = now; /* slots let go during this turn (let_go runs whatever else waits) */
+            } else if (c->write_blocked_until != 0) {
                 if (c->write_blocked_until < due) due = c->write_blocked_until;
-            } else if (c->n_done > 0 || c->n_unrun > 0) {
-                due = now; /* e.g. dead records made by the due fetch; slots to let go */
+            } else if (c->n_done > 0) {
+                due = now; /* e.g. dead records made by the due fetch */
             } else if (!stopping && tps_sched_count(c->sched) > 0 && c->n_free > c->read_outstanding) {
                 uint64_t next = tps_sched_next(c->sched), wall = tps_unix_ms();
                 uint64_t in = next > wall ? ms_ns(next - wall) : 0;

@@ -125,7 +125,13 @@
  * timer heap refuses it); a read in flight when a stop drops the reader, and
  * a read moments before a crash. A held entry deleted from the stream gets
  * its dead record at a stop, or when it runs; a crash before either loses
- * it (Redis 7's XCLAIM has dropped it from the pending list). When a
+ * it (Redis 7's XCLAIM has dropped it from the pending list). With several
+ * workers a deleted entry can get two records: Redis 7's XAUTOCLAIM drops
+ * every deleted pending entry it passes, whoever holds it and however idle,
+ * and the claiming worker writes its record, while the holder writes its
+ * own when the entry runs, or when its heartbeat or claim saw it leave the
+ * pending list (it cannot tell who dropped it; a heartbeat script that
+ * checks each id before its XCLAIM would). When a
  * connection fails, both are closed and reopened with exponential backoff
  * (100 ms to 2 s); tasks keep running and their outcomes wait in their slots.
  *
