@@ -5,7 +5,7 @@
  * sends the commands they call for; tests/test_stream_units.c checks every
  * row of the table below without Redis.
  *
- * MAX_DELIVERIES judges Redis's count, which XREADGROUP and XAUTOCLAIM raise
+ * MAX_DELIVERIES judges Redis's count, which XREADGROUP and a claim (XCLAIM) raise
  * by one per delivery. A delivery that cannot run (the entry waits for its
  * time, or a stop leaves it) must not count, or an entry whose worker is
  * restarted MAX_DELIVERIES times before its time goes to the dead stream
@@ -53,7 +53,7 @@
 /* How an entry came to the worker. */
 typedef enum {
     TPS_FROM_READ,  /* XREADGROUP: Redis's count is 1 */
-    TPS_FROM_CLAIM, /* XAUTOCLAIM: Redis's count is what XPENDING says */
+    TPS_FROM_CLAIM, /* a claim: Redis's count is what XPENDING says */
     TPS_FROM_DUE    /* out of the timer heap: tps_counts_due() gave its count */
 } tps_from;
 

@@ -76,4 +76,39 @@ extern const char tps_script_requeue[];
  */
 extern const char tps_script_let_go[];
 
+/*
+ * Why the next two exist: since Redis 7, XCLAIM and XAUTOCLAIM drop from the
+ * pending list every entry they pass that was deleted from the stream
+ * (XDEL, XTRIM), XAUTOCLAIM whoever holds it and however idle; so a peer's
+ * sweep removed a live worker's deleted entry and wrote its dead record, and
+ * the holder, which cannot tell who removed it, wrote its own. With these,
+ * the one whose command removes a deleted entry from the pending list writes
+ * its record, and a sweep removes only what it could claim: entries idle
+ * longer than the claim time, whose holder is presumed dead.
+ */
+
+/*
+ * Keep entries this consumer holds (the heartbeat, and setting delivery
+ * counts). KEYS: stream. ARGV: group, consumer, a delivery count ("" for
+ * none), then ids. Per id, only if it is pending as this consumer's: still in
+ * the stream, XCLAIM to ourselves with JUSTID (resets its idle time; with the
+ * count, RETRYCOUNT); deleted, XACK. Returns the ids acknowledged that way:
+ * their records are the caller's to write. Ids pending as another
+ * consumer's, or not pending, are left as they are.
+ */
+extern const char tps_script_hold[];
+
+/*
+ * Claim entries idle longer than the claim time from any consumer: what
+ * XAUTOCLAIM does, without touching a live holder's deleted entries. KEYS:
+ * stream. ARGV: group, consumer, min idle ms, cursor ("0-0" at the start:
+ * else the last id looked at), the most entries to claim, the most pending
+ * entries to look at (claimed and deleted ones together are at most that
+ * many). Returns {next cursor ("0-0" when the pending list's
+ * end was reached), entries claimed as [id, fields] (XCLAIM: the delivery
+ * count rises by one), ids of idle entries deleted from the stream and
+ * acknowledged (their dead records are the caller's to write)}.
+ */
+extern const char tps_script_claim[];
+
 #endif

@@ -24,7 +24,8 @@
  *
  * Delivery counts: what Redis's count of a held entry must be at each step
  * is counts.h's table (pure rules); this file asks it at each step (admit,
- * claim, dispatch_due, let_go) and sends the XCLAIMs it calls for.
+ * claim, dispatch_due, let_go) and sends the XCLAIMs it calls for (through
+ * scripts that check first whether the entry is still ours: scripts.h).
  *
  * The backlog (entries read but not in the pool) is kept per user and, within
  * a user, per priority lane; what each held entry waits for is stated at
@@ -55,7 +56,8 @@
 #define LANES              (TP_PRIO_MAX - TP_PRIO_MIN + 1)
 #define LANE_NORMAL        (0 - TP_PRIO_MIN) /* the lane of priority 0; lower lanes are background */
 #define WRITE_BATCH        256u              /* outcomes per write round */
-#define CLAIM_ARGS_MAX     512u              /* ids per heartbeat XCLAIM */
+#define CLAIM_ARGS_MAX     512u              /* ids per hold script (heartbeat, lower_waiting) */
+#define CLAIM_SCAN_MAX     10000u            /* pending entries a claim looks at, at most */
 #define DUE_BATCH          256u              /* scheduled entries fetched per round */
 #define LET_GO_BATCH       128u              /* entries per let-go script call */
 #define TRIM_LIMIT         "1000000" /* entries one trim removes at most (about 10,000 nodes, a few ms) */
@@ -76,14 +78,15 @@ typedef struct slot {
     uint32_t next; /* free list, a user's lane in the backlog, an overflow lane or the done list */
     uint8_t state;
     uint8_t outcome;
-    uint8_t fresh;     /* claimed in the current XAUTOCLAIM batch */
-    uint8_t claimed;   /* came by XAUTOCLAIM (its delivery count is XPENDING's, see counts.h) */
+    uint8_t fresh;     /* claimed in the current claim batch */
+    uint8_t claimed;   /* came by a claim (its delivery count is XPENDING's, see counts.h) */
     uint8_t due_guess; /* due_ms counts `defer` from when it was read: its id is ahead of the clock */
     uint8_t back;      /* S_UNRUN: give its delivery back when it is let go (let_go) */
-    uint8_t unpended;  /* our heartbeat or claim saw it leave the pending list while we held it */
+    uint8_t
+        unpended; /* our hold or claim script acknowledged it deleted while we held it: its record is ours */
     uint8_t has_payload;
     uint8_t due;     /* its time has come: not scheduled again */
-    uint8_t no_ack;  /* dead record only: Redis already dropped it from the pending list */
+    uint8_t no_ack;  /* not pending any more (Redis 7 dropped it, or our script acknowledged it deleted) */
     uint8_t gave_up; /* the entry's `attempts` ran out before the pool's retries */
     uint8_t written; /* result record written, acknowledgement still to do (write_outcomes) */
     int8_t prio;     /* the entry's `priority` */
@@ -646,31 +649,50 @@ static void submit(tps_consumer *c, uint32_t i, int how) {
 static void arg(tps_consumer *c, size_t *argc, const char *s, size_t len);
 static void args(tps_consumer *c, size_t *argc, const char *s);
 
-/* The start of an XCLAIM of ids to ourselves, min-idle 0 (the ids and
- * options follow); the argument count. */
-static size_t xclaim_begin(tps_consumer *c) {
+/* The start of the hold script (scripts.h) for ids this consumer holds,
+ * with a delivery count to set ("" for none); the ids follow. The argument
+ * count. */
+static size_t hold_begin(tps_consumer *c, const char *count) {
     size_t argc = 0;
-    args(c, &argc, "XCLAIM");
+    args(c, &argc, "EVAL");
+    args(c, &argc, tps_script_hold);
+    args(c, &argc, "1");
     args(c, &argc, c->stream);
     args(c, &argc, c->group);
     args(c, &argc, c->consumer);
-    args(c, &argc, "0");
+    args(c, &argc, count);
     return argc;
 }
 
-/* Set an entry's delivery count in Redis (XCLAIM to ourselves with
- * RETRYCOUNT, JUSTID), pipelined on the writer: called from claim() (and
- * admit() under it) and dispatch_due(), which read the replies
- * (read_count_replies) before anything else is sent; never while the
- * writer has other commands in flight (write_outcomes). */
+static int removed_by_us(tps_consumer *c, const char *id, size_t len);
+
+/* The ids a hold or claim script acknowledged because they were deleted
+ * from the stream (its reply `r`, an array): their records are ours. */
+static void removed_list(tps_consumer *c, const redisReply *r) {
+    uint32_t lost = 0;
+    for (size_t k = 0; k < r->elements; k++) {
+        const redisReply *id = r->element[k];
+        if (id->type == REDIS_REPLY_STRING && id->len > 0 && id->len <= TPS_ID_MAX)
+            lost += removed_by_us(c, id->str, id->len) != 0;
+    }
+    if (lost > 0) { /* cannot happen: a claim takes no more than free slots; say so if it does */
+        char num[16];
+        snprintf(num, sizeof num, "%u", lost);
+        log1(c, TP_LOG_ERROR, "deleted_entries_unrecorded", "count", num);
+    }
+}
+
+/* Set an entry's delivery count in Redis (the hold script: XCLAIM to
+ * ourselves with RETRYCOUNT and JUSTID, if it is still pending as ours),
+ * pipelined on the writer: called from claim() (and admit() under it) and
+ * dispatch_due(), which read the replies (read_count_replies) before
+ * anything else is sent; never while the writer has other commands in
+ * flight (write_outcomes). */
 static void set_count(tps_consumer *c, const char *id, size_t len, unsigned deliveries) {
     char n[16];
     snprintf(n, sizeof n, "%u", deliveries);
-    size_t argc = xclaim_begin(c);
+    size_t argc = hold_begin(c, n);
     arg(c, &argc, id, len);
-    args(c, &argc, "RETRYCOUNT");
-    args(c, &argc, n);
-    args(c, &argc, "JUSTID");
     if (redisAppendCommandArgv(c->wr, (int)argc, c->argv, c->argvlen) == REDIS_OK) c->count_replies++;
 }
 
@@ -685,6 +707,7 @@ static int read_count_replies(tps_consumer *c) {
             continue;
         }
         if (u->type == REDIS_REPLY_ERROR) log1(c, TP_LOG_WARN, "set_count_failed", "error", u->str);
+        if (u->type == REDIS_REPLY_ARRAY) removed_list(c, u);
         freeReplyObject(u);
     }
     return rc;
@@ -1299,130 +1322,72 @@ static const char *held_id(tps_consumer *c, uint32_t i, int stopping, size_t *le
     return s->id;
 }
 
-/* Entries of the timer heap that the heartbeat's XCLAIM did not return
- * (flagged TPS_SCHED_MISSING), looked at in rounds of DUE_BATCH: an id that
- * is gone from the stream too was deleted while it waited, and Redis >= 7's
- * XCLAIM has just dropped it from the pending list, so this worker alone
- * knows: its dead record is written now (nothing to acknowledge), or, with
- * no slot free, it is flagged TPS_SCHED_DROPPED and made due, and
- * dispatch_due writes it. An id still in the stream stays (not pending any
- * more: the group was reset, say) and runs at its time as before. */
-static int heartbeat_missing(tps_consumer *c) {
-    due_ent *m = c->due_buf;
-    for (;;) {
-        uint32_t n = 0, count = tps_sched_count(c->sched);
-        for (uint32_t i = 0; i < count && n < DUE_BATCH; i++) {
-            if (!(tps_sched_flags(c->sched, i) & TPS_SCHED_MISSING)) continue;
-            size_t len;
-            const char *id = tps_sched_id(c->sched, i, &len, NULL);
-            memcpy(m[n].id, id, len + 1);
-            m[n++].len = len;
-        }
-        if (n == 0) return 0;
-        for (uint32_t k = 0; k < n; k++) {
-            size_t argc = 0;
-            args(c, &argc, "XRANGE");
-            args(c, &argc, c->stream);
-            arg(c, &argc, m[k].id, m[k].len);
-            arg(c, &argc, m[k].id, m[k].len);
-            if (redisAppendCommandArgv(c->wr, (int)argc, c->argv, c->argvlen) != REDIS_OK) return -1;
-        }
-        for (uint32_t k = 0; k < n; k++) {
-            redisReply *r = NULL;
-            if (redisGetReply(c->wr, (void **)&r) != REDIS_OK) return -1; /* flags stay: the next heartbeat */
-            if (r->type == REDIS_REPLY_ARRAY && r->elements == 0) {
-                if (c->n_free > c->read_outstanding) {
-                    (void)tps_sched_remove(c->sched, m[k].id, m[k].len);
-                    deleted_entry(c, slot_alloc(c), m[k].id, m[k].len, 1);
-                } else {
-                    (void)tps_sched_mark(c->sched, m[k].id, m[k].len, TPS_SCHED_DROPPED, TPS_SCHED_MISSING,
-                                         tps_unix_ms());
-                }
-            } else {
-                (void)tps_sched_mark(c->sched, m[k].id, m[k].len, 0, TPS_SCHED_MISSING, UINT64_MAX);
-            }
-            freeReplyObject(r);
-        }
-    }
-}
-
 /* Entries read and put in the heap still show Redis's count 1 for a run
  * that has not happened (TPS_SCHED_LOWER): set it to what the heap keeps
- * (0 for all of them: one XCLAIM per CLAIM_ARGS_MAX ids). Until then a
+ * (0 for all of them: one hold script per CLAIM_ARGS_MAX ids). Until then a
  * crash only counts one delivery too many. */
 static int lower_waiting(tps_consumer *c) {
     if (c->n_lower == 0) return 0;
     uint32_t count = tps_sched_count(c->sched), i = 0, sent = 0;
     while (i < count) {
-        size_t argc = xclaim_begin(c), first = argc, len;
+        size_t argc = hold_begin(c, "0"), first = argc, len;
         for (; i < count && argc - first < CLAIM_ARGS_MAX; i++) {
             if (!(tps_sched_flags(c->sched, i) & TPS_SCHED_LOWER)) continue;
             const char *id = tps_sched_id(c->sched, i, &len, NULL); /* a read entry: 0 runs */
             arg(c, &argc, id, len);
         }
         if (argc == first) continue;
-        args(c, &argc, "RETRYCOUNT");
-        args(c, &argc, "0");
-        args(c, &argc, "JUSTID");
         if (redisAppendCommandArgv(c->wr, (int)argc, c->argv, c->argvlen) != REDIS_OK) return -1;
         sent++;
     }
+    tps_sched_unflag(c->sched, TPS_SCHED_LOWER); /* before the replies change the heap */
+    c->n_lower = 0;
+    int rc = 0;
     for (; sent > 0; sent--) {
         redisReply *r = NULL;
-        if (redisGetReply(c->wr, (void **)&r) != REDIS_OK) return -1;
+        if (rc != 0 || redisGetReply(c->wr, (void **)&r) != REDIS_OK) {
+            rc = -1;
+            continue;
+        }
+        if (r->type == REDIS_REPLY_ARRAY) removed_list(c, r);
         freeReplyObject(r);
     }
-    tps_sched_unflag(c->sched, TPS_SCHED_LOWER);
-    c->n_lower = 0;
-    return 0;
+    return rc;
 }
 
-/* XCLAIM <every held id> to ourselves with JUSTID: resets their idle time,
- * counts no delivery. The replies list what was claimed, in the order
- * asked: a waiting entry missing from them is no longer pending (see
- * heartbeat_missing). */
+/* The hold script (scripts.h) over every held id: resets their idle time,
+ * counts no delivery, and acknowledges those deleted from the stream, whose
+ * records are then ours (removed_by_us). An id no longer pending as ours
+ * is left alone: a peer claimed it (this worker stalled), or a peer's claim
+ * removed it deleted and wrote its record, or the group was reset. */
 static int heartbeat(tps_consumer *c) {
     int stopping = atomic_load(&c->stop_reading);
     uint32_t i = 0, sent = 0, nheld = c->nslots + tps_sched_count(c->sched);
     while (i < nheld) {
-        size_t argc = xclaim_begin(c), len;
+        size_t argc = hold_begin(c, ""), len;
         size_t first = argc;
         for (; i < nheld && argc - first < CLAIM_ARGS_MAX; i++) {
             const char *id = held_id(c, i, stopping, &len);
             if (id != NULL) arg(c, &argc, id, len);
         }
         if (argc == first) break;
-        args(c, &argc, "JUSTID");
         if (redisAppendCommandArgv(c->wr, (int)argc, c->argv, c->argvlen) != REDIS_OK) return -1;
         sent++;
     }
-    /* The same walk again (nothing changed meanwhile), against the replies. */
-    uint32_t nmissing = 0;
-    for (i = 0; sent > 0; sent--) {
+    int rc = 0;
+    for (; sent > 0; sent--) {
         redisReply *r = NULL;
-        if (redisGetReply(c->wr, (void **)&r) != REDIS_OK) return -1;
-        int ok = r->type == REDIS_REPLY_ARRAY;
-        if (!ok)
-            log1(c, TP_LOG_WARN, "heartbeat_failed", "error", r->type == REDIS_REPLY_ERROR ? r->str : "?");
-        size_t j = 0, asked = 0, len;
-        for (; i < nheld && asked < CLAIM_ARGS_MAX; i++) {
-            const char *id = held_id(c, i, stopping, &len);
-            if (id == NULL) continue;
-            asked++;
-            const redisReply *got = ok && j < r->elements ? r->element[j] : NULL;
-            if (got != NULL && got->type == REDIS_REPLY_STRING && got->len == len &&
-                memcmp(got->str, id, len) == 0)
-                j++;
-            else if (ok && i >= c->nslots) {
-                (void)tps_sched_mark(c->sched, id, len, TPS_SCHED_MISSING, 0, UINT64_MAX);
-                nmissing++;
-            } else if (ok) {
-                c->slots[i].unpended = 1; /* deleted (Redis 7 dropped it), or acknowledged by a peer */
-            }
+        if (rc != 0 || redisGetReply(c->wr, (void **)&r) != REDIS_OK) {
+            rc = -1;
+            continue;
         }
+        if (r->type == REDIS_REPLY_ARRAY)
+            removed_list(c, r);
+        else
+            log1(c, TP_LOG_WARN, "heartbeat_failed", "error", r->type == REDIS_REPLY_ERROR ? r->str : "?");
         freeReplyObject(r);
     }
-    return nmissing > 0 ? heartbeat_missing(c) : 0;
+    return rc;
 }
 
 /* How many entries a read or claim may bring now: pool room, free slots,
@@ -1465,6 +1430,29 @@ static void deleted_entry(tps_consumer *c, uint32_t i, const char *id, size_t le
     finish_dead(c, i, "entry deleted before it ran");
 }
 
+/* An entry deleted from the stream that a hold or claim script of ours has
+ * just acknowledged (scripts.h): its record is ours to write, and nobody
+ * else's. A slot's task writes it when it runs, or let_go does (unpended);
+ * a waiting entry's is written now, or, with no slot free, when it comes
+ * due (TPS_SCHED_DROPPED, due at once); an entry not held here (a claim's)
+ * gets a slot for it. Nonzero when no slot was free for that. */
+static int removed_by_us(tps_consumer *c, const char *id, size_t len) {
+    uint32_t i = ids_find(c, id, len);
+    if (i != NIL) { /* nothing left to acknowledge */
+        c->slots[i].unpended = c->slots[i].no_ack = 1;
+        return 0;
+    }
+    int waiting = tps_sched_count(c->sched) > 0 && tps_sched_has(c->sched, id, len);
+    if (c->n_free > c->read_outstanding) {
+        if (waiting) (void)tps_sched_remove(c->sched, id, len);
+        deleted_entry(c, slot_alloc(c), id, len, 1);
+        return 0;
+    }
+    if (!waiting) return 1;
+    (void)tps_sched_mark(c->sched, id, len, TPS_SCHED_DROPPED, 0, tps_unix_ms());
+    return 0;
+}
+
 /* Take one entry [id, fields] into a fresh slot; NIL when it is held already
  * or malformed beyond an id. */
 static uint32_t take_entry(tps_consumer *c, const redisReply *e, const char **perr) {
@@ -1486,22 +1474,28 @@ static uint32_t take_entry(tps_consumer *c, const redisReply *e, const char **pe
     return i;
 }
 
-/* XAUTOCLAIM, then one XPENDING per claimed entry for its delivery count. */
+/* The claim script (scripts.h: XAUTOCLAIM's work, but a live holder's
+ * deleted entries are left to it), then one XPENDING per claimed entry for
+ * its delivery count. */
 static int claim(tps_consumer *c) {
     uint32_t room = read_room(c, 0);
     if (room == 0) return 0;
-    char idle[24], count[16];
+    char idle[24], count[16], scan[16];
     snprintf(idle, sizeof idle, "%llu", (unsigned long long)(c->claim_idle_ns / 1000000ull));
     snprintf(count, sizeof count, "%u", room);
+    snprintf(scan, sizeof scan, "%u",
+             room < CLAIM_SCAN_MAX / 10 ? room * 10 : CLAIM_SCAN_MAX); /* as XAUTOCLAIM */
     size_t argc = 0;
-    args(c, &argc, "XAUTOCLAIM");
+    args(c, &argc, "EVAL");
+    args(c, &argc, tps_script_claim);
+    args(c, &argc, "1");
     args(c, &argc, c->stream);
     args(c, &argc, c->group);
     args(c, &argc, c->consumer);
     args(c, &argc, idle);
     args(c, &argc, c->claim_cursor);
-    args(c, &argc, "COUNT");
     args(c, &argc, count);
+    args(c, &argc, scan);
     redisReply *r = wr_command(c, argc);
     if (r == NULL) return -1;
     if (r->type != REDIS_REPLY_ARRAY || r->elements < 2 || r->element[0]->type != REDIS_REPLY_STRING ||
@@ -1514,34 +1508,11 @@ static int claim(tps_consumer *c) {
     size_t cl = r->element[0]->len < TPS_ID_MAX ? r->element[0]->len : TPS_ID_MAX;
     memcpy(c->claim_cursor, r->element[0]->str, cl);
     c->claim_cursor[cl] = '\0';
-    /* Redis >= 7: ids of pending entries deleted from the stream (XTRIM,
-     * XDEL), which XAUTOCLAIM has just dropped from the pending list. Their
-     * outcome is a dead record; there is nothing left to acknowledge. */
-    if (r->elements >= 3 && r->element[2]->type == REDIS_REPLY_ARRAY) {
-        const redisReply *gone = r->element[2];
-        uint32_t lost = 0;
-        for (size_t k = 0; k < gone->elements; k++) {
-            const redisReply *id = gone->element[k];
-            if (id->type != REDIS_REPLY_STRING || id->len == 0 || id->len > TPS_ID_MAX) continue;
-            uint32_t held = ids_find(c, id->str, id->len);
-            if (held != NIL) { /* its task writes its outcome, or let_go its dead record */
-                c->slots[held].unpended = 1;
-                continue;
-            }
-            uint32_t i = slot_alloc(c);
-            if (i == NIL) { /* cannot happen: COUNT <= free slots; say so if it does */
-                lost++;
-                continue;
-            }
-            (void)tps_sched_remove(c->sched, id->str, id->len); /* if it waited here: this is its record */
-            deleted_entry(c, i, id->str, id->len, 1);
-        }
-        if (lost > 0) {
-            char num[16];
-            snprintf(num, sizeof num, "%u", lost);
-            log1(c, TP_LOG_ERROR, "deleted_entries_unrecorded", "count", num);
-        }
-    }
+    /* Ids of idle pending entries deleted from the stream (XTRIM, XDEL),
+     * which the script has just acknowledged: their outcome is a dead
+     * record, ours to write (its claimed and deleted ones together are at
+     * most `room`, no more than the free slots). */
+    if (r->elements >= 3 && r->element[2]->type == REDIS_REPLY_ARRAY) removed_list(c, r->element[2]);
     const redisReply *ents = r->element[1];
     uint32_t *got = c->claim_got, n = 0;
     const char **errs = c->claim_err;
@@ -1586,7 +1557,7 @@ static int claim(tps_consumer *c) {
         for (uint32_t k = 0; k < n; k++) slot_free(c, got[k]);
         return -1;
     }
-    /* Entries that were ours already (a heartbeat came late): XAUTOCLAIM
+    /* Entries that were ours already (a heartbeat came late): the claim
      * counted a delivery that is none; put back the count we hold. */
     for (size_t k = 0; k < ents->elements; k++) {
         const redisReply *e = ents->element[k];
@@ -1681,8 +1652,9 @@ static int dispatch_due(tps_consumer *c) {
     for (; k < n; k++)
         (void)tps_sched_add(c->sched, due[k].id, due[k].len, due[k].due_ms, due[k].deliveries, due[k].flags);
     /* Deleted while it waited: a dead record, unless it is no longer pending
-     * as ours (XAUTOCLAIM, ours or a peer's, has dropped it and written its
-     * record already; or a peer has it): one record per entry. */
+     * as ours (a claim's script, after this worker stalled, or a hold script
+     * of ours has acknowledged it and written its record already; or a peer
+     * has it): one record per entry. */
     uint32_t asked = 0;
     for (k = 0; k < n && !failed && ngone > 0; k++) {
         if (!due[k].gone) continue;
@@ -1842,11 +1814,10 @@ static int receive_read(tps_consumer *c) {
  * count we hold gets the count counts.h gives it back with (when `back`)
  * and an idle time of claim_idle, so a peer takes it at its next claim; a
  * deleted one gets its dead record if it is still pending as ours, or if our
- * own heartbeat or claim dropped it from the pending list (Redis 7's XCLAIM
- * drops a deleted id: `unpended`; nobody else would write it); one that a
- * peer claimed or ended meanwhile is left as it is. S_UNRUN slots are not
- * in the heartbeat (held_id). Called where
- * the writer has nothing in flight (the top of io_main, apply_stop). Without
+ * own hold or claim script acknowledged it (`unpended`: nobody else would
+ * write it); one that a peer claimed or ended meanwhile is left as it is.
+ * S_UNRUN slots are not in the heartbeat (held_id). Called where the
+ * writer has nothing in flight (the top of io_main, apply_stop). Without
  * a connection the slots wait for the next one (not heartbeated: a peer may
  * claim them meanwhile, and the script then leaves them to it); a refused
  * script frees them as they are (counts one higher: never
@@ -1889,9 +1860,9 @@ static void let_go(tps_consumer *c) {
             const redisReply *e = ok ? r->element[k] : NULL;
             const char *st = e != NULL && e->type == REDIS_REPLY_STRING ? e->str : "other";
             slot *s = &c->slots[i];
-            /* dropped: deleted and not pending. Its record is ours only if our
-             * own heartbeat or claim saw it go (else a peer's claim dropped
-             * it and wrote one, or a peer ran and acknowledged it) */
+            /* dropped: deleted and not pending. Its record is ours only if a
+             * script of ours acknowledged it (else a peer's claim did, after
+             * this worker stalled, and wrote one, or a peer ran it) */
             if (strcmp(st, "gone") == 0 || (strcmp(st, "dropped") == 0 && s->unpended)) {
                 s->no_ack = st[0] == 'd'; /* nothing left to acknowledge */
                 cnt_add(&c->n_deleted, 1);
@@ -2356,7 +2327,7 @@ int tps_stats_format(const tps_stats *s, char *buf, size_t len) {
     } rows[] = {
 #define R(f, c, h) {#f, h, offsetof(tps_stats, f), c}
         R(read, 1, "Entries received by XREADGROUP."),
-        R(claimed, 1, "Entries taken over from idle consumers by XAUTOCLAIM."),
+        R(claimed, 1, "Entries taken over from idle consumers by a claim."),
         R(acked, 1, "Entries acknowledged after their outcome was written."),
         R(succeeded, 1, "Entries written to the results stream."),
         R(dead, 1, "Entries written to the dead stream."),

@@ -14,9 +14,10 @@
  *           sent without waiting for the answer; the thread poll()s its socket
  *           together with the completion queue's descriptor and a control
  *           eventfd (tps_stop_reading, tps_finish);
- *   writer  everything else, synchronously: outcome records, XAUTOCLAIM,
- *           the idle-time heartbeat (XCLAIM ... JUSTID), XGROUP CREATE, the
- *           fetch of scheduled entries that came due, the trim.
+ *   writer  everything else, synchronously: outcome records, the claim
+ *           and the idle-time heartbeat (scripts that XCLAIM, scripts.h),
+ *           XGROUP CREATE, the fetch of scheduled entries that came due, the
+ *           trim.
  * The pool's threads never call Redis, nor anything of the consumer: every
  * task is bound to the consumer's completion queue (tp_cq, taskpool.h section
  * 15), so its on_done runs on the I/O thread, inside tp_cq_drain(), when
@@ -48,10 +49,9 @@
  * that must start on time a priority above the work that fills the queue).
  * If it must be held (below), it goes before the held entries of its user
  * and lane that did not wait for a time, since it was read before them. An
- * entry deleted from the stream meanwhile goes to the dead stream (when the
- * heartbeat or a claim finds it gone, or at its time); with several workers
- * it may get two such records (a peer's XAUTOCLAIM drops any deleted pending
- * entry, and its holder cannot tell that from its own XCLAIM dropping it).
+ * entry deleted from the stream meanwhile goes to the dead stream, once (when
+ * the heartbeat finds it gone, or at its time; a peer's claim leaves it to
+ * its live holder: see Recovery).
  * The heap's capacity caps the reads: with it full, nothing more is read
  * until one is due (claims go on: a claimed entry that finds no room stays
  * pending, its delivery undone, and is claimed again later).
@@ -90,15 +90,22 @@
  * slots run out (outcomes not yet written count too, e.g. while Redis is
  * away), reading stops.
  *
- * Recovery. Every claim_idle / 2 the thread XAUTOCLAIMs entries idle longer
- * than claim_idle from any consumer (dead ones included), and every
+ * Recovery. Every claim_idle / 2 the thread claims entries idle longer than
+ * claim_idle from any consumer (dead ones included), and every
  * claim_idle / 3 it resets the idle time of every entry it holds (XCLAIM to
  * itself with JUSTID, which does not count a delivery), so a live but busy
  * consumer is never robbed. After a reconnect the first claim waits one
  * claim_idle, so that peers reconnecting a moment later refresh their
  * entries first (the reconnect backoff is capped at claim_idle / 4 for this).
- * Entries XAUTOCLAIM reports as deleted from the stream (XTRIM, XDEL) get a
- * dead record, `entry deleted before it ran`. An entry delivered more than
+ * Both are scripts (scripts.h), not XAUTOCLAIM and a plain XCLAIM: since
+ * Redis 7 those drop every deleted entry they pass from the pending list,
+ * XAUTOCLAIM whoever holds it, so a peer's sweep wrote a dead record for a
+ * live worker's deleted entry and the worker, unable to tell, wrote its own.
+ * The claim script acknowledges a deleted entry only when it is idle longer
+ * than claim_idle (its holder is presumed dead), and the heartbeat's only
+ * when it is pending as this consumer's; whichever did writes its dead
+ * record, `entry deleted before it ran` (one held in the backlog or the
+ * pool writes its outcome when it ends instead). An entry delivered more than
  * max_deliveries times goes to the dead stream without running. Only
  * deliveries that could run count (Redis's count, set with XCLAIM ...
  * RETRYCOUNT and read per claimed entry with XPENDING): while an entry waits
@@ -123,15 +130,12 @@
  * claim of an entry whose id is ahead of the clock (its `defer` counts from
  * each claim, so its time says nothing about whether it ran; unless the
  * timer heap refuses it); a read in flight when a stop drops the reader, and
- * a read moments before a crash. A held entry deleted from the stream gets
- * its dead record at a stop, or when it runs; a crash before either loses
- * it (Redis 7's XCLAIM has dropped it from the pending list). With several
- * workers a deleted entry can get two records: Redis 7's XAUTOCLAIM drops
- * every deleted pending entry it passes, whoever holds it and however idle,
- * and the claiming worker writes its record, while the holder writes its
- * own when the entry runs, or when its heartbeat or claim saw it leave the
- * pending list (it cannot tell who dropped it; a heartbeat script that
- * checks each id before its XCLAIM would). When a
+ * a read moments before a crash. A held entry in a slot (backlog, pool)
+ * that the heartbeat found deleted gets its record when it runs, or at a
+ * stop; a crash before either loses it (the heartbeat acknowledged it). A
+ * deleted entry gets two records only as any entry can run twice: when its
+ * worker stalls longer than claim_idle (a peer's claim takes it over, or
+ * records it deleted, while the stalled worker still runs it). When a
  * connection fails, both are closed and reopened with exponential backoff
  * (100 ms to 2 s); tasks keep running and their outcomes wait in their slots.
  *
@@ -236,7 +240,7 @@ typedef struct tps_config {
 /* Counters, monotonic unless marked "now". */
 typedef struct tps_stats {
     uint64_t read;           /* entries received by XREADGROUP */
-    uint64_t claimed;        /* entries taken over by XAUTOCLAIM */
+    uint64_t claimed;        /* entries taken over by a claim */
     uint64_t acked;          /* entries acknowledged (outcome written), dead included */
     uint64_t succeeded;      /* ... of which in the results stream */
     uint64_t dead;           /* ... of which in the dead stream */

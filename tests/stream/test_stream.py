@@ -463,7 +463,7 @@ def scenario_fair(env):
 
     def slow_done_sampling():
         # Redis's own delivery counter of the entries w0 holds stays 1: nobody
-        # (w1, or w0's own XAUTOCLAIM) takes them while w0's heartbeat runs.
+        # (w1's claim, or w0's own) takes them while w0's heartbeat runs.
         for row in r("XPENDING", "tasks", "taskpool", "-", "+", 100):
             max_deliveries[0] = max(max_deliveries[0], int(row[3]))
         return accounted(r, set(slow) | fast)
@@ -650,6 +650,52 @@ def scenario_trimmed_pending(env):
           "deleted %d dead %d" % (m["tps_stream_deleted_total"], m["tps_stream_dead_total"]))
     check(m["tps_stream_ack_missed_total"] == 0, "deleted entries counted as duplicates")
     check(env.stop(w) == 0, "worker did not exit 0")
+
+
+def scenario_deleted_held(env):
+    """Entries deleted from the stream while a live worker holds them (four
+    waiting for their time, one in the pool's queue) get one record each,
+    though a peer's claim passes them every 150 ms: the claim leaves a live
+    holder's entries alone, deleted or not, and the holder, whose heartbeat
+    finds them deleted, writes their records. (Redis 7's XAUTOCLAIM drops
+    every deleted pending entry it passes, whoever holds it: the peer wrote a
+    dead record and the holder its own, each time the peer's sweep came
+    before the holder's heartbeat; so the entries are deleted one at a time.)
+    The holder's pool is full, so that it makes no claim of its own."""
+    r = env.start_redis()
+    cfg = dict(CLAIM_IDLE="300ms", WORKERS=1, QUEUE_CAPACITY=1, MAX_PER_USER=1)
+    w0 = env.worker("w0", **cfg)
+    waiting = [r("XADD", "tasks", "*", "user", "s", "work", "1ms", "defer", "3s") for _ in range(4)]
+    a1 = r("XADD", "tasks", "*", "user", "a1", "work", "3s")
+    a2 = r("XADD", "tasks", "*", "user", "a2", "work", "3s")
+    every = set(waiting) | {a1, a2}
+
+    def held_by_w0():
+        rows = r("XPENDING", "tasks", "taskpool", "-", "+", 10)
+        return len(rows) == 6 and all(row[1] == "w0" for row in rows) and metrics(w0)["tps_stream_waiting"] == 4
+
+    wait_until(held_by_w0, 10, "w0 to hold the six entries, four in its timer heap")
+    w1 = env.worker("w1", **cfg)
+    time.sleep(1.0)  # w1's claims run (the first one claim_idle after it connected, then every 150 ms)
+    for eid in waiting + [a2]:
+        check(r("XDEL", "tasks", eid) == 1, "XDEL")
+        time.sleep(0.07)
+    wait_until(lambda: accounted(r, every), 20, "an outcome for each entry")
+    time.sleep(0.5)  # a second record, if any, comes within a heartbeat or a claim
+    done, dead, dups = verify(r, every)
+    check(dups == 0, "duplicates %d: done %r dead %r" % (dups, done, dead))
+    reasons = {f["id"]: f["reason"] for _, f in dead}
+    check(all(reasons.get(e) == "entry deleted before it ran" for e in waiting),
+          "the waiting entries' records: %r" % dead)
+    check({f["id"] for _, f in done} >= {a1}, "a1 did not run: %r" % done)
+    m0, m1 = metrics(w0), metrics(w1)
+    check(m0["tps_stream_deleted_total"] == 4 and m1["tps_stream_deleted_total"] == 0,
+          "deleted counted: w0 %d w1 %d" % (m0["tps_stream_deleted_total"], m1["tps_stream_deleted_total"]))
+    check(m1["tps_stream_claimed_total"] == 0, "w1 claimed a live worker's entries")
+    check(m0["tps_stream_ack_missed_total"] == 0, "the deleted entry that ran counted as a duplicate")
+    for w in (w0, w1):
+        check(env.stop(w) == 0, "worker %s did not exit 0" % w.name)
+    check(verify(r, every)[2] == 0, "a duplicate written at the stop")
 
 
 def free_port():
@@ -973,8 +1019,8 @@ def scenario_cancelled_unrun(env):
         count 0, so with MAX_DELIVERIES 1 the next worker runs them; the
         blocker, running, is counted and goes dead;
     (b) an entry deleted while it waits in the queue, and one deleted while it
-        runs, get their dead records from the stopping worker (Redis 7's
-        XCLAIM, the heartbeat, had dropped them from the pending list);
+        runs, get their dead records from the stopping worker (its heartbeat
+        had acknowledged them, deleted);
     (c) Redis is down when the shutdown cancels: the worker reconnects within
         its write budget and gives the deliveries back then;
     (d) an entry a live peer claimed while this worker stalled keeps the
@@ -1090,8 +1136,8 @@ def scenario_cancelled_unrun(env):
     check(env.stop(w) == 1, "worker s0: a forced drain exits 1")
     after = counts()
     log("cancelled_unrun (d): the peer's entries before and after s0's stop %r %r" % (before, after))
-    # s0's late heartbeat may take them back (XCLAIM JUSTID, the documented
-    # at-least-once case), which keeps the count; its let-go must not lower it
+    # s0's heartbeat leaves them to the peer (its script touches only what is
+    # pending as s0's), and its let-go must not lower their count
     check(after.get(e4, (None, 0))[1] == 2 and after.get(b4, (None, 0))[1] == 2,
           "s0's stop lowered what its live peer claimed: %r -> %r" % (before, after))
     env.stop(peer, signal.SIGKILL)
@@ -1161,9 +1207,9 @@ def scenario_delivery_counts(env):
     check(all(reasons[e].startswith("delivered 11 times") for e in poison), "reasons %r" % reasons)
     check(not any(f["id"] in poison for _, f in entries(r, "tasks:done")), "a poison entry ran")
 
-    # (c) deleted while b1 holds it until its time: b1's heartbeat (Redis 7's
-    # XCLAIM) or its own XAUTOCLAIM drops it from the pending list, and b1
-    # writes its record then, once; the fetch at its time writes no other
+    # (c) deleted while b1 holds it until its time: b1's heartbeat (its hold
+    # script) acknowledges it, and b1 writes its record then, once; the fetch
+    # at its time writes no other
     c = r("XADD", "tasks", "*", "work", "1ms", "defer", "3s")
     wait_until(lambda: metrics(w)["tps_stream_waiting"] == 13, 10, "b1 to hold the entry until its time")
     r("XDEL", "tasks", c)
@@ -1174,7 +1220,7 @@ def scenario_delivery_counts(env):
     check(env.stop(w) == 0, "worker b1 did not exit 0")
 
     # (c1) deleted while held in the backlog (its user at MAX_PER_USER): the
-    # heartbeat drops it from the pending list; the stop writes its record
+    # heartbeat acknowledges it; the stop writes its record
     w = env.worker("g1", WORKERS=1, QUEUE_CAPACITY=1, MAX_PER_USER=1, LOCAL_BACKLOG=4, CLAIM_IDLE="1s")
     r("XADD", "tasks", "*", "user", "u", "work", "2s")
     held = r("XADD", "tasks", "*", "user", "u", "work", "1ms")
@@ -1793,6 +1839,7 @@ SCENARIOS = {
     "drain": scenario_drain,
     "outcome_key": scenario_outcome_key,
     "trimmed_pending": scenario_trimmed_pending,
+    "deleted_held": scenario_deleted_held,
     "auth": scenario_auth,
     "cli": scenario_cli,
     "reconnect_claim": scenario_reconnect_claim,
