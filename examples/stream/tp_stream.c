@@ -192,7 +192,8 @@ struct tps_consumer {
     uint64_t read_sent_ns;
     int connected_once, connect_failed, stopped_applied;
     int read_failed; /* receive_read failed inside write_outcomes: io_main disconnects */
-    unsigned backoff_ms, write_retry_ms;
+    unsigned backoff_ms, write_retry_ms, let_go_retry_ms;
+    uint64_t let_go_retry_at; /* 0, or while a refused let-go script waits for its retry */
     uint64_t next_connect_ns, next_heartbeat_ns, next_claim_ns, next_trim_ns;
     uint64_t write_blocked_until; /* 0, or while a refused batch waits for its retry: no reading */
     char claim_cursor[TPS_ID_MAX + 1];
@@ -1820,11 +1821,15 @@ static int receive_read(tps_consumer *c) {
  * writer has nothing in flight (the top of io_main, apply_stop). Without
  * a connection the slots wait for the next one (not heartbeated: a peer may
  * claim them meanwhile, and the script then leaves them to it); a refused
- * script frees them as they are (counts one higher: never
- * lower than the deliveries that could have run). */
+ * script (BUSY, LOADING, NOPERM...) keeps them too, and is retried after
+ * WRITE_RETRY_MIN_MS, doubling up to WRITE_RETRY_MAX_MS. A stop waits for
+ * both within tps_finish's budget; what is left then stays pending as it is
+ * (counts one higher: never lower than the deliveries that could have run;
+ * a deleted one that a script of ours acknowledged gets no record). */
 static void let_go(tps_consumer *c) {
     char idle[24], held[LET_GO_BATCH][16], give[LET_GO_BATCH][16];
     snprintf(idle, sizeof idle, "%llu", (unsigned long long)(c->claim_idle_ns / 1000000ull));
+    if (c->let_go_retry_at != 0 && tp_now_ns() < c->let_go_retry_at) return;
     while (c->n_unrun > 0 && c->wr != NULL) {
         size_t argc = 0;
         args(c, &argc, "EVAL");
@@ -1850,15 +1855,25 @@ static void let_go(tps_consumer *c) {
             disconnect(c, "letting go", c->wr->errstr);
             return;
         }
-        int ok = r->type == REDIS_REPLY_ARRAY && r->elements == n;
-        if (!ok)
-            log1(c, TP_LOG_WARN, "let_go_failed", "error",
-                 r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply");
+        if (r->type != REDIS_REPLY_ARRAY || r->elements != n) { /* kept: let go at the retry */
+            char retry[16];
+            snprintf(retry, sizeof retry, "%u", c->let_go_retry_ms);
+            const char *kv[] = {"error", r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply",
+                                "retry_ms", retry};
+            logkv(c, TP_LOG_WARN, "let_go_failed", kv, 2);
+            c->let_go_retry_at = tp_now_ns() + ms_ns(c->let_go_retry_ms);
+            c->let_go_retry_ms =
+                c->let_go_retry_ms * 2 > WRITE_RETRY_MAX_MS ? WRITE_RETRY_MAX_MS : c->let_go_retry_ms * 2;
+            freeReplyObject(r);
+            return;
+        }
+        c->let_go_retry_at = 0;
+        c->let_go_retry_ms = WRITE_RETRY_MIN_MS;
         for (uint32_t k = 0; k < n; k++) {
             uint32_t i = list_pop(c, &c->unrun_head, &c->unrun_tail);
             c->n_unrun--;
-            const redisReply *e = ok ? r->element[k] : NULL;
-            const char *st = e != NULL && e->type == REDIS_REPLY_STRING ? e->str : "other";
+            const redisReply *e = r->element[k];
+            const char *st = e->type == REDIS_REPLY_STRING ? e->str : "other";
             slot *s = &c->slots[i];
             /* dropped: deleted and not pending. Its record is ours only if a
              * script of ours acknowledged it (else a peer's claim did, after
@@ -1938,7 +1953,7 @@ static void apply_stop(tps_consumer *c) {
         memcpy(id, tps_sched_id(c->sched, k, &len, NULL), len + 1);
         (void)tps_sched_remove(c->sched, id, len);
         uint32_t i = slot_alloc(c);
-        if (i == NIL && c->n_unrun > 0) { /* no connection to let go: one of those gives way */
+        if (i == NIL && c->n_unrun > 0) { /* no connection, or a refused script: one of those gives way */
             slot_free(c, unrun_evict(c));
             i = slot_alloc(c);
         }
@@ -2057,9 +2072,9 @@ static void *io_main(void *arg) {
             if (c->next_heartbeat_ns < due) due = c->next_heartbeat_ns;
             if (!stopping && c->next_claim_ns < due) due = c->next_claim_ns;
             if (c->trim_interval_ns != 0 && c->next_trim_ns < due) due = c->next_trim_ns;
-            if (c->n_unrun > 0) {
-                due = now; /* slots let go during this turn (let_go runs whatever else waits) */
-            } else if (c->write_blocked_until != 0) {
+            if (c->n_unrun > 0 && c->let_go_retry_at < due) /* slots let go during this turn, or a retry */
+                due = c->let_go_retry_at > now ? c->let_go_retry_at : now;
+            if (c->write_blocked_until != 0) {
                 if (c->write_blocked_until < due) due = c->write_blocked_until;
             } else if (c->n_done > 0) {
                 due = now; /* e.g. dead records made by the due fetch */
@@ -2194,7 +2209,7 @@ int tps_create(tps_consumer **out, const tps_config *cfg, char *err, size_t errl
     c->backoff_max_ms = quarter_ms < BACKOFF_MIN_MS   ? BACKOFF_MIN_MS
                         : quarter_ms > BACKOFF_MAX_MS ? BACKOFF_MAX_MS
                                                       : (unsigned)quarter_ms;
-    c->write_retry_ms = WRITE_RETRY_MIN_MS;
+    c->write_retry_ms = c->let_go_retry_ms = WRITE_RETRY_MIN_MS;
     c->ctl_fd = -1;
 
     uint32_t idsz = pow2_at_least(2 * c->nslots);
@@ -2337,7 +2352,9 @@ int tps_stats_format(const tps_stats *s, char *buf, size_t len) {
         R(user_waits, 1, "Entries that waited in the local backlog for a user slot."),
         R(low_prio_waits, 1, "Background entries that waited in the local backlog for LOW_PRIO_MAX_RUNNING."),
         R(reconnects, 1, "Connections re-established after a loss."),
-        R(deleted, 1, "Dead entries that were deleted from the stream before they ran."),
+        R(deleted, 1,
+          "Dead records of entries deleted from the stream before they ran, or before a cancelled run "
+          "ended."),
         R(scheduled, 1, "Entries that waited for their time (not_before, defer)."),
         R(write_failures, 1, "Outcome batches the server refused (kept and retried; nothing acknowledged)."),
         R(trimmed, 1, "Entries removed from the stream by TRIM_DONE."),

@@ -125,8 +125,9 @@
  * before it starts). The rules, step by step, are one table in counts.h
  * (unit-tested without Redis in tests/test_stream_units.c). Counted all the
  * same: what a crash finds in the backlog or the pool's queue; what a forced
- * shutdown lets go of when Redis stays away through tps_finish's budget (it
- * waits for a reconnection until then, and logs `let_go_unfinished`); each
+ * shutdown lets go of when Redis stays away, or refuses the script (BUSY...),
+ * through tps_finish's budget (it waits for a reconnection, or retries,
+ * until then, and logs `let_go_unfinished`); each
  * claim of an entry whose id is ahead of the clock (its `defer` counts from
  * each claim, so its time says nothing about whether it ran; unless the
  * timer heap refuses it); a read in flight when a stop drops the reader, and
@@ -250,8 +251,8 @@ typedef struct tps_stats {
     uint64_t user_waits;     /* entries that went to the local backlog (TP_EUSERLIMIT) */
     uint64_t low_prio_waits; /* background entries that went to the local backlog (low_prio_max_running) */
     uint64_t reconnects;     /* successful connections after the first */
-    uint64_t deleted;        /* dead because the entry was deleted from the stream before it ran */
-    uint64_t scheduled;      /* entries that waited for their time (not_before, defer) */
+    uint64_t deleted;   /* dead: deleted from the stream before it ran, or before its cancelled run ended */
+    uint64_t scheduled; /* entries that waited for their time (not_before, defer) */
     uint64_t write_failures; /* outcome batches the server refused (kept, retried) */
     uint64_t trimmed;        /* entries removed from the stream by the trim */
     uint64_t held;           /* now: entries this process holds (backlog, pool, unwritten) */

@@ -60,6 +60,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 
@@ -1027,7 +1028,9 @@ def scenario_cancelled_unrun(env):
         peer's count (nothing is given back that is not pending as ours with
         the count this worker holds);
     (e) an entry that a peer ran, recorded, acknowledged and that was then
-        deleted while this worker waited to let it go gets no second record."""
+        deleted while this worker waited to let it go gets no second record;
+    (f) the let-go script is refused (Redis busy with another script): the
+        worker keeps the slots and retries within its write budget."""
     r = env.start_redis("--appendonly", "yes", "--appendfsync", "always")
     cfg = dict(CLAIM_IDLE="300ms", MAX_DELIVERIES=1, WORKERS=1, QUEUE_CAPACITY=8, SHUTDOWN_TIMEOUT="200ms")
 
@@ -1125,6 +1128,35 @@ def scenario_cancelled_unrun(env):
     check(len(outs) == 1 and outs[0]["consumer"] == "peer", "the peer's entry got records %r" % outs)
     r("XACK", "tasks", "taskpool", b5)  # the blocker: not this part's subject
 
+    # (f) Redis answers BUSY to every other client while a script runs past
+    # busy-reply-threshold: here 1.5 s from 0.3 s before the SIGTERM, so the
+    # let-go (at the forced shutdown, 200 ms in) is refused and retried
+    # 200, 400, 800 ms later, within the write budget (2 s at least)
+    w = env.worker("f0", **cfg)
+    b6, queued6 = blocker_and_queued(w, 3)
+    r("CONFIG", "SET", "busy-reply-threshold", 100)
+    busy = Redis(env.sock)
+    spin = threading.Thread(target=busy, args=("EVAL", SPIN, 0, 1500000))
+    spin.start()
+    time.sleep(0.3)
+    w.send_signal(signal.SIGTERM)
+    spin.join(timeout=10)
+    busy.close()
+    code = w.wait(timeout=30 * SLOW)
+    check(code == 1, "worker f0: a forced drain exits 1 (got %r)" % code)
+    r("CONFIG", "SET", "busy-reply-threshold", 5000)
+    check('"msg":"let_go_failed"' in env.log_of(w), "the let-go was not refused: inconclusive")
+    rows = counts()
+    log("cancelled_unrun (f): delivery counts after a refused let-go %r" % rows)
+    check(rows.get(b6, (None, 0))[1] == 1, "the blocker ran once: %r" % (rows.get(b6),))
+    for q in queued6:
+        check(rows.get(q, (None, None))[1] == 0, "entry %s never ran but counts %r" % (q, rows.get(q)))
+    w = env.worker("f1", **cfg)
+    expected |= {b6, e5} | set(queued6)  # e5: the peer's record of (e)
+    wait_until(lambda: accounted(r, expected), 15, "f1 to run the given-back entries")
+    check(env.stop(w) == 0, "worker f1 did not exit 0")
+    verify(r, expected)
+
     # (d)
     w = env.worker("s0", **dict(cfg, MAX_DELIVERIES=5))
     b4, (e4,) = blocker_and_queued(w, 1, work="1h")
@@ -1149,6 +1181,13 @@ def scenario_cancelled_unrun(env):
 GHOST = ("local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 2)) "
          "redis.call('XREADGROUP', 'GROUP', 'taskpool', 'ghost', 'COUNT', 1, 'STREAMS', KEYS[1], '>') "
          "redis.call('XCLAIM', KEYS[1], 'taskpool', 'ghost', 0, id, 'RETRYCOUNT', ARGV[1], 'JUSTID') return id")
+
+
+# Keep Redis busy for ARGV[1] microseconds (other clients get BUSY past
+# busy-reply-threshold).
+SPIN = ("local t0 = redis.call('TIME') local s = t0[1] * 1000000 + t0[2] "
+        "while true do local t = redis.call('TIME') "
+        "if t[1] * 1000000 + t[2] - s > tonumber(ARGV[1]) then return 1 end end")
 
 
 def dead_reasons(r):
