@@ -68,11 +68,11 @@ extern const char tps_script_requeue[];
  * held: count set, idle set, so a peer claims it at its next claim); "gone"
  * (deleted from the stream, still pending as ours: the worker writes its
  * dead record and acknowledges it); "dropped" (deleted and no longer pending:
- * the worker writes its record, with nothing to acknowledge, only if its own
- * heartbeat or claim saw it leave the pending list -- Redis 7's XCLAIM drops
- * a deleted id -- else a peer has ended it); "other" (pending as another
- * consumer's, or with another count, or not pending: left as it is, so a
- * live peer that claimed it meanwhile keeps its count).
+ * the worker writes its record, with nothing to acknowledge, only if a hold
+ * or claim script of its own acknowledged it, below -- else a peer has ended
+ * it); "other" (pending as another consumer's, or with another count, or not
+ * pending: left as it is, so a live peer that claimed it meanwhile keeps its
+ * count).
  */
 extern const char tps_script_let_go[];
 
