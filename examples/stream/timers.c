@@ -16,7 +16,7 @@ typedef struct ent {
     unsigned deliveries;
     uint32_t pos; /* index in heap */
     uint8_t len;
-    uint8_t flags; /* TPS_SCHED_MISSING, TPS_SCHED_DROPPED */
+    uint8_t flags; /* TPS_SCHED_* (timers.h) */
     char id[TPS_SCHED_ID_MAX + 1];
 } ent;
 
@@ -209,6 +209,10 @@ unsigned tps_sched_flags(const tps_sched *s, uint32_t i) { return s->e[s->heap[i
 
 void tps_sched_unflag(tps_sched *s, unsigned flag) {
     for (uint32_t i = 0; i < s->n; i++) s->e[s->heap[i]].flags &= (uint8_t)~flag;
+}
+
+void tps_sched_flag_all(tps_sched *s, unsigned flag) {
+    for (uint32_t i = 0; i < s->n; i++) s->e[s->heap[i]].flags |= (uint8_t)flag;
 }
 
 int tps_sched_remove(tps_sched *s, const char *id, size_t len) {

@@ -82,8 +82,8 @@ typedef struct slot {
     uint8_t claimed;   /* came by a claim (its delivery count is XPENDING's, see counts.h) */
     uint8_t due_guess; /* due_ms counts `defer` from when it was read: its id is ahead of the clock */
     uint8_t back;      /* S_UNRUN: give its delivery back when it is let go (let_go) */
-    uint8_t
-        unpended; /* our hold or claim script acknowledged it deleted while we held it: its record is ours */
+    uint8_t unpended;  /* a hold or claim script of ours acknowledged it deleted: its record is ours */
+    uint8_t unsure;    /* a hold script's reply was lost while we held it: it may have done so (hold_lost) */
     uint8_t has_payload;
     uint8_t due;     /* its time has come: not scheduled again */
     uint8_t no_ack;  /* not pending any more (Redis 7 dropped it, or our script acknowledged it deleted) */
@@ -358,7 +358,7 @@ static uint32_t slot_alloc(tps_consumer *c) {
     c->n_free--;
     slot *s = &c->slots[i];
     s->next = NIL;
-    s->fresh = s->claimed = s->due_guess = s->back = s->unpended = 0;
+    s->fresh = s->claimed = s->due_guess = s->back = s->unpended = s->unsure = 0;
     s->has_payload = 0;
     s->due = s->no_ack = s->gave_up = s->written = 0;
     s->prio = 0;
@@ -421,8 +421,16 @@ static void finish_dead(tps_consumer *c, uint32_t i, const char *reason) {
 
 /* Slot i is let go without an outcome of ours (a stop, a forced shutdown, a
  * closed pool): S_UNRUN until let_go() has looked at it in Redis (a deleted
- * entry gets its dead record) and, with `back`, given its delivery back. */
+ * entry gets its dead record) and, with `back`, given its delivery back; or
+ * at once its dead record, if a script of ours acknowledged it deleted. */
 static void let_go_later(tps_consumer *c, uint32_t i, int back) {
+    slot *s = &c->slots[i];
+    if (s->unpended) { /* acknowledged deleted by a script of ours: its record, nothing to ask Redis */
+        cnt_add(&c->n_deleted, 1);
+        finish_dead(c, i,
+                    s->attempts == 0 ? "entry deleted before it ran" : "entry deleted before its run ended");
+        return;
+    }
     c->slots[i].state = S_UNRUN;
     c->slots[i].back = (uint8_t)back;
     list_push(c, &c->unrun_head, &c->unrun_tail, i);
@@ -667,6 +675,19 @@ static size_t hold_begin(tps_consumer *c, const char *count) {
 
 static int removed_by_us(tps_consumer *c, const char *id, size_t len);
 
+/* A hold script's reply was lost (the connection failed, or timed out while
+ * Redis went on): it may have acknowledged deleted entries that we will not
+ * hear of, whose records are ours. Every held entry is marked: one found
+ * deleted and no longer pending later gets its record from us (dispatch_due,
+ * let_go; a slot in the pool writes its outcome anyway) -- two records if a
+ * peer's claim took it meanwhile, which it does only after a stall longer
+ * than claim_idle; never none. */
+static void hold_lost(tps_consumer *c) {
+    for (uint32_t i = 0; i < c->nslots; i++)
+        if (c->slots[i].state != S_FREE) c->slots[i].unsure = 1;
+    tps_sched_flag_all(c->sched, TPS_SCHED_UNSURE);
+}
+
 /* The ids a hold or claim script acknowledged because they were deleted
  * from the stream (its reply `r`, an array): their records are ours. */
 static void removed_list(tps_consumer *c, const redisReply *r) {
@@ -704,6 +725,7 @@ static int read_count_replies(tps_consumer *c) {
     for (; c->count_replies > 0; c->count_replies--) {
         redisReply *u = NULL;
         if (rc != 0 || redisGetReply(c->wr, (void **)&u) != REDIS_OK) {
+            if (rc == 0) hold_lost(c);
             rc = -1;
             continue;
         }
@@ -1347,6 +1369,7 @@ static int lower_waiting(tps_consumer *c) {
     for (; sent > 0; sent--) {
         redisReply *r = NULL;
         if (rc != 0 || redisGetReply(c->wr, (void **)&r) != REDIS_OK) {
+            if (rc == 0) hold_lost(c);
             rc = -1;
             continue;
         }
@@ -1379,6 +1402,7 @@ static int heartbeat(tps_consumer *c) {
     for (; sent > 0; sent--) {
         redisReply *r = NULL;
         if (rc != 0 || redisGetReply(c->wr, (void **)&r) != REDIS_OK) {
+            if (rc == 0) hold_lost(c);
             rc = -1;
             continue;
         }
@@ -1655,7 +1679,8 @@ static int dispatch_due(tps_consumer *c) {
     /* Deleted while it waited: a dead record, unless it is no longer pending
      * as ours (a claim's script, after this worker stalled, or a hold script
      * of ours has acknowledged it and written its record already; or a peer
-     * has it): one record per entry. */
+     * has it): one record per entry. If a hold script's reply was lost since
+     * it was read (TPS_SCHED_UNSURE), not pending at all is ours too. */
     uint32_t asked = 0;
     for (k = 0; k < n && !failed && ngone > 0; k++) {
         if (!due[k].gone) continue;
@@ -1684,6 +1709,9 @@ static int dispatch_due(tps_consumer *c) {
         if (row != NULL && row->type == REDIS_REPLY_ARRAY && row->elements >= 2 &&
             row->element[1]->type == REDIS_REPLY_STRING && strcmp(row->element[1]->str, c->consumer) == 0)
             deleted_entry(c, slot_alloc(c), due[k].id, due[k].len, 0); /* cap <= free slots */
+        else if (p->type == REDIS_REPLY_ARRAY && p->elements == 0 && (due[k].flags & TPS_SCHED_UNSURE))
+            deleted_entry(c, slot_alloc(c), due[k].id, due[k].len,
+                          1); /* a lost hold script may have acked it */
         due[k].gone = 0;
         freeReplyObject(p);
     }
@@ -1876,9 +1904,10 @@ static void let_go(tps_consumer *c) {
             const char *st = e->type == REDIS_REPLY_STRING ? e->str : "other";
             slot *s = &c->slots[i];
             /* dropped: deleted and not pending. Its record is ours only if a
-             * script of ours acknowledged it (else a peer's claim did, after
-             * this worker stalled, and wrote one, or a peer ran it) */
-            if (strcmp(st, "gone") == 0 || (strcmp(st, "dropped") == 0 && s->unpended)) {
+             * script of ours acknowledged it, or may have (hold_lost); else a
+             * peer's claim did, after this worker stalled, and wrote one, or
+             * a peer ran it */
+            if (strcmp(st, "gone") == 0 || (strcmp(st, "dropped") == 0 && (s->unpended || s->unsure))) {
                 s->no_ack = st[0] == 'd'; /* nothing left to acknowledge */
                 cnt_add(&c->n_deleted, 1);
                 finish_dead(c, i,

@@ -133,7 +133,11 @@
  * timer heap refuses it); a read in flight when a stop drops the reader, and
  * a read moments before a crash. A held entry in a slot (backlog, pool)
  * that the heartbeat found deleted gets its record when it runs, or at a
- * stop; a crash before either loses it (the heartbeat acknowledged it). A
+ * stop; a crash before either loses it (the heartbeat acknowledged it). The
+ * record does not hang on the script's reply: when one is lost (the
+ * connection failed, or timed out while Redis went on), every entry held
+ * then counts as possibly acknowledged, and one found later deleted and not
+ * pending at all gets its record from this worker. A
  * deleted entry gets two records only as any entry can run twice: when its
  * worker stalls longer than claim_idle (a peer's claim takes it over, or
  * records it deleted, while the stalled worker still runs it). When a

@@ -662,8 +662,10 @@ def scenario_deleted_held(env):
     every deleted pending entry it passes, whoever holds it: the peer wrote a
     dead record and the holder its own, each time the peer's sweep came
     before the holder's heartbeat; so the entries are deleted one at a time.)
-    The holder's pool is full, so that it makes no claim of its own."""
-    r = env.start_redis()
+    The holder's pool is full, so that it makes no claim of its own.
+    (b) A heartbeat whose reply is lost (Redis ran it) leaves no deleted
+    entry without its record."""
+    r = env.start_redis("--enable-debug-command", "yes")
     cfg = dict(CLAIM_IDLE="300ms", WORKERS=1, QUEUE_CAPACITY=1, MAX_PER_USER=1)
     w0 = env.worker("w0", **cfg)
     waiting = [r("XADD", "tasks", "*", "user", "s", "work", "1ms", "defer", "3s") for _ in range(4)]
@@ -696,6 +698,37 @@ def scenario_deleted_held(env):
     check(m0["tps_stream_ack_missed_total"] == 0, "the deleted entry that ran counted as a duplicate")
     for w in (w0, w1):
         check(env.stop(w) == 0, "worker %s did not exit 0" % w.name)
+    check(verify(r, every)[2] == 0, "a duplicate written at the stop")
+
+    # (b) The heartbeat's reply is lost after Redis ran it: Redis sleeps 8 s
+    # (DEBUG SLEEP, longer than the worker's 5 s command timeout) right after
+    # the deletions, so the heartbeat sent meanwhile times out and the worker
+    # reconnects, while Redis then runs it and acknowledges the deleted
+    # entries. Those held (one waiting for its time, one in the backlog behind
+    # its user's blocker) still get their records, once. The pool is full (a
+    # blocker runs, a filler waits), so that the heartbeat is the command that
+    # times out (a claim or a read would be, with room).
+    h = env.worker("h0", CLAIM_IDLE="3s", WORKERS=1, QUEUE_CAPACITY=1, MAX_PER_USER=1)
+    sched = r("XADD", "tasks", "*", "work", "1ms", "defer", "10s")
+    blocker = r("XADD", "tasks", "*", "user", "u", "work", "4s")
+    held = r("XADD", "tasks", "*", "user", "u", "work", "1ms")
+    filler = r("XADD", "tasks", "*", "user", "v", "work", "4s")
+    wait_until(lambda: metrics(h)["tps_stream_waiting"] == 1 and metrics(h)["tps_stream_backlog"] == 1 and
+               metrics(h)["taskpool_queued"] == 1, 10, "h0 to hold one entry until its time, one in its backlog "
+               "and one in its queue")
+    every |= {sched, blocker, filler, held}
+    # one pipeline: no heartbeat between the deletions and the sleep
+    cmds = [("XDEL", "tasks", sched, held), ("DEBUG", "SLEEP", "8")]
+    r.s.sendall(b"".join(b"*%d\r\n" % len(c) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a.encode()) for a in c)
+                         for c in cmds))
+    check(r._reply() == 2 and r._reply() == "OK", "XDEL, DEBUG SLEEP")
+    wait_until(lambda: '"reason":"heartbeat"' in env.log_of(h), 10, "h0's heartbeat to time out")
+    wait_until(lambda: accounted(r, every), 30, "an outcome for each entry")
+    time.sleep(0.5)
+    done, dead, dups = verify(r, every)
+    check(dups == 0, "duplicates %d: done %r dead %r" % (dups, done, dead))
+    check(dead_reasons(r).get(sched) == "entry deleted before it ran", "the waiting entry: %r" % dead)
+    check(env.stop(h) == 0, "worker h0 did not exit 0")
     check(verify(r, every)[2] == 0, "a duplicate written at the stop")
 
 
