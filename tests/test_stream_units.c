@@ -104,15 +104,15 @@ static void test_heap_flags_and_mark(void **state) {
     assert_int_equal(tps_sched_get(s, "x", 1, &d, &fl), 1);
     assert_int_equal(d, 2);
     assert_int_equal(fl, TPS_SCHED_LOWER);
-    /* set UNSURE, clear LOWER, due time kept */
-    assert_int_equal(tps_sched_mark(s, "x", 1, TPS_SCHED_UNSURE, TPS_SCHED_LOWER, UINT64_MAX), 1);
+    /* set RAISED, clear LOWER, due time kept */
+    assert_int_equal(tps_sched_mark(s, "x", 1, TPS_SCHED_RAISED, TPS_SCHED_LOWER, UINT64_MAX), 1);
     assert_int_equal(tps_sched_get(s, "x", 1, &d, &fl), 1);
-    assert_int_equal(fl, TPS_SCHED_UNSURE);
+    assert_int_equal(fl, TPS_SCHED_RAISED);
     assert_int_equal(tps_sched_next(s), 400);
     /* a later due_at_most changes nothing; an earlier one brings it first */
     assert_int_equal(tps_sched_mark(s, "x", 1, 0, 0, 600), 1);
     assert_int_equal(tps_sched_next(s), 400);
-    assert_int_equal(tps_sched_mark(s, "x", 1, TPS_SCHED_DROPPED, TPS_SCHED_UNSURE, 50), 1);
+    assert_int_equal(tps_sched_mark(s, "x", 1, TPS_SCHED_DROPPED, TPS_SCHED_RAISED, 50), 1);
     assert_int_equal(tps_sched_next(s), 50);
     assert_int_equal(tps_sched_mark(s, "z", 1, TPS_SCHED_DROPPED, 0, 1), 0); /* not held */
     /* the flags of every held id, in tps_sched_id's order */
@@ -138,12 +138,6 @@ static void test_heap_flags_and_mark(void **state) {
     assert_int_equal(fl, TPS_SCHED_RAISED);
     assert_int_equal(tps_sched_get(s, "x", 1, &d, &fl), 1);
     assert_int_equal(fl, TPS_SCHED_DROPPED);
-    /* a flag on every held id, the others kept */
-    tps_sched_flag_all(s, TPS_SCHED_UNSURE);
-    assert_int_equal(tps_sched_get(s, "y", 1, &d, &fl), 1);
-    assert_int_equal(fl, TPS_SCHED_RAISED | TPS_SCHED_UNSURE);
-    assert_int_equal(tps_sched_get(s, "x", 1, &d, &fl), 1);
-    assert_int_equal(fl, TPS_SCHED_DROPPED | TPS_SCHED_UNSURE);
     assert_int_equal(pop_expect(s, 60, "x"), 2);
     tps_sched_destroy(s);
 }
@@ -395,7 +389,7 @@ static void test_counts_due_and_back(void **state) {
     assert_false(set);
     assert_int_equal(tps_counts_due(2, TPS_SCHED_RAISED, &set), 3);
     assert_false(set);
-    assert_int_equal(tps_counts_due(2, TPS_SCHED_UNSURE | TPS_SCHED_DROPPED, &set), 3);
+    assert_int_equal(tps_counts_due(2, TPS_SCHED_DROPPED, &set), 3);
     assert_true(set);
     assert_int_equal(tps_counts_put_back(0, TPS_SCHED_LOWER), 0);
     assert_int_equal(tps_counts_put_back(2, 0), 2);

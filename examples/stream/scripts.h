@@ -82,32 +82,43 @@ extern const char tps_script_let_go[];
  * (XDEL, XTRIM), XAUTOCLAIM whoever holds it and however idle; so a peer's
  * sweep removed a live worker's deleted entry and wrote its dead record, and
  * the holder, which cannot tell who removed it, wrote its own. With these,
- * the one whose command removes a deleted entry from the pending list writes
+ * the one whose script removes a deleted entry from the pending list owns
  * its record, and a sweep removes only what it could claim: entries idle
- * longer than the claim time, whose holder is presumed dead.
+ * longer than the claim time, whose holder is presumed dead. Where the
+ * entry will not run from a worker's slot, the script writes the dead
+ * record itself, in the same call as the XACK, so that no lost reply or
+ * crash can leave it with none: `entry deleted before it ran`, with the
+ * consumer, attempts 0 and deliveries 0, as the worker writes it (skipped,
+ * the entry left pending, while the dead key holds something other than a
+ * stream).
  */
 
 /*
  * Keep entries this consumer holds (the heartbeat, and setting delivery
- * counts). KEYS: stream. ARGV: group, consumer, a delivery count ("" for
- * none), then ids. Per id, only if it is pending as this consumer's: still in
- * the stream, XCLAIM to ourselves with JUSTID (resets its idle time; with the
- * count, RETRYCOUNT); deleted, XACK. Returns the ids acknowledged that way:
- * their records are the caller's to write. Ids pending as another
- * consumer's, or not pending, are left as they are.
+ * counts). KEYS: stream, dead. ARGV: group, consumer, a delivery count (""
+ * for none), dead maxlen ("0": unbounded), then per entry: id, and "R" if
+ * the worker holds it outside a slot (waiting for its time, or let go
+ * unheld) or "K" if in a slot, whose task or let-go writes its record. Per
+ * entry, only if it is pending as this consumer's: still in the stream,
+ * XCLAIM to ourselves with JUSTID (resets its idle time; with the count,
+ * RETRYCOUNT); deleted, its dead record (R) and XACK. Returns {ids recorded
+ * (R), ids acknowledged whose records are the caller's (K)}. Entries pending
+ * as another consumer's, or not pending, are left as they are.
  */
 extern const char tps_script_hold[];
 
 /*
  * Claim entries idle longer than the claim time from any consumer: what
  * XAUTOCLAIM does, without touching a live holder's deleted entries. KEYS:
- * stream. ARGV: group, consumer, min idle ms, cursor ("0-0" at the start:
- * else the last id looked at), the most entries to claim, the most pending
- * entries to look at (claimed and deleted ones together are at most that
- * many). Returns {next cursor ("0-0" when the pending list's
- * end was reached), entries claimed as [id, fields] (XCLAIM: the delivery
- * count rises by one), ids of idle entries deleted from the stream and
- * acknowledged (their dead records are the caller's to write)}.
+ * stream, dead. ARGV: group, consumer, min idle ms, cursor ("0-0" at the
+ * start: else the last id looked at), the most entries to claim, the most
+ * pending entries to look at, dead maxlen. An idle entry deleted from the
+ * stream gets its dead record and XACK, unless it is pending as this
+ * consumer's (a late heartbeat, or an earlier process of the same name):
+ * then only the XACK, and its record is the caller's. Returns {next cursor
+ * ("0-0" when the pending list's end was reached), entries claimed as [id,
+ * fields] (XCLAIM: the delivery count rises by one), ids recorded, ids of
+ * ours acknowledged}; the last three together are at most the most asked.
  */
 extern const char tps_script_claim[];
 

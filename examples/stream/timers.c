@@ -211,10 +211,6 @@ void tps_sched_unflag(tps_sched *s, unsigned flag) {
     for (uint32_t i = 0; i < s->n; i++) s->e[s->heap[i]].flags &= (uint8_t)~flag;
 }
 
-void tps_sched_flag_all(tps_sched *s, unsigned flag) {
-    for (uint32_t i = 0; i < s->n; i++) s->e[s->heap[i]].flags |= (uint8_t)flag;
-}
-
 int tps_sched_remove(tps_sched *s, const char *id, size_t len) {
     if (len > TPS_SCHED_ID_MAX) return 0;
     uint32_t v = s->tab[find_slot(s, id, len)];

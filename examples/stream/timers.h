@@ -27,7 +27,6 @@ uint32_t tps_sched_count(const tps_sched *s);
 uint32_t tps_sched_room(const tps_sched *s);
 
 /* Flags the consumer keeps with an entry. */
-#define TPS_SCHED_UNSURE  1u /* a hold script's reply was lost: it may have acknowledged it deleted */
 #define TPS_SCHED_DROPPED 2u /* deleted from the stream, and Redis dropped it from the pending list */
 #define TPS_SCHED_LOWER   4u /* Redis's delivery count is one above the entry's: to be set (read entries) */
 #define TPS_SCHED_RAISED  8u /* Redis's count is one above, and stays: it counts the coming run already */
@@ -46,8 +45,6 @@ int tps_sched_mark(tps_sched *s, const char *id, size_t len, unsigned set, unsig
 
 /* Clear `flag` on every held id. */
 void tps_sched_unflag(tps_sched *s, unsigned flag);
-/* Set `flag` on every held id. */
-void tps_sched_flag_all(tps_sched *s, unsigned flag);
 
 /* The flags of the i-th held id (0 <= i < count; the order of tps_sched_id). */
 unsigned tps_sched_flags(const tps_sched *s, uint32_t i);

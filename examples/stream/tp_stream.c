@@ -56,10 +56,10 @@
 #define LANES              (TP_PRIO_MAX - TP_PRIO_MIN + 1)
 #define LANE_NORMAL        (0 - TP_PRIO_MIN) /* the lane of priority 0; lower lanes are background */
 #define WRITE_BATCH        256u              /* outcomes per write round */
-#define CLAIM_ARGS_MAX     512u              /* ids per hold script (heartbeat, lower_waiting) */
-#define CLAIM_SCAN_MAX     10000u            /* pending entries a claim looks at, at most */
-#define DUE_BATCH          256u              /* scheduled entries fetched per round */
-#define LET_GO_BATCH       128u              /* entries per let-go script call */
+#define CLAIM_ARGS_MAX     1024u     /* arguments per hold script, two per id (heartbeat, lower_waiting) */
+#define CLAIM_SCAN_MAX     10000u    /* pending entries a claim looks at, at most */
+#define DUE_BATCH          256u      /* scheduled entries fetched per round */
+#define LET_GO_BATCH       128u      /* entries per let-go script call */
 #define TRIM_LIMIT         "1000000" /* entries one trim removes at most (about 10,000 nodes, a few ms) */
 #define NUMS_PER_RECORD    5u        /* numbers printed per outcome record (write_outcomes) */
 #define BACKOFF_MIN_MS     100
@@ -659,34 +659,63 @@ static void arg(tps_consumer *c, size_t *argc, const char *s, size_t len);
 static void args(tps_consumer *c, size_t *argc, const char *s);
 
 /* The start of the hold script (scripts.h) for ids this consumer holds,
- * with a delivery count to set ("" for none); the ids follow. The argument
- * count. */
+ * with a delivery count to set ("" for none); the ids follow, each with
+ * hold_arg. The argument count. */
 static size_t hold_begin(tps_consumer *c, const char *count) {
     size_t argc = 0;
     args(c, &argc, "EVAL");
     args(c, &argc, tps_script_hold);
-    args(c, &argc, "1");
+    args(c, &argc, "2");
     args(c, &argc, c->stream);
+    args(c, &argc, c->dead);
     args(c, &argc, c->group);
     args(c, &argc, c->consumer);
     args(c, &argc, count);
+    args(c, &argc, c->dead_maxlen);
     return argc;
+}
+
+/* An id for the hold script: `in_slot` if a slot of ours holds it (its
+ * record, if deleted, is ours to write: "K"), else the script records it
+ * ("R": waiting for its time, or let go unheld). */
+static void hold_arg(tps_consumer *c, size_t *argc, const char *id, size_t len, int in_slot) {
+    arg(c, argc, id, len);
+    args(c, argc, in_slot ? "K" : "R");
 }
 
 static int removed_by_us(tps_consumer *c, const char *id, size_t len);
 
 /* A hold script's reply was lost (the connection failed, or timed out while
- * Redis went on): it may have acknowledged deleted entries that we will not
- * hear of, whose records are ours. Every held entry is marked: one found
- * deleted and no longer pending later gets its record from us (dispatch_due,
- * let_go; a slot in the pool writes its outcome anyway) -- two records if a
- * peer's claim took it meanwhile, which it does only after a stall longer
- * than claim_idle; never none. */
+ * Redis went on): it may have acknowledged deleted entries of our slots,
+ * whose records are ours, and we will not hear of them (those outside a
+ * slot it recorded itself). Every slot that could be in one is marked: one
+ * found deleted and no longer pending when it is let go gets its record
+ * from us (let_go; a slot in the pool writes its outcome anyway) -- two
+ * records if a peer's claim took it meanwhile, which it does only after a
+ * stall longer than claim_idle; never none. */
 static void hold_lost(tps_consumer *c) {
     for (uint32_t i = 0; i < c->nslots; i++)
-        if (c->slots[i].state != S_FREE) c->slots[i].unsure = 1;
-    tps_sched_flag_all(c->sched, TPS_SCHED_UNSURE);
+        if (c->slots[i].state != S_FREE && c->slots[i].state != S_UNRUN) c->slots[i].unsure = 1;
 }
+
+/* Ids a script recorded dead itself (deleted from the stream: scripts.h):
+ * counted and logged as the worker's own dead records are, and out of the
+ * heap if one waited there. */
+static void recorded_list(tps_consumer *c, const redisReply *r) {
+    for (size_t k = 0; k < r->elements; k++) {
+        const redisReply *id = r->element[k];
+        if (id->type != REDIS_REPLY_STRING || id->len == 0 || id->len > TPS_ID_MAX) continue;
+        if (tps_sched_count(c->sched) > 0) (void)tps_sched_remove(c->sched, id->str, id->len);
+        cnt_add(&c->n_deleted, 1);
+        cnt_add(&c->n_dead, 1);
+        cnt_add(&c->n_acked, 1);
+        const char *kv[] = {"id", id->str, "reason", "entry deleted before it ran"};
+        logkv(c, TP_LOG_WARN, "dead", kv, 2);
+    }
+}
+
+/* A hold script's reply {recorded, acknowledged} (scripts.h). */
+static void hold_reply(tps_consumer *c, const redisReply *r);
 
 /* The ids a hold or claim script acknowledged because they were deleted
  * from the stream (its reply `r`, an array): their records are ours. */
@@ -704,17 +733,22 @@ static void removed_list(tps_consumer *c, const redisReply *r) {
     }
 }
 
+static void hold_reply(tps_consumer *c, const redisReply *r) {
+    if (r->elements >= 1 && r->element[0]->type == REDIS_REPLY_ARRAY) recorded_list(c, r->element[0]);
+    if (r->elements >= 2 && r->element[1]->type == REDIS_REPLY_ARRAY) removed_list(c, r->element[1]);
+}
+
 /* Set an entry's delivery count in Redis (the hold script: XCLAIM to
- * ourselves with RETRYCOUNT and JUSTID, if it is still pending as ours),
- * pipelined on the writer: called from claim() (and admit() under it) and
- * dispatch_due(), which read the replies (read_count_replies) before
- * anything else is sent; never while the writer has other commands in
- * flight (write_outcomes). */
-static void set_count(tps_consumer *c, const char *id, size_t len, unsigned deliveries) {
+ * ourselves with RETRYCOUNT and JUSTID, if it is still pending as ours;
+ * `in_slot`: see hold_arg), pipelined on the writer: called from claim()
+ * (and admit() under it) and dispatch_due(), which read the replies
+ * (read_count_replies) before anything else is sent; never while the
+ * writer has other commands in flight (write_outcomes). */
+static void set_count(tps_consumer *c, const char *id, size_t len, unsigned deliveries, int in_slot) {
     char n[16];
     snprintf(n, sizeof n, "%u", deliveries);
     size_t argc = hold_begin(c, n);
-    arg(c, &argc, id, len);
+    hold_arg(c, &argc, id, len, in_slot);
     if (redisAppendCommandArgv(c->wr, (int)argc, c->argv, c->argvlen) == REDIS_OK) c->count_replies++;
 }
 
@@ -730,7 +764,7 @@ static int read_count_replies(tps_consumer *c) {
             continue;
         }
         if (u->type == REDIS_REPLY_ERROR) log1(c, TP_LOG_WARN, "set_count_failed", "error", u->str);
-        if (u->type == REDIS_REPLY_ARRAY) removed_list(c, u);
+        if (u->type == REDIS_REPLY_ARRAY) hold_reply(c, u);
         freeReplyObject(u);
     }
     return rc;
@@ -757,7 +791,9 @@ static void admit(tps_consumer *c, uint32_t i, const char *parse_error) {
     };
     tps_admit_plan p = tps_counts_admit(&in, c->max_deliveries);
     s->deliveries = p.deliveries;
-    if (p.set_back) set_count(c, s->id, s->id_len, s->deliveries);
+    if (p.set_back) /* waiting for its time, or released: out of the slot */
+        set_count(c, s->id, s->id_len, s->deliveries,
+                  p.verdict != TPS_ADMIT_WAIT && p.verdict != TPS_ADMIT_RELEASE);
     switch (p.verdict) {
     case TPS_ADMIT_DEAD_COUNT:
         snprintf(s->reason_buf, sizeof s->reason_buf, "delivered %u times (MAX_DELIVERIES %u)", s->deliveries,
@@ -784,7 +820,7 @@ static void admit(tps_consumer *c, uint32_t i, const char *parse_error) {
         if (rc < 0) {
             log1(c, TP_LOG_WARN, "scheduled_full", "id", s->id);
             if (p.set_back_if_full)
-                set_count(c, s->id, s->id_len, s->deliveries - 1); /* it surely did not run */
+                set_count(c, s->id, s->id_len, s->deliveries - 1, 0); /* it surely did not run */
         }
         slot_free(c, i);
         break;
@@ -1357,7 +1393,7 @@ static int lower_waiting(tps_consumer *c) {
         for (; i < count && argc - first < CLAIM_ARGS_MAX; i++) {
             if (!(tps_sched_flags(c->sched, i) & TPS_SCHED_LOWER)) continue;
             const char *id = tps_sched_id(c->sched, i, &len, NULL); /* a read entry: 0 runs */
-            arg(c, &argc, id, len);
+            hold_arg(c, &argc, id, len, 0);
         }
         if (argc == first) continue;
         if (redisAppendCommandArgv(c->wr, (int)argc, c->argv, c->argvlen) != REDIS_OK) return -1;
@@ -1373,7 +1409,7 @@ static int lower_waiting(tps_consumer *c) {
             rc = -1;
             continue;
         }
-        if (r->type == REDIS_REPLY_ARRAY) removed_list(c, r);
+        if (r->type == REDIS_REPLY_ARRAY) hold_reply(c, r);
         freeReplyObject(r);
     }
     return rc;
@@ -1392,7 +1428,7 @@ static int heartbeat(tps_consumer *c) {
         size_t first = argc;
         for (; i < nheld && argc - first < CLAIM_ARGS_MAX; i++) {
             const char *id = held_id(c, i, stopping, &len);
-            if (id != NULL) arg(c, &argc, id, len);
+            if (id != NULL) hold_arg(c, &argc, id, len, i < c->nslots);
         }
         if (argc == first) break;
         if (redisAppendCommandArgv(c->wr, (int)argc, c->argv, c->argvlen) != REDIS_OK) return -1;
@@ -1407,7 +1443,7 @@ static int heartbeat(tps_consumer *c) {
             continue;
         }
         if (r->type == REDIS_REPLY_ARRAY)
-            removed_list(c, r);
+            hold_reply(c, r);
         else
             log1(c, TP_LOG_WARN, "heartbeat_failed", "error", r->type == REDIS_REPLY_ERROR ? r->str : "?");
         freeReplyObject(r);
@@ -1513,14 +1549,16 @@ static int claim(tps_consumer *c) {
     size_t argc = 0;
     args(c, &argc, "EVAL");
     args(c, &argc, tps_script_claim);
-    args(c, &argc, "1");
+    args(c, &argc, "2");
     args(c, &argc, c->stream);
+    args(c, &argc, c->dead);
     args(c, &argc, c->group);
     args(c, &argc, c->consumer);
     args(c, &argc, idle);
     args(c, &argc, c->claim_cursor);
     args(c, &argc, count);
     args(c, &argc, scan);
+    args(c, &argc, c->dead_maxlen);
     redisReply *r = wr_command(c, argc);
     if (r == NULL) return -1;
     if (r->type != REDIS_REPLY_ARRAY || r->elements < 2 || r->element[0]->type != REDIS_REPLY_STRING ||
@@ -1533,11 +1571,13 @@ static int claim(tps_consumer *c) {
     size_t cl = r->element[0]->len < TPS_ID_MAX ? r->element[0]->len : TPS_ID_MAX;
     memcpy(c->claim_cursor, r->element[0]->str, cl);
     c->claim_cursor[cl] = '\0';
-    /* Ids of idle pending entries deleted from the stream (XTRIM, XDEL),
-     * which the script has just acknowledged: their outcome is a dead
-     * record, ours to write (its claimed and deleted ones together are at
-     * most `room`, no more than the free slots). */
-    if (r->elements >= 3 && r->element[2]->type == REDIS_REPLY_ARRAY) removed_list(c, r->element[2]);
+    /* Idle pending entries deleted from the stream (XTRIM, XDEL): those the
+     * script recorded dead (a lost reply loses only their count here), and
+     * those pending as ours, which it acknowledged and whose records are
+     * ours to write (claimed and deleted ones together are at most `room`,
+     * no more than the free slots). */
+    if (r->elements >= 3 && r->element[2]->type == REDIS_REPLY_ARRAY) recorded_list(c, r->element[2]);
+    if (r->elements >= 4 && r->element[3]->type == REDIS_REPLY_ARRAY) removed_list(c, r->element[3]);
     const redisReply *ents = r->element[1];
     uint32_t *got = c->claim_got, n = 0;
     const char **errs = c->claim_err;
@@ -1592,10 +1632,10 @@ static int claim(tps_consumer *c) {
         uint32_t held = ids_find(c, id->str, id->len);
         unsigned d, fl;
         if (held != NIL && !c->slots[held].fresh && c->slots[held].state != S_UNRUN)
-            set_count(c, id->str, id->len,
-                      c->slots[held].deliveries); /* S_UNRUN: let_go sees another count */
+            set_count(c, id->str, id->len, c->slots[held].deliveries,
+                      1); /* S_UNRUN: let_go sees another count */
         else if (held == NIL && tps_sched_get(c->sched, id->str, id->len, &d, &fl)) {
-            set_count(c, id->str, id->len, tps_counts_put_back(d, fl));
+            set_count(c, id->str, id->len, tps_counts_put_back(d, fl), 0);
             (void)tps_sched_mark(c->sched, id->str, id->len, 0, TPS_SCHED_LOWER, UINT64_MAX);
         }
     }
@@ -1679,8 +1719,7 @@ static int dispatch_due(tps_consumer *c) {
     /* Deleted while it waited: a dead record, unless it is no longer pending
      * as ours (a claim's script, after this worker stalled, or a hold script
      * of ours has acknowledged it and written its record already; or a peer
-     * has it): one record per entry. If a hold script's reply was lost since
-     * it was read (TPS_SCHED_UNSURE), not pending at all is ours too. */
+     * has it): one record per entry. */
     uint32_t asked = 0;
     for (k = 0; k < n && !failed && ngone > 0; k++) {
         if (!due[k].gone) continue;
@@ -1709,9 +1748,6 @@ static int dispatch_due(tps_consumer *c) {
         if (row != NULL && row->type == REDIS_REPLY_ARRAY && row->elements >= 2 &&
             row->element[1]->type == REDIS_REPLY_STRING && strcmp(row->element[1]->str, c->consumer) == 0)
             deleted_entry(c, slot_alloc(c), due[k].id, due[k].len, 0); /* cap <= free slots */
-        else if (p->type == REDIS_REPLY_ARRAY && p->elements == 0 && (due[k].flags & TPS_SCHED_UNSURE))
-            deleted_entry(c, slot_alloc(c), due[k].id, due[k].len,
-                          1); /* a lost hold script may have acked it */
         due[k].gone = 0;
         freeReplyObject(p);
     }
@@ -1727,7 +1763,7 @@ static int dispatch_due(tps_consumer *c) {
      * brings them back. */
     for (k = 0; k < n && !failed; k++)
         if (due[k].slot != NIL && due[k].perr == NULL && due[k].tell)
-            set_count(c, due[k].id, due[k].len, c->slots[due[k].slot].deliveries);
+            set_count(c, due[k].id, due[k].len, c->slots[due[k].slot].deliveries, 1);
     if (read_count_replies(c) != 0) failed = 1;
     for (k = 0; k < n; k++) {
         uint32_t i = due[k].slot;
@@ -1927,7 +1963,7 @@ static void let_go(tps_consumer *c) {
  * deleted; its count stays one high), else the first. */
 static uint32_t unrun_evict(tps_consumer *c) {
     uint32_t prev = NIL, i = c->unrun_head;
-    while (i != NIL && c->slots[i].unpended) {
+    while (i != NIL && (c->slots[i].unpended || c->slots[i].unsure)) { /* whose records may be ours */
         prev = i;
         i = c->slots[i].next;
     }

@@ -103,9 +103,12 @@
  * live worker's deleted entry and the worker, unable to tell, wrote its own.
  * The claim script acknowledges a deleted entry only when it is idle longer
  * than claim_idle (its holder is presumed dead), and the heartbeat's only
- * when it is pending as this consumer's; whichever did writes its dead
- * record, `entry deleted before it ran` (one held in the backlog or the
- * pool writes its outcome when it ends instead). An entry delivered more than
+ * when it is pending as this consumer's; whichever did owns its dead record,
+ * `entry deleted before it ran`. The script writes it itself, with the XACK,
+ * where the entry is not in a worker's slot (a dead peer's, or one waiting
+ * for its time), so no lost reply or crash leaves it without; one held in
+ * a slot (backlog, pool) writes its outcome when it ends instead. An entry
+ * delivered more than
  * max_deliveries times goes to the dead stream without running. Only
  * deliveries that could run count (Redis's count, set with XCLAIM ...
  * RETRYCOUNT and read per claimed entry with XPENDING): while an entry waits
@@ -133,10 +136,10 @@
  * timer heap refuses it); a read in flight when a stop drops the reader, and
  * a read moments before a crash. A held entry in a slot (backlog, pool)
  * that the heartbeat found deleted gets its record when it runs, or at a
- * stop; a crash before either loses it (the heartbeat acknowledged it). The
+ * stop; a crash before either loses it (the heartbeat acknowledged it). Its
  * record does not hang on the script's reply: when one is lost (the
- * connection failed, or timed out while Redis went on), every entry held
- * then counts as possibly acknowledged, and one found later deleted and not
+ * connection failed, or timed out while Redis went on), every slot counts as
+ * possibly acknowledged, and one let go later whose entry is deleted and not
  * pending at all gets its record from this worker. A
  * deleted entry gets two records only as any entry can run twice: when its
  * worker stalls longer than claim_idle (a peer's claim takes it over, or

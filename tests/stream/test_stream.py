@@ -664,7 +664,7 @@ def scenario_deleted_held(env):
     before the holder's heartbeat; so the entries are deleted one at a time.)
     The holder's pool is full, so that it makes no claim of its own.
     (b) A heartbeat whose reply is lost (Redis ran it) leaves no deleted
-    entry without its record."""
+    entry without its record, (c) nor does a claim's."""
     r = env.start_redis("--enable-debug-command", "yes")
     cfg = dict(CLAIM_IDLE="300ms", WORKERS=1, QUEUE_CAPACITY=1, MAX_PER_USER=1)
     w0 = env.worker("w0", **cfg)
@@ -705,11 +705,13 @@ def scenario_deleted_held(env):
     # the deletions, so the heartbeat sent meanwhile times out and the worker
     # reconnects, while Redis then runs it and acknowledges the deleted
     # entries. Those held (one waiting for its time, one in the backlog behind
-    # its user's blocker) still get their records, once. The pool is full (a
+    # its user's blocker) still get their records, once: the waiting one's is
+    # written by the script itself, before the worker stops (the entry is
+    # due only later), the backlog one's when it runs. The pool is full (a
     # blocker runs, a filler waits), so that the heartbeat is the command that
     # times out (a claim or a read would be, with room).
     h = env.worker("h0", CLAIM_IDLE="3s", WORKERS=1, QUEUE_CAPACITY=1, MAX_PER_USER=1)
-    sched = r("XADD", "tasks", "*", "work", "1ms", "defer", "10s")
+    sched = r("XADD", "tasks", "*", "work", "1ms", "defer", "60s")
     blocker = r("XADD", "tasks", "*", "user", "u", "work", "4s")
     held = r("XADD", "tasks", "*", "user", "u", "work", "1ms")
     filler = r("XADD", "tasks", "*", "user", "v", "work", "4s")
@@ -730,6 +732,23 @@ def scenario_deleted_held(env):
     check(dead_reasons(r).get(sched) == "entry deleted before it ran", "the waiting entry: %r" % dead)
     check(env.stop(h) == 0, "worker h0 did not exit 0")
     check(verify(r, every)[2] == 0, "a duplicate written at the stop")
+
+    # (c) A claim's reply is lost the same way: an entry of a consumer that
+    # never comes back is deleted, then Redis sleeps; the claim sent
+    # meanwhile (the worker holds nothing, so nothing else is sent) times
+    # out and runs later. Its script writes the entry's dead record itself.
+    k = env.worker("k0", CLAIM_IDLE="3s")
+    ghost = r("EVAL", GHOST, 1, "tasks", 1, "work", "1ms")
+    every.add(ghost)
+    cmds = [("XDEL", "tasks", ghost), ("DEBUG", "SLEEP", "8")]
+    r.s.sendall(b"".join(b"*%d\r\n" % len(c) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a.encode()) for a in c)
+                         for c in cmds))
+    check(r._reply() == 1 and r._reply() == "OK", "XDEL, DEBUG SLEEP")
+    wait_until(lambda: '"reason":"claiming"' in env.log_of(k), 10, "k0's claim to time out")
+    wait_until(lambda: accounted(r, every), 15, "the deleted entry's record")
+    check(dead_reasons(r).get(ghost) == "entry deleted before it ran", "the ghost's entry: %r" % dead_reasons(r))
+    check(env.stop(k) == 0, "worker k0 did not exit 0")
+    check(verify(r, every)[2] == 0, "duplicates")
 
 
 def free_port():
