@@ -113,12 +113,14 @@ extern const char tps_script_hold[];
  * stream, dead. ARGV: group, consumer, min idle ms, cursor ("0-0" at the
  * start: else the last id looked at), the most entries to claim, the most
  * pending entries to look at, dead maxlen. An idle entry deleted from the
- * stream gets its dead record and XACK, unless it is pending as this
- * consumer's (a late heartbeat, or an earlier process of the same name):
- * then only the XACK, and its record is the caller's. Returns {next cursor
- * ("0-0" when the pending list's end was reached), entries claimed as [id,
- * fields] (XCLAIM: the delivery count rises by one), ids recorded, ids of
- * ours acknowledged}; the last three together are at most the most asked.
+ * stream gets its dead record and XACK, whoever holds it (one pending as
+ * this consumer's too: an earlier process of the same name; or this one,
+ * if its heartbeat is late by more than the claim time -- a stall, after
+ * which its slot may write a second record, as any entry may then run
+ * twice). Returns {next cursor ("0-0" when the pending list's end was
+ * reached), entries claimed as [id, fields] (XCLAIM: the delivery count
+ * rises by one), ids recorded}; the last two together are at most the most
+ * asked.
  */
 extern const char tps_script_claim[];
 

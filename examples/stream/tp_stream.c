@@ -692,10 +692,11 @@ static int removed_by_us(tps_consumer *c, const char *id, size_t len);
  * found deleted and no longer pending when it is let go gets its record
  * from us (let_go; a slot in the pool writes its outcome anyway) -- two
  * records if a peer's claim took it meanwhile, which it does only after a
- * stall longer than claim_idle; never none. */
+ * stall longer than claim_idle; never none. S_FREE slots too: one taken
+ * but not admitted yet (dispatch_due's) reads it, and slot_alloc clears it. */
 static void hold_lost(tps_consumer *c) {
     for (uint32_t i = 0; i < c->nslots; i++)
-        if (c->slots[i].state != S_FREE && c->slots[i].state != S_UNRUN) c->slots[i].unsure = 1;
+        if (c->slots[i].state != S_UNRUN) c->slots[i].unsure = 1;
 }
 
 /* Ids a script recorded dead itself (deleted from the stream: scripts.h):
@@ -717,8 +718,9 @@ static void recorded_list(tps_consumer *c, const redisReply *r) {
 /* A hold script's reply {recorded, acknowledged} (scripts.h). */
 static void hold_reply(tps_consumer *c, const redisReply *r);
 
-/* The ids a hold or claim script acknowledged because they were deleted
- * from the stream (its reply `r`, an array): their records are ours. */
+/* The ids a hold script acknowledged because they were deleted from the
+ * stream, for slots of ours ("K": its reply's second list): their records
+ * are ours. */
 static void removed_list(tps_consumer *c, const redisReply *r) {
     uint32_t lost = 0;
     for (size_t k = 0; k < r->elements; k++) {
@@ -726,7 +728,7 @@ static void removed_list(tps_consumer *c, const redisReply *r) {
         if (id->type == REDIS_REPLY_STRING && id->len > 0 && id->len <= TPS_ID_MAX)
             lost += removed_by_us(c, id->str, id->len) != 0;
     }
-    if (lost > 0) { /* cannot happen: a claim takes no more than free slots; say so if it does */
+    if (lost > 0) { /* cannot happen: each is in a slot (replies are read at once); say so if it does */
         char num[16];
         snprintf(num, sizeof num, "%u", lost);
         log1(c, TP_LOG_ERROR, "deleted_entries_unrecorded", "count", num);
@@ -1383,7 +1385,7 @@ static const char *held_id(tps_consumer *c, uint32_t i, int stopping, size_t *le
 
 /* Entries read and put in the heap still show Redis's count 1 for a run
  * that has not happened (TPS_SCHED_LOWER): set it to what the heap keeps
- * (0 for all of them: one hold script per CLAIM_ARGS_MAX ids). Until then a
+ * (0 for all of them: one hold script per CLAIM_ARGS_MAX / 2 ids). Until then a
  * crash only counts one delivery too many. */
 static int lower_waiting(tps_consumer *c) {
     if (c->n_lower == 0) return 0;
@@ -1491,12 +1493,13 @@ static void deleted_entry(tps_consumer *c, uint32_t i, const char *id, size_t le
     finish_dead(c, i, "entry deleted before it ran");
 }
 
-/* An entry deleted from the stream that a hold or claim script of ours has
- * just acknowledged (scripts.h): its record is ours to write, and nobody
- * else's. A slot's task writes it when it runs, or let_go does (unpended);
- * a waiting entry's is written now, or, with no slot free, when it comes
- * due (TPS_SCHED_DROPPED, due at once); an entry not held here (a claim's)
- * gets a slot for it. Nonzero when no slot was free for that. */
+/* An entry deleted from the stream that a hold script of ours has just
+ * acknowledged for a slot (scripts.h, "K"): its record is ours to write, and
+ * nobody else's. The slot's task writes it when it runs, or let_go does
+ * (unpended). Should it no longer be in a slot, a waiting entry's record is
+ * written now, or, with no slot free, when it comes due (TPS_SCHED_DROPPED,
+ * due at once), and one not held at all gets a slot for it. Nonzero when no
+ * slot was free for that. */
 static int removed_by_us(tps_consumer *c, const char *id, size_t len) {
     uint32_t i = ids_find(c, id, len);
     if (i != NIL) { /* nothing left to acknowledge */
@@ -1571,13 +1574,9 @@ static int claim(tps_consumer *c) {
     size_t cl = r->element[0]->len < TPS_ID_MAX ? r->element[0]->len : TPS_ID_MAX;
     memcpy(c->claim_cursor, r->element[0]->str, cl);
     c->claim_cursor[cl] = '\0';
-    /* Idle pending entries deleted from the stream (XTRIM, XDEL): those the
-     * script recorded dead (a lost reply loses only their count here), and
-     * those pending as ours, which it acknowledged and whose records are
-     * ours to write (claimed and deleted ones together are at most `room`,
-     * no more than the free slots). */
+    /* Idle pending entries deleted from the stream (XTRIM, XDEL), which the
+     * script recorded dead (a lost reply loses only their count here). */
     if (r->elements >= 3 && r->element[2]->type == REDIS_REPLY_ARRAY) recorded_list(c, r->element[2]);
-    if (r->elements >= 4 && r->element[3]->type == REDIS_REPLY_ARRAY) removed_list(c, r->element[3]);
     const redisReply *ents = r->element[1];
     uint32_t *got = c->claim_got, n = 0;
     const char **errs = c->claim_err;
@@ -1768,8 +1767,11 @@ static int dispatch_due(tps_consumer *c) {
     for (k = 0; k < n; k++) {
         uint32_t i = due[k].slot;
         if (i == NIL) continue;
-        if (failed) {
-            slot_free(c, i);
+        if (failed) { /* pending unheld: a claim brings it back; unless a lost set_count acked it deleted */
+            if (c->slots[i].unsure)
+                let_go_later(c, i, 0); /* let_go records it if it is deleted and not pending */
+            else
+                slot_free(c, i);
             continue;
         }
         admit(c, i, due[k].perr);

@@ -734,19 +734,23 @@ def scenario_deleted_held(env):
     check(verify(r, every)[2] == 0, "a duplicate written at the stop")
 
     # (c) A claim's reply is lost the same way: an entry of a consumer that
-    # never comes back is deleted, then Redis sleeps; the claim sent
-    # meanwhile (the worker holds nothing, so nothing else is sent) times
-    # out and runs later. Its script writes the entry's dead record itself.
+    # never comes back, and one of an earlier process of this worker's name,
+    # are deleted, then Redis sleeps; the claim sent meanwhile (the worker
+    # holds nothing, so nothing else is sent) times out and runs later. Its
+    # script writes both dead records itself.
+    mine = r("XADD", "tasks", "*", "work", "1ms")
+    r("XREADGROUP", "GROUP", "taskpool", "k0", "COUNT", 1, "STREAMS", "tasks", ">")  # no worker runs now
     k = env.worker("k0", CLAIM_IDLE="3s")
     ghost = r("EVAL", GHOST, 1, "tasks", 1, "work", "1ms")
-    every.add(ghost)
-    cmds = [("XDEL", "tasks", ghost), ("DEBUG", "SLEEP", "8")]
+    every |= {ghost, mine}
+    cmds = [("XDEL", "tasks", ghost, mine), ("DEBUG", "SLEEP", "8")]
     r.s.sendall(b"".join(b"*%d\r\n" % len(c) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a.encode()) for a in c)
                          for c in cmds))
-    check(r._reply() == 1 and r._reply() == "OK", "XDEL, DEBUG SLEEP")
+    check(r._reply() == 2 and r._reply() == "OK", "XDEL, DEBUG SLEEP")
     wait_until(lambda: '"reason":"claiming"' in env.log_of(k), 10, "k0's claim to time out")
-    wait_until(lambda: accounted(r, every), 15, "the deleted entry's record")
-    check(dead_reasons(r).get(ghost) == "entry deleted before it ran", "the ghost's entry: %r" % dead_reasons(r))
+    wait_until(lambda: accounted(r, every), 15, "the deleted entries' records")
+    check(all(dead_reasons(r).get(e) == "entry deleted before it ran" for e in (ghost, mine)),
+          "the deleted entries' records: %r" % dead_reasons(r))
     check(env.stop(k) == 0, "worker k0 did not exit 0")
     check(verify(r, every)[2] == 0, "duplicates")
 
