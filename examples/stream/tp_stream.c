@@ -1418,8 +1418,9 @@ static int lower_waiting(tps_consumer *c) {
 }
 
 /* The hold script (scripts.h) over every held id: resets their idle time,
- * counts no delivery, and acknowledges those deleted from the stream, whose
- * records are then ours (removed_by_us). An id no longer pending as ours
+ * counts no delivery, and acknowledges those deleted from the stream: it
+ * records a waiting one itself, and a slot's record is then ours
+ * (removed_by_us). An id no longer pending as ours
  * is left alone: a peer claimed it (this worker stalled), or a peer's claim
  * removed it deleted and wrote its record, or the group was reset. */
 static int heartbeat(tps_consumer *c) {
@@ -1891,7 +1892,7 @@ static int receive_read(tps_consumer *c) {
  * WRITE_RETRY_MIN_MS, doubling up to WRITE_RETRY_MAX_MS. A stop waits for
  * both within tps_finish's budget; what is left then stays pending as it is
  * (counts one higher: never lower than the deliveries that could have run;
- * a deleted one that a script of ours acknowledged gets no record). */
+ * a deleted `unsure` one that a lost script acknowledged gets no record). */
 static void let_go(tps_consumer *c) {
     char idle[24], held[LET_GO_BATCH][16], give[LET_GO_BATCH][16];
     snprintf(idle, sizeof idle, "%llu", (unsigned long long)(c->claim_idle_ns / 1000000ull));

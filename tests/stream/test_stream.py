@@ -653,6 +653,15 @@ def scenario_trimmed_pending(env):
     check(env.stop(w) == 0, "worker did not exit 0")
 
 
+def delete_then_sleep(r, *ids):
+    """XDEL of `ids`, then DEBUG SLEEP 8 (longer than a worker's 5 s command
+    timeout), in one pipeline: no worker command runs between the two."""
+    cmds = [("XDEL", "tasks") + ids, ("DEBUG", "SLEEP", "8")]
+    r.s.sendall(b"".join(b"*%d\r\n" % len(c) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a.encode()) for a in c)
+                         for c in cmds))
+    check(r._reply() == len(ids) and r._reply() == "OK", "XDEL, DEBUG SLEEP")
+
+
 def scenario_deleted_held(env):
     """Entries deleted from the stream while a live worker holds them (four
     waiting for their time, one in the pool's queue) get one record each,
@@ -719,11 +728,7 @@ def scenario_deleted_held(env):
                metrics(h)["taskpool_queued"] == 1, 10, "h0 to hold one entry until its time, one in its backlog "
                "and one in its queue")
     every |= {sched, blocker, filler, held}
-    # one pipeline: no heartbeat between the deletions and the sleep
-    cmds = [("XDEL", "tasks", sched, held), ("DEBUG", "SLEEP", "8")]
-    r.s.sendall(b"".join(b"*%d\r\n" % len(c) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a.encode()) for a in c)
-                         for c in cmds))
-    check(r._reply() == 2 and r._reply() == "OK", "XDEL, DEBUG SLEEP")
+    delete_then_sleep(r, sched, held)
     wait_until(lambda: '"reason":"heartbeat"' in env.log_of(h), 10, "h0's heartbeat to time out")
     wait_until(lambda: accounted(r, every), 30, "an outcome for each entry")
     time.sleep(0.5)
@@ -743,10 +748,7 @@ def scenario_deleted_held(env):
     k = env.worker("k0", CLAIM_IDLE="3s")
     ghost = r("EVAL", GHOST, 1, "tasks", 1, "work", "1ms")
     every |= {ghost, mine}
-    cmds = [("XDEL", "tasks", ghost, mine), ("DEBUG", "SLEEP", "8")]
-    r.s.sendall(b"".join(b"*%d\r\n" % len(c) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a.encode()) for a in c)
-                         for c in cmds))
-    check(r._reply() == 2 and r._reply() == "OK", "XDEL, DEBUG SLEEP")
+    delete_then_sleep(r, ghost, mine)
     wait_until(lambda: '"reason":"claiming"' in env.log_of(k), 10, "k0's claim to time out")
     wait_until(lambda: accounted(r, every), 15, "the deleted entries' records")
     check(all(dead_reasons(r).get(e) == "entry deleted before it ran" for e in (ghost, mine)),
