@@ -115,9 +115,8 @@ extern const char tps_script_hold[];
  * pending entries to look at, dead maxlen. An idle entry deleted from the
  * stream gets its dead record and XACK, whoever holds it (one pending as
  * this consumer's too: an earlier process of the same name; or this one,
- * if its heartbeat is late by more than the claim time -- a stall, after
- * which its slot may write a second record, as any entry may then run
- * twice). Returns {next cursor ("0-0" when the pending list's end was
+ * if its heartbeat is late by more than the claim time -- a stall: the
+ * slot holding it then writes no record of its own). Returns {next cursor ("0-0" when the pending list's end was
  * reached), entries claimed as [id, fields] (XCLAIM: the delivery count
  * rises by one), ids recorded}; the last two together are at most the most
  * asked.

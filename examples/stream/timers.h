@@ -27,9 +27,8 @@ uint32_t tps_sched_count(const tps_sched *s);
 uint32_t tps_sched_room(const tps_sched *s);
 
 /* Flags the consumer keeps with an entry. */
-#define TPS_SCHED_DROPPED 2u /* deleted from the stream, and Redis dropped it from the pending list */
-#define TPS_SCHED_LOWER   4u /* Redis's delivery count is one above the entry's: to be set (read entries) */
-#define TPS_SCHED_RAISED  8u /* Redis's count is one above, and stays: it counts the coming run already */
+#define TPS_SCHED_LOWER  4u /* Redis's delivery count is one above the entry's: to be set (read entries) */
+#define TPS_SCHED_RAISED 8u /* Redis's count is one above, and stays: it counts the coming run already */
 
 /* 0 added; 1 already held (nothing changed); -1 full or id too long. */
 int tps_sched_add(tps_sched *s, const char *id, size_t len, uint64_t due_ms, unsigned deliveries,

@@ -84,6 +84,7 @@ typedef struct slot {
     uint8_t back;      /* S_UNRUN: give its delivery back when it is let go (let_go) */
     uint8_t unpended;  /* a hold or claim script of ours acknowledged it deleted: its record is ours */
     uint8_t unsure;    /* a hold script's reply was lost while we held it: it may have done so (hold_lost) */
+    uint8_t recorded;  /* our claim script recorded it dead itself (a stall): nothing more is written */
     uint8_t has_payload;
     uint8_t due;     /* its time has come: not scheduled again */
     uint8_t no_ack;  /* not pending any more (Redis 7 dropped it, or our script acknowledged it deleted) */
@@ -358,7 +359,7 @@ static uint32_t slot_alloc(tps_consumer *c) {
     c->n_free--;
     slot *s = &c->slots[i];
     s->next = NIL;
-    s->fresh = s->claimed = s->due_guess = s->back = s->unpended = s->unsure = 0;
+    s->fresh = s->claimed = s->due_guess = s->back = s->unpended = s->unsure = s->recorded = 0;
     s->has_payload = 0;
     s->due = s->no_ack = s->gave_up = s->written = 0;
     s->prio = 0;
@@ -419,12 +420,27 @@ static void finish_dead(tps_consumer *c, uint32_t i, const char *reason) {
     c->n_done++;
 }
 
+/* The end of a slot whose entry our claim script recorded dead meanwhile
+ * (recorded_list): no second record; the log says what became of it. */
+static void outcome_dropped(tps_consumer *c, const slot *s) {
+    const char *kv[] = {
+        "id",      s->id,
+        "outcome", s->state != S_DONE ? "unfinished" : s->outcome == OUT_OK ? "succeeded" : "failed",
+        "reason",  "recorded dead by the claim after a stall"};
+    logkv(c, TP_LOG_WARN, "outcome_dropped", kv, 3);
+}
+
 /* Slot i is let go without an outcome of ours (a stop, a forced shutdown, a
  * closed pool): S_UNRUN until let_go() has looked at it in Redis (a deleted
  * entry gets its dead record) and, with `back`, given its delivery back; or
  * at once its dead record, if a script of ours acknowledged it deleted. */
 static void let_go_later(tps_consumer *c, uint32_t i, int back) {
     slot *s = &c->slots[i];
+    if (s->recorded) { /* recorded and acknowledged already (recorded_list) */
+        outcome_dropped(c, s);
+        slot_free(c, i);
+        return;
+    }
     if (s->unpended) { /* acknowledged deleted by a script of ours: its record, nothing to ask Redis */
         cnt_add(&c->n_deleted, 1);
         finish_dead(c, i,
@@ -615,7 +631,7 @@ static void on_done(void *arg, int status);
  */
 static void submit(tps_consumer *c, uint32_t i, int how) {
     slot *s = &c->slots[i];
-    int counted = s->state == S_OVERFLOW; /* in n_low_admitted already */
+    int counted = s->state == S_OVERFLOW && s->prio < 0; /* in n_low_admitted already */
     if (how != SUB_AGAIN) {
         user_q *q = users_get(c, s->user, 0);
         int capped = low_capped(c, s);
@@ -701,12 +717,21 @@ static void hold_lost(tps_consumer *c) {
 
 /* Ids a script recorded dead itself (deleted from the stream: scripts.h):
  * counted and logged as the worker's own dead records are, and out of the
- * heap if one waited there. */
+ * heap if one waited there. One may be in a slot of ours: our own claim
+ * script takes a deleted entry of this consumer's name once it is idle
+ * longer than claim_idle, which a held one is only after a stall (Redis
+ * busy, or this process stopped, longer than that). Its record is written
+ * then, so the slot writes none: its task runs (or runs on: it cannot be
+ * taken back; one still in the backlog runs as a deleted entry acknowledged
+ * by the heartbeat does), and its outcome is dropped when it ends
+ * (write_outcomes, let_go_later, let_go). */
 static void recorded_list(tps_consumer *c, const redisReply *r) {
     for (size_t k = 0; k < r->elements; k++) {
         const redisReply *id = r->element[k];
         if (id->type != REDIS_REPLY_STRING || id->len == 0 || id->len > TPS_ID_MAX) continue;
         if (tps_sched_count(c->sched) > 0) (void)tps_sched_remove(c->sched, id->str, id->len);
+        uint32_t i = ids_find(c, id->str, id->len);
+        if (i != NIL) c->slots[i].recorded = c->slots[i].no_ack = 1;
         cnt_add(&c->n_deleted, 1);
         cnt_add(&c->n_dead, 1);
         cnt_add(&c->n_acked, 1);
@@ -1229,6 +1254,7 @@ static int write_outcomes(tps_consumer *c) {
         /* 1. the records */
         for (uint32_t k = 0; k < n; k++) {
             slot *s = &c->slots[batch[k]];
+            if (s->recorded) continue; /* recorded dead by our claim script (recorded_list) */
             if (s->outcome != OUT_OK) {
                 n_dead++;
                 continue;
@@ -1251,7 +1277,7 @@ static int write_outcomes(tps_consumer *c) {
             args(c, &argc, c->dead_maxlen);
             for (uint32_t k = 0; k < n; k++) {
                 slot *s = &c->slots[batch[k]];
-                if (s->outcome != OUT_DEAD) continue;
+                if (s->outcome != OUT_DEAD || s->recorded) continue;
                 char(*num)[24] = &c->numbuf[(size_t)k * NUMS_PER_RECORD];
                 args(c, &argc, "D");
                 args(c, &argc, s->no_ack ? "0" : "1");
@@ -1272,7 +1298,7 @@ static int write_outcomes(tps_consumer *c) {
         read_meanwhile(c);
         for (uint32_t k = 0; k < n && n_xadd > 0; k++) { /* the XADD replies, in the order sent */
             slot *s = &c->slots[batch[k]];
-            if (s->outcome != OUT_OK || s->written) continue;
+            if (s->outcome != OUT_OK || s->written || s->recorded) continue;
             redisReply *r = NULL;
             if (redisGetReply(c->wr, (void **)&r) != REDIS_OK) return -1;
             if (r->type == REDIS_REPLY_STRING)
@@ -1303,7 +1329,8 @@ static int write_outcomes(tps_consumer *c) {
         size_t first = argc;
         for (uint32_t k = 0; k < n; k++) {
             slot *s = &c->slots[batch[k]];
-            if (s->outcome == OUT_OK && s->written && !s->no_ack) arg(c, &argc, s->id, s->id_len);
+            if (s->outcome == OUT_OK && s->written && !s->no_ack && !s->recorded)
+                arg(c, &argc, s->id, s->id_len);
         }
         int ack_ok = 1;
         long long acked = 0;
@@ -1324,6 +1351,11 @@ static int write_outcomes(tps_consumer *c) {
         for (uint32_t k = 0; k < n; k++) {
             uint32_t i = list_pop(c, &c->done_head, &c->done_tail);
             slot *s = &c->slots[i];
+            if (s->recorded) { /* counted by recorded_list */
+                outcome_dropped(c, s);
+                slot_free(c, i);
+                continue;
+            }
             int done = s->outcome == OUT_OK ? s->written && (ack_ok || s->no_ack) : dead_ok;
             if (!done) {
                 list_push(c, &keep_head, &keep_tail, i);
@@ -1367,8 +1399,6 @@ static int write_outcomes(tps_consumer *c) {
     return 0;
 }
 
-static void deleted_entry(tps_consumer *c, uint32_t i, const char *id, size_t len, int dropped);
-
 /* The id of held entry i for the heartbeat (slots, then the timer heap),
  * NULL when slot i holds none (or, while stopping, only a released one). */
 static const char *held_id(tps_consumer *c, uint32_t i, int stopping, size_t *len) {
@@ -1376,7 +1406,7 @@ static const char *held_id(tps_consumer *c, uint32_t i, int stopping, size_t *le
     const slot *s = &c->slots[i];
     /* S_UNRUN: let go already (its script checks whose it is; taking it
      * back from a peer that claimed it meanwhile would be wrong) */
-    if (s->state == S_FREE || s->state == S_UNRUN ||
+    if (s->state == S_FREE || s->state == S_UNRUN || s->recorded ||
         (stopping && (s->state == S_BACKLOG || s->state == S_OVERFLOW)))
         return NULL;
     *len = s->id_len;
@@ -1480,16 +1510,15 @@ static uint32_t read_room(tps_consumer *c, int timers_too) {
     return !timers_too || room < timers ? room : timers;
 }
 
-/* Slot i for an entry deleted from the stream before it ran: a dead record.
- * `dropped`: Redis already removed it from the pending list (no XACK). */
-static void deleted_entry(tps_consumer *c, uint32_t i, const char *id, size_t len, int dropped) {
+/* Slot i for an entry deleted from the stream before it ran, still pending
+ * as ours: a dead record, and its XACK. */
+static void deleted_entry(tps_consumer *c, uint32_t i, const char *id, size_t len) {
     slot *s = &c->slots[i];
     memcpy(s->id, id, len);
     s->id[len] = '\0';
     s->id_len = len;
     ids_insert(c, i);
     s->deliveries = 0; /* unknown: the pending list no longer has it */
-    s->no_ack = (uint8_t)dropped;
     cnt_add(&c->n_deleted, 1);
     finish_dead(c, i, "entry deleted before it ran");
 }
@@ -1497,24 +1526,13 @@ static void deleted_entry(tps_consumer *c, uint32_t i, const char *id, size_t le
 /* An entry deleted from the stream that a hold script of ours has just
  * acknowledged for a slot (scripts.h, "K"): its record is ours to write, and
  * nobody else's. The slot's task writes it when it runs, or let_go does
- * (unpended). Should it no longer be in a slot, a waiting entry's record is
- * written now, or, with no slot free, when it comes due (TPS_SCHED_DROPPED,
- * due at once), and one not held at all gets a slot for it. Nonzero when no
- * slot was free for that. */
+ * (unpended). Nonzero when it is in no slot, which does not happen: "K" goes
+ * only with a slot's id, and a hold script's reply is read before anything
+ * frees a slot (heartbeat, lower_waiting, read_count_replies). */
 static int removed_by_us(tps_consumer *c, const char *id, size_t len) {
     uint32_t i = ids_find(c, id, len);
-    if (i != NIL) { /* nothing left to acknowledge */
-        c->slots[i].unpended = c->slots[i].no_ack = 1;
-        return 0;
-    }
-    int waiting = tps_sched_count(c->sched) > 0 && tps_sched_has(c->sched, id, len);
-    if (c->n_free > c->read_outstanding) {
-        if (waiting) (void)tps_sched_remove(c->sched, id, len);
-        deleted_entry(c, slot_alloc(c), id, len, 1);
-        return 0;
-    }
-    if (!waiting) return 1;
-    (void)tps_sched_mark(c->sched, id, len, TPS_SCHED_DROPPED, 0, tps_unix_ms());
+    if (i == NIL) return 1;
+    c->slots[i].unpended = c->slots[i].no_ack = 1; /* nothing left to acknowledge */
     return 0;
 }
 
@@ -1693,10 +1711,7 @@ static int dispatch_due(tps_consumer *c) {
             break;
         }
         due[k].gone = r->type == REDIS_REPLY_ARRAY && r->elements == 0;
-        if (due[k].gone && (due[k].flags & TPS_SCHED_DROPPED)) {       /* the heartbeat saw Redis drop it */
-            deleted_entry(c, slot_alloc(c), due[k].id, due[k].len, 1); /* cap <= free slots */
-            due[k].gone = 0;
-        } else if (due[k].gone) {
+        if (due[k].gone) {
             ngone++;
         } else if (r->type == REDIS_REPLY_ARRAY) {
             due[k].perr = NULL;
@@ -1747,7 +1762,7 @@ static int dispatch_due(tps_consumer *c) {
         const redisReply *row = p->type == REDIS_REPLY_ARRAY && p->elements == 1 ? p->element[0] : NULL;
         if (row != NULL && row->type == REDIS_REPLY_ARRAY && row->elements >= 2 &&
             row->element[1]->type == REDIS_REPLY_STRING && strcmp(row->element[1]->str, c->consumer) == 0)
-            deleted_entry(c, slot_alloc(c), due[k].id, due[k].len, 0); /* cap <= free slots */
+            deleted_entry(c, slot_alloc(c), due[k].id, due[k].len); /* cap <= free slots */
         due[k].gone = 0;
         freeReplyObject(p);
     }
@@ -1942,6 +1957,11 @@ static void let_go(tps_consumer *c) {
             const redisReply *e = r->element[k];
             const char *st = e->type == REDIS_REPLY_STRING ? e->str : "other";
             slot *s = &c->slots[i];
+            if (s->recorded) { /* recorded meanwhile (recorded_list): "dropped" */
+                outcome_dropped(c, s);
+                slot_free(c, i);
+                continue;
+            }
             /* dropped: deleted and not pending. Its record is ours only if a
              * script of ours acknowledged it, or may have (hold_lost); else a
              * peer's claim did, after this worker stalled, and wrote one, or
@@ -1960,34 +1980,10 @@ static void let_go(tps_consumer *c) {
     }
 }
 
-/* A slot to take off the let-go list unchecked, when a record needs its
- * place: one whose entry our own commands never saw leave the pending list
- * if there is one (still pending, a later claim records it if it was
- * deleted; its count stays one high), else the first. */
-static uint32_t unrun_evict(tps_consumer *c) {
-    uint32_t prev = NIL, i = c->unrun_head;
-    while (i != NIL && (c->slots[i].unpended || c->slots[i].unsure)) { /* whose records may be ours */
-        prev = i;
-        i = c->slots[i].next;
-    }
-    if (i == NIL) {
-        prev = NIL;
-        i = c->unrun_head;
-    }
-    uint32_t next = c->slots[i].next;
-    if (prev == NIL)
-        c->unrun_head = next;
-    else
-        c->slots[prev].next = next;
-    if (c->unrun_tail == i) c->unrun_tail = prev;
-    c->n_unrun--;
-    return i;
-}
-
 /* Stop: let go of what has not entered the pool (it stays pending in Redis,
  * its delivery given back, or its dead record written if it was deleted:
- * let_go), and write the dead records of waiting entries the heartbeat saw
- * deleted (TPS_SCHED_DROPPED): nobody else knows of them any more. */
+ * let_go); entries waiting for their time stay pending as they are (the
+ * hold script recorded those it found deleted). */
 static void apply_stop(tps_consumer *c) {
     c->stopped_applied = 1;
     if (c->rd != NULL) { /* an XREADGROUP in flight may deliver more: drop the reader */
@@ -1997,7 +1993,7 @@ static void apply_stop(tps_consumer *c) {
     }
     if (c->wr != NULL && lower_waiting(c) != 0) /* the heap is forgotten below: its counts go right now */
         disconnect(c, "setting delivery counts", c->wr->errstr);
-    uint32_t released = 0, lost = 0;
+    uint32_t released = 0;
     c->n_low_admitted = 0;
     for (uint32_t i = 0; i < c->nslots; i++) { /* their lists are dropped below */
         slot *s = &c->slots[i];
@@ -2012,29 +2008,6 @@ static void apply_stop(tps_consumer *c) {
     c->n_backlog = c->n_overflow = 0;
     for (int l = 0; l < LANES; l++) c->overflow_head[l] = c->overflow_tail[l] = NIL;
     let_go(c);
-    for (;;) { /* a removal reorders the heap: look again from the start each time */
-        uint32_t k = 0, count = tps_sched_count(c->sched);
-        while (k < count && !(tps_sched_flags(c->sched, k) & TPS_SCHED_DROPPED)) k++;
-        if (k == count) break;
-        size_t len;
-        char id[TPS_SCHED_ID_MAX + 1];
-        memcpy(id, tps_sched_id(c->sched, k, &len, NULL), len + 1);
-        (void)tps_sched_remove(c->sched, id, len);
-        uint32_t i = slot_alloc(c);
-        if (i == NIL && c->n_unrun > 0) { /* no connection, or a refused script: one of those gives way */
-            slot_free(c, unrun_evict(c));
-            i = slot_alloc(c);
-        }
-        if (i == NIL)
-            lost++;
-        else
-            deleted_entry(c, i, id, len, 1);
-    }
-    if (lost > 0) {
-        char num[16];
-        snprintf(num, sizeof num, "%u", lost);
-        log1(c, TP_LOG_ERROR, "deleted_entries_unrecorded", "count", num);
-    }
     released += tps_sched_count(c->sched); /* waiting for their time: pending, another worker claims them */
     tps_sched_clear(c->sched);
     c->n_lower = 0;

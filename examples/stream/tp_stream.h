@@ -143,7 +143,9 @@
  * pending at all gets its record from this worker. A
  * deleted entry gets two records only as any entry can run twice: when its
  * worker stalls longer than claim_idle (a peer's claim takes it over, or
- * records it deleted, while the stalled worker still runs it). When a
+ * records it deleted, while the stalled worker still runs it); when its own
+ * claim records it after such a stall, the slot's outcome is dropped
+ * (logged `outcome_dropped`), so one record. When a
  * connection fails, both are closed and reopened with exponential backoff
  * (100 ms to 2 s); tasks keep running and their outcomes wait in their slots.
  *

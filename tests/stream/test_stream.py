@@ -673,7 +673,9 @@ def scenario_deleted_held(env):
     before the holder's heartbeat; so the entries are deleted one at a time.)
     The holder's pool is full, so that it makes no claim of its own.
     (b) A heartbeat whose reply is lost (Redis ran it) leaves no deleted
-    entry without its record, (c) nor does a claim's."""
+    entry without its record, (c) nor does a claim's; (d) a running entry
+    deleted while Redis stalls gets one record, whether the heartbeat or
+    the worker's own claim comes first after the stall."""
     r = env.start_redis("--enable-debug-command", "yes")
     cfg = dict(CLAIM_IDLE="300ms", WORKERS=1, QUEUE_CAPACITY=1, MAX_PER_USER=1)
     w0 = env.worker("w0", **cfg)
@@ -755,6 +757,44 @@ def scenario_deleted_held(env):
           "the deleted entries' records: %r" % dead_reasons(r))
     check(env.stop(k) == 0, "worker k0 did not exit 0")
     check(verify(r, every)[2] == 0, "duplicates")
+
+    # (d) A running entry is deleted and Redis stalls (DEBUG SLEEP 2) longer
+    # than CLAIM_IDLE (1 s), in one transaction: the worker's command that
+    # Redis runs first after the sleep is its heartbeat (which acknowledges
+    # the deleted entry for its slot, which writes the outcome) or its own
+    # claim (which now sees the entry idle 2 s and records it dead itself;
+    # the slot then writes nothing: outcome_dropped). Which one it is varies
+    # from try to try (four tries, at different moments of the heartbeat's
+    # and the claim's periods); either way the entry gets one record.
+    s0 = env.worker("s0", CLAIM_IDLE="1s", WORKERS=4)
+    tries = []
+    for t in range(4):
+        eid = r("XADD", "tasks", "*", "work", "4s")
+        tries.append(eid)
+        wait_until(lambda: metrics(s0)["taskpool_started_total"] == t + 1, 10, "entry %d to start" % t)
+        time.sleep(0.1 + 0.13 * t)
+        r("MULTI")
+        r("XDEL", "tasks", eid)
+        r("DEBUG", "SLEEP", "2")
+        check(r("EXEC") == [1, "OK"], "XDEL, DEBUG SLEEP")
+    every |= set(tries)
+    wait_until(lambda: accounted(r, every), 20, "an outcome for each deleted running entry")
+    wait_until(lambda: metrics(s0)["taskpool_active"] == 0 and metrics(s0)["tps_stream_held"] == 0, 20,
+               "s0's tasks to end and their slots to be freed")
+    time.sleep(0.5)  # a second record, if any, comes within a heartbeat or a claim
+    done, dead, dups = verify(r, every)
+    check(dups == 0, "duplicates %d: done %r dead %r" % (dups, done, dead))
+    m = metrics(s0)
+    recorded = sum(1 for _, f in dead if f["id"] in tries)
+    log("deleted_held (d): %d of 4 recorded by the worker's own claim, %d by the running slot" %
+        (recorded, 4 - recorded))
+    check(m["tps_stream_dead_total"] == recorded and m["tps_stream_succeeded_total"] == 4 - recorded,
+          "s0 counted dead %d succeeded %d; records: %d dead" %
+          (m["tps_stream_dead_total"], m["tps_stream_succeeded_total"], recorded))
+    check(env.log_of(s0).count('"outcome_dropped"') == recorded, "outcome_dropped lines: %d, want %d" %
+          (env.log_of(s0).count('"outcome_dropped"'), recorded))
+    check(env.stop(s0) == 0, "worker s0 did not exit 0")
+    check(verify(r, every)[2] == 0, "a duplicate written at the stop")
 
 
 def free_port():
