@@ -765,6 +765,27 @@ static void hold_reply(tps_consumer *c, const redisReply *r) {
     if (r->elements >= 2 && r->element[1]->type == REDIS_REPLY_ARRAY) removed_list(c, r->element[1]);
 }
 
+/* Read the replies of `n` hold scripts pipelined on the writer (heartbeat,
+ * lower_waiting, set_count): their ids to hold_reply, a refusal logged as
+ * `event` (the entries keep their idle time or count: the next heartbeat,
+ * or a claim, settles them). -1 when the connection failed: the replies
+ * not read are lost, and hold_lost() marks the slots. */
+static int read_hold_replies(tps_consumer *c, uint32_t n, const char *event) {
+    for (; n > 0; n--) {
+        redisReply *r = NULL;
+        if (redisGetReply(c->wr, (void **)&r) != REDIS_OK) {
+            hold_lost(c);
+            return -1;
+        }
+        if (r->type == REDIS_REPLY_ARRAY)
+            hold_reply(c, r);
+        else
+            log1(c, TP_LOG_WARN, event, "error", r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply");
+        freeReplyObject(r);
+    }
+    return 0;
+}
+
 /* Set an entry's delivery count in Redis (the hold script: XCLAIM to
  * ourselves with RETRYCOUNT and JUSTID, if it is still pending as ours;
  * `in_slot`: see hold_arg), pipelined on the writer: called from claim()
@@ -782,19 +803,9 @@ static void set_count(tps_consumer *c, const char *id, size_t len, unsigned deli
 /* Read the replies of set_count(); -1 when the connection failed (the
  * counts stay one higher: never lower than the runs). */
 static int read_count_replies(tps_consumer *c) {
-    int rc = 0;
-    for (; c->count_replies > 0; c->count_replies--) {
-        redisReply *u = NULL;
-        if (rc != 0 || redisGetReply(c->wr, (void **)&u) != REDIS_OK) {
-            if (rc == 0) hold_lost(c);
-            rc = -1;
-            continue;
-        }
-        if (u->type == REDIS_REPLY_ERROR) log1(c, TP_LOG_WARN, "set_count_failed", "error", u->str);
-        if (u->type == REDIS_REPLY_ARRAY) hold_reply(c, u);
-        freeReplyObject(u);
-    }
-    return rc;
+    uint32_t n = c->count_replies;
+    c->count_replies = 0;
+    return read_hold_replies(c, n, "set_count_failed");
 }
 
 /* A new entry in slot i (read, claimed or due): dead, waiting for its time,
@@ -1433,18 +1444,7 @@ static int lower_waiting(tps_consumer *c) {
     }
     tps_sched_unflag(c->sched, TPS_SCHED_LOWER); /* before the replies change the heap */
     c->n_lower = 0;
-    int rc = 0;
-    for (; sent > 0; sent--) {
-        redisReply *r = NULL;
-        if (rc != 0 || redisGetReply(c->wr, (void **)&r) != REDIS_OK) {
-            if (rc == 0) hold_lost(c);
-            rc = -1;
-            continue;
-        }
-        if (r->type == REDIS_REPLY_ARRAY) hold_reply(c, r);
-        freeReplyObject(r);
-    }
-    return rc;
+    return read_hold_replies(c, sent, "set_count_failed");
 }
 
 /* The hold script (scripts.h) over every held id: resets their idle time,
@@ -1467,21 +1467,7 @@ static int heartbeat(tps_consumer *c) {
         if (redisAppendCommandArgv(c->wr, (int)argc, c->argv, c->argvlen) != REDIS_OK) return -1;
         sent++;
     }
-    int rc = 0;
-    for (; sent > 0; sent--) {
-        redisReply *r = NULL;
-        if (rc != 0 || redisGetReply(c->wr, (void **)&r) != REDIS_OK) {
-            if (rc == 0) hold_lost(c);
-            rc = -1;
-            continue;
-        }
-        if (r->type == REDIS_REPLY_ARRAY)
-            hold_reply(c, r);
-        else
-            log1(c, TP_LOG_WARN, "heartbeat_failed", "error", r->type == REDIS_REPLY_ERROR ? r->str : "?");
-        freeReplyObject(r);
-    }
-    return rc;
+    return read_hold_replies(c, sent, "heartbeat_failed");
 }
 
 /* How many entries a read or claim may bring now: pool room, free slots,
