@@ -69,8 +69,8 @@ extern const char tps_script_requeue[];
  * (deleted from the stream, still pending as ours: the worker writes its
  * dead record and acknowledges it); "dropped" (deleted and no longer pending:
  * the worker writes its record, with nothing to acknowledge, only if a hold
- * or claim script of its own acknowledged it, below -- else a peer has ended
- * it); "other" (pending as another consumer's, or with another count, or not
+ * script of its own acknowledged it, below -- else a peer has ended it);
+ * "other" (pending as another consumer's, or with another count, or not
  * pending: left as it is, so a live peer that claimed it meanwhile keeps its
  * count).
  */
@@ -113,13 +113,17 @@ extern const char tps_script_hold[];
  * stream, dead. ARGV: group, consumer, min idle ms, cursor ("0-0" at the
  * start: else the last id looked at), the most entries to claim, the most
  * pending entries to look at, dead maxlen. An idle entry deleted from the
- * stream gets its dead record and XACK, whoever holds it (one pending as
- * this consumer's too: an earlier process of the same name; or this one,
- * if its heartbeat is late by more than the claim time -- a stall: the
- * slot holding it then writes no record of its own). Returns {next cursor ("0-0" when the pending list's end was
- * reached), entries claimed as [id, fields] (XCLAIM: the delivery count
- * rises by one), ids recorded}; the last two together are at most the most
- * asked.
+ * stream gets its dead record and XACK when another consumer holds it (one
+ * presumed dead); one pending as this consumer's is only listed and left
+ * pending: it may be this process's own, in a slot and idle after a stall
+ * (Redis busy, or this process stopped, longer than the claim time), whose
+ * record the slot writes -- or an earlier process's of the same name. The
+ * caller settles those with the hold script ("K" for its slots, else "R"),
+ * so a lost reply leaves them pending, never recorded behind a slot's back.
+ * Returns {next cursor ("0-0" when the pending list's end was reached),
+ * entries claimed as [id, fields] (XCLAIM: the delivery count rises by
+ * one), ids recorded, ids of this consumer's deleted entries}; the last
+ * three together are at most the most asked.
  */
 extern const char tps_script_claim[];
 

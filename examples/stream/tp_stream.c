@@ -20,7 +20,8 @@
  *   its delivery given back if it never ran, or writes its dead record if it
  *   was deleted from the stream meanwhile (UNRUN -> DONE).
  * A slot is FREE again only after its outcome record was written and the
- * entry acknowledged (write_outcomes), or after let_go.
+ * entry acknowledged (write_outcomes), or after let_go, or when it ends
+ * after a claim script recorded its entry meanwhile (recorded_list).
  *
  * Delivery counts: what Redis's count of a held entry must be at each step
  * is counts.h's table (pure rules); this file asks it at each step (admit,
@@ -82,7 +83,7 @@ typedef struct slot {
     uint8_t claimed;   /* came by a claim (its delivery count is XPENDING's, see counts.h) */
     uint8_t due_guess; /* due_ms counts `defer` from when it was read: its id is ahead of the clock */
     uint8_t back;      /* S_UNRUN: give its delivery back when it is let go (let_go) */
-    uint8_t unpended;  /* a hold or claim script of ours acknowledged it deleted: its record is ours */
+    uint8_t unpended;  /* a hold script of ours acknowledged it deleted: its record is ours */
     uint8_t unsure;    /* a hold script's reply was lost while we held it: it may have done so (hold_lost) */
     uint8_t recorded;  /* our claim script recorded it dead itself (a stall): nothing more is written */
     uint8_t has_payload;
@@ -420,20 +421,21 @@ static void finish_dead(tps_consumer *c, uint32_t i, const char *reason) {
     c->n_done++;
 }
 
-/* The end of a slot whose entry our claim script recorded dead meanwhile
+/* The end of a slot whose entry a claim script recorded dead meanwhile
  * (recorded_list): no second record; the log says what became of it. */
 static void outcome_dropped(tps_consumer *c, const slot *s) {
     const char *kv[] = {
         "id",      s->id,
         "outcome", s->state != S_DONE ? "unfinished" : s->outcome == OUT_OK ? "succeeded" : "failed",
-        "reason",  "recorded dead by the claim after a stall"};
+        "reason",  "recorded dead by a peer's claim after a stall"};
     logkv(c, TP_LOG_WARN, "outcome_dropped", kv, 3);
 }
 
 /* Slot i is let go without an outcome of ours (a stop, a forced shutdown, a
  * closed pool): S_UNRUN until let_go() has looked at it in Redis (a deleted
  * entry gets its dead record) and, with `back`, given its delivery back; or
- * at once its dead record, if a script of ours acknowledged it deleted. */
+ * at once its dead record, if a script of ours acknowledged it deleted; or
+ * freed, if a peer's claim script recorded it meanwhile (recorded_list). */
 static void let_go_later(tps_consumer *c, uint32_t i, int back) {
     slot *s = &c->slots[i];
     if (s->recorded) { /* recorded and acknowledged already (recorded_list) */
@@ -717,14 +719,15 @@ static void hold_lost(tps_consumer *c) {
 
 /* Ids a script recorded dead itself (deleted from the stream: scripts.h):
  * counted and logged as the worker's own dead records are, and out of the
- * heap if one waited there. One may be in a slot of ours: our own claim
- * script takes a deleted entry of this consumer's name once it is idle
- * longer than claim_idle, which a held one is only after a stall (Redis
- * busy, or this process stopped, longer than that). Its record is written
- * then, so the slot writes none: its task runs (or runs on: it cannot be
- * taken back; one still in the backlog runs as a deleted entry acknowledged
- * by the heartbeat does), and its outcome is dropped when it ends
- * (write_outcomes, let_go_later, let_go). */
+ * heap if one waited there. The claim script leaves this consumer's own
+ * entries to the hold script (own_deleted), and a hold script records only
+ * ids outside our slots; yet one may still be in a slot of ours: an entry a
+ * peer claimed from this worker while it stalled (Redis busy, or this
+ * process stopped, longer than claim_idle), which this worker still holds,
+ * and which then went idle under the peer's name. Its record is written,
+ * so the slot writes none: its task runs (or runs on: it cannot be taken
+ * back), and its outcome is dropped when it ends (write_outcomes,
+ * let_go_later, let_go). */
 static void recorded_list(tps_consumer *c, const redisReply *r) {
     for (size_t k = 0; k < r->elements; k++) {
         const redisReply *id = r->element[k];
@@ -1265,7 +1268,7 @@ static int write_outcomes(tps_consumer *c) {
         /* 1. the records */
         for (uint32_t k = 0; k < n; k++) {
             slot *s = &c->slots[batch[k]];
-            if (s->recorded) continue; /* recorded dead by our claim script (recorded_list) */
+            if (s->recorded) continue; /* recorded dead by a claim script (recorded_list) */
             if (s->outcome != OUT_OK) {
                 n_dead++;
                 continue;
@@ -1514,12 +1517,40 @@ static void deleted_entry(tps_consumer *c, uint32_t i, const char *id, size_t le
  * nobody else's. The slot's task writes it when it runs, or let_go does
  * (unpended). Nonzero when it is in no slot, which does not happen: "K" goes
  * only with a slot's id, and a hold script's reply is read before anything
- * frees a slot (heartbeat, lower_waiting, read_count_replies). */
+ * frees a slot (heartbeat; set_count and own_deleted: read_count_replies). */
 static int removed_by_us(tps_consumer *c, const char *id, size_t len) {
     uint32_t i = ids_find(c, id, len);
     if (i == NIL) return 1;
     c->slots[i].unpended = c->slots[i].no_ack = 1; /* nothing left to acknowledge */
     return 0;
+}
+
+/* This consumer's own deleted entries, idle, that a claim listed and left
+ * pending (scripts.h): settled now with the hold script, as the heartbeat
+ * settles them ("K" for a slot: its record is the slot's, removed_by_us;
+ * "R" for one waiting for its time, or not held at all -- an earlier process
+ * of this name -- which the script records), pipelined like set_count and
+ * read with its replies (read_count_replies). One let go (S_UNRUN) is left
+ * to let_go, whose script finds it "gone". */
+static void own_deleted(tps_consumer *c, const redisReply *r) {
+    if (r->elements == 0) return;
+    char num[24];
+    snprintf(num, sizeof num, "%zu", r->elements);
+    log1(c, TP_LOG_INFO, "own_deleted", "count", num);
+    size_t k = 0;
+    while (k < r->elements) {
+        size_t argc = hold_begin(c, ""), first = argc;
+        for (; k < r->elements && argc - first < CLAIM_ARGS_MAX; k++) {
+            const redisReply *id = r->element[k];
+            if (id->type != REDIS_REPLY_STRING || id->len == 0 || id->len > TPS_ID_MAX) continue;
+            uint32_t i = ids_find(c, id->str, id->len);
+            if (i != NIL && c->slots[i].state == S_UNRUN) continue;
+            hold_arg(c, &argc, id->str, id->len, i != NIL);
+        }
+        if (argc == first) continue;
+        if (redisAppendCommandArgv(c->wr, (int)argc, c->argv, c->argvlen) != REDIS_OK) return;
+        c->count_replies++;
+    }
 }
 
 /* Take one entry [id, fields] into a fresh slot; NIL when it is held already
@@ -1643,6 +1674,7 @@ static int claim(tps_consumer *c) {
             (void)tps_sched_mark(c->sched, id->str, id->len, 0, TPS_SCHED_LOWER, UINT64_MAX);
         }
     }
+    if (r->elements >= 4 && r->element[3]->type == REDIS_REPLY_ARRAY) own_deleted(c, r->element[3]);
     if (n > 0) {
         char num[16];
         snprintf(num, sizeof num, "%u", n);
@@ -1883,7 +1915,7 @@ static int receive_read(tps_consumer *c) {
  * count we hold gets the count counts.h gives it back with (when `back`)
  * and an idle time of claim_idle, so a peer takes it at its next claim; a
  * deleted one gets its dead record if it is still pending as ours, or if our
- * own hold or claim script acknowledged it (`unpended`: nobody else would
+ * own hold script acknowledged it (`unpended`: nobody else would
  * write it); one that a peer claimed or ended meanwhile is left as it is.
  * S_UNRUN slots are not in the heartbeat (held_id). Called where the
  * writer has nothing in flight (the top of io_main, apply_stop). Without

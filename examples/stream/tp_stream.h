@@ -143,9 +143,12 @@
  * pending at all gets its record from this worker. A
  * deleted entry gets two records only as any entry can run twice: when its
  * worker stalls longer than claim_idle (a peer's claim takes it over, or
- * records it deleted, while the stalled worker still runs it); when its own
- * claim records it after such a stall, the slot's outcome is dropped
- * (logged `outcome_dropped`), so one record. When a
+ * records it deleted, while the stalled worker still runs it). A claim
+ * leaves the worker's own deleted entries to its heartbeat's script, so a
+ * stall of its own, or a lost reply, does not make it record what a slot
+ * of its own holds; and an entry a peer took over and then abandoned, that
+ * the worker's claim records while the worker still holds it, gets no
+ * second record from its slot (logged `outcome_dropped`). When a
  * connection fails, both are closed and reopened with exponential backoff
  * (100 ms to 2 s); tasks keep running and their outcomes wait in their slots.
  *
