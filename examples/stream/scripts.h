@@ -35,7 +35,9 @@
  * more than 1000 fields: then `entry_not_copied <number of fields>` instead
  * (Lua's unpack() takes about 8000 values at most: one wide entry's record
  * would fail its whole batch, and with it every outcome after it). Refuses with a
- * WRONGTYPE error, writing nothing, when results or dead is not a stream.
+ * WRONGTYPE error, writing nothing, when results or dead is not a stream,
+ * and with NOPERM when the user may not XACK (it would write the records,
+ * fail at the XACK, and write them again at every retry).
  * Returns XACK's count.
  */
 extern const char tps_script_outcomes[];
@@ -90,7 +92,8 @@ extern const char tps_script_let_go[];
  * crash can leave it with none: `entry deleted before it ran`, with the
  * consumer, attempts 0 and deliveries 0, as the worker writes it (skipped,
  * the entry left pending, while the dead key holds something other than a
- * stream).
+ * stream, or while the user may not XADD to it or XACK: redis.acl_check_cmd
+ * first, else the record would be written again at every call).
  */
 
 /*

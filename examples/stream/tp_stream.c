@@ -427,7 +427,7 @@ static void outcome_dropped(tps_consumer *c, const slot *s) {
     const char *kv[] = {
         "id",      s->id,
         "outcome", s->state != S_DONE ? "unfinished" : s->outcome == OUT_OK ? "succeeded" : "failed",
-        "reason",  "recorded dead by a peer's claim after a stall"};
+        "reason",  "recorded dead by a script meanwhile (after a stall)"};
     logkv(c, TP_LOG_WARN, "outcome_dropped", kv, 3);
 }
 

@@ -144,11 +144,16 @@
  * deleted entry gets two records only as any entry can run twice: when its
  * worker stalls longer than claim_idle (a peer's claim takes it over, or
  * records it deleted, while the stalled worker still runs it). A claim
- * leaves the worker's own deleted entries to its heartbeat's script, so a
- * stall of its own, or a lost reply, does not make it record what a slot
- * of its own holds; and an entry a peer took over and then abandoned, that
- * the worker's claim records while the worker still holds it, gets no
- * second record from its slot (logged `outcome_dropped`). When a
+ * leaves the worker's own deleted entries to the hold script (the one the
+ * heartbeat uses), so a stall of its own, or a lost reply, does not make
+ * it record what a slot of its own holds; and an entry a peer took over
+ * and then abandoned, that the worker's claim records while the worker
+ * still holds it, gets no second record from its slot (logged
+ * `outcome_dropped`). One case without a peer: an entry a read delivered
+ * whose reply the worker has not taken in yet, deleted, then a stall
+ * longer than claim_idle before the reply is read -- the claim finds it
+ * pending, idle and in no slot, and it is recorded; then the read runs it
+ * (a claim cannot tell it from an earlier process's entry). When a
  * connection fails, both are closed and reopened with exponential backoff
  * (100 ms to 2 s); tasks keep running and their outcomes wait in their slots.
  *

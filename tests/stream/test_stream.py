@@ -621,17 +621,43 @@ def scenario_outcome_key(env):
     r("MULTI")
     for _ in range(5):
         r("XADD", "tasks", "*", "work", "1ms")
+    r("XADD", "tasks", "*", "work", "1ms", "fail", "always")  # a dead record: the outcome script
     ids = set(r("EXEC"))
     wait_until(lambda: r("XLEN", "tasks:done") == 5, 10, "the 5 records")
     wait_until(lambda: metrics(w)["tps_stream_write_failures_total"] >= 2, 10, "two refused acknowledgements")
+    wait_until(lambda: "may not run XACK" in env.log_of(w), 10, "the outcome script's refusal")
     check("NOPERM" in env.log_of(w), "the server's NOPERM is not in the log")
-    check(pending(r) == 5 and metrics(w)["tps_stream_acked_total"] == 0, "acknowledged without XACK")
+    check(pending(r) == 6 and metrics(w)["tps_stream_acked_total"] == 0, "acknowledged without XACK")
     check(r("XLEN", "tasks:done") == 5, "records written again while only the XACK was refused")
+    check(r("XLEN", "tasks:dead") == 0, "dead records written while the XACK is refused (the outcome script "
+          "checks first: it wrote them, then failed at the XACK, at every retry)")
     r("ACL", "SETUSER", "noack", "+xack")
     wait_until(lambda: accounted(r, ids), 20, "the acknowledgements once XACK is allowed")
     check(env.stop(w) == 0, "noack: worker did not exit 0")
     done, dead, dups = verify(r, ids)
-    check(len(done) == 5 and dups == 0, "noack: %d records, %d duplicates" % (len(done), dups))
+    check(len(done) == 5 and len(dead) == 1 and dups == 0,
+          "noack: %d results, %d dead, %d duplicates" % (len(done), len(dead), dups))
+
+    # A deleted entry pending under the worker's name while XACK is refused:
+    # the scripts that record deleted entries check the permission before
+    # they write (they wrote the record, then failed at the XACK, and every
+    # claim wrote one more), and record it once XACK is allowed.
+    r("ACL", "SETUSER", "noack", "-xack")
+    gone = r("XADD", "tasks", "*", "work", "1ms")
+    r("XREADGROUP", "GROUP", "taskpool", "noack2", "COUNT", 1, "STREAMS", "tasks", ">")
+    check(r("XDEL", "tasks", gone) == 1, "XDEL")
+    w = env.worker("noack2", REDIS_URL="unix://noack:pw@" + env.sock, CLAIM_IDLE="300ms")
+    time.sleep(2)  # about a dozen claims (one per 150 ms) pass the entry
+    check(r("XLEN", "tasks:dead") == 1, "%d dead records written while XACK is refused" %
+          (r("XLEN", "tasks:dead") - 1))
+    check(pending(r) == 1, "the deleted entry is not pending any more")
+    r("ACL", "SETUSER", "noack", "+xack")
+    wait_until(lambda: accounted(r, ids | {gone}), 10, "the deleted entry's record once XACK is allowed")
+    time.sleep(0.5)  # a second record, if any, comes with the next claim
+    check(dead_reasons(r).get(gone) == "entry deleted before it ran", "its record: %r" % dead_reasons(r))
+    check(r("XLEN", "tasks:dead") == 2, "%d dead records, want 2 (the failed one's, the deleted one's)" %
+          r("XLEN", "tasks:dead"))
+    check(env.stop(w) == 0, "noack2: worker did not exit 0")
 
 
 def scenario_trimmed_pending(env):
