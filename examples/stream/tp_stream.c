@@ -61,6 +61,7 @@
 #define CLAIM_SCAN_MAX     10000u    /* pending entries a claim looks at, at most */
 #define DUE_BATCH          256u      /* scheduled entries fetched per round */
 #define LET_GO_BATCH       128u      /* entries per let-go script call */
+#define OWN_WAIT_MAX       64u       /* own deleted ids waiting for the read in flight (own_deleted) */
 #define TRIM_LIMIT         "1000000" /* entries one trim removes at most (about 10,000 nodes, a few ms) */
 #define NUMS_PER_RECORD    5u        /* numbers printed per outcome record (write_outcomes) */
 #define BACKOFF_MIN_MS     100
@@ -192,6 +193,7 @@ struct tps_consumer {
     uint32_t count_replies;            /* writer replies pipelined by set_count() (read_count_replies) */
     uint32_t n_lower;                  /* heap entries flagged TPS_SCHED_LOWER since lower_waiting() */
     uint64_t read_sent_ns;
+    uint64_t read_seq; /* reads ended (reply taken in, or the reader closed): own_deleted */
     int connected_once, connect_failed, stopped_applied;
     int read_failed; /* receive_read failed inside write_outcomes: io_main disconnects */
     unsigned backoff_ms, write_retry_ms, let_go_retry_ms;
@@ -202,6 +204,12 @@ struct tps_consumer {
     due_ent *due_buf;    /* scratch of dispatch_due() */
     char (*numbuf)[24];  /* scratch of write_outcomes(): numbers of one batch */
     uint32_t *claim_got; /* scratch of claim(): slots claimed in one batch */
+    struct own_wait {    /* own_deleted: ids in no slot, seen while a read was in flight */
+        uint64_t seq;    /* read_seq then: settled once a read ended after it */
+        size_t len;
+        char id[TPS_ID_MAX + 1];
+    } own_wait[OWN_WAIT_MAX];
+    uint32_t n_own_wait;
     const char **claim_err;
     const char **argv; /* scratch for building commands */
     size_t *argvlen;
@@ -974,6 +982,7 @@ static void disconnect(tps_consumer *c, const char *why, const char *detail) {
     if (c->rd != NULL) redisFree(c->rd);
     if (c->wr != NULL) redisFree(c->wr);
     c->rd = c->wr = NULL;
+    c->read_seq += c->read_outstanding > 0;
     c->read_outstanding = 0;
     c->read_failed = 0;
     c->count_replies = 0; /* replies of the closed writer */
@@ -1525,13 +1534,45 @@ static int removed_by_us(tps_consumer *c, const char *id, size_t len) {
     return 0;
 }
 
+/* May own_deleted record an id that is in no slot and not in the heap? It
+ * may be in the reply of the read in flight, not taken in yet (delivered,
+ * deleted, then a stall longer than claim_idle): recorded now, that read
+ * would run it too. So with a read in flight, an id is only noted the
+ * first time, and recorded when a claim lists it again after a read has
+ * ended since (the one in flight then delivered it or not; later reads do
+ * not deliver a pending entry). Ids that no room is left for wait for a
+ * later claim. */
+static int own_may_record(tps_consumer *c, const char *id, size_t len) {
+    if (c->read_outstanding == 0) return 1;
+    uint32_t k = 0;
+    while (k < c->n_own_wait && (c->own_wait[k].len != len || memcmp(c->own_wait[k].id, id, len) != 0)) k++;
+    if (k < c->n_own_wait) {
+        if (c->own_wait[k].seq == c->read_seq) return 0;
+        c->own_wait[k] = c->own_wait[--c->n_own_wait];
+        return 1;
+    }
+    if (c->n_own_wait == OWN_WAIT_MAX) { /* drop those settled by now, or listed no more */
+        uint32_t kept = 0;
+        for (k = 0; k < c->n_own_wait; k++)
+            if (c->own_wait[k].seq == c->read_seq) c->own_wait[kept++] = c->own_wait[k];
+        c->n_own_wait = kept;
+        if (kept == OWN_WAIT_MAX) return 0;
+    }
+    struct own_wait *w = &c->own_wait[c->n_own_wait++];
+    w->seq = c->read_seq;
+    w->len = len;
+    memcpy(w->id, id, len);
+    return 0;
+}
+
 /* This consumer's own deleted entries, idle, that a claim listed and left
  * pending (scripts.h): settled now with the hold script, as the heartbeat
  * settles them ("K" for a slot: its record is the slot's, removed_by_us;
  * "R" for one waiting for its time, or not held at all -- an earlier process
- * of this name -- which the script records), pipelined like set_count and
- * read with its replies (read_count_replies). One let go (S_UNRUN) is left
- * to let_go, whose script finds it "gone". */
+ * of this name, or one released -- which the script records, see
+ * own_may_record), pipelined like set_count and read with its replies
+ * (read_count_replies). One let go (S_UNRUN) is left to let_go, whose
+ * script finds it "gone". */
 static void own_deleted(tps_consumer *c, const redisReply *r) {
     if (r->elements == 0) return;
     char num[24];
@@ -1545,6 +1586,9 @@ static void own_deleted(tps_consumer *c, const redisReply *r) {
             if (id->type != REDIS_REPLY_STRING || id->len == 0 || id->len > TPS_ID_MAX) continue;
             uint32_t i = ids_find(c, id->str, id->len);
             if (i != NIL && c->slots[i].state == S_UNRUN) continue;
+            if (i == NIL && !(tps_sched_count(c->sched) > 0 && tps_sched_has(c->sched, id->str, id->len)) &&
+                !own_may_record(c, id->str, id->len))
+                continue;
             hold_arg(c, &argc, id->str, id->len, i != NIL);
         }
         if (argc == first) continue;
@@ -1883,6 +1927,7 @@ static int receive_read(tps_consumer *c) {
     if (redisGetReplyFromReader(c->rd, (void **)&r) != REDIS_OK) return -1;
     if (r == NULL) return 0; /* partial */
     c->read_outstanding = 0;
+    c->read_seq++;
     if (r->type == REDIS_REPLY_ERROR) {
         /* NOGROUP after a Redis restart without persistence: recreate it. */
         log1(c, TP_LOG_WARN, "read_failed", "error", r->str);
@@ -2007,6 +2052,7 @@ static void apply_stop(tps_consumer *c) {
     if (c->rd != NULL) { /* an XREADGROUP in flight may deliver more: drop the reader */
         redisFree(c->rd);
         c->rd = NULL;
+        c->read_seq += c->read_outstanding > 0;
         c->read_outstanding = 0;
     }
     if (c->wr != NULL && lower_waiting(c) != 0) /* the heap is forgotten below: its counts go right now */

@@ -149,11 +149,10 @@
  * it record what a slot of its own holds; and an entry a peer took over
  * and then abandoned, that the worker's claim records while the worker
  * still holds it, gets no second record from its slot (logged
- * `outcome_dropped`). One case without a peer: an entry a read delivered
- * whose reply the worker has not taken in yet, deleted, then a stall
- * longer than claim_idle before the reply is read -- the claim finds it
- * pending, idle and in no slot, and it is recorded; then the read runs it
- * (a claim cannot tell it from an earlier process's entry). When a
+ * `outcome_dropped`). Nor is one the worker holds in no slot yet recorded
+ * behind its back: an entry a read delivered, whose reply waits unread
+ * while a stall passes claim_idle, is recorded only by a claim after that
+ * read has ended (it is in a slot by then). When a
  * connection fails, both are closed and reopened with exponential backoff
  * (100 ms to 2 s); tasks keep running and their outcomes wait in their slots.
  *

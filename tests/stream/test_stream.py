@@ -680,12 +680,17 @@ def scenario_trimmed_pending(env):
     check(env.stop(w) == 0, "worker did not exit 0")
 
 
+def send_packet(r, cmds):
+    """Send `cmds` in one write: Redis runs them with no other client's
+    command in between (the replies are left to read)."""
+    r.s.sendall(b"".join(b"*%d\r\n" % len(c) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a.encode()) for a in c)
+                         for c in cmds))
+
+
 def delete_then_sleep(r, *ids):
     """XDEL of `ids`, then DEBUG SLEEP 8 (longer than a worker's 5 s command
     timeout), in one pipeline: no worker command runs between the two."""
-    cmds = [("XDEL", "tasks") + ids, ("DEBUG", "SLEEP", "8")]
-    r.s.sendall(b"".join(b"*%d\r\n" % len(c) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a.encode()) for a in c)
-                         for c in cmds))
+    send_packet(r, [("XDEL", "tasks") + ids, ("DEBUG", "SLEEP", "8")])
     check(r._reply() == len(ids) and r._reply() == "OK", "XDEL, DEBUG SLEEP")
 
 
@@ -702,7 +707,8 @@ def scenario_deleted_held(env):
     (b) A heartbeat whose reply is lost (Redis ran it) leaves no deleted
     entry without its record, (c) nor does a claim's; (d) a running entry
     deleted while Redis stalls gets one record, its result, whether the
-    heartbeat or the worker's own claim comes first after the stall."""
+    heartbeat or the worker's own claim comes first after the stall; (e) so
+    does one deleted while the read that delivered it waits unread."""
     r = env.start_redis("--enable-debug-command", "yes")
     cfg = dict(CLAIM_IDLE="300ms", WORKERS=1, QUEUE_CAPACITY=1, MAX_PER_USER=1)
     w0 = env.worker("w0", **cfg)
@@ -825,6 +831,33 @@ def scenario_deleted_held(env):
     log("deleted_held (d): the worker's own claim found %d of the 4 first" %
         sum(int(x) for x in re.findall(r'"msg":"own_deleted","count":"(\d+)"', env.log_of(s0))))
     check(env.stop(s0) == 0, "worker s0 did not exit 0")
+    check(verify(r, every)[2] == 0, "a duplicate written at the stop")
+
+    # (e) An entry a read delivers, deleted, then Redis stalls 3 s (longer
+    # than CLAIM_IDLE), all in one packet: the read's reply waits unread in
+    # the worker's socket while its claim, sent during the stall, runs first
+    # and finds the entry pending as the worker's, idle and in no slot. It
+    # is left for a claim after the read has ended (it recorded it dead, and
+    # the read then ran it: two records, each time); one record, the result.
+    e0 = env.worker("e0", CLAIM_IDLE="1s")
+    tries = set()
+    for t in range(3):
+        time.sleep(1.3)  # the worker's read waits again, and a claim is due during the stall
+        eid = "%d-0" % (int(time.time() * 1000) + 10)
+        tries.add(eid)
+        send_packet(r, [("XADD", "tasks", eid, "work", "1ms"), ("XDEL", "tasks", eid), ("DEBUG", "SLEEP", "3")])
+        check(r._reply() == eid and r._reply() == 1 and r._reply() == "OK", "XADD, XDEL, DEBUG SLEEP")
+    every |= tries
+    wait_until(lambda: accounted(r, every), 20, "an outcome for each entry deleted behind a read")
+    time.sleep(1.5)  # a second record, if any, comes with the next claims
+    done, dead, dups = verify(r, every)
+    check(dups == 0, "duplicates %d: done %r dead %r" % (dups, done, dead))
+    check({f["id"] for _, f in done if f["consumer"] == "e0"} >= tries, "not the results: %r %r" % (done, dead))
+    m = metrics(e0)
+    check(m["tps_stream_succeeded_total"] == 3 and m["tps_stream_dead_total"] == 0 and
+          m["tps_stream_ack_missed_total"] == 0, "e0 counted succeeded %d dead %d ack_missed %d" %
+          (m["tps_stream_succeeded_total"], m["tps_stream_dead_total"], m["tps_stream_ack_missed_total"]))
+    check(env.stop(e0) == 0, "worker e0 did not exit 0")
     check(verify(r, every)[2] == 0, "a duplicate written at the stop")
 
 
