@@ -1534,67 +1534,69 @@ static int removed_by_us(tps_consumer *c, const char *id, size_t len) {
     return 0;
 }
 
-/* May own_deleted record an id that is in no slot and not in the heap? It
- * may be in the reply of the read in flight, not taken in yet (delivered,
- * deleted, then a stall longer than claim_idle): recorded now, that read
- * would run it too. So with a read in flight, an id is only noted the
- * first time, and recorded when a claim lists it again after a read has
- * ended since (the one in flight then delivered it or not; later reads do
- * not deliver a pending entry). Ids that no room is left for wait for a
- * later claim. */
-static int own_may_record(tps_consumer *c, const char *id, size_t len) {
-    if (c->read_outstanding == 0) return 1;
-    uint32_t k = 0;
-    while (k < c->n_own_wait && (c->own_wait[k].len != len || memcmp(c->own_wait[k].id, id, len) != 0)) k++;
-    if (k < c->n_own_wait) {
-        if (c->own_wait[k].seq == c->read_seq) return 0;
-        c->own_wait[k] = c->own_wait[--c->n_own_wait];
-        return 1;
+/* One id of own_deleted for the hold script: "K" if a slot holds it, else
+ * "R"; none if let go (S_UNRUN: let_go's script finds it "gone"). A full
+ * call is sent, pipelined, and a new one begun. */
+static void own_arg(tps_consumer *c, size_t *argc, size_t *first, const char *id, size_t len) {
+    uint32_t i = ids_find(c, id, len);
+    if (i != NIL && c->slots[i].state == S_UNRUN) return;
+    if (*argc - *first >= CLAIM_ARGS_MAX) {
+        if (redisAppendCommandArgv(c->wr, (int)*argc, c->argv, c->argvlen) == REDIS_OK) c->count_replies++;
+        *argc = *first = hold_begin(c, "");
     }
-    if (c->n_own_wait == OWN_WAIT_MAX) { /* drop those settled by now, or listed no more */
-        uint32_t kept = 0;
-        for (k = 0; k < c->n_own_wait; k++)
-            if (c->own_wait[k].seq == c->read_seq) c->own_wait[kept++] = c->own_wait[k];
-        c->n_own_wait = kept;
-        if (kept == OWN_WAIT_MAX) return 0;
-    }
-    struct own_wait *w = &c->own_wait[c->n_own_wait++];
-    w->seq = c->read_seq;
-    w->len = len;
-    memcpy(w->id, id, len);
-    return 0;
+    hold_arg(c, argc, id, len, i != NIL);
 }
 
-/* This consumer's own deleted entries, idle, that a claim listed and left
- * pending (scripts.h): settled now with the hold script, as the heartbeat
+/*
+ * This consumer's own deleted entries, idle, that a claim listed and left
+ * pending (scripts.h): settled with the hold script, as the heartbeat
  * settles them ("K" for a slot: its record is the slot's, removed_by_us;
- * "R" for one waiting for its time, or not held at all -- an earlier process
- * of this name, or one released -- which the script records, see
- * own_may_record), pipelined like set_count and read with its replies
- * (read_count_replies). One let go (S_UNRUN) is left to let_go, whose
- * script finds it "gone". */
+ * "R" for one waiting for its time, or not held at all -- an earlier
+ * process of this name, or one released -- which the script records),
+ * pipelined like set_count and read with its replies (read_count_replies).
+ *
+ * One in no slot and not in the heap, while a read is in flight, may be in
+ * that read's reply, not taken in yet (delivered, deleted, then a stall
+ * longer than claim_idle): recorded now, the read would run it too. So it
+ * is noted (own_wait, with read_seq) and settled at a claim after a read
+ * has ended (the one in flight delivered it or not; a later read does not
+ * deliver a pending entry): in a slot by then, or truly unheld. A full
+ * table takes no more until it is settled; those are listed again by a
+ * later claim.
+ */
 static void own_deleted(tps_consumer *c, const redisReply *r) {
-    if (r->elements == 0) return;
-    char num[24];
-    snprintf(num, sizeof num, "%zu", r->elements);
-    log1(c, TP_LOG_INFO, "own_deleted", "count", num);
-    size_t k = 0;
-    while (k < r->elements) {
-        size_t argc = hold_begin(c, ""), first = argc;
-        for (; k < r->elements && argc - first < CLAIM_ARGS_MAX; k++) {
-            const redisReply *id = r->element[k];
-            if (id->type != REDIS_REPLY_STRING || id->len == 0 || id->len > TPS_ID_MAX) continue;
-            uint32_t i = ids_find(c, id->str, id->len);
-            if (i != NIL && c->slots[i].state == S_UNRUN) continue;
-            if (i == NIL && !(tps_sched_count(c->sched) > 0 && tps_sched_has(c->sched, id->str, id->len)) &&
-                !own_may_record(c, id->str, id->len))
-                continue;
-            hold_arg(c, &argc, id->str, id->len, i != NIL);
-        }
-        if (argc == first) continue;
-        if (redisAppendCommandArgv(c->wr, (int)argc, c->argv, c->argvlen) != REDIS_OK) return;
-        c->count_replies++;
+    size_t first = hold_begin(c, ""), argc = first;
+    uint32_t k, kept = 0;
+    for (k = 0; k < c->n_own_wait; k++) /* a read has ended since they were noted */
+        if (c->own_wait[k].seq != c->read_seq)
+            own_arg(c, &argc, &first, c->own_wait[k].id, c->own_wait[k].len);
+    if (r->elements > 0) {
+        char num[24];
+        snprintf(num, sizeof num, "%zu", r->elements);
+        log1(c, TP_LOG_INFO, "own_deleted", "count", num);
     }
+    for (size_t e = 0; e < r->elements; e++) {
+        const redisReply *id = r->element[e];
+        if (id->type != REDIS_REPLY_STRING || id->len == 0 || id->len > TPS_ID_MAX) continue;
+        if (c->read_outstanding > 0 && ids_find(c, id->str, id->len) == NIL &&
+            !(tps_sched_count(c->sched) > 0 && tps_sched_has(c->sched, id->str, id->len))) {
+            for (k = 0; k < c->n_own_wait; k++)
+                if (c->own_wait[k].len == id->len && memcmp(c->own_wait[k].id, id->str, id->len) == 0) break;
+            if (k == c->n_own_wait && k < OWN_WAIT_MAX) {
+                struct own_wait *w = &c->own_wait[c->n_own_wait++];
+                w->seq = c->read_seq;
+                w->len = id->len;
+                memcpy(w->id, id->str, id->len);
+            }
+            continue;
+        }
+        own_arg(c, &argc, &first, id->str, id->len);
+    }
+    if (argc > first && redisAppendCommandArgv(c->wr, (int)argc, c->argv, c->argvlen) == REDIS_OK)
+        c->count_replies++;
+    for (k = 0; k < c->n_own_wait; k++) /* the settled ones out (their ids were in argv until now) */
+        if (c->own_wait[k].seq == c->read_seq) c->own_wait[kept++] = c->own_wait[k];
+    c->n_own_wait = kept;
 }
 
 /* Take one entry [id, fields] into a fresh slot; NIL when it is held already

@@ -152,7 +152,9 @@
  * `outcome_dropped`). Nor is one the worker holds in no slot yet recorded
  * behind its back: an entry a read delivered, whose reply waits unread
  * while a stall passes claim_idle, is recorded only by a claim after that
- * read has ended (it is in a slot by then). When a
+ * read has ended (it is in a slot by then); so the deleted entries an
+ * earlier process of the same name left pending are recorded one read
+ * (BLOCK) after a claim finds them, up to 64 at a time. When a
  * connection fails, both are closed and reopened with exponential backoff
  * (100 ms to 2 s); tasks keep running and their outcomes wait in their slots.
  *

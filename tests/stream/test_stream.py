@@ -661,7 +661,8 @@ def scenario_outcome_key(env):
 
 
 def scenario_trimmed_pending(env):
-    """Pending entries deleted by XTRIM before they ran get a dead record each."""
+    """Pending entries deleted by XTRIM before they ran get a dead record
+    each: a dead consumer's, and an earlier process's of the worker's name."""
     r = env.start_redis()
     r("XGROUP", "CREATE", "tasks", "taskpool", "0", "MKSTREAM")
     ids = {r("XADD", "tasks", "*", "work", "1ms") for _ in range(20)}
@@ -678,6 +679,26 @@ def scenario_trimmed_pending(env):
           "deleted %d dead %d" % (m["tps_stream_deleted_total"], m["tps_stream_dead_total"]))
     check(m["tps_stream_ack_missed_total"] == 0, "deleted entries counted as duplicates")
     check(env.stop(w) == 0, "worker did not exit 0")
+
+    # 100 entries of an earlier process of the worker's own name, trimmed:
+    # the claim leaves them to the hold script, each noted while a read is
+    # in flight (it may be in that read's reply) and recorded once a read
+    # has ended -- more than the 64 the worker notes at a time, and a claim
+    # of 2 (a pool of one, queue 1), so the claims go round the pending list
+    # slower than reads end (a full table that dropped its settled ids
+    # instead of settling them left all 100 pending).
+    ids2 = {r("XADD", "tasks", "*", "work", "1ms") for _ in range(100)}
+    r("XREADGROUP", "GROUP", "taskpool", "w1", "COUNT", 200, "STREAMS", "tasks", ">")
+    r("XTRIM", "tasks", "MAXLEN", 0)
+    check(pending(r) == 100, "setup: 100 pending for w1")
+    w = env.worker("w1", CLAIM_IDLE="300ms", WORKERS=1, QUEUE_CAPACITY=1)
+    wait_until(lambda: accounted(r, ids | ids2), 40, "a dead record for each of w1's 100 deleted entries")
+    done, dead, dups = verify(r, ids | ids2)
+    check(len(dead) == 120 and dups == 0, "dead %d dups %d" % (len(dead), dups))
+    m = metrics(w)
+    check(m["tps_stream_deleted_total"] == 100 and m["tps_stream_dead_total"] == 100,
+          "w1: deleted %d dead %d" % (m["tps_stream_deleted_total"], m["tps_stream_dead_total"]))
+    check(env.stop(w) == 0, "worker w1 did not exit 0")
 
 
 def send_packet(r, cmds):
@@ -837,8 +858,9 @@ def scenario_deleted_held(env):
     # than CLAIM_IDLE), all in one packet: the read's reply waits unread in
     # the worker's socket while its claim, sent during the stall, runs first
     # and finds the entry pending as the worker's, idle and in no slot. It
-    # is left for a claim after the read has ended (it recorded it dead, and
-    # the read then ran it: two records, each time); one record, the result.
+    # is left for a claim after the read has ended (before, the claim's
+    # follow-up recorded it dead and the read then ran it: two records, each
+    # time); one record, the result.
     e0 = env.worker("e0", CLAIM_IDLE="1s")
     tries = set()
     for t in range(3):
