@@ -1560,9 +1560,11 @@ static void own_arg(tps_consumer *c, size_t *argc, size_t *first, const char *id
  * longer than claim_idle): recorded now, the read would run it too. So it
  * is noted (own_wait, with read_seq) and settled at a claim after a read
  * has ended (the one in flight delivered it or not; a later read does not
- * deliver a pending entry): in a slot by then, or truly unheld. A full
- * table takes no more until it is settled; those are listed again by a
- * later claim.
+ * deliver a pending entry): in a slot by then, or truly unheld. The ids
+ * settled in a call keep their places until its end (argv points at
+ * them), so a table full then takes no new ones in that call: those are
+ * listed again by a later claim (with 64 to list each time, the table
+ * settles 64 per two claims).
  */
 static void own_deleted(tps_consumer *c, const redisReply *r) {
     size_t first = hold_begin(c, ""), argc = first;

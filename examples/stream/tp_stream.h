@@ -153,8 +153,9 @@
  * behind its back: an entry a read delivered, whose reply waits unread
  * while a stall passes claim_idle, is recorded only by a claim after that
  * read has ended (it is in a slot by then); so the deleted entries an
- * earlier process of the same name left pending are recorded one read
- * (BLOCK) after a claim finds them, up to 64 at a time. When a
+ * earlier process of the same name left pending are recorded by the first
+ * claim after the read in flight when a claim found them, 64 at most per
+ * claim (the rest are found again when the claims come round). When a
  * connection fails, both are closed and reopened with exponential backoff
  * (100 ms to 2 s); tasks keep running and their outcomes wait in their slots.
  *

@@ -684,7 +684,7 @@ def scenario_trimmed_pending(env):
     # the claim leaves them to the hold script, each noted while a read is
     # in flight (it may be in that read's reply) and recorded once a read
     # has ended -- more than the 64 the worker notes at a time, and a claim
-    # of 2 (a pool of one, queue 1), so the claims go round the pending list
+    # of 1 (a pool of one, queue 1), so the claims go round the pending list
     # slower than reads end (a full table that dropped its settled ids
     # instead of settling them left all 100 pending).
     ids2 = {r("XADD", "tasks", "*", "work", "1ms") for _ in range(100)}
