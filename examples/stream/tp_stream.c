@@ -86,7 +86,7 @@ typedef struct slot {
     uint8_t back;      /* S_UNRUN: give its delivery back when it is let go (let_go) */
     uint8_t unpended;  /* a hold script of ours acknowledged it deleted: its record is ours */
     uint8_t unsure;    /* a hold script's reply was lost while we held it: it may have done so (hold_lost) */
-    uint8_t recorded;  /* our claim script recorded it dead itself (a stall): nothing more is written */
+    uint8_t recorded;  /* a claim script of ours recorded it dead meanwhile: nothing more is written */
     uint8_t has_payload;
     uint8_t due;     /* its time has come: not scheduled again */
     uint8_t no_ack;  /* not pending any more (Redis 7 dropped it, or our script acknowledged it deleted) */
@@ -1516,7 +1516,7 @@ static void deleted_entry(tps_consumer *c, uint32_t i, const char *id, size_t le
     s->id[len] = '\0';
     s->id_len = len;
     ids_insert(c, i);
-    s->deliveries = 0; /* unknown: the pending list no longer has it */
+    s->deliveries = 0; /* as the scripts' records of deleted entries say (scripts.h) */
     cnt_add(&c->n_deleted, 1);
     finish_dead(c, i, "entry deleted before it ran");
 }
