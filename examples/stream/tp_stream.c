@@ -210,6 +210,7 @@ struct tps_consumer {
         char id[TPS_ID_MAX + 1];
     } own_wait[OWN_WAIT_MAX];
     uint32_t n_own_wait;
+    struct own_wait own_settle[OWN_WAIT_MAX]; /* scratch of own_wait_take(): the ids being settled */
     const char **claim_err;
     const char **argv; /* scratch for building commands */
     size_t *argvlen;
@@ -1459,6 +1460,8 @@ static int lower_waiting(tps_consumer *c) {
     return read_hold_replies(c, sent, "set_count_failed");
 }
 
+static void heartbeat_own(tps_consumer *c);
+
 /* The hold script (scripts.h) over every held id: resets their idle time,
  * counts no delivery, and acknowledges those deleted from the stream: it
  * records a waiting one itself, and a slot's record is then ours
@@ -1479,7 +1482,9 @@ static int heartbeat(tps_consumer *c) {
         if (redisAppendCommandArgv(c->wr, (int)argc, c->argv, c->argvlen) != REDIS_OK) return -1;
         sent++;
     }
-    return read_hold_replies(c, sent, "heartbeat_failed");
+    if (c->n_own_wait > 0) heartbeat_own(c);
+    if (read_hold_replies(c, sent, "heartbeat_failed") != 0) return -1;
+    return read_count_replies(c); /* heartbeat_own's */
 }
 
 /* How many entries a read or claim may bring now: pool room, free slots,
@@ -1547,6 +1552,28 @@ static void own_arg(tps_consumer *c, size_t *argc, size_t *first, const char *id
     hold_arg(c, argc, id, len, i != NIL);
 }
 
+static int own_listed(const struct own_wait *w, uint32_t n, const redisReply *id) {
+    for (uint32_t k = 0; k < n; k++)
+        if (w[k].len == id->len && memcmp(w[k].id, id->str, id->len) == 0) return 1;
+    return 0;
+}
+
+/* The noted ids (own_wait) that a read has ended since: moved out of the
+ * table into own_settle, whose copies the caller's hold calls point at
+ * until they are sent, so that the table has room for new notes meanwhile.
+ * Returns how many. */
+static uint32_t own_wait_take(tps_consumer *c) {
+    uint32_t k, kept = 0, n = 0;
+    for (k = 0; k < c->n_own_wait; k++) {
+        if (c->own_wait[k].seq != c->read_seq)
+            c->own_settle[n++] = c->own_wait[k];
+        else
+            c->own_wait[kept++] = c->own_wait[k];
+    }
+    c->n_own_wait = kept;
+    return n;
+}
+
 /*
  * This consumer's own deleted entries, idle, that a claim listed and left
  * pending (scripts.h): settled with the hold script, as the heartbeat
@@ -1558,20 +1585,16 @@ static void own_arg(tps_consumer *c, size_t *argc, size_t *first, const char *id
  * One in no slot and not in the heap, while a read is in flight, may be in
  * that read's reply, not taken in yet (delivered, deleted, then a stall
  * longer than claim_idle): recorded now, the read would run it too. So it
- * is noted (own_wait, with read_seq) and settled at a claim after a read
- * has ended (the one in flight delivered it or not; a later read does not
- * deliver a pending entry): in a slot by then, or truly unheld. The ids
- * settled in a call keep their places until its end (argv points at
- * them), so a table full then takes no new ones in that call: those are
- * listed again by a later claim (with 64 to list each time, the table
- * settles 64 per two claims).
+ * is noted (own_wait, with read_seq) and settled once a read has ended (the
+ * one in flight delivered it or not; a later read does not deliver a
+ * pending entry): in a slot by then, or truly unheld. The next claim or
+ * heartbeat settles it (heartbeat_own), whichever comes first. The table
+ * holds OWN_WAIT_MAX; more are listed again by a later claim.
  */
 static void own_deleted(tps_consumer *c, const redisReply *r) {
     size_t first = hold_begin(c, ""), argc = first;
-    uint32_t k, kept = 0;
-    for (k = 0; k < c->n_own_wait; k++) /* a read has ended since they were noted */
-        if (c->own_wait[k].seq != c->read_seq)
-            own_arg(c, &argc, &first, c->own_wait[k].id, c->own_wait[k].len);
+    uint32_t k, n = own_wait_take(c);
+    for (k = 0; k < n; k++) own_arg(c, &argc, &first, c->own_settle[k].id, c->own_settle[k].len);
     if (r->elements > 0) {
         char num[24];
         snprintf(num, sizeof num, "%zu", r->elements);
@@ -1580,11 +1603,10 @@ static void own_deleted(tps_consumer *c, const redisReply *r) {
     for (size_t e = 0; e < r->elements; e++) {
         const redisReply *id = r->element[e];
         if (id->type != REDIS_REPLY_STRING || id->len == 0 || id->len > TPS_ID_MAX) continue;
+        if (own_listed(c->own_settle, n, id)) continue; /* noted, and settled above */
         if (c->read_outstanding > 0 && ids_find(c, id->str, id->len) == NIL &&
             !(tps_sched_count(c->sched) > 0 && tps_sched_has(c->sched, id->str, id->len))) {
-            for (k = 0; k < c->n_own_wait; k++)
-                if (c->own_wait[k].len == id->len && memcmp(c->own_wait[k].id, id->str, id->len) == 0) break;
-            if (k == c->n_own_wait && k < OWN_WAIT_MAX) {
+            if (!own_listed(c->own_wait, c->n_own_wait, id) && c->n_own_wait < OWN_WAIT_MAX) {
                 struct own_wait *w = &c->own_wait[c->n_own_wait++];
                 w->seq = c->read_seq;
                 w->len = id->len;
@@ -1596,9 +1618,24 @@ static void own_deleted(tps_consumer *c, const redisReply *r) {
     }
     if (argc > first && redisAppendCommandArgv(c->wr, (int)argc, c->argv, c->argvlen) == REDIS_OK)
         c->count_replies++;
-    for (k = 0; k < c->n_own_wait; k++) /* the settled ones out (their ids were in argv until now) */
-        if (c->own_wait[k].seq == c->read_seq) c->own_wait[kept++] = c->own_wait[k];
-    c->n_own_wait = kept;
+}
+
+/* The heartbeat's part of own_deleted: the noted ids that a read has ended
+ * since and that are in no slot and not in the heap (those were in the
+ * heartbeat's own calls), settled now -- a claim does not run while the
+ * pool is full, a write is blocked, or the worker stops reading. */
+static void heartbeat_own(tps_consumer *c) {
+    size_t first = hold_begin(c, ""), argc = first;
+    uint32_t n = own_wait_take(c);
+    for (uint32_t k = 0; k < n; k++) {
+        const struct own_wait *w = &c->own_settle[k];
+        if (ids_find(c, w->id, w->len) != NIL ||
+            (tps_sched_count(c->sched) > 0 && tps_sched_has(c->sched, w->id, w->len)))
+            continue;
+        own_arg(c, &argc, &first, w->id, w->len);
+    }
+    if (argc > first && redisAppendCommandArgv(c->wr, (int)argc, c->argv, c->argvlen) == REDIS_OK)
+        c->count_replies++;
 }
 
 /* Take one entry [id, fields] into a fresh slot; NIL when it is held already

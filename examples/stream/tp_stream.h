@@ -151,13 +151,14 @@
  * still holds it, gets no second record from its slot (logged
  * `outcome_dropped`). Nor is one the worker holds in no slot yet recorded
  * behind its back: an entry a read delivered, whose reply waits unread
- * while a stall passes claim_idle, is recorded only by a claim after that
- * read has ended (it is in a slot by then); so the deleted entries an
- * earlier process of the same name left pending are recorded by the first
- * claim after the read in flight when a claim found them, 64 at most per
- * claim (the rest are found again when the claims come round). When a
- * connection fails, both are closed and reopened with exponential backoff
- * (100 ms to 2 s); tasks keep running and their outcomes wait in their slots.
+ * while a stall passes claim_idle, is recorded only after that read has
+ * ended (it is in a slot by then); so the deleted entries an earlier
+ * process of the same name left pending are recorded by the first claim
+ * or heartbeat after the read in flight when a claim found them, 64 at
+ * most per claim (the rest are found again when the claims come round).
+ * When a connection fails, both are closed and reopened with exponential
+ * backoff (100 ms to 2 s); tasks keep running and their outcomes wait in
+ * their slots.
  *
  * Messages: the fields of entry.h. A value that does not parse, a repeated
  * field or an oversized one sends the entry to the dead stream with a reason

@@ -662,7 +662,8 @@ def scenario_outcome_key(env):
 
 def scenario_trimmed_pending(env):
     """Pending entries deleted by XTRIM before they ran get a dead record
-    each: a dead consumer's, and an earlier process's of the worker's name."""
+    each: a dead consumer's, and an earlier process's of the worker's name
+    (also while the worker's pool is full)."""
     r = env.start_redis()
     r("XGROUP", "CREATE", "tasks", "taskpool", "0", "MKSTREAM")
     ids = {r("XADD", "tasks", "*", "work", "1ms") for _ in range(20)}
@@ -699,6 +700,24 @@ def scenario_trimmed_pending(env):
     check(m["tps_stream_deleted_total"] == 100 and m["tps_stream_dead_total"] == 100,
           "w1: deleted %d dead %d" % (m["tps_stream_deleted_total"], m["tps_stream_dead_total"]))
     check(env.stop(w) == 0, "worker w1 did not exit 0")
+
+    # 3 more of an earlier w2, trimmed. w2's first claim notes one while its
+    # read is in flight; that read then brings 2 long entries that fill its
+    # pool (one worker, queue 1), so no claim runs for a minute: the
+    # heartbeat records the noted one meanwhile (before, it waited for room).
+    own = {r("XADD", "tasks", "*", "work", "1ms") for _ in range(3)}
+    r("XREADGROUP", "GROUP", "taskpool", "w2", "COUNT", 10, "STREAMS", "tasks", ">")
+    r("XTRIM", "tasks", "MAXLEN", 0)
+    dead0 = r("XLEN", "tasks:dead")
+    w = env.worker("w2", CLAIM_IDLE="300ms", WORKERS=1, QUEUE_CAPACITY=1, MAX_PER_USER=2)
+    wait_until(lambda: '"own_deleted"' in env.log_of(w), 10, "w2's claim finds an own deleted entry")
+    long_ids = {r("XADD", "tasks", "*", "work", "60s") for _ in range(2)}
+    wait_until(lambda: r("XLEN", "tasks:dead") > dead0, 15, "w2's noted entry recorded while its pool is full")
+    ended = {f["id"] for _, f in entries(r, "tasks:done")} & long_ids
+    check(not ended and all(pending_count(r, i) > 0 for i in long_ids), "w2's pool was not full: %r" % ended)
+    check(r("XLEN", "tasks:dead") - dead0 <= len(own), "w2: more dead records than deleted entries")
+    w.kill()
+    w.wait(timeout=10)
 
 
 def send_packet(r, cmds):
