@@ -190,8 +190,8 @@ struct tps_consumer {
     uint32_t rr_head, rr_tail, rr_len; /* the background round: users with held background entries */
     redisContext *rd, *wr;             /* reader, writer */
     unsigned read_outstanding;         /* COUNT of the XREADGROUP in flight, 0 if none */
-    uint32_t count_replies;            /* writer replies pipelined by set_count() (read_count_replies) */
-    uint32_t n_lower;                  /* heap entries flagged TPS_SCHED_LOWER since lower_waiting() */
+    uint32_t count_replies; /* hold replies pipelined by set_count(), own_deleted(), heartbeat_own() */
+    uint32_t n_lower;       /* heap entries flagged TPS_SCHED_LOWER since lower_waiting() */
     uint64_t read_sent_ns;
     uint64_t read_seq; /* reads ended (reply taken in, or the reader closed): own_deleted */
     int connected_once, connect_failed, stopped_applied;
@@ -1467,7 +1467,8 @@ static void heartbeat_own(tps_consumer *c);
  * records a waiting one itself, and a slot's record is then ours
  * (removed_by_us). An id no longer pending as ours
  * is left alone: a peer claimed it (this worker stalled), or a peer's claim
- * removed it deleted and wrote its record, or the group was reset. */
+ * removed it deleted and wrote its record, or the group was reset. Then the
+ * noted own deleted ids that are ready (heartbeat_own). */
 static int heartbeat(tps_consumer *c) {
     int stopping = atomic_load(&c->stop_reading);
     uint32_t i = 0, sent = 0, nheld = c->nslots + tps_sched_count(c->sched);
@@ -1482,9 +1483,10 @@ static int heartbeat(tps_consumer *c) {
         if (redisAppendCommandArgv(c->wr, (int)argc, c->argv, c->argvlen) != REDIS_OK) return -1;
         sent++;
     }
-    if (c->n_own_wait > 0) heartbeat_own(c);
-    if (read_hold_replies(c, sent, "heartbeat_failed") != 0) return -1;
-    return read_count_replies(c); /* heartbeat_own's */
+    if (c->n_own_wait > 0) heartbeat_own(c); /* its call is counted in count_replies */
+    sent += c->count_replies;
+    c->count_replies = 0;
+    return read_hold_replies(c, sent, "heartbeat_failed");
 }
 
 /* How many entries a read or claim may bring now: pool room, free slots,
