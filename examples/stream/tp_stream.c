@@ -260,6 +260,11 @@ static uint32_t ids_find(tps_consumer *c, const char *id, size_t len) {
     }
 }
 
+/* Whether `id` waits in the timer heap (its lookup skipped while it is empty). */
+static int in_heap(tps_consumer *c, const char *id, size_t len) {
+    return tps_sched_count(c->sched) > 0 && tps_sched_has(c->sched, id, len);
+}
+
 static void ids_insert(tps_consumer *c, uint32_t idx) {
     slot *s = &c->slots[idx];
     uint32_t i = hash_bytes(s->id, s->id_len) & c->ids_mask;
@@ -1607,7 +1612,7 @@ static void own_deleted(tps_consumer *c, const redisReply *r) {
         if (id->type != REDIS_REPLY_STRING || id->len == 0 || id->len > TPS_ID_MAX) continue;
         if (own_listed(c->own_settle, n, id)) continue; /* noted, and settled above */
         if (c->read_outstanding > 0 && ids_find(c, id->str, id->len) == NIL &&
-            !(tps_sched_count(c->sched) > 0 && tps_sched_has(c->sched, id->str, id->len))) {
+            !in_heap(c, id->str, id->len)) {
             if (!own_listed(c->own_wait, c->n_own_wait, id) && c->n_own_wait < OWN_WAIT_MAX) {
                 struct own_wait *w = &c->own_wait[c->n_own_wait++];
                 w->seq = c->read_seq;
@@ -1631,9 +1636,7 @@ static void heartbeat_own(tps_consumer *c) {
     uint32_t n = own_wait_take(c);
     for (uint32_t k = 0; k < n; k++) {
         const struct own_wait *w = &c->own_settle[k];
-        if (ids_find(c, w->id, w->len) != NIL ||
-            (tps_sched_count(c->sched) > 0 && tps_sched_has(c->sched, w->id, w->len)))
-            continue;
+        if (ids_find(c, w->id, w->len) != NIL || in_heap(c, w->id, w->len)) continue;
         own_arg(c, &argc, &first, w->id, w->len);
     }
     if (argc > first && redisAppendCommandArgv(c->wr, (int)argc, c->argv, c->argvlen) == REDIS_OK)
@@ -1647,9 +1650,7 @@ static uint32_t take_entry(tps_consumer *c, const redisReply *e, const char **pe
         e->element[0]->len == 0 || e->element[0]->len > TPS_ID_MAX)
         return NIL;
     const redisReply *id = e->element[0];
-    if (ids_find(c, id->str, id->len) != NIL ||
-        (tps_sched_count(c->sched) > 0 && tps_sched_has(c->sched, id->str, id->len)))
-        return NIL;
+    if (ids_find(c, id->str, id->len) != NIL || in_heap(c, id->str, id->len)) return NIL;
     uint32_t i = slot_alloc(c);
     if (i == NIL) return NIL;
     slot *s = &c->slots[i];
