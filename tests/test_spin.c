@@ -142,7 +142,15 @@ static void test_single_tasks_run_on_the_last_idle_worker(void **state) {
         assert_true(TPT_POLL(tpt_stats(p).idle == 4 && tpt_stats(p).active == 0, TPT_WAIT_NS));
         gap(i == 0 || i % 4 == 3 ? TPT_MS(1) : (uint64_t)(i % 4) * 10000); /* 1 ms, or 10 or 20 us */
     }
-    for (int i = 2; i < 64; i++) assert_true(pthread_equal(ran_on[i], ran_on[1]));
+    /* A worker the scheduler left mid-spin (a slow or loaded machine, a
+     * sanitizer) can still take one task before it parks, so the check
+     * counts changes of worker rather than asking for none: a pool that
+     * woke its sleepers in turn (or any other than the last idle) changes
+     * worker on most of the 62 steps, the stack on none, or a few. */
+    int changes = 0;
+    for (int i = 2; i < 64; i++)
+        if (!pthread_equal(ran_on[i], ran_on[i - 1])) changes++;
+    assert_in_range(changes, 0, 4);
     tpt_finish(p);
 }
 
