@@ -97,6 +97,7 @@ typedef struct slot {
     unsigned attempts;
     int canceled;
     int timed_out;
+    int retry_due;                    /* the last attempt failed and the pool would retry it (run_task) */
     uint64_t started_ms, finished_ms; /* Unix ms: first attempt's start, last attempt's end */
     size_t result_len;
     /* the message */
@@ -379,7 +380,7 @@ static uint32_t slot_alloc(tps_consumer *c) {
     s->due = s->no_ack = s->gave_up = s->written = 0;
     s->prio = 0;
     s->attempts = 0;
-    s->canceled = s->timed_out = 0;
+    s->canceled = s->timed_out = s->retry_due = 0;
     s->started_ms = s->finished_ms = 0;
     s->result_len = 0;
     s->deliveries = 1;
@@ -566,6 +567,11 @@ static int run_task(tp_ctx *ctx, void *arg) {
         s->gave_up = 1;
         (void)tp_cancel(c->pool, tp_ctx_id(ctx));
     }
+    /* What the pool decides after this return (life.c: a failed attempt not
+     * cancelled -- a run timeout is not a cancellation -- with retries left,
+     * is retried): if on_done comes instead, the pool ended the task
+     * without that retry. */
+    s->retry_due = rc != 0 && !s->canceled && !s->gave_up && s->attempts < c->max_retries + 1;
     return rc;
 }
 
@@ -941,7 +947,19 @@ static void dispatch_after(tps_consumer *c, const char *user, int was_low) {
 }
 
 /* A task's end, on the I/O thread inside tp_cq_drain (the completion queue
- * orders the task's writes to the slot before this). */
+ * orders the task's writes to the slot before this).
+ *
+ * `status` is the last attempt's return, or TP_ECANCELED for a task the pool
+ * ended without running it (again): a handler may return any non-zero value,
+ * TP_ECANCELED included, so the slot says which it was, not the status.
+ *   never started, or a retry was due (a forced shutdown dropped it while it
+ *     waited, or came between the failed attempt's return and the pool's
+ *     decision, with that attempt's return as status): abandoned, left
+ *     pending for another consumer;
+ *   0: a success, also when a forced shutdown cancelled the run meanwhile
+ *     (taskpool.h: the work was done; running it again elsewhere is worse);
+ *   non-zero after a forced shutdown cancelled the run: abandoned too;
+ *   non-zero otherwise: dead (no attempt left, or the entry's `attempts`). */
 static void on_done(void *arg, int status) {
     slot *s = arg;
     tps_consumer *c = s->c;
@@ -951,7 +969,8 @@ static void on_done(void *arg, int status) {
     if (was_low) c->n_low_admitted--;
     char user[TP_USER_MAX + 1];
     memcpy(user, s->user, strlen(s->user) + 1);
-    if (status < 0 || (s->canceled && !s->gave_up)) {
+    int unrun = s->attempts == 0 || s->retry_due;
+    if (unrun || (status != 0 && s->canceled && !s->gave_up)) {
         cnt_add(&c->n_abandoned, 1); /* forced shutdown: stays pending */
         if (c->destroying)
             slot_free(c, i);

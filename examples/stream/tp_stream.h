@@ -203,9 +203,12 @@ typedef struct tps_msg {
 } tps_msg;
 
 /* The work of one entry, run on a pool worker. Return 0 for success, anything
- * else for a failed attempt (retried as the pool's max_retries and the
- * entry's `attempts` say). NULL in tps_config.handler means
- * tps_default_handler. */
+ * else (negative values and TP_ error codes included) for a failed attempt,
+ * retried as the pool's max_retries (tps_config.max_retries must be the
+ * same) and the entry's `attempts` say. After a forced shutdown cancelled the
+ * run (tp_ctx_err() is TP_ECANCELED), 0 still means the work was done: the
+ * success is recorded; a failure is not, and the entry stays pending for
+ * another consumer. NULL in tps_config.handler means tps_default_handler. */
 typedef int (*tps_handler)(tp_ctx *ctx, const tps_msg *msg, void *arg);
 
 /* From a handler, during its call: `len` bytes (at most TPS_RESULT_MAX) to

@@ -35,6 +35,12 @@
 #include "taskpool.h"
 #include "tp_stream.h"
 
+#ifdef TPS_TEST_HANDLERS
+/* The tests' build of this program (taskpool-stream-worker-test): TEST_HANDLER
+ * names one of tests/stream/test_handlers.c's handlers. */
+int tps_test_handler(const char *name, tps_handler *out);
+#endif
+
 typedef struct wcfg {
     const char *redis_url, *redis_password, *stream, *group, *group_start, *consumer, *results, *dead,
         *metrics_addr;
@@ -282,6 +288,13 @@ int main(int argc, char **argv) {
         fprintf(stderr, "taskpool-stream-worker: %s\n", err);
         return 2;
     }
+    tps_handler handler = NULL; /* tps_default_handler */
+#ifdef TPS_TEST_HANDLERS
+    if (tps_test_handler(getenv("TEST_HANDLER"), &handler) != 0) {
+        fprintf(stderr, "taskpool-stream-worker: TEST_HANDLER: unknown handler\n");
+        return 2;
+    }
+#endif
     sigset_t term;
     sigemptyset(&term);
     sigaddset(&term, SIGTERM);
@@ -317,6 +330,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     tps_config sc = {
+        .handler = handler,
         .redis_url = cfg.redis_url,
         .redis_password = cfg.redis_password,
         .stream = cfg.stream,

@@ -181,10 +181,11 @@ class Env:
             self.redis.wait(timeout=10)
         self.redis = None
 
-    def worker(self, name, connect=True, **env):
-        """Start a worker; return once it has connected (its group exists from
-        then on: entries added earlier are not the group's when it starts at
-        $), or, with connect=False, once it has started."""
+    def worker(self, name, connect=True, prog=None, **env):
+        """Start a worker (prog: another build of it); return once it has
+        connected (its group exists from then on: entries added earlier are
+        not the group's when it starts at $), or, with connect=False, once it
+        has started."""
         e = dict(os.environ)
         e.update({"REDIS_URL": self.url, "CLAIM_IDLE": "1s", "RETRY_DELAY": "10ms", "MAX_RETRIES": "2",
                   "WORKERS": "4", "QUEUE_CAPACITY": "32", "MAX_PER_USER": "2", "SHUTDOWN_TIMEOUT": "10s",
@@ -192,7 +193,7 @@ class Env:
         e.update({k: str(v) for k, v in env.items()})
         path = os.path.join(self.dir, "%s.log" % name)
         out = open(path, "w")
-        p = subprocess.Popen([self.args.worker], env=e, stdout=out, stderr=subprocess.STDOUT)
+        p = subprocess.Popen([prog or self.args.worker], env=e, stdout=out, stderr=subprocess.STDOUT)
         out.close()
         p.name = name
         p.log = path
@@ -2076,6 +2077,99 @@ def scenario_sched_config(env):
     check(all(f.get("entry.priority") is not None for _, f in entries(r, "tasks:dead")),
           "the dead records lack the entry's priority field")
 
+def shutdown_stats(w):
+    """The stream counters of a stopped worker's shutdown_complete line."""
+    for line in open(w.log, errors="replace"):
+        if '"msg":"shutdown_complete"' in line:
+            return json.loads(line)["stream"]
+    raise Fail("worker %s logged no shutdown_complete" % w.name)
+
+
+def scenario_handler_status(env):
+    """A handler's return is the outcome, whatever its value (tp_stream.h):
+    (a) -1 for a failed attempt, and the pool's own TP_ETIMEDOUT after the
+        run timeout, are failures like any other: retried as configured,
+        then one dead record, never taken for a forced shutdown's
+        cancellation (which would leave them pending, to run again on every
+        claim until MAX_DELIVERIES);
+    (b) a forced shutdown: a retry that was waiting, and a run that returns
+        TP_ECANCELED when cancelled, stay pending for another worker, which
+        runs them;
+    (c) a run that finishes its work and returns 0 although a forced shutdown
+        cancelled it is a success: recorded by the stopping worker, and not
+        run again by the next."""
+    check(env.args.test_worker, "--test-worker (taskpool-stream-worker-test) is needed")
+    r = env.start_redis()
+    tw = env.args.test_worker
+
+    # (a)
+    w = env.worker("n0", prog=tw, TEST_HANDLER="neg", CLAIM_IDLE="300ms", MAX_RETRIES=1, MAX_DELIVERIES=3,
+                   TASK_TIMEOUT="300ms")
+    a = r("XADD", "tasks", "*", "fail", "always")
+    b = r("XADD", "tasks", "*", "fail", "1")
+    t = r("XADD", "tasks", "*", "work", "1h")
+    wait_until(lambda: accounted(r, {a, b, t}), 20, "three outcomes")
+    time.sleep(1.0 * SLOW)  # three claim periods: nothing runs again
+    m = metrics(w)
+    check(env.stop(w) == 0, "worker n0 did not exit 0")
+    done, dead, dups = verify(r, {a, b, t})
+    reasons = {f["id"]: (f["reason"], f["deliveries"]) for _, f in dead}
+    log("handler_status (a): dead %r" % reasons)
+    check(reasons.get(a, ("",))[0].startswith("failed after 2 attempts (status -1)") and reasons[a][1] == "1",
+          "the failing entry: %r" % (reasons.get(a),))
+    check(reasons.get(t, ("",))[0].startswith("timed out after 2 attempts (status -6)") and
+          reasons[t][1] == "1", "the timed-out entry: %r" % (reasons.get(t),))
+    check([(f["id"], f["attempts"]) for _, f in done] == [(b, "2")], "results %r" % done)
+    check(dups == 0, "duplicates")
+    check(m["tps_stream_abandoned_total"] == 0 and m["taskpool_started_total"] == 3,
+          "abandoned %d started %d, want 0 and 3" % (m["tps_stream_abandoned_total"], m["taskpool_started_total"]))
+    expected = {a, b, t}
+
+    # (b)
+    w = env.worker("n1", prog=tw, TEST_HANDLER="neg", RETRY_DELAY="1h", SHUTDOWN_TIMEOUT="300ms", WORKERS=2)
+    f = r("XADD", "tasks", "*", "fail", "1")
+    wait_until(lambda: metrics(w)["taskpool_delayed"] == 1, 10, "the first attempt to fail and wait for its retry")
+    c = r("XADD", "tasks", "*", "work", "2s")
+    wait_until(lambda: metrics(w)["taskpool_active"] == 1, 10, "the second entry to run")
+    check(env.stop(w) == 1, "worker n1: a forced drain exits 1")
+    st = shutdown_stats(w)
+    check(st["abandoned"] == 2 and st["succeeded"] == 0 and st["dead"] == 0, "n1's counts %r" % st)
+    check(pending(r) == 2 and outcome_count(r) == 3, "pending %d outcomes %d, want 2 and 3" %
+          (pending(r), outcome_count(r)))
+    w = env.worker("n2", CLAIM_IDLE="300ms")
+    expected |= {f, c}
+    wait_until(lambda: accounted(r, expected), 20, "n2 to run both")
+    check(env.stop(w) == 0, "worker n2 did not exit 0")
+    done, dead, dups = verify(r, expected)
+    rec = {x["id"]: x for _, x in done}
+    check(rec.get(f, {}).get("consumer") == "n2" and rec.get(c, {}).get("consumer") == "n2",
+          "the two entries n1 let go: %r %r" % (rec.get(f), rec.get(c)))
+
+    # (c)
+    w = env.worker("u0", prog=tw, TEST_HANDLER="uninterruptible", SHUTDOWN_TIMEOUT="1s")
+    u = r("XADD", "tasks", "*", "work", "1500ms", "payload", "charged")
+    wait_until(lambda: metrics(w)["taskpool_active"] == 1, 10, "the entry to run")
+    rc = env.stop(w)
+    st = shutdown_stats(w)
+    log("handler_status (c): u0 exit %d, counts %r" % (rc, st))
+    check(st["succeeded"] == 1 and st["abandoned"] == 0, "u0's counts %r" % st)
+    expected.add(u)
+    done, dead, dups = verify(r, expected)
+    rec = [x for _, x in done if x["id"] == u]
+    check(len(rec) == 1 and rec[0]["consumer"] == "u0" and rec[0].get("result") == "charged",
+          "the record of the cancelled success: %r" % rec)
+    w = env.worker("u1", CLAIM_IDLE="300ms")
+    mark = r("XADD", "tasks", "*", "work", "1ms")
+    expected.add(mark)
+    wait_until(lambda: accounted(r, expected), 10, "u1 to run the marker")
+    time.sleep(1.0 * SLOW)  # three claim periods
+    check(metrics(w)["taskpool_started_total"] == 1, "u1 ran %d entries, want 1 (the marker)" %
+          metrics(w)["taskpool_started_total"])
+    check(env.stop(w) == 0, "worker u1 did not exit 0")
+    _, _, dups = verify(r, expected)
+    check(dups == 0, "duplicates")
+
+
 SCENARIOS = {
     "clean": scenario_clean,
     "crash": scenario_crash,
@@ -2104,6 +2198,7 @@ SCENARIOS = {
     "fair_share": scenario_fair_share,
     "backoff": scenario_backoff,
     "sched_config": scenario_sched_config,
+    "handler_status": scenario_handler_status,
 }
 
 
@@ -2111,6 +2206,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--worker", required=True)
     ap.add_argument("--enqueue", required=True)
+    ap.add_argument("--test-worker", help="taskpool-stream-worker-test (handler_status)")
     ap.add_argument("--redis-server", default=shutil.which("redis-server"))
     ap.add_argument("scenario", choices=sorted(SCENARIOS))
     args = ap.parse_args()
