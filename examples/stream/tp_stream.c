@@ -872,16 +872,27 @@ static void admit(tps_consumer *c, uint32_t i, const char *parse_error) {
             slot_free(c, i);
         break;
     case TPS_ADMIT_WAIT: {
-        /* The heap has room for every entry a read can bring (read_room); a
-         * claim may find it full: then the entry stays pending unheld and is
-         * claimed again later. */
-        int rc = tps_sched_add(c->sched, s->id, s->id_len, s->due_ms, p.heap_runs, p.heap_flags);
+        /* The heap has room for every entry a read can bring (read_room),
+         * also while a claim adds to it: a claimed entry leaves the room
+         * the read in flight may need, and finds the heap full when only
+         * that is left; then it stays pending unheld and is claimed again
+         * later. (Should a read's entry find it full all the same, it is
+         * let go with its delivery given back, not left with a count that
+         * no run made.) */
+        uint32_t keep = in.from == TPS_FROM_CLAIM ? c->read_outstanding : 0;
+        int rc = tps_sched_room(c->sched) > keep
+                     ? tps_sched_add(c->sched, s->id, s->id_len, s->due_ms, p.heap_runs, p.heap_flags)
+                     : -1;
         if (rc == 0 && (p.heap_flags & TPS_SCHED_LOWER)) c->n_lower++;
         if (rc == 0) cnt_add(&c->n_scheduled, 1);
         if (rc < 0) {
             log1(c, TP_LOG_WARN, "scheduled_full", "id", s->id);
             if (p.set_back_if_full)
                 set_count(c, s->id, s->id_len, s->deliveries - 1, 0); /* it surely did not run */
+            if (in.from == TPS_FROM_READ) {
+                let_go_later(c, i, 1);
+                break;
+            }
         }
         slot_free(c, i);
         break;

@@ -1416,7 +1416,9 @@ def scenario_delivery_counts(env):
         from each claim, is no evidence that it never ran), (f) unless the
         claims found the timer heap full (then it surely did not run);
     (a2) a poison entry waiting through a graceful stop still runs at most
-        MAX_DELIVERIES times; (c2) 300 deleted waiting entries, 300 records."""
+        MAX_DELIVERIES times; (c2) 300 deleted waiting entries, 300 records;
+    (g) a claim while a read is in flight leaves the heap room the read may
+        need."""
     r = env.start_redis()
     # (a)
     w = env.worker("a1", CLAIM_IDLE="200ms", MAX_DELIVERIES=1)
@@ -1548,6 +1550,29 @@ def scenario_delivery_counts(env):
     check(f not in dead_reasons(r) and pending_count(r, f) <= 2,
           "claims that found the heap full counted: %r, count %d" % (dead_reasons(r).get(f), pending_count(r, f)))
     check(env.stop(w) == 0, "worker f1 did not exit 0")
+
+    # (g) a claim while a read is in flight leaves the timer-heap room the
+    # read may need: a dead consumer's 2 entries (6 s ahead) are claimed by a
+    # worker with SCHEDULED_MAX=2 whose read waits in Redis; the entry that
+    # read then brings (1 s ahead) waits for its time and runs, with
+    # MAX_DELIVERIES=1 (it found the heap full, was let go unlowered and died
+    # 'delivered 2 times' without running). Its own stream: the ids above
+    # are ahead of the clock (e).
+    r("XGROUP", "CREATE", "g", "taskpool", "0", "MKSTREAM")
+    ghosts = [r("XADD", "g", "*", "work", "1ms", "defer", "6s") for _ in range(2)]
+    r("XREADGROUP", "GROUP", "taskpool", "ghost", "COUNT", 10, "STREAMS", "g", ">")
+    time.sleep(0.7)  # idle longer than CLAIM_IDLE
+    w = env.worker("g1", STREAM="g", CLAIM_IDLE="500ms", SCHEDULED_MAX=2, MAX_DELIVERIES=1)
+    wait_until(lambda: '"msg":"claimed"' in env.log_of(w), 10, "g1's first claim")
+    x = r("XADD", "g", "*", "work", "1ms", "defer", "1s")
+    wait_until(lambda: x in {f["id"] for _, f in entries(r, "tasks:done")} or x in dead_reasons(r), 15,
+               "the read entry's outcome")
+    check(x not in dead_reasons(r), "the read entry died: %r" % dead_reasons(r).get(x))
+    rec = [f for _, f in entries(r, "tasks:done") if f["id"] == x]
+    check(len(rec) == 1 and rec[0]["deliveries"] == "1" and rec[0]["attempts"] == "1", "its record %r" % rec)
+    wait_until(lambda: all(g in dead_reasons(r) for g in ghosts) and r("XPENDING", "g", "taskpool")[0] == 0, 20,
+               "the ghost's entries to come due (they count the ghost's read: dead)")
+    check(env.stop(w) == 0, "worker g1 did not exit 0")
 
 
 def scenario_enqueue_edges(env):
