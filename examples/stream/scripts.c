@@ -26,6 +26,8 @@ const char tps_script_outcomes[] =
     "  if kind == 'R' then\n"
     "    if ARGV[2] == '0' then call('XADD', KEYS[2], '*', 'id', id, unpack(ARGV, i + 4, j))\n"
     "    else call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'id', id, unpack(ARGV, i + 4, j)) end\n"
+    "  elseif ack == '1' and #call('XPENDING', KEYS[1], ARGV[1], id, id, 1) == 0 then\n"
+    "    ack = '0'\n"
     "  else\n"
     "    local cmd = {'XADD', KEYS[3]}\n"
     "    if ARGV[3] ~= '0' then cmd[3] = 'MAXLEN'; cmd[4] = '~'; cmd[5] = ARGV[3] end\n"
@@ -46,6 +48,28 @@ const char tps_script_outcomes[] =
     "end\n"
     "if na == 0 then return 0 end\n"
     "return call('XACK', KEYS[1], ARGV[1], unpack(acks))\n";
+
+const char tps_script_find_records[] =
+    "local want = {}\n"
+    "for i = 4, #ARGV do want[ARGV[i]] = true end\n"
+    "local t = redis.call('TIME')\n"
+    "local floor = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - tonumber(ARGV[2])\n"
+    "local limit, seen, found, last = tonumber(ARGV[3]), 0, {}, '+'\n"
+    "while true do\n"
+    "  local page = redis.call('XREVRANGE', KEYS[1], last, '-', 'COUNT', 500)\n"
+    "  if #page == 0 then return {0, found} end\n"
+    "  for _, e in ipairs(page) do\n"
+    "    if tonumber(string.match(e[1], '^(%d+)')) < floor then return {0, found} end\n"
+    "    seen = seen + 1\n"
+    "    if seen > limit then return {1, found} end\n"
+    "    local f, id, who = e[2], nil, nil\n"
+    "    for k = 1, math.min(#f, 8), 2 do\n"
+    "      if f[k] == 'id' then id = f[k + 1] elseif f[k] == 'consumer' then who = f[k + 1] end\n"
+    "    end\n"
+    "    if id and who == ARGV[1] and want[id] then want[id] = nil; found[#found + 1] = id end\n"
+    "  end\n"
+    "  last = '(' .. page[#page][1]\n"
+    "end\n";
 
 const char tps_script_trim[] =
     "local function less(a, b)\n"

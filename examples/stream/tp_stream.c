@@ -4,8 +4,8 @@
  * Ownership, in one place: every field below the "I/O thread only" line is
  * read and written by the I/O thread alone. The pool's threads touch a slot
  * only between tp_submit() and the end of the task (the task reads the
- * message, writes `attempts`, `canceled`, `timed_out`, `gave_up`, the times
- * and the result); every task is bound to the consumer's completion queue
+ * message, writes `attempts`, `canceled`, `timed_out`, `gave_up`,
+ * `retry_due`, the times and the result); every task is bound to the consumer's completion queue
  * (tp_cq), so its on_done runs on the I/O thread inside tp_cq_drain(), and
  * the queue's lock orders the task's writes before it. Counters shown in
  * tps_stats are atomics. The timer heap (timers.h) is the I/O thread's alone.
@@ -64,6 +64,8 @@
 #define OWN_WAIT_MAX       64u       /* own deleted ids waiting for the read in flight (own_deleted) */
 #define TRIM_LIMIT         "1000000" /* entries one trim removes at most (about 10,000 nodes, a few ms) */
 #define NUMS_PER_RECORD    5u        /* numbers printed per outcome record (write_outcomes) */
+#define FIND_RECORDS_MAX   "100000"  /* records find_lost_writes looks at, at most */
+#define FIND_RECORDS_SLACK 2000u     /* ms find_lost_writes looks further back than the oldest send */
 #define BACKOFF_MIN_MS     100
 #define BACKOFF_MAX_MS     2000 /* and at most claim_idle / 4 */
 #define WRITE_RETRY_MIN_MS 200  /* a refused outcome batch is retried after this, */
@@ -88,11 +90,12 @@ typedef struct slot {
     uint8_t unsure;    /* a hold script's reply was lost while we held it: it may have done so (hold_lost) */
     uint8_t recorded;  /* a claim script of ours recorded it dead meanwhile: nothing more is written */
     uint8_t has_payload;
-    uint8_t due;     /* its time has come: not scheduled again */
-    uint8_t no_ack;  /* not pending any more (Redis 7 dropped it, or our script acknowledged it deleted) */
-    uint8_t gave_up; /* the entry's `attempts` ran out before the pool's retries */
-    uint8_t written; /* result record written, acknowledgement still to do (write_outcomes) */
-    int8_t prio;     /* the entry's `priority` */
+    uint8_t due;      /* its time has come: not scheduled again */
+    uint8_t no_ack;   /* not pending any more (Redis 7 dropped it, or our script acknowledged it deleted) */
+    uint8_t gave_up;  /* the entry's `attempts` ran out before the pool's retries */
+    uint8_t written;  /* result record written, acknowledgement still to do (write_outcomes) */
+    uint64_t sent_ns; /* its result's XADD was sent then and its reply not read: maybe written */
+    int8_t prio;      /* the entry's `priority` */
     /* written by the task, read in on_done (after the completion queue) */
     unsigned attempts;
     int canceled;
@@ -378,6 +381,7 @@ static uint32_t slot_alloc(tps_consumer *c) {
     s->fresh = s->claimed = s->due_guess = s->back = s->unpended = s->unsure = s->recorded = 0;
     s->has_payload = 0;
     s->due = s->no_ack = s->gave_up = s->written = 0;
+    s->sent_ns = 0;
     s->prio = 0;
     s->attempts = 0;
     s->canceled = s->timed_out = s->retry_due = 0;
@@ -1280,6 +1284,73 @@ static void refusal(char *buf, size_t len, const redisReply *r) {
 
 static int receive_read(tps_consumer *c);
 
+/* Results whose XADD was in flight when the connection failed (sent_ns; the
+ * writer's replies are read under COMMAND_TIMEOUT_MS): a Redis that stalled
+ * longer still runs the command it had read, so the record may exist. One
+ * read-only script looks for our records of them among those added since
+ * (tps_script_find_records); the ones found count as written (their XACK
+ * follows), the others are written again. A refused search, or one cut
+ * short by FIND_RECORDS_MAX, is logged and the rest written again (at least
+ * once). -1 when the connection failed (they stay unsure). Called with
+ * nothing in flight on the writer. */
+static int find_lost_writes(tps_consumer *c, const uint32_t *batch, uint32_t n) {
+    uint64_t now = tp_now_ns(), oldest = now;
+    size_t argc = 0;
+    char age[24];
+    args(c, &argc, "EVAL");
+    args(c, &argc, tps_script_find_records);
+    args(c, &argc, "1");
+    args(c, &argc, c->results);
+    args(c, &argc, c->consumer);
+    size_t at_age = argc;
+    args(c, &argc, "");
+    args(c, &argc, FIND_RECORDS_MAX);
+    size_t first = argc;
+    for (uint32_t k = 0; k < n; k++) {
+        slot *s = &c->slots[batch[k]];
+        if (s->sent_ns == 0) continue;
+        if (s->outcome != OUT_OK || s->written || s->recorded) {
+            s->sent_ns = 0;
+            continue;
+        }
+        if (s->sent_ns < oldest) oldest = s->sent_ns;
+        arg(c, &argc, s->id, s->id_len);
+    }
+    if (argc == first) return 0;
+    snprintf(age, sizeof age, "%llu", (unsigned long long)((now - oldest) / 1000000u + FIND_RECORDS_SLACK));
+    c->argv[at_age] = age;
+    c->argvlen[at_age] = strlen(age);
+    redisReply *r = wr_command(c, argc);
+    if (r == NULL) return -1;
+    char found[16];
+    uint32_t nfound = 0;
+    if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 && r->element[0]->type == REDIS_REPLY_INTEGER &&
+        r->element[1]->type == REDIS_REPLY_ARRAY) {
+        const redisReply *ids = r->element[1];
+        for (size_t j = 0; j < ids->elements; j++) {
+            if (ids->element[j]->type != REDIS_REPLY_STRING) continue;
+            for (uint32_t k = 0; k < n; k++) {
+                slot *s = &c->slots[batch[k]];
+                if (s->sent_ns != 0 && s->id_len == ids->element[j]->len &&
+                    memcmp(s->id, ids->element[j]->str, s->id_len) == 0) {
+                    s->written = 1;
+                    nfound++;
+                }
+            }
+        }
+        snprintf(found, sizeof found, "%u", nfound);
+        const char *kv[] = {"found", found, "cut_short", r->element[0]->integer ? "1" : "0"};
+        logkv(c, r->element[0]->integer ? TP_LOG_WARN : TP_LOG_INFO, "lost_writes_checked", kv, 2);
+    } else {
+        char why[200] = "";
+        refusal(why, sizeof why, r);
+        log1(c, TP_LOG_WARN, "lost_writes_check_failed", "error", why);
+    }
+    freeReplyObject(r);
+    for (uint32_t k = 0; k < n; k++) c->slots[batch[k]].sent_ns = 0;
+    return 0;
+}
+
 /* While the writer waits for Redis: take in a read reply that has arrived,
  * so that its entries run in the pool meanwhile. A failure is left to
  * io_main (the writer is in use here). */
@@ -1310,7 +1381,9 @@ static int write_outcomes(tps_consumer *c) {
         uint32_t batch[WRITE_BATCH], n = 0, n_xadd = 0, n_dead = 0;
         for (uint32_t i = c->done_head; i != NIL && n < WRITE_BATCH; i = c->slots[i].next) batch[n++] = i;
         char refused[200] = "";
+        if (find_lost_writes(c, batch, n) != 0) return -1;
         /* 1. the records */
+        uint64_t now = tp_now_ns();
         for (uint32_t k = 0; k < n; k++) {
             slot *s = &c->slots[batch[k]];
             if (s->recorded) continue; /* recorded dead by a claim script (recorded_list) */
@@ -1321,6 +1394,7 @@ static int write_outcomes(tps_consumer *c) {
             if (s->written) continue;
             char cmd[RECORD_MAX];
             if (redisAppendFormattedCommand(c->wr, cmd, format_result(c, s, cmd)) != REDIS_OK) return -1;
+            s->sent_ns = now;
             n_xadd++;
         }
         if (n_dead > 0) {
@@ -1364,6 +1438,7 @@ static int write_outcomes(tps_consumer *c) {
                 s->written = 1;
             else
                 refusal(refused, sizeof refused, r);
+            s->sent_ns = 0; /* written, or refused: not run */
             freeReplyObject(r);
             n_xadd--;
         }

@@ -171,7 +171,10 @@
  * through the queue) write nothing and stay pending in the group, idle for
  * claim_idle already, so a peer takes them at its next claim; those that
  * never started without the delivery that brought them; one deleted from
- * the stream meanwhile gets its dead record instead.
+ * the stream meanwhile gets its dead record instead. A cancelled run that
+ * returns 0 is a success like any other (tps_handler). tps_finish does not
+ * wait for runs still going: one that ends after it is neither recorded nor
+ * let go, and a peer claims it after claim_idle.
  */
 #ifndef TP_STREAM_H
 #define TP_STREAM_H
@@ -207,8 +210,9 @@ typedef struct tps_msg {
  * retried as the pool's max_retries (tps_config.max_retries must be the
  * same) and the entry's `attempts` say. After a forced shutdown cancelled the
  * run (tp_ctx_err() is TP_ECANCELED), 0 still means the work was done: the
- * success is recorded; a failure is not, and the entry stays pending for
- * another consumer. NULL in tps_config.handler means tps_default_handler. */
+ * success is recorded, if the run returns before tps_finish() is done; a
+ * failure is not, and the entry stays pending for another consumer. NULL in
+ * tps_config.handler means tps_default_handler. */
 typedef int (*tps_handler)(tp_ctx *ctx, const tps_msg *msg, void *arg);
 
 /* From a handler, during its call: `len` bytes (at most TPS_RESULT_MAX) to
@@ -270,7 +274,7 @@ typedef struct tps_stats {
     uint64_t dead;           /* ... of which in the dead stream */
     uint64_t malformed;      /* dead because the entry did not parse */
     uint64_t ack_missed;     /* outcomes written for entries some other consumer had acknowledged */
-    uint64_t abandoned;      /* ended cancelled: left pending for another consumer */
+    uint64_t abandoned;      /* dropped by a forced shutdown: left pending for another consumer */
     uint64_t user_waits;     /* entries that went to the local backlog (TP_EUSERLIMIT) */
     uint64_t low_prio_waits; /* background entries that went to the local backlog (low_prio_max_running) */
     uint64_t reconnects;     /* successful connections after the first */

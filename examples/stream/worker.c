@@ -38,7 +38,7 @@
 #ifdef TPS_TEST_HANDLERS
 /* The tests' build of this program (taskpool-stream-worker-test): TEST_HANDLER
  * names one of tests/stream/test_handlers.c's handlers. */
-int tps_test_handler(const char *name, tps_handler *out);
+#include "test_handlers.h"
 #endif
 
 typedef struct wcfg {

@@ -6,9 +6,10 @@
  *   neg             tps_default_handler, except that a failed attempt returns
  *                   -1 (C's usual "failed") and a cut-short sleep TP_ECANCELED
  *                   or TP_ETIMEDOUT (the pool's own codes);
- *   uninterruptible sleeps `work` whatever cancels it (work that cannot stop
- *                   halfway, such as a payment call), then succeeds with the
- *                   payload as its result.
+ *   uninterruptible finishes what it started when it is cancelled (work that
+ *                   cannot stop halfway, such as a payment call): runs
+ *                   `work` long, or until a cancellation and 100 ms more,
+ *                   then succeeds with the payload as its result.
  * Unset or empty: tps_default_handler.
  */
 #define _GNU_SOURCE
@@ -17,10 +18,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "test_handlers.h"
+
 #include "taskpool.h"
 #include "tp_stream.h"
-
-int tps_test_handler(const char *name, tps_handler *out);
 
 static int neg_handler(tp_ctx *ctx, const tps_msg *msg, void *arg) {
     int rc = tps_default_handler(ctx, msg, arg);
@@ -33,16 +34,21 @@ static int neg_handler(tp_ctx *ctx, const tps_msg *msg, void *arg) {
 }
 
 static int uninterruptible_handler(tp_ctx *ctx, const tps_msg *msg, void *arg) {
-    (void)ctx;
     (void)arg;
-    struct timespec ts = {(time_t)(msg->work_ns / 1000000000u), (long)(msg->work_ns % 1000000000u)};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    uint64_t end = tp_now_ns() + msg->work_ns;
+    while (tp_ctx_err(ctx) != TP_ECANCELED && tp_now_ns() < end) {
+        struct timespec tick = {0, 5000000}; /* 5 ms */
+        (void)nanosleep(&tick, NULL);
+    }
+    if (tp_ctx_err(ctx) == TP_ECANCELED) {
+        struct timespec rest = {0, 100000000}; /* 100 ms: the rest of the work */
+        while (nanosleep(&rest, &rest) != 0 && errno == EINTR) {
+        }
     }
     if (msg->payload != NULL) (void)tps_set_result(msg, msg->payload, msg->payload_len);
     return 0;
 }
 
-/* The handler called `name` (NULL or "": the default); -1 for an unknown name. */
 int tps_test_handler(const char *name, tps_handler *out) {
     if (name == NULL || name[0] == '\0')
         *out = NULL;

@@ -2154,29 +2154,31 @@ def scenario_handler_status(env):
     w = env.worker("n1", prog=tw, TEST_HANDLER="neg", RETRY_DELAY="1h", SHUTDOWN_TIMEOUT="300ms", WORKERS=2)
     f = r("XADD", "tasks", "*", "fail", "1")
     wait_until(lambda: metrics(w)["taskpool_delayed"] == 1, 10, "the first attempt to fail and wait for its retry")
-    c = r("XADD", "tasks", "*", "work", "2s")
+    c = r("XADD", "tasks", "*", "work", "1h")  # neg returns TP_ECANCELED when cancelled
     wait_until(lambda: metrics(w)["taskpool_active"] == 1, 10, "the second entry to run")
     check(env.stop(w) == 1, "worker n1: a forced drain exits 1")
     st = shutdown_stats(w)
     check(st["abandoned"] == 2 and st["succeeded"] == 0 and st["dead"] == 0, "n1's counts %r" % st)
     check(pending(r) == 2 and outcome_count(r) == 3, "pending %d outcomes %d, want 2 and 3" %
           (pending(r), outcome_count(r)))
-    w = env.worker("n2", CLAIM_IDLE="300ms")
+    w = env.worker("n2", CLAIM_IDLE="300ms", MAX_RETRIES=1, TASK_TIMEOUT="300ms")  # c: 2 timeouts
     expected |= {f, c}
     wait_until(lambda: accounted(r, expected), 20, "n2 to run both")
     check(env.stop(w) == 0, "worker n2 did not exit 0")
     done, dead, dups = verify(r, expected)
-    rec = {x["id"]: x for _, x in done}
-    check(rec.get(f, {}).get("consumer") == "n2" and rec.get(c, {}).get("consumer") == "n2",
+    rec = {x["id"]: x for _, x in done + dead}
+    check(rec.get(f, {}).get("consumer") == "n2" and "reason" not in rec[f] and
+          rec.get(c, {}).get("consumer") == "n2" and rec[c].get("reason", "").startswith("timed out after 2"),
           "the two entries n1 let go: %r %r" % (rec.get(f), rec.get(c)))
 
     # (c)
-    w = env.worker("u0", prog=tw, TEST_HANDLER="uninterruptible", SHUTDOWN_TIMEOUT="1s")
-    u = r("XADD", "tasks", "*", "work", "1500ms", "payload", "charged")
+    w = env.worker("u0", prog=tw, TEST_HANDLER="uninterruptible", SHUTDOWN_TIMEOUT="300ms")
+    u = r("XADD", "tasks", "*", "work", "1h", "payload", "charged")  # cancelled, it ends 100 ms later
     wait_until(lambda: metrics(w)["taskpool_active"] == 1, 10, "the entry to run")
     rc = env.stop(w)
     st = shutdown_stats(w)
     log("handler_status (c): u0 exit %d, counts %r" % (rc, st))
+    check(rc == 1 and '"pool_result":"TP_ETIMEDOUT"' in env.log_of(w), "u0: the drain was not forced (exit %d)" % rc)
     check(st["succeeded"] == 1 and st["abandoned"] == 0, "u0's counts %r" % st)
     expected.add(u)
     done, dead, dups = verify(r, expected)
@@ -2193,6 +2195,51 @@ def scenario_handler_status(env):
     check(env.stop(w) == 0, "worker u1 did not exit 0")
     _, _, dups = verify(r, expected)
     check(dups == 0, "duplicates")
+
+
+def scenario_lost_reply(env):
+    """Redis stalls longer than the worker's 5 s command timeout while an
+    outcome is in flight (DEBUG SLEEP), then runs the commands of the
+    connection the worker closed meanwhile; after the reconnect the worker
+    writes each outcome once:
+    (a) a result: it looks for the records Redis added and finds it;
+    (b) a dead record: the outcome script sees that the entry is no longer
+        pending (its lost call acknowledged it) and writes nothing."""
+    r = env.start_redis("--enable-debug-command", "yes")
+
+    def stalled_write(w, eid, started):
+        wait_until(lambda: metrics(w)["taskpool_started_total"] == 1, 10, "%s to start" % w.name)
+        time.sleep(0.5)
+        r("DEBUG", "SLEEP", "8")  # the entry ends, and is written, during the stall
+        wait_until(lambda: accounted(r, started), 30, "the outcome")
+        time.sleep(0.5 * SLOW)  # a second write would follow at once
+        check('"reason":"writing outcomes"' in env.log_of(w),
+              "setup: the stall did not cut %s's write of the outcome" % w.name)
+        m = metrics(w)
+        check(env.stop(w) == 0, "worker %s did not exit 0" % w.name)
+        return m
+
+    # (a)
+    w = env.worker("w0", CLAIM_IDLE="60s", MAX_RETRIES=0)
+    ok_id = r("XADD", "tasks", "*", "work", "1s", "payload", "x")
+    m = stalled_write(w, ok_id, {ok_id})
+    done, dead, dups = verify(r, {ok_id})
+    check(len(done) == 1 and done[0][1].get("result") == "x" and not dead, "results %r dead %r" % (done, dead))
+    check('"msg":"lost_writes_checked","found":"1"' in env.log_of(w), "no lost_writes_checked found 1 in the log")
+    check(m["tps_stream_succeeded_total"] == 1 and m["tps_stream_ack_missed_total"] == 0,
+          "succeeded %d ack_missed %d" % (m["tps_stream_succeeded_total"], m["tps_stream_ack_missed_total"]))
+
+    # (b) its second attempt fails 1 s after the first, during the stall
+    w = env.worker("w1", CLAIM_IDLE="60s", MAX_RETRIES=1, RETRY_DELAY="1s")
+    dead_id = r("XADD", "tasks", "*", "fail", "always")
+    m = stalled_write(w, dead_id, {ok_id, dead_id})
+    done, dead, dups = verify(r, {ok_id, dead_id})
+    check([f["id"] for _, f in dead] == [dead_id] and dead[0][1]["reason"].startswith("failed after 2 attempts"),
+          "dead records %r" % dead)
+    check(dups == 0, "duplicates")
+    # the script's second call acknowledges nothing: counted as a missed acknowledgement
+    check(m["tps_stream_dead_total"] == 1 and m["tps_stream_ack_missed_total"] == 1,
+          "dead %d ack_missed %d" % (m["tps_stream_dead_total"], m["tps_stream_ack_missed_total"]))
 
 
 SCENARIOS = {
@@ -2224,6 +2271,7 @@ SCENARIOS = {
     "backoff": scenario_backoff,
     "sched_config": scenario_sched_config,
     "handler_status": scenario_handler_status,
+    "lost_reply": scenario_lost_reply,
 }
 
 
