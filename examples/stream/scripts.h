@@ -37,22 +37,20 @@
  * would fail its whole batch, and with it every outcome after it). Refuses with a
  * WRONGTYPE error, writing nothing, when results or dead is not a stream,
  * and with NOPERM when the user may not XACK (it would write the records,
- * fail at the XACK, and write them again at every retry). A dead record to
- * acknowledge ("1") is written only if its entry is still pending (with any
- * consumer): one that is not was ended by whoever acknowledged it -- a peer,
- * or this script itself when its reply was lost and the batch is sent again.
+ * fail at the XACK, and write them again at every retry).
  * Returns XACK's count.
  */
 extern const char tps_script_outcomes[];
 
 /*
- * Find our results among the newest records (read-only): after a lost reply,
- * which of the success records whose XADD was in flight did Redis add?
- * KEYS: results. ARGV: consumer, age (ms: how far back from the server's
- * TIME to look), at most how many records to look at, then the entry ids.
- * Looks from the newest record back to the first older than the age, at
- * each record's `id` and `consumer` fields (the first four of ours).
- * Returns {1 if the limit cut the search short else 0, {ids found}}.
+ * Find our records among the newest (read-only): after a lost reply, which
+ * of the records in flight did Redis add? KEYS: the results or the dead
+ * stream. ARGV: this process's `writer` token (random, per tps_create: no
+ * other process, group or stream has it), age (ms: how far back from the
+ * server's TIME to look), at most how many records to look at, then the
+ * entry ids. Looks from the newest record back to the first older than the
+ * age, at each record's `id` and `writer` fields (within the first five of
+ * ours). Returns {1 if the limit cut the search short else 0, {ids found}}.
  */
 extern const char tps_script_find_records[];
 

@@ -45,6 +45,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/random.h>
 #include <sys/time.h>
 #include <unistd.h>
 
@@ -93,8 +94,8 @@ typedef struct slot {
     uint8_t due;      /* its time has come: not scheduled again */
     uint8_t no_ack;   /* not pending any more (Redis 7 dropped it, or our script acknowledged it deleted) */
     uint8_t gave_up;  /* the entry's `attempts` ran out before the pool's retries */
-    uint8_t written;  /* result record written, acknowledgement still to do (write_outcomes) */
-    uint64_t sent_ns; /* its result's XADD was sent then and its reply not read: maybe written */
+    uint8_t written;  /* record written, acknowledgement still to do (write_outcomes) */
+    uint64_t sent_ns; /* its record was sent then and the reply not read: maybe written */
     int8_t prio;      /* the entry's `priority` */
     /* written by the task, read in on_done (after the completion queue) */
     unsigned attempts;
@@ -147,6 +148,7 @@ struct tps_consumer {
     /* configuration, immutable after tps_create */
     char stream[TPS_NAME_MAX + 1], group[TPS_NAME_MAX + 1], consumer[TPS_NAME_MAX + 1];
     char results[TPS_NAME_MAX + 1], dead[TPS_NAME_MAX + 1];
+    char writer[17]; /* every record's `writer`: 16 random hex digits of this tps_create (find_lost_writes) */
     char group_start[2];
     char results_maxlen[24], dead_maxlen[24]; /* "0": unbounded */
     tps_redis_addr addr;
@@ -880,7 +882,9 @@ static void admit(tps_consumer *c, uint32_t i, const char *parse_error) {
          * also while a claim adds to it: a claimed entry leaves the room
          * the read in flight may need, and finds the heap full when only
          * that is left; then it stays pending unheld and is claimed again
-         * later. (Should a read's entry find it full all the same, it is
+         * later (when its time has come, the claim runs it: up to
+         * claim_idle * 1.5 late while the heap is that full). (Should a
+         * read's entry find it full all the same, it is
          * let go with its delivery given back, not left with a count that
          * no run made.) */
         uint32_t keep = in.from == TPS_FROM_CLAIM ? c->read_outstanding : 0;
@@ -1160,12 +1164,12 @@ static void write_refused(tps_consumer *c, const char *error) {
 }
 
 /* Append the field pairs of slot s's record, in the README's order:
- * [reason], consumer, attempts, deliveries, [user], [started_ms,
+ * [reason], consumer, writer, attempts, deliveries, [user], [started_ms,
  * finished_ms], [result]; `num` holds NUMS_PER_RECORD numbers for it, the
  * last one the pair count (for the outcome script). Returns the pair count. */
 static unsigned record_fields(tps_consumer *c, size_t *argc, const slot *s, char (*num)[24]) {
     int ran = s->started_ms != 0;
-    unsigned pairs = 3 + (s->outcome == OUT_DEAD) + (s->user[0] != '\0') + 2 * ran + (s->result_len > 0);
+    unsigned pairs = 4 + (s->outcome == OUT_DEAD) + (s->user[0] != '\0') + 2 * ran + (s->result_len > 0);
     snprintf(num[0], 24, "%u", s->attempts);
     snprintf(num[1], 24, "%u", s->deliveries);
     snprintf(num[2], 24, "%llu", (unsigned long long)s->started_ms);
@@ -1177,6 +1181,8 @@ static unsigned record_fields(tps_consumer *c, size_t *argc, const slot *s, char
     }
     args(c, argc, "consumer");
     args(c, argc, c->consumer);
+    args(c, argc, "writer");
+    args(c, argc, c->writer);
     args(c, argc, "attempts");
     args(c, argc, num[0]);
     args(c, argc, "deliveries");
@@ -1203,7 +1209,7 @@ static unsigned record_fields(tps_consumer *c, size_t *argc, const slot *s, char
  * the rest it does per record. A record's command is at most RECORD_MAX
  * bytes: names of at most TPS_NAME_MAX, an id, a user, a result and four
  * numbers with their headers. */
-#define RECORD_MAX (4 * TPS_NAME_MAX + TPS_ID_MAX + TP_USER_MAX + TPS_RESULT_MAX + 512)
+#define RECORD_MAX (4 * TPS_NAME_MAX + TPS_ID_MAX + TP_USER_MAX + TPS_RESULT_MAX + 576)
 
 static char *resp_num(char *p, uint64_t v) {
     char tmp[20];
@@ -1242,7 +1248,7 @@ static char *resp_u64(char *p, uint64_t v) {
  * RECORD_MAX bytes); its length. The fields as record_fields() has them. */
 static size_t format_result(const tps_consumer *c, const slot *s, char *buf) {
     int capped = strcmp(c->results_maxlen, "0") != 0, ran = s->started_ms != 0;
-    size_t pairs = 4 + (s->user[0] != '\0') + 2 * (size_t)ran + (s->result_len > 0); /* id included */
+    size_t pairs = 5 + (s->user[0] != '\0') + 2 * (size_t)ran + (s->result_len > 0); /* id included */
     char *p = resp_head(buf, '*', 3 + 3 * (size_t)capped + 2 * pairs);
     p = resp_arg(p, "XADD", 4);
     p = resp_str(p, c->results);
@@ -1256,6 +1262,8 @@ static size_t format_result(const tps_consumer *c, const slot *s, char *buf) {
     p = resp_arg(p, s->id, s->id_len);
     p = resp_arg(p, "consumer", 8);
     p = resp_str(p, c->consumer);
+    p = resp_arg(p, "writer", 6);
+    p = resp_str(p, c->writer);
     p = resp_arg(p, "attempts", 8);
     p = resp_u64(p, s->attempts);
     p = resp_arg(p, "deliveries", 10);
@@ -1284,32 +1292,36 @@ static void refusal(char *buf, size_t len, const redisReply *r) {
 
 static int receive_read(tps_consumer *c);
 
-/* Results whose XADD was in flight when the connection failed (sent_ns; the
- * writer's replies are read under COMMAND_TIMEOUT_MS): a Redis that stalled
- * longer still runs the command it had read, so the record may exist. One
- * read-only script looks for our records of them among those added since
+/* Records in flight when the connection failed (sent_ns: a result's XADD,
+ * or the outcome script with a dead record; the writer's replies are read
+ * under COMMAND_TIMEOUT_MS): a Redis that stalled longer still runs what it
+ * had read, so the record may exist. A read-only script per stream looks
+ * for this process's records of them (`writer`) among those added since
  * (tps_script_find_records); the ones found count as written (their XACK
- * follows), the others are written again. A refused search, or one cut
- * short by FIND_RECORDS_MAX, is logged and the rest written again (at least
- * once). -1 when the connection failed (they stay unsure). Called with
+ * follows: the script's own may have been that lost call's), the others
+ * are written again. A refused search, or one cut short by
+ * FIND_RECORDS_MAX, is logged and the rest written again (at least once).
+ * Not fenced: a command of the closed connection that reaches Redis only
+ * after the search (a partition that heals late) still writes a second
+ * record. -1 when the connection failed (they stay unsure). Called with
  * nothing in flight on the writer. */
-static int find_lost_writes(tps_consumer *c, const uint32_t *batch, uint32_t n) {
+static int find_in(tps_consumer *c, const char *key, int outcome, const uint32_t *batch, uint32_t n) {
     uint64_t now = tp_now_ns(), oldest = now;
     size_t argc = 0;
     char age[24];
     args(c, &argc, "EVAL");
     args(c, &argc, tps_script_find_records);
     args(c, &argc, "1");
-    args(c, &argc, c->results);
-    args(c, &argc, c->consumer);
+    args(c, &argc, key);
+    args(c, &argc, c->writer);
     size_t at_age = argc;
     args(c, &argc, "");
     args(c, &argc, FIND_RECORDS_MAX);
     size_t first = argc;
     for (uint32_t k = 0; k < n; k++) {
         slot *s = &c->slots[batch[k]];
-        if (s->sent_ns == 0) continue;
-        if (s->outcome != OUT_OK || s->written || s->recorded) {
+        if (s->sent_ns == 0 || s->outcome != outcome) continue;
+        if (s->written || s->recorded) {
             s->sent_ns = 0;
             continue;
         }
@@ -1322,33 +1334,42 @@ static int find_lost_writes(tps_consumer *c, const uint32_t *batch, uint32_t n) 
     c->argvlen[at_age] = strlen(age);
     redisReply *r = wr_command(c, argc);
     if (r == NULL) return -1;
-    char found[16];
-    uint32_t nfound = 0;
     if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 && r->element[0]->type == REDIS_REPLY_INTEGER &&
         r->element[1]->type == REDIS_REPLY_ARRAY) {
         const redisReply *ids = r->element[1];
+        uint32_t nfound = 0;
         for (size_t j = 0; j < ids->elements; j++) {
             if (ids->element[j]->type != REDIS_REPLY_STRING) continue;
             for (uint32_t k = 0; k < n; k++) {
                 slot *s = &c->slots[batch[k]];
-                if (s->sent_ns != 0 && s->id_len == ids->element[j]->len &&
+                if (s->sent_ns != 0 && s->outcome == outcome && s->id_len == ids->element[j]->len &&
                     memcmp(s->id, ids->element[j]->str, s->id_len) == 0) {
                     s->written = 1;
                     nfound++;
                 }
             }
         }
+        char found[16];
         snprintf(found, sizeof found, "%u", nfound);
-        const char *kv[] = {"found", found, "cut_short", r->element[0]->integer ? "1" : "0"};
-        logkv(c, r->element[0]->integer ? TP_LOG_WARN : TP_LOG_INFO, "lost_writes_checked", kv, 2);
+        const char *kv[] = {"stream", key, "found", found, "cut_short", r->element[0]->integer ? "1" : "0"};
+        logkv(c, r->element[0]->integer ? TP_LOG_WARN : TP_LOG_INFO, "lost_writes_checked", kv, 3);
     } else {
         char why[200] = "";
         refusal(why, sizeof why, r);
         log1(c, TP_LOG_WARN, "lost_writes_check_failed", "error", why);
     }
     freeReplyObject(r);
-    for (uint32_t k = 0; k < n; k++) c->slots[batch[k]].sent_ns = 0;
+    for (uint32_t k = 0; k < n; k++)
+        if (c->slots[batch[k]].outcome == outcome) c->slots[batch[k]].sent_ns = 0;
     return 0;
+}
+
+static int find_lost_writes(tps_consumer *c, const uint32_t *batch, uint32_t n) {
+    int any = 0;
+    for (uint32_t k = 0; k < n && !any; k++) any = c->slots[batch[k]].sent_ns != 0;
+    if (!any) return 0;
+    return find_in(c, c->results, OUT_OK, batch, n) != 0 || find_in(c, c->dead, OUT_DEAD, batch, n) != 0 ? -1
+                                                                                                         : 0;
 }
 
 /* While the writer waits for Redis: take in a read reply that has arrived,
@@ -1387,11 +1408,11 @@ static int write_outcomes(tps_consumer *c) {
         for (uint32_t k = 0; k < n; k++) {
             slot *s = &c->slots[batch[k]];
             if (s->recorded) continue; /* recorded dead by a claim script (recorded_list) */
+            if (s->written) continue;
             if (s->outcome != OUT_OK) {
                 n_dead++;
                 continue;
             }
-            if (s->written) continue;
             char cmd[RECORD_MAX];
             if (redisAppendFormattedCommand(c->wr, cmd, format_result(c, s, cmd)) != REDIS_OK) return -1;
             s->sent_ns = now;
@@ -1410,7 +1431,8 @@ static int write_outcomes(tps_consumer *c) {
             args(c, &argc, c->dead_maxlen);
             for (uint32_t k = 0; k < n; k++) {
                 slot *s = &c->slots[batch[k]];
-                if (s->outcome != OUT_DEAD || s->recorded) continue;
+                if (s->outcome != OUT_DEAD || s->recorded || s->written) continue;
+                s->sent_ns = now;
                 char(*num)[24] = &c->numbuf[(size_t)k * NUMS_PER_RECORD];
                 args(c, &argc, "D");
                 args(c, &argc, s->no_ack ? "0" : "1");
@@ -1454,8 +1476,11 @@ static int write_outcomes(tps_consumer *c) {
                 refusal(refused, sizeof refused, r);
             }
             freeReplyObject(r);
+            for (uint32_t k = 0; k < n; k++)
+                if (c->slots[batch[k]].outcome == OUT_DEAD) c->slots[batch[k]].sent_ns = 0;
         }
-        /* 2. the acknowledgements of the written successes */
+        /* 2. the acknowledgements of the written successes (and of the dead
+         * records find_lost_writes found) */
         size_t argc = 0;
         args(c, &argc, "XACK");
         args(c, &argc, c->stream);
@@ -1463,8 +1488,7 @@ static int write_outcomes(tps_consumer *c) {
         size_t first = argc;
         for (uint32_t k = 0; k < n; k++) {
             slot *s = &c->slots[batch[k]];
-            if (s->outcome == OUT_OK && s->written && !s->no_ack && !s->recorded)
-                arg(c, &argc, s->id, s->id_len);
+            if (s->written && !s->no_ack && !s->recorded) arg(c, &argc, s->id, s->id_len);
         }
         int ack_ok = 1;
         long long acked = 0;
@@ -1490,7 +1514,7 @@ static int write_outcomes(tps_consumer *c) {
                 slot_free(c, i);
                 continue;
             }
-            int done = s->outcome == OUT_OK ? s->written && (ack_ok || s->no_ack) : dead_ok;
+            int done = s->outcome == OUT_OK || s->written ? s->written && (ack_ok || s->no_ack) : dead_ok;
             if (!done) {
                 list_push(c, &keep_head, &keep_tail, i);
                 kept++;
@@ -1500,7 +1524,7 @@ static int write_outcomes(tps_consumer *c) {
                 ok++;
             } else {
                 dead++;
-                dead_to_ack += !s->no_ack;
+                dead_to_ack += !s->no_ack && !s->written; /* a found one was not in the script */
                 const char *kv[] = {"id", s->id, "reason", s->reason, "user", s->user};
                 logkv(c, TP_LOG_WARN, "dead", kv, s->user[0] != '\0' ? 3 : 2);
             }
@@ -2392,6 +2416,20 @@ static void free_buffers(tps_consumer *c) {
     tps_sched_destroy(c->sched);
 }
 
+/* 16 random hex digits for c->writer: getrandom(), or, where it fails, the
+ * clock, the pid and the address mixed (splitmix64). */
+static void make_writer(tps_consumer *c) {
+    uint64_t v = 0;
+    if (getrandom(&v, sizeof v, GRND_NONBLOCK) != (ssize_t)sizeof v) {
+        v = tp_now_ns() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)c;
+        v += 0x9e3779b97f4a7c15ull;
+        v = (v ^ (v >> 30)) * 0xbf58476d1ce4e5b9ull;
+        v = (v ^ (v >> 27)) * 0x94d049bb133111ebull;
+        v ^= v >> 31;
+    }
+    snprintf(c->writer, sizeof c->writer, "%016llx", (unsigned long long)v);
+}
+
 int tps_create(tps_consumer **out, const tps_config *cfg, char *err, size_t errlen) {
     if (out == NULL || cfg == NULL || cfg->pool == NULL || cfg->pool_capacity == 0) {
         snprintf(err, errlen, "tps_create: a pool and its capacity are required");
@@ -2423,6 +2461,7 @@ int tps_create(tps_consumer **out, const tps_config *cfg, char *err, size_t errl
         free(c);
         return -1;
     }
+    make_writer(c);
     const char *clash = strcmp(c->results, c->stream) == 0 ? "RESULTS_STREAM"
                         : strcmp(c->dead, c->stream) == 0  ? "DEAD_STREAM"
                                                            : NULL;

@@ -2201,16 +2201,21 @@ def scenario_lost_reply(env):
     """Redis stalls longer than the worker's 5 s command timeout while an
     outcome is in flight (DEBUG SLEEP), then runs the commands of the
     connection the worker closed meanwhile; after the reconnect the worker
+    looks for this process's records (`writer`) among those added since and
     writes each outcome once:
-    (a) a result: it looks for the records Redis added and finds it;
-    (b) a dead record: the outcome script sees that the entry is no longer
-        pending (its lost call acknowledged it) and writes nothing."""
+    (a) a result; (b) a dead record (the outcome script's XACK was in the
+        lost call too: the worker's own finds it done, ack_missed 1);
+    (c) a worker whose XADD never ran (CLIENT PAUSE WRITE: Redis drops it
+        with the connection) does not take another stream's record of the
+        same entry id by a worker of the same CONSUMER name for its own;
+    (d) a lost heartbeat reply (its hold script acknowledged a deleted
+        entry) still leaves the entry's dead record to the worker."""
     r = env.start_redis("--enable-debug-command", "yes")
 
-    def stalled_write(w, eid, started):
+    def stalled_write(w, started, stall=("DEBUG", "SLEEP", "8")):
         wait_until(lambda: metrics(w)["taskpool_started_total"] == 1, 10, "%s to start" % w.name)
         time.sleep(0.5)
-        r("DEBUG", "SLEEP", "8")  # the entry ends, and is written, during the stall
+        r(*stall)  # the entry ends, and is written, during the stall
         wait_until(lambda: accounted(r, started), 30, "the outcome")
         time.sleep(0.5 * SLOW)  # a second write would follow at once
         check('"reason":"writing outcomes"' in env.log_of(w),
@@ -2222,24 +2227,59 @@ def scenario_lost_reply(env):
     # (a)
     w = env.worker("w0", CLAIM_IDLE="60s", MAX_RETRIES=0)
     ok_id = r("XADD", "tasks", "*", "work", "1s", "payload", "x")
-    m = stalled_write(w, ok_id, {ok_id})
+    m = stalled_write(w, {ok_id})
     done, dead, dups = verify(r, {ok_id})
     check(len(done) == 1 and done[0][1].get("result") == "x" and not dead, "results %r dead %r" % (done, dead))
-    check('"msg":"lost_writes_checked","found":"1"' in env.log_of(w), "no lost_writes_checked found 1 in the log")
+    check(re.fullmatch("[0-9a-f]{16}", done[0][1].get("writer", "")), "the record's writer %r" % done[0][1])
+    check('"stream":"tasks:done","found":"1"' in env.log_of(w), "no lost_writes_checked found 1 in the log")
     check(m["tps_stream_succeeded_total"] == 1 and m["tps_stream_ack_missed_total"] == 0,
           "succeeded %d ack_missed %d" % (m["tps_stream_succeeded_total"], m["tps_stream_ack_missed_total"]))
 
     # (b) its second attempt fails 1 s after the first, during the stall
     w = env.worker("w1", CLAIM_IDLE="60s", MAX_RETRIES=1, RETRY_DELAY="1s")
     dead_id = r("XADD", "tasks", "*", "fail", "always")
-    m = stalled_write(w, dead_id, {ok_id, dead_id})
+    m = stalled_write(w, {ok_id, dead_id})
     done, dead, dups = verify(r, {ok_id, dead_id})
     check([f["id"] for _, f in dead] == [dead_id] and dead[0][1]["reason"].startswith("failed after 2 attempts"),
           "dead records %r" % dead)
     check(dups == 0, "duplicates")
-    # the script's second call acknowledges nothing: counted as a missed acknowledgement
+    check('"stream":"tasks:dead","found":"1"' in env.log_of(w), "no lost_writes_checked found 1 in the log")
     check(m["tps_stream_dead_total"] == 1 and m["tps_stream_ack_missed_total"] == 1,
           "dead %d ack_missed %d" % (m["tps_stream_dead_total"], m["tps_stream_ack_missed_total"]))
+    expected = {ok_id, dead_id}
+
+    # (c) streams a and b share tasks:done, and their workers the name x
+    r("XGROUP", "CREATE", "a", "taskpool", "$", "MKSTREAM")
+    r("XGROUP", "CREATE", "b", "taskpool", "$", "MKSTREAM")
+    wa = env.worker("ca", STREAM="a", CONSUMER="x", CLAIM_IDLE="60s")
+    wb = env.worker("cb", STREAM="b", CONSUMER="x", CLAIM_IDLE="60s")
+    xb = r("XADD", "b", "*", "work", "1500ms")
+    r("XADD", "a", xb, "work", "1ms")  # the same id in stream a
+    wait_until(lambda: any(f["id"] == xb for _, f in entries(r, "tasks:done")), 10, "a's record")
+    wait_until(lambda: metrics(wb)["taskpool_started_total"] == 1, 10, "b to start")
+    time.sleep(0.6)
+    r("CLIENT", "PAUSE", "8000", "WRITE")  # b's XADD waits, and is dropped with its connection
+    wait_until(lambda: '"reason":"writing outcomes"' in env.log_of(wb), 15, "b's write to time out")
+    wait_until(lambda: r("XPENDING", "b", "taskpool")[0] == 0, 30, "b's outcome")
+    recs = [f for _, f in entries(r, "tasks:done") if f["id"] == xb]
+    check(len(recs) == 2 and recs[0]["writer"] != recs[1]["writer"],
+          "b's entry acknowledged without a record of its own: %r" % recs)
+    check('"stream":"tasks:done","found":"0"' in env.log_of(wb), "no lost_writes_checked found 0 in b's log")
+    check(env.stop(wa) == 0 and env.stop(wb) == 0, "workers ca, cb did not exit 0")
+
+    # (d) the entry fails, is deleted, and the heartbeat's reply is lost
+    w = env.worker("h0", CLAIM_IDLE="3s", MAX_RETRIES=1, RETRY_DELAY="12s")
+    e = r("XADD", "tasks", "*", "fail", "always")
+    wait_until(lambda: metrics(w)["taskpool_delayed"] == 1, 10, "the first attempt to fail")
+    r("XDEL", "tasks", e)
+    r("DEBUG", "SLEEP", "8")  # the heartbeat (every 1 s) acknowledges it deleted; its reply is lost
+    check('"reason":"heartbeat"' in env.log_of(w), "setup: the stall did not cut a heartbeat")
+    expected |= {e, xb}
+    wait_until(lambda: e in dead_reasons(r), 30, "the entry's dead record")
+    time.sleep(0.5 * SLOW)
+    done, dead, dups = verify(r, expected)
+    check(dups == 1, "duplicates: %d, want 1 (xb: an entry of a and one of b)" % dups)
+    check(env.stop(w) == 0, "worker h0 did not exit 0")
 
 
 SCENARIOS = {
