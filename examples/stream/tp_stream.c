@@ -1297,9 +1297,11 @@ static int receive_read(tps_consumer *c);
  * under COMMAND_TIMEOUT_MS): a Redis that stalled longer still runs what it
  * had read, so the record may exist. A read-only script per stream looks
  * for this process's records of them (`writer`) among those added since
- * (tps_script_find_records); the ones found count as written (their XACK
- * follows: the script's own may have been that lost call's), the others
- * are written again. A refused search, or one cut short by
+ * (tps_script_find_records); the ones found count as written (a result's
+ * XACK follows; a dead record's was its script's), the others are written
+ * again. An outcome script refused with an error may have written some of
+ * its records before the failing call (Redis keeps a script's writes): its
+ * slots stay unsure too, and are looked for before the retry. A refused search, or one cut short by
  * FIND_RECORDS_MAX, is logged and the rest written again (at least once).
  * Not fenced: a command of the closed connection that reaches Redis only
  * after the search (a partition that heals late) still writes a second
@@ -1345,6 +1347,9 @@ static int find_in(tps_consumer *c, const char *key, int outcome, const uint32_t
                 if (s->sent_ns != 0 && s->outcome == outcome && s->id_len == ids->element[j]->len &&
                     memcmp(s->id, ids->element[j]->str, s->id_len) == 0) {
                     s->written = 1;
+                    /* A dead record is found only if its script ran: the
+                     * script's XACK, its last call, did too. */
+                    if (outcome == OUT_DEAD) s->no_ack = 1;
                     nfound++;
                 }
             }
@@ -1476,11 +1481,10 @@ static int write_outcomes(tps_consumer *c) {
                 refusal(refused, sizeof refused, r);
             }
             freeReplyObject(r);
-            for (uint32_t k = 0; k < n; k++)
+            for (uint32_t k = 0; k < n && dead_ok; k++) /* refused: maybe half-written (find_in) */
                 if (c->slots[batch[k]].outcome == OUT_DEAD) c->slots[batch[k]].sent_ns = 0;
         }
-        /* 2. the acknowledgements of the written successes (and of the dead
-         * records find_lost_writes found) */
+        /* 2. the acknowledgements of the written successes */
         size_t argc = 0;
         args(c, &argc, "XACK");
         args(c, &argc, c->stream);
