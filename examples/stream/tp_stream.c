@@ -5,8 +5,9 @@
  * read and written by the I/O thread alone. The pool's threads touch a slot
  * only between tp_submit() and the end of the task (the task reads the
  * message, writes `attempts`, `canceled`, `timed_out`, `gave_up`,
- * `retry_due`, the times and the result); every task is bound to the consumer's completion queue
- * (tp_cq), so its on_done runs on the I/O thread inside tp_cq_drain(), and
+ * `retry_due`, the times and the result); every task is bound to the
+ * consumer's completion queue (tp_cq), so its on_done runs on the I/O
+ * thread inside tp_cq_drain(), and
  * the queue's lock orders the task's writes before it. Counters shown in
  * tps_stats are atomics. The timer heap (timers.h) is the I/O thread's alone.
  *
@@ -883,10 +884,9 @@ static void admit(tps_consumer *c, uint32_t i, const char *parse_error) {
          * the read in flight may need, and finds the heap full when only
          * that is left; then it stays pending unheld and is claimed again
          * later (when its time has come, the claim runs it: up to
-         * claim_idle * 1.5 late while the heap is that full). (Should a
-         * read's entry find it full all the same, it is
-         * let go with its delivery given back, not left with a count that
-         * no run made.) */
+         * claim_idle * 1.5 late while the heap is that full). Should a
+         * read's entry find it full all the same, it is let go with its
+         * delivery given back, not left with a count that no run made. */
         uint32_t keep = in.from == TPS_FROM_CLAIM ? c->read_outstanding : 0;
         int rc = tps_sched_room(c->sched) > keep
                      ? tps_sched_add(c->sched, s->id, s->id_len, s->due_ms, p.heap_runs, p.heap_flags)
@@ -1301,8 +1301,9 @@ static int receive_read(tps_consumer *c);
  * XACK follows; a dead record's was its script's), the others are written
  * again. An outcome script refused with an error may have written some of
  * its records before the failing call (Redis keeps a script's writes): its
- * slots stay unsure too, and are looked for before the retry. A refused search, or one cut short by
- * FIND_RECORDS_MAX, is logged and the rest written again (at least once).
+ * slots stay unsure too, and are looked for before the retry. A refused
+ * search, or one cut short by FIND_RECORDS_MAX, is logged and the rest
+ * written again (at least once).
  * Not fenced: a command of the closed connection that reaches Redis only
  * after the search (a partition that heals late) still writes a second
  * record. -1 when the connection failed (they stay unsure). Called with
@@ -1481,8 +1482,9 @@ static int write_outcomes(tps_consumer *c) {
                 refusal(refused, sizeof refused, r);
             }
             freeReplyObject(r);
-            for (uint32_t k = 0; k < n && dead_ok; k++) /* refused: maybe half-written (find_in) */
-                if (c->slots[batch[k]].outcome == OUT_DEAD) c->slots[batch[k]].sent_ns = 0;
+            if (dead_ok) /* else refused: maybe half-written, looked for before the retry (find_in) */
+                for (uint32_t k = 0; k < n; k++)
+                    if (c->slots[batch[k]].outcome == OUT_DEAD) c->slots[batch[k]].sent_ns = 0;
         }
         /* 2. the acknowledgements of the written successes */
         size_t argc = 0;
@@ -1518,7 +1520,10 @@ static int write_outcomes(tps_consumer *c) {
                 slot_free(c, i);
                 continue;
             }
-            int done = s->outcome == OUT_OK || s->written ? s->written && (ack_ok || s->no_ack) : dead_ok;
+            /* written: the record is there (a result's XADD, or a dead record
+             * find_lost_writes found), its XACK this batch's; else a dead
+             * record is done with the outcome script */
+            int done = s->written ? ack_ok || s->no_ack : s->outcome == OUT_DEAD && dead_ok;
             if (!done) {
                 list_push(c, &keep_head, &keep_tail, i);
                 kept++;

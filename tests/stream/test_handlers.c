@@ -14,7 +14,6 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
