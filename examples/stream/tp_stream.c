@@ -196,9 +196,15 @@ struct tps_consumer {
     uint32_t uidx_mask, users_free;
     uint32_t rr_head, rr_tail, rr_len; /* the background round: users with held background entries */
     redisContext *rd, *wr;             /* reader, writer */
-    unsigned read_outstanding;         /* COUNT of the XREADGROUP in flight, 0 if none */
-    uint32_t count_replies; /* hold replies pipelined by set_count(), own_deleted(), heartbeat_own() */
-    uint32_t n_lower;       /* heap entries flagged TPS_SCHED_LOWER since lower_waiting() */
+    /* The writer's CLIENT ID and its server's run_id (0 and "": unknown), and
+     * those of the last writer closed that no fence_old_writer has killed
+     * yet; fence_logged: the fence's unavailability was logged once. */
+    long long wr_id, old_wr_id;
+    char run_id[41], old_run_id[41];
+    int fence_logged;
+    unsigned read_outstanding; /* COUNT of the XREADGROUP in flight, 0 if none */
+    uint32_t count_replies;    /* hold replies pipelined by set_count(), own_deleted(), heartbeat_own() */
+    uint32_t n_lower;          /* heap entries flagged TPS_SCHED_LOWER since lower_waiting() */
     uint64_t read_sent_ns;
     uint64_t read_seq; /* reads ended (reply taken in, or the reader closed): own_deleted */
     int connected_once, connect_failed, stopped_applied;
@@ -1026,6 +1032,11 @@ static void disconnect(tps_consumer *c, const char *why, const char *detail) {
     if (c->rd != NULL) redisFree(c->rd);
     if (c->wr != NULL) redisFree(c->wr);
     c->rd = c->wr = NULL;
+    if (c->wr_id != 0) { /* the next connection kills it (fence_old_writer) */
+        c->old_wr_id = c->wr_id;
+        memcpy(c->old_run_id, c->run_id, sizeof c->run_id);
+        c->wr_id = 0;
+    }
     c->read_seq += c->read_outstanding > 0;
     c->read_outstanding = 0;
     c->read_failed = 0;
@@ -1071,6 +1082,85 @@ static int check_type(tps_consumer *c, const char *key, char *err, size_t errlen
     return ok ? 0 : -1;
 }
 
+static void fence_unavailable(tps_consumer *c, const char *why) {
+    if (c->fence_logged) return;
+    c->fence_logged = 1;
+    log1(c, TP_LOG_WARN, "lost_write_fence_unavailable", "error", why);
+}
+
+/*
+ * The fence before the lost-write search (find_lost_writes). A closed
+ * writer's commands may still reach Redis after the new connection's search
+ * looked for their records (a partition that heals late, a stalled server
+ * that reads the old socket late): a record found missing and written again
+ * would then be written twice. Killing the old connection by its CLIENT ID
+ * first ends that: once CLIENT KILL has answered, every command the old
+ * connection had sent has run or never will (Redis runs what it read of a
+ * client before it sees the client's end, and a killed client's unread
+ * commands are dropped with it), so the search that follows sees all it can
+ * ever write. The id is taken at connect with the server's run_id: a server
+ * restarted since (another run_id) took the old connection with it, and its
+ * ids start again, so the old id would name another client. Refused (an ACL
+ * without CLIENT or INFO, a Redis before 5.0): logged once, and the search
+ * runs unfenced as before (a second record possible, never a lost one).
+ * Runs at connect, before the new connection writes any record or
+ * acknowledgement. Not fenced: the old reader (a late XREADGROUP delivers
+ * entries nobody receives: claimed after claim_idle, as any lost read). 0,
+ * or -1 when the connection failed (the old id stays for the next one).
+ */
+static int fence_old_writer(tps_consumer *c, long long *id, char run_id[41]) {
+    *id = 0;
+    run_id[0] = 0;
+    size_t argc = 0;
+    args(c, &argc, "CLIENT");
+    args(c, &argc, "ID");
+    redisReply *r = wr_command(c, argc);
+    if (r == NULL) return -1;
+    if (r->type == REDIS_REPLY_INTEGER)
+        *id = r->integer;
+    else
+        fence_unavailable(c, r->type == REDIS_REPLY_ERROR ? r->str : "CLIENT ID: unexpected reply");
+    freeReplyObject(r);
+    if (*id == 0) return 0;
+    argc = 0;
+    args(c, &argc, "INFO");
+    args(c, &argc, "server");
+    r = wr_command(c, argc);
+    if (r == NULL) return -1;
+    const char *at = r->type == REDIS_REPLY_STRING ? strstr(r->str, "run_id:") : NULL;
+    if (at != NULL && strspn(at + 7, "0123456789abcdef") == 40) {
+        memcpy(run_id, at + 7, 40);
+        run_id[40] = 0;
+    } else {
+        fence_unavailable(c, r->type == REDIS_REPLY_ERROR ? r->str : "INFO server: no run_id");
+        *id = 0;
+    }
+    freeReplyObject(r);
+    if (*id == 0 || c->old_wr_id == 0) return 0;
+    if (strcmp(run_id, c->old_run_id) != 0) { /* restarted: nothing of the old connection can run */
+        c->old_wr_id = 0;
+        return 0;
+    }
+    char old[24];
+    snprintf(old, sizeof old, "%lld", c->old_wr_id);
+    argc = 0;
+    args(c, &argc, "CLIENT");
+    args(c, &argc, "KILL");
+    args(c, &argc, "ID");
+    args(c, &argc, old);
+    r = wr_command(c, argc);
+    if (r == NULL) return -1;
+    if (r->type == REDIS_REPLY_INTEGER) {
+        const char *kv[] = {"client_id", old, "killed", r->integer > 0 ? "1" : "0"};
+        logkv(c, r->integer > 0 ? TP_LOG_WARN : TP_LOG_DEBUG, "old_writer_fenced", kv, 2);
+    } else {
+        fence_unavailable(c, r->type == REDIS_REPLY_ERROR ? r->str : "CLIENT KILL: unexpected reply");
+    }
+    freeReplyObject(r);
+    c->old_wr_id = 0; /* killed, gone, or refused (not asked again) */
+    return 0;
+}
+
 static void try_connect(tps_consumer *c) {
     char err[300];
     c->wr = tps_redis_connect(&c->addr, CONNECT_TIMEOUT_MS, COMMAND_TIMEOUT_MS, err, sizeof err);
@@ -1107,6 +1197,14 @@ static void try_connect(tps_consumer *c) {
         logkv(c, TP_LOG_INFO, "group_created", kv, 2);
     }
     freeReplyObject(r);
+    long long wr_id;
+    char run_id[41];
+    if (fence_old_writer(c, &wr_id, run_id) != 0) {
+        snprintf(err, sizeof err, "%s", c->wr->errstr);
+        goto failed_free;
+    }
+    c->wr_id = wr_id;
+    memcpy(c->run_id, run_id, sizeof c->run_id);
 
     uint64_t now = tp_now_ns();
     /* Refresh our entries' idle time before anyone (we included) claims them.
@@ -1304,10 +1402,10 @@ static int receive_read(tps_consumer *c);
  * slots stay unsure too, and are looked for before the retry. A refused
  * search, or one cut short by FIND_RECORDS_MAX, is logged and the rest
  * written again (at least once).
- * Not fenced: a command of the closed connection that reaches Redis only
- * after the search (a partition that heals late) still writes a second
- * record. -1 when the connection failed (they stay unsure). Called with
- * nothing in flight on the writer. */
+ * A command of the closed connection cannot reach Redis after the search:
+ * the connection that runs it killed the old one first (fence_old_writer;
+ * unfenced where Redis refuses that). -1 when the connection failed (they
+ * stay unsure). Called with nothing in flight on the writer. */
 static int find_in(tps_consumer *c, const char *key, int outcome, const uint32_t *batch, uint32_t n) {
     uint64_t now = tp_now_ns(), oldest = now;
     size_t argc = 0;

@@ -635,6 +635,9 @@ def scenario_outcome_key(env):
     r("ACL", "SETUSER", "noack", "+xack")
     wait_until(lambda: accounted(r, ids), 20, "the acknowledgements once XACK is allowed")
     check(env.stop(w) == 0, "noack: worker did not exit 0")
+    fence = [line for line in env.log_of(w).splitlines() if '"msg":"lost_write_fence_unavailable"' in line]
+    check(len(fence) == 1 and "NOPERM" in fence[0],
+          "noack (no CLIENT ID permission): lost_write_fence_unavailable lines %r, want one with NOPERM" % fence)
     done, dead, dups = verify(r, ids)
     check(len(done) == 5 and len(dead) == 1 and dups == 0,
           "noack: %d results, %d dead, %d duplicates" % (len(done), len(dead), dups))
@@ -922,7 +925,7 @@ def scenario_auth(env):
     r("AUTH", "pw0")
     # the commands the README lists for an ACL user of the worker and producer
     r("ACL", "SETUSER", "tpworker", "on", ">tp@secret", "~tasks*", "resetchannels", "-@all", "+@stream", "+type",
-      "+eval")
+      "+eval", "+client|id", "+client|kill", "+info")
     sock = env.sock
 
     # 1. no password: NOAUTH from the server, not a "wrong key type"
@@ -2197,6 +2200,110 @@ def scenario_handler_status(env):
     check(dups == 0, "duplicates")
 
 
+class HoldProxy:
+    """A unix-socket proxy in front of redis-server. hold() holds what the
+    connections open at that moment send from then on, as a partition
+    would; release() forwards it to Redis late, on each connection's server
+    side, which stays open (unless Redis closed it) even if the client has
+    closed its side meanwhile: the commands of a connection the client gave
+    up on reach Redis after the client's next connection has done its work.
+    Connections opened after hold() pass freely."""
+
+    def __init__(self, env):
+        import threading
+        self.threading = threading
+        self.path = os.path.join(env.dir, "proxy.sock")
+        self.target = env.sock
+        self.lock = threading.Lock()
+        self.conns = []
+        self.lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.lsock.bind(self.path)
+        self.lsock.listen(16)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                cl, _ = self.lsock.accept()
+                sv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sv.connect(self.target)
+            except OSError:
+                return
+            st = {"held": False, "buf": []}
+            with self.lock:
+                self.conns.append((cl, sv, st))
+            self.threading.Thread(target=self._up, args=(cl, sv, st), daemon=True).start()
+            self.threading.Thread(target=self._down, args=(cl, sv), daemon=True).start()
+
+    def _up(self, cl, sv, st):  # client -> server
+        while True:
+            try:
+                data = cl.recv(65536)
+            except OSError:
+                data = b""
+            with self.lock:
+                if st["held"]:
+                    st["buf"].append(data)  # b"": the client's end, forwarded at release
+                    if not data:
+                        return
+                    continue
+            try:
+                if not data:
+                    sv.shutdown(socket.SHUT_WR)
+                    return
+                sv.sendall(data)
+            except OSError:
+                return
+
+    def _down(self, cl, sv):  # server -> client; a closed client's replies are dropped
+        client_gone = False
+        while True:
+            try:
+                data = sv.recv(65536)
+            except OSError:
+                data = b""
+            if not data:
+                for x in (cl, sv):
+                    try:
+                        x.close()
+                    except OSError:
+                        pass
+                return
+            if not client_gone:
+                try:
+                    cl.sendall(data)
+                except OSError:
+                    client_gone = True
+
+    def hold(self):
+        with self.lock:
+            for _, _, st in self.conns:
+                st["held"] = True
+
+    def release(self):
+        """Forward what was held; the number of connections whose server
+        side refused it (closed by Redis meanwhile)."""
+        refused = 0
+        with self.lock:
+            for _, sv, st in self.conns:
+                if not st["held"]:
+                    continue
+                st["held"] = False
+                try:
+                    for data in st["buf"]:
+                        if data:
+                            sv.sendall(data)
+                        else:
+                            sv.shutdown(socket.SHUT_WR)
+                except OSError:
+                    refused += 1
+                st["buf"] = []
+        return refused
+
+    def close(self):
+        self.lsock.close()
+
+
 def scenario_lost_reply(env):
     """Redis stalls longer than the worker's 5 s command timeout while an
     outcome is in flight (DEBUG SLEEP), then runs the commands of the
@@ -2209,7 +2316,10 @@ def scenario_lost_reply(env):
         with the connection) does not take another stream's record of the
         same entry id by a worker of the same CONSUMER name for its own;
     (d) a lost heartbeat reply (its hold script acknowledged a deleted
-        entry) still leaves the entry's dead record to the worker."""
+        entry) still leaves the entry's dead record to the worker;
+    (e) a partition that heals late (HoldProxy): the closed connection's
+        XADD reaches Redis after the new connection's search, and is not a
+        second record: the new connection killed the old one first."""
     r = env.start_redis("--enable-debug-command", "yes")
 
     def stalled_write(w, started):
@@ -2280,6 +2390,28 @@ def scenario_lost_reply(env):
     done, dead, dups = verify(r, expected)
     check(dups == 1, "duplicates: %d, want 1 (xb: an entry of a and one of b)" % dups)
     check(env.stop(w) == 0, "worker h0 did not exit 0")
+
+    # (e) the worker's connections pass through the proxy; what they send
+    # after the start is held, and released once the entry is acknowledged
+    px = HoldProxy(env)
+    w = env.worker("p0", REDIS_URL="unix://" + px.path, CLAIM_IDLE="60s", MAX_RETRIES=0)
+    late = r("XADD", "tasks", "*", "work", "3s", "payload", "late")
+    expected.add(late)
+    wait_until(lambda: metrics(w)["taskpool_started_total"] == 1, 10, "p0 to start")
+    px.hold()  # the result's XADD (3 s after the start) is held: a timeout at 5 s
+    wait_until(lambda: '"reason":"writing outcomes"' in env.log_of(w), 20, "p0's write to time out")
+    wait_until(lambda: accounted(r, expected), 30, "the outcome, written by the next connection")
+    refused = px.release()
+    time.sleep(1.0 * SLOW)  # what was held reaches Redis now, if it can
+    recs = [f for _, f in entries(r, "tasks:done") if f["id"] == late]
+    check(len(recs) == 1 and recs[0].get("result") == "late", "records of the late entry: %r" % recs)
+    check(re.search(r'"msg":"old_writer_fenced".*"killed":"1"', env.log_of(w)),
+          "no old_writer_fenced killed 1 in p0's log")
+    check(refused >= 1, "setup: every held connection took its commands (refused %d)" % refused)
+    done, dead, dups = verify(r, expected)
+    check(dups == 1, "duplicates: %d, want 1 (xb)" % dups)
+    check(env.stop(w) == 0, "worker p0 did not exit 0")
+    px.close()
 
 
 SCENARIOS = {
