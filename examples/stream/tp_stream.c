@@ -196,10 +196,11 @@ struct tps_consumer {
     uint32_t uidx_mask, users_free;
     uint32_t rr_head, rr_tail, rr_len; /* the background round: users with held background entries */
     redisContext *rd, *wr;             /* reader, writer */
-    /* The writer's CLIENT ID and its server's run_id (0 and "": unknown), and
-     * those of the last writer closed that no fence_old_writer has killed
-     * yet; fence_logged: the fence's unavailability was logged once. */
-    long long wr_id, old_wr_id;
+    /* The writer's and the reader's CLIENT ID and their server's run_id (0
+     * and "": unknown), and those of the last ones closed that no
+     * fence_old_connections has killed yet; fence_logged: the fence's
+     * unavailability was logged once. */
+    long long wr_id, rd_id, old_wr_id, old_rd_id;
     char run_id[41], old_run_id[41];
     int fence_logged;
     unsigned read_outstanding; /* COUNT of the XREADGROUP in flight, 0 if none */
@@ -1032,10 +1033,11 @@ static void disconnect(tps_consumer *c, const char *why, const char *detail) {
     if (c->rd != NULL) redisFree(c->rd);
     if (c->wr != NULL) redisFree(c->wr);
     c->rd = c->wr = NULL;
-    if (c->wr_id != 0) { /* the next connection kills it (fence_old_writer) */
+    if (c->wr_id != 0) { /* the next connections kill them (fence_old_connections) */
         c->old_wr_id = c->wr_id;
+        c->old_rd_id = c->rd_id;
         memcpy(c->old_run_id, c->run_id, sizeof c->run_id);
-        c->wr_id = 0;
+        c->wr_id = c->rd_id = 0;
     }
     c->read_seq += c->read_outstanding > 0;
     c->read_outstanding = 0;
@@ -1088,44 +1090,77 @@ static void fence_unavailable(tps_consumer *c, const char *why) {
     log1(c, TP_LOG_WARN, "lost_write_fence_unavailable", "error", why);
 }
 
-/*
- * The fence before the lost-write search (find_lost_writes). A closed
- * writer's commands may still reach Redis after the new connection's search
- * looked for their records (a partition that heals late, a stalled server
- * that reads the old socket late): a record found missing and written again
- * would then be written twice. Killing the old connection by its CLIENT ID
- * first ends that: once CLIENT KILL has answered, every command the old
- * connection had sent has run or never will (Redis runs what it read of a
- * client before it sees the client's end, and a killed client's unread
- * commands are dropped with it), so the search that follows sees all it can
- * ever write. The id is taken at connect with the server's run_id: a server
- * restarted since (another run_id) took the old connection with it, and its
- * ids start again, so the old id would name another client. Refused (an ACL
- * without CLIENT or INFO, a Redis before 5.0): logged once, and the search
- * runs unfenced as before (a second record possible, never a lost one).
- * Runs at connect, before the new connection writes any record or
- * acknowledgement. Not fenced: the old reader (a late XREADGROUP delivers
- * entries nobody receives: claimed after claim_idle, as any lost read). 0,
- * or -1 when the connection failed (the old id stays for the next one).
- */
-static int fence_old_writer(tps_consumer *c, long long *id, char run_id[41]) {
+/* CLIENT ID of `ctx` into *id (0 if refused: logged once). -1 when the
+ * connection failed. */
+static int client_id(tps_consumer *c, redisContext *ctx, long long *id) {
     *id = 0;
-    run_id[0] = 0;
     size_t argc = 0;
     args(c, &argc, "CLIENT");
     args(c, &argc, "ID");
-    redisReply *r = wr_command(c, argc);
-    if (r == NULL) return -1;
-    if (r->type == REDIS_REPLY_INTEGER)
+    redisReply *r = NULL;
+    if (redisAppendCommandArgv(ctx, (int)argc, c->argv, c->argvlen) != REDIS_OK ||
+        redisGetReply(ctx, (void **)&r) != REDIS_OK)
+        return -1;
+    if (r->type == REDIS_REPLY_INTEGER && r->integer > 0)
         *id = r->integer;
     else
         fence_unavailable(c, r->type == REDIS_REPLY_ERROR ? r->str : "CLIENT ID: unexpected reply");
     freeReplyObject(r);
-    if (*id == 0) return 0;
-    argc = 0;
+    return 0;
+}
+
+/* CLIENT KILL ID `id` on the writer, logged; -1 when the connection failed. */
+static int kill_client(tps_consumer *c, const char *role, long long id) {
+    char num[24];
+    snprintf(num, sizeof num, "%lld", id);
+    size_t argc = 0;
+    args(c, &argc, "CLIENT");
+    args(c, &argc, "KILL");
+    args(c, &argc, "ID");
+    args(c, &argc, num);
+    redisReply *r = wr_command(c, argc);
+    if (r == NULL) return -1;
+    if (r->type == REDIS_REPLY_INTEGER) {
+        const char *kv[] = {"connection", role, "client_id", num, "killed", r->integer > 0 ? "1" : "0"};
+        logkv(c, r->integer > 0 ? TP_LOG_WARN : TP_LOG_DEBUG, "old_connection_fenced", kv, 3);
+    } else {
+        fence_unavailable(c, r->type == REDIS_REPLY_ERROR ? r->str : "CLIENT KILL: unexpected reply");
+    }
+    freeReplyObject(r);
+    return 0;
+}
+
+/*
+ * The fence before the lost-write search (find_lost_writes). A closed
+ * connection's commands may still reach Redis after the new connection's
+ * search looked for their records (a partition that heals late, a stalled
+ * server that reads the old socket late): a record found missing and
+ * written again would then be written twice, and a late XREADGROUP would
+ * take entries for a reader that is gone (run only once claimed, a
+ * delivery counted). Killing the old connections by their CLIENT ID first
+ * ends that: once CLIENT KILL has answered, every command an old connection
+ * had sent has run or never will (Redis runs what it read of a client before
+ * it sees the client's end, and a killed client's unread commands are
+ * dropped with it), so the search that follows sees all they can ever
+ * write. The ids are taken at connect with the server's run_id: a server
+ * restarted since (another run_id) took the old connections with it, and
+ * its ids start again, so an old id would name another client. Refused (an
+ * ACL without CLIENT or INFO, a Redis before 5.0): logged once, and the
+ * search runs unfenced as before (a second record possible, never a lost
+ * one). Runs at connect, before the new connections read an entry or write
+ * a record or an acknowledgement; sets the new connections' ids. 0, or -1
+ * when a connection failed (the old ids stay for the next one).
+ */
+static int fence_old_connections(tps_consumer *c, long long *wr_id, long long *rd_id, char run_id[41]) {
+    *rd_id = 0;
+    run_id[0] = 0;
+    if (client_id(c, c->wr, wr_id) != 0) return -1;
+    if (*wr_id == 0) return 0;
+    if (client_id(c, c->rd, rd_id) != 0) return -1;
+    size_t argc = 0;
     args(c, &argc, "INFO");
     args(c, &argc, "server");
-    r = wr_command(c, argc);
+    redisReply *r = wr_command(c, argc);
     if (r == NULL) return -1;
     const char *at = r->type == REDIS_REPLY_STRING ? strstr(r->str, "run_id:") : NULL;
     if (at != NULL && strspn(at + 7, "0123456789abcdef") == 40) {
@@ -1133,31 +1168,16 @@ static int fence_old_writer(tps_consumer *c, long long *id, char run_id[41]) {
         run_id[40] = 0;
     } else {
         fence_unavailable(c, r->type == REDIS_REPLY_ERROR ? r->str : "INFO server: no run_id");
-        *id = 0;
+        *wr_id = *rd_id = 0;
     }
     freeReplyObject(r);
-    if (*id == 0 || c->old_wr_id == 0) return 0;
-    if (strcmp(run_id, c->old_run_id) != 0) { /* restarted: nothing of the old connection can run */
-        c->old_wr_id = 0;
-        return 0;
+    if (*wr_id == 0) return 0;
+    if (strcmp(run_id, c->old_run_id) == 0) { /* else restarted: nothing of the old connections can run */
+        if (c->old_wr_id != 0 && kill_client(c, "writer", c->old_wr_id) != 0) return -1;
+        c->old_wr_id = 0; /* killed, gone, or refused (not asked again) */
+        if (c->old_rd_id != 0 && kill_client(c, "reader", c->old_rd_id) != 0) return -1;
     }
-    char old[24];
-    snprintf(old, sizeof old, "%lld", c->old_wr_id);
-    argc = 0;
-    args(c, &argc, "CLIENT");
-    args(c, &argc, "KILL");
-    args(c, &argc, "ID");
-    args(c, &argc, old);
-    r = wr_command(c, argc);
-    if (r == NULL) return -1;
-    if (r->type == REDIS_REPLY_INTEGER) {
-        const char *kv[] = {"client_id", old, "killed", r->integer > 0 ? "1" : "0"};
-        logkv(c, r->integer > 0 ? TP_LOG_WARN : TP_LOG_DEBUG, "old_writer_fenced", kv, 2);
-    } else {
-        fence_unavailable(c, r->type == REDIS_REPLY_ERROR ? r->str : "CLIENT KILL: unexpected reply");
-    }
-    freeReplyObject(r);
-    c->old_wr_id = 0; /* killed, gone, or refused (not asked again) */
+    c->old_wr_id = c->old_rd_id = 0;
     return 0;
 }
 
@@ -1197,13 +1217,14 @@ static void try_connect(tps_consumer *c) {
         logkv(c, TP_LOG_INFO, "group_created", kv, 2);
     }
     freeReplyObject(r);
-    long long wr_id;
+    long long wr_id, rd_id;
     char run_id[41];
-    if (fence_old_writer(c, &wr_id, run_id) != 0) {
-        snprintf(err, sizeof err, "%s", c->wr->errstr);
+    if (fence_old_connections(c, &wr_id, &rd_id, run_id) != 0) {
+        snprintf(err, sizeof err, "%s", c->wr->err ? c->wr->errstr : c->rd->errstr);
         goto failed_free;
     }
     c->wr_id = wr_id;
+    c->rd_id = rd_id;
     memcpy(c->run_id, run_id, sizeof c->run_id);
 
     uint64_t now = tp_now_ns();
@@ -1403,7 +1424,7 @@ static int receive_read(tps_consumer *c);
  * search, or one cut short by FIND_RECORDS_MAX, is logged and the rest
  * written again (at least once).
  * A command of the closed connection cannot reach Redis after the search:
- * the connection that runs it killed the old one first (fence_old_writer;
+ * the connection that runs it killed the old one first (fence_old_connections;
  * unfenced where Redis refuses that). -1 when the connection failed (they
  * stay unsure). Called with nothing in flight on the writer. */
 static int find_in(tps_consumer *c, const char *key, int outcome, const uint32_t *batch, uint32_t n) {
