@@ -1090,27 +1090,47 @@ static void fence_unavailable(tps_consumer *c, const char *why) {
     log1(c, TP_LOG_WARN, "lost_write_fence_unavailable", "error", why);
 }
 
-/* CLIENT ID of `ctx` into *id (0 if refused: logged once). -1 when the
- * connection failed. */
-static int client_id(tps_consumer *c, redisContext *ctx, long long *id) {
+/* A reply to one of the fence's commands: 1 when it is of `type`; 0 when the
+ * fence is not available here (logged once): NOPERM (an ACL), a command
+ * unknown or renamed away, a reply of another type; -1 with the error in
+ * err for any other error reply (BUSY, LOADING, ...): the connect fails and
+ * is retried, the old ids kept. */
+static int fence_reply(tps_consumer *c, const redisReply *r, int type, const char *what, char *err,
+                       size_t errlen) {
+    if (r->type == type) return 1;
+    if (r->type == REDIS_REPLY_ERROR && strncmp(r->str, "NOPERM", 6) != 0 &&
+        strstr(r->str, "unknown command") == NULL && strstr(r->str, "unknown subcommand") == NULL) {
+        snprintf(err, errlen, "%s: %s", what, r->str);
+        return -1;
+    }
+    char why[200];
+    snprintf(why, sizeof why, "%s: %s", what, r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply");
+    fence_unavailable(c, why);
+    return 0;
+}
+
+/* CLIENT ID of `ctx` into *id (0: the fence is not available). -1 with the
+ * reason in err when the connection failed or Redis answered another error. */
+static int client_id(tps_consumer *c, redisContext *ctx, long long *id, char *err, size_t errlen) {
     *id = 0;
     size_t argc = 0;
     args(c, &argc, "CLIENT");
     args(c, &argc, "ID");
     redisReply *r = NULL;
     if (redisAppendCommandArgv(ctx, (int)argc, c->argv, c->argvlen) != REDIS_OK ||
-        redisGetReply(ctx, (void **)&r) != REDIS_OK)
+        redisGetReply(ctx, (void **)&r) != REDIS_OK) {
+        snprintf(err, errlen, "CLIENT ID: %s", ctx->errstr);
         return -1;
-    if (r->type == REDIS_REPLY_INTEGER && r->integer > 0)
-        *id = r->integer;
-    else
-        fence_unavailable(c, r->type == REDIS_REPLY_ERROR ? r->str : "CLIENT ID: unexpected reply");
+    }
+    int ok = fence_reply(c, r, REDIS_REPLY_INTEGER, "CLIENT ID", err, errlen);
+    if (ok == 1) *id = r->integer;
     freeReplyObject(r);
-    return 0;
+    return ok < 0 ? -1 : 0;
 }
 
-/* CLIENT KILL ID `id` on the writer, logged; -1 when the connection failed. */
-static int kill_client(tps_consumer *c, const char *role, long long id) {
+/* CLIENT KILL ID `id` on the writer, logged (killed, or gone already, or the
+ * fence not available). -1 as client_id. */
+static int kill_client(tps_consumer *c, const char *role, long long id, char *err, size_t errlen) {
     char num[24];
     snprintf(num, sizeof num, "%lld", id);
     size_t argc = 0;
@@ -1119,15 +1139,17 @@ static int kill_client(tps_consumer *c, const char *role, long long id) {
     args(c, &argc, "ID");
     args(c, &argc, num);
     redisReply *r = wr_command(c, argc);
-    if (r == NULL) return -1;
-    if (r->type == REDIS_REPLY_INTEGER) {
+    if (r == NULL) {
+        snprintf(err, errlen, "CLIENT KILL: %s", c->wr->errstr);
+        return -1;
+    }
+    int ok = fence_reply(c, r, REDIS_REPLY_INTEGER, "CLIENT KILL", err, errlen);
+    if (ok == 1) {
         const char *kv[] = {"connection", role, "client_id", num, "killed", r->integer > 0 ? "1" : "0"};
-        logkv(c, r->integer > 0 ? TP_LOG_WARN : TP_LOG_DEBUG, "old_connection_fenced", kv, 3);
-    } else {
-        fence_unavailable(c, r->type == REDIS_REPLY_ERROR ? r->str : "CLIENT KILL: unexpected reply");
+        logkv(c, r->integer > 0 ? TP_LOG_WARN : TP_LOG_INFO, "old_connection_fenced", kv, 3);
     }
     freeReplyObject(r);
-    return 0;
+    return ok < 0 ? -1 : 0;
 }
 
 /*
@@ -1144,38 +1166,50 @@ static int kill_client(tps_consumer *c, const char *role, long long id) {
  * dropped with it), so the search that follows sees all they can ever
  * write. The ids are taken at connect with the server's run_id: a server
  * restarted since (another run_id) took the old connections with it, and
- * its ids start again, so an old id would name another client. Refused (an
- * ACL without CLIENT or INFO, a Redis before 5.0): logged once, and the
- * search runs unfenced as before (a second record possible, never a lost
- * one). Runs at connect, before the new connections read an entry or write
- * a record or an acknowledgement; sets the new connections' ids. 0, or -1
- * when a connection failed (the old ids stay for the next one).
+ * its ids start again, so an old id would name another client. Not
+ * available (an ACL without CLIENT or INFO, a command renamed away, a Redis
+ * before 5.0): logged once, and the search runs unfenced as before (a
+ * second record possible, never a lost one). What it does not cover: a
+ * command that ran before the kill (an XREADGROUP that was waiting in Redis
+ * or ran when a stalled server resumed still took its entries: claimed
+ * after claim_idle), and a proxy between the worker and Redis that shares
+ * server connections among its clients (the ids are the proxy's). Runs at
+ * connect, before the new connections read an entry or write a record or
+ * an acknowledgement; sets the new connections' ids. 0, or -1 with the
+ * reason in err when a connection failed or Redis answered another error
+ * (the old ids stay for the next connect).
  */
-static int fence_old_connections(tps_consumer *c, long long *wr_id, long long *rd_id, char run_id[41]) {
+static int fence_old_connections(tps_consumer *c, long long *wr_id, long long *rd_id, char run_id[41],
+                                 char *err, size_t errlen) {
     *rd_id = 0;
     run_id[0] = 0;
-    if (client_id(c, c->wr, wr_id) != 0) return -1;
+    if (client_id(c, c->wr, wr_id, err, errlen) != 0) return -1;
     if (*wr_id == 0) return 0;
-    if (client_id(c, c->rd, rd_id) != 0) return -1;
+    if (client_id(c, c->rd, rd_id, err, errlen) != 0) return -1;
     size_t argc = 0;
     args(c, &argc, "INFO");
     args(c, &argc, "server");
     redisReply *r = wr_command(c, argc);
-    if (r == NULL) return -1;
-    const char *at = r->type == REDIS_REPLY_STRING ? strstr(r->str, "run_id:") : NULL;
+    if (r == NULL) {
+        snprintf(err, errlen, "INFO: %s", c->wr->errstr);
+        return -1;
+    }
+    int ok = fence_reply(c, r, REDIS_REPLY_STRING, "INFO server", err, errlen);
+    const char *at = ok == 1 ? strstr(r->str, "run_id:") : NULL;
     if (at != NULL && strspn(at + 7, "0123456789abcdef") == 40) {
         memcpy(run_id, at + 7, 40);
         run_id[40] = 0;
     } else {
-        fence_unavailable(c, r->type == REDIS_REPLY_ERROR ? r->str : "INFO server: no run_id");
+        if (ok == 1) fence_unavailable(c, "INFO server: no run_id");
         *wr_id = *rd_id = 0;
     }
     freeReplyObject(r);
+    if (ok < 0) return -1;
     if (*wr_id == 0) return 0;
     if (strcmp(run_id, c->old_run_id) == 0) { /* else restarted: nothing of the old connections can run */
-        if (c->old_wr_id != 0 && kill_client(c, "writer", c->old_wr_id) != 0) return -1;
-        c->old_wr_id = 0; /* killed, gone, or refused (not asked again) */
-        if (c->old_rd_id != 0 && kill_client(c, "reader", c->old_rd_id) != 0) return -1;
+        if (c->old_wr_id != 0 && kill_client(c, "writer", c->old_wr_id, err, errlen) != 0) return -1;
+        c->old_wr_id = 0; /* killed, gone, or the fence not available (not asked again) */
+        if (c->old_rd_id != 0 && kill_client(c, "reader", c->old_rd_id, err, errlen) != 0) return -1;
     }
     c->old_wr_id = c->old_rd_id = 0;
     return 0;
@@ -1219,10 +1253,7 @@ static void try_connect(tps_consumer *c) {
     freeReplyObject(r);
     long long wr_id, rd_id;
     char run_id[41];
-    if (fence_old_connections(c, &wr_id, &rd_id, run_id) != 0) {
-        snprintf(err, sizeof err, "%s", c->wr->err ? c->wr->errstr : c->rd->errstr);
-        goto failed_free;
-    }
+    if (fence_old_connections(c, &wr_id, &rd_id, run_id, err, sizeof err) != 0) goto failed_free;
     c->wr_id = wr_id;
     c->rd_id = rd_id;
     memcpy(c->run_id, run_id, sizeof c->run_id);

@@ -965,7 +965,14 @@ def scenario_auth(env):
     rc, out, err = env.run(env.args.enqueue, "--requeue-dead", env={"REDIS_URL": acl})
     check(rc == 0 and '"requeued":5' in out, "ACL user: requeue exit %d %s %s" % (rc, out[-200:], err))
     wait_until(lambda: metrics(w)["tps_stream_trimmed_total"] > 0, 10, "a trim by the ACL user")
-    check("NOPERM" not in env.log_of(w), "the ACL user lacks a permission: %s" % env.log_of(w)[-500:])
+    # a reconnect: the new connections' fence kills the old ones (gone
+    # already) with the user's own CLIENT KILL
+    r("CLIENT", "KILL", "USER", "tpworker")
+    wait_until(lambda: len(re.findall('"msg":"old_connection_fenced"', env.log_of(w))) == 2, 10,
+               "the fence of the ACL user's reconnect")
+    check(metrics(w)["tps_stream_reconnects_total"] >= 1, "the ACL worker did not reconnect")
+    check("NOPERM" not in env.log_of(w) and "lost_write_fence_unavailable" not in env.log_of(w),
+          "the ACL user lacks a permission: %s" % env.log_of(w)[-500:])
     check(env.stop(w) == 0, "ACL worker did not exit 0")
 
 
@@ -2225,10 +2232,15 @@ class HoldProxy:
         while True:
             try:
                 cl, _ = self.lsock.accept()
-                sv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            except OSError:  # closed
+                return
+            sv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
                 sv.connect(self.target)
             except OSError:
-                return
+                cl.close()
+                sv.close()
+                continue
             st = {"held": False, "buf": []}
             with self.lock:
                 self.conns.append((cl, sv, st))
@@ -2301,6 +2313,12 @@ class HoldProxy:
         return refused
 
     def close(self):
+        """Stop accepting (the accept thread ends); open connections end with
+        their ends."""
+        try:
+            self.lsock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self.lsock.close()
 
 
@@ -2395,27 +2413,36 @@ def scenario_lost_reply(env):
     # (e) the worker's connections pass through the proxy; what they send
     # after the start is held, and released once the entry is acknowledged
     px = HoldProxy(env)
-    w = env.worker("p0", REDIS_URL="unix://" + px.path, CLAIM_IDLE="60s", MAX_RETRIES=0)
-    late = r("XADD", "tasks", "*", "work", "3s", "payload", "late")
-    expected.add(late)
-    wait_until(lambda: metrics(w)["taskpool_started_total"] == 1, 10, "p0 to start")
-    px.hold()  # the result's XADD (3 s after the start) is held: a timeout at 5 s
-    wait_until(lambda: '"reason":"writing outcomes"' in env.log_of(w), 20, "p0's write to time out")
-    wait_until(lambda: accounted(r, expected), 30, "the outcome, written by the next connection")
-    refused = px.release()
-    time.sleep(1.0 * SLOW)  # what was held reaches Redis now, if it can
+    try:
+        w = env.worker("p0", REDIS_URL="unix://" + px.path, CLAIM_IDLE="60s", MAX_RETRIES=0)
+        # the run ends well after the hold, with the reader's next XREADGROUP
+        # (every second) held before it
+        late = r("XADD", "tasks", "*", "work", "%dms" % (3000 * SLOW), "payload", "late")
+        expected.add(late)
+        wait_until(lambda: metrics(w)["taskpool_started_total"] == 1, 10, "p0 to start")
+        px.hold()  # the result's XADD is held: a timeout 5 s after it
+        wait_until(lambda: '"reason":"writing outcomes"' in env.log_of(w), 20 + 3 * SLOW, "p0's write to time out")
+        wait_until(lambda: accounted(r, expected), 30, "the outcome, written by the next connection")
+        refused = px.release()
+        time.sleep(1.0 * SLOW)  # what was held reaches Redis now, if it can
+    finally:
+        px.close()
     recs = [f for _, f in entries(r, "tasks:done") if f["id"] == late]
     check(len(recs) == 1 and recs[0].get("result") == "late", "records of the late entry: %r" % recs)
     # the old writer's XADD and the old reader's next XREADGROUP (sent within
     # a BLOCK of 1 s after the hold) found their connections closed by Redis
     check(refused == 2, "held connections whose commands Redis refused: %d, want 2" % refused)
+    lines = env.log_of(w).splitlines()
+    searched = [i for i, line in enumerate(lines) if '"msg":"lost_writes_checked"' in line]
+    check(searched, "no lost_writes_checked line in p0's log")
     for conn in ("writer", "reader"):
-        check(re.search(r'"msg":"old_connection_fenced","connection":"%s".*"killed":"1"' % conn, env.log_of(w)),
-              "no old_connection_fenced of the %s, killed 1, in p0's log" % conn)
+        at = [i for i, line in enumerate(lines)
+              if re.search(r'"msg":"old_connection_fenced","connection":"%s".*"killed":"1"' % conn, line)]
+        check(at, "no old_connection_fenced of the %s, killed 1, in p0's log" % conn)
+        check(at[0] < searched[0], "the old %s was killed after the lost-write search" % conn)
     done, dead, dups = verify(r, expected)
     check(dups == 1, "duplicates: %d, want 1 (xb)" % dups)
     check(env.stop(w) == 0, "worker p0 did not exit 0")
-    px.close()
 
 
 SCENARIOS = {
