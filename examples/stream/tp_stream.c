@@ -1090,16 +1090,28 @@ static void fence_unavailable(tps_consumer *c, const char *why) {
     log1(c, TP_LOG_WARN, "lost_write_fence_unavailable", "error", why);
 }
 
-/* A reply to one of the fence's commands: 1 when it is of `type`; 0 when the
- * fence is not available here (logged once): NOPERM (an ACL), a command
- * unknown or renamed away, a reply of another type; -1 with the error in
- * err for any other error reply (BUSY, LOADING, ...): the connect fails and
- * is retried, the old ids kept. */
+/* Whether an error reply's code says "not now" (the server is loading,
+ * busy with a script, or its cluster or master is down). */
+static int transient_error(const char *e) {
+    static const char *const codes[] = {"LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN"};
+    size_t n = strcspn(e, " ");
+    for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++)
+        if (strlen(codes[i]) == n && strncmp(e, codes[i], n) == 0) return 1;
+    return 0;
+}
+
+/* A reply to one of the fence's commands: 1 when it is of `type`; -1 with
+ * the error in err for an error that says "not now" (transient_error): the
+ * connect fails and is retried, the old ids kept; 0 for any other reply
+ * (NOPERM of an ACL, a command unknown or renamed away, a server or proxy
+ * that does not have it, a reply of another type): the fence is not
+ * available here (logged once) and the worker runs unfenced -- at worst a
+ * second record, never a lost one, where a connect refused for good would
+ * stop the worker. */
 static int fence_reply(tps_consumer *c, const redisReply *r, int type, const char *what, char *err,
                        size_t errlen) {
     if (r->type == type) return 1;
-    if (r->type == REDIS_REPLY_ERROR && strncmp(r->str, "NOPERM", 6) != 0 &&
-        strstr(r->str, "unknown command") == NULL && strstr(r->str, "unknown subcommand") == NULL) {
+    if (r->type == REDIS_REPLY_ERROR && transient_error(r->str)) {
         snprintf(err, errlen, "%s: %s", what, r->str);
         return -1;
     }
@@ -1109,9 +1121,13 @@ static int fence_reply(tps_consumer *c, const redisReply *r, int type, const cha
     return 0;
 }
 
-/* CLIENT ID of `ctx` into *id (0: the fence is not available). -1 with the
- * reason in err when the connection failed or Redis answered another error. */
-static int client_id(tps_consumer *c, redisContext *ctx, long long *id, char *err, size_t errlen) {
+/* CLIENT ID of `ctx` (the `role` connection) into *id (0: the fence is
+ * not available). -1 with the reason in err when the connection failed or
+ * Redis said "not now". */
+static int client_id(tps_consumer *c, redisContext *ctx, const char *role, long long *id, char *err,
+                     size_t errlen) {
+    char what[32];
+    snprintf(what, sizeof what, "CLIENT ID (%s)", role);
     *id = 0;
     size_t argc = 0;
     args(c, &argc, "CLIENT");
@@ -1119,11 +1135,14 @@ static int client_id(tps_consumer *c, redisContext *ctx, long long *id, char *er
     redisReply *r = NULL;
     if (redisAppendCommandArgv(ctx, (int)argc, c->argv, c->argvlen) != REDIS_OK ||
         redisGetReply(ctx, (void **)&r) != REDIS_OK) {
-        snprintf(err, errlen, "CLIENT ID: %s", ctx->errstr);
+        snprintf(err, errlen, "%s: %s", what, ctx->errstr);
         return -1;
     }
-    int ok = fence_reply(c, r, REDIS_REPLY_INTEGER, "CLIENT ID", err, errlen);
-    if (ok == 1) *id = r->integer;
+    int ok = fence_reply(c, r, REDIS_REPLY_INTEGER, what, err, errlen);
+    if (ok == 1 && r->integer > 0)
+        *id = r->integer;
+    else if (ok == 1)
+        fence_unavailable(c, "CLIENT ID: not a positive id");
     freeReplyObject(r);
     return ok < 0 ? -1 : 0;
 }
@@ -1168,24 +1187,29 @@ static int kill_client(tps_consumer *c, const char *role, long long id, char *er
  * restarted since (another run_id) took the old connections with it, and
  * its ids start again, so an old id would name another client. Not
  * available (an ACL without CLIENT or INFO, a command renamed away, a Redis
- * before 5.0): logged once, and the search runs unfenced as before (a
- * second record possible, never a lost one). What it does not cover: a
+ * before 5.0, a server or proxy without them; see fence_reply): logged
+ * once, and the search runs unfenced as before (a second record possible,
+ * never a lost one). What it does not cover: a
  * command that ran before the kill (an XREADGROUP that was waiting in Redis
  * or ran when a stalled server resumed still took its entries: claimed
  * after claim_idle), and a proxy between the worker and Redis that shares
  * server connections among its clients (the ids are the proxy's). Runs at
  * connect, before the new connections read an entry or write a record or
  * an acknowledgement; sets the new connections' ids. 0, or -1 with the
- * reason in err when a connection failed or Redis answered another error
- * (the old ids stay for the next connect).
+ * reason in err when a connection failed or Redis said "not now" (the old
+ * ids stay for the next connect).
  */
 static int fence_old_connections(tps_consumer *c, long long *wr_id, long long *rd_id, char run_id[41],
                                  char *err, size_t errlen) {
     *rd_id = 0;
     run_id[0] = 0;
-    if (client_id(c, c->wr, wr_id, err, errlen) != 0) return -1;
+    if (client_id(c, c->wr, "writer", wr_id, err, errlen) != 0) return -1;
     if (*wr_id == 0) return 0;
-    if (client_id(c, c->rd, rd_id, err, errlen) != 0) return -1;
+    if (client_id(c, c->rd, "reader", rd_id, err, errlen) != 0) return -1;
+    if (*rd_id == 0) { /* both or neither */
+        *wr_id = 0;
+        return 0;
+    }
     size_t argc = 0;
     args(c, &argc, "INFO");
     args(c, &argc, "server");
