@@ -1189,12 +1189,11 @@ static int kill_client(tps_consumer *c, const char *role, long long id, char *er
  * available (an ACL without CLIENT or INFO, a command renamed away, a Redis
  * before 5.0, a server or proxy without them; see fence_reply): logged
  * once, and the search runs unfenced as before (a second record possible,
- * never a lost one). What it does not cover: a
- * command that ran before the kill (an XREADGROUP that was waiting in Redis
- * or ran when a stalled server resumed still took its entries: claimed
- * after claim_idle), and a proxy between the worker and Redis that shares
- * server connections among its clients (the ids are the proxy's). Runs at
- * connect, before the new connections read an entry or write a record or
+ * never a lost one). What it does not cover: a command that ran before the
+ * kill (an XREADGROUP that was waiting in Redis or ran when a stalled server
+ * resumed still took its entries: claimed after claim_idle), and a proxy
+ * between the worker and Redis that shares server connections among its
+ * clients (the ids are the proxy's). Runs at connect, before the new connections read an entry or write a record or
  * an acknowledgement; sets the new connections' ids. 0, or -1 with the
  * reason in err when a connection failed or Redis said "not now" (the old
  * ids stay for the next connect).
@@ -1479,7 +1478,7 @@ static int receive_read(tps_consumer *c);
  * search, or one cut short by FIND_RECORDS_MAX, is logged and the rest
  * written again (at least once).
  * A command of the closed connection cannot reach Redis after the search:
- * the connection that runs it killed the old one first (fence_old_connections;
+ * the new connection killed the old one before it (fence_old_connections;
  * unfenced where Redis refuses that). -1 when the connection failed (they
  * stay unsure). Called with nothing in flight on the writer. */
 static int find_in(tps_consumer *c, const char *key, int outcome, const uint32_t *batch, uint32_t n) {

@@ -2219,8 +2219,6 @@ class HoldProxy:
     Connections opened after hold() pass freely."""
 
     def __init__(self, env):
-        import threading
-        self.threading = threading
         self.path = os.path.join(env.dir, "proxy.sock")
         self.target = env.sock
         self.lock = threading.Lock()
@@ -2246,8 +2244,8 @@ class HoldProxy:
             st = {"held": False, "buf": []}
             with self.lock:
                 self.conns.append((cl, sv, st))
-            self.threading.Thread(target=self._up, args=(cl, sv, st), daemon=True).start()
-            self.threading.Thread(target=self._down, args=(cl, sv), daemon=True).start()
+            threading.Thread(target=self._up, args=(cl, sv, st), daemon=True).start()
+            threading.Thread(target=self._down, args=(cl, sv), daemon=True).start()
 
     def _up(self, cl, sv, st):  # client -> server
         while True:
