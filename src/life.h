@@ -136,6 +136,11 @@ int tp__life_args_check(tp_fn fn, const tp_task_opts *opts);
  * TP_EUSERLIMIT, TP_EFULL (also when the records are at their cap),
  * TP__EFULL_CQ, TP_ENOMEM. */
 int tp__life_admit(tp__life *L, const tp__admit_args *a, void *arg, uint64_t *id_out, tp__fx *fx);
+/* Without the lock, before taking it: warm the lines that tp__life_admit
+ * will read for a's user (tp__users_prefetch); nothing if it names none. */
+static inline void tp__life_prefetch(tp__life *L, const tp__admit_args *a) {
+    if (a->user) tp__users_prefetch(&L->users, a->user_hash);
+}
 /* Without the lock: true when the locked path would refuse a task (with a
  * user, or not) with TP_EFULL at the moment of one atomic load; false means
  * "ask under the lock". */

@@ -21,7 +21,12 @@
  * The weights are a second, smaller table of the same kind that only grows
  * (one entry per name ever given a weight).
  *
- * No locking: every call is made with the pool lock held.
+ * No locking: every call is made with the pool lock held, but one:
+ * tp__users_prefetch (users.h), which a submitter calls before it takes the
+ * lock. For it the bucket array is published through an atomic pointer, its
+ * slots are atomics (relaxed under the lock: plain moves on common CPUs), a
+ * rehash keeps the arrays it replaces until fini (at most as many bytes
+ * again as the newest), and entries are never freed before fini either.
  *
  * Layer: a leaf (see pool.h); called by life.c (slots, weights), pool.c
  * (hashing the name at submit) and stats.c (tp_user_active).
@@ -45,34 +50,51 @@ static int users_grow(tp__users *us, unsigned n) {
     return 0;
 }
 
+static tp__user_table *table_new(uint32_t buckets, tp__user_table *older) {
+    tp__user_table *t = (tp__user_table *)calloc(1, sizeof *t + buckets * sizeof t->slot[0]);
+    if (!t) return NULL;
+    t->older = older;
+    t->mask = buckets - 1;
+    for (uint32_t b = 0; b < buckets; b++) atomic_init(&t->slot[b], NULL);
+    return t;
+}
+
+static inline tp__user *slot_get(const tp__user_table *t, uint32_t h) {
+    return atomic_load_explicit(&t->slot[h & t->mask], memory_order_relaxed);
+}
+
+static inline void slot_set(tp__user_table *t, uint32_t h, tp__user *u) {
+    atomic_store_explicit(&t->slot[h & t->mask], u, memory_order_relaxed);
+}
+
 static void users_rehash(tp__users *us) {
-    uint32_t want = (us->mask + 1) * 2;
-    tp__user **nb = (tp__user **)calloc(want, sizeof *nb);
-    if (!nb) return; /* longer chains, still correct */
-    for (uint32_t b = 0; b <= us->mask; b++) {
-        tp__user *u = us->buckets[b];
+    tp__user_table *old = us->tab, *nt = table_new((old->mask + 1) * 2, old);
+    if (!nt) return; /* longer chains, still correct */
+    for (uint32_t b = 0; b <= old->mask; b++) {
+        tp__user *u = atomic_load_explicit(&old->slot[b], memory_order_relaxed);
         while (u) {
             tp__user *nx = u->next;
-            u->next = nb[u->hash & (want - 1)];
-            nb[u->hash & (want - 1)] = u;
+            u->next = slot_get(nt, u->hash);
+            slot_set(nt, u->hash, u);
             u = nx;
         }
     }
-    free(us->buckets);
-    us->buckets = nb;
-    us->mask = want - 1;
+    /* the old array stays readable (see tp__user_table); its slots still
+     * lead to live entries, so a prefetch through it is merely stale */
+    us->tab = nt;
+    atomic_store_explicit(&us->tab_pub, nt, memory_order_release);
 }
 
 int tp__users_init(tp__users *us, unsigned prealloc) {
     memset(us, 0, sizeof *us);
     uint32_t nb = 16;
     while (nb < prealloc && nb < (1u << 16)) nb <<= 1;
-    us->buckets = (tp__user **)calloc(nb, sizeof *us->buckets);
-    if (!us->buckets) return -1;
-    us->mask = nb - 1;
+    us->tab = table_new(nb, NULL);
+    if (!us->tab) return -1;
+    atomic_init(&us->tab_pub, us->tab);
     if (users_grow(us, prealloc ? prealloc : TP__USERS_CHUNK) != 0) {
-        free(us->buckets);
-        us->buckets = NULL;
+        free(us->tab);
+        us->tab = NULL;
         return -1;
     }
     return 0;
@@ -80,7 +102,10 @@ int tp__users_init(tp__users *us, unsigned prealloc) {
 
 void tp__users_fini(tp__users *us) {
     tp__chunks_free(&us->chunks);
-    free(us->buckets);
+    for (tp__user_table *t = us->tab, *older; t; t = older) {
+        older = t->older;
+        free(t);
+    }
     if (us->weights) {
         for (uint32_t b = 0; b <= us->weights_mask; b++) {
             tp__weight *w = us->weights[b];
@@ -96,7 +121,7 @@ void tp__users_fini(tp__users *us) {
 }
 
 tp__user *tp__users_find(const tp__users *us, const char *name, size_t len, uint32_t h) {
-    for (tp__user *u = us->buckets[h & us->mask]; u; u = u->next)
+    for (tp__user *u = slot_get(us->tab, h); u; u = u->next)
         if (u->hash == h && u->name[len] == '\0' && memcmp(u->name, name, len) == 0) return u;
     return NULL;
 }
@@ -107,9 +132,15 @@ tp__user *tp__users_acquire(tp__users *us, const char *name, size_t len, uint32_
 
 /* Out of its bucket's chain. */
 static void table_unlink(tp__users *us, tp__user *u) {
-    for (tp__user **pp = &us->buckets[u->hash & us->mask]; *pp; pp = &(*pp)->next) {
-        if (*pp == u) {
-            *pp = u->next;
+    tp__user *first = slot_get(us->tab, u->hash);
+    if (first == u) {
+        slot_set(us->tab, u->hash, u->next);
+        us->in_table--;
+        return;
+    }
+    for (tp__user *prev = first; prev; prev = prev->next) {
+        if (prev->next == u) {
+            prev->next = u->next;
             us->in_table--;
             return;
         }
@@ -155,10 +186,10 @@ tp__user *tp__users_take(tp__users *us, tp__user *found, const char *name, size_
     u->inext = NULL;
     u->idle_q = false;
     if (us->flows) tp__flow_init(&u->flow, tp__users_weight(us, name, len, h));
-    u->next = us->buckets[h & us->mask];
-    us->buckets[h & us->mask] = u;
+    u->next = slot_get(us->tab, h);
+    slot_set(us->tab, h, u);
     us->live++;
-    if (++us->in_table > us->mask + 1) users_rehash(us);
+    if (++us->in_table > us->tab->mask + 1) users_rehash(us);
     return u;
 }
 

@@ -49,14 +49,25 @@ typedef struct tp__weight {
     char name[TP_USER_MAX + 1];
 } tp__weight;
 
-typedef struct tp__users {
-    tp__user **buckets;
+/* The bucket array and its mask, one allocation, so that one pointer
+ * publishes both (tp__users_prefetch). A rehash replaces it and keeps the
+ * old one, on `older`, until fini: a submitter that read the old pointer
+ * without the lock still reads memory of the pool's. The slots are atomics
+ * for that reader only; the lock holder loads and stores them relaxed. */
+typedef struct tp__user_table {
+    struct tp__user_table *older;
     uint32_t mask;
-    unsigned live;                   /* entries holding at least one slot */
-    unsigned in_table;               /* entries in the buckets: live ones and idle ones */
-    unsigned total;                  /* entries allocated */
-    tp__user *free;                  /* entries never used */
-    tp__user *idle_head, *idle_tail; /* the idle queue, oldest first */
+    _Atomic(tp__user *) slot[];
+} tp__user_table;
+
+typedef struct tp__users {
+    tp__user_table *tab;               /* the lock holder's view */
+    _Atomic(tp__user_table *) tab_pub; /* the same, for tp__users_prefetch (release) */
+    unsigned live;                     /* entries holding at least one slot */
+    unsigned in_table;                 /* entries in the buckets: live ones and idle ones */
+    unsigned total;                    /* entries allocated */
+    tp__user *free;                    /* entries never used */
+    tp__user *idle_head, *idle_tail;   /* the idle queue, oldest first */
     tp__chunk *chunks;
     bool flows;           /* a fair pool: entries carry a flow (set by the owner after init) */
     tp__weight **weights; /* NULL until the first tp_user_weight_set */
@@ -83,6 +94,20 @@ static inline size_t tp__users_scan(const char *name, uint32_t *hash) {
     for (; n <= TP_USER_MAX && name[n]; n++) h = tp__fnv_step(h, name[n]);
     *hash = h;
     return n;
+}
+/* Without the pool lock: fetch into this CPU's cache the lines that a
+ * lookup of a name of hash `h` will read under the lock (the first entry of
+ * its bucket: its first line and its name), so that the lock is not held
+ * while they come from another core or from memory. It reads the bucket's
+ * slot only; an entry is never dereferenced (it may be changing owner: a
+ * prefetch of the wrong line costs nothing but the fetch). Any thread. */
+static inline void tp__users_prefetch(tp__users *us, uint32_t h) {
+    tp__user_table *t = atomic_load_explicit(&us->tab_pub, memory_order_acquire);
+    tp__user *u = atomic_load_explicit(&t->slot[h & t->mask], memory_order_relaxed);
+    if (u) {
+        __builtin_prefetch(u, 1);
+        __builtin_prefetch(u->name, 0);
+    }
 }
 /* The entry of `name`, live or idle (count 0), or NULL. */
 tp__user *tp__users_find(const tp__users *us, const char *name, size_t len, uint32_t h);

@@ -1,11 +1,14 @@
 /*
  * test_users.c -- the per-user slot table without threads: counting, lookup
  * by exact name, idle entries (a user whose last slot was released keeps its
- * entry until a new user needs one), and bounded memory under churn of many
- * distinct users.
+ * entry until a new user needs one), bounded memory under churn of many
+ * distinct users, and the lock-free prefetch of a submitter (the one test
+ * here with a second thread) while the table grows under a lock.
  */
 #include "pool.h" /* first: it defines _GNU_SOURCE */
 #include "tp_test.h"
+
+#include <sched.h>
 
 static tp__user *acq(tp__users *us, const char *name) {
     size_t n = strlen(name);
@@ -193,6 +196,82 @@ static void test_users_scan(void **state) {
     free(tight);
 }
 
+/* tp__users_prefetch reads the published bucket array without the pool
+ * lock, while the lock holder adds entries and doubles the array. Every
+ * array it can have read stays allocated until fini (ASan would report a
+ * read of a freed one), the slots it loads are atomics (TSan), and the
+ * lookups under the lock stay exact across the growth. */
+typedef struct {
+    tp__users *us;
+    atomic_bool stop;
+    atomic_ulong prefetched;
+} prefetch_arg;
+
+static void *prefetcher(void *a) {
+    prefetch_arg *pa = a;
+    char name[32];
+    unsigned long n = 0;
+    while (!atomic_load(&pa->stop)) {
+        int len = snprintf(name, sizeof name, "grow-%lu", n % 5000);
+        tp__users_prefetch(pa->us, tp__users_hash(name, (size_t)len));
+        n++;
+        if (n % 64 == 0) atomic_store(&pa->prefetched, n);
+    }
+    atomic_store(&pa->prefetched, n);
+    return NULL;
+}
+
+static void test_users_prefetch_while_growing(void **state) {
+    (void)state;
+    tp__users us;
+    pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    assert_int_equal(tp__users_init(&us, 4), 0);
+    tp__user_table *first = atomic_load(&us.tab_pub);
+    prefetch_arg pa = {.us = &us};
+    atomic_init(&pa.stop, false);
+    atomic_init(&pa.prefetched, 0);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, prefetcher, &pa), 0);
+    static tp__user *e[5000];
+    char name[32];
+    for (int i = 0; i < 5000; i++) {
+        snprintf(name, sizeof name, "grow-%d", i);
+        pthread_mutex_lock(&mu);
+        e[i] = acq(&us, name);
+        pthread_mutex_unlock(&mu);
+        assert_non_null(e[i]);
+        /* the other thread has run at least once per 500 new users (bounded wait) */
+        if (i % 500 == 499) {
+            uint64_t until = tp_now_ns() + 10ull * 1000 * 1000 * 1000;
+            unsigned long seen = atomic_load(&pa.prefetched);
+            while (atomic_load(&pa.prefetched) == seen && tp_now_ns() < until) sched_yield();
+        }
+    }
+    atomic_store(&pa.stop, true);
+    assert_int_equal(pthread_join(th, NULL), 0);
+    assert_true(atomic_load(&pa.prefetched) > 0);
+    /* grown from 16 buckets, every array kept, the newest published */
+    tp__user_table *t = us.tab;
+    assert_ptr_equal(atomic_load(&us.tab_pub), t);
+    assert_int_equal(t->mask + 1, 8192); /* doubled when the entries outnumber the buckets */
+    unsigned arrays = 1;
+    while (t->older) {
+        assert_true(t->older->mask + 1 == (t->mask + 1) / 2);
+        t = t->older;
+        arrays++;
+    }
+    assert_ptr_equal(t, first);
+    assert_int_equal(arrays, 10); /* 16 .. 8192 */
+    for (int i = 0; i < 5000; i++) {
+        snprintf(name, sizeof name, "grow-%d", i);
+        assert_ptr_equal(find(&us, name), e[i]);
+        tp__users_prefetch(&us, tp__users_hash(name, strlen(name))); /* with the lock's owner's thread too */
+        tp__users_release(&us, e[i]);
+    }
+    assert_int_equal(us.live, 0);
+    tp__users_fini(&us); /* frees every array (LeakSanitizer, valgrind) */
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         TPT_TEST(test_users_count_and_release),
@@ -201,6 +280,7 @@ int main(void) {
         TPT_TEST(test_users_churn_bounded),
         TPT_TEST(test_users_max_length_name),
         TPT_TEST(test_users_scan),
+        TPT_TEST(test_users_prefetch_while_growing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
