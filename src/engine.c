@@ -67,6 +67,12 @@
  *     histogram shard.
  *   read by both, written only on rare events: life.h's line of delayed,
  *     users at their limit, closed.
+ * A task with a user adds its entry's first line (users.h: the slot count
+ * and, in a fair pool, the flow's priority-0 part; S and W write it) and,
+ * read by S only, the name's line and the bucket's slot. With few users
+ * they stay cached; with thousands (tp_bench fair) they come from memory or
+ * another core at every submit, so S fetches them before it takes the lock
+ * (tp__life_prefetch) rather than holding the lock through the misses.
  * History: right after the core was reshaped for 1.2, S and W both wrote
  * nine lines per task: the lock, life's first line, the admission word and
  * ring, lane 0's published counts, the statistics line, the three lines of
