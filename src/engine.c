@@ -734,8 +734,8 @@ int tp__engine_submit(tp_pool *p, tp__admit_args *a, void *arg, uint64_t *id_out
      * acquisition). */
     a->now = wait ? 0 : tp__hclk_now();
     /* With many users, their entries are not in this CPU's cache: fetched
-     * now, they are not fetched with the lock held, where every miss makes
-     * the workers wait longer for it. */
+     * now, they are usually here by the time the lock is held, where every
+     * miss makes the workers wait longer for it. */
     tp__life_prefetch(&p->life, a);
     tp__lock(p);
     if (a->group && a->group->cancelled) { /* a cancelled group: counts nothing */

@@ -25,8 +25,9 @@
  * tp__users_prefetch (users.h), which a submitter calls before it takes the
  * lock. For it the bucket array is published through an atomic pointer, its
  * slots are atomics (relaxed under the lock: plain moves on common CPUs), a
- * rehash keeps the arrays it replaces until fini (at most as many bytes
- * again as the newest), and entries are never freed before fini either.
+ * rehash keeps the arrays it replaces until fini (their slots together fewer
+ * than the newest's: bucket memory about doubles), and entries are never
+ * freed before fini either.
  *
  * Layer: a leaf (see pool.h); called by life.c (slots, weights), pool.c
  * (hashing the name at submit) and stats.c (tp_user_active).
@@ -80,7 +81,8 @@ static void users_rehash(tp__users *us) {
         }
     }
     /* the old array stays readable (see tp__user_table); its slots still
-     * lead to live entries, so a prefetch through it is merely stale */
+     * lead to allocated entries (idle, or taken over by another user since),
+     * so a prefetch through it is merely stale */
     us->tab = nt;
     atomic_store_explicit(&us->tab_pub, nt, memory_order_release);
 }
@@ -91,12 +93,12 @@ int tp__users_init(tp__users *us, unsigned prealloc) {
     while (nb < prealloc && nb < (1u << 16)) nb <<= 1;
     us->tab = table_new(nb, NULL);
     if (!us->tab) return -1;
-    atomic_init(&us->tab_pub, us->tab);
     if (users_grow(us, prealloc ? prealloc : TP__USERS_CHUNK) != 0) {
         free(us->tab);
         us->tab = NULL;
         return -1;
     }
+    atomic_init(&us->tab_pub, us->tab); /* published only once it is kept */
     return 0;
 }
 

@@ -17,7 +17,8 @@
  * pool's life whether or not the user has tasks; a new entry takes its weight
  * from there.
  *
- * No locking: the pool lock guards every call.
+ * No locking: the pool lock guards every call but tp__users_prefetch, which
+ * a submitter makes before it takes the lock (see there and users.c).
  */
 #ifndef TP_USERS_H
 #define TP_USERS_H
@@ -99,8 +100,11 @@ static inline size_t tp__users_scan(const char *name, uint32_t *hash) {
  * lookup of a name of hash `h` will read under the lock (the first entry of
  * its bucket: its first line and its name), so that the lock is not held
  * while they come from another core or from memory. It reads the bucket's
- * slot only; an entry is never dereferenced (it may be changing owner: a
- * prefetch of the wrong line costs nothing but the fetch). Any thread. */
+ * slot only; an entry is never dereferenced (it may be changing owner).
+ * The fetch is a hint: a wrong line (another user's entry on the same
+ * chain, or one reached through an array a rehash replaced) costs the
+ * fetch, and as the first line is fetched for writing, possibly that line's
+ * trip away from a worker that was about to write it. Any thread. */
 static inline void tp__users_prefetch(tp__users *us, uint32_t h) {
     tp__user_table *t = atomic_load_explicit(&us->tab_pub, memory_order_acquire);
     tp__user *u = atomic_load_explicit(&t->slot[h & t->mask], memory_order_relaxed);
