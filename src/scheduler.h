@@ -133,6 +133,13 @@ static inline void tp__sched_push(tp__sched *s, tp__task *t) {
     s->waiting++;
 }
 
+/* A fair pool whose waiting tasks (one or more) are all in the default
+ * lane, its usual case: that lane is the one ready lane, and starvation
+ * counts choose nothing. */
+static inline bool tp__sched_fair_default(const tp__sched *s) {
+    return s->fair && s->waiting > 0 && s->lane[2].waiting == s->waiting;
+}
+
 /* The task that starts next by the rules of section 14, left in place; NULL
  * when no lane is ready (nothing waits, or only background tasks wait while
  * low_prio_max_running of them run). The caller then either starts it
@@ -142,6 +149,9 @@ tp__task *tp__sched_peek_lanes(const tp__sched *s); /* the general case, below *
 static inline tp__task *tp__sched_peek(const tp__sched *s) {
     /* Only the ring holds tasks (a FIFO pool, lane 0): the one ready lane. */
     if (s->in_lists == 0) return s->waiting ? tp__ring_at(&s->ring, 0) : NULL;
+    /* A fair pool's usual case: the round's head user's oldest task in the
+     * default lane (scheduler.c, lane_head). */
+    if (tp__sched_fair_default(s)) return s->lane[2].rhead_head;
     return tp__sched_peek_lanes(s);
 }
 
