@@ -308,10 +308,10 @@ static bool lane_ready(const tp__sched *s, unsigned li, bool low_ok) {
 }
 
 tp__task *tp__sched_peek_lanes(const tp__sched *s) {
+    /* A fair pool's usual case, every waiting task in the default lane, is
+     * the caller's (tp__sched_peek); what reaches here has tasks in a list
+     * lane, and, in a FIFO pool, possibly in the ring too. */
     TP__ASSERT(s->in_lists > 0);
-    /* Every waiting task in the default lane (a fair pool's usual case): it
-     * is the one ready lane, and starvation counts choose nothing. */
-    if (lane_waiting(s, RING_LANE) == s->waiting) return lane_head(s, RING_LANE);
     bool low_ok = s->low_max == 0 || s->low_running < s->low_max;
     int top = -1;
     for (int i = TP__LANES - 1; i >= 0; i--) {

@@ -151,7 +151,10 @@ static inline tp__task *tp__sched_peek(const tp__sched *s) {
     if (s->in_lists == 0) return s->waiting ? tp__ring_at(&s->ring, 0) : NULL;
     /* A fair pool's usual case: the round's head user's oldest task in the
      * default lane (scheduler.c, lane_head). */
-    if (tp__sched_fair_default(s)) return s->lane[2].rhead_head;
+    if (tp__sched_fair_default(s)) {
+        TP__ASSERT(s->lane[2].rhead_head == tp__flow_lane(s->lane[2].rhead, 2)->head);
+        return s->lane[2].rhead_head;
+    }
     return tp__sched_peek_lanes(s);
 }
 
