@@ -10,11 +10,12 @@
  * "parking"). Nothing here changes a task's state.
  *
  * The worker loop (each turn starts with mu held and no current task):
- *   1. wait_for_work_locked: until a task may start, or until the worker may
- *      exit: closed with nothing waiting or delayed (a task still running
- *      elsewhere keeps its own worker for its retries), or, above
- *      min_workers, idle for idle_timeout. One idle worker at a time first
- *      polls for up to TP__SPIN_NS without the lock.
+ *   1. wait_for_work_locked: first admit what was staged (stage.h); then
+ *      until a task may start, or until the worker may exit: closed with
+ *      nothing waiting or delayed (a task still running elsewhere keeps its
+ *      own worker for its retries), or, above min_workers, idle for
+ *      idle_timeout. One idle worker at a time first polls for up to
+ *      TP__SPIN_NS without the lock.
  *   2. tp__life_take: the next task by the scheduler's rules, started on
  *      this worker's context (or one whose deadline passed, ended unrun:
  *      the worker runs its on_done);
@@ -67,6 +68,14 @@
  *     histogram shard.
  *   read by both, written only on rare events: life.h's line of delayed,
  *     users at their limit, closed.
+ * A staged task (a plain submit on a FIFO pool with fixed workers, stage.h)
+ * never has S take the lock: S writes the room count (life.h, its own
+ * line; the starting worker gives the place back there), the ring's tail
+ * and its slot (a slot moves to the worker and back once, several slots
+ * sharing a line); the worker, under a lock that only workers and locked
+ * calls take, admits it (lines 2-4 above are then written on the worker's
+ * side). S reads the sleepers' line after each submit; only a worker that
+ * parks writes it.
  * A task with a user adds its entry's first line (users.h: the slot count
  * and, in a fair pool, the flow's priority-0 part; S and W write it) and,
  * read by S only, the name's line and the bucket's slot. With few users
@@ -87,6 +96,7 @@
 #include "pool.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <sched.h>
 #include <stdio.h>
 #include <string.h>
@@ -96,9 +106,12 @@
 
 static void *worker_main(void *arg);
 static void *service_main(void *arg);
+static void stage_absorb_locked(tp_pool *p, unsigned max, bool worker);
+static bool stage_pending(tp_pool *p);
 
 #if defined(TP__DEBUG)
 _Atomic(tp__test_hook) tp__test_attempt_returned; /* pool.h */
+_Atomic(tp__test_hook) tp__test_stage_claimed;    /* pool.h */
 #endif
 
 /* ------------------------------------------------------------ parking */
@@ -429,7 +442,7 @@ static void spin_for_work_locked(tp_pool *p, uint64_t since) {
     tp__unlock(p);
     uint64_t until = since + TP__SPIN_NS;
     for (unsigned i = 1;; i++) {
-        if (TP__LOAD(p->life.sched.pub.count) != 0) break;
+        if (TP__LOAD(p->life.sched.pub.count) != 0 || stage_pending(p)) break;
         if ((i & 63) == 0) {
             if (tp_now_ns() >= until) break;
             sched_yield(); /* let a submitter that shares this CPU run */
@@ -462,7 +475,11 @@ static bool wait_for_work_locked(tp_pool *p, tp__worker *w, worker_turn *wt) {
      * a lock-free reader never sees an idle worker dip out of it. */
     bool stale = false;
     bool go = true;
-    while (!tp__life_ready(&p->life)) {
+    for (;;) {
+        /* a bounded batch: a deep ring does not hold the lock for long (what
+         * is left keeps this and the other workers from parking) */
+        stage_absorb_locked(p, TP__STAGE_BATCH, true);
+        if (tp__life_ready(&p->life)) break;
         wt->last_end_h = 0;
         if (tp__life_closed(&p->life) && tp__life_idle(&p->life)) {
             go = false;
@@ -479,9 +496,29 @@ static bool wait_for_work_locked(tp_pool *p, tp__worker *w, worker_turn *wt) {
          * way may still fail, and then this worker is one of the minimum. */
         bool elastic = running_workers_locked(p) > p->cfg.min_workers && p->cfg.idle_timeout != TP_FOREVER;
         uint64_t until = elastic ? tp__deadline_after(idle_since, p->cfg.idle_timeout) : TP_FOREVER;
+        /* Counted among the sleepers before a last look at the staged
+         * submits: a submit that publishes after this look sees the count
+         * (stage.h). */
+        bool staging = tp__stage_on(&p->stage);
+        if (staging) {
+            atomic_fetch_add_explicit(&p->stage.sleepers, 1, memory_order_seq_cst);
+            atomic_thread_fence(memory_order_seq_cst);
+            if (stage_pending(p)) {
+                atomic_fetch_sub_explicit(&p->stage.sleepers, 1, memory_order_relaxed);
+                if (!tp__stage_peek(&p->stage)) {
+                    /* a submitter between its ticket and its publication,
+                     * which needs no lock: let it run */
+                    tp__unlock(p);
+                    sched_yield();
+                    tp__lock(p);
+                }
+                continue; /* admitted at the top of the loop */
+            }
+        }
         p->waiting.idle++;
         set_idle_stat_locked(p);
         int e = park_locked(p, w, until);
+        if (staging) atomic_fetch_sub_explicit(&p->stage.sleepers, 1, memory_order_relaxed);
         TP__ASSERT(p->waiting.idle > 0);
         p->waiting.idle--;
         stale = true;
@@ -697,6 +734,118 @@ static void *service_main(void *arg) {
     return NULL;
 }
 
+/* ------------------------------------------------------------ staged submits */
+
+/* Admit every published staged entry, oldest first (stage.h), mu held.
+ * Every call that reads or changes the waiting tasks under mu calls this
+ * first. A staged task that cannot have a record (out of memory) ends unrun
+ * with TP_ENOMEM: it was accepted, has no on_done and no id, and counts as
+ * failed. */
+static void stage_absorb_locked(tp_pool *p, unsigned max, bool worker) {
+    tp__stage *st = &p->stage;
+    if (!tp__stage_on(st)) return;
+    tp__stage_slot *s = tp__stage_peek(st);
+    if (!s) return;
+    tp__fx fx = TP__FX_INIT(&p->misc);
+    do {
+        tp__admit_args a = p->stage_args;
+        a.fn = s->fn;
+        a.now = atomic_load_explicit(&s->now, memory_order_relaxed);
+        /* Popped once admitted: a reader of the statistics that no longer
+         * counts it in the ring counts it among the waiting tasks (stats.c
+         * reads the ring first) or sees it started. */
+        if (a.fn) {
+            int rc = tp__life_admit_staged(&p->life, &a, s->arg, &fx);
+            TP__ASSERT(rc == TP_OK || rc == TP_ENOMEM); /* its records' cap covers it (pool.c) */
+            if (rc != TP_OK) tp__life_staged_lost(&p->life, TP_ENOMEM, &fx);
+        }
+        tp__stage_pop(st, s); /* the slot may be reused from here */
+    } while (--max > 0 && (s = tp__stage_peek(st)) != NULL);
+    /* A worker admitting at the top of its turn takes a task next, and then
+     * wakes a sleeper itself if more is left (worker_main): none here, or
+     * the task that woke it would wake a second worker for nothing. */
+    if (worker) fx.work = 0;
+    ACT_LOCKED(p, &fx);
+}
+
+/* Entries claimed and not yet consumed (published or not): a worker does
+ * not park while there are some (see parking, and stage.h). */
+static bool stage_pending(tp_pool *p) { return tp__stage_count(&p->stage) != 0; }
+
+/* A submit published while a worker may be parked: wake one, unless one
+ * spins (it looks at the ring itself). */
+static void stage_wake(tp_pool *p) {
+    tp__lock(p);
+    tp__worker *wake = !p->waiting.spin && p->waiting.idle ? unpark_take_locked(p) : NULL;
+    tp__unlock(p);
+    if (wake) sem_post(&wake->wake);
+}
+
+int tp__engine_submit_staged(tp_pool *p, const tp__admit_args *a, void *arg) {
+    tp__stage *st = &p->stage;
+    if (atomic_load_explicit(&st->closing, memory_order_acquire)) return TP__STAGE_LOCKED;
+    if (!tp__life_room_take(&p->life)) {
+        /* counted as pool.c's lock-free refusals are (pool.h, fast_full) */
+        atomic_fetch_add_explicit(&p->fast_full, 1, memory_order_release);
+        return TP_EFULL;
+    }
+    size_t ticket;
+    tp__stage_slot *s = tp__stage_claim(st, &ticket);
+    if (!s) {
+        tp__life_room_give(&p->life);
+        return TP__STAGE_LOCKED;
+    }
+    /* After the ticket: the closer either sees the ticket or is seen here. */
+    if (atomic_load_explicit(&st->closing, memory_order_seq_cst)) {
+        tp__stage_publish(s, ticket, NULL, NULL, 0); /* void: the locked path consumes it */
+        tp__life_room_give(&p->life);
+        return TP__STAGE_LOCKED;
+    }
+#if defined(TP__DEBUG)
+    tp__test_hook hook = atomic_load_explicit(&tp__test_stage_claimed, memory_order_acquire);
+    if (hook) hook(p);
+#endif
+    /* Accepted: counted before it is published, so no reader sees it start
+     * before it was accepted. */
+    atomic_fetch_add_explicit(&st->staged, 1, memory_order_release);
+    tp__stage_publish(s, ticket, a->fn, arg, a->now);
+    atomic_thread_fence(memory_order_seq_cst); /* the entry before the sleepers (stage.h) */
+    if (atomic_load_explicit(&st->sleepers, memory_order_relaxed)) stage_wake(p);
+    return TP_OK;
+}
+
+/* A locked submit admits every entry whose ticket was taken before it
+ * (stage.h): one thread's tasks keep their order across the two paths. An
+ * entry not yet published (its submitter between its ticket and its store,
+ * which needs no lock) is waited for without the lock. Entered and left
+ * with mu held. */
+static void stage_absorb_all_locked(tp_pool *p) {
+    tp__stage *st = &p->stage;
+    if (!tp__stage_on(st)) return;
+    size_t tail = atomic_load_explicit(&st->tail, memory_order_acquire);
+    for (;;) {
+        stage_absorb_locked(p, UINT_MAX, false);
+        if (atomic_load_explicit(&st->head, memory_order_relaxed) >= tail) return;
+        tp__unlock(p);
+        sched_yield();
+        tp__lock(p);
+    }
+}
+
+/* A closing pool stages nothing more: every ticket taken before the flag
+ * was seen is admitted before the pool closes (stage.h), mu held. */
+static void stage_close_locked(tp_pool *p) {
+    tp__stage *st = &p->stage;
+    if (!tp__stage_on(st) || atomic_load_explicit(&st->closing, memory_order_relaxed)) return;
+    atomic_store_explicit(&st->closing, true, memory_order_seq_cst);
+    size_t tail = atomic_load_explicit(&st->tail, memory_order_seq_cst);
+    for (;;) {
+        stage_absorb_locked(p, UINT_MAX, false);
+        if (atomic_load_explicit(&st->head, memory_order_relaxed) >= tail) break;
+        sched_yield(); /* a submitter between its ticket and its publication */
+    }
+}
+
 /* ------------------------------------------------------------ admission */
 
 static void count_reject_locked(tp_pool *p, int rc) {
@@ -738,6 +887,7 @@ int tp__engine_submit(tp_pool *p, tp__admit_args *a, void *arg, uint64_t *id_out
      * miss makes the workers wait longer for it. */
     tp__life_prefetch(&p->life, a);
     tp__lock(p);
+    stage_absorb_all_locked(p);            /* staged submits come first (stage.h) */
     if (a->group && a->group->cancelled) { /* a cancelled group: counts nothing */
         tp__unlock(p);
         return TP_ECANCELED;
@@ -799,6 +949,7 @@ int tp__engine_submit_batch(tp_pool *p, const tp_task *tasks, size_t valid, tp__
     int rc = TP_OK;
     tp__fx fx = TP__FX_INIT(&p->misc);
     tp__lock(p);
+    stage_absorb_all_locked(p); /* staged submits come first (stage.h) */
     for (; k < valid; k++) {
         tp__admit_args spare;
         const tp__admit_args *ak = &spare;
@@ -840,6 +991,7 @@ int tp__engine_cancel(tp_pool *p, uint64_t id) {
 
 static void close_locked(tp_pool *p) {
     if (tp__life_closed(&p->life)) return;
+    stage_close_locked(p);
     tp__fx fx = TP__FX_INIT(&p->misc);
     tp__life_close(&p->life, &fx);
     ACT_LOCKED(p, &fx);
@@ -949,6 +1101,14 @@ static int make_sync(tp_pool *p) {
     return -1;
 }
 
+/* The function of the staged tasks' argument template (never called: each
+ * staged task brings its own). */
+static int stage_template_fn(tp_ctx *c, void *arg) {
+    (void)c;
+    (void)arg;
+    return 0;
+}
+
 int tp__engine_start(tp_pool *p) {
     p->waiting.svc_next = TP_FOREVER;
     p->shut.deadline = TP_FOREVER;
@@ -956,6 +1116,17 @@ int tp__engine_start(tp_pool *p) {
     p->wk.hist = tp__hist_alloc(p->cfg.max_workers); /* the latency histograms: one shard per slot */
     p->wk.runs = (tp__st_runs *)tp__calloc_big(p->cfg.max_workers, sizeof(tp__st_runs), &p->wk.runs_mem);
     if (!p->wk.workers || !p->wk.hist || !p->wk.runs) return TP_ENOMEM;
+    /* Staged submits (stage.h): a FIFO pool whose workers are all started
+     * up front (a submit may otherwise have to start one, under mu). */
+    bool staging = p->cfg.sched != TP_SCHED_FAIR && p->cfg.min_workers == p->cfg.max_workers;
+    if (tp__stage_init(&p->stage, p->cfg.capacity, staging) != TP_OK) return TP_ENOMEM;
+    if (staging) {
+        /* every staged task's arguments but fn and the stamp: no options,
+         * and no log id inherited (a submit that has one is not staged) */
+        (void)tp__life_args(&p->life, stage_template_fn, NULL, &p->stage_args);
+        p->stage_args.log_src = NULL;
+        p->stage_args.log_len = 0;
+    }
     for (unsigned i = 0; i < p->cfg.max_workers; i++) {
         p->wk.workers[i].pool = p;
         p->wk.workers[i].index = i;
@@ -999,6 +1170,7 @@ void tp__engine_free(tp_pool *p) {
         tp__mutex_destroy(&p->mu);
         p->wk.synced = false;
     }
+    tp__stage_fini(&p->stage);
     free(p->wk.workers_mem);
     p->wk.workers = NULL;
     tp__hist_free(p->wk.hist);

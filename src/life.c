@@ -68,6 +68,7 @@ int tp__life_init(tp__life *L, const tp__life_cfg *cfg, tp__st_calls *calls, tp_
     L->calls = calls;
     L->gauges = gauges;
     L->queued_deadline_min = TP_FOREVER;
+    atomic_init(&L->room, (int64_t)cfg->capacity);
     if (tp__sched_init(&L->sched, cfg->waiting_max, fair, starve_limit, low_max) != 0 ||
         tp__tasks_init(&L->tasks, prealloc, cfg->waiting_max, fair ? 3 : 2) != 0 ||
         tp__users_init(&L->users, 32) != 0)
@@ -101,10 +102,24 @@ void tp__life_fini(tp__life *L) {
  * queued + delayed below the capacity then sees this word too, and is not
  * refused for space by an older one (release here, acquire in
  * tp__life_full_fast). */
+static void room_sync(tp__life *L);
+
 static void adm_publish(tp__life *L) {
     uint64_t w = (uint64_t)(tp__sched_waiting(&L->sched) + L->delayed) |
                  (uint64_t)(L->users_at_limit & 0x7fffffffu) << 32 | (uint64_t)L->closed << 63;
     atomic_store_explicit(&L->sched.pub.word, w, memory_order_release);
+    if (!L->room_hold) room_sync(L);
+}
+
+/* The places that waiting + delayed changed by since the room count last saw
+ * them, as one atomic add (life.h, `room`). An admission took its place
+ * before its task waits, and counts it in the basis itself (admit). */
+static void room_sync(tp__life *L) {
+    uint32_t now = tp__sched_waiting(&L->sched) + L->delayed;
+    uint32_t was = L->sched.pub.basis;
+    if (now == was) return;
+    L->sched.pub.basis = now;
+    atomic_fetch_add_explicit(&L->room, (int64_t)was - (int64_t)now, memory_order_release);
 }
 
 /*
@@ -478,19 +493,33 @@ int tp__life_args(const tp__life *L, tp_fn fn, const tp_task_opts *opts, tp__adm
     return TP_OK;
 }
 
-int tp__life_admit(tp__life *L, const tp__admit_args *a, void *arg, uint64_t *id_out, tp__fx *fx) {
+/* Admission proper. `staged`: the task's place was taken and it was counted
+ * as accepted when it was staged (stage.h); it has no user, no completion
+ * queue and no group, and only a failed allocation refuses it. */
+static int admit(tp__life *L, const tp__admit_args *a, void *arg, uint64_t *id_out, tp__fx *fx, bool staged) {
     tp__user *found = NULL;
     if (a->user) {
         found = tp__users_find(&L->users, a->user, a->user_len, a->user_hash);
         if (found && found->count >= L->cfg.max_per_user) return TP_EUSERLIMIT; /* never for TP_UNLIMITED */
     }
-    if (tp__sched_waiting(&L->sched) + L->delayed >= L->cfg.capacity) return TP_EFULL;
+    /* Space: queued + delayed + staged < capacity, decided by the room
+     * count, which staged submits take from without the lock. The queue's
+     * place is taken last (after a look at the count), so that a place is
+     * never held for a moment by a submit that the completion queue then
+     * refuses: a staged submit meanwhile would be refused for nothing. */
+    if (!staged && atomic_load_explicit(&L->room, memory_order_relaxed) <= 0) return TP_EFULL;
     if (a->cq && !tp__cq_reserve(a->cq)) return TP__EFULL_CQ;
+    if (!staged && !tp__life_room_take(L)) { /* a staged submit took the last one meanwhile */
+        if (a->cq) tp__cq_release(a->cq, 1);
+        return TP_EFULL;
+    }
 
     /* Reserve. Refused with nothing reserved when the records are at their
-     * cap (TP_EFULL) or cannot grow (TP_ENOMEM); see pool.c. */
+     * cap (TP_EFULL) or cannot grow (TP_ENOMEM); see pool.c. A staged task
+     * has a higher cap (pool.c): it was accepted already. */
     tp__task *t = NULL;
-    int rc = tp__tasks_get(&L->tasks, &L->given, L->cfg.max_records, &t);
+    unsigned limit = staged ? L->cfg.max_records_staged : L->cfg.max_records;
+    int rc = tp__tasks_get(&L->tasks, &L->given, limit, &t);
     tp__user *u = NULL;
     if (rc == TP_OK && a->user) {
         u = tp__users_take(&L->users, found, a->user, a->user_len, a->user_hash);
@@ -501,6 +530,7 @@ int tp__life_admit(tp__life *L, const tp__admit_args *a, void *arg, uint64_t *id
     }
     if (rc != TP_OK) {
         if (a->cq) tp__cq_release(a->cq, 1);
+        if (!staged) tp__life_room_give(L);
         return rc;
     }
     if (u) {
@@ -544,12 +574,32 @@ int tp__life_admit(tp__life *L, const tp__admit_args *a, void *arg, uint64_t *id
     }
     L->admitted++;
     if (t->group) group_join(t);
-    TP__INC(L->calls->accepted);
+    if (!staged) TP__INC(L->calls->accepted);
     tp__sched_push(&L->sched, t);
+    L->sched.pub.basis++; /* its place is taken already */
     queue_changed(L);
     work_for(L, t, fx);
     if (id_out) *id_out = t->id;
     return TP_OK;
+}
+
+int tp__life_admit(tp__life *L, const tp__admit_args *a, void *arg, uint64_t *id_out, tp__fx *fx) {
+    return admit(L, a, arg, id_out, fx, false);
+}
+
+int tp__life_admit_staged(tp__life *L, const tp__admit_args *a, void *arg, tp__fx *fx) {
+    TP__ASSERT(!a->user && !a->cq && !a->group);
+    return admit(L, a, arg, NULL, fx, true);
+}
+
+void tp__life_staged_lost(tp__life *L, int status, tp__fx *fx) {
+    tp__life_room_give(L);
+    tp__st_runs *r = fx->runs;
+    TP__INC(r->completed);
+    TP__INC(r->failed);
+    if (is_cancel_status(status)) TP__INC(r->cancelled);
+    fx->flags |= TP__FX_ROOM;
+    check_exiters(L, fx);
 }
 
 void tp__life_close(tp__life *L, tp__fx *fx) {
@@ -657,10 +707,16 @@ static uint64_t delayed_run(tp__life *L, uint64_t now, tp__fx *fx) {
             end_unrun(L, t, TP_ETIMEDOUT, false, fx); /* it ran: not expired */
             fx->flags |= TP__FX_ROOM;
         } else if (now >= t->due) {
+            /* It leaves the delayed list before it waits again: the room
+             * count (life.h) sees the move as a whole, never a place in
+             * between that a staged submit could take. */
+            L->room_hold = true;
             delayed_remove(L, t); /* asserts DELAYED */
+            L->room_hold = false;
             t->state = TP__QUEUED;
             t->queued_at = tp__hclk_now(); /* the queue-wait histogram measures from here */
             tp__sched_push(&L->sched, t);
+            room_sync(L); /* nothing to add: waiting + delayed did not change */
             if (t->deadline < L->queued_deadline_min) L->queued_deadline_min = t->deadline;
             work_for(L, t, fx);
             queued = true;

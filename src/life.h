@@ -45,12 +45,13 @@ typedef struct tp__fx {
 /* What the life of a pool's tasks needs of its configuration. */
 typedef struct tp__life_cfg {
     unsigned capacity, max_per_user, max_retries;
-    unsigned waiting_max;     /* tasks that can wait at once: capacity + max_workers (see pool.c) */
-    unsigned max_records;     /* task records in use at most (see pool.c) */
-    uint64_t run_timeout;     /* the pool's default, resolved */
-    uint64_t retry_delay;     /* resolved */
-    uint64_t retry_delay_max; /* 0: fixed delay */
-    uint32_t serial;          /* process-unique pool number, for generated log ids */
+    unsigned waiting_max;        /* tasks that can wait at once: capacity + max_workers (see pool.c) */
+    unsigned max_records;        /* task records in use at most (see pool.c) */
+    unsigned max_records_staged; /* the cap for a staged task's admission (pool.c) */
+    uint64_t run_timeout;        /* the pool's default, resolved */
+    uint64_t retry_delay;        /* resolved */
+    uint64_t retry_delay_max;    /* 0: fixed delay */
+    uint32_t serial;             /* process-unique pool number, for generated log ids */
 } tp__life_cfg;
 
 /* A submit's checked arguments (pool.c fills it in before taking the lock). */
@@ -87,6 +88,7 @@ typedef struct tp__life {
     unsigned users_at_limit; /* users holding max_per_user slots */
     bool closed;             /* no more admissions */
     bool forced;             /* no more retries; waiting tasks were dropped */
+    bool room_hold;          /* a due retry moves to the queue: `room` is synced after (life.c) */
     /* Then the waiting tasks. The first line of the scheduler is the one
      * line that every push and every start writes, the submitter's and the
      * workers' alike; it carries the two words this file publishes for
@@ -103,6 +105,14 @@ typedef struct tp__life {
     _Alignas(64) tp__task *given; /* retired records (tasks.h), taken over by admission */
     unsigned retired;             /* tasks retired */
     unsigned with_deadline;       /* unfinished tasks that carry a deadline */
+    /* The free places, exact: capacity - (waiting + delayed) - places taken
+     * by admissions not yet waiting (a staged task: stage.h). Taken by
+     * compare-and-swap (tp__life_room_take, with or without the lock); given
+     * back by the waiting set's changes, which adm_publish turns into one
+     * atomic add each (sched.pub.basis: what the count has seen). Below 0
+     * while retries wait beyond the capacity. Its own line: the submitter
+     * and the starting worker write it per task. */
+    _Alignas(64) _Atomic int64_t room;
     /* Then: what a task with a user, a deadline, a group or a retry uses. */
     _Alignas(64) tp__users users;
     tp__task *delayed_head, *delayed_tail; /* retries waiting for their delay */
@@ -136,6 +146,29 @@ int tp__life_args_check(tp_fn fn, const tp_task_opts *opts);
  * TP_EUSERLIMIT, TP_EFULL (also when the records are at their cap),
  * TP__EFULL_CQ, TP_ENOMEM. */
 int tp__life_admit(tp__life *L, const tp__admit_args *a, void *arg, uint64_t *id_out, tp__fx *fx);
+/* A staged task (stage.h) becomes a waiting one: its place was taken when
+ * it was staged, and it was counted as accepted then. `a` comes from
+ * tp__life_args with no options. Never refused: TP_OK, or TP_ENOMEM when no
+ * record can be had (the records' cap does not apply to it: at most a
+ * queue's worth are staged), and then the caller ends it unrun
+ * (tp__life_staged_lost). */
+int tp__life_admit_staged(tp__life *L, const tp__admit_args *a, void *arg, tp__fx *fx);
+/* A staged task that will never wait (no record, or a forced shutdown):
+ * counted as ended unrun with `status`, its place given back. */
+void tp__life_staged_lost(tp__life *L, int status, tp__fx *fx);
+/* Without the lock: take one free place (true), or none is free (false). */
+static inline bool tp__life_room_take(tp__life *L) {
+    int64_t r = atomic_load_explicit(&L->room, memory_order_relaxed);
+    do {
+        if (r <= 0) return false;
+    } while (!atomic_compare_exchange_weak_explicit(&L->room, &r, r - 1, memory_order_acq_rel,
+                                                    memory_order_relaxed));
+    return true;
+}
+/* Give back a place taken by tp__life_room_take that no task used. */
+static inline void tp__life_room_give(tp__life *L) {
+    atomic_fetch_add_explicit(&L->room, 1, memory_order_release);
+}
 /* Without the lock, before taking it: warm the lines that tp__life_admit
  * will read for a's user (tp__users_prefetch); nothing if it names none. */
 static inline void tp__life_prefetch(tp__life *L, const tp__admit_args *a) {

@@ -119,6 +119,11 @@ static int make_life(tp_pool *p) {
                        .max_retries = c->max_retries,
                        .waiting_max = full,
                        .max_records = full + slack,
+                       /* staged tasks (engine.c) are admitted after they were
+                        * accepted: past the cap that refuses the others, they
+                        * hold at most a queue's worth waiting or delayed plus
+                        * two per worker (running, a retry beyond the queue) */
+                       .max_records_staged = full + slack + c->capacity + 2 * c->max_workers,
                        .run_timeout = c->run_timeout,
                        .retry_delay = c->retry_delay,
                        .retry_delay_max = c->retry_delay_max,
@@ -180,6 +185,14 @@ int tp__submit_member(tp_pool *p, struct tp_group *g, tp_fn fn, void *arg, const
     int rc = tp__life_args(&p->life, fn, opts, &a);
     if (rc != TP_OK) return rc;
     a.group = g;
+    /* A plain submit on a pool that stages takes no lock (stage.h): no
+     * options, no id asked, no log id inherited from a running task (its
+     * record may be reused before the staged task is admitted). */
+    if (!opts && !id_out && !g && !a.log_src && tp__stage_on(&p->stage)) {
+        a.now = tp__hclk_now();
+        rc = tp__engine_submit_staged(p, &a, arg);
+        if (rc != TP__STAGE_LOCKED) return rc;
+    }
     /* A group's submit takes the lock: a cancelled group answers
      * TP_ECANCELED before anything else, and counts nothing. */
     if (!g && refuse_full_fast(p, &a)) return TP_EFULL;

@@ -29,7 +29,12 @@
  *      text.c     tp__put: snprintf into a running position
  * Headers: base.h (asserts, atomics, the lock wrapper, chunks), stats.h,
  * task.h, scheduler.h + ring.h, users.h, cq.h, ctx.h, life.h, group.h, hist.h,
- * clock.h, and this one.
+ * clock.h, stage.h (the staged submits' ring, inline, used by engine.c), and
+ * this one.
+ *
+ * A plain submit on a FIFO pool with fixed workers (no options, no id
+ * asked) takes no lock: pool.c -> engine.c stages it (stage.h), and the next
+ * holder of mu admits it through life.c before anything else.
  *
  * A task's way, submit to on_done, on the worker side: engine.c (the worker
  * loop) -> life.c (take, attempt ended, retire) -> scheduler.c (peek, start).
@@ -42,7 +47,9 @@
  *   One mutex per pool, `mu`, guards everything in the pool except the
  *   statistics and the lanes' published figures (atomics, written under mu,
  *   read without it), the admission word and the published waiting count (life.c, likewise), `fast_full`
- *   (added to without the lock by refused submitters), the histogram shards
+ *   (added to without the lock by refused submitters), life.c's `room`
+ *   (taken without the lock by staged submits), the staged submits' ring
+ *   (stage.h: producers without mu, its consumer under mu), the histogram shards
  *   (each written by its worker alone) and a running task's context flag
  *   (written under mu, read by the task). A function whose name ends in
  *   `_locked` needs mu held (asserted in debug builds); where it releases it
@@ -58,6 +65,9 @@
  *   thread), each context's sleep_cv (ctx.c: tp_ctx_sleep), each
  *   group's cv (group.c waits, engine.c wakes). Waits for a completion
  *   queue's place are on that queue's own lock and condition (cq.h).
+ *   The staged submits' ring (stage.h) has no lock: its producers never
+ *   hold mu while they stage, and only a holder of mu consumes it; a
+ *   submitter that must wake a parked worker takes mu after publishing.
  */
 #ifndef TP_POOL_H
 #define TP_POOL_H
@@ -66,6 +76,7 @@
 #include "ctx.h"
 #include "hist.h"
 #include "life.h"
+#include "stage.h"
 #include "stats.h"
 
 /* The resolved configuration: pool.c writes it in tp_create, read-only after. */
@@ -159,6 +170,11 @@ struct tp_pool {
      * which only refused submitters write. */
     _Alignas(64) _Atomic uint64_t fast_full;
 
+    /* engine.c: staged submits (stage.h), with the arguments every staged
+     * task is admitted with (no options, read-only after start). */
+    tp__stage stage;
+    tp__admit_args stage_args;
+
     void *mem; /* what calloc returned: the pool is aligned to a cache line within it (pool.c) */
 };
 
@@ -190,6 +206,20 @@ int tp__engine_submit(tp_pool *p, tp__admit_args *a, void *arg, uint64_t *id_out
  * lock. Returns the refusal of task k (TP_OK: all `valid` admitted). */
 int tp__engine_submit_batch(tp_pool *p, const tp_task *tasks, size_t valid, tp__admit_args *a,
                             size_t nchecked, uint64_t *ids_out, size_t *k_out);
+/* tp_submit without the lock (stage.h), for checked arguments with no
+ * options, no id asked, no group and no inherited log id, on a pool that
+ * stages: TP_OK (accepted), TP_EFULL (counted in fast_full), or
+ * TP__STAGE_LOCKED: take the locked path (the ring is full or the pool
+ * closes). */
+#define TP__STAGE_LOCKED (-1001)
+int tp__engine_submit_staged(tp_pool *p, const tp__admit_args *a, void *arg);
+/* Tasks waiting, staged ones included, without the lock (stats.c). The
+ * ring first: an entry leaves it only once it waits in the scheduler
+ * (engine.c), so a task is never missed by both reads. */
+static inline uint32_t tp__pool_queued(tp_pool *p) {
+    uint32_t staged = tp__stage_count(&p->stage);
+    return staged + tp__life_queued(&p->life);
+}
 int tp__engine_cancel(tp_pool *p, uint64_t id);
 void tp__engine_close(tp_pool *p);
 int tp__engine_shutdown(tp_pool *p, uint64_t budget_ns);
@@ -208,6 +238,9 @@ int tp__engine_wait_locked(tp_pool *p, pthread_cond_t *cv, uint64_t deadline);
  * a task can be admitted between one attempt's end and the next start. */
 typedef void (*tp__test_hook)(tp_pool *p);
 extern _Atomic(tp__test_hook) tp__test_attempt_returned;
+/* Likewise (tests/test_stage.c): a staged submit calls it between taking its
+ * ticket and publishing its entry. */
+extern _Atomic(tp__test_hook) tp__test_stage_claimed;
 #endif
 
 #endif /* TP_POOL_H */

@@ -103,8 +103,13 @@ void tp_stats_get(tp_pool *p, tp_stats *out) {
 #undef TP__GET_COUNTER
 #undef TP__GET_RUNS
 #undef TP__GET_CALLS
+    /* Staged submits (stage.h) are submitted and accepted at once; read
+     * after the counters above (which they cause), like them. */
+    uint64_t staged = TP__ACQUIRE(p->stage.staged);
+    out->submitted += staged;
+    out->accepted += staged;
     out->active = sum_active(p);
-    out->queued = tp__life_queued(&p->life);
+    out->queued = tp__pool_queued(p);
     out->delayed = TP__ACQUIRE(p->gauges.delayed);
     out->workers = TP__ACQUIRE(p->gauges.workers);
     out->idle = TP__ACQUIRE(p->gauges.idle);
@@ -116,6 +121,8 @@ void tp_stats_get(tp_pool *p, tp_stats *out) {
     out->rejected_full += fast_full;
     out->rejected = out->rejected_full + out->rejected_user + out->rejected_closed + out->rejected_timeout;
     uint64_t oldest = tp__sched_oldest_at(&p->life.sched);
+    uint64_t staged_at = tp__stage_oldest_at(&p->stage); /* staged after every waiting task */
+    if (!oldest) oldest = staged_at;
     out->oldest_wait_ns = oldest ? tp__hclk_ns(oldest, tp__hclk_now()) : 0;
 }
 
@@ -144,7 +151,7 @@ int tp_lane_stats_get(tp_pool *p, int priority, tp_lane_stats *out) {
         queued += TP__ACQUIRE(l->waiting_pub);
         running += TP__ACQUIRE(l->running_pub);
     }
-    uint32_t all_queued = tp__life_queued(&p->life), all_running = sum_active(p);
+    uint32_t all_queued = tp__pool_queued(p), all_running = sum_active(p);
     out->started = sum_runs(p, offsetof(tp__st_runs, ring_started));
     out->queued = all_queued > queued ? all_queued - queued : 0;
     out->running = all_running > running ? all_running - running : 0;
