@@ -368,7 +368,7 @@ run_mode() {
 }
 
 # Tests whose subject is a race; repeated after the full pass (TP_REPEAT, default 10).
-racy='^(test_(stress|soak|cancel|lifecycle|admission|elastic|default|retry|spin|group|hist|cq|priority|fair|users)|fuzz_corpus)$'
+racy='^(test_(stress|soak|cancel|lifecycle|admission|elastic|default|retry|spin|group|hist|cq|priority|fair|users|stage)|fuzz_corpus)$'
 
 status=0
 for m in "${modes[@]}"; do

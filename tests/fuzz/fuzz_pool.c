@@ -325,6 +325,7 @@ typedef struct fz_task {
     int cqi;                                  /* the completion queue it is bound to, -1 for none */
     int cq_gen;                               /* which queue in slot cqi (slots are reused): fz_cq.gen */
     bool nest;                                /* bound: its on_done drains its queue once more (max 1) */
+    bool plain;                               /* submitted with no options and no id (VIA_PLAIN) */
     int pool_gen;                             /* which pool (slots are reused): fz_pool.gen */
     uint64_t sleep_ns, deadline, run_timeout; /* run_timeout: resolved */
     uint64_t submit_ns;
@@ -1047,8 +1048,9 @@ static void check_tasks_ended(const fz_pool *fp) {
         CHECK(atomic_load(&t->runs) == atomic_load(&t->returns), "pool %d task %d: runs != returns", fp->slot,
               t->index);
         uint64_t cid = atomic_load(&t->ctx_id);
-        CHECK(cid == 0 || cid == t->id, "pool %d task %d: ran with tp_ctx_id %llu, submit gave %llu",
-              fp->slot, t->index, (unsigned long long)cid, (unsigned long long)t->id);
+        CHECK(cid == 0 || t->plain || cid == t->id,
+              "pool %d task %d: ran with tp_ctx_id %llu, submit gave %llu", fp->slot, t->index,
+              (unsigned long long)cid, (unsigned long long)t->id);
         if (!t->has_done) continue;
         int calls = atomic_load(&t->done_calls), enter = atomic_load(&t->done_enter);
         if (t->cqi >= 0 && calls == 0 && enter == 0) {
@@ -1898,8 +1900,12 @@ static void ensure_pool(fz_pool *fp) {
 }
 
 /* VIA_BATCH: tp_submit_batch with this one task, which must answer exactly
- * as tp_submit would (SPEC 11.2), with accepted_out and ids_out to match. */
-enum { VIA_SUBMIT, VIA_WAIT, VIA_DEFAULT, VIA_GROUP, VIA_BATCH };
+ * as tp_submit would (SPEC 11.2), with accepted_out and ids_out to match.
+ * VIA_PLAIN: tp_submit(p, fn, arg, NULL, NULL), no options and no id asked:
+ * a FIFO pool with fixed workers accepts it without its lock (src/stage.h).
+ * The task has the pool's defaults, no on_done and no id (it is never
+ * cancelled by id; its tp_ctx_id is not compared). */
+enum { VIA_SUBMIT, VIA_WAIT, VIA_DEFAULT, VIA_GROUP, VIA_BATCH, VIA_PLAIN };
 
 static fz_group *ensure_group(fz_pool *fp, int k, bool coe);
 
@@ -1954,6 +1960,16 @@ static void op_submit(fz_pool *fp, const uint8_t b[5], int via) {
     t->prio = prio_of[(b[0] >> 4) & 7];
     t->cqi = (b[3] & 0x80) ? (b[0] >> 7) & 1 : -1;
     t->nest = (b[4] >> 5) & 1;
+    if (via == VIA_PLAIN) { /* the defaults: what a NULL opts means */
+        t->user = 0;
+        t->dl_class = DL_NONE;
+        rt = 0;
+        t->has_done = false;
+        t->run_timeout = fp->run_timeout;
+        t->prio = 0;
+        t->cqi = -1;
+        t->plain = true;
+    }
     tp_task_opts o;
     memset(&o, 0, sizeof o);
     o.user = fz_users[t->user];
@@ -1965,7 +1981,7 @@ static void op_submit(fz_pool *fp, const uint8_t b[5], int via) {
         t->cq_gen = C->gen;
     }
     if (t->has_done) o.on_done = task_done;
-    if (b[3] & 8) {
+    if ((b[3] & 8) && via != VIA_PLAIN) {
         snprintf(t->opt_log, sizeof t->opt_log, "L%d", t->index);
         o.log_id = t->opt_log;
         memcpy(t->expect_log, t->opt_log, sizeof t->opt_log);
@@ -2075,6 +2091,8 @@ static void op_submit(fz_pool *fp, const uint8_t b[5], int via) {
         rc = tp_submit_batch(fp->p, &bt, 1, &id, &k);
         CHECK(k == (rc == TP_OK ? 1u : 0u), "submit_batch: %s with accepted_out %zu", rcname(rc), k);
         CHECK(rc == TP_OK || id == 0, "submit_batch: ids_out written for a refused task");
+    } else if (via == VIA_PLAIN) {
+        rc = tp_submit(fp->p, task_main, t, NULL, NULL);
     } else {
         rc = tp_submit(fp->p, task_main, t, &o, &id);
     }
@@ -2086,6 +2104,7 @@ static void op_submit(fz_pool *fp, const uint8_t b[5], int via) {
         : via == VIA_DEFAULT ? "default_submit"
         : via == VIA_GROUP   ? "group_submit"
         : via == VIA_BATCH   ? "submit_batch"
+        : via == VIA_PLAIN   ? "submit_plain"
                              : "submit",
         fp->slot, t->index, kind_name[t->kind], t->prio, t->cqi,
         fz_users[t->user] ? fz_users[t->user] : "NULL", t->gate, t->dl_class, (unsigned long long)rt,
@@ -2101,8 +2120,8 @@ static void op_submit(fz_pool *fp, const uint8_t b[5], int via) {
     fp->submitted++;
     switch (rc) {
     case TP_OK:
-        CHECK(id != 0, "submit: TP_OK with id 0");
-        for (int i = 0; i < fp->ntasks - 1; i++)
+        CHECK(via == VIA_PLAIN || id != 0, "submit: TP_OK with id 0");
+        for (int i = 0; i < fp->ntasks - 1 && id != 0; i++)
             CHECK(!fp->tasks[i]->accepted || fp->tasks[i]->id != id, "submit: id %llu given twice",
                   (unsigned long long)id);
         t->id = id;
@@ -2141,8 +2160,13 @@ static void op_cancel(fz_pool *fp, uint8_t sel, uint8_t extra) {
     fz_task *acc[FZ_MAX_TASKS];
     int n = 0;
     uint64_t max_id = 0;
+    bool any_plain = false;
     for (int i = 0; i < fp->ntasks; i++)
         if (fp->tasks[i]->accepted) {
+            if (fp->tasks[i]->plain) { /* no id known: not cancelled by id */
+                any_plain = true;
+                continue;
+            }
             acc[n++] = fp->tasks[i];
             if (fp->tasks[i]->id > max_id) max_id = fp->tasks[i]->id;
         }
@@ -2154,7 +2178,9 @@ static void op_cancel(fz_pool *fp, uint8_t sel, uint8_t extra) {
         return;
     }
     if (k == n + 1) {
-        uint64_t id = max_id + 1 + extra;
+        /* above every id given so far, or, with tasks whose id the harness
+         * does not know, above any id the pool will give */
+        uint64_t id = any_plain ? UINT64_MAX - extra : max_id + 1 + extra;
         int rc = tp_cancel(fp->p, id);
         trace("cancel slot %d unknown id %llu -> %s", fp->slot, (unsigned long long)id, rcname(rc));
         expect_rc(rc, bit(TP_ENOTFOUND), "tp_cancel(unknown id)");
@@ -3333,6 +3359,7 @@ static void run_input(const uint8_t *data, size_t size) {
                       : op == OP_GSUBMIT                  ? VIA_GROUP
                       : (b[3] & 16)                       ? VIA_WAIT
                       : (op == OP_SUBMIT2 && (b[3] & 32)) ? VIA_BATCH
+                      : (op == OP_SUBMIT && (b[3] & 32))  ? VIA_PLAIN
                                                           : VIA_SUBMIT;
             op_submit(fp, b, via);
             break;

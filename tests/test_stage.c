@@ -1,0 +1,335 @@
+/*
+ * test_stage.c -- staged submits (src/stage.h): a plain tp_submit (no
+ * options, no id asked) on a FIFO pool with fixed workers is accepted
+ * without the pool lock and admitted by whoever takes the lock next. From
+ * the outside nothing may tell the two paths apart: the queue's bound is
+ * exact, the statistics count a staged task as waiting, one thread's tasks
+ * start in the order it submitted them whichever path each took, a closing
+ * pool never drops a task it accepted, and an idle pool wakes for one.
+ *
+ * As everywhere, "full" and "queued" are states the test builds with
+ * workers blocked on a latch; every wait is bounded.
+ */
+#include "tp_test.h"
+
+#include "pool.h" /* TP__DEBUG and its test hook tp__test_stage_claimed */
+
+/* ------------------------------------------------------------ helpers */
+
+/* A task that appends its index to a shared order log. */
+typedef struct order_log {
+    atomic_int next; /* places handed out */
+    atomic_int done; /* places written */
+    atomic_int at[4096];
+} order_log;
+
+typedef struct order_task {
+    order_log *log;
+    int index;
+} order_task;
+
+static int order_fn(tp_ctx *c, void *arg) {
+    (void)c;
+    order_task *t = (order_task *)arg;
+    int k = atomic_fetch_add(&t->log->next, 1);
+    if (k < 4096) atomic_store(&t->log->at[k], t->index);
+    atomic_fetch_add(&t->log->done, 1);
+    return 0;
+}
+
+static atomic_int g_runs;
+
+static int count_fn(tp_ctx *c, void *arg) {
+    (void)c;
+    (void)arg;
+    atomic_fetch_add(&g_runs, 1);
+    return 0;
+}
+
+/* ------------------------------------------------------------ the bound */
+
+/* Every staged task takes a place: with the worker blocked, capacity plain
+ * submits are accepted and the next is refused, on either path; the stats
+ * count them as waiting before any worker admitted them. */
+static void test_staged_bound_exact(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l = tpt_fx_latch(f);
+    tp_pool *p = tpt_quiet_pool(f, 1, 5, TP_UNLIMITED);
+    tpt_fill_workers(p, l, 1, NULL);
+    atomic_store(&g_runs, 0);
+    for (int i = 0; i < 5; i++) assert_int_equal(tp_submit(p, count_fn, NULL, NULL, NULL), TP_OK);
+    assert_int_equal(tp_submit(p, count_fn, NULL, NULL, NULL), TP_EFULL);
+    uint64_t id = 0;
+    assert_int_equal(tp_submit(p, count_fn, NULL, NULL, &id), TP_EFULL); /* the locked path agrees */
+    tp_stats s = tpt_stats(p);
+    assert_int_equal(s.queued, 5);
+    assert_int_equal(s.accepted, 6);
+    assert_int_equal(s.submitted, 8);
+    assert_int_equal(s.rejected_full, 2);
+    tpt_latch_open(l);
+    TPT_EVENTUALLY(atomic_load(&g_runs) == 5);
+    /* room again, for both paths */
+    assert_int_equal(tp_submit(p, count_fn, NULL, NULL, NULL), TP_OK);
+    assert_int_equal(tp_submit(p, count_fn, NULL, NULL, &id), TP_OK);
+    s = tpt_finish(p);
+    tpt_assert_counts(s, TPT_EQ(accepted, 8), TPT_EQ(completed, 8), TPT_EQ(rejected_full, 2));
+    assert_int_equal(atomic_load(&g_runs), 7);
+}
+
+/* More staged tasks than the ring holds (stage.h, TP__STAGE_MAX): the
+ * submit that finds it full takes the locked path, which admits the ring
+ * first; the bound is still the queue's. */
+static void test_staged_ring_overflow(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l = tpt_fx_latch(f);
+    const unsigned cap = 3000;
+    tp_pool *p = tpt_quiet_pool(f, 1, cap, TP_UNLIMITED);
+    tpt_fill_workers(p, l, 1, NULL);
+    atomic_store(&g_runs, 0);
+    for (unsigned i = 0; i < cap; i++) assert_int_equal(tp_submit(p, count_fn, NULL, NULL, NULL), TP_OK);
+    assert_int_equal(tp_submit(p, count_fn, NULL, NULL, NULL), TP_EFULL);
+    assert_int_equal(tpt_stats(p).queued, cap);
+    tpt_latch_open(l);
+    tp_stats s = tpt_finish(p);
+    tpt_assert_counts(s, TPT_EQ(accepted, cap + 1), TPT_EQ(completed, cap + 1), TPT_EQ(rejected_full, 1));
+    assert_int_equal(atomic_load(&g_runs), (int)cap);
+}
+
+/* ------------------------------------------------------------ order */
+
+/* One thread's tasks start in its submit order, whether each was staged or
+ * admitted under the lock (an id asked for, options): the locked path
+ * admits what was staged before it. */
+static void test_staged_order_with_locked(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l = tpt_fx_latch(f);
+    const int n = 600;
+    tp_pool *p = tpt_quiet_pool(f, 1, (unsigned)n, TP_UNLIMITED);
+    order_log *log = tpt_fx_alloc(f, sizeof *log);
+    order_task *tasks = tpt_fx_alloc(f, (size_t)n * sizeof *tasks);
+    atomic_init(&log->next, 0);
+    atomic_init(&log->done, 0);
+    tpt_fill_workers(p, l, 1, NULL);
+    uint32_t rng = 12345;
+    for (int i = 0; i < n; i++) {
+        tasks[i].log = log;
+        tasks[i].index = i;
+        uint64_t id = 0;
+        tp_task_opts o = {0};
+        switch (tpt_xorshift(&rng) % 3) {
+        case 0: assert_int_equal(tp_submit(p, order_fn, &tasks[i], NULL, NULL), TP_OK); break;
+        case 1: assert_int_equal(tp_submit(p, order_fn, &tasks[i], NULL, &id), TP_OK); break;
+        default: assert_int_equal(tp_submit(p, order_fn, &tasks[i], &o, NULL), TP_OK); break;
+        }
+    }
+    tpt_latch_open(l);
+    TPT_EVENTUALLY(atomic_load(&log->done) == n);
+    for (int i = 0; i < n; i++)
+        if (atomic_load(&log->at[i]) != i) fail_msg("start %d was task %d", i, atomic_load(&log->at[i]));
+    tpt_finish(p);
+}
+
+#if defined(TP__DEBUG)
+/* The submitter that the hook holds between its ticket and its entry. */
+static tpt_latch *claim_gate;
+static atomic_int claim_hold;    /* hold the next staged submit that claims */
+static atomic_int claim_waiting; /* it is held now */
+
+static void claim_hook(tp_pool *p) {
+    (void)p;
+    int one = 1;
+    if (!atomic_compare_exchange_strong(&claim_hold, &one, 0)) return;
+    atomic_store(&claim_waiting, 1);
+    tpt_latch_wait(claim_gate);
+}
+
+typedef struct held_submit {
+    tp_pool *p;
+    order_task *task;
+    atomic_int rc;
+} held_submit;
+
+static void *held_submit_main(void *arg) {
+    held_submit *h = (held_submit *)arg;
+    atomic_store(&h->rc, tp_submit(h->p, order_fn, h->task, NULL, NULL));
+    return NULL;
+}
+
+static void *open_later(void *arg) {
+    tpt_sleep_ns(TPT_MS(50)); /* long enough for the locked submit to wait; any length keeps the order */
+    tpt_latch_open((tpt_latch *)arg);
+    return NULL;
+}
+#endif
+
+/* Another thread took a ticket before this one's staged task and has not
+ * published yet (held by the debug hook): this thread's staged A, then its
+ * locked B, must still start A before B. The locked submit admits every
+ * ticket taken before it, waiting for the unpublished one. */
+static void test_staged_order_behind_unpublished(void **state) {
+#if defined(TP__DEBUG)
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l = tpt_fx_latch(f);
+    claim_gate = tpt_fx_latch(f);
+    tp_pool *p = tpt_quiet_pool(f, 1, 8, TP_UNLIMITED);
+    order_log *log = tpt_fx_alloc(f, sizeof *log);
+    order_task *tasks = tpt_fx_alloc(f, 3 * sizeof *tasks);
+    atomic_init(&log->next, 0);
+    atomic_init(&log->done, 0);
+    for (int i = 0; i < 3; i++) tasks[i] = (order_task){log, i};
+    tpt_fill_workers(p, l, 1, NULL);
+    atomic_store(&claim_waiting, 0);
+    atomic_store(&claim_hold, 1);
+    atomic_store(&tp__test_stage_claimed, claim_hook);
+    held_submit h = {p, &tasks[0], 0};
+    atomic_init(&h.rc, 99);
+    pthread_t th, opener;
+    assert_int_equal(pthread_create(&th, NULL, held_submit_main, &h), 0);
+    TPT_EVENTUALLY(atomic_load(&claim_waiting) == 1);
+    assert_int_equal(tp_submit(p, order_fn, &tasks[1], NULL, NULL),
+                     TP_OK); /* A: staged behind the held one */
+    assert_int_equal(pthread_create(&opener, NULL, open_later, claim_gate), 0);
+    uint64_t id = 0;
+    assert_int_equal(tp_submit(p, order_fn, &tasks[2], NULL, &id), TP_OK); /* B: locked */
+    assert_int_equal(pthread_join(opener, NULL), 0);
+    assert_int_equal(pthread_join(th, NULL), 0);
+    atomic_store(&tp__test_stage_claimed, NULL);
+    assert_int_equal(atomic_load(&h.rc), TP_OK);
+    tpt_latch_open(l);
+    TPT_EVENTUALLY(atomic_load(&log->done) == 3);
+    int where[3];
+    for (int i = 0; i < 3; i++) where[atomic_load(&log->at[i])] = i;
+    if (where[1] > where[2]) fail_msg("the locked submit B started before the same thread's staged A");
+    tpt_finish(p);
+#else
+    (void)state;
+    skip();
+#endif
+}
+
+/* ------------------------------------------------------------ waking */
+
+/* A task staged into an idle pool runs: the worker that parked is woken
+ * (or saw it before parking). Many rounds, each bounded: a lost wake-up
+ * would leave a task waiting forever. */
+static void test_staged_wakes_idle_pool(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    tp_pool *p = tpt_quiet_pool(f, 2, 16, TP_UNLIMITED);
+    atomic_store(&g_runs, 0);
+    const int rounds = TPT_SANITIZED ? 300 : 3000;
+    for (int r = 0; r < rounds; r++) {
+        /* idle first: both workers parked or about to */
+        if (r % 50 == 0) TPT_EVENTUALLY(tpt_stats(p).idle == 2);
+        assert_int_equal(tp_submit(p, count_fn, NULL, NULL, NULL), TP_OK);
+        TPT_EVENTUALLY(atomic_load(&g_runs) == r + 1);
+    }
+    tp_stats s = tpt_finish(p);
+    tpt_assert_counts(s, TPT_EQ(accepted, (uint64_t)rounds), TPT_EQ(completed, (uint64_t)rounds));
+}
+
+/* ------------------------------------------------------------ closing */
+
+typedef struct racer {
+    tp_pool *p;
+    atomic_int *go;
+    tpt_tally tally;
+} racer;
+
+static void *racer_main(void *arg) {
+    racer *r = (racer *)arg;
+    tpt_wait_go(r->go);
+    for (;;) {
+        int rc = tp_submit(r->p, count_fn, NULL, NULL, NULL);
+        tpt_tally_add(&r->tally, rc);
+        if (rc == TP_ECLOSED || r->tally.total > 2000000) break;
+        if (rc == TP_EFULL) sched_yield();
+    }
+    return NULL;
+}
+
+/* Threads submit plain tasks while the pool shuts down: every TP_OK task
+ * runs exactly once (none is dropped by the close), every refusal after the
+ * close is TP_ECLOSED, and the counters add up. */
+static void test_staged_close_race(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    const int rounds = TPT_SANITIZED ? 5 : 40;
+    for (int round = 0; round < rounds; round++) {
+        tp_pool *p = tpt_quiet_pool(f, 2, 64, TP_UNLIMITED);
+        atomic_store(&g_runs, 0);
+        atomic_int go;
+        atomic_init(&go, 0);
+        racer rs[3];
+        pthread_t th[3];
+        for (int i = 0; i < 3; i++) {
+            memset(&rs[i], 0, sizeof rs[i]);
+            rs[i].p = p;
+            rs[i].go = &go;
+            assert_int_equal(pthread_create(&th[i], NULL, racer_main, &rs[i]), 0);
+        }
+        atomic_store(&go, 1);
+        TPT_EVENTUALLY(tpt_stats(p).accepted >= (uint64_t)(100 + round * 10));
+        assert_int_equal(tp_shutdown(p, TPT_WAIT_NS), TP_OK);
+        tpt_tally all = {0};
+        for (int i = 0; i < 3; i++) {
+            assert_int_equal(pthread_join(th[i], NULL), 0);
+            tpt_tally_merge(&all, &rs[i].tally);
+        }
+        assert_int_equal(all.bad, 0);
+        assert_true(all.closed >= 3);
+        tp_stats s = tpt_finish(p);
+        assert_int_equal(atomic_load(&g_runs), (int)all.ok);
+        tpt_assert_counts(s, TPT_EQ(accepted, all.ok), TPT_EQ(completed, all.ok), TPT_EQ(succeeded, all.ok),
+                          TPT_EQ(rejected_closed, all.closed), TPT_EQ(rejected_full, all.full),
+                          TPT_EQ(submitted, all.total));
+    }
+}
+
+/* A forced shutdown ends staged tasks that no worker admitted as it ends
+ * waiting ones: cancelled, unrun, counted once. */
+static void test_staged_forced_shutdown(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l = tpt_fx_latch(f);
+    tp_pool *p = tpt_quiet_pool(f, 1, 10, TP_UNLIMITED);
+    tpt_fill_workers(p, l, 1, NULL);
+    atomic_store(&g_runs, 0);
+    for (int i = 0; i < 10; i++) assert_int_equal(tp_submit(p, count_fn, NULL, NULL, NULL), TP_OK);
+    assert_int_equal(tp_shutdown(p, TPT_MS(1)), TP_ETIMEDOUT);
+    assert_int_equal(tp_submit(p, count_fn, NULL, NULL, NULL), TP_ECLOSED);
+    tpt_latch_open(l);
+    tp_stats s = tpt_finish_forced(p);
+    tpt_assert_counts(s, TPT_EQ(accepted, 11), TPT_EQ(completed, 11), TPT_EQ(cancelled, 10),
+                      TPT_EQ(rejected_closed, 1));
+    assert_int_equal(atomic_load(&g_runs), 0);
+}
+
+/* A pool that may start workers on demand (max_workers above workers) and
+ * a fair pool do not stage: the same plain submits, the same answers. */
+static void test_not_staged_pools(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    for (int k = 0; k < 2; k++) {
+        tpt_latch *l = tpt_fx_latch(f);
+        tp_config c = tpt_quiet_config(k == 0 ? 1 : 2, 3, TP_UNLIMITED);
+        if (k == 0)
+            c.max_workers = 2; /* elastic: 1 to 2 */
+        else
+            c.sched = TP_SCHED_FAIR;
+        tp_pool *p = tpt_fx_pool(f, &c);
+        tpt_fill_workers(p, l, 2, NULL);
+        for (int i = 0; i < 3; i++) assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_OK);
+        assert_int_equal(tp_submit(p, tpt_nop_task, NULL, NULL, NULL), TP_EFULL);
+        assert_int_equal(tpt_stats(p).queued, 3);
+        tpt_latch_open(l);
+        tp_stats s = tpt_finish(p);
+        tpt_assert_counts(s, TPT_EQ(accepted, 5), TPT_EQ(completed, 5));
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        TPT_TEST(test_staged_bound_exact),       TPT_TEST(test_staged_ring_overflow),
+        TPT_TEST(test_staged_order_with_locked), TPT_TEST(test_staged_order_behind_unpublished),
+        TPT_TEST(test_staged_wakes_idle_pool),   TPT_TEST(test_staged_close_race),
+        TPT_TEST(test_staged_forced_shutdown),   TPT_TEST(test_not_staged_pools),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
