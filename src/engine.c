@@ -825,7 +825,7 @@ static void stage_absorb_all_locked(tp_pool *p) {
     size_t tail = atomic_load_explicit(&st->tail, memory_order_acquire);
     for (;;) {
         stage_absorb_locked(p, UINT_MAX, false);
-        if (atomic_load_explicit(&st->head, memory_order_relaxed) >= tail) return;
+        if (tp__stage_passed(st, tail)) return;
         tp__unlock(p);
         sched_yield();
         tp__lock(p);
@@ -841,7 +841,7 @@ static void stage_close_locked(tp_pool *p) {
     size_t tail = atomic_load_explicit(&st->tail, memory_order_seq_cst);
     for (;;) {
         stage_absorb_locked(p, UINT_MAX, false);
-        if (atomic_load_explicit(&st->head, memory_order_relaxed) >= tail) break;
+        if (tp__stage_passed(st, tail)) break;
         sched_yield(); /* a submitter between its ticket and its publication */
     }
 }

@@ -119,7 +119,7 @@ static inline tp__stage_slot *tp__stage_claim(tp__stage *st, size_t *ticket) {
     for (;;) {
         tp__stage_slot *s = &st->slots[pos & st->mask];
         size_t seq = atomic_load_explicit(&s->seq, memory_order_acquire);
-        intptr_t d = (intptr_t)seq - (intptr_t)pos;
+        intptr_t d = (intptr_t)(seq - pos); /* wraps with the counters */
         if (d == 0) {
             /* seq_cst: the closer's read of `tail` and this ticket (above) */
             if (atomic_compare_exchange_weak_explicit(&st->tail, &pos, pos + 1, memory_order_seq_cst,
@@ -165,7 +165,13 @@ static inline uint32_t tp__stage_count(const tp__stage *st) {
     if (!st->slots) return 0;
     size_t t = atomic_load_explicit(&st->tail, memory_order_acquire);
     size_t h = atomic_load_explicit(&st->head, memory_order_acquire);
-    return t > h ? (uint32_t)(t - h) : 0;
+    ptrdiff_t n = (ptrdiff_t)(t - h); /* wraps with the counters (32-bit size_t) */
+    return n > 0 ? (uint32_t)n : 0;
+}
+
+/* The consumer has taken every entry below `ticket` (the counters wrap). */
+static inline bool tp__stage_passed(const tp__stage *st, size_t ticket) {
+    return (ptrdiff_t)(atomic_load_explicit(&st->head, memory_order_relaxed) - ticket) >= 0;
 }
 
 /* The stamp of the oldest entry, lock-free (the statistics); 0 if none. */

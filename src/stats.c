@@ -121,8 +121,10 @@ void tp_stats_get(tp_pool *p, tp_stats *out) {
     out->rejected_full += fast_full;
     out->rejected = out->rejected_full + out->rejected_user + out->rejected_closed + out->rejected_timeout;
     uint64_t oldest = tp__sched_oldest_at(&p->life.sched);
-    uint64_t staged_at = tp__stage_oldest_at(&p->stage); /* staged after every waiting task */
-    if (!oldest) oldest = staged_at;
+    /* the ring's oldest entry may be older than the scheduler's (a retry
+     * back in the queue takes a new stamp): the older of the two */
+    uint64_t staged_at = tp__stage_oldest_at(&p->stage);
+    if (staged_at && (!oldest || staged_at < oldest)) oldest = staged_at;
     out->oldest_wait_ns = oldest ? tp__hclk_ns(oldest, tp__hclk_now()) : 0;
 }
 
