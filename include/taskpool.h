@@ -423,7 +423,7 @@ typedef struct tp_task_opts {
  *   (madvise, a hint).
  *   tp_create touches the preallocated records and the ring (about 192 +
  *   16..32 bytes per task of queue_capacity + max_workers: 235 MB at
- *   TP_MAX_QUEUE_CAPACITY; a FIFO pool with fixed workers adds 32 bytes
+ *   TP_MAX_QUEUE_CAPACITY; a FIFO pool with fixed workers adds 64 bytes
  *   per place for the plain submits' ring, at most 2 MiB), so that the
  *   first burst that fills the queue takes no page fault under the pool
  *   lock.
@@ -433,18 +433,20 @@ typedef struct tp_task_opts {
  *   Nothing of the caller is borrowed after the call (user, log id copied).
  *   Blocks only on the pool lock, except that in an elastic pool it may start
  *   a worker thread. Thread-safe; may be called from a task or an on_done.
- *   Since 1.2, a plain submit -- opts NULL, id_out NULL, from a thread with
- *   no log id (tp_log_id_get() empty: not inside a task or an on_done, no
- *   tp_log_id_set) -- to a TP_SCHED_FIFO pool with fixed workers
- *   (max_workers = workers) takes no lock: it takes its place, hands the
- *   task to the next worker or locked call through a bounded ring and
- *   returns; the answers, the counters and one thread's start order are
- *   the locked path's (a later locked submit of any thread first admits
- *   what was handed over before it, waiting for a submit that is between
- *   its place and its hand-over). Such a task is admitted later, so should
- *   its record then fail to be allocated (only past the preallocated
- *   records, see Memory) it ends unrun, counted as failed, instead of being
- *   refused with TP_ENOMEM; it has no on_done and no id that could tell.
+ *   Since 1.2, a plain submit -- opts NULL or setting only on_done and cq,
+ *   id_out NULL, from a thread with no log id (tp_log_id_get() empty: not
+ *   inside a task or an on_done, no tp_log_id_set) -- to a TP_SCHED_FIFO
+ *   pool with fixed workers (max_workers = workers) takes no lock: it takes
+ *   its place (and its completion queue's), hands the task to the next
+ *   worker or locked call through a bounded ring and returns; the answers,
+ *   the counters and one thread's start order are the locked path's (a
+ *   later locked submit of any thread first admits what was handed over
+ *   before it, waiting for a submit that is between its place and its
+ *   hand-over). Such a task is admitted later, so should its record then
+ *   fail to be allocated (only past the preallocated records, see Memory)
+ *   it ends unrun, counted as failed, instead of being refused with
+ *   TP_ENOMEM: its on_done, if it has one, runs in a drain of its queue
+ *   with status TP_ENOMEM.
  */
 TP_API int tp_submit(tp_pool *p, tp_fn fn, void *arg, const tp_task_opts *opts, uint64_t *id_out);
 

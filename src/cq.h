@@ -6,9 +6,10 @@
  * workers push into without a lock and drainers empty under the queue's own
  * lock; an eventfd (a pipe where there is none) that is readable exactly
  * while completions wait; and a count of taken places. A place is taken at
- * admission (tp__cq_reserve, by life.c, with the pool lock held) and given
- * back after the task's on_done ran in a drain, so the ring, sized for every
- * place, can never overflow.
+ * admission (tp__cq_reserve, by life.c with the pool lock held, or by a
+ * staged submit without it: engine.c, stage.h) and given back after the
+ * task's on_done ran in a drain, so the ring, sized for every place, can
+ * never overflow.
  *
  * Lock order: a pool lock, then a queue's lock; never the other way (a drain
  * holds no pool lock and takes none; a push takes the queue's lock, with the

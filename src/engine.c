@@ -739,8 +739,8 @@ static void *service_main(void *arg) {
 /* Admit every published staged entry, oldest first (stage.h), mu held.
  * Every call that reads or changes the waiting tasks under mu calls this
  * first. A staged task that cannot have a record (out of memory) ends unrun
- * with TP_ENOMEM: it was accepted, has no on_done and no id, and counts as
- * failed. */
+ * with TP_ENOMEM: it was accepted, has no id, counts as failed, and its
+ * on_done, if it has one, gets TP_ENOMEM through its completion queue. */
 static void stage_absorb_locked(tp_pool *p, unsigned max, bool worker) {
     tp__stage *st = &p->stage;
     if (!tp__stage_on(st)) return;
@@ -750,6 +750,8 @@ static void stage_absorb_locked(tp_pool *p, unsigned max, bool worker) {
     do {
         tp__admit_args a = p->stage_args;
         a.fn = s->fn;
+        a.on_done = s->on_done;
+        a.cq = s->cq;
         a.now = atomic_load_explicit(&s->now, memory_order_relaxed);
         /* Popped once admitted: a reader of the statistics that no longer
          * counts it in the ring counts it among the waiting tasks (stats.c
@@ -757,7 +759,7 @@ static void stage_absorb_locked(tp_pool *p, unsigned max, bool worker) {
         if (a.fn) {
             int rc = tp__life_admit_staged(&p->life, &a, s->arg, &fx);
             TP__ASSERT(rc == TP_OK || rc == TP_ENOMEM); /* its records' cap covers it (pool.c) */
-            if (rc != TP_OK) tp__life_staged_lost(&p->life, TP_ENOMEM, &fx);
+            if (rc != TP_OK) tp__life_staged_lost(&p->life, &a, s->arg, &fx);
         }
         tp__stage_pop(st, s); /* the slot may be reused from here */
     } while (--max > 0 && (s = tp__stage_peek(st)) != NULL);
@@ -781,10 +783,24 @@ static void stage_wake(tp_pool *p) {
     if (wake) sem_post(&wake->wake);
 }
 
+/* Give back the places a staged submit took and did not use. */
+static void stage_give_back(tp_pool *p, tp_cq *cq) {
+    tp__life_room_give(&p->life);
+    if (cq) tp__cq_release(cq, 1);
+}
+
 int tp__engine_submit_staged(tp_pool *p, const tp__admit_args *a, void *arg) {
     tp__stage *st = &p->stage;
     if (atomic_load_explicit(&st->closing, memory_order_acquire)) return TP__STAGE_LOCKED;
-    if (!tp__life_room_take(&p->life)) {
+    /* The places as the locked admission takes them (life.c, admit): a look
+     * at the room, the completion queue's, then the room's. */
+    bool full = atomic_load_explicit(&p->life.room, memory_order_relaxed) <= 0;
+    if (!full && a->cq && !tp__cq_reserve(a->cq)) full = true;
+    if (!full && !tp__life_room_take(&p->life)) {
+        if (a->cq) tp__cq_release(a->cq, 1);
+        full = true;
+    }
+    if (full) {
         /* counted as pool.c's lock-free refusals are (pool.h, fast_full) */
         atomic_fetch_add_explicit(&p->fast_full, 1, memory_order_release);
         return TP_EFULL;
@@ -792,13 +808,13 @@ int tp__engine_submit_staged(tp_pool *p, const tp__admit_args *a, void *arg) {
     size_t ticket;
     tp__stage_slot *s = tp__stage_claim(st, &ticket);
     if (!s) {
-        tp__life_room_give(&p->life);
+        stage_give_back(p, a->cq);
         return TP__STAGE_LOCKED;
     }
     /* After the ticket: the closer either sees the ticket or is seen here. */
     if (atomic_load_explicit(&st->closing, memory_order_seq_cst)) {
-        tp__stage_publish(s, ticket, NULL, NULL, 0); /* void: the locked path consumes it */
-        tp__life_room_give(&p->life);
+        tp__stage_publish(s, ticket, NULL, NULL, NULL, NULL, 0); /* void: the locked path consumes it */
+        stage_give_back(p, a->cq);
         return TP__STAGE_LOCKED;
     }
 #if defined(TP__DEBUG)
@@ -808,7 +824,7 @@ int tp__engine_submit_staged(tp_pool *p, const tp__admit_args *a, void *arg) {
     /* Accepted: counted before it is published, so no reader sees it start
      * before it was accepted. */
     atomic_fetch_add_explicit(&st->staged, 1, memory_order_release);
-    tp__stage_publish(s, ticket, a->fn, arg, a->now);
+    tp__stage_publish(s, ticket, a->fn, arg, a->on_done, a->cq, a->now);
     atomic_thread_fence(memory_order_seq_cst); /* the entry before the sleepers (stage.h) */
     if (atomic_load_explicit(&st->sleepers, memory_order_relaxed)) stage_wake(p);
     return TP_OK;

@@ -493,9 +493,10 @@ int tp__life_args(const tp__life *L, tp_fn fn, const tp_task_opts *opts, tp__adm
     return TP_OK;
 }
 
-/* Admission proper. `staged`: the task's place was taken and it was counted
- * as accepted when it was staged (stage.h); it has no user, no completion
- * queue and no group, and only a failed allocation refuses it. */
+/* Admission proper. `staged`: the task's place, and its completion queue's
+ * if it has one, were taken and it was counted as accepted when it was
+ * staged (stage.h); it has no user and no group, and only a failed
+ * allocation refuses it. */
 static int admit(tp__life *L, const tp__admit_args *a, void *arg, uint64_t *id_out, tp__fx *fx, bool staged) {
     tp__user *found = NULL;
     if (a->user) {
@@ -508,7 +509,7 @@ static int admit(tp__life *L, const tp__admit_args *a, void *arg, uint64_t *id_o
      * never held for a moment by a submit that the completion queue then
      * refuses: a staged submit meanwhile would be refused for nothing. */
     if (!staged && atomic_load_explicit(&L->room, memory_order_relaxed) <= 0) return TP_EFULL;
-    if (a->cq && !tp__cq_reserve(a->cq)) return TP__EFULL_CQ;
+    if (!staged && a->cq && !tp__cq_reserve(a->cq)) return TP__EFULL_CQ;
     if (!staged && !tp__life_room_take(L)) { /* a staged submit took the last one meanwhile */
         if (a->cq) tp__cq_release(a->cq, 1);
         return TP_EFULL;
@@ -529,8 +530,10 @@ static int admit(tp__life *L, const tp__admit_args *a, void *arg, uint64_t *id_o
         }
     }
     if (rc != TP_OK) {
-        if (a->cq) tp__cq_release(a->cq, 1);
-        if (!staged) tp__life_room_give(L);
+        if (!staged) { /* a staged task's places are the caller's (tp__life_staged_lost) */
+            if (a->cq) tp__cq_release(a->cq, 1);
+            tp__life_room_give(L);
+        }
         return rc;
     }
     if (u) {
@@ -588,16 +591,17 @@ int tp__life_admit(tp__life *L, const tp__admit_args *a, void *arg, uint64_t *id
 }
 
 int tp__life_admit_staged(tp__life *L, const tp__admit_args *a, void *arg, tp__fx *fx) {
-    TP__ASSERT(!a->user && !a->cq && !a->group);
+    TP__ASSERT(!a->user && !a->group && (a->cq != NULL) == (a->on_done != NULL));
     return admit(L, a, arg, NULL, fx, true);
 }
 
-void tp__life_staged_lost(tp__life *L, int status, tp__fx *fx) {
+void tp__life_staged_lost(tp__life *L, const tp__admit_args *a, void *arg, tp__fx *fx) {
+    /* as finalise: the completion first (its place was taken when staged) */
+    if (a->cq) tp__cq_push(a->cq, a->on_done, arg, TP_ENOMEM);
     tp__life_room_give(L);
     tp__st_runs *r = fx->runs;
     TP__INC(r->completed);
     TP__INC(r->failed);
-    if (is_cancel_status(status)) TP__INC(r->cancelled);
     fx->flags |= TP__FX_ROOM;
     check_exiters(L, fx);
 }

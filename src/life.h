@@ -146,17 +146,19 @@ int tp__life_args_check(tp_fn fn, const tp_task_opts *opts);
  * TP_EUSERLIMIT, TP_EFULL (also when the records are at their cap),
  * TP__EFULL_CQ, TP_ENOMEM. */
 int tp__life_admit(tp__life *L, const tp__admit_args *a, void *arg, uint64_t *id_out, tp__fx *fx);
-/* A staged task (stage.h) becomes a waiting one: its place was taken when
- * it was staged, and it was counted as accepted then. `a` comes from
- * tp__life_args with no options. Never refused: TP_OK, or TP_ENOMEM when no
+/* A staged task (stage.h) becomes a waiting one: its place (and its
+ * completion queue's) was taken when it was staged, and it was counted as
+ * accepted then. `a` comes from tp__life_args with no options but, maybe,
+ * an on_done and its completion queue. Never refused: TP_OK, or TP_ENOMEM when no
  * record can be allocated (its records' cap, max_records_staged, covers
  * every staged task: pool.c), and then the caller ends it unrun
  * (tp__life_staged_lost). */
 int tp__life_admit_staged(tp__life *L, const tp__admit_args *a, void *arg, tp__fx *fx);
 /* A staged task that will never wait (no record could be allocated):
- * counted as ended unrun with `status`, its place given back. A forced
- * shutdown never needs it: close admits every staged task first. */
-void tp__life_staged_lost(tp__life *L, int status, tp__fx *fx);
+ * counted as ended unrun and failed, its place given back, its on_done (if
+ * any) queued on its completion queue with TP_ENOMEM. A forced shutdown
+ * never needs it: close admits every staged task first. */
+void tp__life_staged_lost(tp__life *L, const tp__admit_args *a, void *arg, tp__fx *fx);
 /* Without the lock: take one free place (true), or none is free (false). */
 static inline bool tp__life_room_take(tp__life *L) {
     int64_t r = atomic_load_explicit(&L->room, memory_order_relaxed);

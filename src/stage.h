@@ -1,11 +1,13 @@
 /*
  * stage.h -- staged submits: a bounded ring in front of the pool lock.
  *
- * A plain tp_submit (no options, no id asked, not a group's) on a FIFO pool
- * with a fixed number of workers does not take the pool lock. It takes one
- * of the pool's free places (life.h, `room`: the exact count that every
- * admission takes), writes its function, argument and queue-wait stamp into
- * this ring and returns TP_OK: the task is accepted. A worker at the top of
+ * A plain tp_submit (no options but an on_done bound to a completion
+ * queue, no id asked, not a group's) on a FIFO pool with a fixed number of
+ * workers does not take the pool lock. It takes one of the pool's free
+ * places (life.h, `room`: the exact count that every admission takes) and,
+ * if it is bound, a place of its completion queue (cq.c), writes its
+ * function, argument, on_done, queue and queue-wait stamp into this ring
+ * and returns TP_OK: the task is accepted. A worker at the top of
  * its turn admits every published entry, oldest first, through life.c's
  * usual admission (tp__life_admit_staged). A locked submit (options, an id
  * asked, a batch, tp_submit_wait) first admits every entry whose ticket was
@@ -37,8 +39,9 @@
  *
  * Cache lines: the ring's pointer and mask are read-only; `tail` and the
  * producers' count are the producers' line; `head` the consumer's; a slot
- * moves once from its producer to the consumer and back. The submitter
- * touches neither the lock's line nor the scheduler's.
+ * (a line of its own: two producers never write one line) moves once from
+ * its producer to the consumer and back. The submitter touches neither the
+ * lock's line nor the scheduler's.
  *
  * Layer: a leaf (no pool); engine.c owns the instance and all the calls.
  */
@@ -53,18 +56,21 @@
 #include "taskpool.h"
 
 /* The ring's size: the next power of two at or above the queue's capacity,
- * up to this many slots (32 bytes each: 2 MiB). */
-#define TP__STAGE_MAX 65536u
+ * up to this many slots (64 bytes each: 2 MiB). */
+#define TP__STAGE_MAX 32768u
 
 /* The most entries a worker admits in one turn (engine.c). */
 #define TP__STAGE_BATCH 256u
 
 typedef struct tp__stage_slot {
-    _Atomic size_t seq; /* ticket + 1: published; ticket: free for that ticket */
-    tp_fn fn;           /* NULL: a void entry (a submit that met `closing`) */
+    _Alignas(64) _Atomic size_t seq; /* ticket + 1: published; ticket: free for that ticket */
+    tp_fn fn;                        /* NULL: a void entry (a submit that met `closing`) */
     void *arg;
+    tp_done_fn on_done;   /* with cq, or both NULL */
+    tp_cq *cq;            /* its place taken by the submitter */
     _Atomic uint64_t now; /* the queue-wait stamp (clock.h); atomic for the statistics' oldest */
 } tp__stage_slot;
+_Static_assert(sizeof(tp__stage_slot) == 64, "a slot is a cache line");
 
 typedef struct tp__stage {
     /* Read-only after tp__stage_init, but for `closing` (set once). */
@@ -95,6 +101,8 @@ static inline int tp__stage_init(tp__stage *st, unsigned capacity, bool on) {
         atomic_init(&st->slots[i].seq, i);
         st->slots[i].fn = NULL;
         st->slots[i].arg = NULL;
+        st->slots[i].on_done = NULL;
+        st->slots[i].cq = NULL;
         atomic_init(&st->slots[i].now, 0);
     }
     st->mask = n - 1;
@@ -136,9 +144,12 @@ static inline tp__stage_slot *tp__stage_claim(tp__stage *st, size_t *ticket) {
 }
 
 /* Publish the claimed slot's entry (fn NULL: void). */
-static inline void tp__stage_publish(tp__stage_slot *s, size_t ticket, tp_fn fn, void *arg, uint64_t now) {
+static inline void tp__stage_publish(tp__stage_slot *s, size_t ticket, tp_fn fn, void *arg,
+                                     tp_done_fn on_done, tp_cq *cq, uint64_t now) {
     s->fn = fn;
     s->arg = arg;
+    s->on_done = on_done;
+    s->cq = cq;
     atomic_store_explicit(&s->now, now, memory_order_relaxed);
     atomic_store_explicit(&s->seq, ticket + 1, memory_order_release);
 }
