@@ -533,6 +533,96 @@ static void test_submit_record_growth_faults(void **state) {
     atomic_store(&tracking, 0);
 }
 
+/* A staged submit (src/stage.h: no lock; a plain one, and one whose only
+ * options are an on_done bound to a completion queue) is accepted before
+ * its record exists. When the records then cannot grow, it ends unrun,
+ * counted as failed; the bound one's on_done gets TP_ENOMEM through its
+ * queue, exactly once; its places come back. */
+static atomic_int staged_runs;
+
+static int staged_task(tp_ctx *c, void *arg) {
+    (void)c;
+    (void)arg;
+    atomic_fetch_add(&staged_runs, 1);
+    return 0;
+}
+
+static void test_staged_record_faults(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    memset(recs, 0, sizeof recs);
+    atomic_store(&gate_done_calls, 0);
+    atomic_store(&staged_runs, 0);
+    snapshot before = snap();
+    inj_reset();
+    track_begin();
+    tp_cq *q = NULL;
+    assert_int_equal(tp_cq_create(&q, 8), TP_OK);
+    tp_config cfg = {0};
+    cfg.workers = 1;
+    cfg.queue_capacity = 4;
+    tp_pool *p = tpt_fx_pool(f, &cfg);
+    tpt_latch *work_gate = tpt_fx_latch(f);
+    svc_gate = tpt_fx_latch(f);
+    tpt_fill_workers(p, work_gate, 1, NULL);
+
+    /* The preallocated records run out (as above): cancelled tasks keep
+     * theirs while the service thread is held. */
+    tp_task_opts go = {0};
+    go.on_done = gate_done;
+    uint64_t id = 0;
+    assert_int_equal(tp_submit(p, tpt_nop_task, NULL, &go, &id), TP_OK);
+    assert_int_equal(tp_cancel(p, id), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&svc_gate->waiting) == 1);
+    tp_task_opts o = {0};
+    o.on_done = tpt_done_fn;
+    atomic_store(&fail_at[F_ALLOC], 1);
+    atomic_store(&fail_after[F_ALLOC], 1);
+    atomic_store(&armed, 1);
+    int n = 0, rc = TP_OK;
+    for (; n < NREC - 8; n++) {
+        rc = tp_submit(p, tpt_nop_task, &recs[n], &o, &id);
+        if (rc != TP_OK) break;
+        assert_int_equal(tp_cancel(p, id), TP_OK);
+    }
+    assert_int_equal(rc, TP_ENOMEM);
+    tp_stats s0 = tpt_stats(p);
+
+    /* Accepted without the lock (nothing allocated yet). */
+    assert_int_equal(tp_submit(p, staged_task, NULL, NULL, NULL), TP_OK);
+    tp_task_opts bo = {0};
+    bo.on_done = tpt_done_fn;
+    bo.cq = q;
+    assert_int_equal(tp_submit(p, staged_task, &recs[n + 1], &bo, NULL), TP_OK);
+    tp_stats s1 = tpt_stats(p);
+    tpt_assert_counts(s1, TPT_EQ(accepted, s0.accepted + 2), TPT_EQ(queued, 2));
+    /* A locked submit admits them first: their records fail, they end. */
+    rc = tp_submit(p, tpt_nop_task, &recs[n + 2], &o, &id);
+    atomic_store(&armed, 0);
+    assert_int_equal(rc, TP_ENOMEM);
+    assert_true(atomic_load(&hits[F_ALLOC]) >= 3);
+    tp_stats s2 = tpt_stats(p);
+    tpt_assert_counts(s2, TPT_EQ(accepted, s0.accepted + 2), TPT_EQ(queued, 0),
+                      TPT_EQ(completed, s0.completed + 2), TPT_EQ(failed, s0.failed + 2),
+                      TPT_EQ(cancelled, s0.cancelled), TPT_EQ(rejected_full, s0.rejected_full + 1));
+    /* The bound one's on_done, through its queue, once, with TP_ENOMEM. */
+    assert_int_equal(tp_cq_drain(q, 0), 1);
+    assert_int_equal(atomic_load(&recs[n + 1].calls), 1);
+    assert_int_equal(atomic_load(&recs[n + 1].status), TP_ENOMEM);
+    assert_int_equal(tp_cq_drain(q, 0), 0);
+    assert_int_equal(atomic_load(&recs[n + 2].calls), 0); /* refused */
+
+    tpt_latch_open(svc_gate);
+    tpt_latch_open(work_gate);
+    tp_stats s = tpt_finish(p);
+    assert_int_equal(atomic_load(&staged_runs), 0);
+    assert_int_equal(atomic_load(&recs[n + 1].calls), 1);
+    tpt_assert_counts(s, TPT_EQ(failed, s.cancelled + 2), TPT_EQ(completed, s.accepted));
+    assert_int_equal(tp_cq_destroy(q), TP_OK); /* every place came back */
+    assert_int_equal(atomic_load(&work_gate->timeouts) + atomic_load(&svc_gate->timeouts), 0);
+    assert_back_to(&before, "staged record growth");
+    atomic_store(&tracking, 0);
+}
+
 /* ------------------------------------------------------------ users */
 
 static int user_task(tp_ctx *c, void *arg) {
@@ -1042,6 +1132,7 @@ int main(void) {
         TPT_TEST(test_create_faults_defaults),
         TPT_TEST(test_default_create_faults),
         TPT_TEST(test_submit_record_growth_faults),
+        TPT_TEST(test_staged_record_faults),
         TPT_TEST(test_submit_user_growth_faults),
         TPT_TEST(test_elastic_spawn_faults),
         TPT_TEST(test_elastic_respawn_fault),

@@ -1,6 +1,7 @@
 /*
  * test_stage.c -- staged submits (src/stage.h): a plain tp_submit (no
- * options, no id asked) on a FIFO pool with fixed workers is accepted
+ * options, or only an on_done bound to a completion queue; no id asked) on
+ * a FIFO pool with fixed workers is accepted
  * without the pool lock and admitted by whoever takes the lock next. From
  * the outside nothing may tell the two paths apart: the queue's bound is
  * exact, the statistics count a staged task as waiting, one thread's tasks
@@ -82,7 +83,7 @@ static void test_staged_bound_exact(void **state) {
 static void test_staged_ring_overflow(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tpt_latch *l = tpt_fx_latch(f);
-    const unsigned cap = 3000;
+    const unsigned cap = TP__STAGE_MAX + 904; /* the ring holds TP__STAGE_MAX */
     tp_pool *p = tpt_quiet_pool(f, 1, cap, TP_UNLIMITED);
     tpt_fill_workers(p, l, 1, NULL);
     atomic_store(&g_runs, 0);
@@ -93,6 +94,77 @@ static void test_staged_ring_overflow(void **state) {
     tp_stats s = tpt_finish(p);
     tpt_assert_counts(s, TPT_EQ(accepted, cap + 1), TPT_EQ(completed, cap + 1), TPT_EQ(rejected_full, 1));
     assert_int_equal(atomic_load(&g_runs), (int)cap);
+}
+
+/* A done counter for bound tasks: on_done runs inside tp_cq_drain. */
+typedef struct done_count {
+    atomic_int calls;
+    atomic_int bad; /* a status other than 0 */
+} done_count;
+
+static void count_done(void *arg, int status) {
+    done_count *d = (done_count *)arg;
+    atomic_fetch_add(&d->calls, 1);
+    if (status != 0) atomic_fetch_add(&d->bad, 1);
+}
+
+/* on_done of order_fn's tasks that are bound. */
+static void order_done(void *arg, int status) {
+    (void)arg;
+    assert_int_equal(status, 0);
+}
+
+#if defined(TP__DEBUG)
+static atomic_int claims; /* staged submits past their ticket (the debug hook) */
+static void count_claims(tp_pool *p) {
+    (void)p;
+    atomic_fetch_add(&claims, 1);
+}
+#endif
+
+/* A submit whose only options are an on_done and its completion queue is
+ * staged too: it takes the queue's place as it takes the pool's (the
+ * queue full refuses it with TP_EFULL, counted in rejected_full), and its
+ * on_done runs once in a drain of that queue. */
+static void test_staged_bound(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l = tpt_fx_latch(f);
+    tp_pool *p = tpt_quiet_pool(f, 1, 10, TP_UNLIMITED);
+    tp_cq *q = NULL;
+    assert_int_equal(tp_cq_create(&q, 3), TP_OK);
+    done_count d;
+    atomic_init(&d.calls, 0);
+    atomic_init(&d.bad, 0);
+    tpt_fill_workers(p, l, 1, NULL);
+    atomic_store(&g_runs, 0);
+#if defined(TP__DEBUG)
+    atomic_store(&claims, 0);
+    atomic_store(&tp__test_stage_claimed, count_claims);
+#endif
+    tp_task_opts o = {0};
+    o.on_done = count_done;
+    o.cq = q;
+    for (int i = 0; i < 3; i++) assert_int_equal(tp_submit(p, count_fn, &d, &o, NULL), TP_OK);
+    assert_int_equal(tp_submit(p, count_fn, &d, &o, NULL), TP_EFULL);  /* the queue's places */
+    assert_int_equal(tp_submit(p, count_fn, NULL, NULL, NULL), TP_OK); /* the pool has room */
+#if defined(TP__DEBUG)
+    atomic_store(&tp__test_stage_claimed, NULL);
+    assert_int_equal(atomic_load(&claims), 4); /* none took the lock */
+#endif
+    tp_stats s = tpt_stats(p);
+    tpt_assert_counts(s, TPT_EQ(accepted, 5), TPT_EQ(queued, 4), TPT_EQ(rejected_full, 1));
+    assert_int_equal(tp_cq_drain(q, 0), 0);
+    tpt_latch_open(l);
+    TPT_EVENTUALLY(atomic_load(&g_runs) == 4);
+    TPT_EVENTUALLY(tp_cq_drain(q, 0) >= 0 && atomic_load(&d.calls) == 3);
+    assert_int_equal(atomic_load(&d.bad), 0);
+    /* the places came back: three more fit */
+    for (int i = 0; i < 3; i++) assert_int_equal(tp_submit(p, count_fn, &d, &o, NULL), TP_OK);
+    s = tpt_finish(p);
+    assert_int_equal(tp_cq_drain(q, 0), 3);
+    assert_int_equal(atomic_load(&d.calls), 6);
+    tpt_assert_counts(s, TPT_EQ(accepted, 8), TPT_EQ(completed, 8), TPT_EQ(succeeded, 8));
+    assert_int_equal(tp_cq_destroy(q), TP_OK);
 }
 
 /* ------------------------------------------------------------ order */
@@ -109,16 +181,25 @@ static void test_staged_order_with_locked(void **state) {
     order_task *tasks = tpt_fx_alloc(f, (size_t)n * sizeof *tasks);
     atomic_init(&log->next, 0);
     atomic_init(&log->done, 0);
+    tp_cq *q = NULL;
+    assert_int_equal(tp_cq_create(&q, (unsigned)n), TP_OK);
     tpt_fill_workers(p, l, 1, NULL);
     uint32_t rng = 12345;
+    int bound = 0;
     for (int i = 0; i < n; i++) {
         tasks[i].log = log;
         tasks[i].index = i;
         uint64_t id = 0;
         tp_task_opts o = {0};
-        switch (tpt_xorshift(&rng) % 3) {
+        switch (tpt_xorshift(&rng) % 4) {
         case 0: assert_int_equal(tp_submit(p, order_fn, &tasks[i], NULL, NULL), TP_OK); break;
         case 1: assert_int_equal(tp_submit(p, order_fn, &tasks[i], NULL, &id), TP_OK); break;
+        case 2: /* staged, bound to a completion queue */
+            o.on_done = order_done;
+            o.cq = q;
+            assert_int_equal(tp_submit(p, order_fn, &tasks[i], &o, NULL), TP_OK);
+            bound++;
+            break;
         default: assert_int_equal(tp_submit(p, order_fn, &tasks[i], &o, NULL), TP_OK); break;
         }
     }
@@ -127,6 +208,8 @@ static void test_staged_order_with_locked(void **state) {
     for (int i = 0; i < n; i++)
         if (atomic_load(&log->at[i]) != i) fail_msg("start %d was task %d", i, atomic_load(&log->at[i]));
     tpt_finish(p);
+    assert_int_equal(tp_cq_drain(q, 0), bound);
+    assert_int_equal(tp_cq_destroy(q), TP_OK);
 }
 
 #if defined(TP__DEBUG)
@@ -232,24 +315,36 @@ static void test_staged_wakes_idle_pool(void **state) {
 typedef struct racer {
     tp_pool *p;
     atomic_int *go;
+    tp_cq *q;      /* every other submit is bound to it (on_done: count_done) */
+    done_count d;  /* its on_done calls */
+    long bound_ok; /* bound tasks accepted */
     tpt_tally tally;
 } racer;
 
 static void *racer_main(void *arg) {
     racer *r = (racer *)arg;
+    tp_task_opts o = {0};
+    o.on_done = count_done;
+    o.cq = r->q;
     tpt_wait_go(r->go);
-    for (;;) {
-        int rc = tp_submit(r->p, count_fn, NULL, NULL, NULL);
+    for (unsigned i = 0;; i++) {
+        bool bind = i & 1;
+        int rc = tp_submit(r->p, count_fn, &r->d, bind ? &o : NULL, NULL);
         tpt_tally_add(&r->tally, rc);
+        if (bind && rc == TP_OK) r->bound_ok++;
         if (rc == TP_ECLOSED || r->tally.total > 2000000) break;
-        if (rc == TP_EFULL) sched_yield();
+        if (rc == TP_EFULL) {
+            (void)tp_cq_drain(r->q, 0);
+            sched_yield();
+        }
     }
     return NULL;
 }
 
-/* Threads submit plain tasks while the pool shuts down: every TP_OK task
- * runs exactly once (none is dropped by the close), every refusal after the
- * close is TP_ECLOSED, and the counters add up. */
+/* Threads submit plain tasks and bound ones while the pool shuts down:
+ * every TP_OK task runs exactly once (none is dropped by the close) and a
+ * bound one's on_done runs once, every refusal after the close is
+ * TP_ECLOSED, and the counters add up. */
 static void test_staged_close_race(void **state) {
     tpt_fixture *f = tpt_fx(state);
     const int rounds = TPT_SANITIZED ? 5 : 40;
@@ -264,6 +359,9 @@ static void test_staged_close_race(void **state) {
             memset(&rs[i], 0, sizeof rs[i]);
             rs[i].p = p;
             rs[i].go = &go;
+            atomic_init(&rs[i].d.calls, 0);
+            atomic_init(&rs[i].d.bad, 0);
+            assert_int_equal(tp_cq_create(&rs[i].q, 16), TP_OK);
             assert_int_equal(pthread_create(&th[i], NULL, racer_main, &rs[i]), 0);
         }
         atomic_store(&go, 1);
@@ -278,6 +376,12 @@ static void test_staged_close_race(void **state) {
         assert_true(all.closed >= 3);
         tp_stats s = tpt_finish(p);
         assert_int_equal(atomic_load(&g_runs), (int)all.ok);
+        for (int i = 0; i < 3; i++) {
+            (void)tp_cq_drain(rs[i].q, 0);
+            assert_int_equal(atomic_load(&rs[i].d.calls), (int)rs[i].bound_ok);
+            assert_int_equal(atomic_load(&rs[i].d.bad), 0);
+            assert_int_equal(tp_cq_destroy(rs[i].q), TP_OK);
+        }
         tpt_assert_counts(s, TPT_EQ(accepted, all.ok), TPT_EQ(completed, all.ok), TPT_EQ(succeeded, all.ok),
                           TPT_EQ(rejected_closed, all.closed), TPT_EQ(rejected_full, all.full),
                           TPT_EQ(submitted, all.total));
@@ -326,10 +430,15 @@ static void test_not_staged_pools(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        TPT_TEST(test_staged_bound_exact),       TPT_TEST(test_staged_ring_overflow),
-        TPT_TEST(test_staged_order_with_locked), TPT_TEST(test_staged_order_behind_unpublished),
-        TPT_TEST(test_staged_wakes_idle_pool),   TPT_TEST(test_staged_close_race),
-        TPT_TEST(test_staged_forced_shutdown),   TPT_TEST(test_not_staged_pools),
+        TPT_TEST(test_staged_bound_exact),
+        TPT_TEST(test_staged_ring_overflow),
+        TPT_TEST(test_staged_bound),
+        TPT_TEST(test_staged_order_with_locked),
+        TPT_TEST(test_staged_order_behind_unpublished),
+        TPT_TEST(test_staged_wakes_idle_pool),
+        TPT_TEST(test_staged_close_race),
+        TPT_TEST(test_staged_forced_shutdown),
+        TPT_TEST(test_not_staged_pools),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

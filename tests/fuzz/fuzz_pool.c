@@ -1901,10 +1901,11 @@ static void ensure_pool(fz_pool *fp) {
 
 /* VIA_BATCH: tp_submit_batch with this one task, which must answer exactly
  * as tp_submit would (SPEC 11.2), with accepted_out and ids_out to match.
- * VIA_PLAIN: tp_submit(p, fn, arg, NULL, NULL), no options and no id asked:
+ * VIA_PLAIN: tp_submit(p, fn, arg, NULL, NULL), no options and no id asked,
+ * or (b[3] & 0x80) options with only an on_done bound to a completion queue:
  * a FIFO pool with fixed workers accepts it without its lock (src/stage.h).
- * The task has the pool's defaults, no on_done and no id (it is never
- * cancelled by id; its tp_ctx_id is not compared). */
+ * The task has the pool's defaults and no id (it is never cancelled by id;
+ * its tp_ctx_id is not compared); only a bound one has an on_done. */
 enum { VIA_SUBMIT, VIA_WAIT, VIA_DEFAULT, VIA_GROUP, VIA_BATCH, VIA_PLAIN };
 
 static fz_group *ensure_group(fz_pool *fp, int k, bool coe);
@@ -1964,10 +1965,10 @@ static void op_submit(fz_pool *fp, const uint8_t b[5], int via) {
         t->user = 0;
         t->dl_class = DL_NONE;
         rt = 0;
-        t->has_done = false;
         t->run_timeout = fp->run_timeout;
         t->prio = 0;
-        t->cqi = -1;
+        t->has_done = t->cqi >= 0; /* bound: on_done and the queue, nothing else */
+        t->nest = t->nest && t->cqi >= 0;
         t->plain = true;
     }
     tp_task_opts o;
@@ -2092,7 +2093,11 @@ static void op_submit(fz_pool *fp, const uint8_t b[5], int via) {
         CHECK(k == (rc == TP_OK ? 1u : 0u), "submit_batch: %s with accepted_out %zu", rcname(rc), k);
         CHECK(rc == TP_OK || id == 0, "submit_batch: ids_out written for a refused task");
     } else if (via == VIA_PLAIN) {
-        rc = tp_submit(fp->p, task_main, t, NULL, NULL);
+        tp_task_opts bo;
+        memset(&bo, 0, sizeof bo);
+        bo.on_done = o.on_done;
+        bo.cq = o.cq;
+        rc = tp_submit(fp->p, task_main, t, t->cqi >= 0 ? &bo : NULL, NULL);
     } else {
         rc = tp_submit(fp->p, task_main, t, &o, &id);
     }
