@@ -789,15 +789,15 @@ static void stage_give_back(tp_pool *p, tp_cq *cq) {
     if (cq) tp__cq_release(cq, 1);
 }
 
-int tp__engine_submit_staged(tp_pool *p, const tp__admit_args *a, void *arg) {
+int tp__engine_submit_staged(tp_pool *p, tp_fn fn, void *arg, tp_done_fn on_done, tp_cq *cq, uint64_t now) {
     tp__stage *st = &p->stage;
     if (atomic_load_explicit(&st->closing, memory_order_acquire)) return TP__STAGE_LOCKED;
     /* The places as the locked admission takes them (life.c, admit): a look
      * at the room, the completion queue's, then the room's. */
     bool full = atomic_load_explicit(&p->life.room, memory_order_relaxed) <= 0;
-    if (!full && a->cq && !tp__cq_reserve(a->cq)) full = true;
+    if (!full && cq && !tp__cq_reserve(cq)) full = true;
     if (!full && !tp__life_room_take(&p->life)) {
-        if (a->cq) tp__cq_release(a->cq, 1);
+        if (cq) tp__cq_release(cq, 1);
         full = true;
     }
     if (full) {
@@ -808,13 +808,13 @@ int tp__engine_submit_staged(tp_pool *p, const tp__admit_args *a, void *arg) {
     size_t ticket;
     tp__stage_slot *s = tp__stage_claim(st, &ticket);
     if (!s) {
-        stage_give_back(p, a->cq);
+        stage_give_back(p, cq);
         return TP__STAGE_LOCKED;
     }
     /* After the ticket: the closer either sees the ticket or is seen here. */
     if (atomic_load_explicit(&st->closing, memory_order_seq_cst)) {
         tp__stage_publish(s, ticket, NULL, NULL, NULL, NULL, 0); /* void: the locked path consumes it */
-        stage_give_back(p, a->cq);
+        stage_give_back(p, cq);
         return TP__STAGE_LOCKED;
     }
 #if defined(TP__DEBUG)
@@ -824,7 +824,7 @@ int tp__engine_submit_staged(tp_pool *p, const tp__admit_args *a, void *arg) {
     /* Accepted: counted before it is published, so no reader sees it start
      * before it was accepted. */
     atomic_fetch_add_explicit(&st->staged, 1, memory_order_release);
-    tp__stage_publish(s, ticket, a->fn, arg, a->on_done, a->cq, a->now);
+    tp__stage_publish(s, ticket, fn, arg, on_done, cq, now);
     atomic_thread_fence(memory_order_seq_cst); /* the entry before the sleepers (stage.h) */
     if (atomic_load_explicit(&st->sleepers, memory_order_relaxed)) stage_wake(p);
     return TP_OK;

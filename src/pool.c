@@ -178,27 +178,37 @@ static bool refuse_full_fast(tp_pool *p, const tp__admit_args *a) {
     return true;
 }
 
-/* Options a staged task can carry (stage.h): none, or only an on_done
- * with its completion queue (tp__life_args checked the rest: a cq has an
- * on_done, the reserved words are zero; the caller checks the log id). */
+/* Options a staged task can carry (stage.h): only an on_done with its
+ * completion queue (tp__life_args checked the rest: a cq has an on_done,
+ * the reserved words are zero; the caller checks the log id). */
 static bool stageable(const tp_task_opts *o) {
-    return !o || (o->cq && !(o->user && o->user[0]) && !o->run_timeout_ns && !o->deadline_ns && !o->priority);
+    return o->cq && !(o->user && o->user[0]) && !o->run_timeout_ns && !o->deadline_ns && !o->priority;
 }
 
 int tp__submit_member(tp_pool *p, struct tp_group *g, tp_fn fn, void *arg, const tp_task_opts *opts,
                       uint64_t *id_out) {
     if (!p) return TP_EINVAL;
+    /* A plain submit on a pool that stages takes no lock (stage.h): no
+     * options but an on_done bound to a completion queue, no id asked, no
+     * log id inherited from a running task (its record may be reused before
+     * the staged task is admitted). Without options, only fn is checked. */
+    bool staging = !id_out && !g && tp__stage_on(&p->stage);
+    if (staging && !opts) {
+        if (!fn) return TP_EINVAL;
+        const char *inherited = tp_log_id_get();
+        if (!inherited || !inherited[0]) {
+            int rc = tp__engine_submit_staged(p, fn, arg, NULL, NULL, tp__hclk_now());
+            if (rc != TP__STAGE_LOCKED) return rc;
+            staging = false; /* the ring is full or the pool closes */
+        }
+    }
     tp__admit_args a;
     int rc = tp__life_args(&p->life, fn, opts, &a);
     if (rc != TP_OK) return rc;
     a.group = g;
-    /* A plain submit on a pool that stages takes no lock (stage.h): no
-     * options but an on_done bound to a completion queue, no id asked, no
-     * log id inherited from a running task (its record may be reused before
-     * the staged task is admitted). */
-    if (stageable(opts) && !id_out && !g && !a.log_src && tp__stage_on(&p->stage)) {
+    if (staging && opts && stageable(opts) && !a.log_src) {
         a.now = tp__hclk_now();
-        rc = tp__engine_submit_staged(p, &a, arg);
+        rc = tp__engine_submit_staged(p, fn, arg, a.on_done, a.cq, a.now);
         if (rc != TP__STAGE_LOCKED) return rc;
     }
     /* A group's submit takes the lock: a cancelled group answers

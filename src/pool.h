@@ -207,12 +207,13 @@ int tp__engine_submit(tp_pool *p, tp__admit_args *a, void *arg, uint64_t *id_out
 int tp__engine_submit_batch(tp_pool *p, const tp_task *tasks, size_t valid, tp__admit_args *a,
                             size_t nchecked, uint64_t *ids_out, size_t *k_out);
 /* tp_submit without the lock (stage.h), for checked arguments with no
- * options, no id asked, no group and no inherited log id, on a pool that
- * stages: TP_OK (accepted), TP_EFULL (counted in fast_full), or
- * TP__STAGE_LOCKED: take the locked path (the ring is full or the pool
- * closes). */
+ * options but an on_done bound to `cq` (both NULL or both set), no id
+ * asked, no group and no inherited log id, on a pool that stages; `now` is
+ * the queue-wait stamp (clock.h). TP_OK (accepted), TP_EFULL (counted in
+ * fast_full), or TP__STAGE_LOCKED: take the locked path (the ring is full
+ * or the pool closes). */
 #define TP__STAGE_LOCKED (-1001)
-int tp__engine_submit_staged(tp_pool *p, const tp__admit_args *a, void *arg);
+int tp__engine_submit_staged(tp_pool *p, tp_fn fn, void *arg, tp_done_fn on_done, tp_cq *cq, uint64_t now);
 /* Tasks waiting, staged ones included, without the lock (stats.c). The
  * ring first: an entry leaves it only once it waits in the scheduler
  * (engine.c), so a task is never missed by both reads. */
