@@ -71,8 +71,9 @@
  * A staged task (a plain submit on a FIFO pool with fixed workers, stage.h)
  * never has S take the lock: S writes the room count (life.h, its own
  * line; the starting worker gives the place back there), the ring's tail
- * and its slot (a slot moves to the worker and back once, several slots
- * sharing a line); the worker, under a lock that only workers and locked
+ * and its slot (a slot, a line of its own, moves to the worker and back
+ * once), and for a task bound to a completion queue that queue's places
+ * line (cq.c); the worker, under a lock that only workers and locked
  * calls take, admits it (lines 2-4 above are then written on the worker's
  * side). S reads the sleepers' line after each submit; only a worker that
  * parks writes it.

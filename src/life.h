@@ -148,7 +148,8 @@ int tp__life_args_check(tp_fn fn, const tp_task_opts *opts);
 int tp__life_admit(tp__life *L, const tp__admit_args *a, void *arg, uint64_t *id_out, tp__fx *fx);
 /* A staged task (stage.h) becomes a waiting one: its place (and its
  * completion queue's) was taken when it was staged, and it was counted as
- * accepted then. `a` comes from tp__life_args with no options but, maybe,
+ * accepted then. `a` is the pool's template for staged tasks (engine.c,
+ * from tp__life_args with no options) with the entry's fn, stamp and, maybe,
  * an on_done and its completion queue. Never refused: TP_OK, or TP_ENOMEM when no
  * record can be allocated (its records' cap, max_records_staged, covers
  * every staged task: pool.c), and then the caller ends it unrun

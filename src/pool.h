@@ -32,8 +32,8 @@
  * clock.h, stage.h (the staged submits' ring, inline, used by engine.c), and
  * this one.
  *
- * A plain submit on a FIFO pool with fixed workers (no options, no id
- * asked) takes no lock: pool.c -> engine.c stages it (stage.h), and the next
+ * A plain submit on a FIFO pool with fixed workers (no options but an
+ * on_done bound to a completion queue, no id asked) takes no lock: pool.c -> engine.c stages it (stage.h), and the next
  * holder of mu admits it through life.c before anything else.
  *
  * A task's way, submit to on_done, on the worker side: engine.c (the worker
@@ -164,7 +164,9 @@ struct tp_pool {
     tp__st_calls calls;   /* engine.c (submitted, rejected_*), life.c (accepted) */
     tp__st_gauges gauges; /* life.c (delayed, users), engine.c (workers, idle) */
     tp__st_runs misc;     /* starts and endings counted by threads that are not workers */
-    /* pool.c: submits refused without the lock by tp__life_full_fast. Each
+    /* Submits refused without the lock: by tp__life_full_fast (pool.c) or a
+     * staged submit that found no room or no completion queue place
+     * (engine.c). Each
      * counts in both submitted and rejected_full (tp_stats_get adds it in).
      * A read-modify-write, as no lock orders the writers; its own cache line,
      * which only refused submitters write. */
