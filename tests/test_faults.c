@@ -440,6 +440,42 @@ static int count_calls(int from, int to, int want_calls, int want_status) {
     return bad;
 }
 
+/* A pool of one worker and 4 places whose worker waits on *work_gate and
+ * whose service thread is held in the first ending's on_done (svc_gate):
+ * from then on, cancelled tasks with an on_done keep their records. */
+static tp_pool *pool_with_held_service(tpt_fixture *f, tpt_latch **work_gate) {
+    tp_config cfg = {0};
+    cfg.workers = 1;
+    cfg.queue_capacity = 4;
+    tp_pool *p = tpt_fx_pool(f, &cfg);
+    *work_gate = tpt_fx_latch(f);
+    svc_gate = tpt_fx_latch(f);
+    tpt_fill_workers(p, *work_gate, 1, NULL);
+    tp_task_opts go = {0};
+    go.on_done = gate_done;
+    uint64_t id = 0;
+    assert_int_equal(tp_submit(p, tpt_nop_task, NULL, &go, &id), TP_OK);
+    assert_int_equal(tp_cancel(p, id), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&svc_gate->waiting) == 1);
+    return p;
+}
+
+/* Submit (with on_done, recs[n] as arg) and cancel until a submit fails
+ * (the caller armed the injector): the number accepted; *rc its answer. */
+static int submit_cancel_until_refused(tp_pool *p, int *rc) {
+    tp_task_opts o = {0};
+    o.on_done = tpt_done_fn;
+    uint64_t id = 0;
+    int n = 0;
+    *rc = TP_OK;
+    for (; n < NREC - 8; n++) {
+        *rc = tp_submit(p, tpt_nop_task, &recs[n], &o, &id);
+        if (*rc != TP_OK) break;
+        assert_int_equal(tp_cancel(p, id), TP_OK);
+    }
+    return n;
+}
+
 static void test_submit_record_growth_faults(void **state) {
     tpt_fixture *f = tpt_fx(state);
     memset(recs, 0, sizeof recs);
@@ -447,36 +483,20 @@ static void test_submit_record_growth_faults(void **state) {
     snapshot before = snap();
     inj_reset();
     track_begin();
-    tp_config cfg = {0};
-    cfg.workers = 1;
-    cfg.queue_capacity = 4;
-    tp_pool *p = tpt_fx_pool(f, &cfg);
-    tpt_latch *work_gate = tpt_fx_latch(f);
-    svc_gate = tpt_fx_latch(f);
-    tpt_fill_workers(p, work_gate, 1, NULL);
-
-    /* Hold the service thread in the first ending's on_done. */
-    tp_task_opts go = {0};
-    go.on_done = gate_done;
-    uint64_t id = 0;
-    assert_int_equal(tp_submit(p, tpt_nop_task, NULL, &go, &id), TP_OK);
-    assert_int_equal(tp_cancel(p, id), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&svc_gate->waiting) == 1);
+    tpt_latch *work_gate;
+    tp_pool *p = pool_with_held_service(f, &work_gate);
 
     /* Cancelled tasks with an on_done now keep their records. Submit and
      * cancel until the preallocated records run out and the first growth
      * fails: TP_ENOMEM, counted as rejected_full, nothing reserved. */
     tp_task_opts o = {0};
     o.on_done = tpt_done_fn;
+    uint64_t id = 0;
+    int rc;
+    tp_stats s0 = tpt_stats(p);
     atomic_store(&fail_at[F_ALLOC], 1);
     atomic_store(&armed, 1);
-    int n = 0, rc = TP_OK;
-    tp_stats s0 = tpt_stats(p);
-    for (; n < NREC - 8; n++) {
-        rc = tp_submit(p, tpt_nop_task, &recs[n], &o, &id);
-        if (rc != TP_OK) break;
-        assert_int_equal(tp_cancel(p, id), TP_OK);
-    }
+    int n = submit_cancel_until_refused(p, &rc);
     atomic_store(&armed, 0);
     assert_int_equal(rc, TP_ENOMEM);
     assert_int_equal(atomic_load(&hits[F_ALLOC]), 1);
@@ -557,33 +577,19 @@ static void test_staged_record_faults(void **state) {
     track_begin();
     tp_cq *q = NULL;
     assert_int_equal(tp_cq_create(&q, 8), TP_OK);
-    tp_config cfg = {0};
-    cfg.workers = 1;
-    cfg.queue_capacity = 4;
-    tp_pool *p = tpt_fx_pool(f, &cfg);
-    tpt_latch *work_gate = tpt_fx_latch(f);
-    svc_gate = tpt_fx_latch(f);
-    tpt_fill_workers(p, work_gate, 1, NULL);
+    tpt_latch *work_gate;
+    tp_pool *p = pool_with_held_service(f, &work_gate);
 
-    /* The preallocated records run out (as above): cancelled tasks keep
-     * theirs while the service thread is held. */
-    tp_task_opts go = {0};
-    go.on_done = gate_done;
-    uint64_t id = 0;
-    assert_int_equal(tp_submit(p, tpt_nop_task, NULL, &go, &id), TP_OK);
-    assert_int_equal(tp_cancel(p, id), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&svc_gate->waiting) == 1);
+    /* The preallocated records run out (as above), and every allocation
+     * fails from then on. */
     tp_task_opts o = {0};
     o.on_done = tpt_done_fn;
+    uint64_t id = 0;
+    int rc;
     atomic_store(&fail_at[F_ALLOC], 1);
     atomic_store(&fail_after[F_ALLOC], 1);
     atomic_store(&armed, 1);
-    int n = 0, rc = TP_OK;
-    for (; n < NREC - 8; n++) {
-        rc = tp_submit(p, tpt_nop_task, &recs[n], &o, &id);
-        if (rc != TP_OK) break;
-        assert_int_equal(tp_cancel(p, id), TP_OK);
-    }
+    int n = submit_cancel_until_refused(p, &rc);
     assert_int_equal(rc, TP_ENOMEM);
     tp_stats s0 = tpt_stats(p);
 
