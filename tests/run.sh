@@ -235,7 +235,7 @@ EOF
 }
 
 # ------------------------------------------------------------------ one mode
-declare -A result
+declare -A result why
 # The fuzzer has its own script; its last line is "fuzz: PASS: N operations ...".
 run_fuzz() {
     [ -n "${CI:-}" ] && export TP_FUZZ_SECONDS=${TP_FUZZ_SECONDS:-600}
@@ -345,6 +345,7 @@ run_mode() {
         failed=$(sed -n '/The following tests FAILED:/,$p' "$dir/ctest.log" |
             sed -nE 's/^[[:space:]]+[0-9]+ - ([^ ]+).*/\1/p' | paste -sd, - | sed 's/,/, /g')
         result[$mode]="FAIL at test: ${summary:-ctest failed}${failed:+ -- $failed}"
+        why[$mode]=$(failure_lines "$dir/ctest.log")
         return 1
     fi
 
@@ -361,10 +362,19 @@ run_mode() {
             failed=$(sed -n '/The following tests FAILED:/,$p' "$dir/ctest-repeat.log" |
                 sed -nE 's/^[[:space:]]+[0-9]+ - ([^ ]+).*/\1/p' | paste -sd, - | sed 's/,/, /g')
             result[$mode]="FAIL in repeated racy tests${failed:+ -- $failed}"
+            why[$mode]=$(failure_lines "$dir/ctest-repeat.log")
             return 1
         fi
     fi
     result[$mode]="PASS: $summary, racy tests x$repeat ($((SECONDS - t0)) s)"
+}
+
+# The lines of a ctest log that say why a test failed (cmocka's failed
+# assertion and its line, a sanitizer's report, a timeout), at most 24: the
+# summary repeats them, since a long log may reach the reader cut.
+failure_lines() {
+    grep -E '\[  (ERROR|FAILED) +\]|\[   LINE   \]|condition never became true|ThreadSanitizer|AddressSanitizer|LeakSanitizer|runtime error|\*\*\*(Timeout|Exception)|Test +#[0-9]+: .*(Failed|Timeout)' \
+        "$1" | head -n 24
 }
 
 # Tests whose subject is a race; repeated after the full pass (TP_REPEAT, default 10).
@@ -378,5 +388,10 @@ done
 log "summary"
 for m in "${modes[@]}"; do
     printf 'run.sh: %-8s %s\n' "$m" "${result[$m]}"
+done
+for m in "${modes[@]}"; do
+    [ -n "${why[$m]:-}" ] || continue
+    printf 'run.sh: why %s failed (from its ctest log):\n' "$m"
+    printf '%s\n' "${why[$m]}" | sed 's/^/    /'
 done
 exit $status
