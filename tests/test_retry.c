@@ -25,14 +25,15 @@ enum { RT_RETURN = 0, RT_TIMEOUT = 1, RT_WAIT_CANCEL = 2 };
 
 typedef struct rt {
     /* inputs */
-    int mode;            /* RT_RETURN, RT_TIMEOUT (sleep until the timeout), RT_WAIT_CANCEL */
-    int fail_until;      /* attempts < fail_until fail; ALWAYS: every one */
-    int fail_status;     /* RT_RETURN: the failing status */
-    int after_cancel;    /* RT_WAIT_CANCEL: status returned once cancelled */
-    tpt_latch *gate0;    /* attempt 0 waits on it before deciding */
-    tp_pool *close_pool; /* attempt 0 calls tp_close() on it */
-    int tag;             /* for the order log */
-    tp_pool *pool;       /* on_done: look at the pool's state from there */
+    int mode;             /* RT_RETURN, RT_TIMEOUT (sleep until the timeout), RT_WAIT_CANCEL */
+    int fail_until;       /* attempts < fail_until fail; ALWAYS: every one */
+    int fail_status;      /* RT_RETURN: the failing status */
+    int after_cancel;     /* RT_WAIT_CANCEL: status returned once cancelled */
+    tpt_latch *gate0;     /* attempt 0 waits on it before deciding */
+    tp_pool *close_pool;  /* attempt 0 calls tp_close() on it */
+    uint64_t run_timeout; /* the run timeout it was submitted with (0: none) */
+    int tag;              /* for the order log */
+    tp_pool *pool;        /* on_done: look at the pool's state from there */
     const char *user;
     /* outputs */
     atomic_int attempts;
@@ -40,7 +41,8 @@ typedef struct rt {
     atomic_int attempt_sum; /* sum of tp_ctx_attempt over all attempts */
     atomic_int max_attempt;
     atomic_int bad_id;        /* tp_ctx_id changed between attempts */
-    atomic_int err_start_bad; /* tp_ctx_err non-zero when an attempt began */
+    atomic_int err_start_bad; /* tp_ctx_err non-zero when an attempt began (see rt_task) */
+    _Atomic uint64_t t_prev;  /* the submit (set by the test), then each attempt's return */
     _Atomic uint64_t id;
     atomic_int running;
     _Atomic uint64_t t_return0;
@@ -75,7 +77,15 @@ static int rt_task(tp_ctx *c, void *arg) {
     int a = (int)tp_ctx_attempt(c);
     int n = atomic_fetch_add(&order_n, 1);
     if (n >= 0 && n < 64) atomic_store(&order[n], r->tag * 100 + a);
-    if (tp_ctx_err(c) != 0) atomic_fetch_add(&r->err_start_bad, 1);
+    /* An attempt's run timeout counts from its own start, which is after the
+     * previous attempt returned (or after the submit): an error seen less
+     * than a run timeout after that moment is one the attempt did not earn.
+     * A later one may be the machine's stall, not the pool's: not counted. */
+    if (tp_ctx_err(c) != 0) {
+        uint64_t seen = tp_now_ns();
+        if (!r->run_timeout || seen - atomic_load(&r->t_prev) < r->run_timeout)
+            atomic_fetch_add(&r->err_start_bad, 1);
+    }
     uint64_t id = tp_ctx_id(c);
     uint64_t expect = 0;
     if (!atomic_compare_exchange_strong(&r->id, &expect, id) && expect != id) atomic_fetch_add(&r->bad_id, 1);
@@ -99,7 +109,9 @@ static int rt_task(tp_ctx *c, void *arg) {
         else
             rc = r->fail_status;
     }
-    if (a == 0) atomic_store(&r->t_return0, tp_now_ns());
+    uint64_t t_end = tp_now_ns();
+    if (a == 0) atomic_store(&r->t_return0, t_end);
+    atomic_store(&r->t_prev, t_end);
     atomic_store(&r->running, 0);
     return rc;
 }
@@ -117,6 +129,8 @@ static void submit_rt(tp_pool *p, rt *r, const tp_task_opts *base, uint64_t *id)
     tp_task_opts o = {0};
     if (base) o = *base;
     o.on_done = rt_done;
+    r->run_timeout = o.run_timeout_ns;
+    atomic_store(&r->t_prev, tp_now_ns());
     assert_int_equal(tp_submit(p, rt_task, r, &o, id), TP_OK);
 }
 
@@ -378,39 +392,59 @@ static void test_retry_not_after_cancel(void **state) {
                       TPT_EQ(failed, 2), TPT_EQ(cancelled, 1)); /* only the TP_ECANCELED status */
 }
 
-static void test_retry_deadline_passes_while_waiting(void **state) {
-    tpt_fixture *fx = tpt_fx(state);
+/* Deadline scenarios run under tpt_with_time_to_spare. One whose state was
+ * not reached before its deadline lets everything end and finishes. */
+static bool missed(tp_pool *p, rt *r, tpt_latch *a, tpt_latch *b) {
+    if (a) tpt_latch_open(a);
+    if (b) tpt_latch_open(b);
+    TPT_EVENTUALLY(atomic_load(&r->done_calls) == 1);
+    tpt_finish(p);
+    return false;
+}
+
+/* The retry is 60 s away; the deadline ends the task well before. */
+static bool deadline_while_waiting(tpt_fixture *fx, uint64_t span, void *arg) {
+    (void)arg;
     tp_pool *p = retry_pool(fx, 1, 3, TPT_S(60), 0);
     rt *f = tpt_fx_new(fx, rt);
     f->fail_until = ALWAYS;
     f->fail_status = 1;
     tp_task_opts o = {0};
-    o.deadline_ns = tp_now_ns() + TPT_S(1);
+    o.deadline_ns = tp_now_ns() + span;
     submit_rt(p, f, &o, NULL);
-    /* The retry is 60 s away; the deadline ends the task well before. */
+    /* The state: attempt 0 failed and its retry waits, before the deadline. */
+    if (!TPT_POLL(tpt_stats(p).delayed == 1 && tp_now_ns() < o.deadline_ns, tpt_left_until(o.deadline_ns)))
+        return missed(p, f, NULL, NULL);
     TPT_EVENTUALLY(atomic_load(&f->done_calls) == 1);
     assert_int_equal(atomic_load(&f->done_status), TP_ETIMEDOUT);
     assert_int_equal(atomic_load(&f->attempts), 1);
-    /* The scenario held: attempt 0 returned before the deadline... */
     assert_true(atomic_load(&f->t_return0) < o.deadline_ns);
-    /* ...and the task did not end before it. */
+    /* The task did not end before its deadline. */
     assert_true(atomic_load(&f->t_done) >= o.deadline_ns);
     tp_stats s = tpt_finish(p);
     tpt_assert_counts(s, TPT_EQ(started, 1), TPT_EQ(retried, 0), TPT_EQ(failed, 1), TPT_EQ(cancelled, 1),
                       TPT_EQ(expired, 0)); /* it ran */
+    return true;
 }
 
-static void test_retry_deadline_passes_while_running(void **state) {
-    tpt_fixture *fx = tpt_fx(state);
+static void test_retry_deadline_passes_while_waiting(void **state) {
+    tpt_with_time_to_spare(tpt_fx(state), TPT_S(1), deadline_while_waiting, NULL);
+}
+
+static bool deadline_while_running(tpt_fixture *fx, uint64_t span, void *arg) {
+    (void)arg;
     tp_pool *p = retry_pool(fx, 1, 3, TPT_MS(1), 0);
     /* Sleeps until the deadline, returns TP_ETIMEDOUT: not retried. */
     rt *f = tpt_fx_new(fx, rt);
     f->mode = RT_TIMEOUT;
     f->fail_until = ALWAYS;
     tp_task_opts o = {0};
-    o.deadline_ns = tp_now_ns() + TPT_MS(300);
+    o.deadline_ns = tp_now_ns() + span;
     o.run_timeout_ns = TP_FOREVER;
     submit_rt(p, f, &o, NULL);
+    if (!TPT_POLL(atomic_load(&f->running) == 1 && tp_now_ns() < o.deadline_ns,
+                  tpt_left_until(o.deadline_ns)))
+        return missed(p, f, NULL, NULL);
     TPT_EVENTUALLY(atomic_load(&f->done_calls) == 1);
     assert_int_equal(atomic_load(&f->done_status), TP_ETIMEDOUT);
 
@@ -420,11 +454,14 @@ static void test_retry_deadline_passes_while_running(void **state) {
     g->mode = RT_RETURN;
     g->fail_until = ALWAYS;
     g->fail_status = 11;
-    tpt_latch *gate = tpt_fx_latch(fx);
+    tpt_latch *gate = arg;
+    tpt_latch_rearm(gate);
     g->gate0 = gate;
-    o.deadline_ns = tp_now_ns() + TPT_MS(300);
+    o.deadline_ns = tp_now_ns() + span;
     submit_rt(p, g, &o, NULL);
-    TPT_EVENTUALLY(atomic_load(&gate->waiting) == 1);
+    if (!TPT_POLL(atomic_load(&gate->waiting) == 1 && tp_now_ns() < o.deadline_ns,
+                  tpt_left_until(o.deadline_ns)))
+        return missed(p, g, gate, NULL);
     tpt_sleep_until(o.deadline_ns + TPT_MS(1));
     tpt_latch_open(gate);
     TPT_EVENTUALLY(atomic_load(&g->done_calls) == 1);
@@ -434,29 +471,42 @@ static void test_retry_deadline_passes_while_running(void **state) {
     assert_int_equal(atomic_load(&f->attempts), 1);
     assert_int_equal(atomic_load(&g->attempts), 1);
     tpt_assert_counts(s, TPT_EQ(retried, 0), TPT_EQ(failed, 2), TPT_EQ(cancelled, 1), TPT_EQ(expired, 0));
+    return true;
 }
 
-static void test_retry_deadline_passes_while_requeued(void **state) {
+static void test_retry_deadline_passes_while_running(void **state) {
     tpt_fixture *fx = tpt_fx(state);
-    /* The retry is back in the queue (behind a blocker) when its deadline
-     * passes: it ends TP_ETIMEDOUT without another attempt, cancelled but not
-     * expired, since it ran before. */
+    tpt_with_time_to_spare(fx, TPT_MS(300), deadline_while_running, tpt_fx_latch(fx));
+}
+
+/* The retry is back in the queue (behind a blocker) when its deadline passes:
+ * it ends TP_ETIMEDOUT without another attempt, cancelled but not expired,
+ * since it ran before. */
+static bool deadline_while_requeued(tpt_fixture *fx, uint64_t span, void *arg) {
     tp_pool *p = retry_pool(fx, 1, 3, TPT_MS(1), 0);
-    tpt_latch *l0 = tpt_fx_latch(fx);
-    tpt_latch *lb = tpt_fx_latch(fx);
+    tpt_latch *l0 = ((tpt_latch **)arg)[0];
+    tpt_latch *lb = ((tpt_latch **)arg)[1];
+    tpt_latch_rearm(l0);
+    tpt_latch_rearm(lb);
     rt *f = tpt_fx_new(fx, rt);
     f->fail_until = ALWAYS;
     f->fail_status = 1;
     f->gate0 = l0;
     tp_task_opts o = {0};
-    o.deadline_ns = tp_now_ns() + TPT_MS(600);
+    o.deadline_ns = tp_now_ns() + span;
     submit_rt(p, f, &o, NULL);
-    TPT_EVENTUALLY(atomic_load(&l0->waiting) == 1);
+    if (!TPT_POLL(atomic_load(&l0->waiting) == 1 && tp_now_ns() < o.deadline_ns,
+                  tpt_left_until(o.deadline_ns)))
+        return missed(p, f, l0, NULL);
     assert_int_equal(tp_submit(p, tpt_block_task, lb, NULL, NULL), TP_OK);
     tpt_latch_open(l0);
-    /* f failed; the blocker holds the worker; f's retry waits in the queue. */
+    /* The state: f failed, the blocker holds the worker, f's retry waits in
+     * the queue -- before the deadline. */
     tp_stats s;
-    TPT_EVENTUALLY(atomic_load(&lb->waiting) == 1 && (s = tpt_stats(p)).queued == 1 && s.delayed == 0);
+    if (!TPT_POLL(atomic_load(&lb->waiting) == 1 && (s = tpt_stats(p)).queued == 1 && s.delayed == 0 &&
+                      tp_now_ns() < o.deadline_ns,
+                  tpt_left_until(o.deadline_ns)))
+        return missed(p, f, lb, NULL);
     assert_true(atomic_load(&f->t_return0) < o.deadline_ns);
     tpt_sleep_until(o.deadline_ns + TPT_MS(1));
     tpt_latch_open(lb);
@@ -465,6 +515,13 @@ static void test_retry_deadline_passes_while_requeued(void **state) {
     s = tpt_finish(p);
     assert_int_equal(atomic_load(&f->attempts), 1);
     tpt_assert_counts(s, TPT_EQ(started, 2), TPT_EQ(retried, 0), TPT_EQ(cancelled, 1), TPT_EQ(expired, 0));
+    return true;
+}
+
+static void test_retry_deadline_passes_while_requeued(void **state) {
+    tpt_fixture *fx = tpt_fx(state);
+    tpt_latch *l[2] = {tpt_fx_latch(fx), tpt_fx_latch(fx)};
+    tpt_with_time_to_spare(fx, TPT_MS(600), deadline_while_requeued, l);
 }
 
 static void test_retry_run_timeout_is_retried(void **state) {

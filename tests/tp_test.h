@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -147,6 +148,15 @@ static inline void tpt_latch_wait(tpt_latch *l) {
     }
     pthread_mutex_unlock(&l->mu);
     atomic_fetch_sub(&l->waiting, 1);
+}
+
+/* Close an opened latch again, for a scenario run once more (see
+ * tpt_with_time_to_spare): no thread may be inside it. */
+static inline void tpt_latch_rearm(tpt_latch *l) {
+    pthread_mutex_lock(&l->mu);
+    assert_int_equal(atomic_load(&l->waiting), 0);
+    l->open = 0;
+    pthread_mutex_unlock(&l->mu);
 }
 
 static inline void tpt_latch_destroy(tpt_latch *l) {
@@ -576,6 +586,33 @@ static inline int tpt_fixture_teardown(void **state) {
     free(f);
     *state = NULL;
     return rc;
+}
+
+/* ------------------------------------------------------------ timed scenarios */
+
+/* A scenario that needs the pool to reach a state within a short time -- a
+ * task that starts before a deadline a few hundred milliseconds away, two
+ * tasks that wait for their retries at once -- cannot hold on a machine that
+ * stalls the process longer (a sanitizer on a loaded CI runner). Such a
+ * scenario looks: when the state was not reached in time it lets everything
+ * end, finishes its pool and returns false, and runs again on a fresh pool
+ * with twice the time, five times at most. What it asserts once the state
+ * was reached does not depend on the machine's speed. `arg` is the test's
+ * (latches to rearm, records to reset). */
+typedef bool (*tpt_timed_fn)(tpt_fixture *f, uint64_t span, void *arg);
+
+static inline void tpt_with_time_to_spare(tpt_fixture *f, uint64_t span, tpt_timed_fn run, void *arg) {
+    for (int i = 0; i < 5; i++, span *= 2)
+        if (run(f, span, arg)) return;
+    fail_msg("the scenario's state was never reached in time (%llu ms at last)",
+             (unsigned long long)(span / 2 / TPT_MS(1)));
+}
+
+/* The time left until `t` on tp_now_ns()'s clock, 0 once it passed: the
+ * bound of a poll for a state that only counts before `t`. */
+static inline uint64_t tpt_left_until(uint64_t t) {
+    uint64_t now = tp_now_ns();
+    return t > now ? t - now : 0;
 }
 
 /* Register a test with the fixture. */
