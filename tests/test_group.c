@@ -348,11 +348,12 @@ static void test_group_cancel_on_error_stops_queued(void **state) {
  * in the same pass while every worker is busy -- the first to end cancels the
  * others, among them the second, which was already taken out of the queue;
  * (b) a member's deadline passes while it waits for a retry, next to other
- * members waiting for theirs. */
-static void test_group_cancel_on_error_from_service(void **state) {
-    tpt_fixture *f = tpt_fx(state);
+ * members waiting for theirs. Both need the submits in before a deadline
+ * `span` away: they run under tpt_with_time_to_spare. */
+static bool expiry_cancels_group(tpt_fixture *f, uint64_t span, void *arg) {
+    tpt_latch *l = arg;
+    tpt_latch_rearm(l);
     reset_counters();
-    tpt_latch *l = tpt_fx_latch(f);
     tp_pool *p = tpt_quiet_pool(f, 1, 16, TP_UNLIMITED);
     tp_group *g;
     assert_int_equal(tp_group_create(p, TP_GROUP_CANCEL_ON_ERROR, &g), TP_OK);
@@ -360,19 +361,28 @@ static void test_group_cancel_on_error_from_service(void **state) {
     static member e1, e2, q[4];
     member_init(&e1, NULL, 0);
     member_init(&e2, NULL, 0);
-    uint64_t dl = tp_now_ns() + TPT_MS(5);
+    for (int i = 0; i < 4; i++) member_init(&q[i], NULL, 0);
+    uint64_t dl = tp_now_ns() + span;
     tp_task_opts o = {0};
     o.on_done = member_done;
     o.deadline_ns = dl;
-    assert_int_equal(tp_group_submit(g, member_task, &e1, &o, NULL), TP_OK);
-    for (int i = 0; i < 2; i++) {
-        member_init(&q[i], NULL, 0);
-        assert_int_equal(submit_member(g, &q[i], NULL), TP_OK);
+    /* e1, q[0], q[1], e2, q[2], q[3]: once e1 expired, the group refuses */
+    int rc[6];
+    rc[0] = tp_group_submit(g, member_task, &e1, &o, NULL);
+    for (int i = 0; i < 2; i++) rc[1 + i] = submit_member(g, &q[i], NULL);
+    rc[3] = tp_group_submit(g, member_task, &e2, &o, NULL);
+    for (int i = 2; i < 4; i++) rc[2 + i] = submit_member(g, &q[i], NULL);
+    bool in_time = true;
+    for (int i = 0; i < 6; i++) {
+        if (rc[i] != TP_OK) in_time = false;
+        assert_int_equal(rc[i], in_time ? TP_OK : TP_ECANCELED); /* refused from the first one on */
     }
-    assert_int_equal(tp_group_submit(g, member_task, &e2, &o, NULL), TP_OK);
-    for (int i = 2; i < 4; i++) {
-        member_init(&q[i], NULL, 0);
-        assert_int_equal(submit_member(g, &q[i], NULL), TP_OK);
+    if (!in_time) { /* e1 expired before the last submit */
+        (void)tp_group_wait(g, TPT_WAIT_NS);
+        assert_int_equal(tp_group_destroy(g), TP_OK);
+        tpt_latch_open(l);
+        tpt_finish(p);
+        return false;
     }
     /* the worker is held: everything ends on the service thread. The group's
      * error is TP_ETIMEDOUT, which the wait's own timeout would also give:
@@ -394,8 +404,11 @@ static void test_group_cancel_on_error_from_service(void **state) {
     tpt_latch_open(l);
     tp_stats s = tpt_finish(p);
     assert_int_equal(s.expired, s2 == TP_ETIMEDOUT ? 2 : 1);
+    return true;
+}
 
-    /* (b) retries */
+static bool expiry_while_retry_waits(tpt_fixture *f, uint64_t span, void *arg) {
+    (void)arg;
     reset_counters();
     tp_config cfg = {0};
     cfg.workers = 2;
@@ -403,21 +416,32 @@ static void test_group_cancel_on_error_from_service(void **state) {
     cfg.max_retries = 3;
     cfg.retry_delay_ns = TPT_S(3600); /* the retries never come back by themselves */
     cfg.log = tpt_quiet_log;
-    p = tpt_fx_pool(f, &cfg);
+    tp_pool *p = tpt_fx_pool(f, &cfg);
+    tp_group *g;
     assert_int_equal(tp_group_create(p, TP_GROUP_CANCEL_ON_ERROR, &g), TP_OK);
     static member r[5];
+    uint64_t dl = TP_FOREVER;
+    bool in_time = true;
     for (int i = 0; i < 5; i++) {
         member_init(&r[i], NULL, -7);
         tp_task_opts ro = {0};
         ro.on_done = member_done;
         /* long enough for its first attempt to run: the five fail at once */
-        if (i == 2) ro.deadline_ns = tp_now_ns() + TPT_MS(300) * tpt_slowdown();
-        assert_int_equal(tp_group_submit(g, member_task, &r[i], &ro, NULL), TP_OK);
+        if (i == 2) ro.deadline_ns = dl = tp_now_ns() + span;
+        int rc = tp_group_submit(g, member_task, &r[i], &ro, NULL);
+        if (rc != TP_OK) in_time = false;
+        assert_int_equal(rc, in_time ? TP_OK : TP_ECANCELED);
     }
-    TPT_EVENTUALLY(tpt_stats(p).delayed == 5);
+    /* The state: all five wait for a retry before r[2]'s deadline. */
+    if (!in_time || !TPT_POLL(tpt_stats(p).delayed == 5 && tp_now_ns() < dl, tpt_left_until(dl))) {
+        (void)tp_group_wait(g, TPT_WAIT_NS); /* r[2]'s deadline ends it all */
+        assert_int_equal(tp_group_destroy(g), TP_OK);
+        tpt_finish(p);
+        return false;
+    }
     /* r[2]'s deadline passes while it waits: it ends TP_ETIMEDOUT (it ran:
      * cancelled, not expired) and cancels the four others */
-    t0 = tp_now_ns();
+    uint64_t t0 = tp_now_ns();
     assert_int_equal(tp_group_wait(g, TPT_WAIT_NS), TP_ETIMEDOUT);
     assert_true(tp_now_ns() - t0 < TPT_WAIT_NS);
     for (int i = 0; i < 5; i++) {
@@ -425,9 +449,16 @@ static void test_group_cancel_on_error_from_service(void **state) {
         assert_int_equal(atomic_load(&r[i].done_status), i == 2 ? TP_ETIMEDOUT : TP_ECANCELED);
     }
     assert_int_equal(tp_group_destroy(g), TP_OK);
-    s = tpt_finish(p);
+    tp_stats s = tpt_finish(p);
     assert_int_equal(s.cancelled, 5);
     assert_int_equal(s.expired, 0);
+    return true;
+}
+
+static void test_group_cancel_on_error_from_service(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    tpt_with_time_to_spare(f, TPT_MS(5), expiry_cancels_group, tpt_fx_latch(f));
+    tpt_with_time_to_spare(f, TPT_MS(300) * tpt_slowdown(), expiry_while_retry_waits, NULL);
 }
 
 /* A member of a cancel-on-error group cancelled by its id has failed (its
