@@ -274,8 +274,9 @@ static void test_hist_every_submit_path_on_one_clock(void **state) {
 typedef struct reader {
     tp_pool *p;
     atomic_int stop;
-    uint64_t until; /* its own bound, should the test fail before `stop` */
-    long snapshots, bad_sum, bad_mono, bad_total;
+    uint64_t until;        /* its own bound, should the test fail before `stop` */
+    atomic_long snapshots; /* the test waits for the first before it submits */
+    long bad_sum, bad_mono, bad_total;
 } reader;
 
 static void *reader_main(void *arg) {
@@ -295,7 +296,7 @@ static void *reader_main(void *arg) {
                 if (h[w].buckets[i]) top = tp_hist_bound_ns(i);
             if (top != UINT64_MAX && h[w].count && h[w].sum_ns / h[w].count > top) r->bad_total++;
         }
-        r->snapshots++;
+        atomic_fetch_add(&r->snapshots, 1);
     }
     return NULL;
 }
@@ -314,6 +315,7 @@ static void test_hist_snapshot_consistent_while_running(void **state) {
     r.p = p;
     r.until = tp_now_ns() + TPT_WAIT_NS;
     tpt_fx_thr *th = tpt_fx_thread(f, reader_main, &r);
+    TPT_EVENTUALLY(atomic_load(&r.snapshots) > 0); /* it reads while the tasks run */
     int n = TPT_SANITIZED ? 3000 : 20000;
     for (int i = 0; i < n; i++)
         assert_int_equal(tp_submit_wait(p, tpt_fail_attempts_task, (void *)(uintptr_t)(i % 3 == 0), NULL,
@@ -323,7 +325,6 @@ static void test_hist_snapshot_consistent_while_running(void **state) {
     assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK);
     atomic_store(&r.stop, 1);
     tpt_fx_join(th);
-    assert_true(r.snapshots > 0);
     assert_int_equal(r.bad_sum, 0);
     assert_int_equal(r.bad_mono, 0);
     assert_int_equal(r.bad_total, 0);
