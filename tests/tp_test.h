@@ -150,11 +150,11 @@ static inline void tpt_latch_wait(tpt_latch *l) {
     atomic_fetch_sub(&l->waiting, 1);
 }
 
-/* Close an opened latch again, for a scenario run once more (see
- * tpt_with_time_to_spare): no thread may be inside it. */
+/* A latch used again (a scenario run once more): every waiter has left it
+ * (asserted), it closes. */
 static inline void tpt_latch_rearm(tpt_latch *l) {
-    pthread_mutex_lock(&l->mu);
     assert_int_equal(atomic_load(&l->waiting), 0);
+    pthread_mutex_lock(&l->mu);
     l->open = 0;
     pthread_mutex_unlock(&l->mu);
 }

@@ -130,14 +130,6 @@ static inline void tpt_assert_order_(const tpt_ord *o, int from, const int *want
         assert_int_equal(atomic_load(&(o)->n), n_);                                                          \
     } while (0)
 
-/* A latch used again: every waiter has left it (asserted), it closes. */
-static inline void tpt_latch_rearm(tpt_latch *l) {
-    assert_int_equal(atomic_load(&l->waiting), 0);
-    pthread_mutex_lock(&l->mu);
-    l->open = 0;
-    pthread_mutex_unlock(&l->mu);
-}
-
 /* ------------------------------------------------------------ the model */
 
 #define TPM_MAX        2048
