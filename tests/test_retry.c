@@ -432,7 +432,6 @@ static void test_retry_deadline_passes_while_waiting(void **state) {
 }
 
 static bool deadline_while_running(tpt_fixture *fx, uint64_t span, void *arg) {
-    (void)arg;
     tp_pool *p = retry_pool(fx, 1, 3, TPT_MS(1), 0);
     /* Sleeps until the deadline, returns TP_ETIMEDOUT: not retried. */
     rt *f = tpt_fx_new(fx, rt);
