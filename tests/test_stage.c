@@ -167,6 +167,68 @@ static void test_staged_bound(void **state) {
     assert_int_equal(tp_cq_destroy(q), TP_OK);
 }
 
+/* A bound submit is staged on its options' look alone: an empty user and an
+ * empty log id are no user and no log id (staged); whatever else the locked
+ * path would refuse, it still refuses -- with TP_EINVAL, counting nothing and
+ * holding none of the queue's places. */
+static void test_staged_bound_checks(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l = tpt_fx_latch(f);
+    tp_pool *p = tpt_quiet_pool(f, 1, 10, TP_UNLIMITED);
+    tp_cq *q = NULL;
+    assert_int_equal(tp_cq_create(&q, 2), TP_OK);
+    done_count d;
+    atomic_init(&d.calls, 0);
+    atomic_init(&d.bad, 0);
+    tpt_fill_workers(p, l, 1, NULL);
+    tp_stats before = tpt_stats(p);
+    tp_task_opts o = {0};
+    o.on_done = count_done;
+    o.cq = q;
+    assert_int_equal(tp_submit(p, NULL, &d, &o, NULL), TP_EINVAL);
+    tp_task_opts bad = o;
+    bad.reserved[2] = 1;
+    assert_int_equal(tp_submit(p, count_fn, &d, &bad, NULL), TP_EINVAL);
+    bad = o;
+    bad.priority = TP_PRIO_MAX + 1;
+    assert_int_equal(tp_submit(p, count_fn, &d, &bad, NULL), TP_EINVAL);
+    bad = o;
+    bad.on_done = NULL;
+    assert_int_equal(tp_submit(p, count_fn, &d, &bad, NULL), TP_EINVAL);
+    char long_id[TP_LOG_ID_MAX + 2];
+    memset(long_id, 'x', sizeof long_id - 1);
+    long_id[sizeof long_id - 1] = '\0';
+    bad = o;
+    bad.log_id = long_id;
+    assert_int_equal(tp_submit(p, count_fn, &d, &bad, NULL), TP_EINVAL);
+    tp_stats s = tpt_stats(p);
+    assert_int_equal(s.submitted, before.submitted);
+    assert_int_equal(s.accepted, before.accepted);
+    assert_int_equal(s.rejected, before.rejected);
+#if defined(TP__DEBUG)
+    atomic_store(&claims, 0);
+    atomic_store(&tp__test_stage_claimed, count_claims);
+#endif
+    tp_task_opts empty = o;
+    empty.user = "";
+    empty.log_id = "";
+    /* both of the queue's places are free: none was held by a refusal */
+    assert_int_equal(tp_submit(p, count_fn, &d, &empty, NULL), TP_OK);
+    assert_int_equal(tp_submit(p, count_fn, &d, &empty, NULL), TP_OK);
+    assert_int_equal(tp_submit(p, count_fn, &d, &empty, NULL), TP_EFULL);
+#if defined(TP__DEBUG)
+    atomic_store(&tp__test_stage_claimed, NULL);
+    assert_int_equal(atomic_load(&claims), 2); /* the two accepted were staged, not locked */
+#endif
+    tpt_latch_open(l);
+    s = tpt_finish(p);
+    assert_int_equal(tp_cq_drain(q, 0), 2);
+    assert_int_equal(atomic_load(&d.calls), 2);
+    assert_int_equal(atomic_load(&d.bad), 0);
+    tpt_assert_counts(s, TPT_EQ(accepted, before.accepted + 2), TPT_EQ(rejected_full, 1));
+    assert_int_equal(tp_cq_destroy(q), TP_OK);
+}
+
 /* ------------------------------------------------------------ order */
 
 /* One thread's tasks start in its submit order, whether each was staged or
@@ -433,6 +495,7 @@ int main(void) {
         TPT_TEST(test_staged_bound_exact),
         TPT_TEST(test_staged_ring_overflow),
         TPT_TEST(test_staged_bound),
+        TPT_TEST(test_staged_bound_checks),
         TPT_TEST(test_staged_order_with_locked),
         TPT_TEST(test_staged_order_behind_unpublished),
         TPT_TEST(test_staged_wakes_idle_pool),
