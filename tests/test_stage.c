@@ -122,6 +122,17 @@ static void count_claims(tp_pool *p) {
 }
 #endif
 
+/* A pool of 10 places whose one worker is held on `l`, a completion queue of
+ * `places` for its bound tasks (the test destroys it), their done counter. */
+static tp_pool *bound_pool(tpt_fixture *f, tpt_latch *l, unsigned places, tp_cq **q, done_count *d) {
+    tp_pool *p = tpt_quiet_pool(f, 1, 10, TP_UNLIMITED);
+    assert_int_equal(tp_cq_create(q, places), TP_OK);
+    atomic_init(&d->calls, 0);
+    atomic_init(&d->bad, 0);
+    tpt_fill_workers(p, l, 1, NULL);
+    return p;
+}
+
 /* A submit whose only options are an on_done and its completion queue is
  * staged too: it takes the queue's place as it takes the pool's (the
  * queue full refuses it with TP_EFULL, counted in rejected_full), and its
@@ -129,13 +140,9 @@ static void count_claims(tp_pool *p) {
 static void test_staged_bound(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = tpt_quiet_pool(f, 1, 10, TP_UNLIMITED);
     tp_cq *q = NULL;
-    assert_int_equal(tp_cq_create(&q, 3), TP_OK);
     done_count d;
-    atomic_init(&d.calls, 0);
-    atomic_init(&d.bad, 0);
-    tpt_fill_workers(p, l, 1, NULL);
+    tp_pool *p = bound_pool(f, l, 3, &q, &d);
     atomic_store(&g_runs, 0);
 #if defined(TP__DEBUG)
     atomic_store(&claims, 0);
@@ -174,13 +181,9 @@ static void test_staged_bound(void **state) {
 static void test_staged_bound_checks(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tpt_latch *l = tpt_fx_latch(f);
-    tp_pool *p = tpt_quiet_pool(f, 1, 10, TP_UNLIMITED);
     tp_cq *q = NULL;
-    assert_int_equal(tp_cq_create(&q, 2), TP_OK);
     done_count d;
-    atomic_init(&d.calls, 0);
-    atomic_init(&d.bad, 0);
-    tpt_fill_workers(p, l, 1, NULL);
+    tp_pool *p = bound_pool(f, l, 2, &q, &d);
     tp_stats before = tpt_stats(p);
     tp_task_opts o = {0};
     o.on_done = count_done;
