@@ -37,6 +37,7 @@ typedef struct rec {
     _Atomic uint64_t t_end;
     _Atomic uint64_t t_end2;
     atomic_int err_start;
+    _Atomic uint64_t t_err; /* when err_start was read */
     atomic_int err_end;
     atomic_int rc;
     atomic_int rc2;
@@ -77,6 +78,7 @@ static int poll_in(int fd, int timeout_ms, int *revents) {
 static void rec_common(tp_ctx *c, rec *r) {
     atomic_store(&r->t_start, tp_now_ns());
     atomic_store(&r->err_start, tp_ctx_err(c));
+    atomic_store(&r->t_err, tp_now_ns());
     atomic_store(&r->id, tp_ctx_id(c));
     atomic_store(&r->attempt, tp_ctx_attempt(c));
     atomic_store(&r->deadline, tp_ctx_deadline(c));
@@ -88,6 +90,17 @@ static void rec_common(tp_ctx *c, rec *r) {
     }
     atomic_fetch_add(&r->ran, 1);
     atomic_store(&r->started, 1);
+}
+
+/* An attempt sees no error as it starts, unless its worker was stalled past
+ * the attempt's deadline before it looked: then TP_ETIMEDOUT is right. (The
+ * deadline itself, which a wrong run timeout would set early, is checked by
+ * the callers against the submit.) */
+static void assert_err_start_clear(rec *r) {
+    int e = atomic_load(&r->err_start);
+    if (e == 0) return;
+    assert_int_equal(e, TP_ETIMEDOUT);
+    assert_true(atomic_load(&r->t_err) >= atomic_load(&r->deadline));
 }
 
 /* Records the context, then returns 0. */
@@ -480,12 +493,25 @@ static void test_ctx_sleep_cancelled(void **state) {
     tpt_assert_counts(s, TPT_EQ(started, 1), TPT_EQ(failed, 1), TPT_EQ(cancelled, 1), TPT_EQ(expired, 0));
 }
 
-static void sleep_until_timeout(tpt_fixture *f, tp_pool *p, const tp_task_opts *o) {
+/* A task that sleeps until its run timeout (`run_timeout`, from its start)
+ * or its deadline (run_timeout 0: o->deadline_ns). false: it expired before
+ * it started (a deadline only; a stalled machine), nothing else asserted. */
+static bool sleep_until_timeout(tpt_fixture *f, tp_pool *p, const tp_task_opts *o, uint64_t run_timeout) {
     rec *r = tpt_fx_new(f, rec);
     r->sleep_ns = TPT_S(20);
-    assert_int_equal(tp_submit(p, task_sleep, r, o, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&r->finished));
-    assert_int_equal(atomic_load(&r->err_start), 0);
+    tp_task_opts oo = {0};
+    if (o) oo = *o;
+    oo.on_done = rec_done;
+    uint64_t t_sub = tp_now_ns();
+    assert_int_equal(tp_submit(p, task_sleep, r, &oo, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&r->done_calls) == 1);
+    if (!run_timeout && !atomic_load(&r->ran)) return false;
+    assert_true(atomic_load(&r->finished));
+    if (run_timeout)
+        assert_true(atomic_load(&r->deadline) >= t_sub + run_timeout);
+    else
+        assert_int_equal(atomic_load(&r->deadline), o->deadline_ns);
+    assert_err_start_clear(r);
     assert_int_equal(atomic_load(&r->rc), TP_ETIMEDOUT);
     assert_int_equal(atomic_load(&r->err_end), TP_ETIMEDOUT);
     /* It returned because the effective deadline passed, not before. */
@@ -493,6 +519,7 @@ static void sleep_until_timeout(tpt_fixture *f, tp_pool *p, const tp_task_opts *
     assert_true(atomic_load(&r->t_end) - atomic_load(&r->t_start) < TPT_S(10));
     assert_int_equal(atomic_load(&r->rc2), TP_ETIMEDOUT);
     assert_true(atomic_load(&r->t_end2) - atomic_load(&r->t_end) < TPT_S(10));
+    return true;
 }
 
 static void test_ctx_sleep_run_timeout(void **state) {
@@ -500,24 +527,52 @@ static void test_ctx_sleep_run_timeout(void **state) {
     tp_pool *p = timeout_pool(f, 1, 0);
     tp_task_opts o = {0};
     o.run_timeout_ns = TPT_MS(50);
-    sleep_until_timeout(f, p, &o);
+    assert_true(sleep_until_timeout(f, p, &o, TPT_MS(50)));
     tp_stats s = tpt_finish(p);
     assert_int_equal(s.cancelled, 1); /* returned TP_ETIMEDOUT */
     assert_int_equal(s.expired, 0);
 
     /* The pool's run timeout works the same. */
     p = timeout_pool(f, 1, TPT_MS(50));
-    sleep_until_timeout(f, p, NULL);
+    assert_true(sleep_until_timeout(f, p, NULL, TPT_MS(50)));
     tpt_finish(p);
 }
 
-static void test_ctx_sleep_deadline(void **state) {
-    tpt_fixture *f = tpt_fx(state);
+/* The task must start before its deadline `span` away: under
+ * tpt_with_time_to_spare. */
+static bool sleep_to_deadline(tpt_fixture *f, uint64_t span, void *arg) {
+    (void)arg;
     tp_pool *p = timeout_pool(f, 1, TP_FOREVER);
     tp_task_opts o = {0};
-    o.deadline_ns = tp_now_ns() + TPT_MS(300);
-    sleep_until_timeout(f, p, &o);
+    o.deadline_ns = tp_now_ns() + span;
+    bool ran = sleep_until_timeout(f, p, &o, 0);
     tpt_finish(p);
+    return ran;
+}
+
+static void test_ctx_sleep_deadline(void **state) {
+    tpt_with_time_to_spare(tpt_fx(state), TPT_MS(300), sleep_to_deadline, NULL);
+}
+
+/* Deadline passed while running: the task must start before its deadline
+ * `span` away (under tpt_with_time_to_spare). */
+static bool deadline_while_polling(tpt_fixture *f, uint64_t span, void *arg) {
+    (void)arg;
+    tp_pool *p = timeout_pool(f, 2, 0);
+    rec *d = tpt_fx_new(f, rec);
+    tp_task_opts o = {0};
+    o.on_done = rec_done;
+    o.deadline_ns = tp_now_ns() + span;
+    assert_int_equal(tp_submit(p, task_poll_err, d, &o, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&d->done_calls) == 1);
+    bool ran = atomic_load(&d->ran) == 1;
+    if (ran) {
+        assert_true(atomic_load(&d->finished));
+        assert_int_equal(atomic_load(&d->err_end), TP_ETIMEDOUT);
+        assert_true(atomic_load(&d->t_end) >= o.deadline_ns);
+    }
+    tpt_finish(p);
+    return ran;
 }
 
 static void test_ctx_err_states(void **state) {
@@ -538,22 +593,16 @@ static void test_ctx_err_states(void **state) {
     rec *t = tpt_fx_new(f, rec);
     tp_task_opts o = {0};
     o.run_timeout_ns = TPT_MS(30);
+    uint64_t t_sub = tp_now_ns();
     assert_int_equal(tp_submit(p, task_poll_err, t, &o, NULL), TP_OK);
     TPT_EVENTUALLY(atomic_load(&t->finished));
-    assert_int_equal(atomic_load(&t->err_start), 0);
+    assert_true(atomic_load(&t->deadline) >= t_sub + TPT_MS(30));
+    assert_err_start_clear(t);
     assert_int_equal(atomic_load(&t->err_end), TP_ETIMEDOUT);
     assert_true(atomic_load(&t->t_end) >= atomic_load(&t->deadline));
 
-    /* Deadline passed while running. */
-    rec *d = tpt_fx_new(f, rec);
-    memset(&o, 0, sizeof o);
-    o.deadline_ns = tp_now_ns() + TPT_MS(300);
-    assert_int_equal(tp_submit(p, task_poll_err, d, &o, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&d->finished));
-    assert_int_equal(atomic_load(&d->err_end), TP_ETIMEDOUT);
-    assert_true(atomic_load(&d->t_end) >= o.deadline_ns);
-
     tpt_finish(p);
+    tpt_with_time_to_spare(f, TPT_MS(300), deadline_while_polling, NULL);
 }
 
 static void test_ctx_err_cancel_takes_precedence(void **state) {
@@ -632,10 +681,16 @@ static void test_ctx_fd_forced_shutdown(void **state) {
     tpt_finish_forced(p);
 }
 
-static void fd_not_readable_on_timeout(tpt_fixture *f, tp_pool *p, const tp_task_opts *o) {
+/* false: the task expired before it started (a deadline only; a stalled
+ * machine), nothing else asserted. */
+static bool fd_not_readable_on_timeout(tpt_fixture *f, tp_pool *p, const tp_task_opts *o) {
     rec *r = tpt_fx_new(f, rec);
-    assert_int_equal(tp_submit(p, task_fd_timeout, r, o, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&r->finished));
+    tp_task_opts oo = *o;
+    oo.on_done = rec_done;
+    assert_int_equal(tp_submit(p, task_fd_timeout, r, &oo, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&r->done_calls) == 1);
+    if (o->deadline_ns && !atomic_load(&r->ran)) return false;
+    assert_true(atomic_load(&r->finished));
     assert_true(atomic_load(&r->fd) >= 0);
     assert_int_equal(atomic_load(&r->rc), TP_ETIMEDOUT);
     assert_int_equal(atomic_load(&r->err_end), TP_ETIMEDOUT);
@@ -646,6 +701,19 @@ static void fd_not_readable_on_timeout(tpt_fixture *f, tp_pool *p, const tp_task
     assert_int_equal(tp_submit(p, task_fd_check, n, NULL, NULL), TP_OK);
     TPT_EVENTUALLY(atomic_load(&n->finished));
     assert_int_equal(atomic_load(&n->fd_ready_before), 0);
+    return true;
+}
+
+/* The deadline case needs the task started before its deadline `span`
+ * away: under tpt_with_time_to_spare. */
+static bool fd_deadline(tpt_fixture *f, uint64_t span, void *arg) {
+    (void)arg;
+    tp_pool *p = timeout_pool(f, 1, 0);
+    tp_task_opts o = {0};
+    o.deadline_ns = tp_now_ns() + span;
+    bool ran = fd_not_readable_on_timeout(f, p, &o);
+    tpt_finish(p);
+    return ran;
 }
 
 static void test_ctx_fd_not_readable_on_timeout(void **state) {
@@ -653,11 +721,9 @@ static void test_ctx_fd_not_readable_on_timeout(void **state) {
     tp_pool *p = timeout_pool(f, 1, 0);
     tp_task_opts o = {0};
     o.run_timeout_ns = TPT_MS(30);
-    fd_not_readable_on_timeout(f, p, &o);
-    memset(&o, 0, sizeof o);
-    o.deadline_ns = tp_now_ns() + TPT_MS(300);
-    fd_not_readable_on_timeout(f, p, &o);
+    assert_true(fd_not_readable_on_timeout(f, p, &o));
     tpt_finish(p);
+    tpt_with_time_to_spare(f, TPT_MS(300), fd_deadline, NULL);
 }
 
 static void test_ctx_fd_cancelled_before_first_use(void **state) {
@@ -735,7 +801,7 @@ static void test_ctx_run_timeout_excludes_queue_time(void **state) {
     /* The attempt started after the release: its deadline is start + T. */
     assert_true(atomic_load(&r->deadline) >= t_open + T);
     assert_true(atomic_load(&r->deadline) <= atomic_load(&r->t_start) + T);
-    assert_int_equal(atomic_load(&r->err_start), 0);
+    assert_err_start_clear(r);
     tp_stats s = tpt_finish(p);
     assert_int_equal(s.expired, 0);
     assert_int_equal(s.succeeded, 2);
@@ -800,8 +866,9 @@ static void test_ctx_expiry_prompt_while_workers_busy(void **state) {
     o.deadline_ns = tp_now_ns() + TPT_MS(30);
     o.on_done = rec_done;
     assert_int_equal(tp_submit(p, task_record, r, &o, NULL), TP_OK);
-    assert_int_equal(tp_user_active(p, "u"), 1);
-    TPT_EVENTUALLY(atomic_load(&r->done_calls) == 1); /* the worker is still blocked */
+    int active = (int)tp_user_active(p, "u");
+    if (tp_now_ns() < o.deadline_ns) assert_int_equal(active, 1); /* read before it could expire */
+    TPT_EVENTUALLY(atomic_load(&r->done_calls) == 1);             /* the worker is still blocked */
     assert_int_equal(atomic_load(&gate->waiting), 1);
     assert_int_equal(atomic_load(&r->done_status), TP_ETIMEDOUT);
     assert_int_equal(atomic_load(&r->ran), 0);
