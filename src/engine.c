@@ -69,14 +69,17 @@
  *   read by both, written only on rare events: life.h's line of delayed,
  *     users at their limit, closed.
  * A staged task (a plain submit on a FIFO pool with fixed workers, stage.h)
- * never has S take the lock: S writes the room count (life.h, its own
+ * never has S take the lock (but the pool's first, which starts the room
+ * count): S writes the room count (life.h, its own
  * line; the starting worker gives the place back there), the ring's tail
  * and its slot (a slot, a line of its own, moves to the worker and back
  * once), and for a task bound to a completion queue that queue's places
  * line (cq.c); the worker, under a lock that only workers and locked
  * calls take, admits it (lines 2-4 above are then written on the worker's
  * side). S reads the sleepers' line after each submit; only a worker that
- * parks writes it.
+ * parks writes it. Once a pool has staged a task, its locked admissions and
+ * its starts write the room count too; a pool that never stages (fair,
+ * elastic, or given only tasks with options) keeps none.
  * A task with a user adds its entry's first line (users.h: the slot count
  * and, in a fair pool, the flow's priority-0 part; S and W write it) and,
  * read by S only, the name's line and the bucket's slot. With few users
@@ -793,6 +796,11 @@ static void stage_give_back(tp_pool *p, tp_cq *cq) {
 int tp__engine_submit_staged(tp_pool *p, tp_fn fn, void *arg, tp_done_fn on_done, tp_cq *cq, uint64_t now) {
     tp__stage *st = &p->stage;
     if (atomic_load_explicit(&st->closing, memory_order_acquire)) return TP__STAGE_LOCKED;
+    if (!tp__life_room_live(&p->life)) { /* the pool's first staged submit: once */
+        tp__lock(p);
+        tp__life_room_start(&p->life);
+        tp__unlock(p);
+    }
     /* The places as the locked admission takes them (life.c, admit): a look
      * at the room, the completion queue's, then the room's. */
     bool full = atomic_load_explicit(&p->life.room, memory_order_relaxed) <= 0;

@@ -54,6 +54,10 @@
 
 /* ------------------------------------------------------------ setup */
 
+/* The room count's basis (sched.pub.basis) while the count is not kept:
+ * more than waiting + delayed can ever be (room_live, below). */
+#define TP__ROOM_OFF UINT32_MAX
+
 /* The submitter's hot fields fill its line; the published words and the
  * scheduler's hot fields share the scheduler's first (life.h). */
 _Static_assert(offsetof(tp__life, tasks) + offsetof(tp__tasks, indexed) + sizeof(bool) <=
@@ -68,11 +72,13 @@ int tp__life_init(tp__life *L, const tp__life_cfg *cfg, tp__st_calls *calls, tp_
     L->calls = calls;
     L->gauges = gauges;
     L->queued_deadline_min = TP_FOREVER;
-    atomic_init(&L->room, (int64_t)cfg->capacity);
+    atomic_init(&L->room, (int64_t)cfg->capacity); /* (set again when kept: tp__life_room_start) */
+    atomic_init(&L->room_live, false);
     if (tp__sched_init(&L->sched, cfg->waiting_max, fair, starve_limit, low_max) != 0 ||
         tp__tasks_init(&L->tasks, prealloc, cfg->waiting_max, fair ? 3 : 2) != 0 ||
         tp__users_init(&L->users, 32) != 0)
         return -1;
+    L->sched.pub.basis = TP__ROOM_OFF; /* the room count is not kept yet (room_live) */
     L->users.flows = fair;
     return 0;
 }
@@ -104,11 +110,28 @@ void tp__life_fini(tp__life *L) {
  * tp__life_full_fast). */
 static void room_sync(tp__life *L);
 
+/* Whether the room count is kept (life.h), with the lock held: its basis is
+ * TP__ROOM_OFF until then, a word on the line that every push and start
+ * write anyway (room_live, on the count's own line, is for the submitters
+ * without the lock: a worker that read it would fetch that line once more
+ * per task, besides its add). */
+static bool room_live(const tp__life *L) { return L->sched.pub.basis != TP__ROOM_OFF; }
+
 static void adm_publish(tp__life *L) {
     uint64_t w = (uint64_t)(tp__sched_waiting(&L->sched) + L->delayed) |
                  (uint64_t)(L->users_at_limit & 0x7fffffffu) << 32 | (uint64_t)L->closed << 63;
     atomic_store_explicit(&L->sched.pub.word, w, memory_order_release);
     if (!L->room_hold) room_sync(L);
+}
+
+void tp__life_room_start(tp__life *L) {
+    if (room_live(L)) return;
+    /* No place was taken without the lock before this: the count is the
+     * free places the waiting set leaves, exactly. */
+    uint32_t now = tp__sched_waiting(&L->sched) + L->delayed;
+    L->sched.pub.basis = now;
+    atomic_store_explicit(&L->room, (int64_t)L->cfg.capacity - (int64_t)now, memory_order_relaxed);
+    atomic_store_explicit(&L->room_live, true, memory_order_release);
 }
 
 /* The places that waiting + delayed changed by since the room count last saw
@@ -117,7 +140,7 @@ static void adm_publish(tp__life *L) {
 static void room_sync(tp__life *L) {
     uint32_t now = tp__sched_waiting(&L->sched) + L->delayed;
     uint32_t was = L->sched.pub.basis;
-    if (now == was) return;
+    if (now == was || was == TP__ROOM_OFF) return;
     L->sched.pub.basis = now;
     atomic_fetch_add_explicit(&L->room, (int64_t)was - (int64_t)now, memory_order_release);
 }
@@ -504,15 +527,21 @@ static int admit(tp__life *L, const tp__admit_args *a, void *arg, uint64_t *id_o
         if (found && found->count >= L->cfg.max_per_user) return TP_EUSERLIMIT; /* never for TP_UNLIMITED */
     }
     /* Space: queued + delayed + staged < capacity, decided by the room
-     * count, which staged submits take from without the lock. The queue's
+     * count, which staged submits take from without the lock (before the
+     * pool's first one, by the waiting set's count: life.h). The queue's
      * place is taken last (after a look at the count), so that a place is
      * never held for a moment by a submit that the completion queue then
      * refuses: a staged submit meanwhile would be refused for nothing. */
-    if (!staged && atomic_load_explicit(&L->room, memory_order_relaxed) <= 0) return TP_EFULL;
-    if (!staged && a->cq && !tp__cq_reserve(a->cq)) return TP__EFULL_CQ;
-    if (!staged && !tp__life_room_take(L)) { /* a staged submit took the last one meanwhile */
-        if (a->cq) tp__cq_release(a->cq, 1);
-        return TP_EFULL;
+    if (!staged) {
+        bool live = room_live(L);
+        bool full = live ? atomic_load_explicit(&L->room, memory_order_relaxed) <= 0
+                         : tp__sched_waiting(&L->sched) + L->delayed >= L->cfg.capacity;
+        if (full) return TP_EFULL;
+        if (a->cq && !tp__cq_reserve(a->cq)) return TP__EFULL_CQ;
+        if (live && !tp__life_room_take(L)) { /* a staged submit took the last one meanwhile */
+            if (a->cq) tp__cq_release(a->cq, 1);
+            return TP_EFULL;
+        }
     }
 
     /* Reserve. Refused with nothing reserved when the records are at their
@@ -532,7 +561,7 @@ static int admit(tp__life *L, const tp__admit_args *a, void *arg, uint64_t *id_o
     if (rc != TP_OK) {
         if (!staged) { /* a staged task's places are the caller's (tp__life_staged_lost) */
             if (a->cq) tp__cq_release(a->cq, 1);
-            tp__life_room_give(L);
+            if (room_live(L)) tp__life_room_give(L);
         }
         return rc;
     }
@@ -579,7 +608,7 @@ static int admit(tp__life *L, const tp__admit_args *a, void *arg, uint64_t *id_o
     if (t->group) group_join(t);
     if (!staged) TP__INC(L->calls->accepted);
     tp__sched_push(&L->sched, t);
-    L->sched.pub.basis++; /* its place is taken already */
+    if (room_live(L)) L->sched.pub.basis++; /* its place is taken already */
     queue_changed(L);
     work_for(L, t, fx);
     if (id_out) *id_out = t->id;

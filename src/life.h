@@ -111,8 +111,14 @@ typedef struct tp__life {
      * back by the waiting set's changes, which adm_publish turns into one
      * atomic add each (sched.pub.basis: what the count has seen). Below 0
      * while retries wait beyond the capacity. Its own line: the submitter
-     * and the starting worker write it per task. */
+     * and the starting worker write it per task.
+     * Kept only from the pool's first staged submit on (`room_live`, set
+     * once under the lock: tp__life_room_start): until then every
+     * admission is under the lock, where waiting + delayed decide space,
+     * so a pool that never stages (fair, elastic, or only ever given tasks
+     * with options) moves no line of its own per task for it. */
     _Alignas(64) _Atomic int64_t room;
+    _Atomic bool room_live;
     /* Then: what a task with a user, a deadline, a group or a retry uses. */
     _Alignas(64) tp__users users;
     tp__task *delayed_head, *delayed_tail; /* retries waiting for their delay */
@@ -160,7 +166,16 @@ int tp__life_admit_staged(tp__life *L, const tp__admit_args *a, void *arg, tp__f
  * any) queued on its completion queue with TP_ENOMEM. A forced shutdown
  * never needs it: close admits every staged task first. */
 void tp__life_staged_lost(tp__life *L, const tp__admit_args *a, void *arg, tp__fx *fx);
-/* Without the lock: take one free place (true), or none is free (false). */
+/* With the lock: keep the room count from now on (life.h, `room`), for a
+ * first staged submit; nothing if it is kept already. */
+void tp__life_room_start(tp__life *L);
+/* Without the lock: whether the room count is kept (acquire: then its value
+ * is the count's). */
+static inline bool tp__life_room_live(tp__life *L) {
+    return atomic_load_explicit(&L->room_live, memory_order_acquire);
+}
+/* Without the lock, once the count is kept: take one free place (true), or
+ * none is free (false). */
 static inline bool tp__life_room_take(tp__life *L) {
     int64_t r = atomic_load_explicit(&L->room, memory_order_relaxed);
     do {

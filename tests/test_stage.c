@@ -96,6 +96,54 @@ static void test_staged_ring_overflow(void **state) {
     assert_int_equal(atomic_load(&g_runs), (int)cap);
 }
 
+/* Fails its first attempt, then succeeds: a retry that waits for its delay. */
+static int fail_once_fn(tp_ctx *c, void *arg) {
+    (void)c;
+    return atomic_fetch_add((atomic_int *)arg, 1) == 0 ? 1 : 0;
+}
+
+/* A pool keeps the count that staged submits take places from (src/life.h,
+ * `room`) only from its first staged submit on; until then every admission
+ * is locked. The tasks waiting then, and a retry waiting for its delay, hold
+ * their places in it: with the worker held, two tasks waiting and one retry
+ * delayed in six places, exactly three plain submits are accepted, both
+ * paths refuse the next, and the retry's place, once it ends, goes to one
+ * more. */
+static void test_staged_room_starts_late(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l = tpt_fx_latch(f);
+    tp_config c = tpt_quiet_config(1, 6, TP_UNLIMITED);
+    c.max_retries = 1;
+    c.retry_delay_ns = TPT_S(600); /* it stays delayed until cancelled */
+    tp_pool *p = tpt_fx_pool(f, &c);
+    static atomic_int attempts;
+    atomic_store(&attempts, 0);
+    atomic_store(&g_runs, 0);
+    uint64_t rid = 0, id = 0;
+    /* every submit until the first plain one asks for an id or has options: locked */
+    assert_int_equal(tp_submit(p, fail_once_fn, &attempts, NULL, &rid), TP_OK);
+    TPT_EVENTUALLY(tpt_stats(p).delayed == 1);
+    tpt_fill_workers(p, l, 1, NULL);
+    for (int i = 0; i < 2; i++) assert_int_equal(tp_submit(p, count_fn, NULL, NULL, &id), TP_OK);
+    for (int i = 0; i < 3; i++) assert_int_equal(tp_submit(p, count_fn, NULL, NULL, NULL), TP_OK);
+    assert_int_equal(tp_submit(p, count_fn, NULL, NULL, NULL), TP_EFULL);
+    assert_int_equal(tp_submit(p, count_fn, NULL, NULL, &id), TP_EFULL);
+    tp_stats s = tpt_stats(p);
+    assert_int_equal(s.queued, 5);
+    assert_int_equal(s.delayed, 1);
+    assert_int_equal(tp_cancel(p, rid), TP_OK);
+    TPT_EVENTUALLY(tpt_stats(p).delayed == 0);
+    assert_int_equal(tp_submit(p, count_fn, NULL, NULL, NULL), TP_OK);
+    assert_int_equal(tp_submit(p, count_fn, NULL, NULL, NULL), TP_EFULL);
+    assert_int_equal(tp_submit(p, count_fn, NULL, NULL, &id), TP_EFULL);
+    tpt_latch_open(l);
+    s = tpt_finish(p);
+    tpt_assert_counts(s, TPT_EQ(accepted, 8), TPT_EQ(completed, 8), TPT_EQ(rejected_full, 4),
+                      TPT_EQ(cancelled, 1));
+    assert_int_equal(atomic_load(&g_runs), 6);
+    assert_int_equal(atomic_load(&attempts), 1);
+}
+
 /* A done counter for bound tasks: on_done runs inside tp_cq_drain. */
 typedef struct done_count {
     atomic_int calls;
@@ -497,6 +545,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         TPT_TEST(test_staged_bound_exact),
         TPT_TEST(test_staged_ring_overflow),
+        TPT_TEST(test_staged_room_starts_late),
         TPT_TEST(test_staged_bound),
         TPT_TEST(test_staged_bound_checks),
         TPT_TEST(test_staged_order_with_locked),
