@@ -112,11 +112,14 @@ typedef struct tp__life {
      * atomic add each (sched.pub.basis: what the count has seen). Below 0
      * while retries wait beyond the capacity. Its own line: the submitter
      * and the starting worker write it per task.
-     * Kept only from the pool's first staged submit on (`room_live`, set
-     * once under the lock: tp__life_room_start): until then every
-     * admission is under the lock, where waiting + delayed decide space,
-     * so a pool that never stages (fair, elastic, or only ever given tasks
-     * with options) moves no line of its own per task for it. */
+     * Kept only from the pool's first try at a staged submit on
+     * (`room_live`, set once under the lock: tp__life_room_start, even if
+     * that try is then refused or locked): until then every admission is
+     * under the lock, where waiting + delayed decide space, so a pool that
+     * never stages moves no line of its own per task for it -- a fair or
+     * elastic pool, or one whose every submit takes the locked path (a
+     * user or any option but an on_done bound to a completion queue, an id
+     * asked, a group, a log id inherited; pool.c). */
     _Alignas(64) _Atomic int64_t room;
     _Atomic bool room_live;
     /* Then: what a task with a user, a deadline, a group or a retry uses. */
