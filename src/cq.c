@@ -141,11 +141,15 @@ static void fd_wake(tp_cq *cq) {
     while (n < 0 && errno == EINTR);
 }
 
+/* Under the lock, by whoever clears `woken`. An eventfd's one read takes
+ * its whole count (it is not a semaphore eventfd): one system call, not a
+ * second one that finds it empty; a pipe is read until it is empty. */
 static void fd_consume(tp_cq *cq) {
     uint64_t buf[8];
+    bool eventfd = cq->fds[0] == cq->fds[1];
     ssize_t n;
-    do n = read(cq->fds[0], buf, cq->fds[0] == cq->fds[1] ? sizeof buf[0] : sizeof buf);
-    while (n > 0 || (n < 0 && errno == EINTR));
+    do n = read(cq->fds[0], buf, eventfd ? sizeof buf[0] : sizeof buf);
+    while ((n > 0 && !eventfd) || (n < 0 && errno == EINTR));
 }
 
 /* ------------------------------------------------------------ the ring */
