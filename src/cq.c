@@ -146,10 +146,10 @@ static void fd_wake(tp_cq *cq) {
  * second one that finds it empty; a pipe is read until it is empty. */
 static void fd_consume(tp_cq *cq) {
     uint64_t buf[8];
-    bool eventfd = cq->fds[0] == cq->fds[1];
+    bool is_eventfd = cq->fds[0] == cq->fds[1];
     ssize_t n;
-    do n = read(cq->fds[0], buf, eventfd ? sizeof buf[0] : sizeof buf);
-    while ((n > 0 && !eventfd) || (n < 0 && errno == EINTR));
+    do n = read(cq->fds[0], buf, is_eventfd ? sizeof buf[0] : sizeof buf);
+    while ((n > 0 && !is_eventfd) || (n < 0 && errno == EINTR));
 }
 
 /* ------------------------------------------------------------ the ring */
