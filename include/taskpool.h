@@ -360,7 +360,7 @@ typedef int (*tp_fn)(tp_ctx *ctx, void *arg);
  * TP_ETIMEDOUT / TP_ECANCELED for a task ended without running (expired,
  * cancelled while queued or waiting for a retry, dropped by a forced shutdown;
  * TP_ETIMEDOUT also when its deadline passed while it waited for a retry),
- * or TP_ENOMEM for a lock-free submit's task that could not have a record
+ * or TP_ENOMEM for a staged submit's task that could not have a record
  * (see tp_submit, "Since 1.2": only when memory runs out).
  * Before it runs the task's counters are updated and its user slot released.
  * It is the place to free `arg`. */
@@ -433,19 +433,23 @@ typedef struct tp_task_opts {
  *   *id_out (if not NULL) holds the task id: unique in this pool, never 0.
  *   A deadline already passed is accepted; the task then expires unrun.
  *   Nothing of the caller is borrowed after the call (user, log id copied).
- *   Blocks only on the pool lock (with a cq, briefly on that queue's lock
- *   too), except that in an elastic pool it may start a worker thread.
+ *   Blocks only on the pool lock (a plain submit, below, on its ring's
+ *   put lock instead; with a cq, briefly on that queue's lock too), except
+ *   that in an elastic pool it may start a worker thread.
  *   Thread-safe; may be called from a task or an on_done.
  *   Since 1.2, a plain submit -- opts NULL, or opts that set cq and on_done
  *   and nothing else; id_out NULL; from a thread with no log id
  *   (tp_log_id_get() empty: not inside a task or an on_done, no
  *   tp_log_id_set) -- to a TP_SCHED_FIFO pool with fixed workers
- *   (max_workers = workers) takes no lock: it takes its place (and its
- *   completion queue's), hands the task to the next worker or locked call
- *   through a bounded ring and returns; the answers, the counters and one
+ *   (max_workers = workers) does not take the pool lock: it takes its
+ *   place (and its completion queue's), hands the task to the next worker
+ *   or locked call through a bounded ring under the ring's own put-side
+ *   lock (the two-lock queue: submitters hold it for a few dozen
+ *   instructions, workers never wait for it but to let a submit that holds
+ *   it finish) and returns; the answers, the counters and one
  *   thread's start order are the locked path's (a later locked submit of any
- *   thread first admits what was handed over before it, waiting for a submit
- *   that is between its place and its hand-over). Such a task is admitted
+ *   thread first admits what was handed over before it, waiting on the
+ *   ring's lock for a submit that is handing over). Such a task is admitted
  *   later, so should its record then fail to be allocated (only past the
  *   preallocated records, see Memory) it ends unrun, counted as failed,
  *   instead of being refused with TP_ENOMEM: its on_done, if it has one,

@@ -69,14 +69,15 @@
  *   read by both, written only on rare events: life.h's line of delayed,
  *     users at their limit, closed.
  * A staged task (a plain submit on a FIFO pool with fixed workers, stage.h)
- * never has S take the lock (but the pool's first, which starts the room
- * count): S writes the room count (life.h, its own
- * line; the starting worker gives the place back there), the ring's tail
- * and its slot (a slot, a line of its own, moves to the worker and back
- * once), and for a task bound to a completion queue that queue's places
- * line (cq.c); the worker, under a lock that only workers and locked
- * calls take, admits it (lines 2-4 above are then written on the worker's
- * side). S reads the sleepers' line after each submit; only a worker that
+ * never has S take the pool lock (but the pool's first, which starts the
+ * room count): S writes the room count (life.h, its own line; the starting
+ * worker gives the place back there), the ring's put side (its lock, tail
+ * and staged count: one line, which stays with S while S is the only
+ * submitter), and the ring's slot (a line of its own: it moves to the
+ * worker and back once), and for a task bound to a completion queue that
+ * queue's places line (cq.c); the worker, under the pool lock, which only
+ * workers and locked calls take, admits it (lines 2-4 above are then
+ * written on the worker's side). S reads the sleepers' line after each submit; only a worker that
  * parks writes it. Once a pool has tried to stage a task, its locked
  * admissions and its starts write the room count too; a pool that never
  * stages keeps none (life.h, `room`).
@@ -443,10 +444,13 @@ static void set_workers_stat_locked(tp_pool *p) { TP__SET(p->gauges.workers, run
 static void spin_for_work_locked(tp_pool *p, uint64_t since) {
     p->waiting.spin++;
     set_idle_stat_locked(p);
+    bool staging = tp__stage_on(&p->stage);
     tp__unlock(p);
     uint64_t until = since + TP__SPIN_NS;
     for (unsigned i = 1;; i++) {
-        if (TP__LOAD(p->life.sched.pub.count) != 0 || stage_pending(p)) break;
+        /* a published entry, by its slot: the submitters' line (`tail`, the
+         * put lock) is not pulled away from them at every poll */
+        if (TP__LOAD(p->life.sched.pub.count) != 0 || (staging && tp__stage_peek(&p->stage))) break;
         if ((i & 63) == 0) {
             if (tp_now_ns() >= until) break;
             sched_yield(); /* let a submitter that shares this CPU run */
@@ -509,13 +513,8 @@ static bool wait_for_work_locked(tp_pool *p, tp__worker *w, worker_turn *wt) {
             atomic_thread_fence(memory_order_seq_cst);
             if (stage_pending(p)) {
                 atomic_fetch_sub_explicit(&p->stage.sleepers, 1, memory_order_relaxed);
-                if (!tp__stage_peek(&p->stage)) {
-                    /* a submitter between its ticket and its publication,
-                     * which needs no lock: let it run */
-                    tp__unlock(p);
-                    sched_yield();
-                    tp__lock(p);
-                }
+                /* an entry not yet published: its submitter holds put */
+                if (!tp__stage_peek(&p->stage)) tp__stage_put_barrier(&p->stage);
                 continue; /* admitted at the top of the loop */
             }
         }
@@ -760,11 +759,10 @@ static void stage_absorb_locked(tp_pool *p, unsigned max, bool worker) {
         /* Popped once admitted: a reader of the statistics that no longer
          * counts it in the ring counts it among the waiting tasks (stats.c
          * reads the ring first) or sees it started. */
-        if (a.fn) {
-            int rc = tp__life_admit_staged(&p->life, &a, s->arg, &fx);
-            TP__ASSERT(rc == TP_OK || rc == TP_ENOMEM); /* its records' cap covers it (pool.c) */
-            if (rc != TP_OK) tp__life_staged_lost(&p->life, &a, s->arg, &fx);
-        }
+        TP__ASSERT(a.fn != NULL);
+        int rc = tp__life_admit_staged(&p->life, &a, s->arg, &fx);
+        TP__ASSERT(rc == TP_OK || rc == TP_ENOMEM); /* its records' cap covers it (pool.c) */
+        if (rc != TP_OK) tp__life_staged_lost(&p->life, &a, s->arg, &fx);
         tp__stage_pop(st, s); /* the slot may be reused from here */
     } while (--max > 0 && (s = tp__stage_peek(st)) != NULL);
     /* A worker admitting at the top of its turn takes a task next, and then
@@ -814,15 +812,14 @@ int tp__engine_submit_staged(tp_pool *p, tp_fn fn, void *arg, tp_done_fn on_done
         atomic_fetch_add_explicit(&p->fast_full, 1, memory_order_release);
         return TP_EFULL;
     }
+    tp__mutex_lock(&st->put);
     size_t ticket;
-    tp__stage_slot *s = tp__stage_claim(st, &ticket);
-    if (!s) {
-        stage_give_back(p, cq);
-        return TP__STAGE_LOCKED;
-    }
-    /* After the ticket: the closer either sees the ticket or is seen here. */
-    if (atomic_load_explicit(&st->closing, memory_order_seq_cst)) {
-        tp__stage_publish(s, ticket, NULL, NULL, NULL, NULL, 0); /* void: the locked path consumes it */
+    tp__stage_slot *s = NULL;
+    /* Under put: the closer either read a tail above this ticket or set
+     * the flag before this submit took put (stage.h, closing). */
+    if (!atomic_load_explicit(&st->closing, memory_order_relaxed)) s = tp__stage_claim(st, &ticket);
+    if (!s) { /* closing, or the ring is full: the locked path decides */
+        tp__mutex_unlock(&st->put);
         stage_give_back(p, cq);
         return TP__STAGE_LOCKED;
     }
@@ -831,9 +828,16 @@ int tp__engine_submit_staged(tp_pool *p, tp_fn fn, void *arg, tp_done_fn on_done
     if (hook) hook(p);
 #endif
     /* Accepted: counted before it is published, so no reader sees it start
-     * before it was accepted. */
-    atomic_fetch_add_explicit(&st->staged, 1, memory_order_release);
+     * before it was accepted. Written under put only: a store, not a
+     * read-modify-write. */
+    atomic_store_explicit(&st->staged, atomic_load_explicit(&st->staged, memory_order_relaxed) + 1,
+                          memory_order_release);
     tp__stage_publish(s, ticket, fn, arg, on_done, cq, now);
+    /* The next ticket's slot, which a worker gave back last (its cache
+     * holds it): fetched for writing now, it arrives while this submitter
+     * goes on, not while the next one holds put. A hint only. */
+    __builtin_prefetch(&st->slots[(ticket + 1) & st->mask], 1, 3);
+    tp__mutex_unlock(&st->put);
     atomic_thread_fence(memory_order_seq_cst); /* the entry before the sleepers (stage.h) */
     if (atomic_load_explicit(&st->sleepers, memory_order_relaxed)) stage_wake(p);
     return TP_OK;
@@ -841,20 +845,17 @@ int tp__engine_submit_staged(tp_pool *p, tp_fn fn, void *arg, tp_done_fn on_done
 
 /* A locked submit admits every entry whose ticket was taken before it
  * (stage.h): one thread's tasks keep their order across the two paths. An
- * entry not yet published (its submitter between its ticket and its store,
- * which needs no lock) is waited for without the lock. Entered and left
- * with mu held. */
+ * entry not yet published (its submitter holds put, between its ticket and
+ * its store) is waited for on put. Entered and left with mu held. */
 static void stage_absorb_all_locked(tp_pool *p) {
     tp__stage *st = &p->stage;
     if (!tp__stage_on(st)) return;
     size_t tail = atomic_load_explicit(&st->tail, memory_order_acquire);
-    for (;;) {
-        stage_absorb_locked(p, UINT_MAX, false);
-        if (tp__stage_passed(st, tail)) return;
-        tp__unlock(p);
-        sched_yield();
-        tp__lock(p);
-    }
+    stage_absorb_locked(p, UINT_MAX, false);
+    if (tp__stage_passed(st, tail)) return;
+    tp__stage_put_barrier(st);
+    stage_absorb_locked(p, UINT_MAX, false);
+    TP__ASSERT(tp__stage_passed(st, tail));
 }
 
 /* A closing pool stages nothing more: every ticket taken before the flag
@@ -862,13 +863,14 @@ static void stage_absorb_all_locked(tp_pool *p) {
 static void stage_close_locked(tp_pool *p) {
     tp__stage *st = &p->stage;
     if (!tp__stage_on(st) || atomic_load_explicit(&st->closing, memory_order_relaxed)) return;
-    atomic_store_explicit(&st->closing, true, memory_order_seq_cst);
-    size_t tail = atomic_load_explicit(&st->tail, memory_order_seq_cst);
-    for (;;) {
-        stage_absorb_locked(p, UINT_MAX, false);
-        if (tp__stage_passed(st, tail)) break;
-        sched_yield(); /* a submitter between its ticket and its publication */
-    }
+    atomic_store_explicit(&st->closing, true, memory_order_release);
+    /* after this, every submit that did not see the flag has published */
+    tp__mutex_lock(&st->put);
+    size_t tail = atomic_load_explicit(&st->tail, memory_order_relaxed);
+    tp__mutex_unlock(&st->put);
+    stage_absorb_locked(p, UINT_MAX, false);
+    TP__ASSERT(tp__stage_passed(st, tail));
+    (void)tail;
 }
 
 /* ------------------------------------------------------------ admission */

@@ -188,7 +188,8 @@ static bool stageable(const tp_task_opts *o) {
 int tp__submit_member(tp_pool *p, struct tp_group *g, tp_fn fn, void *arg, const tp_task_opts *opts,
                       uint64_t *id_out) {
     if (!p) return TP_EINVAL;
-    /* A plain submit on a pool that stages takes no lock (stage.h): no
+    /* A plain submit on a pool that stages takes not the pool lock but the
+     * ring's put lock (stage.h, the two-lock queue): no
      * options but an on_done bound to a completion queue, no id asked, no
      * log id inherited from a running task (its record may be reused before
      * the staged task is admitted). Without options, only fn is checked. */

@@ -65,9 +65,11 @@
  *   thread), each context's sleep_cv (ctx.c: tp_ctx_sleep), each
  *   group's cv (group.c waits, engine.c wakes). Waits for a completion
  *   queue's place are on that queue's own lock and condition (cq.h).
- *   The staged submits' ring (stage.h) has no lock: its producers never
- *   hold mu while they stage, and only a holder of mu consumes it; a
- *   submitter that must wake a parked worker takes mu after publishing.
+ *   The staged submits' ring (stage.h) is a two-lock queue: its put lock
+ *   (stage.put) comes after mu, and its holder takes no other lock; staged
+ *   submitters hold put alone, only a holder of mu consumes the ring, and a
+ *   holder of mu takes put only to wait for a submit mid-way. A submitter
+ *   that must wake a parked worker takes mu after releasing put.
  */
 #ifndef TP_POOL_H
 #define TP_POOL_H

@@ -5,43 +5,59 @@
  * queue, no id asked, not a group's) on a FIFO pool with a fixed number of
  * workers does not take the pool lock. It takes one of the pool's free
  * places (life.h, `room`: the exact count that every admission takes) and,
- * if it is bound, a place of its completion queue (cq.c), writes its
- * function, argument, on_done, queue and queue-wait stamp into this ring
- * and returns TP_OK: the task is accepted. A worker at the top of
- * its turn admits every published entry, oldest first, through life.c's
- * usual admission (tp__life_admit_staged). A locked submit (options, an id
- * asked, a batch, tp_submit_wait) first admits every entry whose ticket was
- * taken before it, waiting without the lock for one not yet published; so
- * one thread's submits keep their order whichever path each took. The ring
- * is part of the queue: the statistics count its entries as waiting.
+ * if it is bound, a place of its completion queue (cq.c), then, holding the
+ * ring's put lock, writes its function, argument, on_done, queue and
+ * queue-wait stamp into this ring and returns TP_OK: the task is accepted.
+ * A worker at the top of its turn admits every published entry, oldest
+ * first, through life.c's usual admission (tp__life_admit_staged). A locked
+ * submit (options, an id asked, a batch, tp_submit_wait) first admits every
+ * entry whose ticket was taken before it; so one thread's submits keep their
+ * order whichever path each took. The ring is part of the queue: the
+ * statistics count its entries as waiting.
  *
- * The ring is Vyukov's bounded multi-producer queue: a producer takes a
- * ticket by compare-and-swap on `tail` and publishes its slot with a release
- * store of the slot's sequence; the consumer (one at a time: it holds the
- * pool lock) reads a slot once its sequence says "published" and gives it
- * back with the sequence for the ticket one lap later. The ring has a slot
+ * This is the two-lock queue of SPEC.md section 1 (Michael & Scott's, as in
+ * Java's LinkedBlockingQueue), bounded: a put-side lock, `put`, that only
+ * staged submits hold (for a dozen instructions: the ticket, the slot, the
+ * counts); a take-side lock, the pool's mu, that every consumer holds; and
+ * an atomic count between them (life.h's room count, exact for both paths).
+ * The two sides meet only in a slot's sequence word, as the two-lock queue's
+ * meet in a node's `next`: a producer takes the ticket `tail` (under put),
+ * finds the slot one lap back consumed (its sequence equals the ticket),
+ * fills it and publishes it with a release store of the sequence (ticket +
+ * 1); the consumer reads a slot once its sequence says "published" and gives
+ * it back with the sequence for the ticket one lap later. The ring has a slot
  * per place of the queue (up to TP__STAGE_MAX), so an accepted entry always
  * finds one; past that size a submit that finds it full takes the locked
  * path (after giving its place back), which admits the ring first.
  *
- * Closing (engine.c, close_locked): a submit takes its ticket, then reads
- * `closing`; the closer sets `closing`, then reads `tail`, waits until every
- * ticket below it is published and admits them all before the pool closes.
- * With both pairs sequentially consistent, a submit either sees `closing`
- * (it publishes a void entry and takes the locked path, which answers
- * TP_ECLOSED) or its ticket is below the tail the closer read (it is
- * admitted). A staged task is never refused after its TP_OK.
+ * Waiting for a submit mid-way: `tail` only grows under put, so an entry
+ * below a `tail` that someone read is published, or its submitter holds put
+ * right now. A consumer that must have every such entry (a locked submit,
+ * the closer, a worker that would park) and finds one unpublished takes put
+ * and lets it go: that waits for the submitter on a lock, as any waiter in
+ * the pool does (no polling), and leaves every ticket below the tail it read
+ * published. Lock order: mu before put; a holder of put takes no other lock
+ * (engine.c's debug hook aside).
+ *
+ * Closing (engine.c, close_locked): the closer sets `closing`, then takes
+ * put and reads `tail`; a submit reads `closing` under put. Whichever holds
+ * put first orders the two: a submit after the closer sees the flag (it
+ * gives its places back and takes the locked path, which answers
+ * TP_ECLOSED), one before it has its ticket below the tail the closer read
+ * (it is admitted before the pool closes). A staged task is never refused
+ * after its TP_OK.
  *
  * Waking (engine.c, parking): a worker counts itself in `sleepers` before it
  * looks at the ring a last time and parks; a submit publishes, then reads
  * `sleepers` (a sequentially consistent fence between); one of the two sees
  * the other, so no staged task waits for a worker that sleeps.
  *
- * Cache lines: the ring's pointer and mask are read-only; `tail` and the
- * producers' count are the producers' line; `head` the consumer's; a slot
- * (a line of its own: two producers never write one line) moves once from
- * its producer to the consumer and back. The submitter touches neither the
- * lock's line nor the scheduler's.
+ * Cache lines: the ring's pointer and mask are read-only; put, `tail` and
+ * the staged count are the producers' line (with one producer it stays in
+ * its cache); `head` the consumer's; a slot (a line of its own: two
+ * producers never write one line) moves once from its producer to the
+ * consumer and back. The submitter touches neither the pool lock's line nor
+ * the scheduler's.
  *
  * Layer: a leaf (no pool); engine.c owns the instance and all the calls.
  */
@@ -64,7 +80,7 @@
 
 typedef struct tp__stage_slot {
     _Alignas(64) _Atomic size_t seq; /* ticket + 1: published; ticket: free for that ticket */
-    tp_fn fn;                        /* NULL: a void entry (a submit that met `closing`) */
+    tp_fn fn;
     void *arg;
     tp_done_fn on_done;   /* with cq, or both NULL */
     tp_cq *cq;            /* its place taken by the submitter */
@@ -77,9 +93,11 @@ typedef struct tp__stage {
     _Alignas(64) tp__stage_slot *slots; /* NULL: the pool does not stage */
     size_t mask;
     _Atomic bool closing;
-    /* The producers' line. */
-    _Alignas(64) _Atomic size_t tail;
-    _Atomic uint64_t staged; /* tasks accepted here: counted as submitted and accepted (stats.c) */
+    /* The producers' line: the put side's lock and what it guards. */
+    _Alignas(64) tp__mutex put;
+    _Atomic size_t tail; /* the next ticket: written under put only */
+    _Atomic uint64_t
+        staged; /* tasks accepted here (written under put): counted as submitted and accepted (stats.c) */
     /* The consumer's line (the pool lock held). */
     _Alignas(64) _Atomic size_t head;
     /* Parked workers (engine.c): written when a worker parks or wakes. */
@@ -88,7 +106,8 @@ typedef struct tp__stage {
 } tp__stage;
 
 /* Slots for a queue of `capacity` (cache-line aligned, so that no slot
- * straddles two lines); none when `on` is false. TP_OK or TP_ENOMEM. */
+ * straddles two lines) and the put lock; none when `on` is false. TP_OK or
+ * TP_ENOMEM. */
 static inline int tp__stage_init(tp__stage *st, unsigned capacity, bool on) {
     st->slots = NULL;
     st->mask = 0;
@@ -97,6 +116,11 @@ static inline int tp__stage_init(tp__stage *st, unsigned capacity, bool on) {
     while (n < capacity && n < TP__STAGE_MAX) n <<= 1;
     st->slots = (tp__stage_slot *)aligned_alloc(64, n * sizeof(tp__stage_slot));
     if (!st->slots) return TP_ENOMEM;
+    if (tp__mutex_init(&st->put, true) != 0) {
+        free(st->slots);
+        st->slots = NULL;
+        return TP_ENOMEM;
+    }
     for (size_t i = 0; i < n; i++) {
         atomic_init(&st->slots[i].seq, i);
         st->slots[i].fn = NULL;
@@ -115,35 +139,34 @@ static inline int tp__stage_init(tp__stage *st, unsigned capacity, bool on) {
 }
 
 static inline void tp__stage_fini(tp__stage *st) {
+    if (st->slots) tp__mutex_destroy(&st->put);
     free(st->slots);
     st->slots = NULL;
 }
 
 static inline bool tp__stage_on(const tp__stage *st) { return st->slots != NULL; }
 
-/* A ticket for a new entry: its slot, or NULL when the ring is full. */
+/* A ticket for a new entry, put held: its slot, or NULL when the ring is
+ * full (the slot one lap back is not consumed yet). */
 static inline tp__stage_slot *tp__stage_claim(tp__stage *st, size_t *ticket) {
+    TP__ASSERT_HELD(&st->put);
     size_t pos = atomic_load_explicit(&st->tail, memory_order_relaxed);
-    for (;;) {
-        tp__stage_slot *s = &st->slots[pos & st->mask];
-        size_t seq = atomic_load_explicit(&s->seq, memory_order_acquire);
-        intptr_t d = (intptr_t)(seq - pos); /* wraps with the counters */
-        if (d == 0) {
-            /* seq_cst: the closer's read of `tail` and this ticket (above) */
-            if (atomic_compare_exchange_weak_explicit(&st->tail, &pos, pos + 1, memory_order_seq_cst,
-                                                      memory_order_relaxed)) {
-                *ticket = pos;
-                return s;
-            }
-        } else if (d < 0) {
-            return NULL; /* the slot one lap back is not consumed yet: full */
-        } else {
-            pos = atomic_load_explicit(&st->tail, memory_order_relaxed);
-        }
-    }
+    tp__stage_slot *s = &st->slots[pos & st->mask];
+    if (atomic_load_explicit(&s->seq, memory_order_acquire) != pos) return NULL;
+    atomic_store_explicit(&st->tail, pos + 1, memory_order_release);
+    *ticket = pos;
+    return s;
 }
 
-/* Publish the claimed slot's entry (fn NULL: void). */
+/* Wait for a submit that holds put (mid-way between its ticket and its
+ * publication): every ticket below the tail read before this call is
+ * published after it. Any thread, mu held or not (mu comes before put). */
+static inline void tp__stage_put_barrier(tp__stage *st) {
+    tp__mutex_lock(&st->put);
+    tp__mutex_unlock(&st->put);
+}
+
+/* Publish the claimed slot's entry, put held. */
 static inline void tp__stage_publish(tp__stage_slot *s, size_t ticket, tp_fn fn, void *arg,
                                      tp_done_fn on_done, tp_cq *cq, uint64_t now) {
     s->fn = fn;
@@ -154,7 +177,9 @@ static inline void tp__stage_publish(tp__stage_slot *s, size_t ticket, tp_fn fn,
     atomic_store_explicit(&s->seq, ticket + 1, memory_order_release);
 }
 
-/* The consumer (pool lock held): the oldest published entry, or NULL. */
+/* The consumer (pool lock held): the oldest published entry, or NULL. Also
+ * a poll without the lock (a spinning worker), which the caller repeats
+ * under the lock. */
 static inline tp__stage_slot *tp__stage_peek(tp__stage *st) {
     size_t h = atomic_load_explicit(&st->head, memory_order_relaxed);
     tp__stage_slot *s = &st->slots[h & st->mask];
@@ -171,7 +196,7 @@ static inline void tp__stage_pop(tp__stage *st, tp__stage_slot *s) {
 /* Entries claimed and not yet consumed (published or not), without the
  * lock. The tail first: an entry claimed after that read is not counted, and
  * one consumed meanwhile is not counted either (never more than the ring
- * held at some moment). A claim that turns out void counts until consumed. */
+ * held at some moment). An entry counts from its ticket on. */
 static inline uint32_t tp__stage_count(const tp__stage *st) {
     if (!st->slots) return 0;
     size_t t = atomic_load_explicit(&st->tail, memory_order_acquire);

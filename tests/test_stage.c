@@ -326,7 +326,8 @@ static void test_staged_order_with_locked(void **state) {
 }
 
 #if defined(TP__DEBUG)
-/* The submitter that the hook holds between its ticket and its entry. */
+/* The submitter that the hook holds between its ticket and its entry: it
+ * holds the ring's put lock meanwhile (stage.h). */
 static tpt_latch *claim_gate;
 static atomic_int claim_hold;    /* hold the next staged submit that claims */
 static atomic_int claim_waiting; /* it is held now */
@@ -341,62 +342,74 @@ static void claim_hook(tp_pool *p) {
 
 typedef struct held_submit {
     tp_pool *p;
-    order_task *task;
+    order_task *task;  /* staged */
+    order_task *after; /* then, from the same thread, a locked submit (an id asked); NULL: none */
     atomic_int rc;
 } held_submit;
 
 static void *held_submit_main(void *arg) {
     held_submit *h = (held_submit *)arg;
-    atomic_store(&h->rc, tp_submit(h->p, order_fn, h->task, NULL, NULL));
+    int rc = tp_submit(h->p, order_fn, h->task, NULL, NULL);
+    uint64_t id = 0;
+    if (rc == TP_OK && h->after) rc = tp_submit(h->p, order_fn, h->after, NULL, &id);
+    atomic_store(&h->rc, rc);
     return NULL;
 }
 
 static void *open_later(void *arg) {
-    tpt_sleep_ns(TPT_MS(50)); /* long enough for the locked submit to wait; any length keeps the order */
+    tpt_sleep_ns(TPT_MS(50)); /* long enough for the others to wait; any length keeps the order */
     tpt_latch_open((tpt_latch *)arg);
     return NULL;
 }
 #endif
 
-/* Another thread took a ticket before this one's staged task and has not
- * published yet (held by the debug hook): this thread's staged A, then its
- * locked B, must still start A before B. The locked submit admits every
- * ticket taken before it, waiting for the unpublished one. */
-static void test_staged_order_behind_unpublished(void **state) {
+/* A staged submit held between its ticket and its entry (the debug hook)
+ * holds the ring's put lock. Meanwhile a locked submit of another thread
+ * waits for it on that lock and admits it first; a second thread's staged
+ * A waits for the lock, then its locked B starts after A. Whatever the
+ * interleaving: the held task starts before the locked one that came after
+ * its ticket and before A, A before B, and all four run once. */
+static void test_staged_wait_for_unpublished(void **state) {
 #if defined(TP__DEBUG)
     tpt_fixture *f = tpt_fx(state);
     tpt_latch *l = tpt_fx_latch(f);
     claim_gate = tpt_fx_latch(f);
     tp_pool *p = tpt_quiet_pool(f, 1, 8, TP_UNLIMITED);
     order_log *log = tpt_fx_alloc(f, sizeof *log);
-    order_task *tasks = tpt_fx_alloc(f, 3 * sizeof *tasks);
+    order_task *tasks = tpt_fx_alloc(f, 4 * sizeof *tasks);
     atomic_init(&log->next, 0);
     atomic_init(&log->done, 0);
-    for (int i = 0; i < 3; i++) tasks[i] = (order_task){log, i};
+    for (int i = 0; i < 4; i++) tasks[i] = (order_task){log, i};
     tpt_fill_workers(p, l, 1, NULL);
     atomic_store(&claim_waiting, 0);
     atomic_store(&claim_hold, 1);
     atomic_store(&tp__test_stage_claimed, claim_hook);
-    held_submit h = {p, &tasks[0], 0};
+    held_submit h = {p, &tasks[0], NULL, 0};
+    held_submit t = {p, &tasks[1], &tasks[2], 0}; /* A, then B */
     atomic_init(&h.rc, 99);
-    pthread_t th, opener;
+    atomic_init(&t.rc, 99);
+    pthread_t th, tt, opener;
     assert_int_equal(pthread_create(&th, NULL, held_submit_main, &h), 0);
     TPT_EVENTUALLY(atomic_load(&claim_waiting) == 1);
-    assert_int_equal(tp_submit(p, order_fn, &tasks[1], NULL, NULL),
-                     TP_OK); /* A: staged behind the held one */
+    assert_int_equal(pthread_create(&tt, NULL, held_submit_main, &t), 0);
     assert_int_equal(pthread_create(&opener, NULL, open_later, claim_gate), 0);
     uint64_t id = 0;
-    assert_int_equal(tp_submit(p, order_fn, &tasks[2], NULL, &id), TP_OK); /* B: locked */
+    assert_int_equal(tp_submit(p, order_fn, &tasks[3], NULL, &id), TP_OK); /* locked, after the held ticket */
     assert_int_equal(pthread_join(opener, NULL), 0);
     assert_int_equal(pthread_join(th, NULL), 0);
+    assert_int_equal(pthread_join(tt, NULL), 0);
     atomic_store(&tp__test_stage_claimed, NULL);
     assert_int_equal(atomic_load(&h.rc), TP_OK);
+    assert_int_equal(atomic_load(&t.rc), TP_OK);
     tpt_latch_open(l);
-    TPT_EVENTUALLY(atomic_load(&log->done) == 3);
-    int where[3];
-    for (int i = 0; i < 3; i++) where[atomic_load(&log->at[i])] = i;
+    TPT_EVENTUALLY(atomic_load(&log->done) == 4);
+    int where[4];
+    for (int i = 0; i < 4; i++) where[atomic_load(&log->at[i])] = i;
+    if (where[0] > where[3]) fail_msg("the locked submit started before the staged task held before it");
+    if (where[0] > where[1]) fail_msg("a staged task overtook the one that held the put lock");
     if (where[1] > where[2]) fail_msg("the locked submit B started before the same thread's staged A");
-    tpt_finish(p);
+    tp_stats s = tpt_finish(p);
+    tpt_assert_counts(s, TPT_EQ(accepted, 5), TPT_EQ(completed, 5)); /* the four and the latch's filler */
 #else
     (void)state;
     skip();
@@ -549,7 +562,7 @@ int main(void) {
         TPT_TEST(test_staged_bound),
         TPT_TEST(test_staged_bound_checks),
         TPT_TEST(test_staged_order_with_locked),
-        TPT_TEST(test_staged_order_behind_unpublished),
+        TPT_TEST(test_staged_wait_for_unpublished),
         TPT_TEST(test_staged_wakes_idle_pool),
         TPT_TEST(test_staged_close_race),
         TPT_TEST(test_staged_forced_shutdown),
