@@ -96,8 +96,9 @@ typedef struct tp__stage {
     /* The producers' line: the put side's lock and what it guards. */
     _Alignas(64) tp__mutex put;
     _Atomic size_t tail; /* the next ticket: written under put only */
-    _Atomic uint64_t
-        staged; /* tasks accepted here (written under put): counted as submitted and accepted (stats.c) */
+    /* Tasks accepted here (written under put): counted as submitted and
+     * accepted (stats.c). */
+    _Atomic uint64_t staged;
     /* The consumer's line (the pool lock held). */
     _Alignas(64) _Atomic size_t head;
     /* Parked workers (engine.c): written when a worker parks or wakes. */
