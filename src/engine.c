@@ -77,8 +77,8 @@
  * worker and back once), and for a task bound to a completion queue that
  * queue's places line (cq.c); the worker, under the pool lock, which only
  * workers and locked calls take, admits it (lines 2-4 above are then
- * written on the worker's side). S reads the sleepers' line after each submit; only a worker that
- * parks writes it. Once a pool has tried to stage a task, its locked
+ * written on the worker's side). S reads the sleepers' line in each submit
+ * (under put); only a worker that parks writes it, and then takes put once. Once a pool has tried to stage a task, its locked
  * admissions and its starts write the room count too; a pool that never
  * stages keeps none (life.h, `room`).
  * A task with a user adds its entry's first line (users.h: the slot count
@@ -504,13 +504,14 @@ static bool wait_for_work_locked(tp_pool *p, tp__worker *w, worker_turn *wt) {
          * way may still fail, and then this worker is one of the minimum. */
         bool elastic = running_workers_locked(p) > p->cfg.min_workers && p->cfg.idle_timeout != TP_FOREVER;
         uint64_t until = elastic ? tp__deadline_after(idle_since, p->cfg.idle_timeout) : TP_FOREVER;
-        /* Counted among the sleepers before a last look at the staged
-         * submits: a submit that publishes after this look sees the count
-         * (stage.h). */
+        /* Counted among the sleepers, then put taken and let go, before a
+         * last look at the staged submits: a submit that held put before
+         * that is seen by the look, one after it sees the count (stage.h,
+         * waking). */
         bool staging = tp__stage_on(&p->stage);
         if (staging) {
-            atomic_fetch_add_explicit(&p->stage.sleepers, 1, memory_order_seq_cst);
-            atomic_thread_fence(memory_order_seq_cst);
+            atomic_fetch_add_explicit(&p->stage.sleepers, 1, memory_order_relaxed);
+            tp__stage_put_barrier(&p->stage);
             if (stage_pending(p)) {
                 atomic_fetch_sub_explicit(&p->stage.sleepers, 1, memory_order_relaxed);
                 /* an entry not yet published: its submitter holds put */
@@ -837,9 +838,11 @@ int tp__engine_submit_staged(tp_pool *p, tp_fn fn, void *arg, tp_done_fn on_done
      * holds it): fetched for writing now, it arrives while this submitter
      * goes on, not while the next one holds put. A hint only. */
     __builtin_prefetch(&st->slots[(ticket + 1) & st->mask], 1, 3);
+    /* Read under put: a worker that counted itself before this submit took
+     * put is seen here (stage.h, waking). */
+    bool sleepers = atomic_load_explicit(&st->sleepers, memory_order_relaxed) != 0;
     tp__mutex_unlock(&st->put);
-    atomic_thread_fence(memory_order_seq_cst); /* the entry before the sleepers (stage.h) */
-    if (atomic_load_explicit(&st->sleepers, memory_order_relaxed)) stage_wake(p);
+    if (sleepers) stage_wake(p);
     return TP_OK;
 }
 

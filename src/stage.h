@@ -47,10 +47,13 @@
  * (it is admitted before the pool closes). A staged task is never refused
  * after its TP_OK.
  *
- * Waking (engine.c, parking): a worker counts itself in `sleepers` before it
- * looks at the ring a last time and parks; a submit publishes, then reads
- * `sleepers` (a sequentially consistent fence between); one of the two sees
- * the other, so no staged task waits for a worker that sleeps.
+ * Waking (engine.c, parking), ordered by put as closing is: a worker counts
+ * itself in `sleepers`, takes put and lets it go, then looks at the ring a
+ * last time and parks; a submit reads `sleepers` under put, after its entry.
+ * A submit that held put before the worker did is seen by that look; one
+ * that held it after sees the count and wakes a worker (after it lets put
+ * go: it takes mu then). So no staged task waits for a worker that sleeps,
+ * and a submit pays no fence for it (the worker about to park pays a lock).
  *
  * Cache lines: the ring's pointer and mask are read-only; put, `tail` and
  * the staged count are the producers' line (with one producer it stays in
