@@ -78,9 +78,10 @@
  * queue's places line (cq.c); the worker, under the pool lock, which only
  * workers and locked calls take, admits it (lines 2-4 above are then
  * written on the worker's side). S reads the sleepers' line in each submit
- * (under put); only a worker that parks writes it, and then takes put once. Once a pool has tried to stage a task, its locked
- * admissions and its starts write the room count too; a pool that never
- * stages keeps none (life.h, `room`).
+ * (under put); only a worker that parks writes it, and then takes put once.
+ * Once a pool has tried to stage a task, its locked admissions and its
+ * starts write the room count too; a pool that never stages keeps none
+ * (life.h, `room`).
  * A task with a user adds its entry's first line (users.h: the slot count
  * and, in a fair pool, the flow's priority-0 part; S and W write it) and,
  * read by S only, the name's line and the bucket's slot. With few users
