@@ -908,6 +908,11 @@ static void test_event_loop_drainer_and_racing_pushes(void **state) {
  *      tp_cq_wait after draining Z;
  *   4. the hook lets A's push go on: A's completion waits, so the
  *      descriptor must be readable (and tp_cq_wait must return TP_OK).
+ * A is submitted from another thread: the worker pushes under the pool lock
+ * (it ends the task there), and a submit may need that lock to wake a
+ * worker (one counted as a sleeper that then found A itself), so it may
+ * return only once the held push goes on (it did so once in ~150 runs under
+ * ThreadSanitizer, and the drain then saw A published).
  */
 #if defined(TP__DEBUG)
 static tp_cq *held_q;
@@ -931,6 +936,18 @@ static void *held_waiter(void *arg) {
     atomic_store(&w->done, 1);
     return NULL;
 }
+
+typedef struct submitter_arg {
+    tp_pool *p;
+    tp_cq *q;
+    atomic_int rc;
+} submitter_arg;
+
+static void *held_submitter(void *arg) {
+    submitter_arg *s = arg;
+    atomic_store(&s->rc, submit_rec(s->p, s->q, 1, NULL)); /* A */
+    return NULL;
+}
 #endif
 
 static void test_push_under_way_when_drained(void **state) {
@@ -948,23 +965,31 @@ static void test_push_under_way_when_drained(void **state) {
         wait_completed(p, ++completed);
         assert_true(readable(q));
         atomic_store(&held_arm, 1);
-        assert_int_equal(submit_rec(p, q, 1, NULL), TP_OK); /* A */
+        /* fixture memory, as the threads' arguments: they outlive a failure */
+        submitter_arg *sa = tpt_fx_new(f, submitter_arg);
+        sa->p = p;
+        sa->q = q;
+        atomic_store(&sa->rc, 1);
+        tpt_fx_thr *sub = tpt_fx_thread(f, held_submitter, sa); /* A */
         TPT_EVENTUALLY(atomic_load(&held_in));
         assert_int_equal(drain(q, 0), 1); /* Z; A is under way */
         assert_false(readable(q));        /* the drain took all that was published */
-        waiter_arg w = {q, 0, 0};
+        waiter_arg *w = tpt_fx_new(f, waiter_arg);
+        w->q = q;
         tpt_fx_thr *th = NULL;
         if (round == 1) {
-            th = tpt_fx_thread(f, held_waiter, &w);
+            th = tpt_fx_thread(f, held_waiter, w);
             tpt_sleep_ns(TPT_MS(20)); /* (not needed for the check: gives it time to sleep) */
-            assert_false(atomic_load(&w.done));
+            assert_false(atomic_load(&w->done));
         }
         unsigned long slow = atomic_load(&tp__test_cq_slow_pushes);
         atomic_store(&held_go, 1);
+        tpt_fx_join(sub);
+        assert_int_equal(atomic_load(&sa->rc), TP_OK);
         wait_completed(p, ++completed);
         if (th) {
             tpt_fx_join(th);
-            assert_int_equal(atomic_load(&w.rc), TP_OK);
+            assert_int_equal(atomic_load(&w->rc), TP_OK);
         }
         if (!readable(q)) fail_msg("round %d: A's completion waits, the descriptor is quiet", round);
         /* A took the slow way and woke the descriptor: the next push (B,
