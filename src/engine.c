@@ -70,8 +70,10 @@
  *     users at their limit, closed.
  * A staged task (a plain submit on a FIFO pool with fixed workers, stage.h)
  * never has S take the pool lock (but the pool's first, which starts the
- * room count): S writes the room count (life.h, its own line; the starting
- * worker gives the place back there), the ring's put side (its lock, tail
+ * room count): S writes the room count's taken places (life.h,
+ * `room_taken`: its own line; S reads the places that starts gave back,
+ * on the scheduler's first line, only when its last look at them leaves no
+ * free place), the ring's put side (its lock, tail
  * and staged count: one line, which stays with S while S is the only
  * submitter), and the ring's slot (a line of its own: it moves to the
  * worker and back once), and for a task bound to a completion queue that
@@ -79,9 +81,10 @@
  * workers and locked calls take, admits it (lines 2-4 above are then
  * written on the worker's side). S reads the sleepers' line in each submit
  * (under put); only a worker that parks writes it, and then takes put once.
- * Once a pool has tried to stage a task, its locked admissions and its
- * starts write the room count too; a pool that never stages keeps none
- * (life.h, `room`).
+ * Once a pool has tried to stage a task, its locked admissions write
+ * `room_taken` too and its starts the places given back (a line they
+ * write anyway); a pool that never stages keeps no count
+ * (life.h, `room_taken`).
  * A task with a user adds its entry's first line (users.h: the slot count
  * and, in a fair pool, the flow's priority-0 part; S and W write it) and,
  * read by S only, the name's line and the bucket's slot. With few users
@@ -803,7 +806,7 @@ int tp__engine_submit_staged(tp_pool *p, tp_fn fn, void *arg, tp_done_fn on_done
     }
     /* The places as the locked admission takes them (life.c, admit): a look
      * at the room, the completion queue's, then the room's. */
-    bool full = atomic_load_explicit(&p->life.room, memory_order_relaxed) <= 0;
+    bool full = tp__life_room_full(&p->life);
     if (!full && cq && !tp__cq_reserve(cq)) full = true;
     if (!full && !tp__life_room_take(&p->life)) {
         if (cq) tp__cq_release(cq, 1);

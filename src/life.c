@@ -63,7 +63,7 @@
 _Static_assert(offsetof(tp__life, tasks) + offsetof(tp__tasks, indexed) + sizeof(bool) <=
                    offsetof(tp__life, next_id) + 64,
                "admission's fields leave the submitter's line");
-_Static_assert(offsetof(tp__sched, in_lists) + sizeof(unsigned) <= 64,
+_Static_assert(offsetof(tp__sched, given) + sizeof(uint32_t) <= 64,
                "the scheduler's hot fields leave the published words' line");
 
 int tp__life_init(tp__life *L, const tp__life_cfg *cfg, tp__st_calls *calls, tp__st_gauges *gauges,
@@ -72,7 +72,10 @@ int tp__life_init(tp__life *L, const tp__life_cfg *cfg, tp__st_calls *calls, tp_
     L->calls = calls;
     L->gauges = gauges;
     L->queued_deadline_min = TP_FOREVER;
-    atomic_init(&L->room, (int64_t)cfg->capacity); /* (set again when kept: tp__life_room_start) */
+    atomic_init(&L->room_taken, 0); /* (set when kept: tp__life_room_start) */
+    atomic_init(&L->room_seen, 0);
+    atomic_init(&L->sched.given, 0);
+    L->room_capacity = (int64_t)cfg->capacity;
     atomic_init(&L->room_live, false);
     if (tp__sched_init(&L->sched, cfg->waiting_max, fair, starve_limit, low_max) != 0 ||
         tp__tasks_init(&L->tasks, prealloc, cfg->waiting_max, fair ? 3 : 2) != 0 ||
@@ -130,19 +133,25 @@ void tp__life_room_start(tp__life *L) {
      * free places the waiting set leaves, exactly. */
     uint32_t now = tp__sched_waiting(&L->sched) + L->delayed;
     L->sched.pub.basis = now;
-    atomic_store_explicit(&L->room, (int64_t)L->cfg.capacity - (int64_t)now, memory_order_relaxed);
+    int64_t base = (int64_t)UINT32_MAX - 255; /* given wraps after 256 places (life.h) */
+    atomic_store_explicit(&L->sched.given, (uint32_t)base, memory_order_relaxed);
+    atomic_store_explicit(&L->room_seen, base, memory_order_relaxed);
+    atomic_store_explicit(&L->room_taken, base + (int64_t)now, memory_order_relaxed);
     atomic_store_explicit(&L->room_live, true, memory_order_release);
 }
 
 /* The places that waiting + delayed changed by since the room count last saw
- * them, as one atomic add (life.h, `room`). An admission took its place
+ * them, as one atomic add (life.h, `room_taken`). An admission took its place
  * before its task waits, and counts it in the basis itself (admit). */
 static void room_sync(tp__life *L) {
     uint32_t now = tp__sched_waiting(&L->sched) + L->delayed;
     uint32_t was = L->sched.pub.basis;
     if (now == was || was == TP__ROOM_OFF) return;
     L->sched.pub.basis = now;
-    atomic_fetch_add_explicit(&L->room, (int64_t)was - (int64_t)now, memory_order_release);
+    if (now < was)
+        atomic_fetch_add_explicit(&L->sched.given, was - now, memory_order_release);
+    else /* it grew without a place taken (a retry delayed): as if it took them */
+        atomic_fetch_add_explicit(&L->room_taken, (int64_t)now - (int64_t)was, memory_order_release);
 }
 
 /*
@@ -534,8 +543,8 @@ static int admit(tp__life *L, const tp__admit_args *a, void *arg, uint64_t *id_o
      * refuses: a staged submit meanwhile would be refused for nothing. */
     if (!staged) {
         bool live = room_live(L);
-        bool full = live ? atomic_load_explicit(&L->room, memory_order_relaxed) <= 0
-                         : tp__sched_waiting(&L->sched) + L->delayed >= L->cfg.capacity;
+        bool full =
+            live ? tp__life_room_full(L) : tp__sched_waiting(&L->sched) + L->delayed >= L->cfg.capacity;
         if (full) return TP_EFULL;
         if (a->cq && !tp__cq_reserve(a->cq)) return TP__EFULL_CQ;
         if (live && !tp__life_room_take(L)) { /* a staged submit took the last one meanwhile */

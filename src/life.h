@@ -88,7 +88,7 @@ typedef struct tp__life {
     unsigned users_at_limit; /* users holding max_per_user slots */
     bool closed;             /* no more admissions */
     bool forced;             /* no more retries; waiting tasks were dropped */
-    bool room_hold;          /* a due retry moves to the queue: `room` is synced after (life.c) */
+    bool room_hold;          /* a due retry moves to the queue: the room count is synced after (life.c) */
     /* Then the waiting tasks. The first line of the scheduler is the one
      * line that every push and every start writes, the submitter's and the
      * workers' alike; it carries the two words this file publishes for
@@ -106,12 +106,28 @@ typedef struct tp__life {
     unsigned retired;             /* tasks retired */
     unsigned with_deadline;       /* unfinished tasks that carry a deadline */
     /* The free places, exact: capacity - (waiting + delayed) - places taken
-     * by admissions not yet waiting (a staged task: stage.h). Taken by
-     * compare-and-swap (tp__life_room_take, with or without the lock); given
-     * back by the waiting set's changes, which adm_publish turns into one
-     * atomic add each (sched.pub.basis: what the count has seen). Below 0
-     * while retries wait beyond the capacity. Its own line: the submitter
-     * and the starting worker write it per task.
+     * by admissions not yet waiting (a staged task: stage.h), kept as two
+     * counts that only grow: capacity + given - room_taken. room_taken
+     * counts the places taken (a compare-and-swap: tp__life_room_take,
+     * with or without the lock) and the waiting set's growths that took
+     * none (a retry delayed); sched.given, on the line that every start
+     * writes anyway, the places given back: the waiting set's shrinking
+     * (adm_publish turns each change into one atomic add: sched.pub.basis
+     * is what the count has seen) and places taken and not used. Below 0
+     * while retries wait beyond the capacity.
+     * So a submitter, which writes room_taken per task, reads the starting
+     * workers' count only when its last look at it (room_seen, never
+     * above it) leaves no place, and a start writes no line of the
+     * submitter's: where the queue does not fill, no line moves per task
+     * for the bound. A refusal reads given after room_taken: both only
+     * grow, so at that read the places were at most what it computed.
+     * sched.given is 32 bits (the scheduler's first line is full); it is
+     * widened from room_seen, which it exceeds by less than 2^32: given <=
+     * room_taken (the free places never exceed the capacity), and
+     * room_taken < room_seen + capacity + 1 but for the delayed retries'
+     * growths, after which the next look reads given. The counts start
+     * 256 places short of given's wrap (tp__life_room_start), so that every
+     * pool that stages goes through it soon, tests included.
      * Kept only from the pool's first try at a staged submit on
      * (`room_live`, set once under the lock: tp__life_room_start, even if
      * that try is then refused or locked): until then every admission is
@@ -120,7 +136,9 @@ typedef struct tp__life {
      * elastic pool, or one whose every submit takes the locked path (a
      * user or any option but an on_done bound to a completion queue, an id
      * asked, a group, a log id inherited; pool.c). */
-    _Alignas(64) _Atomic int64_t room;
+    _Alignas(64) _Atomic int64_t room_taken;
+    _Atomic int64_t room_seen; /* sched.given as last read, widened */
+    int64_t room_capacity;     /* cfg.capacity, on this line */
     _Atomic bool room_live;
     /* Then: what a task with a user, a deadline, a group or a retry uses. */
     _Alignas(64) tp__users users;
@@ -169,7 +187,7 @@ int tp__life_admit_staged(tp__life *L, const tp__admit_args *a, void *arg, tp__f
  * any) queued on its completion queue with TP_ENOMEM. A forced shutdown
  * never needs it: close admits every staged task first. */
 void tp__life_staged_lost(tp__life *L, const tp__admit_args *a, void *arg, tp__fx *fx);
-/* With the lock: keep the room count from now on (life.h, `room`), for a
+/* With the lock: keep the room count from now on (life.h, `room_taken`), for a
  * first staged submit; nothing if it is kept already. */
 void tp__life_room_start(tp__life *L);
 /* Without the lock: whether the room count is kept (acquire: then its value
@@ -177,19 +195,41 @@ void tp__life_room_start(tp__life *L);
 static inline bool tp__life_room_live(tp__life *L) {
     return atomic_load_explicit(&L->room_live, memory_order_acquire);
 }
+/* The places given back (sched.given), read now and widened from an
+ * earlier read `seen` (life.h, `room_taken`); stored as the next look's. */
+static inline int64_t tp__life_room_given(tp__life *L, int64_t seen) {
+    uint32_t g = atomic_load_explicit(&L->sched.given, memory_order_acquire);
+    int64_t now = seen + (int64_t)(uint32_t)(g - (uint32_t)seen);
+    atomic_store_explicit(&L->room_seen, now, memory_order_relaxed);
+    return now;
+}
+/* Without the lock, once the count is kept: whether no place is free, as
+ * the count stood at one moment (a look before taking one). */
+static inline bool tp__life_room_full(tp__life *L) {
+    int64_t t = atomic_load_explicit(&L->room_taken, memory_order_acquire); /* before given's */
+    int64_t g = atomic_load_explicit(&L->room_seen, memory_order_relaxed);
+    if (L->room_capacity + g - t > 0) return false;
+    return L->room_capacity + tp__life_room_given(L, g) - t <= 0;
+}
 /* Without the lock, once the count is kept: take one free place (true), or
- * none is free (false). */
+ * none is free (false: so it was when given was read). A place is taken
+ * only while capacity + room_seen - room_taken, which never exceeds the
+ * free places, leaves one. */
 static inline bool tp__life_room_take(tp__life *L) {
-    int64_t r = atomic_load_explicit(&L->room, memory_order_relaxed);
+    int64_t t = atomic_load_explicit(&L->room_taken, memory_order_acquire); /* before given's */
+    int64_t g = atomic_load_explicit(&L->room_seen, memory_order_relaxed);
     do {
-        if (r <= 0) return false;
-    } while (!atomic_compare_exchange_weak_explicit(&L->room, &r, r - 1, memory_order_acq_rel,
-                                                    memory_order_relaxed));
+        if (L->room_capacity + g - t <= 0) {
+            g = tp__life_room_given(L, g); /* read after t */
+            if (L->room_capacity + g - t <= 0) return false;
+        }
+    } while (!atomic_compare_exchange_weak_explicit(&L->room_taken, &t, t + 1, memory_order_acq_rel,
+                                                    memory_order_acquire));
     return true;
 }
 /* Give back a place taken by tp__life_room_take that no task used. */
 static inline void tp__life_room_give(tp__life *L) {
-    atomic_fetch_add_explicit(&L->room, 1, memory_order_release);
+    atomic_fetch_add_explicit(&L->sched.given, 1, memory_order_release);
 }
 /* Without the lock, before taking it: warm the lines that tp__life_admit
  * will read for a's user (tp__users_prefetch); nothing if it names none. */

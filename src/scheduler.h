@@ -92,7 +92,8 @@ typedef struct tp__lane {
 typedef struct tp__sched_pub {
     _Atomic uint64_t word;
     _Atomic uint32_t count;
-    uint32_t basis; /* the owner's, not published: waiting + delayed as its `room` counts them */
+    uint32_t
+        basis; /* the owner's, not published: waiting + delayed as the room count (life.h) has seen them */
 } tp__sched_pub;
 
 typedef struct tp__sched {
@@ -104,11 +105,16 @@ typedef struct tp__sched {
     tp__ring ring;                  /* FIFO pools: lane 0 */
     _Atomic uint64_t ring_head_at;  /* FIFO pools: queue stamp of the ring's head, 0 if empty */
     unsigned waiting;               /* in every lane */
-    unsigned in_lists;              /* waiting outside the ring (FIFO pools: lanes other than 0) */
-    unsigned starve_limit;          /* prio_starve_limit, resolved; TP_UNLIMITED: strict */
-    unsigned low_max;               /* low_prio_max_running; 0: no limit */
-    unsigned low_running;           /* running tasks of priority < 0 */
-    bool fair;                      /* TP_SCHED_FAIR */
+    /* The owner's, as pub: the places its waiting set gave back (life.h,
+     * the room count), modulo 2^32. */
+    _Atomic uint32_t given;
+    /* The second line: read per start, written only by pushes and starts
+     * outside the ring. */
+    unsigned in_lists;     /* waiting outside the ring (FIFO pools: lanes other than 0) */
+    unsigned starve_limit; /* prio_starve_limit, resolved; TP_UNLIMITED: strict */
+    unsigned low_max;      /* low_prio_max_running; 0: no limit */
+    unsigned low_running;  /* running tasks of priority < 0 */
+    bool fair;             /* TP_SCHED_FAIR */
     /* The rest: lanes other than a FIFO pool's lane 0, and fair rounds. */
     tp__flow anon; /* fair pools: the tasks without a user */
     tp__lane lane[TP__LANES];

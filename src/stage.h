@@ -4,7 +4,7 @@
  * A plain tp_submit (no options but an on_done bound to a completion
  * queue, no id asked, not a group's) on a FIFO pool with a fixed number of
  * workers does not take the pool lock. It takes one of the pool's free
- * places (life.h, `room`: the exact count that every admission takes) and,
+ * places (life.h, `room_taken`: the exact count that every admission takes) and,
  * if it is bound, a place of its completion queue (cq.c), then, holding the
  * ring's put lock, writes its function, argument, on_done, queue and
  * queue-wait stamp into this ring and returns TP_OK: the task is accepted.

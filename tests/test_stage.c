@@ -103,7 +103,7 @@ static int fail_once_fn(tp_ctx *c, void *arg) {
 }
 
 /* A pool keeps the count that staged submits take places from (src/life.h,
- * `room`) only from its first staged submit on; until then every admission
+ * `room_taken`) only from its first staged submit on; until then every admission
  * is locked. The tasks waiting then, and a retry waiting for its delay, hold
  * their places in it: with the worker held, two tasks waiting and one retry
  * delayed in six places, exactly three plain submits are accepted, both
@@ -141,6 +141,56 @@ static void test_staged_room_starts_late(void **state) {
     tpt_assert_counts(s, TPT_EQ(accepted, 8), TPT_EQ(completed, 8), TPT_EQ(rejected_full, 4),
                       TPT_EQ(cancelled, 1));
     assert_int_equal(atomic_load(&g_runs), 6);
+    assert_int_equal(atomic_load(&attempts), 1);
+}
+
+/* The count of free places is two counts that only grow, the places taken
+ * and the places given back (src/life.h, `room_taken`), the latter 32 bits
+ * wide and started 256 short of its wrap. Round after round through the
+ * bound, past the wrap: with the worker held, exactly `cap` plain submits
+ * are accepted and both paths refuse the next; then a retry delayed while
+ * the count is kept holds its place (one fewer accepted) until it ends. */
+static void test_staged_bound_rounds(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l = tpt_fx_latch(f);
+    const int cap = 3, rounds = 120; /* 4 starts a round: 480 places given back */
+    tp_config c = tpt_quiet_config(1, (unsigned)cap, TP_UNLIMITED);
+    c.max_retries = 1;
+    c.retry_delay_ns = TPT_S(600); /* it stays delayed until cancelled */
+    tp_pool *p = tpt_fx_pool(f, &c);
+    atomic_store(&g_runs, 0);
+    uint64_t id = 0;
+    for (int r = 0; r < rounds; r++) {
+        if (r > 0) tpt_latch_rearm(l);
+        tpt_fill_workers(p, l, 1, NULL);
+        for (int i = 0; i < cap; i++) assert_int_equal(tp_submit(p, count_fn, NULL, NULL, NULL), TP_OK);
+        assert_int_equal(tp_submit(p, count_fn, NULL, NULL, NULL), TP_EFULL);
+        assert_int_equal(tp_submit(p, count_fn, NULL, NULL, &id), TP_EFULL);
+        assert_int_equal(tpt_stats(p).queued, (uint64_t)cap);
+        tpt_latch_open(l);
+        TPT_EVENTUALLY(atomic_load(&g_runs) == cap * (r + 1));
+        TPT_EVENTUALLY(tpt_stats(p).active == 0);
+    }
+    static atomic_int attempts;
+    atomic_store(&attempts, 0);
+    uint64_t rid = 0;
+    assert_int_equal(tp_submit(p, fail_once_fn, &attempts, NULL, &rid), TP_OK);
+    TPT_EVENTUALLY(tpt_stats(p).delayed == 1);
+    tpt_latch_rearm(l);
+    tpt_fill_workers(p, l, 1, NULL);
+    for (int i = 0; i < cap - 1; i++) assert_int_equal(tp_submit(p, count_fn, NULL, NULL, NULL), TP_OK);
+    assert_int_equal(tp_submit(p, count_fn, NULL, NULL, NULL), TP_EFULL);
+    assert_int_equal(tp_submit(p, count_fn, NULL, NULL, &id), TP_EFULL);
+    assert_int_equal(tp_cancel(p, rid), TP_OK);
+    TPT_EVENTUALLY(tpt_stats(p).delayed == 0);
+    assert_int_equal(tp_submit(p, count_fn, NULL, NULL, NULL), TP_OK);
+    assert_int_equal(tp_submit(p, count_fn, NULL, NULL, NULL), TP_EFULL);
+    tpt_latch_open(l);
+    tp_stats s = tpt_finish(p);
+    const uint64_t acc = (uint64_t)rounds * (cap + 1) + 1 + 1 + (cap - 1) + 1; /* with the held tasks */
+    tpt_assert_counts(s, TPT_EQ(accepted, acc), TPT_EQ(completed, acc), TPT_EQ(cancelled, 1),
+                      TPT_EQ(rejected_full, (uint64_t)rounds * 2 + 3));
+    assert_int_equal(atomic_load(&g_runs), cap * rounds + cap);
     assert_int_equal(atomic_load(&attempts), 1);
 }
 
@@ -559,6 +609,7 @@ int main(void) {
         TPT_TEST(test_staged_bound_exact),
         TPT_TEST(test_staged_ring_overflow),
         TPT_TEST(test_staged_room_starts_late),
+        TPT_TEST(test_staged_bound_rounds),
         TPT_TEST(test_staged_bound),
         TPT_TEST(test_staged_bound_checks),
         TPT_TEST(test_staged_order_with_locked),
