@@ -63,7 +63,7 @@
 _Static_assert(offsetof(tp__life, tasks) + offsetof(tp__tasks, indexed) + sizeof(bool) <=
                    offsetof(tp__life, next_id) + 64,
                "admission's fields leave the submitter's line");
-_Static_assert(offsetof(tp__sched, given) + sizeof(uint32_t) <= 64,
+_Static_assert(offsetof(tp__sched, given) + sizeof(uint64_t) <= 64,
                "the scheduler's hot fields leave the published words' line");
 
 int tp__life_init(tp__life *L, const tp__life_cfg *cfg, tp__st_calls *calls, tp__st_gauges *gauges,
@@ -133,10 +133,7 @@ void tp__life_room_start(tp__life *L) {
      * free places the waiting set leaves, exactly. */
     uint32_t now = tp__sched_waiting(&L->sched) + L->delayed;
     L->sched.pub.basis = now;
-    int64_t base = (int64_t)UINT32_MAX - 255; /* given wraps after 256 places (life.h) */
-    atomic_store_explicit(&L->sched.given, (uint32_t)base, memory_order_relaxed);
-    atomic_store_explicit(&L->room_seen, base, memory_order_relaxed);
-    atomic_store_explicit(&L->room_taken, base + (int64_t)now, memory_order_relaxed);
+    atomic_store_explicit(&L->room_taken, (int64_t)now, memory_order_relaxed); /* given and seen are 0 */
     atomic_store_explicit(&L->room_live, true, memory_order_release);
 }
 
@@ -149,7 +146,7 @@ static void room_sync(tp__life *L) {
     if (now == was || was == TP__ROOM_OFF) return;
     L->sched.pub.basis = now;
     if (now < was)
-        atomic_fetch_add_explicit(&L->sched.given, was - now, memory_order_release);
+        atomic_fetch_add_explicit(&L->sched.given, (uint64_t)(was - now), memory_order_release);
     else /* it grew without a place taken (a retry delayed): as if it took them */
         atomic_fetch_add_explicit(&L->room_taken, (int64_t)now - (int64_t)was, memory_order_release);
 }

@@ -121,13 +121,9 @@ typedef struct tp__life {
      * submitter's: where the queue does not fill, no line moves per task
      * for the bound. A refusal reads given after room_taken: both only
      * grow, so at that read the places were at most what it computed.
-     * sched.given is 32 bits (the scheduler's first line is full); it is
-     * widened from room_seen, which it exceeds by less than 2^32: given <=
-     * room_taken (the free places never exceed the capacity), and
-     * room_taken < room_seen + capacity + 1 but for the delayed retries'
-     * growths, after which the next look reads given. The counts start
-     * 256 places short of given's wrap (tp__life_room_start), so that every
-     * pool that stages goes through it soon, tests included.
+     * A look that is stale (room_seen stored by a submitter that read
+     * given long before) is below given, never above: it costs a read of
+     * given, never a place.
      * Kept only from the pool's first try at a staged submit on
      * (`room_live`, set once under the lock: tp__life_room_start, even if
      * that try is then refused or locked): until then every admission is
@@ -137,7 +133,7 @@ typedef struct tp__life {
      * user or any option but an on_done bound to a completion queue, an id
      * asked, a group, a log id inherited; pool.c). */
     _Alignas(64) _Atomic int64_t room_taken;
-    _Atomic int64_t room_seen; /* sched.given as last read, widened */
+    _Atomic int64_t room_seen; /* sched.given as last read */
     int64_t room_capacity;     /* cfg.capacity, on this line */
     _Atomic bool room_live;
     /* Then: what a task with a user, a deadline, a group or a retry uses. */
@@ -195,13 +191,12 @@ void tp__life_room_start(tp__life *L);
 static inline bool tp__life_room_live(tp__life *L) {
     return atomic_load_explicit(&L->room_live, memory_order_acquire);
 }
-/* The places given back (sched.given), read now and widened from an
- * earlier read `seen` (life.h, `room_taken`); stored as the next look's. */
-static inline int64_t tp__life_room_given(tp__life *L, int64_t seen) {
-    uint32_t g = atomic_load_explicit(&L->sched.given, memory_order_acquire);
-    int64_t now = seen + (int64_t)(uint32_t)(g - (uint32_t)seen);
-    atomic_store_explicit(&L->room_seen, now, memory_order_relaxed);
-    return now;
+/* The places given back (sched.given), read now; stored as the next look's
+ * (life.h, `room_taken`). */
+static inline int64_t tp__life_room_given(tp__life *L) {
+    int64_t g = (int64_t)atomic_load_explicit(&L->sched.given, memory_order_acquire);
+    atomic_store_explicit(&L->room_seen, g, memory_order_relaxed);
+    return g;
 }
 /* Without the lock, once the count is kept: whether no place is free, as
  * the count stood at one moment (a look before taking one). */
@@ -209,7 +204,7 @@ static inline bool tp__life_room_full(tp__life *L) {
     int64_t t = atomic_load_explicit(&L->room_taken, memory_order_acquire); /* before given's */
     int64_t g = atomic_load_explicit(&L->room_seen, memory_order_relaxed);
     if (L->room_capacity + g - t > 0) return false;
-    return L->room_capacity + tp__life_room_given(L, g) - t <= 0;
+    return L->room_capacity + tp__life_room_given(L) - t <= 0;
 }
 /* Without the lock, once the count is kept: take one free place (true), or
  * none is free (false: so it was when given was read). A place is taken
@@ -220,7 +215,7 @@ static inline bool tp__life_room_take(tp__life *L) {
     int64_t g = atomic_load_explicit(&L->room_seen, memory_order_relaxed);
     do {
         if (L->room_capacity + g - t <= 0) {
-            g = tp__life_room_given(L, g); /* read after t */
+            g = tp__life_room_given(L); /* read after t */
             if (L->room_capacity + g - t <= 0) return false;
         }
     } while (!atomic_compare_exchange_weak_explicit(&L->room_taken, &t, t + 1, memory_order_acq_rel,

@@ -40,29 +40,31 @@ typedef struct tp__ring_slot {
     uint64_t at; /* t->queued_at when pushed */
 } tp__ring_slot;
 
+/* What is read or written per push and pop, 20 bytes: the owner keeps what
+ * to free elsewhere (tp__ring_init's `raw`), off its hot line. */
 typedef struct tp__ring {
     tp__ring_slot *slots;
-    void *raw; /* what to free (slots is aligned within it: base.h, large arrays) */
     uint32_t mask;
     uint32_t head; /* next to pop */
     uint32_t tail; /* next free */
 } tp__ring;
 
-/* Size for at least `n` entries (n >= 1). 0 or -1 when out of memory. */
-static inline int tp__ring_init(tp__ring *r, uint32_t n) {
+/* Size for at least `n` entries (n >= 1). 0 or -1 when out of memory.
+ * *raw receives what tp__ring_fini frees (slots is aligned within it:
+ * base.h, large arrays). */
+static inline int tp__ring_init(tp__ring *r, uint32_t n, void **raw) {
     uint32_t size = 1;
     while (size < n) size <<= 1;
-    r->slots = (tp__ring_slot *)tp__calloc_big(size, sizeof *r->slots, &r->raw);
+    r->slots = (tp__ring_slot *)tp__calloc_big(size, sizeof *r->slots, raw);
     if (r->slots) memset(r->slots, 0, (size_t)size * sizeof *r->slots); /* touched now (see above) */
     r->mask = size - 1;
     r->head = r->tail = 0;
     return r->slots ? 0 : -1;
 }
 
-static inline void tp__ring_fini(tp__ring *r) {
-    free(r->raw);
+static inline void tp__ring_fini(tp__ring *r, void *raw) {
+    free(raw);
     r->slots = NULL;
-    r->raw = NULL;
 }
 
 static inline uint32_t tp__ring_len(const tp__ring *r) { return r->tail - r->head; }

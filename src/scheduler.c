@@ -61,12 +61,12 @@ int tp__sched_init(tp__sched *s, unsigned capacity, bool fair, unsigned starve_l
     s->starve_limit = starve_limit;
     s->low_max = low_max;
     tp__flow_init(&s->anon, 1);
-    if (!fair && tp__ring_init(&s->ring, capacity) != 0) return -1;
+    if (!fair && tp__ring_init(&s->ring, capacity, &s->ring_raw) != 0) return -1;
     return 0;
 }
 
 void tp__sched_fini(tp__sched *s) {
-    if (s->ring.slots) tp__ring_fini(&s->ring);
+    if (s->ring.slots) tp__ring_fini(&s->ring, s->ring_raw);
 }
 
 /* ------------------------------------------------------------ publishing */

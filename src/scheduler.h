@@ -106,12 +106,13 @@ typedef struct tp__sched {
     _Atomic uint64_t ring_head_at;  /* FIFO pools: queue stamp of the ring's head, 0 if empty */
     unsigned waiting;               /* in every lane */
     /* The owner's, as pub: the places its waiting set gave back (life.h,
-     * the room count), modulo 2^32. */
-    _Atomic uint32_t given;
+     * the room count). */
+    _Atomic uint64_t given;
     /* The second line: read per start, written only by pushes and starts
      * outside the ring. */
     unsigned in_lists;     /* waiting outside the ring (FIFO pools: lanes other than 0) */
     unsigned starve_limit; /* prio_starve_limit, resolved; TP_UNLIMITED: strict */
+    void *ring_raw;        /* FIFO pools: what to free for the ring (tp__ring_init) */
     unsigned low_max;      /* low_prio_max_running; 0: no limit */
     unsigned low_running;  /* running tasks of priority < 0 */
     bool fair;             /* TP_SCHED_FAIR */

@@ -8,7 +8,8 @@
 static void test_ring_fifo_and_wrap(void **state) {
     (void)state;
     tp__ring r;
-    assert_int_equal(tp__ring_init(&r, 5), 0);
+    void *raw;
+    assert_int_equal(tp__ring_init(&r, 5, &raw), 0);
     assert_int_equal(r.mask + 1, 8); /* rounded up to a power of two */
     tp__task t[8];
     /* Free-running counters close to wrap-around: len and order stay right. */
@@ -19,13 +20,14 @@ static void test_ring_fifo_and_wrap(void **state) {
         for (int i = 0; i < 8; i++) assert_ptr_equal(tp__ring_pop(&r), &t[i]);
         assert_int_equal(tp__ring_len(&r), 0);
     }
-    tp__ring_fini(&r);
+    tp__ring_fini(&r, raw);
 }
 
 static void test_ring_remove_keeps_order(void **state) {
     (void)state;
     tp__ring r;
-    assert_int_equal(tp__ring_init(&r, 8), 0);
+    void *raw;
+    assert_int_equal(tp__ring_init(&r, 8, &raw), 0);
     r.head = r.tail = UINT32_MAX - 1; /* removal across the wrap */
     tp__task t[6];
     for (int i = 0; i < 6; i++) tp__ring_push(&r, &t[i]);
@@ -39,7 +41,7 @@ static void test_ring_remove_keeps_order(void **state) {
     assert_ptr_equal(tp__ring_pop(&r), &t[3]);
     assert_ptr_equal(tp__ring_pop(&r), &t[4]);
     assert_int_equal(tp__ring_len(&r), 0);
-    tp__ring_fini(&r);
+    tp__ring_fini(&r, raw);
 }
 
 /* Removal from every position of rings of every length up to 9, across the
@@ -53,7 +55,8 @@ static void test_ring_remove_every_position(void **state) {
             for (uint32_t s = 0; s < 8; s++) {
                 uint32_t start = UINT32_MAX - 10 + 3 * s; /* wraps past 0 */
                 tp__ring r;
-                assert_int_equal(tp__ring_init(&r, 9), 0);
+                void *raw;
+                assert_int_equal(tp__ring_init(&r, 9, &raw), 0);
                 r.head = r.tail = start;
                 for (uint32_t i = 0; i < len; i++) tp__ring_push(&r, &t[i]);
                 assert_int_equal(tp__ring_remove(&r, &t[victim]), 1);
@@ -71,7 +74,7 @@ static void test_ring_remove_every_position(void **state) {
                     tp__task *m = tp__ring_at(&r, tp__ring_len(&r) / 2);
                     assert_int_equal(tp__ring_remove(&r, m), 1);
                 }
-                tp__ring_fini(&r);
+                tp__ring_fini(&r, raw);
             }
         }
     }
@@ -285,7 +288,8 @@ static void test_layout_on_cache_lines(void **state) {
 static void test_large_arrays_start_on_a_huge_page(void **state) {
     (void)state;
     tp__ring r;
-    assert_int_equal(tp__ring_init(&r, 1u << 18), 0); /* 4 MiB of slots */
+    void *ring_raw;
+    assert_int_equal(tp__ring_init(&r, 1u << 18, &ring_raw), 0); /* 4 MiB of slots */
     assert_int_equal((uintptr_t)r.slots % TP__HUGE, 0);
     tp__task t[3];
     for (uint32_t i = 0; i <= r.mask; i++) assert_null(r.slots[i].t);
@@ -293,10 +297,10 @@ static void test_large_arrays_start_on_a_huge_page(void **state) {
         tp__ring_push(&r, &t[i % 3]);
         assert_ptr_equal(tp__ring_pop(&r), &t[i % 3]);
     }
-    tp__ring_fini(&r);
-    assert_int_equal(tp__ring_init(&r, 100), 0);
+    tp__ring_fini(&r, ring_raw);
+    assert_int_equal(tp__ring_init(&r, 100, &ring_raw), 0);
     assert_int_equal((uintptr_t)r.slots % 64, 0);
-    tp__ring_fini(&r);
+    tp__ring_fini(&r, ring_raw);
 
     void *raw = &raw;
     assert_null(tp__calloc_big(SIZE_MAX / 2, 4, &raw));

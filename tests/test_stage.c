@@ -145,15 +145,16 @@ static void test_staged_room_starts_late(void **state) {
 }
 
 /* The count of free places is two counts that only grow, the places taken
- * and the places given back (src/life.h, `room_taken`), the latter 32 bits
- * wide and started 256 short of its wrap. Round after round through the
- * bound, past the wrap: with the worker held, exactly `cap` plain submits
- * are accepted and both paths refuse the next; then a retry delayed while
- * the count is kept holds its place (one fewer accepted) until it ends. */
+ * and the places given back (src/life.h, `room_taken`); a submitter reads
+ * the second only when its last look at it leaves no place. Round after
+ * round through the bound: with the worker held, exactly `cap` plain
+ * submits are accepted and both paths refuse the next; then a retry
+ * delayed while the count is kept holds its place (one fewer accepted)
+ * until it ends. */
 static void test_staged_bound_rounds(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tpt_latch *l = tpt_fx_latch(f);
-    const int cap = 3, rounds = 120; /* 4 starts a round: 480 places given back */
+    const int cap = 3, rounds = 120;
     tp_config c = tpt_quiet_config(1, (unsigned)cap, TP_UNLIMITED);
     c.max_retries = 1;
     c.retry_delay_ns = TPT_S(600); /* it stays delayed until cancelled */
