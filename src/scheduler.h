@@ -92,8 +92,7 @@ typedef struct tp__lane {
 typedef struct tp__sched_pub {
     _Atomic uint64_t word;
     _Atomic uint32_t count;
-    uint32_t
-        basis; /* the owner's, not published: waiting + delayed as the room count (life.h) has seen them */
+    uint32_t basis; /* the owner's, not published: waiting + delayed as the room count has seen them */
 } tp__sched_pub;
 
 typedef struct tp__sched {
