@@ -21,11 +21,14 @@
  * Publishing: every change of a lane's waiting count, running count, started
  * count or oldest task is stored into its *_pub atomics (release) before the
  * pool lock is released, for tp_lane_stats_get and tp_stats_get's
- * oldest_wait_ns, which read them without the lock -- except the ring lane
- * of a FIFO pool (lane 0), which publishes only its oldest task's stamp
- * (ring_head_at): its gauges are the pool's totals less the other lanes',
- * and its starts are counted on the starting worker's own counter line
- * (ring_started, life.c), so the hot path stores to no line 1.1 did not.
+ * oldest_wait_ns, which read them without the lock -- except the default
+ * lane (priority 0). In a FIFO pool (the ring) it publishes only its oldest
+ * task's stamp (ring_head_at): its gauges are the pool's totals less the
+ * other lanes', and its starts are counted on the starting worker's own
+ * counter line (ring_started, life.c), so the hot path stores to no line
+ * 1.1 did not. In a fair pool it publishes all but its waiting count, which
+ * is, as it is in the FIFO pool, the total less the other lanes': a push
+ * then writes no line that a start writes (scheduler.h, tp__lane).
  *
  * Layer: a leaf (see pool.h): life.c calls it; it calls nothing of
  * libtaskpool's but ring.h's inline functions.
@@ -34,7 +37,7 @@
 
 #include <string.h>
 
-#define RING_LANE 2u /* lane of priority 0: the ring, in a FIFO pool */
+#define RING_LANE 2u /* lane of priority 0, the default lane: the ring, in a FIFO pool */
 
 /* A helper of the start's hot path, inlined in each caller (gcc would keep
  * one copy for two callers). */
@@ -46,11 +49,11 @@
 
 static bool is_ring_lane(const tp__sched *s, unsigned li) { return !s->fair && li == RING_LANE; }
 
-/* Tasks waiting in lane li. The ring lane's count is the ring's length:
- * its tp__lane.waiting stays 0, so that a push or a start of a FIFO pool
- * writes no line of the lane (scheduler.h). */
+/* Tasks waiting in lane li. The default lane's count is the total less the
+ * other lanes' (the ring's length, in a FIFO pool): its tp__lane.waiting
+ * stays 0, so that a push writes no line that a start writes (scheduler.h). */
 static unsigned lane_waiting(const tp__sched *s, unsigned li) {
-    return is_ring_lane(s, li) ? tp__ring_len(&s->ring) : s->lane[li].waiting;
+    return li == RING_LANE ? s->waiting - s->in_others : s->lane[li].waiting;
 }
 
 /* ------------------------------------------------------------ setup */
@@ -76,7 +79,7 @@ static uint64_t lane_head_at(const tp__sched *s, unsigned li) {
     return s->lane[li].ahead_at;
 }
 
-/* The lane's waiting count or its head changed. The ring lane publishes
+/* The lane's waiting count or its head changed. The default lane publishes
  * only its head's stamp (see tp__sched). */
 static void lane_waiting_changed(tp__sched *s, unsigned li) {
     tp__lane *l = &s->lane[li];
@@ -85,7 +88,7 @@ static void lane_waiting_changed(tp__sched *s, unsigned li) {
         return;
     }
     TP__SET(l->head_at_pub, lane_head_at(s, li));
-    TP__SET(l->waiting_pub, l->waiting);
+    if (li != RING_LANE) TP__SET(l->waiting_pub, l->waiting);
 }
 
 /* ------------------------------------------------------------ lists */
@@ -95,12 +98,14 @@ static void lane_waiting_changed(tp__sched *s, unsigned li) {
  * left as it was when the task before it left). So a start, which takes
  * the head off, learns the new head's stamp from the task it takes and
  * writes nothing of the new head -- in a fair pool that task may be far
- * from starting, its lines still in the submitter's cache. */
-static void arrival_append(tp__lane *l, tp__task *t) {
+ * from starting, its lines still in the submitter's cache. arrival_append
+ * returns whether `t` is the lane's new head (the lane was empty). */
+static bool arrival_append(tp__lane *l, tp__task *t) {
     t->anext = NULL;
     t->anext_at = 0;
     t->aprev = l->atail;
-    if (l->atail) {
+    bool first = l->atail == NULL;
+    if (!first) {
         l->atail->anext = t;
         l->atail->anext_at = t->queued_at;
     } else {
@@ -108,6 +113,7 @@ static void arrival_append(tp__lane *l, tp__task *t) {
         l->ahead_at = t->queued_at;
     }
     l->atail = t;
+    return first;
 }
 
 static void arrival_unlink(tp__lane *l, tp__task *t) {
@@ -225,16 +231,17 @@ void tp__sched_push_lanes(tp__sched *s, tp__task *t) {
         if (tp__ring_len(&s->ring) == 1) TP__SET(s->ring_head_at, t->queued_at); /* a new head */
         return;
     }
-    arrival_append(l, t);
+    bool first = arrival_append(l, t);
     if (s->fair) {
         TP__ASSERT(t->flow);
         struct tp__flow_lane *fl = tp__flow_lane(t->flow, li);
         flow_append(t->flow, li, t);
         if (!fl->in_round) round_append(l, t->flow, li);
     }
-    s->in_lists++;
+    if (first) TP__SET(l->head_at_pub, t->queued_at); /* a new head */
+    if (li == RING_LANE) return;                      /* a fair pool's default lane: no count of its own */
+    s->in_others++;
     l->waiting++;
-    if (l->waiting == 1) TP__SET(l->head_at_pub, l->ahead_at); /* a new head */
     TP__SET(l->waiting_pub, l->waiting);
 }
 
@@ -300,7 +307,7 @@ static void lane_take(tp__sched *s, unsigned li, tp__task *t) {
         TP__ASSERT(l->ahead == t);
     }
     arrival_unlink(l, t);
-    s->in_lists--;
+    if (li != RING_LANE) s->in_others--;
 }
 
 static bool lane_ready(const tp__sched *s, unsigned li, bool low_ok) {
@@ -311,7 +318,7 @@ tp__task *tp__sched_peek_lanes(const tp__sched *s) {
     /* A fair pool's usual case, every waiting task in the default lane, is
      * the caller's (tp__sched_peek); what reaches here has tasks in a list
      * lane, and, in a FIFO pool, possibly in the ring too. */
-    TP__ASSERT(s->in_lists > 0);
+    TP__ASSERT(s->in_others > 0);
     bool low_ok = s->low_max == 0 || s->low_running < s->low_max;
     int top = -1;
     for (int i = TP__LANES - 1; i >= 0; i--) {
@@ -330,10 +337,12 @@ tp__task *tp__sched_peek_lanes(const tp__sched *s) {
  * list lane, the round head's in a fair pool, with that user's line, which
  * the next start reads and writes. */
 HOT_INLINE void list_lane_started(tp__sched *s, tp__lane *l, unsigned li) {
-    l->waiting--;
+    if (li != RING_LANE) { /* the default lane keeps no count (tp__lane) */
+        l->waiting--;
+        TP__SET(l->waiting_pub, l->waiting);
+    }
     l->running++;
     TP__SET(l->head_at_pub, l->ahead_at);
-    TP__SET(l->waiting_pub, l->waiting);
     TP__SET(l->running_pub, l->running);
     TP__INC(l->started_pub);
     if (l->ahead) {
@@ -356,7 +365,6 @@ static void start_fair_default(tp__sched *s, tp__task *t) {
     if (l->starve) l->starve = 0;
     fair_take(l, RING_LANE, t);
     arrival_unlink(l, t);
-    s->in_lists--;
     s->waiting--;
     list_lane_started(s, l, RING_LANE);
 }
@@ -411,14 +419,14 @@ static void list_unlink(tp__sched *s, unsigned li, tp__task *t) {
     tp__lane *l = &s->lane[li];
     if (s->fair) flow_unlink(l, t, li);
     arrival_unlink(l, t);
-    s->in_lists--;
+    if (li != RING_LANE) s->in_others--;
 }
 
 /* One task fewer waits in lane li (removed, not started). */
 static void lane_left(tp__sched *s, unsigned li) {
     tp__lane *l = &s->lane[li];
     TP__ASSERT(s->waiting > 0);
-    if (!is_ring_lane(s, li)) { /* the ring's length is its count */
+    if (li != RING_LANE) { /* the default lane's count: the total less the others' */
         TP__ASSERT(l->waiting > 0);
         l->waiting--;
     }
@@ -485,7 +493,7 @@ static void lane_take_expired(tp__sched *s, unsigned li, taken *k) {
     }
     unsigned n = k->n - before;
     if (n == 0) return;
-    if (!is_ring_lane(s, li)) { /* the ring's length is its count */
+    if (li != RING_LANE) { /* the default lane's count: the total less the others' */
         TP__ASSERT(l->waiting >= n);
         l->waiting -= n;
     }
@@ -507,5 +515,5 @@ void tp__sched_take_all(tp__sched *s, tp__task **out) {
     taken k = {out, TP_FOREVER, TP_FOREVER, 0}; /* now >= every deadline */
     for (unsigned li = TP__LANES; li-- > 0;)
         if (lane_waiting(s, li)) lane_take_expired(s, li, &k);
-    TP__ASSERT(s->waiting == 0 && s->in_lists == 0);
+    TP__ASSERT(s->waiting == 0 && s->in_others == 0);
 }

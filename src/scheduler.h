@@ -59,21 +59,26 @@ static inline struct tp__flow_lane *tp__flow_lane(tp__flow *f, unsigned li) {
     return &f->lane_[li >= 2 ? li - 2 : li + TP__LANES - 2]; /* (li + 3) % 5, without the division */
 }
 
-/* A lane: what a push, a start and an end in it write is its first cache
- * line, which it shares with no other lane; its starvation count (written
- * only while several lanes are ready) is on the second. */
+/* A lane: what a start and an end in it write is its first cache line,
+ * which it shares with no other lane; its starvation count (written only
+ * while several lanes are ready) is on the second; what a push writes, the
+ * arrival list's tail, on the third: while the lane holds tasks, a push
+ * (on a submitter's CPU) and a start (on a worker's) write no line in
+ * common. The default lane (priority 0) keeps no waiting count: its count
+ * is the scheduler's `waiting` less `in_others` (tp__sched), so that a push
+ * into it writes nothing of the start's side. */
 typedef struct tp__lane {
-    /* the writer's side, under the pool lock */
+    /* the start's side, under the pool lock */
     _Alignas(64) tp__task *ahead; /* list lanes: every waiting task, in arrival order */
-    tp__task *atail;
-    tp__flow *rhead, *rtail; /* fair pools: the round */
-    /* tasks waiting in / running from this lane (a FIFO pool's ring lane
-     * keeps neither: its length is its waiting count) */
+    tp__flow *rhead, *rtail;      /* fair pools: the round */
+    /* tasks waiting in (lanes other than the default lane; a push writes
+     * it too) / running from this lane (a FIFO pool's ring lane keeps
+     * neither: its length is its waiting count) */
     unsigned waiting, running;
     /* published for lock-free readers (release stores; see stats.h) */
-    _Atomic uint32_t waiting_pub, running_pub;
-    _Atomic uint64_t head_at_pub; /* queue stamp of its oldest waiting task, 0 if none */
-    _Atomic uint64_t started_pub; /* attempts started from this lane */
+    _Atomic uint32_t waiting_pub, running_pub; /* waiting_pub: not for the default lane */
+    _Atomic uint64_t head_at_pub;              /* queue stamp of its oldest waiting task, 0 if none */
+    _Atomic uint64_t started_pub;              /* attempts started from this lane */
     _Alignas(64) unsigned starve; /* starts that went to a higher lane while this one stayed ready */
     uint64_t ahead_at; /* list lanes: `ahead`'s queue stamp (0 if none): its line is not read for it */
     /* Fair pools: the round's head user's oldest task here (NULL: empty
@@ -82,6 +87,9 @@ typedef struct tp__lane {
      * start knows the next task without a load of that line: it fetches the
      * task ahead, exactly, as the ring's start does. */
     tp__task *rhead_head;
+    /* the push's side: list lanes' last waiting task (a start writes it
+     * only when it takes the last one) */
+    _Alignas(64) tp__task *atail;
 } tp__lane;
 
 /* Two words that the scheduler's owner publishes for lock-free readers at
@@ -108,8 +116,11 @@ typedef struct tp__sched {
      * the room count). */
     _Atomic uint64_t given;
     /* The second line: read per start, written only by pushes and starts
-     * outside the ring. */
-    unsigned in_lists;     /* waiting outside the ring (FIFO pools: lanes other than 0) */
+     * outside the default lane. */
+    /* waiting outside the default lane (priority 0: a FIFO pool's ring, a
+     * fair pool's lane 2), which keeps no count of its own: its count is
+     * waiting - in_others */
+    unsigned in_others;
     unsigned starve_limit; /* prio_starve_limit, resolved; TP_UNLIMITED: strict */
     void *ring_raw;        /* FIFO pools: what to free for the ring (tp__ring_init) */
     unsigned low_max;      /* low_prio_max_running; 0: no limit */
@@ -144,7 +155,7 @@ static inline void tp__sched_push(tp__sched *s, tp__task *t) {
  * lane, its usual case: that lane is the one ready lane, and starvation
  * counts choose nothing. */
 static inline bool tp__sched_fair_default(const tp__sched *s) {
-    return s->fair && s->waiting > 0 && s->lane[2].waiting == s->waiting;
+    return s->fair && s->waiting > 0 && s->in_others == 0;
 }
 
 /* The task that starts next by the rules of section 14, left in place; NULL
@@ -154,15 +165,14 @@ static inline bool tp__sched_fair_default(const tp__sched *s) {
  * (tp__sched_remove), which is no start: no count moves for it. */
 tp__task *tp__sched_peek_lanes(const tp__sched *s); /* the general case, below */
 static inline tp__task *tp__sched_peek(const tp__sched *s) {
-    /* Only the ring holds tasks (a FIFO pool, lane 0): the one ready lane. */
-    if (s->in_lists == 0) return s->waiting ? tp__ring_at(&s->ring, 0) : NULL;
-    /* A fair pool's usual case: the round's head user's oldest task in the
-     * default lane (scheduler.c, lane_head). */
-    if (tp__sched_fair_default(s)) {
-        TP__ASSERT(s->lane[2].rhead_head == tp__flow_lane(s->lane[2].rhead, 2)->head);
-        return s->lane[2].rhead_head;
-    }
-    return tp__sched_peek_lanes(s);
+    if (s->in_others > 0) return tp__sched_peek_lanes(s);
+    if (s->waiting == 0) return NULL;
+    /* Only the default lane holds tasks: the one ready lane. A FIFO pool's
+     * ring; a fair pool's usual case, the round's head user's oldest task
+     * in that lane (scheduler.c, lane_head). */
+    if (!s->fair) return tp__ring_at(&s->ring, 0);
+    TP__ASSERT(s->lane[2].rhead_head == tp__flow_lane(s->lane[2].rhead, 2)->head);
+    return s->lane[2].rhead_head;
 }
 
 /* Whether `t` starts from the ring (lane 0 of a FIFO pool), whose start count
@@ -176,7 +186,7 @@ static inline bool tp__sched_from_ring(const tp__sched *s, const tp__task *t) {
  * lane's round. */
 void tp__sched_start_lanes(tp__sched *s, tp__task *t); /* the general case, below */
 static inline void tp__sched_start(tp__sched *s, tp__task *t) {
-    if (s->in_lists > 0) {
+    if (s->in_others > 0 || s->fair) {
         tp__sched_start_lanes(s, t);
         return;
     }
@@ -236,9 +246,8 @@ static inline unsigned tp__sched_waiting(const tp__sched *s) { return s->waiting
 static inline bool tp__sched_ready(const tp__sched *s) {
     if (s->waiting == 0) return false;
     if (s->low_max == 0 || s->low_running < s->low_max) return true;
-    /* lane 0 of a FIFO pool keeps its count as the ring's length */
-    return (s->fair ? s->lane[2].waiting : tp__ring_len(&s->ring)) + s->lane[3].waiting + s->lane[4].waiting >
-           0;
+    /* the default lane's count: the total less the other lanes' */
+    return s->waiting - s->in_others + s->lane[3].waiting + s->lane[4].waiting > 0;
 }
 
 /* How many of the waiting tasks could start now, one per worker (an elastic

@@ -132,20 +132,22 @@ int tp_lane_stats_get(tp_pool *p, int priority, tp_lane_stats *out) {
     if (!p || !out || priority < TP_PRIO_MIN || priority > TP_PRIO_MAX) return TP_EINVAL;
     const tp__sched *s = &p->life.sched;
     memset(out, 0, sizeof *out);
-    if (priority != 0 || s->fair) {
+    if (priority != 0) {
         const tp__lane *l = &s->lane[tp__lane_of(priority)];
         out->started = TP__ACQUIRE(l->started_pub);
         out->queued = TP__ACQUIRE(l->waiting_pub);
         out->running = TP__ACQUIRE(l->running_pub);
         return TP_OK;
     }
-    /* Lane 0 of a FIFO pool (the ring) publishes no gauges of its own (so
-     * that its hot path stores no more than 1.1's): they are the pool's
-     * totals less the other lanes'. Exact at rest; while tasks move the two
-     * reads are not one instant, and a difference below 0 reads 0. Its
-     * `started` is a counter (taskpool_lane_started_total) and must never go
-     * back: each worker counts the ring's starts on its own line
-     * (ring_started), and the sum of those is read, as tp_stats_get() reads. */
+    /* The default lane publishes no waiting count (scheduler.h, tp__lane),
+     * and in a FIFO pool (the ring) no running or started figures either (so
+     * that its hot path stores no more than 1.1's): its gauges are the
+     * pool's totals less the other lanes'. Exact at rest; while tasks move
+     * the two reads are not one instant, and a difference below 0 reads 0.
+     * The ring's `started` is a counter (taskpool_lane_started_total) and
+     * must never go back: each worker counts the ring's starts on its own
+     * line (ring_started), and the sum of those is read, as tp_stats_get()
+     * reads. */
     uint32_t queued = 0, running = 0;
     for (int prio = TP_PRIO_MIN; prio <= TP_PRIO_MAX; prio++) {
         if (prio == 0) continue;
@@ -153,9 +155,16 @@ int tp_lane_stats_get(tp_pool *p, int priority, tp_lane_stats *out) {
         queued += TP__ACQUIRE(l->waiting_pub);
         running += TP__ACQUIRE(l->running_pub);
     }
-    uint32_t all_queued = tp__pool_queued(p), all_running = sum_active(p);
-    out->started = sum_runs(p, offsetof(tp__st_runs, ring_started));
+    uint32_t all_queued = tp__pool_queued(p);
     out->queued = all_queued > queued ? all_queued - queued : 0;
+    if (s->fair) {
+        const tp__lane *l = &s->lane[tp__lane_of(0)];
+        out->started = TP__ACQUIRE(l->started_pub);
+        out->running = TP__ACQUIRE(l->running_pub);
+        return TP_OK;
+    }
+    uint32_t all_running = sum_active(p);
+    out->started = sum_runs(p, offsetof(tp__st_runs, ring_started));
     out->running = all_running > running ? all_running - running : 0;
     return TP_OK;
 }
