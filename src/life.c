@@ -74,6 +74,7 @@ int tp__life_init(tp__life *L, const tp__life_cfg *cfg, tp__st_calls *calls, tp_
     L->queued_deadline_min = TP_FOREVER;
     atomic_init(&L->room_taken, 0); /* (set when kept: tp__life_room_start) */
     atomic_init(&L->room_seen, 0);
+    atomic_init(&L->room_back, 0);
     atomic_init(&L->sched.given, 0);
     L->room_capacity = (int64_t)cfg->capacity;
     atomic_init(&L->room_live, false);
@@ -133,20 +134,24 @@ void tp__life_room_start(tp__life *L) {
      * free places the waiting set leaves, exactly. */
     uint32_t now = tp__sched_waiting(&L->sched) + L->delayed;
     L->sched.pub.basis = now;
-    atomic_store_explicit(&L->room_taken, (int64_t)now, memory_order_relaxed); /* given and seen are 0 */
+    atomic_store_explicit(&L->room_taken, (int64_t)now,
+                          memory_order_relaxed); /* given, room_back and seen are 0 */
     atomic_store_explicit(&L->room_live, true, memory_order_release);
 }
 
 /* The places that waiting + delayed changed by since the room count last saw
- * them, as one atomic add (life.h, `room_taken`). An admission took its place
- * before its task waits, and counts it in the basis itself (admit). */
+ * them, as one store to given (its writers hold the lock) or one atomic add
+ * to room_taken (life.h, `room_taken`). An admission took its place before
+ * its task waits, and counts it in the basis itself (admit). */
 static void room_sync(tp__life *L) {
     uint32_t now = tp__sched_waiting(&L->sched) + L->delayed;
     uint32_t was = L->sched.pub.basis;
     if (now == was || was == TP__ROOM_OFF) return;
     L->sched.pub.basis = now;
     if (now < was)
-        atomic_fetch_add_explicit(&L->sched.given, (uint64_t)(was - now), memory_order_release);
+        atomic_store_explicit(&L->sched.given,
+                              atomic_load_explicit(&L->sched.given, memory_order_relaxed) + (was - now),
+                              memory_order_release);
     else /* it grew without a place taken (a retry delayed): as if it took them */
         atomic_fetch_add_explicit(&L->room_taken, (int64_t)now - (int64_t)was, memory_order_release);
 }

@@ -111,16 +111,21 @@ typedef struct tp__life {
      * counts the places taken (a compare-and-swap: tp__life_room_take,
      * with or without the lock) and the waiting set's growths that took
      * none (a retry delayed); sched.given, on the line that every start
-     * writes anyway, the places given back: the waiting set's shrinking
-     * (adm_publish turns each change into one atomic add: sched.pub.basis
-     * is what the count has seen) and places taken and not used. Below 0
-     * while retries wait beyond the capacity.
+     * writes anyway, the places the waiting set gave back as it shrank
+     * (adm_publish turns each change into one store: sched.pub.basis is
+     * what the count has seen; only holders of the pool lock write it, so
+     * a load and a store, not a read-modify-write, under the lock that
+     * every worker waits for); room_back, beside room_taken, the places
+     * taken and not used (an atomic add, with or without the lock). Free =
+     * capacity + given + room_back - room_taken. Below 0 while retries wait
+     * beyond the capacity.
      * So a submitter, which writes room_taken per task, reads the starting
      * workers' count only when its last look at it (room_seen, never
      * above it) leaves no place, and a start writes no line of the
      * submitter's: where the queue does not fill, no line moves per task
-     * for the bound. A refusal reads given after room_taken: both only
-     * grow, so at that read the places were at most what it computed.
+     * for the bound. A refusal reads given after room_taken, and room_back
+     * after given: all three only grow, so at the read of given the places
+     * were at most what it computed.
      * A look that is stale (room_seen stored by a submitter that read
      * given long before) is below given, never above: it costs a read of
      * given, never a place.
@@ -133,7 +138,8 @@ typedef struct tp__life {
      * user or any option but an on_done bound to a completion queue, an id
      * asked, a group, a log id inherited; pool.c). */
     _Alignas(64) _Atomic int64_t room_taken;
-    _Atomic int64_t room_seen; /* sched.given as last read */
+    _Atomic int64_t room_seen; /* sched.given + room_back as last read */
+    _Atomic int64_t room_back; /* places taken and not used (tp__life_room_give) */
     int64_t room_capacity;     /* cfg.capacity, on this line */
     _Atomic bool room_live;
     /* Then: what a task with a user, a deadline, a group or a retry uses. */
@@ -191,10 +197,11 @@ void tp__life_room_start(tp__life *L);
 static inline bool tp__life_room_live(tp__life *L) {
     return atomic_load_explicit(&L->room_live, memory_order_acquire);
 }
-/* The places given back (sched.given), read now; stored as the next look's
- * (life.h, `room_taken`). */
+/* The places given back (sched.given + room_back: given first), read now;
+ * stored as the next look's (life.h, `room_taken`). */
 static inline int64_t tp__life_room_given(tp__life *L) {
     int64_t g = (int64_t)atomic_load_explicit(&L->sched.given, memory_order_acquire);
+    g += atomic_load_explicit(&L->room_back, memory_order_acquire);
     atomic_store_explicit(&L->room_seen, g, memory_order_relaxed);
     return g;
 }
@@ -222,9 +229,10 @@ static inline bool tp__life_room_take(tp__life *L) {
                                                     memory_order_acquire));
     return true;
 }
-/* Give back a place taken by tp__life_room_take that no task used. */
+/* Give back a place taken by tp__life_room_take that no task used (with or
+ * without the lock). */
 static inline void tp__life_room_give(tp__life *L) {
-    atomic_fetch_add_explicit(&L->sched.given, 1, memory_order_release);
+    atomic_fetch_add_explicit(&L->room_back, 1, memory_order_release);
 }
 /* Without the lock, before taking it: warm the lines that tp__life_admit
  * will read for a's user (tp__users_prefetch); nothing if it names none. */
