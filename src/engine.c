@@ -765,6 +765,7 @@ static void stage_absorb_locked(tp_pool *p, unsigned max, bool worker) {
          * counts it in the ring counts it among the waiting tasks (stats.c
          * reads the ring first) or sees it started. */
         TP__ASSERT(a.fn != NULL);
+        tp__stage_prefetch_ahead(st, s);
         int rc = tp__life_admit_staged(&p->life, &a, s->arg, &fx);
         TP__ASSERT(rc == TP_OK || rc == TP_ENOMEM); /* its records' cap covers it (pool.c) */
         if (rc != TP_OK) tp__life_staged_lost(&p->life, &a, s->arg, &fx);

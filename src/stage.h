@@ -190,6 +190,17 @@ static inline tp__stage_slot *tp__stage_peek(tp__stage *st) {
     return atomic_load_explicit(&s->seq, memory_order_acquire) == h + 1 ? s : NULL;
 }
 
+/* The consumer, about to admit the peeked slot `s`: start fetching the slot
+ * two places on (for writing: its consumer gives it back), which the
+ * producer most likely wrote meanwhile, so that a batch's misses overlap
+ * the admissions instead of following each other under the pool lock. A
+ * hint only: a slot not yet written comes back to its producer when it
+ * writes it. */
+static inline void tp__stage_prefetch_ahead(const tp__stage *st, const tp__stage_slot *s) {
+    size_t i = (size_t)(s - st->slots);
+    __builtin_prefetch(&st->slots[(i + 2) & st->mask], 1, 3);
+}
+
 /* The consumer: give the peeked slot back and move on. */
 static inline void tp__stage_pop(tp__stage *st, tp__stage_slot *s) {
     size_t h = atomic_load_explicit(&st->head, memory_order_relaxed);
