@@ -1066,13 +1066,15 @@ static void test_invalid_priorities_and_configs(void **state) {
 /* Two workers held by a priority 1 task and a background one; tasks waiting
  * in lanes 2, 0 and -1: each lane's queued and running; at rest the lanes'
  * started sum to started + retried, and queued == running == 0; reserved
- * words are zero. */
-static void test_lane_stats(void **state) {
-    tpt_fixture *f = tpt_fx(state);
+ * words are zero. In a FIFO pool and in a fair one: the default lane keeps
+ * no waiting count of its own in either (src/scheduler.h), its `queued` is
+ * the pool's less the other lanes'. */
+static void lane_stats_round(tpt_fixture *f, bool fair) {
     tpt_latch *l = tpt_fx_latch(f);
     tp_config c = tpt_quiet_config(2, 64, TP_UNLIMITED);
     c.max_retries = 1;
     c.retry_delay_ns = TPT_MS(1);
+    c.sched = fair ? TP_SCHED_FAIR : TP_SCHED_FIFO;
     tp_pool *p = tpt_fx_pool(f, &c);
     tp_task_opts o = {0};
     o.priority = 1;
@@ -1117,6 +1119,12 @@ static void test_lane_stats(void **state) {
     }
     assert_int_equal(sum, s.started + s.retried);
     tpt_finish(p);
+}
+
+static void test_lane_stats(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    lane_stats_round(f, false);
+    lane_stats_round(f, true);
 }
 
 /*
