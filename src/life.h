@@ -106,8 +106,9 @@ typedef struct tp__life {
     unsigned retired;             /* tasks retired */
     unsigned with_deadline;       /* unfinished tasks that carry a deadline */
     /* The free places, exact: capacity - (waiting + delayed) - places taken
-     * by admissions not yet waiting (a staged task: stage.h), kept as two
-     * counts that only grow: capacity + given - room_taken. room_taken
+     * by admissions not yet waiting (a staged task: stage.h), kept as
+     * three counts that only grow: capacity + given + room_back -
+     * room_taken. room_taken
      * counts the places taken (a compare-and-swap: tp__life_room_take,
      * with or without the lock) and the waiting set's growths that took
      * none (a retry delayed); sched.given, on the line that every start
@@ -127,8 +128,8 @@ typedef struct tp__life {
      * after given: all three only grow, so at the read of given the places
      * were at most what it computed.
      * A look that is stale (room_seen stored by a submitter that read
-     * given long before) is below given, never above: it costs a read of
-     * given, never a place.
+     * given and room_back long before) is below their sum, never above: it
+     * costs a read of both, never a place.
      * Kept only from the pool's first try at a staged submit on
      * (`room_live`, set once under the lock: tp__life_room_start, even if
      * that try is then refused or locked): until then every admission is

@@ -48,7 +48,7 @@
  *   statistics and the lanes' published figures (atomics, written under mu,
  *   read without it), the admission word and the published waiting count (life.c, likewise), `fast_full`
  *   (added to without the lock by refused submitters), life.c's room count
- *   (`room_taken` and sched.given: taken without the lock by staged submits), the staged submits' ring
+ *   (`room_taken` and `room_back`: taken and given back without the lock by staged submits; sched.given under mu), the staged submits' ring
  *   (stage.h: producers without mu, its consumer under mu), the histogram shards
  *   (each written by its worker alone) and a running task's context flag
  *   (written under mu, read by the task). A function whose name ends in

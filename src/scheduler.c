@@ -28,7 +28,8 @@
  * counter line (ring_started, life.c), so the hot path stores to no line
  * 1.1 did not. In a fair pool it publishes all but its waiting count, which
  * is, as it is in the FIFO pool, the total less the other lanes': a push
- * then writes no line that a start writes (scheduler.h, tp__lane).
+ * into it then writes neither that count nor the line of the lane that a
+ * start writes (but when its user joins the round: scheduler.h, tp__lane).
  *
  * Layer: a leaf (see pool.h): life.c calls it; it calls nothing of
  * libtaskpool's but ring.h's inline functions.
@@ -51,7 +52,8 @@ static bool is_ring_lane(const tp__sched *s, unsigned li) { return !s->fair && l
 
 /* Tasks waiting in lane li. The default lane's count is the total less the
  * other lanes' (the ring's length, in a FIFO pool): its tp__lane.waiting
- * stays 0, so that a push writes no line that a start writes (scheduler.h). */
+ * stays 0, so that a push does not write the line a start writes for it
+ * (scheduler.h, tp__lane). */
 static unsigned lane_waiting(const tp__sched *s, unsigned li) {
     return li == RING_LANE ? s->waiting - s->in_others : s->lane[li].waiting;
 }
@@ -414,7 +416,8 @@ bool tp__sched_done_low(tp__sched *s, const tp__task *t) {
 
 /* ------------------------------------------------------------ removal */
 
-/* Out of lane li's lists (not the ring), counts kept by the caller. */
+/* Out of lane li's lists (not the ring); `in_others` kept here, the other
+ * counts by the caller. */
 static void list_unlink(tp__sched *s, unsigned li, tp__task *t) {
     tp__lane *l = &s->lane[li];
     if (s->fair) flow_unlink(l, t, li);

@@ -21,7 +21,8 @@
  * What it owns: the waiting tasks (their scheduling links: ring_pos, next,
  * prev, anext, aprev), the rounds and turns (flows), the starvation counts,
  * and the lane figures (waiting, running, started), which it publishes as
- * atomics for tp_lane_stats_get and the oldest-wait gauge. It knows nothing
+ * atomics for tp_lane_stats_get and the oldest-wait gauge (all but the
+ * default lane's waiting count, which is the total less the other lanes'). It knows nothing
  * of a task's life: life.c decides when a task is pushed (admitted, or back
  * from a retry delay), popped (a worker starts it), removed (cancel, expiry,
  * forced shutdown) or done (an attempt ended).
@@ -61,12 +62,13 @@ static inline struct tp__flow_lane *tp__flow_lane(tp__flow *f, unsigned li) {
 
 /* A lane: what a start and an end in it write is its first cache line,
  * which it shares with no other lane; its starvation count (written only
- * while several lanes are ready) is on the second; what a push writes, the
- * arrival list's tail, on the third: while the lane holds tasks, a push
- * (on a submitter's CPU) and a start (on a worker's) write no line in
- * common. The default lane (priority 0) keeps no waiting count: its count
- * is the scheduler's `waiting` less `in_others` (tp__sched), so that a push
- * into it writes nothing of the start's side. */
+ * while several lanes are ready) is on the second; what every push writes,
+ * the arrival list's tail, on the third. The default lane (priority 0)
+ * keeps no waiting count: its count is the scheduler's `waiting` less
+ * `in_others` (tp__sched). So while the lane holds tasks a push writes
+ * nothing of the start's line, but in a fair pool when its user joins the
+ * round (the round's tail, and its head if the round was empty). Both
+ * still write the scheduler's first line and the user's flow. */
 typedef struct tp__lane {
     /* the start's side, under the pool lock */
     _Alignas(64) tp__task *ahead; /* list lanes: every waiting task, in arrival order */
@@ -115,8 +117,9 @@ typedef struct tp__sched {
     /* The owner's, as pub: the places its waiting set gave back (life.h,
      * the room count). */
     _Atomic uint64_t given;
-    /* The second line: read per start, written only by pushes and starts
-     * outside the default lane. */
+    /* The second line: read per start, written by pushes and starts
+     * outside the default lane and, in a fair pool, by those of tasks
+     * without a user (the anonymous flow, `anon`, begins on it). */
     /* waiting outside the default lane (priority 0: a FIFO pool's ring, a
      * fair pool's lane 2), which keeps no count of its own: its count is
      * waiting - in_others */

@@ -141,8 +141,8 @@ int tp_lane_stats_get(tp_pool *p, int priority, tp_lane_stats *out) {
     }
     /* The default lane publishes no waiting count (scheduler.h, tp__lane),
      * and in a FIFO pool (the ring) no running or started figures either (so
-     * that its hot path stores no more than 1.1's): its gauges are the
-     * pool's totals less the other lanes'. Exact at rest; while tasks move
+     * that its hot path stores no more than 1.1's): what it does not
+     * publish is the pool's total less the other lanes'. Exact at rest; while tasks move
      * the two reads are not one instant, and a difference below 0 reads 0.
      * The ring's `started` is a counter (taskpool_lane_started_total) and
      * must never go back: each worker counts the ring's starts on its own

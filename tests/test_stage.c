@@ -144,9 +144,10 @@ static void test_staged_room_starts_late(void **state) {
     assert_int_equal(atomic_load(&attempts), 1);
 }
 
-/* The count of free places is two counts that only grow, the places taken
- * and the places given back (src/life.h, `room_taken`); a submitter reads
- * the second only when its last look at it leaves no place. Round after
+/* The count of free places is three counts that only grow, the places
+ * taken, the places starts gave back and the places taken and not used
+ * (src/life.h, `room_taken`); a submitter reads the last two only when its
+ * last look at them leaves no place. Round after
  * round through the bound: with the worker held, exactly `cap` plain
  * submits are accepted and both paths refuse the next; then a retry
  * delayed while the count is kept holds its place (one fewer accepted)
