@@ -116,6 +116,7 @@
 static void *worker_main(void *arg);
 static void *service_main(void *arg);
 static void stage_absorb_locked(tp_pool *p, unsigned max, bool worker);
+static void stage_absorb_all_locked(tp_pool *p);
 static bool stage_pending(tp_pool *p);
 
 #if defined(TP__DEBUG)
@@ -476,6 +477,15 @@ typedef struct worker_turn {
     uint64_t last_end_h;
 } worker_turn;
 
+/* Whether a worker at the top of its turn admits staged entries now (stage.h,
+ * "When a worker admits"; only FIFO pools stage): while the default lane
+ * holds fewer than TP__STAGE_LOW tasks (that lane's count: the total less
+ * the other lanes', as in tp__sched_ready). mu held. */
+static bool stage_due_locked(const tp_pool *p) {
+    const tp__sched *s = &p->life.sched;
+    return s->waiting - s->in_others < TP__STAGE_LOW;
+}
+
 /* Step 1, mu held, no current task: return when a task may start (true) or
  * this worker should exit (false). The idle period starts when the worker
  * first finds nothing to start (the clock is read then, not per task);
@@ -489,8 +499,9 @@ static bool wait_for_work_locked(tp_pool *p, tp__worker *w, worker_turn *wt) {
     bool go = true;
     for (;;) {
         /* a bounded batch: a deep ring does not hold the lock for long (what
-         * is left keeps this and the other workers from parking) */
-        stage_absorb_locked(p, TP__STAGE_BATCH, true);
+         * is left keeps this and the other workers from parking); and only
+         * when the default lane runs low (stage.h, "When a worker admits") */
+        if (stage_due_locked(p)) stage_absorb_locked(p, TP__STAGE_BATCH, true);
         if (tp__life_ready(&p->life)) break;
         wt->last_end_h = 0;
         if (tp__life_closed(&p->life) && tp__life_idle(&p->life)) {
@@ -718,6 +729,10 @@ static void *service_main(void *arg) {
             tried_spawn = false; /* mu was released: a wake for a spawn may have been missed */
             continue;
         }
+        /* A due retry goes to the back of its lane: behind the staged tasks
+         * too, which a worker leaves in the ring while the lane is deep
+         * (stage.h, "When a worker admits"). */
+        if (tp__life_delayed(&p->life) != 0) stage_absorb_all_locked(p);
         tp__fx fx = TP__FX_INIT(&p->misc);
         uint64_t next = tp__life_timers(&p->life, tp_now_ns(), &fx);
         fx.flags &= ~(unsigned)TP__FX_SVC; /* that is this thread */

@@ -301,6 +301,8 @@ static inline unsigned tp__life_startable(const tp__life *L) { return tp__sched_
 static inline bool tp__life_idle(const tp__life *L) {
     return tp__sched_waiting(&L->sched) == 0 && L->delayed == 0;
 }
+/* Tasks waiting for a retry. */
+static inline unsigned tp__life_delayed(const tp__life *L) { return L->delayed; }
 static inline bool tp__life_closed(const tp__life *L) { return L->closed; }
 /* The tasks waiting, lock-free (acquire; see adm_publish in life.c). */
 static inline uint32_t tp__life_queued(tp__life *L) { return TP__ACQUIRE(L->sched.pub.count); }

@@ -9,7 +9,8 @@
  * ring's put lock, writes its function, argument, on_done, queue and
  * queue-wait stamp into this ring and returns TP_OK: the task is accepted.
  * A worker at the top of its turn admits every published entry, oldest
- * first, through life.c's usual admission (tp__life_admit_staged). A locked
+ * first, through life.c's usual admission (tp__life_admit_staged), when
+ * the scheduler runs low (below). A locked
  * submit (options, an id asked, a batch, tp_submit_wait) first admits every
  * entry whose ticket was taken before it; so one thread's submits keep their
  * order whichever path each took. The ring is part of the queue: the
@@ -29,6 +30,22 @@
  * per place of the queue (up to TP__STAGE_MAX), so an accepted entry always
  * finds one; past that size a submit that finds it full takes the locked
  * path (after giving its place back), which admits the ring first.
+ *
+ * When a worker admits. At the top of its turn a worker admits a batch (up
+ * to TP__STAGE_BATCH entries) only while fewer than TP__STAGE_LOW tasks wait
+ * in the default lane (priority 0); otherwise it
+ * starts the lane's next task and leaves the ring alone. Every entry of the
+ * ring is younger than every task of that lane (a locked submit admits the
+ * ring before its own task), and entries join only that lane, so which task
+ * starts next is the same whether the ring was admitted or not: the lane's
+ * head while it has tasks, by FIFO order; a higher lane's by priority; a
+ * lower lane's by the starvation count, which counts starts, not arrivals,
+ * and the lane stays ready (it has tasks) either way. What it saves: a worker
+ * that admitted at every turn met the producer at its newest slot -- a line
+ * the producer was writing -- and ended every batch with a look at the slot
+ * the producer was about to write, taking that line away from it; with the
+ * scheduler kept above the mark, a batch reads slots written a while ago and
+ * the two threads stop trading the ring's front line (docs/performance.md).
  *
  * Waiting for a submit mid-way: `tail` only grows under put, so an entry
  * below a `tail` that someone read is published, or its submitter holds put
@@ -80,6 +97,10 @@
 
 /* The most entries a worker admits in one turn (engine.c). */
 #define TP__STAGE_BATCH 256u
+/* A worker admits at the top of its turn only while fewer tasks than this
+ * wait in the default lane (engine.c, stage_due_locked; see "When a worker
+ * admits" above). */
+#define TP__STAGE_LOW   32u
 
 typedef struct tp__stage_slot {
     _Alignas(64) _Atomic size_t seq; /* ticket + 1: published; ticket: free for that ticket */

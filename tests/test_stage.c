@@ -377,6 +377,117 @@ static void test_staged_order_with_locked(void **state) {
     assert_int_equal(tp_cq_destroy(q), TP_OK);
 }
 
+/* ------------------------------------------------------------ a deep lane */
+
+/* While the default lane holds TP__STAGE_LOW tasks or more, a worker starts
+ * them and leaves the ring alone (stage.h, "When a worker admits"). From
+ * the outside that must not show: below, the lane is deeper than that mark
+ * throughout. */
+#define DEEP ((int)TP__STAGE_LOW + 8)
+
+/* A task that fails its first attempt (the worker held on `gate` until
+ * then) and succeeds its retry, logging each start. */
+typedef struct retry_once {
+    order_log *log;
+    int index;
+    tpt_latch *gate;
+    atomic_int attempts;
+} retry_once;
+
+static int retry_once_fn(tp_ctx *c, void *arg) {
+    retry_once *r = (retry_once *)arg;
+    order_task t = {r->log, r->index};
+    (void)order_fn(c, &t);
+    if (atomic_fetch_add(&r->attempts, 1) > 0) return 0;
+    tpt_latch_wait(r->gate);
+    return -1;
+}
+
+/* The deep lane's first task: logs its start, then holds the worker until
+ * the retry is back in the queue (bounded; a timeout is reported). */
+typedef struct until_requeued {
+    order_task t;
+    tp_pool *p;
+    atomic_int timed_out;
+} until_requeued;
+
+static int until_requeued_fn(tp_ctx *c, void *arg) {
+    until_requeued *u = (until_requeued *)arg;
+    (void)order_fn(c, &u->t);
+    tp_stats s;
+    if (!TPT_POLL((tp_stats_get(u->p, &s), s.delayed == 0), TPT_WAIT_NS)) atomic_store(&u->timed_out, 1);
+    return 0;
+}
+
+/* A retry goes back to the end of its lane: behind the staged tasks
+ * accepted before it came back, though no worker admitted them (the lane
+ * was deep while it came back: the service thread admits the ring first). */
+static void test_staged_retry_behind(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *gate = tpt_fx_latch(f);
+    tp_config c = tpt_quiet_config(1, 4 * DEEP, TP_UNLIMITED);
+    c.max_retries = 1;
+    c.retry_delay_ns = 1000; /* 1 us: back while the lane's first task holds the worker */
+    tp_pool *p = tpt_fx_pool(f, &c);
+    order_log *log = tpt_fx_alloc(f, sizeof *log);
+    atomic_init(&log->next, 0);
+    atomic_init(&log->done, 0);
+    const int staged = 10, retry_index = 1000;
+    retry_once r = {log, retry_index, gate, 0};
+    uint64_t id = 0;
+    assert_int_equal(tp_submit(p, retry_once_fn, &r, NULL, &id), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&log->done) == 1); /* the worker holds it on the gate */
+    until_requeued first = {{log, 0}, p, 0};
+    order_task *tasks = tpt_fx_alloc(f, (size_t)(DEEP + staged) * sizeof *tasks);
+    /* the deep lane, locked (an id asked), then staged tasks behind it */
+    assert_int_equal(tp_submit(p, until_requeued_fn, &first, NULL, &id), TP_OK);
+    for (int i = 1; i < DEEP + staged; i++) {
+        tasks[i] = (order_task){log, i};
+        assert_int_equal(tp_submit(p, order_fn, &tasks[i], NULL, i < DEEP ? &id : NULL), TP_OK);
+    }
+    tpt_latch_open(gate);
+    TPT_EVENTUALLY(atomic_load(&log->done) == DEEP + staged + 2);
+    assert_int_equal(atomic_load(&first.timed_out), 0);
+    assert_int_equal(atomic_load(&log->at[0]), retry_index);
+    for (int i = 0; i < DEEP + staged; i++)
+        if (atomic_load(&log->at[i + 1]) != i)
+            fail_msg("start %d was task %d", i + 1, atomic_load(&log->at[i + 1]));
+    assert_int_equal(atomic_load(&log->at[DEEP + staged + 1]), retry_index);
+    tp_stats s = tpt_finish(p);
+    tpt_assert_counts(s, TPT_EQ(accepted, (uint64_t)(DEEP + staged + 1)), TPT_EQ(retried, 1));
+}
+
+/* Higher lanes deep, a staged task in the default lane: that lane is ready
+ * from the worker's first turn, so it takes a start after prio_starve_limit
+ * starts of the higher lane, as if it had been admitted under the lock. */
+static void test_staged_starve_count(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l = tpt_fx_latch(f);
+    tp_config c = tpt_quiet_config(1, 4 * DEEP, TP_UNLIMITED);
+    c.prio_starve_limit = 4;
+    tp_pool *p = tpt_fx_pool(f, &c);
+    order_log *log = tpt_fx_alloc(f, sizeof *log);
+    atomic_init(&log->next, 0);
+    atomic_init(&log->done, 0);
+    order_task *tasks = tpt_fx_alloc(f, (size_t)(DEEP + 1) * sizeof *tasks);
+    tpt_fill_workers(p, l, 1, NULL);
+    tp_task_opts urgent = {.priority = 1};
+    for (int i = 0; i < DEEP; i++) {
+        tasks[i] = (order_task){log, i};
+        assert_int_equal(tp_submit(p, order_fn, &tasks[i], &urgent, NULL), TP_OK);
+    }
+    tasks[DEEP] = (order_task){log, DEEP};
+    assert_int_equal(tp_submit(p, order_fn, &tasks[DEEP], NULL, NULL), TP_OK); /* staged */
+    tpt_latch_open(l);
+    TPT_EVENTUALLY(atomic_load(&log->done) == DEEP + 1);
+    for (int k = 0; k <= DEEP; k++) {
+        int want = k < 4 ? k : k == 4 ? DEEP : k - 1;
+        if (atomic_load(&log->at[k]) != want)
+            fail_msg("start %d was task %d, not %d", k, atomic_load(&log->at[k]), want);
+    }
+    tpt_finish(p);
+}
+
 #if defined(TP__DEBUG)
 /* The submitter that the hook holds between its ticket and its entry: it
  * holds the ring's put lock meanwhile (stage.h). */
@@ -615,6 +726,8 @@ int main(void) {
         TPT_TEST(test_staged_bound),
         TPT_TEST(test_staged_bound_checks),
         TPT_TEST(test_staged_order_with_locked),
+        TPT_TEST(test_staged_retry_behind),
+        TPT_TEST(test_staged_starve_count),
         TPT_TEST(test_staged_wait_for_unpublished),
         TPT_TEST(test_staged_wakes_idle_pool),
         TPT_TEST(test_staged_close_race),
