@@ -812,7 +812,8 @@ static void stage_give_back(tp_pool *p, tp_cq *cq) {
     if (cq) tp__cq_release(cq, 1);
 }
 
-int tp__engine_submit_staged(tp_pool *p, tp_fn fn, void *arg, tp_done_fn on_done, tp_cq *cq, uint64_t now) {
+int tp__engine_submit_staged(tp_pool *p, tp_fn fn, void *arg, tp_done_fn on_done, tp_cq *cq, uint64_t now,
+                             bool wait) {
     tp__stage *st = &p->stage;
     if (atomic_load_explicit(&st->closing, memory_order_acquire)) return TP__STAGE_LOCKED;
     if (!tp__life_room_live(&p->life)) { /* the pool's first staged submit: once */
@@ -829,6 +830,7 @@ int tp__engine_submit_staged(tp_pool *p, tp_fn fn, void *arg, tp_done_fn on_done
         full = true;
     }
     if (full) {
+        if (wait) return TP__STAGE_LOCKED; /* the locked path waits for a place */
         /* counted as pool.c's lock-free refusals are (pool.h, fast_full) */
         atomic_fetch_add_explicit(&p->fast_full, 1, memory_order_release);
         return TP_EFULL;

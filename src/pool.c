@@ -198,7 +198,7 @@ int tp__submit_member(tp_pool *p, struct tp_group *g, tp_fn fn, void *arg, const
         if (!fn) return TP_EINVAL;
         const char *inherited = tp_log_id_get();
         if (!inherited || !inherited[0]) {
-            int rc = tp__engine_submit_staged(p, fn, arg, NULL, NULL, tp__hclk_now());
+            int rc = tp__engine_submit_staged(p, fn, arg, NULL, NULL, tp__hclk_now(), false);
             if (rc != TP__STAGE_LOCKED) return rc;
             staging = false; /* the ring is full or the pool closes */
         }
@@ -209,7 +209,7 @@ int tp__submit_member(tp_pool *p, struct tp_group *g, tp_fn fn, void *arg, const
     a.group = g;
     if (staging && opts && stageable(opts) && !a.log_src) {
         a.now = tp__hclk_now();
-        rc = tp__engine_submit_staged(p, fn, arg, a.on_done, a.cq, a.now);
+        rc = tp__engine_submit_staged(p, fn, arg, a.on_done, a.cq, a.now, false);
         if (rc != TP__STAGE_LOCKED) return rc;
     }
     /* A group's submit takes the lock: a cancelled group answers
@@ -229,6 +229,17 @@ int tp_submit_wait(tp_pool *p, tp_fn fn, void *arg, const tp_task_opts *opts, ui
     int rc = tp__life_args(&p->life, fn, opts, &a);
     if (rc != TP_OK) return rc;
     uint64_t deadline = tp__deadline_after(tp_now_ns(), budget_ns ? budget_ns : p->cfg.submit_timeout);
+    /* A task tp_submit would stage (tp__submit_member) is staged here too
+     * when a place is free at once: accepted as tp_submit's, without the
+     * pool lock. The budget is looked at first (a spent one is TP_ETIMEDOUT
+     * even with space); with no place free, nothing is counted and the
+     * locked path waits for one with the same budget. */
+    if (!id_out && tp__stage_on(&p->stage) && (!opts || stageable(opts)) && !a.log_src &&
+        tp_now_ns() < deadline) {
+        a.now = tp__hclk_now();
+        rc = tp__engine_submit_staged(p, fn, arg, a.on_done, a.cq, a.now, true);
+        if (rc != TP__STAGE_LOCKED) return rc;
+    }
     return tp__engine_submit(p, &a, arg, id_out, true, deadline);
 }
 

@@ -215,9 +215,12 @@ int tp__engine_submit_batch(tp_pool *p, const tp_task *tasks, size_t valid, tp__
  * asked, no group and no inherited log id, on a pool that stages; `now` is
  * the queue-wait stamp (clock.h). TP_OK (accepted), TP_EFULL (counted in
  * fast_full), or TP__STAGE_LOCKED: take the locked path (the ring is full
- * or the pool closes). */
+ * or the pool closes). `wait` (tp_submit_wait): no place free (the pool's
+ * or the completion queue's) is TP__STAGE_LOCKED too, and counts nothing:
+ * the locked path waits for one. */
 #define TP__STAGE_LOCKED (-1001)
-int tp__engine_submit_staged(tp_pool *p, tp_fn fn, void *arg, tp_done_fn on_done, tp_cq *cq, uint64_t now);
+int tp__engine_submit_staged(tp_pool *p, tp_fn fn, void *arg, tp_done_fn on_done, tp_cq *cq, uint64_t now,
+                             bool wait);
 /* Tasks waiting, staged ones included, without the lock (stats.c). The
  * ring first: an entry leaves it only once it waits in the scheduler
  * (engine.c), so a task is never missed by both reads. */

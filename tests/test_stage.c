@@ -13,6 +13,8 @@
  */
 #include "tp_test.h"
 
+#include <limits.h>
+
 #include "pool.h" /* TP__DEBUG and its test hook tp__test_stage_claimed */
 
 /* ------------------------------------------------------------ helpers */
@@ -335,8 +337,8 @@ static void test_staged_bound_checks(void **state) {
 /* ------------------------------------------------------------ order */
 
 /* One thread's tasks start in its submit order, whether each was staged or
- * admitted under the lock (an id asked for, options): the locked path
- * admits what was staged before it. */
+ * admitted under the lock (an id asked for, options; by tp_submit or
+ * tp_submit_wait): the locked path admits what was staged before it. */
 static void test_staged_order_with_locked(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tpt_latch *l = tpt_fx_latch(f);
@@ -356,9 +358,15 @@ static void test_staged_order_with_locked(void **state) {
         tasks[i].index = i;
         uint64_t id = 0;
         tp_task_opts o = {0};
-        switch (tpt_xorshift(&rng) % 4) {
+        switch (tpt_xorshift(&rng) % 6) {
         case 0: assert_int_equal(tp_submit(p, order_fn, &tasks[i], NULL, NULL), TP_OK); break;
         case 1: assert_int_equal(tp_submit(p, order_fn, &tasks[i], NULL, &id), TP_OK); break;
+        case 4: /* staged: a place is free */
+            assert_int_equal(tp_submit_wait(p, order_fn, &tasks[i], NULL, TPT_WAIT_NS, NULL), TP_OK);
+            break;
+        case 5:
+            assert_int_equal(tp_submit_wait(p, order_fn, &tasks[i], NULL, TPT_WAIT_NS, &id), TP_OK);
+            break;
         case 2: /* staged, bound to a completion queue */
             o.on_done = order_done;
             o.cq = q;
@@ -375,6 +383,58 @@ static void test_staged_order_with_locked(void **state) {
     tpt_finish(p);
     assert_int_equal(tp_cq_drain(q, 0), bound);
     assert_int_equal(tp_cq_destroy(q), TP_OK);
+}
+
+/* ------------------------------------------------------------ tp_submit_wait */
+
+typedef struct wait_submit {
+    tp_pool *p;
+    atomic_int started; /* about to call */
+    atomic_int rc;      /* INT_MIN until it returns */
+} wait_submit;
+
+static void *wait_submit_main(void *arg) {
+    wait_submit *w = (wait_submit *)arg;
+    atomic_store(&w->started, 1);
+    atomic_store(&w->rc, tp_submit_wait(w->p, count_fn, NULL, NULL, TPT_WAIT_NS, NULL));
+    return NULL;
+}
+
+/* A tp_submit_wait that tp_submit would stage is staged when a place is
+ * free (counted as waiting at once, no worker needed); with none free it
+ * counts no refusal, waits, and is accepted when one frees; a budget spent
+ * before it looks is TP_ETIMEDOUT even with places free. */
+static void test_staged_submit_wait(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l = tpt_fx_latch(f);
+    tp_pool *p = tpt_quiet_pool(f, 1, 3, TP_UNLIMITED);
+    tpt_fill_workers(p, l, 1, NULL);
+    atomic_store(&g_runs, 0);
+    for (int i = 0; i < 20; i++)
+        assert_int_equal(tp_submit_wait(p, count_fn, NULL, NULL, 1, NULL), TP_ETIMEDOUT);
+    tp_stats s = tpt_stats(p);
+    tpt_assert_counts(s, TPT_EQ(rejected_timeout, 20), TPT_EQ(accepted, 1), TPT_EQ(queued, 0));
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(tp_submit_wait(p, count_fn, NULL, NULL, TPT_WAIT_NS, NULL), TP_OK);
+    s = tpt_stats(p);
+    tpt_assert_counts(s, TPT_EQ(accepted, 4), TPT_EQ(queued, 3), TPT_EQ(rejected_full, 0));
+    wait_submit *w = tpt_fx_new(f, wait_submit);
+    w->p = p;
+    atomic_store(&w->rc, INT_MIN);
+    tpt_fx_thr *th = tpt_fx_thread(f, wait_submit_main, w);
+    TPT_EVENTUALLY(atomic_load(&w->started) == 1);
+    /* it waits (or has not yet looked): no refusal is counted meanwhile */
+    TPT_EVENTUALLY(tpt_stats(p).submitted == 25);
+    assert_int_equal(atomic_load(&w->rc), INT_MIN);
+    s = tpt_stats(p);
+    tpt_assert_counts(s, TPT_EQ(rejected_full, 0), TPT_EQ(accepted, 4));
+    tpt_latch_open(l);
+    tpt_fx_join(th);
+    assert_int_equal(atomic_load(&w->rc), TP_OK);
+    s = tpt_finish(p);
+    tpt_assert_counts(s, TPT_EQ(accepted, 5), TPT_EQ(completed, 5), TPT_EQ(rejected_full, 0),
+                      TPT_EQ(rejected_timeout, 20));
+    assert_int_equal(atomic_load(&g_runs), 4);
 }
 
 /* ------------------------------------------------------------ a deep lane */
@@ -726,6 +786,7 @@ int main(void) {
         TPT_TEST(test_staged_bound),
         TPT_TEST(test_staged_bound_checks),
         TPT_TEST(test_staged_order_with_locked),
+        TPT_TEST(test_staged_submit_wait),
         TPT_TEST(test_staged_retry_behind),
         TPT_TEST(test_staged_starve_count),
         TPT_TEST(test_staged_wait_for_unpublished),
