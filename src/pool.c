@@ -13,7 +13,8 @@
  * whether the answer is TP_EFULL whatever happens under the lock; then it
  * refuses without taking it (a producer retrying on a full queue then does
  * not compete with the workers that make room) and counts the refusal in
- * `fast_full`.
+ * `fast_full`. A plain task on a pool that stages (stage.h) skips all that:
+ * tp_submit stages it, and tp_submit_wait too when a place is free at once.
  *
  * Why the scheduler holds queue_capacity + max_workers: admission keeps
  * queued + delayed < capacity at the moment a task enters, and afterwards a

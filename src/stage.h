@@ -3,7 +3,9 @@
  *
  * A plain tp_submit (no options but an on_done bound to a completion
  * queue, no id asked, not a group's) on a FIFO pool with a fixed number of
- * workers does not take the pool lock. It takes one of the pool's free
+ * workers does not take the pool lock; nor does such a tp_submit_wait that
+ * finds a place free at once (with none, it waits on the locked path and
+ * counts no refusal). It takes one of the pool's free
  * places (life.h, `room_taken`: the exact count that every admission takes) and,
  * if it is bound, a place of its completion queue (cq.c), then, holding the
  * ring's put lock, writes its function, argument, on_done, queue and
@@ -11,7 +13,7 @@
  * A worker at the top of its turn admits every published entry, oldest
  * first, through life.c's usual admission (tp__life_admit_staged), when
  * the scheduler runs low (below). A locked
- * submit (options, an id asked, a batch, tp_submit_wait) first admits every
+ * submit (options, an id asked, a batch, a waiting tp_submit_wait) first admits every
  * entry whose ticket was taken before it; so one thread's submits keep their
  * order whichever path each took. The ring is part of the queue: the
  * statistics count its entries as waiting.
