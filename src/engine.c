@@ -868,6 +868,94 @@ int tp__engine_submit_staged(tp_pool *p, tp_fn fn, void *arg, tp_done_fn on_done
     return TP_OK;
 }
 
+/* The on_done and completion queue of task i of a staged batch. */
+static void batch_done_of(const tp_task *tasks, const tp__admit_args *a, size_t nchecked, size_t i,
+                          tp_done_fn *on_done, tp_cq **cq) {
+    if (i < nchecked) {
+        *on_done = a[i].on_done;
+        *cq = a[i].cq;
+    } else {
+        const tp_task_opts *o = tasks[i].opts;
+        *on_done = o ? o->on_done : NULL;
+        *cq = o ? o->cq : NULL;
+    }
+}
+
+int tp__engine_submit_staged_batch(tp_pool *p, const tp_task *tasks, size_t valid, const tp__admit_args *a,
+                                   size_t nchecked, size_t *k_out) {
+    tp__stage *st = &p->stage;
+    *k_out = 0;
+    if (atomic_load_explicit(&st->closing, memory_order_acquire)) return TP__STAGE_LOCKED;
+    if (!tp__life_room_live(&p->life)) {
+        tp__lock(p);
+        tp__life_room_start(&p->life);
+        tp__unlock(p);
+    }
+    uint64_t now = tp__hclk_now(); /* one queue-wait stamp for the batch */
+    /* The places, as the locked path takes them task by task: the pool's,
+     * then each bound task's queue's; the first task without one is
+     * refused, and the places taken beyond it go back. */
+    unsigned want = valid < p->cfg.capacity ? (unsigned)valid : p->cfg.capacity;
+    unsigned got = tp__life_room_take_n(&p->life, want);
+    bool cut = got < valid;
+    for (unsigned i = 0; i < got; i++) {
+        tp_done_fn on_done;
+        tp_cq *cq;
+        batch_done_of(tasks, a, nchecked, i, &on_done, &cq);
+        if (cq && !tp__cq_reserve(cq)) {
+            tp__life_room_give_n(&p->life, got - i);
+            got = i;
+            cut = true;
+        }
+    }
+    bool staged = false;
+    size_t pos = 0;
+    if (got > 0) {
+        tp__mutex_lock(&st->put);
+        pos = atomic_load_explicit(&st->tail, memory_order_relaxed);
+        /* Slots are given back in ticket order: the last one free, all are.
+         * Under put, as tp__stage_claim (closing: see there). */
+        staged = !atomic_load_explicit(&st->closing, memory_order_relaxed) &&
+                 atomic_load_explicit(&st->slots[(pos + got - 1) & st->mask].seq, memory_order_acquire) ==
+                     pos + got - 1;
+        if (!staged) tp__mutex_unlock(&st->put);
+    }
+    if (got > 0 && !staged) { /* closing, or too few slots: the locked path decides, for all */
+        for (unsigned i = 0; i < got; i++) {
+            tp_done_fn on_done;
+            tp_cq *cq;
+            batch_done_of(tasks, a, nchecked, i, &on_done, &cq);
+            if (cq) tp__cq_release(cq, 1);
+        }
+        tp__life_room_give_n(&p->life, got);
+        return TP__STAGE_LOCKED;
+    }
+    if (got > 0) {
+        atomic_store_explicit(&st->tail, pos + got, memory_order_release);
+#if defined(TP__DEBUG)
+        tp__test_hook hook = atomic_load_explicit(&tp__test_stage_claimed, memory_order_acquire);
+        if (hook) hook(p);
+#endif
+        /* accepted, and counted before published (as a single one) */
+        atomic_store_explicit(&st->staged, atomic_load_explicit(&st->staged, memory_order_relaxed) + got,
+                              memory_order_release);
+        for (unsigned i = 0; i < got; i++) {
+            tp_done_fn on_done;
+            tp_cq *cq;
+            batch_done_of(tasks, a, nchecked, i, &on_done, &cq);
+            tp__stage_publish(&st->slots[(pos + i) & st->mask], pos + i, tasks[i].fn, tasks[i].arg, on_done,
+                              cq, now);
+        }
+        bool sleepers = atomic_load_explicit(&st->sleepers, memory_order_relaxed) != 0;
+        tp__mutex_unlock(&st->put);
+        if (sleepers) stage_wake(p);
+    }
+    *k_out = got;
+    if (!cut) return TP_OK;
+    atomic_fetch_add_explicit(&p->fast_full, 1, memory_order_release); /* task `got`: no place */
+    return TP_EFULL;
+}
+
 /* A locked submit admits every entry whose ticket was taken before it
  * (stage.h): one thread's tasks keep their order across the two paths. An
  * entry not yet published (its submitter holds put, between its ticket and

@@ -230,11 +230,30 @@ static inline bool tp__life_room_take(tp__life *L) {
                                                     memory_order_acquire));
     return true;
 }
-/* Give back a place taken by tp__life_room_take that no task used (with or
- * without the lock). */
-static inline void tp__life_room_give(tp__life *L) {
-    atomic_fetch_add_explicit(&L->room_back, 1, memory_order_release);
+/* tp__life_room_take for up to `n` places at once (a batch): how many were
+ * taken, 0 if none is free (so it was when given was read). */
+static inline unsigned tp__life_room_take_n(tp__life *L, unsigned n) {
+    int64_t t = atomic_load_explicit(&L->room_taken, memory_order_acquire); /* before given's */
+    int64_t g = atomic_load_explicit(&L->room_seen, memory_order_relaxed);
+    int64_t k;
+    do {
+        int64_t free = L->room_capacity + g - t;
+        if (free < (int64_t)n) {
+            g = tp__life_room_given(L); /* read after t */
+            free = L->room_capacity + g - t;
+        }
+        if (free <= 0) return 0;
+        k = free < (int64_t)n ? free : (int64_t)n;
+    } while (!atomic_compare_exchange_weak_explicit(&L->room_taken, &t, t + k, memory_order_acq_rel,
+                                                    memory_order_acquire));
+    return (unsigned)k;
 }
+/* Give back `n` places taken by tp__life_room_take(_n) that no task used
+ * (with or without the lock). */
+static inline void tp__life_room_give_n(tp__life *L, unsigned n) {
+    atomic_fetch_add_explicit(&L->room_back, n, memory_order_release);
+}
+static inline void tp__life_room_give(tp__life *L) { tp__life_room_give_n(L, 1); }
 /* Without the lock, before taking it: warm the lines that tp__life_admit
  * will read for a's user (tp__users_prefetch); nothing if it names none. */
 static inline void tp__life_prefetch(tp__life *L, const tp__admit_args *a) {

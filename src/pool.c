@@ -244,6 +244,19 @@ int tp_submit_wait(tp_pool *p, tp_fn fn, void *arg, const tp_task_opts *opts, ui
     return tp__engine_submit(p, &a, arg, id_out, true, deadline);
 }
 
+/* Whether every task of a batch could be staged (stageable; no log id,
+ * explicit or inherited): then the whole batch is staged under one hold of
+ * the ring's put lock, or none of it (tp__engine_submit_staged_batch). */
+static bool batch_stageable(const tp_task *tasks, size_t valid) {
+    const char *inherited = tp_log_id_get();
+    if (inherited && inherited[0]) return false;
+    for (size_t i = 0; i < valid; i++) {
+        const tp_task_opts *o = tasks[i].opts;
+        if (o && (!stageable(o) || (o->log_id && o->log_id[0]))) return false;
+    }
+    return true;
+}
+
 /* Tasks of a batch whose checked arguments stay on the stack; the arguments
  * of later ones are checked again under the lock (same inputs, same result). */
 #define TP__BATCH_ARGS 32
@@ -272,7 +285,10 @@ int tp_submit_batch(tp_pool *p, const tp_task *tasks, size_t n, uint64_t *ids_ou
 
     size_t k = 0;
     size_t checked = valid < TP__BATCH_ARGS ? valid : TP__BATCH_ARGS;
-    int rc = tp__engine_submit_batch(p, tasks, valid, a, checked, ids_out, &k);
+    int rc = TP__STAGE_LOCKED;
+    if (!ids_out && tp__stage_on(&p->stage) && batch_stageable(tasks, valid))
+        rc = tp__engine_submit_staged_batch(p, tasks, valid, a, checked, &k);
+    if (rc == TP__STAGE_LOCKED) rc = tp__engine_submit_batch(p, tasks, valid, a, checked, ids_out, &k);
     if (accepted_out) *accepted_out = k;
     if (rc != TP_OK) return rc;
     return k < n ? arg_rc : TP_OK;

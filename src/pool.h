@@ -221,6 +221,16 @@ int tp__engine_submit_batch(tp_pool *p, const tp_task *tasks, size_t valid, tp__
 #define TP__STAGE_LOCKED (-1001)
 int tp__engine_submit_staged(tp_pool *p, tp_fn fn, void *arg, tp_done_fn on_done, tp_cq *cq, uint64_t now,
                              bool wait);
+/* tp_submit_batch without the lock: tasks[0..valid) may all be staged (as
+ * tp__engine_submit_staged's), a[0..nchecked) checked arguments of the
+ * first ones. One hold of put stages a prefix of the batch, so its tasks
+ * are adjacent in the ring as the locked path makes them in the lane.
+ * TP_OK: all staged; TP_EFULL: the first *k_out staged, task *k_out
+ * refused for space (the pool's or its completion queue's; counted in
+ * fast_full); TP__STAGE_LOCKED, *k_out 0: nothing staged (the pool
+ * closes, or the ring has no slots for them): take the locked path. */
+int tp__engine_submit_staged_batch(tp_pool *p, const tp_task *tasks, size_t valid, const tp__admit_args *a,
+                                   size_t nchecked, size_t *k_out);
 /* Tasks waiting, staged ones included, without the lock (stats.c). The
  * ring first: an entry leaves it only once it waits in the scheduler
  * (engine.c), so a task is never missed by both reads. */

@@ -437,6 +437,122 @@ static void test_staged_submit_wait(void **state) {
     assert_int_equal(atomic_load(&g_runs), 4);
 }
 
+/* ------------------------------------------------------------ batches */
+
+/* A batch of tasks that could all be staged is staged under one hold of
+ * the ring's put lock: the places as the locked path takes them (the first
+ * task without one is refused, counted once, and the batch stops there),
+ * and the tasks counted as waiting at once. */
+static void test_staged_batch_bound(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l = tpt_fx_latch(f);
+    tp_pool *p = tpt_quiet_pool(f, 1, 5, TP_UNLIMITED);
+    tpt_fill_workers(p, l, 1, NULL);
+    atomic_store(&g_runs, 0);
+    tp_task t[8];
+    for (int i = 0; i < 8; i++) t[i] = (tp_task){.fn = count_fn};
+    size_t k = 99;
+    assert_int_equal(tp_submit_batch(p, t, 3, NULL, &k), TP_OK);
+    assert_int_equal(k, 3);
+    assert_int_equal(tp_submit_batch(p, t, 8, NULL, &k), TP_EFULL);
+    assert_int_equal(k, 2);
+    tp_stats s = tpt_stats(p);
+    tpt_assert_counts(s, TPT_EQ(queued, 5), TPT_EQ(accepted, 6), TPT_EQ(rejected_full, 1),
+                      TPT_EQ(submitted, 7));
+    assert_int_equal(tp_submit_batch(p, t, 1, NULL, &k), TP_EFULL);
+    assert_int_equal(k, 0);
+    /* a bound batch stops at its completion queue's last place */
+    tp_cq *q = NULL;
+    assert_int_equal(tp_cq_create(&q, 2), TP_OK);
+    tpt_latch_open(l);
+    TPT_EVENTUALLY(atomic_load(&g_runs) == 5);
+    tp_task_opts o = {.on_done = order_done, .cq = q};
+    for (int i = 0; i < 4; i++) t[i].opts = &o;
+    assert_int_equal(tp_submit_batch(p, t, 4, NULL, &k), TP_EFULL);
+    assert_int_equal(k, 2);
+    s = tpt_finish(p);
+    tpt_assert_counts(s, TPT_EQ(accepted, 8), TPT_EQ(completed, 8), TPT_EQ(rejected_full, 3));
+    assert_int_equal(atomic_load(&g_runs), 7);
+    assert_int_equal(tp_cq_drain(q, 0), 2);
+    assert_int_equal(tp_cq_destroy(q), TP_OK);
+}
+
+/* Batches from two threads at once: each batch's tasks start one after
+ * another in their order (adjacent in the lane, SPEC section 12), and each
+ * thread's batches in its order. */
+enum { BT_THREADS = 2, BT_BATCHES = 240, BT_SIZE = 8 };
+
+static atomic_int bt_ready; /* threads at the start line */
+
+typedef struct batch_thread {
+    tp_pool *p;
+    order_log *log;
+    order_task tasks[BT_BATCHES * BT_SIZE];
+    int thread;
+    atomic_int bad;
+} batch_thread;
+
+static void *batch_thread_main(void *arg) {
+    batch_thread *b = (batch_thread *)arg;
+    /* both at once, so that their batches meet */
+    atomic_fetch_add(&bt_ready, 1);
+    uint64_t until = tp_now_ns() + TPT_WAIT_NS;
+    while (atomic_load(&bt_ready) < BT_THREADS)
+        if (tp_now_ns() > until) {
+            atomic_store(&b->bad, 1);
+            break;
+        }
+    for (int j = 0; j < BT_BATCHES; j++) {
+        tp_task t[BT_SIZE];
+        for (int i = 0; i < BT_SIZE; i++) {
+            order_task *o = &b->tasks[j * BT_SIZE + i];
+            *o = (order_task){b->log, b->thread * 10000 + j * BT_SIZE + i};
+            t[i] = (tp_task){.fn = order_fn, .arg = o};
+        }
+        size_t k = 0;
+        if (tp_submit_batch(b->p, t, BT_SIZE, NULL, &k) != TP_OK || k != BT_SIZE) atomic_store(&b->bad, 1);
+    }
+    return NULL;
+}
+
+static void test_staged_batch_adjacent(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l = tpt_fx_latch(f);
+    const int n = BT_THREADS * BT_BATCHES * BT_SIZE;
+    tp_pool *p = tpt_quiet_pool(f, 1, (unsigned)n, TP_UNLIMITED);
+    order_log *log = tpt_fx_alloc(f, sizeof *log);
+    atomic_init(&log->next, 0);
+    atomic_init(&log->done, 0);
+    tpt_fill_workers(p, l, 1, NULL);
+    batch_thread *b[BT_THREADS];
+    tpt_fx_thr *th[BT_THREADS];
+    atomic_store(&bt_ready, 0);
+    for (int i = 0; i < BT_THREADS; i++) {
+        b[i] = tpt_fx_alloc(f, sizeof *b[i]);
+        b[i]->p = p;
+        b[i]->log = log;
+        b[i]->thread = i;
+        atomic_init(&b[i]->bad, 0);
+        th[i] = tpt_fx_thread(f, batch_thread_main, b[i]);
+    }
+    for (int i = 0; i < BT_THREADS; i++) tpt_fx_join(th[i]);
+    for (int i = 0; i < BT_THREADS; i++) assert_int_equal(atomic_load(&b[i]->bad), 0);
+    tpt_latch_open(l);
+    TPT_EVENTUALLY(atomic_load(&log->done) == n);
+    int next[BT_THREADS] = {0};
+    for (int k = 0; k < n; k += BT_SIZE) {
+        int first = atomic_load(&log->at[k]), thread = first / 10000;
+        if (thread < 0 || thread >= BT_THREADS) fail_msg("start %d: task %d", k, first);
+        for (int i = 0; i < BT_SIZE; i++)
+            if (atomic_load(&log->at[k + i]) != thread * 10000 + next[thread] + i)
+                fail_msg("start %d was task %d, not %d", k + i, atomic_load(&log->at[k + i]),
+                         thread * 10000 + next[thread] + i);
+        next[thread] += BT_SIZE;
+    }
+    tp_stats s = tpt_finish(p);
+    tpt_assert_counts(s, TPT_EQ(accepted, (uint64_t)n + 1), TPT_EQ(completed, (uint64_t)n + 1));
+}
+
 /* ------------------------------------------------------------ a deep lane */
 
 /* While the default lane holds TP__STAGE_LOW tasks or more, a worker starts
@@ -787,6 +903,8 @@ int main(void) {
         TPT_TEST(test_staged_bound_checks),
         TPT_TEST(test_staged_order_with_locked),
         TPT_TEST(test_staged_submit_wait),
+        TPT_TEST(test_staged_batch_bound),
+        TPT_TEST(test_staged_batch_adjacent),
         TPT_TEST(test_staged_retry_behind),
         TPT_TEST(test_staged_starve_count),
         TPT_TEST(test_staged_wait_for_unpublished),
