@@ -5,7 +5,9 @@
  * queue, no id asked, not a group's) on a FIFO pool with a fixed number of
  * workers does not take the pool lock; nor does such a tp_submit_wait that
  * finds a place free at once (with none, it waits on the locked path and
- * counts no refusal). It takes one of the pool's free
+ * counts no refusal), nor a tp_submit_batch whose tasks are all such (its
+ * places taken at once, its entries claimed and published under one hold
+ * of put, so that they stay adjacent). It takes one of the pool's free
  * places (life.h, `room_taken`: the exact count that every admission takes) and,
  * if it is bound, a place of its completion queue (cq.c), then, holding the
  * ring's put lock, writes its function, argument, on_done, queue and
