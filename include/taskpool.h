@@ -471,6 +471,11 @@ TP_API int tp_submit(tp_pool *p, tp_fn fn, void *arg, const tp_task_opts *opts, 
  *   on_done running on the pool's service thread it never waits (it would
  *   stall the retries and endings that free room): without room at once it
  *   returns TP_ETIMEDOUT.
+ *   Since 1.2, a plain task (as tp_submit's "plain submit", below it) that
+ *   finds a place free at once is handed over as tp_submit hands it over,
+ *   without the pool lock, with the same consequence for a record that
+ *   cannot be allocated later (it ends unrun with TP_ENOMEM instead of a
+ *   refusal); without a place it waits under the pool lock as above.
  */
 TP_API int tp_submit_wait(tp_pool *p, tp_fn fn, void *arg, const tp_task_opts *opts, uint64_t budget_ns,
                           uint64_t *id_out);
@@ -487,7 +492,8 @@ typedef struct tp_task {
 
 /*
  * tp_submit_batch -- admit tasks[0..k), a prefix of the n tasks, in order, in
- * one pass under the pool lock; never waits for space. Since 1.1.
+ * one pass (under the pool lock, or see below); never waits for space. Since
+ * 1.1.
  *   Each task is checked as tp_submit() would check it (arguments, closed,
  *   its user's limit, space), in array order, and the batch stops at the
  *   first task that tp_submit() would refuse; the tasks after it are not
@@ -521,6 +527,11 @@ typedef struct tp_task {
  *   Blocks only on the pool lock (once per call, however large n is), except
  *   that in an elastic pool it may start one worker thread. Thread-safe; may
  *   be called from a task or an on_done.
+ *   Since 1.2, a batch whose tasks are all plain (as tp_submit's "plain
+ *   submit"; ids_out NULL) is handed over as tp_submit hands one task over,
+ *   all of it under one hold of the ring's put lock instead of the pool
+ *   lock (answers, counters and order as above); a record that cannot be
+ *   allocated later ends such a task unrun with TP_ENOMEM, as there.
  */
 TP_API int tp_submit_batch(tp_pool *p, const tp_task *tasks, size_t n, uint64_t *ids_out,
                            size_t *accepted_out);

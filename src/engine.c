@@ -891,23 +891,32 @@ int tp__engine_submit_staged_batch(tp_pool *p, const tp_task *tasks, size_t vali
         tp__life_room_start(&p->life);
         tp__unlock(p);
     }
+    /* More tasks than the ring has slots: the locked path, before any
+     * place is taken. */
+    if (valid > st->mask + 1) return TP__STAGE_LOCKED;
     uint64_t now = tp__hclk_now(); /* one queue-wait stamp for the batch */
-    /* The places, as the locked path takes them task by task: the pool's,
-     * then each bound task's queue's; the first task without one is
-     * refused, and the places taken beyond it go back. */
-    unsigned want = valid < p->cfg.capacity ? (unsigned)valid : p->cfg.capacity;
-    unsigned got = tp__life_room_take_n(&p->life, want);
-    bool cut = got < valid;
-    for (unsigned i = 0; i < got; i++) {
+    /* The places, as a single submit takes them (a look at the pool's, the
+     * completion queue's, then the pool's): the tasks that the look leaves
+     * room for reserve their queues' places up to the first refused one;
+     * the pool's places are taken for those; the queue places beyond what
+     * the pool gave go back. The first task without both is refused. */
+    unsigned want = (unsigned)valid, got = 0, bound = 0;
+    unsigned room = tp__life_room_free(&p->life);
+    if (want > room) want = room;
+    for (; bound < want; bound++) {
+        tp_done_fn on_done;
+        tp_cq *cq;
+        batch_done_of(tasks, a, nchecked, bound, &on_done, &cq);
+        if (cq && !tp__cq_reserve(cq)) break;
+    }
+    if (bound > 0) got = tp__life_room_take_n(&p->life, bound);
+    for (unsigned i = got; i < bound; i++) {
         tp_done_fn on_done;
         tp_cq *cq;
         batch_done_of(tasks, a, nchecked, i, &on_done, &cq);
-        if (cq && !tp__cq_reserve(cq)) {
-            tp__life_room_give_n(&p->life, got - i);
-            got = i;
-            cut = true;
-        }
+        if (cq) tp__cq_release(cq, 1);
     }
+    bool cut = got < valid;
     bool staged = false;
     size_t pos = 0;
     if (got > 0) {
@@ -1062,6 +1071,9 @@ int tp__engine_submit(tp_pool *p, tp__admit_args *a, void *arg, uint64_t *id_out
             tp__mutex_wait(&p->mu, &p->room_cv, deadline); /* the loop re-checks closed and the budget */
             p->waiting.room--;
         }
+        /* What was staged while this submit waited (a worker leaves the ring
+         * alone while the lane is deep) came first: admitted before it. */
+        stage_absorb_all_locked(p);
     }
     if (rc == TP__EFULL_CQ) rc = TP_EFULL;
     spawn sp = {NULL, 0, false};

@@ -230,6 +230,13 @@ static inline bool tp__life_room_take(tp__life *L) {
                                                     memory_order_acquire));
     return true;
 }
+/* Without the lock, once the count is kept: the free places at one look
+ * (never more than there were when given was read; 0 when none). */
+static inline unsigned tp__life_room_free(tp__life *L) {
+    int64_t t = atomic_load_explicit(&L->room_taken, memory_order_acquire); /* before given's */
+    int64_t n = L->room_capacity + tp__life_room_given(L) - t;
+    return n > 0 ? (unsigned)n : 0;
+}
 /* tp__life_room_take for up to `n` places at once (a batch): how many were
  * taken, 0 if none is free (so it was when given was read). */
 static inline unsigned tp__life_room_take_n(tp__life *L, unsigned n) {

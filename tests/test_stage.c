@@ -449,6 +449,10 @@ static void test_staged_batch_bound(void **state) {
     tp_pool *p = tpt_quiet_pool(f, 1, 5, TP_UNLIMITED);
     tpt_fill_workers(p, l, 1, NULL);
     atomic_store(&g_runs, 0);
+#if defined(TP__DEBUG)
+    atomic_store(&claims, 0);
+    atomic_store(&tp__test_stage_claimed, count_claims); /* once per staged batch */
+#endif
     tp_task t[8];
     for (int i = 0; i < 8; i++) t[i] = (tp_task){.fn = count_fn};
     size_t k = 99;
@@ -470,10 +474,166 @@ static void test_staged_batch_bound(void **state) {
     for (int i = 0; i < 4; i++) t[i].opts = &o;
     assert_int_equal(tp_submit_batch(p, t, 4, NULL, &k), TP_EFULL);
     assert_int_equal(k, 2);
+#if defined(TP__DEBUG)
+    atomic_store(&tp__test_stage_claimed, NULL);
+    assert_int_equal(atomic_load(&claims), 3); /* the three batches that were accepted in part or whole */
+#endif
     s = tpt_finish(p);
     tpt_assert_counts(s, TPT_EQ(accepted, 8), TPT_EQ(completed, 8), TPT_EQ(rejected_full, 3));
     assert_int_equal(atomic_load(&g_runs), 7);
     assert_int_equal(tp_cq_drain(q, 0), 2);
+    assert_int_equal(tp_cq_destroy(q), TP_OK);
+}
+
+/* A bound batch cut at its completion queue's last place keeps none of the
+ * pool's places it did not use: the rest of the queue is there for others. */
+static void test_staged_batch_cq_cut_room(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l = tpt_fx_latch(f);
+    tp_pool *p = tpt_quiet_pool(f, 1, 6, TP_UNLIMITED);
+    tpt_fill_workers(p, l, 1, NULL);
+    tp_cq *q = NULL;
+    assert_int_equal(tp_cq_create(&q, 2), TP_OK);
+    tp_task_opts o = {.on_done = order_done, .cq = q};
+    tp_task t[5];
+    for (int i = 0; i < 5; i++) t[i] = (tp_task){.fn = count_fn, .opts = &o};
+    size_t k = 0;
+    assert_int_equal(tp_submit_batch(p, t, 5, NULL, &k), TP_EFULL);
+    assert_int_equal(k, 2);
+    for (int i = 0; i < 4; i++) assert_int_equal(tp_submit(p, count_fn, NULL, NULL, NULL), TP_OK);
+    assert_int_equal(tp_submit(p, count_fn, NULL, NULL, NULL), TP_EFULL);
+    tpt_assert_counts(tpt_stats(p), TPT_EQ(queued, 6), TPT_EQ(rejected_full, 2));
+    tpt_latch_open(l);
+    tp_stats s = tpt_finish(p);
+    tpt_assert_counts(s, TPT_EQ(accepted, 7), TPT_EQ(completed, 7));
+    assert_int_equal(tp_cq_drain(q, 0), 2);
+    assert_int_equal(tp_cq_destroy(q), TP_OK);
+}
+
+/* Tasks that must start in one sequence: each checks the count of starts so
+ * far against its own place. */
+static atomic_int seq_bad;
+
+static int seq_fn(tp_ctx *c, void *arg) {
+    (void)c;
+    if (atomic_fetch_add(&g_runs, 1) != (int)(intptr_t)arg) atomic_store(&seq_bad, 1);
+    return 0;
+}
+
+/* A queue larger than the ring (TP__STAGE_MAX slots): a batch that finds too
+ * few slots left stages nothing (no entry claimed), gives its places back
+ * and takes the locked path, which admits the ring first; a batch larger
+ * than the ring goes there at once. Order and counts as always. */
+static void test_staged_batch_ring_short(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l = tpt_fx_latch(f);
+    const int ring = (int)TP__STAGE_MAX, singles = ring - 8, cap = ring + 40;
+    tp_pool *p = tpt_quiet_pool(f, 1, (unsigned)cap, TP_UNLIMITED);
+    tpt_fill_workers(p, l, 1, NULL);
+    atomic_store(&g_runs, 0);
+    atomic_store(&seq_bad, 0);
+#if defined(TP__DEBUG)
+    atomic_store(&claims, 0);
+    atomic_store(&tp__test_stage_claimed, count_claims);
+#endif
+    for (int i = 0; i < singles; i++)
+        assert_int_equal(tp_submit(p, seq_fn, (void *)(intptr_t)i, NULL, NULL), TP_OK);
+    tp_task t[16];
+    for (int i = 0; i < 16; i++) t[i] = (tp_task){.fn = seq_fn, .arg = (void *)(intptr_t)(singles + i)};
+    size_t k = 0;
+    assert_int_equal(tp_submit_batch(p, t, 16, NULL, &k), TP_OK); /* 8 slots left */
+    assert_int_equal(k, 16);
+#if defined(TP__DEBUG)
+    atomic_store(&tp__test_stage_claimed, NULL);
+    assert_int_equal(atomic_load(&claims), singles); /* the batch claimed nothing */
+#endif
+    tp_stats s = tpt_stats(p);
+    tpt_assert_counts(s, TPT_EQ(queued, (uint64_t)singles + 16), TPT_EQ(accepted, (uint64_t)singles + 17),
+                      TPT_EQ(rejected_full, 0));
+    tpt_latch_open(l);
+    TPT_EVENTUALLY(atomic_load(&g_runs) == singles + 16);
+    assert_int_equal(atomic_load(&seq_bad), 0);
+    s = tpt_finish(p);
+    tpt_assert_counts(s, TPT_EQ(completed, (uint64_t)singles + 17));
+}
+
+/* A tp_submit_wait that waited (here for its completion queue's place)
+ * comes after what was staged meanwhile, though a worker left part of it in
+ * the ring (the lane was deep): the locked path admits the ring again after
+ * each wait. The batch stays whole, the waiting task after it. */
+typedef struct waiter {
+    tp_pool *p;
+    tp_cq *q;
+    order_task task;
+    tpt_latch *released; /* opened once the submit returned */
+    atomic_int rc;
+} waiter;
+
+static void *waiter_main(void *arg) {
+    waiter *w = (waiter *)arg;
+    tp_task_opts o = {.on_done = order_done, .cq = w->q};
+    atomic_store(&w->rc, tp_submit_wait(w->p, order_fn, &w->task, &o, TPT_WAIT_NS, NULL));
+    tpt_latch_open(w->released);
+    return NULL;
+}
+
+/* Batch task 1: holds the worker until the waiter's submit returned. */
+typedef struct gate_task {
+    order_task t;
+    tpt_latch *gate;
+} gate_task;
+
+static int gate_fn(tp_ctx *c, void *arg) {
+    gate_task *g = (gate_task *)arg;
+    (void)order_fn(c, &g->t);
+    tpt_latch_wait(g->gate);
+    return 0;
+}
+
+static void test_staged_waiter_after_batch(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l = tpt_fx_latch(f);
+    enum { B = 300 }; /* more than a worker admits in one turn (TP__STAGE_BATCH) */
+    tp_pool *p = tpt_quiet_pool(f, 1, 400, TP_UNLIMITED);
+    order_log *log = tpt_fx_alloc(f, sizeof *log);
+    atomic_init(&log->next, 0);
+    atomic_init(&log->done, 0);
+    tp_cq *q = NULL;
+    assert_int_equal(tp_cq_create(&q, 1), TP_OK);
+    tpt_fill_workers(p, l, 1, NULL);
+    /* the queue's one place, taken by a bound task (index -1) */
+    order_task first = {log, -1};
+    tp_task_opts o = {.on_done = order_done, .cq = q};
+    assert_int_equal(tp_submit(p, order_fn, &first, &o, NULL), TP_OK);
+    waiter *w = tpt_fx_new(f, waiter);
+    *w = (waiter){p, q, {log, B}, tpt_fx_latch(f), INT_MIN};
+    tpt_fx_thr *th = tpt_fx_thread(f, waiter_main, w);
+    TPT_EVENTUALLY(tpt_stats(p).submitted == 3); /* it waits, under the lock */
+    order_task *tasks = tpt_fx_alloc(f, B * sizeof *tasks);
+    gate_task *g = tpt_fx_new(f, gate_task);
+    *g = (gate_task){{log, 1}, w->released};
+    tp_task *t = tpt_fx_alloc(f, B * sizeof *t);
+    for (int i = 0; i < B; i++) {
+        tasks[i] = (order_task){log, i};
+        t[i] = (tp_task){.fn = order_fn, .arg = &tasks[i]};
+    }
+    t[1] = (tp_task){.fn = gate_fn, .arg = g};
+    size_t k = 0;
+    assert_int_equal(tp_submit_batch(p, t, B, NULL, &k), TP_OK);
+    tpt_latch_open(l);
+    /* the bound task ran and batch task 1 holds the worker: the worker has
+     * admitted one turn's worth of the batch, and left the rest */
+    TPT_EVENTUALLY(atomic_load(&log->done) == 3);
+    assert_int_equal(tp_cq_drain(q, 0), 1); /* the place comes back: the waiter goes on */
+    tpt_fx_join(th);
+    assert_int_equal(atomic_load(&w->rc), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&log->done) == B + 2);
+    assert_int_equal(atomic_load(&log->at[0]), -1);
+    for (int i = 0; i <= B; i++)
+        if (atomic_load(&log->at[i + 1]) != i)
+            fail_msg("start %d was task %d, not %d", i + 1, atomic_load(&log->at[i + 1]), i);
+    tpt_finish(p);
+    assert_int_equal(tp_cq_drain(q, 0), 1);
     assert_int_equal(tp_cq_destroy(q), TP_OK);
 }
 
@@ -635,7 +795,9 @@ static void test_staged_retry_behind(void **state) {
 
 /* Higher lanes deep, a staged task in the default lane: that lane is ready
  * from the worker's first turn, so it takes a start after prio_starve_limit
- * starts of the higher lane, as if it had been admitted under the lock. */
+ * starts of the higher lane, as if it had been admitted under the lock. (The
+ * default lane is empty here, so the worker admits at once; a mark that
+ * counted the higher lanes' tasks would leave the task in the ring.) */
 static void test_staged_starve_count(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tpt_latch *l = tpt_fx_latch(f);
@@ -905,6 +1067,9 @@ int main(void) {
         TPT_TEST(test_staged_submit_wait),
         TPT_TEST(test_staged_batch_bound),
         TPT_TEST(test_staged_batch_adjacent),
+        TPT_TEST(test_staged_batch_cq_cut_room),
+        TPT_TEST(test_staged_batch_ring_short),
+        TPT_TEST(test_staged_waiter_after_batch),
         TPT_TEST(test_staged_retry_behind),
         TPT_TEST(test_staged_starve_count),
         TPT_TEST(test_staged_wait_for_unpublished),
