@@ -31,6 +31,14 @@ typedef struct order_task {
     int index;
 } order_task;
 
+/* An empty log, owned by the test's fixture. */
+static order_log *order_log_new(tpt_fixture *f) {
+    order_log *log = tpt_fx_alloc(f, sizeof *log);
+    atomic_init(&log->next, 0);
+    atomic_init(&log->done, 0);
+    return log;
+}
+
 static int order_fn(tp_ctx *c, void *arg) {
     (void)c;
     order_task *t = (order_task *)arg;
@@ -344,10 +352,8 @@ static void test_staged_order_with_locked(void **state) {
     tpt_latch *l = tpt_fx_latch(f);
     const int n = 600;
     tp_pool *p = tpt_quiet_pool(f, 1, (unsigned)n, TP_UNLIMITED);
-    order_log *log = tpt_fx_alloc(f, sizeof *log);
+    order_log *log = order_log_new(f);
     order_task *tasks = tpt_fx_alloc(f, (size_t)n * sizeof *tasks);
-    atomic_init(&log->next, 0);
-    atomic_init(&log->done, 0);
     tp_cq *q = NULL;
     assert_int_equal(tp_cq_create(&q, (unsigned)n), TP_OK);
     tpt_fill_workers(p, l, 1, NULL);
@@ -595,9 +601,7 @@ static void test_staged_waiter_after_batch(void **state) {
     tpt_latch *l = tpt_fx_latch(f);
     enum { B = 300 }; /* more than a worker admits in one turn (TP__STAGE_BATCH) */
     tp_pool *p = tpt_quiet_pool(f, 1, 400, TP_UNLIMITED);
-    order_log *log = tpt_fx_alloc(f, sizeof *log);
-    atomic_init(&log->next, 0);
-    atomic_init(&log->done, 0);
+    order_log *log = order_log_new(f);
     tp_cq *q = NULL;
     assert_int_equal(tp_cq_create(&q, 1), TP_OK);
     tpt_fill_workers(p, l, 1, NULL);
@@ -680,9 +684,7 @@ static void test_staged_batch_adjacent(void **state) {
     tpt_latch *l = tpt_fx_latch(f);
     const int n = BT_THREADS * BT_BATCHES * BT_SIZE;
     tp_pool *p = tpt_quiet_pool(f, 1, (unsigned)n, TP_UNLIMITED);
-    order_log *log = tpt_fx_alloc(f, sizeof *log);
-    atomic_init(&log->next, 0);
-    atomic_init(&log->done, 0);
+    order_log *log = order_log_new(f);
     tpt_fill_workers(p, l, 1, NULL);
     batch_thread *b[BT_THREADS];
     tpt_fx_thr *th[BT_THREADS];
@@ -765,9 +767,7 @@ static void test_staged_retry_behind(void **state) {
     c.max_retries = 1;
     c.retry_delay_ns = 1000; /* 1 us: back while the lane's first task holds the worker */
     tp_pool *p = tpt_fx_pool(f, &c);
-    order_log *log = tpt_fx_alloc(f, sizeof *log);
-    atomic_init(&log->next, 0);
-    atomic_init(&log->done, 0);
+    order_log *log = order_log_new(f);
     const int staged = 10, retry_index = 1000;
     retry_once r = {log, retry_index, gate, 0};
     uint64_t id = 0;
@@ -804,9 +804,7 @@ static void test_staged_starve_count(void **state) {
     tp_config c = tpt_quiet_config(1, 4 * DEEP, TP_UNLIMITED);
     c.prio_starve_limit = 4;
     tp_pool *p = tpt_fx_pool(f, &c);
-    order_log *log = tpt_fx_alloc(f, sizeof *log);
-    atomic_init(&log->next, 0);
-    atomic_init(&log->done, 0);
+    order_log *log = order_log_new(f);
     order_task *tasks = tpt_fx_alloc(f, (size_t)(DEEP + 1) * sizeof *tasks);
     tpt_fill_workers(p, l, 1, NULL);
     tp_task_opts urgent = {.priority = 1};
@@ -876,10 +874,8 @@ static void test_staged_wait_for_unpublished(void **state) {
     tpt_latch *l = tpt_fx_latch(f);
     claim_gate = tpt_fx_latch(f);
     tp_pool *p = tpt_quiet_pool(f, 1, 8, TP_UNLIMITED);
-    order_log *log = tpt_fx_alloc(f, sizeof *log);
+    order_log *log = order_log_new(f);
     order_task *tasks = tpt_fx_alloc(f, 4 * sizeof *tasks);
-    atomic_init(&log->next, 0);
-    atomic_init(&log->done, 0);
     for (int i = 0; i < 4; i++) tasks[i] = (order_task){log, i};
     tpt_fill_workers(p, l, 1, NULL);
     atomic_store(&claim_waiting, 0);
