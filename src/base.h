@@ -161,9 +161,12 @@ static inline int tp__mutex_wait(tp__mutex *mu, pthread_cond_t *cv, uint64_t dea
     return rc;
 }
 
-/* The mutex spins briefly before it sleeps (glibc's adaptive mutex) where
- * `adaptive`: the pool's critical sections are a few dozen instructions, and
- * a futex sleep and wake costs far more than waiting them out. 0 or -1. */
+/* With `adaptive`, the mutex spins briefly before it sleeps (glibc's
+ * adaptive mutex): only the staged submits' put lock (stage.h), held for a
+ * dozen instructions by submitters and taken by a worker only to wait for
+ * one; a plain put lock measured 1.3-1.9x slower per task in 1P W1 and
+ * 2P W2 on the fifth machine (docs/performance.md). The pool's and a
+ * completion queue's locks are plain (engine.c, make_sync). 0 or -1. */
 static inline int tp__mutex_init(tp__mutex *mu, bool adaptive) {
 #if defined(TP__DEBUG)
     mu->held = false;

@@ -55,8 +55,9 @@
  * Lock order: a pool lock, then the queue's lock (a push, made with the pool
  * lock held, takes the queue's lock only the slow way; a pool's close wakes
  * place waiters); the queue's lock is never held while a pool lock is taken,
- * and never around an on_done. It spins briefly before it sleeps (adaptive),
- * as the pool's does: it is held for a few stores.
+ * and never around an on_done. A plain mutex, as the pool's (engine.c,
+ * make_sync): a waiter sleeps at once rather than spin on a CPU that the
+ * holder may need.
  *
  * Layer: a leaf (see pool.h): life.c reserves, pushes and releases; engine.c
  * waits for places; the rest is the public API.
@@ -184,7 +185,7 @@ int tp_cq_create(tp_cq **out, unsigned capacity) {
     if (cq->ring)
         for (unsigned i = 0; i < capacity; i++) atomic_init(&cq->ring[i].seq, (uint64_t)i << 2 | SLOT_FREE);
     int made = 0;
-    if (cq->ring && tp__mutex_init(&cq->mu, true) == 0) {
+    if (cq->ring && tp__mutex_init(&cq->mu, false) == 0) {
         made = 1;
         if (tp__cond_init(&cq->cv) == 0) {
             made = 2;

@@ -432,8 +432,11 @@ static void log_failure(tp_pool *p, const failure *f) {
  * context switch, together several microseconds; a pool under a steady stream
  * of tasks finds its next task within this window without either. Only one
  * worker spins at a time, so idle workers do not eat the CPUs that the
- * submitters need, and each idle period spins at most once. */
-#define TP__SPIN_NS 20000u
+ * submitters need, and each idle period spins at most once. 2 us: on the
+ * fifth machine (docs/performance.md) 20 us cost a paced pool 1.2x the CPU
+ * of 2 us, and the saturated configs and the wake latency did not tell the
+ * two apart. */
+#define TP__SPIN_NS 2000u
 
 /* stats.idle: workers parked (or woken, not yet running) plus the one spinning. */
 static void set_idle_stat_locked(tp_pool *p) { TP__SET(p->gauges.idle, p->waiting.idle + p->waiting.spin); }
@@ -1230,7 +1233,11 @@ void tp__engine_join(tp_pool *p) {
 
 /* How far make_sync got, for tp__engine_free. */
 static int make_sync(tp_pool *p) {
-    if (tp__mutex_init(&p->mu, true) != 0) return -1;
+    /* A plain mutex, not an adaptive one (base.h, tp__mutex_init): the
+     * workers meet on mu, and a waiter that spins takes a CPU that a
+     * submitter or the holder itself needs whenever the pool has more
+     * threads than CPUs (docs/performance.md, "a pool lock that sleeps"). */
+    if (tp__mutex_init(&p->mu, false) != 0) return -1;
     pthread_cond_t *cvs[3] = {&p->room_cv, &p->done_cv, &p->svc_cv};
     int n = 0;
     while (n < 3 && tp__cond_init(cvs[n]) == 0) n++;

@@ -7,7 +7,9 @@
  * submitter does not wake anyone while it spins. The risk of that shortcut is a lost wake-up: a task
  * pushed just as the spinner gives up, or a second task pushed while the
  * spinner takes the first, with the other workers asleep. These tests submit
- * with gaps spread across the spin window (0 to ~60 us) so submits land
+ * with gaps spread across the spin window (engine.c, TP__SPIN_NS: 2 us; gaps
+ * of 0 to ~6 us, and in the last test 1 ms, after which every worker has
+ * parked) so submits land
  * before, during and after it, and require every task to start within a
  * bound; they also check that `idle` counts the spinning worker.
  */
@@ -41,7 +43,7 @@ static void test_single_tasks_across_the_spin_window(void **state) {
     atomic_store(&ran, 0);
     const long n = TPT_SANITIZED ? 600 : 3000;
     for (long i = 0; i < n; i++) {
-        gap((uint64_t)(i % 61) * 1000u);
+        gap((uint64_t)(i % 61) * 100u);
         assert_int_equal(tp_submit(p, count_task, NULL, NULL, NULL), TP_OK);
         assert_true(TPT_POLL(atomic_load(&ran) == i + 1, TPT_WAIT_NS));
     }
@@ -82,9 +84,9 @@ static void test_bursts_reach_a_second_worker(void **state) {
     pair *pr = tpt_fx_new(f, pair); /* the pool's tasks use it: not on this stack */
     for (long i = 0; i < n; i++) {
         tpt_latch_init(&pr->second_ran);
-        gap((uint64_t)(i % 61) * 1000u);
+        gap((uint64_t)(i % 61) * 100u);
         assert_int_equal(tp_submit(p, first_task, pr, NULL, NULL), TP_OK);
-        gap((uint64_t)(i % 7) * 1000u);
+        gap((uint64_t)(i % 7) * 300u);
         assert_int_equal(tp_submit(p, second_task, pr, NULL, NULL), TP_OK);
         assert_true(TPT_POLL(atomic_load(&ran) == 2 * (i + 1), TPT_WAIT_NS));
         /* the first task's latch wait returned: it waited for the second */
@@ -140,7 +142,7 @@ static void test_single_tasks_run_on_the_last_idle_worker(void **state) {
         assert_int_equal(tp_submit(p, where_task, (void *)i, NULL, NULL), TP_OK);
         assert_true(TPT_POLL(atomic_load(&ran) == i + 1, TPT_WAIT_NS));
         assert_true(TPT_POLL(tpt_stats(p).idle == 4 && tpt_stats(p).active == 0, TPT_WAIT_NS));
-        gap(i == 0 || i % 4 == 3 ? TPT_MS(1) : (uint64_t)(i % 4) * 10000); /* 1 ms, or 10 or 20 us */
+        gap(i == 0 || i % 4 == 3 ? TPT_MS(1) : (uint64_t)(i % 4) * 600); /* 1 ms, or 0.6 or 1.2 us */
     }
     /* A worker the scheduler left mid-spin (a slow or loaded machine, a
      * sanitizer) can still take one task before it parks, so the check
