@@ -63,4 +63,73 @@ static inline uint64_t tp__hclk_ns(uint64_t from, uint64_t to) {
     return d;
 }
 
+/*
+ * The start of an attempt on CLOCK_MONOTONIC, for its run timeout (engine.c),
+ * from the stamp that starts its histograms: no clock read of its own. On
+ * the fifth machine (docs/performance.md) one more read per task, a TSC
+ * read or a precise clock_gettime (vDSO: an ordered TSC read), cost 20-35 %
+ * of a saturated pool's time per task, as much as a cache miss.
+ *
+ * The stamp (engine.c): one taken after the task left the queue, or, when
+ * its worker comes straight from the end of another attempt, that end (as
+ * the histograms count it, hist.h): the hand-off between the two, the
+ * worker's lock hold (some 100 ns), counts as run time.
+ *
+ * Each worker keeps an anchor: a CLOCK_MONOTONIC reading and a TSC bracket
+ * [a, b] around it no wider than TP__RUN_MARGIN_NS / 8 (the reading was
+ * taken at a tick in it; `tsc` = a). For a stamp `now_h` at most
+ * TP__RUN_ANCHOR_NS after the anchor, and at least TP__RUN_MARGIN_NS after
+ * the task's admission stamp (queued_at, clock.h; read before the task was
+ * accepted, or when a retry returned to the queue), the start is
+ *     ns + (now_h - tsc) converted - TP__RUN_BIAS_NS.
+ * Its error: the bracket (at most margin / 8 = 250 ns, late), the rate
+ * (the calibration's ~2e-5 and an NTP slew of up to 5e-4 over 64 us: 33 ns
+ * either way) and the TSCs' skew between CPUs (a migrated worker; the
+ * producer that stamped queued_at). Less the bias, the start is never
+ * after the stamp (so never after the task function is entered) unless
+ * the skew passes ~200 ns, and never before the admission unless it passes
+ * ~1.4 us: the kernel keeps invariant TSCs in step to a few cycles, or
+ * does not use them. Otherwise -- no anchor, an anchor too old, a bracket
+ * too wide, a task admitted less than 2 us before the stamp -- the start is
+ * one precise read, now, which becomes the anchor. Without the TSC the
+ * stamps are CLOCK_MONOTONIC readings: the start is the stamp, or the
+ * admission stamp if later.
+ */
+#define TP__RUN_MARGIN_NS 2000u
+#define TP__RUN_BIAS_NS   500u
+#define TP__RUN_ANCHOR_NS 65536u
+
+typedef struct tp__run_clock {
+    uint64_t tsc; /* the anchor's bracket start; 0: no anchor */
+    uint64_t ns;  /* its CLOCK_MONOTONIC reading */
+} tp__run_clock;
+
+/* clock.c: TP__RUN_MARGIN_NS in TSC ticks, set with tp__hclk_mult. */
+extern _Atomic uint64_t tp__run_margin;
+
+/* A precise read (tp_now_ns) that becomes `rc`'s anchor if its bracket is
+ * tight. Returns the reading. */
+uint64_t tp__run_clock_read(tp__run_clock *rc);
+
+/* The CLOCK_MONOTONIC start of an attempt, for its run timeout, from its
+ * start on the histograms' clock, `now_h`: a stamp taken after its task
+ * left the queue, or the end of the attempt that its worker came straight
+ * from (hist.h). The task's admission stamp is `queued_at`. `rc`: the
+ * worker's anchor (only it uses it). */
+static inline uint64_t tp__run_start_ns(tp__run_clock *rc, uint64_t queued_at, uint64_t now_h) {
+#if TP__HCLK_TSC
+    uint64_t m = atomic_load_explicit(&tp__hclk_mult, memory_order_relaxed);
+    if (m) {
+        uint64_t margin = atomic_load_explicit(&tp__run_margin, memory_order_relaxed);
+        uint64_t since = now_h - rc->tsc; /* huge if the TSC read behind the anchor */
+        if (rc->tsc && since <= margin * (TP__RUN_ANCHOR_NS / TP__RUN_MARGIN_NS) &&
+            (int64_t)(now_h - queued_at) >= (int64_t)margin)
+            return rc->ns + (uint64_t)(((tp__hclk_u128)since * m) >> 32) - TP__RUN_BIAS_NS;
+        return tp__run_clock_read(rc);
+    }
+#endif
+    (void)rc;
+    return now_h > queued_at ? now_h : queued_at; /* CLOCK_MONOTONIC stamps */
+}
+
 #endif /* TP_CLOCK_H */

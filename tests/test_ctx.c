@@ -405,6 +405,62 @@ static void test_ctx_deadline_counts_from_start(void **state) {
     tpt_finish(p);
 }
 
+/* The same bounds for many tasks: as a saturated pool starts them straight
+ * after one another (a worker derives the start from its clock anchor:
+ * clock.h, tp__run_start_ns), and one at a time, each submitted as soon as
+ * the last has started (a worker whose anchor is fresh starts a task that
+ * was admitted a moment ago: it must read the clock): never before the
+ * submit, never after the task is entered. Each submit's time is read just
+ * before the call that accepted it. */
+typedef struct start_rec {
+    uint64_t t_sub;
+    atomic_ullong t_in, d;
+} start_rec;
+
+static atomic_long start_ran;
+
+static int task_start_bounds(tp_ctx *c, void *arg) {
+    start_rec *r = arg;
+    atomic_store(&r->t_in, tp_now_ns());
+    atomic_store(&r->d, tp_ctx_deadline(c));
+    atomic_fetch_add(&start_ran, 1);
+    return 0;
+}
+
+static void test_ctx_run_timeout_start_bounds(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    const uint64_t rt = TPT_S(30);
+    tp_config cfg = tpt_quiet_config(2, 64, 0);
+    cfg.run_timeout_ns = rt;
+    tp_pool *p = tpt_fx_pool(f, &cfg);
+    const long n = TPT_SANITIZED ? 4000 : 40000;
+    start_rec *r = tpt_fx_array(f, start_rec, n);
+    atomic_store(&start_ran, 0);
+    for (long i = 0; i < n; i++) {
+        if (i % 1000 >= 500) { /* one at a time: wait (busy) for the last to start */
+            uint64_t until = tp_now_ns() + TPT_WAIT_NS;
+            while (atomic_load(&start_ran) < i && tp_now_ns() < until) {
+            }
+            assert_int_equal(atomic_load(&start_ran), i);
+        }
+        int rc;
+        uint64_t until = tp_now_ns() + TPT_WAIT_NS;
+        do {
+            r[i].t_sub = tp_now_ns();
+            rc = tp_submit(p, task_start_bounds, &r[i], NULL, NULL);
+            if (rc == TP_EFULL) sched_yield();
+        } while (rc == TP_EFULL && tp_now_ns() < until);
+        assert_int_equal(rc, TP_OK);
+    }
+    tpt_finish(p);
+    for (long i = 0; i < n; i++) {
+        uint64_t d = atomic_load(&r[i].d);
+        if (d < r[i].t_sub + rt || d > atomic_load(&r[i].t_in) + rt)
+            fail_msg("task %ld: start %lld ns after its submit, %lld ns before it was entered", i,
+                     (long long)(d - rt - r[i].t_sub), (long long)(atomic_load(&r[i].t_in) + rt - d));
+    }
+}
+
 static void test_ctx_deadline_earlier_of_two(void **state) {
     tpt_fixture *f = tpt_fx(state);
     uint64_t ts, tst, d;
@@ -922,6 +978,7 @@ int main(void) {
         TPT_TEST(test_ctx_user_is_copied),
         TPT_TEST(test_ctx_attempt_zero_first_run),
         TPT_TEST(test_ctx_deadline_forever),
+        TPT_TEST(test_ctx_run_timeout_start_bounds),
         TPT_TEST(test_ctx_deadline_earlier_of_two),
         TPT_TEST(test_ctx_deadline_counts_from_start),
         TPT_TEST(test_ctx_sleep_full_time),
