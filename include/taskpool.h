@@ -852,9 +852,9 @@ TP_API int tp_group_destroy(tp_group *g);
  * from ending another attempt that had no on_done and did not fail: that end
  * (or the task's admission, if later) is then the start, so the worker's
  * hand-off between the two (some 100 ns) counts as run time of the new attempt
- * rather than as its queue wait. The run timeout counts from the same start,
- * converted to CLOCK_MONOTONIC (the hand-off included), and never from a
- * moment before the task was admitted or returned to the queue for a retry.
+ * rather than as its queue wait. (The run timeout does not use these stamps:
+ * it counts from the attempt's start on CLOCK_MONOTONIC, never from a moment
+ * before the task was admitted.)
  */
 enum { TP_HIST_QUEUE_WAIT = 0, TP_HIST_RUN = 1 };
 /* Since 1.2: tp_hist_get()'s `which` for the queue-wait histogram of one

@@ -34,7 +34,6 @@ uint64_t tp_now_ns(void) {
 }
 
 _Atomic uint64_t tp__hclk_mult;
-_Atomic uint64_t tp__run_margin;
 
 #if TP__HCLK_TSC
 
@@ -98,34 +97,12 @@ static uint64_t calibrate(void) {
 }
 
 static void hclk_choose(void) {
-    uint64_t mult = tsc_invariant() ? calibrate() : 0;
-    if (!mult) return;
-    /* ticks = ns / (mult / 2^32); at most 20 GHz x 2 us: no overflow */
-    uint64_t margin = (uint64_t)((((tp__hclk_u128)TP__RUN_MARGIN_NS) << 32) / mult);
-    atomic_store_explicit(&tp__run_margin, margin ? margin : 1, memory_order_relaxed);
-    atomic_store_explicit(&tp__hclk_mult, mult, memory_order_relaxed);
-}
-
-uint64_t tp__run_clock_read(tp__run_clock *rc) {
-    /* a before the read's own ordered TSC read, b after it (lfence): the
-     * reading was taken at a tick in [a, b] */
-    uint64_t a = __rdtsc();
-    uint64_t ns = tp_now_ns();
-    _mm_lfence();
-    uint64_t b = __rdtsc();
-    rc->tsc = b - a <= atomic_load_explicit(&tp__run_margin, memory_order_relaxed) / 8 ? a : 0;
-    rc->ns = ns;
-    return ns;
+    if (tsc_invariant()) atomic_store_explicit(&tp__hclk_mult, calibrate(), memory_order_relaxed);
 }
 
 #else
 
 static void hclk_choose(void) {}
-
-uint64_t tp__run_clock_read(tp__run_clock *rc) {
-    rc->tsc = 0;
-    return tp_now_ns();
-}
 
 #endif
 

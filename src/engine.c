@@ -478,7 +478,6 @@ typedef struct worker_turn {
      * or failure log): the next attempt's queue wait ends then, or at the
      * task's admission if later (hist.h). 0: read the clock afresh. */
     uint64_t last_end_h;
-    tp__run_clock clock; /* the run timeout's anchor (clock.h, tp__run_start_ns) */
 } worker_turn;
 
 /* Whether a worker at the top of its turn admits staged entries now (stage.h,
@@ -574,18 +573,13 @@ static void finish_locked(tp_pool *p, tp__task *t) {
  * and left with mu held. */
 static void run_task_locked(tp_pool *p, tp__worker *w, tp__task *t, worker_turn *wt) {
     tp__unlock(p);
-    /* The attempt's start on the histograms' clock (clock.h): a stamp taken
-     * now, or, when this worker comes straight from the end of another
-     * attempt, that end (hist.h). The run timeout counts from the same
-     * stamp, on CLOCK_MONOTONIC by way of the worker's anchor, and never
-     * from before the task's admission (or its return to the queue for a
-     * retry): clock.h, tp__run_start_ns. A stamp costs as much as a cache
-     * miss on some CPUs (docs/performance.md): none is taken for it alone. */
+    /* The run timeout counts from this attempt's start: CLOCK_MONOTONIC read
+     * now, after the task left the queue, so never before its admission (or
+     * its return to the queue for a retry). Not read without one. The
+     * histograms' clock (clock.h) starts both histograms. */
+    if (t->run_timeout != TP_FOREVER) tp__ctx_arm_run_timeout(&w->ctx, t, tp_now_ns());
     uint64_t last = wt->last_end_h;
-    uint64_t now_h = !last ? tp__hclk_now() : last;
-    if (t->run_timeout != TP_FOREVER)
-        tp__ctx_arm_run_timeout(&w->ctx, t, tp__run_start_ns(&wt->clock, t->queued_at, now_h));
-    uint64_t started_at = !last ? now_h : last > t->queued_at ? last : t->queued_at;
+    uint64_t started_at = !last ? tp__hclk_now() : last > t->queued_at ? last : t->queued_at;
     tp__hist_shard *h = &p->wk.hist[w->index];
     tp__hist_attempt_started(h, tp__lane_of(t->prio), t->queued_at, started_at);
 
@@ -661,7 +655,7 @@ static void *worker_main(void *arg) {
     tp__worker *w = (tp__worker *)arg;
     tp_pool *p = w->pool;
     worker_enter(p, w);
-    worker_turn wt = {.spun = false}; /* no last end, no anchor */
+    worker_turn wt = {false, 0};
     while (wait_for_work_locked(p, w, &wt)) {
         tp__fx fx = TP__FX_INIT(&p->wk.runs[w->index]);
         tp__task *t = tp__life_take(&p->life, &w->ctx, &fx);
@@ -1242,7 +1236,7 @@ static int make_sync(tp_pool *p) {
     /* A plain mutex, not an adaptive one (base.h, tp__mutex_init): the
      * workers meet on mu, and a waiter that spins takes a CPU that a
      * submitter or the holder itself needs whenever the pool has more
-     * threads than CPUs (docs/performance.md, "a pool lock that sleeps"). */
+     * threads than CPUs (docs/performance.md, "1.2 on a fifth machine"). */
     if (tp__mutex_init(&p->mu, false) != 0) return -1;
     pthread_cond_t *cvs[3] = {&p->room_cv, &p->done_cv, &p->svc_cv};
     int n = 0;

@@ -91,11 +91,11 @@ static inline void tp__hist_record(tp__hist *h, uint64_t ns) {
  * counts as run time of the next attempt instead of queue wait (queue waits
  * read that much shorter, never negative).
  *
- * CLOCK_MONOTONIC (deadlines, the idle clock) is read apart from the
- * stamps, and only when something uses it: when a worker finds the queue
- * empty, and for a deadline. A run timeout counts from the attempt's start
- * stamp, converted (clock.h, tp__run_start_ns: never from before the task's
- * admission; a precise read now and then). So, per attempt in a busy pool,
+ * CLOCK_MONOTONIC (deadlines, run timeouts, the idle clock) is read apart
+ * from the stamps, and only when something uses it: at the start of an
+ * attempt that has a run timeout (after the task left the queue, so never
+ * before its admission), and when a worker finds the queue empty. So, per
+ * attempt in a busy pool,
  * the histograms add one stamp at admission and one at the end of the
  * attempt, and the recording (two index computations, four stores into
  * lines only this worker writes).

@@ -406,12 +406,12 @@ static void test_ctx_deadline_counts_from_start(void **state) {
 }
 
 /* The same bounds for many tasks: as a saturated pool starts them straight
- * after one another (a worker derives the start from its clock anchor:
- * clock.h, tp__run_start_ns), and one at a time, each submitted as soon as
- * the last has started (a worker whose anchor is fresh starts a task that
- * was admitted a moment ago: it must read the clock): never before the
- * submit, never after the task is entered. Each submit's time is read just
- * before the call that accepted it. */
+ * after one another (a worker that comes from the end of another attempt),
+ * and one at a time, each submitted as soon as the last has started (a task
+ * admitted a moment before its start): never before the submit, never after
+ * the task is entered. Each submit's time is read just before the call that
+ * accepted it. (A start derived from the last attempt's end and a TSC
+ * anchor, tried once, failed this test without its admission check.) */
 typedef struct start_rec {
     uint64_t t_sub;
     atomic_ullong t_in, d;
