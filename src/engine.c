@@ -511,7 +511,10 @@ static bool wait_for_work_locked(tp_pool *p, tp__worker *w, worker_turn *wt) {
             go = false;
             break;
         }
-        if (!idle_since) idle_since = tp_now_ns();
+        if (!idle_since) {
+            idle_since = tp_now_ns();
+            tp__life_users_flush(&p->life); /* slots kept back go back before a worker idles (life.h) */
+        }
         if (!wt->spun && p->waiting.spin == 0) {
             wt->spun = true;
             spin_for_work_locked(p, idle_since);
@@ -784,9 +787,9 @@ static void stage_absorb_locked(tp_pool *p, unsigned max, bool worker) {
          * reads the ring first) or sees it started. */
         TP__ASSERT(a.fn != NULL);
         tp__stage_prefetch_ahead(st, s);
-        int rc = tp__life_admit_staged(&p->life, &a, s->arg, &fx);
+        int rc = tp__life_admit_staged(&p->life, &a, s->arg, s->user, &fx);
         TP__ASSERT(rc == TP_OK || rc == TP_ENOMEM); /* its records' cap covers it (pool.c) */
-        if (rc != TP_OK) tp__life_staged_lost(&p->life, &a, s->arg, &fx);
+        if (rc != TP_OK) tp__life_staged_lost(&p->life, &a, s->arg, s->user, &fx);
         tp__stage_pop(st, s); /* the slot may be reused from here */
     } while (--max > 0 && (s = tp__stage_peek(st)) != NULL);
     /* A worker admitting at the top of its turn takes a task next, and then
@@ -858,7 +861,7 @@ int tp__engine_submit_staged(tp_pool *p, tp_fn fn, void *arg, tp_done_fn on_done
      * read-modify-write. */
     atomic_store_explicit(&st->staged, atomic_load_explicit(&st->staged, memory_order_relaxed) + 1,
                           memory_order_release);
-    tp__stage_publish(s, ticket, fn, arg, on_done, cq, now);
+    tp__stage_publish(s, ticket, fn, arg, on_done, cq, NULL, now);
     /* The next ticket's slot, which a worker gave back last (its cache
      * holds it): fetched for writing now, it arrives while this submitter
      * goes on, not while the next one holds put. A hint only. */
@@ -869,6 +872,61 @@ int tp__engine_submit_staged(tp_pool *p, tp_fn fn, void *arg, tp_done_fn on_done
     tp__mutex_unlock(&st->put);
     if (sleepers) stage_wake(p);
     return TP_OK;
+}
+
+int tp__engine_submit_staged_user(tp_pool *p, void *arg, const tp__admit_args *a) {
+    tp__stage *st = &p->stage;
+    if (!p->life.users_put || atomic_load_explicit(&st->closing, memory_order_acquire))
+        return TP__STAGE_LOCKED;
+    if (!tp__life_room_live(&p->life)) { /* the pool's first staged submit: once */
+        tp__lock(p);
+        tp__life_room_start(&p->life);
+        tp__unlock(p);
+    }
+    tp__life_prefetch(&p->life, a); /* the entry, before put is held */
+    /* Everything under put, in the locked admission's order: closed, the
+     * user's limit (a user near it goes the locked way, which answers
+     * TP_EUSERLIMIT), space, the completion queue's place, then the slot
+     * (life.h, users_put). A queue's lock may be taken under put (a place
+     * given back wakes its waiters): mu, put, a queue's lock, in that order. */
+    tp__mutex_lock(&st->put);
+    int rc = TP__STAGE_LOCKED;
+    tp__stage_slot *s = NULL;
+    size_t ticket;
+    if (atomic_load_explicit(&st->closing, memory_order_relaxed) || !tp__life_user_below(&p->life, a))
+        goto out;
+    bool full = tp__life_room_full(&p->life);
+    if (!full && a->cq && !tp__cq_reserve(a->cq)) full = true;
+    if (!full && !tp__life_room_take(&p->life)) {
+        if (a->cq) tp__cq_release(a->cq, 1);
+        full = true;
+    }
+    if (full) {
+        atomic_fetch_add_explicit(&p->fast_full, 1, memory_order_release); /* as a plain staged submit's */
+        rc = TP_EFULL;
+        goto out;
+    }
+    s = tp__stage_claim(st, &ticket);
+    if (!s) { /* the ring is full: the locked path admits it first */
+        stage_give_back(p, a->cq);
+        goto out;
+    }
+#if defined(TP__DEBUG)
+    tp__test_hook hook = atomic_load_explicit(&tp__test_stage_claimed, memory_order_acquire);
+    if (hook) hook(p);
+#endif
+    tp__user *u = tp__life_user_take_staged(&p->life, a);
+    TP__ASSERT(u != NULL); /* looked at above, under put */
+    atomic_store_explicit(&st->staged, atomic_load_explicit(&st->staged, memory_order_relaxed) + 1,
+                          memory_order_release);
+    tp__stage_publish(s, ticket, a->fn, arg, a->on_done, a->cq, u, a->now);
+    __builtin_prefetch(&st->slots[(ticket + 1) & st->mask], 1, 3);
+    rc = TP_OK;
+out:;
+    bool sleepers = rc == TP_OK && atomic_load_explicit(&st->sleepers, memory_order_relaxed) != 0;
+    tp__mutex_unlock(&st->put);
+    if (sleepers) stage_wake(p);
+    return rc;
 }
 
 /* The on_done and completion queue of task i of a staged batch. */
@@ -956,7 +1014,7 @@ int tp__engine_submit_staged_batch(tp_pool *p, const tp_task *tasks, size_t vali
             tp_cq *cq;
             batch_done_of(tasks, a, nchecked, i, &on_done, &cq);
             tp__stage_publish(&st->slots[(pos + i) & st->mask], pos + i, tasks[i].fn, tasks[i].arg, on_done,
-                              cq, now);
+                              cq, NULL, now);
         }
         bool sleepers = atomic_load_explicit(&st->sleepers, memory_order_relaxed) != 0;
         tp__mutex_unlock(&st->put);
@@ -1283,6 +1341,7 @@ int tp__engine_start(tp_pool *p) {
         /* every staged task's arguments but fn and the stamp: no options,
          * and no log id inherited (a submit that has one is not staged) */
         (void)tp__life_args(&p->life, stage_template_fn, NULL, &p->stage_args);
+        p->life.users_put = &p->stage.put; /* user slots taken under put too (life.h) */
         p->stage_args.log_src = NULL;
         p->stage_args.log_len = 0;
     }

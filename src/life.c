@@ -78,6 +78,8 @@ int tp__life_init(tp__life *L, const tp__life_cfg *cfg, tp__st_calls *calls, tp_
     atomic_init(&L->sched.given, 0);
     L->room_capacity = (int64_t)cfg->capacity;
     atomic_init(&L->room_live, false);
+    L->rel_n = 0;
+    L->users_put = NULL; /* set by the engine where the pool stages */
     if (tp__sched_init(&L->sched, cfg->waiting_max, fair, starve_limit, low_max) != 0 ||
         tp__tasks_init(&L->tasks, prealloc, cfg->waiting_max, fair ? 3 : 2) != 0 ||
         tp__users_init(&L->users, 32) != 0)
@@ -288,6 +290,86 @@ static void retire(tp__life *L, tp__task *t, tp__fx *fx) {
     if (L->closed && tp__life_inflight(L) == 0) fx->flags |= TP__FX_DRAINED;
 }
 
+/* ------------------------------------------------------------ user slots given back */
+
+/* One slot given back now; the table guarded (mu, and put where it stages). */
+static void user_release_now(tp__life *L, tp__user *u) {
+    bool was_at_limit = tp__user_count(u) == L->cfg.max_per_user;
+    unsigned live = L->users.live;
+    tp__users_release(&L->users, u); /* the entry may go idle (users.h): not read again */
+    if (was_at_limit) {
+        /* Published after the release, never before: the word may lag
+         * the pool but never show a state it has not reached yet. */
+        TP__ASSERT(L->users_at_limit > 0);
+        L->users_at_limit--;
+        adm_publish(L);
+    }
+    /* stored only when it changes: the gauge's cache line stays put */
+    if (L->users.live != live) TP__SET(L->gauges->users, L->users.live);
+}
+
+/* mu and put held: the kept slots given back (life.h, `rel`). */
+static void users_flush_put(tp__life *L) {
+    for (unsigned i = 0; i < L->rel_n; i++) user_release_now(L, L->rel[i]);
+    L->rel_n = 0;
+}
+
+void tp__life_users_flush(tp__life *L) {
+    if (L->rel_n == 0) return;
+    tp__mutex_lock(L->users_put);
+    users_flush_put(L);
+    tp__mutex_unlock(L->users_put);
+}
+
+/* A task's slot given back, mu held. In a pool that stages, it is kept
+ * (life.h, `rel`) while tasks wait in the queue, fewer than TP__REL_MAX are
+ * kept, and the user holds more slots than those kept for it with this one
+ * (so a worker ending tasks back to back takes put once per TP__REL_MAX);
+ * else every kept slot and this one go back under one hold of put. So a
+ * user's last slot is never kept: an entry goes idle at once, the users
+ * gauge is exact as without keeping, and a pool at rest keeps none. Only
+ * users_at_limit may stay high while a slot of a user at its limit is kept
+ * (the lock-free refusal then sends a submit to the locked path). The count is
+ * read under mu alone: a staged submit may raise it meanwhile, never lower
+ * it (put holders that lower it hold mu too), so a count read above the
+ * kept slots stays above them. */
+static void user_release(tp__life *L, tp__user *u) {
+    if (!L->users_put) {
+        user_release_now(L, u);
+        return;
+    }
+    if (L->rel_n < TP__REL_MAX && tp__sched_waiting(&L->sched) > 0) {
+        unsigned kept = 1; /* this one */
+        for (unsigned i = 0; i < L->rel_n; i++) kept += L->rel[i] == u;
+        if (tp__user_count(u) > kept) {
+            L->rel[L->rel_n++] = u;
+            return;
+        }
+    }
+    tp__mutex_lock(L->users_put);
+    users_flush_put(L);
+    user_release_now(L, u);
+    tp__mutex_unlock(L->users_put);
+}
+
+/* The entry of a's user if it holds fewer slots than its limit minus one:
+ * one more never brings it to its limit (life.h, users_put). */
+static tp__user *user_below(tp__life *L, const tp__admit_args *a) {
+    TP__ASSERT_HELD(L->users_put);
+    tp__user *u = tp__users_find(&L->users, a->user, a->user_len, a->user_hash);
+    return u && tp__user_count(u) + 1 < L->cfg.max_per_user ? u : NULL;
+}
+
+bool tp__life_user_below(tp__life *L, const tp__admit_args *a) { return user_below(L, a) != NULL; }
+
+tp__user *tp__life_user_take_staged(tp__life *L, const tp__admit_args *a) {
+    tp__user *u = user_below(L, a);
+    if (!u) return NULL;
+    u = tp__users_take(&L->users, u, a->user, a->user_len, a->user_hash);
+    if (tp__user_count(u) == 1) TP__SET(L->gauges->users, L->users.live); /* one more user */
+    return u;
+}
+
 /* The task has its final status: counted once. A task bound to a completion
  * queue has its completion queued first, and is retired here; so is a task
  * without an on_done (nothing is left to run). Else it stays DONE for the
@@ -309,18 +391,7 @@ static void finalise(tp__life *L, tp__task *t, int status, bool expired, tp__fx 
         L->with_deadline--;
     }
     if (t->user) {
-        bool was_at_limit = t->user->count == L->cfg.max_per_user;
-        unsigned live = L->users.live;
-        tp__users_release(&L->users, t->user); /* the entry may go idle (users.h): not read again */
-        if (was_at_limit) {
-            /* Published after the release, never before: the word may lag
-             * the pool but never show a state it has not reached yet. */
-            TP__ASSERT(L->users_at_limit > 0);
-            L->users_at_limit--;
-            adm_publish(L);
-        }
-        /* stored only when it changes: the gauge's cache line stays put */
-        if (L->users.live != live) TP__SET(L->gauges->users, L->users.live);
+        user_release(L, t->user); /* the entry may go idle (users.h): not read again */
         fx->flags |= TP__FX_ROOM;
     }
     t->status = status;
@@ -531,11 +602,23 @@ int tp__life_args(const tp__life *L, tp_fn fn, const tp_task_opts *opts, tp__adm
  * if it has one, were taken and it was counted as accepted when it was
  * staged (stage.h); it has no user and no group, and only a failed
  * allocation refuses it. */
-static int admit(tp__life *L, const tp__admit_args *a, void *arg, uint64_t *id_out, tp__fx *fx, bool staged) {
+static int admit(tp__life *L, const tp__admit_args *a, void *arg, uint64_t *id_out, tp__fx *fx, bool staged,
+                 tp__user *staged_user) {
     tp__user *found = NULL;
     if (a->user) {
+        /* Where the pool stages, put guards the table (life.h): the kept
+         * slots go back first, so the count is exact. Between this look and
+         * the take below a staged submit may take a slot of `found`, but
+         * never its last one, nor add or evict an entry (life.h): the
+         * answer stands. */
+        if (L->users_put) {
+            tp__mutex_lock(L->users_put);
+            users_flush_put(L);
+        }
         found = tp__users_find(&L->users, a->user, a->user_len, a->user_hash);
-        if (found && found->count >= L->cfg.max_per_user) return TP_EUSERLIMIT; /* never for TP_UNLIMITED */
+        bool at_limit = found && tp__user_count(found) >= L->cfg.max_per_user; /* never for TP_UNLIMITED */
+        if (L->users_put) tp__mutex_unlock(L->users_put);
+        if (at_limit) return TP_EUSERLIMIT;
     }
     /* Space: queued + delayed + staged < capacity, decided by the room
      * count, which staged submits take from without the lock (before the
@@ -561,9 +644,16 @@ static int admit(tp__life *L, const tp__admit_args *a, void *arg, uint64_t *id_o
     tp__task *t = NULL;
     unsigned limit = staged ? L->cfg.max_records_staged : L->cfg.max_records;
     int rc = tp__tasks_get(&L->tasks, &L->given, limit, &t);
-    tp__user *u = NULL;
+    tp__user *u = staged_user;
     if (rc == TP_OK && a->user) {
+        if (L->users_put) tp__mutex_lock(L->users_put);
         u = tp__users_take(&L->users, found, a->user, a->user_len, a->user_hash);
+        if (u) {
+            unsigned n = tp__user_count(u);
+            if (n == 1) TP__SET(L->gauges->users, L->users.live); /* one more user */
+            if (n == L->cfg.max_per_user) L->users_at_limit++;    /* published with the queue below */
+        }
+        if (L->users_put) tp__mutex_unlock(L->users_put);
         if (!u) {
             tp__tasks_put(&L->tasks, t);
             rc = TP_ENOMEM;
@@ -575,10 +665,6 @@ static int admit(tp__life *L, const tp__admit_args *a, void *arg, uint64_t *id_o
             if (room_live(L)) tp__life_room_give(L);
         }
         return rc;
-    }
-    if (u) {
-        if (u->count == 1) TP__SET(L->gauges->users, L->users.live); /* one more user */
-        if (u->count == L->cfg.max_per_user) L->users_at_limit++;    /* published with the queue below */
     }
     t->fn = a->fn;
     t->arg = arg;
@@ -627,17 +713,18 @@ static int admit(tp__life *L, const tp__admit_args *a, void *arg, uint64_t *id_o
 }
 
 int tp__life_admit(tp__life *L, const tp__admit_args *a, void *arg, uint64_t *id_out, tp__fx *fx) {
-    return admit(L, a, arg, id_out, fx, false);
+    return admit(L, a, arg, id_out, fx, false, NULL);
 }
 
-int tp__life_admit_staged(tp__life *L, const tp__admit_args *a, void *arg, tp__fx *fx) {
+int tp__life_admit_staged(tp__life *L, const tp__admit_args *a, void *arg, tp__user *u, tp__fx *fx) {
     TP__ASSERT(!a->user && !a->group && (a->cq != NULL) == (a->on_done != NULL));
-    return admit(L, a, arg, NULL, fx, true);
+    return admit(L, a, arg, NULL, fx, true, u);
 }
 
-void tp__life_staged_lost(tp__life *L, const tp__admit_args *a, void *arg, tp__fx *fx) {
+void tp__life_staged_lost(tp__life *L, const tp__admit_args *a, void *arg, tp__user *u, tp__fx *fx) {
     /* as finalise: the completion first (its place was taken when staged) */
     if (a->cq) tp__cq_push(a->cq, a->on_done, arg, TP_ENOMEM);
+    if (u) user_release(L, u);
     tp__life_room_give(L);
     tp__st_runs *r = fx->runs;
     TP__INC(r->completed);

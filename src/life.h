@@ -73,6 +73,10 @@ typedef struct tp__admit_args {
  * set there too, which this size check recalls on LP64 targets. */
 _Static_assert(sizeof(void *) != 8 || sizeof(tp__admit_args) == 96, "a new field: set it in tp__life_args");
 
+/* The user slots a pool keeps before giving them back under put (tp__life,
+ * `rel`). */
+#define TP__REL_MAX 32u
+
 /* The state of a pool's tasks. life.c owns every field. */
 typedef struct tp__life {
     /* First: the submitter's line, which every submit writes and nothing
@@ -135,8 +139,8 @@ typedef struct tp__life {
      * that try is then refused or locked): until then every admission is
      * under the lock, where waiting + delayed decide space, so a pool that
      * never stages moves no line of its own per task for it -- a fair or
-     * elastic pool, or one whose every submit takes the locked path (a
-     * user or any option but an on_done bound to a completion queue, an id
+     * elastic pool, or one whose every submit takes the locked path (any
+     * option but a user and an on_done bound to a completion queue, an id
      * asked, a group, a log id inherited; pool.c). */
     _Alignas(64) _Atomic int64_t room_taken;
     _Atomic int64_t room_seen; /* sched.given + room_back as last read */
@@ -145,6 +149,26 @@ typedef struct tp__life {
     _Atomic bool room_live;
     /* Then: what a task with a user, a deadline, a group or a retry uses. */
     _Alignas(64) tp__users users;
+    /* In a pool that stages (stage.h), a plain task with a user may take its
+     * slot without the pool lock (engine.c, tp__engine_submit_staged_user):
+     * there the ring's put lock guards the user table too, taken after mu by
+     * those that hold mu (`users_put`; NULL in a pool that does not stage,
+     * where mu alone guards it). Such a submit takes a slot only from an
+     * entry that exists and holds fewer than its limit minus one: it never
+     * adds or evicts an entry, never brings a user to its limit (so
+     * users_at_limit stays mu's) and never refuses TP_EUSERLIMIT (the locked
+     * path decides). A slot given back while tasks wait in the queue, and
+     * not its user's last, is kept here (`rel`, mu held) and given back with
+     * the next ones under one hold of put (life.c, user_release): a worker
+     * ending tasks back to back takes put once per TP__REL_MAX, not per
+     * task. A user's last slot goes back at once, so the users gauge never
+     * counts a user whose tasks all ended. Every reader of a count gives the
+     * kept ones back first (the locked admission, tp_user_active); a staged
+     * submit, which sees a count too high by them, takes the locked path near
+     * the limit: no one is refused for a kept slot. */
+    tp__mutex *users_put; /* read-only once set: off the kept slots' line, which workers write */
+    _Alignas(64) unsigned rel_n;
+    struct tp__user *rel[TP__REL_MAX];
     tp__task *delayed_head, *delayed_tail; /* retries waiting for their delay */
     tp__task *endings_head, *endings_tail; /* ended unrun, on_done pending (service thread) */
     uint64_t queued_deadline_min;          /* lower bound of the deadlines of waiting tasks */
@@ -177,19 +201,30 @@ int tp__life_args_check(tp_fn fn, const tp_task_opts *opts);
  * TP__EFULL_CQ, TP_ENOMEM. */
 int tp__life_admit(tp__life *L, const tp__admit_args *a, void *arg, uint64_t *id_out, tp__fx *fx);
 /* A staged task (stage.h) becomes a waiting one: its place (and its
- * completion queue's) was taken when it was staged, and it was counted as
- * accepted then. `a` is the pool's template for staged tasks (engine.c,
+ * completion queue's, and a slot of its user `u` if not NULL) was taken when
+ * it was staged, and it was counted as accepted then. `a` is the pool's template for staged tasks (engine.c,
  * from tp__life_args with no options) with the entry's fn, stamp and, maybe,
  * an on_done and its completion queue. Never refused: TP_OK, or TP_ENOMEM when no
  * record can be allocated (its records' cap, max_records_staged, covers
  * every staged task: pool.c), and then the caller ends it unrun
  * (tp__life_staged_lost). */
-int tp__life_admit_staged(tp__life *L, const tp__admit_args *a, void *arg, tp__fx *fx);
+int tp__life_admit_staged(tp__life *L, const tp__admit_args *a, void *arg, struct tp__user *u, tp__fx *fx);
 /* A staged task that will never wait (no record could be allocated):
- * counted as ended unrun and failed, its place given back, its on_done (if
+ * counted as ended unrun and failed, its place and its user's slot (`u`, if
+ * not NULL) given back, its on_done (if
  * any) queued on its completion queue with TP_ENOMEM. A forced shutdown
  * never needs it: close admits every staged task first. */
-void tp__life_staged_lost(tp__life *L, const tp__admit_args *a, void *arg, tp__fx *fx);
+void tp__life_staged_lost(tp__life *L, const tp__admit_args *a, void *arg, struct tp__user *u, tp__fx *fx);
+/* A pool that stages (tp__life, `users_put`): without the pool lock, put
+ * held, one slot of the user named by a's user fields, if its entry exists
+ * and holds fewer than its limit minus one; else NULL (the locked path
+ * decides). */
+struct tp__user *tp__life_user_take_staged(tp__life *L, const tp__admit_args *a);
+/* put held: whether tp__life_user_take_staged would take a slot now. */
+bool tp__life_user_below(tp__life *L, const tp__admit_args *a);
+/* mu held: the slots kept back are given back now (tp__life, `rel`); put is
+ * taken if there are any. */
+void tp__life_users_flush(tp__life *L);
 /* With the lock: keep the room count from now on (life.h, `room_taken`), for a
  * first staged submit; nothing if it is kept already. */
 void tp__life_room_start(tp__life *L);

@@ -14,7 +14,9 @@
  * refuses without taking it (a producer retrying on a full queue then does
  * not compete with the workers that make room) and counts the refusal in
  * `fast_full`. A plain task on a pool that stages (stage.h) skips all that:
- * tp_submit stages it, and tp_submit_wait too when a place is free at once.
+ * tp_submit stages it, and tp_submit_wait too when a place is free at once;
+ * tp_submit stages one with a user as well, while that user is well below
+ * its limit (life.h, users_put).
  *
  * Why the scheduler holds queue_capacity + max_workers: admission keeps
  * queued + delayed < capacity at the moment a task enters, and afterwards a
@@ -186,6 +188,12 @@ static bool stageable(const tp_task_opts *o) {
     return o->cq && !(o->user && o->user[0]) && !o->run_timeout_ns && !o->deadline_ns && !o->priority;
 }
 
+/* Options a staged task with a user can carry (stage.h, life.h's
+ * users_put): a user, and an on_done only with its completion queue. */
+static bool stageable_user(const tp_task_opts *o) {
+    return (o->cq || !o->on_done) && !o->run_timeout_ns && !o->deadline_ns && !o->priority;
+}
+
 int tp__submit_member(tp_pool *p, struct tp_group *g, tp_fn fn, void *arg, const tp_task_opts *opts,
                       uint64_t *id_out) {
     if (!p) return TP_EINVAL;
@@ -208,10 +216,16 @@ int tp__submit_member(tp_pool *p, struct tp_group *g, tp_fn fn, void *arg, const
     int rc = tp__life_args(&p->life, fn, opts, &a);
     if (rc != TP_OK) return rc;
     a.group = g;
-    if (staging && opts && stageable(opts) && !a.log_src) {
-        a.now = tp__hclk_now();
-        rc = tp__engine_submit_staged(p, fn, arg, a.on_done, a.cq, a.now, false);
-        if (rc != TP__STAGE_LOCKED) return rc;
+    if (staging && opts && !a.log_src) {
+        if (stageable(opts)) {
+            a.now = tp__hclk_now();
+            rc = tp__engine_submit_staged(p, fn, arg, a.on_done, a.cq, a.now, false);
+            if (rc != TP__STAGE_LOCKED) return rc;
+        } else if (a.user && stageable_user(opts)) {
+            a.now = tp__hclk_now();
+            rc = tp__engine_submit_staged_user(p, arg, &a);
+            if (rc != TP__STAGE_LOCKED) return rc;
+        }
     }
     /* A group's submit takes the lock: a cancelled group answers
      * TP_ECANCELED before anything else, and counts nothing. */

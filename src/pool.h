@@ -221,6 +221,12 @@ int tp__engine_submit_batch(tp_pool *p, const tp_task *tasks, size_t valid, tp__
 #define TP__STAGE_LOCKED (-1001)
 int tp__engine_submit_staged(tp_pool *p, tp_fn fn, void *arg, tp_done_fn on_done, tp_cq *cq, uint64_t now,
                              bool wait);
+/* tp_submit of such a task with a user (a->user; a->on_done, a->cq and
+ * a->now as above) on a pool whose user slots may be taken without the
+ * lock (life.h, users_put): TP_OK, TP_EFULL (the user below its limit),
+ * or TP__STAGE_LOCKED (the user is not in the table or is near its limit,
+ * the ring is full, the pool closes). */
+int tp__engine_submit_staged_user(tp_pool *p, void *arg, const tp__admit_args *a);
 /* tp_submit_batch without the lock: tasks[0..valid) may all be staged (as
  * tp__engine_submit_staged's), a[0..nchecked) checked arguments of the
  * first ones. One hold of put stages a prefix of the batch, so its tasks

@@ -7,7 +7,9 @@
  * finds a place free at once (with none, it waits on the locked path and
  * counts no refusal), nor a tp_submit_batch whose tasks are all such (its
  * places taken at once, its entries claimed and published under one hold
- * of put, so that they stay adjacent). It takes one of the pool's free
+ * of put, so that they stay adjacent), nor such a tp_submit with a user
+ * too, while its user is in the table and holds fewer slots than its limit
+ * minus one (life.h, users_put: its slot is taken under put). It takes one of the pool's free
  * places (life.h, `room_taken`: the exact count that every admission takes) and,
  * if it is bound, a place of its completion queue (cq.c), then, holding the
  * ring's put lock, writes its function, argument, on_done, queue and
@@ -106,13 +108,16 @@
  * admits" above). */
 #define TP__STAGE_LOW   32u
 
+struct tp__user;
+
 typedef struct tp__stage_slot {
     _Alignas(64) _Atomic size_t seq; /* ticket + 1: published; ticket: free for that ticket */
     tp_fn fn;
     void *arg;
-    tp_done_fn on_done;   /* with cq, or both NULL */
-    tp_cq *cq;            /* its place taken by the submitter */
-    _Atomic uint64_t now; /* the queue-wait stamp (clock.h); atomic for the statistics' oldest */
+    tp_done_fn on_done;    /* with cq, or both NULL */
+    tp_cq *cq;             /* its place taken by the submitter */
+    _Atomic uint64_t now;  /* the queue-wait stamp (clock.h); atomic for the statistics' oldest */
+    struct tp__user *user; /* a slot of it taken by the submitter, or NULL (life.h, users_put) */
 } tp__stage_slot;
 _Static_assert(sizeof(tp__stage_slot) == 64, "a slot is a cache line");
 
@@ -157,6 +162,7 @@ static inline int tp__stage_init(tp__stage *st, unsigned capacity, bool on) {
         st->slots[i].on_done = NULL;
         st->slots[i].cq = NULL;
         atomic_init(&st->slots[i].now, 0);
+        st->slots[i].user = NULL;
     }
     st->mask = n - 1;
     atomic_init(&st->closing, false);
@@ -197,11 +203,12 @@ static inline void tp__stage_put_barrier(tp__stage *st) {
 
 /* Publish the claimed slot's entry, put held. */
 static inline void tp__stage_publish(tp__stage_slot *s, size_t ticket, tp_fn fn, void *arg,
-                                     tp_done_fn on_done, tp_cq *cq, uint64_t now) {
+                                     tp_done_fn on_done, tp_cq *cq, struct tp__user *user, uint64_t now) {
     s->fn = fn;
     s->arg = arg;
     s->on_done = on_done;
     s->cq = cq;
+    s->user = user;
     atomic_store_explicit(&s->now, now, memory_order_relaxed);
     atomic_store_explicit(&s->seq, ticket + 1, memory_order_release);
 }

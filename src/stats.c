@@ -180,8 +180,11 @@ unsigned tp_user_active(tp_pool *p, const char *user) {
     if (len > TP_USER_MAX) return 0;
     uint32_t h = tp__users_hash(user, len);
     tp__lock(p);
+    tp__life_users_flush(&p->life); /* slots kept back are not counted (life.h) */
+    if (p->life.users_put) tp__mutex_lock(p->life.users_put);
     tp__user *u = tp__users_find(&p->life.users, user, len, h);
-    unsigned n = u ? u->count : 0;
+    unsigned n = u ? tp__user_count(u) : 0;
+    if (p->life.users_put) tp__mutex_unlock(p->life.users_put);
     tp__unlock(p);
     return n;
 }

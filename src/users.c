@@ -159,7 +159,7 @@ static tp__user *idle_evict(tp__users *us) {
         if (!us->idle_head) us->idle_tail = NULL;
         u->inext = NULL;
         u->idle_q = false;
-        if (u->count == 0) {
+        if (tp__user_count(u) == 0) {
             table_unlink(us, u);
             return u;
         }
@@ -170,7 +170,9 @@ static tp__user *idle_evict(tp__users *us) {
 tp__user *tp__users_take(tp__users *us, tp__user *found, const char *name, size_t len, uint32_t h) {
     tp__user *u = found;
     if (u) {
-        if (u->count++ == 0) us->live++; /* an idle entry is live again, as it was left */
+        unsigned n = tp__user_count(u);
+        tp__user_count_set(u, n + 1);
+        if (n == 0) us->live++; /* an idle entry is live again, as it was left */
         return u;
     }
     if (us->free) {
@@ -184,7 +186,7 @@ tp__user *tp__users_take(tp__users *us, tp__user *found, const char *name, size_
     memcpy(u->name, name, len);
     u->name[len] = '\0';
     u->hash = h;
-    u->count = 1;
+    tp__user_count_set(u, 1);
     u->inext = NULL;
     u->idle_q = false;
     if (us->flows) tp__flow_init(&u->flow, tp__users_weight(us, name, len, h));
@@ -196,8 +198,10 @@ tp__user *tp__users_take(tp__users *us, tp__user *found, const char *name, size_
 }
 
 void tp__users_release(tp__users *us, tp__user *u) {
-    TP__ASSERT(u->count > 0);
-    if (--u->count > 0) return;
+    unsigned n = tp__user_count(u);
+    TP__ASSERT(n > 0);
+    tp__user_count_set(u, n - 1);
+    if (n > 1) return;
     TP__ASSERT(us->live > 0);
     us->live--;
     if (us->flows)

@@ -32,8 +32,12 @@ typedef struct tp__user {
      * priority-0 part (scheduler.h) in a fair pool: both on the first line */
     _Alignas(64) struct tp__user *next; /* hash chain, or free list */
     uint32_t hash;
-    unsigned count; /* slots held: accepted, unfinished tasks */
-    tp__flow flow;  /* fair pools: its place in the rounds */
+    /* Slots held: accepted, unfinished tasks. Atomic for one reader: in a
+     * pool that stages, a worker looks at it under mu alone while a staged
+     * submit may add to it under put (life.c, user_release); its writers
+     * hold the table's lock(s), so relaxed loads and stores do. */
+    _Atomic unsigned count;
+    tp__flow flow; /* fair pools: its place in the rounds */
     char name[TP_USER_MAX + 1];
     /* the idle queue (users.c): touched only when the count reaches 0 and
      * when a new user needs an entry */
@@ -42,6 +46,14 @@ typedef struct tp__user {
 } tp__user;
 _Static_assert(offsetof(tp__user, flow) + sizeof(struct tp__flow_lane) <= 64,
                "a user's count and its priority-0 flow share one cache line");
+
+/* An entry's slot count (relaxed; see `count`). */
+static inline unsigned tp__user_count(const tp__user *u) {
+    return atomic_load_explicit(&u->count, memory_order_relaxed);
+}
+static inline void tp__user_count_set(tp__user *u, unsigned n) {
+    atomic_store_explicit(&u->count, n, memory_order_relaxed);
+}
 
 typedef struct tp__weight {
     struct tp__weight *next;

@@ -1,7 +1,7 @@
 /*
  * test_stage.c -- staged submits (src/stage.h): a plain tp_submit (no
- * options, or only an on_done bound to a completion queue; no id asked) on
- * a FIFO pool with fixed workers is accepted
+ * options, or only an on_done bound to a completion queue and a user; no id
+ * asked) on a FIFO pool with fixed workers is accepted
  * without the pool lock and admitted by whoever takes the lock next. From
  * the outside nothing may tell the two paths apart: the queue's bound is
  * exact, the statistics count a staged task as waiting, one thread's tasks
@@ -1029,6 +1029,319 @@ static void test_staged_forced_shutdown(void **state) {
     assert_int_equal(atomic_load(&g_runs), 0);
 }
 
+/* ------------------------------------------------------------ users */
+
+/* tpt_finish, with each of `names` holding no slot once the pool is at rest
+ * (asked before anything else reads the pool). */
+static tp_stats finish_users(tp_pool *p, const char *const *names, int n) {
+    assert_int_equal(tp_shutdown(p, TPT_WAIT_NS), TP_OK);
+    assert_int_equal(tp_wait(p, TPT_WAIT_NS), TP_OK);
+    for (int i = 0; i < n; i++) assert_int_equal(tp_user_active(p, names[i]), 0);
+    tp_stats s = tpt_stats(p);
+    tpt_assert_at_rest(&s);
+    assert_int_equal(s.workers, 0);
+    assert_int_equal(s.users, 0);
+    tpt_fx_forget(p);
+    assert_int_equal(tp_destroy(p), TP_OK);
+    return s;
+}
+
+/* A task with a user is staged while its user holds fewer slots than its
+ * limit minus one (src/life.h, users_put); the locked path takes the first
+ * slot (a new entry) and the last, and answers TP_EUSERLIMIT. From the
+ * outside the limit is as exact as ever: with per_user 3, three tasks of one
+ * user are accepted and the fourth refused, by either path; a user below
+ * its limit meets a full queue with TP_EFULL. */
+static void test_staged_user_limit(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l = tpt_fx_latch(f);
+    tp_pool *p = tpt_quiet_pool(f, 1, 5, 3);
+    tpt_fill_workers(p, l, 1, NULL);
+    atomic_store(&g_runs, 0);
+#if defined(TP__DEBUG)
+    atomic_store(&claims, 0);
+    atomic_store(&tp__test_stage_claimed, count_claims);
+#endif
+    tp_task_opts u = {0};
+    u.user = "u";
+    for (int i = 0; i < 3; i++) assert_int_equal(tp_submit(p, count_fn, NULL, &u, NULL), TP_OK);
+    assert_int_equal(tp_submit(p, count_fn, NULL, &u, NULL), TP_EUSERLIMIT);
+    uint64_t id = 0;
+    assert_int_equal(tp_submit(p, count_fn, NULL, &u, &id), TP_EUSERLIMIT); /* the locked path agrees */
+    assert_int_equal(tp_user_active(p, "u"), 3);
+    tp_task_opts v = {0};
+    v.user = "v";
+    assert_int_equal(tp_submit(p, count_fn, NULL, &v, NULL), TP_OK);    /* a new entry: locked */
+    assert_int_equal(tp_submit(p, count_fn, NULL, &v, NULL), TP_OK);    /* staged: the queue's last place */
+    assert_int_equal(tp_submit(p, count_fn, NULL, &v, NULL), TP_EFULL); /* below its limit: full */
+    assert_int_equal(tp_submit(p, count_fn, NULL, &u, NULL), TP_EUSERLIMIT); /* the limit comes first */
+#if defined(TP__DEBUG)
+    atomic_store(&tp__test_stage_claimed, NULL);
+    assert_int_equal(atomic_load(&claims), 2); /* u's second and v's second */
+#endif
+    tp_stats s = tpt_stats(p);
+    assert_int_equal(s.queued, 5);
+    assert_int_equal(s.users, 2);
+    assert_int_equal(s.rejected_user, 3);
+    assert_int_equal(s.rejected_full, 1);
+    tpt_latch_open(l);
+    TPT_EVENTUALLY(atomic_load(&g_runs) == 5);
+    static const char *const names[] = {"u", "v"};
+    s = finish_users(p, names, 2);
+    tpt_assert_counts(s, TPT_EQ(accepted, 6), TPT_EQ(completed, 6), TPT_EQ(rejected_user, 3),
+                      TPT_EQ(rejected_full, 1));
+}
+
+/* Raises `flag`, then waits on the latch. */
+typedef struct flag_block {
+    atomic_int *flag;
+    tpt_latch *l;
+} flag_block;
+
+static int flag_block_fn(tp_ctx *c, void *arg) {
+    flag_block *fb = (flag_block *)arg;
+    atomic_store(fb->flag, 1);
+    return tpt_block_task(c, fb->l);
+}
+
+/* The slots a worker keeps back (debug builds: src/life.h, `rel`). */
+static unsigned kept_slots(tp_pool *p) {
+    unsigned n = 0;
+#if defined(TP__DEBUG)
+    tp__lock(p);
+    n = p->life.rel_n;
+    tp__unlock(p);
+#else
+    (void)p;
+#endif
+    return n;
+}
+
+/* A worker that ends a task while others wait keeps its user's slot back
+ * (not the user's last) and gives it back later under one hold of put
+ * (src/life.h, `rel`); no one can tell. One worker holds b's task on a
+ * latch while a's two tasks wait (per_user 2); once the latch opens it ends
+ * b's task (b's last slot: given back), then a's first with a's second
+ * waiting (kept), and holds on a's second. A submit of a's is then accepted
+ * (the staged path sees two slots and takes the locked one, which gives the
+ * kept slot back), the next refused, and tp_user_active and the users gauge
+ * count what is held. */
+static void test_staged_user_kept_slots(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l1 = tpt_fx_latch(f);
+    tpt_latch *l2 = tpt_fx_latch(f);
+    tp_pool *p = tpt_quiet_pool(f, 1, 8, 2);
+    atomic_int started = 0;
+    tp_task_opts b = {0};
+    b.user = "b";
+    tp_task_opts a = {0};
+    a.user = "a";
+    assert_int_equal(tp_submit(p, tpt_block_task, l1, &b, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&l1->waiting) == 1);
+    atomic_store(&g_runs, 0);
+    assert_int_equal(tp_submit(p, count_fn, NULL, &a, NULL), TP_OK);
+    flag_block fb = {&started, l2};
+    assert_int_equal(tp_submit(p, flag_block_fn, &fb, &a, NULL), TP_OK);
+    tpt_latch_open(l1);
+    TPT_EVENTUALLY(atomic_load(&started) == 1);
+    assert_int_equal(atomic_load(&g_runs), 1);
+#if defined(TP__DEBUG)
+    assert_int_equal(kept_slots(p), 1); /* a's first */
+#endif
+    tp_stats s = tpt_stats(p);
+    assert_int_equal(s.users, 1);
+    assert_int_equal(s.completed, 2);
+    assert_int_equal(tp_submit(p, count_fn, NULL, &a, NULL), TP_OK);
+    assert_int_equal(kept_slots(p), 0);
+    assert_int_equal(tp_submit(p, count_fn, NULL, &a, NULL), TP_EUSERLIMIT);
+    assert_int_equal(tp_user_active(p, "a"), 2);
+    assert_int_equal(tp_user_active(p, "b"), 0);
+    assert_int_equal(tpt_stats(p).users, 1);
+    tpt_latch_open(l2);
+    static const char *const names[] = {"a", "b"};
+    s = finish_users(p, names, 2);
+    tpt_assert_counts(s, TPT_EQ(accepted, 4), TPT_EQ(completed, 4), TPT_EQ(rejected_user, 1));
+    assert_int_equal(atomic_load(&g_runs), 2);
+}
+
+/* Kept slots are invisible to the statistics, which take no lock: b's task
+ * held on a latch, then a's only task, b's second and b's third wait (b's
+ * limit 4). Once the latch opens the worker ends b's first (kept: b holds
+ * more), a's (a's last: given back at once, with b's kept one), b's second
+ * (kept) and holds on b's third: tp_stats_get counts one user, and
+ * tp_user_active a's none and b's one -- each the first reader after. */
+static void test_staged_user_kept_stats(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l1 = tpt_fx_latch(f);
+    tpt_latch *l2 = tpt_fx_latch(f);
+    for (int k = 0; k < 2; k++) {
+        tp_pool *p = tpt_quiet_pool(f, 1, 8, 4);
+        atomic_int started = 0;
+        tp_task_opts b = {0};
+        b.user = "b";
+        tp_task_opts a = {0};
+        a.user = "a";
+        assert_int_equal(tp_submit(p, tpt_block_task, l1, &b, NULL), TP_OK);
+        TPT_EVENTUALLY(atomic_load(&l1->waiting) == 1);
+        atomic_store(&g_runs, 0);
+        assert_int_equal(tp_submit(p, count_fn, NULL, &a, NULL), TP_OK);
+        assert_int_equal(tp_submit(p, count_fn, NULL, &b, NULL), TP_OK);
+        flag_block fb = {&started, l2};
+        assert_int_equal(tp_submit(p, flag_block_fn, &fb, &b, NULL), TP_OK);
+        tpt_latch_open(l1);
+        TPT_EVENTUALLY(atomic_load(&started) == 1);
+#if defined(TP__DEBUG)
+        assert_int_equal(kept_slots(p), 1); /* b's second */
+#endif
+        if (k == 0) {
+            tp_stats s = tpt_stats(p);
+            assert_int_equal(s.users, 1);
+            assert_int_equal(s.active, 1);
+            assert_int_equal(s.completed, 3);
+        } else {
+            assert_int_equal(tp_user_active(p, "a"), 0);
+            assert_int_equal(tp_user_active(p, "b"), 1);
+            assert_int_equal(tpt_stats(p).users, 1);
+        }
+        tpt_latch_open(l2);
+        static const char *const names[] = {"a", "b"};
+        tp_stats s = finish_users(p, names, 2);
+        tpt_assert_counts(s, TPT_EQ(accepted, 4), TPT_EQ(completed, 4));
+        assert_int_equal(atomic_load(&g_runs), 2);
+        tpt_latch_rearm(l1);
+        tpt_latch_rearm(l2);
+    }
+}
+
+/* An on_done drained from a completion queue submits its own user's next
+ * task and is not refused for the slot of the task it reports (taskpool.h,
+ * section 15), though that slot may be kept back (src/life.h, `rel`): with
+ * per_user 2 and a chain of tasks each resubmitted from the drain, every
+ * link is accepted while another task of the user waits in the queue. */
+typedef struct chain {
+    tp_pool *p;
+    tp_cq *q;
+    atomic_int left;
+    atomic_int refused;
+} chain;
+
+static void chain_done(void *arg, int status) {
+    chain *ch = (chain *)arg;
+    assert_int_equal(status, 0);
+    if (atomic_fetch_sub(&ch->left, 1) <= 1) return;
+    tp_task_opts o = {0};
+    o.user = "c";
+    o.on_done = chain_done;
+    o.cq = ch->q;
+    if (tp_submit(ch->p, count_fn, ch, &o, NULL) != TP_OK) atomic_fetch_add(&ch->refused, 1);
+}
+
+static void test_staged_user_chain_from_drain(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    tp_pool *p = tpt_quiet_pool(f, 1, 8, 2);
+    tp_cq *q = NULL;
+    assert_int_equal(tp_cq_create(&q, 8), TP_OK);
+    chain ch;
+    ch.p = p;
+    ch.q = q;
+    atomic_init(&ch.left, 200);
+    atomic_init(&ch.refused, 0);
+    atomic_store(&g_runs, 0);
+    tp_task_opts o = {0};
+    o.user = "c";
+    o.on_done = chain_done;
+    o.cq = q;
+    assert_int_equal(tp_submit(p, count_fn, &ch, &o, NULL), TP_OK);
+    uint64_t until = tp_now_ns() + TPT_WAIT_NS;
+    while (atomic_load(&ch.left) > 0 && tp_now_ns() < until) {
+        (void)tp_cq_wait(q, TPT_MS(10));
+        (void)tp_cq_drain(q, 0);
+    }
+    assert_int_equal(atomic_load(&ch.left), 0);
+    assert_int_equal(atomic_load(&ch.refused), 0);
+    tp_stats s = tpt_finish(p);
+    tpt_assert_counts(s, TPT_EQ(accepted, 200), TPT_EQ(completed, 200), TPT_EQ(rejected_user, 0),
+                      TPT_EQ(users, 0));
+    assert_int_equal(tp_cq_destroy(q), TP_OK);
+}
+
+/* Threads race tasks of a few users with small limits through both paths
+ * (staged, and locked with an id asked) while the workers end them: no user
+ * ever holds more than its limit, and at rest every count is 0. */
+#define RACE_USERS 4
+#define RACE_LIMIT 3
+
+typedef struct user_race {
+    tp_pool *p;
+    atomic_int go;
+    atomic_int running[RACE_USERS];
+    atomic_int over; /* a task saw its user above the limit */
+    atomic_long accepted;
+    long per_thread;
+} user_race;
+
+typedef struct race_task {
+    user_race *r;
+    int user;
+} race_task;
+
+static int race_fn(tp_ctx *c, void *arg) {
+    (void)c;
+    race_task *t = (race_task *)arg;
+    int n = atomic_fetch_add(&t->r->running[t->user], 1) + 1;
+    if (n > RACE_LIMIT) atomic_store(&t->r->over, 1);
+    atomic_fetch_sub(&t->r->running[t->user], 1);
+    return 0;
+}
+
+static const char *const race_names[RACE_USERS] = {"r0", "r1", "r2", "r3"};
+static race_task race_tasks[RACE_USERS];
+
+static void *race_main(void *arg) {
+    user_race *r = (user_race *)arg;
+    uint32_t seed = (uint32_t)(uintptr_t)&seed | 1u;
+    tpt_wait_go(&r->go);
+    for (long i = 0; i < r->per_thread; i++) {
+        uint32_t x = tpt_xorshift(&seed);
+        int u = (int)(x % RACE_USERS);
+        tp_task_opts o = {0};
+        o.user = race_names[u];
+        uint64_t id = 0;
+        int rc = tp_submit(r->p, race_fn, &race_tasks[u], &o, (x >> 8) % 4 == 0 ? &id : NULL);
+        if (rc == TP_OK)
+            atomic_fetch_add(&r->accepted, 1);
+        else
+            assert_true(rc == TP_EUSERLIMIT || rc == TP_EFULL);
+        if ((x >> 12) % 64 == 0) assert_true(tp_user_active(r->p, race_names[u]) <= RACE_LIMIT);
+    }
+    return NULL;
+}
+
+static void test_staged_user_race(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    tp_pool *p = tpt_quiet_pool(f, 2, 16, RACE_LIMIT);
+    user_race *r = tpt_fx_new(f, user_race);
+    r->p = p;
+    atomic_init(&r->go, 0);
+    for (int u = 0; u < RACE_USERS; u++) {
+        atomic_init(&r->running[u], 0);
+        race_tasks[u].r = r;
+        race_tasks[u].user = u;
+    }
+    atomic_init(&r->over, 0);
+    atomic_init(&r->accepted, 0);
+    r->per_thread = TPT_SANITIZED ? 20000 : 200000;
+    tpt_fx_thr *t[3];
+    for (int i = 0; i < 3; i++) t[i] = tpt_fx_thread(f, race_main, r);
+    atomic_store(&r->go, 1);
+    for (int i = 0; i < 3; i++) tpt_fx_join(t[i]);
+    tp_stats s = finish_users(p, race_names, RACE_USERS);
+    assert_int_equal(atomic_load(&r->over), 0);
+    tpt_assert_counts(s, TPT_EQ(accepted, (uint64_t)atomic_load(&r->accepted)),
+                      TPT_EQ(completed, (uint64_t)atomic_load(&r->accepted)));
+}
+
+
 /* A pool that may start workers on demand (max_workers above workers) and
  * a fair pool do not stage: the same plain submits, the same answers. */
 static void test_not_staged_pools(void **state) {
@@ -1072,6 +1385,11 @@ int main(void) {
         TPT_TEST(test_staged_wakes_idle_pool),
         TPT_TEST(test_staged_close_race),
         TPT_TEST(test_staged_forced_shutdown),
+        TPT_TEST(test_staged_user_limit),
+        TPT_TEST(test_staged_user_kept_slots),
+        TPT_TEST(test_staged_user_kept_stats),
+        TPT_TEST(test_staged_user_chain_from_drain),
+        TPT_TEST(test_staged_user_race),
         TPT_TEST(test_not_staged_pools),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
