@@ -1902,8 +1902,9 @@ static void ensure_pool(fz_pool *fp) {
 /* VIA_BATCH: tp_submit_batch with this one task, which must answer exactly
  * as tp_submit would (SPEC 11.2), with accepted_out and ids_out to match.
  * VIA_PLAIN: tp_submit(p, fn, arg, NULL, NULL), no options and no id asked,
- * or (b[3] & 0x80) options with only an on_done bound to a completion queue:
- * a FIFO pool with fixed workers accepts it without its lock (src/stage.h).
+ * or options with only a user and (b[3] & 0x80) an on_done bound to a
+ * completion queue: a FIFO pool with fixed workers accepts it without its
+ * lock (src/stage.h; with a user, while the user is well below its limit).
  * The task has the pool's defaults and no id (it is never cancelled by id;
  * its tp_ctx_id is not compared); only a bound one has an on_done. */
 enum { VIA_SUBMIT, VIA_WAIT, VIA_DEFAULT, VIA_GROUP, VIA_BATCH, VIA_PLAIN };
@@ -1961,8 +1962,7 @@ static void op_submit(fz_pool *fp, const uint8_t b[5], int via) {
     t->prio = prio_of[(b[0] >> 4) & 7];
     t->cqi = (b[3] & 0x80) ? (b[0] >> 7) & 1 : -1;
     t->nest = (b[4] >> 5) & 1;
-    if (via == VIA_PLAIN) { /* the defaults: what a NULL opts means */
-        t->user = 0;
+    if (via == VIA_PLAIN) { /* the defaults: what a NULL opts means, but the user */
         t->dl_class = DL_NONE;
         rt = 0;
         t->run_timeout = fp->run_timeout;
@@ -2097,7 +2097,8 @@ static void op_submit(fz_pool *fp, const uint8_t b[5], int via) {
         memset(&bo, 0, sizeof bo);
         bo.on_done = o.on_done;
         bo.cq = o.cq;
-        rc = tp_submit(fp->p, task_main, t, t->cqi >= 0 ? &bo : NULL, NULL);
+        bo.user = o.user;
+        rc = tp_submit(fp->p, task_main, t, t->cqi >= 0 || t->user ? &bo : NULL, NULL);
     } else {
         rc = tp_submit(fp->p, task_main, t, &o, &id);
     }
