@@ -91,6 +91,13 @@
  * they stay cached; with thousands (tp_bench fair) they come from memory or
  * another core at every submit, so S fetches them before it takes the lock
  * (tp__life_prefetch) rather than holding the lock through the misses.
+ * Staged with its user (life.h, users_put: a plain tp_submit whose user is
+ * well below its limit), S takes the slot under put (the lines above, on
+ * S's side, and the ring's as a staged task's) and the slot rides in the
+ * ring slot; W gives it back with up to 31 others under one hold of put
+ * (the entry's line moves to W then, as before, but off the task's path,
+ * and the put line once per 32 tasks; the kept slots' line is W's), unless
+ * it is the user's last slot or no task waits: then at once, taking put.
  * History: right after the core was reshaped for 1.2, S and W both wrote
  * nine lines per task: the lock, life's first line, the admission word and
  * ring, lane 0's published counts, the statistics line, the three lines of
@@ -887,10 +894,11 @@ int tp__engine_submit_staged_user(tp_pool *p, void *arg, const tp__admit_args *a
     /* Everything under put, in the locked admission's order: closed, the
      * user's limit (a user near it goes the locked way, which answers
      * TP_EUSERLIMIT), space, the completion queue's place, then the slot
-     * (life.h, users_put). A queue's lock may be taken under put (a place
-     * given back wakes its waiters): mu, put, a queue's lock, in that order. */
+     * (life.h, users_put). Places taken and not used are given back once
+     * put is let go (its holder takes no other lock: a queue's may wake). */
     tp__mutex_lock(&st->put);
     int rc = TP__STAGE_LOCKED;
+    bool give_room = false, give_cq = false;
     tp__stage_slot *s = NULL;
     size_t ticket;
     if (atomic_load_explicit(&st->closing, memory_order_relaxed) || !tp__life_user_below(&p->life, a))
@@ -898,7 +906,7 @@ int tp__engine_submit_staged_user(tp_pool *p, void *arg, const tp__admit_args *a
     bool full = tp__life_room_full(&p->life);
     if (!full && a->cq && !tp__cq_reserve(a->cq)) full = true;
     if (!full && !tp__life_room_take(&p->life)) {
-        if (a->cq) tp__cq_release(a->cq, 1);
+        give_cq = a->cq != NULL;
         full = true;
     }
     if (full) {
@@ -908,7 +916,8 @@ int tp__engine_submit_staged_user(tp_pool *p, void *arg, const tp__admit_args *a
     }
     s = tp__stage_claim(st, &ticket);
     if (!s) { /* the ring is full: the locked path admits it first */
-        stage_give_back(p, a->cq);
+        give_room = true;
+        give_cq = a->cq != NULL;
         goto out;
     }
 #if defined(TP__DEBUG)
@@ -917,6 +926,7 @@ int tp__engine_submit_staged_user(tp_pool *p, void *arg, const tp__admit_args *a
 #endif
     tp__user *u = tp__life_user_take_staged(&p->life, a);
     TP__ASSERT(u != NULL); /* looked at above, under put */
+    /* accepted, and counted before published (as tp__engine_submit_staged's) */
     atomic_store_explicit(&st->staged, atomic_load_explicit(&st->staged, memory_order_relaxed) + 1,
                           memory_order_release);
     tp__stage_publish(s, ticket, a->fn, arg, a->on_done, a->cq, u, a->now);
@@ -925,6 +935,8 @@ int tp__engine_submit_staged_user(tp_pool *p, void *arg, const tp__admit_args *a
 out:;
     bool sleepers = rc == TP_OK && atomic_load_explicit(&st->sleepers, memory_order_relaxed) != 0;
     tp__mutex_unlock(&st->put);
+    if (give_room) tp__life_room_give(&p->life);
+    if (give_cq) tp__cq_release(a->cq, 1);
     if (sleepers) stage_wake(p);
     return rc;
 }

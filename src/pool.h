@@ -68,8 +68,10 @@
  *   The staged submits' ring (stage.h) is a two-lock queue: its put lock
  *   (stage.put) comes after mu, and its holder takes no other lock; staged
  *   submitters hold put alone, only a holder of mu consumes the ring, and a
- *   holder of mu takes put only to wait for a submit mid-way. A submitter
- *   that must wake a parked worker takes mu after releasing put.
+ *   holder of mu takes put only to wait for a submit mid-way or to look at
+ *   or change the user table, which put guards too in a pool that stages
+ *   (life.h, users_put). A submitter that must wake a parked worker takes
+ *   mu after releasing put.
  */
 #ifndef TP_POOL_H
 #define TP_POOL_H
