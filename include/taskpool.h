@@ -1058,9 +1058,11 @@ TP_API int tp_lane_stats_get(tp_pool *p, int priority, tp_lane_stats *out);
  * shows a task completed) its completion is in its queue. Everything else
  * about the task is as in section 6; in particular, an on_done that submits
  * its own user's next task finds the ended task's user slot free (the slot is
- * released in the same locked step that queued the completion, and tp_submit
- * and tp_user_active() take that lock). Only the lock-free tp_stats() may
- * still show the task unfinished for a moment inside a drained on_done.
+ * released in the same locked step that queued the completion, or kept to be
+ * released with others later, and a submit that would be refused for it, as
+ * tp_user_active(), takes that lock and releases kept slots before it
+ * counts). Only the lock-free tp_stats() may still show the task unfinished
+ * for a moment inside a drained on_done.
  *
  * Exactly once: every accepted task bound to a queue has its on_done run
  * exactly once, inside one tp_cq_drain() call, in the order the tasks ended

@@ -900,8 +900,9 @@ int tp__engine_submit_staged_user(tp_pool *p, void *arg, const tp__admit_args *a
     int rc = TP__STAGE_LOCKED;
     bool give_room = false, give_cq = false;
     tp__stage_slot *s = NULL;
+    tp__user *u = NULL;
     size_t ticket;
-    if (atomic_load_explicit(&st->closing, memory_order_relaxed) || !tp__life_user_below(&p->life, a))
+    if (atomic_load_explicit(&st->closing, memory_order_relaxed) || !(u = tp__life_user_below(&p->life, a)))
         goto out;
     bool full = tp__life_room_full(&p->life);
     if (!full && a->cq && !tp__cq_reserve(a->cq)) full = true;
@@ -924,8 +925,7 @@ int tp__engine_submit_staged_user(tp_pool *p, void *arg, const tp__admit_args *a
     tp__test_hook hook = atomic_load_explicit(&tp__test_stage_claimed, memory_order_acquire);
     if (hook) hook(p);
 #endif
-    tp__user *u = tp__life_user_take_staged(&p->life, a);
-    TP__ASSERT(u != NULL); /* looked at above, under put */
+    tp__life_user_take_staged(&p->life, u, a); /* looked at above, under put */
     /* accepted, and counted before published (as tp__engine_submit_staged's) */
     atomic_store_explicit(&st->staged, atomic_load_explicit(&st->staged, memory_order_relaxed) + 1,
                           memory_order_release);

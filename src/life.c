@@ -360,14 +360,13 @@ static tp__user *user_below(tp__life *L, const tp__admit_args *a) {
     return u && tp__user_count(u) + 1 < L->cfg.max_per_user ? u : NULL;
 }
 
-bool tp__life_user_below(tp__life *L, const tp__admit_args *a) { return user_below(L, a) != NULL; }
+tp__user *tp__life_user_below(tp__life *L, const tp__admit_args *a) { return user_below(L, a); }
 
-tp__user *tp__life_user_take_staged(tp__life *L, const tp__admit_args *a) {
-    tp__user *u = user_below(L, a);
-    if (!u) return NULL;
+void tp__life_user_take_staged(tp__life *L, tp__user *u, const tp__admit_args *a) {
+    TP__ASSERT_HELD(L->users_put);
+    TP__ASSERT(tp__user_count(u) + 1 < L->cfg.max_per_user);
     u = tp__users_take(&L->users, u, a->user, a->user_len, a->user_hash);
     if (tp__user_count(u) == 1) TP__SET(L->gauges->users, L->users.live); /* one more user */
-    return u;
 }
 
 /* The task has its final status: counted once. A task bound to a completion

@@ -215,13 +215,13 @@ int tp__life_admit_staged(tp__life *L, const tp__admit_args *a, void *arg, struc
  * any) queued on its completion queue with TP_ENOMEM. A forced shutdown
  * never needs it: close admits every staged task first. */
 void tp__life_staged_lost(tp__life *L, const tp__admit_args *a, void *arg, struct tp__user *u, tp__fx *fx);
-/* A pool that stages (tp__life, `users_put`): without the pool lock, put
- * held, one slot of the user named by a's user fields, if its entry exists
- * and holds fewer than its limit minus one; else NULL (the locked path
+/* A pool that stages (tp__life, `users_put`), without the pool lock, put
+ * held: the entry of the user named by a's user fields if it exists and
+ * holds fewer slots than its limit minus one; else NULL (the locked path
  * decides). */
-struct tp__user *tp__life_user_take_staged(tp__life *L, const tp__admit_args *a);
-/* put held: whether tp__life_user_take_staged would take a slot now. */
-bool tp__life_user_below(tp__life *L, const tp__admit_args *a);
+struct tp__user *tp__life_user_below(tp__life *L, const tp__admit_args *a);
+/* The same, put still held since: one slot of `u` (tp__life_user_below's). */
+void tp__life_user_take_staged(tp__life *L, struct tp__user *u, const tp__admit_args *a);
 /* mu held: the slots kept back are given back now (tp__life, `rel`); put is
  * taken if there are any. */
 void tp__life_users_flush(tp__life *L);

@@ -21,9 +21,11 @@
  * The weights are a second, smaller table of the same kind that only grows
  * (one entry per name ever given a weight).
  *
- * No locking: every call is made with the pool lock held, but one:
- * tp__users_prefetch (users.h), which a submitter calls before it takes the
- * lock. For it the bucket array is published through an atomic pointer, its
+ * No locking: every call is made with the pool lock held (and, in a pool
+ * that stages, the ring's put lock; a staged submit's tp__users_find and
+ * tp__users_take of an existing entry with put alone: life.h, users_put),
+ * but one: tp__users_prefetch (users.h), which a submitter calls before it
+ * takes the lock. For it the bucket array is published through an atomic pointer, its
  * slots are atomics (relaxed under the lock: plain moves on common CPUs), a
  * rehash keeps the arrays it replaces until fini (their slots together fewer
  * than the newest's: bucket memory about doubles), and entries are never

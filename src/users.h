@@ -17,8 +17,11 @@
  * pool's life whether or not the user has tasks; a new entry takes its weight
  * from there.
  *
- * No locking: the pool lock guards every call but tp__users_prefetch, which
- * a submitter makes before it takes the lock (see there and users.c).
+ * No locking here: the pool lock guards every call but tp__users_prefetch,
+ * which a submitter makes before it takes the lock (see there and users.c),
+ * and in a pool that stages the ring's put lock guards the table too: a
+ * staged submit takes a slot of an existing entry holding put alone (life.h,
+ * users_put; the count is atomic for that).
  */
 #ifndef TP_USERS_H
 #define TP_USERS_H

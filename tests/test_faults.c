@@ -629,6 +629,52 @@ static void test_staged_record_faults(void **state) {
     atomic_store(&tracking, 0);
 }
 
+/* A staged submit with a user whose record cannot be made when a worker
+ * admits it (src/life.c, tp__life_staged_lost): it ends unrun, and its user
+ * slot is given back -- the users gauge and tp_user_active say 0. The user
+ * "x" has an idle entry first (a locked submit, cancelled), so that the
+ * submit is staged. */
+static void test_staged_user_record_faults(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    memset(recs, 0, sizeof recs);
+    atomic_store(&gate_done_calls, 0);
+    atomic_store(&staged_runs, 0);
+    inj_reset();
+    tpt_latch *work_gate;
+    tp_pool *p = pool_with_held_service(f, &work_gate);
+    tp_task_opts xo = {0};
+    xo.user = "x";
+    xo.on_done = tpt_done_fn;
+    uint64_t xid = 0;
+    assert_int_equal(tp_submit(p, tpt_nop_task, &recs[NREC - 1], &xo, &xid), TP_OK);
+    assert_int_equal(tp_cancel(p, xid), TP_OK);
+    assert_int_equal(tp_user_active(p, "x"), 0);
+    int rc;
+    atomic_store(&fail_at[F_ALLOC], 1);
+    atomic_store(&fail_after[F_ALLOC], 1);
+    atomic_store(&armed, 1);
+    int n = submit_cancel_until_refused(p, &rc);
+    assert_int_equal(rc, TP_ENOMEM);
+    tp_task_opts uo = {0};
+    uo.user = "x";
+    assert_int_equal(tp_submit(p, staged_task, NULL, &uo, NULL), TP_OK); /* staged: no record needed yet */
+    assert_int_equal(tpt_stats(p).users, 1);
+    /* the locked submit admits the staged task first: its record fails */
+    tp_task_opts o = {0};
+    o.on_done = tpt_done_fn;
+    uint64_t id = 0;
+    rc = tp_submit(p, tpt_nop_task, &recs[n + 2], &o, &id);
+    atomic_store(&armed, 0);
+    assert_int_equal(rc, TP_ENOMEM);
+    assert_int_equal(tpt_stats(p).users, 0);
+    assert_int_equal(tp_user_active(p, "x"), 0);
+    tpt_latch_open(svc_gate);
+    tpt_latch_open(work_gate);
+    tp_stats s = tpt_finish(p);
+    assert_int_equal(atomic_load(&staged_runs), 0);
+    tpt_assert_counts(s, TPT_EQ(users, 0), TPT_EQ(completed, s.accepted));
+}
+
 /* ------------------------------------------------------------ users */
 
 static int user_task(tp_ctx *c, void *arg) {
@@ -1139,6 +1185,7 @@ int main(void) {
         TPT_TEST(test_default_create_faults),
         TPT_TEST(test_submit_record_growth_faults),
         TPT_TEST(test_staged_record_faults),
+        TPT_TEST(test_staged_user_record_faults),
         TPT_TEST(test_submit_user_growth_faults),
         TPT_TEST(test_elastic_spawn_faults),
         TPT_TEST(test_elastic_respawn_fault),

@@ -1215,9 +1215,11 @@ static void test_staged_user_kept_stats(void **state) {
 
 /* An on_done drained from a completion queue submits its own user's next
  * task and is not refused for the slot of the task it reports (taskpool.h,
- * section 15), though that slot may be kept back (src/life.h, `rel`): with
- * per_user 2 and a chain of tasks each resubmitted from the drain, every
- * link is accepted while another task of the user waits in the queue. */
+ * section 15): a chain of 200 tasks of one user (per_user 2), each
+ * submitted by the drained on_done of the one before. Each link's end gives
+ * back its user's last slot at once, and the next submit takes the idle
+ * entry's slot on the staged path; test_staged_user_drain_kept has the slot
+ * kept. */
 typedef struct chain {
     tp_pool *p;
     tp_cq *q;
@@ -1265,82 +1267,236 @@ static void test_staged_user_chain_from_drain(void **state) {
     assert_int_equal(tp_cq_destroy(q), TP_OK);
 }
 
-/* Threads race tasks of a few users with small limits through both paths
- * (staged, and locked with an id asked) while the workers end them: no user
- * ever holds more than its limit, and at rest every count is 0. */
-#define RACE_USERS 4
-#define RACE_LIMIT 3
-
-typedef struct user_race {
+/* The same promise with the reported task's slot kept back (src/life.h,
+ * `rel`): one worker holds x's task on a latch while c's bound task and c's
+ * second (per_user 2) wait; once the latch opens it ends x's, then c's first
+ * with c's second waiting (kept) and holds on c's second. The drained
+ * on_done of c's first submits c's next task: accepted (the staged path sees
+ * two slots and takes the locked one, which gives the kept slot back); one
+ * more is refused. */
+typedef struct drain_sub {
     tp_pool *p;
-    atomic_int go;
-    atomic_int running[RACE_USERS];
-    atomic_int over; /* a task saw its user above the limit */
-    atomic_long accepted;
+    int rc[2];
+} drain_sub;
+
+static void drain_sub_done(void *arg, int status) {
+    drain_sub *d = (drain_sub *)arg;
+    assert_int_equal(status, 0);
+    tp_task_opts o = {0};
+    o.user = "c";
+    d->rc[0] = tp_submit(d->p, count_fn, NULL, &o, NULL);
+    d->rc[1] = tp_submit(d->p, count_fn, NULL, &o, NULL);
+}
+
+static void test_staged_user_drain_kept(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l1 = tpt_fx_latch(f);
+    tpt_latch *l2 = tpt_fx_latch(f);
+    tp_pool *p = tpt_quiet_pool(f, 1, 8, 2);
+    tp_cq *q = NULL;
+    assert_int_equal(tp_cq_create(&q, 4), TP_OK);
+    atomic_int started = 0;
+    tp_task_opts x = {0};
+    x.user = "x";
+    assert_int_equal(tp_submit(p, tpt_block_task, l1, &x, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&l1->waiting) == 1);
+    atomic_store(&g_runs, 0);
+    drain_sub d = {p, {99, 99}};
+    tp_task_opts c = {0};
+    c.user = "c";
+    c.on_done = drain_sub_done;
+    c.cq = q;
+    assert_int_equal(tp_submit(p, count_fn, &d, &c, NULL), TP_OK);
+    flag_block fb = {&started, l2};
+    tp_task_opts c2 = {0};
+    c2.user = "c";
+    assert_int_equal(tp_submit(p, flag_block_fn, &fb, &c2, NULL), TP_OK);
+    tpt_latch_open(l1);
+    TPT_EVENTUALLY(atomic_load(&started) == 1);
+#if defined(TP__DEBUG)
+    assert_int_equal(kept_slots(p), 1); /* c's first */
+#endif
+    assert_int_equal(tp_cq_drain(q, 0), 1);
+    assert_int_equal(d.rc[0], TP_OK);
+    assert_int_equal(d.rc[1], TP_EUSERLIMIT);
+    assert_int_equal(tp_user_active(p, "c"), 2);
+    tpt_latch_open(l2);
+    static const char *const names[] = {"c", "x"};
+    tp_stats s = finish_users(p, names, 2);
+    tpt_assert_counts(s, TPT_EQ(accepted, 4), TPT_EQ(completed, 4), TPT_EQ(rejected_user, 1));
+    assert_int_equal(atomic_load(&g_runs), 2);
+    assert_int_equal(tp_cq_destroy(q), TP_OK);
+}
+
+/* A tp_submit_wait that waits for a slot of its user (TP_EUSERLIMIT) is
+ * woken and accepted when a slot of that user is kept back (src/life.h,
+ * `rel`), while the user's other task still runs: one worker holds b's
+ * task while a's two tasks (per_user 2) wait and a third waits in
+ * tp_submit_wait; once the latch opens, a's first ends with a's second
+ * waiting (its slot kept), and the waiter takes it. Rounds vary when the
+ * waiter starts waiting. */
+typedef struct wait_sub {
+    tp_pool *p;
+    atomic_int rc;
+    atomic_int done;
+} wait_sub;
+
+static void *wait_sub_main(void *arg) {
+    wait_sub *w = (wait_sub *)arg;
+    tp_task_opts a = {0};
+    a.user = "a";
+    atomic_store(&w->rc, tp_submit_wait(w->p, count_fn, NULL, &a, TPT_WAIT_NS, NULL));
+    atomic_store(&w->done, 1);
+    return NULL;
+}
+
+static void test_staged_user_wait_on_kept(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l1 = tpt_fx_latch(f);
+    tpt_latch *l2 = tpt_fx_latch(f);
+    for (int round = 0; round < 20; round++) {
+        tp_pool *p = tpt_quiet_pool(f, 1, 8, 2);
+        atomic_int started = 0;
+        tp_task_opts b = {0};
+        b.user = "b";
+        tp_task_opts a = {0};
+        a.user = "a";
+        assert_int_equal(tp_submit(p, tpt_block_task, l1, &b, NULL), TP_OK);
+        TPT_EVENTUALLY(atomic_load(&l1->waiting) == 1);
+        atomic_store(&g_runs, 0);
+        assert_int_equal(tp_submit(p, count_fn, NULL, &a, NULL), TP_OK);
+        flag_block fb = {&started, l2};
+        assert_int_equal(tp_submit(p, flag_block_fn, &fb, &a, NULL), TP_OK);
+        wait_sub *w = tpt_fx_new(f, wait_sub);
+        w->p = p;
+        atomic_init(&w->rc, 99);
+        atomic_init(&w->done, 0);
+        pthread_t th; /* joined below: its submit ends by its budget at the latest */
+        assert_int_equal(pthread_create(&th, NULL, wait_sub_main, w), 0);
+        if (round % 3 != 0) tpt_sleep_ns(TPT_MS(round % 3 == 1 ? 1 : 20)); /* waiting, likely, or surely */
+        tpt_latch_open(l1);
+        TPT_EVENTUALLY(atomic_load(&started) == 1);
+        TPT_EVENTUALLY(atomic_load(&w->done) == 1); /* while a's second still runs */
+        assert_int_equal(atomic_load(&w->rc), TP_OK);
+        assert_int_equal(tp_user_active(p, "a"), 2);
+        assert_int_equal(tpt_stats(p).users, 1);
+        tpt_latch_open(l2);
+        assert_int_equal(pthread_join(th, NULL), 0);
+        static const char *const names[] = {"a", "b"};
+        tp_stats s = finish_users(p, names, 2);
+        tpt_assert_counts(s, TPT_EQ(accepted, 4), TPT_EQ(completed, 4));
+        tpt_latch_rearm(l1);
+        tpt_latch_rearm(l2);
+    }
+}
+
+/* Threads race tasks of three users (per_user 3) through every path -- staged
+ * tp_submit, tp_submit with an id (some cancelled), tp_submit_wait, some bound
+ * to a completion queue -- while a checker reads tp_user_active and drains,
+ * and every other round the pool is shut down mid-run: no user is ever seen
+ * above its limit, every answer is one the contract allows, and at rest
+ * every count is 0 and every accepted task completed. */
+#define MIX_USERS 3
+#define MIX_LIMIT 3
+
+typedef struct user_mix {
+    tp_pool *p;
+    tp_cq *q;
+    atomic_int go, stop;
+    atomic_int over; /* tp_user_active above the limit */
+    atomic_long accepted, bad;
     long per_thread;
-} user_race;
+} user_mix;
 
-typedef struct race_task {
-    user_race *r;
-    int user;
-} race_task;
+static const char *const mix_names[MIX_USERS] = {"m0", "m1", "m2"};
 
-static int race_fn(tp_ctx *c, void *arg) {
+static int mix_fn(tp_ctx *c, void *arg) {
     (void)c;
-    race_task *t = (race_task *)arg;
-    int n = atomic_fetch_add(&t->r->running[t->user], 1) + 1;
-    if (n > RACE_LIMIT) atomic_store(&t->r->over, 1);
-    atomic_fetch_sub(&t->r->running[t->user], 1);
+    if ((uintptr_t)arg % 5 == 0) tpt_sleep_ns(20000);
     return 0;
 }
 
-static const char *const race_names[RACE_USERS] = {"r0", "r1", "r2", "r3"};
-static race_task race_tasks[RACE_USERS];
+static void mix_done(void *arg, int status) {
+    (void)arg;
+    (void)status;
+}
 
-static void *race_main(void *arg) {
-    user_race *r = (user_race *)arg;
+static void *mix_main(void *arg) {
+    user_mix *m = (user_mix *)arg;
     uint32_t seed = (uint32_t)(uintptr_t)&seed | 1u;
-    tpt_wait_go(&r->go);
-    for (long i = 0; i < r->per_thread; i++) {
+    tpt_wait_go(&m->go);
+    for (long i = 0; i < m->per_thread; i++) {
         uint32_t x = tpt_xorshift(&seed);
-        int u = (int)(x % RACE_USERS);
+        void *arg_x = (void *)(uintptr_t)x;
         tp_task_opts o = {0};
-        o.user = race_names[u];
+        o.user = mix_names[x % MIX_USERS];
+        if ((x >> 4) % 3 == 0) {
+            o.on_done = mix_done;
+            o.cq = m->q;
+        }
+        int rc;
         uint64_t id = 0;
-        int rc = tp_submit(r->p, race_fn, &race_tasks[u], &o, (x >> 8) % 4 == 0 ? &id : NULL);
+        switch ((x >> 8) % 8) {
+        case 0: rc = tp_submit_wait(m->p, mix_fn, arg_x, &o, TPT_MS(5), NULL); break;
+        case 1:
+            rc = tp_submit(m->p, mix_fn, arg_x, &o, &id);
+            if (rc == TP_OK && (x >> 12) % 4 == 0) (void)tp_cancel(m->p, id);
+            break;
+        default: rc = tp_submit(m->p, mix_fn, arg_x, &o, NULL); break;
+        }
         if (rc == TP_OK)
-            atomic_fetch_add(&r->accepted, 1);
-        else
-            assert_true(rc == TP_EUSERLIMIT || rc == TP_EFULL);
-        if ((x >> 12) % 64 == 0) assert_true(tp_user_active(r->p, race_names[u]) <= RACE_LIMIT);
+            atomic_fetch_add(&m->accepted, 1);
+        else if (rc != TP_EUSERLIMIT && rc != TP_EFULL && rc != TP_ETIMEDOUT && rc != TP_ECLOSED)
+            atomic_fetch_add(&m->bad, 1);
+        if (rc == TP_ECLOSED) break;
     }
     return NULL;
 }
 
-static void test_staged_user_race(void **state) {
-    tpt_fixture *f = tpt_fx(state);
-    tp_pool *p = tpt_quiet_pool(f, 2, 16, RACE_LIMIT);
-    user_race *r = tpt_fx_new(f, user_race);
-    r->p = p;
-    atomic_init(&r->go, 0);
-    for (int u = 0; u < RACE_USERS; u++) {
-        atomic_init(&r->running[u], 0);
-        race_tasks[u].r = r;
-        race_tasks[u].user = u;
+static void *mix_checker(void *arg) {
+    user_mix *m = (user_mix *)arg;
+    tpt_wait_go(&m->go);
+    while (!atomic_load(&m->stop)) {
+        for (int u = 0; u < MIX_USERS; u++)
+            if (tp_user_active(m->p, mix_names[u]) > MIX_LIMIT) atomic_store(&m->over, 1);
+        (void)tp_cq_drain(m->q, 0);
     }
-    atomic_init(&r->over, 0);
-    atomic_init(&r->accepted, 0);
-    r->per_thread = TPT_SANITIZED ? 20000 : 200000;
-    tpt_fx_thr *t[3];
-    for (int i = 0; i < 3; i++) t[i] = tpt_fx_thread(f, race_main, r);
-    atomic_store(&r->go, 1);
-    for (int i = 0; i < 3; i++) tpt_fx_join(t[i]);
-    tp_stats s = finish_users(p, race_names, RACE_USERS);
-    assert_int_equal(atomic_load(&r->over), 0);
-    tpt_assert_counts(s, TPT_EQ(accepted, (uint64_t)atomic_load(&r->accepted)),
-                      TPT_EQ(completed, (uint64_t)atomic_load(&r->accepted)));
+    return NULL;
 }
 
+static void test_staged_user_mix(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    for (int round = 0; round < 6; round++) {
+        tp_pool *p = tpt_quiet_pool(f, 3, 12, MIX_LIMIT);
+        user_mix *m = tpt_fx_new(f, user_mix);
+        m->p = p;
+        assert_int_equal(tp_cq_create(&m->q, 64), TP_OK);
+        atomic_init(&m->go, 0);
+        atomic_init(&m->stop, 0);
+        atomic_init(&m->over, 0);
+        atomic_init(&m->accepted, 0);
+        atomic_init(&m->bad, 0);
+        m->per_thread = TPT_SANITIZED ? 5000 : 50000;
+        pthread_t t[3], checker; /* joined below: each ends after a bounded number of calls */
+        for (int i = 0; i < 3; i++) assert_int_equal(pthread_create(&t[i], NULL, mix_main, m), 0);
+        assert_int_equal(pthread_create(&checker, NULL, mix_checker, m), 0);
+        atomic_store(&m->go, 1);
+        if (round % 2) {
+            tpt_sleep_ns(TPT_MS(20));
+            assert_int_equal(tp_shutdown(p, TPT_WAIT_NS), TP_OK); /* the submitters meet TP_ECLOSED */
+        }
+        for (int i = 0; i < 3; i++) assert_int_equal(pthread_join(t[i], NULL), 0);
+        atomic_store(&m->stop, 1);
+        assert_int_equal(pthread_join(checker, NULL), 0);
+        tp_stats s = finish_users(p, mix_names, MIX_USERS);
+        assert_int_equal(atomic_load(&m->over), 0);
+        assert_int_equal(atomic_load(&m->bad), 0);
+        tpt_assert_counts(s, TPT_EQ(accepted, (uint64_t)atomic_load(&m->accepted)));
+        while (tp_cq_drain(m->q, 0) > 0) {
+        }
+        assert_int_equal(tp_cq_destroy(m->q), TP_OK);
+    }
+}
 
 /* A pool that may start workers on demand (max_workers above workers) and
  * a fair pool do not stage: the same plain submits, the same answers. */
@@ -1389,7 +1545,9 @@ int main(void) {
         TPT_TEST(test_staged_user_kept_slots),
         TPT_TEST(test_staged_user_kept_stats),
         TPT_TEST(test_staged_user_chain_from_drain),
-        TPT_TEST(test_staged_user_race),
+        TPT_TEST(test_staged_user_drain_kept),
+        TPT_TEST(test_staged_user_wait_on_kept),
+        TPT_TEST(test_staged_user_mix),
         TPT_TEST(test_not_staged_pools),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
