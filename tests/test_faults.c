@@ -476,6 +476,19 @@ static int submit_cancel_until_refused(tp_pool *p, int *rc) {
     return n;
 }
 
+/* The preallocated records run out (submit_cancel_until_refused) with every
+ * allocation failing from then on (armed: the caller disarms); returns the
+ * records used, as submit_cancel_until_refused. */
+static int records_run_out(tp_pool *p) {
+    int rc;
+    atomic_store(&fail_at[F_ALLOC], 1);
+    atomic_store(&fail_after[F_ALLOC], 1);
+    atomic_store(&armed, 1);
+    int n = submit_cancel_until_refused(p, &rc);
+    assert_int_equal(rc, TP_ENOMEM);
+    return n;
+}
+
 static void test_submit_record_growth_faults(void **state) {
     tpt_fixture *f = tpt_fx(state);
     memset(recs, 0, sizeof recs);
@@ -586,11 +599,7 @@ static void test_staged_record_faults(void **state) {
     o.on_done = tpt_done_fn;
     uint64_t id = 0;
     int rc;
-    atomic_store(&fail_at[F_ALLOC], 1);
-    atomic_store(&fail_after[F_ALLOC], 1);
-    atomic_store(&armed, 1);
-    int n = submit_cancel_until_refused(p, &rc);
-    assert_int_equal(rc, TP_ENOMEM);
+    int n = records_run_out(p);
     tp_stats s0 = tpt_stats(p);
 
     /* Accepted without the lock (nothing allocated yet). */
@@ -649,12 +658,7 @@ static void test_staged_user_record_faults(void **state) {
     assert_int_equal(tp_submit(p, tpt_nop_task, &recs[NREC - 1], &xo, &xid), TP_OK);
     assert_int_equal(tp_cancel(p, xid), TP_OK);
     assert_int_equal(tp_user_active(p, "x"), 0);
-    int rc;
-    atomic_store(&fail_at[F_ALLOC], 1);
-    atomic_store(&fail_after[F_ALLOC], 1);
-    atomic_store(&armed, 1);
-    int n = submit_cancel_until_refused(p, &rc);
-    assert_int_equal(rc, TP_ENOMEM);
+    int n = records_run_out(p);
     tp_task_opts uo = {0};
     uo.user = "x";
     assert_int_equal(tp_submit(p, staged_task, NULL, &uo, NULL), TP_OK); /* staged: no record needed yet */
@@ -663,7 +667,7 @@ static void test_staged_user_record_faults(void **state) {
     tp_task_opts o = {0};
     o.on_done = tpt_done_fn;
     uint64_t id = 0;
-    rc = tp_submit(p, tpt_nop_task, &recs[n + 2], &o, &id);
+    int rc = tp_submit(p, tpt_nop_task, &recs[n + 2], &o, &id);
     atomic_store(&armed, 0);
     assert_int_equal(rc, TP_ENOMEM);
     assert_int_equal(tpt_stats(p).users, 0);

@@ -1117,6 +1117,26 @@ static unsigned kept_slots(tp_pool *p) {
     return n;
 }
 
+/* A pool of one worker and 8 places, `per_user` slots a user, whose worker
+ * runs a task of `holder` held on `l` (returned once it runs); g_runs 0. */
+static tp_pool *held_user_pool(tpt_fixture *f, tpt_latch *l, unsigned per_user, const char *holder) {
+    tp_pool *p = tpt_quiet_pool(f, 1, 8, per_user);
+    tp_task_opts o = {0};
+    o.user = holder;
+    assert_int_equal(tp_submit(p, tpt_block_task, l, &o, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&l->waiting) == 1);
+    atomic_store(&g_runs, 0);
+    return p;
+}
+
+/* Then a task of `user` that raises `fb->flag` when it starts and waits on
+ * `fb->l`. */
+static void submit_flag_block(tp_pool *p, flag_block *fb, const char *user) {
+    tp_task_opts o = {0};
+    o.user = user;
+    assert_int_equal(tp_submit(p, flag_block_fn, fb, &o, NULL), TP_OK);
+}
+
 /* A worker that ends a task while others wait keeps its user's slot back
  * (not the user's last) and gives it back later under one hold of put
  * (src/life.h, `rel`); no one can tell. One worker holds b's task on a
@@ -1130,18 +1150,13 @@ static void test_staged_user_kept_slots(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tpt_latch *l1 = tpt_fx_latch(f);
     tpt_latch *l2 = tpt_fx_latch(f);
-    tp_pool *p = tpt_quiet_pool(f, 1, 8, 2);
+    tp_pool *p = held_user_pool(f, l1, 2, "b");
     atomic_int started = 0;
-    tp_task_opts b = {0};
-    b.user = "b";
     tp_task_opts a = {0};
     a.user = "a";
-    assert_int_equal(tp_submit(p, tpt_block_task, l1, &b, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&l1->waiting) == 1);
-    atomic_store(&g_runs, 0);
     assert_int_equal(tp_submit(p, count_fn, NULL, &a, NULL), TP_OK);
     flag_block fb = {&started, l2};
-    assert_int_equal(tp_submit(p, flag_block_fn, &fb, &a, NULL), TP_OK);
+    submit_flag_block(p, &fb, "a");
     tpt_latch_open(l1);
     TPT_EVENTUALLY(atomic_load(&started) == 1);
     assert_int_equal(atomic_load(&g_runs), 1);
@@ -1175,19 +1190,16 @@ static void test_staged_user_kept_stats(void **state) {
     tpt_latch *l1 = tpt_fx_latch(f);
     tpt_latch *l2 = tpt_fx_latch(f);
     for (int k = 0; k < 2; k++) {
-        tp_pool *p = tpt_quiet_pool(f, 1, 8, 4);
+        tp_pool *p = held_user_pool(f, l1, 4, "b");
         atomic_int started = 0;
         tp_task_opts b = {0};
         b.user = "b";
         tp_task_opts a = {0};
         a.user = "a";
-        assert_int_equal(tp_submit(p, tpt_block_task, l1, &b, NULL), TP_OK);
-        TPT_EVENTUALLY(atomic_load(&l1->waiting) == 1);
-        atomic_store(&g_runs, 0);
         assert_int_equal(tp_submit(p, count_fn, NULL, &a, NULL), TP_OK);
         assert_int_equal(tp_submit(p, count_fn, NULL, &b, NULL), TP_OK);
         flag_block fb = {&started, l2};
-        assert_int_equal(tp_submit(p, flag_block_fn, &fb, &b, NULL), TP_OK);
+        submit_flag_block(p, &fb, "b");
         tpt_latch_open(l1);
         TPT_EVENTUALLY(atomic_load(&started) == 1);
 #if defined(TP__DEBUG)
@@ -1292,15 +1304,10 @@ static void test_staged_user_drain_kept(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tpt_latch *l1 = tpt_fx_latch(f);
     tpt_latch *l2 = tpt_fx_latch(f);
-    tp_pool *p = tpt_quiet_pool(f, 1, 8, 2);
+    tp_pool *p = held_user_pool(f, l1, 2, "x");
     tp_cq *q = NULL;
     assert_int_equal(tp_cq_create(&q, 4), TP_OK);
     atomic_int started = 0;
-    tp_task_opts x = {0};
-    x.user = "x";
-    assert_int_equal(tp_submit(p, tpt_block_task, l1, &x, NULL), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&l1->waiting) == 1);
-    atomic_store(&g_runs, 0);
     drain_sub d = {p, {99, 99}};
     tp_task_opts c = {0};
     c.user = "c";
@@ -1308,9 +1315,7 @@ static void test_staged_user_drain_kept(void **state) {
     c.cq = q;
     assert_int_equal(tp_submit(p, count_fn, &d, &c, NULL), TP_OK);
     flag_block fb = {&started, l2};
-    tp_task_opts c2 = {0};
-    c2.user = "c";
-    assert_int_equal(tp_submit(p, flag_block_fn, &fb, &c2, NULL), TP_OK);
+    submit_flag_block(p, &fb, "c");
     tpt_latch_open(l1);
     TPT_EVENTUALLY(atomic_load(&started) == 1);
 #if defined(TP__DEBUG)
@@ -1355,18 +1360,13 @@ static void test_staged_user_wait_on_kept(void **state) {
     tpt_latch *l1 = tpt_fx_latch(f);
     tpt_latch *l2 = tpt_fx_latch(f);
     for (int round = 0; round < 20; round++) {
-        tp_pool *p = tpt_quiet_pool(f, 1, 8, 2);
+        tp_pool *p = held_user_pool(f, l1, 2, "b");
         atomic_int started = 0;
-        tp_task_opts b = {0};
-        b.user = "b";
         tp_task_opts a = {0};
         a.user = "a";
-        assert_int_equal(tp_submit(p, tpt_block_task, l1, &b, NULL), TP_OK);
-        TPT_EVENTUALLY(atomic_load(&l1->waiting) == 1);
-        atomic_store(&g_runs, 0);
         assert_int_equal(tp_submit(p, count_fn, NULL, &a, NULL), TP_OK);
         flag_block fb = {&started, l2};
-        assert_int_equal(tp_submit(p, flag_block_fn, &fb, &a, NULL), TP_OK);
+        submit_flag_block(p, &fb, "a");
         wait_sub *w = tpt_fx_new(f, wait_sub);
         w->p = p;
         atomic_init(&w->rc, 99);
