@@ -1476,7 +1476,8 @@ static void test_staged_user_mix(void **state) {
         atomic_init(&m->over, 0);
         atomic_init(&m->accepted, 0);
         atomic_init(&m->bad, 0);
-        m->per_thread = TPT_SANITIZED ? 5000 : 50000;
+        m->per_thread =
+            TPT_SANITIZED || tpt_slowdown() > 1 ? 2000 : 50000; /* valgrind: one thread at a time */
         pthread_t t[3], checker; /* joined below: each ends after a bounded number of calls */
         for (int i = 0; i < 3; i++) assert_int_equal(pthread_create(&t[i], NULL, mix_main, m), 0);
         assert_int_equal(pthread_create(&checker, NULL, mix_checker, m), 0);
