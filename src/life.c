@@ -599,7 +599,8 @@ int tp__life_args(const tp__life *L, tp_fn fn, const tp_task_opts *opts, tp__adm
 
 /* Admission proper. `staged`: the task's place, and its completion queue's
  * if it has one, were taken and it was counted as accepted when it was
- * staged (stage.h); it has no user and no group, and only a failed
+ * staged (stage.h); it has no group, no user name in `a` (the slot of its
+ * user `staged_user`, if any, was taken then too), and only a failed
  * allocation refuses it. */
 static int admit(tp__life *L, const tp__admit_args *a, void *arg, uint64_t *id_out, tp__fx *fx, bool staged,
                  tp__user *staged_user) {
