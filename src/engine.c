@@ -85,8 +85,11 @@
  * `room_taken` too and its starts the places given back (a line they
  * write anyway); a pool that never stages keeps no count
  * (life.h, `room_taken`).
- * A task with a user adds its entry's first line (users.h: the slot count
- * and, in a fair pool, the flow's priority-0 part; S and W write it) and,
+ * A task with a user adds its entry's first line (users.h: `taken` and, in
+ * a fair pool, the flow's priority-0 part; S writes it, and W too in a pool
+ * that does not stage, where a slot given back lowers `taken`), in a pool
+ * that stages its ending line (`released`: W's alone; S reads it only near
+ * the user's limit, W the first line only at the user's last slot) and,
  * read by S only, the name's line and the bucket's slot. With few users
  * they stay cached; with thousands (tp_bench fair) they come from memory or
  * another core at every submit, so S fetches them before it takes the lock
@@ -95,8 +98,8 @@
  * well below its limit), S takes the slot under put (the lines above, on
  * S's side, and the ring's as a staged task's) and the slot rides in the
  * ring slot; W gives it back with up to 31 others under one hold of put
- * (the entry's line moves to W then, as before, but off the task's path,
- * and the put line once per 32 tasks; the kept slots' line is W's), unless
+ * (the entry's ending line, and the put line once per 32 tasks; the kept
+ * slots' line is W's), unless
  * it is the user's last slot or no task waits: then at once, taking put.
  * History: right after the core was reshaped for 1.2, S and W both wrote
  * nine lines per task: the lock, life's first line, the admission word and
@@ -1354,6 +1357,7 @@ int tp__engine_start(tp_pool *p) {
          * and no log id inherited (a submit that has one is not staged) */
         (void)tp__life_args(&p->life, stage_template_fn, NULL, &p->stage_args);
         p->life.users_put = &p->stage.put; /* user slots taken under put too (life.h) */
+        p->life.users.split = true;        /* and given back under mu and put (users.h) */
         p->stage_args.log_src = NULL;
         p->stage_args.log_len = 0;
     }

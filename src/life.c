@@ -294,7 +294,9 @@ static void retire(tp__life *L, tp__task *t, tp__fx *fx) {
 
 /* One slot given back now; the table guarded (mu, and put where it stages). */
 static void user_release_now(tp__life *L, tp__user *u) {
-    bool was_at_limit = tp__user_count(u) == L->cfg.max_per_user;
+    bool was_at_limit = u->at_limit;
+    TP__ASSERT(was_at_limit == (tp__user_count(u) == L->cfg.max_per_user));
+    u->at_limit = false;
     unsigned live = L->users.live;
     tp__users_release(&L->users, u); /* the entry may go idle (users.h): not read again */
     if (was_at_limit) {
@@ -341,7 +343,7 @@ static void user_release(tp__life *L, tp__user *u) {
     if (L->rel_n < TP__REL_MAX && tp__sched_waiting(&L->sched) > 0) {
         unsigned kept = 1; /* this one */
         for (unsigned i = 0; i < L->rel_n; i++) kept += L->rel[i] == u;
-        if (tp__user_count(u) > kept) {
+        if (tp__user_holds_more(u, kept)) {
             L->rel[L->rel_n++] = u;
             return;
         }
@@ -357,7 +359,7 @@ static void user_release(tp__life *L, tp__user *u) {
 static tp__user *user_below(tp__life *L, const tp__admit_args *a) {
     TP__ASSERT_HELD(L->users_put);
     tp__user *u = tp__users_find(&L->users, a->user, a->user_len, a->user_hash);
-    return u && tp__user_count(u) + 1 < L->cfg.max_per_user ? u : NULL;
+    return u && tp__user_below(u, L->cfg.max_per_user, 1) ? u : NULL;
 }
 
 tp__user *tp__life_user_below(tp__life *L, const tp__admit_args *a) { return user_below(L, a); }
@@ -365,8 +367,9 @@ tp__user *tp__life_user_below(tp__life *L, const tp__admit_args *a) { return use
 void tp__life_user_take_staged(tp__life *L, tp__user *u, const tp__admit_args *a) {
     TP__ASSERT_HELD(L->users_put);
     TP__ASSERT(tp__user_count(u) + 1 < L->cfg.max_per_user);
+    unsigned live = L->users.live;
     u = tp__users_take(&L->users, u, a->user, a->user_len, a->user_hash);
-    if (tp__user_count(u) == 1) TP__SET(L->gauges->users, L->users.live); /* one more user */
+    if (L->users.live != live) TP__SET(L->gauges->users, L->users.live); /* one more user */
 }
 
 /* The task has its final status: counted once. A task bound to a completion
@@ -616,7 +619,7 @@ static int admit(tp__life *L, const tp__admit_args *a, void *arg, uint64_t *id_o
             users_flush_put(L);
         }
         found = tp__users_find(&L->users, a->user, a->user_len, a->user_hash);
-        bool at_limit = found && tp__user_count(found) >= L->cfg.max_per_user; /* never for TP_UNLIMITED */
+        bool at_limit = found && !tp__user_below(found, L->cfg.max_per_user, 0); /* never for TP_UNLIMITED */
         if (L->users_put) tp__mutex_unlock(L->users_put);
         if (at_limit) return TP_EUSERLIMIT;
     }
@@ -647,11 +650,14 @@ static int admit(tp__life *L, const tp__admit_args *a, void *arg, uint64_t *id_o
     tp__user *u = staged_user;
     if (rc == TP_OK && a->user) {
         if (L->users_put) tp__mutex_lock(L->users_put);
+        unsigned live = L->users.live;
         u = tp__users_take(&L->users, found, a->user, a->user_len, a->user_hash);
         if (u) {
-            unsigned n = tp__user_count(u);
-            if (n == 1) TP__SET(L->gauges->users, L->users.live); /* one more user */
-            if (n == L->cfg.max_per_user) L->users_at_limit++;    /* published with the queue below */
+            if (L->users.live != live) TP__SET(L->gauges->users, L->users.live); /* one more user */
+            if (!tp__user_below(u, L->cfg.max_per_user, 0)) {                    /* at its limit now */
+                u->at_limit = true;
+                L->users_at_limit++; /* published with the queue below */
+            }
         }
         if (L->users_put) tp__mutex_unlock(L->users_put);
         if (!u) {

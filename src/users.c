@@ -161,7 +161,7 @@ static tp__user *idle_evict(tp__users *us) {
         if (!us->idle_head) us->idle_tail = NULL;
         u->inext = NULL;
         u->idle_q = false;
-        if (tp__user_count(u) == 0) {
+        if (u->zero) {
             table_unlink(us, u);
             return u;
         }
@@ -172,9 +172,12 @@ static tp__user *idle_evict(tp__users *us) {
 tp__user *tp__users_take(tp__users *us, tp__user *found, const char *name, size_t len, uint32_t h) {
     tp__user *u = found;
     if (u) {
-        unsigned n = tp__user_count(u);
-        tp__user_count_set(u, n + 1);
-        if (n == 0) us->live++; /* an idle entry is live again, as it was left */
+        atomic_store_explicit(&u->taken, atomic_load_explicit(&u->taken, memory_order_relaxed) + 1,
+                              memory_order_relaxed);
+        if (u->zero) { /* an idle entry is live again, as it was left */
+            u->zero = false;
+            us->live++;
+        }
         return u;
     }
     if (us->free) {
@@ -188,7 +191,9 @@ tp__user *tp__users_take(tp__users *us, tp__user *found, const char *name, size_
     memcpy(u->name, name, len);
     u->name[len] = '\0';
     u->hash = h;
-    tp__user_count_set(u, 1);
+    atomic_store_explicit(&u->taken, 1, memory_order_relaxed);
+    u->rel_seen = u->released = u->taken_seen = 0;
+    u->zero = u->at_limit = false;
     u->inext = NULL;
     u->idle_q = false;
     if (us->flows) tp__flow_init(&u->flow, tp__users_weight(us, name, len, h));
@@ -200,10 +205,23 @@ tp__user *tp__users_take(tp__users *us, tp__user *found, const char *name, size_
 }
 
 void tp__users_release(tp__users *us, tp__user *u) {
-    unsigned n = tp__user_count(u);
-    TP__ASSERT(n > 0);
-    tp__user_count_set(u, n - 1);
-    if (n > 1) return;
+    TP__ASSERT(!u->zero && tp__user_count(u) > 0);
+    if (!us->split) {
+        /* one lock for both sides: taken goes down (users.h) */
+        unsigned taken = atomic_load_explicit(&u->taken, memory_order_relaxed) - 1;
+        atomic_store_explicit(&u->taken, taken, memory_order_relaxed);
+        if (taken != u->released) return;
+    } else {
+        /* released <= taken_seen <= taken (users.h): not the last slot
+         * while released stays below taken_seen after the give-back; taken
+         * is read only when released has caught up with its older view. */
+        if (u->released == u->taken_seen)
+            u->taken_seen = atomic_load_explicit(&u->taken, memory_order_relaxed);
+        if (++u->released != u->taken_seen) return;
+        u->taken_seen = atomic_load_explicit(&u->taken, memory_order_relaxed);
+        if (u->released != u->taken_seen) return;
+    }
+    u->zero = true;
     TP__ASSERT(us->live > 0);
     us->live--;
     if (us->flows)

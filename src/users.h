@@ -3,8 +3,9 @@
  * (users.c).
  *
  * A slot is taken at admission and given back when the task is finalised.
- * An entry is live while its user has accepted, unfinished tasks (`count` >
- * 0). A user whose last task ended keeps its entry, idle (`count` 0), until
+ * An entry is live while its user has accepted, unfinished tasks (its count,
+ * tp__user_count, > 0). A user whose last task ended keeps its entry, idle
+ * (count 0), until
  * a new user needs one and no entry was ever left unused: then the oldest
  * idle entry is taken over (users.c). So a user who comes back soon finds
  * its entry as it left it, and the table never holds more entries than the
@@ -21,7 +22,8 @@
  * which a submitter makes before it takes the lock (see there and users.c),
  * and in a pool that stages the ring's put lock guards the table too: a
  * staged submit takes a slot of an existing entry holding put alone (life.h,
- * users_put; the count is atomic for that).
+ * users_put; `taken` is atomic for that), and every call that gives a slot
+ * back holds both.
  */
 #ifndef TP_USERS_H
 #define TP_USERS_H
@@ -30,32 +32,71 @@
 #include "scheduler.h"
 
 typedef struct tp__user {
-    /* own cache lines: `count` changes with every submit and end of the
-     * user's tasks, on both sides of the queue, and so does the flow's
-     * priority-0 part (scheduler.h) in a fair pool: both on the first line */
+    /* own cache lines. The slots held are `taken - released`, two
+     * free-running counters on lines of their own. Where slots are taken
+     * under one lock and given back under another (`split`: a pool that
+     * stages, whose submitters take them under put and workers give them
+     * back under mu and put, life.h), the submitting side writes `taken`
+     * (first line), the ending side `released` (last line), and each side
+     * compares against its own, older view of the other's counter
+     * (`rel_seen`, `taken_seen`), which bounds the count from above, and
+     * reads the other's line only when that bound is too close to decide
+     * (at a user's limit; at its last slot). So a user whose tasks are
+     * submitted on one thread and ended on another does not move a line
+     * between them per task (users.c has the rules). Elsewhere both sides
+     * hold mu and write the first line anyway (in a fair pool the flow's
+     * priority-0 part is there too, scheduler.h): a slot given back takes
+     * one from `taken`, and `released` stays as it was. */
     _Alignas(64) struct tp__user *next; /* hash chain, or free list */
     uint32_t hash;
-    /* Slots held: accepted, unfinished tasks. Atomic for one reader: in a
-     * pool that stages, a worker looks at it under mu alone while a staged
-     * submit may add to it under put (life.c, user_release); its writers
-     * hold the table's lock(s), so relaxed loads and stores do. */
-    _Atomic unsigned count;
+    /* Slots ever taken. Atomic for one reader: in a pool that stages, a
+     * worker reads it under mu alone while a staged submit adds to it under
+     * put (life.c, user_release); its writers hold the table's lock(s), so
+     * relaxed loads and stores do. */
+    _Atomic unsigned taken;
     tp__flow flow; /* fair pools: its place in the rounds */
+    /* the submitting side's, read with the name at every lookup */
+    unsigned rel_seen; /* `released` as last read: <= it */
+    bool zero;         /* holds no slot (idle, or new): exact under the table's lock(s) */
     char name[TP_USER_MAX + 1];
+    /* the ending side's line: written when a slot comes back */
+    _Alignas(64) unsigned released; /* slots ever given back; its writers hold every lock of the table */
+    unsigned taken_seen;            /* split: `taken` as last read; released <= taken_seen <= taken */
+    bool at_limit; /* holds max_per_user slots (life.c sets it; users_at_limit counts them) */
     /* the idle queue (users.c): touched only when the count reaches 0 and
      * when a new user needs an entry */
-    struct tp__user *inext;
     bool idle_q; /* on the idle queue (its count may have risen since) */
+    struct tp__user *inext;
 } tp__user;
 _Static_assert(offsetof(tp__user, flow) + sizeof(struct tp__flow_lane) <= 64,
-               "a user's count and its priority-0 flow share one cache line");
+               "a user's taken count and its priority-0 flow share one cache line");
 
-/* An entry's slot count (relaxed; see `count`). */
+/* An entry's slot count, exact with the table's lock(s) held (users.h's
+ * top). */
 static inline unsigned tp__user_count(const tp__user *u) {
-    return atomic_load_explicit(&u->count, memory_order_relaxed);
+    return atomic_load_explicit(&u->taken, memory_order_relaxed) - u->released;
 }
-static inline void tp__user_count_set(tp__user *u, unsigned n) {
-    atomic_store_explicit(&u->count, n, memory_order_relaxed);
+
+/* With the table's lock(s) held (put alone will do in a pool that stages:
+ * `released` changes only with put held too): whether `u` holds fewer than
+ * `max - more` slots, i.e. `more` more would leave it below `max`. Decided
+ * from rel_seen when that is far enough (the count is at most taken -
+ * rel_seen); else rel_seen is read afresh. */
+static inline bool tp__user_below(tp__user *u, unsigned max, unsigned more) {
+    unsigned taken = atomic_load_explicit(&u->taken, memory_order_relaxed);
+    if ((uint64_t)(taken - u->rel_seen) + more < max) return true;
+    u->rel_seen = u->released;
+    return (uint64_t)(taken - u->rel_seen) + more < max;
+}
+
+/* With mu held, in a pool that stages (every writer of `released` and
+ * `taken_seen` holds mu; `taken` may rise meanwhile, never fall): whether
+ * `u` holds more than `n` slots. The answer is of a moment under mu, and
+ * stays true while mu is held. */
+static inline bool tp__user_holds_more(tp__user *u, unsigned n) {
+    if (u->taken_seen - u->released > n) return true;
+    u->taken_seen = atomic_load_explicit(&u->taken, memory_order_relaxed);
+    return u->taken_seen - u->released > n;
 }
 
 typedef struct tp__weight {
@@ -86,6 +127,7 @@ typedef struct tp__users {
     tp__user *idle_head, *idle_tail;   /* the idle queue, oldest first */
     tp__chunk *chunks;
     bool flows;           /* a fair pool: entries carry a flow (set by the owner after init) */
+    bool split;           /* slots come back in `released` (set by the owner after init; see tp__user) */
     tp__weight **weights; /* NULL until the first tp_user_weight_set */
     uint32_t weights_mask;
     unsigned weights_n;

@@ -274,6 +274,94 @@ static void test_users_prefetch_while_growing(void **state) {
     pthread_mutex_destroy(&mu);
 }
 
+/* The count is taken - released (users.h), both free-running: exact after
+ * every take and give-back, across the counters' wrap-around, whether slots
+ * come back in `released` (split: a pool that stages) or take one from
+ * `taken`; the entry goes idle at its last slot and only then. */
+static void counts_across_wrap(bool split) {
+    tp__users us;
+    assert_int_equal(tp__users_init(&us, 4), 0);
+    us.split = split;
+    tp__user *u = acq(&us, "wrap");
+    assert_non_null(u);
+    /* as after 2^32 - 3 slots taken and given back: one held */
+    atomic_store(&u->taken, UINT_MAX - 2u);
+    u->released = u->taken_seen = u->rel_seen = UINT_MAX - 3u;
+    assert_int_equal(tp__user_count(u), 1);
+    unsigned held = 1;
+    /* up and down in steps, so that each side's view goes stale, to 0 and back */
+    static const int steps[] = {+3, -4, +5, -2, +1, -4, +4, -4}; /* idle twice on the way */
+    for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
+        int n = steps[i];
+        for (; n > 0; n--) {
+            assert_ptr_equal(acq(&us, "wrap"), u);
+            held++;
+            assert_int_equal(tp__user_count(u), held);
+            assert_false(u->zero);
+        }
+        for (; n < 0; n++) {
+            tp__users_release(&us, u);
+            held--;
+            assert_int_equal(tp__user_count(u), held);
+            assert_int_equal(u->zero, held == 0);
+            assert_int_equal(us.live, held ? 1u : 0u);
+            if (split) assert_true(u->taken_seen - u->released <= held); /* released <= taken_seen <= taken */
+        }
+        /* a bound from above, whatever the views */
+        assert_true(atomic_load(&u->taken) - u->rel_seen >= held);
+    }
+    assert_int_equal(held, 0);
+    assert_true(u->zero);
+    assert_int_equal(us.live, 0);
+    /* idle with wrapped counters: found again and live again */
+    assert_ptr_equal(acq(&us, "wrap"), u);
+    assert_int_equal(tp__user_count(u), 1);
+    assert_int_equal(us.live, 1);
+    tp__users_release(&us, u);
+    assert_int_equal(us.live, 0);
+    tp__users_fini(&us);
+}
+
+static void test_users_counts_across_wrap(void **state) {
+    (void)state;
+    counts_across_wrap(true);
+    counts_across_wrap(false);
+}
+
+/* The two views' questions: tp__user_below answers for the count as it is
+ * when its view is stale (it reads `released` afresh only when the stale
+ * bound says no), and so does tp__user_holds_more with `taken`. */
+static void test_users_stale_views_answer_exactly(void **state) {
+    (void)state;
+    tp__users us;
+    assert_int_equal(tp__users_init(&us, 4), 0);
+    us.split = true;
+    tp__user *u = acq(&us, "v");
+    for (int i = 0; i < 3; i++) assert_ptr_equal(acq(&us, "v"), u); /* holds 4 */
+    assert_false(tp__user_below(u, 4, 0));                          /* at a limit of 4 */
+    assert_true(tp__user_below(u, 5, 0));
+    assert_false(tp__user_below(u, 5, 1)); /* one more would reach 5 */
+    assert_true(tp__user_holds_more(u, 3));
+    assert_false(tp__user_holds_more(u, 4));
+    /* two come back: rel_seen is stale, and below() reads afresh */
+    tp__users_release(&us, u);
+    tp__users_release(&us, u);
+    assert_int_equal(tp__user_count(u), 2);
+    assert_true(atomic_load(&u->taken) - u->rel_seen == 4); /* stale */
+    assert_true(tp__user_below(u, 4, 1));                   /* 2 + 1 < 4 */
+    assert_int_equal(u->rel_seen, u->released);             /* read afresh */
+    assert_false(tp__user_below(u, 3, 1));
+    /* one more taken: taken_seen is stale, and holds_more() reads afresh */
+    u->taken_seen = u->released; /* as stale as it may be */
+    assert_ptr_equal(acq(&us, "v"), u);
+    assert_true(tp__user_holds_more(u, 2)); /* holds 3 */
+    assert_false(tp__user_holds_more(u, 3));
+    for (int i = 0; i < 3; i++) tp__users_release(&us, u);
+    assert_true(u->zero);
+    assert_int_equal(us.live, 0);
+    tp__users_fini(&us);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         TPT_TEST(test_users_count_and_release),
@@ -283,6 +371,8 @@ int main(void) {
         TPT_TEST(test_users_max_length_name),
         TPT_TEST(test_users_scan),
         TPT_TEST(test_users_prefetch_while_growing),
+        TPT_TEST(test_users_counts_across_wrap),
+        TPT_TEST(test_users_stale_views_answer_exactly),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
