@@ -96,22 +96,25 @@ typedef struct tp__completion {
 
 #define TP__CQ_LOOK 1u /* bit 0 of `word`: the next push takes the slow way */
 
-/* Three cache lines, by who writes them per task: the places (the
- * submitter takes one per task; the drainer gives each back), the
- * ticket word (the pushing worker, per task), the lock and the head (the
- * drainer, per chunk). */
+/* Cache lines by who writes them per task: none (what a push reads: the
+ * ring and its size), the places (the submitter takes one per task; the
+ * drainer gives each back), the ticket word (the pushing worker, per
+ * task), the lock and the head (the drainer, per chunk). The places once
+ * shared the first line: every take then sent the pushing workers' copy of
+ * the ring's address away (tp__cq_reserve was 9 % of the compare driver's
+ * samples; 1.5 % apart). */
 struct tp_cq {
-    _Alignas(64) _Atomic unsigned places; /* taken: unfinished bound tasks + completions waiting or running */
-    _Atomic unsigned place_waiters;       /* submitters waiting for a place */
-    unsigned capacity;
+    _Alignas(64) unsigned capacity;
     tp__slot *ring; /* capacity slots, aligned within ring_raw (base.h, large arrays) */
     void *ring_raw;
-    int fds[2];                         /* eventfd: fds[0] == fds[1]; pipe: read end, write end */
-    _Alignas(64) _Atomic uint64_t word; /* next ticket << 1 | TP__CQ_LOOK */
-    _Alignas(64) tp__mutex mu;          /* drainers, slow pushes, the condition variable */
-    uint64_t head;                      /* under mu: the next ticket to drain */
-    unsigned waiters;                   /* under mu: tp_cq_wait callers */
-    bool woken;                         /* under mu: the descriptor holds a wake-up */
+    int fds[2];                           /* eventfd: fds[0] == fds[1]; pipe: read end, write end */
+    _Alignas(64) _Atomic unsigned places; /* taken: unfinished bound tasks + completions waiting or running */
+    _Atomic unsigned place_waiters;       /* submitters waiting for a place */
+    _Alignas(64) _Atomic uint64_t word;   /* next ticket << 1 | TP__CQ_LOOK */
+    _Alignas(64) tp__mutex mu;            /* drainers, slow pushes, the condition variable */
+    uint64_t head;                        /* under mu: the next ticket to drain */
+    unsigned waiters;                     /* under mu: tp_cq_wait callers */
+    bool woken;                           /* under mu: the descriptor holds a wake-up */
     pthread_cond_t cv; /* a completion waits (tp_cq_wait); a place may be free (submitters) */
     void *mem;         /* what calloc returned: the queue is aligned to a cache line within it */
 };
