@@ -249,22 +249,6 @@ static inline bool tp__life_room_full(tp__life *L) {
     if (L->room_capacity + g - t > 0) return false;
     return L->room_capacity + tp__life_room_given(L) - t <= 0;
 }
-/* Without the lock, once the count is kept: take one free place (true), or
- * none is free (false: so it was when given was read). A place is taken
- * only while capacity + room_seen - room_taken, which never exceeds the
- * free places, leaves one. */
-static inline bool tp__life_room_take(tp__life *L) {
-    int64_t t = atomic_load_explicit(&L->room_taken, memory_order_acquire); /* before given's */
-    int64_t g = atomic_load_explicit(&L->room_seen, memory_order_relaxed);
-    do {
-        if (L->room_capacity + g - t <= 0) {
-            g = tp__life_room_given(L); /* read after t */
-            if (L->room_capacity + g - t <= 0) return false;
-        }
-    } while (!atomic_compare_exchange_weak_explicit(&L->room_taken, &t, t + 1, memory_order_acq_rel,
-                                                    memory_order_acquire));
-    return true;
-}
 /* Without the lock, once the count is kept: the free places at one look
  * (never more than there were when given was read; 0 when none). */
 static inline unsigned tp__life_room_free(tp__life *L) {
@@ -272,8 +256,10 @@ static inline unsigned tp__life_room_free(tp__life *L) {
     int64_t n = L->room_capacity + tp__life_room_given(L) - t;
     return n > 0 ? (unsigned)n : 0;
 }
-/* tp__life_room_take for up to `n` places at once (a batch): how many were
- * taken, 0 if none is free (so it was when given was read). */
+/* Without the lock, once the count is kept: take up to `n` free places at
+ * once (a batch), and say how many were taken: 0 if none is free (so it was
+ * when given was read). A place is taken only while capacity + room_seen -
+ * room_taken, which never exceeds the free places, leaves one. */
 static inline unsigned tp__life_room_take_n(tp__life *L, unsigned n) {
     int64_t t = atomic_load_explicit(&L->room_taken, memory_order_acquire); /* before given's */
     int64_t g = atomic_load_explicit(&L->room_seen, memory_order_relaxed);
@@ -290,6 +276,8 @@ static inline unsigned tp__life_room_take_n(tp__life *L, unsigned n) {
                                                     memory_order_acquire));
     return (unsigned)k;
 }
+/* One place (tp__life_room_take_n): true, or false when none is free. */
+static inline bool tp__life_room_take(tp__life *L) { return tp__life_room_take_n(L, 1) == 1; }
 /* Give back `n` places taken by tp__life_room_take(_n) that no task used
  * (with or without the lock). */
 static inline void tp__life_room_give_n(tp__life *L, unsigned n) {
