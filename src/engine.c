@@ -89,7 +89,8 @@
  * a fair pool, the flow's priority-0 part; S writes it, and W too in a pool
  * that does not stage, where a slot given back lowers `taken`), in a pool
  * that stages its ending line (`released`: W's alone; S reads it only near
- * the user's limit, W the first line only at the user's last slot) and,
+ * the user's limit -- with the default limit of 2, at every staged submit
+ * -- and W the first line only at the user's last slot) and,
  * read by S only, the name's line and the bucket's slot. With few users
  * they stay cached; with thousands (tp_bench fair) they come from memory or
  * another core at every submit, so S fetches them before it takes the lock

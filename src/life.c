@@ -343,7 +343,7 @@ static void user_release(tp__life *L, tp__user *u) {
     if (L->rel_n < TP__REL_MAX && tp__sched_waiting(&L->sched) > 0) {
         unsigned kept = 1; /* this one */
         for (unsigned i = 0; i < L->rel_n; i++) kept += L->rel[i] == u;
-        if (tp__user_holds_more(u, kept)) {
+        if (tp__user_holds_more(&L->users, u, kept)) {
             L->rel[L->rel_n++] = u;
             return;
         }

@@ -38,12 +38,16 @@ typedef struct tp__user {
      * stages, whose submitters take them under put and workers give them
      * back under mu and put, life.h), the submitting side writes `taken`
      * (first line), the ending side `released` (last line), and each side
-     * compares against its own, older view of the other's counter
-     * (`rel_seen`, `taken_seen`), which bounds the count from above, and
-     * reads the other's line only when that bound is too close to decide
-     * (at a user's limit; at its last slot). So a user whose tasks are
-     * submitted on one thread and ended on another does not move a line
-     * between them per task (users.c has the rules). Elsewhere both sides
+     * decides from its own, older view of the other's counter: `rel_seen`
+     * (<= released) makes taken - rel_seen a bound of the count from above,
+     * enough to say "below the limit"; `taken_seen` (<= taken) makes
+     * taken_seen - released one from below, enough to say "not the last
+     * slot". A side reads the other's line only when its bound cannot
+     * decide: near the user's limit (with the default limit of 2, a staged
+     * submit always is), at the user's last slot. So a user whose tasks are
+     * submitted on one thread and ended on another, with more than a slot
+     * or two in flight, does not move a line between them per task (users.c
+     * has the rules). Elsewhere both sides
      * hold mu and write the first line anyway (in a fair pool the flow's
      * priority-0 part is there too, scheduler.h): a slot given back takes
      * one from `taken`, and `released` stays as it was. */
@@ -57,7 +61,7 @@ typedef struct tp__user {
     tp__flow flow; /* fair pools: its place in the rounds */
     /* the submitting side's, read with the name at every lookup */
     unsigned rel_seen; /* `released` as last read: <= it */
-    bool zero;         /* holds no slot (idle, or new): exact under the table's lock(s) */
+    bool zero;         /* holds no slot (an idle entry): exact under the table's lock(s) */
     char name[TP_USER_MAX + 1];
     /* the ending side's line: written when a slot comes back */
     _Alignas(64) unsigned released; /* slots ever given back; its writers hold every lock of the table */
@@ -89,15 +93,6 @@ static inline bool tp__user_below(tp__user *u, unsigned max, unsigned more) {
     return (uint64_t)(taken - u->rel_seen) + more < max;
 }
 
-/* With mu held, in a pool that stages (every writer of `released` and
- * `taken_seen` holds mu; `taken` may rise meanwhile, never fall): whether
- * `u` holds more than `n` slots. The answer is of a moment under mu, and
- * stays true while mu is held. */
-static inline bool tp__user_holds_more(tp__user *u, unsigned n) {
-    if (u->taken_seen - u->released > n) return true;
-    u->taken_seen = atomic_load_explicit(&u->taken, memory_order_relaxed);
-    return u->taken_seen - u->released > n;
-}
 
 typedef struct tp__weight {
     struct tp__weight *next;
@@ -132,6 +127,17 @@ typedef struct tp__users {
     uint32_t weights_mask;
     unsigned weights_n;
 } tp__users;
+
+/* With mu held, in a pool that stages (every writer of `released` and
+ * `taken_seen` holds mu; `taken` may rise meanwhile, never fall): whether
+ * `u` holds more than `n` slots. The answer is of a moment under mu, and
+ * stays true while mu is held. */
+static inline bool tp__user_holds_more(const tp__users *us, tp__user *u, unsigned n) {
+    TP__ASSERT(us->split); /* elsewhere taken falls, and taken_seen is not kept */
+    if (u->taken_seen - u->released > n) return true;
+    u->taken_seen = atomic_load_explicit(&u->taken, memory_order_relaxed);
+    return u->taken_seen - u->released > n;
+}
 
 int tp__users_init(tp__users *us, unsigned prealloc);
 void tp__users_fini(tp__users *us);

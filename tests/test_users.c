@@ -275,18 +275,21 @@ static void test_users_prefetch_while_growing(void **state) {
 }
 
 /* The count is taken - released (users.h), both free-running: exact after
- * every take and give-back, across the counters' wrap-around, whether slots
- * come back in `released` (split: a pool that stages) or take one from
- * `taken`; the entry goes idle at its last slot and only then. */
+ * every take and give-back, across the counters' wrap-around where slots
+ * come back in `released` (split: a pool that stages), and where they take
+ * one from `taken`; the entry goes idle at its last slot and only then. */
 static void counts_across_wrap(bool split) {
     tp__users us;
     assert_int_equal(tp__users_init(&us, 4), 0);
     us.split = split;
     tp__user *u = acq(&us, "wrap");
     assert_non_null(u);
-    /* as after 2^32 - 3 slots taken and given back: one held */
-    atomic_store(&u->taken, UINT_MAX - 2u);
-    u->released = u->taken_seen = u->rel_seen = UINT_MAX - 3u;
+    /* split: as after 2^32 - 3 slots taken and given back, one held
+     * (elsewhere `released` stays 0 and `taken` is the count: no wrap) */
+    if (split) {
+        atomic_store(&u->taken, UINT_MAX - 2u);
+        u->released = u->taken_seen = u->rel_seen = UINT_MAX - 3u;
+    }
     assert_int_equal(tp__user_count(u), 1);
     unsigned held = 1;
     /* up and down in steps, so that each side's view goes stale, to 0 and back */
@@ -341,8 +344,8 @@ static void test_users_stale_views_answer_exactly(void **state) {
     assert_false(tp__user_below(u, 4, 0));                          /* at a limit of 4 */
     assert_true(tp__user_below(u, 5, 0));
     assert_false(tp__user_below(u, 5, 1)); /* one more would reach 5 */
-    assert_true(tp__user_holds_more(u, 3));
-    assert_false(tp__user_holds_more(u, 4));
+    assert_true(tp__user_holds_more(&us, u, 3));
+    assert_false(tp__user_holds_more(&us, u, 4));
     /* two come back: rel_seen is stale, and below() reads afresh */
     tp__users_release(&us, u);
     tp__users_release(&us, u);
@@ -354,8 +357,8 @@ static void test_users_stale_views_answer_exactly(void **state) {
     /* one more taken: taken_seen is stale, and holds_more() reads afresh */
     u->taken_seen = u->released; /* as stale as it may be */
     assert_ptr_equal(acq(&us, "v"), u);
-    assert_true(tp__user_holds_more(u, 2)); /* holds 3 */
-    assert_false(tp__user_holds_more(u, 3));
+    assert_true(tp__user_holds_more(&us, u, 2)); /* holds 3 */
+    assert_false(tp__user_holds_more(&us, u, 3));
     for (int i = 0; i < 3; i++) tp__users_release(&us, u);
     assert_true(u->zero);
     assert_int_equal(us.live, 0);
