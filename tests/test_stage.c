@@ -1499,6 +1499,84 @@ static void test_staged_user_mix(void **state) {
     }
 }
 
+/* Users far below their limit, each with many slots in flight (the split
+ * count's stale views decide without reading the other side's counter,
+ * users.h), beside a stream of users that come once and go idle (their
+ * entries taken over by the next new ones): two submitters, then the
+ * limit holds for the hot users throughout, and at rest every count and
+ * the users gauge are 0. */
+#define FLIGHT_HOT   3
+#define FLIGHT_LIMIT 40
+
+typedef struct flight {
+    tp_pool *p;
+    atomic_int go, stop, over;
+    atomic_long accepted, bad;
+    long per_thread;
+    atomic_uint salt;
+} flight;
+
+static const char *const flight_hot[FLIGHT_HOT] = {"h0", "h1", "h2"};
+
+static void *flight_main(void *arg) {
+    flight *m = (flight *)arg;
+    uint32_t seed = (uint32_t)(uintptr_t)&seed | 1u;
+    unsigned salt = atomic_fetch_add(&m->salt, 1000000u);
+    char cold[24];
+    tpt_wait_go(&m->go);
+    for (long i = 0; i < m->per_thread; i++) {
+        uint32_t x = tpt_xorshift(&seed);
+        tp_task_opts o = {0};
+        if (x % 8 == 0) { /* a user seen once */
+            snprintf(cold, sizeof cold, "c%u", salt + (unsigned)i);
+            o.user = cold;
+        } else {
+            o.user = flight_hot[x % FLIGHT_HOT];
+        }
+        int rc = tp_submit(m->p, mix_fn, (void *)(uintptr_t)x, &o, NULL);
+        if (rc == TP_OK)
+            atomic_fetch_add(&m->accepted, 1);
+        else if (rc != TP_EUSERLIMIT && rc != TP_EFULL)
+            atomic_fetch_add(&m->bad, 1);
+        if (rc != TP_OK) sched_yield();
+    }
+    return NULL;
+}
+
+static void *flight_checker(void *arg) {
+    flight *m = (flight *)arg;
+    tpt_wait_go(&m->go);
+    while (!atomic_load(&m->stop))
+        for (int u = 0; u < FLIGHT_HOT; u++)
+            if (tp_user_active(m->p, flight_hot[u]) > FLIGHT_LIMIT) atomic_store(&m->over, 1);
+    return NULL;
+}
+
+static void test_staged_user_many_in_flight(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    tp_pool *p = tpt_quiet_pool(f, 2, 256, FLIGHT_LIMIT);
+    flight *m = tpt_fx_new(f, flight);
+    m->p = p;
+    atomic_init(&m->go, 0);
+    atomic_init(&m->stop, 0);
+    atomic_init(&m->over, 0);
+    atomic_init(&m->accepted, 0);
+    atomic_init(&m->bad, 0);
+    atomic_init(&m->salt, 0);
+    m->per_thread = TPT_SANITIZED || tpt_slowdown() > 1 ? 3000 : 100000;
+    pthread_t t[2], checker; /* joined below: each ends after a bounded number of calls */
+    for (int i = 0; i < 2; i++) assert_int_equal(pthread_create(&t[i], NULL, flight_main, m), 0);
+    assert_int_equal(pthread_create(&checker, NULL, flight_checker, m), 0);
+    atomic_store(&m->go, 1);
+    for (int i = 0; i < 2; i++) assert_int_equal(pthread_join(t[i], NULL), 0);
+    atomic_store(&m->stop, 1);
+    assert_int_equal(pthread_join(checker, NULL), 0);
+    tp_stats s = finish_users(p, flight_hot, FLIGHT_HOT);
+    assert_int_equal(atomic_load(&m->over), 0);
+    assert_int_equal(atomic_load(&m->bad), 0);
+    tpt_assert_counts(s, TPT_EQ(accepted, (uint64_t)atomic_load(&m->accepted)));
+}
+
 /* A pool that may start workers on demand (max_workers above workers) and
  * a fair pool do not stage: the same plain submits, the same answers. */
 static void test_not_staged_pools(void **state) {
@@ -1549,6 +1627,7 @@ int main(void) {
         TPT_TEST(test_staged_user_drain_kept),
         TPT_TEST(test_staged_user_wait_on_kept),
         TPT_TEST(test_staged_user_mix),
+        TPT_TEST(test_staged_user_many_in_flight),
         TPT_TEST(test_not_staged_pools),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
