@@ -133,6 +133,7 @@ typedef struct tp__users {
  * `u` holds more than `n` slots. The answer is of a moment under mu, and
  * stays true while mu is held. */
 static inline bool tp__user_holds_more(const tp__users *us, tp__user *u, unsigned n) {
+    TP__UNUSED(us); /* but by the assert */
     TP__ASSERT(us->split); /* elsewhere taken falls, and taken_seen is not kept */
     if (u->taken_seen - u->released > n) return true;
     u->taken_seen = atomic_load_explicit(&u->taken, memory_order_relaxed);
