@@ -294,9 +294,9 @@ static void retire(tp__life *L, tp__task *t, tp__fx *fx) {
 
 /* One slot given back now; the table guarded (mu, and put where it stages). */
 static void user_release_now(tp__life *L, tp__user *u) {
-    bool was_at_limit = u->at_limit;
+    bool was_at_limit = tp__user_at_limit(&L->users, u, L->cfg.max_per_user);
     TP__ASSERT(was_at_limit == (tp__user_count(u) == L->cfg.max_per_user));
-    u->at_limit = false;
+    if (was_at_limit) u->at_limit = false; /* split only: elsewhere never set */
     unsigned live = L->users.live;
     tp__users_release(&L->users, u); /* the entry may go idle (users.h): not read again */
     if (was_at_limit) {
@@ -655,7 +655,7 @@ static int admit(tp__life *L, const tp__admit_args *a, void *arg, uint64_t *id_o
         if (u) {
             if (L->users.live != live) TP__SET(L->gauges->users, L->users.live); /* one more user */
             if (!tp__user_below(u, L->cfg.max_per_user, 0)) {                    /* at its limit now */
-                u->at_limit = true;
+                u->at_limit = L->users.split;                                    /* tp__user_at_limit */
                 L->users_at_limit++; /* published with the queue below */
             }
         }

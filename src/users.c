@@ -161,7 +161,7 @@ static tp__user *idle_evict(tp__users *us) {
         if (!us->idle_head) us->idle_tail = NULL;
         u->inext = NULL;
         u->idle_q = false;
-        if (u->zero) {
+        if (tp__user_zero(us, u)) {
             table_unlink(us, u);
             return u;
         }
@@ -172,10 +172,11 @@ static tp__user *idle_evict(tp__users *us) {
 tp__user *tp__users_take(tp__users *us, tp__user *found, const char *name, size_t len, uint32_t h) {
     tp__user *u = found;
     if (u) {
+        bool was_zero = tp__user_zero(us, u);
         atomic_store_explicit(&u->taken, atomic_load_explicit(&u->taken, memory_order_relaxed) + 1,
                               memory_order_relaxed);
-        if (u->zero) { /* an idle entry is live again, as it was left */
-            u->zero = false;
+        if (was_zero) { /* an idle entry is live again, as it was left */
+            if (us->split) u->zero = false;
             us->live++;
         }
         return u;
@@ -205,12 +206,12 @@ tp__user *tp__users_take(tp__users *us, tp__user *found, const char *name, size_
 }
 
 void tp__users_release(tp__users *us, tp__user *u) {
-    TP__ASSERT(!u->zero && tp__user_count(u) > 0);
+    TP__ASSERT(!tp__user_zero(us, u) && tp__user_count(u) > 0);
     if (!us->split) {
         /* one lock for both sides: taken goes down (users.h) */
         unsigned taken = atomic_load_explicit(&u->taken, memory_order_relaxed) - 1;
         atomic_store_explicit(&u->taken, taken, memory_order_relaxed);
-        if (taken != u->released) return;
+        if (taken != 0) return; /* `released` stays 0 here */
     } else {
         /* released <= taken_seen <= taken (users.h): not the last slot
          * while released stays below taken_seen after the give-back; taken
@@ -220,8 +221,8 @@ void tp__users_release(tp__users *us, tp__user *u) {
         if (++u->released != u->taken_seen) return;
         u->taken_seen = atomic_load_explicit(&u->taken, memory_order_relaxed);
         if (u->released != u->taken_seen) return;
+        u->zero = true;
     }
-    u->zero = true;
     TP__ASSERT(us->live > 0);
     us->live--;
     if (us->flows)

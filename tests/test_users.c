@@ -300,13 +300,13 @@ static void counts_across_wrap(bool split) {
             assert_ptr_equal(acq(&us, "wrap"), u);
             held++;
             assert_int_equal(tp__user_count(u), held);
-            assert_false(u->zero);
+            assert_false(tp__user_zero(&us, u));
         }
         for (; n < 0; n++) {
             tp__users_release(&us, u);
             held--;
             assert_int_equal(tp__user_count(u), held);
-            assert_int_equal(u->zero, held == 0);
+            assert_int_equal(tp__user_zero(&us, u), held == 0);
             assert_int_equal(us.live, held ? 1u : 0u);
             if (split) assert_true(u->taken_seen - u->released <= held); /* released <= taken_seen <= taken */
         }
@@ -314,7 +314,7 @@ static void counts_across_wrap(bool split) {
         assert_true(atomic_load(&u->taken) - u->rel_seen >= held);
     }
     assert_int_equal(held, 0);
-    assert_true(u->zero);
+    assert_true(tp__user_zero(&us, u));
     assert_int_equal(us.live, 0);
     /* idle with wrapped counters: found again and live again */
     assert_ptr_equal(acq(&us, "wrap"), u);
