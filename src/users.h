@@ -5,11 +5,11 @@
  * A slot is taken at admission and given back when the task is finalised.
  * An entry is live while its user has accepted, unfinished tasks (its count,
  * tp__user_count, > 0). A user whose last task ended keeps its entry, idle
- * (count 0), until
- * a new user needs one and no entry was ever left unused: then the oldest
- * idle entry is taken over (users.c). So a user who comes back soon finds
- * its entry as it left it, and the table never holds more entries than the
- * most users ever live at once (it grows only when every entry is live). In
+ * (count 0), until a new user needs one and no entry was ever left unused:
+ * then the oldest idle entry is taken over (users.c). So a user who comes
+ * back soon finds its entry as it left it, and the table never holds more
+ * entries than the most users ever live at once (it grows only when every
+ * entry is live). In
  * a fair pool the entry carries the user's flow (scheduler.h): a user with
  * waiting tasks holds slots, so its entry outlives its place in every round,
  * and an idle entry's flow is in no round and has no credit -- as a new one.
@@ -47,10 +47,10 @@ typedef struct tp__user {
      * submit always is), at the user's last slot. So a user whose tasks are
      * submitted on one thread and ended on another, with more than a slot
      * or two in flight, does not move a line between them per task (users.c
-     * has the rules). Elsewhere both sides
-     * hold mu and write the first line anyway (in a fair pool the flow's
-     * priority-0 part is there too, scheduler.h): a slot given back takes
-     * one from `taken`, and `released` stays as it was. */
+     * has the rules). Elsewhere both sides hold mu and write the first line
+     * anyway (in a fair pool the flow's priority-0 part is there too,
+     * scheduler.h): a slot given back takes one from `taken`, and
+     * `released` stays 0. */
     _Alignas(64) struct tp__user *next; /* hash chain, or free list */
     uint32_t hash;
     /* Slots ever taken. Atomic for one reader: in a pool that stages, a
@@ -100,7 +100,6 @@ static inline bool tp__user_below(tp__user *u, unsigned max, unsigned more) {
     u->rel_seen = u->released;
     return (uint64_t)(taken - u->rel_seen) + more < max;
 }
-
 
 typedef struct tp__weight {
     struct tp__weight *next;
