@@ -417,10 +417,13 @@ typedef struct tp_task_opts {
  *   pool never allocates); a cancel storm that outruns the service thread
  *   grows them in chunks, kept for reuse (a failed allocation refuses with
  *   TP_ENOMEM). A hard cap of queue_capacity + max_workers + max(3 x that,
- *   65536) records bounds memory if the service thread is stuck in a
- *   blocking on_done: past it, tp_submit refuses with TP_EFULL even below
- *   queue_capacity (tp_submit_wait waits). Both refusals are counted in
- *   rejected_full. Arrays of 2 MiB or more (the ring, the records, the id
+ *   65536) tasks in flight (accepted, and on_done not yet returned or
+ *   handed to its completion queue) bounds memory if the service thread is
+ *   stuck in a blocking on_done: at it, tp_submit refuses with TP_EFULL even
+ *   below queue_capacity (tp_submit_wait waits until one of them is done).
+ *   Plain submits (below), accepted before they get their record, may hold
+ *   up to queue_capacity + 2 x max_workers more. Both refusals are counted
+ *   in rejected_full. Arrays of 2 MiB or more (the ring, the records, the id
  *   index) are 2 MiB-aligned and marked for transparent huge pages
  *   (madvise, a hint).
  *   tp_create touches the preallocated records and the ring (about 192 +

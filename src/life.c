@@ -281,10 +281,10 @@ static void retire(tp__life *L, tp__task *t, tp__fx *fx) {
     if (t->group) group_member_retired(t, fx);
     t->user = NULL;
     /* Records may have been at their cap: a waiting submitter looks again.
-     * A submitter refused for records found both free lists empty; the
-     * first record given back after that finds `given` empty and tells it.
-     * (Admission's own list is the submitter's line, not read here.) */
-    if (!L->given) fx->flags |= TP__FX_ROOM;
+     * A submitter is refused for records while the tasks in flight are at
+     * least max_records (admit); the record that brings them below tells
+     * it. (Admission's own list is the submitter's line, not read here.) */
+    if (tp__life_inflight(L) == L->cfg.max_records) fx->flags |= TP__FX_ROOM;
     tp__tasks_give(&L->given, t);
     L->retired++;
     if (L->closed && tp__life_inflight(L) == 0) fx->flags |= TP__FX_DRAINED;
@@ -643,10 +643,15 @@ static int admit(tp__life *L, const tp__admit_args *a, void *arg, uint64_t *id_o
 
     /* Reserve. Refused with nothing reserved when the records are at their
      * cap (TP_EFULL) or cannot grow (TP_ENOMEM); see pool.c. A staged task
-     * has a higher cap (pool.c): it was accepted already. */
+     * has a higher cap (pool.c): it was accepted already. The cap is on the
+     * records in use (the tasks in flight), not only on those allocated: a
+     * free record that a staged admission grew past max_records would
+     * otherwise let locked tasks hold more than max_records, and leave a
+     * staged task that was accepted without one. */
     tp__task *t = NULL;
     unsigned limit = staged ? L->cfg.max_records_staged : L->cfg.max_records;
-    int rc = tp__tasks_get(&L->tasks, &L->given, limit, &t);
+    TP__ASSERT(!staged || tp__life_inflight(L) < limit); /* pool.c: the staged cap covers them */
+    int rc = tp__life_inflight(L) >= limit ? TP_EFULL : tp__tasks_get(&L->tasks, &L->given, limit, &t);
     tp__user *u = staged_user;
     if (rc == TP_OK && a->user) {
         if (L->users_put) tp__mutex_lock(L->users_put);

@@ -123,9 +123,14 @@ static int make_life(tp_pool *p) {
                        .waiting_max = full,
                        .max_records = full + slack,
                        /* staged tasks (engine.c) are admitted after they were
-                        * accepted: past the cap that refuses the others, they
-                        * hold at most a queue's worth waiting or delayed plus
-                        * two per worker (running, a retry beyond the queue) */
+                        * accepted: past the cap that refuses the others (a
+                        * locked admission is refused while the tasks in
+                        * flight, staged ones included, are at max_records,
+                        * so the others never hold more), they hold at most a
+                        * queue's worth waiting or delayed plus two per worker
+                        * (running, a retry beyond the queue), and never wait
+                        * for an on_done in the endings (theirs, if any, goes
+                        * to a completion queue) */
                        .max_records_staged = full + slack + c->capacity + 2 * c->max_workers,
                        .run_timeout = c->run_timeout,
                        .retry_delay = c->retry_delay,

@@ -103,9 +103,11 @@ typedef struct tp__tasks {
  * which tp__tasks_get fetches ahead. 0 or -1 (out of memory). */
 int tp__tasks_init(tp__tasks *ts, unsigned prealloc, unsigned index_min, unsigned warm_lines);
 void tp__tasks_fini(tp__tasks *ts);
-/* A free record, out of the id index: TP_OK, TP_EFULL (`limit` records are
- * in use), TP_ENOMEM. `*given`, the retired records, becomes admission's
- * list when its own is empty. */
+/* A free record, out of the id index: TP_OK, TP_EFULL (none is free and
+ * `limit` records exist), TP_ENOMEM. `limit` caps growth only: a free record
+ * is handed out whatever it is, so a caller that caps the records in use
+ * checks its own count first (life.c). `*given`, the retired records,
+ * becomes admission's list when its own is empty. */
 int tp__tasks_get(tp__tasks *ts, tp__task **given, unsigned limit, tp__task **out);
 /* Back to admission's own list: a record just taken and not used. */
 void tp__tasks_put(tp__tasks *ts, tp__task *t);

@@ -443,6 +443,147 @@ static void test_staged_submit_wait(void **state) {
     assert_int_equal(atomic_load(&g_runs), 4);
 }
 
+/* ------------------------------------------------------------ the records' cap */
+
+static tpt_latch *g_svc_gate; /* the running test's, from its fixture */
+static atomic_int g_done_calls;
+
+/* on_done of the first cancelled task: holds the service thread, so every
+ * later ending keeps its record until the gate opens. */
+static void svc_hold_done(void *arg, int status) {
+    (void)arg;
+    (void)status;
+    tpt_latch_wait(g_svc_gate);
+    atomic_fetch_add(&g_done_calls, 1);
+}
+
+static void cancelled_done(void *arg, int status) {
+    (void)arg;
+    assert_int_equal(status, TP_ECANCELED);
+    atomic_fetch_add(&g_done_calls, 1);
+}
+
+/* Locked submits with an on_done, each cancelled while queued, until one
+ * is refused (TP_EFULL: the records are at their cap); each keeps its
+ * record while the service thread is held. The number accepted. */
+static unsigned pile_endings(tp_pool *p) {
+    tp_task_opts o = {0};
+    o.on_done = cancelled_done;
+    unsigned n = 0;
+    for (;;) {
+        uint64_t id = 0;
+        int rc = tp_submit(p, count_fn, NULL, &o, &id);
+        if (rc == TP_EFULL) return n;
+        assert_int_equal(rc, TP_OK);
+        assert_int_equal(tp_cancel(p, id), TP_OK);
+        assert_true(++n < (1u << 20));
+    }
+}
+
+/* Records are capped for locked admissions and higher for staged ones,
+ * which were accepted before they get one (pool.c). The cap counts the
+ * records in use, not only those allocated: records that staged admissions
+ * grew past the locked cap, once free, do not let locked tasks hold more,
+ * so a staged task accepted while locked tasks hold every record up to
+ * their cap still gets one and runs. (It was ended unrun with TP_ENOMEM, or
+ * tripped an assertion in a debug build, when the locked tasks had taken
+ * the records it needed: the service thread held in an on_done, the
+ * endings of cancelled tasks holding records.) */
+static void test_staged_admitted_at_the_record_cap(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l1 = tpt_fx_latch(f), *l2 = tpt_fx_latch(f);
+    g_svc_gate = tpt_fx_latch(f);
+    atomic_store(&g_runs, 0);
+    atomic_store(&g_done_calls, 0);
+    tp_pool *p = tpt_quiet_pool(f, 1, 4, TP_UNLIMITED);
+    tpt_fill_workers(p, l1, 1, NULL);
+    tp_task_opts hold = {0};
+    hold.on_done = svc_hold_done;
+    uint64_t id = 0;
+    assert_int_equal(tp_submit(p, count_fn, NULL, &hold, &id), TP_OK);
+    assert_int_equal(tp_cancel(p, id), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&g_svc_gate->waiting) == 1);
+
+    /* locked tasks up to the cap, then 4 staged ones, admitted past it by a
+     * locked submit (refused: the queue is full) */
+    unsigned n1 = pile_endings(p);
+    assert_true(n1 > 60000); /* the cap: the tasks that fit and 65,536 awaiting on_done, at least */
+    for (int i = 0; i < 4; i++) assert_int_equal(tp_submit(p, count_fn, NULL, NULL, NULL), TP_OK);
+    assert_int_equal(tp_submit(p, count_fn, NULL, NULL, &id), TP_EFULL);
+    assert_int_equal(tpt_stats(p).queued, 4);
+    /* they run, and their records are free; the worker is held again */
+    tpt_latch_open(l1);
+    TPT_EVENTUALLY(atomic_load(&g_runs) == 4);
+    tpt_fill_workers(p, l2, 1, NULL);
+
+    /* the tasks in flight are back at the cap: no locked task gets one of
+     * the free records */
+    assert_int_equal(pile_endings(p), 0);
+    /* a staged task is accepted (the queue has room) and admitted by the
+     * next locked submit, which the cap refuses */
+    assert_int_equal(tp_submit(p, count_fn, NULL, NULL, NULL), TP_OK);
+    assert_int_equal(tp_submit(p, count_fn, NULL, NULL, &id), TP_EFULL);
+    tp_stats s = tpt_stats(p);
+    tpt_assert_counts(s, TPT_EQ(queued, 1), TPT_EQ(failed, (uint64_t)n1 + 1),
+                      TPT_EQ(cancelled, (uint64_t)n1 + 1));
+
+    tpt_latch_open(l2);
+    tpt_latch_open(g_svc_gate);
+    s = tpt_finish(p);
+    assert_int_equal(atomic_load(&g_runs), 5);
+    assert_int_equal(atomic_load(&g_done_calls), (int)n1 + 1);
+    tpt_assert_counts(s, TPT_EQ(accepted, (uint64_t)n1 + 8), TPT_EQ(completed, (uint64_t)n1 + 8),
+                      TPT_EQ(cancelled, (uint64_t)n1 + 1), TPT_EQ(failed, (uint64_t)n1 + 1),
+                      TPT_EQ(succeeded, 7));
+}
+
+/* A tp_submit_wait (an id asked: the locked path) that finds the records at
+ * their cap waits, counting no refusal, and is accepted once an ending's
+ * record is given back (the record that brings the tasks in flight below
+ * the cap wakes it). */
+static void *wait_submit_id_main(void *arg) {
+    wait_submit *w = (wait_submit *)arg;
+    atomic_store(&w->started, 1);
+    uint64_t id = 0;
+    atomic_store(&w->rc, tp_submit_wait(w->p, count_fn, NULL, NULL, TPT_WAIT_NS, &id));
+    return NULL;
+}
+
+static void test_submit_wait_at_the_record_cap(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l = tpt_fx_latch(f);
+    g_svc_gate = tpt_fx_latch(f);
+    atomic_store(&g_runs, 0);
+    atomic_store(&g_done_calls, 0);
+    tp_pool *p = tpt_quiet_pool(f, 1, 4, TP_UNLIMITED);
+    tpt_fill_workers(p, l, 1, NULL);
+    tp_task_opts hold = {0};
+    hold.on_done = svc_hold_done;
+    uint64_t id = 0;
+    assert_int_equal(tp_submit(p, count_fn, NULL, &hold, &id), TP_OK);
+    assert_int_equal(tp_cancel(p, id), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&g_svc_gate->waiting) == 1);
+    unsigned n = pile_endings(p);
+    tp_stats s0 = tpt_stats(p);
+
+    wait_submit *w = tpt_fx_new(f, wait_submit);
+    w->p = p;
+    atomic_store(&w->rc, INT_MIN);
+    tpt_fx_thr *th = tpt_fx_thread(f, wait_submit_id_main, w);
+    TPT_EVENTUALLY(tpt_stats(p).submitted == s0.submitted + 1);
+    assert_int_equal(atomic_load(&w->rc), INT_MIN); /* it waits */
+    tpt_latch_open(g_svc_gate);                     /* the endings run: their records come back */
+    tpt_fx_join(th);
+    assert_int_equal(atomic_load(&w->rc), TP_OK);
+    tpt_latch_open(l);
+    tp_stats s = tpt_finish(p);
+    assert_int_equal(atomic_load(&g_runs), 1);
+    assert_int_equal(atomic_load(&g_done_calls), (int)n + 1);
+    tpt_assert_counts(s, TPT_EQ(rejected_full, s0.rejected_full), TPT_EQ(rejected_timeout, 0),
+                      TPT_EQ(accepted, (uint64_t)n + 3), TPT_EQ(cancelled, (uint64_t)n + 1),
+                      TPT_EQ(succeeded, 2));
+}
+
 /* ------------------------------------------------------------ batches */
 
 /* A batch of tasks that could all be staged is staged under one hold of
@@ -1609,6 +1750,8 @@ int main(void) {
         TPT_TEST(test_staged_bound_checks),
         TPT_TEST(test_staged_order_with_locked),
         TPT_TEST(test_staged_submit_wait),
+        TPT_TEST(test_staged_admitted_at_the_record_cap),
+        TPT_TEST(test_submit_wait_at_the_record_cap),
         TPT_TEST(test_staged_batch_bound),
         TPT_TEST(test_staged_batch_adjacent),
         TPT_TEST(test_staged_batch_cq_cut_room),
