@@ -835,12 +835,38 @@ bool tp__life_attempt_ended(tp__life *L, tp__task *t, int rc, tp__fx *fx) {
 
 /* ------------------------------------------------------------ timers */
 
+/* A list linked by `next`, sorted by `due`, stably (equal dues keep their
+ * order): a merge sort, O(n log n) for the retries of one late pass. */
+static tp__task *sort_by_due(tp__task *list) {
+    if (!list || !list->next) return list;
+    tp__task *slow = list, *fast = list->next;
+    while (fast && fast->next) {
+        slow = slow->next;
+        fast = fast->next->next;
+    }
+    tp__task *b = slow->next;
+    slow->next = NULL;
+    tp__task *a = sort_by_due(list), *head = NULL, **tail = &head;
+    b = sort_by_due(b);
+    while (a && b) {
+        tp__task **from = b->due < a->due ? &b : &a; /* a first on a tie: stable */
+        *tail = *from;
+        tail = &(*from)->next;
+        *from = (*from)->next;
+    }
+    *tail = a ? a : b;
+    return head;
+}
+
 /* Due retries go back to the scheduler, and delayed tasks whose deadline
  * passed end. Each pass looks at every delayed task (delays and deadlines
- * differ per task); returns the next time one needs attention. */
+ * differ per task); returns the next time one needs attention. A retry goes
+ * to the back of its lane when its delay ends (SPEC 5): the retries that one
+ * pass finds due (more than one when it comes late) go back in the order of
+ * their due times, which with backoff (SPEC 14) is not the order they
+ * failed in, the delayed list's. */
 static uint64_t delayed_run(tp__life *L, uint64_t now, tp__fx *fx) {
     uint64_t next = TP_FOREVER;
-    bool queued = false;
     tp__task *t = L->delayed_head;
     while (t) {
         tp__task *nx = t->next;
@@ -848,26 +874,40 @@ static uint64_t delayed_run(tp__life *L, uint64_t now, tp__fx *fx) {
             delayed_remove(L, t);
             end_unrun(L, t, TP_ETIMEDOUT, false, fx); /* it ran: not expired */
             fx->flags |= TP__FX_ROOM;
-        } else if (now >= t->due) {
-            /* It leaves the delayed list before it waits again: the room
-             * count (life.h) sees the move as a whole, never a place in
-             * between that a staged submit could take. */
-            L->room_hold = true;
-            delayed_remove(L, t); /* asserts DELAYED */
-            L->room_hold = false;
-            t->state = TP__QUEUED;
-            t->queued_at = tp__hclk_now(); /* the queue-wait histogram measures from here */
-            tp__sched_push(&L->sched, t);
-            room_sync(L); /* nothing to add: waiting + delayed did not change */
-            if (t->deadline < L->queued_deadline_min) L->queued_deadline_min = t->deadline;
-            work_for(L, t, fx);
-            queued = true;
-        } else {
+        } else if (now < t->due) {
             if (t->due < next) next = t->due;
             if (t->deadline < next) next = t->deadline;
         }
         t = nx;
     }
+    /* The due ones leave the delayed list before they wait again: the room
+     * count (life.h) sees the move as a whole, never a place in between
+     * that a staged submit could take. Nothing runs between their removal
+     * and their push but this list's moves. */
+    tp__task *due = NULL, **due_tail = &due;
+    L->room_hold = true;
+    for (t = L->delayed_head; t;) {
+        tp__task *nx = t->next;
+        if (now >= t->due) {
+            delayed_remove(L, t); /* asserts DELAYED */
+            *due_tail = t;
+            due_tail = &t->next;
+        }
+        t = nx;
+    }
+    bool queued = due != NULL;
+    for (t = sort_by_due(due); t;) {
+        tp__task *nx = t->next;
+        t->next = NULL;
+        t->state = TP__QUEUED;
+        t->queued_at = tp__hclk_now(); /* the queue-wait histogram measures from here */
+        tp__sched_push(&L->sched, t);
+        if (t->deadline < L->queued_deadline_min) L->queued_deadline_min = t->deadline;
+        work_for(L, t, fx);
+        t = nx;
+    }
+    L->room_hold = false;
+    room_sync(L); /* nothing to add: waiting + delayed did not change */
     if (queued) queue_changed(L);
     check_exiters(L, fx);
     return next;

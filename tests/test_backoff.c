@@ -325,6 +325,87 @@ static void test_deadline_inside_backoff_wait(void **state) {
     fail_msg("three runs in a row did not end at the deadline inside the 800 ms wait");
 }
 
+/* ------------------------------------------------------------ order */
+
+/* Retries go back to the queue in the order their delays end, also when
+ * the service thread comes late and finds several due in one pass: with
+ * backoff a task on its second retry (a longer wait) may fail before one on
+ * its first and still be due after it. X's second attempt fails, then Y's
+ * first, while the service thread is held in an on_done; once both retries
+ * are due it is let go, and the one worker, held meanwhile, then starts Y's
+ * retry before X's. (It started X's first: the delayed list's order.) */
+typedef struct ro {
+    tpt_latch *x_gate; /* X's second attempt waits here */
+    tpt_latch *svc;    /* the held on_done waits here */
+    pthread_mutex_t mu;
+    char order[16];
+    int n;
+} ro;
+
+static void ro_mark(ro *r, char c) {
+    pthread_mutex_lock(&r->mu);
+    if (r->n < (int)sizeof r->order - 1) r->order[r->n++] = c;
+    pthread_mutex_unlock(&r->mu);
+}
+
+static int ro_x(tp_ctx *c, void *arg) {
+    ro *r = arg;
+    unsigned a = tp_ctx_attempt(c);
+    ro_mark(r, (char)('0' + a)); /* X's attempts: 0, 1, 2 */
+    if (a == 1) tpt_latch_wait(r->x_gate);
+    return a < 2 ? 1 : 0;
+}
+
+static int ro_y(tp_ctx *c, void *arg) {
+    ro *r = arg;
+    unsigned a = tp_ctx_attempt(c);
+    ro_mark(r, a == 0 ? 'y' : 'Y');
+    return a < 1 ? 1 : 0;
+}
+
+static void ro_hold(void *arg, int status) {
+    (void)status;
+    tpt_latch_wait(((ro *)arg)->svc);
+}
+
+static void test_late_retries_in_due_order(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    ro *r = tpt_fx_new(f, ro);
+    pthread_mutex_init(&r->mu, NULL);
+    r->x_gate = tpt_fx_latch(f);
+    r->svc = tpt_fx_latch(f);
+    tpt_latch *g = tpt_fx_latch(f);
+    const uint64_t d = TPT_MS(5), max = TPT_MS(40); /* retry 1 waits 5 ms, retry 2 10 ms */
+    tp_config c = tpt_quiet_config(1, 0, 0);
+    c.max_retries = 2;
+    c.retry_delay_ns = d;
+    c.retry_delay_max_ns = max;
+    tp_pool *p = tpt_fx_pool(f, &c);
+    assert_int_equal(tp_submit(p, ro_x, r, NULL, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&r->x_gate->waiting) == 1); /* X's first retry runs */
+    assert_int_equal(tp_submit(p, ro_y, r, NULL, NULL), TP_OK);
+    assert_int_equal(tp_submit(p, tpt_block_task, g, NULL, NULL), TP_OK);
+    tp_task_opts hold = {0};
+    hold.on_done = ro_hold;
+    uint64_t id = 0;
+    assert_int_equal(tp_submit(p, tpt_nop_task, r, &hold, &id), TP_OK);
+    assert_int_equal(tp_cancel(p, id), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&r->svc->waiting) == 1); /* the service thread is held */
+    tpt_latch_open(r->x_gate); /* X fails (retry 2 in 10 ms), then Y (retry 1 in 5 ms) */
+    TPT_EVENTUALLY(atomic_load(&g->waiting) == 1 && tpt_stats(p).delayed == 2);
+    tpt_sleep_until(tp_now_ns() + want_delay(d, max, 2) + TPT_MS(1)); /* both are due */
+    tpt_latch_open(r->svc);                                           /* one pass takes both back */
+    TPT_EVENTUALLY(tpt_stats(p).queued == 2);
+    tpt_latch_open(g);
+    tp_stats s = tpt_finish(p);
+    pthread_mutex_lock(&r->mu);
+    r->order[r->n] = '\0';
+    pthread_mutex_unlock(&r->mu);
+    assert_string_equal(r->order, "01yY2");
+    tpt_assert_counts(s, TPT_EQ(retried, 3), TPT_EQ(succeeded, 3), TPT_EQ(cancelled, 1));
+    pthread_mutex_destroy(&r->mu);
+}
+
 /* ------------------------------------------------------------ bad configurations */
 
 static void test_invalid_configs(void **state) {
@@ -363,6 +444,7 @@ int main(void) {
         TPT_TEST(test_delays_double_up_to_max),         TPT_TEST(test_cap_bounds_the_total),
         TPT_TEST(test_fixed_delay_when_unset_or_equal), TPT_TEST(test_delay_without_overflow),
         TPT_TEST(test_deadline_inside_backoff_wait),    TPT_TEST(test_invalid_configs),
+        TPT_TEST(test_late_retries_in_due_order),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
