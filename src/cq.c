@@ -260,7 +260,9 @@ int tp_cq_drain(tp_cq *cq, unsigned max) {
             tp__cq_release(cq, 1);
         }
         done += got;
-        if (got < k || got == 0) break;
+        /* all that waited at the first take (up to stop), or all that is
+         * published: done, with one hold of the lock per batch */
+        if (got < k || got == left) break;
     }
     return (int)done;
 }
