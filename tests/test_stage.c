@@ -480,6 +480,25 @@ static unsigned pile_endings(tp_pool *p) {
     }
 }
 
+/* A pool of one worker (held on `l`) and a queue of 4 whose records are at
+ * their cap for locked admissions: the service thread held in the first
+ * cancelled task's on_done, then pile_endings. The endings piled in *n. */
+static tp_pool *pool_at_the_record_cap(tpt_fixture *f, tpt_latch *l, unsigned *n) {
+    g_svc_gate = tpt_fx_latch(f);
+    atomic_store(&g_runs, 0);
+    atomic_store(&g_done_calls, 0);
+    tp_pool *p = tpt_quiet_pool(f, 1, 4, TP_UNLIMITED);
+    tpt_fill_workers(p, l, 1, NULL);
+    tp_task_opts hold = {0};
+    hold.on_done = svc_hold_done;
+    uint64_t id = 0;
+    assert_int_equal(tp_submit(p, count_fn, NULL, &hold, &id), TP_OK);
+    assert_int_equal(tp_cancel(p, id), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&g_svc_gate->waiting) == 1);
+    *n = pile_endings(p);
+    return p;
+}
+
 /* Records are capped for locked admissions and higher for staged ones,
  * which were accepted before they get one (pool.c). The cap counts the
  * records in use, not only those allocated: records that staged admissions
@@ -492,21 +511,11 @@ static unsigned pile_endings(tp_pool *p) {
 static void test_staged_admitted_at_the_record_cap(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tpt_latch *l1 = tpt_fx_latch(f), *l2 = tpt_fx_latch(f);
-    g_svc_gate = tpt_fx_latch(f);
-    atomic_store(&g_runs, 0);
-    atomic_store(&g_done_calls, 0);
-    tp_pool *p = tpt_quiet_pool(f, 1, 4, TP_UNLIMITED);
-    tpt_fill_workers(p, l1, 1, NULL);
-    tp_task_opts hold = {0};
-    hold.on_done = svc_hold_done;
-    uint64_t id = 0;
-    assert_int_equal(tp_submit(p, count_fn, NULL, &hold, &id), TP_OK);
-    assert_int_equal(tp_cancel(p, id), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&g_svc_gate->waiting) == 1);
-
     /* locked tasks up to the cap, then 4 staged ones, admitted past it by a
      * locked submit (refused: the queue is full) */
-    unsigned n1 = pile_endings(p);
+    unsigned n1 = 0;
+    tp_pool *p = pool_at_the_record_cap(f, l1, &n1);
+    uint64_t id = 0;
     assert_true(n1 > 60000); /* the cap: the tasks that fit and 65,536 awaiting on_done, at least */
     for (int i = 0; i < 4; i++) assert_int_equal(tp_submit(p, count_fn, NULL, NULL, NULL), TP_OK);
     assert_int_equal(tp_submit(p, count_fn, NULL, NULL, &id), TP_EFULL);
@@ -552,18 +561,8 @@ static void *wait_submit_id_main(void *arg) {
 static void test_submit_wait_at_the_record_cap(void **state) {
     tpt_fixture *f = tpt_fx(state);
     tpt_latch *l = tpt_fx_latch(f);
-    g_svc_gate = tpt_fx_latch(f);
-    atomic_store(&g_runs, 0);
-    atomic_store(&g_done_calls, 0);
-    tp_pool *p = tpt_quiet_pool(f, 1, 4, TP_UNLIMITED);
-    tpt_fill_workers(p, l, 1, NULL);
-    tp_task_opts hold = {0};
-    hold.on_done = svc_hold_done;
-    uint64_t id = 0;
-    assert_int_equal(tp_submit(p, count_fn, NULL, &hold, &id), TP_OK);
-    assert_int_equal(tp_cancel(p, id), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&g_svc_gate->waiting) == 1);
-    unsigned n = pile_endings(p);
+    unsigned n = 0;
+    tp_pool *p = pool_at_the_record_cap(f, l, &n);
     tp_stats s0 = tpt_stats(p);
 
     wait_submit *w = tpt_fx_new(f, wait_submit);
