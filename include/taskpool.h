@@ -952,10 +952,13 @@ TP_API uint64_t tp_hist_quantile_ns(const tp_hist *h, double q);
  * most `len` bytes and NUL-terminates a non-empty buffer; buf may be NULL when
  * len is 0. Since the pools keep running, a second call may need more room
  * than the first one said: leave some slack or retry. n == 0 gives a document
- * with no pool (build_info only in Prometheus text).
+ * with no pool (in Prometheus text, every family's # HELP and # TYPE lines
+ * and one sample: build_info's).
  *   >= 0 (length); TP_EINVAL (pools NULL with n > 0, a NULL pool, buf NULL
- *   with len > 0, an unknown format, two pools with the same name -- name your
- *   pools); TP_ENOMEM (the document would exceed INT_MAX bytes).
+ *   with len > 0, an unknown format, two pools whose names are written the
+ *   same -- the same name, the same pool twice, or names that differ only in
+ *   bytes that are not UTF-8, each written as U+FFFD: name your pools);
+ *   TP_ENOMEM (the document would exceed INT_MAX bytes).
  *   Thread-safe; may be called from a task.
  */
 TP_API int tp_metrics_format(tp_pool *const *pools, size_t n, int format, char *buf, size_t len);

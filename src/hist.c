@@ -49,8 +49,10 @@ static void add_one(const tp__hist *h, tp_hist *out) {
 }
 
 int tp__hist_snapshot(const tp__hist_shard *shards, unsigned n, int which, tp_hist *out) {
-    int lane = which - TP_HIST_QUEUE_WAIT_PRIO(TP_PRIO_MIN);
-    bool one_lane = lane >= 0 && lane < TP__HIST_LANES;
+    /* compared before subtracting: `which` may be any int */
+    bool one_lane =
+        which >= TP_HIST_QUEUE_WAIT_PRIO(TP_PRIO_MIN) && which <= TP_HIST_QUEUE_WAIT_PRIO(TP_PRIO_MAX);
+    int lane = one_lane ? which - TP_HIST_QUEUE_WAIT_PRIO(TP_PRIO_MIN) : 0;
     if (which != TP_HIST_QUEUE_WAIT && which != TP_HIST_RUN && !one_lane) return TP_EINVAL;
     memset(out, 0, sizeof *out);
     for (unsigned w = 0; w < n; w++) {

@@ -209,13 +209,27 @@ static void json(tp__outbuf *o, tp_pool *const *pools, size_t n) {
 
 /* ------------------------------------------------------------ entry */
 
+/* Whether two names are written the same (taskpool.h: a byte that is not
+ * UTF-8 is written as U+FFFD, so "a\xff" and "a\xfe" are one name in the
+ * document, as are "a\xff" and "a" U+FFFD). The Prometheus form compares:
+ * it writes U+FFFD as itself and keeps every other name apart, as the
+ * JSON form does once decoded. */
+static bool same_written_name(const char *a, const char *b) {
+    char ea[3 * TP_NAME_MAX + 1], eb[3 * TP_NAME_MAX + 1]; /* at most 3 bytes out per byte in */
+    tp__outbuf oa = {ea, sizeof ea, 0}, ob = {eb, sizeof eb, 0};
+    tp__put_escaped(&oa, a, TP__ESC_PROM);
+    tp__put_escaped(&ob, b, TP__ESC_PROM);
+    TP__ASSERT(oa.pos < sizeof ea && ob.pos < sizeof eb);
+    return oa.pos == ob.pos && memcmp(ea, eb, oa.pos) == 0;
+}
+
 int tp_metrics_format(tp_pool *const *pools, size_t n, int format, char *buf, size_t len) {
     if ((!pools && n > 0) || (!buf && len > 0)) return TP_EINVAL;
     if (format != TP_FORMAT_JSON && format != TP_FORMAT_PROMETHEUS) return TP_EINVAL;
     for (size_t k = 0; k < n; k++) {
         if (!pools[k]) return TP_EINVAL;
         for (size_t j = 0; j < k; j++)
-            if (strcmp(pools[j]->cfg.name, pools[k]->cfg.name) == 0)
+            if (same_written_name(pools[j]->cfg.name, pools[k]->cfg.name))
                 return TP_EINVAL; /* the same pool twice too */
     }
     tp__outbuf o = {buf, len, 0};

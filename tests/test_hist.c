@@ -16,6 +16,7 @@
  * arguments.
  */
 #define _GNU_SOURCE
+#include <limits.h>
 #include <math.h>
 
 #include "tp_test.h"
@@ -125,7 +126,15 @@ static void test_hist_invalid(void **state) {
     assert_int_equal(tp_hist_get(p, TP_HIST_RUN, NULL), TP_EINVAL);
     assert_int_equal(tp_hist_get(p, 2, &h), TP_EINVAL);
     assert_int_equal(tp_hist_get(p, -1, &h), TP_EINVAL);
+    /* each side of the lanes' range, and the ends of int (no overflow: UBSan) */
+    assert_int_equal(tp_hist_get(p, TP_HIST_QUEUE_WAIT_PRIO(TP_PRIO_MIN) - 1, &h), TP_EINVAL);
+    assert_int_equal(tp_hist_get(p, TP_HIST_QUEUE_WAIT_PRIO(TP_PRIO_MAX) + 1, &h), TP_EINVAL);
+    assert_int_equal(tp_hist_get(p, INT_MIN, &h), TP_EINVAL);
+    assert_int_equal(tp_hist_get(p, INT_MIN + 15, &h), TP_EINVAL);
+    assert_int_equal(tp_hist_get(p, INT_MAX, &h), TP_EINVAL);
     assert_true(h.count == 0x5a5a5a5a5a5a5a5aull); /* untouched */
+    assert_int_equal(tp_hist_get(p, TP_HIST_QUEUE_WAIT_PRIO(TP_PRIO_MIN), &h), TP_OK);
+    assert_int_equal(tp_hist_get(p, TP_HIST_QUEUE_WAIT_PRIO(TP_PRIO_MAX), &h), TP_OK);
     assert_int_equal(tp_hist_get(p, TP_HIST_QUEUE_WAIT, &h), TP_OK);
     assert_true(h.count == 0 && h.sum_ns == 0 && hist_sum(&h) == 0);
     tpt_finish(p);

@@ -285,12 +285,40 @@ static void test_metrics_zero_pools_and_refusals(void **state) {
     tpt_finish(c);
 }
 
+/* Names written the same are the same name: a byte that is not UTF-8 is
+ * written as U+FFFD, so "web\xff", "web\xfe" and "web" U+FFFD would give
+ * one JSON key (a parser keeps one pool) and twice the same Prometheus
+ * series. Refused, as two equal names are; names that are written apart
+ * pass, however close their bytes. */
+static void test_metrics_names_written_the_same(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    tp_pool *ff = named_pool(f, "web\xff", 0), *fe = named_pool(f, "web\xfe", 0),
+            *fffd = named_pool(f, "web\xef\xbf\xbd", 0), *plain = named_pool(f, "web", 0),
+            *nl = named_pool(f, "web\n", 0), *esc = named_pool(f, "web\\n", 0);
+    tp_pool *same[][2] = {{ff, fe}, {ff, fffd}, {fffd, fe}};
+    for (size_t i = 0; i < sizeof same / sizeof same[0]; i++) {
+        assert_int_equal(tp_metrics_format(same[i], 2, TP_FORMAT_JSON, NULL, 0), TP_EINVAL);
+        assert_int_equal(tp_metrics_format(same[i], 2, TP_FORMAT_PROMETHEUS, NULL, 0), TP_EINVAL);
+    }
+    /* apart: a name and its prefix; a newline and the two characters "\n" */
+    tp_pool *apart[] = {ff, plain, nl, esc};
+    assert_true(tp_metrics_format(apart, 4, TP_FORMAT_JSON, NULL, 0) > 0);
+    assert_true(tp_metrics_format(apart, 4, TP_FORMAT_PROMETHEUS, NULL, 0) > 0);
+    tpt_finish(ff);
+    tpt_finish(fe);
+    tpt_finish(fffd);
+    tpt_finish(plain);
+    tpt_finish(nl);
+    tpt_finish(esc);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
 #define T(f) TPT_TEST(f)
         T(test_metrics_prometheus),
         T(test_metrics_json),
         T(test_metrics_zero_pools_and_refusals),
+        T(test_metrics_names_written_the_same),
 #undef T
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
