@@ -317,7 +317,11 @@ static int after_exchange(httpd *h, hconn *c, int keep) {
  * exchange off the loop already did). 1, or 0 if c was closed. */
 static int answer(httpd *h, hconn *c) {
     httpd_reply *r = &c->x.reply;
-    if (c->one_shot || atomic_load(&h->draining)) r->keep_alive = 0;
+    if ((c->one_shot || atomic_load(&h->draining)) && r->keep_alive) {
+        r->keep_alive = 0;
+        free(c->out); /* formatted keep-alive off the loop: say Connection: close */
+        c->out = NULL;
+    }
     if (r->status == 0) {
         log_request(c, 499);
         conn_close(h, c);
@@ -789,7 +793,9 @@ void httpd_drain(httpd *h) {
     atomic_store(&h->draining, 1);
     for (size_t i = h->n; i-- > 0;) { /* downwards, as in expire() */
         hconn *c = h->conns[i];
-        if (c->state == C_BODY || (c->state == C_HEAD && c->len == 0))
+        if (c->state == C_BODY)
+            linger(h, c); /* its answer is out; unread body: close lingering, not with a reset */
+        else if (c->state == C_HEAD && c->len == 0)
             conn_close(h, c); /* nothing in progress */
         else if (c->state == C_HEAD && refuse_head(h, c, 503, "shutting down"))
             advance(h, c); /* half a head: nothing to wait for either */
