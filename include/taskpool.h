@@ -682,8 +682,10 @@ TP_API int tp_stats_format(const tp_stats *s, int format, char *buf, size_t len)
  */
 
 /* Set this thread's current log id (copied, truncated to TP_LOG_ID_MAX bytes);
- * NULL or "" clears it. Inside a task it replaces the task's id for the rest of
- * the call only. */
+ * NULL or "" clears it. Inside a task (or an on_done the pool runs) it replaces
+ * the task's id for the rest of the call only: the thread's own id, such as one
+ * a worker set in on_worker_start, is untouched and current again once the
+ * call returns. */
 TP_API void tp_log_id_set(const char *log_id);
 /* This thread's current log id, or NULL if none. Inside a task: the task's.
  * Valid until the next tp_log_id_set() on this thread or the task's end. */

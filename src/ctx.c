@@ -13,7 +13,9 @@
  * worker drains it, under the lock, before its next task.
  *
  * Log ids live in thread-local storage: a thread's own id (tp_log_id_set) and
- * the task the thread is running, whose id wins unless the task set its own.
+ * the task the thread is running, whose id wins unless the task set its own,
+ * which is kept apart and dropped at the task's end: a worker's own id (set
+ * in on_worker_start, say) is its own again between and after tasks.
  * Generated ids are written only when first asked for, so a task whose id is
  * never read costs no formatting.
  *
@@ -37,9 +39,10 @@
 
 _Thread_local struct tp_pool *tp__tls_pool;
 _Thread_local bool tp__tls_service;
-static _Thread_local tp__task *tls_task; /* the task running (or whose on_done runs) here */
-static _Thread_local char tls_log_id[TP_LOG_ID_MAX + 1];
-static _Thread_local bool tls_override; /* set inside a task by tp_log_id_set */
+static _Thread_local tp__task *tls_task;                 /* the task running (or whose on_done runs) here */
+static _Thread_local char tls_log_id[TP_LOG_ID_MAX + 1]; /* the thread's own */
+static _Thread_local char tls_task_log_id[TP_LOG_ID_MAX + 1]; /* set inside a task, for its rest */
+static _Thread_local bool tls_override;                       /* tls_task_log_id is set */
 
 /* ------------------------------------------------------------ context */
 
@@ -183,22 +186,25 @@ void tp__tls_enter_task(tp__task *t) {
 void tp__tls_leave_task(void) {
     tls_task = NULL;
     tls_override = false;
-    tls_log_id[0] = '\0';
 }
 
 void tp_log_id_set(const char *log_id) {
+    char *to = tls_task ? tls_task_log_id : tls_log_id;
     if (log_id) {
         size_t n = strnlen(log_id, TP_LOG_ID_MAX);
-        memcpy(tls_log_id, log_id, n);
-        tls_log_id[n] = '\0';
+        memcpy(to, log_id, n);
+        to[n] = '\0';
     } else {
-        tls_log_id[0] = '\0';
+        to[0] = '\0';
     }
     if (tls_task) tls_override = true;
 }
 
 const char *tp_log_id_get(void) {
-    if (tls_task && !tls_override) return tp__task_log_id(tls_task);
+    if (tls_task) {
+        if (!tls_override) return tp__task_log_id(tls_task);
+        return tls_task_log_id[0] ? tls_task_log_id : NULL;
+    }
     return tls_log_id[0] ? tls_log_id : NULL;
 }
 

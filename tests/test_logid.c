@@ -422,6 +422,76 @@ static void test_logid_on_done_of_unrun_task(void **state) {
     assert_int_equal(atomic_load(&r->finished), 0); /* never ran */
 }
 
+/* A worker's own log id (set in on_worker_start) is current again after
+ * each task, whether the task set its own or not, and at on_worker_stop;
+ * inside a task the task's id, then the one the task set. */
+static char g_stop_id[IDLEN];
+static atomic_int g_stop_calls;
+
+static void worker_start_sets_id(void *arg) {
+    (void)arg;
+    tp_log_id_set("worker-own");
+}
+
+static void worker_stop_reads_id(void *arg) {
+    (void)arg;
+    copy_id(g_stop_id, tp_log_id_get());
+    atomic_fetch_add(&g_stop_calls, 1);
+}
+
+typedef struct own_rec {
+    char before[IDLEN], after_set[IDLEN], after_clear[IDLEN];
+    int set; /* 1: the task sets an id, then clears it */
+    atomic_int done;
+} own_rec;
+
+static int own_task(tp_ctx *c, void *arg) {
+    (void)c;
+    own_rec *r = arg;
+    copy_id(r->before, tp_log_id_get());
+    if (r->set) {
+        tp_log_id_set("task-set");
+        copy_id(r->after_set, tp_log_id_get());
+        tp_log_id_set(NULL);
+        copy_id(r->after_clear, tp_log_id_get());
+    }
+    atomic_store(&r->done, 1);
+    return 0;
+}
+
+static void test_logid_worker_own_kept(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    tp_log_id_set(NULL);
+    atomic_store(&g_stop_calls, 0);
+    g_stop_id[0] = '\0';
+    tp_config cfg = tpt_quiet_config(1, 0, 0);
+    cfg.on_worker_start = worker_start_sets_id;
+    cfg.on_worker_stop = worker_stop_reads_id;
+    tp_pool *p = tpt_fx_pool(f, &cfg);
+    own_rec *a = tpt_fx_new(f, own_rec), *b = tpt_fx_new(f, own_rec), *c = tpt_fx_new(f, own_rec);
+    a->set = 1;
+    c->set = 1;
+    tp_task_opts o = {0};
+    o.log_id = "task-a";
+    assert_int_equal(tp_submit(p, own_task, a, &o, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&a->done) == 1);
+    o.log_id = "task-b";
+    assert_int_equal(tp_submit(p, own_task, b, &o, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&b->done) == 1);
+    o.log_id = "task-c";
+    assert_int_equal(tp_submit(p, own_task, c, &o, NULL), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&c->done) == 1);
+    tpt_finish(p);
+    assert_string_equal(a->before, "task-a");
+    assert_string_equal(a->after_set, "task-set");
+    assert_string_equal(a->after_clear, "");  /* cleared for the rest of the call */
+    assert_string_equal(b->before, "task-b"); /* not a's */
+    assert_string_equal(c->before, "task-c");
+    assert_int_equal(atomic_load(&g_stop_calls), 1);
+    assert_string_equal(g_stop_id, "worker-own");
+    assert_null(tp_log_id_get()); /* this thread's untouched */
+}
+
 /* ------------------------------------------------------------ log hook */
 
 typedef struct hook_entry {
@@ -559,7 +629,8 @@ int main(void) {
         TPT_TEST(test_logid_set_get_on_plain_thread), TPT_TEST(test_logid_inherited_from_submitter),
         TPT_TEST(test_logid_generated_unique),        TPT_TEST(test_logid_kept_across_retries),
         TPT_TEST(test_logid_child_inherits),          TPT_TEST(test_logid_on_done_of_unrun_task),
-        TPT_TEST(test_logid_log_hook_receives_it),    TPT_TEST(test_logid_default_stderr),
+        TPT_TEST(test_logid_worker_own_kept),         TPT_TEST(test_logid_log_hook_receives_it),
+        TPT_TEST(test_logid_default_stderr),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
