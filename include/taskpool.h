@@ -370,8 +370,10 @@ typedef void (*tp_done_fn)(void *arg, int status);
  *
  * Deadline: a task still queued when its deadline passes ends then, without
  * running, with TP_ETIMEDOUT (counted expired; on_done on the service thread,
- * promptly even while every worker is busy; its queue place and user slot
- * are freed), or when a worker picks it, whichever comes first. A running
+ * promptly even while every worker is busy -- the service thread looks for
+ * such tasks in batches, at most 1 ms plus 16 ns per waiting task apart, so
+ * "then" may be that much late; its queue place and user slot are freed),
+ * or when a worker picks it, whichever comes first. A running
  * task sees it in tp_ctx_err() like a run timeout; a retry is not scheduled
  * past it, and a task waiting for a retry when it passes ends with
  * TP_ETIMEDOUT (cancelled, not expired: it ran). */
