@@ -60,6 +60,8 @@ static void usage(const char *prog) {
            "  OUTPUT_LIMIT      unread reply bytes per client, 2048..16777216 (65536)\n"
            "  TASK_TIMEOUT      run timeout of each request's work (60s)\n"
            "  SHUTDOWN_TIMEOUT  budget for answering the work in flight at SIGTERM (5s)\n"
+           "  IDLE_TIMEOUT      a client with nothing in flight or unread that sends\n"
+           "                    nothing this long is disconnected (30s)\n"
            "  LOG_LEVEL         error, warn, info or debug (info)\n"
            "\n"
            "Exit status: 0 drained in time, 1 drain forced or start failed,\n"
@@ -96,6 +98,7 @@ static int load(lp_config *c, char *err, size_t errlen, const char **var) {
     c->output_limit = 65536;
     c->task_timeout_ns = 60 * SVC_NS_PER_S;
     c->shutdown_timeout_ns = 5 * SVC_NS_PER_S;
+    c->idle_timeout_ns = 30 * SVC_NS_PER_S;
     c->log_level = SVC_LOG_INFO;
 
     const char *v = svc_env("LOG_LEVEL");
@@ -129,6 +132,7 @@ static int load(lp_config *c, char *err, size_t errlen, const char **var) {
     CHECK("TASK_TIMEOUT", svc_load_duration("TASK_TIMEOUT", 1 * ms, day, &c->task_timeout_ns, err, errlen));
     CHECK("SHUTDOWN_TIMEOUT",
           svc_load_duration("SHUTDOWN_TIMEOUT", 1 * ms, day, &c->shutdown_timeout_ns, err, errlen));
+    CHECK("IDLE_TIMEOUT", svc_load_duration("IDLE_TIMEOUT", 1 * ms, day, &c->idle_timeout_ns, err, errlen));
     *var = NULL;
     return 0;
 }

@@ -41,6 +41,17 @@
  * Drain. lp_server_begin_drain() closes the pool (later WORK gets CLOSED)
  * and a client closes once nothing of it is in flight or unwritten. When
  * the last record is back, every task has ended and the pool stops at once.
+ * A client that stops reading would keep its answers unwritten for ever:
+ * one that has nothing in flight and output unwritten at nine tenths of the
+ * budget is dropped (slow_dropped), so that only work the pool could not
+ * end in time makes a drain forced, never a client's socket.
+ *
+ * Idle clients. A client with nothing in flight and nothing to write that
+ * sends nothing for IDLE_TIMEOUT (since it connected, last sent bytes or
+ * last had output written) is closed, lingering (below, reason "idle
+ * timeout"), so that silent connections cannot hold the MAX_CLIENTS places
+ * for ever. Work in flight or answers not yet taken are not idleness: those
+ * are bounded by TASK_TIMEOUT and by the slow-reader rules above.
  *
  * Lingering close. A server that closes a socket whose peer has sent more
  * than it read (a client that pipelines requests past a protocol error or
@@ -51,7 +62,7 @@
  * replies), then reads and drops input until the client closes too, for
  * LINGER_NS at most (and, while draining, never past nine tenths of the
  * drain's budget, so that a client that never closes cannot turn a drain
- * into a forced one). A lingering client holds no MAX_CLIENTS place; at
+ * into a forced one). An idle client (above) is closed the same way. A lingering client holds no MAX_CLIENTS place; at
  * most MAX_CLIENTS linger (one more closes at once).
  */
 #include <assert.h>
@@ -313,15 +324,20 @@ static void process_lines(lp_client *c) {
     c->in_off = 0;
 }
 
+/* Nine tenths of the drain's budget: lingering closes and clients that
+ * leave their answers unread end by then. */
+static uint64_t drain_end(const lp_server *s) {
+    return s->drain_started_ns + s->cfg.shutdown_timeout_ns / 10 * 9;
+}
+
 /* While draining, a lingering close ends by nine tenths of the budget. */
 static void linger_within_drain(lp_client *c, uint64_t now) {
-    const lp_server *s = c->srv;
-    uint64_t end = s->drain_started_ns + s->cfg.shutdown_timeout_ns / 10 * 9;
+    uint64_t end = drain_end(c->srv);
     if (end < c->linger_until) c->linger_until = end > now ? end : now;
 }
 
 /* Output ended (ops.half_close); input read and dropped until the peer
- * closes, or until linger_until (lp_server_linger). */
+ * closes, or until linger_until (lp_server_timers). */
 static void begin_linger(lp_client *c, const char *why) {
     lp_server *s = c->srv;
     if (s->lingering >= s->cfg.max_clients) {
@@ -389,6 +405,7 @@ int lp_client_open(lp_server *s, lp_client *c, const char *peer) {
         return -1;
     }
     c->id = s->next_client++;
+    c->active_ns = tp_now_ns();
     snprintf(c->peer, sizeof c->peer, "%s", peer);
     c->reading = true;
     c->next = s->clients;
@@ -408,6 +425,7 @@ void lp_client_read_buf(lp_client *c, char **buf, size_t *len) {
 
 void lp_client_received(lp_client *c, size_t len) {
     if (c->closing) return;
+    c->active_ns = tp_now_ns();
     c->in_len += len;
     if (c->finish || c->lingering) c->in_len = c->in_off = 0; /* see refresh() */
     refresh(c);
@@ -438,6 +456,7 @@ void lp_client_sent(lp_client *c, size_t len) {
     assert(len <= c->out_len);
     c->out_len -= len;
     c->out_head = c->out_len == 0 ? 0 : (c->out_head + len) % c->out_cap;
+    c->active_ns = tp_now_ns();
     refresh(c);
 }
 
@@ -537,6 +556,7 @@ void lp_server_log_listening(const lp_server *s, int lfd, const char *loop) {
     svc_log_uint(&ev, "output_limit", c->output_limit);
     svc_log_uint(&ev, "task_timeout_ms", c->task_timeout_ns / SVC_NS_PER_MS);
     svc_log_uint(&ev, "shutdown_timeout_ms", c->shutdown_timeout_ns / SVC_NS_PER_MS);
+    svc_log_uint(&ev, "idle_timeout_ms", c->idle_timeout_ns / SVC_NS_PER_MS);
     svc_log_str(&ev, "version", LP_VERSION);
     svc_log_str(&ev, "taskpool_version", tp_version());
     svc_log_end(&ev);
@@ -568,16 +588,40 @@ void lp_server_begin_drain(lp_server *s, const char *signal_name) {
     }
 }
 
-uint64_t lp_server_linger(lp_server *s, uint64_t now) {
+/* The time at which `c` is next due (0: none), after closing it if it is
+ * due now: idle, lingering too long, or unread at the drain's end. */
+static uint64_t client_timer(lp_client *c, uint64_t now) {
+    lp_server *s = c->srv;
+    if (!s->draining && !c->lingering && !c->eof && c->inflight == 0 && c->out_len == 0) {
+        uint64_t idle_end = c->active_ns + s->cfg.idle_timeout_ns;
+        if (now < idle_end) return idle_end;
+        begin_linger(c, "idle timeout");
+        if (c->closing) return 0;
+        refresh(c); /* reading on, to drop what it sends while lingering */
+    }
+    if (c->closing) return 0;
+    if (c->lingering) {
+        if (now < c->linger_until) return c->linger_until;
+        log_client("debug", "client_linger_ended", c, NULL);
+        close_now(c);
+        return 0;
+    }
+    if (s->draining && c->out_len > 0) { /* answers unread: see the drain at the top */
+        if (now < drain_end(s)) return drain_end(s);
+        if (c->inflight > 0) return 0; /* its work's end wakes the loop */
+        s->n.slow_dropped++;
+        log_client("warn", "client_dropped", c, "slow reader: answers unread at the end of the drain");
+        close_now(c);
+    }
+    return 0;
+}
+
+uint64_t lp_server_timers(lp_server *s, uint64_t now) {
     uint64_t next = 0;
     for (lp_client *c = s->clients; c != NULL; c = c->next) { /* close is deferred: the list stays intact */
-        if (!c->lingering || c->closing) continue;
-        if (now >= c->linger_until) {
-            log_client("debug", "client_linger_ended", c, NULL);
-            close_now(c);
-        } else if (next == 0 || c->linger_until < next) {
-            next = c->linger_until;
-        }
+        if (c->closing) continue;
+        uint64_t when = client_timer(c, now);
+        if (when != 0 && (next == 0 || when < next)) next = when;
     }
     return next;
 }

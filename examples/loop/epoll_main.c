@@ -17,7 +17,8 @@
  *
  * A close the client did not ask for lingers (core.c): op_half_close ends
  * the output with shutdown(SHUT_WR), and the loop's timeout covers the
- * earliest end of a lingering close (lp_server_linger).
+ * clients' earliest deadline (lp_server_timers: the end of a lingering
+ * close, IDLE_TIMEOUT, the drain's end for a client that does not read).
  *
  * Shutdown: on the signal the listener closes and the core drains
  * (lp_server_begin_drain); the loop ends when the core says drained (exit
@@ -295,7 +296,7 @@ int main(int argc, char **argv) {
         }
         end_iteration();
         /* after every change of this iteration (a flush may begin one) */
-        linger_next = lp_server_linger(&srv, tp_now_ns()); /* closes those whose time is up */
+        linger_next = lp_server_timers(&srv, tp_now_ns()); /* closes those whose time is up */
         end_iteration();                                   /* and finishes those closes */
         if (listen_resume_ns != 0 && tp_now_ns() >= listen_resume_ns) {
             listen_resume_ns = 0;

@@ -34,6 +34,8 @@
  *   server's output ends first, and what the client sends meanwhile is read
  *   and dropped until it closes too, for 2 s at most; core.c).
  * A connection over MAX_CLIENTS gets "BUSY 0 too many clients" and is closed.
+ * A client with nothing in flight and nothing unwritten that sends nothing
+ * for IDLE_TIMEOUT is closed (lingering, as above).
  * End of input (a half-close) means "no more requests": the work in flight is
  * answered, then the connection closes.
  */
@@ -64,6 +66,7 @@ typedef struct lp_config {
     unsigned output_limit;        /* OUTPUT_LIMIT: unread reply bytes kept per client */
     uint64_t task_timeout_ns;     /* TASK_TIMEOUT: run timeout of each request's work */
     uint64_t shutdown_timeout_ns; /* SHUTDOWN_TIMEOUT: drain budget after SIGTERM/SIGINT */
+    uint64_t idle_timeout_ns;     /* IDLE_TIMEOUT: a client silent that long, nothing in flight, is closed */
     int log_level;                /* LOG_LEVEL */
 } lp_config;
 
@@ -138,6 +141,7 @@ struct lp_client {
     bool finish;           /* like eof, after a protocol error */
     bool lingering;        /* ops.half_close was called: input is read and dropped until the peer closes */
     uint64_t linger_until; /* then closed at this time (tp_now_ns) at the latest */
+    uint64_t active_ns;    /* when it connected, last sent bytes or last had output written (IDLE_TIMEOUT) */
     bool closing;          /* ops.close was called */
     bool closed;           /* lp_client_closed was called */
 };
@@ -194,13 +198,16 @@ void lp_server_refused(lp_server *s);
 void lp_server_log_listening(const lp_server *s, int lfd, const char *loop);
 
 /* SIGTERM: the loop has closed its listener; admission stops (WORK gets
- * CLOSED), idle clients close, the others once their work is answered. */
+ * CLOSED), idle clients close, the others once their work is answered and
+ * written (one that leaves it unread is dropped: lp_server_timers). */
 void lp_server_begin_drain(lp_server *s, const char *signal_name);
 
-/* Close the clients whose lingering close (core.c, refresh) has run out of
- * time. Returns the earliest time (tp_now_ns) at which another one will,
- * 0 if none lingers: the loop must call again by then. */
-uint64_t lp_server_linger(lp_server *s, uint64_t now);
+/* The clients' deadlines (core.c): close those idle for IDLE_TIMEOUT, those
+ * whose lingering close has run out of time, and, while draining, those
+ * that leave their answers unread at nine tenths of the budget. Returns the
+ * earliest time (tp_now_ns) at which another one is due, 0 if none: the loop
+ * must call again by then, and after every iteration. */
+uint64_t lp_server_timers(lp_server *s, uint64_t now);
 
 /* Draining, and every client closed and every request freed. */
 bool lp_server_drained(const lp_server *s);

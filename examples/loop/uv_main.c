@@ -11,9 +11,9 @@
  *
  * Handles: the listener (a uv_tcp_t adopting the socket config.c made), the
  * uv_poll_t of the completion queue, a uv_signal_t each for SIGTERM and
- * SIGINT, the drain budget's uv_timer_t, a uv_prepare_t that ends lingering
- * closes whose time is up (core.c; a uv_timer_t wakes the loop for the
- * next one) and ends the loop once the drain is complete (it runs before
+ * SIGINT, the drain budget's uv_timer_t, a uv_prepare_t that closes the
+ * clients whose deadline has come (lp_server_timers: lingering closes,
+ * IDLE_TIMEOUT; a uv_timer_t wakes the loop for the next one) and ends the loop once the drain is complete (it runs before
  * each poll, so after the close callbacks of the iteration before), and one
  * uv_tcp_t per client. A
  * client's output goes out of the core's ring with one uv_write() at a
@@ -223,9 +223,10 @@ static void on_linger(uv_timer_t *t) { (void)t; /* on_prepare runs next and clos
 static void on_prepare(uv_prepare_t *h) {
     (void)h;
     if (stopping) return;
-    /* Lingering closes (core.c): those whose time is up close now; the
-     * timer keeps the loop from sleeping past the next one's. */
-    uint64_t now = tp_now_ns(), next = lp_server_linger(&srv, now);
+    /* The clients' deadlines (core.c: lingering closes, IDLE_TIMEOUT, the
+     * drain's end): those whose time is up close now; the timer keeps the
+     * loop from sleeping past the next one's. */
+    uint64_t now = tp_now_ns(), next = lp_server_timers(&srv, now);
     if (next != 0)
         uv_timer_start(&linger_timer, on_linger, (next - now + SVC_NS_PER_MS - 1) / SVC_NS_PER_MS, 0);
     else

@@ -26,7 +26,12 @@ Scenarios (one CTest test each, per server):
             and its other work cancelled; the others are served meanwhile
   drain     SIGTERM: no new connections, the work in flight finishes and is
             answered, exit 0; a budget too short: work cancelled and answered
-            TP_ECANCELED, exit 1; SIGINT on an idle server: exit 0
+            TP_ECANCELED, exit 1; a client that reads nothing is dropped
+            within the budget, exit 0; SIGINT on an idle server: exit 0
+  linger    a client that goes on sending after the server decided to close
+            gets its answers and a clean end of stream
+  idle      IDLE_TIMEOUT: a silent client is closed and its MAX_CLIENTS place
+            freed; one whose work outlasts it is not idle
 """
 import argparse
 import json
@@ -660,7 +665,35 @@ def scenario_drain(env):
           and fin["stats"]["cancelled"] == 2, "final line %r" % fin)
     log("drain: forced exit after %.2f s" % took)
 
-    # 3. SIGINT drains like SIGTERM.
+    # 3. A client that stops reading, its answers unwritten, no work in
+    # flight: it is dropped by nine tenths of the budget (slow_dropped) and
+    # the drain still ends drained, exit 0, not forced.
+    srv = env.server("drain-unread", SHUTDOWN_TIMEOUT="2s", OUTPUT_LIMIT=65536)
+    s = srv.connect(rcvbuf=4096)
+    s.sock.setblocking(False)
+    try:
+        for _ in range(100000):  # until the server pauses it and TCP pushes back
+            s.sock.send(b"PING\n" * 200)
+    except BlockingIOError:
+        pass
+    wait_until(lambda: srv.stats()["paused_now"] == 1, 10, "the server to pause the client that reads nothing")
+    srv.ctl.close()
+    srv.ctl = None
+    t0 = time.monotonic()
+    srv.send_signal(signal.SIGTERM)
+    rc = srv.wait(15)
+    took = time.monotonic() - t0
+    check(rc == 0, "exit %d with a client that reads nothing through the drain, want 0" % rc)
+    fin = srv.final()
+    check(fin["result"] == "drained" and fin["counters"]["slow_dropped"] == 1 and fin["counters"]["clients"] == 0,
+          "final line %r" % fin)
+    ev = [e for e in srv.events() if e.get("msg") == "client_dropped"]
+    check(len(ev) == 1 and ev[0]["reason"].startswith("slow reader") and ev[0]["inflight"] == 0
+          and ev[0]["unwritten"] > 0, "client_dropped lines %r" % ev)
+    log("drain: a client that reads nothing dropped, drained after %.2f s" % took)
+    s.close()
+
+    # 4. SIGINT drains like SIGTERM.
     srv = env.server("sigint")
     check(srv.stop(signal.SIGINT) == 0, "exit after SIGINT, want 0")
     started = [e for e in srv.events() if e.get("msg") == "shutdown_started"]
@@ -718,6 +751,36 @@ def scenario_linger(env):
     b.close()
 
 
+def scenario_idle(env):
+    # IDLE_TIMEOUT: a client with nothing in flight and nothing to write,
+    # silent that long, is closed (lingering: its end of stream is clean),
+    # so silent connections cannot hold every MAX_CLIENTS place. A client
+    # whose work runs longer than IDLE_TIMEOUT is not idle.
+    srv = env.server("idle", MAX_CLIENTS=2, IDLE_TIMEOUT="1s", LOG_LEVEL="debug")
+    r = env.run("--help")
+    check("IDLE_TIMEOUT" in r.stdout, "--help documents IDLE_TIMEOUT")
+    r = env.run(LISTEN_ADDR="127.0.0.1:0", IDLE_TIMEOUT="never")
+    check(r.returncode == 2 and "IDLE_TIMEOUT" in r.stdout, "IDLE_TIMEOUT=never: exit %d" % r.returncode)
+    check(srv.events()[0].get("idle_timeout_ms") == 1000, "the listening line says the idle timeout")
+    busy = srv.connect(timeout=20)
+    check(busy.call("WORK 2500\nPING") == "PONG 2", "the long work admitted")  # in flight from here
+    silent = srv.connect()  # the second and last place
+    third = srv.connect()
+    check(third.until_eof() == ["BUSY 0 too many clients"], "every place taken")
+    check(silent.until_eof(timeout=10) == [], "the silent client closed, a clean end of stream")
+    silent.close()
+    c = srv.connect()
+    check(c.call("PING") == "PONG 1", "a new client is served once the silent one is gone")
+    check(busy.line() == "OK 1 TP_OK", "the client whose work outlasted IDLE_TIMEOUT is answered")
+    check(busy.call("PING") == "PONG 3", "and still connected")
+    ev = {e["client"]: e for e in srv.events() if e.get("msg") == "client_done" and e.get("reason") == "idle timeout"}
+    check(2 in ev and 1 not in ev and all(e["inflight"] == 0 and e["unwritten"] == 0 for e in ev.values()),
+          "idle client_done lines %r" % ev)  # (c, idle while busy waited, may be among them)
+    busy.close()
+    c.close()
+    clean_exit(srv)
+
+
 SCENARIOS = {
     "protocol": scenario_protocol,
     "load": scenario_load,
@@ -726,6 +789,7 @@ SCENARIOS = {
     "slow": scenario_slow,
     "drain": scenario_drain,
     "linger": scenario_linger,
+    "idle": scenario_idle,
 }
 
 
