@@ -71,8 +71,11 @@ static size_t utf8_seq(const unsigned char *p, size_t n) {
 /* Escape the n bytes at s into out (of size cap) as the inside of a JSON
  * string; returns its length, or (size_t)-1 if it does not fit. The result
  * is UTF-8 whatever s holds (RFC 8259 section 8.1): well-formed sequences are
- * copied, every other byte >= 0x80 becomes U+FFFD, control characters and
- * DEL become escapes. */
+ * copied, every other byte >= 0x80 becomes U+FFFD, control characters (C0
+ * and C1: U+009B is an 8-bit CSI, U+0085 NEL), DEL and the line and
+ * paragraph separators U+2028 and U+2029 become escapes, so that no byte of
+ * a logged value can move a terminal's cursor or end a line for a reader
+ * that splits on Unicode line breaks. */
 static size_t escape(const char *s, size_t len, char *out, size_t cap) {
     size_t n = 0;
     const unsigned char *p = (const unsigned char *)s, *end = p + len;
@@ -95,6 +98,13 @@ static size_t escape(const char *s, size_t len, char *out, size_t cap) {
                 rep = "\\ufffd";
                 rn = 6;
                 take = 1;
+            } else if (*p == 0xc2 && p[1] <= 0x9f) { /* C1 controls U+0080..U+009F: 8-bit CSI, OSC, NEL */
+                snprintf(tmp, sizeof tmp, "\\u%04x", p[1]);
+                rep = tmp;
+                rn = 6;
+            } else if (*p == 0xe2 && p[1] == 0x80 && (p[2] == 0xa8 || p[2] == 0xa9)) { /* U+2028, U+2029 */
+                rep = p[2] == 0xa8 ? "\\u2028" : "\\u2029";
+                rn = 6;
             }
         }
         if (n + rn > cap) return (size_t)-1;

@@ -10,8 +10,11 @@
  * Shared by both examples (examples/common/). The line is built in a fixed
  * buffer on the caller's stack (no allocation) and written with one write()
  * under a mutex, so lines from different threads never interleave. Strings
- * are JSON-escaped and kept UTF-8 (bytes that are not become U+FFFD), so a
- * value from a client can neither break a line nor forge one; a line that
+ * are JSON-escaped and kept UTF-8 (bytes that are not become U+FFFD; C0 and
+ * C1 controls, DEL, U+2028 and U+2029 become \uXXXX escapes), so a value
+ * from a client can neither break a line, for a reader that splits on any
+ * Unicode line break either, nor forge one, nor send a terminal escape
+ * sequence; a line that
  * would not fit is cut at a field boundary and marked "truncated":true, never
  * emitted as invalid JSON. Logging never fails the caller: a write error is
  * ignored.

@@ -1682,7 +1682,9 @@ static void test_drain_unfinished_head(void **state) {
 /* Request targets that are not URI syntax get 400 (RFC 9112 section 3.2,
  * RFC 3986), and nothing a client sends can make a log line that is not
  * UTF-8 or not JSON (issue 22, finding 3): the refused target is logged,
- * escaped, with U+FFFD for bytes that are not UTF-8. */
+ * escaped, with U+FFFD for bytes that are not UTF-8, and C1 controls
+ * (U+0080..U+009F: 8-bit CSI and OSC, NEL) and U+2028/U+2029 escaped as
+ * \uXXXX, so no target can put a terminal escape or a line break in it. */
 static void test_log_encoding(void **state) {
     proc *p = *state;
     proc_start(p, NULL);
@@ -1706,6 +1708,16 @@ static void test_log_encoding(void **state) {
         "/stats?\x01",
         "stats",
         "//\x7f",
+        "/a\xc2\x9b"
+        "31mX", /* C1: 8-bit CSI, then SGR red */
+        "/\xc2\x9d"
+        "0;t\xc2\x9c", /* C1: OSC ... ST (a window title) */
+        "/a\xc2\x85"
+        "b\xc2\x80"
+        "c\xc2\x9f", /* NEL, U+0080, U+009F */
+        "/a\xe2\x80\xa8"
+        "b\xe2\x80\xa9"
+        "c\xe2\x80\xa7", /* LS, PS; U+2027 is no line break */
     };
     response r;
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -1741,6 +1753,19 @@ static void test_log_encoding(void **state) {
     assert_true(find_line(p, 0, "\"status\":400", "\"path\":\"/h\xc3\xa9\"") >= 0);
     assert_true(find_line(p, 0, "\"status\":400", "\"path\":\"/\\ufffd\\ufffd?x=\\ufffd\"") >= 0);
     assert_true(find_line(p, 0, "\"status\":400", "\"path\":\"/a\\\"b\"") >= 0);
+    /* C1 controls and the Unicode line separators are escaped, never raw:
+     * a terminal showing the log, or a reader splitting it on Unicode line
+     * breaks (Python's str.splitlines()), sees one harmless line each. */
+    assert_true(find_line(p, 0, "\"status\":400", "\"path\":\"/a\\u009b31mX\"") >= 0);
+    assert_true(find_line(p, 0, "\"status\":400", "\"path\":\"/\\u009d0;t\\u009c\"") >= 0);
+    assert_true(find_line(p, 0, "\"status\":400", "\"path\":\"/a\\u0085b\\u0080c\\u009f\"") >= 0);
+    assert_true(find_line(p, 0, "\"status\":400", "\"path\":\"/a\\u2028b\\u2029c\xe2\x80\xa7\"") >= 0);
+    for (size_t i = 0; i + 1 < p->loglen; i++) {
+        const unsigned char *b = (const unsigned char *)p->log + i;
+        if (b[0] == 0xc2 && b[1] >= 0x80 && b[1] <= 0x9f) fail_msg("a raw C1 control in the log at %zu", i);
+        if (i + 2 < p->loglen && b[0] == 0xe2 && b[1] == 0x80 && (b[2] == 0xa8 || b[2] == 0xa9))
+            fail_msg("a raw U+2028 or U+2029 in the log at %zu", i);
+    }
 }
 
 /* Conformance (issue 22, finding 5): absolute-form targets are served (RFC
