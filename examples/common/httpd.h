@@ -82,7 +82,8 @@ typedef struct httpd_exchange {
     const http_request *req;
     const char *log_id; /* the client's valid X-Request-Id, else "req-N" */
     uint64_t conn_id;
-    int fd;        /* the client's socket: poll it (POLLRDHUP) to notice a hang-up; nothing else */
+    int fd;        /* the client's socket: poll it (POLLRDHUP) and peek to notice a hang-up, or write
+                      an interim 1xx response before the answer; nothing else */
     int cancel_fd; /* readable when the request must stop (a forced shutdown), or -1 */
     int on_loop;   /* runs on the loop thread: must not block (answer 503 rather than wait) */
     int draining;  /* httpd_drain has begun */

@@ -33,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include "log.h"
 #include "service.h"
@@ -322,10 +323,32 @@ static void handle_task(httpd_exchange *x) {
     svc_log_end(&ev);
 }
 
+/* The client's end of input (POLLRDHUP): 1 if it is gone, 0 if it only
+ * half-closed and may still read the answer. A reset shows as an error of
+ * recv(); a FIN as 0 bytes, which is all a client that closed its socket
+ * (gone) and one that only ended its output (nc -N) send. To tell them
+ * apart, an HTTP/1.1 client is sent an interim "100 Continue", which every
+ * HTTP/1.1 client must accept before the answer (RFC 9110 section 15.2): a
+ * closed socket answers it with a reset, seen as POLLERR/POLLHUP by the next
+ * poll(). An HTTP/1.0 client may not be sent one: its answer is written and
+ * dropped by the kernel if it is gone (the delay is bounded anyway). */
+static int client_gone_at_eof(httpd_exchange *x) {
+    char b;
+    ssize_t n = recv(x->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return 1; /* a reset */
+    if (x->req->minor < 1) return 0;
+    static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+    ssize_t w = send(x->fd, cont, sizeof cont - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+    return w != (ssize_t)(sizeof cont - 1); /* EPIPE, ECONNRESET; a full buffer cannot be, at the start */
+}
+
 /* GET /work: wait inside the request. Stops early when the client hangs up
- * (POLLRDHUP/POLLHUP/POLLERR on its socket: no answer, logged as 499) or when
- * a forced shutdown cancels the connection (503). A drain lets a request in
- * progress finish; one that arrives during the drain gets 503. */
+ * (a reset, POLLHUP/POLLERR on its socket, or its end of input after which
+ * it is found gone: client_gone_at_eof; no answer, logged as 499) or when a
+ * forced shutdown cancels the connection (503). A client that only
+ * half-closed (shutdown(SHUT_WR) after its request, as nc -N does) is
+ * answered, like on every other route. A drain lets a request in progress
+ * finish; one that arrives during the drain gets 503. */
 static void handle_work(httpd_exchange *x) {
     const http_request *req = x->req;
     httpd_reply *r = &x->reply;
@@ -345,11 +368,12 @@ static void handle_work(httpd_exchange *x) {
     svc_log_uint(&ev, "delay_ms", delay / SVC_NS_PER_MS);
     svc_log_end(&ev);
     uint64_t end = tp_now_ns() + delay;
+    short watch = POLLRDHUP; /* 0 after the client's end of input: POLLHUP and POLLERR are always reported */
     for (;;) {
         int timeout = poll_ms(end);
         if (timeout == 0) break;
         /* POLLRDHUP, not POLLIN: a pipelined next request is not a hang-up. */
-        struct pollfd pf[2] = {{.fd = x->fd, .events = POLLRDHUP}, {.fd = x->cancel_fd, .events = POLLIN}};
+        struct pollfd pf[2] = {{.fd = x->fd, .events = watch}, {.fd = x->cancel_fd, .events = POLLIN}};
         int n = poll(pf, 2, timeout);
         if (n < 0 && errno != EINTR) {
             r->status = 0;
@@ -361,10 +385,11 @@ static void handle_work(httpd_exchange *x) {
             r->keep_alive = 0;
             return;
         }
-        if (pf[0].revents & (POLLRDHUP | POLLHUP | POLLERR)) {
+        if ((pf[0].revents & (POLLHUP | POLLERR)) || ((pf[0].revents & POLLRDHUP) && client_gone_at_eof(x))) {
             r->status = 0; /* the client is gone: nobody to answer */
             return;
         }
+        if (pf[0].revents & POLLRDHUP) watch = 0; /* a half-close: answer it */
     }
     httpd_reply_json(r, 200, "{\"status\":\"done\",\"delay_ms\":%llu}\n",
                      (unsigned long long)(delay / SVC_NS_PER_MS));

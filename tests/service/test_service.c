@@ -255,6 +255,7 @@ typedef struct response {
     int status;
     int retry_after; /* Retry-After: 1 present */
     int closes;      /* Connection: close present */
+    int interim;     /* 1xx interim responses skipped before it */
     char allow[32];
     char ctype[96];     /* Content-Type */
     size_t clen;        /* Content-Length */
@@ -304,24 +305,34 @@ static ssize_t client_fill(client *c) {
 }
 
 /* Read one response (to a HEAD request if head_only: no body follows its
- * Content-Length). 0, or -1 if the connection ended (EOF/reset) before a
- * response began. Fails on a timeout or a truncated response. */
+ * Content-Length), after skipping any 1xx interim responses, as every
+ * HTTP/1.1 client must (RFC 9110 section 15.2; counted in r->interim). 0, or
+ * -1 if the connection ended (EOF/reset) before a response began. Fails on a
+ * timeout or a truncated response. */
 static int client_read_ex(client *c, response *r, int head_only) {
     memset(r, 0, sizeof *r);
     char *end;
-    while ((end = memmem(c->buf, c->len, "\r\n\r\n", 4)) == NULL) {
-        ssize_t n = client_fill(c);
-        if (n <= 0) {
-            if (c->len == 0 && (n == 0 || errno == ECONNRESET)) return -1;
-            fail_msg("reading a response head: %s", n == 0 ? "EOF" : strerror(errno));
-        }
-    }
-    size_t head = (size_t)(end - c->buf) + 4;
     char h[8192];
-    assert_true(head < sizeof h);
-    memcpy(h, c->buf, head);
-    h[head] = '\0';
-    assert_int_equal(sscanf(h, "HTTP/1.1 %d", &r->status), 1);
+    size_t head;
+    for (;;) {
+        while ((end = memmem(c->buf, c->len, "\r\n\r\n", 4)) == NULL) {
+            ssize_t n = client_fill(c);
+            if (n <= 0) {
+                if (c->len == 0 && (n == 0 || errno == ECONNRESET)) return -1;
+                fail_msg("reading a response head: %s", n == 0 ? "EOF" : strerror(errno));
+            }
+        }
+        head = (size_t)(end - c->buf) + 4;
+        assert_true(head < sizeof h);
+        memcpy(h, c->buf, head);
+        h[head] = '\0';
+        assert_int_equal(sscanf(h, "HTTP/1.1 %d", &r->status), 1);
+        if (r->status >= 200) break;
+        assert_true(r->status >= 100);
+        r->interim++;
+        memmove(c->buf, c->buf + head, c->len - head);
+        c->len -= head;
+    }
     size_t clen = 0;
     int have_len = 0;
     for (char *line = strstr(h, "\r\n") + 2; *line != '\0' && strncmp(line, "\r\n", 2) != 0;
@@ -1030,6 +1041,39 @@ static void test_work_client_gone(void **state) {
     assert_true(tp_now_ns() - t0 < WAIT_NS); /* WAIT_NS (20 s) < the 30 s delay */
     proc_kill(p, SIGTERM);
     assert_int_equal(proc_wait_exit(p, WAIT_NS), 0);
+}
+
+/* GET /work from a client that half-closes after its request (shutdown
+ * SHUT_WR, as nc -N does) and waits for the answer: it is answered, like on
+ * every other route (an HTTP/1.1 client after an interim 100 Continue, with
+ * which the server finds out that it is still there; an HTTP/1.0 one at
+ * once), and logged 200, not 499. test_work_client_gone is the client that
+ * closes its socket instead. */
+static void test_work_half_close(void **state) {
+    proc *p = *state;
+    proc_start(p, NULL);
+    static const char *const reqs[] = {
+        "GET /work?delay=300ms HTTP/1.1\r\nHost: test\r\n\r\n",
+        "GET /work?delay=300ms HTTP/1.0\r\n\r\n",
+    };
+    for (size_t i = 0; i < 2; i++) {
+        client *w = client_open(p);
+        client_sends(w, reqs[i]);
+        assert_int_equal(shutdown(w->fd, SHUT_WR), 0);
+        response r;
+        if (client_read(w, &r) != 0) fail_msg("%s: closed without an answer", reqs[i]);
+        assert_int_equal(r.status, 200);
+        assert_string_equal(r.body, "{\"status\":\"done\",\"delay_ms\":300}\n");
+        assert_true(client_sees_clean_close(w));
+        client_close(w);
+    }
+    proc_kill(p, SIGTERM);
+    assert_int_equal(proc_wait_exit(p, WAIT_NS), 0);
+    proc_refresh(p);
+    assert_true(find_line(p, 0, "\"path\":\"/work\"", "\"status\":499") < 0);
+    long first = find_line(p, 0, "\"path\":\"/work\"", "\"status\":200");
+    assert_true(first >= 0);
+    assert_true(find_line(p, (size_t)first + 1, "\"path\":\"/work\"", "\"status\":200") >= 0);
 }
 
 /* Keep-alive, pipelining, a small body, HTTP/1.0, X-Request-Id; SIGINT. */
@@ -2193,6 +2237,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(test_slow_client, setup, teardown),
         cmocka_unit_test_setup_teardown(test_connection_limit, setup, teardown),
         cmocka_unit_test_setup_teardown(test_work_client_gone, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_work_half_close, setup, teardown),
         cmocka_unit_test_setup_teardown(test_keep_alive, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_config, setup, teardown),
         cmocka_unit_test_setup_teardown(test_command_line, setup, teardown),
