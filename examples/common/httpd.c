@@ -477,7 +477,10 @@ static int serve_head(httpd *h, hconn *c, size_t hlen) {
     return answer(h, c);
 }
 
-/* Drop the CRLFs a client may send between requests (RFC 9112 section 2.2). */
+/* Drop the CRLFs a client may send between requests (RFC 9112 section 2.2).
+ * They may come split across reads: while nothing but a lone CR is buffered
+ * (crlf_pending), the head is not scanned (scanned stays 0, so this runs
+ * again on the next read) until a byte after the CR shows what it was. */
 static void strip_crlf(hconn *c) {
     size_t k = 0;
     while (k + 1 < c->len && c->buf[k] == '\r' && c->buf[k + 1] == '\n') k += 2;
@@ -485,6 +488,8 @@ static void strip_crlf(hconn *c) {
     memmove(c->buf, c->buf + k, c->len - k);
     c->len -= k;
 }
+
+static int crlf_pending(const hconn *c) { return c->scanned == 0 && c->len == 1 && c->buf[0] == '\r'; }
 
 /* Send what c->out still holds. 1 all sent, 0 the socket is full, -1 failed. */
 static int flush(hconn *c) {
@@ -516,6 +521,7 @@ static void advance(httpd *h, hconn *c) {
         }
         if (c->state != C_HEAD) return;
         if (c->scanned == 0) strip_crlf(c);
+        if (crlf_pending(c)) return; /* wait for the LF */
         int bad = 0;
         size_t hlen = http_head_end(c->buf, c->len, &c->scanned, &bad);
         int alive;
@@ -569,6 +575,8 @@ static void on_event(httpd *h, hconn *c, short revents) {
         if (was_empty && c->len > 0 && c->requests > 0) {
             unlist(h, c); /* no longer idle: the head must now come within head_timeout */
             c->deadline_ns = now + head_timeout(c);
+        } else if (!was_empty && c->len == 0 && c->requests > 0) {
+            to_head(h, c, now); /* a CR, then its LF: idle again */
         }
     }
     advance(h, c);

@@ -25,7 +25,9 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <linux/sockios.h>
 #include <signal.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -402,6 +404,39 @@ static int status_of(const proc *p, const char *method, const char *target) {
     response r;
     request(p, method, target, &r);
     return r.status;
+}
+
+/* 1 once the service has read everything c sent: the kernel acknowledged
+ * it (nothing in c's send queue) and the server's socket for c has nothing
+ * unread (its rx_queue in /proc/net/tcp). Lets a test make the server see
+ * bytes in separate reads without a sleep. */
+static int server_read_all(const proc *p, const client *c) {
+    int unsent = -1;
+    if (ioctl(c->fd, SIOCOUTQ, &unsent) != 0 || unsent != 0) return 0;
+    struct sockaddr_in me;
+    socklen_t len = sizeof me;
+    assert_int_equal(getsockname(c->fd, (struct sockaddr *)&me, &len), 0);
+    FILE *f = fopen("/proc/net/tcp", "r");
+    assert_non_null(f);
+    char line[512];
+    int found = 0, empty = 0;
+    while (fgets(line, sizeof line, f) != NULL) {
+        unsigned lport, rport, tx, rx;
+        if (sscanf(line, " %*u: %*x:%x %*x:%x %*x %x:%x", &lport, &rport, &tx, &rx) != 4) continue;
+        if (lport == ntohs(p->sa.sin_port) && rport == ntohs(me.sin_port)) {
+            found = 1;
+            empty = rx == 0;
+        }
+    }
+    fclose(f);
+    if (!found) fail_msg("the server's socket for port %u is not in /proc/net/tcp", ntohs(me.sin_port));
+    return empty;
+}
+
+/* Send s and wait (bounded) until the server has read it. */
+static void client_sends_read(const proc *p, client *c, const char *s) {
+    client_sends(c, s);
+    if (!TPT_POLL(server_read_all(p, c), WAIT_NS)) fail_msg("the server never read %zu bytes", strlen(s));
 }
 
 /* ------------------------------------------------------------ log helpers */
@@ -1074,6 +1109,39 @@ static void test_work_half_close(void **state) {
     long first = find_line(p, 0, "\"path\":\"/work\"", "\"status\":200");
     assert_true(first >= 0);
     assert_true(find_line(p, (size_t)first + 1, "\"path\":\"/work\"", "\"status\":200") >= 0);
+}
+
+/* The empty lines a client may send before a request line are ignored (RFC
+ * 9112 section 2.2) also when their CR and LF come in separate reads: a lone
+ * CR waits for its LF. A CR followed by anything else is still 400. */
+static void test_crlf_split(void **state) {
+    proc *p = *state;
+    proc_start(p, NULL);
+    static const char get[] = "GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n";
+    response r;
+    /* A new connection: CR, LF, CR, LF, then the request. */
+    client *c = client_open(p);
+    client_sends_read(p, c, "\r");
+    client_sends_read(p, c, "\n\r");
+    client_sends_read(p, c, "\n");
+    client_sends(c, get);
+    assert_int_equal(client_read(c, &r), 0);
+    assert_int_equal(r.status, 200);
+    /* Keep-alive: a request, CR, LF, the next request on the same connection. */
+    client_sends_read(p, c, "\r");
+    client_sends_read(p, c, "\n");
+    client_sends(c, get);
+    assert_int_equal(client_read(c, &r), 0);
+    assert_int_equal(r.status, 200);
+    assert_false(r.closes);
+    /* A CR that is not followed by its LF. */
+    client_sends_read(p, c, "\r");
+    client_sends(c, get);
+    assert_int_equal(client_read(c, &r), 0);
+    assert_int_equal(r.status, 400);
+    client_close(c);
+    proc_kill(p, SIGTERM);
+    assert_int_equal(proc_wait_exit(p, WAIT_NS), 0);
 }
 
 /* Keep-alive, pipelining, a small body, HTTP/1.0, X-Request-Id; SIGINT. */
@@ -2238,6 +2306,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(test_connection_limit, setup, teardown),
         cmocka_unit_test_setup_teardown(test_work_client_gone, setup, teardown),
         cmocka_unit_test_setup_teardown(test_work_half_close, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_crlf_split, setup, teardown),
         cmocka_unit_test_setup_teardown(test_keep_alive, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_config, setup, teardown),
         cmocka_unit_test_setup_teardown(test_command_line, setup, teardown),
