@@ -439,6 +439,15 @@ static void client_sends_read(const proc *p, client *c, const char *s) {
     if (!TPT_POLL(server_read_all(p, c), WAIT_NS)) fail_msg("the server never read %zu bytes", strlen(s));
 }
 
+/* 1 once the peer acknowledged everything c sent, or c has failed (a reset):
+ * then the next send reports the failure. */
+static int client_sent_acked(const client *c) {
+    struct pollfd pf = {.fd = c->fd, .events = 0};
+    if (poll(&pf, 1, 0) == 1 && (pf.revents & (POLLERR | POLLHUP))) return 1;
+    int unsent = -1;
+    return ioctl(c->fd, SIOCOUTQ, &unsent) == 0 && unsent == 0;
+}
+
 /* ------------------------------------------------------------ log helpers */
 
 /* The number after "key": inside the object "obj":{...} of a log line. */
@@ -1109,6 +1118,46 @@ static void test_work_half_close(void **state) {
     long first = find_line(p, 0, "\"path\":\"/work\"", "\"status\":200");
     assert_true(first >= 0);
     assert_true(find_line(p, (size_t)first + 1, "\"path\":\"/work\"", "\"status\":200") >= 0);
+}
+
+/* SIGTERM while a client is still sending the body of a request already
+ * answered (the server drops the rest of it: C_BODY): the drain closes the
+ * connection lingering, so the client can send all of its body, as most
+ * clients do before they read, and then read its whole 202 (not a reset:
+ * closing with the body unread, or while it still comes, would send one),
+ * and the service exits 0 with the task run. */
+static void test_drain_body_in_flight(void **state) {
+    proc *p = *state;
+    const char *env[] = {"SHUTDOWN_TIMEOUT=5s", NULL};
+    proc_start(p, env);
+    enum { BODY = 60000, PART = 1000 };
+    static char body[BODY];
+    memset(body, 'x', sizeof body);
+    client *c = client_open(p);
+    char head[256];
+    snprintf(head, sizeof head, "POST /tasks?delay=10ms HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n",
+             BODY);
+    client_sends(c, head);
+    client_send(c, body, PART);
+    wait_line(p, 0, "\"path\":\"/tasks\"", "\"status\":202"); /* answered; the rest of the body is dropped */
+    proc_kill(p, SIGTERM);
+    wait_line(p, 0, "\"msg\":\"shutdown_started\"", NULL);
+    for (size_t off = PART; off < BODY; off += PART) { /* each part reaches the server before the next */
+        client_send(c, body + off, PART);
+        if (!TPT_POLL(client_sent_acked(c), WAIT_NS)) fail_msg("body byte %zu never acknowledged", off);
+    }
+    response r;
+    if (client_read(c, &r) != 0) fail_msg("no answer, the connection ended: %s", strerror(errno));
+    assert_int_equal(r.status, 202);
+    assert_string_equal(r.body, "{\"id\":1}\n"); /* (written before the drain: keep-alive) */
+    assert_true(client_sees_clean_close(c));
+    client_close(c);
+    assert_int_equal(proc_wait_exit(p, WAIT_NS), 0);
+    proc_refresh(p);
+    long done = find_line(p, 0, "\"msg\":\"shutdown_complete\"", NULL);
+    assert_true(done >= 0);
+    assert_non_null(strstr(line_at(p, done), "\"result\":\"drained\""));
+    assert_int_equal(field_in(line_at(p, done), "stats", "succeeded"), 1);
 }
 
 /* The empty lines a client may send before a request line are ignored (RFC
@@ -2307,6 +2356,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(test_work_client_gone, setup, teardown),
         cmocka_unit_test_setup_teardown(test_work_half_close, setup, teardown),
         cmocka_unit_test_setup_teardown(test_crlf_split, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_drain_body_in_flight, setup, teardown),
         cmocka_unit_test_setup_teardown(test_keep_alive, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_config, setup, teardown),
         cmocka_unit_test_setup_teardown(test_command_line, setup, teardown),
