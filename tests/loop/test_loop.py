@@ -200,7 +200,9 @@ class Server:
         self.out = os.path.join(env.dir, name + ".out")
         self.err = os.path.join(env.dir, name + ".err")
         e = dict(os.environ)
-        e.update({"LISTEN_ADDR": "127.0.0.1:0", "LOG_LEVEL": "info"})
+        # IDLE_TIMEOUT far beyond any scenario's length: only scenario_idle,
+        # which sets it, may see a silent client (srv.ctl) closed
+        e.update({"LISTEN_ADDR": "127.0.0.1:0", "LOG_LEVEL": "info", "IDLE_TIMEOUT": "1h"})
         e.update({k: str(v) for k, v in settings.items()})
         with open(self.out, "w") as out, open(self.err, "w") as err:
             self.p = subprocess.Popen([env.binary], env=e, stdout=out, stderr=err)
