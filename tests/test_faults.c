@@ -422,13 +422,11 @@ static tpt_done recs[NREC]; /* static: no allocation by the test while armed */
 static tpt_latch *svc_gate; /* the running test's, from its fixture */
 static atomic_int gate_done_calls;
 
-/* on_done of the first cancelled task: holds the service thread, so every
- * later ending keeps its record until the gate opens. */
+/* on_done of the first cancelled task (tpt_hold_ending) */
 static void gate_done(void *arg, int status) {
     (void)arg;
     (void)status;
-    tpt_latch_wait(svc_gate);
-    atomic_fetch_add(&gate_done_calls, 1);
+    tpt_hold_ending(svc_gate, &gate_done_calls);
 }
 
 static int count_calls(int from, int to, int want_calls, int want_status) {
@@ -451,12 +449,7 @@ static tp_pool *pool_with_held_service(tpt_fixture *f, tpt_latch **work_gate) {
     *work_gate = tpt_fx_latch(f);
     svc_gate = tpt_fx_latch(f);
     tpt_fill_workers(p, *work_gate, 1, NULL);
-    tp_task_opts go = {0};
-    go.on_done = gate_done;
-    uint64_t id = 0;
-    assert_int_equal(tp_submit(p, tpt_nop_task, NULL, &go, &id), TP_OK);
-    assert_int_equal(tp_cancel(p, id), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&svc_gate->waiting) == 1);
+    tpt_hold_service(p, svc_gate, gate_done);
     return p;
 }
 

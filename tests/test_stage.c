@@ -448,13 +448,11 @@ static void test_staged_submit_wait(void **state) {
 static tpt_latch *g_svc_gate; /* the running test's, from its fixture */
 static atomic_int g_done_calls;
 
-/* on_done of the first cancelled task: holds the service thread, so every
- * later ending keeps its record until the gate opens. */
+/* on_done of the first cancelled task (tpt_hold_ending) */
 static void svc_hold_done(void *arg, int status) {
     (void)arg;
     (void)status;
-    tpt_latch_wait(g_svc_gate);
-    atomic_fetch_add(&g_done_calls, 1);
+    tpt_hold_ending(g_svc_gate, &g_done_calls);
 }
 
 static void cancelled_done(void *arg, int status) {
@@ -489,12 +487,7 @@ static tp_pool *pool_at_the_record_cap(tpt_fixture *f, tpt_latch *l, unsigned *n
     atomic_store(&g_done_calls, 0);
     tp_pool *p = tpt_quiet_pool(f, 1, 4, TP_UNLIMITED);
     tpt_fill_workers(p, l, 1, NULL);
-    tp_task_opts hold = {0};
-    hold.on_done = svc_hold_done;
-    uint64_t id = 0;
-    assert_int_equal(tp_submit(p, count_fn, NULL, &hold, &id), TP_OK);
-    assert_int_equal(tp_cancel(p, id), TP_OK);
-    TPT_EVENTUALLY(atomic_load(&g_svc_gate->waiting) == 1);
+    tpt_hold_service(p, g_svc_gate, svc_hold_done);
     *n = pile_endings(p);
     return p;
 }

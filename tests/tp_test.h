@@ -171,6 +171,14 @@ static inline int tpt_block_task(tp_ctx *c, void *arg) {
     return 0;
 }
 
+/* The body of an on_done that holds the thread running it (the service
+ * thread, for a task that ended unrun) until `gate` opens, so that every
+ * later ending on that thread keeps its record meanwhile; then counts. */
+static inline void tpt_hold_ending(tpt_latch *gate, atomic_int *calls) {
+    tpt_latch_wait(gate);
+    atomic_fetch_add(calls, 1);
+}
+
 /* A task body that does nothing. */
 static inline int tpt_nop_task(tp_ctx *c, void *arg) {
     (void)c;
@@ -638,6 +646,21 @@ static inline void tpt_fill_workers(tp_pool *p, tpt_latch *l, unsigned n, const 
         TPT_EVENTUALLY(atomic_load(&l->waiting) == before + (int)i + 1);
     }
     TPT_EVENTUALLY(tpt_stats(p).active == n && tpt_stats(p).queued == 0);
+}
+
+/* Hold the thread that runs the endings of unrun tasks (the service thread)
+ * in `done`, an on_done that waits on `gate` (tpt_hold_ending): a task
+ * submitted with it is cancelled while queued (every worker must be held,
+ * so that it is) and the call returns once the thread waits on the gate.
+ * Until it opens, every later ending keeps its record. */
+static inline void tpt_hold_service(tp_pool *p, tpt_latch *gate, tp_done_fn done) {
+    tp_task_opts o = {0};
+    o.on_done = done;
+    uint64_t id = 0;
+    int before = atomic_load(&gate->waiting);
+    assert_int_equal(tp_submit(p, tpt_nop_task, NULL, &o, &id), TP_OK);
+    assert_int_equal(tp_cancel(p, id), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&gate->waiting) == before + 1);
 }
 
 /* ------------------------------------------------------------ racing threads */
