@@ -38,7 +38,9 @@
  * WRONGTYPE error, writing nothing, when results or dead is not a stream,
  * and with NOPERM when the user may not XACK (it would write the records,
  * fail at the XACK, and write them again at every retry).
- * Returns XACK's count.
+ * Returns {XACK's count, the id of the last dead record it added ("" if
+ * none)}: the worker's floor for a later search of the dead stream
+ * (tps_script_find_records).
  */
 extern const char tps_script_outcomes[];
 
@@ -46,11 +48,14 @@ extern const char tps_script_outcomes[];
  * Find our records among the newest (read-only): after a lost reply, which
  * of the records in flight did Redis add? KEYS: the results or the dead
  * stream. ARGV: this process's `writer` token (random, per tps_create: no
- * other process, group or stream has it), age (ms: how far back from the
- * server's TIME to look), at most how many records to look at, then the
- * entry ids. Looks from the newest record back to the first older than the
- * age, at each record's `id` and `writer` fields (within the first five of
- * ours). Returns {1 if the limit cut the search short else 0, {ids found}}.
+ * other process, group or stream has it), the floor (a stream id the
+ * stream had reached before the records were sent: every record added
+ * after the send has a greater id; "0-0": all), at most how many records to
+ * look at, then the entry ids. Looks from the newest record back to the
+ * floor (excluded), at each record's `id` and `writer` fields (within the
+ * first five of ours). Returns {1 if the limit cut the search short else 0,
+ * {ids found}}. Stream commands only: no TIME, which the README's ACL
+ * user may not run.
  */
 extern const char tps_script_find_records[];
 

@@ -67,7 +67,6 @@
 #define TRIM_LIMIT         "1000000" /* entries one trim removes at most (about 10,000 nodes, a few ms) */
 #define NUMS_PER_RECORD    5u        /* numbers printed per outcome record (write_outcomes) */
 #define FIND_RECORDS_MAX   "100000"  /* records find_lost_writes looks at, at most */
-#define FIND_RECORDS_SLACK 2000u     /* ms find_lost_writes looks further back than the oldest send */
 #define BACKOFF_MIN_MS     100
 #define BACKOFF_MAX_MS     2000 /* and at most claim_idle / 4 */
 #define WRITE_RETRY_MIN_MS 200  /* a refused outcome batch is retried after this, */
@@ -215,6 +214,9 @@ struct tps_consumer {
     uint64_t next_connect_ns, next_heartbeat_ns, next_claim_ns, next_trim_ns;
     uint64_t write_blocked_until; /* 0, or while a refused batch waits for its retry: no reading */
     char claim_cursor[TPS_ID_MAX + 1];
+    /* The floors of find_lost_writes: an id the results (dead) stream had
+     * reached before any record in flight was sent ("0-0": unknown). */
+    char results_floor[TPS_ID_MAX + 1], dead_floor[TPS_ID_MAX + 1];
     due_ent *due_buf;    /* scratch of dispatch_due() */
     char (*numbuf)[24];  /* scratch of write_outcomes(): numbers of one batch */
     uint32_t *claim_got; /* scratch of claim(): slots claimed in one batch */
@@ -1061,6 +1063,45 @@ static redisReply *wr_command(tps_consumer *c, size_t argc) {
     return r;
 }
 
+/* A record id from a reply as a stream's floor (find_in); "" or anything
+ * not an id leaves it. */
+static void set_floor(char *floor, const redisReply *r) {
+    if (r->type == REDIS_REPLY_STRING && r->len > 0 && r->len <= TPS_ID_MAX) {
+        memcpy(floor, r->str, r->len);
+        floor[r->len] = '\0';
+    }
+}
+
+/* The floors of find_in at a connect with no record in flight: each
+ * stream's newest id now (XREVRANGE + - COUNT 1; "0-0" for an empty or
+ * absent stream), below every record sent from now on. With records in
+ * flight the floors stay: a record Redis added from a lost call is newer
+ * than a snapshot taken now, and must not be below the floor. -1 when the
+ * connection failed. */
+static int note_floors(tps_consumer *c) {
+    for (uint32_t i = 0; i < c->nslots; i++)
+        if (c->slots[i].sent_ns != 0) return 0;
+    for (int k = 0; k < 2; k++) {
+        size_t argc = 0;
+        args(c, &argc, "XREVRANGE");
+        args(c, &argc, k == 0 ? c->results : c->dead);
+        args(c, &argc, "+");
+        args(c, &argc, "-");
+        args(c, &argc, "COUNT");
+        args(c, &argc, "1");
+        redisReply *r = wr_command(c, argc);
+        if (r == NULL) return -1;
+        char *floor = k == 0 ? c->results_floor : c->dead_floor;
+        if (r->type == REDIS_REPLY_ARRAY && r->elements == 0)
+            strcpy(floor, "0-0");
+        else if (r->type == REDIS_REPLY_ARRAY && r->element[0]->type == REDIS_REPLY_ARRAY &&
+                 r->element[0]->elements > 0)
+            set_floor(floor, r->element[0]->element[0]);
+        freeReplyObject(r); /* an error leaves the floor as it was: lower, never higher */
+    }
+    return 0;
+}
+
 /* 0 when `key` is a stream or absent; -1 with the reason in err otherwise
  * (the server's own error text, e.g. NOAUTH, when it refused TYPE). */
 static int check_type(tps_consumer *c, const char *key, char *err, size_t errlen) {
@@ -1280,6 +1321,10 @@ static void try_connect(tps_consumer *c) {
     c->wr_id = wr_id;
     c->rd_id = rd_id;
     memcpy(c->run_id, run_id, sizeof c->run_id);
+    if (note_floors(c) != 0) {
+        snprintf(err, sizeof err, "XREVRANGE: %s", c->wr->errstr);
+        goto failed_free;
+    }
 
     uint64_t now = tp_now_ns();
     /* Refresh our entries' idle time before anyone (we included) claims them.
@@ -1470,7 +1515,16 @@ static int receive_read(tps_consumer *c);
  * under COMMAND_TIMEOUT_MS): a Redis that stalled longer still runs what it
  * had read, so the record may exist. A read-only script per stream looks
  * for this process's records of them (`writer`) among those added since
- * (tps_script_find_records); the ones found count as written (a result's
+ * (tps_script_find_records), back to the stream's floor (results_floor,
+ * dead_floor): an id that stream had before they were sent, taken from a
+ * reply (the last record we added there) or, with nothing in flight, at
+ * the connect (note_floors). Ids, not times: a record added after the
+ * send has a greater id than any the stream had before it, whatever the
+ * clocks say -- a cut-off in time would need Redis's clock (TIME, which
+ * the README's ACL does not allow; the worker's own clock may be off from
+ * Redis's by any amount, and either may step). The one exception: a stream
+ * deleted and created again meanwhile starts from Redis's clock again. The
+ * ones found count as written (a result's
  * XACK follows; a dead record's was its script's), the others are written
  * again. An outcome script refused with an error may have written some of
  * its records before the failing call (Redis keeps a script's writes): its
@@ -1481,17 +1535,15 @@ static int receive_read(tps_consumer *c);
  * the new connection killed the old one before it (fence_old_connections;
  * unfenced where Redis refuses that). -1 when the connection failed (they
  * stay unsure). Called with nothing in flight on the writer. */
-static int find_in(tps_consumer *c, const char *key, int outcome, const uint32_t *batch, uint32_t n) {
-    uint64_t now = tp_now_ns(), oldest = now;
+static int find_in(tps_consumer *c, const char *key, const char *floor, int outcome, const uint32_t *batch,
+                   uint32_t n) {
     size_t argc = 0;
-    char age[24];
     args(c, &argc, "EVAL");
     args(c, &argc, tps_script_find_records);
     args(c, &argc, "1");
     args(c, &argc, key);
     args(c, &argc, c->writer);
-    size_t at_age = argc;
-    args(c, &argc, "");
+    args(c, &argc, floor);
     args(c, &argc, FIND_RECORDS_MAX);
     size_t first = argc;
     for (uint32_t k = 0; k < n; k++) {
@@ -1501,13 +1553,9 @@ static int find_in(tps_consumer *c, const char *key, int outcome, const uint32_t
             s->sent_ns = 0;
             continue;
         }
-        if (s->sent_ns < oldest) oldest = s->sent_ns;
         arg(c, &argc, s->id, s->id_len);
     }
     if (argc == first) return 0;
-    snprintf(age, sizeof age, "%llu", (unsigned long long)((now - oldest) / 1000000u + FIND_RECORDS_SLACK));
-    c->argv[at_age] = age;
-    c->argvlen[at_age] = strlen(age);
     redisReply *r = wr_command(c, argc);
     if (r == NULL) return -1;
     if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 && r->element[0]->type == REDIS_REPLY_INTEGER &&
@@ -1530,12 +1578,13 @@ static int find_in(tps_consumer *c, const char *key, int outcome, const uint32_t
         }
         char found[16];
         snprintf(found, sizeof found, "%u", nfound);
-        const char *kv[] = {"stream", key, "found", found, "cut_short", r->element[0]->integer ? "1" : "0"};
-        logkv(c, r->element[0]->integer ? TP_LOG_WARN : TP_LOG_INFO, "lost_writes_checked", kv, 3);
-    } else {
+        const char *kv[] = {"stream", key,  "found", found, "cut_short", r->element[0]->integer ? "1" : "0",
+                            "floor",  floor};
+        logkv(c, r->element[0]->integer ? TP_LOG_WARN : TP_LOG_INFO, "lost_writes_checked", kv, 4);
+    } else { /* every record in flight is written again: those Redis added are there twice */
         char why[200] = "";
         refusal(why, sizeof why, r);
-        log1(c, TP_LOG_WARN, "lost_writes_check_failed", "error", why);
+        log1(c, TP_LOG_ERROR, "lost_writes_check_failed", "error", why);
     }
     freeReplyObject(r);
     for (uint32_t k = 0; k < n; k++)
@@ -1547,8 +1596,10 @@ static int find_lost_writes(tps_consumer *c, const uint32_t *batch, uint32_t n) 
     int any = 0;
     for (uint32_t k = 0; k < n && !any; k++) any = c->slots[batch[k]].sent_ns != 0;
     if (!any) return 0;
-    return find_in(c, c->results, OUT_OK, batch, n) != 0 || find_in(c, c->dead, OUT_DEAD, batch, n) != 0 ? -1
-                                                                                                         : 0;
+    return find_in(c, c->results, c->results_floor, OUT_OK, batch, n) != 0 ||
+                   find_in(c, c->dead, c->dead_floor, OUT_DEAD, batch, n) != 0
+               ? -1
+               : 0;
 }
 
 /* While the writer waits for Redis: take in a read reply that has arrived,
@@ -1635,9 +1686,10 @@ static int write_outcomes(tps_consumer *c) {
             if (s->outcome != OUT_OK || s->written || s->recorded) continue;
             redisReply *r = NULL;
             if (redisGetReply(c->wr, (void **)&r) != REDIS_OK) return -1;
-            if (r->type == REDIS_REPLY_STRING)
+            if (r->type == REDIS_REPLY_STRING) {
                 s->written = 1;
-            else
+                set_floor(c->results_floor, r);
+            } else
                 refusal(refused, sizeof refused, r);
             s->sent_ns = 0; /* written, or refused: not run */
             freeReplyObject(r);
@@ -1648,9 +1700,11 @@ static int write_outcomes(tps_consumer *c) {
         if (n_dead > 0) {
             redisReply *r = NULL;
             if (redisGetReply(c->wr, (void **)&r) != REDIS_OK) return -1;
-            if (r->type == REDIS_REPLY_INTEGER) {
+            if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
+                r->element[0]->type == REDIS_REPLY_INTEGER) {
                 dead_ok = 1;
-                dead_acked = r->integer;
+                dead_acked = r->element[0]->integer;
+                set_floor(c->dead_floor, r->element[1]);
             } else {
                 refusal(refused, sizeof refused, r);
             }
@@ -2679,6 +2733,8 @@ int tps_create(tps_consumer **out, const tps_config *cfg, char *err, size_t errl
     c->log = cfg->log;
     c->log_arg = cfg->log_arg;
     strcpy(c->claim_cursor, "0-0");
+    strcpy(c->results_floor, "0-0");
+    strcpy(c->dead_floor, "0-0");
     c->backoff_ms = BACKOFF_MIN_MS;
     uint64_t quarter_ms = c->claim_idle_ns / 4 / 1000000u;
     c->backoff_max_ms = quarter_ms < BACKOFF_MIN_MS   ? BACKOFF_MIN_MS

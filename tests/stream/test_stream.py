@@ -916,16 +916,30 @@ def free_port():
         return s.getsockname()[1]
 
 
+# The README's ACL for the worker and the producer (Authentication and TLS),
+# exactly: the auth scenario runs both as a user with these rules and no more.
+README_ACL = "~<stream>* -@all +@stream +type +eval"
+README_ACL_FENCE = "+client|id +client|kill +info"
+
+
 def scenario_auth(env):
     """requirepass and an ACL user: credentials in the URL (percent-encoded),
-    REDIS_PASSWORD, and the server's own error text when they are wrong."""
+    REDIS_PASSWORD, and the server's own error text when they are wrong. The
+    ACL user has exactly the README's rules, and with them a lost reply
+    (DEBUG SLEEP while a result is written) still writes one record: the
+    worker's search for its own records runs under them."""
     port = free_port()
-    env.start_redis("--requirepass", "pw0", "--port", str(port), "--bind", "127.0.0.1")
+    env.start_redis("--requirepass", "pw0", "--port", str(port), "--bind", "127.0.0.1",
+                    "--enable-debug-command", "yes")
     r = Redis(env.sock)
     r("AUTH", "pw0")
+    readme = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "README.md")).read()
+    readme = re.sub(r"\s+", " ", readme)
+    for rules in (README_ACL, README_ACL_FENCE):
+        check("`%s`" % rules in readme, "the README does not list the ACL rules `%s` any more" % rules)
     # the commands the README lists for an ACL user of the worker and producer
-    r("ACL", "SETUSER", "tpworker", "on", ">tp@secret", "~tasks*", "resetchannels", "-@all", "+@stream", "+type",
-      "+eval", "+client|id", "+client|kill", "+info")
+    r("ACL", "SETUSER", "tpworker", "on", ">tp@secret", "~tasks*", "resetchannels",
+      *(README_ACL.split()[1:] + README_ACL_FENCE.split()))
     sock = env.sock
 
     # 1. no password: NOAUTH from the server, not a "wrong key type"
@@ -976,6 +990,22 @@ def scenario_auth(env):
     check("NOPERM" not in env.log_of(w) and "lost_write_fence_unavailable" not in env.log_of(w),
           "the ACL user lacks a permission: %s" % env.log_of(w)[-500:])
     check(env.stop(w) == 0, "ACL worker did not exit 0")
+    # 6. a lost reply for the ACL user: the result's XADD runs in a stall
+    # longer than the worker's 5 s command timeout; the search after the
+    # reconnect finds it, and it is not written again
+    w = env.worker("acl_lost", REDIS_URL=acl, CLAIM_IDLE="60s", MAX_RETRIES=0)
+    eid = r("XADD", "tasks", "*", "work", "3s", "payload", "lost")
+    wait_until(lambda: metrics(w)["taskpool_started_total"] == 1, 10, "acl_lost to start")
+    time.sleep(0.5)
+    r("DEBUG", "SLEEP", "8")  # the entry ends (3 s after its start), and is written, during the stall
+    wait_until(lambda: pending(r) == 0, 30, "the outcome")
+    time.sleep(0.5 * SLOW)  # a second write would follow at once
+    check('"reason":"writing outcomes"' in env.log_of(w), "setup: the stall did not cut acl_lost's write")
+    recs = [f for _, f in entries(r, "tasks:done") if f["id"] == eid]
+    check(len(recs) == 1, "a lost reply wrote %d records for the ACL user: %s" % (len(recs), env.log_of(w)[-800:]))
+    check('"stream":"tasks:done","found":"1"' in env.log_of(w) and "lost_writes_check_failed" not in env.log_of(w),
+          "no lost_writes_checked found 1 in acl_lost's log")
+    check(env.stop(w) == 0, "worker acl_lost did not exit 0")
 
 
 def scenario_cli(env):
