@@ -204,59 +204,48 @@ static void stream_parse(const redisReply *r, stream_state *st) {
     }
 }
 
-static redisReply *reply_or_exit(redisContext *c, redisReply *r) {
+#define UNREAD_COUNT_MAX 1000 /* counted exactly up to this many; more: -1 */
+
+/* What XINFO STREAM says of `key` and, in the same moment (one script:
+ * scripts.h), how many records it holds after id `after` (*unread; -1 when
+ * more than UNREAD_COUNT_MAX, or without `after`). Only an absent key is
+ * "no stream"; any error reply (a permission, a key of another type) exits
+ * as a Redis error: taken for "no stream", it would hide trimmed outcome
+ * records from --wait for good. */
+static void stream_get_unread(redisContext *c, const char *key, const char *after, stream_state *st,
+                              long long *unread) {
+    char from[ID_LEN + 1] = "", count[16];
+    if (after != NULL) snprintf(from, sizeof from, "(%s", after);
+    snprintf(count, sizeof count, "%d", UNREAD_COUNT_MAX + 1);
+    const char *av[] = {"EVAL", tps_script_stream_state, "1", key, from, count};
+    size_t al[] = {4, strlen(tps_script_stream_state), 1, strlen(key), strlen(from), strlen(count)};
+    redisReply *r = redisCommandArgv(c, 6, av, al);
     if (r == NULL) {
         fprintf(stderr, "taskpool-enqueue: %s\n", c->errstr);
         exit(EXIT_REDIS);
     }
-    return r;
+    if (r->type == REDIS_REPLY_ERROR) {
+        fprintf(stderr, "taskpool-enqueue: the state of stream %s: %s\n", key, r->str);
+        exit(EXIT_REDIS);
+    }
+    *unread = -1;
+    if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 && r->element[0]->type == REDIS_REPLY_ARRAY &&
+        r->element[1]->type == REDIS_REPLY_INTEGER) {
+        stream_parse(r->element[0], st);
+        if (r->element[1]->integer >= 0 && r->element[1]->integer <= UNREAD_COUNT_MAX)
+            *unread = r->element[1]->integer;
+    } else if (r->type == REDIS_REPLY_INTEGER && r->integer == 0) {
+        stream_parse(r, st); /* exists 0 */
+    } else {
+        fprintf(stderr, "taskpool-enqueue: the state of stream %s: unexpected reply\n", key);
+        exit(EXIT_REDIS);
+    }
+    freeReplyObject(r);
 }
 
 static void stream_get(redisContext *c, const char *key, stream_state *st) {
-    const char *av[] = {"XINFO", "STREAM", key};
-    size_t al[] = {5, 6, strlen(key)};
-    redisReply *r = reply_or_exit(c, redisCommandArgv(c, 3, av, al));
-    stream_parse(r, st);
-    freeReplyObject(r);
-}
-
-#define UNREAD_COUNT_MAX 1000 /* counted exactly up to this many; more: -1 */
-
-/* stream_get, and in the same moment (MULTI) how many records the stream
- * holds after id `after` (*unread; -1 when more than UNREAD_COUNT_MAX). */
-static void stream_get_unread(redisContext *c, const char *key, const char *after, stream_state *st,
-                              long long *unread) {
-    char from[ID_LEN + 1], count[16];
-    snprintf(from, sizeof from, "(%s", after);
-    snprintf(count, sizeof count, "%d", UNREAD_COUNT_MAX + 1);
-    const char *multi[] = {"MULTI"}, *exec[] = {"EXEC"};
-    const char *info[] = {"XINFO", "STREAM", key};
-    const char *range[] = {"XRANGE", key, from, "+", "COUNT", count};
-    size_t ml[] = {5}, el[] = {4}, il[] = {5, 6, strlen(key)},
-           rl[] = {6, strlen(key), strlen(from), 1, 5, strlen(count)};
-    if (redisAppendCommandArgv(c, 1, multi, ml) != REDIS_OK ||
-        redisAppendCommandArgv(c, 3, info, il) != REDIS_OK ||
-        redisAppendCommandArgv(c, 6, range, rl) != REDIS_OK ||
-        redisAppendCommandArgv(c, 1, exec, el) != REDIS_OK) {
-        fprintf(stderr, "taskpool-enqueue: %s\n", c->errstr[0] ? c->errstr : "out of memory");
-        exit(EXIT_REDIS);
-    }
-    redisReply *r = NULL;
-    for (int k = 0; k < 3; k++) { /* +OK, +QUEUED, +QUEUED */
-        if (redisGetReply(c, (void **)&r) != REDIS_OK) (void)reply_or_exit(c, NULL);
-        freeReplyObject(r);
-    }
-    if (redisGetReply(c, (void **)&r) != REDIS_OK) (void)reply_or_exit(c, NULL);
-    *unread = -1;
-    if (r->type == REDIS_REPLY_ARRAY && r->elements == 2) {
-        stream_parse(r->element[0], st); /* an error reply (no such key): exists 0 */
-        const redisReply *g = r->element[1];
-        if (g->type == REDIS_REPLY_ARRAY && g->elements <= UNREAD_COUNT_MAX) *unread = (long long)g->elements;
-    } else {
-        memset(st, 0, sizeof *st);
-        st->length = st->added = -1;
-    }
-    freeReplyObject(r);
+    long long unread;
+    stream_get_unread(c, key, NULL, st, &unread);
 }
 
 /* One outcome stream that --wait reads. */
@@ -300,7 +289,7 @@ static int id_after(const char *a, const char *b) { /* a > b */
  * since the last time this said so? Every record added since (entries-added
  * counts them) was read, or is still there after the last one read, or was
  * removed unread (a trim, MAXLEN, or XDEL); the stream's state and the count
- * after the last record read are taken in one moment (MULTI), so this holds
+ * after the last record read are taken in one moment (one script), so this holds
  * exactly, however far reading has got since the removal (it used to look
  * only while the stream's first record was past the last one read, and a
  * reader that caught up in one read after a trim never saw it). XDEL shows
@@ -401,11 +390,13 @@ static size_t read_outcomes(waiter *w, uint64_t block_ms) {
 }
 
 /* Pipeline one command per id of `pick` (argv built by `build`), then
- * hand each reply to `take`; in batches of 1000. Exits on a lost connection. */
+ * hand each reply to `take`; in batches of 1000. Exits on a lost connection
+ * or an error reply. */
 static void per_id(waiter *w, int (*pick)(waiter *, uint32_t),
                    void (*build)(waiter *, uint32_t, const char **), int argc,
                    void (*take)(waiter *, uint32_t, const redisReply *)) {
     idset *ids = w->ids;
+    const char *name = ""; /* the command's, for an error */
     for (uint32_t k = 0; k < ids->n;) {
         uint32_t asked[1000], n = 0;
         for (; k < ids->n && n < 1000; k++) {
@@ -413,6 +404,7 @@ static void per_id(waiter *w, int (*pick)(waiter *, uint32_t),
             const char *av[8];
             size_t al[8];
             build(w, k, av);
+            name = av[0];
             for (int a = 0; a < argc; a++) al[a] = strlen(av[a]);
             if (redisAppendCommandArgv(w->c, argc, av, al) != REDIS_OK) {
                 fprintf(stderr, "taskpool-enqueue: %s\n", w->c->errstr[0] ? w->c->errstr : "out of memory");
@@ -424,6 +416,10 @@ static void per_id(waiter *w, int (*pick)(waiter *, uint32_t),
             redisReply *r = NULL;
             if (redisGetReply(w->c, (void **)&r) != REDIS_OK) {
                 fprintf(stderr, "taskpool-enqueue: %s\n", w->c->errstr);
+                exit(EXIT_REDIS);
+            }
+            if (r->type == REDIS_REPLY_ERROR) { /* not "no outcome": a refusal */
+                fprintf(stderr, "taskpool-enqueue: %s: %s\n", name, r->str);
                 exit(EXIT_REDIS);
             }
             take(w, asked[a], r);
@@ -473,9 +469,14 @@ static void reconcile(waiter *w) {
     w->delivered[0] = '\0';
     const char *gav[] = {"XINFO", "GROUPS", w->stream};
     size_t gal[] = {5, 6, strlen(w->stream)};
-    redisReply *g = redisCommandArgv(w->c, 3, gav, gal); /* an error (no stream): nothing to tell */
+    redisReply *g = redisCommandArgv(w->c, 3, gav, gal);
     if (g == NULL) {
         fprintf(stderr, "taskpool-enqueue: %s\n", w->c->errstr);
+        exit(EXIT_REDIS);
+    }
+    if (g->type == REDIS_REPLY_ERROR &&
+        strcmp(g->str, "ERR no such key") != 0) { /* no stream: nothing to tell */
+        fprintf(stderr, "taskpool-enqueue: XINFO GROUPS %s: %s\n", w->stream, g->str);
         exit(EXIT_REDIS);
     }
     for (size_t k = 0; g->type == REDIS_REPLY_ARRAY && k < g->elements; k++) {

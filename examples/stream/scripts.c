@@ -118,6 +118,12 @@ const char tps_script_requeue[] =
     "end\n"
     "return out\n";
 
+const char tps_script_stream_state[] =
+    "if redis.call('TYPE', KEYS[1])['ok'] == 'none' then return 0 end\n"
+    "local info = redis.call('XINFO', 'STREAM', KEYS[1])\n"
+    "if ARGV[1] == '' then return {info, -1} end\n"
+    "return {info, #redis.call('XRANGE', KEYS[1], ARGV[1], '+', 'COUNT', ARGV[2])}\n";
+
 const char tps_script_let_go[] =
     "local out, call = {}, redis.call\n"
     "for i = 4, #ARGV, 3 do\n"

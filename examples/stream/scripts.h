@@ -79,6 +79,16 @@ extern const char tps_script_trim[];
 extern const char tps_script_requeue[];
 
 /*
+ * A stream's state for taskpool-enqueue --wait, in one moment (a script:
+ * MULTI needs @transaction, which the README's ACL does not grant). KEYS:
+ * the stream. ARGV: "" or a range start ("(<id>": after that id), and a
+ * count. Returns 0 when there is no such key, else {XINFO STREAM's reply,
+ * how many records XRANGE <start> + COUNT <count> returns (-1 without a
+ * start)}. Any other refusal (not a stream, a permission) is an error reply.
+ */
+extern const char tps_script_stream_state[];
+
+/*
  * Let go of entries a worker holds without writing their outcome (a stop, a
  * forced shutdown), checking each against Redis first. KEYS: stream. ARGV:
  * group, consumer, idle ms, then per entry: id, the delivery count the

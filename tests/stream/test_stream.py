@@ -927,7 +927,9 @@ def scenario_auth(env):
     REDIS_PASSWORD, and the server's own error text when they are wrong. The
     ACL user has exactly the README's rules, and with them a lost reply
     (DEBUG SLEEP while a result is written) still writes one record: the
-    worker's search for its own records runs under them."""
+    worker's search for its own records runs under them; --wait tells
+    outcome records trimmed before it read them (exit 5); and Redis's ACL
+    LOG shows no command of the worker or the producer refused."""
     port = free_port()
     env.start_redis("--requirepass", "pw0", "--port", str(port), "--bind", "127.0.0.1",
                     "--enable-debug-command", "yes")
@@ -1006,6 +1008,38 @@ def scenario_auth(env):
     check('"stream":"tasks:done","found":"1"' in env.log_of(w) and "lost_writes_check_failed" not in env.log_of(w),
           "no lost_writes_checked found 1 in acl_lost's log")
     check(env.stop(w) == 0, "worker acl_lost did not exit 0")
+    # 7. --wait for the ACL user, its outcome records trimmed (RESULTS_MAXLEN)
+    # before it reads them: exit 5, "unknown", not a wait until the timeout
+    w = env.worker("acl_trim", REDIS_URL=acl, RESULTS_MAXLEN=10, MAX_PER_USER="unlimited")
+    p = subprocess.Popen([env.args.enqueue, "--count", "300", "--work", "1ms", "--wait", "--timeout", "20s"],
+                         env=dict(os.environ, REDIS_URL=acl), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    try:
+        line = p.stdout.readline()
+        check('"msg":"enqueued"' in line, "enqueue: %r" % line)
+        p.send_signal(signal.SIGSTOP)  # the worker writes all 300 meanwhile; MAXLEN ~ 10 trims most
+        try:
+            wait_until(lambda: metrics(w)["tps_stream_succeeded_total"] >= 300 and pending(r) == 0, 30,
+                       "the worker to finish the 300")
+        finally:
+            p.send_signal(signal.SIGCONT)
+        rest, err = p.communicate(timeout=40 * SLOW)
+        rc = p.returncode
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=10)
+    summary = json.loads(rest.strip().splitlines()[-1])
+    check(rc == 5 and summary["missing"] == 0 and summary["unknown"] > 0 and
+          summary["succeeded"] + summary["unknown"] == 300,
+          "ACL user, trimmed outcomes: exit %d %r %s" % (rc, summary, err[-300:]))
+    check(env.stop(w) == 0, "worker acl_trim did not exit 0")
+    # nothing the worker or the producer sent was refused to the ACL user
+    # (Redis logs every refusal, a script's calls and MULTI's included)
+    refused = [dict(zip(e[0::2], e[1::2])) for e in r("ACL", "LOG")]
+    refused = ["%s %s (%s)" % (e["reason"], e["object"], e["context"]) for e in refused
+               if e["username"] == "tpworker" and e["reason"] != "auth"]
+    check(not refused, "refused to the ACL user with the README's rules: %s" % refused)
 
 
 def scenario_cli(env):
