@@ -124,6 +124,18 @@ const char tps_script_stream_state[] =
     "if ARGV[1] == '' then return {info, -1} end\n"
     "return {info, #redis.call('XRANGE', KEYS[1], ARGV[1], '+', 'COUNT', ARGV[2])}\n";
 
+const char tps_script_reap[] =
+    "local out, call = {}, redis.call\n"
+    "for _, x in ipairs(call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])) do\n"
+    "  local h = {}\n"
+    "  for j = 1, #x, 2 do h[x[j]] = x[j + 1] end\n"
+    "  if h['name'] ~= ARGV[2] and h['pending'] == 0 and h['idle'] >= tonumber(ARGV[3]) then\n"
+    "    call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], h['name'])\n"
+    "    out[#out + 1] = h['name']\n"
+    "  end\n"
+    "end\n"
+    "return out\n";
+
 const char tps_script_let_go[] =
     "local out, call = {}, redis.call\n"
     "for i = 4, #ARGV, 3 do\n"

@@ -89,6 +89,19 @@ extern const char tps_script_requeue[];
 extern const char tps_script_stream_state[];
 
 /*
+ * Delete the group's consumers left by workers that are gone (a restart
+ * under the default CONSUMER, <hostname>-<pid>, leaves one behind each
+ * time). KEYS: stream. ARGV: group, this consumer, the least idle ms.
+ * Deletes (XGROUP DELCONSUMER) every other consumer with nothing pending
+ * and idle at least that long (XINFO CONSUMERS: idle counts from its last
+ * read or claim). Check and delete are one script: no read of the
+ * consumer's can come in between, and one that comes after just creates it
+ * again (XREADGROUP does); with nothing pending, nothing is lost. Returns
+ * the names deleted.
+ */
+extern const char tps_script_reap[];
+
+/*
  * Let go of entries a worker holds without writing their outcome (a stop, a
  * forced shutdown), checking each against Redis first. KEYS: stream. ARGV:
  * group, consumer, idle ms, then per entry: id, the delivery count the

@@ -67,6 +67,7 @@
 #define TRIM_LIMIT         "1000000" /* entries one trim removes at most (about 10,000 nodes, a few ms) */
 #define NUMS_PER_RECORD    5u        /* numbers printed per outcome record (write_outcomes) */
 #define FIND_RECORDS_MAX   "100000"  /* records find_lost_writes looks at, at most */
+#define REAP_IDLE_CLAIMS   5u        /* other consumers idle this many claim_idle, nothing pending: deleted */
 #define BACKOFF_MIN_MS     100
 #define BACKOFF_MAX_MS     2000 /* and at most claim_idle / 4 */
 #define WRITE_RETRY_MIN_MS 200  /* a refused outcome batch is retried after this, */
@@ -202,6 +203,7 @@ struct tps_consumer {
     long long wr_id, rd_id, old_wr_id, old_rd_id;
     char run_id[41], old_run_id[41];
     int fence_logged;
+    int reap_logged;           /* a refused reap_consumers was logged */
     unsigned read_outstanding; /* COUNT of the XREADGROUP in flight, 0 if none */
     uint32_t count_replies;    /* hold replies pipelined by set_count(), own_deleted(), heartbeat_own() */
     uint32_t n_lower;          /* heap entries flagged TPS_SCHED_LOWER since lower_waiting() */
@@ -2027,6 +2029,43 @@ static uint32_t take_entry(tps_consumer *c, const redisReply *e, const char **pe
     return i;
 }
 
+/* After a claim that ran: delete the group's other consumers with nothing pending
+ * and idle REAP_IDLE_CLAIMS x claim_idle (and 3 x BLOCK) or longer
+ * (tps_script_reap): those of workers that are gone, whose entries the
+ * claims have taken over. A live worker reads every BLOCK at least, or
+ * holds entries; one deleted all the same (stalled that long with nothing
+ * held) loses nothing, and its next read creates it again. A refusal is
+ * logged once; -1 when the connection failed. */
+static int reap_consumers(tps_consumer *c) {
+    uint64_t ms = c->claim_idle_ns / 1000000ull * REAP_IDLE_CLAIMS;
+    if (ms < 3ull * c->block_ms) ms = 3ull * c->block_ms;
+    char idle[24];
+    snprintf(idle, sizeof idle, "%llu", (unsigned long long)ms);
+    size_t argc = 0;
+    args(c, &argc, "EVAL");
+    args(c, &argc, tps_script_reap);
+    args(c, &argc, "1");
+    args(c, &argc, c->stream);
+    args(c, &argc, c->group);
+    args(c, &argc, c->consumer);
+    args(c, &argc, idle);
+    redisReply *r = wr_command(c, argc);
+    if (r == NULL) return -1;
+    if (r->type == REDIS_REPLY_ARRAY) {
+        for (size_t k = 0; k < r->elements; k++)
+            if (r->element[k]->type == REDIS_REPLY_STRING) {
+                const char *kv[] = {"consumer", r->element[k]->str, "idle_ms_at_least", idle};
+                logkv(c, TP_LOG_INFO, "consumer_deleted", kv, 2);
+            }
+    } else if (!c->reap_logged) {
+        c->reap_logged = 1;
+        log1(c, TP_LOG_WARN, "consumer_delete_failed", "error",
+             r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply");
+    }
+    freeReplyObject(r);
+    return 0;
+}
+
 /* The claim script (scripts.h: XAUTOCLAIM's work, but a live holder's
  * deleted entries are left to it), then one XPENDING per claimed entry for
  * its delivery count. */
@@ -2553,7 +2592,10 @@ static void *io_main(void *arg) {
                 c->next_heartbeat_ns = now + c->claim_idle_ns / 3;
             }
             if (fail == NULL && !stopping && now >= c->next_claim_ns && c->write_blocked_until == 0) {
-                if (claim(c) != 0) fail = "claiming";
+                /* a claim that ran (room for what it takes), then the reap:
+                 * a full worker sends neither */
+                uint32_t room = read_room(c, 0);
+                if (claim(c) != 0 || (room > 0 && reap_consumers(c) != 0)) fail = "claiming";
                 c->next_claim_ns = now + c->claim_idle_ns / 2;
             }
             if (c->n_done > 0 && fail == NULL && write_outcomes(c) != 0) fail = "writing outcomes";

@@ -156,6 +156,13 @@
  * process of the same name left pending are recorded by the first claim
  * or heartbeat after the read in flight when a claim found them, 64 at
  * most per claim (the rest are found again when the claims come round).
+ * After each claim pass that ran (room in the pool) the thread deletes the group's other consumers with
+ * nothing pending and idle REAP_IDLE_CLAIMS (5) x claim_idle, and 3 x
+ * BLOCK, or longer (XGROUP DELCONSUMER, in one script with the XINFO
+ * CONSUMERS check: scripts.h, tps_script_reap): those of workers that are
+ * gone (with the default CONSUMER, <hostname>-<pid>, one per restart). A
+ * live worker reads every BLOCK or holds entries; one deleted all the same
+ * loses nothing (nothing pending), and its next read creates it again.
  * When a connection fails, both are closed and reopened with exponential
  * backoff (100 ms to 2 s); tasks keep running and their outcomes wait in
  * their slots.

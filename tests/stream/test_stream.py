@@ -12,7 +12,8 @@ only: Redis is spoken to with the tiny RESP client below.
 
 Scenarios (one CTest test each):
   clean          3 workers, 5,000 entries from 50 users, nobody killed: no duplicate
-  crash          the same, one worker SIGKILLed and one SIGTERMed and restarted
+  crash          the same, one worker SIGKILLed and one SIGTERMed and restarted;
+                 the live workers delete the gone ones' consumers from the group
   redis_restart  Redis (appendonly yes, appendfsync always) SIGKILLed and
                  restarted mid-run: nothing lost, the workers reconnect
   fair           a slow user over MAX_PER_USER does not stall the others and
@@ -396,6 +397,17 @@ def scenario_crash(env):
     check(rc == 0, "w1 did not drain (exit %d)" % rc)
     ws[1] = env.worker("w1b", WORKERS=2)
     wait_until(lambda: accounted(r, expected), 120, "all 5000 outcomes")
+    # the consumers of the workers that are gone (w0, w1) are deleted from
+    # the group by the live ones, once nothing is pending and they have been
+    # idle 5 x CLAIM_IDLE; the live ones (reading every second) stay
+    def consumers():
+        return {c["name"]: c for c in (dict(zip(x[0::2], x[1::2]))
+                                       for x in r("XINFO", "CONSUMERS", "tasks", "taskpool"))}
+    wait_until(lambda: set(consumers()) == {"w1b", "w2"}, 30, "the consumers of w0 and w1 to be deleted")
+    live = consumers()
+    check(all(c["pending"] == 0 and c["idle"] < 5000 for c in live.values()), "live consumers: %r" % live)
+    deleted = [n for w in ws[1:] for n in re.findall(r'"msg":"consumer_deleted","consumer":"([^"]*)"', env.log_of(w))]
+    check(sorted(deleted) == ["w0", "w1"], "consumers deleted: %r" % deleted)
     for w in ws[1:]:
         check(env.stop(w) == 0, "worker %s did not exit 0 after SIGTERM" % w.name)
     done, dead, dups = verify(r, expected)
