@@ -214,7 +214,14 @@ static void json(tp__outbuf *o, tp_pool *const *pools, size_t n) {
  * document, as are "a\xff" and "a" U+FFFD). The Prometheus form compares:
  * it writes U+FFFD as itself and keeps every other name apart, as the
  * JSON form does once decoded. */
+static bool ascii(const char *s) {
+    while (*s && (unsigned char)*s < 0x80) s++;
+    return *s == '\0';
+}
+
 static bool same_written_name(const char *a, const char *b) {
+    if (strcmp(a, b) == 0) return true;
+    if (ascii(a) || ascii(b)) return false;                /* U+FFFD comes from bytes >= 0x80 only */
     char ea[3 * TP_NAME_MAX + 1], eb[3 * TP_NAME_MAX + 1]; /* at most 3 bytes out per byte in */
     tp__outbuf oa = {ea, sizeof ea, 0}, ob = {eb, sizeof eb, 0};
     tp__put_escaped(&oa, a, TP__ESC_PROM);
