@@ -293,6 +293,10 @@ typedef struct tp_config {
  *   retry_delay_max_ns set below retry_delay_ns); TP_ENOMEM (memory, a
  *   thread or a thread attribute could not be obtained: nothing is leaked and
  *   no thread is left running).
+ *   Worker hooks: the `workers` threads run on_worker_start only once all of
+ *   them exist, and tp_create waits for no hook, so a hook may wait for the
+ *   application to have the pool (hook_arg) or call tp_default_create(). A
+ *   create that fails runs no hook (neither start nor stop).
  */
 TP_API int tp_create(tp_pool **out, const tp_config *cfg);
 

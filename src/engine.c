@@ -634,25 +634,35 @@ static void run_task_locked(tp_pool *p, tp__worker *w, tp__task *t, worker_turn 
     if (finish) finish_locked(p, t);
 }
 
-/* The thread runs: count it, mu held on return. */
-static void worker_enter(tp_pool *p, tp__worker *w) {
+/* The thread runs: count it, mu held on return. A worker that tp_create
+ * spawned waits at the start gate until every one of them exists: should
+ * one not be made, tp_create fails and the others exit without running a
+ * hook (false), so that its unwind waits for no user code -- a start hook
+ * may wait for the application to have the pool, or call
+ * tp_default_create, whose lock tp_create's caller may hold. */
+static bool worker_enter(tp_pool *p, tp__worker *w) {
     tp__tls_pool = p;
     set_thread_name(p, "w", w->index);
-    if (p->cfg.on_worker_start) p->cfg.on_worker_start(p->cfg.hook_arg);
+    tp__lock(p);
+    while (p->wk.gate == TP__GATE_CLOSED) tp__mutex_wait(&p->mu, &p->done_cv, TP_FOREVER);
+    bool hooks = p->wk.gate == TP__GATE_OPEN;
+    tp__unlock(p);
+    if (hooks && p->cfg.on_worker_start) p->cfg.on_worker_start(p->cfg.hook_arg);
     tp__lock(p);
     TP__ASSERT(p->wk.starting > 0);
     p->wk.starting--;
     set_workers_stat_locked(p);
+    return hooks;
 }
 
 /* Exit, entered with mu held: leave the counted set first (stats, scaling),
  * run the stop hook without the lock, then report the thread as gone. */
-static void worker_leave_locked(tp_pool *p, tp__worker *w) {
+static void worker_leave_locked(tp_pool *p, tp__worker *w, bool hooks) {
     TP__ASSERT(p->wk.live_workers > 0);
     p->wk.live_workers--;
     set_workers_stat_locked(p);
     tp__unlock(p);
-    if (p->cfg.on_worker_stop) p->cfg.on_worker_stop(p->cfg.hook_arg);
+    if (hooks && p->cfg.on_worker_stop) p->cfg.on_worker_stop(p->cfg.hook_arg);
     tp__lock(p);
     TP__ASSERT(p->wk.threads > 0);
     w->state = TP__W_DEAD;
@@ -668,9 +678,9 @@ static void worker_leave_locked(tp_pool *p, tp__worker *w) {
 static void *worker_main(void *arg) {
     tp__worker *w = (tp__worker *)arg;
     tp_pool *p = w->pool;
-    worker_enter(p, w);
+    bool hooks = worker_enter(p, w); /* false: tp_create failed, the pool is closed */
     worker_turn wt = {false, 0};
-    while (wait_for_work_locked(p, w, &wt)) {
+    while (hooks && wait_for_work_locked(p, w, &wt)) {
         tp__fx fx = TP__FX_INIT(&p->wk.runs[w->index]);
         tp__task *t = tp__life_take(&p->life, &w->ctx, &fx);
         /* Submitters do not wake anyone while a worker spins: pass work on. */
@@ -685,7 +695,7 @@ static void *worker_main(void *arg) {
         w->cur = t;
         run_task_locked(p, w, t, &wt);
     }
-    worker_leave_locked(p, w);
+    worker_leave_locked(p, w, hooks);
     return NULL;
 }
 
@@ -1381,10 +1391,17 @@ int tp__engine_start(tp_pool *p) {
         tp__unlock(p);
         rc = spawn_finish(p, sp.w, sp.old, sp.join_old);
     }
-    if (rc == TP_OK) return TP_OK;
-    /* Unwind through the normal close path so that the threads already
-     * started exit. */
+    /* The start gate (worker_enter): open once all exist, or failed */
     tp__lock(p);
+    p->wk.gate = rc == TP_OK ? TP__GATE_OPEN : TP__GATE_FAILED;
+    pthread_cond_broadcast(&p->done_cv);
+    if (rc == TP_OK) {
+        tp__unlock(p);
+        return TP_OK;
+    }
+    /* Unwind through the normal close path so that the threads already
+     * started exit: closed before a gated worker can look, so it runs no
+     * hook and no task; the wait is for no user code. */
     close_locked(p);
     while (p->wk.threads > 0)
         tp__mutex_wait(&p->mu, &p->done_cv, TP_FOREVER); /* then no thread writes w->state */

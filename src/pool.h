@@ -61,7 +61,8 @@
  *   hooks) or while taking another pool's lock.
  *   Idle workers sleep on a semaphore each (engine.c: parking), not on a
  *   condition variable. Condition variables, all on mu, all CLOCK_MONOTONIC:
- *   room_cv (tp_submit_wait), done_cv (shutdown, wait), svc_cv (the service
+ *   room_cv (tp_submit_wait), done_cv (shutdown, wait; the start gate of
+ *   the workers tp_create spawns), svc_cv (the service
  *   thread), each context's sleep_cv (ctx.c: tp_ctx_sleep), each
  *   group's cv (group.c waits, engine.c wakes). Waits for a completion
  *   queue's place are on that queue's own lock and condition (cq.h).
@@ -118,6 +119,10 @@ typedef struct tp__worker {
 
 enum { TP__SHUT_NONE = 0, TP__SHUT_RUNNING, TP__SHUT_OK, TP__SHUT_FORCED };
 
+/* The start gate (engine.c, worker_enter): closed while tp_create spawns
+ * its workers, then open, or failed if one could not be made. */
+enum { TP__GATE_CLOSED = 0, TP__GATE_OPEN, TP__GATE_FAILED };
+
 struct tp_pool {
     /* One cache line (without debug fields): the lock, and who waits --
      * read by every submit and start, written only when a thread goes to
@@ -142,6 +147,7 @@ struct tp_pool {
         unsigned live_workers; /* workers counted in stats.workers */
         unsigned starting;     /* spawned threads that have not yet taken mu */
         unsigned threads;      /* worker threads not yet finished (incl. stop hook) */
+        int gate;              /* TP__GATE_*: may a worker tp_create spawned run its start hook (engine.c) */
         tp__worker *parked;    /* idle workers asleep, the last to park on top (engine.c) */
         tp__hist_shard *hist;  /* max_workers shards: slot i's worker is the only writer of hist[i] */
         tp__st_runs

@@ -415,6 +415,101 @@ static void test_default_create_faults(void **state) {
     assert_int_equal(tp_default_submit(tpt_nop_task, NULL, NULL, NULL), TP_ENODEFAULT);
 }
 
+/* A worker that tp_create started runs no hook until every worker exists:
+ * when a later one cannot be made, the create fails without waiting for
+ * user code. (It waited for every started worker to exit, and each ran its
+ * start hook first: a hook that waits for the application to have the
+ * pool, or that calls tp_default_create -- whose lock the outer
+ * tp_default_create holds across tp_create -- hung the create for good.)
+ * The create runs on a thread of the test, so that a hang is a failed
+ * bound here, not a stuck test. */
+static tpt_latch app_has_pool;
+static atomic_int waiting_starts, nested_rc;
+
+static void start_waits_for_app(void *arg) {
+    (void)arg;
+    atomic_fetch_add(&waiting_starts, 1);
+    tpt_latch_wait(&app_has_pool);
+}
+
+static void start_creates_default(void *arg) {
+    (void)arg;
+    atomic_fetch_add(&waiting_starts, 1);
+    tp_config cfg = {0};
+    cfg.workers = 1;
+    atomic_store(&nested_rc, tp_default_create(&cfg)); /* one is registered, or being: never TP_OK */
+}
+
+typedef struct create_call {
+    create_fn create;
+    const tp_config *cfg;
+    tp_pool *p;
+    atomic_int rc, done;
+} create_call;
+
+static void *create_call_main(void *arg) {
+    create_call *cc = arg;
+    atomic_store(&cc->rc, cc->create(&cc->p, cc->cfg));
+    atomic_store(&cc->done, 1);
+    return NULL;
+}
+
+/* Create with the second worker's thread failing, on a thread of the test;
+ * the answer once it returns (bounded). */
+static int create_second_worker_fails(create_fn create, const tp_config *cfg) {
+    static create_call cc;
+    memset(&cc, 0, sizeof cc);
+    cc.create = create;
+    cc.cfg = cfg;
+    atomic_store(&waiting_starts, 0);
+    inj_reset();
+    atomic_store(&fail_at[F_THREAD], 3); /* the service thread, worker 0, then worker 1 */
+    atomic_store(&armed, 1);
+    pthread_t th;
+    assert_int_equal(__real_pthread_create(&th, NULL, create_call_main, &cc), 0);
+    int returned = TPT_POLL(atomic_load(&cc.done) == 1, TPT_WAIT_NS);
+    atomic_store(&armed, 0);
+    if (!returned) fail_msg("tp_create never returned: its unwind waits for a start hook");
+    pthread_join(th, NULL);
+    assert_int_equal(atomic_load(&hits[F_THREAD]), 1);
+    return atomic_load(&cc.rc);
+}
+
+static void test_create_fault_runs_no_hook(void **state) {
+    (void)state;
+    tpt_latch_init(&app_has_pool);
+    snapshot before = snap();
+    tp_config cfg = {0};
+    cfg.workers = 2;
+    cfg.on_worker_start = start_waits_for_app;
+    cfg.on_worker_stop = on_stop;
+    atomic_store(&hook_stops, 0);
+    assert_int_equal(create_second_worker_fails(tp_create, &cfg), TP_ENOMEM);
+    assert_int_equal(atomic_load(&waiting_starts), 0);
+    assert_int_equal(atomic_load(&hook_stops), 0); /* no stop hook without its start */
+    assert_back_to(&before, "a failed create whose hooks wait for the application");
+
+    assert_null(tp_default());
+    cfg.on_worker_start = start_creates_default;
+    atomic_store(&nested_rc, INT_MIN);
+    assert_int_equal(create_second_worker_fails(create_default, &cfg), TP_ENOMEM);
+    assert_null(tp_default());
+    assert_int_equal(atomic_load(&waiting_starts), 0);
+    assert_int_equal(atomic_load(&nested_rc), INT_MIN);
+    assert_back_to(&before, "a failed tp_default_create whose hooks call it");
+
+    /* Without a fault the hooks run once the create has returned: they may
+     * wait for the application to have the pool. */
+    tp_pool *p = NULL;
+    cfg.on_worker_start = start_waits_for_app;
+    assert_int_equal(tp_create(&p, &cfg), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&waiting_starts) == 2);
+    tpt_latch_open(&app_has_pool);
+    use_and_destroy(p, 0);
+    assert_int_equal(atomic_load(&hook_stops), 2);
+    tpt_latch_destroy(&app_has_pool);
+}
+
 /* ------------------------------------------------------------ records */
 
 #define NREC 4096
@@ -1180,6 +1275,7 @@ int main(void) {
         TPT_TEST(test_create_faults_elastic),
         TPT_TEST(test_create_faults_defaults),
         TPT_TEST(test_default_create_faults),
+        TPT_TEST(test_create_fault_runs_no_hook),
         TPT_TEST(test_submit_record_growth_faults),
         TPT_TEST(test_staged_record_faults),
         TPT_TEST(test_staged_user_record_faults),
