@@ -1101,7 +1101,10 @@ TP_API int tp_lane_stats_get(tp_pool *p, int priority, tp_lane_stats *out);
  * and drain the queue itself. It runs as application code on the draining
  * thread: tp_log_id_get() there is that thread's own log id (the task's is
  * not carried over; pass it in `arg` if you need it), and tp_shutdown() and
- * friends work there as on any application thread. A completion's place
+ * friends work there as on any application thread (a drain called inside a
+ * task or an on_done of a pool runs on that pool's thread: there, that
+ * pool's tp_shutdown(), tp_wait() and tp_destroy() answer TP_EDEADLK as
+ * anywhere on it). A completion's place
  * comes back as soon as its on_done has returned (the next on_done of the
  * same drain may submit into it), not while it runs: so an on_done that
  * calls tp_submit_wait() bound to its own full queue waits its whole budget
