@@ -1710,6 +1710,132 @@ static void test_staged_user_many_in_flight(void **state) {
     tpt_assert_counts(s, TPT_EQ(accepted, (uint64_t)atomic_load(&m->accepted)));
 }
 
+/* Several submitters at once, each mixing every path -- staged plain,
+ * staged with a user, staged batches (cut by a full queue: the rest comes
+ * again), tp_submit_wait, and locked submits (an id asked) -- into a pool
+ * of one worker, retrying on TP_EFULL: every thread's tasks start in the
+ * order it submitted them (SPEC section 5; the two-lock queue of stage.h
+ * keeps one thread's order across both paths), each once, and the
+ * counters at rest are the callers'. The queue is deep enough that the
+ * worker leaves the ring alone at times (TP__STAGE_LOW). */
+#define ORD_THREADS 3
+
+typedef struct thread_order {
+    tp_pool *p;
+    atomic_int go;
+    atomic_long accepted, bad, out_of_order, runs;
+    long per_thread;
+    long next[ORD_THREADS]; /* the worker's: the next sequence number it expects of each thread */
+} thread_order;
+
+typedef struct ord_arg {
+    thread_order *m;
+    int thread;
+    long seq;
+} ord_arg;
+
+static int ord_fn(tp_ctx *c, void *arg) {
+    (void)c;
+    ord_arg *a = (ord_arg *)arg;
+    thread_order *m = a->m;
+    if (a->seq != m->next[a->thread]) atomic_fetch_add(&m->out_of_order, 1); /* one worker: no race */
+    m->next[a->thread] = a->seq + 1;
+    atomic_fetch_add(&m->runs, 1);
+    free(a);
+    return 0;
+}
+
+static ord_arg *ord_new(thread_order *m, int thread, long seq) {
+    ord_arg *a = malloc(sizeof *a);
+    assert_non_null(a);
+    a->m = m;
+    a->thread = thread;
+    a->seq = seq;
+    return a;
+}
+
+typedef struct ord_thread {
+    thread_order *m;
+    int index;
+} ord_thread;
+
+static void *ord_main(void *arg) {
+    ord_thread *t = (ord_thread *)arg;
+    thread_order *m = t->m;
+    uint32_t rng = 0x9e3779b9u * (uint32_t)(t->index + 1);
+    char user[8];
+    snprintf(user, sizeof user, "u%d", t->index);
+    tpt_wait_go(&m->go);
+    for (long seq = 0; seq < m->per_thread;) {
+        uint32_t x = tpt_xorshift(&rng);
+        unsigned kind = x % 5, n = 1 + (x >> 8) % 4;
+        if (kind == 3 && seq + (long)n > m->per_thread) kind = 0;
+        int rc;
+        size_t got = 0;
+        tp_task_opts o = {0};
+        uint64_t id = 0;
+        if (kind == 3) { /* a staged batch: what was accepted, in order; the rest again */
+            tp_task tasks[4];
+            memset(tasks, 0, sizeof tasks);
+            for (unsigned i = 0; i < n; i++) {
+                tasks[i].fn = ord_fn;
+                tasks[i].arg = ord_new(m, t->index, seq + (long)i);
+            }
+            rc = tp_submit_batch(m->p, tasks, n, NULL, &got);
+            for (size_t i = got; i < n; i++) free(tasks[i].arg);
+            seq += (long)got;
+            atomic_fetch_add(&m->accepted, (long)got);
+            if (rc != TP_OK && rc != TP_EFULL) atomic_fetch_add(&m->bad, 1);
+            if (rc != TP_OK) sched_yield();
+            continue;
+        }
+        ord_arg *a = ord_new(m, t->index, seq);
+        switch (kind) {
+        case 0: rc = tp_submit(m->p, ord_fn, a, NULL, NULL); break; /* staged */
+        case 1: rc = tp_submit(m->p, ord_fn, a, NULL, &id); break;  /* locked */
+        case 2:
+            o.user = user;
+            rc = tp_submit(m->p, ord_fn, a, &o, NULL);
+            break; /* staged, a user */
+        default: rc = tp_submit_wait(m->p, ord_fn, a, NULL, TPT_WAIT_NS, NULL); break;
+        }
+        if (rc == TP_OK) {
+            seq++;
+            atomic_fetch_add(&m->accepted, 1);
+        } else {
+            free(a);
+            if (rc != TP_EFULL) atomic_fetch_add(&m->bad, 1);
+            sched_yield();
+        }
+    }
+    return NULL;
+}
+
+static void test_staged_threads_keep_their_order(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    tp_pool *p = tpt_quiet_pool(f, 1, 64, TP_UNLIMITED);
+    thread_order *m = tpt_fx_new(f, thread_order);
+    ord_thread *th = tpt_fx_alloc(f, ORD_THREADS * sizeof *th);
+    m->p = p;
+    m->per_thread = TPT_SANITIZED || tpt_slowdown() > 1 ? 2000 : 30000;
+    pthread_t t[ORD_THREADS]; /* joined below: each ends after per_thread tasks */
+    for (int i = 0; i < ORD_THREADS; i++) {
+        th[i].m = m;
+        th[i].index = i;
+        assert_int_equal(pthread_create(&t[i], NULL, ord_main, &th[i]), 0);
+    }
+    atomic_store(&m->go, 1);
+    for (int i = 0; i < ORD_THREADS; i++) assert_int_equal(pthread_join(t[i], NULL), 0);
+    tp_stats s = tpt_finish(p);
+    assert_int_equal(atomic_load(&m->bad), 0);
+    assert_int_equal(atomic_load(&m->out_of_order), 0);
+    assert_int_equal(atomic_load(&m->accepted), ORD_THREADS * m->per_thread);
+    assert_int_equal(atomic_load(&m->runs), ORD_THREADS * m->per_thread);
+    for (int i = 0; i < ORD_THREADS; i++) assert_int_equal(m->next[i], m->per_thread);
+    tpt_assert_counts(s, TPT_EQ(accepted, (uint64_t)(ORD_THREADS * m->per_thread)),
+                      TPT_EQ(succeeded, (uint64_t)(ORD_THREADS * m->per_thread)));
+}
+
 /* A pool that may start workers on demand (max_workers above workers) and
  * a fair pool do not stage: the same plain submits, the same answers. */
 static void test_not_staged_pools(void **state) {
@@ -1763,6 +1889,7 @@ int main(void) {
         TPT_TEST(test_staged_user_wait_on_kept),
         TPT_TEST(test_staged_user_mix),
         TPT_TEST(test_staged_user_many_in_flight),
+        TPT_TEST(test_staged_threads_keep_their_order),
         TPT_TEST(test_not_staged_pools),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
