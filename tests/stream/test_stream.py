@@ -934,6 +934,35 @@ README_ACL = "~<stream>* -@all +@stream +type +eval"
 README_ACL_FENCE = "+client|id +client|kill +info"
 
 
+def check_wait_trimmed(env, w, r, url, timeout, what):
+    """300 entries with --wait --timeout `timeout`, the producer stopped while
+    worker w (RESULTS_MAXLEN=10) writes every outcome: MAXLEN ~ 10 trims most
+    records before --wait reads them. It must exit 5 with those "unknown" and
+    none "missing", not wait until its timeout."""
+    p = subprocess.Popen([env.args.enqueue, "--count", "300", "--work", "1ms", "--wait", "--timeout", timeout],
+                         env=dict(os.environ, REDIS_URL=url), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    try:
+        line = p.stdout.readline()
+        check('"msg":"enqueued"' in line, "enqueue: %r" % line)
+        p.send_signal(signal.SIGSTOP)
+        try:
+            wait_until(lambda: metrics(w)["tps_stream_succeeded_total"] >= 300 and pending(r) == 0, 30,
+                       "the worker to finish the 300")
+        finally:
+            p.send_signal(signal.SIGCONT)
+        rest, err = p.communicate(timeout=40 * SLOW)
+        rc = p.returncode
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=10)
+    summary = json.loads(rest.strip().splitlines()[-1])
+    check(rc == 5 and summary["missing"] == 0 and summary["unknown"] > 0 and
+          summary["succeeded"] + summary["unknown"] == 300,
+          "%s, trimmed outcomes: exit %d %r %s" % (what, rc, summary, err[-300:]))
+
+
 def scenario_auth(env):
     """requirepass and an ACL user: credentials in the URL (percent-encoded),
     REDIS_PASSWORD, and the server's own error text when they are wrong. The
@@ -1023,28 +1052,7 @@ def scenario_auth(env):
     # 7. --wait for the ACL user, its outcome records trimmed (RESULTS_MAXLEN)
     # before it reads them: exit 5, "unknown", not a wait until the timeout
     w = env.worker("acl_trim", REDIS_URL=acl, RESULTS_MAXLEN=10, MAX_PER_USER="unlimited")
-    p = subprocess.Popen([env.args.enqueue, "--count", "300", "--work", "1ms", "--wait", "--timeout", "20s"],
-                         env=dict(os.environ, REDIS_URL=acl), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True)
-    try:
-        line = p.stdout.readline()
-        check('"msg":"enqueued"' in line, "enqueue: %r" % line)
-        p.send_signal(signal.SIGSTOP)  # the worker writes all 300 meanwhile; MAXLEN ~ 10 trims most
-        try:
-            wait_until(lambda: metrics(w)["tps_stream_succeeded_total"] >= 300 and pending(r) == 0, 30,
-                       "the worker to finish the 300")
-        finally:
-            p.send_signal(signal.SIGCONT)
-        rest, err = p.communicate(timeout=40 * SLOW)
-        rc = p.returncode
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait(timeout=10)
-    summary = json.loads(rest.strip().splitlines()[-1])
-    check(rc == 5 and summary["missing"] == 0 and summary["unknown"] > 0 and
-          summary["succeeded"] + summary["unknown"] == 300,
-          "ACL user, trimmed outcomes: exit %d %r %s" % (rc, summary, err[-300:]))
+    check_wait_trimmed(env, w, r, acl, "20s", "ACL user")
     check(env.stop(w) == 0, "worker acl_trim did not exit 0")
     # nothing the worker or the producer sent was refused to the ACL user
     # (Redis logs every refusal, a script's calls and MULTI's included)
@@ -1779,25 +1787,7 @@ def scenario_wait_edges(env):
     check(env.stop(w) == 0, "worker did not exit 0")
 
     w = env.worker("w1", RESULTS_MAXLEN=10, MAX_PER_USER="unlimited")
-    p = subprocess.Popen([env.args.enqueue, "--count", "300", "--work", "1ms", "--wait", "--timeout", "60s"],
-                         env=dict(os.environ, REDIS_URL=env.url), stdout=subprocess.PIPE, text=True)
-    try:
-        line = p.stdout.readline()
-        check('"msg":"enqueued"' in line, "enqueue: %r" % line)
-        p.send_signal(signal.SIGSTOP)  # the worker writes all 300 meanwhile; MAXLEN ~ 10 trims most
-        try:
-            wait_until(lambda: metrics(w)["tps_stream_succeeded_total"] >= 300 and pending(r) == 0, 30,
-                       "the worker to finish the 300")
-        finally:
-            p.send_signal(signal.SIGCONT)
-        rest = p.stdout.read()
-        rc = p.wait(timeout=30 * SLOW)
-    finally:
-        if p.poll() is None:
-            p.kill()
-    summary = json.loads(rest.strip().splitlines()[-1])
-    check(rc == 5 and summary["missing"] == 0 and summary["unknown"] > 0 and
-          summary["succeeded"] + summary["unknown"] == 300, "trimmed outcomes: exit %d %r" % (rc, summary))
+    check_wait_trimmed(env, w, r, env.url, "60s", "default user")
     check(env.stop(w) == 0, "worker did not exit 0")
 
     # An entry deleted while it runs is dropped from the pending list without
