@@ -370,10 +370,10 @@ run_mode() {
 }
 
 # The lines of a ctest log that say why a test failed (cmocka's failed
-# assertion and its line, a sanitizer's report, a timeout), at most 24: the
+# assertion, fail_msg's message and its line, a sanitizer's report, a timeout), at most 24: the
 # summary repeats them, since a long log may reach the reader cut.
 failure_lines() {
-    grep -E '\[  (ERROR|FAILED) +\]|\[   LINE   \]|condition never became true|ThreadSanitizer|AddressSanitizer|LeakSanitizer|runtime error|\*\*\*(Timeout|Exception)|Test +#[0-9]+: .*(Failed|Timeout)' \
+    grep -E 'ERROR: |\[  (ERROR|FAILED) +\]|\[   LINE   \]|condition never became true|ThreadSanitizer|AddressSanitizer|LeakSanitizer|runtime error|\*\*\*(Timeout|Exception)|Test +#[0-9]+: .*(Failed|Timeout)' \
         "$1" | head -n 24
 }
 
