@@ -820,6 +820,9 @@ static void stage_absorb_locked(tp_pool *p, unsigned max, bool worker) {
     ACT_LOCKED(p, &fx);
 }
 
+/* life.h, admit_staged: every staged task admitted now, mu held. */
+static void admit_staged_locked(void *arg) { stage_absorb_all_locked((tp_pool *)arg); }
+
 /* Entries claimed and not yet consumed (published or not): a worker does
  * not park while there are some (see parking, and stage.h). */
 static bool stage_pending(tp_pool *p) { return tp__stage_count(&p->stage) != 0; }
@@ -1367,8 +1370,10 @@ int tp__engine_start(tp_pool *p) {
         /* every staged task's arguments but fn and the stamp: no options,
          * and no log id inherited (a submit that has one is not staged) */
         (void)tp__life_args(&p->life, stage_template_fn, NULL, &p->stage_args);
-        p->life.users_put = &p->stage.put; /* user slots taken under put too (life.h) */
-        p->life.users.split = true;        /* and given back under mu and put (users.h) */
+        p->life.users_put = &p->stage.put;          /* user slots taken under put too (life.h) */
+        p->life.admit_staged = admit_staged_locked; /* before the default lane seems empty (life.h) */
+        p->life.admit_staged_arg = p;
+        p->life.users.split = true; /* and given back under mu and put (users.h) */
         p->stage_args.log_src = NULL;
         p->stage_args.log_len = 0;
     }

@@ -43,6 +43,8 @@
  *
  * Layer: below engine.c, pool.c and group.c, which call it with the lock
  * held; above the leaves it uses (scheduler.c, tasks.c, users.c, cq.c, ctx.c).
+ * One call goes up, through a pointer the engine sets where the pool stages:
+ * admit_staged (life.h), before the default lane would seem empty.
  */
 #include "life.h"
 
@@ -79,7 +81,9 @@ int tp__life_init(tp__life *L, const tp__life_cfg *cfg, tp__st_calls *calls, tp_
     L->room_capacity = (int64_t)cfg->capacity;
     atomic_init(&L->room_live, false);
     L->rel_n = 0;
-    L->users_put = NULL; /* set by the engine where the pool stages */
+    L->users_put = NULL;    /* set by the engine where the pool stages */
+    L->admit_staged = NULL; /* likewise */
+    L->admit_staged_arg = NULL;
     if (tp__sched_init(&L->sched, cfg->waiting_max, fair, starve_limit, low_max) != 0 ||
         tp__tasks_init(&L->tasks, prealloc, cfg->waiting_max, fair ? 3 : 2) != 0 ||
         tp__users_init(&L->users, 32) != 0)
@@ -187,6 +191,16 @@ static void queue_changed(tp__life *L) {
 static void work_for(const tp__life *L, const tp__task *t, tp__fx *fx) {
     const tp__sched *s = &L->sched;
     if (t->prio >= 0 || s->low_max == 0 || s->low_running < s->low_max) fx->work++;
+}
+
+/* `t` waits in the scheduler and is about to leave it without a start. In a
+ * pool that stages, the staged tasks wait in the default lane behind every
+ * task of that lane here (stage.h): if `t` is that lane's last here, they
+ * are admitted first (life.h, admit_staged), or the lane would seem empty
+ * while they wait -- a lower lane would start ahead of them. */
+static void before_unwait(tp__life *L, const tp__task *t) {
+    if (L->admit_staged && t->prio == 0 && tp__sched_default_waiting(&L->sched) == 1)
+        L->admit_staged(L->admit_staged_arg);
 }
 
 /* Closed and nothing waits: idle workers may exit. */
@@ -787,6 +801,7 @@ tp__task *tp__life_take(tp__life *L, struct tp_ctx *c, tp__fx *fx) {
         if (t->deadline != TP_FOREVER && tp_now_ns() >= t->deadline) {
             /* Its deadline passed while it waited: it ends without running
              * (expired; a retry back in the queue ran before: cancelled). */
+            before_unwait(L, t);
             tp__sched_remove(&L->sched, t);
             queue_changed(L);
             check_exiters(L, fx);

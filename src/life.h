@@ -167,6 +167,15 @@ typedef struct tp__life {
      * submit, which sees a count too high by them, takes the locked path near
      * the limit: no one is refused for a kept slot. */
     tp__mutex *users_put; /* read-only once set: off the kept slots' line, which workers write */
+    /* Where the pool stages (stage.h), the engine's: admits every staged
+     * task now, mu held (each through tp__life_admit_staged). Staged tasks
+     * wait in the default lane too, behind every task of that lane here: a
+     * task that leaves the scheduler unstarted, the last of that lane here,
+     * calls it first (life.c, before_unwait), so that the lane does not seem
+     * empty while staged tasks wait in it. NULL where the pool does not
+     * stage. Read-only once set. */
+    void (*admit_staged)(void *arg);
+    void *admit_staged_arg;
     _Alignas(64) unsigned rel_n;
     struct tp__user *rel[TP__REL_MAX];
     tp__task *delayed_head, *delayed_tail; /* retries waiting for their delay */

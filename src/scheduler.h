@@ -245,6 +245,10 @@ void tp__sched_take_all(tp__sched *s, tp__task **out);
 /* How many tasks wait. */
 static inline unsigned tp__sched_waiting(const tp__sched *s) { return s->waiting; }
 
+/* How many tasks wait in the default lane (priority 0): the total less the
+ * other lanes' (it keeps no count of its own). */
+static inline unsigned tp__sched_default_waiting(const tp__sched *s) { return s->waiting - s->in_others; }
+
 /* Whether a pop would return a task now. */
 static inline bool tp__sched_ready(const tp__sched *s) {
     if (s->waiting == 0) return false;

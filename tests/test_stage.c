@@ -957,6 +957,44 @@ static void test_staged_starve_count(void **state) {
     tpt_finish(p);
 }
 
+/* The default lane deep with tasks whose deadline has passed (the service
+ * thread, held in an on_done, has not ended them), a staged task behind
+ * them and a background task: the worker's take ends the expired ones, and
+ * the staged task, of the default lane, starts before the background one,
+ * as if it had been admitted under the lock. (The take went on to the
+ * background lane once the default lane was empty, leaving the staged task
+ * in the ring: a lower lane started first.) */
+static void test_staged_behind_expired_lane(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l = tpt_fx_latch(f);
+    g_svc_gate = tpt_fx_latch(f);
+    atomic_store(&g_done_calls, 0);
+    tp_pool *p = tpt_quiet_pool(f, 1, 4 * DEEP, TP_UNLIMITED);
+    order_log *log = order_log_new(f);
+    order_task *tasks = tpt_fx_alloc(f, (size_t)(DEEP + 2) * sizeof *tasks);
+    tpt_fill_workers(p, l, 1, NULL);
+    tpt_hold_service(p, g_svc_gate, svc_hold_done); /* no expiry scan meanwhile */
+    tasks[0] = (order_task){log, 0};
+    tp_task_opts background = {.priority = -1};
+    assert_int_equal(tp_submit(p, order_fn, &tasks[0], &background, NULL), TP_OK);
+    tp_task_opts expiring = {.deadline_ns = tp_now_ns() + TPT_MS(20)};
+    for (int i = 1; i <= DEEP; i++) {
+        tasks[i] = (order_task){log, i};
+        assert_int_equal(tp_submit(p, order_fn, &tasks[i], &expiring, NULL), TP_OK);
+    }
+    tasks[DEEP + 1] = (order_task){log, DEEP + 1};
+    assert_int_equal(tp_submit(p, order_fn, &tasks[DEEP + 1], NULL, NULL), TP_OK); /* staged */
+    assert_int_equal(tpt_stats(p).queued, DEEP + 2);
+    TPT_EVENTUALLY(tp_now_ns() > expiring.deadline_ns);
+    tpt_latch_open(l);
+    TPT_EVENTUALLY(atomic_load(&log->done) == 2);
+    assert_int_equal(atomic_load(&log->at[0]), DEEP + 1); /* the default lane first */
+    assert_int_equal(atomic_load(&log->at[1]), 0);
+    tpt_latch_open(g_svc_gate);
+    tp_stats s = tpt_finish(p);
+    tpt_assert_counts(s, TPT_EQ(expired, DEEP), TPT_EQ(succeeded, 3));
+}
+
 #if defined(TP__DEBUG)
 /* The submitter that the hook holds between its ticket and its entry: it
  * holds the ring's put lock meanwhile (stage.h). */
@@ -1877,6 +1915,7 @@ int main(void) {
         TPT_TEST(test_staged_waiter_after_batch),
         TPT_TEST(test_staged_retry_behind),
         TPT_TEST(test_staged_starve_count),
+        TPT_TEST(test_staged_behind_expired_lane),
         TPT_TEST(test_staged_wait_for_unpublished),
         TPT_TEST(test_staged_wakes_idle_pool),
         TPT_TEST(test_staged_close_race),
