@@ -496,6 +496,7 @@ uint64_t tp__life_retry_delay(const tp__life *L, unsigned k) {
 static void cancel_task(tp__life *L, tp__task *t, tp__fx *fx) {
     switch (t->state) {
     case TP__QUEUED:
+        before_unwait(L, t);
         tp__sched_remove(&L->sched, t);
         queue_changed(L);
         end_unrun(L, t, TP_ECANCELED, false, fx);
@@ -946,6 +947,9 @@ static uint64_t queue_expire(tp__life *L, uint64_t now, tp__fx *fx) {
     }
     uint64_t due = L->queued_deadline_min > L->expiry_scan_at ? L->queued_deadline_min : L->expiry_scan_at;
     if (now < due) return due;
+    /* The scan may leave the default lane empty: staged tasks first (as
+     * before_unwait does for one task). */
+    if (L->admit_staged && tp__sched_default_waiting(&L->sched) > 0) L->admit_staged(L->admit_staged_arg);
     tp__task *list;
     uint64_t next = tp__sched_take_expired(&L->sched, now, &list);
     if (list) {

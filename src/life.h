@@ -170,10 +170,12 @@ typedef struct tp__life {
     /* Where the pool stages (stage.h), the engine's: admits every staged
      * task now, mu held (each through tp__life_admit_staged). Staged tasks
      * wait in the default lane too, behind every task of that lane here: a
-     * task that leaves the scheduler unstarted, the last of that lane here,
-     * calls it first (life.c, before_unwait), so that the lane does not seem
-     * empty while staged tasks wait in it. NULL where the pool does not
-     * stage. Read-only once set. */
+     * task that leaves the scheduler unstarted (expired, cancelled), the
+     * last of that lane here, calls it first (life.c, before_unwait), and so
+     * does an expiry scan, so that the lane does not seem empty while staged
+     * tasks wait in it (a lower lane starting first, the lane's starvation
+     * count back to 0). NULL where the pool does not stage. Read-only once
+     * set. */
     void (*admit_staged)(void *arg);
     void *admit_staged_arg;
     _Alignas(64) unsigned rel_n;

@@ -995,6 +995,71 @@ static void test_staged_behind_expired_lane(void **state) {
     tpt_assert_counts(s, TPT_EQ(expired, DEEP), TPT_EQ(succeeded, 3));
 }
 
+/* An order_task that then holds its worker on `gate`. */
+typedef struct gated_order {
+    order_task task;
+    tpt_latch *gate;
+} gated_order;
+
+static int gated_order_fn(tp_ctx *c, void *arg) {
+    gated_order *g = (gated_order *)arg;
+    (void)order_fn(c, &g->task);
+    tpt_latch_wait(g->gate);
+    return 0;
+}
+
+/* The default lane's only task here leaves it unstarted (cancelled, or
+ * ended by the service thread's expiry scan: `expire`) while a staged task
+ * of that lane waits in the ring: the lane stays ready, so its starvation
+ * count goes on, as if the staged task had been admitted under the lock.
+ * Limit 2: U1 starts (the lane's count 1), then L leaves, then U2 (count 2),
+ * then the staged task. (The lane's count returned to 0 when L left, so
+ * the staged task started after U3.) */
+static void starve_count_after_leave(tpt_fixture *f, bool expire) {
+    tpt_latch *l = tpt_fx_latch(f), *gate = tpt_fx_latch(f);
+    tp_config c = tpt_quiet_config(1, 4 * DEEP, TP_UNLIMITED);
+    c.prio_starve_limit = 2;
+    tp_pool *p = tpt_fx_pool(f, &c);
+    order_log *log = order_log_new(f);
+    order_task *tasks = tpt_fx_alloc(f, 5 * sizeof *tasks);
+    gated_order *u1 = tpt_fx_new(f, gated_order);
+    tpt_fill_workers(p, l, 1, NULL);
+    *u1 = (gated_order){{log, 1}, gate};
+    tp_task_opts urgent = {.priority = 1};
+    assert_int_equal(tp_submit(p, gated_order_fn, u1, &urgent, NULL), TP_OK);
+    for (int i = 2; i <= 3; i++) {
+        tasks[i] = (order_task){log, i};
+        assert_int_equal(tp_submit(p, order_fn, &tasks[i], &urgent, NULL), TP_OK);
+    }
+    tasks[0] = (order_task){log, 0};
+    tp_task_opts normal = {0};
+    if (expire) normal.deadline_ns = tp_now_ns() + TPT_MS(20);
+    uint64_t id = 0;
+    assert_int_equal(tp_submit(p, order_fn, &tasks[0], &normal, &id), TP_OK);
+    tpt_latch_open(l);
+    TPT_EVENTUALLY(atomic_load(&log->done) == 1); /* U1 holds the worker */
+    tasks[4] = (order_task){log, 4};
+    assert_int_equal(tp_submit(p, order_fn, &tasks[4], NULL, NULL), TP_OK); /* staged */
+    if (expire)
+        TPT_EVENTUALLY(tpt_stats(p).expired == 1);
+    else
+        assert_int_equal(tp_cancel(p, id), TP_OK);
+    tpt_latch_open(gate);
+    TPT_EVENTUALLY(atomic_load(&log->done) == 4);
+    static const int want[] = {1, 2, 4, 3};
+    for (int k = 0; k < 4; k++)
+        if (atomic_load(&log->at[k]) != want[k])
+            fail_msg("%s: start %d was task %d, not %d", expire ? "expired" : "cancelled", k,
+                     atomic_load(&log->at[k]), want[k]);
+    tpt_finish(p);
+}
+
+static void test_staged_starve_count_after_leave(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    starve_count_after_leave(f, false);
+    starve_count_after_leave(f, true);
+}
+
 #if defined(TP__DEBUG)
 /* The submitter that the hook holds between its ticket and its entry: it
  * holds the ring's put lock meanwhile (stage.h). */
@@ -1916,6 +1981,7 @@ int main(void) {
         TPT_TEST(test_staged_retry_behind),
         TPT_TEST(test_staged_starve_count),
         TPT_TEST(test_staged_behind_expired_lane),
+        TPT_TEST(test_staged_starve_count_after_leave),
         TPT_TEST(test_staged_wait_for_unpublished),
         TPT_TEST(test_staged_wakes_idle_pool),
         TPT_TEST(test_staged_close_race),
