@@ -1013,9 +1013,12 @@ static int gated_order_fn(tp_ctx *c, void *arg) {
  * of that lane waits in the ring: the lane stays ready, so its starvation
  * count goes on, as if the staged task had been admitted under the lock.
  * Limit 2: U1 starts (the lane's count 1), then L leaves, then U2 (count 2),
- * then the staged task. (The lane's count returned to 0 when L left, so
+ * then the staged task. L's deadline (`expire`) is `span` away: it must not
+ * pass before the staged task is in (else the lane was empty then, and the
+ * count rightly 0): under tpt_with_time_to_spare. (The lane's count returned to 0 when L left, so
  * the staged task started after U3.) */
-static void starve_count_after_leave(tpt_fixture *f, bool expire) {
+static bool starve_count_after_leave(tpt_fixture *f, uint64_t span, void *arg) {
+    bool expire = *(const bool *)arg;
     tpt_latch *l = tpt_fx_latch(f), *gate = tpt_fx_latch(f);
     tp_config c = tpt_quiet_config(1, 4 * DEEP, TP_UNLIMITED);
     c.prio_starve_limit = 2;
@@ -1033,13 +1036,19 @@ static void starve_count_after_leave(tpt_fixture *f, bool expire) {
     }
     tasks[0] = (order_task){log, 0};
     tp_task_opts normal = {0};
-    if (expire) normal.deadline_ns = tp_now_ns() + TPT_MS(20);
+    if (expire) normal.deadline_ns = tp_now_ns() + span;
     uint64_t id = 0;
     assert_int_equal(tp_submit(p, order_fn, &tasks[0], &normal, &id), TP_OK);
     tpt_latch_open(l);
     TPT_EVENTUALLY(atomic_load(&log->done) == 1); /* U1 holds the worker */
     tasks[4] = (order_task){log, 4};
     assert_int_equal(tp_submit(p, order_fn, &tasks[4], NULL, NULL), TP_OK); /* staged */
+    if (expire && tp_now_ns() >= normal.deadline_ns) {
+        /* L may have left before the staged task came: a lane empty then */
+        tpt_latch_open(gate);
+        tpt_finish(p);
+        return false;
+    }
     if (expire)
         TPT_EVENTUALLY(tpt_stats(p).expired == 1);
     else
@@ -1052,12 +1061,14 @@ static void starve_count_after_leave(tpt_fixture *f, bool expire) {
             fail_msg("%s: start %d was task %d, not %d", expire ? "expired" : "cancelled", k,
                      atomic_load(&log->at[k]), want[k]);
     tpt_finish(p);
+    return true;
 }
 
 static void test_staged_starve_count_after_leave(void **state) {
     tpt_fixture *f = tpt_fx(state);
-    starve_count_after_leave(f, false);
-    starve_count_after_leave(f, true);
+    static const bool cancel = false, expire = true;
+    assert_true(starve_count_after_leave(f, TP_FOREVER, (void *)&cancel));
+    tpt_with_time_to_spare(f, TPT_MS(50), starve_count_after_leave, (void *)&expire);
 }
 
 #if defined(TP__DEBUG)
