@@ -555,9 +555,17 @@ TP_API int tp_submit_batch(tp_pool *p, const tp_task *tasks, size_t n, uint64_t 
  *   TP_OK; TP_ENOTFOUND (unknown id, already ended, or already cancelled while
  *   queued); TP_EINVAL (p NULL or id 0). Never blocks beyond the pool lock.
  *   Thread-safe; may be called from a task.
- *   Cost: O(1), but the first call on a pool, which makes the pool index its
- *   task ids from then on (a pass over its task records, with the pool lock
- *   held); a pool that never calls it keeps no index.
+ *   Cost: O(1) for a running or retry-waiting task and for a queued task
+ *   in a list lane: any priority of a TP_SCHED_FAIR pool, a priority other
+ *   than 0 of a TP_SCHED_FIFO pool. A TP_SCHED_FIFO pool keeps its queued
+ *   tasks of priority 0 in 1.1's ring: cancelling one closes the gap from
+ *   the nearer end, min(tasks ahead of it, tasks behind it) moves with the
+ *   pool lock held (O(1) at the head or the tail; 10 ms and more in the middle
+ *   of 2^20 queued tasks, during which nothing is admitted or started). A
+ *   pool that cancels queued tasks of a deep queue is made TP_SCHED_FAIR.
+ *   The first call on a pool also makes the pool index its task ids from
+ *   then on (a pass over its task records, with the pool lock held); a pool
+ *   that never calls it keeps no index.
  */
 TP_API int tp_cancel(tp_pool *p, uint64_t id);
 
@@ -817,9 +825,10 @@ TP_API int tp_group_wait(tp_group *g, uint64_t timeout_ns);
  *   Queued and retry-waiting members end with TP_ECANCELED without running
  *   (their on_done runs on the pool's service thread); running members see
  *   cancellation through their context and end with what they return, not
- *   retried. Idempotent. Never blocks beyond the pool lock; does not wait for
- *   the members to end (tp_group_wait() does). Thread-safe; may be called from
- *   a task or an on_done.
+ *   retried. Idempotent. Never blocks beyond the pool lock (held for all the
+ *   members, each at tp_cancel()'s cost); does not wait for the members to
+ *   end (tp_group_wait() does). Thread-safe; may be called from a task or an
+ *   on_done.
  *   TP_OK; TP_EINVAL (g NULL).
  */
 TP_API int tp_group_cancel(tp_group *g);
@@ -1013,8 +1022,10 @@ TP_API int tp_metrics_format(tp_pool *const *pools, size_t n, int format, char *
  * The scheduler is exact: with one worker, the order in which waiting tasks
  * start is fully determined by these rules and the order of admission.
  * Admission, start, cancel and expiry cost O(1) in the number of users and of
- * waiting tasks, and nothing is allocated per task. A pool that uses neither
- * lanes nor fair shares keeps 1.1's ring and its costs.
+ * waiting tasks, and nothing is allocated per task -- except that a
+ * TP_SCHED_FIFO pool, with or without lanes, keeps its waiting tasks of
+ * priority 0 in 1.1's ring and its costs: a cancel of one of them costs up
+ * to half the ring's length (tp_cancel, "Cost").
  *
  * Example, one worker, a fair pool (max_per_user at least 4), weights alice
  * 2 and bob 1, every task admitted while the worker is busy, in this order:
