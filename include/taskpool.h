@@ -215,7 +215,8 @@ typedef struct tp_ctx tp_ctx;   /* opaque, valid during one task call */
 
 /* The log hook. Called on a pool thread without any pool lock held; it may call
  * any libtaskpool function except tp_shutdown/tp_wait/tp_destroy of the same
- * pool (those return TP_EDEADLK there). `log_id` and `msg` are valid during the
+ * pool and tp_group_wait/tp_group_destroy of its groups (those return
+ * TP_EDEADLK there). `log_id` and `msg` are valid during the
  * call only; `log_id` is never NULL. A worker may still be in the hook, e.g.
  * reporting a failed attempt whose retry was then cancelled, after
  * tp_shutdown() returned: keep `log_arg` valid until tp_wait() or
