@@ -1166,8 +1166,11 @@ TP_API int tp_cq_fd(const tp_cq *cq);
  * places back. Since 1.2.
  *   Never blocks (beyond the queue's lock and the on_done calls themselves).
  *   Several threads may drain one queue at once; each completion runs once.
- *   It may be called from inside an on_done it runs (that call drains what
- *   waits then). Completions that arrive while it runs wait for the next
+ *   It may be called from inside an on_done it runs: that call first runs
+ *   the completions the enclosing drain on this thread took and has not run
+ *   yet (which the enclosing call then skips), then what waits then, so one
+ *   thread runs them in the order the tasks ended; the calls count what
+ *   each ran. Completions that arrive while it runs wait for the next
  *   call, also when another drain took some of those that waited at its
  *   start (it does not run later ones in their stead).
  *   >= 0, the number of on_done calls made (0..max); TP_EINVAL (cq NULL).

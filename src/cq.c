@@ -23,7 +23,8 @@
  * each one's place back as soon as its on_done returned, and goes on with
  * the next chunk, up to the tickets that were taken when it began (at most
  * `max`), even when another drainer took some of them meanwhile; the copy is
- * what makes several drainers safe.
+ * what makes several drainers safe. A drain nested in an on_done runs the
+ * rest of the enclosing chunk first (drain_frame), for the end order.
  *
  * Wake-ups. A push takes the slow way when its ticket came with LOOK set, or
  * when its slot says SLOT_FREE_WAKE as it publishes (it publishes with a
@@ -210,6 +211,31 @@ int tp_cq_fd(const tp_cq *cq) { return cq ? cq->fds[0] : TP_EINVAL; }
 /* Tickets taken beyond head (published or about to be); mu held. */
 static uint64_t taken_beyond_head(const tp_cq *cq, uint64_t word) { return (word >> 1) - cq->head; }
 
+/* The drains under way on this thread, innermost first: the chunk each one
+ * copied out of the ring and how far it has run it. A drain called from
+ * inside an on_done runs the rest of its queue's enclosing chunk first, so
+ * that one thread runs a queue's completions in the order the tasks ended
+ * (taskpool.h, section 15); the enclosing call then runs none of them
+ * again. At most one frame of a queue holds completions not yet run: a
+ * nested drain takes a chunk of its own only once it has run the enclosing
+ * one's rest. */
+typedef struct drain_frame {
+    tp_cq *cq;
+    const tp__completion *batch;
+    unsigned got;  /* completions in batch */
+    unsigned next; /* the next one to run */
+    struct drain_frame *up;
+} drain_frame;
+static _Thread_local drain_frame *tls_drains;
+
+/* Run frame f's next completion, then give its place back: the next on_done
+ * may submit into it. */
+static void run_next(drain_frame *f) {
+    tp__completion c = f->batch[f->next++];
+    c.fn(c.arg, c.status);
+    tp__cq_release(f->cq, 1);
+}
+
 int tp_cq_drain(tp_cq *cq, unsigned max) {
     if (!cq) return TP_EINVAL;
     tp__completion batch[TP__CQ_CHUNK];
@@ -220,13 +246,22 @@ int tp_cq_drain(tp_cq *cq, unsigned max) {
      * (or one nested in an on_done) takes some of them meanwhile, this call
      * does not make up for them with later ones. */
     unsigned done = 0;
+    for (drain_frame *f = tls_drains; f; f = f->up) {
+        if (f->cq != cq) continue;
+        while (f->next < f->got && (max == 0 || done < max)) {
+            run_next(f);
+            done++;
+        }
+    }
+    if (max != 0 && done == max) return (int)done;
+    drain_frame self = {cq, batch, 0, 0, tls_drains};
     uint64_t stop = 0;
     bool first = true;
     for (;;) {
         tp__mutex_lock(&cq->mu);
         if (first) {
             uint64_t taken = taken_beyond_head(cq, atomic_load_explicit(&cq->word, memory_order_relaxed));
-            if (max != 0 && taken > max) taken = max;
+            if (max != 0 && taken > max - done) taken = max - done;
             stop = cq->head + taken; /* taken <= capacity: every ticket beyond head holds a place */
             first = false;
         }
@@ -254,12 +289,16 @@ int tp_cq_drain(tp_cq *cq, unsigned max) {
         }
         tp__mutex_unlock(&cq->mu);
         /* Each place comes back as soon as its own on_done has returned:
-         * the next on_done of this chunk may submit into it. */
-        for (unsigned i = 0; i < got; i++) {
-            batch[i].fn(batch[i].arg, batch[i].status);
-            tp__cq_release(cq, 1);
+         * the next on_done of this chunk may submit into it. A drain nested
+         * in one of them runs the rest of the chunk (self.next moves). */
+        self.got = got;
+        self.next = 0;
+        tls_drains = &self;
+        while (self.next < self.got) {
+            run_next(&self);
+            done++;
         }
-        done += got;
+        tls_drains = self.up;
         /* all that waited at the first take (up to stop), or all that is
          * published: done, with one hold of the lock per batch */
         if (got < k || got == left) break;

@@ -1155,7 +1155,9 @@ static void test_drainers_finishing_out_of_order(void **state) {
  * Capacity 3: t1 and t2 end, a drain takes both; t1's on_done submits t3,
  * t4, t5 one after the other, each ending and drained by a nested drain
  * before the next: t5's completion lands in t2's slot, which the outer drain
- * has not read yet. Expected: t2 once, t5 once.
+ * took from the ring without running it yet. The first nested drain runs t2
+ * (the rest of the outer chunk, for the end order), then t3; the others one
+ * each. Expected: t2 once, t5 once.
  */
 static tp_pool *nest2_p;
 static tp_cq *nest2_q;
@@ -1171,7 +1173,8 @@ static void nest2_done(void *arg, int status) {
         o.on_done = rec_done;
         uint64_t want = tpt_stats(nest2_p).completed + 1;
         if (tp_submit(nest2_p, rec_task, &R[i], &o, NULL) != TP_OK ||
-            !TPT_POLL(tpt_stats(nest2_p).completed == want, TPT_WAIT_NS) || tp_cq_drain(nest2_q, 0) != 1)
+            !TPT_POLL(tpt_stats(nest2_p).completed == want, TPT_WAIT_NS) ||
+            tp_cq_drain(nest2_q, 0) != (i == 3 ? 2 : 1))
             atomic_fetch_add(&nest2_bad, 1);
     }
 }
@@ -1190,7 +1193,7 @@ static void test_nested_drain_then_submit(void **state) {
         assert_int_equal(tp_submit(p, rec_task, &R[i], &o, NULL), TP_OK);
         wait_completed(p, (uint64_t)i);
     }
-    assert_int_equal(drain(q, 0), 2);
+    assert_int_equal(drain(q, 0), 1); /* t1; its nested drains ran the rest */
     assert_int_equal(atomic_load(&nest2_bad), 0);
     while (drain(q, 0) > 0) {
     }
@@ -1643,7 +1646,8 @@ static void test_drain_runs_only_what_waited_at_its_start(void **state) {
 
 /* A drain is bounded by the tickets taken when it began, not by their
  * count: here its first on_done drains the rest of them itself (a nested
- * drain), then lets 36 new completions in. The outer call must not run
+ * drain: the 63 of the outer call's first chunk, then the 36 beyond it),
+ * then lets 36 new completions in. The outer call must not run
  * those in place of the ones the nested drain took: they are the next
  * call's. (Two threads would do the same: a drain's later chunks start
  * wherever the other drainer left the head.) */
@@ -1661,7 +1665,7 @@ static void nb_done(void *arg, int status) {
     (void)status;
     if (atomic_fetch_add(&nb_calls, 1) != 0) return;
     atomic_fetch_add(&nb_depth, 1);
-    atomic_store(&nb_nested, tp_cq_drain(nb_q, 0)); /* the 36 beyond the outer call's first chunk */
+    atomic_store(&nb_nested, tp_cq_drain(nb_q, 0)); /* the outer call's 63, then the 36 beyond its chunk */
     atomic_fetch_sub(&nb_depth, 1);
     uint64_t before = tpt_stats(nb_pool).completed;
     tp_task_opts o = {0};
@@ -1686,15 +1690,66 @@ static void test_drain_bounded_by_tickets_not_count(void **state) {
             assert_int_equal(tp_submit(nb_pool, tpt_nop_task, NULL, &o, NULL), TP_OK);
         wait_completed(nb_pool, 100);
         atomic_store(&nb_depth, 1);
-        assert_int_equal(tp_cq_drain(nb_q, maxes[m]), 64); /* its first chunk, no more */
+        assert_int_equal(tp_cq_drain(nb_q, maxes[m]), 1); /* the first; the nested call ran the rest */
         atomic_store(&nb_depth, 0);
-        assert_int_equal(atomic_load(&nb_nested), 36);
+        assert_int_equal(atomic_load(&nb_nested), 99);
         assert_int_equal(atomic_load(&nb_new_in_outer), 0);
         assert_int_equal(tp_cq_drain(nb_q, 0), 36);
         assert_int_equal(tp_cq_drain(nb_q, 0), 0);
         assert_int_equal(atomic_load(&nb_calls), 136);
         tpt_finish(nb_pool);
         cq_free(nb_q);
+    }
+}
+
+/* Order across a nested drain (taskpool.h section 15: every on_done runs
+ * in the order the tasks ended; a drain may be called from inside an
+ * on_done it runs). One worker: 100 bound tasks end in admission order.
+ * The outer drain copies its first chunk (64) out of the ring and runs the
+ * first; that on_done drains again. The nested call must run the 63 the
+ * outer call took and has not run before the 36 still in the ring, and the
+ * outer call must not run those 63 again: one thread sees 1..100 in order,
+ * each once. (The nested call used to run the 36 first.) */
+static tp_cq *ord_q;
+static int ord_seen[128], ord_n; /* this thread only */
+static atomic_int ord_nested;
+static void ord_done(void *arg, int status) {
+    (void)status;
+    int v = (int)(intptr_t)arg;
+    if (ord_n < 128) ord_seen[ord_n] = v;
+    ord_n++;
+    if (v == 1) atomic_store(&ord_nested, tp_cq_drain(ord_q, 0));
+}
+
+static void test_nested_drain_keeps_end_order(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    const unsigned maxes[] = {0, 80, 100};
+    for (unsigned m = 0; m < sizeof maxes / sizeof maxes[0]; m++) {
+        ord_q = cq_new(128);
+        tp_pool *p = tpt_quiet_pool(f, 1, 128, TP_UNLIMITED);
+        ord_n = 0;
+        atomic_store(&ord_nested, -1);
+        tp_task_opts o = {0};
+        o.cq = ord_q;
+        o.on_done = ord_done;
+        for (intptr_t i = 1; i <= 100; i++)
+            assert_int_equal(tp_submit(p, tpt_nop_task, (void *)i, &o, NULL), TP_OK);
+        wait_completed(p, 100);
+        int outer = tp_cq_drain(ord_q, maxes[m]);
+        assert_int_equal(ord_n, 100);
+        int wrong = 0;
+        for (int i = 0; i < 100; i++) {
+            if (ord_seen[i] != i + 1) {
+                if (wrong++ < 3)
+                    print_error("on_done %d was task %d's, not task %d's\n", i, ord_seen[i], i + 1);
+            }
+        }
+        if (wrong) fail_msg("a nested drain broke the end order (%d of 100 out of place)", wrong);
+        assert_int_equal(atomic_load(&ord_nested), 99); /* the outer call's 63, then the 36 */
+        assert_int_equal(outer, 1);
+        assert_int_equal(tp_cq_drain(ord_q, 0), 0);
+        tpt_finish(p);
+        cq_free(ord_q);
     }
 }
 
@@ -1825,6 +1880,7 @@ int main(void) {
         CQ_TEST(test_one_queue_two_pools),
         CQ_TEST(test_drain_runs_only_what_waited_at_its_start),
         CQ_TEST(test_drain_bounded_by_tickets_not_count),
+        CQ_TEST(test_nested_drain_keeps_end_order),
         CQ_TEST(test_place_back_after_each_on_done),
         CQ_TEST(test_zero_alloc_per_task_with_cq),
     };
