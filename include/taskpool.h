@@ -1092,7 +1092,7 @@ TP_API int tp_lane_stats_get(tp_pool *p, int priority, tp_lane_stats *out);
  * released in the same locked step that queued the completion, or kept to be
  * released with others later, and a submit that would be refused for it, as
  * tp_user_active(), takes that lock and releases kept slots before it
- * counts). Only the lock-free tp_stats() may still show the task unfinished
+ * counts). Only the lock-free tp_stats_get() may still show the task unfinished
  * for a moment inside a drained on_done.
  *
  * Exactly once: every accepted task bound to a queue has its on_done run
