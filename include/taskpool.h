@@ -62,7 +62,9 @@
  *     tp_group_wait() (like TP_FOREVER);
  *   - "the configured default" for the budgets a pool has a setting for:
  *     tp_shutdown() (drain_timeout_ns) and tp_submit_wait()
- *     (submit_timeout_ns); likewise 0 in tp_config and tp_task_opts fields.
+ *     (submit_timeout_ns); likewise 0 in tp_config and tp_task_opts fields;
+ *   - "do not wait" for tp_cq_wait() (a poll) and tp_ctx_sleep() (it returns
+ *     tp_ctx_err() at once).
  * tp_wait() returns TP_ETIMEDOUT both when its own timeout ran out and when
  * the pool finished after a forced shutdown. To tell them apart, call
  * tp_wait(p, TP_FOREVER) once more when you need the outcome (a finished pool
