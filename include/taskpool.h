@@ -568,7 +568,7 @@ TP_API int tp_submit_batch(tp_pool *p, const tp_task *tasks, size_t n, uint64_t 
  *   the nearer end, min(tasks ahead of it, tasks behind it) moves with the
  *   pool lock held (O(1) at the head or the tail; 10 ms and more in the middle
  *   of 2^20 queued tasks, during which nothing is admitted or started). A
- *   pool that cancels queued tasks of a deep queue is made TP_SCHED_FAIR.
+ *   pool that cancels queued tasks of a deep queue is better made TP_SCHED_FAIR.
  *   The first call on a pool also makes the pool index its task ids from
  *   then on (a pass over its task records, with the pool lock held); a pool
  *   that never calls it keeps no index.
