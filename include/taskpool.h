@@ -452,10 +452,11 @@ typedef struct tp_task_opts {
  *   put lock instead; with a cq, briefly on that queue's lock too), except
  *   that in an elastic pool it may start a worker thread.
  *   Thread-safe; may be called from a task or an on_done.
- *   Since 1.2, a plain submit -- opts NULL, or opts that set cq and on_done
- *   and nothing else; id_out NULL; from a thread with no log id
- *   (tp_log_id_get() empty: not inside a task or an on_done, no
- *   tp_log_id_set) -- to a TP_SCHED_FIFO pool with fixed workers
+ *   Since 1.2, a plain submit -- opts NULL; or opts that set cq and
+ *   on_done and nothing else; or, to tp_submit() only, opts that set a user
+ *   and nothing else but, if any, an on_done with its cq; id_out NULL; from
+ *   a thread with no log id (tp_log_id_get() empty: not inside a task or an
+ *   on_done, no tp_log_id_set) -- to a TP_SCHED_FIFO pool with fixed workers
  *   (max_workers = workers) does not take the pool lock: it takes its
  *   place (and its completion queue's), hands the task to the next worker
  *   or locked call through a bounded ring under the ring's own put-side
