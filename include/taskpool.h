@@ -241,9 +241,11 @@ typedef struct tp_config {
     uint64_t drain_timeout_ns;  /* 0 -> 20 s; TP_FOREVER -> none; default budget of tp_shutdown */
     /* 0 -> 5 min; TP_FOREVER -> never; elastic workers above `workers` exit
      * when idle this long. Elastic workers are added while the backlog
-     * exceeds the idle workers, by tp_submit / tp_submit_wait and by a retry
-     * returning to the queue, until tp_close(); after it the workers present
-     * drain what is left. */
+     * exceeds the idle workers -- by any admission (tp_submit,
+     * tp_submit_wait, a batch, a group's submit: one thread by the call, the
+     * rest the backlog wants by the service thread, one after the other) and
+     * by a retry returning to the queue -- until tp_close(); after it the
+     * workers present drain what is left. */
     uint64_t idle_timeout_ns;
     unsigned max_retries; /* 0 -> no retry; 0..TP_MAX_RETRIES */
     /* 0 -> 1 s; the delay before each retry (the first one, with
@@ -541,7 +543,8 @@ typedef struct tp_task {
  *   without an explicit log id inherits the calling thread's, or gets a
  *   generated one, as for tp_submit().
  *   Blocks only on the pool lock (once per call, however large n is), except
- *   that in an elastic pool it may start one worker thread. Thread-safe; may
+ *   that in an elastic pool it may start one worker thread (the service
+ *   thread starts the others that the batch's backlog wants). Thread-safe; may
  *   be called from a task or an on_done.
  *   Since 1.2, a batch whose tasks are all plain (as tp_submit's "plain
  *   submit"; ids_out NULL) is handed over as tp_submit hands one task over,
