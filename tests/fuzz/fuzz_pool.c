@@ -61,6 +61,14 @@
  *     knows that order; pools destroyed before their completions are drained.
  *   - Retry backoff: attempt k starts no earlier than the end of attempt
  *     k - 1 plus min(retry_delay x 2^(k-1), retry_delay_max).
+ *   - Batches (OP_BATCH): tp_submit_batch of 2..8 tasks cut where the model
+ *     says (exactly, in pools of the exact model), including queues of 40..64
+ *     places (OP_CREATE3) that batches fill.
+ *   - Several submitters (OP_BURST, section "submit burst"): 2..4 threads
+ *     submit, batch and submit_wait at once into a pool of their own with a
+ *     per-user limit; every answer is one the header allows, no user ever has
+ *     more tasks running than its limit, and at rest every accepted task ended
+ *     exactly once and every counter is the sum of what the threads saw.
  * At the end of every input all gates open, every pool is shut down, waited
  * for and checked at rest: the SPEC invariants, each counter against what the
  * tasks observed (started, retried, succeeded, failed, cancelled, expired),
@@ -107,12 +115,13 @@
 #define FZ_SLOTS     2
 #define FZ_GATES     4
 #define FZ_MAX_OPS   64
-#define FZ_MAX_TASKS (2 * FZ_MAX_OPS)
+#define FZ_MAX_TASKS (3 * FZ_MAX_OPS) /* batches of 2..8 leave FZ_MAX_OPS free (op_batch) */
 #define FZ_USERS     5
 #define FZ_GROUPS    2 /* per pool slot */
 #define FZ_CQS       2 /* completion queues, shared by both pool slots */
 #define FZ_ATTEMPTS  4 /* max_retries is at most 3 in a valid config */
 #define FZ_MAX_TICKS (FZ_MAX_TASKS * FZ_ATTEMPTS)
+#define FZ_BATCH_MAX 8 /* tasks of one tp_submit_batch (op_batch) */
 
 #define MS          1000000ull
 #define SEC         1000000000ull
@@ -130,6 +139,7 @@ static atomic_ullong fz_exact;            /* ... of which the model allowed exac
 static atomic_ullong fz_exact_rc[12];     /* ... by that code (index -rc) */
 static atomic_ullong fz_starts_predicted; /* starts the exact model predicted and saw happen as predicted */
 static atomic_ullong fz_drained;          /* completions run by tp_cq_drain */
+static atomic_ullong fz_burst_checked;    /* answers of OP_BURST's threads checked (not in fz_checked) */
 static pthread_t fz_main_thread;
 
 static pthread_mutex_t fz_trace_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -1666,8 +1676,10 @@ static void ex_run(fz_pool *fp, fz_task **agents, int n) {
 
 /* An accepted submit: the task waits now (or, with a deadline that has
  * passed or soon will while every worker is blocked, it will expire unrun:
- * a ghost the next sync waits out, which changes nothing the model holds). */
-static void ex_push(fz_pool *fp, fz_task *t) {
+ * a ghost the next sync waits out, which changes nothing the model holds).
+ * run: free workers start what the model picks (a batch pushes all its tasks
+ * first: they were admitted under one hold of the pool lock). */
+static void ex_push_(fz_pool *fp, fz_task *t, bool run) {
     if (!fp->exact) return;
     if (t->grp && t->grp->coe) {
         ex_lose(fp, "a cancel-on-error group");
@@ -1690,8 +1702,10 @@ static void ex_push(fz_pool *fp, fz_task *t) {
     t->xs = X_WAIT;
     t->xpush_hi = tp_now_ns();
     fzs_push(&fp->sim, lane, ent_of(fp, t));
-    if (free > 0) ex_run(fp, NULL, 0);
+    if (free > 0 && run) ex_run(fp, NULL, 0);
 }
+
+static void ex_push(fz_pool *fp, fz_task *t) { ex_push_(fp, t, true); }
 
 /* Gate g opened: the tasks blocked on it return their result. */
 static void ex_gate(fz_pool *fp, int g) {
@@ -1761,6 +1775,8 @@ static const uint64_t retry_ns[4] = {1 * MS, 2 * MS, 4 * MS, 8 * MS};
 static const uint64_t drain_ns[4] = {1 * MS, 5 * MS, 20 * MS, 50 * MS};
 static const uint64_t submit_ns[4] = {1 * MS, 3 * MS, 10 * MS, 0};
 static const unsigned mpu_of[5] = {0, 1, 2, 3, TP_UNLIMITED};
+/* Large queues (40..64 places): OP_CREATE3 and OP_BURST */
+static const unsigned big_cap_of[8] = {40, 41, 47, 48, 55, 56, 63, 64};
 
 /* Config from 4 bytes. Returns true for a valid one (*c filled, fp's resolved
  * fields set); false for a deliberately invalid one. */
@@ -1862,13 +1878,15 @@ static void finish_pool(fz_pool *fp, bool full);
 static void op_group_destroy(fz_pool *fp, fz_group *G);
 static void finish_groups(fz_pool *fp);
 
-/* e: NULL for a 1.1 config (OP_CREATE), else the 1.2 bytes (OP_CREATE2). */
-static void op_create(fz_pool *fp, const uint8_t b[4], const uint8_t *e) {
+/* e: NULL for a 1.1 config (OP_CREATE), else the 1.2 bytes (OP_CREATE2);
+ * big_cap: 0, or the queue capacity of a valid config (OP_CREATE3). */
+static void op_create(fz_pool *fp, const uint8_t b[4], const uint8_t *e, unsigned big_cap) {
     if (fp->live) finish_pool(fp, true);
     pool_reset(fp);
     tp_config c;
     bool valid = decode_config(fp, b, &c);
     if (valid && e) valid = decode_config12(fp, e, &c);
+    if (valid && big_cap) c.queue_capacity = fp->cap = big_cap;
     tp_pool *p = (tp_pool *)(uintptr_t)0x1;
     int rc = tp_create(&p, &c);
     trace("create slot %d: workers %u max %u cap %u mpu %u retries %u retry %llums rt %llu drain %llums "
@@ -1899,7 +1917,7 @@ static void op_create(fz_pool *fp, const uint8_t b[4], const uint8_t *e) {
 static void ensure_pool(fz_pool *fp) {
     if (fp->live) return;
     static const uint8_t zero[4];
-    op_create(fp, zero, NULL);
+    op_create(fp, zero, NULL, 0);
 }
 
 /* VIA_BATCH: tp_submit_batch with this one task, which must answer exactly
@@ -1941,12 +1959,11 @@ static fz_task *task_new(fz_pool *fp) {
     return t;
 }
 
-static void op_submit(fz_pool *fp, const uint8_t b[5], int via) {
-    ensure_pool(fp);
-    ex_sync(fp);
-    ex_enter(fp);
-    fz_group *G = via == VIA_GROUP ? ensure_group(fp, (b[4] >> 6) & 1, (b[4] >> 7) & 1) : NULL;
-    fz_task *t = task_new(fp);
+/* Task t of an OP_SUBMIT-like op from its bytes: its fields and options.
+ * in_batch: one of a batch of several (op_batch), which has no deadline that
+ * may pass while the batch is admitted. */
+static tp_task_opts submit_setup(fz_pool *fp, fz_task *t, const uint8_t b[5], int via, fz_group *G,
+                                 bool in_batch) {
     t->grp = G;
     t->group = G ? G->g : NULL;
     t->kind = (b[0] >> 1) % K_COUNT;
@@ -1992,6 +2009,7 @@ static void op_submit(fz_pool *fp, const uint8_t b[5], int via) {
     } else if (fz_main_log[0]) {
         snprintf(t->expect_log, sizeof t->expect_log, "%s", fz_main_log);
     }
+    if (in_batch && near_deadline(t)) t->dl_class = DL_NONE;
     t->submit_ns = tp_now_ns();
     switch (t->dl_class) {
     case DL_PAST: t->deadline = 1; break;
@@ -2000,6 +2018,17 @@ static void op_submit(fz_pool *fp, const uint8_t b[5], int via) {
     default: t->deadline = 0;
     }
     o.deadline_ns = t->deadline;
+    return o;
+}
+
+static void op_submit(fz_pool *fp, const uint8_t b[5], int via) {
+    ensure_pool(fp);
+    ex_sync(fp);
+    ex_enter(fp);
+    fz_group *G = via == VIA_GROUP ? ensure_group(fp, (b[4] >> 6) & 1, (b[4] >> 7) & 1) : NULL;
+    fz_task *t = task_new(fp);
+    tp_task_opts o = submit_setup(fp, t, b, via, G, false);
+    uint64_t rt = o.run_timeout_ns;
 
     /* prediction */
     fz_scan sc;
@@ -2148,6 +2177,124 @@ static void op_submit(fz_pool *fp, const uint8_t b[5], int via) {
               (unsigned long long)elapsed, (unsigned long long)resolved);
         break;
     default: break;
+    }
+}
+
+/* OP_BATCH: tp_submit_batch of n (2..8) tasks made from one submit's bytes
+ * (one user, lane and kind; ids asked, so never staged). It admits a prefix,
+ * each task checked as tp_submit would check it with the earlier ones of the
+ * batch admitted (they are queued: no worker takes one while the batch holds
+ * the pool lock). The exact model predicts where the batch is cut and with
+ * what; the other model bounds it: the cut is no earlier than the first task
+ * that may be refused and no later than the first that must be. */
+static void op_batch(fz_pool *fp, const uint8_t b[5], int n) {
+    ensure_pool(fp);
+    ex_sync(fp);
+    ex_enter(fp);
+    fz_task *t[FZ_BATCH_MAX];
+    tp_task_opts o[FZ_BATCH_MAX];
+    tp_task bt[FZ_BATCH_MAX];
+    uint64_t ids[FZ_BATCH_MAX];
+    fz_scan sc;
+    model_scan(fp, &sc); /* before the new tasks are in the pool's list */
+    memset(bt, 0, sizeof bt);
+    for (int i = 0; i < n; i++) {
+        t[i] = task_new(fp);
+        o[i] = submit_setup(fp, t[i], b, VIA_BATCH, NULL, true);
+        bt[i] = (tp_task){.fn = task_main, .arg = t[i], .opts = &o[i]};
+        ids[i] = 0;
+    }
+    const fz_task *t0 = t[0];
+    /* a bound task without an on_done is a bad argument: the batch stops at once */
+    bool einval = t0->cqi >= 0 && !t0->has_done;
+    bool limited = t0->user >= 2 && fp->max_per_user != TP_UNLIMITED;
+    int cq_taken = t0->cqi >= 0 ? fz_cqs[t0->cqi].taken : 0;
+    int cq_cap = t0->cqi >= 0 ? (int)fz_cqs[t0->cqi].cap : INT_MAX;
+    /* allowed[i]: what task i may get, the tasks before it admitted */
+    unsigned allowed[FZ_BATCH_MAX];
+    for (int i = 0; i < n; i++) {
+        bool ul_certain = limited && sc.ulo[t0->user] + i >= (int)fp->max_per_user;
+        bool ul_possible = limited && sc.uhi[t0->user] + i >= (int)fp->max_per_user;
+        bool cq_full = cq_taken + i >= cq_cap;
+        bool full_certain = sc.occ_lo + i >= (int)fp->cap || cq_full;
+        bool full_possible = sc.occ_hi + i >= (int)fp->cap || cq_full;
+        unsigned a;
+        if (fp->closed) {
+            a = bit(TP_ECLOSED);
+        } else if (ul_certain) {
+            a = bit(TP_EUSERLIMIT);
+        } else {
+            a = ul_possible ? bit(TP_EUSERLIMIT) : 0;
+            a |= full_certain ? bit(TP_EFULL) : B_OK | (full_possible ? bit(TP_EFULL) : 0);
+        }
+        if (einval) a = bit(TP_EINVAL);
+        allowed[i] = a;
+    }
+    int xcut = -1, xrc = TP_OK; /* the exact model's cut */
+    if (fp->exact && !einval) {
+        int slots = 0;
+        for (int i = 0; i < fp->ntasks; i++)
+            if (fp->tasks[i]->accepted && fp->tasks[i]->user == t0->user && fp->tasks[i]->xs != X_END)
+                slots++;
+        xcut = n;
+        for (int i = 0; i < n && xcut == n; i++) {
+            int x = fp->closed                                                          ? TP_ECLOSED
+                    : limited && slots + i >= (int)fp->max_per_user                     ? TP_EUSERLIMIT
+                    : fzs_total(&fp->sim) + i >= (int)fp->cap || cq_taken + i >= cq_cap ? TP_EFULL
+                                                                                        : TP_OK;
+            CHECK(allowed[i] & bit(x),
+                  "harness: the exact model predicts %s for task %d of this batch, the other model disallows "
+                  "it",
+                  rcname(x), i);
+            if (x != TP_OK) xcut = i, xrc = x;
+        }
+    }
+    for (int i = 0; i < n; i++) t[i]->obs_unfin = ++fz_obs;
+    size_t k = 99;
+    int rc = tp_submit_batch(fp->p, bt, (size_t)n, ids, &k);
+    trace("batch slot %d tasks %d..%d -> %s k %zu%s: %s prio %d cq %d user %s gate %d dl %d res %d done %d "
+          "[occ %d..%d user %d..%d stuck %d]",
+          fp->slot, t0->index, t0->index + n - 1, rcname(rc), k, xcut >= 0 ? " (exact)" : "",
+          kind_name[t0->kind], t0->prio, t0->cqi, fz_users[t0->user] ? fz_users[t0->user] : "NULL", t0->gate,
+          t0->dl_class, t0->result, t0->has_done, sc.occ_lo, sc.occ_hi, sc.ulo[t0->user], sc.uhi[t0->user],
+          sc.nstuck);
+    atomic_fetch_add(&fz_checked, 1);
+    CHECK(k <= (size_t)n && (rc == TP_OK) == (k == (size_t)n),
+          "tp_submit_batch of %d tasks: %s with accepted_out %zu", n, rcname(rc), k);
+    for (size_t i = 0; i < k; i++)
+        CHECK(allowed[i] & B_OK, "tp_submit_batch of %d: task %zu admitted, the model allows only refusals",
+              n, i);
+    if (k < (size_t)n) expect_rc(rc, allowed[k], "tp_submit_batch: the task where the batch stopped");
+    if (xcut >= 0) {
+        CHECK(k == (size_t)xcut && rc == xrc,
+              "tp_submit_batch of %d: the exact model cuts it at %d with %s; it stopped at %zu with %s", n,
+              xcut, rcname(xrc), k, rcname(rc));
+        atomic_fetch_add(&fz_exact, 1);
+    }
+    for (size_t i = k; i < (size_t)n; i++)
+        CHECK(ids[i] == 0, "tp_submit_batch wrote ids_out[%zu] of a task not admitted", i);
+    if (rc == TP_EINVAL) return; /* counts nothing */
+    for (size_t i = 0; i < k; i++) {
+        fz_task *ti = t[i];
+        CHECK(ids[i] != 0, "tp_submit_batch: task %zu admitted with id 0", i);
+        for (int j = 0; j < fp->ntasks; j++)
+            CHECK(fp->tasks[j] == ti || !fp->tasks[j]->accepted || fp->tasks[j]->id != ids[i],
+                  "tp_submit_batch: id %llu given twice", (unsigned long long)ids[i]);
+        ti->id = ids[i];
+        ti->accepted = true;
+        fp->submitted++;
+        fp->accepted++;
+        if (ti->cqi >= 0) fz_cqs[ti->cqi].taken++;
+        ex_push_(fp, ti, false);
+    }
+    if (fp->exact && k > 0 && (int)fp->max_workers - fp->xstuck > 0) ex_run(fp, NULL, 0);
+    if (k == (size_t)n) return;
+    fp->submitted++;
+    switch (rc) {
+    case TP_EFULL: fp->rej_full++; break;
+    case TP_EUSERLIMIT: fp->rej_user++; break;
+    case TP_ECLOSED: fp->rej_closed++; break;
+    default: violation("tp_submit_batch: a refusal %s the model cannot count", rcname(rc));
     }
 }
 
@@ -3043,6 +3190,403 @@ static void finish_cqs(void) {
     }
 }
 
+/* ------------------------------------------------------------ submit burst */
+
+/*
+ * OP_BURST: 2..4 application threads submit at once into a pool of their own
+ * (fixed or elastic workers, FIFO or fair, a per-user limit of 1, 2, 3 or
+ * none, a queue of 1..8 or 40..64 places, retries), released together by a
+ * barrier; the harness thread may close the pool meanwhile. Each thread
+ * makes a planned series of calls -- tp_submit with options (users, on_done,
+ * an id), tp_submit_batch of 2..8 tasks (with ids and on_done, or plain),
+ * tp_submit_wait with a 1..3 ms budget, plain tp_submit -- and checks every
+ * answer against what the header allows at that moment (which refusal comes
+ * depends on the other threads). Inside every attempt the task counts, with
+ * atomics, the tasks of its user running: never more than max_per_user. At
+ * rest (tp_shutdown, tp_wait): every accepted task ran its attempts and its
+ * on_done exactly once with its status, no refused one ran, the ids are
+ * unique, each thread's accepted + refused == its submitted, and every
+ * tp_stats counter equals the sum of what the threads were answered; in a
+ * FIFO pool with one fixed worker each thread's tasks first started in the
+ * order it submitted them.
+ */
+#define FZ_BURST_THREADS 4
+#define FZ_BURST_CALLS   8
+#define FZ_BURST_BATCH   8
+#define FZ_BURST_TASKS   (FZ_BURST_THREADS * FZ_BURST_CALLS * FZ_BURST_BATCH)
+
+enum { BC_SUBMIT, BC_BATCH, BC_WAIT, BC_PLAIN, BC_PLAIN_BATCH, BC_COUNT };
+static const char *const bc_name[BC_COUNT] = {"submit", "batch", "wait", "plain", "plain-batch"};
+enum { BK_SUCCEED, BK_FAIL, BK_SLEEP, BK_COUNT };
+
+typedef struct fz_btask {
+    int thread, call, user, kind; /* user: fz_users[], 0 (NULL) for a plain task */
+    bool plain;                   /* no options, no id: no on_done */
+    uint64_t id;                  /* the id its call gave, 0 none */
+    bool accepted;
+    atomic_int runs, done_calls, done_status, tick; /* tick: its first start's ticket */
+} fz_btask;
+
+typedef struct fz_bcall {
+    int type, n, first; /* its tasks: fz_b.bt[first .. first + n) */
+    uint64_t budget;    /* BC_WAIT */
+    int rc;
+    size_t k;       /* tasks accepted */
+    uint64_t el_ns; /* how long the call took */
+} fz_bcall;
+
+typedef struct fz_bthread {
+    int index, ncalls;
+    pthread_t th;
+    fz_bcall calls[FZ_BURST_CALLS];
+    /* what its calls were answered, counted as the pool counts them */
+    uint64_t submitted, accepted, refused, rej_full, rej_user, rej_closed, rej_timeout;
+} fz_bthread;
+
+typedef struct fz_burst {
+    tp_pool *p;
+    unsigned workers, max_workers, cap, mpu, retries;
+    bool fair, closing;
+    atomic_int closed; /* tp_close has been called (set just before the call) */
+    int nthreads, ntasks;
+    pthread_barrier_t start;
+    fz_btask bt[FZ_BURST_TASKS];
+    fz_bthread th[FZ_BURST_THREADS];
+    atomic_int running[FZ_USERS]; /* tasks of each user inside their function now */
+    atomic_int peak[FZ_USERS];    /* the most seen at once */
+    atomic_int ticket, logs;
+} fz_burst;
+
+static fz_burst fz_b;
+
+/* Failed attempts are logged: counted, not printed. */
+static void burst_log(void *arg, int level, const char *log_id, const char *msg) {
+    (void)level;
+    CHECK(log_id && msg, "burst: log hook called with a NULL log id or message");
+    atomic_fetch_add((atomic_int *)arg, 1);
+}
+
+/* As expect_rc, counted apart (fz_burst_checked): which answer comes depends
+ * on the other threads, so these are not the model's predictions. */
+static void burst_expect(int rc, unsigned allowed, const char *what) {
+    atomic_fetch_add(&fz_burst_checked, 1);
+    if (!(bit(rc) & allowed)) expect_rc(rc, allowed, what);
+}
+
+static int burst_task(tp_ctx *c, void *arg) {
+    fz_btask *t = (fz_btask *)arg;
+    fz_burst *B = &fz_b;
+    int attempt = atomic_fetch_add(&t->runs, 1);
+    if (attempt == 0) atomic_store(&t->tick, atomic_fetch_add(&B->ticket, 1) + 1);
+    int r = atomic_fetch_add(&B->running[t->user], 1) + 1;
+    int m = atomic_load(&B->peak[t->user]);
+    while (r > m && !atomic_compare_exchange_weak(&B->peak[t->user], &m, r)) {
+    }
+    if (t->user >= 2 && B->mpu != TP_UNLIMITED)
+        CHECK(r <= (int)B->mpu, "burst: %d tasks of user %s run at once, max_per_user is %u", r,
+              fz_users[t->user], B->mpu);
+    CHECK(tp_ctx_attempt(c) == (unsigned)attempt, "burst: task %d.%d: tp_ctx_attempt %u in attempt %d",
+          t->thread, t->call, tp_ctx_attempt(c), attempt);
+    const char *u = tp_ctx_user(c), *want = fz_users[t->user];
+    if (!want || !want[0])
+        CHECK(u == NULL, "burst: task %d.%d: tp_ctx_user \"%s\", expected NULL", t->thread, t->call, u);
+    else
+        CHECK(u && strcmp(u, want) == 0, "burst: task %d.%d: tp_ctx_user \"%s\", expected \"%s\"", t->thread,
+              t->call, u ? u : "(null)", want);
+    int rv = t->kind == BK_FAIL ? 1 : 0;
+    if (t->kind == BK_SLEEP) {
+        int e = tp_ctx_sleep(c, 30000);
+        CHECK(e == 0, "burst: task %d.%d: tp_ctx_sleep returned %s", t->thread, t->call, rcname(e));
+    }
+    atomic_fetch_sub(&B->running[t->user], 1);
+    return rv;
+}
+
+static void burst_done(void *arg, int status) {
+    fz_btask *t = (fz_btask *)arg;
+    CHECK(atomic_fetch_add(&t->done_calls, 1) == 0, "burst: task %d.%d (id %llu): on_done called twice",
+          t->thread, t->call, (unsigned long long)t->id);
+    atomic_store(&t->done_status, status);
+}
+
+/* The refusals a call may get for task t while the others submit. */
+static unsigned burst_refusals(const fz_burst *B, const fz_btask *t) {
+    unsigned a = bit(TP_EFULL);
+    if (!t->plain && t->user >= 2 && B->mpu != TP_UNLIMITED) a |= bit(TP_EUSERLIMIT);
+    if (B->closing) a |= bit(TP_ECLOSED);
+    return a;
+}
+
+static void burst_count_refusal(fz_bthread *T, int rc) {
+    T->refused++;
+    switch (rc) {
+    case TP_EFULL: T->rej_full++; break;
+    case TP_EUSERLIMIT: T->rej_user++; break;
+    case TP_ECLOSED: T->rej_closed++; break;
+    case TP_ETIMEDOUT: T->rej_timeout++; break;
+    default: violation("burst: a refusal %s the model cannot count", rcname(rc));
+    }
+}
+
+static void *burst_main(void *arg) {
+    fz_bthread *T = (fz_bthread *)arg;
+    fz_burst *B = &fz_b;
+    pthread_barrier_wait(&B->start);
+    for (int ci = 0; ci < T->ncalls; ci++) {
+        fz_bcall *C = &T->calls[ci];
+        fz_btask *t0 = &B->bt[C->first];
+        tp_task_opts o[FZ_BURST_BATCH];
+        tp_task tasks[FZ_BURST_BATCH];
+        uint64_t ids[FZ_BURST_BATCH];
+        memset(o, 0, sizeof o);
+        memset(tasks, 0, sizeof tasks);
+        for (int i = 0; i < C->n; i++) {
+            o[i].user = fz_users[t0[i].user];
+            o[i].on_done = burst_done;
+            tasks[i].fn = burst_task;
+            tasks[i].arg = &t0[i];
+            tasks[i].opts = t0[i].plain ? NULL : &o[i];
+            ids[i] = 0xdeadbeef;
+        }
+        uint64_t id = 0, t_start = tp_now_ns();
+        int rc;
+        size_t k = 99;
+        switch (C->type) {
+        case BC_SUBMIT: rc = tp_submit(B->p, burst_task, t0, &o[0], &id); break;
+        case BC_PLAIN: rc = tp_submit(B->p, burst_task, t0, NULL, NULL); break;
+        case BC_WAIT: rc = tp_submit_wait(B->p, burst_task, t0, &o[0], C->budget, &id); break;
+        case BC_BATCH: rc = tp_submit_batch(B->p, tasks, (size_t)C->n, ids, &k); break;
+        default: rc = tp_submit_batch(B->p, tasks, (size_t)C->n, NULL, &k); break;
+        }
+        C->el_ns = tp_now_ns() - t_start;
+        if (C->type != BC_BATCH && C->type != BC_PLAIN_BATCH) {
+            k = rc == TP_OK;
+            ids[0] = id;
+        }
+        C->rc = rc;
+        C->k = k;
+        /* what the header allows now */
+        if (C->type == BC_WAIT) {
+            burst_expect(rc, B_OK | bit(TP_ETIMEDOUT) | (B->closing ? bit(TP_ECLOSED) : 0),
+                         "burst: tp_submit_wait while others submit");
+            if (rc == TP_ETIMEDOUT)
+                CHECK(C->el_ns >= C->budget,
+                      "burst: tp_submit_wait: TP_ETIMEDOUT after %llu ns, budget %llu ns",
+                      (unsigned long long)C->el_ns, (unsigned long long)C->budget);
+        } else {
+            CHECK(k <= (size_t)C->n, "burst: %s: accepted_out %zu of %d", bc_name[C->type], k, C->n);
+            CHECK((rc == TP_OK) == (k == (size_t)C->n), "burst: %s of %d: %s with accepted_out %zu",
+                  bc_name[C->type], C->n, rcname(rc), k);
+            if (rc != TP_OK)
+                burst_expect(rc, burst_refusals(B, &t0[k]), "burst: a submit while others submit");
+        }
+        if (rc == TP_ECLOSED)
+            CHECK(atomic_load(&B->closed), "burst: %s: TP_ECLOSED before tp_close was called",
+                  bc_name[C->type]);
+        for (int i = 0; i < C->n; i++) {
+            bool plain_ids = C->type == BC_PLAIN || C->type == BC_PLAIN_BATCH;
+            if ((size_t)i < k) {
+                t0[i].accepted = true;
+                t0[i].id = plain_ids ? 0 : ids[i];
+                if (!plain_ids)
+                    CHECK(ids[i] != 0 && ids[i] != 0xdeadbeef, "burst: %s: task %d accepted with id %llu",
+                          bc_name[C->type], i, (unsigned long long)ids[i]);
+            } else if (C->type == BC_BATCH) {
+                CHECK(ids[i] == 0xdeadbeef,
+                      "burst: tp_submit_batch wrote ids_out[%d] of a task not accepted (k %zu)", i, k);
+            }
+        }
+        T->submitted += k + (k < (size_t)C->n);
+        T->accepted += k;
+        if (k < (size_t)C->n) burst_count_refusal(T, rc);
+    }
+    return NULL;
+}
+
+static uint32_t burst_rng(uint32_t *s) {
+    uint32_t x = *s;
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    return *s = x;
+}
+
+static void op_burst(const uint8_t b[5]) {
+    fz_burst *B = &fz_b;
+    memset(B, 0, sizeof *B);
+    B->nthreads = 2 + (b[0] >> 1) % 3u;
+    B->workers = 1 + (b[0] >> 3) % 3u;
+    B->max_workers = B->workers + ((b[0] >> 5) & 1);
+    B->fair = (b[0] >> 6) & 1;
+    B->closing = (b[0] >> 7) & 1;
+    B->cap = (b[1] & 1) ? big_cap_of[(b[1] >> 1) % 8u] : 1 + (b[1] >> 1) % 8u;
+    unsigned mpu = mpu_of[(b[1] >> 4) % 5u];
+    B->mpu = mpu ? mpu : 2; /* resolved */
+    B->retries = b[2] % 3u;
+    uint32_t seed = 0x9e3779b9u ^ ((uint32_t)b[2] << 8) ^ ((uint32_t)b[3] << 16) ^ ((uint32_t)b[4] << 24);
+    int kinds_mask = 1 + (b[2] >> 2) % 7u; /* which task kinds this burst uses */
+    /* the plan: every call and task decided before the threads start */
+    for (int ti = 0; ti < B->nthreads; ti++) {
+        fz_bthread *T = &B->th[ti];
+        T->index = ti;
+        T->ncalls = 1 + (int)(burst_rng(&seed) % FZ_BURST_CALLS);
+        for (int ci = 0; ci < T->ncalls; ci++) {
+            fz_bcall *C = &T->calls[ci];
+            C->type = (int)(burst_rng(&seed) % BC_COUNT);
+            C->n = C->type == BC_BATCH || C->type == BC_PLAIN_BATCH ? 2 + (int)(burst_rng(&seed) % 7) : 1;
+            C->budget = (1 + burst_rng(&seed) % 3) * MS;
+            C->first = B->ntasks;
+            bool plain = C->type == BC_PLAIN || C->type == BC_PLAIN_BATCH;
+            for (int i = 0; i < C->n; i++) {
+                fz_btask *t = &B->bt[B->ntasks++];
+                t->thread = ti;
+                t->call = ci;
+                t->plain = plain;
+                t->user = plain ? 0 : (int)(burst_rng(&seed) % FZ_USERS);
+                do t->kind = (int)(burst_rng(&seed) % BK_COUNT);
+                while (!((kinds_mask >> t->kind) & 1));
+            }
+        }
+    }
+    tp_config c;
+    memset(&c, 0, sizeof c);
+    c.workers = B->workers;
+    c.max_workers = B->max_workers;
+    c.queue_capacity = B->cap;
+    c.max_per_user = mpu;
+    c.max_retries = B->retries;
+    c.retry_delay_ns = 200000;
+    c.sched = B->fair ? TP_SCHED_FAIR : TP_SCHED_FIFO;
+    c.name = "fzb";
+    c.log = burst_log;
+    c.log_arg = &B->logs;
+    int rc = tp_create(&B->p, &c);
+    trace("burst: %d threads, %d tasks; workers %u max %u cap %u mpu %u retries %u %s kinds %d%s -> %s",
+          B->nthreads, B->ntasks, B->workers, B->max_workers, B->cap, B->mpu, B->retries,
+          B->fair ? "fair" : "fifo", kinds_mask, B->closing ? " close" : "", rcname(rc));
+    CHECK(rc == TP_OK, "burst: tp_create returned %s", rcname(rc));
+    CHECK(pthread_barrier_init(&B->start, NULL, (unsigned)B->nthreads + 1) == 0, "harness: barrier");
+    for (int ti = 0; ti < B->nthreads; ti++)
+        CHECK(pthread_create(&B->th[ti].th, NULL, burst_main, &B->th[ti]) == 0, "harness: pthread_create");
+    pthread_barrier_wait(&B->start);
+    if (B->closing) {
+        sleep_ns(50000 * (1 + b[3] % 4u));
+        atomic_store(&B->closed, 1);
+        expect_rc(tp_close(B->p), B_OK, "burst: tp_close while others submit");
+    }
+    for (int ti = 0; ti < B->nthreads; ti++) pthread_join(B->th[ti].th, NULL);
+    pthread_barrier_destroy(&B->start);
+    for (int ti = 0; ti < B->nthreads; ti++) {
+        fz_bthread *T = &B->th[ti];
+        char buf[120];
+        size_t n = 0;
+        for (int ci = 0; ci < T->ncalls && n < sizeof buf - 24; ci++)
+            n += (size_t)snprintf(buf + n, sizeof buf - n, " %s/%d:%zu%s", bc_name[T->calls[ci].type],
+                                  T->calls[ci].n, T->calls[ci].k,
+                                  T->calls[ci].rc == TP_OK ? "" : tp_err_name(T->calls[ci].rc) + 3);
+        trace("  thread %d:%s", ti, buf);
+    }
+    /* at rest */
+    uint64_t t0 = tp_now_ns();
+    rc = tp_shutdown(B->p, FZ_BOUND_NS);
+    expect_rc(rc, B_OK, "burst: tp_shutdown after the burst");
+    rc = tp_wait(B->p, FZ_BOUND_NS);
+    expect_rc(rc, B_OK, "burst: tp_wait after the burst");
+    CHECK(tp_now_ns() - t0 < FZ_BOUND_NS, "burst: the pool did not drain in %llu s",
+          (unsigned long long)(FZ_BOUND_NS / SEC));
+    uint64_t sub = 0, acc = 0, full = 0, user = 0, closed = 0, tmo = 0;
+    for (int ti = 0; ti < B->nthreads; ti++) {
+        fz_bthread *T = &B->th[ti];
+        CHECK(T->accepted + T->refused == T->submitted,
+              "burst: thread %d: %llu accepted + %llu refused != %llu submitted", ti,
+              (unsigned long long)T->accepted, (unsigned long long)T->refused,
+              (unsigned long long)T->submitted);
+        sub += T->submitted;
+        acc += T->accepted;
+        full += T->rej_full;
+        user += T->rej_user;
+        closed += T->rej_closed;
+        tmo += T->rej_timeout;
+    }
+    uint64_t succeeded = 0, failed = 0, retried = 0;
+    int last_tick[FZ_BURST_THREADS] = {0};
+    bool fifo1 = !B->fair && B->max_workers == 1;
+    for (int i = 0; i < B->ntasks; i++) {
+        fz_btask *t = &B->bt[i];
+        int runs = atomic_load(&t->runs), dc = atomic_load(&t->done_calls);
+        if (!t->accepted) {
+            CHECK(runs == 0 && dc == 0, "burst: task %d.%d was refused, yet it ran %d times, on_done %d",
+                  t->thread, t->call, runs, dc);
+            continue;
+        }
+        int want_runs = t->kind == BK_FAIL ? 1 + (int)B->retries : 1;
+        CHECK(runs == want_runs, "burst: task %d.%d (%s, id %llu): %d attempts at rest, expected %d",
+              t->thread, t->call, t->kind == BK_FAIL ? "fails" : "succeeds", (unsigned long long)t->id, runs,
+              want_runs);
+        if (!t->plain) {
+            CHECK(dc == 1, "burst: task %d.%d (id %llu): on_done ran %d times at rest", t->thread, t->call,
+                  (unsigned long long)t->id, dc);
+            int st = atomic_load(&t->done_status), want = t->kind == BK_FAIL ? 1 : 0;
+            CHECK(st == want, "burst: task %d.%d (id %llu): on_done status %d, expected %d", t->thread,
+                  t->call, (unsigned long long)t->id, st, want);
+        }
+        if (t->kind == BK_FAIL) {
+            failed++;
+            retried += B->retries;
+        } else {
+            succeeded++;
+        }
+        for (int j = 0; j < i && t->id; j++)
+            CHECK(!B->bt[j].accepted || B->bt[j].id != t->id, "burst: id %llu given to tasks %d.%d and %d.%d",
+                  (unsigned long long)t->id, B->bt[j].thread, B->bt[j].call, t->thread, t->call);
+        if (fifo1) {
+            int tk = atomic_load(&t->tick);
+            CHECK(tk > last_tick[t->thread],
+                  "burst: FIFO, one worker: thread %d's task of call %d started as #%d, after #%d of a later "
+                  "one",
+                  t->thread, t->call, tk, last_tick[t->thread]);
+            last_tick[t->thread] = tk;
+        }
+    }
+    tp_stats s;
+    tp_stats_get(B->p, &s);
+#define BURST_EQ(field, want)                                                                                \
+    CHECK(s.field == (want), "burst: at rest stats." #field " is %llu, the threads saw %llu",                \
+          (unsigned long long)s.field, (unsigned long long)(want))
+    BURST_EQ(submitted, sub);
+    BURST_EQ(accepted, acc);
+    BURST_EQ(rejected_full, full);
+    BURST_EQ(rejected_user, user);
+    BURST_EQ(rejected_closed, closed);
+    BURST_EQ(rejected_timeout, tmo);
+    BURST_EQ(rejected, full + user + closed + tmo);
+    BURST_EQ(started, acc);
+    BURST_EQ(retried, retried);
+    BURST_EQ(completed, acc);
+    BURST_EQ(succeeded, succeeded);
+    BURST_EQ(failed, failed);
+    BURST_EQ(cancelled, 0);
+    BURST_EQ(expired, 0);
+    BURST_EQ(active, 0);
+    BURST_EQ(queued, 0);
+    BURST_EQ(delayed, 0);
+    BURST_EQ(users, 0);
+#undef BURST_EQ
+    CHECK(atomic_load(&B->logs) == (int)(failed * (1 + B->retries)),
+          "burst: %d log lines for %llu failed attempts", atomic_load(&B->logs),
+          (unsigned long long)(failed * (1 + B->retries)));
+    for (int u = 2; u < FZ_USERS; u++)
+        CHECK(tp_user_active(B->p, fz_users[u]) == 0, "burst: at rest user %s holds %u slots", fz_users[u],
+              tp_user_active(B->p, fz_users[u]));
+    trace("  burst at rest: submitted %llu accepted %llu full %llu user %llu closed %llu timeout %llu; peaks "
+          "u0 %d u1 %d u2 %d",
+          (unsigned long long)sub, (unsigned long long)acc, (unsigned long long)full,
+          (unsigned long long)user, (unsigned long long)closed, (unsigned long long)tmo,
+          atomic_load(&B->peak[2]), atomic_load(&B->peak[3]), atomic_load(&B->peak[4]));
+    CHECK(tp_destroy(B->p) == TP_OK, "burst: tp_destroy failed");
+    B->p = NULL;
+}
+
 /* ------------------------------------------------------------ weights, lanes */
 
 /* tp_user_weight_set: TP_EINVAL in a FIFO pool, for a weight out of
@@ -3324,7 +3868,13 @@ enum {
     OP_WEIGHT,
     OP_LANES,
     OP_CQ,
-    OP_COUNT
+    OP_COUNT,
+    /* Later ops take op bytes that no input of corpus/ has at an op's place
+     * (the others decode as byte % OP_COUNT, as before, so those inputs keep
+     * their meaning): */
+    OP_BATCH = OP_COUNT, /* 244..251: tp_submit_batch of 2..8 tasks */
+    OP_BURST,            /* 252, 253: several threads submit at once (a pool of its own) */
+    OP_CREATE3,          /* 254: OP_CREATE2 with a queue of 40..64 places */
 };
 
 static void run_input(const uint8_t *data, size_t size) {
@@ -3344,23 +3894,43 @@ static void run_input(const uint8_t *data, size_t size) {
     tp_log_id_set(NULL);
 
     for (int ops = 0; ops < FZ_MAX_OPS && in.i < in.n; ops++) {
-        uint8_t op = take(&in) % OP_COUNT, a0 = take(&in);
+        uint8_t ob = take(&in), a0 = take(&in);
+        int op = ob >= 244 && ob <= 251   ? OP_BATCH
+                 : ob == 252 || ob == 253 ? OP_BURST
+                 : ob == 254              ? OP_CREATE3
+                                          : ob % OP_COUNT;
         fz_pool *fp = &fz_pools[a0 & 1];
         switch (op) {
         case OP_CREATE: {
             uint8_t b[4] = {a0, take(&in), take(&in), take(&in)};
-            op_create(fp, b, NULL);
+            op_create(fp, b, NULL, 0);
             break;
         }
-        case OP_CREATE2: {
+        case OP_CREATE2:
+        case OP_CREATE3: {
             uint8_t b[4] = {a0, take(&in), take(&in), take(&in)};
             uint8_t e[3] = {take(&in), take(&in), take(&in)};
-            op_create(fp, b, e);
+            op_create(fp, b, e, op == OP_CREATE3 ? big_cap_of[take(&in) % 8u] : 0);
+            break;
+        }
+        case OP_BATCH: {
+            uint8_t b[5] = {a0, take(&in), take(&in), take(&in), take(&in)};
+            int n = 2 + take(&in) % (FZ_BATCH_MAX - 1);      /* 2..8 */
+            if (n > FZ_MAX_TASKS - FZ_MAX_OPS - fz_ntasks) { /* room for one task per op left */
+                op_submit(fp, b, VIA_BATCH);
+                break;
+            }
+            op_batch(fp, b, n);
             break;
         }
         case OP_WEIGHT: op_weight(fp, take(&in)); break;
         case OP_LANES: op_lanes(fp, a0); break;
         case OP_CQ: op_cq(a0, take(&in)); break;
+        case OP_BURST: {
+            uint8_t b[5] = {a0, take(&in), take(&in), take(&in), take(&in)};
+            op_burst(b);
+            break;
+        }
         case OP_SUBMIT:
         case OP_SUBMIT2:
         case OP_DEFAULT:
@@ -3458,9 +4028,10 @@ static void report_at_exit(void) {
 
 static void report_exact(void) {
     fprintf(stderr,
-            "fuzz_pool: %llu starts predicted exactly (taskpool.h section 14), %llu completions drained\n",
+            "fuzz_pool: %llu starts predicted exactly (taskpool.h section 14), %llu completions drained, "
+            "%llu answers to concurrent submitters checked\n",
             (unsigned long long)atomic_load(&fz_starts_predicted),
-            (unsigned long long)atomic_load(&fz_drained));
+            (unsigned long long)atomic_load(&fz_drained), (unsigned long long)atomic_load(&fz_burst_checked));
     if (getenv("TP_FUZZ_STATS"))
         for (int i = 0; i < 24 && fz_lost[i].why; i++)
             fprintf(stderr, "fuzz_pool: exact model given up %llu times: %s\n", fz_lost[i].n, fz_lost[i].why);

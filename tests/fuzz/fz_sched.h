@@ -34,7 +34,7 @@
 
 #define FZS_LANES 5   /* lane i holds priority i + TP_PRIO_MIN */
 #define FZS_FLOWS 4   /* the anonymous user and three named ones */
-#define FZS_MAX   128 /* entries a lane can hold (the harness's task limit) */
+#define FZS_MAX   192 /* entries a lane can hold (the harness's task limit, FZ_MAX_TASKS) */
 
 typedef struct fzs_ent {
     int16_t task;   /* the harness's task index */

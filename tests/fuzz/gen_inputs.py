@@ -6,7 +6,7 @@ worker blocked, a few lanes filled, a gate opened at the right moment, then
 more work). This writes such scenes at random, in the op encoding of
 make_corpus.py, for the exact model to check start by start:
 
-    python3 tests/fuzz/gen_inputs.py DIR [N [SEED]]
+    python3 tests/fuzz/gen_inputs.py [--big] DIR [N [SEED]]
     build/tests/fuzz/fuzz_replay DIR
 
 Each input: a pool made for the exact model (FIFO or fair, 1..3 workers,
@@ -21,20 +21,24 @@ import random
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_corpus import cancel, cq, create2, gate, group, gsubmit, lanes, settle, submit, weight  # noqa: E402
+from make_corpus import (BIG_CAP, batch, burst, cancel, cq, create2, create3, gate, group, gsubmit,  # noqa: E402
+                         lanes, settle, submit, weight)
 
 USERS = [None, "", "u0", "u1", "u2"]
 
 
-def scene(rng):
+def scene(rng, big=False):
+    """big: a queue of 40..64 places, filled by batches of 2..8, and now and
+    then a burst of several submitting threads (without big, the scenes are
+    what they were)."""
     workers = rng.choice([1, 1, 1, 2, 3])
     sched = rng.choice(["fifo", "fair"])
     starve = rng.choice([1, 2, 3, 0, "unlimited"])
     low_max = rng.choice([0, 0, 0] + list(range(1, workers + 1)))
     retries = rng.choice([0, 0, 1, 2])
-    ops = [create2(workers=workers, cap=8, name=True, mpu="unlimited", sched=sched, starve=starve,
-                   low_max=low_max, retries=retries, retry=rng.choice([0, 1]),
-                   backoff=rng.choice([0, 0, 2, 4]))]
+    kw = dict(workers=workers, name=True, mpu="unlimited", sched=sched, starve=starve, low_max=low_max,
+              retries=retries, retry=rng.choice([0, 1]), backoff=rng.choice([0, 0, 2, 4]))
+    ops = [create3(cap=rng.choice(BIG_CAP), **kw) if big else create2(cap=8, **kw)]
     if sched == "fair":
         for u in rng.sample(USERS, rng.randint(0, 3)):
             ops.append(weight(user=u, w=rng.choice([1, 2, 3, 4])))
@@ -61,6 +65,9 @@ def scene(rng):
             r = rng.random()
             if r < 0.1:
                 ops.append(gsubmit(group=rng.randint(0, 1), **kw))
+            elif big and r < 0.7:
+                kw.pop("dl", None)
+                ops.append(batch(n=rng.randint(2, 8), **kw))
             else:
                 if r < 0.2:
                     kw["via"] = rng.choice(["batch", "default"])
@@ -82,20 +89,26 @@ def scene(rng):
         ops.append(settle())
         if rng.random() < 0.3:
             ops.append(lanes())
+        if big and rng.random() < 0.2:
+            ops.append(burst(threads=rng.randint(2, 4), workers=rng.randint(1, 3), fair=rng.random() < 0.5,
+                             cap=rng.choice(BIG_CAP + [1, 2, 4, 8]), mpu=rng.choice([1, 2, 3, "unlimited"]),
+                             retries=rng.randint(0, 2), seed=rng.randint(0, 65535)))
     ops.append(cq(op="drain_all"))
     return b"".join(ops)
 
 
 def main():
-    if len(sys.argv) < 2:
+    if len([a for a in sys.argv if a != "--big"]) < 2:
         sys.exit(__doc__)
-    out = sys.argv[1]
-    n = int(sys.argv[2]) if len(sys.argv) > 2 else 200
-    rng = random.Random(int(sys.argv[3]) if len(sys.argv) > 3 else 1)
+    big = "--big" in sys.argv
+    args = [a for a in sys.argv if a != "--big"]
+    out = args[1]
+    n = int(args[2]) if len(args) > 2 else 200
+    rng = random.Random(int(args[3]) if len(args) > 3 else 1)
     os.makedirs(out, exist_ok=True)
     for i in range(n):
         with open(os.path.join(out, "scene-%04d" % i), "wb") as f:
-            f.write(scene(rng))
+            f.write(scene(rng, big))
     print("wrote %d inputs to %s" % (n, out))
 
 

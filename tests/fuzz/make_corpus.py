@@ -93,6 +93,43 @@ def create2(sched="fifo", starve=0, low_max=0, backoff=0, invalid12=None, racy=F
     return bytes(b) + bytes([e0, e1, e2])
 
 
+# Ops added later: op bytes that no earlier seed has at an op's place (fuzz_pool.c
+# run_input), so that the earlier seeds keep their meaning.
+OP_BATCH, OP_BURST, OP_CREATE3 = 244, 252, 254
+BIG_CAP = [40, 41, 47, 48, 55, 56, 63, 64]                # fuzz_pool.c big_cap_of[]
+BURST_MPU = {0: 0, 1: 1, 2: 2, 3: 3, "unlimited": 4}
+
+
+def create3(cap=40, **kw):
+    """create2() with a queue of 40..64 places (one of BIG_CAP; the config's
+    own cap is overridden)."""
+    kw.pop("name", None)
+    b = bytearray(create2(name=True, cap=8, **kw))
+    b[0] = OP_CREATE3
+    return bytes(b) + bytes([BIG_CAP.index(cap)])
+
+
+def batch(n=2, **kw):
+    """tp_submit_batch of n (2..8) tasks made from submit(**kw)'s fields (one
+    user, lane and kind; a past or near deadline becomes none)."""
+    assert 2 <= n <= 8 and not kw.get("wait")
+    b = bytearray(submit(**kw))
+    b[0] = OP_BATCH
+    return bytes(b) + bytes([n - 2])
+
+
+def burst(threads=2, workers=1, elastic=False, fair=False, close=False, cap=4, mpu=1, retries=0, seed=0,
+          kinds=7):
+    """2..4 threads submitting at once into a pool of their own: cap 1..8 or
+    one of BIG_CAP; kinds: a mask of succeed (1), fail (2), sleep (4); seed
+    (0..65535) draws the calls and tasks."""
+    b0 = ((threads - 2) << 1) | ((workers - 1) << 3) | (int(elastic) << 5) | (int(fair) << 6) | (int(close) << 7)
+    b1 = (1 | BIG_CAP.index(cap) << 1) if cap > 8 else (cap - 1) << 1
+    b1 |= BURST_MPU[mpu] << 4
+    b2 = find(lambda b: b % 3 == retries and 1 + (b >> 2) % 7 == kinds)
+    return bytes([OP_BURST, b0, b1, b2, seed & 255, seed >> 8])
+
+
 def weight(slot=0, user=None, w=1, long_name=False):
     """tp_user_weight_set(user, w); w "zero" or 1001 are invalid."""
     b1 = find(lambda b: b % 5 == USER[user] and (b >> 3) % 8 == WEIGHT[w] and ((b >> 6) == 3) == long_name)
@@ -515,6 +552,21 @@ SEEDS["prio_ring_count_not_reset"] = [create2(workers=1, cap=8, name=True, starv
 # Inputs that fail on the library as it is, each with its report; written to
 # pending/ (CTest does not replay them). When the bug is fixed, move the entry
 # to SEEDS. None now.
+# Batches of 2..8 cut at a user's limit and at the queue (exact model), a
+# queue of 40 places filled by batches, several threads submitting at once.
+SEEDS["batch_cut_user_full"] = [create(workers=1, cap=8, name=True, mpu=2, exact=True),
+                                submit(kind="ignore", gate=0), settle(), batch(n=4, user="u0"),
+                                batch(n=8), batch(n=2, user="u1", cq=0), gate(0), settle(), stats(), lanes()]
+SEEDS["batch_big_queue"] = [create3(cap=40, workers=1, mpu="unlimited", exact=True),
+                            submit(kind="ignore", gate=0), settle()] + \
+    [batch(n=8, prio=p) for p in (0, 1, -1, 0, 2)] + \
+    [batch(n=3), cancel(sel=3), batch(n=2, prio=-2), gate(0), settle(), stats(), lanes()]
+SEEDS["burst_users"] = [burst(threads=4, workers=1, mpu=1, cap=8, seed=1),
+                        burst(threads=3, workers=2, elastic=True, fair=True, cap=48, mpu=2, retries=1, seed=2),
+                        burst(threads=2, close=True, cap=2, seed=3)]
+SEEDS["burst_fifo_order"] = [burst(threads=4, workers=1, cap=64, mpu="unlimited", kinds=5, seed=4),
+                             burst(threads=4, workers=1, cap=1, mpu=3, retries=2, seed=5)]
+
 PENDING = {}
 
 
@@ -523,6 +575,8 @@ FOUND_V11 = {"run_timeout_stale_start"}
 # Random scenes of gen_inputs.py (its scene(random.Random(k))): whole scheduling
 # scenes for libFuzzer to mutate. Scene 58 met the ring's starvation-count bug.
 SCENES = list(range(1, 13)) + [58]
+# Scenes with a queue of 40..64 places filled by batches (gen_inputs.py --big).
+BIG_SCENES = list(range(1, 7))
 PENDING_SCENES = []
 
 
@@ -542,7 +596,10 @@ def main():
     for k in SCENES:
         with open(os.path.join(out, "scene_%02d" % k), "wb") as f:
             f.write(scene(random.Random(k)))
-    print("wrote %d seeds to %s" % (len(SEEDS) + len(FOUND) + len(SCENES), out))
+    for k in BIG_SCENES:
+        with open(os.path.join(out, "bigscene_%02d" % k), "wb") as f:
+            f.write(scene(random.Random(k), big=True))
+    print("wrote %d seeds to %s" % (len(SEEDS) + len(FOUND) + len(SCENES) + len(BIG_SCENES), out))
     pending = os.path.join(here, "pending")
     shutil.rmtree(pending, ignore_errors=True)
     if PENDING:
