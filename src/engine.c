@@ -820,8 +820,19 @@ static void stage_absorb_locked(tp_pool *p, unsigned max, bool worker) {
     ACT_LOCKED(p, &fx);
 }
 
-/* life.h, admit_staged: every staged task admitted now, mu held. */
-static void admit_staged_locked(void *arg) { stage_absorb_all_locked((tp_pool *)arg); }
+/* life.h, admit_staged, mu held: the default lane is about to seem empty
+ * while staged entries may wait behind it. Its oldest entry is admitted
+ * (waited for on put if its submitter is handing it over): with one task
+ * in the lane, the rest may stay in the ring, as they do behind any task
+ * of the lane (stage.h). One, not the ring: a cancel or an expiry costs
+ * what taskpool.h says, not a whole ring's admissions under the lock. */
+static void admit_staged_locked(void *arg) {
+    tp_pool *p = (tp_pool *)arg;
+    tp__stage *st = &p->stage;
+    if (tp__stage_count(st) == 0) return;
+    if (!tp__stage_peek(st)) tp__stage_put_barrier(st); /* its submitter holds put */
+    stage_absorb_locked(p, 1, false);
+}
 
 /* Entries claimed and not yet consumed (published or not): a worker does
  * not park while there are some (see parking, and stage.h). */

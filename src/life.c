@@ -195,9 +195,10 @@ static void work_for(const tp__life *L, const tp__task *t, tp__fx *fx) {
 
 /* `t` waits in the scheduler and is about to leave it without a start. In a
  * pool that stages, the staged tasks wait in the default lane behind every
- * task of that lane here (stage.h): if `t` is that lane's last here, they
- * are admitted first (life.h, admit_staged), or the lane would seem empty
- * while they wait -- a lower lane would start ahead of them. */
+ * task of that lane here (stage.h): if `t` is that lane's last here, the
+ * oldest of them is admitted first (life.h, admit_staged), or the lane
+ * would seem empty while they wait -- a lower lane would start ahead of
+ * them. */
 static void before_unwait(tp__life *L, const tp__task *t) {
     if (L->admit_staged && t->prio == 0 && tp__sched_default_waiting(&L->sched) == 1)
         L->admit_staged(L->admit_staged_arg);
@@ -947,8 +948,8 @@ static uint64_t queue_expire(tp__life *L, uint64_t now, tp__fx *fx) {
     }
     uint64_t due = L->queued_deadline_min > L->expiry_scan_at ? L->queued_deadline_min : L->expiry_scan_at;
     if (now < due) return due;
-    /* The scan may leave the default lane empty: staged tasks first (as
-     * before_unwait does for one task). */
+    /* The scan may leave the default lane empty: the oldest staged task
+     * first, which has no deadline (as before_unwait does for one task). */
     if (L->admit_staged && tp__sched_default_waiting(&L->sched) > 0) L->admit_staged(L->admit_staged_arg);
     tp__task *list;
     uint64_t next = tp__sched_take_expired(&L->sched, now, &list);

@@ -167,8 +167,10 @@ typedef struct tp__life {
      * submit, which sees a count too high by them, takes the locked path near
      * the limit: no one is refused for a kept slot. */
     tp__mutex *users_put; /* read-only once set: off the kept slots' line, which workers write */
-    /* Where the pool stages (stage.h), the engine's: admits every staged
-     * task now, mu held (each through tp__life_admit_staged). Staged tasks
+    /* Where the pool stages (stage.h), the engine's: admits the oldest
+     * staged task now, if any, mu held (through tp__life_admit_staged; one,
+     * not the ring: the rest may wait behind it, and a cancel's or a scan's
+     * cost stays O(1) in the staged tasks). Staged tasks
      * wait in the default lane too, behind every task of that lane here: a
      * task that leaves the scheduler unstarted (expired, cancelled), the
      * last of that lane here, calls it first (life.c, before_unwait), and so

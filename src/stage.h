@@ -50,7 +50,8 @@
  * never seems empty while entries wait here, a task that leaves the
  * scheduler unstarted as the lane's last there -- cancelled, or ended at
  * its deadline by a worker's take or the service thread's scan -- has the
- * ring admitted first: life.c, before_unwait.) What it saves: a worker
+ * ring's oldest entry admitted first, one, which is enough: life.c,
+ * before_unwait.) What it saves: a worker
  * that admitted at every turn met the producer at its newest slot -- a line
  * the producer was writing -- and ended every batch with a look at the slot
  * the producer was about to write, taking that line away from it; with the

@@ -1071,6 +1071,37 @@ static void test_staged_starve_count_after_leave(void **state) {
     tpt_with_time_to_spare(f, TPT_MS(50), starve_count_after_leave, (void *)&expire);
 }
 
+/* The default lane's one task is cancelled while staged tasks wait behind
+ * it: the lane must not seem empty (above), but the cancel admits only the
+ * oldest staged task, not the ring -- tp_cancel's cost at the head of the
+ * lane is O(1) (taskpool.h, tp_cancel, "Cost"), however many tasks are
+ * staged. The others stay staged, and all start in their order. */
+static void test_staged_cancel_admits_one(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l = tpt_fx_latch(f);
+    tp_pool *p = tpt_quiet_pool(f, 1, 4 * DEEP, TP_UNLIMITED);
+    order_log *log = order_log_new(f);
+    order_task *tasks = tpt_fx_alloc(f, (size_t)(DEEP + 1) * sizeof *tasks);
+    tpt_fill_workers(p, l, 1, NULL);
+    tasks[0] = (order_task){log, 0};
+    uint64_t id = 0;
+    assert_int_equal(tp_submit(p, order_fn, &tasks[0], NULL, &id), TP_OK); /* locked: the lane's one task */
+    for (int i = 1; i <= DEEP; i++) {
+        tasks[i] = (order_task){log, i};
+        assert_int_equal(tp_submit(p, order_fn, &tasks[i], NULL, NULL), TP_OK); /* staged */
+    }
+    assert_int_equal(tp__stage_count(&p->stage), DEEP); /* the worker is held: none admitted */
+    assert_int_equal(tp_cancel(p, id), TP_OK);
+    assert_int_equal(tp__stage_count(&p->stage), DEEP - 1);
+    assert_int_equal(tpt_stats(p).queued, DEEP);
+    tpt_latch_open(l);
+    TPT_EVENTUALLY(atomic_load(&log->done) == DEEP);
+    for (int k = 0; k < DEEP; k++)
+        if (atomic_load(&log->at[k]) != k + 1) fail_msg("start %d was task %d", k, atomic_load(&log->at[k]));
+    tp_stats s = tpt_finish(p);
+    tpt_assert_counts(s, TPT_EQ(cancelled, 1), TPT_EQ(succeeded, (uint64_t)DEEP + 1));
+}
+
 #if defined(TP__DEBUG)
 /* The submitter that the hook holds between its ticket and its entry: it
  * holds the ring's put lock meanwhile (stage.h). */
@@ -1993,6 +2024,7 @@ int main(void) {
         TPT_TEST(test_staged_starve_count),
         TPT_TEST(test_staged_behind_expired_lane),
         TPT_TEST(test_staged_starve_count_after_leave),
+        TPT_TEST(test_staged_cancel_admits_one),
         TPT_TEST(test_staged_wait_for_unpublished),
         TPT_TEST(test_staged_wakes_idle_pool),
         TPT_TEST(test_staged_close_race),
