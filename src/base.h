@@ -128,6 +128,27 @@ static inline void tp__mutex_unlock(tp__mutex *mu) {
     pthread_mutex_unlock(&mu->m);
 }
 
+/* tp__mutex_lock after trying the lock up to `tries` times, a pause
+ * between tries: for a lock whose holder keeps it for a system call or
+ * less and whose waiter would otherwise sleep at once, so that the holder's
+ * unlock must wake it (a futex system call on each side and a context
+ * switch). Bounded: a holder that was preempted costs the waiter `tries`
+ * pauses, then it sleeps as with tp__mutex_lock. */
+static inline void tp__mutex_lock_spin(tp__mutex *mu, unsigned tries) {
+    for (unsigned i = 0; i < tries; i++) {
+        if (pthread_mutex_trylock(&mu->m) == 0) {
+#if defined(TP__DEBUG)
+            TP__ASSERT(!mu->held);
+            mu->owner = pthread_self();
+            mu->held = true;
+#endif
+            return;
+        }
+        tp__cpu_relax();
+    }
+    tp__mutex_lock(mu);
+}
+
 /* Only the holder reads `owner` here, so the check is race-free whenever it
  * passes. */
 #if defined(TP__DEBUG)

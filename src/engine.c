@@ -610,7 +610,10 @@ static void run_task_locked(tp_pool *p, tp__worker *w, tp__task *t, worker_turn 
     if (hook) hook(p);
 #endif
 
-    tp__lock(p);
+    if (tp__stage_on(&p->stage))
+        tp__lock(p); /* its submitters seldom take mu */
+    else
+        tp__lock_spin(p); /* pool.h */
     failure f;
     if (rc != 0) {
         f.id = t->id;
@@ -1136,7 +1139,7 @@ int tp__engine_submit(tp_pool *p, tp__admit_args *a, void *arg, uint64_t *id_out
      * now, they are usually here by the time the lock is held, where every
      * miss makes the workers wait longer for it. */
     tp__life_prefetch(&p->life, a);
-    tp__lock(p);
+    tp__lock_spin(p);                      /* pool.h */
     stage_absorb_all_locked(p);            /* staged submits come first (stage.h) */
     if (a->group && a->group->cancelled) { /* a cancelled group: counts nothing */
         tp__unlock(p);
