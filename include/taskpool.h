@@ -219,10 +219,12 @@ typedef struct tp_ctx tp_ctx;   /* opaque, valid during one task call */
  * any libtaskpool function except tp_shutdown/tp_wait/tp_destroy of the same
  * pool and tp_group_wait/tp_group_destroy of its groups (those return
  * TP_EDEADLK there). `log_id` and `msg` are valid during the
- * call only; `log_id` is never NULL. A worker may still be in the hook, e.g.
- * reporting a failed attempt whose retry was then cancelled, after
- * tp_shutdown() returned: keep `log_arg` valid until tp_wait() or
- * tp_destroy() has returned (they wait for every worker thread). */
+ * call only; `log_id` is never NULL. A worker may still be in the hook after
+ * tp_shutdown() returned (even TP_OK), e.g. reporting the failed last attempt
+ * of a task without an on_done, or a failed attempt whose retry was then
+ * cancelled: the task has ended, its report comes after. Keep `log_arg` valid
+ * until tp_wait() or tp_destroy() has returned (they wait for every worker
+ * thread). */
 typedef void (*tp_log_fn)(void *log_arg, int level, const char *log_id, const char *msg);
 
 /*
