@@ -202,7 +202,7 @@ static inline void tp__unlock(tp_pool *p) { tp__mutex_unlock(&p->mu); }
  * bounded spin (base.h, tp__mutex_lock_spin) finds it free where sleeping at
  * once made the glibc mutex contended for good: every unlock then a futex
  * wake, every lock a futex wait (the compare driver's fair pool: about half
- * of its samples in futex calls; 0.67-0.71x the time and CPU per task with
+ * of its samples in futex calls; 0.66-0.78x the time and CPU per task with
  * the spin, docs/performance.md, "1.2 on a sixth machine"). Every other
  * taking sleeps at once (engine.c, make_sync). */
 #define TP__LOCK_TRIES 64u
