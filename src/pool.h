@@ -195,16 +195,18 @@ static inline void tp__lock(tp_pool *p) { tp__mutex_lock(&p->mu); }
 static inline void tp__unlock(tp_pool *p) { tp__mutex_unlock(&p->mu); }
 #define TP__ASSERT_LOCKED(p) TP__ASSERT_HELD(&(p)->mu)
 
-/* The lock for the two takings that meet each other at every task in a pool
- * whose submits take it (one that does not stage: a fair pool, elastic
- * workers): a locked submit's, and a worker's after its task returned. Both
- * sides hold mu for an admission or a take, well under a microsecond, so a
- * bounded spin (base.h, tp__mutex_lock_spin) finds it free where sleeping at
- * once made the glibc mutex contended for good: every unlock then a futex
- * wake, every lock a futex wait (the compare driver's fair pool: about half
- * of its samples in futex calls; 0.66-0.78x the time and CPU per task with
- * the spin, docs/performance.md, "1.2 on a sixth machine"). Every other
- * taking sleeps at once (engine.c, make_sync). */
+/* The lock for the two takings that meet each other at every task where
+ * submits take it: a locked submit's (tp__engine_submit, in any pool), and,
+ * in a pool that does not stage (a fair pool, elastic workers; stage.h), a
+ * worker's after its task returned. Both sides hold mu for an admission or
+ * a take, well under a microsecond, so a bounded spin (base.h,
+ * tp__mutex_lock_spin) finds it free where sleeping at once made the glibc
+ * mutex contended for good: every unlock then a futex wake, every lock a
+ * futex wait (the compare driver's fair pool: about half of its samples in
+ * futex calls; 0.66-0.78x the time and CPU per task with the spin,
+ * docs/performance.md, "1.2 on a sixth machine"). Every other taking sleeps
+ * at once (engine.c, make_sync); so does a worker of a pool that stages,
+ * whose submitters seldom take mu. */
 #define TP__LOCK_TRIES 64u
 static inline void tp__lock_spin(tp_pool *p) { tp__mutex_lock_spin(&p->mu, TP__LOCK_TRIES); }
 
