@@ -461,7 +461,11 @@ typedef struct tp_task_opts {
  *   and nothing else but, if any, an on_done with its cq; id_out NULL; from
  *   a thread with no log id (tp_log_id_get() empty: not inside a task or an
  *   on_done, no tp_log_id_set) -- to a TP_SCHED_FIFO pool with fixed workers
- *   (max_workers = workers) does not take the pool lock: it takes its
+ *   (max_workers = workers) does not take the pool lock; nor does one of
+ *   the third kind (a user) to a TP_SCHED_FAIR pool with fixed workers
+ *   while its user is in the default lane's round, from its second task
+ *   waiting there on (a task that joins the round, or whose user has left
+ *   it since, takes the lock). Such a submit takes its
  *   place (and its completion queue's), hands the task to the next worker
  *   or locked call through a bounded ring under the ring's own put-side
  *   lock (the two-lock queue: submitters hold it for a few dozen
@@ -469,7 +473,9 @@ typedef struct tp_task_opts {
  *   it finish) and returns; the answers, the counters and one
  *   thread's start order are the locked path's (a later locked submit of any
  *   thread first admits what was handed over before it, waiting on the
- *   ring's lock for a submit that is handing over). Such a task is admitted
+ *   ring's lock for a submit that is handing over; in a fair pool the start
+ *   order is the one its admission at the submit would give: its user
+ *   keeps its place in the round). Such a task is admitted
  *   later, so should its record then fail to be allocated (only past the
  *   preallocated records, see Memory) it ends unrun, counted as failed,
  *   instead of being refused with TP_ENOMEM: its on_done, if it has one,

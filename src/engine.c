@@ -68,7 +68,7 @@
  *     histogram shard.
  *   read by both, written only on rare events: life.h's line of delayed,
  *     users at their limit, closed.
- * A staged task (a plain submit on a FIFO pool with fixed workers, stage.h)
+ * A staged task (a plain submit on a pool with fixed workers, stage.h)
  * never has S take the pool lock (but the pool's first, which starts the
  * room count): S writes the room count's taken places (life.h,
  * `room_taken`: its own line; S reads the places that starts gave back,
@@ -492,7 +492,7 @@ typedef struct worker_turn {
 } worker_turn;
 
 /* Whether a worker at the top of its turn admits staged entries now (stage.h,
- * "When a worker admits"; only FIFO pools stage): while the default lane
+ * "When a worker admits"): while the default lane
  * holds fewer than TP__STAGE_LOW tasks (that lane's count: the total less
  * the other lanes', as in tp__sched_ready). mu held. */
 static bool stage_due_locked(const tp_pool *p) {
@@ -610,7 +610,7 @@ static void run_task_locked(tp_pool *p, tp__worker *w, tp__task *t, worker_turn 
     if (hook) hook(p);
 #endif
 
-    if (tp__stage_on(&p->stage))
+    if (tp__stage_plain(&p->stage))
         tp__lock(p); /* its submitters seldom take mu */
     else
         tp__lock_spin(p); /* pool.h */
@@ -837,6 +837,58 @@ static void admit_staged_locked(void *arg) {
     stage_absorb_locked(p, 1, false);
 }
 
+/* A fair pool's staged tasks. A fair pool stages only tasks with a user
+ * whose flag says it may (users.h, stage_ok; pool.c sends every other submit
+ * to the locked path): the user is in the default lane's round, with a task
+ * there, and stays in it until its staged tasks are admitted. Admitting such
+ * a task appends it to its user's flow and moves no user in the round, so
+ * when it is admitted does not change which task starts next -- as for a
+ * FIFO pool's (stage.h), and the worker leaves the ring alone while the lane
+ * is deep. The flag is set under mu by a locked admission that finds the
+ * user's flow not empty (life.c, admit), and read by a staged submit under
+ * put, which then records its ticket in the user's entry (stage_last). A
+ * user leaves the round only when its last task there starts or leaves
+ * unstarted; life.c calls stage_keep_locked first (fair_leave), which under
+ * put either finds the user's newest staged ticket not yet admitted (then
+ * the ring is admitted, and the task is no longer the user's last), or
+ * clears the flag: a submit that holds put later takes the locked path, one
+ * that held it before is in the ring below the tail read there. An expiry
+ * scan, which removes many tasks at once, admits the ring before it, and
+ * calls this for every flagged user that it took out of the round. So the
+ * flag is set only while its user is in the round when mu is let go, and
+ * staged tasks start in the order their admissions at submit would have
+ * given. The worker reads the flag (the user's name line) only for a
+ * user's last task in the round; a staged submit writes stage_last on that
+ * line, which its lookup reads anyway. */
+static bool stage_keep_locked(void *arg, tp__user *u) {
+    tp_pool *p = (tp_pool *)arg;
+    tp__stage *st = &p->stage;
+    bool admitted = false;
+    for (;;) {
+        if (admitted && tp__flow_lane(&u->flow, tp__lane_of(0))->in_round) return true;
+        tp__mutex_lock_spin(&st->put, TP__LOCK_TRIES); /* its holders hold it for a few stores */
+        size_t tail = atomic_load_explicit(&st->tail, memory_order_relaxed);
+        size_t head = atomic_load_explicit(&st->head, memory_order_relaxed);
+        /* staged and not admitted: head < stage_last <= tail, in 32 bits
+         * (the ring holds fewer than 2^31 entries) */
+        uint32_t ahead = u->stage_last - (uint32_t)head;
+        if (ahead == 0 || ahead > (uint32_t)(tail - head)) {
+            atomic_store_explicit(&u->stage_ok, false, memory_order_relaxed);
+            tp__mutex_unlock(&st->put);
+            return admitted;
+        }
+        /* admitted below: a stale ticket (2^32 tickets old) reads as passed
+         * from now on, so this loop ends */
+        u->stage_last = (uint32_t)tail;
+        tp__mutex_unlock(&st->put);
+        stage_absorb_all_locked(p);
+        admitted = true;
+    }
+}
+
+/* life.h, stage_all: every staged entry claimed so far, mu held. */
+static void stage_all_locked(void *arg) { stage_absorb_all_locked((tp_pool *)arg); }
+
 /* Entries claimed and not yet consumed (published or not): a worker does
  * not park while there are some (see parking, and stage.h). */
 static bool stage_pending(tp_pool *p) { return tp__stage_count(&p->stage) != 0; }
@@ -957,6 +1009,7 @@ int tp__engine_submit_staged_user(tp_pool *p, void *arg, const tp__admit_args *a
     if (hook) hook(p);
 #endif
     tp__life_user_take_staged(&p->life, u, a); /* looked at above, under put */
+    u->stage_last = (uint32_t)(ticket + 1);    /* a fair pool's (stage_keep_locked) */
     /* accepted, and counted before published (as tp__engine_submit_staged's) */
     atomic_store_explicit(&st->staged, atomic_load_explicit(&st->staged, memory_order_relaxed) + 1,
                           memory_order_release);
@@ -1376,10 +1429,12 @@ int tp__engine_start(tp_pool *p) {
     p->wk.hist = tp__hist_alloc(p->cfg.max_workers); /* the latency histograms: one shard per slot */
     p->wk.runs = (tp__st_runs *)tp__calloc_big(p->cfg.max_workers, sizeof(tp__st_runs), &p->wk.runs_mem);
     if (!p->wk.workers || !p->wk.hist || !p->wk.runs) return TP_ENOMEM;
-    /* Staged submits (stage.h): a FIFO pool whose workers are all started
-     * up front (a submit may otherwise have to start one, under mu). */
-    bool staging = p->cfg.sched != TP_SCHED_FAIR && p->cfg.min_workers == p->cfg.max_workers;
+    /* Staged submits (stage.h): a pool whose workers are all started up
+     * front (a submit may otherwise have to start one, under mu); in a fair
+     * pool, only tasks whose user may stage ("A fair pool's staged tasks"). */
+    bool staging = p->cfg.min_workers == p->cfg.max_workers;
     if (tp__stage_init(&p->stage, p->cfg.capacity, staging) != TP_OK) return TP_ENOMEM;
+    p->stage.plain = staging && p->cfg.sched != TP_SCHED_FAIR;
     if (staging) {
         /* every staged task's arguments but fn and the stamp: no options,
          * and no log id inherited (a submit that has one is not staged) */
@@ -1387,6 +1442,10 @@ int tp__engine_start(tp_pool *p) {
         p->life.users_put = &p->stage.put;          /* user slots taken under put too (life.h) */
         p->life.admit_staged = admit_staged_locked; /* before the default lane seems empty (life.h) */
         p->life.admit_staged_arg = p;
+        if (p->cfg.sched == TP_SCHED_FAIR) {
+            p->life.stage_keep = stage_keep_locked; /* before a flagged user leaves the round */
+            p->life.stage_all = stage_all_locked;   /* before an expiry scan */
+        }
         p->life.users.split = true; /* and given back under mu and put (users.h) */
         p->stage_args.log_src = NULL;
         p->stage_args.log_len = 0;

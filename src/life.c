@@ -83,6 +83,8 @@ int tp__life_init(tp__life *L, const tp__life_cfg *cfg, tp__st_calls *calls, tp_
     L->rel_n = 0;
     L->users_put = NULL;    /* set by the engine where the pool stages */
     L->admit_staged = NULL; /* likewise */
+    L->stage_keep = NULL;
+    L->stage_all = NULL;
     L->admit_staged_arg = NULL;
     if (tp__sched_init(&L->sched, cfg->waiting_max, fair, starve_limit, low_max) != 0 ||
         tp__tasks_init(&L->tasks, prealloc, cfg->waiting_max, fair ? 3 : 2) != 0 ||
@@ -199,7 +201,29 @@ static void work_for(const tp__life *L, const tp__task *t, tp__fx *fx) {
  * oldest of them is admitted first (life.h, admit_staged), or the lane
  * would seem empty while they wait -- a lower lane would start ahead of
  * them. */
+static void before_unwait(tp__life *L, const tp__task *t);
+
+/* A fair pool that stages: `t` waits in the scheduler and is about to leave
+ * it (started, or not). A staged task joins its user's flow in the default
+ * lane without moving the user in the round, as an admission at its submit
+ * would have (its user is in the round: stage_ok, users.h). So while tasks
+ * of t's user are staged, t must not leave as its user's last task there:
+ * that would end the user's turn and place it, and them, at the back of
+ * the round. Then they are admitted first (stage_keep, life.h) and this
+ * returns true (the caller looks at the scheduler again); else the user
+ * stages no more until a locked admission says it may (stage_ok cleared),
+ * and this returns false. t->next is t's follower in its flow. */
+static bool fair_leave(tp__life *L, const tp__task *t) {
+    if (!L->stage_keep || t->prio != 0 || !t->user || t->next) return false;
+    if (!atomic_load_explicit(&t->user->stage_ok, memory_order_relaxed)) return false;
+    return L->stage_keep(L->admit_staged_arg, t->user);
+}
+
 static void before_unwait(tp__life *L, const tp__task *t) {
+    if (L->sched.fair) {
+        (void)fair_leave(L, t); /* t stays where it was: the caller removes it */
+        return;
+    }
     if (L->admit_staged && t->prio == 0 && tp__sched_default_waiting(&L->sched) == 1)
         L->admit_staged(L->admit_staged_arg);
 }
@@ -374,6 +398,7 @@ static void user_release(tp__life *L, tp__user *u) {
 static tp__user *user_below(tp__life *L, const tp__admit_args *a) {
     TP__ASSERT_HELD(L->users_put);
     tp__user *u = tp__users_find(&L->users, a->user, a->user_len, a->user_hash);
+    if (u && L->sched.fair && !atomic_load_explicit(&u->stage_ok, memory_order_relaxed)) return NULL;
     return u && tp__user_below(u, L->cfg.max_per_user, 1) ? u : NULL;
 }
 
@@ -732,6 +757,13 @@ static int admit(tp__life *L, const tp__admit_args *a, void *arg, uint64_t *id_o
     if (t->group) group_join(t);
     if (!staged) TP__INC(L->calls->accepted);
     tp__sched_push(&L->sched, t);
+    /* A fair pool that stages: a user whose task joins others of its own in
+     * the default lane is in that lane's round, and may stage its next
+     * ones (users.h, stage_ok; engine.c). Not for a user's only task there:
+     * it leaves the round at that task's start, which would then take put. */
+    if (u && L->stage_keep && !staged && t->prio == 0 && tp__flow_lane(&u->flow, tp__lane_of(0))->head != t &&
+        !atomic_load_explicit(&u->stage_ok, memory_order_relaxed))
+        atomic_store_explicit(&u->stage_ok, true, memory_order_relaxed);
     if (room_live(L)) L->sched.pub.basis++; /* its place is taken already */
     queue_changed(L);
     work_for(L, t, fx);
@@ -812,6 +844,7 @@ tp__task *tp__life_take(tp__life *L, struct tp_ctx *c, tp__fx *fx) {
             if (t->state == TP__DONE) return t; /* the caller runs its on_done, then retires it */
             continue;
         }
+        if (fair_leave(L, t)) continue; /* its user's staged tasks admitted: look again */
         tp__sched_start(&L->sched, t);
         queue_changed(L);
         check_exiters(L, fx);
@@ -949,12 +982,25 @@ static uint64_t queue_expire(tp__life *L, uint64_t now, tp__fx *fx) {
     uint64_t due = L->queued_deadline_min > L->expiry_scan_at ? L->queued_deadline_min : L->expiry_scan_at;
     if (now < due) return due;
     /* The scan may leave the default lane empty: the oldest staged task
-     * first, which has no deadline (as before_unwait does for one task). */
-    if (L->admit_staged && tp__sched_default_waiting(&L->sched) > 0) L->admit_staged(L->admit_staged_arg);
+     * first, which has no deadline (as before_unwait does for one task). In
+     * a fair pool it may take a user's last task there out of the round:
+     * every staged task first, then each such user is seen to after the
+     * scan (fair_leave; a task of it staged meanwhile is admitted then,
+     * as if submitted after the scan). */
+    if (L->stage_all)
+        L->stage_all(L->admit_staged_arg);
+    else if (L->admit_staged && tp__sched_default_waiting(&L->sched) > 0)
+        L->admit_staged(L->admit_staged_arg);
     tp__task *list;
     uint64_t next = tp__sched_take_expired(&L->sched, now, &list);
     if (list) {
         queue_changed(L);
+        if (L->stage_keep)
+            for (tp__task *t = list; t; t = t->next)
+                if (t->prio == 0 && t->user &&
+                    atomic_load_explicit(&t->user->stage_ok, memory_order_relaxed) &&
+                    !tp__flow_lane(&t->user->flow, tp__lane_of(0))->in_round)
+                    (void)L->stage_keep(L->admit_staged_arg, t->user);
         while (list) {
             tp__task *t = list;
             list = t->next; /* before end_unrun reuses `next` */

@@ -138,8 +138,8 @@ typedef struct tp__life {
      * (`room_live`, set once under the lock: tp__life_room_start, even if
      * that try is then refused or locked): until then every admission is
      * under the lock, where waiting + delayed decide space, so a pool that
-     * never stages moves no line of its own per task for it -- a fair or
-     * elastic pool, or one whose every submit takes the locked path (any
+     * never stages moves no line of its own per task for it -- an elastic
+     * pool, or one whose every submit takes the locked path (any
      * option but a user and an on_done bound to a completion queue, an id
      * asked, a group, a log id inherited; pool.c). */
     _Alignas(64) _Atomic int64_t room_taken;
@@ -180,6 +180,18 @@ typedef struct tp__life {
      * set. */
     void (*admit_staged)(void *arg);
     void *admit_staged_arg;
+    /* A fair pool that stages (engine.c, "A fair pool's staged tasks"), the
+     * engine's, mu held, with admit_staged_arg; NULL elsewhere. Read-only
+     * once set.
+     * stage_keep: user `u` (its stage_ok set) is about to leave the default
+     * lane's round, or has just left it in an expiry scan. If tasks of u
+     * are staged, the ring is admitted (every entry claimed so far, oldest
+     * first) and it returns true: u's next task there is one of them. Else
+     * u->stage_ok is cleared under put, so no task of u is staged until a
+     * locked admission sets it again, and it returns false.
+     * stage_all: admit every entry claimed so far (before an expiry scan). */
+    bool (*stage_keep)(void *arg, struct tp__user *u);
+    void (*stage_all)(void *arg);
     _Alignas(64) unsigned rel_n;
     struct tp__user *rel[TP__REL_MAX];
     tp__task *delayed_head, *delayed_tail; /* retries waiting for their delay */

@@ -208,7 +208,7 @@ int tp__submit_member(tp_pool *p, struct tp_group *g, tp_fn fn, void *arg, const
      * log id inherited from a running task (its record may be reused before
      * the staged task is admitted). Without options, only fn is checked. */
     bool staging = !id_out && !g && tp__stage_on(&p->stage);
-    if (staging && !opts) {
+    if (staging && !opts && tp__stage_plain(&p->stage)) {
         if (!fn) return TP_EINVAL;
         const char *inherited = tp_log_id_get();
         if (!inherited || !inherited[0]) {
@@ -222,7 +222,7 @@ int tp__submit_member(tp_pool *p, struct tp_group *g, tp_fn fn, void *arg, const
     if (rc != TP_OK) return rc;
     a.group = g;
     if (staging && opts && !a.log_src) {
-        if (stageable(opts)) {
+        if (stageable(opts) && tp__stage_plain(&p->stage)) {
             a.now = tp__hclk_now();
             rc = tp__engine_submit_staged(p, fn, arg, a.on_done, a.cq, a.now, false);
             if (rc != TP__STAGE_LOCKED) return rc;
@@ -254,7 +254,7 @@ int tp_submit_wait(tp_pool *p, tp_fn fn, void *arg, const tp_task_opts *opts, ui
      * pool lock. The budget is looked at first (a spent one is TP_ETIMEDOUT
      * even with space); with no place free, nothing is counted and the
      * locked path waits for one with the same budget. */
-    if (!id_out && tp__stage_on(&p->stage) && (!opts || stageable(opts)) && !a.log_src &&
+    if (!id_out && tp__stage_plain(&p->stage) && (!opts || stageable(opts)) && !a.log_src &&
         tp_now_ns() < deadline) {
         a.now = tp__hclk_now();
         rc = tp__engine_submit_staged(p, fn, arg, a.on_done, a.cq, a.now, true);
@@ -305,7 +305,7 @@ int tp_submit_batch(tp_pool *p, const tp_task *tasks, size_t n, uint64_t *ids_ou
     size_t k = 0;
     size_t checked = valid < TP__BATCH_ARGS ? valid : TP__BATCH_ARGS;
     int rc = TP__STAGE_LOCKED;
-    if (!ids_out && tp__stage_on(&p->stage) && batch_stageable(tasks, valid))
+    if (!ids_out && tp__stage_plain(&p->stage) && batch_stageable(tasks, valid))
         rc = tp__engine_submit_staged_batch(p, tasks, valid, a, checked, &k);
     if (rc == TP__STAGE_LOCKED) rc = tp__engine_submit_batch(p, tasks, valid, a, checked, ids_out, &k);
     if (accepted_out) *accepted_out = k;

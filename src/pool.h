@@ -34,7 +34,9 @@
  *
  * A plain submit on a FIFO pool with fixed workers (no options but an
  * on_done bound to a completion queue, no id asked) takes no lock: pool.c -> engine.c stages it (stage.h), and the next
- * holder of mu admits it through life.c before anything else.
+ * holder of mu admits it through life.c before anything else. So does one
+ * with a user in a fair pool with fixed workers, while that user may stage
+ * (engine.c, "A fair pool's staged tasks").
  *
  * A task's way, submit to on_done, on the worker side: engine.c (the worker
  * loop) -> life.c (take, attempt ended, retire) -> scheduler.c (peek, start).
@@ -69,9 +71,10 @@
  *   The staged submits' ring (stage.h) is a two-lock queue: its put lock
  *   (stage.put) comes after mu, and its holder takes no other lock; staged
  *   submitters hold put alone, only a holder of mu consumes the ring, and a
- *   holder of mu takes put only to wait for a submit mid-way or to look at
+ *   holder of mu takes put only to wait for a submit mid-way, to look at
  *   or change the user table, which put guards too in a pool that stages
- *   (life.h, users_put). A submitter that must wake a parked worker takes
+ *   (life.h, users_put), or to clear a user's stage_ok in a fair pool
+ *   (engine.c, stage_keep_locked). A submitter that must wake a parked worker takes
  *   mu after releasing put.
  */
 #ifndef TP_POOL_H
@@ -197,7 +200,7 @@ static inline void tp__unlock(tp_pool *p) { tp__mutex_unlock(&p->mu); }
 
 /* The lock for the two takings that meet each other at every task where
  * submits take it: a locked submit's (tp__engine_submit, in any pool), and,
- * in a pool that does not stage (a fair pool, elastic workers; stage.h), a
+ * in a pool that does not stage plain tasks (a fair pool, elastic workers; stage.h), a
  * worker's after its task returned. Both sides hold mu for an admission or
  * a take, well under a microsecond, so a bounded spin (base.h,
  * tp__mutex_lock_spin) finds it free where sleeping at once made the glibc
@@ -205,8 +208,11 @@ static inline void tp__unlock(tp_pool *p) { tp__mutex_unlock(&p->mu); }
  * futex wait (the compare driver's fair pool: about half of its samples in
  * futex calls; 0.66-0.78x the time and CPU per task with the spin,
  * docs/performance.md, "1.2 on a sixth machine"). Every other taking sleeps
- * at once (engine.c, make_sync); so does a worker of a pool that stages,
- * whose submitters seldom take mu. */
+ * at once (engine.c, make_sync); so does a worker of a FIFO pool that
+ * stages, whose submitters seldom take mu (a fair pool's take it for every
+ * task whose user is not in the round, and to let a user stage again). A
+ * fair pool's worker spins the same way for the ring's put lock, which its
+ * submitters hold for a few stores (engine.c, stage_keep_locked). */
 #define TP__LOCK_TRIES 64u
 static inline void tp__lock_spin(tp_pool *p) { tp__mutex_lock_spin(&p->mu, TP__LOCK_TRIES); }
 

@@ -3,7 +3,9 @@
  *
  * A plain tp_submit (no options but an on_done bound to a completion
  * queue, no id asked, not a group's) on a FIFO pool with a fixed number of
- * workers does not take the pool lock; nor does such a tp_submit_wait that
+ * workers does not take the pool lock (in a fair pool, only such a submit
+ * with a user, and only while that user may: engine.c, "A fair pool's
+ * staged tasks"); nor does such a tp_submit_wait that
  * finds a place free at once (with none, it waits on the locked path and
  * counts no refusal), nor a tp_submit_batch whose tasks are all such (its
  * places taken at once, its entries claimed and published under one hold
@@ -130,6 +132,10 @@ typedef struct tp__stage {
     /* Read-only after tp__stage_init, but for `closing` (set once). */
     _Alignas(64) tp__stage_slot *slots; /* NULL: the pool does not stage */
     size_t mask;
+    /* Tasks without a user may be staged: not in a fair pool, where only a
+     * user's may, and only while it may (engine.c, "A fair pool's staged
+     * tasks"). */
+    bool plain;
     _Atomic bool closing;
     /* The producers' line: the put side's lock and what it guards. */
     _Alignas(64) tp__mutex put;
@@ -150,6 +156,7 @@ typedef struct tp__stage {
 static inline int tp__stage_init(tp__stage *st, unsigned capacity, bool on) {
     st->slots = NULL;
     st->mask = 0;
+    st->plain = false;
     if (!on) return TP_OK;
     size_t n = 2;
     while (n < capacity && n < TP__STAGE_MAX) n <<= 1;
@@ -185,6 +192,9 @@ static inline void tp__stage_fini(tp__stage *st) {
 }
 
 static inline bool tp__stage_on(const tp__stage *st) { return st->slots != NULL; }
+
+/* Whether a task without a user may be staged (see `plain`). */
+static inline bool tp__stage_plain(const tp__stage *st) { return st->plain; }
 
 /* A ticket for a new entry, put held: its slot, or NULL when the ring is
  * full (the slot one lap back is not consumed yet). */

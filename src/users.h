@@ -62,9 +62,19 @@ typedef struct tp__user {
     /* the submitting side's, read with the name at every lookup */
     unsigned rel_seen; /* `released` as last read: <= it */
     bool zero;         /* split: holds no slot (an idle entry); exact under the table's lock(s) */
+    /* A fair pool that stages (engine.c, "A fair pool's staged tasks"):
+     * whether a task of this user may be staged, i.e. the user is in the
+     * default lane's round and stays there until its staged tasks are
+     * admitted. Set under mu (a locked admission that finds the user's
+     * flow there not empty), cleared under mu and put; read by staged
+     * submits under put. */
+    _Atomic bool stage_ok;
+    /* The ticket + 1 of this user's newest staged task (written under put;
+     * its low 32 bits: the ring is far smaller), read under mu and put. */
+    uint32_t stage_last;
     char name[TP_USER_MAX + 1];
     /* the ending side's: the entry's last line, which the name shares only
-     * with its last bytes (read by lookups of names over ~112 bytes). Not a
+     * with its last bytes (read by lookups of names over ~108 bytes). Not a
      * line of its own: the entry stays 7 lines, an odd stride (at 8 lines,
      * every entry's first line fell into one cache set in eight, and a fair
      * pool with 10,000 users ran 1.3x slower) */
@@ -79,9 +89,9 @@ typedef struct tp__user {
 _Static_assert(offsetof(tp__user, flow) + sizeof(struct tp__flow_lane) <= 64,
                "a user's taken count and its priority-0 flow share one cache line");
 _Static_assert(
-    offsetof(tp__user, name) + 112 <= (offsetof(tp__user, released) & ~(size_t)63) &&
+    offsetof(tp__user, name) + 108 <= (offsetof(tp__user, released) & ~(size_t)63) &&
         offsetof(tp__user, released) / 64 == (sizeof(tp__user) - 1) / 64 && sizeof(tp__user) == 448,
-    "the ending side's fields on the entry's last line, the name's first 112 bytes before it, 7 lines");
+    "the ending side's fields on the entry's last line, the name's first 108 bytes before it, 7 lines");
 
 /* An entry's slot count, exact with the table's lock(s) held (users.h's
  * top). */

@@ -284,6 +284,146 @@ static void test_rounds_per_lane(void **state) {
     tpt_finish(p);
 }
 
+/* ------------------------------------------------------------ staged tasks */
+
+/* A task whose only option is its user, no id asked: a fair pool may stage
+ * it (engine.c, "A fair pool's staged tasks") while its user is in the
+ * round; no on_done. */
+static void submit_plain(tp_pool *p, tpt_otask *t, tpt_ord *o, int tag) {
+    t->o = o;
+    t->tag = tag;
+    t->no_done = 1;
+    tp_task_opts opt = {0};
+    opt.user = user_of(tag);
+    assert_int_equal(tp_submit(p, tpt_otask_fn, t, &opt, NULL), TP_OK);
+}
+
+/* Bob's tasks B(1..n), each with an on_done (never staged): a lane deep
+ * enough that the worker leaves staged tasks in the ring while it starts
+ * (stage.h, TP__STAGE_LOW). */
+#define DEEP 40
+static void bob_deep(tp_pool *p, tpt_otask *t, tpt_ord *o) {
+    for (int i = 0; i < DEEP; i++) tpt_osubmit(p, &t[i], o, B(i + 1), 0, "bob");
+}
+
+/* The order of a user's tasks and its place in the round do not depend on
+ * whether they were staged: alice (weight 3) has a1 and a2 admitted and a3,
+ * a4 most likely staged; when a2 starts, her turn goes on with a3. */
+static void test_staged_turn_goes_on(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *g = tpt_fx_latch(f);
+    tpt_ord *o = tpt_fx_new(f, tpt_ord);
+    tpt_otask *t = tpt_fx_array(f, tpt_otask, DEEP + 8);
+    tp_pool *p = fair_one_worker(f, (tp_config){0}, o, &t[DEEP + 7], g);
+    assert_int_equal(tp_user_weight_set(p, "alice", 3), TP_OK);
+    bob_deep(p, t, o);                                                       /* round (bob) */
+    for (int i = 1; i <= 4; i++) submit_plain(p, &t[DEEP + i - 1], o, A(i)); /* (bob, alice) */
+    run_all(p, o, g, DEEP + 5);
+    int want[DEEP + 5] = {0, B(1), A(1), A(2), A(3), B(2), A(4)};
+    for (int i = 7; i < DEEP + 5; i++) want[i] = B(i - 4);
+    tpt_assert_order(o, 0, want, DEEP + 5, "a user's turn with staged tasks");
+    tpt_finish(p);
+}
+
+/* Alice's admitted tasks are cancelled, or expire while the worker is
+ * stopped, while a later task of hers may be staged: she keeps her place in
+ * the round (after bob, before carol), as if that task had been admitted at
+ * its submit. */
+static void test_staged_keeps_place_on_cancel_or_expiry(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    for (int expire = 0; expire < 2; expire++) {
+        tpt_latch *g = tpt_fx_latch(f);
+        tpt_ord *o = tpt_fx_new(f, tpt_ord);
+        tpt_otask *t = tpt_fx_array(f, tpt_otask, DEEP + 8);
+        tp_pool *p = fair_one_worker(f, (tp_config){0}, o, &t[DEEP + 7], g);
+        bob_deep(p, t, o);
+        uint64_t id[2] = {0, 0};
+        for (int i = 0; i < 2; i++) { /* a1, a2: admitted (an id asked) */
+            tpt_otask *a = &t[DEEP + i];
+            a->o = o;
+            a->tag = A(i + 1);
+            tp_task_opts oa = {0};
+            oa.user = "alice";
+            oa.on_done = tpt_otask_done;
+            if (expire) oa.deadline_ns = tp_now_ns() + TPT_MS(20);
+            assert_int_equal(tp_submit(p, tpt_otask_fn, a, &oa, &id[i]), TP_OK);
+        }
+        tpt_osubmit(p, &t[DEEP + 3], o, C(1), 0, "carol"); /* (bob, alice, carol) */
+        submit_plain(p, &t[DEEP + 2], o, A(3));
+        if (!expire) {
+            assert_int_equal(tp_cancel(p, id[0]), TP_OK);
+            assert_int_equal(tp_cancel(p, id[1]), TP_OK);
+        }
+        /* (with the worker stopped, only the service thread's scan ends them) */
+        TPT_EVENTUALLY(atomic_load(&t[DEEP].done) == 1 && atomic_load(&t[DEEP + 1].done) == 1);
+        assert_int_equal(atomic_load(&t[DEEP + 1].status), expire ? TP_ETIMEDOUT : TP_ECANCELED);
+        run_all(p, o, g, DEEP + 3);
+        int want[DEEP + 3] = {0, B(1), A(3), C(1)};
+        for (int i = 4; i < DEEP + 3; i++) want[i] = B(i - 2);
+        tpt_assert_order(o, 0, want, DEEP + 3, expire ? "alice's admitted tasks expired" : "cancelled");
+        tpt_finish(p);
+    }
+}
+
+/* A user that left the round (its last task started, or expired) stages no
+ * more: its next task joins the round at the back when it is submitted,
+ * behind a user that joined before it, not when a worker gets to it. */
+static void test_staged_after_leaving(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    for (int expire = 0; expire < 2; expire++) {
+        tpt_latch *g = tpt_fx_latch(f), *s1 = tpt_fx_latch(f);
+        tpt_ord *o = tpt_fx_new(f, tpt_ord);
+        tpt_otask *t = tpt_fx_array(f, tpt_otask, DEEP + 8);
+        tp_pool *p = fair_one_worker(f, (tp_config){0}, o, &t[DEEP + 7], g);
+        for (int i = 0; i < 2; i++) { /* a1, a2 (alice may stage from a2 on) */
+            tpt_otask *a = &t[DEEP + i];
+            a->o = o;
+            a->tag = A(i + 1);
+            tp_task_opts oa = {0};
+            oa.user = "alice";
+            oa.on_done = tpt_otask_done;
+            if (expire) oa.deadline_ns = tp_now_ns() + TPT_MS(20);
+            assert_int_equal(tp_submit(p, tpt_otask_fn, a, &oa, NULL), TP_OK);
+        }
+        bob_deep(p, t, o); /* (alice, bob) */
+        int from = 1;
+        if (expire) {
+            TPT_EVENTUALLY(atomic_load(&t[DEEP].done) == 1 && atomic_load(&t[DEEP + 1].done) == 1);
+        } else {
+            /* a1, b1, a2 (alice leaves), then the worker stops on b2 */
+            atomic_store(&o->at[4], s1);
+            tpt_latch_open(g);
+            TPT_EVENTUALLY(atomic_load(&s1->waiting) == 1);
+            from = 5;
+        }
+        tpt_osubmit(p, &t[DEEP + 2], o, C(1), 0, "carol"); /* (bob, carol) */
+        submit_plain(p, &t[DEEP + 3], o, A(3));            /* (bob, carol, alice) */
+        tpt_latch_open(expire ? g : s1);
+        TPT_EVENTUALLY(atomic_load(&o->n) >= (expire ? DEEP + 3 : DEEP + 5));
+        TPT_EVENTUALLY(tpt_stats(p).completed == tpt_stats(p).accepted);
+        /* from the stop on: bob's next, carol, alice, then bob's */
+        int want[DEEP + 5], n = 0;
+        int b = expire ? 1 : 3;
+        want[n++] = B(b++);
+        want[n++] = C(1);
+        want[n++] = A(3);
+        while (b <= DEEP) want[n++] = B(b++);
+        if (!expire) {
+            static const int head[] = {0, A(1), B(1), A(2)};
+            tpt_assert_order(o, 0, head, 4, "before the stop");
+            want[0] = B(2); /* the stop itself */
+            want[1] = B(3);
+            want[2] = C(1);
+            want[3] = A(3);
+            n = 4;
+            for (int i = 4; i <= DEEP; i++) want[n++] = B(i);
+            from = 4;
+        }
+        tpt_assert_order(o, from, want, n, expire ? "after alice's tasks expired" : "after alice left");
+        tpt_finish(p);
+    }
+}
+
 /* ------------------------------------------------------------ random scenarios */
 
 static void random_fair(void **state, unsigned limit, int lanes, int nusers) {
@@ -292,12 +432,27 @@ static void random_fair(void **state, unsigned limit, int lanes, int nusers) {
     for (int i = 0; i <= TPT_PHASES; i++) l[i] = tpt_fx_latch(f);
     int seeds = tpt_sched_seeds(TPT_SANITIZED ? 6 : 15);
     for (int s = 1; s <= seeds; s++) {
-        tpt_rand_cfg rc = {1, limit, nusers, lanes};
+        tpt_rand_cfg rc = {1, limit, nusers, lanes, 0};
         tpt_sched_random(f, l, &rc, (uint32_t)s * 2246822519u + (uint32_t)nusers);
     }
 }
 
+static void random_fair_staged(void **state, unsigned limit, int lanes, int nusers, int percent) {
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *l[TPT_PHASES + 1];
+    for (int i = 0; i <= TPT_PHASES; i++) l[i] = tpt_fx_latch(f);
+    int seeds = tpt_sched_seeds(TPT_SANITIZED ? 8 : 30);
+    for (int s = 1; s <= seeds; s++) {
+        tpt_rand_cfg rc = {1, limit, nusers, lanes, percent};
+        tpt_sched_random(f, l, &rc, (uint32_t)s * 3266489917u + (uint32_t)nusers);
+    }
+}
+
 static void test_random_one_lane_three_users(void **state) { random_fair(state, 0, 1, 3); }
+/* lanes 2, 1 and 0 (mostly 0, where tasks are staged) */
+static void test_random_staged_few_users(void **state) { random_fair_staged(state, 0, 3, 2, 100); }
+static void test_random_staged_many_users(void **state) { random_fair_staged(state, 0, 3, 8, 90); }
+static void test_random_staged_all_lanes(void **state) { random_fair_staged(state, 2, 5, 4, 75); }
 static void test_random_one_lane_many_users(void **state) { random_fair(state, 0, 1, 12); }
 static void test_random_lanes_limit_1(void **state) { random_fair(state, 1, 5, 4); }
 static void test_random_lanes_limit_2(void **state) { random_fair(state, 2, 3, 5); }
@@ -522,6 +677,12 @@ int main(void) {
         TPT_TEST(test_retry_back_of_user_list),
         TPT_TEST(test_cancel_or_expiry_leaves_round),
         TPT_TEST(test_rounds_per_lane),
+        TPT_TEST(test_staged_turn_goes_on),
+        TPT_TEST(test_staged_keeps_place_on_cancel_or_expiry),
+        TPT_TEST(test_staged_after_leaving),
+        TPT_TEST(test_random_staged_few_users),
+        TPT_TEST(test_random_staged_many_users),
+        TPT_TEST(test_random_staged_all_lanes),
         TPT_TEST(test_random_one_lane_three_users),
         TPT_TEST(test_random_one_lane_many_users),
         TPT_TEST(test_random_lanes_limit_1),

@@ -401,7 +401,7 @@ static void random_scenarios(void **state, unsigned limit, int lanes) {
     for (int i = 0; i <= TPT_PHASES; i++) l[i] = tpt_fx_latch(f);
     int seeds = tpt_sched_seeds(TPT_SANITIZED ? 6 : 15);
     for (int s = 1; s <= seeds; s++) {
-        tpt_rand_cfg rc = {0, limit, s % 3 ? 3 : 0, lanes};
+        tpt_rand_cfg rc = {0, limit, s % 3 ? 3 : 0, lanes, 0};
         tpt_sched_random(f, l, &rc, (uint32_t)s * 2654435761u + limit);
     }
 }

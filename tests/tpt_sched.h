@@ -49,6 +49,7 @@ typedef struct tpt_otask {
     int tag;
     int fail;          /* attempts < fail return 1 */
     tpt_latch *gate;   /* every attempt waits on it (NULL: no) */
+    int no_done;       /* submitted without an on_done */
     atomic_int runs;   /* attempts started */
     atomic_int done;   /* on_done calls */
     atomic_int status; /* on_done's status */
@@ -297,6 +298,13 @@ typedef struct tpt_rand_cfg {
     unsigned limit; /* tp_config.prio_starve_limit (0: the default, 16) */
     int nusers;     /* 0: no user at all */
     int lanes;      /* priorities used: the top `lanes` of 2, 1, 0, -1, -2 (0: all five) */
+    /* Non-zero: phases of up to 96 tasks, and this percentage of the tasks
+     * of priority 0 with a user are submitted with that user as their only
+     * option and no id, as a pool may stage them (stage.h; in a fair pool
+     * only while their user is in the round, engine.c); they have no
+     * on_done and cannot be cancelled. The lane then holds enough tasks
+     * that the worker leaves staged ones in the ring while it starts. */
+    int staged;
 } tpt_rand_cfg;
 
 static inline void tpt_sched_random(tpt_fixture *f, tpt_latch *const *latch, const tpt_rand_cfg *rc,
@@ -332,20 +340,37 @@ static inline void tpt_sched_random(tpt_fixture *f, tpt_latch *const *latch, con
     int phases = 2 + (int)(tpt_xorshift(&r) % (TPT_PHASES - 1));
     for (int j = 1; j <= phases; j++) {
         /* submissions while the worker is stopped */
-        int k = 1 + (int)(tpt_xorshift(&r) % 24);
+        int k = 1 + (int)(tpt_xorshift(&r) % (rc->staged ? 96u : 24u));
         if (ntasks + k > TPM_MAX - 8) k = 0;
         int batch_from = (tpt_xorshift(&r) % 3 == 0) ? (int)(tpt_xorshift(&r) % (unsigned)(k + 1)) : k;
-        tp_task batch[24];
-        tp_task_opts bopt[24];
+        /* with staged tasks: the phase's first tasks are all admitted (a
+         * locked submit admits what is staged before it), so that staged
+         * ones may wait behind a deep lane */
+        int stage_from = rc->staged ? k / 2 + (int)(tpt_xorshift(&r) % (unsigned)(k / 2 + 1)) : k;
+        tp_task batch[96];
+        tp_task_opts bopt[96];
         int nb = 0;
         for (int i = 0; i < k; i++) {
             int tag = ntasks++;
             int prio = TP_PRIO_MAX - (int)(tpt_xorshift(&r) % (unsigned)lanes);
+            if (rc->staged && lanes >= 3 && tpt_xorshift(&r) % 4 != 0) prio = 0; /* staged tasks' lane */
             int user = rc->nusers ? (int)(tpt_xorshift(&r) % (unsigned)(rc->nusers + 1)) : TPM_ANON;
+            /* with staged tasks, user 0 has half of them: its tasks keep the
+             * lane deep while the others' run out (engine.c, fair_leave) */
+            if (rc->staged && rc->nusers && (tpt_xorshift(&r) & 1)) user = 0;
             if (user == rc->nusers) user = TPM_ANON;
             const char *uname = user == TPM_ANON ? ((tpt_xorshift(&r) & 1) ? "" : NULL) : names[user];
             tpm_push(m, tag, prio, user);
-            if (i < batch_from) {
+            if (i < batch_from && i >= stage_from && prio == 0 && user != TPM_ANON &&
+                tpt_xorshift(&r) % 100 < (unsigned)rc->staged) {
+                t[tag].o = o;
+                t[tag].tag = tag;
+                t[tag].no_done = 1;
+                tp_task_opts so = {0};
+                so.user = uname;
+                assert_int_equal(tp_submit(p, tpt_otask_fn, &t[tag], &so, NULL), TP_OK);
+                ids[tag] = 0; /* no id asked: not cancelled below */
+            } else if (i < batch_from) {
                 ids[tag] = tpt_osubmit(p, &t[tag], o, tag, prio, uname);
             } else {
                 t[tag].o = o;
@@ -359,7 +384,7 @@ static inline void tpt_sched_random(tpt_fixture *f, tpt_latch *const *latch, con
             }
         }
         if (nb) {
-            uint64_t bids[24];
+            uint64_t bids[96];
             size_t acc = 0;
             assert_int_equal(tp_submit_batch(p, batch, (size_t)nb, bids, &acc), TP_OK);
             assert_int_equal(acc, nb);
@@ -369,6 +394,7 @@ static inline void tpt_sched_random(tpt_fixture *f, tpt_latch *const *latch, con
         int nc = (tpt_xorshift(&r) % 2) ? (int)(tpt_xorshift(&r) % 4) : 0;
         for (int i = 0; i < nc && m->nw > 0; i++) {
             tpm_entry v = m->w[tpt_xorshift(&r) % (unsigned)m->nw];
+            if (!ids[v.tag % TPT_RETRY_TAG]) continue; /* submitted without an id */
             assert_int_equal(tp_cancel(p, ids[v.tag % TPT_RETRY_TAG]), TP_OK);
             tpm_remove(m, v.tag);
             cancels++;
@@ -440,7 +466,7 @@ static inline void tpt_sched_random(tpt_fixture *f, tpt_latch *const *latch, con
     tpt_assert_counts(s, TPT_EQ(accepted, ntasks), TPT_EQ(completed, ntasks), TPT_EQ(cancelled, cancels),
                       TPT_EQ(retried, restarts), TPT_EQ(failed, cancels));
     assert_int_equal(s.started + s.retried, (uint64_t)nwant);
-    for (int i = 0; i < ntasks; i++) assert_int_equal(atomic_load(&t[i].done), 1);
+    for (int i = 0; i < ntasks; i++) assert_int_equal(atomic_load(&t[i].done), t[i].no_done ? 0 : 1);
     for (int i = 0; i <= TPT_PHASES; i++) tpt_latch_rearm(latch[i]);
 }
 
