@@ -463,9 +463,7 @@ typedef struct tp_task_opts {
  *   on_done, no tp_log_id_set) -- to a TP_SCHED_FIFO pool with fixed workers
  *   (max_workers = workers) does not take the pool lock; nor does one of
  *   the third kind (a user) to a TP_SCHED_FAIR pool with fixed workers
- *   while its user is in the default lane's round, from its second task
- *   waiting there on (a task that joins the round, or whose user has left
- *   it since, takes the lock). Such a submit takes its
+ *   (the others take it there). Such a submit takes its
  *   place (and its completion queue's), hands the task to the next worker
  *   or locked call through a bounded ring under the ring's own put-side
  *   lock (the two-lock queue: submitters hold it for a few dozen
@@ -474,8 +472,9 @@ typedef struct tp_task_opts {
  *   thread's start order are the locked path's (a later locked submit of any
  *   thread first admits what was handed over before it, waiting on the
  *   ring's lock for a submit that is handing over; in a fair pool the start
- *   order is the one its admission at the submit would give: its user
- *   keeps its place in the round). Such a task is admitted
+ *   order is the one its admission at the submit would give: a worker
+ *   admits what was handed over before a start that it could change).
+ *   Such a task is admitted
  *   later, so should its record then fail to be allocated (only past the
  *   preallocated records, see Memory) it ends unrun, counted as failed,
  *   instead of being refused with TP_ENOMEM: its on_done, if it has one,

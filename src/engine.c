@@ -806,6 +806,7 @@ static void stage_absorb_locked(tp_pool *p, unsigned max, bool worker) {
         a.on_done = s->on_done;
         a.cq = s->cq;
         a.now = atomic_load_explicit(&s->now, memory_order_relaxed);
+        a.join = s->join;
         /* Popped once admitted: a reader of the statistics that no longer
          * counts it in the ring counts it among the waiting tasks (stats.c
          * reads the ring first) or sees it started. */
@@ -837,29 +838,42 @@ static void admit_staged_locked(void *arg) {
     stage_absorb_locked(p, 1, false);
 }
 
-/* A fair pool's staged tasks. A fair pool stages only tasks with a user
- * whose flag says it may (users.h, stage_ok; pool.c sends every other submit
- * to the locked path): the user is in the default lane's round, with a task
- * there, and stays in it until its staged tasks are admitted. Admitting such
- * a task appends it to its user's flow and moves no user in the round, so
- * when it is admitted does not change which task starts next -- as for a
- * FIFO pool's (stage.h), and the worker leaves the ring alone while the lane
- * is deep. The flag is set under mu by a locked admission that finds the
- * user's flow not empty (life.c, admit), and read by a staged submit under
- * put, which then records its ticket in the user's entry (stage_last). A
+/* A fair pool's staged tasks. A fair pool stages only tasks with a user (as
+ * a users pool's: the user has an entry, below its limit; pool.c sends every
+ * other submit to the locked path), and the staged task must start where
+ * its admission at the submit would have put it. Where a user stands in the
+ * default lane's round decides which task starts next, so a staged task is
+ * one of two kinds:
+ *   - Its user is in the round and stays there until the task is admitted
+ *     (the user's flag, users.h stage_ok, read by the submitter under put).
+ *     Admitting it appends it to its user's flow and moves no user, so when
+ *     it is admitted changes no start -- as for a FIFO pool's (stage.h), and
+ *     the worker leaves it in the ring while the lane is deep. The submitter
+ *     records its ticket in the user's entry (stage_last, on the line its
+ *     lookup reads anyway).
+ *   - Else it joins the round (tp__admit_args, `join`): the submitter stores
+ *     its ticket in the ring's join_last, and a worker admits the ring before
+ *     its next start (stage_joins_locked, from life.c's take). Every other
+ *     change to the round also admits the ring first: a locked admission
+ *     (stage_absorb_all_locked), a retry back from its delay (the service
+ *     thread admits the ring before its timers); a removal only takes a user
+ *     out, wherever the others stand.
+ * The flag is set under mu by an admission (a locked one, or a staged one
+ * that joined) that finds the user's flow not empty (life.c, admit): a user
+ * with one task at a time never has it, and costs nothing at its start. A
  * user leaves the round only when its last task there starts or leaves
- * unstarted; life.c calls stage_keep_locked first (fair_leave), which under
- * put either finds the user's newest staged ticket not yet admitted (then
- * the ring is admitted, and the task is no longer the user's last), or
- * clears the flag: a submit that holds put later takes the locked path, one
- * that held it before is in the ring below the tail read there. An expiry
- * scan, which removes many tasks at once, admits the ring before it, and
- * calls this for every flagged user that it took out of the round. So the
- * flag is set only while its user is in the round when mu is let go, and
- * staged tasks start in the order their admissions at submit would have
- * given. The worker reads the flag (the user's name line) only for a
- * user's last task in the round; a staged submit writes stage_last on that
- * line, which its lookup reads anyway. */
+ * unstarted; for a flagged user life.c calls stage_keep_locked first
+ * (fair_leave), which under put either finds the user's newest staged ticket
+ * not yet admitted (then the ring is admitted, and the task is no longer
+ * the user's last), or clears the flag: a submit that holds put later joins,
+ * one that held it before is in the ring below the tail read there. An
+ * expiry scan, which removes many tasks at once, admits the ring before it,
+ * and calls this for every flagged user that it took out of the round. So
+ * the flag is set only while its user is in the round when mu is let go,
+ * and staged tasks start in the order their admissions at submit would have
+ * given. The worker reads the flag (the user's name line) only for a user's
+ * last task in the round, and join_last (a line of its own) at every
+ * start. */
 static bool stage_keep_locked(void *arg, tp__user *u) {
     tp_pool *p = (tp_pool *)arg;
     tp__stage *st = &p->stage;
@@ -888,6 +902,23 @@ static bool stage_keep_locked(void *arg, tp__user *u) {
 
 /* life.h, stage_all: every staged entry claimed so far, mu held. */
 static void stage_all_locked(void *arg) { stage_absorb_all_locked((tp_pool *)arg); }
+
+/* life.h, stage_joins, mu held, before a start: if an entry that joins the
+ * round may wait in the ring (its ticket at or above `head`), every entry
+ * claimed so far is admitted. `join_last` is on a line of its own, written
+ * only by such submits: a pool whose users stay in the round reads it here
+ * without a miss. The tail bounds the look (a ticket 2^63 old, or 2^31 with
+ * a 32-bit size_t, does not read as waiting). */
+static void stage_joins_locked(void *arg) {
+    tp_pool *p = (tp_pool *)arg;
+    tp__stage *st = &p->stage;
+    size_t last = atomic_load_explicit(&st->join_last, memory_order_acquire);
+    if (tp__stage_passed(st, last)) return;
+    size_t head = atomic_load_explicit(&st->head, memory_order_relaxed);
+    size_t tail = atomic_load_explicit(&st->tail, memory_order_acquire);
+    if (last - head > tail - head) return;
+    stage_absorb_all_locked(p);
+}
 
 /* Entries claimed and not yet consumed (published or not): a worker does
  * not park while there are some (see parking, and stage.h). */
@@ -951,7 +982,7 @@ int tp__engine_submit_staged(tp_pool *p, tp_fn fn, void *arg, tp_done_fn on_done
      * read-modify-write. */
     atomic_store_explicit(&st->staged, atomic_load_explicit(&st->staged, memory_order_relaxed) + 1,
                           memory_order_release);
-    tp__stage_publish(s, ticket, fn, arg, on_done, cq, NULL, now);
+    tp__stage_publish(s, ticket, fn, arg, on_done, cq, NULL, false, now);
     /* The next ticket's slot, which a worker gave back last (its cache
      * holds it): fetched for writing now, it arrives while this submitter
      * goes on, not while the next one holds put. A hint only. */
@@ -1009,11 +1040,17 @@ int tp__engine_submit_staged_user(tp_pool *p, void *arg, const tp__admit_args *a
     if (hook) hook(p);
 #endif
     tp__life_user_take_staged(&p->life, u, a); /* looked at above, under put */
-    u->stage_last = (uint32_t)(ticket + 1);    /* a fair pool's (stage_keep_locked) */
+    /* A fair pool's (see "A fair pool's staged tasks"): a user not known to
+     * be in the round joins it when this task is admitted, which a worker
+     * does before its next start (join_last); one in it stays there while
+     * this task waits here (stage_last). */
+    bool join = p->life.stage_keep && !atomic_load_explicit(&u->stage_ok, memory_order_relaxed);
+    u->stage_last = (uint32_t)(ticket + 1);
+    if (join) atomic_store_explicit(&st->join_last, ticket + 1, memory_order_release);
     /* accepted, and counted before published (as tp__engine_submit_staged's) */
     atomic_store_explicit(&st->staged, atomic_load_explicit(&st->staged, memory_order_relaxed) + 1,
                           memory_order_release);
-    tp__stage_publish(s, ticket, a->fn, arg, a->on_done, a->cq, u, a->now);
+    tp__stage_publish(s, ticket, a->fn, arg, a->on_done, a->cq, u, join, a->now);
     __builtin_prefetch(&st->slots[(ticket + 1) & st->mask], 1, 3);
     rc = TP_OK;
 out:;
@@ -1110,7 +1147,7 @@ int tp__engine_submit_staged_batch(tp_pool *p, const tp_task *tasks, size_t vali
             tp_cq *cq;
             batch_done_of(tasks, a, nchecked, i, &on_done, &cq);
             tp__stage_publish(&st->slots[(pos + i) & st->mask], pos + i, tasks[i].fn, tasks[i].arg, on_done,
-                              cq, NULL, now);
+                              cq, NULL, false, now);
         }
         bool sleepers = atomic_load_explicit(&st->sleepers, memory_order_relaxed) != 0;
         tp__mutex_unlock(&st->put);
@@ -1443,8 +1480,9 @@ int tp__engine_start(tp_pool *p) {
         p->life.admit_staged = admit_staged_locked; /* before the default lane seems empty (life.h) */
         p->life.admit_staged_arg = p;
         if (p->cfg.sched == TP_SCHED_FAIR) {
-            p->life.stage_keep = stage_keep_locked; /* before a flagged user leaves the round */
-            p->life.stage_all = stage_all_locked;   /* before an expiry scan */
+            p->life.stage_keep = stage_keep_locked;   /* before a flagged user leaves the round */
+            p->life.stage_all = stage_all_locked;     /* before an expiry scan */
+            p->life.stage_joins = stage_joins_locked; /* before a start */
         }
         p->life.users.split = true; /* and given back under mu and put (users.h) */
         p->stage_args.log_src = NULL;

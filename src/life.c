@@ -85,6 +85,7 @@ int tp__life_init(tp__life *L, const tp__life_cfg *cfg, tp__st_calls *calls, tp_
     L->admit_staged = NULL; /* likewise */
     L->stage_keep = NULL;
     L->stage_all = NULL;
+    L->stage_joins = NULL;
     L->admit_staged_arg = NULL;
     if (tp__sched_init(&L->sched, cfg->waiting_max, fair, starve_limit, low_max) != 0 ||
         tp__tasks_init(&L->tasks, prealloc, cfg->waiting_max, fair ? 3 : 2) != 0 ||
@@ -204,15 +205,15 @@ static void work_for(const tp__life *L, const tp__task *t, tp__fx *fx) {
 static void before_unwait(tp__life *L, const tp__task *t);
 
 /* A fair pool that stages: `t` waits in the scheduler and is about to leave
- * it (started, or not). A staged task joins its user's flow in the default
- * lane without moving the user in the round, as an admission at its submit
- * would have (its user is in the round: stage_ok, users.h). So while tasks
- * of t's user are staged, t must not leave as its user's last task there:
- * that would end the user's turn and place it, and them, at the back of
- * the round. Then they are admitted first (stage_keep, life.h) and this
- * returns true (the caller looks at the scheduler again); else the user
- * stages no more until a locked admission says it may (stage_ok cleared),
- * and this returns false. t->next is t's follower in its flow. */
+ * it (started, or not). A staged task of a user in the round (stage_ok,
+ * users.h) joins its user's flow in the default lane without moving the
+ * user, as an admission at its submit would have. So while such tasks of
+ * t's user are staged, t must not leave as its user's last task there: that
+ * would end the user's turn and place it, and them, at the back of the
+ * round. Then they are admitted first (stage_keep, life.h) and this returns
+ * true (the caller looks at the scheduler again); else the user's next
+ * staged tasks join the round (stage_ok cleared), and this returns false.
+ * t->next is t's follower in its flow. */
 static bool fair_leave(tp__life *L, const tp__task *t) {
     if (!L->stage_keep || t->prio != 0 || !t->user || t->next) return false;
     if (!atomic_load_explicit(&t->user->stage_ok, memory_order_relaxed)) return false;
@@ -398,7 +399,6 @@ static void user_release(tp__life *L, tp__user *u) {
 static tp__user *user_below(tp__life *L, const tp__admit_args *a) {
     TP__ASSERT_HELD(L->users_put);
     tp__user *u = tp__users_find(&L->users, a->user, a->user_len, a->user_hash);
-    if (u && L->sched.fair && !atomic_load_explicit(&u->stage_ok, memory_order_relaxed)) return NULL;
     return u && tp__user_below(u, L->cfg.max_per_user, 1) ? u : NULL;
 }
 
@@ -618,6 +618,7 @@ int tp__life_args(const tp__life *L, tp_fn fn, const tp_task_opts *opts, tp__adm
     a->user_len = 0;
     a->user_hash = 0;
     a->prio = 0;
+    a->join = false;
     a->log_src = NULL;
     a->log_len = 0;
     a->now = 0;
@@ -758,10 +759,14 @@ static int admit(tp__life *L, const tp__admit_args *a, void *arg, uint64_t *id_o
     if (!staged) TP__INC(L->calls->accepted);
     tp__sched_push(&L->sched, t);
     /* A fair pool that stages: a user whose task joins others of its own in
-     * the default lane is in that lane's round, and may stage its next
-     * ones (users.h, stage_ok; engine.c). Not for a user's only task there:
-     * it leaves the round at that task's start, which would then take put. */
-    if (u && L->stage_keep && !staged && t->prio == 0 && tp__flow_lane(&u->flow, tp__lane_of(0))->head != t &&
+     * the default lane is in that lane's round, and its next tasks may wait
+     * staged behind them (users.h, stage_ok; engine.c). Not for a user's
+     * only task there: it leaves the round at that task's start, which
+     * would then take put. Looked at for a locked admission and a staged
+     * one that joined (a staged task of a user with the flag set leaves it
+     * set: its entry's line is not read). */
+    if (u && L->stage_keep && (!staged || a->join) && t->prio == 0 &&
+        tp__flow_lane(&u->flow, tp__lane_of(0))->head != t &&
         !atomic_load_explicit(&u->stage_ok, memory_order_relaxed))
         atomic_store_explicit(&u->stage_ok, true, memory_order_relaxed);
     if (room_live(L)) L->sched.pub.basis++; /* its place is taken already */
@@ -776,7 +781,7 @@ int tp__life_admit(tp__life *L, const tp__admit_args *a, void *arg, uint64_t *id
 }
 
 int tp__life_admit_staged(tp__life *L, const tp__admit_args *a, void *arg, tp__user *u, tp__fx *fx) {
-    TP__ASSERT(!a->user && !a->group && (a->cq != NULL) == (a->on_done != NULL));
+    TP__ASSERT(!a->user && !a->group && (a->cq != NULL) == (a->on_done != NULL) && (!a->join || u));
     return admit(L, a, arg, NULL, fx, true, u);
 }
 
@@ -826,6 +831,8 @@ void tp__life_force(tp__life *L, tp__fx *fx) {
 /* ------------------------------------------------------------ running */
 
 tp__task *tp__life_take(tp__life *L, struct tp_ctx *c, tp__fx *fx) {
+    /* a staged task that joins the round takes its place before any start */
+    if (L->stage_joins) L->stage_joins(L->admit_staged_arg);
     for (;;) {
         tp__task *t = tp__sched_peek(&L->sched);
         if (!t) return NULL;

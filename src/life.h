@@ -65,13 +65,17 @@ typedef struct tp__admit_args {
     size_t user_len;
     uint32_t user_hash;
     int prio;
+    /* A staged task of a fair pool whose user was not known to be in the
+     * default lane's round at its submit (engine.c, "A fair pool's staged
+     * tasks"): it joins the round at its admission. */
+    bool join;
     const char *log_src; /* NULL: generate */
     size_t log_len;
     uint64_t now; /* clock.h stamp just before admission, where the queue wait starts; 0: take it now */
 } tp__admit_args;
 /* tp__life_args sets every field one by one (life.c): a new field must be
  * set there too, which this size check recalls on LP64 targets. */
-_Static_assert(sizeof(void *) != 8 || sizeof(tp__admit_args) == 96, "a new field: set it in tp__life_args");
+_Static_assert(sizeof(void *) != 8 || sizeof(tp__admit_args) == 104, "a new field: set it in tp__life_args");
 
 /* The user slots a pool keeps before giving them back under put (tp__life,
  * `rel`). */
@@ -187,11 +191,16 @@ typedef struct tp__life {
      * lane's round, or has just left it in an expiry scan. If tasks of u
      * are staged, the ring is admitted (every entry claimed so far, oldest
      * first) and it returns true: u's next task there is one of them. Else
-     * u->stage_ok is cleared under put, so no task of u is staged until a
-     * locked admission sets it again, and it returns false.
-     * stage_all: admit every entry claimed so far (before an expiry scan). */
+     * u->stage_ok is cleared under put, so a task of u staged from then on
+     * joins the round (`join`) until an admission sets it again, and it
+     * returns false.
+     * stage_all: admit every entry claimed so far (before an expiry scan).
+     * stage_joins: before a start, admit every entry claimed so far if one
+     * of them joins the round (tp__admit_args, `join`): where it stands in
+     * the round decides which task starts. */
     bool (*stage_keep)(void *arg, struct tp__user *u);
     void (*stage_all)(void *arg);
+    void (*stage_joins)(void *arg);
     _Alignas(64) unsigned rel_n;
     struct tp__user *rel[TP__REL_MAX];
     tp__task *delayed_head, *delayed_tail; /* retries waiting for their delay */

@@ -35,8 +35,8 @@
  * A plain submit on a FIFO pool with fixed workers (no options but an
  * on_done bound to a completion queue, no id asked) takes no lock: pool.c -> engine.c stages it (stage.h), and the next
  * holder of mu admits it through life.c before anything else. So does one
- * with a user in a fair pool with fixed workers, while that user may stage
- * (engine.c, "A fair pool's staged tasks").
+ * with a user in a fair pool with fixed workers (engine.c, "A fair pool's
+ * staged tasks").
  *
  * A task's way, submit to on_done, on the worker side: engine.c (the worker
  * loop) -> life.c (take, attempt ended, retire) -> scheduler.c (peek, start).
@@ -209,8 +209,9 @@ static inline void tp__unlock(tp_pool *p) { tp__mutex_unlock(&p->mu); }
  * futex calls; 0.66-0.78x the time and CPU per task with the spin,
  * docs/performance.md, "1.2 on a sixth machine"). Every other taking sleeps
  * at once (engine.c, make_sync); so does a worker of a FIFO pool that
- * stages, whose submitters seldom take mu (a fair pool's take it for every
- * task whose user is not in the round, and to let a user stage again). A
+ * stages, whose submitters seldom take mu (a fair pool's take it for a
+ * task of a user new to the table, and its workers admit the ring before
+ * any start where a staged task joins the round). A
  * fair pool's worker spins the same way for the ring's put lock, which its
  * submitters hold for a few stores (engine.c, stage_keep_locked). */
 #define TP__LOCK_TRIES 64u

@@ -4,8 +4,8 @@
  * A plain tp_submit (no options but an on_done bound to a completion
  * queue, no id asked, not a group's) on a FIFO pool with a fixed number of
  * workers does not take the pool lock (in a fair pool, only such a submit
- * with a user, and only while that user may: engine.c, "A fair pool's
- * staged tasks"); nor does such a tp_submit_wait that
+ * with a user: engine.c, "A fair pool's staged tasks"); nor does such a
+ * tp_submit_wait that
  * finds a place free at once (with none, it waits on the locked path and
  * counts no refusal), nor a tp_submit_batch whose tasks are all such (its
  * places taken at once, its entries claimed and published under one hold
@@ -125,6 +125,7 @@ typedef struct tp__stage_slot {
     tp_cq *cq;             /* its place taken by the submitter */
     _Atomic uint64_t now;  /* the queue-wait stamp (clock.h); atomic for the statistics' oldest */
     struct tp__user *user; /* a slot of it taken by the submitter, or NULL (life.h, users_put) */
+    bool join;             /* a fair pool's task that joins the round (life.h, tp__admit_args) */
 } tp__stage_slot;
 _Static_assert(sizeof(tp__stage_slot) == 64, "a slot is a cache line");
 
@@ -133,8 +134,7 @@ typedef struct tp__stage {
     _Alignas(64) tp__stage_slot *slots; /* NULL: the pool does not stage */
     size_t mask;
     /* Tasks without a user may be staged: not in a fair pool, where only a
-     * user's may, and only while it may (engine.c, "A fair pool's staged
-     * tasks"). */
+     * user's are (engine.c, "A fair pool's staged tasks"). */
     bool plain;
     _Atomic bool closing;
     /* The producers' line: the put side's lock and what it guards. */
@@ -147,7 +147,12 @@ typedef struct tp__stage {
     _Alignas(64) _Atomic size_t head;
     /* Parked workers (engine.c): written when a worker parks or wakes. */
     _Alignas(64) _Atomic unsigned sleepers;
-    char pad_[64 - sizeof(unsigned)];
+    /* A fair pool's: the ticket + 1 of the newest entry that joins the
+     * round (engine.c, "A fair pool's staged tasks"; written under put,
+     * read by the consumer before every start). On a line of its own: a
+     * pool whose tasks seldom join reads it there without a miss. */
+    _Alignas(64) _Atomic size_t join_last;
+    char pad_[64 - sizeof(size_t)];
 } tp__stage;
 
 /* Slots for a queue of `capacity` (cache-line aligned, so that no slot
@@ -175,6 +180,7 @@ static inline int tp__stage_init(tp__stage *st, unsigned capacity, bool on) {
         st->slots[i].cq = NULL;
         atomic_init(&st->slots[i].now, 0);
         st->slots[i].user = NULL;
+        st->slots[i].join = false;
     }
     st->mask = n - 1;
     atomic_init(&st->closing, false);
@@ -182,6 +188,7 @@ static inline int tp__stage_init(tp__stage *st, unsigned capacity, bool on) {
     atomic_init(&st->staged, 0);
     atomic_init(&st->head, 0);
     atomic_init(&st->sleepers, 0);
+    atomic_init(&st->join_last, 0);
     return TP_OK;
 }
 
@@ -218,7 +225,9 @@ static inline void tp__stage_put_barrier(tp__stage *st) {
 
 /* Publish the claimed slot's entry, put held. */
 static inline void tp__stage_publish(tp__stage_slot *s, size_t ticket, tp_fn fn, void *arg,
-                                     tp_done_fn on_done, tp_cq *cq, struct tp__user *user, uint64_t now) {
+                                     tp_done_fn on_done, tp_cq *cq, struct tp__user *user, bool join,
+                                     uint64_t now) {
+    s->join = join;
     s->fn = fn;
     s->arg = arg;
     s->on_done = on_done;

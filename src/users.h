@@ -63,11 +63,10 @@ typedef struct tp__user {
     unsigned rel_seen; /* `released` as last read: <= it */
     bool zero;         /* split: holds no slot (an idle entry); exact under the table's lock(s) */
     /* A fair pool that stages (engine.c, "A fair pool's staged tasks"):
-     * whether a task of this user may be staged, i.e. the user is in the
-     * default lane's round and stays there until its staged tasks are
-     * admitted. Set under mu (a locked admission that finds the user's
-     * flow there not empty), cleared under mu and put; read by staged
-     * submits under put. */
+     * the user is in the default lane's round and stays there until its
+     * staged tasks are admitted, so a staged task of it need not join. Set
+     * under mu (an admission that finds the user's flow there not empty),
+     * cleared under mu and put; read by staged submits under put. */
     _Atomic bool stage_ok;
     /* The ticket + 1 of this user's newest staged task (written under put;
      * its low 32 bits: the ring is far smaller), read under mu and put. */
