@@ -424,6 +424,67 @@ static void test_staged_after_leaving(void **state) {
     }
 }
 
+/* As test_staged_keeps_place_on_cancel_or_expiry, with alice's admitted
+ * tasks members of a group that is cancelled: a3, most likely staged, keeps
+ * her place in the round (after bob, before carol). */
+static void test_staged_keeps_place_on_group_cancel(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *g = tpt_fx_latch(f);
+    tpt_ord *o = tpt_fx_new(f, tpt_ord);
+    tpt_otask *t = tpt_fx_array(f, tpt_otask, DEEP + 8);
+    tp_pool *p = fair_one_worker(f, (tp_config){0}, o, &t[DEEP + 7], g);
+    tp_group *grp = NULL;
+    assert_int_equal(tp_group_create(p, 0, &grp), TP_OK);
+    bob_deep(p, t, o);
+    for (int i = 0; i < 2; i++) { /* a1, a2: admitted (a group's) */
+        tpt_otask *a = &t[DEEP + i];
+        a->o = o;
+        a->tag = A(i + 1);
+        tp_task_opts oa = {0};
+        oa.user = "alice";
+        oa.on_done = tpt_otask_done;
+        assert_int_equal(tp_group_submit(grp, tpt_otask_fn, a, &oa, NULL), TP_OK);
+    }
+    tpt_osubmit(p, &t[DEEP + 3], o, C(1), 0, "carol"); /* (bob, alice, carol) */
+    submit_plain(p, &t[DEEP + 2], o, A(3));
+    assert_int_equal(tp_group_cancel(grp), TP_OK);
+    TPT_EVENTUALLY(atomic_load(&t[DEEP].done) == 1 && atomic_load(&t[DEEP + 1].done) == 1);
+    assert_int_equal(atomic_load(&t[DEEP].status), TP_ECANCELED);
+    run_all(p, o, g, DEEP + 3);
+    int want[DEEP + 3] = {0, B(1), A(3), C(1)};
+    for (int i = 4; i < DEEP + 3; i++) want[i] = B(i - 2);
+    tpt_assert_order(o, 0, want, DEEP + 3, "alice's group cancelled");
+    assert_int_equal(tp_group_wait(grp, TPT_WAIT_NS), TP_ECANCELED);
+    assert_int_equal(tp_group_destroy(grp), TP_OK);
+    tpt_finish(p);
+}
+
+/* A weight set in the middle of a turn applies from the next one, staged
+ * tasks or not: alice (weight 3) starts a1, her weight becomes 1; her turn
+ * goes on with a2 and a3 (most likely staged), then one task per turn. */
+static void test_staged_weight_mid_turn(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *g = tpt_fx_latch(f), *s1 = tpt_fx_latch(f);
+    tpt_ord *o = tpt_fx_new(f, tpt_ord);
+    tpt_otask *t = tpt_fx_array(f, tpt_otask, DEEP + 8);
+    tp_pool *p = fair_one_worker(f, (tp_config){0}, o, &t[DEEP + 7], g);
+    assert_int_equal(tp_user_weight_set(p, "alice", 3), TP_OK);
+    bob_deep(p, t, o);
+    for (int i = 0; i < 2; i++) tpt_osubmit(p, &t[DEEP + i], o, A(i + 1), 0, "alice"); /* (bob, alice) */
+    for (int i = 2; i < 5; i++) submit_plain(p, &t[DEEP + i], o, A(i + 1));
+    atomic_store(&o->at[2], s1); /* a1 */
+    tpt_latch_open(g);
+    TPT_EVENTUALLY(atomic_load(&s1->waiting) == 1);
+    assert_int_equal(tp_user_weight_set(p, "alice", 1), TP_OK);
+    tpt_latch_open(s1);
+    TPT_EVENTUALLY(atomic_load(&o->n) >= DEEP + 6);
+    TPT_EVENTUALLY(tpt_stats(p).completed == tpt_stats(p).accepted);
+    int want[DEEP + 6] = {0, B(1), A(1), A(2), A(3), B(2), A(4), B(3), A(5)};
+    for (int i = 9; i < DEEP + 6; i++) want[i] = B(i - 5);
+    tpt_assert_order(o, 0, want, DEEP + 6, "alice's weight set mid-turn");
+    tpt_finish(p);
+}
+
 /* ------------------------------------------------------------ random scenarios */
 
 static void random_fair(void **state, unsigned limit, int lanes, int nusers) {
@@ -680,6 +741,8 @@ int main(void) {
         TPT_TEST(test_staged_turn_goes_on),
         TPT_TEST(test_staged_keeps_place_on_cancel_or_expiry),
         TPT_TEST(test_staged_after_leaving),
+        TPT_TEST(test_staged_keeps_place_on_group_cancel),
+        TPT_TEST(test_staged_weight_mid_turn),
         TPT_TEST(test_random_staged_few_users),
         TPT_TEST(test_random_staged_many_users),
         TPT_TEST(test_random_staged_all_lanes),
