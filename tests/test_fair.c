@@ -459,6 +459,55 @@ static void test_staged_keeps_place_on_group_cancel(void **state) {
     tpt_finish(p);
 }
 
+/* The service thread, held in an on_done (tpt_hold_service): no expiry
+ * scan while it waits. */
+static tpt_latch *g_svc_gate;
+static atomic_int g_svc_calls;
+static void svc_hold_done(void *arg, int status) {
+    (void)arg;
+    (void)status;
+    tpt_hold_ending(g_svc_gate, &g_svc_calls);
+}
+
+/* A worker that finds alice's last admitted task expired at the head of the
+ * round (the service thread held: no scan) ends it there; a3, most likely
+ * staged behind it, keeps her turn going (weight 2: a1, then a3), before
+ * carol. */
+static void test_staged_keeps_place_on_expiry_at_take(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    tpt_latch *g = tpt_fx_latch(f);
+    g_svc_gate = tpt_fx_latch(f);
+    atomic_store(&g_svc_calls, 0);
+    tpt_ord *o = tpt_fx_new(f, tpt_ord);
+    tpt_otask *t = tpt_fx_array(f, tpt_otask, DEEP + 8);
+    tp_pool *p = fair_one_worker(f, (tp_config){0}, o, &t[DEEP + 7], g);
+    tpt_hold_service(p, g_svc_gate, svc_hold_done);
+    assert_int_equal(tp_user_weight_set(p, "alice", 2), TP_OK);
+    bob_deep(p, t, o);
+    tpt_osubmit(p, &t[DEEP], o, A(1), 0, "alice"); /* (bob, alice) */
+    tpt_otask *a2 = &t[DEEP + 1];
+    a2->o = o;
+    a2->tag = A(2);
+    tp_task_opts oa = {0};
+    oa.user = "alice";
+    oa.on_done = tpt_otask_done;
+    uint64_t dl = tp_now_ns() + TPT_MS(10);
+    oa.deadline_ns = dl;
+    assert_int_equal(tp_submit(p, tpt_otask_fn, a2, &oa, NULL), TP_OK);
+    tpt_osubmit(p, &t[DEEP + 3], o, C(1), 0, "carol"); /* (bob, alice, carol) */
+    submit_plain(p, &t[DEEP + 2], o, A(3));
+    TPT_EVENTUALLY(tp_now_ns() > dl);
+    run_all(p, o, g, DEEP + 3);
+    assert_int_equal(atomic_load(&a2->done), 1);
+    assert_int_equal(atomic_load(&a2->status), TP_ETIMEDOUT);
+    int want[DEEP + 3] = {0, B(1), A(1), A(3), C(1)};
+    for (int i = 5; i < DEEP + 3; i++) want[i] = B(i - 3);
+    tpt_assert_order(o, 0, want, DEEP + 3, "alice's last admitted task expired at the worker's take");
+    tpt_latch_open(g_svc_gate);
+    TPT_EVENTUALLY(atomic_load(&g_svc_calls) == 1);
+    tpt_finish(p);
+}
+
 /* A weight set in the middle of a turn applies from the next one, staged
  * tasks or not: alice (weight 3) starts a1, her weight becomes 1; her turn
  * goes on with a2 and a3 (most likely staged), then one task per turn. */
@@ -743,6 +792,7 @@ int main(void) {
         TPT_TEST(test_staged_after_leaving),
         TPT_TEST(test_staged_keeps_place_on_group_cancel),
         TPT_TEST(test_staged_weight_mid_turn),
+        TPT_TEST(test_staged_keeps_place_on_expiry_at_take),
         TPT_TEST(test_random_staged_few_users),
         TPT_TEST(test_random_staged_many_users),
         TPT_TEST(test_random_staged_all_lanes),
