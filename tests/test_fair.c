@@ -459,6 +459,52 @@ static void test_staged_keeps_place_on_group_cancel(void **state) {
     tpt_finish(p);
 }
 
+/* As the two tests above, with alice's one admitted task (so she is not
+ * flagged, and a2 is staged as a task that joins the round): a1 is
+ * cancelled by id, or its group is cancelled, while a2 waits in the ring.
+ * Admitted at its submit, a2 would follow a1 in alice's flow, and she
+ * would keep her place in the round (after bob, before carol). */
+static void test_staged_joiner_keeps_place_on_cancel(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    for (int grouped = 0; grouped < 2; grouped++) {
+        tpt_latch *g = tpt_fx_latch(f);
+        tpt_ord *o = tpt_fx_new(f, tpt_ord);
+        tpt_otask *t = tpt_fx_array(f, tpt_otask, DEEP + 8);
+        tp_pool *p = fair_one_worker(f, (tp_config){0}, o, &t[DEEP + 7], g);
+        tp_group *grp = NULL;
+        if (grouped) assert_int_equal(tp_group_create(p, 0, &grp), TP_OK);
+        bob_deep(p, t, o);
+        tpt_otask *a = &t[DEEP];
+        a->o = o;
+        a->tag = A(1);
+        tp_task_opts oa = {0};
+        oa.user = "alice";
+        oa.on_done = tpt_otask_done;
+        uint64_t id = 0;
+        if (grouped)
+            assert_int_equal(tp_group_submit(grp, tpt_otask_fn, a, &oa, NULL), TP_OK);
+        else
+            assert_int_equal(tp_submit(p, tpt_otask_fn, a, &oa, &id), TP_OK);
+        tpt_osubmit(p, &t[DEEP + 2], o, C(1), 0, "carol"); /* (bob, alice, carol) */
+        submit_plain(p, &t[DEEP + 1], o, A(2));            /* staged: joins */
+        if (grouped)
+            assert_int_equal(tp_group_cancel(grp), TP_OK);
+        else
+            assert_int_equal(tp_cancel(p, id), TP_OK);
+        TPT_EVENTUALLY(atomic_load(&t[DEEP].done) == 1);
+        assert_int_equal(atomic_load(&t[DEEP].status), TP_ECANCELED);
+        run_all(p, o, g, DEEP + 3);
+        int want[DEEP + 3] = {0, B(1), A(2), C(1)};
+        for (int i = 4; i < DEEP + 3; i++) want[i] = B(i - 2);
+        tpt_assert_order(o, 0, want, DEEP + 3, grouped ? "alice's group cancelled" : "a1 cancelled");
+        if (grouped) {
+            assert_int_equal(tp_group_wait(grp, TPT_WAIT_NS), TP_ECANCELED);
+            assert_int_equal(tp_group_destroy(grp), TP_OK);
+        }
+        tpt_finish(p);
+    }
+}
+
 /* The service thread, held in an on_done (tpt_hold_service): no expiry
  * scan while it waits. */
 static tpt_latch *g_svc_gate;
@@ -791,6 +837,7 @@ int main(void) {
         TPT_TEST(test_staged_keeps_place_on_cancel_or_expiry),
         TPT_TEST(test_staged_after_leaving),
         TPT_TEST(test_staged_keeps_place_on_group_cancel),
+        TPT_TEST(test_staged_joiner_keeps_place_on_cancel),
         TPT_TEST(test_staged_weight_mid_turn),
         TPT_TEST(test_staged_keeps_place_on_expiry_at_take),
         TPT_TEST(test_random_staged_few_users),
