@@ -857,7 +857,9 @@ static void admit_staged_locked(void *arg) {
  *     change to the round also admits the ring first: a locked admission
  *     (stage_absorb_all_locked), a retry back from its delay (the service
  *     thread admits the ring before its timers); a removal only takes a user
- *     out, wherever the others stand.
+ *     out, wherever the others stand -- but a removal of a user's last task
+ *     there admits the ring first (life.c, before_unwait): a joining task
+ *     of that user would have kept it in the round.
  * The flag is set under mu by an admission (a locked one, or a staged one
  * that joined) that finds the user's flow not empty (life.c, admit): a user
  * with one task at a time never has it, and costs nothing at its start. A

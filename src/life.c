@@ -222,6 +222,12 @@ static bool fair_leave(tp__life *L, const tp__task *t) {
 
 static void before_unwait(tp__life *L, const tp__task *t) {
     if (L->sched.fair) {
+        /* A task of t's user that joins the round may be staged (its user
+         * not flagged, so fair_leave would not look): admitted at its
+         * submit, it would follow t in the flow and keep the user's place.
+         * Admitted first (stage_joins: only if one may wait), so t is not
+         * its user's last; a cancel, unlike a start, admits nothing else. */
+        if (L->stage_joins && t->prio == 0 && t->user && !t->next) L->stage_joins(L->admit_staged_arg);
         (void)fair_leave(L, t); /* t stays where it was: the caller removes it */
         return;
     }

@@ -195,7 +195,8 @@ typedef struct tp__life {
      * joins the round (`join`) until an admission sets it again, and it
      * returns false.
      * stage_all: admit every entry claimed so far (before an expiry scan).
-     * stage_joins: before a start, admit every entry claimed so far if one
+     * stage_joins: before a start (and a removal of a user's last task in
+     * the default lane), admit every entry claimed so far if one
      * of them joins the round (tp__admit_args, `join`): where it stands in
      * the round decides which task starts. */
     bool (*stage_keep)(void *arg, struct tp__user *u);
