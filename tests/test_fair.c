@@ -505,6 +505,46 @@ static void test_staged_joiner_keeps_place_on_cancel(void **state) {
     }
 }
 
+/* A task that joins the round, staged while the default lane is empty and
+ * only background tasks wait (alice's entry held by one of them), starts
+ * before them, as admitted at its submit: with and without a cap on the
+ * background tasks that run. And behind bob's deep lane (the worker leaves
+ * the ring alone there), it joins when submitted: bob's turn ends, a1
+ * starts next. */
+static void test_staged_joiner_lanes(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    for (int cap = 0; cap < 2; cap++) {
+        tpt_latch *g = tpt_fx_latch(f);
+        tpt_ord *o = tpt_fx_new(f, tpt_ord);
+        tpt_otask *t = tpt_fx_array(f, tpt_otask, 8);
+        tp_config c = {0};
+        c.low_prio_max_running = cap;
+        tp_pool *p = fair_one_worker(f, c, o, &t[7], g);
+        tpt_osubmit(p, &t[0], o, 1001, -1, "alice");
+        tpt_osubmit(p, &t[1], o, 2001, -1, "bob");
+        submit_plain(p, &t[2], o, A(1)); /* staged: joins */
+        run_all(p, o, g, 4);
+        TPT_ORDER(o, cap ? "a joiner over background tasks, capped" : "a joiner over background tasks", 0,
+                  A(1), 1001, 2001);
+        tpt_finish(p);
+    }
+    tpt_latch *g = tpt_fx_latch(f);
+    tpt_ord *o = tpt_fx_new(f, tpt_ord);
+    tpt_otask *t = tpt_fx_array(f, tpt_otask, DEEP + 8);
+    tp_config c = {0};
+    c.prio_starve_limit = TP_UNLIMITED; /* her background task waits for the end */
+    tp_pool *p = fair_one_worker(f, c, o, &t[DEEP + 7], g);
+    tpt_osubmit(p, &t[DEEP], o, 1001, -1, "alice"); /* her entry */
+    bob_deep(p, t, o);                              /* (bob) */
+    submit_plain(p, &t[DEEP + 1], o, A(1));         /* staged: (bob, alice) */
+    run_all(p, o, g, DEEP + 3);
+    int want[DEEP + 3] = {0, B(1), A(1)};
+    for (int i = 3; i < DEEP + 2; i++) want[i] = B(i - 1);
+    want[DEEP + 2] = 1001;
+    tpt_assert_order(o, 0, want, DEEP + 3, "a joiner behind a deep lane");
+    tpt_finish(p);
+}
+
 /* The service thread, held in an on_done (tpt_hold_service): no expiry
  * scan while it waits. */
 static tpt_latch *g_svc_gate;
@@ -838,6 +878,7 @@ int main(void) {
         TPT_TEST(test_staged_after_leaving),
         TPT_TEST(test_staged_keeps_place_on_group_cancel),
         TPT_TEST(test_staged_joiner_keeps_place_on_cancel),
+        TPT_TEST(test_staged_joiner_lanes),
         TPT_TEST(test_staged_weight_mid_turn),
         TPT_TEST(test_staged_keeps_place_on_expiry_at_take),
         TPT_TEST(test_random_staged_few_users),
