@@ -545,6 +545,39 @@ static void test_staged_joiner_lanes(void **state) {
     tpt_finish(p);
 }
 
+/* Starvation counts with a task that joins the round: urgent u1 u2 admitted,
+ * then a1 (alice's entry held by a background task), limit 1: the same
+ * order whether a1 is staged (joins) or admitted at its submit (an id). */
+static void test_staged_joiner_starve_count(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    int locked[6];
+    for (int staged = 0; staged < 2; staged++) {
+        tpt_latch *g = tpt_fx_latch(f);
+        tpt_ord *o = tpt_fx_new(f, tpt_ord);
+        tpt_otask *t = tpt_fx_array(f, tpt_otask, 8);
+        tp_config c = {0};
+        c.prio_starve_limit = 1;
+        tp_pool *p = fair_one_worker(f, c, o, &t[7], g);
+        tpt_osubmit(p, &t[0], o, 1001, -1, "alice");
+        tpt_osubmit(p, &t[1], o, URG + B(1), 2, "bob");
+        tpt_osubmit(p, &t[2], o, URG + B(2), 2, "bob");
+        tpt_osubmit(p, &t[3], o, 1002, -1, "bob");
+        if (staged)
+            submit_plain(p, &t[4], o, A(1)); /* staged: joins */
+        else
+            tpt_osubmit(p, &t[4], o, A(1), 0, "alice");
+        run_all(p, o, g, 6);
+        if (staged)
+            tpt_assert_order(o, 0, locked, 6, "a joiner's lane counts the starts that pass it by");
+        else
+            for (int i = 0; i < 6; i++) locked[i] = atomic_load(&o->tag[i]);
+        tpt_finish(p);
+    }
+    /* the rules' order, for the record: u1, a1, 1001, u2, then 1002 */
+    static const int want[6] = {0, URG + B(1), A(1), 1001, URG + B(2), 1002};
+    assert_memory_equal(locked, want, sizeof want);
+}
+
 /* The service thread, held in an on_done (tpt_hold_service): no expiry
  * scan while it waits. */
 static tpt_latch *g_svc_gate;
@@ -879,6 +912,7 @@ int main(void) {
         TPT_TEST(test_staged_keeps_place_on_group_cancel),
         TPT_TEST(test_staged_joiner_keeps_place_on_cancel),
         TPT_TEST(test_staged_joiner_lanes),
+        TPT_TEST(test_staged_joiner_starve_count),
         TPT_TEST(test_staged_weight_mid_turn),
         TPT_TEST(test_staged_keeps_place_on_expiry_at_take),
         TPT_TEST(test_random_staged_few_users),
