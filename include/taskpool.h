@@ -580,6 +580,11 @@ TP_API int tp_submit_batch(tp_pool *p, const tp_task *tasks, size_t n, uint64_t 
  *   pool lock held (O(1) at the head or the tail; 10 ms and more in the middle
  *   of 2^20 queued tasks, during which nothing is admitted or started). A
  *   pool that cancels queued tasks of a deep queue is better made TP_SCHED_FAIR.
+ *   In a TP_SCHED_FAIR pool with fixed workers, a cancel of its user's last
+ *   queued task of priority 0 first admits the plain submits handed over
+ *   before it (tp_submit, "Since 1.2") if one of that user's may be among
+ *   them: up to queue_capacity admissions (at most 32768), each one that a
+ *   worker would otherwise make, with the pool lock held.
  *   The first call on a pool also makes the pool index its task ids from
  *   then on (a pass over its task records, with the pool lock held); a pool
  *   that never calls it keeps no index.
@@ -1042,7 +1047,10 @@ TP_API int tp_metrics_format(tp_pool *const *pools, size_t n, int format, char *
  * waiting tasks, and nothing is allocated per task -- except that a
  * TP_SCHED_FIFO pool, with or without lanes, keeps its waiting tasks of
  * priority 0 in 1.1's ring and its costs: a cancel of one of them costs up
- * to half the ring's length (tp_cancel, "Cost"). Expiry is batched in every
+ * to half the ring's length (tp_cancel, "Cost"), and that a pool with fixed
+ * workers admits the plain submits handed over to it in batches, in a fair
+ * pool also before a start or a cancel that one of them could change.
+ * Expiry is batched in every
  * pool: each look of the service thread visits every waiting task of every
  * lane (tp_task_opts, "Deadline").
  *

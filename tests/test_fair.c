@@ -670,7 +670,7 @@ static void random_fair_staged(void **state, unsigned limit, int lanes, int nuse
     tpt_fixture *f = tpt_fx(state);
     tpt_latch *l[TPT_PHASES + 1];
     for (int i = 0; i <= TPT_PHASES; i++) l[i] = tpt_fx_latch(f);
-    int seeds = tpt_sched_seeds(TPT_SANITIZED ? 8 : 30);
+    int seeds = tpt_sched_seeds(TPT_SANITIZED || tpt_slowdown() > 1 ? 25 : 120);
     for (int s = 1; s <= seeds; s++) {
         tpt_rand_cfg rc = {1, limit, nusers, lanes, percent};
         tpt_sched_random(f, l, &rc, (uint32_t)s * 3266489917u + (uint32_t)nusers);
