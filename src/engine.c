@@ -1470,7 +1470,7 @@ int tp__engine_start(tp_pool *p) {
     if (!p->wk.workers || !p->wk.hist || !p->wk.runs) return TP_ENOMEM;
     /* Staged submits (stage.h): a pool whose workers are all started up
      * front (a submit may otherwise have to start one, under mu); in a fair
-     * pool, only tasks whose user may stage ("A fair pool's staged tasks"). */
+     * pool, only tasks with a user ("A fair pool's staged tasks"). */
     bool staging = p->cfg.min_workers == p->cfg.max_workers;
     if (tp__stage_init(&p->stage, p->cfg.capacity, staging) != TP_OK) return TP_ENOMEM;
     p->stage.plain = staging && p->cfg.sched != TP_SCHED_FAIR;

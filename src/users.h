@@ -66,7 +66,8 @@ typedef struct tp__user {
      * the user is in the default lane's round and stays there until its
      * staged tasks are admitted, so a staged task of it need not join. Set
      * under mu (an admission that finds the user's flow there not empty),
-     * cleared under mu and put; read by staged submits under put. */
+     * cleared under mu and put; read by staged submits under put, and by
+     * a worker under mu before a user's last task leaves the round. */
     _Atomic bool stage_ok;
     /* The ticket + 1 of this user's newest staged task (written under put;
      * its low 32 bits: the ring is far smaller), read under mu and put. */
