@@ -13,11 +13,17 @@
  *   ring         a bare bounded ring of --queue slots under one mutex with
  *                "not empty" / "not full" condvars, signalled only when a
  *                waiter is counted (the shape of libtaskpool's queue), one
- *                producer handing --tasks items to one consumer, ns per item.
+ *                producer handing --tasks items to one consumer, ns per item;
+ *   ring 1:W     the same ring with --workers consumers (only when --workers
+ *                is more than 1): the pool's own shape at one producer. On a
+ *                machine with fewer CPUs than 1 + W threads it pays for
+ *                sharing them (preemptions, a consumer woken for nothing),
+ *                which the one-consumer ring does not.
  *
  * The pool's throughput is reported as a multiple of the ring, its wake
  * latency as a multiple of the condvar wake: two machines that differ in
- * speed should still agree on those ratios.
+ * speed should still agree on those ratios. The throughput scenarios with one
+ * producer also divide by the ring of W consumers, the like-for-like limit.
  */
 #define _GNU_SOURCE
 #include <sched.h>
@@ -29,13 +35,32 @@
 #define MUTEX_PAIRS 1000000ul
 #define WAKE_WARMUP 50 /* unrecorded samples, as limits.c */
 
-static uint64_t *g_wake_lat; /* --samples entries */
-static void **g_ring_buf;    /* --queue entries */
+/* The bare ring and one of its consumers (below). */
+typedef struct ring {
+    pthread_mutex_t mu;
+    pthread_cond_t not_empty, not_full;
+    void **buf;
+    unsigned long cap, head, tail, count; /* under mu */
+    int wait_empty, wait_full;            /* waiters counted, under mu */
+    unsigned long items;
+} ring;
+
+typedef struct consumer {
+    ring *r;
+    unsigned long items; /* this consumer's share */
+    uintptr_t sum;       /* of what it took */
+    pthread_t thread;
+} consumer;
+
+static uint64_t *g_wake_lat;  /* --samples entries */
+static void **g_ring_buf;     /* --queue entries */
+static consumer *g_consumers; /* --workers entries */
 
 int limits_setup(const bench_opts *o) {
     g_wake_lat = calloc(o->samples, sizeof g_wake_lat[0]);
     g_ring_buf = calloc(o->queue, sizeof g_ring_buf[0]);
-    if (g_wake_lat == NULL || g_ring_buf == NULL) {
+    g_consumers = calloc(o->workers, sizeof g_consumers[0]);
+    if (g_wake_lat == NULL || g_ring_buf == NULL || g_consumers == NULL) {
         fprintf(stderr, "tp_bench: out of memory for the limit buffers\n");
         return -1;
     }
@@ -45,6 +70,7 @@ int limits_setup(const bench_opts *o) {
 void limits_teardown(void) {
     free(g_wake_lat);
     free(g_ring_buf);
+    free(g_consumers);
 }
 
 /* ------------------------------------------------------------ mutex pair */
@@ -124,15 +150,6 @@ static int wake_latency(const bench_opts *o, unsigned round) {
 
 /* ------------------------------------------------------------ bare ring */
 
-typedef struct ring {
-    pthread_mutex_t mu;
-    pthread_cond_t not_empty, not_full;
-    void **buf;
-    unsigned long cap, head, tail, count; /* under mu */
-    int wait_empty, wait_full;            /* waiters counted, under mu */
-    unsigned long items;
-} ring;
-
 static void ring_push(ring *r, void *d) {
     pthread_mutex_lock(&r->mu);
     while (r->count == r->cap) {
@@ -163,13 +180,18 @@ static void *ring_pop(ring *r) {
 }
 
 static void *consumer_main(void *arg) {
-    ring *r = arg;
+    consumer *c = arg;
     uintptr_t sum = 0;
-    for (unsigned long i = 0; i < r->items; i++) sum += (uintptr_t)ring_pop(r);
-    return (void *)sum;
+    for (unsigned long i = 0; i < c->items; i++) sum += (uintptr_t)ring_pop(c->r);
+    c->sum = sum;
+    return NULL;
 }
 
-static int ring_handoff(const bench_opts *o, unsigned round) {
+/* One producer hands --tasks items to `nc` consumers (1..TP_MAX_WORKERS; the
+ * consumers' records live in g_consumers) through the bare ring; records
+ * `name` in ns per item. The consumers' shares add up to the items, and the
+ * sum of what they took proves every item arrived once. */
+static int ring_handoff(const bench_opts *o, unsigned round, unsigned nc, const char *name) {
     ring r = {
         .mu = PTHREAD_MUTEX_INITIALIZER,
         .not_empty = PTHREAD_COND_INITIALIZER,
@@ -178,32 +200,45 @@ static int ring_handoff(const bench_opts *o, unsigned round) {
         .cap = o->queue,
         .items = o->tasks,
     };
-    pthread_t t;
-    if (pthread_create(&t, NULL, consumer_main, &r) != 0) {
+    unsigned started = 0;
+    for (; started < nc; started++) {
+        consumer *c = &g_consumers[started];
+        *c = (consumer){.r = &r, .items = r.items / nc + (started < r.items % nc ? 1 : 0)};
+        if (pthread_create(&c->thread, NULL, consumer_main, c) != 0) break;
+    }
+    unsigned long items = r.items;
+    if (started < nc) {
         fprintf(stderr, "tp_bench: pthread_create failed\n");
-        return -1;
+        /* Hand over only what the started consumers take, then give up. */
+        items = 0;
+        for (unsigned i = 0; i < started; i++) items += g_consumers[i].items;
     }
     uint64_t t0 = bench_now();
-    for (unsigned long i = 0; i < r.items; i++) ring_push(&r, (void *)(uintptr_t)(i + 1));
-    void *sum;
-    pthread_join(t, &sum);
+    for (unsigned long i = 0; i < items; i++) ring_push(&r, (void *)(uintptr_t)(i + 1));
+    uintptr_t sum = 0;
+    for (unsigned i = 0; i < started; i++) {
+        pthread_join(g_consumers[i].thread, NULL);
+        sum += g_consumers[i].sum;
+    }
     uint64_t t1 = bench_now();
     pthread_mutex_destroy(&r.mu);
     pthread_cond_destroy(&r.not_empty);
     pthread_cond_destroy(&r.not_full);
-    /* The sum proves every item arrived once: 1 + 2 + ... + items. */
+    if (started < nc) return -1;
+    /* 1 + 2 + ... + items */
     unsigned long n = r.items;
     uintptr_t want = (uintptr_t)(n / 2 * (n + 1) + (n % 2 ? (n + 1) / 2 : 0));
-    if ((uintptr_t)sum != want) {
+    if (sum != want) {
         fprintf(stderr, "tp_bench: the bare ring lost items\n");
         return -1;
     }
-    bench_record(round, "limits", "", "ring ns/item", (double)(t1 - t0) / (double)r.items, NULL);
+    bench_record(round, "limits", "", name, (double)(t1 - t0) / (double)r.items, NULL);
     return 0;
 }
 
 int limits_round(const bench_opts *o, unsigned round) {
     bench_record(round, "limits", "", "mutex pair ns", mutex_pair_ns(), NULL);
     if (wake_latency(o, round) != 0) return -1;
-    return ring_handoff(o, round);
+    if (ring_handoff(o, round, 1, "ring ns/item") != 0) return -1;
+    return o->workers > 1 ? ring_handoff(o, round, o->workers, "ring 1:W ns/item") : 0;
 }

@@ -11,7 +11,8 @@
  *                --tasks tasks in total with tp_submit(), yielding
  *                (sched_yield) and retrying on TP_EFULL -- the perf harness's
  *                workload. Time runs from the release to the end of the last
- *                task. Figures: ns/task (ratio to the bare ring), tasks/s,
+ *                task. Figures: ns/task (ratio to the bare ring; with one
+ *                producer and W > 1 also to the ring of W consumers), tasks/s,
  *                refusals, and the process's context switches per 1000 tasks
  *                (getrusage): voluntary ones ("sleeps": a thread blocked on
  *                the pool lock or a condition variable, or yielded) and
@@ -441,6 +442,10 @@ int scenario_throughput(const bench_opts *o, unsigned round, int kind, unsigned 
     double ns = (double)(t1 - t0) / (double)o->tasks;
     static const bench_ref to_ring = {"limits", "", "ring ns/item", "x bare ring ns/item"};
     bench_record(round, name, variant, "ns/task", ns, &to_ring);
+    /* With one producer, also against the ring of the pool's own shape (one
+     * producer, W consumers; measured when W > 1). */
+    double ring_w = nprod == 1 ? bench_value(round, "limits", "", "ring 1:W ns/item") : -1;
+    if (ring_w > 0) bench_record(round, name, variant, "ns/task / ring 1:W", ns / ring_w, NULL);
     bench_record(round, name, variant, "tasks/s", 1e9 / ns, NULL);
     if (kind != TPUT_WAIT) bench_record(round, name, variant, "EFULL refusals", (double)refusals, NULL);
     if (have_ru) {
