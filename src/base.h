@@ -111,13 +111,21 @@ typedef struct tp__mutex {
 #endif
 } tp__mutex;
 
-static inline void tp__mutex_lock(tp__mutex *mu) {
-    pthread_mutex_lock(&mu->m);
+/* Debug builds: record that this thread now holds mu (just locked, or
+ * woken from a condition wait). */
+static inline void tp__mutex_mark_held(tp__mutex *mu) {
 #if defined(TP__DEBUG)
     TP__ASSERT(!mu->held);
     mu->owner = pthread_self();
     mu->held = true;
+#else
+    (void)mu;
 #endif
+}
+
+static inline void tp__mutex_lock(tp__mutex *mu) {
+    pthread_mutex_lock(&mu->m);
+    tp__mutex_mark_held(mu);
 }
 
 static inline void tp__mutex_unlock(tp__mutex *mu) {
@@ -137,11 +145,7 @@ static inline void tp__mutex_unlock(tp__mutex *mu) {
 static inline void tp__mutex_lock_spin(tp__mutex *mu, unsigned tries) {
     for (unsigned i = 0; i < tries; i++) {
         if (pthread_mutex_trylock(&mu->m) == 0) {
-#if defined(TP__DEBUG)
-            TP__ASSERT(!mu->held);
-            mu->owner = pthread_self();
-            mu->held = true;
-#endif
+            tp__mutex_mark_held(mu);
             return;
         }
         tp__cpu_relax();
@@ -174,11 +178,7 @@ static inline int tp__mutex_wait(tp__mutex *mu, pthread_cond_t *cv, uint64_t dea
         ts.tv_nsec = (long)(deadline % 1000000000ull);
         rc = pthread_cond_timedwait(cv, &mu->m, &ts);
     }
-#if defined(TP__DEBUG)
-    TP__ASSERT(!mu->held);
-    mu->owner = pthread_self();
-    mu->held = true;
-#endif
+    tp__mutex_mark_held(mu);
     return rc;
 }
 

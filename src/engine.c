@@ -1429,7 +1429,9 @@ static int make_sync(tp_pool *p) {
     /* A plain mutex, not an adaptive one (base.h, tp__mutex_init): the
      * workers meet on mu, and a waiter that spins takes a CPU that a
      * submitter or the holder itself needs whenever the pool has more
-     * threads than CPUs (docs/performance.md, "1.2 on a fifth machine"). */
+     * threads than CPUs (docs/performance.md, "1.2 on a fifth machine").
+     * The takings that spin a bounded while all the same: pool.h,
+     * TP__LOCK_TRIES. */
     if (tp__mutex_init(&p->mu, false) != 0) return -1;
     pthread_cond_t *cvs[3] = {&p->room_cv, &p->done_cv, &p->svc_cv};
     int n = 0;

@@ -300,9 +300,10 @@ typedef struct tpt_rand_cfg {
     int lanes;      /* priorities used: the top `lanes` of 2, 1, 0, -1, -2 (0: all five) */
     /* Non-zero: phases of up to 96 tasks, and this percentage of the tasks
      * of priority 0 with a user are submitted with that user as their only
-     * option and no id, as a pool may stage them (stage.h; in a fair pool
-     * only while their user is in the round, engine.c); they have no
-     * on_done and cannot be cancelled. The lane then holds enough tasks
+     * option and no id, as a pool may stage them (stage.h; a fair pool
+     * stages them all, and a worker admits a task whose user is not in the
+     * round before the next start: engine.c, life.c); they have no on_done
+     * and cannot be cancelled. The lane then holds enough tasks
      * that the worker leaves staged ones in the ring while it starts. */
     int staged;
 } tpt_rand_cfg;
