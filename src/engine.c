@@ -387,11 +387,15 @@ static void format_duration(char *buf, size_t len, uint64_t ns) {
     } units[] = {{1000000000ull, "s"}, {1000000ull, "ms"}, {1000ull, "us"}, {1, "ns"}};
     size_t i = 0;
     while (units[i].div > 1 && ns < units[i].div) i++;
-    uint64_t div = units[i].div, whole = ns / div;
-    uint64_t milli = div >= 1000 ? (ns % div + div / 2000) / (div / 1000) : 0; /* thousandths, rounded */
-    if (milli == 1000) {
-        whole++;
-        milli = 0;
+    uint64_t whole = ns, milli = 0;
+    while (units[i].div > 1) {
+        uint64_t div = units[i].div;
+        uint64_t q = div / 1000;                 /* a thousandth of the unit */
+        uint64_t t = ns / q + (ns % q * 2 >= q); /* thousandths, rounded half up */
+        whole = t / 1000;
+        milli = t % 1000;
+        if (whole < 1000 || i == 0) break;
+        i--; /* rounded up to a thousand of this unit (999.9996 ms): one of the next */
     }
     if (milli == 0) {
         snprintf(buf, len, "%llu %s", (unsigned long long)whole, units[i].unit);

@@ -744,10 +744,19 @@ static void test_retry_log_delay_unit(void **state) {
         uint64_t delay_ns;
         const char *expect;
     } cases[] = {
-        {750, "; retry 1 of 1 in 750 ns"},         {TPT_MS(1) / 5, "; retry 1 of 1 in 200 us"},
-        {TPT_MS(1), "; retry 1 of 1 in 1 ms"},     {TPT_MS(1) + TPT_MS(1) / 2, "; retry 1 of 1 in 1.5 ms"},
-        {TPT_MS(250), "; retry 1 of 1 in 250 ms"}, {TPT_S(2) + TPT_MS(500), "; retry 1 of 1 in 2.5 s"},
+        {750, "; retry 1 of 1 in 750 ns"},
+        {TPT_MS(1) / 5, "; retry 1 of 1 in 200 us"},
+        {TPT_MS(1), "; retry 1 of 1 in 1 ms"},
+        {TPT_MS(1) + TPT_MS(1) / 2, "; retry 1 of 1 in 1.5 ms"},
+        {TPT_MS(250), "; retry 1 of 1 in 250 ms"},
+        {TPT_S(2) + TPT_MS(500), "; retry 1 of 1 in 2.5 s"},
         {TPT_S(90), "; retry 1 of 1 in 90 s"},
+        /* rounded up to a thousand of a unit: the next unit (was "1000 ms"); exact in us */
+        {TPT_S(1) - 1, "; retry 1 of 1 in 1 s"},
+        {TPT_MS(1) - 1, "; retry 1 of 1 in 999.999 us"},
+        {TPT_S(2) - 1, "; retry 1 of 1 in 2 s"},
+        {TPT_MS(1) - 500, "; retry 1 of 1 in 999.5 us"},
+        {TPT_S(1) - TPT_MS(1), "; retry 1 of 1 in 999 ms"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         pthread_mutex_lock(&log_mu);
