@@ -85,13 +85,17 @@
  * `room_taken` too and its starts the places given back (a line they
  * write anyway); a pool that never stages keeps no count
  * (life.h, `room_taken`).
- * A task with a user adds its entry's first line (users.h: `taken` and, in
- * a fair pool, the flow's priority-0 part; S writes it, and W too in a pool
- * that does not stage, where a slot given back lowers `taken`), in a pool
- * that stages its ending line (`released`: W's alone; S reads it only near
- * the user's limit -- with the default limit of 2, at every staged submit
- * -- and W the first line only at the user's last slot) and,
- * read by S only, the name's line and the bucket's slot. With few users
+ * A task with a user adds its entry's first line (users.h: `taken`, and a
+ * name of up to 35 bytes; S writes it, and W too in a pool that does not
+ * stage, where a slot given back lowers `taken`), in a pool that stages or
+ * is fair its ending line (`released`, and in a fair pool the flow's weight
+ * and priority-0 part: W's alone in a pool that stages; S reads it only
+ * near the user's limit -- with the default limit of 2, at every staged
+ * submit -- and W the first line only at the user's last slot; a fair
+ * pool's locked admission writes both) and, read by S only, the bucket's
+ * slot. (The flow once shared the first line, which a fair pool's staged
+ * submit and its worker then both wrote per task: docs/performance.md,
+ * "the user entry's two sides".) With few users
  * they stay cached; with thousands (tp_bench fair) they come from memory or
  * another core at every submit, so S fetches them before it takes the lock
  * (tp__life_prefetch) rather than holding the lock through the misses.
@@ -877,7 +881,7 @@ static void admit_staged_locked(void *arg) {
  * and calls this for every flagged user that it took out of the round. So
  * the flag is set only while its user is in the round when mu is let go,
  * and staged tasks start in the order their admissions at submit would have
- * given. The worker reads the flag (the user's name line) only for a user's
+ * given. The worker reads the flag (the entry's first line) only for a user's
  * last task in the round, and join_last (a line of its own) at every
  * start. */
 static bool stage_keep_locked(void *arg, tp__user *u) {

@@ -40,11 +40,13 @@ static inline unsigned tp__lane_of(int prio) { return (unsigned)(prio - TP_PRIO_
 
 /* A user's place in the rounds of a fair pool: one per user entry (users.h),
  * plus the anonymous user's in the scheduler. Zero-initialised, weight 1.
- * Its lanes are stored priority 0 first (tp__flow_lane): the default lane's
- * fields are the flow's first 40 bytes, which users.h keeps on the line of
- * the user's slot count, so a task of priority 0 moves one line of its
- * user's entry per push and per start. */
+ * Its weight first, then its lanes, priority 0 first (tp__flow_lane): the
+ * weight and the default lane's fields are the flow's first 56 bytes, which
+ * users.h keeps on one line of the user's entry (with the slots given
+ * back), so a task of priority 0 moves one line of its user's entry per push
+ * and per start, and a turn reads its quantum there. */
 typedef struct tp__flow {
+    unsigned weight; /* the quantum of its next turns, 1..TP_WEIGHT_MAX */
     struct tp__flow_lane {
         tp__task *head, *tail;          /* its waiting tasks in this lane, in admission order */
         struct tp__flow *rnext, *rprev; /* the lane's round, while in it */
@@ -52,7 +54,6 @@ typedef struct tp__flow {
         unsigned credit;                /* starts left in the turn under way; 0: no turn started */
         bool in_round;
     } lane_[TP__LANES]; /* by tp__flow_lane: priority 0, 1, 2, -2, -1 */
-    unsigned weight;    /* the quantum of its next turns, 1..TP_WEIGHT_MAX */
 } tp__flow;
 
 /* Lane li's part of flow f (li = tp__lane_of(priority)). */

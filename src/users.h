@@ -32,12 +32,13 @@
 #include "scheduler.h"
 
 typedef struct tp__user {
-    /* own cache lines. The slots held are `taken - released`, two
-     * free-running counters on different lines. Where slots are taken
-     * under one lock and given back under another (`split`: a pool that
-     * stages, whose submitters take them under put and workers give them
-     * back under mu and put, life.h), the submitting side writes `taken`
-     * (first line), the ending side `released` (last line), and each side
+    /* own cache lines, 7 of them: the submitting side's first (the first
+     * line and the name), then the ending side's. The slots held are
+     * `taken - released`, two free-running counters on different lines.
+     * Where slots are taken under one lock and given back under another
+     * (`split`: a pool that stages, whose submitters take them under put
+     * and workers give them back under mu and put, life.h), the submitting
+     * side writes `taken`, the ending side `released`, and each side
      * decides from its own, older view of the other's counter: `rel_seen`
      * (<= released) makes taken - rel_seen a bound of the count from above,
      * enough to say "below the limit"; `taken_seen` (<= taken) makes
@@ -47,10 +48,16 @@ typedef struct tp__user {
      * submit always is), at the user's last slot. So a user whose tasks are
      * submitted on one thread and ended on another, with more than a slot
      * or two in flight, does not move a line between them per task (users.c
-     * has the rules). Elsewhere both sides hold mu and write the first line
-     * anyway (in a fair pool the flow's priority-0 part is there too,
-     * scheduler.h): a slot given back takes one from `taken`, and
-     * `released` stays 0. */
+     * has the rules). Elsewhere both sides hold mu and write the first
+     * line anyway: a slot given back takes one from `taken`, and `released`
+     * stays 0.
+     * In a fair pool the flow (scheduler.h) is the ending side's too: a
+     * worker moves it at every admission and start, under mu, while a
+     * staged submit writes only the first line; so its weight and
+     * priority-0 part share the ending side's first line (a task of
+     * priority 0 moves that one line of its entry per admission and per
+     * start), and the submitter's line does not travel to the worker and
+     * back per task (docs/performance.md, "the user entry's two sides"). */
     _Alignas(64) struct tp__user *next; /* hash chain, or free list */
     uint32_t hash;
     /* Slots ever taken. Atomic for one reader: in a pool that stages, a
@@ -58,8 +65,6 @@ typedef struct tp__user {
      * put (life.c, user_release); its writers hold the table's lock(s), so
      * relaxed loads and stores do. */
     _Atomic unsigned taken;
-    tp__flow flow; /* fair pools: its place in the rounds */
-    /* the submitting side's, read with the name at every lookup */
     unsigned rel_seen; /* `released` as last read: <= it */
     bool zero;         /* split: holds no slot (an idle entry); exact under the table's lock(s) */
     /* A fair pool that stages (engine.c, "A fair pool's staged tasks"):
@@ -72,26 +77,30 @@ typedef struct tp__user {
     /* The ticket + 1 of this user's newest staged task (written under put;
      * its low 32 bits: the ring is far smaller), read under mu and put. */
     uint32_t stage_last;
+    /* read by every lookup: a name of up to 35 bytes is on the first line */
     char name[TP_USER_MAX + 1];
-    /* the ending side's: the entry's last line, which the name shares only
-     * with its last bytes (read by lookups of names over ~108 bytes). Not a
-     * line of its own: the entry stays 7 lines, an odd stride (at 8 lines,
-     * every entry's first line fell into one cache set in eight, and a fair
-     * pool with 10,000 users ran 1.3x slower) */
-    unsigned released;   /* slots ever given back; its writers hold every lock of the table */
-    unsigned taken_seen; /* split: `taken` as last read; released <= taken_seen <= taken */
-    bool at_limit;       /* split: holds max_per_user slots (life.c sets it; users_at_limit counts them) */
     /* the idle queue (users.c): touched only when the count reaches 0 and
      * when a new user needs an entry */
     bool idle_q; /* on the idle queue (its count may have risen since) */
     struct tp__user *inext;
+    /* split: holds max_per_user slots (life.c sets it at a locked admission
+     * and clears it with the slot given back; users_at_limit counts them) */
+    bool at_limit;
+    /* the ending side's: its first line, which the name shares with none
+     * of its bytes */
+    _Alignas(64) unsigned released; /* slots ever given back; its writers hold every lock of the table */
+    unsigned taken_seen;            /* split: `taken` as last read; released <= taken_seen <= taken */
+    tp__flow flow;                  /* fair pools: its place in the rounds */
 } tp__user;
-_Static_assert(offsetof(tp__user, flow) + sizeof(struct tp__flow_lane) <= 64,
-               "a user's taken count and its priority-0 flow share one cache line");
-_Static_assert(
-    offsetof(tp__user, name) + 108 <= (offsetof(tp__user, released) & ~(size_t)63) &&
-        offsetof(tp__user, released) / 64 == (sizeof(tp__user) - 1) / 64 && sizeof(tp__user) == 448,
-    "the ending side's fields on the entry's last line, the name's first 108 bytes before it, 7 lines");
+_Static_assert(offsetof(tp__user, flow) + offsetof(tp__flow, lane_) + sizeof(struct tp__flow_lane) <=
+                   offsetof(tp__user, released) + 64,
+               "the ending side's counters, the weight and the priority-0 flow on one line");
+_Static_assert(offsetof(tp__user, name) + 35 < 64 &&
+                   offsetof(tp__user, name) + sizeof(((tp__user *)0)->name) <= offsetof(tp__user, released),
+               "a short name on the first line, none of it on the ending side's");
+/* An odd stride: at 8 lines, every entry's first line fell into one cache
+ * set in eight, and a fair pool with 10,000 users ran 1.3x slower. */
+_Static_assert(sizeof(tp__user) == 448, "7 lines");
 
 /* An entry's slot count, exact with the table's lock(s) held (users.h's
  * top). */
@@ -148,7 +157,7 @@ typedef struct tp__users {
 /* Whether `u` holds no slot, with the table's lock(s) held. Where the
  * table is not split `released` stays 0 (a give-back lowers `taken`), so
  * `taken` says it on the first line, which both sides write anyway; where it
- * is, the flag (on the name's line) says it, so the submitter need not read
+ * is, the flag (on the first line) says it, so the submitter need not read
  * the ending side's line. */
 static inline bool tp__user_zero(const tp__users *us, const tp__user *u) {
     return us->split ? u->zero : atomic_load_explicit(&u->taken, memory_order_relaxed) == 0;
