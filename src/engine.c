@@ -92,13 +92,18 @@
  * and priority-0 part: W's alone in a pool that stages; S reads it only
  * near the user's limit -- with the default limit of 2, at every staged
  * submit -- and W the first line only at the user's last slot; a fair
- * pool's locked admission writes both) and, read by S only, the bucket's
- * slot. (The flow once shared the first line, which a fair pool's staged
+ * pool's locked admission writes both), in a pool that stages the name's
+ * last line too (`at_limit`: W reads it at every slot given back, and S
+ * and W write it only at the user's limit) and, read by S only, the
+ * bucket's slot. (The flow once shared the first line, which a fair pool's staged
  * submit and its worker then both wrote per task: docs/performance.md,
  * "the user entry's two sides".) With few users
  * they stay cached; with thousands (tp_bench fair) they come from memory or
- * another core at every submit, so S fetches them before it takes the lock
- * (tp__life_prefetch) rather than holding the lock through the misses.
+ * another core at every submit, so S fetches the bucket's entry's first
+ * line (and so a name of up to 35 bytes) before it takes the lock
+ * (tp__life_prefetch) rather than holding the lock through the misses; the
+ * ending line, which a fair pool's locked admission writes (the flow), is
+ * not fetched: it is the worker's in a pool that stages.
  * Staged with its user (life.h, users_put: a plain tp_submit whose user is
  * well below its limit), S takes the slot under put (the lines above, on
  * S's side, and the ring's as a staged task's) and the slot rides in the

@@ -33,7 +33,9 @@
 
 typedef struct tp__user {
     /* own cache lines, 7 of them: the submitting side's first (the first
-     * line and the name), then the ending side's. The slots held are
+     * line and the name; the name's last line also holds the idle queue's
+     * fields and `at_limit`, which the ending side touches), then the ending
+     * side's. The slots held are
      * `taken - released`, two free-running counters on different lines.
      * Where slots are taken under one lock and given back under another
      * (`split`: a pool that stages, whose submitters take them under put
@@ -84,7 +86,11 @@ typedef struct tp__user {
     bool idle_q; /* on the idle queue (its count may have risen since) */
     struct tp__user *inext;
     /* split: holds max_per_user slots (life.c sets it at a locked admission
-     * and clears it with the slot given back; users_at_limit counts them) */
+     * and clears it with the slot given back; users_at_limit counts them).
+     * On the name's last line, not the ending side's (no room there): the
+     * ending side reads it at every slot given back (life.c,
+     * user_release_now), so that line is in the worker's working set too,
+     * and both sides write it when the user reaches or leaves its limit. */
     bool at_limit;
     /* the ending side's: its first line, which the name shares with none
      * of its bytes */
