@@ -48,6 +48,7 @@
  */
 #include "life.h"
 
+#include <limits.h>
 #include <stddef.h>
 #include <string.h>
 
@@ -356,9 +357,24 @@ static void user_release_now(tp__life *L, tp__user *u) {
     if (L->users.live != live) TP__SET(L->gauges->users, L->users.live);
 }
 
-/* mu and put held: the kept slots given back (life.h, `rel`). */
+#if defined(TP__DEBUG)
+/* How many of u's slots `rel` keeps: what u->kept counts. */
+static unsigned kept_of(const tp__life *L, const tp__user *u) {
+    unsigned n = 0;
+    for (unsigned i = 0; i < L->rel_n; i++) n += L->rel[i] == u;
+    return n;
+}
+#endif
+_Static_assert(TP__REL_MAX <= UCHAR_MAX, "a user's kept slots fit its entry's byte (users.h, kept)");
+
+/* mu and put held: the kept slots given back (life.h, `rel`); each user's
+ * kept count returns to 0 before its slots go back (its entry may go idle
+ * with the last). */
 static void users_flush_put(tp__life *L) {
-    for (unsigned i = 0; i < L->rel_n; i++) user_release_now(L, L->rel[i]);
+    for (unsigned i = 0; i < L->rel_n; i++) {
+        L->rel[i]->kept = 0;
+        user_release_now(L, L->rel[i]);
+    }
     L->rel_n = 0;
 }
 
@@ -387,10 +403,10 @@ static void user_release(tp__life *L, tp__user *u) {
         return;
     }
     if (L->rel_n < TP__REL_MAX && tp__sched_waiting(&L->sched) > 0) {
-        unsigned kept = 1; /* this one */
-        for (unsigned i = 0; i < L->rel_n; i++) kept += L->rel[i] == u;
-        if (tp__user_holds_more(&L->users, u, kept)) {
+        if (tp__user_holds_more(&L->users, u, u->kept + 1u)) { /* those kept and this one */
             L->rel[L->rel_n++] = u;
+            u->kept++;
+            TP__ASSERT(u->kept == kept_of(L, u));
             return;
         }
     }

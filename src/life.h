@@ -162,7 +162,8 @@ typedef struct tp__life {
      * adds or evicts an entry, never brings a user to its limit (so
      * users_at_limit stays mu's) and never refuses TP_EUSERLIMIT (the locked
      * path decides). A slot given back while tasks wait in the queue, and
-     * not its user's last, is kept here (`rel`, mu held) and given back with
+     * not its user's last, is kept here (`rel`, mu held; the user's entry
+     * counts its own, users.h `kept`) and given back with
      * the next ones under one hold of put (life.c, user_release): a worker
      * ending tasks back to back takes put once per TP__REL_MAX, not per
      * task. A user's last slot goes back at once, so the users gauge never

@@ -195,6 +195,7 @@ tp__user *tp__users_take(tp__users *us, tp__user *found, const char *name, size_
     atomic_store_explicit(&u->taken, 1, memory_order_relaxed);
     u->rel_seen = u->released = u->taken_seen = 0;
     u->zero = u->at_limit = false;
+    u->kept = 0; /* an idle entry keeps none (life.c gives kept slots back before a count reaches 0) */
     atomic_store_explicit(&u->stage_ok, false,
                           memory_order_relaxed); /* in no round (an evicted one left it) */
     u->stage_last = 0;

@@ -92,6 +92,10 @@ typedef struct tp__user {
      * user_release_now), so that line is in the worker's working set too,
      * and both sides write it when the user reaches or leaves its limit. */
     bool at_limit;
+    /* A pool that stages: how many of its slots a worker keeps (life.h,
+     * `rel`; at most TP__REL_MAX), mu held. Beside at_limit, which the
+     * worker reads at every slot given back anyway. */
+    unsigned char kept;
     /* the ending side's: its first line, which the name shares with none
      * of its bytes */
     _Alignas(64) unsigned released; /* slots ever given back; its writers hold every lock of the table */
@@ -104,6 +108,8 @@ _Static_assert(offsetof(tp__user, flow) + offsetof(tp__flow, lane_) + sizeof(str
 _Static_assert(offsetof(tp__user, name) + 35 < 64 &&
                    offsetof(tp__user, name) + sizeof(((tp__user *)0)->name) <= offsetof(tp__user, released),
                "a short name on the first line, none of it on the ending side's");
+_Static_assert(offsetof(tp__user, kept) / 64 == offsetof(tp__user, at_limit) / 64,
+               "the kept count on at_limit's line");
 /* An odd stride: at 8 lines, every entry's first line fell into one cache
  * set in eight, and a fair pool with 10,000 users ran 1.3x slower. */
 _Static_assert(sizeof(tp__user) == 448, "7 lines");
