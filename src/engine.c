@@ -802,6 +802,18 @@ static void *service_main(void *arg) {
 
 /* ------------------------------------------------------------ staged submits */
 
+/* A fair pool's admission of a staged entry reads and writes its user's
+ * flow (the user entry's ending side, users.h), a line that a worker wrote
+ * at that user's last start or end: while the oldest entry is admitted,
+ * the next one's flow starts moving here, if that entry is published (its
+ * producer then no longer writes it). A hint. */
+static void stage_prefetch_next_flow(const tp__stage *st) {
+    size_t h = atomic_load_explicit(&st->head, memory_order_relaxed); /* the oldest entry's ticket */
+    const tp__stage_slot *n = &st->slots[(h + 1) & st->mask];
+    if (atomic_load_explicit(&n->seq, memory_order_acquire) != h + 2) return;
+    if (n->user) __builtin_prefetch(&n->user->flow, 1, 3);
+}
+
 /* Admit every published staged entry, oldest first (stage.h), mu held.
  * Every call that reads or changes the waiting tasks under mu calls this
  * first. A staged task that cannot have a record (out of memory) ends unrun
@@ -825,6 +837,7 @@ static void stage_absorb_locked(tp_pool *p, unsigned max, bool worker) {
          * reads the ring first) or sees it started. */
         TP__ASSERT(a.fn != NULL);
         tp__stage_prefetch_ahead(st, s);
+        if (!tp__stage_plain(st)) stage_prefetch_next_flow(st);
         int rc = tp__life_admit_staged(&p->life, &a, s->arg, s->user, &fx);
         TP__ASSERT(rc == TP_OK || rc == TP_ENOMEM); /* its records' cap covers it (pool.c) */
         if (rc != TP_OK) tp__life_staged_lost(&p->life, &a, s->arg, s->user, &fx);
