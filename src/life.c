@@ -341,6 +341,7 @@ static void retire(tp__life *L, tp__task *t, tp__fx *fx) {
 
 /* One slot given back now; the table guarded (mu, and put where it stages). */
 static void user_release_now(tp__life *L, tp__user *u) {
+    TP__ASSERT(u->kept == 0); /* kept slots go back first: the entry may go idle here */
     bool was_at_limit = tp__user_at_limit(&L->users, u, L->cfg.max_per_user);
     TP__ASSERT(was_at_limit == (tp__user_count(u) == L->cfg.max_per_user));
     if (was_at_limit) u->at_limit = false; /* split only: elsewhere never set */
@@ -371,6 +372,10 @@ _Static_assert(TP__REL_MAX <= UCHAR_MAX, "a user's kept slots fit its entry's by
  * kept count returns to 0 before its slots go back (its entry may go idle
  * with the last). */
 static void users_flush_put(tp__life *L) {
+#if defined(TP__DEBUG)
+    for (unsigned i = 0; i < L->rel_n; i++) /* each count agrees, and is not its user's last slots */
+        TP__ASSERT(L->rel[i]->kept == kept_of(L, L->rel[i]) && tp__user_count(L->rel[i]) > L->rel[i]->kept);
+#endif
     for (unsigned i = 0; i < L->rel_n; i++) {
         L->rel[i]->kept = 0;
         user_release_now(L, L->rel[i]);
