@@ -599,12 +599,168 @@ static void test_submit_wait_producers_close(void **state) {
                   (unsigned long long)all.closed);
 }
 
+/* ------------------------------------------------------------ kept user slots, users coming and going */
+
+/* A pool that stages keeps some given-back user slots (life.h, `rel`;
+ * users.h, `kept`) and gives them back in batches. Several threads, each
+ * the only submitter of its users (so it knows an upper bound of each
+ * one's slots: accepted minus on_done run), submit as users of a sliding
+ * window over more names than the table ever holds at once (idle entries
+ * are taken over by new users), plain (a user and a completion queue:
+ * handed over without the pool lock) and locked (on_done on the pool,
+ * some with a deadline, some cancelled); tp_user_active in between; the
+ * pool closed, shut down or shut down forced while they submit. No
+ * TP_EUSERLIMIT for a user below its limit, no tp_user_active above the
+ * bound, every on_done once, and at rest no user holds a slot. */
+enum { KS_THREADS = 4, KS_NAMES = 40, KS_WINDOW = 6, KS_PER = 3000, KS_IDS = 32, KS_LIMIT = 3 };
+
+typedef struct ks_user {
+    char name[16];
+    atomic_int unfinished; /* accepted, on_done not run yet */
+} ks_user;
+
+typedef struct ks_rec {
+    ks_user *u;
+    int rc;
+    atomic_int calls;
+} ks_rec;
+
+typedef struct ks_arg {
+    tp_pool *p;
+    atomic_int *go;
+    tp_cq *cq;
+    ks_user users[KS_NAMES];
+    ks_rec *recs;
+    unsigned per;
+    uint32_t seed;
+    uint64_t ids[KS_IDS];
+    unsigned nids;
+    tpt_tally t;
+    unsigned wrong_limit, active_over;
+} ks_arg;
+
+static int ks_task(tp_ctx *c, void *arg) {
+    (void)c;
+    ks_rec *r = arg;
+    if (((uintptr_t)r / sizeof *r) % 5 == 0) sched_yield();
+    return ((uintptr_t)r / sizeof *r) % 7 == 0 ? 5 : 0;
+}
+
+static void ks_done(void *arg, int status) {
+    (void)status;
+    ks_rec *r = arg;
+    atomic_fetch_add(&r->calls, 1);
+    atomic_fetch_sub(&r->u->unfinished, 1); /* its slot was given back (or kept) before */
+}
+
+static void *ks_main(void *a) {
+    ks_arg *x = a;
+    tpt_wait_go(x->go);
+    unsigned base = 0;
+    for (unsigned k = 0; k < x->per; k++) {
+        if (k % 128 == 0) base = (base + 5) % KS_NAMES; /* users come and go */
+        ks_user *u = &x->users[(base + tpt_xorshift(&x->seed) % KS_WINDOW) % KS_NAMES];
+        ks_rec *r = &x->recs[k];
+        r->u = u;
+        tp_task_opts o = {0};
+        o.user = u->name;
+        o.on_done = ks_done;
+        unsigned kind = tpt_xorshift(&x->seed) % 8;
+        if (kind < 5)
+            o.cq = x->cq; /* plain */
+        else if (kind == 5)
+            o.deadline_ns = tp_now_ns() + (tpt_xorshift(&x->seed) % 200) * 1000;
+        int held = atomic_fetch_add(&u->unfinished, 1); /* at least the slots it holds */
+        uint64_t id = 0;
+        r->rc = tp_submit(x->p, ks_task, r, &o, kind >= 5 ? &id : NULL);
+        tpt_tally_add(&x->t, r->rc);
+        if (r->rc == TP_OK) {
+            if (id) x->ids[x->nids++ % KS_IDS] = id;
+        } else {
+            atomic_fetch_sub(&u->unfinished, 1);
+            if (r->rc == TP_EUSERLIMIT && held < KS_LIMIT) x->wrong_limit++;
+        }
+        if (k % 8 == 0) (void)tp_cq_drain(x->cq, 0);
+        if (k % 16 == 0 && x->nids > 0)
+            (void)tp_cancel(x->p, x->ids[tpt_xorshift(&x->seed) % (x->nids < KS_IDS ? x->nids : KS_IDS)]);
+        if (k % 32 == 0) {
+            ks_user *v = &x->users[tpt_xorshift(&x->seed) % KS_NAMES];
+            int bound = atomic_load(&v->unfinished);
+            if ((int)tp_user_active(x->p, v->name) > bound) x->active_over++;
+        }
+        if (r->rc != TP_OK) sched_yield();
+    }
+    return NULL;
+}
+
+static void test_user_kept_slots_users_come_and_go(void **state) {
+    tpt_fixture *f = tpt_fx(state);
+    unsigned rounds = 6, per = scaled(KS_PER);
+    tpt_tally all = {0};
+    for (unsigned round = 0; round < rounds; round++) {
+        tp_config c = tpt_quiet_config(1 + round % 2, 64, KS_LIMIT);
+        c.sched = round % 2 ? TP_SCHED_FAIR : TP_SCHED_FIFO; /* fixed workers: both stage */
+        tp_pool *p = tpt_fx_pool(f, &c);
+        atomic_int go = 0;
+        ks_arg *args = calloc(KS_THREADS, sizeof *args);
+        assert_non_null(args);
+        pthread_t th[KS_THREADS];
+        for (int i = 0; i < KS_THREADS; i++) {
+            ks_arg *x = &args[i];
+            x->p = p;
+            x->go = &go;
+            x->per = per;
+            x->seed = 0x9e3779b9u * (uint32_t)(i + 1) + round;
+            x->recs = calloc(per, sizeof *x->recs);
+            assert_non_null(x->recs);
+            assert_int_equal(tp_cq_create(&x->cq, per), TP_OK);
+            for (int j = 0; j < KS_NAMES; j++)
+                snprintf(x->users[j].name, sizeof x->users[j].name, "k%d-%02d", i, j);
+            assert_int_equal(pthread_create(&th[i], NULL, ks_main, x), 0);
+        }
+        atomic_store(&go, 1);
+        /* ended while they submit: closed, drained, or forced */
+        (void)TPT_POLL(tpt_stats(p).submitted >= (uint64_t)KS_THREADS * per / 2, TPT_WAIT_NS);
+        int how = (int)(round / 2) % 3;
+        if (how == 0) assert_int_equal(tp_close(p), TP_OK);
+        if (how == 1) assert_int_equal(tp_shutdown(p, TPT_WAIT_NS), TP_OK);
+        int forced = how == 2 && tp_shutdown(p, 1) == TP_ETIMEDOUT;
+        for (int i = 0; i < KS_THREADS; i++) pthread_join(th[i], NULL);
+        assert_int_equal(tp_wait(p, TPT_WAIT_NS), forced ? TP_ETIMEDOUT : TP_OK);
+        for (int i = 0; i < KS_THREADS; i++) {
+            ks_arg *x = &args[i];
+            assert_true(TPT_POLL((tp_cq_drain(x->cq, 0), tp_cq_destroy(x->cq) == TP_OK), TPT_WAIT_NS));
+            assert_int_equal(x->t.bad, 0);
+            assert_int_equal(x->wrong_limit, 0);
+            assert_int_equal(x->active_over, 0);
+            for (unsigned k = 0; k < per; k++)
+                assert_int_equal(atomic_load(&x->recs[k].calls), x->recs[k].rc == TP_OK ? 1 : 0);
+            for (int j = 0; j < KS_NAMES; j++) {
+                assert_int_equal(atomic_load(&x->users[j].unfinished), 0);
+                assert_int_equal(tp_user_active(p, x->users[j].name), 0);
+            }
+            tpt_tally_merge(&all, &x->t);
+            free(x->recs);
+        }
+        tp_stats s = tpt_stats(p);
+        tpt_assert_at_rest(&s);
+        free(args);
+        tpt_fx_forget(p);
+        assert_int_equal(tp_destroy(p), TP_OK);
+    }
+    print_message(
+        "kept slots, users come and go: %u rounds, %llu ok, %llu user limit, %llu full, %llu closed\n",
+        rounds, (unsigned long long)all.ok, (unsigned long long)all.user, (unsigned long long)all.full,
+        (unsigned long long)all.closed);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         TPT_TEST(test_concurrent_submit_close),
         TPT_TEST(test_submit_cancel_stats_shutdown),
         TPT_TEST(test_user_slot_churn),
         TPT_TEST(test_submit_wait_producers_close),
+        TPT_TEST(test_user_kept_slots_users_come_and_go),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
