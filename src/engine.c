@@ -88,14 +88,16 @@
  * A task with a user adds its entry's first line (users.h: `taken`, and a
  * name of up to 35 bytes; S writes it, and W too in a pool that does not
  * stage, where a slot given back lowers `taken`), in a pool that stages or
- * is fair its ending line (`released`, and in a fair pool the flow's weight
- * and priority-0 part: W's alone in a pool that stages; S reads it only
- * near the user's limit -- with the default limit of 2, at every staged
- * submit -- and W the first line only at the user's last slot; a fair
- * pool's locked admission writes both), in a pool that stages the name's
- * last line too (`at_limit`: W reads it at every slot given back, and S
- * and W write it only at the user's limit) and, read by S only, the
- * bucket's slot. (The flow once shared the first line, which a fair pool's staged
+ * is fair its ending line (`released`, `at_limit`, the count of slots
+ * kept, and in a fair pool the flow's priority-0 part with its weight:
+ * W's alone in a pool that stages; S reads it only near the user's limit
+ * -- with the default limit of 2, at every staged submit -- and writes it
+ * only at a locked admission that brings the user to its limit, and W
+ * reads the first line only at the user's last slot; a fair pool's locked
+ * admission writes both) and, read by S only, the bucket's slot. (Until
+ * the flow's weight moved into its lanes, `at_limit` and the kept count
+ * sat on the name's last line, a second line of the entry that W read per
+ * slot given back.) (The flow once shared the first line, which a fair pool's staged
  * submit and its worker then both wrote per task: docs/performance.md,
  * "the user entry's two sides".) With few users
  * they stay cached; with thousands (tp_bench fair) they come from memory or

@@ -1060,7 +1060,7 @@ uint64_t tp__life_timers(tp__life *L, uint64_t now, tp__fx *fx) {
 
 int tp__life_set_weight(tp__life *L, const char *user, size_t len, unsigned weight) {
     if (len == 0) {
-        L->sched.anon.weight = weight; /* from its next turn */
+        tp__flow_set_weight(&L->sched.anon, weight); /* from its next turn */
         return TP_OK;
     }
     return tp__users_set_weight(&L->users, user, len, tp__users_hash(user, len), weight);

@@ -266,7 +266,7 @@ static void fair_take(tp__lane *l, unsigned li, tp__task *t) {
     tp__flow *f = l->rhead;
     struct tp__flow_lane *fl = tp__flow_lane(f, li);
     TP__ASSERT(t->flow == f && fl->head == t && fl->in_round);
-    unsigned credit = (fl->credit ? fl->credit : f->weight) - 1; /* a turn starts at 0 */
+    unsigned credit = (fl->credit ? fl->credit : fl->weight) - 1; /* a turn starts at 0 */
     tp__task *nx = t->next;
     t->next = t->prev = NULL;
     fl->head = nx;

@@ -40,21 +40,24 @@ static inline unsigned tp__lane_of(int prio) { return (unsigned)(prio - TP_PRIO_
 
 /* A user's place in the rounds of a fair pool: one per user entry (users.h),
  * plus the anonymous user's in the scheduler. Zero-initialised, weight 1.
- * Its weight first, then its lanes, priority 0 first (tp__flow_lane): the
- * weight and the default lane's fields are the flow's first 56 bytes, which
- * users.h keeps on one line of the user's entry (with the slots given
- * back), so a task of priority 0 moves one line of its user's entry per push
+ * Its lanes, priority 0 first (tp__flow_lane); each lane keeps the flow's
+ * weight (the same in all five: tp__flow_set_weight), so that the default
+ * lane's fields, the weight among them, are the flow's first 48 bytes,
+ * which users.h keeps on one line of the user's entry (with the slots given
+ * back): a task of priority 0 moves one line of its user's entry per push
  * and per start, and a turn reads its quantum there. */
 typedef struct tp__flow {
-    unsigned weight; /* the quantum of its next turns, 1..TP_WEIGHT_MAX */
     struct tp__flow_lane {
         tp__task *head, *tail;          /* its waiting tasks in this lane, in admission order */
         struct tp__flow *rnext, *rprev; /* the lane's round, while in it */
         tp__task *rnext_head;           /* in the round, not its tail: rnext's head (see tp__lane) */
         unsigned credit;                /* starts left in the turn under way; 0: no turn started */
+        uint16_t weight;                /* the flow's: the quantum of its next turns, 1..TP_WEIGHT_MAX */
         bool in_round;
     } lane_[TP__LANES]; /* by tp__flow_lane: priority 0, 1, 2, -2, -1 */
 } tp__flow;
+_Static_assert(TP_WEIGHT_MAX <= UINT16_MAX, "a weight fits a lane's");
+_Static_assert(sizeof(struct tp__flow_lane) == 48, "a flow's lane: 48 bytes");
 
 /* Lane li's part of flow f (li = tp__lane_of(priority)). */
 static inline struct tp__flow_lane *tp__flow_lane(tp__flow *f, unsigned li) {
@@ -279,6 +282,14 @@ static inline uint64_t tp__sched_oldest_at(tp__sched *s) {
     return oldest;
 }
 
+/* The weight of flow f's next turns, in every lane. */
+static inline void tp__flow_set_weight(tp__flow *f, unsigned weight) {
+    for (unsigned i = 0; i < TP__LANES; i++) f->lane_[i].weight = (uint16_t)(weight ? weight : 1);
+}
+
+/* Flow f's weight. */
+static inline unsigned tp__flow_weight(const tp__flow *f) { return f->lane_[0].weight; }
+
 /* Fair pools: `f` is a new user's flow; weight as set (1 by default). */
 static inline void tp__flow_init(tp__flow *f, unsigned weight) {
     for (unsigned i = 0; i < TP__LANES; i++) {
@@ -288,7 +299,7 @@ static inline void tp__flow_init(tp__flow *f, unsigned weight) {
         f->lane_[i].credit = 0;
         f->lane_[i].in_round = false;
     }
-    f->weight = weight ? weight : 1;
+    tp__flow_set_weight(f, weight);
 }
 
 #endif /* TP_SCHED_H */

@@ -294,6 +294,6 @@ int tp__users_set_weight(tp__users *us, const char *name, size_t len, uint32_t h
     }
     w->weight = weight;
     tp__user *u = tp__users_find(us, name, len, h);
-    if (u) u->flow.weight = weight; /* from its next turn */
+    if (u) tp__flow_set_weight(&u->flow, weight); /* from its next turn */
     return TP_OK;
 }

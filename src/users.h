@@ -34,8 +34,7 @@
 typedef struct tp__user {
     /* own cache lines, 7 of them: the submitting side's first (the first
      * line and the name; the name's last line also holds the idle queue's
-     * fields and `at_limit`, which the ending side touches), then the ending
-     * side's. The slots held are
+     * fields), then the ending side's. The slots held are
      * `taken - released`, two free-running counters on different lines.
      * Where slots are taken under one lock and given back under another
      * (`split`: a pool that stages, whose submitters take them under put
@@ -55,8 +54,8 @@ typedef struct tp__user {
      * stays 0.
      * In a fair pool the flow (scheduler.h) is the ending side's too: a
      * worker moves it at every admission and start, under mu, while a
-     * staged submit writes only the first line; so its weight and
-     * priority-0 part share the ending side's first line (a task of
+     * staged submit writes only the first line; so its priority-0 part
+     * (with the weight) shares the ending side's first line (a task of
      * priority 0 moves that one line of its entry per admission and per
      * start), and the submitter's line does not travel to the worker and
      * back per task (docs/performance.md, "the user entry's two sides"). */
@@ -85,31 +84,31 @@ typedef struct tp__user {
      * when a new user needs an entry */
     bool idle_q; /* on the idle queue (its count may have risen since) */
     struct tp__user *inext;
-    /* split: holds max_per_user slots (life.c sets it at a locked admission
-     * and clears it with the slot given back; users_at_limit counts them).
-     * On the name's last line, not the ending side's (no room there): the
-     * ending side reads it at every slot given back (life.c,
-     * user_release_now), so that line is in the worker's working set too,
-     * and both sides write it when the user reaches or leaves its limit. */
-    bool at_limit;
-    /* A pool that stages: how many of its slots a worker keeps (life.h,
-     * `rel`; at most TP__REL_MAX), mu held. Beside at_limit, which the
-     * worker reads at every slot given back anyway. */
-    unsigned char kept;
     /* the ending side's: its first line, which the name shares with none
-     * of its bytes */
+     * of its bytes, holds everything a worker reads or writes of the entry
+     * per task of priority 0 */
     _Alignas(64) unsigned released; /* slots ever given back; its writers hold every lock of the table */
     unsigned taken_seen;            /* split: `taken` as last read; released <= taken_seen <= taken */
-    tp__flow flow;                  /* fair pools: its place in the rounds */
+    /* split: holds max_per_user slots (life.c sets it at a locked admission
+     * and clears it with the slot given back; users_at_limit counts them).
+     * The ending side reads it at every slot given back (life.c,
+     * user_release_now); the submitting side writes it only at a locked
+     * admission that brings the user to its limit. */
+    bool at_limit;
+    /* A pool that stages: how many of its slots a worker keeps (life.h,
+     * `rel`; at most TP__REL_MAX), mu held. */
+    unsigned char kept;
+    tp__flow flow; /* fair pools: its place in the rounds */
 } tp__user;
-_Static_assert(offsetof(tp__user, flow) + offsetof(tp__flow, lane_) + sizeof(struct tp__flow_lane) <=
-                   offsetof(tp__user, released) + 64,
-               "the ending side's counters, the weight and the priority-0 flow on one line");
+_Static_assert(
+    offsetof(tp__user, flow) + sizeof(struct tp__flow_lane) <= offsetof(tp__user, released) + 64 &&
+        offsetof(tp__user, at_limit) < offsetof(tp__user, released) + 64 &&
+        offsetof(tp__user, kept) < offsetof(tp__user, released) + 64,
+    "the ending side's counters, at_limit, the kept count and the priority-0 flow (with the weight) on "
+    "one line");
 _Static_assert(offsetof(tp__user, name) + 35 < 64 &&
                    offsetof(tp__user, name) + sizeof(((tp__user *)0)->name) <= offsetof(tp__user, released),
                "a short name on the first line, none of it on the ending side's");
-_Static_assert(offsetof(tp__user, kept) / 64 == offsetof(tp__user, at_limit) / 64,
-               "the kept count on at_limit's line");
 /* An odd stride: at 8 lines, every entry's first line fell into one cache
  * set in eight, and a fair pool with 10,000 users ran 1.3x slower. */
 _Static_assert(sizeof(tp__user) == 448, "7 lines");

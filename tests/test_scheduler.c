@@ -266,7 +266,7 @@ static void test_fair_round_leave_rejoin_weight(void **state) {
     p = tp__sched_peek(&s);
     assert_ptr_equal(p, &t[1]);
     tp__sched_start(&s, p);
-    y.weight = 3; /* from y's next turn */
+    tp__flow_set_weight(&y, 3); /* from y's next turn */
     mk(&t[5], 6, 0, &y, 1);
     mk(&t[6], 7, 0, &y, 1);
     mk(&t[7], 8, 0, &y, 1);
@@ -442,7 +442,7 @@ static void m_start(model *m, tp__task *t, tp__flow *flows, tp__flow *anon) {
     m_unwait(m, t);
     if (m->fair) {
         int fi = flow_ix(t->flow, flows, anon);
-        if (m->credit[li][fi] == 0) m->credit[li][fi] = t->flow->weight;
+        if (m->credit[li][fi] == 0) m->credit[li][fi] = tp__flow_weight(t->flow);
         m->credit[li][fi]--;
         if (!m_flow_waits(m, li, t->flow)) {
             m_round_remove(m, li, t->flow);

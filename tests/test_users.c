@@ -107,11 +107,11 @@ static void test_users_idle_entry_keeps_weight(void **state) {
     assert_int_equal(tp__users_init(&us, 4), 0);
     us.flows = true;
     tp__user *a = acq(&us, "alice");
-    assert_int_equal(a->flow.weight, 1);
+    assert_int_equal(tp__flow_weight(&a->flow), 1);
     tp__users_release(&us, a);
     assert_int_equal(tp__users_set_weight(&us, "alice", 5, tp__users_hash("alice", 5), 3), TP_OK);
     assert_ptr_equal(acq(&us, "alice"), a);
-    assert_int_equal(a->flow.weight, 3);
+    assert_int_equal(tp__flow_weight(&a->flow), 3);
     for (unsigned i = 0; i < TP__LANES; i++) {
         assert_null(a->flow.lane_[i].head);
         assert_false(a->flow.lane_[i].in_round);
