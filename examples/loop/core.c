@@ -50,8 +50,14 @@
  * sends nothing for IDLE_TIMEOUT (since it connected, last sent bytes or
  * last had output written) is closed, lingering (below, reason "idle
  * timeout"), so that silent connections cannot hold the MAX_CLIENTS places
- * for ever. Work in flight or answers not yet taken are not idleness: those
- * are bounded by TASK_TIMEOUT and by the slow-reader rules above.
+ * for ever. Work in flight is not idleness: TASK_TIMEOUT bounds it. Answers
+ * not yet taken are not either, but the slow-reader rules above bound only
+ * their bytes, not their time: a client that takes none of them (it does not
+ * read, and while paused what it sends is not read either) would hold its
+ * place for ever, even trickling bytes in. So one with nothing in flight
+ * whose output has not moved (out_moved_ns) for IDLE_TIMEOUT is dropped
+ * (slow_dropped; its unwritten answers are lost, as at the drain's end),
+ * half-closed or not.
  *
  * Lingering close. A server that closes a socket whose peer has sent more
  * than it read (a client that pipelines requests past a protocol error or
@@ -151,7 +157,10 @@ static bool reply(lp_client *c, const char *fmt, ...) {
     memcpy(c->out + tail, line, first);
     memcpy(c->out, line + first, (size_t)n - first);
     c->out_len += (size_t)n;
-    if (was_empty) c->srv->ops.want_write(c);
+    if (was_empty) {
+        c->out_moved_ns = tp_now_ns();
+        c->srv->ops.want_write(c);
+    }
     return true;
 }
 
@@ -456,7 +465,7 @@ void lp_client_sent(lp_client *c, size_t len) {
     assert(len <= c->out_len);
     c->out_len -= len;
     c->out_head = c->out_len == 0 ? 0 : (c->out_head + len) % c->out_cap;
-    c->active_ns = tp_now_ns();
+    c->active_ns = c->out_moved_ns = tp_now_ns();
     refresh(c);
 }
 
@@ -592,6 +601,14 @@ void lp_server_begin_drain(lp_server *s, const char *signal_name) {
  * due now: idle, lingering too long, or unread at the drain's end. */
 static uint64_t client_timer(lp_client *c, uint64_t now) {
     lp_server *s = c->srv;
+    if (!s->draining && !c->lingering && c->inflight == 0 && c->out_len > 0) { /* answers untaken: top */
+        uint64_t stall_end = c->out_moved_ns + s->cfg.idle_timeout_ns;
+        if (now < stall_end) return stall_end;
+        s->n.slow_dropped++;
+        log_client("warn", "client_dropped", c, "slow reader: no answer taken for IDLE_TIMEOUT");
+        close_now(c);
+        return 0;
+    }
     if (!s->draining && !c->lingering && !c->eof && c->inflight == 0 && c->out_len == 0) {
         uint64_t idle_end = c->active_ns + s->cfg.idle_timeout_ns;
         if (now < idle_end) return idle_end;

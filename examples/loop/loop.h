@@ -36,6 +36,8 @@
  * A connection over MAX_CLIENTS gets "BUSY 0 too many clients" and is closed.
  * A client with nothing in flight and nothing unwritten that sends nothing
  * for IDLE_TIMEOUT is closed (lingering, as above).
+ * A client with nothing in flight and answers unwritten that takes none of
+ * them for IDLE_TIMEOUT is dropped (a slow reader).
  * End of input (a half-close) means "no more requests": the work in flight is
  * answered, then the connection closes.
  */
@@ -142,6 +144,7 @@ struct lp_client {
     bool lingering;        /* ops.half_close was called: input is read and dropped until the peer closes */
     uint64_t linger_until; /* then closed at this time (tp_now_ns) at the latest */
     uint64_t active_ns;    /* when it connected, last sent bytes or last had output written (IDLE_TIMEOUT) */
+    uint64_t out_moved_ns; /* when its output last became pending or had bytes written (IDLE_TIMEOUT) */
     bool closing;          /* ops.close was called */
     bool closed;           /* lp_client_closed was called */
 };

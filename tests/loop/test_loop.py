@@ -782,6 +782,32 @@ def scenario_idle(env):
     c.close()
     clean_exit(srv)
 
+    # A client that takes none of its answers (it sends enough to fill the
+    # kernel's buffers with them, then neither reads nor sends) is not idle
+    # by the rule above, but must not hold its MAX_CLIENTS place for ever:
+    # with nothing in flight and no output written for IDLE_TIMEOUT it is
+    # dropped, and its place is free again.
+    srv = env.server("stalled", MAX_CLIENTS=2, IDLE_TIMEOUT="1s", OUTPUT_LIMIT=4096)
+    s = srv.connect(rcvbuf=4096)
+    s.sock.setblocking(False)
+    try:
+        for _ in range(100000):  # until the server pauses it and TCP pushes back
+            s.sock.send(b"PING\n" * 200)
+    except BlockingIOError:
+        pass
+    wait_until(lambda: srv.stats()["paused_now"] == 1, 20, "the server to pause the client that reads nothing")
+    wait_until(lambda: srv.stats()["slow_dropped"] == 1, 10, "the client that reads nothing to be dropped")
+    st = srv.stats()
+    check(st["clients"] == 1 and st["inflight"] == 0, "counters %r" % st)
+    ev = [e for e in srv.events() if e.get("msg") == "client_dropped"]
+    check(len(ev) == 1 and ev[0]["client"] == 1 and ev[0]["reason"].startswith("slow reader")
+          and ev[0]["inflight"] == 0 and ev[0]["unwritten"] > 0, "client_dropped lines %r" % ev)
+    c = srv.connect()
+    check(c.call("PING") == "PONG 1", "a new client is served once the stalled one is gone")
+    c.close()
+    s.close()
+    clean_exit(srv)
+
 
 SCENARIOS = {
     "protocol": scenario_protocol,
