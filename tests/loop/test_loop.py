@@ -31,7 +31,8 @@ Scenarios (one CTest test each, per server):
   linger    a client that goes on sending after the server decided to close
             gets its answers and a clean end of stream
   idle      IDLE_TIMEOUT: a silent client is closed and its MAX_CLIENTS place
-            freed; one whose work outlasts it is not idle
+            freed; one whose work outlasts it is not idle; one that takes
+            none of its answers is dropped
 """
 import argparse
 import json
