@@ -715,7 +715,8 @@ static void test_user_kept_slots_users_come_and_go(void **state) {
             assert_non_null(x->recs);
             assert_int_equal(tp_cq_create(&x->cq, per), TP_OK);
             for (int j = 0; j < KS_NAMES; j++)
-                snprintf(x->users[j].name, sizeof x->users[j].name, "k%d-%02d", i, j);
+                snprintf(x->users[j].name, sizeof x->users[j].name, "k%u-%02u", (unsigned)i % 10u,
+                         (unsigned)j % 100u);
             assert_int_equal(pthread_create(&th[i], NULL, ks_main, x), 0);
         }
         atomic_store(&go, 1);
