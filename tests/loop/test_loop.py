@@ -552,6 +552,21 @@ def pings_past_kernel_buffers():
     return n
 
 
+def client_that_reads_nothing(srv, timeout):
+    """A client that sends PINGs until the server pauses it and TCP pushes
+    back, reading none of the answers; returned once the server counts it
+    paused (within `timeout` seconds)."""
+    s = srv.connect(rcvbuf=4096)
+    s.sock.setblocking(False)
+    try:
+        for _ in range(100000):
+            s.sock.send(b"PING\n" * 200)
+    except BlockingIOError:
+        pass
+    wait_until(lambda: srv.stats()["paused_now"] == 1, timeout, "the server to pause the client that reads nothing")
+    return s
+
+
 def scenario_slow(env):
     srv = env.server("slow", WORKERS=128, QUEUE_CAPACITY=256, OUTPUT_LIMIT=2048)
     ctl = srv.connect()
@@ -672,14 +687,7 @@ def scenario_drain(env):
     # flight: it is dropped by nine tenths of the budget (slow_dropped) and
     # the drain still ends drained, exit 0, not forced.
     srv = env.server("drain-unread", SHUTDOWN_TIMEOUT="2s", OUTPUT_LIMIT=65536)
-    s = srv.connect(rcvbuf=4096)
-    s.sock.setblocking(False)
-    try:
-        for _ in range(100000):  # until the server pauses it and TCP pushes back
-            s.sock.send(b"PING\n" * 200)
-    except BlockingIOError:
-        pass
-    wait_until(lambda: srv.stats()["paused_now"] == 1, 10, "the server to pause the client that reads nothing")
+    s = client_that_reads_nothing(srv, 10)
     srv.ctl.close()
     srv.ctl = None
     t0 = time.monotonic()
@@ -789,14 +797,7 @@ def scenario_idle(env):
     # with nothing in flight and no output written for IDLE_TIMEOUT it is
     # dropped, and its place is free again.
     srv = env.server("stalled", MAX_CLIENTS=2, IDLE_TIMEOUT="1s", OUTPUT_LIMIT=4096)
-    s = srv.connect(rcvbuf=4096)
-    s.sock.setblocking(False)
-    try:
-        for _ in range(100000):  # until the server pauses it and TCP pushes back
-            s.sock.send(b"PING\n" * 200)
-    except BlockingIOError:
-        pass
-    wait_until(lambda: srv.stats()["paused_now"] == 1, 20, "the server to pause the client that reads nothing")
+    s = client_that_reads_nothing(srv, 20)
     wait_until(lambda: srv.stats()["slow_dropped"] == 1, 10, "the client that reads nothing to be dropped")
     st = srv.stats()
     check(st["clients"] == 1 and st["inflight"] == 0, "counters %r" % st)
