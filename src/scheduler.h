@@ -59,9 +59,15 @@ typedef struct tp__flow {
 _Static_assert(TP_WEIGHT_MAX <= UINT16_MAX, "a weight fits a lane's");
 _Static_assert(sizeof(struct tp__flow_lane) == 48, "a flow's lane: 48 bytes");
 
+/* Where lane li's part sits in a flow's lane_: (li + 3) % 5, without the
+ * division, so that the default lane's is first (users.h keeps it on one
+ * line with the user's ending side). */
+#define TP__FLOW_SLOT(li) ((li) >= 2u ? (li)-2u : (li) + TP__LANES - 2u)
+_Static_assert(TP__FLOW_SLOT(0u - TP_PRIO_MIN) == 0, "the default lane's part is a flow's first 48 bytes");
+
 /* Lane li's part of flow f (li = tp__lane_of(priority)). */
 static inline struct tp__flow_lane *tp__flow_lane(tp__flow *f, unsigned li) {
-    return &f->lane_[li >= 2 ? li - 2 : li + TP__LANES - 2]; /* (li + 3) % 5, without the division */
+    return &f->lane_[TP__FLOW_SLOT(li)];
 }
 
 /* A lane: what a start and an end in it write is its first cache line,
