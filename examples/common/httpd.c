@@ -705,6 +705,11 @@ static void admit(httpd *h, int fd, const char *peer) {
         h->normal++;
     }
     atomic_fetch_add(&h->open, 1);
+    /* Read at once what came with the connection. In a burst accepted in one
+     * round, a spare whose probe has already arrived is answered now, before
+     * a newer connection can take its slot (it would be closed unread, with
+     * a reset), and a request refused at the limit gets its 503. */
+    on_event(h, c, POLLIN);
 }
 
 static void accept_some(httpd *h) {

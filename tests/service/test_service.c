@@ -1024,6 +1024,58 @@ static void test_connection_limit(void **state) {
     assert_int_equal(proc_wait_exit(p, WAIT_NS), 0);
 }
 
+/* State letter of the child in /proc/<pid>/stat ('T' once stopped), or 0. */
+static char proc_state(const proc *p) {
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)p->pid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL) return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *rp = strrchr(buf, ')'); /* after "pid (comm)" */
+    return rp != NULL && rp[1] == ' ' ? rp[2] : 0;
+}
+
+/* A probe that arrives in a burst of connections at MAX_CONNS is answered:
+ * with the only slot held by half a head, the service is stopped while a
+ * probe and then 20 other requests connect and are sent, so that all of
+ * them wait in the backlog and are accepted in one round. More than
+ * HTTPD_SPARE arrive after the probe; each newer one would take the oldest
+ * spare slot, and the probe, its request already there, was closed unread
+ * with a reset. Every connection of the burst is answered: the probe 200,
+ * the others 503 + Retry-After. */
+static void test_limit_burst_probe(void **state) {
+    proc *p = *state;
+    const char *env[] = {"MAX_CONNS=1", "HEADER_TIMEOUT=60s", NULL};
+    proc_start(p, env);
+    enum { BURST = 20 };
+    client *held = client_open(p);
+    client_sends_read(p, held, "GET /stats HTTP/1.1\r\nHo");
+    proc_kill(p, SIGSTOP);
+    assert_true(TPT_POLL(proc_state(p) == 'T', WAIT_NS));
+    client *probe = client_open(p);
+    client_sends(probe, "GET /healthz HTTP/1.1\r\nHost: test\r\n\r\n");
+    client *other[BURST];
+    for (int i = 0; i < BURST; i++) {
+        other[i] = client_open(p);
+        client_sends(other[i], "GET /stats HTTP/1.1\r\nHost: test\r\n\r\n");
+    }
+    proc_kill(p, SIGCONT);
+    response r;
+    assert_int_equal(client_read(probe, &r), 0); /* -1: closed (reset) without an answer */
+    assert_int_equal(r.status, 200);
+    client_close(probe);
+    for (int i = 0; i < BURST; i++) {
+        assert_int_equal(client_read(other[i], &r), 0);
+        assert_int_equal(r.status, 503);
+        assert_true(r.retry_after);
+        client_close(other[i]);
+    }
+    client_close(held);
+    stop_drained(p);
+}
+
 /* At MAX_CONNS, a new connection closes the oldest idle keep-alive
  * connection rather than being refused (issue 22, finding 2): idle clients
  * cannot hold the service for IDLE_TIMEOUT. The younger idle one stays. */
@@ -2368,6 +2420,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(test_readyz_drain, setup, teardown),
         cmocka_unit_test_setup_teardown(test_drain_unfinished_head, setup, teardown),
         cmocka_unit_test_setup_teardown(test_limit_evicts_idle, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_limit_burst_probe, setup, teardown),
         cmocka_unit_test_setup_teardown(test_log_encoding, setup, teardown),
         cmocka_unit_test_setup_teardown(test_http_conformance, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lingering_close, setup, teardown),
