@@ -747,6 +747,12 @@ static void accept_some(httpd *h) {
 static int round_once(httpd *h, const int *fds, size_t nfds, uint64_t until) {
     uint64_t now = tp_now_ns();
     expire(h, now);
+    /* In httpd_finish, once its last connection has expired here, nothing
+     * is left to wait for (no listener, no connection, no descriptor of the
+     * caller's; with no connection no exchange can come back): it ends now,
+     * not a poll timeout (up to 1 s) later. (httpd_run always passes the
+     * caller's descriptor.) */
+    if (h->lfd < 0 && h->n == 0 && nfds == 0) return -2;
     size_t np = 0;
     for (size_t i = 0; i < nfds; i++) h->pfd[np++] = (struct pollfd){.fd = fds[i], .events = POLLIN};
     h->pfd[np++] = (struct pollfd){.fd = h->wake[0], .events = POLLIN};

@@ -1037,6 +1037,49 @@ static char proc_state(const proc *p) {
     return rp != NULL && rp[1] == ' ' ? rp[2] : 0;
 }
 
+/* Milliseconds of the day of a log line's "ts" (...THH:MM:SS.mmmZ), -1 if none. */
+static long ts_ms_of(const char *line) {
+    const char *t = strstr(line, "\"ts\":\"");
+    if (t == NULL || (t = strchr(t + 6, 'T')) == NULL) return -1;
+    int hh, mm, ss, ms;
+    if (sscanf(t + 1, "%2d:%2d:%2d.%3d", &hh, &mm, &ss, &ms) != 4) return -1;
+    return ((hh * 60L + mm) * 60L + ss) * 1000L + ms;
+}
+
+/* A drain ends with its last connection: a client refused 503 at the
+ * drain keeps its socket open, so the server lingers on it until its
+ * lingering deadline (2 s); then nothing is left, and the shutdown follows
+ * at once. It followed a whole poll timeout later (the drain's loop went
+ * on waiting up to 1 s after closing its last connection). The gap between
+ * the last connection_closed line and shutdown_complete, in the server's
+ * own log: within 500 ms (a few ms when nothing is wrong; 1 s before). */
+static void test_drain_ends_with_last_linger(void **state) {
+    proc *p = *state;
+    const char *env[] = {"SHUTDOWN_TIMEOUT=10s", "HEADER_TIMEOUT=30s", "LOG_LEVEL=debug", NULL};
+    proc_start(p, env);
+    client *half = client_open(p);
+    client_sends(half, "GET /heal");
+    proc_kill(p, SIGTERM);
+    response r;
+    assert_int_equal(client_read(half, &r), 0);
+    assert_int_equal(r.status, 503);
+    assert_int_equal(proc_wait_exit(p, WAIT_NS), 0); /* the client has not closed: the linger ran out */
+    client_close(half);
+    proc_refresh(p);
+    long done = find_line(p, 0, "\"msg\":\"shutdown_complete\"", NULL);
+    assert_true(done >= 0);
+    long last = -1;
+    for (long off = 0;
+         (off = find_line(p, (size_t)off, "\"msg\":\"connection_closed\"", NULL)) >= 0 && off < done;
+         off += (long)strcspn(p->log + off, "\n") + 1) /* on to the next line */
+        last = off;
+    assert_true(last >= 0);
+    long closed = ts_ms_of(line_at(p, last)), end = ts_ms_of(line_at(p, done));
+    assert_true(closed >= 0 && end >= 0);
+    long gap = (end - closed + 86400000L) % 86400000L; /* across midnight too */
+    if (gap > 500) fail_msg("shutdown_complete came %ld ms after the last connection closed", gap);
+}
+
 /* A probe that arrives in a burst of connections at MAX_CONNS is answered:
  * with the only slot held by half a head, the service is stopped while a
  * probe and then 20 other requests connect and are sent, so that all of
@@ -2421,6 +2464,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(test_drain_unfinished_head, setup, teardown),
         cmocka_unit_test_setup_teardown(test_limit_evicts_idle, setup, teardown),
         cmocka_unit_test_setup_teardown(test_limit_burst_probe, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_drain_ends_with_last_linger, setup, teardown),
         cmocka_unit_test_setup_teardown(test_log_encoding, setup, teardown),
         cmocka_unit_test_setup_teardown(test_http_conformance, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lingering_close, setup, teardown),
