@@ -125,8 +125,9 @@ static int refuse(http_request *req, int status, const char *why) {
 
 /* The request-target (RFC 9112 section 3.2): origin-form, absolute-form
  * with an http(s) URI (its authority replaces Host, which must still be
- * there), authority-form or "*" (legal only with CONNECT and OPTIONS, which
- * the server refuses as unimplemented). Splits path and query in place. */
+ * there), authority-form or "*" (legal only with CONNECT and OPTIONS: httpd.c
+ * answers the other methods 400, and OPTIONS * 404, as no route is "*").
+ * Splits path and query in place. */
 static int parse_target(char *target, http_request *req) {
     char *path = target;
     if (target[0] == '/') {

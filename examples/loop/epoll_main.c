@@ -56,6 +56,7 @@ static int ep = -1, lfd = -1, sfd = -1;
 static ep_client *dirty_list, *closed_list;
 static char tag_listen, tag_signal, tag_cq; /* epoll data of the fixed descriptors */
 static uint64_t listen_resume_ns;           /* after EMFILE: when to watch the listener again */
+static uint64_t accept_logged_ns;           /* the last accept_failed line: at most one a second */
 
 static void watch(ep_client *e, uint32_t events) {
     if (e->events == events) return;
@@ -181,13 +182,18 @@ static void on_listener(void) {
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO) continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-            /* EMFILE, ENFILE, ENOBUFS, ENOMEM: pause the listener, don't spin */
-            svc_log ev;
-            svc_log_begin(&ev, "error", "accept_failed");
-            svc_log_str(&ev, "error", strerror(errno));
-            svc_log_end(&ev);
+            /* EMFILE, ENFILE, ENOBUFS, ENOMEM: pause the listener, don't
+             * spin; logged once a second at most (the pause is 100 ms) */
+            uint64_t now = tp_now_ns();
+            if (accept_logged_ns == 0 || now - accept_logged_ns >= SVC_NS_PER_S) {
+                accept_logged_ns = now;
+                svc_log ev;
+                svc_log_begin(&ev, "error", "accept_failed");
+                svc_log_str(&ev, "error", strerror(errno));
+                svc_log_end(&ev);
+            }
             (void)epoll_ctl(ep, EPOLL_CTL_DEL, lfd, NULL);
-            listen_resume_ns = tp_now_ns() + 100 * SVC_NS_PER_MS;
+            listen_resume_ns = now + 100 * SVC_NS_PER_MS;
             return;
         }
         if (!lp_server_has_room(&srv)) {

@@ -33,11 +33,15 @@ Scenarios (one CTest test each, per server):
   idle      IDLE_TIMEOUT: a silent client is closed and its MAX_CLIENTS place
             freed; one whose work outlasts it is not idle; one that takes
             none of its answers is dropped
+  fds       out of descriptors: the server neither spins nor floods its log
+            (accept_failed at most once a second), serves its clients, and
+            accepts again once descriptors are free
 """
 import argparse
 import json
 import os
 import random
+import resource
 import select
 import selectors
 import shutil
@@ -116,6 +120,10 @@ class Client:
     def call(self, line):
         self.send(line + "\n")
         return self.line()
+
+    def call_within(self, line, seconds):
+        self.send(line + "\n")
+        return self.line(timeout=seconds)
 
     def stats(self):
         r = self.call("STATS")
@@ -204,9 +212,15 @@ class Server:
         # IDLE_TIMEOUT far beyond any scenario's length: only scenario_idle,
         # which sets it, may see a silent client (srv.ctl) closed
         e.update({"LISTEN_ADDR": "127.0.0.1:0", "LOG_LEVEL": "info", "IDLE_TIMEOUT": "1h"})
+        nofile = settings.pop("nofile", None)  # RLIMIT_NOFILE of the server, if given
         e.update({k: str(v) for k, v in settings.items()})
+
+        def limits():
+            if nofile is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
         with open(self.out, "w") as out, open(self.err, "w") as err:
-            self.p = subprocess.Popen([env.binary], env=e, stdout=out, stderr=err)
+            self.p = subprocess.Popen([env.binary], env=e, stdout=out, stderr=err, preexec_fn=limits)
         first = wait_until(self._first_line, 15, "the server's listening line")
         host, port = first["address"].rsplit(":", 1)
         self.addr = (host, int(port))
@@ -811,6 +825,46 @@ def scenario_idle(env):
     clean_exit(srv)
 
 
+def scenario_fds(env):
+    # The server gets 48 descriptors, and clients connect one at a time
+    # until one is not served: the server has no descriptor left for it
+    # (epoll: accept fails with EMFILE and the client waits in the listen
+    # backlog; libuv accepts and closes it, its own EMFILE answer). For
+    # 2.5 s (a duration under test, not a wait for a state) the server
+    # stays out of descriptors: it logs accept_failed at most once a second
+    # (it retries every 100 ms), and the clients it holds are still served.
+    # Once they leave, a new client is taken in and served.
+    srv = env.server("fds", nofile=48, MAX_CLIENTS=1000)
+    held = []
+    while True:
+        check(len(held) < 100, "every one of %d clients served with 48 descriptors" % len(held))
+        c = srv.connect(timeout=20)
+        try:
+            r = c.call_within("PING", 1.0)
+        except (Fail, OSError):
+            c.close()  # not taken in (or closed at once by libuv)
+            break
+        check(r.startswith("PONG "), "PING answered %r" % r)
+        held.append(c)
+    check(len(held) >= 10, "only %d clients served before the descriptors ran out" % len(held))
+
+    def failed():
+        return sum(1 for e in srv.events() if e.get("msg") == "accept_failed")
+
+    n0, t0 = failed(), time.monotonic()
+    time.sleep(2.5)
+    n, elapsed = failed() - n0, time.monotonic() - t0
+    check(n <= 1 + elapsed, "%d accept_failed lines in %.1f s: more than one a second" % (n, elapsed))
+    for c in held[:4]:
+        check(c.call("PING").startswith("PONG "), "a client held is served meanwhile")
+    for c in held:
+        c.close()
+    c = srv.connect(timeout=20)  # taken in once the listener is watched again
+    check(c.call("PING").startswith("PONG "), "a new client served once descriptors are free")
+    c.close()
+    log("fds: %d clients held, %d accept_failed lines in %.1f s" % (len(held), n, elapsed))
+    clean_exit(srv)
+
 SCENARIOS = {
     "protocol": scenario_protocol,
     "load": scenario_load,
@@ -820,6 +874,7 @@ SCENARIOS = {
     "drain": scenario_drain,
     "linger": scenario_linger,
     "idle": scenario_idle,
+    "fds": scenario_fds,
 }
 
 
