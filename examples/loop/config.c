@@ -55,7 +55,7 @@ static void usage(const char *prog) {
            "  WORKERS           pool workers, 1..1024 (4)\n"
            "  QUEUE_CAPACITY    requests waiting for a worker, 1..65536 (64)\n"
            "  MAX_PER_USER      unfinished requests per user, 1..1000000 or unlimited (2)\n"
-           "  MAX_CLIENTS       open connections, 1..100000 (256)\n"
+           "  MAX_CLIENTS       clients served at once (lingering closes come on top), 1..100000 (256)\n"
            "  MAX_LINE          bytes of a request line, 16..65536 (256)\n"
            "  OUTPUT_LIMIT      unread reply bytes per client, 2048..16777216 (65536)\n"
            "  TASK_TIMEOUT      run timeout of each request's work (60s)\n"
